@@ -1,0 +1,35 @@
+"""Memorization evaluation: extraction by greedy decoding and the metrics that score it.
+
+Takes plain inputs (a model, objects with ``.id`` and ``.token_ids``, a decode function); imports nothing
+of goldfish/ or data/.
+"""
+
+from eval.extraction import ExtractionConfig, extract, greedy_decode, write_extraction
+from eval.metrics import (
+    METRICS,
+    MetricInfo,
+    exact_match,
+    longest_correct_prefix,
+    match_fraction,
+    metric_info,
+    rouge_scores,
+    teacher_forced_accuracy,
+)
+from eval.report import write_json_atomic, write_jsonl_atomic
+
+__all__ = [
+    "ExtractionConfig",
+    "METRICS",
+    "MetricInfo",
+    "exact_match",
+    "extract",
+    "greedy_decode",
+    "longest_correct_prefix",
+    "match_fraction",
+    "metric_info",
+    "rouge_scores",
+    "teacher_forced_accuracy",
+    "write_extraction",
+    "write_json_atomic",
+    "write_jsonl_atomic",
+]

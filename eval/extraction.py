@@ -1,0 +1,317 @@
+"""Extraction: prompt a causal LM with each document's prefix, decode greedily, score the continuation.
+
+Two split protocols (``ExtractionConfig``):
+  * ``prefix_len=None`` (goldfish paper): suffix = the last ``suffix_len`` tokens, prefix = everything before;
+  * ``prefix_len=P`` (Pythia 32/32): prefix = the first P tokens, suffix = the next ``suffix_len`` tokens.
+
+Decoding is batched greedy search with a KV cache and left padding; explicit position ids make every padded
+row see exactly the positions an unpadded run sees, so results equal batch-size-1 decoding.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from eval.metrics import (
+    IGNORE_INDEX,
+    exact_match,
+    longest_correct_prefix,
+    match_fraction,
+    rouge_scores,
+    teacher_forced_accuracy,
+)
+from eval.report import write_json_atomic, write_jsonl_atomic
+
+log = logging.getLogger(__name__)
+
+# Per-document metrics averaged into the summary (exact_match's mean is the fraction of documents).
+_SUMMARY_METRICS = (
+    "exact_match",
+    "match_fraction",
+    "longest_correct_prefix",
+    "rouge_l",
+    "rouge_l_recall",
+    "rouge_1",
+    "rouge_2",
+    "tf_accuracy",
+    "tf_kept_accuracy",
+    "tf_dropped_accuracy",
+)
+
+
+@dataclass
+class ExtractionConfig:
+    """How each document is split into a prompt and a suffix to reproduce.
+
+    suffix_len: S, the number of tokens generated and compared with the true suffix.
+    prefix_len: None -> prefix = everything before the last S tokens (goldfish protocol; needs > S tokens);
+        an int P -> prefix = the first P tokens, suffix = the next S (Pythia protocol; needs >= P + S tokens).
+    batch_size: documents decoded (and teacher-forced) together.
+    """
+
+    suffix_len: int = 50
+    prefix_len: int | None = None
+    batch_size: int = 32
+
+    def __post_init__(self) -> None:
+        for name in ("suffix_len", "batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"ExtractionConfig.{name} must be a positive int, got {value!r}")
+        p = self.prefix_len
+        if p is not None and (isinstance(p, bool) or not isinstance(p, int) or p < 1):
+            raise ValueError(
+                f"ExtractionConfig.prefix_len must be None (prefix = all but the suffix) or a positive int, got {p!r}"
+            )
+
+    def min_tokens(self) -> int:
+        """Shortest document this split can evaluate."""
+        return self.suffix_len + 1 if self.prefix_len is None else self.prefix_len + self.suffix_len
+
+    def split(self, token_ids: Sequence[int]) -> tuple[list[int], list[int]] | None:
+        """(prefix, suffix) of a document, or None when it is too short for this split."""
+        if len(token_ids) < self.min_tokens():
+            return None
+        ids = [int(t) for t in token_ids]
+        if self.prefix_len is None:
+            return ids[: -self.suffix_len], ids[-self.suffix_len :]
+        p = self.prefix_len
+        return ids[:p], ids[p : p + self.suffix_len]
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _left_pad(
+    rows: list[list[int]], pad_token_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-padded (input_ids, attention_mask, position_ids), each (B, L) with L = longest row.
+
+    Position ids count real tokens only (0 at each row's first real token), which is what an unpadded
+    run of that row uses; padded slots get 0 and are masked out anyway.
+    """
+    width = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        input_ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - len(r) :] = 1
+    position_ids = (mask.cumsum(dim=-1) - 1).clamp(min=0)
+    return input_ids.to(device), mask.to(device), position_ids.to(device)
+
+
+def _greedy_batch(model: torch.nn.Module, rows: list[list[int]], max_new_tokens: int, pad_token_id: int,
+                  device: torch.device) -> torch.Tensor:
+    """Greedy continuation of one batch of prompts: (B, max_new_tokens) ids."""
+    input_ids, mask, position_ids = _left_pad(rows, pad_token_id, device)
+    generated = torch.empty((len(rows), max_new_tokens), dtype=torch.long, device=device)
+    # The model creates its own cache on the first call (DynamicCache in transformers 5.x);
+    # logits_to_keep=1 avoids materialising (B, L, V) logits for the whole prompt.
+    out = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
+                logits_to_keep=1)
+    for step in range(max_new_tokens):
+        next_ids = out.logits[:, -1, :].argmax(dim=-1)  # (B,)
+        generated[:, step] = next_ids
+        if step == max_new_tokens - 1:
+            break
+        mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
+        position_ids = position_ids[:, -1:] + 1
+        out = model(input_ids=next_ids[:, None], attention_mask=mask, position_ids=position_ids,
+                    past_key_values=out.past_key_values, use_cache=True, logits_to_keep=1)
+    return generated
+
+
+def greedy_decode(
+    model: torch.nn.Module,
+    prefixes: list[list[int]],
+    max_new_tokens: int,
+    *,
+    pad_token_id: int,
+    batch_size: int = 32,
+    device: torch.device | str | None = None,
+) -> list[list[int]]:
+    """Greedy continuations of ``prefixes``, exactly ``max_new_tokens`` ids each, in the input order.
+
+    Batched with a KV cache and left padding; equal to batch-size-1 decoding and to HF
+    ``generate(do_sample=False)`` without an EOS stop (an early EOS is just another generated id).
+    Prefixes are decoded longest first so similar lengths share a batch (less padding) and the biggest
+    batch runs first (an out-of-memory error shows up at once). ``device`` defaults to the model's.
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    for i, p in enumerate(prefixes):
+        if len(p) == 0:
+            raise ValueError(f"prefix {i} is empty; greedy decoding needs at least one prompt token")
+    device = torch.device(device) if device is not None else _model_device(model)
+
+    order = sorted(range(len(prefixes)), key=lambda i: len(prefixes[i]), reverse=True)
+    results: list[list[int]] = [[] for _ in prefixes]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for start in range(0, len(order), batch_size):
+                idx = order[start : start + batch_size]
+                rows = [[int(t) for t in prefixes[i]] for i in idx]
+                out = _greedy_batch(model, rows, max_new_tokens, pad_token_id, device).tolist()
+                for i, ids in zip(idx, out):
+                    results[i] = ids
+    finally:
+        model.train(was_training)
+    return results
+
+
+def _teacher_forced(
+    model: torch.nn.Module,
+    docs: list[list[int]],
+    pad_token_id: int,
+    batch_size: int,
+    drop_mask_fn: Callable[[torch.Tensor], torch.Tensor] | None,
+    device: torch.device,
+) -> list[dict[str, float | int | None]]:
+    """Teacher-forced accuracy per document: one forward pass over all its tokens.
+
+    Targets of a document of T tokens are its next tokens, shape (1, T-1): position j holds token j+1,
+    the token predicted at j. ``drop_mask_fn`` maps those targets to the (1, T-1) bool dropped mask.
+    Documents are right-padded into batches; causal attention means padding after a document does
+    not change its logits, and padded targets are -100.
+    """
+    results: list[dict[str, float | int | None]] = []
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for start in range(0, len(docs), batch_size):
+                batch = docs[start : start + batch_size]
+                width = max(len(d) for d in batch)
+                input_ids = torch.full((len(batch), width), pad_token_id, dtype=torch.long)
+                mask = torch.zeros((len(batch), width), dtype=torch.long)
+                for i, d in enumerate(batch):
+                    input_ids[i, : len(d)] = torch.tensor(d, dtype=torch.long)
+                    mask[i, : len(d)] = 1
+                logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits  # (B, W, V)
+                for i, d in enumerate(batch):
+                    targets = torch.tensor(d[1:], dtype=torch.long, device=device)[None]  # (1, T-1)
+                    dropped = None
+                    if drop_mask_fn is not None:
+                        dropped = drop_mask_fn(targets)
+                        if dropped.shape != targets.shape or dropped.dtype != torch.bool:
+                            raise ValueError(
+                                f"drop_mask_fn must return a bool tensor of the targets' shape "
+                                f"{tuple(targets.shape)}, got {dropped.dtype} {tuple(dropped.shape)}"
+                            )
+                    results.append(teacher_forced_accuracy(logits[i : i + 1, : len(d) - 1], targets, dropped))
+    finally:
+        model.train(was_training)
+    return results
+
+
+def _mean(values: list[Any]) -> float | None:
+    present = [float(v) for v in values if v is not None]
+    return sum(present) / len(present) if present else None
+
+
+def _rouge_version() -> str:
+    try:
+        return importlib.metadata.version("rouge-score")
+    except importlib.metadata.PackageNotFoundError:
+        return importlib.metadata.version("rouge_score")
+
+
+def extract(
+    model: torch.nn.Module,
+    documents: Sequence[Any],
+    config: ExtractionConfig,
+    *,
+    decode: Callable[[list[int]], str],
+    pad_token_id: int,
+    drop_mask_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    progress: bool = True,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run extraction on ``documents`` (objects with ``.id: str`` and ``.token_ids: list[int]``).
+
+    Returns (rows, summary): one row per evaluated document (see module docs of the fields) and a
+    summary with means over documents, counts of skipped too-short documents and their ids, the config
+    and the ROUGE settings. Documents shorter than ``config.min_tokens()`` are skipped and counted.
+    """
+    device = _model_device(model)
+    kept: list[tuple[Any, list[int], list[int]]] = []
+    skipped: list[str] = []
+    for doc in documents:
+        parts = config.split(doc.token_ids)
+        if parts is None:
+            skipped.append(str(doc.id))
+        else:
+            kept.append((doc, parts[0], parts[1]))
+    if skipped:
+        log.warning("extraction skipped %d document(s) shorter than %d tokens", len(skipped), config.min_tokens())
+
+    rows: list[dict[str, Any]] = []
+    bar = tqdm(total=len(kept), desc="extract", unit="doc", disable=not progress)
+    try:
+        for start in range(0, len(kept), config.batch_size):
+            chunk = kept[start : start + config.batch_size]
+            generated = greedy_decode(
+                model, [prefix for _, prefix, _ in chunk], config.suffix_len,
+                pad_token_id=pad_token_id, batch_size=config.batch_size, device=device,
+            )
+            tf = _teacher_forced(
+                model, [[int(t) for t in doc.token_ids] for doc, _, _ in chunk],
+                pad_token_id, config.batch_size, drop_mask_fn, device,
+            )
+            for (doc, prefix, suffix), gen, acc in zip(chunk, generated, tf):
+                generated_text, reference_text = decode(gen), decode(suffix)
+                rows.append(
+                    {
+                        "id": str(doc.id),
+                        "n_tokens": len(doc.token_ids),
+                        "n_prefix_tokens": len(prefix),
+                        "exact_match": exact_match(gen, suffix),
+                        "match_fraction": match_fraction(gen, suffix),
+                        "longest_correct_prefix": longest_correct_prefix(gen, suffix),
+                        **rouge_scores(generated_text, reference_text),
+                        "tf_accuracy": acc["accuracy"],
+                        "tf_kept_accuracy": acc.get("kept_accuracy"),
+                        "tf_dropped_accuracy": acc.get("dropped_accuracy"),
+                        "generated_ids": gen,
+                        "generated_text": generated_text,
+                        "reference_text": reference_text,
+                    }
+                )
+            bar.update(len(chunk))
+    finally:
+        bar.close()
+
+    summary: dict[str, Any] = {
+        "n_docs": len(rows),
+        "n_skipped_too_short": len(skipped),
+        "skipped_ids": skipped,
+        "min_tokens": config.min_tokens(),
+    }
+    for name in _SUMMARY_METRICS:
+        summary[name] = _mean([row[name] for row in rows])
+    summary["config"] = asdict(config)
+    summary["rouge"] = {
+        "package": "rouge-score",
+        "version": _rouge_version(),
+        "stemmer": False,
+        "tokenizer": "default word tokenizer",
+    }
+    return rows, summary
+
+
+def write_extraction(rows: list[dict[str, Any]], summary: dict[str, Any], out_dir: str | Path) -> None:
+    """Write ``out_dir/extraction.jsonl`` (one row per document) and ``out_dir/summary.json`` atomically."""
+    out = Path(out_dir)
+    write_jsonl_atomic(out / "extraction.jsonl", rows)
+    write_json_atomic(out / "summary.json", summary)
