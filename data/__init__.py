@@ -1,0 +1,25 @@
+"""Documents in, fixed-length token sequences out: loaders, the default corpus, tokenizers, selection.
+
+Imports nothing of the other project packages.
+"""
+
+from data.documents import DEFAULT_CORPUS, Document, default_corpus, load_documents
+from data.errors import DataError
+from data.selection import DocumentSplit, TokenizedDocument, select_documents
+from data.tokenizer import BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, load_tokenizer, train_bpe_tokenizer
+
+__all__ = [
+    "BOS_TOKEN",
+    "DEFAULT_CORPUS",
+    "DataError",
+    "Document",
+    "DocumentSplit",
+    "EOS_TOKEN",
+    "PAD_TOKEN",
+    "TokenizedDocument",
+    "default_corpus",
+    "load_documents",
+    "load_tokenizer",
+    "select_documents",
+    "train_bpe_tokenizer",
+]
