@@ -1,0 +1,199 @@
+"""Batched greedy decoding against batch-size-1 decoding and HF generate; extract() end to end."""
+
+import json
+from dataclasses import dataclass
+
+import pytest
+import torch
+from transformers import GenerationConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+from eval.extraction import ExtractionConfig, extract, greedy_decode, write_extraction
+
+VOCAB = 256
+# initializer_range 0.2 (not HF's default 0.02): the default init gives near-flat logits, so greedy output
+# degenerates into repeating one token and a wrong position/padding treatment can go unnoticed.
+INIT = 0.2
+
+
+def tiny_llama() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      initializer_range=INIT, bos_token_id=1, eos_token_id=2)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def tiny_gpt2() -> GPT2LMHeadModel:
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=512,
+                     initializer_range=INIT, bos_token_id=1, eos_token_id=2)
+    return GPT2LMHeadModel(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def llama() -> LlamaForCausalLM:
+    return tiny_llama()
+
+
+def random_ids(n: int, seed: int) -> list[int]:
+    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def hf_generate(model, prefix: list[int], n: int) -> list[int]:
+    """Reference: HF generate at batch size 1, greedy, no EOS stop (we always emit n ids)."""
+    gc = GenerationConfig(do_sample=False, max_new_tokens=n, eos_token_id=None, pad_token_id=0)
+    ids = torch.tensor([prefix])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gc)
+    return out[0, len(prefix):].tolist()
+
+
+@pytest.mark.parametrize("make_model", [tiny_llama, tiny_gpt2], ids=["llama", "gpt2"])
+def test_batched_equals_single_equals_hf_generate(make_model):
+    model = make_model()
+    lengths = [5, 17, 1, 30, 12, 3, 17]
+    prefixes = [random_ids(n, seed) for seed, n in enumerate(lengths)]
+    n_new = 24
+    single = [greedy_decode(model, [p], n_new, pad_token_id=0, batch_size=1)[0] for p in prefixes]
+    reference = [hf_generate(model, p, n_new) for p in prefixes]
+    # Exact equality is the contract. In fp32 the padded and unpadded runs differ by rounding only
+    # (~1e-6 relative), far below the top-2 logit gaps of this init, so argmax cannot flip.
+    assert single == reference
+    for batch_size in (3, 7):  # mixed lengths in one batch, and a ragged last batch
+        for pad in (0, VOCAB - 1):  # the pad id must not matter: padded slots are masked out
+            assert greedy_decode(model, prefixes, n_new, pad_token_id=pad, batch_size=batch_size) == reference
+    # Guard against a degenerate model that would make the comparison vacuous.
+    assert len({t for ids in reference for t in ids}) > 30
+    assert len({tuple(ids) for ids in reference}) == len(set(map(tuple, prefixes)))
+
+
+def test_greedy_decode_contract(llama):
+    llama.train()
+    out = greedy_decode(llama, [[3, 4], [5]], 7, pad_token_id=0)
+    assert [len(x) for x in out] == [7, 7]
+    assert llama.training  # mode restored
+    llama.eval()
+    with pytest.raises(ValueError, match="empty"):
+        greedy_decode(llama, [[1], []], 3, pad_token_id=0)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        greedy_decode(llama, [[1]], 0, pad_token_id=0)
+    with pytest.raises(ValueError, match="batch_size"):
+        greedy_decode(llama, [[1]], 2, pad_token_id=0, batch_size=0)
+
+
+def test_early_eos_is_just_another_id(llama):
+    prefix = random_ids(8, 99)
+    ours = greedy_decode(llama, [prefix], 20, pad_token_id=0)[0]
+    eos = ours[3]  # pretend the 4th generated id is EOS: HF generate would stop there
+    gc = GenerationConfig(do_sample=False, max_new_tokens=20, eos_token_id=eos, pad_token_id=0)
+    stopped = llama.generate(torch.tensor([prefix]), generation_config=gc)[0, len(prefix):].tolist()
+    assert stopped[: ours.index(eos) + 1] == ours[: ours.index(eos) + 1]
+    assert len(ours) == 20  # we keep going; exact match then fails on the rest unless it is right
+
+
+def test_config_validation_and_split():
+    for bad in ({"suffix_len": 0}, {"batch_size": -1}, {"prefix_len": 0}, {"suffix_len": 2.5}, {"suffix_len": True}):
+        with pytest.raises(ValueError, match="ExtractionConfig"):
+            ExtractionConfig(**bad)
+    doc = list(range(10))
+    goldfish = ExtractionConfig(suffix_len=4)
+    assert goldfish.split(doc) == ([0, 1, 2, 3, 4, 5], [6, 7, 8, 9])
+    assert goldfish.split(doc[:5]) == ([0], [1, 2, 3, 4]) and goldfish.split(doc[:4]) is None
+    pythia = ExtractionConfig(suffix_len=3, prefix_len=4)
+    assert pythia.split(doc) == ([0, 1, 2, 3], [4, 5, 6])
+    assert pythia.split(doc[:7]) == ([0, 1, 2, 3], [4, 5, 6]) and pythia.split(doc[:6]) is None
+
+
+@dataclass
+class Doc:
+    id: str
+    token_ids: list[int]
+
+
+def decode(ids: list[int]) -> str:
+    return " ".join(f"w{i}" for i in ids)
+
+
+def make_docs(model, config: ExtractionConfig) -> tuple[list[Doc], set[str]]:
+    """Documents whose suffix is the model's own greedy continuation (memorized by construction),
+    random documents (not memorized), and documents too short for the split."""
+    s = config.suffix_len
+    docs, memorized = [], set()
+    for i in range(5):
+        prefix = random_ids(config.prefix_len or 10 + 3 * i, seed=100 + i)
+        cont = greedy_decode(model, [prefix], s, pad_token_id=0)[0]
+        tail = random_ids(7, seed=200 + i) if config.prefix_len else []  # Pythia split ignores the tail
+        docs.append(Doc(f"mem{i}", prefix + cont + tail))
+        memorized.add(f"mem{i}")
+    for i in range(4):
+        docs.append(Doc(f"rand{i}", random_ids(config.min_tokens() + 5 * i, seed=300 + i)))
+    docs.append(Doc("short0", random_ids(config.min_tokens() - 1, seed=400)))
+    docs.append(Doc("short1", [7]))
+    return docs, memorized
+
+
+@pytest.mark.parametrize("prefix_len", [None, 12], ids=["goldfish-split", "pythia-split"])
+def test_extract_both_protocols(llama, prefix_len, tmp_path):
+    config = ExtractionConfig(suffix_len=16, prefix_len=prefix_len, batch_size=4)
+    docs, memorized = make_docs(llama, config)
+    rows, summary = extract(llama, docs, config, decode=decode, pad_token_id=0, progress=False)
+
+    assert summary["n_docs"] == 9 and len(rows) == 9
+    assert summary["n_skipped_too_short"] == 2 and summary["skipped_ids"] == ["short0", "short1"]
+    assert [r["id"] for r in rows] == [d.id for d in docs[:9]]  # input order kept
+    by_id = {r["id"]: r for r in rows}
+    for doc_id in memorized:
+        r = by_id[doc_id]
+        assert r["exact_match"] and r["match_fraction"] == 1.0 and r["longest_correct_prefix"] == 16
+        assert r["rouge_l"] == 1.0 and r["generated_text"] == r["reference_text"]
+    for i in range(4):
+        r = by_id[f"rand{i}"]
+        # A random 16-token suffix over 256 ids is reproduced with negligible probability.
+        assert not r["exact_match"] and r["match_fraction"] < 0.5
+    doc0 = docs[0]
+    assert by_id["mem0"]["n_prefix_tokens"] == (prefix_len or len(doc0.token_ids) - 16)
+    assert by_id["mem0"]["generated_ids"] == (doc0.token_ids[-16:] if prefix_len is None else doc0.token_ids[12:28])
+
+    assert summary["exact_match"] == pytest.approx(5 / 9)
+    for name in ("match_fraction", "rouge_l", "rouge_l_recall", "rouge_1", "rouge_2", "tf_accuracy"):
+        assert summary[name] == pytest.approx(sum(r[name] for r in rows) / 9)
+    assert summary["tf_kept_accuracy"] is None and summary["tf_dropped_accuracy"] is None
+    assert summary["config"] == {"suffix_len": 16, "prefix_len": prefix_len, "batch_size": 4}
+    assert summary["rouge"]["package"] == "rouge-score" and summary["rouge"]["stemmer"] is False
+
+    write_extraction(rows, summary, tmp_path / "out")
+    lines = (tmp_path / "out" / "extraction.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == rows
+    assert json.loads((tmp_path / "out" / "summary.json").read_text()) == summary
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["extraction.jsonl", "summary.json"]
+
+
+def test_extract_teacher_forced_kept_vs_dropped(llama):
+    """Mark the suffix targets of a self-generated document as dropped: the model predicts each of them
+    (they are its own greedy choices), so dropped accuracy is exactly 1 and the counts add up."""
+    config = ExtractionConfig(suffix_len=16, batch_size=2)
+    docs, _ = make_docs(llama, config)
+    docs = docs[:5]
+
+    def suffix_dropped(targets: torch.Tensor) -> torch.Tensor:  # (1, T-1) -> (1, T-1) bool
+        dropped = torch.zeros_like(targets, dtype=torch.bool)
+        dropped[:, -16:] = True
+        return dropped
+
+    rows, summary = extract(llama, docs, config, decode=decode, pad_token_id=0, drop_mask_fn=suffix_dropped,
+                            progress=False)
+    for r, doc in zip(rows, docs):
+        assert r["tf_dropped_accuracy"] == 1.0
+        n = len(doc.token_ids) - 1  # targets per document
+        assert r["tf_accuracy"] == pytest.approx((r["tf_kept_accuracy"] * (n - 16) + 16) / n)
+    assert summary["tf_dropped_accuracy"] == 1.0 and summary["tf_kept_accuracy"] < 0.5
+
+    with pytest.raises(ValueError, match="drop_mask_fn must return"):
+        extract(llama, docs, config, decode=decode, pad_token_id=0, progress=False,
+                drop_mask_fn=lambda t: torch.zeros_like(t))
+
+
+def test_extract_all_too_short(llama):
+    rows, summary = extract(llama, [Doc("a", [1, 2])], ExtractionConfig(suffix_len=4), decode=decode,
+                            pad_token_id=0, progress=False)
+    assert rows == [] and summary["n_docs"] == 0 and summary["n_skipped_too_short"] == 1
+    assert summary["exact_match"] is None
