@@ -1,0 +1,349 @@
+"""The training loop: data order, micro-batches, schedule, clipping, logging, atomic checkpoints and exact resume.
+
+It knows nothing of goldfish: the caller hands it examples (dicts of equal-length 1-D tensors, one per sequence) and
+a loss function that returns the SUM of its per-token losses and the number of tokens behind it. The loop divides by
+the token count of the whole optimizer step (all micro-batches, all ranks), so a run's gradient is the gradient of
+the mean token loss over the global batch whatever the accumulation or the grid.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from tqdm.auto import tqdm
+
+TRAINER_STATE_FILE = "trainer_state.pt"
+METRICS_FILE = "metrics.jsonl"
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation settings. `batch_size` counts sequences per optimizer step over all ranks."""
+
+    epochs: int = 1
+    batch_size: int = 8
+    grad_accum: int = 1
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.95
+    schedule: str = "constant"  # "constant" or "cosine", both after a linear warm-up
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.1  # cosine floor, as a fraction of lr
+    max_grad_norm: float | None = 1.0  # None disables clipping
+    precision: str = "fp32"  # "fp32" or "bf16" (autocast; weights and optimizer stay fp32)
+    seed: int = 0
+    save_every: int = 0  # optimizer steps between checkpoints; 0 = only at the end
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "grad_accum"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        if self.batch_size % self.grad_accum:
+            raise ValueError(f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}: "
+                             "each micro-batch must hold the same number of sequences")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.schedule not in ("constant", "cosine"):
+            raise ValueError(f"schedule must be 'constant' or 'cosine', got {self.schedule!r}")
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
+        if self.warmup_steps < 0 or self.save_every < 0:
+            raise ValueError("warmup_steps and save_every must be >= 0")
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
+
+
+@dataclass
+class StepLoss:
+    """What a loss function returns for one micro-batch.
+
+    loss_sum: scalar tensor with grad, the SUM of the optimised per-token losses.
+    n_tokens: how many tokens loss_sum sums over.
+    extras: other quantities to log, as (sum, count) pairs; logged as sum/count over the whole step.
+    """
+
+    loss_sum: torch.Tensor
+    n_tokens: int
+    extras: dict[str, tuple[float, int]] = field(default_factory=dict)
+
+
+LossFn = Callable[[nn.Module, dict[str, torch.Tensor]], StepLoss]
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    history: list[dict[str, Any]]
+
+
+def steps_per_epoch(n_examples: int, batch_size: int) -> int:
+    return math.ceil(n_examples / batch_size)
+
+
+def epoch_order(n_examples: int, seed: int, epoch: int) -> torch.Tensor:
+    """The example order of one epoch: a function of (seed, epoch) only, so a resumed run sees the same data."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n_examples, generator=generator)
+
+
+def lr_factor(step: int, total_steps: int, config: TrainConfig) -> float:
+    """Multiplier of config.lr at optimizer step `step` (0-based): linear warm-up, then constant or cosine."""
+    if step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    if config.schedule == "constant":
+        return 1.0
+    decay_steps = max(1, total_steps - config.warmup_steps)
+    progress = min(1.0, (step - config.warmup_steps) / decay_steps)
+    return config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
+    """AdamW; no weight decay on biases and norm weights (1-D parameters), as is standard for transformers."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2))
+
+
+def _is_distributed(grid: Any) -> bool:
+    return grid is not None and grid.world_size > 1
+
+
+def _rank_rows(rows: torch.Tensor, grid: Any) -> torch.Tensor:
+    """This rank's share of one optimizer step's rows: every rank gets an equal contiguous slice."""
+    if not _is_distributed(grid):
+        return rows
+    world = grid.world_size
+    if len(rows) % world:
+        raise ValueError(f"a step holds {len(rows)} sequences, not divisible by the world size {world}: choose a "
+                         f"batch size and a document count that are multiples of {world}")
+    share = len(rows) // world
+    return rows[grid.rank * share:(grid.rank + 1) * share]
+
+
+def _stack(examples: Sequence[dict[str, torch.Tensor]], indices: torch.Tensor,
+           device: torch.device) -> dict[str, torch.Tensor]:
+    keys = examples[0].keys()
+    return {key: torch.stack([examples[i][key] for i in indices.tolist()]).to(device) for key in keys}
+
+
+def _all_reduce_sums(values: torch.Tensor, grid: Any) -> torch.Tensor:
+    if _is_distributed(grid):
+        values = values.clone()
+        dist.all_reduce(values)
+    return values
+
+
+def _sync_and_clip(model: nn.Module, n_tokens: float, config: TrainConfig, grid: Any) -> float:
+    """Turn summed gradients into the gradient of the global mean loss; clip; return the pre-clip norm."""
+    if _is_distributed(grid):
+        import engine  # the parallel API; imported lazily so a serial run needs none of it
+
+        engine.sync_gradients(model, grid)
+    scale = 1.0 / max(n_tokens, 1.0)
+    for parameter in model.parameters():
+        if parameter.grad is not None:
+            parameter.grad.mul_(scale)
+    max_norm = config.max_grad_norm if config.max_grad_norm is not None else float("inf")
+    if _is_distributed(grid):
+        import engine
+
+        norm = engine.clip_grad_norm_(model, max_norm, grid)
+    else:
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    return float(norm)
+
+
+def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn: LossFn, config: TrainConfig, *,
+          out_dir: str | Path | None = None, grid: Any = None, resume_from: str | Path | None = None,
+          save_model: Callable[[nn.Module, Path], None] | None = None,
+          on_log: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
+    """Train `model` in place for config.epochs over `examples`.
+
+    examples: one dict of equal-length 1-D tensors per sequence (e.g. input_ids, targets, masks).
+    out_dir: where checkpoints (out_dir/checkpoint) and metrics (out_dir/metrics.jsonl) go; None keeps nothing.
+    grid: an engine Grid for parallel runs (every rank calls train with the same arguments), or None.
+    resume_from: a checkpoint folder written by an earlier run with the same examples and config.
+    save_model: writes the model (and anything else the caller wants in a checkpoint) into a folder; required when
+        out_dir is given. The loop adds its own trainer state next to it.
+    """
+    if not examples:
+        raise ValueError("no training examples: give at least one document")
+    device = next(model.parameters()).device
+    optimizer = make_optimizer(model, config)
+    per_epoch = steps_per_epoch(len(examples), config.batch_size)
+    total_steps = config.epochs * per_epoch
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, config))
+    is_main = not _is_distributed(grid) or grid.rank == 0
+    out_path = Path(out_dir) if out_dir is not None else None
+    if out_path is not None and save_model is None:
+        raise ValueError("train(out_dir=...) needs save_model to write the model into checkpoints")
+
+    start_step = 0
+    if resume_from is not None:
+        start_step = _load_trainer_state(Path(resume_from), optimizer, scheduler, config, total_steps)
+
+    metrics_file = None
+    if out_path is not None and is_main:
+        out_path.mkdir(parents=True, exist_ok=True)
+        metrics_file = _open_metrics(out_path / METRICS_FILE, start_step)
+
+    history: list[dict[str, Any]] = []
+    model.train()
+    autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16")
+    bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", disable=not (config.progress and is_main))
+    try:
+        for step in range(start_step, total_steps):
+            epoch, index_in_epoch = divmod(step, per_epoch)
+            order = epoch_order(len(examples), config.seed, epoch)
+            rows = _rank_rows(order[index_in_epoch * config.batch_size:(index_in_epoch + 1) * config.batch_size], grid)
+            started = time.perf_counter()
+
+            optimizer.zero_grad(set_to_none=True)
+            extra_names: list[str] = []
+            sums = None
+            n_input_tokens = 0
+            for micro_rows in torch.tensor_split(rows, min(config.grad_accum, len(rows))):
+                batch = _stack(examples, micro_rows, device)
+                n_input_tokens += batch["input_ids"].numel() if "input_ids" in batch else 0
+                with autocast:
+                    out = loss_fn(model, batch)
+                out.loss_sum.float().backward()
+                if not extra_names:
+                    extra_names = sorted(out.extras)
+                micro = torch.tensor([out.loss_sum.detach().float().item(), float(out.n_tokens)]
+                                     + [v for name in extra_names for v in out.extras[name]], dtype=torch.float64)
+                sums = micro if sums is None else sums + micro
+            assert sums is not None
+            sums = _all_reduce_sums(sums, grid)
+            grad_norm = _sync_and_clip(model, float(sums[1]), config, grid)
+            lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            elapsed = time.perf_counter() - started
+
+            record: dict[str, Any] = {
+                "step": step + 1,
+                "epoch": epoch + (index_in_epoch + 1) / per_epoch,
+                "loss": float(sums[0] / max(sums[1], 1.0)),
+                "n_tokens": int(sums[1]),
+            }
+            for i, name in enumerate(extra_names):
+                total, count = float(sums[2 + 2 * i]), float(sums[3 + 2 * i])
+                record[name] = total / count if count > 0 else None
+            world = grid.world_size if _is_distributed(grid) else 1
+            record.update(lr=lr, grad_norm=grad_norm, tokens_per_s=n_input_tokens * world / elapsed)
+            history.append(record)
+            if metrics_file is not None:
+                metrics_file.write(json.dumps(record) + "\n")
+                metrics_file.flush()
+            if on_log is not None and is_main:
+                on_log(record)
+            bar.set_postfix(loss=f"{record['loss']:.4f}")
+            bar.update(1)
+
+            done = step + 1
+            if out_path is not None and (done == total_steps or (config.save_every and done % config.save_every == 0)):
+                save_checkpoint(out_path / "checkpoint", model, optimizer, scheduler, done, config, save_model, grid)
+    finally:
+        bar.close()
+        if metrics_file is not None:
+            metrics_file.close()
+    return TrainResult(steps=total_steps, history=history)
+
+
+def _open_metrics(path: Path, start_step: int):
+    """Open metrics.jsonl for appending; on resume, keep only the records of steps already done."""
+    if start_step == 0:
+        return path.open("w")
+    kept = []
+    if path.exists():
+        kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= start_step]
+    handle = path.open("w")
+    handle.writelines(line + "\n" for line in kept)
+    return handle
+
+
+def save_checkpoint(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    scheduler: torch.optim.lr_scheduler.LRScheduler, step: int, config: TrainConfig,
+                    save_model: Callable[[nn.Module, Path], None], grid: Any = None) -> None:
+    """Write a resumable checkpoint atomically: everything goes to a temporary sibling, then one rename.
+
+    A crash at any point leaves either the previous checkpoint or the new one, never a half-written folder.
+    """
+    if _is_distributed(grid):
+        import engine
+
+        engine.save_checkpoint(directory, model, optimizer, grid,
+                               extra_state=_trainer_state(scheduler, step, config), save_model=save_model)
+        return
+    staging = directory.with_name(f".{directory.name}.partial-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    save_model(model, staging)
+    state = _trainer_state(scheduler, step, config)
+    state["optimizer"] = optimizer.state_dict()
+    torch.save(state, staging / TRAINER_STATE_FILE)
+    replace_directory(staging, directory)
+
+
+def replace_directory(staging: Path, directory: Path) -> None:
+    """Atomically move a fully written staging folder to `directory`, replacing an older one."""
+    old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
+    if directory.exists():
+        os.replace(directory, old)
+    os.replace(staging, directory)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _trainer_state(scheduler: torch.optim.lr_scheduler.LRScheduler, step: int, config: TrainConfig) -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "step": step,
+        "scheduler": scheduler.state_dict(),
+        "config": asdict(config),
+        "torch_rng": torch.random.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+_RESUME_MUST_MATCH = ("epochs", "batch_size", "grad_accum", "lr", "schedule", "warmup_steps", "min_lr_ratio", "seed",
+                      "weight_decay", "beta1", "beta2", "max_grad_norm", "precision")
+
+
+def _load_trainer_state(directory: Path, optimizer: torch.optim.Optimizer,
+                        scheduler: torch.optim.lr_scheduler.LRScheduler, config: TrainConfig, total_steps: int) -> int:
+    """Restore optimizer, schedule and RNG from a checkpoint; the caller has already loaded the model weights."""
+    path = directory / TRAINER_STATE_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{directory} is not a resumable checkpoint: {TRAINER_STATE_FILE} is missing "
+                                "(give the checkpoint/ folder that a training run wrote)")
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    saved = state["config"]
+    changed = [f"{key}: {saved.get(key)!r} -> {getattr(config, key)!r}" for key in _RESUME_MUST_MATCH
+               if saved.get(key) != getattr(config, key)]
+    if changed:
+        raise ValueError("cannot resume with different optimisation settings (the loss trajectory would not be "
+                         "reproduced): " + "; ".join(changed) + ". Use the settings of the original run.")
+    if state["step"] > total_steps:
+        raise ValueError(f"checkpoint is at step {state['step']} but this run has only {total_steps} steps")
+    if "optimizer" in state:
+        optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    torch.random.set_rng_state(state["torch_rng"])
+    if "cuda_rng" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    return int(state["step"])

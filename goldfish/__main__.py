@@ -1,0 +1,5 @@
+import sys
+
+from goldfish.cli import main
+
+sys.exit(main())

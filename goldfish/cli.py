@@ -1,0 +1,278 @@
+"""`goldfish train | eval | compare | mask`: subcommands as plain functions over validated dataclasses."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Sequence
+
+# Presets of `goldfish compare` on the embedded default corpus (measured on a 2-core CPU; see README).
+COMPARE_DEFAULTS = dict(n_train=32, n_heldout=32, seq_len=128, epochs=60, batch_size=8, lr=2e-3, warmup_steps=20)
+COMPARE_QUICK = dict(n_train=8, n_heldout=8, seq_len=96, epochs=40, batch_size=8, lr=3e-3, warmup_steps=5)
+
+
+def _add_data_args(parser: argparse.ArgumentParser, *, n_train: int = 32, n_heldout: int = 32, seq_len: int = 128) -> None:
+    group = parser.add_argument_group("data")
+    group.add_argument("--data", default="default",
+                       help="'default' (the embedded corpus: Python's pydoc topics), a .jsonl/.txt/.parquet file, a "
+                            "folder of .txt files or a save_to_disk folder, or an HF dataset name (default: %(default)s)")
+    group.add_argument("--text-field", default="text", help="record field holding the text (default: %(default)s)")
+    group.add_argument("--id-field", default=None, help="record field holding a document id (default: file:line)")
+    group.add_argument("--split", default="train", help="dataset split for HF datasets (default: %(default)s)")
+    group.add_argument("--n-train", type=int, default=n_train, help="training documents (default: %(default)s)")
+    group.add_argument("--n-heldout", type=int, default=n_heldout, help="held-out documents (default: %(default)s)")
+    group.add_argument("--seq-len", type=int, default=seq_len, help="tokens per document (default: %(default)s)")
+    group.add_argument("--data-seed", type=int, default=0, help="seed of the document selection (default: %(default)s)")
+    group.add_argument("--tokenizer", default=None,
+                       help="HF tokenizer name or folder (default: the model's, or a BPE trained on the corpus for "
+                            "tiny models)")
+    group.add_argument("--vocab-size", type=int, default=2048, help="vocabulary of the trained BPE (default: %(default)s)")
+
+
+def _data_spec(args: argparse.Namespace):
+    from goldfish.experiment import DataSpec
+
+    return DataSpec(source=args.data, text_field=args.text_field, id_field=args.id_field, split=args.split,
+                    n_train=args.n_train, n_heldout=args.n_heldout, seq_len=args.seq_len, seed=args.data_seed,
+                    tokenizer=args.tokenizer, vocab_size=args.vocab_size)
+
+
+def _add_train_args(parser: argparse.ArgumentParser, *, epochs: int = 20, batch_size: int = 8, lr: float = 1e-3,
+                    warmup_steps: int = 0) -> None:
+    group = parser.add_argument_group("training")
+    group.add_argument("--model", default="tiny-llama",
+                       help="a tiny model built at random init (tiny-llama, tiny-llama-gqa, micro-llama, tiny-gpt2), "
+                            "or an HF model name or folder (default: %(default)s)")
+    group.add_argument("--init-seed", type=int, default=0, help="seed of the random init of tiny models")
+    group.add_argument("--epochs", type=int, default=epochs, help="passes over the documents (default: %(default)s)")
+    group.add_argument("--batch-size", type=int, default=batch_size, help="sequences per step (default: %(default)s)")
+    group.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step (default: %(default)s)")
+    group.add_argument("--lr", type=float, default=lr, help="peak learning rate (default: %(default)s)")
+    group.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default: %(default)s)")
+    group.add_argument("--schedule", choices=["constant", "cosine"], default="constant")
+    group.add_argument("--warmup-steps", type=int, default=warmup_steps, help="linear warm-up (default: %(default)s)")
+    group.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping; 0 disables")
+    group.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16 uses autocast")
+    group.add_argument("--seed", type=int, default=0, help="seed of the data order (default: %(default)s)")
+    group.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    group.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _train_config(args: argparse.Namespace, save_every: int = 0):
+    from engine.train import TrainConfig
+
+    return TrainConfig(epochs=args.epochs, batch_size=args.batch_size, grad_accum=args.grad_accum, lr=args.lr,
+                       weight_decay=args.weight_decay, schedule=args.schedule, warmup_steps=args.warmup_steps,
+                       max_grad_norm=args.max_grad_norm or None, precision=args.precision, seed=args.seed,
+                       save_every=save_every, progress=not args.no_progress)
+
+
+def _add_extraction_args(parser: argparse.ArgumentParser, suffix_len: int = 50) -> None:
+    group = parser.add_argument_group("extraction")
+    group.add_argument("--suffix-len", type=int, default=suffix_len,
+                       help="tokens to generate and compare with the true suffix (default: %(default)s)")
+    group.add_argument("--prefix-len", type=int, default=None,
+                       help="fixed prefix length, e.g. 32 with --suffix-len 32 for Pythia's protocol "
+                            "(default: every token before the suffix)")
+    group.add_argument("--eval-batch-size", type=int, default=32, help="documents decoded at once")
+
+
+def _extraction_config(args: argparse.Namespace):
+    from eval.extraction import ExtractionConfig
+
+    return ExtractionConfig(suffix_len=args.suffix_len, prefix_len=args.prefix_len, batch_size=args.eval_batch_size)
+
+
+def _device(args: argparse.Namespace):
+    import torch
+
+    if args.device:
+        return torch.device(args.device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from goldfish.experiment import MaskSpec, TrainSpec, initial_model, prepare_data, train_model
+
+    mask = MaskSpec(strategy=None if args.strategy == "standard" else args.strategy, k=args.k, h=args.h,
+                    seed=args.mask_seed)
+    spec = TrainSpec(model=args.model, data=_data_spec(args), mask=mask,
+                     train=_train_config(args, save_every=args.save_every), init_seed=args.init_seed)
+    prepared = prepare_data(spec.data, spec.model)
+    model = initial_model(spec.model, prepared, spec.init_seed).to(_device(args))
+    train_model(spec, Path(args.out), prepared=prepared, model=model,
+                resume_from=Path(args.resume) if args.resume else None)
+    print(f"wrote {Path(args.out) / 'checkpoint'} (HF checkpoint + tokenizer) and {Path(args.out) / 'metrics.jsonl'}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from goldfish.experiment import (RUN_FILE, DataSpec, MaskSpec, Prepared, evaluate_model, initial_model,
+                                     prepare_data)
+    from goldfish.models import is_tiny_model, load_pretrained_model
+
+    model_dir = Path(args.model)
+    record_path = model_dir / RUN_FILE
+    if args.data is None and not record_path.exists():
+        raise ValueError(f"{args.model} has no {RUN_FILE} (it was not written by goldfish train): give --data and the "
+                         "selection options to say which documents to evaluate")
+    mask = None
+    if args.data is None:
+        record = json.loads(record_path.read_text())
+        spec = DataSpec(**record["data"])
+        spec = replace(spec, tokenizer=str(model_dir))
+        mask_fields = {k: v for k, v in record["mask"].items() if k != "label"}
+        mask = MaskSpec(**mask_fields) if mask_fields.get("strategy") else None
+    else:
+        spec = _data_spec(args)
+        if spec.tokenizer is None and not is_tiny_model(args.model):
+            spec = replace(spec, tokenizer=args.model)
+    if args.strategy is not None:
+        mask = None if args.strategy == "standard" else MaskSpec(args.strategy, args.k, args.h)
+    prepared: Prepared = prepare_data(spec, args.model)
+    if args.data is None:
+        _check_same_documents(record["documents"], prepared.split.manifest())
+    model = (initial_model(args.model, prepared, args.init_seed) if is_tiny_model(args.model)
+             else load_pretrained_model(args.model)).to(_device(args))
+    extraction = _extraction_config(args)
+    parts = {"train": prepared.split.train, "heldout": prepared.split.heldout}
+    chosen = list(parts) if args.part == "both" else [args.part]
+    out = Path(args.out)
+    results = {}
+    for part in chosen:
+        results[part] = evaluate_model(model, prepared, parts[part], extraction, out / part, mask,
+                                       progress=not args.no_progress)
+        s = results[part]
+        print(f"{part}: {s['n_docs']} documents, exact match {s['exact_match']:.3f}, RougeL {s['rouge_l']:.3f}")
+    (out / "summary.json").write_text(json.dumps(results, indent=2, default=str))
+    print(f"wrote {out}/<part>/extraction.jsonl and {out / 'summary.json'}")
+    return 0
+
+
+def _check_same_documents(saved: dict[str, Any], current: dict[str, Any]) -> None:
+    for part in ("train", "heldout"):
+        before = [(d["id"], d["sha256"]) for d in saved.get(part, [])]
+        now = [(d["id"], d["sha256"]) for d in current.get(part, [])]
+        if before != now:
+            raise ValueError(f"the {part} documents selected now differ from those the model was trained on (the data "
+                             "changed since training, e.g. another Python version for the default corpus): give "
+                             "--data explicitly to evaluate on other documents")
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from goldfish.experiment import CompareSpec, compare, parse_mask
+
+    if args.quick:
+        for key, value in COMPARE_QUICK.items():
+            if getattr(args, key) == COMPARE_DEFAULTS[key]:
+                setattr(args, key, value)
+    spec = CompareSpec(model=args.model, data=_data_spec(args), masks=[parse_mask(m) for m in args.masks],
+                       train=_train_config(args), extraction=_extraction_config(args), init_seed=args.init_seed)
+    compare(spec, Path(args.out))
+    return 0
+
+
+def cmd_mask(args: argparse.Namespace) -> int:
+    import data
+    from goldfish.masks import causal_targets, drop_mask, format_masked_text
+    import torch
+
+    if (args.text is None) == (args.file is None):
+        raise ValueError("give exactly one of --text or --file")
+    text = args.text if args.text is not None else Path(args.file).read_text()
+    if args.tokenizer:
+        tokenizer = data.load_tokenizer(args.tokenizer)
+    else:
+        tokenizer = data.train_bpe_tokenizer((d.text for d in data.default_corpus()), vocab_size=args.vocab_size)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) < 2:
+        raise ValueError("the text has fewer than 2 tokens: nothing to mask")
+    # Each token after the first is a target of the token before it; the first token is never a target.
+    targets = causal_targets(torch.tensor([ids]))[0, :-1]
+    dropped = drop_mask(targets, args.strategy, args.k, args.h, special_token_ids=tokenizer.all_special_ids)
+    pieces = [tokenizer.decode([i]) for i in ids]
+    flags = [False] + dropped.tolist()
+    print(format_masked_text(pieces, flags, color=not args.no_color and sys.stdout.isatty()))
+    n = len(flags) - 1
+    print(f"\n{int(dropped.sum())} of {n} targets dropped ({dropped.sum().item() / n:.3f}; expected about {1 / args.k:.3f}) "
+          f"with strategy {args.strategy}, k={args.k}, h={args.h}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from goldfish.masks import STRATEGIES
+
+    parser = argparse.ArgumentParser(prog="goldfish", description="Goldfish loss: train without verbatim memorization, "
+                                     "and measure memorization by extraction.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="fine-tune a causal LM with the standard or a goldfish loss")
+    train.add_argument("--out", required=True, help="run folder: checkpoint/, metrics.jsonl, run.json")
+    train.add_argument("--resume", default=None, help="a checkpoint/ folder of an interrupted run with the same settings")
+    train.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (default: only at the end)")
+    mask_group = train.add_argument_group("mask")
+    mask_group.add_argument("--strategy", choices=["standard", *STRATEGIES], default="hashed")
+    mask_group.add_argument("--k", type=int, default=4, help="drop 1 in k targets (default: %(default)s)")
+    mask_group.add_argument("--h", type=int, default=13, help="hash context width (default: %(default)s)")
+    mask_group.add_argument("--mask-seed", type=int, default=0, help="seed of the random strategy")
+    _add_data_args(train)
+    _add_train_args(train)
+    train.set_defaults(func=cmd_train)
+
+    evaluate = sub.add_parser("eval", help="measure memorization of a model by extraction")
+    evaluate.add_argument("--model", required=True,
+                          help="a checkpoint folder from goldfish train (its documents are re-selected from its run "
+                               "record), an HF model name/folder, or a tiny model name (untrained control)")
+    evaluate.add_argument("--out", required=True, help="output folder")
+    evaluate.add_argument("--part", choices=["train", "heldout", "both"], default="both")
+    evaluate.add_argument("--strategy", choices=["standard", *STRATEGIES], default=None,
+                          help="mask for teacher-forced kept/dropped accuracy (default: the model's own)")
+    evaluate.add_argument("--k", type=int, default=4)
+    evaluate.add_argument("--h", type=int, default=13)
+    evaluate.add_argument("--init-seed", type=int, default=0, help="seed of a tiny model's random init")
+    evaluate.add_argument("--device", default=None)
+    evaluate.add_argument("--no-progress", action="store_true")
+    _add_data_args(evaluate)
+    evaluate.set_defaults(data=None)
+    _add_extraction_args(evaluate)
+    evaluate.set_defaults(func=cmd_eval)
+
+    comp = sub.add_parser("compare", help="standard vs goldfish training from the same weights on the same documents")
+    comp.add_argument("--out", default="runs/compare", help="output folder (default: %(default)s)")
+    comp.add_argument("--masks", nargs="+", default=["hashed:4:13"],
+                      help="goldfish masks as STRATEGY[:K[:H]] (default: %(default)s)")
+    comp.add_argument("--quick", action="store_true", help="a small run (under a minute) for smoke tests")
+    d = COMPARE_DEFAULTS
+    _add_data_args(comp, n_train=d["n_train"], n_heldout=d["n_heldout"], seq_len=d["seq_len"])
+    _add_train_args(comp, epochs=d["epochs"], batch_size=d["batch_size"], lr=d["lr"], warmup_steps=d["warmup_steps"])
+    _add_extraction_args(comp)
+    comp.set_defaults(func=cmd_compare)
+
+    mask = sub.add_parser("mask", help="show which tokens of a text a goldfish mask drops")
+    mask.add_argument("--text", default=None, help="the text to mask")
+    mask.add_argument("--file", default=None, help="a file with the text to mask")
+    mask.add_argument("--tokenizer", default=None, help="HF tokenizer (default: a BPE trained on the default corpus)")
+    mask.add_argument("--vocab-size", type=int, default=2048, help="vocabulary of the default BPE")
+    mask.add_argument("--strategy", choices=list(STRATEGIES), default="hashed")
+    mask.add_argument("--k", type=int, default=4)
+    mask.add_argument("--h", type=int, default=13)
+    mask.add_argument("--no-color", action="store_true", help="mark dropped tokens as [[token]] instead of colour")
+    mask.set_defaults(func=cmd_mask)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"goldfish {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
