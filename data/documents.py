@@ -111,7 +111,7 @@ def load_documents(
             "Fix: convert the file (e.g. one JSON object per line with a 'text' field, saved as .jsonl)."
         )
     if isinstance(source, os.PathLike) or _looks_like_path(os.fspath(source)):
-        raise DataError(f"{path}: no such file or folder. Fix: check the path, or {_LOCAL_FIX}.")
+        raise DataError(f"{os.fspath(source)}: no such file or folder. Fix: check the path, or {_LOCAL_FIX}.")
     return _load_hub_dataset(os.fspath(source), text_field=text_field, id_field=id_field, split=split)
 
 
