@@ -44,6 +44,13 @@ def tokenizer(corpus):
     return train_bpe_tokenizer([doc.text for doc in corpus], vocab_size=1024)
 
 
+@pytest.fixture(scope="module")
+def text_ids(corpus, tokenizer) -> dict[str, list[int]]:
+    """Each corpus document's full tokenization, no special tokens (the reference for truncation)."""
+    encoded = tokenizer([doc.text for doc in corpus], add_special_tokens=False)["input_ids"]
+    return {doc.id: ids for doc, ids in zip(corpus, encoded)}
+
+
 # ---------------------------------------------------------------- loaders
 
 
@@ -281,7 +288,7 @@ def test_tokenizer_is_deterministic(corpus, tokenizer):
     assert again.backend_tokenizer.to_str() == tokenizer.backend_tokenizer.to_str()
 
 
-def test_tokenizer_save_and_load_give_identical_encodings(tmp_path, corpus, tokenizer):
+def test_tokenizer_save_and_load_give_identical_encodings(tmp_path, corpus, tokenizer, text_ids):
     from transformers import AutoTokenizer
 
     tokenizer.save_pretrained(tmp_path)
@@ -289,9 +296,9 @@ def test_tokenizer_save_and_load_give_identical_encodings(tmp_path, corpus, toke
     assert len(loaded) == len(tokenizer)
     assert (loaded.bos_token_id, loaded.eos_token_id, loaded.pad_token_id) == (0, 1, 2)
     texts = [doc.text for doc in corpus]
-    assert loaded(texts)["input_ids"] == tokenizer(texts)["input_ids"]
+    assert loaded(texts, add_special_tokens=False)["input_ids"] == [text_ids[doc.id] for doc in corpus]
     reloaded = load_tokenizer(str(tmp_path))
-    assert reloaded(texts[:5])["input_ids"] == tokenizer(texts[:5])["input_ids"]
+    assert reloaded(texts[:5])["input_ids"] == [text_ids[doc.id] for doc in corpus[:5]]
 
 
 def test_tokenizer_bad_input(tmp_path):
@@ -319,7 +326,7 @@ def test_load_tokenizer_uses_eos_as_pad_when_missing(tmp_path, tokenizer):
 # ---------------------------------------------------------------- selection
 
 
-def test_selection_is_deterministic_disjoint_and_fixed_length(corpus, tokenizer):
+def test_selection_is_deterministic_disjoint_and_fixed_length(corpus, tokenizer, text_ids):
     split = select_documents(corpus, tokenizer, n_train=20, n_heldout=10, seq_len=128, seed=3)
     again = select_documents(corpus, tokenizer, n_train=20, n_heldout=10, seq_len=128, seed=3)
     assert split == again
@@ -329,8 +336,7 @@ def test_selection_is_deterministic_disjoint_and_fixed_length(corpus, tokenizer)
     assert not {d.id for d in split.train} & {d.id for d in split.heldout}
     by_id = {d.id: d for d in corpus}
     for doc in split.train + split.heldout:
-        full = tokenizer(by_id[doc.id].text, add_special_tokens=False)["input_ids"]
-        assert doc.token_ids == [tokenizer.bos_token_id] + full[:127]
+        assert doc.token_ids == [tokenizer.bos_token_id] + text_ids[doc.id][:127]
         assert doc.text == by_id[doc.id].text
         assert doc.sha256 == hashlib.sha256(doc.text.encode("utf-8")).hexdigest()
     # The training set does not depend on how many held-out documents are asked for.
@@ -338,9 +344,9 @@ def test_selection_is_deterministic_disjoint_and_fixed_length(corpus, tokenizer)
     assert fewer.train == split.train and fewer.heldout == []
 
 
-def test_too_short_counting_is_exact(corpus, tokenizer):
+def test_too_short_counting_is_exact(corpus, tokenizer, text_ids):
     seq_len = 300
-    lengths = {d.id: len(tokenizer(d.text, add_special_tokens=False)["input_ids"]) + 1 for d in corpus}  # + bos
+    lengths = {i: len(ids) + 1 for i, ids in text_ids.items()}  # + bos
     long_ids = {i for i, n in lengths.items() if n >= seq_len}
     # Asking for every long-enough document forces selection to examine the whole corpus.
     split = select_documents(corpus, tokenizer, n_train=len(long_ids) - 5, n_heldout=5, seq_len=seq_len)
