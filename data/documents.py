@@ -75,7 +75,8 @@ def load_documents(
       - a `.parquet` file: one document per row, text column `text_field`, id from `id_field` or
         "<file name>:<row>" (0-based row);
       - a folder written by `datasets`' `save_to_disk` (a Dataset, or a DatasetDict from which
-        `split` is taken);
+        `split` is taken), id from `id_field` or "<folder name>:<row>" ("<folder name>/<split>:<row>"
+        for a DatasetDict);
       - otherwise, when it is not an existing path and does not look like one, a Hugging Face
         dataset name loaded with `datasets.load_dataset(source, split=split)`.
 
@@ -316,7 +317,7 @@ def _load_saved_dataset(folder: Path, *, text_field: str, id_field: str | None, 
             f"{folder}: looks like a datasets save_to_disk folder but cannot be loaded "
             f"({type(error).__name__}: {error}). Fix: save it again with save_to_disk."
         ) from None
-    origin = str(folder)
+    origin, id_prefix = str(folder), folder.name
     if isinstance(loaded, datasets.DatasetDict):
         if split not in loaded:
             raise DataError(
@@ -324,8 +325,8 @@ def _load_saved_dataset(folder: Path, *, text_field: str, id_field: str | None, 
                 "Fix: choose one of them with split=..."
             )
         loaded = loaded[split]
-        origin = f"{folder} (split {split!r})"
-    return _documents_from_dataset(loaded, origin=origin, id_prefix=folder.name, text_field=text_field,
+        origin, id_prefix = f"{folder} (split {split!r})", f"{folder.name}/{split}"
+    return _documents_from_dataset(loaded, origin=origin, id_prefix=id_prefix, text_field=text_field,
                                    id_field=id_field)
 
 

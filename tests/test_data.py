@@ -111,7 +111,8 @@ def test_save_to_disk_dataset_and_dataset_dict_split(tmp_path):
     both.save_to_disk(str(tmp_path / "dict"))
     docs = load_documents(tmp_path / "dict", text_field="story", id_field="sid", split="validation")
     assert [(d.id, d.text) for d in docs] == [("s9", "v0")]
-    assert [d.text for d in load_documents(tmp_path / "dict", text_field="story")] == ["t0", "t1"]
+    docs = load_documents(tmp_path / "dict", text_field="story")
+    assert [(d.id, d.text) for d in docs] == [("dict/train:0", "t0"), ("dict/train:1", "t1")]
     with pytest.raises(DataError, match=r"no split 'test'.*available splits: \['train', 'validation'\]"):
         load_documents(tmp_path / "dict", text_field="story", split="test")
 
