@@ -1,0 +1,321 @@
+"""The 4D process grid: validated axis sizes, this rank's coordinates and the process groups of its axes.
+
+Axes are `data`, `x`, `y` and `z`; their product is the world size. Ranks are laid out with x fastest,
+then y, z and data, so that an x group (the one that all-reduces activations most often) sits inside a
+node first:
+
+    rank = x + X * (y + Y * (z + Z * data))
+
+A `Grid` is an explicit object that every parallel layer and helper receives; the engine keeps no
+module-level state, so `init` may be called again with another shape and returns an independent grid.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+AXES: tuple[str, ...] = ("x", "y", "z", "data")  # rank order, fastest first
+
+# The axis combinations a grid builds process groups for. Single axes serve the parallel Linear;
+# ("x", "y") gathers a decoder layer's rows; ("x", "y", "z") is the tensor-parallel group (full
+# weights, norm of sharded gradients); the combinations ending in "data" reduce gradients of
+# parameters whose batch is split over those axes.
+GROUP_AXES: tuple[tuple[str, ...], ...] = (
+    ("x",), ("y",), ("z",), ("data",),
+    ("x", "y"), ("x", "y", "z"),
+    ("z", "data"), ("y", "z", "data"), ("x", "y", "z", "data"),
+)
+
+
+class GridError(ValueError):
+    """A grid that cannot be built: bad sizes, or sizes that do not match the world."""
+
+
+@dataclass(frozen=True)
+class GridShape:
+    """Sizes of the four grid axes. Each is an integer >= 1; their product is the number of ranks."""
+
+    data: int = 1
+    x: int = 1
+    y: int = 1
+    z: int = 1
+
+    def __post_init__(self) -> None:
+        for axis in AXES:
+            value = getattr(self, axis)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise GridError(f"grid axis {axis} must be an integer >= 1, got {value!r}")
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks the grid needs: data * x * y * z."""
+        return self.data * self.x * self.y * self.z
+
+    def size(self, *axes: str) -> int:
+        """Product of the sizes of `axes` (1 for no axes)."""
+        out = 1
+        for axis in axes:
+            out *= getattr(self, _check_axis(axis))
+        return out
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """Coordinates {axis: index} of global `rank` (x fastest)."""
+        if not 0 <= rank < self.world_size:
+            raise GridError(f"rank {rank} is outside a grid of {self.world_size} ranks")
+        out = {}
+        for axis in AXES:
+            size = getattr(self, axis)
+            out[axis] = rank % size
+            rank //= size
+        return out
+
+    def rank(self, coords: dict[str, int]) -> int:
+        """Global rank of the coordinates {axis: index} (missing axes count as 0)."""
+        rank = 0
+        for axis in reversed(AXES):
+            index = coords.get(axis, 0)
+            size = getattr(self, axis)
+            if not 0 <= index < size:
+                raise GridError(f"coordinate {axis}={index} is outside the axis size {size}")
+            rank = rank * size + index
+        return rank
+
+    def group_ranks(self, axes: tuple[str, ...]) -> list[list[int]]:
+        """Every group of ranks that varies only along `axes`, each sorted ascending.
+
+        Inside a group, the position of a rank (its group rank) follows the grid's rank order restricted
+        to `axes`, e.g. x + X * y for ("x", "y").
+        """
+        axes = tuple(_check_axis(a) for a in axes)
+        others = [a for a in AXES if a not in axes]
+        groups = []
+        for fixed in itertools.product(*(range(getattr(self, a)) for a in reversed(others))):
+            base = dict(zip(reversed(others), fixed))
+            ranks = []
+            for varying in itertools.product(*(range(getattr(self, a)) for a in reversed(axes))):
+                ranks.append(self.rank({**base, **dict(zip(reversed(axes), varying))}))
+            groups.append(sorted(ranks))
+        return groups
+
+    def __str__(self) -> str:
+        return f"data={self.data},x={self.x},y={self.y},z={self.z}"
+
+
+def _check_axis(axis: str) -> str:
+    if axis not in AXES:
+        raise GridError(f"unknown grid axis {axis!r}; the axes are {', '.join(AXES)}")
+    return axis
+
+
+@dataclass
+class ByteCounter:
+    """Bytes each rank sends per process group, counted only while `enabled` (off by default: free).
+
+    Counts follow the ring model of each collective for this rank: an all-reduce of n bytes over p ranks
+    sends 2 n (p-1)/p, an all-gather or reduce-scatter whose full tensor has n bytes sends n (p-1)/p.
+    Keys are group names such as "x", "y", "x+y" or "data".
+    """
+
+    enabled: bool = False
+    sent: dict[str, int] = field(default_factory=dict)
+
+    def add(self, name: str, n_bytes: float) -> None:
+        if self.enabled:
+            self.sent[name] = self.sent.get(name, 0) + int(n_bytes)
+
+    def reset(self) -> dict[str, int]:
+        """Return the counts so far and start again from zero."""
+        out, self.sent = self.sent, {}
+        return out
+
+
+@dataclass(frozen=True)
+class AxisGroup:
+    """The process group of one axis combination as this rank sees it.
+
+    `group` is None when `size` is 1 (every collective is then a no-op). `rank` is this rank's
+    position inside the group, `ranks` the global ranks in group order.
+    """
+
+    name: str
+    axes: tuple[str, ...]
+    size: int
+    rank: int
+    ranks: tuple[int, ...]
+    group: dist.ProcessGroup | None
+    counter: ByteCounter
+
+
+class Grid:
+    """This rank's view of a data x X x Y x Z grid: shape, coordinates, device and process groups.
+
+    Build one with `engine.init`. Use `grid.group("x")`, `grid.group("x", "y")`, ... to get the groups
+    of the combinations in GROUP_AXES. `close()` destroys the groups this grid created.
+    """
+
+    def __init__(self, shape: GridShape, *, backend: str, device: torch.device) -> None:
+        if not dist.is_initialized():
+            raise GridError("torch.distributed is not initialised; build grids with engine.init(...)")
+        world = dist.get_world_size()
+        if shape.world_size != world:
+            raise GridError(
+                f"grid data={shape.data} x={shape.x} y={shape.y} z={shape.z} needs "
+                f"{shape.world_size} ranks but the world has {world}; choose sizes whose product is {world} "
+                f"(or launch {shape.world_size} processes)")
+        self.shape = shape
+        self.backend = backend
+        self.device = device
+        self.rank = dist.get_rank()
+        self.world_size = world
+        self.coords = shape.coords(self.rank)
+        self.traffic = ByteCounter()
+        self._created: list[dist.ProcessGroup] = []
+        self._groups: dict[tuple[str, ...], AxisGroup] = {}
+        # Combinations that differ only by axes of size 1 have the same members: build each group once.
+        handles: dict[tuple[str, ...], tuple[list[int], dist.ProcessGroup | None]] = {}
+        for axes in GROUP_AXES:
+            effective = tuple(a for a in axes if shape.size(a) > 1)
+            if effective not in handles:
+                handles[effective] = self._build_group(effective)
+            ranks, handle = handles[effective]
+            name = "+".join(axes) if axes != AXES else "world"
+            self._groups[axes] = AxisGroup(name, axes, len(ranks), ranks.index(self.rank), tuple(ranks), handle,
+                                           self.traffic)
+
+    def _build_group(self, axes: tuple[str, ...]) -> tuple[list[int], dist.ProcessGroup | None]:
+        """Create the groups of `axes` (all ranks take part) and return this rank's members and handle."""
+        size = self.shape.size(*axes)
+        if size == 1:
+            return [self.rank], None
+        if size == self.world_size:
+            return list(range(self.world_size)), dist.group.WORLD
+        mine, handle = None, None
+        for ranks in self.shape.group_ranks(axes):  # same order on every rank
+            group = dist.new_group(ranks)
+            self._created.append(group)
+            if self.rank in ranks:
+                mine, handle = ranks, group
+        assert mine is not None
+        return mine, handle
+
+    def group(self, *axes: str) -> AxisGroup:
+        """The group of ranks that share every coordinate except those of `axes` (order as in AXES)."""
+        key = tuple(a for a in AXES if a in axes)
+        if len(key) != len(axes) or key not in self._groups:
+            for a in axes:
+                _check_axis(a)
+            raise GridError(f"the grid has no group for axes {axes}; available: "
+                            f"{', '.join('+'.join(k) for k in self._groups)}")
+        return self._groups[key]
+
+    def size(self, *axes: str) -> int:
+        """Product of the sizes of `axes`."""
+        return self.shape.size(*axes)
+
+    def coord(self, axis: str) -> int:
+        """This rank's index along `axis`."""
+        return self.coords[_check_axis(axis)]
+
+    @property
+    def is_trivial(self) -> bool:
+        """True for a grid of one rank: every collective is a no-op."""
+        return self.world_size == 1
+
+    def close(self, *, destroy_world: bool = False) -> None:
+        """Destroy the process groups this grid created (and the world group if `destroy_world`)."""
+        for group in self._created:
+            dist.destroy_process_group(group)
+        self._created = []
+        self._groups = {}
+        if destroy_world and dist.is_initialized():
+            dist.destroy_process_group()
+
+    def __deepcopy__(self, memo: dict) -> "Grid":
+        return self  # a handle on shared process groups: copies of a model share their grid
+
+    def __enter__(self) -> "Grid":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        coords = ",".join(f"{a}={self.coords[a]}" for a in AXES)
+        return f"Grid({self.shape}; rank {self.rank}/{self.world_size} at {coords}; {self.backend} on {self.device})"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _launcher_environment() -> dict[str, str] | None:
+    """RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* from SLURM, or None when torchrun (env://) or nothing launched us."""
+    env = os.environ
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        out = {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_NTASKS"],
+               "LOCAL_RANK": env.get("SLURM_LOCALID", "0")}
+        missing = [n for n in ("MASTER_ADDR", "MASTER_PORT") if n not in env]
+        if missing and int(out["WORLD_SIZE"]) > 1:
+            raise GridError(f"cannot start torch.distributed under SLURM: {', '.join(missing)} not set; export "
+                            "MASTER_ADDR (the first node's host name) and MASTER_PORT (a free port) in the job script")
+        out["MASTER_ADDR"] = env.get("MASTER_ADDR", "127.0.0.1")
+        out["MASTER_PORT"] = env.get("MASTER_PORT", str(_free_port()))
+        return out
+    return None
+
+
+def _local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")))
+
+
+def _init_world(backend: str) -> None:
+    device_id = None
+    if backend == "nccl":
+        device_id = torch.device("cuda", _local_rank())
+        torch.cuda.set_device(device_id)
+    timeout = timedelta(minutes=10)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun, or a launcher that sets the same names
+        dist.init_process_group(backend=backend, init_method="env://", timeout=timeout, device_id=device_id)
+        return
+    env = _launcher_environment() or {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                                      "MASTER_PORT": str(_free_port())}  # a lone process: a world of one
+    dist.init_process_group(backend=backend, init_method=f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}",
+                            rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]), timeout=timeout,
+                            device_id=device_id)
+
+
+def init(data: int = 1, x: int = 1, y: int = 1, z: int = 1, *, backend: str | None = None) -> Grid:
+    """Build a data x X x Y x Z grid over all ranks, starting torch.distributed first if needed.
+
+    torch.distributed is initialised from the torchrun environment (RANK, WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT), from SLURM (SLURM_PROCID, SLURM_NTASKS, plus MASTER_ADDR/MASTER_PORT), or, with no
+    launcher at all, as a world of one process. The backend defaults to NCCL when CUDA is available and
+    gloo otherwise; the grid's device is cuda:LOCAL_RANK for NCCL and cpu for gloo. Raises GridError
+    unless data * x * y * z equals the world size. Each call returns an independent grid.
+    """
+    shape = GridShape(data=data, x=x, y=y, z=z)
+    if dist.is_initialized():
+        chosen = dist.get_backend()
+        if backend is not None and backend != chosen:
+            raise GridError(f"torch.distributed already runs the {chosen} backend; cannot build a grid on {backend}")
+    else:
+        chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if chosen == "nccl" and not torch.cuda.is_available():
+            raise GridError("backend nccl needs CUDA, which is not available; use backend='gloo'")
+        if chosen not in ("nccl", "gloo"):
+            raise GridError(f"unsupported backend {chosen!r}; use 'nccl' or 'gloo'")
+        _init_world(chosen)
+    if chosen == "nccl":
+        device = torch.device("cuda", _local_rank())
+    else:
+        device = torch.device("cpu")
+    return Grid(shape, backend=chosen, device=device)
