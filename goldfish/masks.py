@@ -269,7 +269,9 @@ _ANSI_RESET = "\x1b[0m"
 def format_masked_text(token_strings: list[str], dropped: list[bool], color: bool = True) -> str:
     """Join token strings, highlighting dropped ones (ANSI reverse red, or ``[[token]]`` without color)."""
     if len(token_strings) != len(dropped):
-        raise ValueError(f"got {len(token_strings)} token strings but {len(dropped)} drop flags; pass one flag per token")
+        raise ValueError(
+            f"got {len(token_strings)} token strings but {len(dropped)} drop flags; pass one flag per token"
+        )
     pieces = []
     for text, is_dropped in zip(token_strings, dropped):
         if not is_dropped:

@@ -122,7 +122,8 @@ def test_collator_drops_what_drop_mask_of_causal_targets_drops(strategy: str) ->
     input_ids, attention_mask, labels = collated["input_ids"], collated["attention_mask"], collated["labels"]
     assert input_ids.shape == attention_mask.shape == labels.shape == (4, 40)
 
-    expected_dropped = drop_mask(causal_targets(input_ids, attention_mask), strategy, 2, 4, special_token_ids=[7], seed=3)
+    targets = causal_targets(input_ids, attention_mask)
+    expected_dropped = drop_mask(targets, strategy, 2, 4, special_token_ids=[7], seed=3)
     # Dropped label j+1 <=> target j dropped; padding is -100 and never counted as dropped.
     collator_dropped = torch.zeros_like(expected_dropped)
     collator_dropped[:, :-1] = (labels[:, 1:] == IGNORE_INDEX) & (attention_mask[:, 1:] == 1)
