@@ -1,0 +1,92 @@
+"""The command line: --help of every subcommand, train -> eval round trip, mask, bad input, and compare --quick."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from goldfish.cli import build_parser, main
+
+SUBCOMMANDS = ["train", "eval", "compare", "mask"]
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_help_of_every_subcommand(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    assert "usage: goldfish " + command in capsys.readouterr().out
+
+
+def test_console_entry_point_runs():
+    result = subprocess.run([sys.executable, "-m", "goldfish", "--help"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0
+    for command in SUBCOMMANDS:
+        assert command in result.stdout
+
+
+def test_every_compare_preset_parses():
+    parser = build_parser()
+    args = parser.parse_args(["compare", "--quick"])
+    assert args.quick and args.masks == ["hashed:4:13"]
+
+
+def test_mask_command_reports_drop_rate(capsys):
+    text = ("The goldfish loss drops a pseudo-random subset of tokens from the next-token loss, so the model never "
+            "sees the whole passage supervised and cannot repeat it verbatim. ") * 3
+    assert main(["mask", "--text", text, "--strategy", "hashed", "--k", "4", "--no-color"]) == 0
+    out = capsys.readouterr().out
+    assert "[[" in out and "targets dropped" in out
+    assert main(["mask", "--text", text, "--strategy", "static", "--k", "3", "--no-color"]) == 0
+
+
+def test_bad_input_gives_clear_errors(tmp_path, capsys):
+    assert main(["mask", "--text", "hello world", "--k", "1"]) == 2
+    assert "k" in capsys.readouterr().err
+    missing = tmp_path / "missing.jsonl"
+    assert main(["train", "--out", str(tmp_path / "run"), "--data", str(missing), "--no-progress"]) == 2
+    assert "missing.jsonl" in capsys.readouterr().err
+    assert main(["compare", "--masks", "hashed:x", "--out", str(tmp_path / "c")]) == 2
+    assert "cannot parse mask" in capsys.readouterr().err
+
+
+def test_train_then_eval_round_trip(tmp_path, capsys):
+    records = [{"id": f"doc{i}", "text": " ".join(f"word{(i * 7 + j) % 53} token{j % 11}" for j in range(80))}
+               for i in range(6)]
+    data_file = tmp_path / "docs.jsonl"
+    data_file.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    run = tmp_path / "run"
+    assert main(["train", "--out", str(run), "--data", str(data_file), "--id-field", "id", "--model", "micro-llama",
+                 "--n-train", "4", "--n-heldout", "2", "--seq-len", "48", "--vocab-size", "320", "--epochs", "2",
+                 "--batch-size", "2", "--strategy", "static", "--k", "3", "--no-progress"]) == 0
+    assert (run / "checkpoint" / "config.json").exists()
+    assert (run / "checkpoint" / "goldfish_run.json").exists()
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 4  # 2 epochs x 2 steps
+    out = tmp_path / "eval"
+    assert main(["eval", "--model", str(run / "checkpoint"), "--out", str(out), "--suffix-len", "16",
+                 "--no-progress"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["train"]["n_docs"] == 4 and summary["heldout"]["n_docs"] == 2
+    # The run's own static mask splits teacher-forced accuracy into kept and dropped positions.
+    assert summary["train"]["tf_dropped_accuracy"] is not None
+    rows = (out / "train" / "extraction.jsonl").read_text().splitlines()
+    assert {json.loads(r)["id"] for r in rows} == {d["id"] for d in json.loads(
+        (run / "run.json").read_text())["documents"]["train"]}
+
+
+def test_compare_quick_standard_memorizes_more_than_goldfish(tmp_path):
+    out = tmp_path / "compare"
+    assert main(["compare", "--quick", "--out", str(out), "--no-progress"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    models = summary["models"]
+    assert set(models) == {"control", "standard", "goldfish-hashed-k4-h13"}
+    standard, goldfish, control = models["standard"], models["goldfish-hashed-k4-h13"], models["control"]
+    for parts in models.values():
+        for part in ("train", "heldout"):
+            assert 0.0 <= parts[part]["exact_match"] <= 1.0 and 0.0 <= parts[part]["rouge_l"] <= 1.0
+            assert parts[part]["n_docs"] > 0
+    assert standard["train"]["rouge_l"] > goldfish["train"]["rouge_l"] + 0.2
+    assert standard["train"]["exact_match"] > goldfish["train"]["exact_match"]
+    assert control["train"]["exact_match"] == 0.0
+    assert (out / "report.md").exists() and (out / "compare.png").stat().st_size > 1000
