@@ -4,5 +4,6 @@
 """
 
 from engine.grid import Grid, GridError, GridShape, init
+from engine.linear import ParallelLinear, ShardingError
 
-__all__ = ["Grid", "GridError", "GridShape", "init"]
+__all__ = ["Grid", "GridError", "GridShape", "ParallelLinear", "ShardingError", "init"]

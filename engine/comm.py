@@ -1,0 +1,130 @@
+"""Raw collectives on an explicit AxisGroup: the one place that talks to torch.distributed.
+
+Every function takes the group as an argument (no default group), returns new tensors (inputs are never
+modified), and costs nothing for a group of one rank. Backend and device come from the tensors, so the
+same code runs on gloo/CPU and NCCL/GPU. When the grid's ByteCounter is enabled each call adds the bytes
+this rank sends (ring model) under the group's name.
+
+`*_async` variants start the collective and return a `Pending` whose `wait()` gives the result; they let
+a layer overlap communication with computation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from engine.grid import AxisGroup
+
+# torch 2.13 renamed the single-tensor collectives; older releases only have the old names.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+@dataclass
+class Pending:
+    """A collective in flight: `wait()` blocks until it is done and returns its result tensor."""
+
+    work: dist.Work | None
+    finish: Callable[[], torch.Tensor]
+
+    def wait(self) -> torch.Tensor:
+        if self.work is not None:
+            self.work.wait()
+            self.work = None
+        return self.finish()
+
+
+def _done(t: torch.Tensor) -> Pending:
+    return Pending(None, lambda: t)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def all_reduce_async(t: torch.Tensor, group: AxisGroup, *, inplace: bool = False) -> Pending:
+    """Start summing `t` over the group; the result has t's shape.
+
+    `t` is left unchanged unless `inplace` (then a contiguous `t` receives the sum, saving a copy).
+    """
+    if group.size == 1:
+        return _done(t)
+    out = t if inplace and t.is_contiguous() else t.contiguous().clone()
+    group.counter.add(group.name, 2 * _nbytes(out) * (group.size - 1) / group.size)
+    work = dist.all_reduce(out, group=group.group, async_op=True)
+    return Pending(work, lambda: out)
+
+
+def all_reduce(t: torch.Tensor, group: AxisGroup, *, inplace: bool = False) -> torch.Tensor:
+    """Sum of `t` over the group's ranks (same shape on every rank); see all_reduce_async for `inplace`."""
+    return all_reduce_async(t, group, inplace=inplace).wait()
+
+
+def all_gather_async(t: torch.Tensor, group: AxisGroup, dim: int = 0) -> Pending:
+    """Start concatenating every rank's `t` along `dim`, in group-rank order. Shapes must match across ranks."""
+    if group.size == 1:
+        return _done(t)
+    dim = dim % max(t.dim(), 1)
+    if t.dim() == 0:
+        raise ValueError("all_gather needs a tensor with at least one dimension (gloo cannot gather 0-d tensors)")
+    front = t.movedim(dim, 0).contiguous()
+    out = torch.empty((group.size * front.shape[0], *front.shape[1:]), dtype=t.dtype, device=t.device)
+    group.counter.add(group.name, _nbytes(out) * (group.size - 1) / group.size)
+    work = _all_gather_single(out, front, group=group.group, async_op=True)
+    return Pending(work, lambda: out.movedim(0, dim) if dim else out)
+
+
+def all_gather(t: torch.Tensor, group: AxisGroup, dim: int = 0) -> torch.Tensor:
+    """Every rank's `t` concatenated along `dim` in group-rank order (size along dim grows by group.size)."""
+    return all_gather_async(t, group, dim).wait()
+
+
+def reduce_scatter_async(t: torch.Tensor, group: AxisGroup, dim: int = 0) -> Pending:
+    """Start summing `t` over the group and keeping this rank's chunk along `dim` (chunk i for group rank i)."""
+    if group.size == 1:
+        return _done(t)
+    if t.dim() == 0 or t.shape[dim] % group.size:
+        raise ValueError(f"reduce_scatter over {group.name} ({group.size} ranks) needs dim {dim} of shape "
+                         f"{tuple(t.shape)} to be divisible by {group.size}")
+    dim = dim % t.dim()
+    front = t.movedim(dim, 0).contiguous()
+    out = torch.empty((front.shape[0] // group.size, *front.shape[1:]), dtype=t.dtype, device=t.device)
+    group.counter.add(group.name, _nbytes(front) * (group.size - 1) / group.size)
+    work = _reduce_scatter_single(out, front, group=group.group, async_op=True)
+    return Pending(work, lambda: out.movedim(0, dim) if dim else out)
+
+
+def reduce_scatter(t: torch.Tensor, group: AxisGroup, dim: int = 0) -> torch.Tensor:
+    """Sum of `t` over the group, split along `dim`: this rank keeps chunk number group.rank."""
+    return reduce_scatter_async(t, group, dim).wait()
+
+
+def chunk(t: torch.Tensor, group: AxisGroup, dim: int = 0) -> torch.Tensor:
+    """This rank's chunk of `t` along `dim` (no communication); dim must divide by the group size."""
+    if group.size == 1:
+        return t
+    if t.shape[dim] % group.size:
+        raise ValueError(f"cannot split dim {dim} of shape {tuple(t.shape)} over {group.name} "
+                         f"({group.size} ranks): not divisible")
+    return t.chunk(group.size, dim=dim)[group.rank]
+
+
+def all_reduce_coalesced(tensors: list[torch.Tensor], group: AxisGroup) -> None:
+    """Sum each tensor of `tensors` over the group IN PLACE, with one collective per dtype (flattened buffer)."""
+    if group.size == 1 or not tensors:
+        return
+    by_dtype: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for t in tensors:
+        by_dtype.setdefault((t.dtype, t.device), []).append(t)
+    for same in by_dtype.values():
+        flat = torch.cat([t.reshape(-1) for t in same])
+        group.counter.add(group.name, 2 * _nbytes(flat) * (group.size - 1) / group.size)
+        dist.all_reduce(flat, group=group.group)
+        offset = 0
+        for t in same:
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
