@@ -133,10 +133,15 @@ def _rank_rows(rows: torch.Tensor, grid: Any) -> torch.Tensor:
     return rows[grid.rank * share:(grid.rank + 1) * share]
 
 
-def _stack(examples: Sequence[dict[str, torch.Tensor]], indices: torch.Tensor,
+def _stack(examples: Sequence[dict[str, torch.Tensor]], indices: torch.Tensor, step: int,
            device: torch.device) -> dict[str, torch.Tensor]:
+    """One micro-batch: the examples' tensors stacked to (B, ...), plus "example_index" (B,) and "step" (0-d), so a
+    loss function can draw per-step randomness that a resumed run reproduces."""
     keys = examples[0].keys()
-    return {key: torch.stack([examples[i][key] for i in indices.tolist()]).to(device) for key in keys}
+    batch = {key: torch.stack([examples[i][key] for i in indices.tolist()]).to(device) for key in keys}
+    batch["example_index"] = indices.clone()
+    batch["step"] = torch.tensor(step)
+    return batch
 
 
 def _all_reduce_sums(values: torch.Tensor, grid: Any) -> torch.Tensor:
@@ -172,7 +177,8 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
           on_log: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
     """Train `model` in place for config.epochs over `examples`.
 
-    examples: one dict of equal-length 1-D tensors per sequence (e.g. input_ids, targets, masks).
+    examples: one dict of equal-length 1-D tensors per sequence (e.g. input_ids, targets, masks). The loss function
+        receives them stacked to (B, ...) plus "example_index" (B,) and "step" (0-d, the 0-based optimizer step).
     out_dir: where checkpoints (out_dir/checkpoint) and metrics (out_dir/metrics.jsonl) go; None keeps nothing.
     grid: an engine Grid for parallel runs (every rank calls train with the same arguments), or None.
     resume_from: a checkpoint folder written by an earlier run with the same examples and config.
@@ -216,7 +222,7 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
             sums = None
             n_input_tokens = 0
             for micro_rows in torch.tensor_split(rows, min(config.grad_accum, len(rows))):
-                batch = _stack(examples, micro_rows, device)
+                batch = _stack(examples, micro_rows, step, device)
                 n_input_tokens += batch["input_ids"].numel() if "input_ids" in batch else 0
                 with autocast:
                     out = loss_fn(model, batch)

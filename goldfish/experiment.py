@@ -138,26 +138,48 @@ def initial_model(model_name: str, prepared: Prepared, seed: int) -> nn.Module:
 
 def make_examples(documents: Sequence[data.TokenizedDocument], mask: MaskSpec,
                   special_token_ids: Sequence[int]) -> list[dict[str, torch.Tensor]]:
-    """One training example per document: input ids, next-token targets and the goldfish drop mask, all (T,)."""
+    """One training example per document: input ids, next-token targets and the goldfish drop mask, all (T,).
+
+    For the `random` strategy the stored mask is only the first epoch's draw (for counting); the loss redraws it
+    every step, since a per-occurrence Bernoulli mask must differ each time a sequence is seen.
+    """
     examples = []
-    for document in documents:
+    for index, document in enumerate(documents):
         input_ids = torch.tensor(document.token_ids, dtype=torch.long)
         targets = causal_targets(input_ids.unsqueeze(0))
-        dropped = mask.dropped(targets, special_token_ids)
+        dropped = mask.dropped(targets, special_token_ids) if mask.strategy != "random" else \
+            _random_draw(mask, targets, special_token_ids, step=0, example_index=index)
         examples.append({"input_ids": input_ids, "targets": targets[0], "dropped": dropped[0]})
     return examples
 
 
-def goldfish_step_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> engine_train.StepLoss:
+def _random_draw(mask: MaskSpec, targets: torch.Tensor, special_token_ids: Sequence[int], *, step: int,
+                 example_index: int) -> torch.Tensor:
+    """A fresh Bernoulli(1/k) mask for one (1, T) row, seeded by (mask seed, step, example): reproducible on resume,
+    different on every occurrence of the sequence, and independent of which rank holds the row."""
+    seed = (mask.seed * 1_000_003 + step) * 1_000_003 + example_index
+    return drop_mask(targets, "random", mask.k, mask.h, special_token_ids=special_token_ids, seed=seed)
+
+
+def make_step_loss(mask: MaskSpec, special_token_ids: Sequence[int]) -> engine_train.LossFn:
     """The engine's loss hook: goldfish loss on kept targets, plus all-token and dropped-token losses for logging."""
-    logits = model(input_ids=batch["input_ids"]).logits  # (B, T, V)
-    result = goldfish_loss(logits, batch["targets"], batch["dropped"])
-    extras = {"all_loss": (float(result.all_loss) * result.n_all, result.n_all)}
-    if result.n_dropped:
-        extras["dropped_loss"] = (float(result.dropped_loss) * result.n_dropped, result.n_dropped)
-    else:
-        extras["dropped_loss"] = (0.0, 0)
-    return engine_train.StepLoss(loss_sum=result.loss_sum, n_tokens=result.n_kept, extras=extras)
+
+    def step_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> engine_train.StepLoss:
+        dropped = batch["dropped"]
+        if mask.strategy == "random":
+            step = int(batch["step"])
+            dropped = torch.cat([
+                _random_draw(mask, batch["targets"][row:row + 1].cpu(), special_token_ids, step=step,
+                             example_index=int(index))
+                for row, index in enumerate(batch["example_index"])]).to(dropped.device)
+        logits = model(input_ids=batch["input_ids"]).logits  # (B, T, V)
+        result = goldfish_loss(logits, batch["targets"], dropped)
+        extras = {"all_loss": (float(result.all_loss) * result.n_all, result.n_all),
+                  "dropped_loss": (float(result.dropped_loss) * result.n_dropped if result.n_dropped else 0.0,
+                                   result.n_dropped)}
+        return engine_train.StepLoss(loss_sum=result.loss_sum, n_tokens=result.n_kept, extras=extras)
+
+    return step_loss
 
 
 def save_hf_model(model: nn.Module, tokenizer: Any, run_record: dict[str, Any], directory: Path) -> None:
@@ -213,7 +235,7 @@ def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = N
     record = run_record(spec, prepared)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "run.json").write_text(json.dumps(record, indent=2))
-    engine_train.train(model, examples, goldfish_step_loss, spec.train, out_dir=out_dir, grid=grid,
+    engine_train.train(model, examples, make_step_loss(spec.mask, prepared.special_token_ids), spec.train, out_dir=out_dir, grid=grid,
                        resume_from=resume_from,
                        save_model=lambda m, d: save_hf_model(m, prepared.tokenizer, record, d))
     return model, prepared

@@ -1,0 +1,63 @@
+"""Experiment wiring: mask specs, examples, the loss hook (random masks redrawn per step), labels."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from data import TokenizedDocument
+from goldfish.experiment import MaskSpec, make_examples, make_step_loss, parse_mask
+from goldfish.masks import causal_targets, drop_mask
+
+
+def _docs(n=4, length=40):
+    generator = torch.Generator().manual_seed(0)
+    return [TokenizedDocument(id=f"d{i}", text="", token_ids=[0] + torch.randint(3, 200, (length - 1,),
+                                                                                 generator=generator).tolist(),
+                              sha256="") for i in range(n)]
+
+
+def test_parse_mask_and_labels():
+    assert parse_mask("standard").label == "standard"
+    assert parse_mask("hashed:4:13") == MaskSpec("hashed", 4, 13)
+    assert parse_mask("static:3").label == "goldfish-static-k3"
+    assert parse_mask("hashed-reference:4:13").label == "goldfish-hashed-reference-k4-h13"
+    for bad in ("hashed:x", "hashed:4:13:2", "nope:4"):
+        with pytest.raises(ValueError):
+            parse_mask(bad)
+    with pytest.raises(ValueError, match="k must be"):
+        MaskSpec("hashed", 1)
+    with pytest.raises(ValueError, match="h "):
+        MaskSpec("hashed", 4, 0)
+
+
+def test_examples_carry_the_drop_mask_of_their_targets():
+    docs = _docs()
+    examples = make_examples(docs, MaskSpec("hashed", 4, 13), special_token_ids=[0, 1, 2])
+    for doc, example in zip(docs, examples):
+        targets = causal_targets(torch.tensor([doc.token_ids]))[0]
+        assert torch.equal(example["targets"], targets)
+        assert torch.equal(example["dropped"], drop_mask(targets, "hashed", 4, 13, special_token_ids=[0, 1, 2]))
+    standard = make_examples(docs, MaskSpec(None), special_token_ids=[])
+    assert not any(e["dropped"].any() for e in standard)
+
+
+def test_random_mask_is_redrawn_every_step_and_reproducible():
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64))
+    docs = _docs(n=2, length=400)
+    mask = MaskSpec("random", 4)
+    examples = make_examples(docs, mask, special_token_ids=[])
+    loss_fn = make_step_loss(mask, special_token_ids=[])
+    batch = {key: torch.stack([e[key] for e in examples]) for key in examples[0]}
+    batch["example_index"] = torch.tensor([0, 1])
+
+    def kept_count(step):
+        batch["step"] = torch.tensor(step)
+        return loss_fn(model, batch).n_tokens
+
+    counts = [kept_count(step) for step in range(4)]
+    assert counts[0] == kept_count(0)  # same step, same draw (resume reproduces it)
+    assert len(set(counts)) > 1  # a different draw on each occurrence
+    n_targets = 2 * 399
+    assert all(abs(c / n_targets - 0.75) < 0.08 for c in counts)  # 5 sigma of Binomial(798, 1/4) is ~0.077
