@@ -30,6 +30,16 @@ def tiny_gpt2() -> GPT2LMHeadModel:
     return GPT2LMHeadModel(cfg).eval()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread, and two OpenMP threads spinning on a busy 2-core machine
+    (tests of other modules in parallel) slow them down by 10x or more. Restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def llama() -> LlamaForCausalLM:
     return tiny_llama()
@@ -197,3 +207,17 @@ def test_extract_all_too_short(llama):
                             pad_token_id=0, progress=False)
     assert rows == [] and summary["n_docs"] == 0 and summary["n_skipped_too_short"] == 1
     assert summary["exact_match"] is None
+
+
+def test_bench_script_runs_and_agrees(tmp_path):
+    """The benchmark's own identity check on a minute model (keeps bench/extraction.py from rotting)."""
+    import runpy
+    from pathlib import Path
+
+    bench = runpy.run_path(str(Path(__file__).parents[1] / "bench" / "extraction.py"))
+    out = tmp_path / "bench.json"
+    argv = ["--n-docs", "3", "--doc-len", "24", "--suffix-len", "6", "--batch-size", "2", "--hidden", "32",
+            "--layers", "1", "--vocab", "128", "--json", str(out)]
+    assert bench["main"](argv) == 0
+    figures = json.loads(out.read_text())
+    assert figures["identical_ids"] is True and figures["n_docs"] == 3
