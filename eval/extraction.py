@@ -181,10 +181,11 @@ def _teacher_forced(
 ) -> list[dict[str, float | int | None]]:
     """Teacher-forced accuracy per document: one forward pass over all its tokens.
 
-    Targets of a document of T tokens are its next tokens, shape (1, T-1): position j holds token j+1,
-    the token predicted at j. ``drop_mask_fn`` maps those targets to the (1, T-1) bool dropped mask.
-    Documents are right-padded into batches; causal attention means padding after a document does
-    not change its logits, and padded targets are -100.
+    Targets of a document of T tokens have shape (1, T), the training convention: position j holds
+    token j+1 (the token predicted at j) and the last position holds -100 (nothing follows). So
+    ``drop_mask_fn`` sees exactly the targets training built its mask from and returns the same (1, T)
+    bool mask. Documents are right-padded into batches; causal attention means padding after a document
+    does not change its logits.
     """
     results: list[dict[str, float | int | None]] = []
     was_training = model.training
@@ -201,7 +202,8 @@ def _teacher_forced(
                     mask[i, : len(d)] = 1
                 logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits  # (B, W, V)
                 for i, d in enumerate(batch):
-                    targets = torch.tensor(d[1:], dtype=torch.long, device=device)[None]  # (1, T-1)
+                    targets = torch.full((1, len(d)), IGNORE_INDEX, dtype=torch.long, device=device)  # (1, T)
+                    targets[0, :-1] = torch.tensor(d[1:], dtype=torch.long)
                     dropped = None
                     if drop_mask_fn is not None:
                         dropped = drop_mask_fn(targets)
@@ -210,7 +212,7 @@ def _teacher_forced(
                                 f"drop_mask_fn must return a bool tensor of the targets' shape "
                                 f"{tuple(targets.shape)}, got {dropped.dtype} {tuple(dropped.shape)}"
                             )
-                    results.append(teacher_forced_accuracy(logits[i : i + 1, : len(d) - 1], targets, dropped))
+                    results.append(teacher_forced_accuracy(logits[i : i + 1, : len(d)], targets, dropped))
     finally:
         model.train(was_training)
     return results
@@ -240,9 +242,21 @@ def extract(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Run extraction on ``documents`` (objects with ``.id: str`` and ``.token_ids: list[int]``).
 
-    Returns (rows, summary): one row per evaluated document (see module docs of the fields) and a
-    summary with means over documents, counts of skipped too-short documents and their ids, the config
-    and the ROUGE settings. Documents shorter than ``config.min_tokens()`` are skipped and counted.
+    Each document's prefix is continued greedily for ``config.suffix_len`` tokens on the model's device;
+    documents shorter than ``config.min_tokens()`` are skipped, counted and listed in the summary.
+
+    Returns (rows, summary).
+      rows, one per evaluated document, in input order: id, n_tokens, n_prefix_tokens, exact_match,
+        match_fraction, longest_correct_prefix (token ids); rouge_l, rouge_l_recall, rouge_1, rouge_2
+        (``decode(generated)`` vs ``decode(true suffix)``); tf_accuracy, tf_kept_accuracy,
+        tf_dropped_accuracy (teacher-forced over the whole document; kept/dropped are None without
+        ``drop_mask_fn``, or when no target falls in the group); generated_ids, generated_text,
+        reference_text.
+      summary: n_docs, n_skipped_too_short, skipped_ids, min_tokens, the mean of every per-document
+        metric above (exact_match's mean is the fraction of documents; None when no document has a
+        value), config, and the ROUGE settings used.
+    ``drop_mask_fn`` maps a document's (1, T) targets (token j+1 at j, -100 last) to its (1, T) bool
+    goldfish mask, True = dropped from the training loss.
     """
     device = _model_device(model)
     kept: list[tuple[Any, list[int], list[int]]] = []

@@ -184,14 +184,19 @@ def test_extract_teacher_forced_kept_vs_dropped(llama):
     docs, _ = make_docs(llama, config)
     docs = docs[:5]
 
-    def suffix_dropped(targets: torch.Tensor) -> torch.Tensor:  # (1, T-1) -> (1, T-1) bool
+    seen = []
+
+    def suffix_dropped(targets: torch.Tensor) -> torch.Tensor:  # (1, T) -> (1, T) bool
+        seen.append(targets)
         dropped = torch.zeros_like(targets, dtype=torch.bool)
-        dropped[:, -16:] = True
+        dropped[:, -17:] = True  # the 16 suffix targets, and the ignored last position (must not count)
         return dropped
 
     rows, summary = extract(llama, docs, config, decode=decode, pad_token_id=0, drop_mask_fn=suffix_dropped,
                             progress=False)
-    for r, doc in zip(rows, docs):
+    for r, doc, targets in zip(rows, docs, seen):
+        # Training's convention: targets[j] = token j+1, last position ignored.
+        assert targets.tolist() == [doc.token_ids[1:] + [-100]]
         assert r["tf_dropped_accuracy"] == 1.0
         n = len(doc.token_ids) - 1  # targets per document
         assert r["tf_accuracy"] == pytest.approx((r["tf_kept_accuracy"] * (n - 16) + 16) / n)
