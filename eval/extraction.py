@@ -267,6 +267,13 @@ def extract(
             skipped.append(str(doc.id))
         else:
             kept.append((doc, parts[0], parts[1]))
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    too_long = [str(doc.id) for doc, _, _ in kept if context is not None and len(doc.token_ids) > context]
+    if too_long:
+        raise ValueError(
+            f"{len(too_long)} document(s) (first: {too_long[0]!r}) are longer than the model's context of "
+            f"{context} tokens; truncate documents to at most {context} tokens before extraction"
+        )
     if skipped:
         log.warning("extraction skipped %d document(s) shorter than %d tokens", len(skipped), config.min_tokens())
 

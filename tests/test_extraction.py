@@ -207,6 +207,12 @@ def test_extract_teacher_forced_kept_vs_dropped(llama):
                 drop_mask_fn=lambda t: torch.zeros_like(t))
 
 
+def test_extract_rejects_documents_longer_than_the_context(llama):
+    with pytest.raises(ValueError, match="longer than the model's context of 512 tokens; truncate"):
+        extract(llama, [Doc("long", random_ids(513, 1))], ExtractionConfig(), decode=decode, pad_token_id=0,
+                progress=False)
+
+
 def test_extract_all_too_short(llama):
     rows, summary = extract(llama, [Doc("a", [1, 2])], ExtractionConfig(suffix_len=4), decode=decode,
                             pad_token_id=0, progress=False)
