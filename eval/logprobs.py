@@ -1,0 +1,75 @@
+"""Teacher-forced token log-probabilities: the raw material of membership inference and probabilistic extraction.
+
+One forward pass per batch of sequences; the log-probability of every token given all tokens before it.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import torch
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def iter_next_token_logits(
+    model: torch.nn.Module,
+    sequences: Sequence[Sequence[int]],
+    *,
+    pad_token_id: int,
+    batch_size: int = 8,
+) -> Iterator[torch.Tensor]:
+    """Teacher-forced logits of each sequence in order: a (T_i - 1, V) float32 CPU tensor whose row j scores the
+    token at position j + 1 given tokens 0..j.
+
+    A generator, so a caller reduces each sequence's logits before the next batch is computed (the logits of a
+    whole evaluation set of a 49k-vocabulary model do not fit in memory). Sequences are right-padded into
+    batches; with causal attention padding after a sequence does not change its logits. Each sequence needs at
+    least 2 tokens (one to condition on, one to score).
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    for i, seq in enumerate(sequences):
+        if len(seq) < 2:
+            raise ValueError(f"sequence {i} has {len(seq)} token(s); scoring needs at least 2 (a context and a target)")
+    device = _model_device(model)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for start in range(0, len(sequences), batch_size):
+                batch = [[int(t) for t in seq] for seq in sequences[start : start + batch_size]]
+                width = max(len(s) for s in batch)
+                input_ids = torch.full((len(batch), width), pad_token_id, dtype=torch.long)
+                mask = torch.zeros((len(batch), width), dtype=torch.long)
+                for i, seq in enumerate(batch):
+                    input_ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+                    mask[i, : len(seq)] = 1
+                logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits  # (B, W, V)
+                for i, seq in enumerate(batch):
+                    yield logits[i, : len(seq) - 1].float().cpu()
+    finally:
+        model.train(was_training)
+
+
+def token_log_probs(
+    model: torch.nn.Module,
+    sequences: Sequence[Sequence[int]],
+    *,
+    pad_token_id: int,
+    batch_size: int = 8,
+) -> list[torch.Tensor]:
+    """Log-probability (natural log) of each token given its predecessors, at temperature 1.
+
+    Returns one (T_i - 1,) float64 CPU tensor per sequence: entry j = log p(token j+1 | tokens 0..j). The first
+    token has no entry (nothing predicts it). The mean of -entries is the sequence's loss in nats per token.
+    """
+    out = []
+    logits_iter = iter_next_token_logits(model, sequences, pad_token_id=pad_token_id, batch_size=batch_size)
+    for seq, logits in zip(sequences, logits_iter):
+        targets = torch.tensor([int(t) for t in seq[1:]], dtype=torch.long)  # (T-1,)
+        log_probs = torch.log_softmax(logits.double(), dim=-1)  # (T-1, V)
+        out.append(log_probs.gather(1, targets[:, None])[:, 0])
+    return out
