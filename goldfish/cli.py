@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 # Presets of `goldfish compare` on the embedded default corpus (measured on a 2-core CPU; see README).
-COMPARE_DEFAULTS = dict(n_train=32, n_heldout=32, seq_len=128, epochs=60, batch_size=8, lr=2e-3, warmup_steps=20)
-COMPARE_QUICK = dict(n_train=8, n_heldout=8, seq_len=96, epochs=40, batch_size=8, lr=3e-3, warmup_steps=5)
+COMPARE_DEFAULTS = dict(n_train=32, n_heldout=32, seq_len=128, epochs=60, batch_size=8, lr=3e-3, warmup_steps=20,
+                        schedule="cosine")
+COMPARE_QUICK = dict(n_train=8, n_heldout=8, seq_len=96, epochs=50, batch_size=8, lr=3e-3, warmup_steps=5,
+                     schedule="cosine")
 
 
 def _add_data_args(parser: argparse.ArgumentParser, *, n_train: int = 32, n_heldout: int = 32, seq_len: int = 128) -> None:
@@ -41,7 +43,7 @@ def _data_spec(args: argparse.Namespace):
 
 
 def _add_train_args(parser: argparse.ArgumentParser, *, epochs: int = 20, batch_size: int = 8, lr: float = 1e-3,
-                    warmup_steps: int = 0) -> None:
+                    warmup_steps: int = 0, schedule: str = "constant") -> None:
     group = parser.add_argument_group("training")
     group.add_argument("--model", default="tiny-llama",
                        help="a tiny model built at random init (tiny-llama, tiny-llama-gqa, micro-llama, tiny-gpt2), "
@@ -52,7 +54,8 @@ def _add_train_args(parser: argparse.ArgumentParser, *, epochs: int = 20, batch_
     group.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step (default: %(default)s)")
     group.add_argument("--lr", type=float, default=lr, help="peak learning rate (default: %(default)s)")
     group.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default: %(default)s)")
-    group.add_argument("--schedule", choices=["constant", "cosine"], default="constant")
+    group.add_argument("--schedule", choices=["constant", "cosine"], default=schedule,
+                       help="learning-rate schedule after warm-up (default: %(default)s)")
     group.add_argument("--warmup-steps", type=int, default=warmup_steps, help="linear warm-up (default: %(default)s)")
     group.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping; 0 disables")
     group.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16 uses autocast")
@@ -247,7 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--quick", action="store_true", help="a small run (under a minute) for smoke tests")
     d = COMPARE_DEFAULTS
     _add_data_args(comp, n_train=d["n_train"], n_heldout=d["n_heldout"], seq_len=d["seq_len"])
-    _add_train_args(comp, epochs=d["epochs"], batch_size=d["batch_size"], lr=d["lr"], warmup_steps=d["warmup_steps"])
+    _add_train_args(comp, epochs=d["epochs"], batch_size=d["batch_size"], lr=d["lr"], warmup_steps=d["warmup_steps"],
+                    schedule=d["schedule"])
     _add_extraction_args(comp)
     comp.set_defaults(func=cmd_compare)
 
