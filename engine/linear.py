@@ -78,6 +78,9 @@ class ParallelLinear(nn.Linear):
         # Order of the full output features as stored (a fused projection may regroup them per shard);
         # None = natural order. Kept as a plain attribute: it is layout, not state.
         self.out_order: torch.Tensor | None = None
+        # How the serial model stores this layer's weight: "linear" (out, in) or "conv1d" (in, out, GPT-2);
+        # full_state_dict and load_full_state_dict use it to speak the serial model's layout.
+        self.serial_layout = "linear"
         self._check_divisible(mode)
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(self._shard_shape(mode), **factory))

@@ -1,0 +1,174 @@
+"""Gradients and weights of a parallelized model: sync, clipping, and full (serial-layout) state dicts.
+
+What a parameter's gradient holds after backward, and the axes sync_gradients sums it over:
+
+    ParallelLinear weight/bias shard   the rows of its x*y*z group (the Linear reduces over z itself)
+                                       -> summed over data
+    inside the decoder ("layer")       the rows of its x*y group, identical over x and y
+    (norms, position embeddings)       -> summed over z and data
+    per-head norms ("heads")           the rows of its x*y group, its own heads (partial over y)
+                                       -> summed over y, z and data
+    everything else ("rows": input     this rank's own rows
+    embeddings, lm_head, ...)
+                                       -> summed over all axes
+
+Afterwards every rank holds the gradient of the SUM of all ranks' local losses, and every copy of a
+replicated parameter holds the same gradient.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from engine import comm
+from engine.grid import AXES, Grid
+from engine.linear import ParallelLinear, ShardingError
+from engine.parallelize import REGION_ATTR
+
+_REGION_AXES = {None: AXES, "rows": AXES, "layer": ("z", "data"), "heads": ("y", "z", "data")}
+_BUCKET_ELEMENTS = 1 << 24  # gradients are summed in flat buckets of at most this many elements
+
+
+def _reduction_axes(model: nn.Module) -> list[tuple[nn.Parameter, tuple[str, ...]]]:
+    """Each distinct parameter of `model` with the grid axes its gradient must be summed over."""
+    found: dict[int, tuple[nn.Parameter, tuple[str, ...]]] = {}
+
+    def visit(module: nn.Module, region: str | None, prefix: str) -> None:
+        region = getattr(module, REGION_ATTR, region)
+        for name, param in module.named_parameters(recurse=False):
+            axes = ("data",) if isinstance(module, ParallelLinear) else _REGION_AXES[region]
+            seen = found.get(id(param))
+            if seen is not None and seen[1] != axes:
+                raise ShardingError(f"parameter {prefix}{name} is shared between parts of the model whose "
+                                    "gradients mean different things (e.g. a decoder layer and an embedding)")
+            found[id(param)] = (param, axes)
+        for name, child in module.named_children():
+            visit(child, region, f"{prefix}{name}.")
+
+    visit(model, None, "")
+    return list(found.values())
+
+
+@torch.no_grad()
+def sync_gradients(model: nn.Module, grid: Grid) -> None:
+    """After backward: make every gradient the gradient of the sum of all ranks' local losses (in place).
+
+    Call it once per optimizer step, after the last micro-batch's backward, on every rank. Free on a grid
+    of one rank. Parameters without a gradient are skipped (they must be the same on every rank).
+    """
+    if grid.world_size == 1:
+        return
+    buckets: dict[tuple[str, ...], list[torch.Tensor]] = {}
+    for param, axes in _reduction_axes(model):
+        if param.grad is not None and grid.size(*axes) > 1:
+            buckets.setdefault(axes, []).append(param.grad)
+    for axes, grads in buckets.items():
+        group = grid.group(*axes)
+        batch, count = [], 0
+        for g in grads:
+            batch.append(g)
+            count += g.numel()
+            if count >= _BUCKET_ELEMENTS:
+                comm.all_reduce_coalesced(batch, group)
+                batch, count = [], 0
+        comm.all_reduce_coalesced(batch, group)
+
+
+@torch.no_grad()
+def clip_grad_norm_(model: nn.Module, max_norm: float, grid: Grid, norm_type: float = 2.0) -> torch.Tensor:
+    """Scale gradients so that their global norm is at most `max_norm`; return the norm before clipping.
+
+    The norm is that of the full (serial) model's gradient: shards are summed over x*y*z, a bias shard is
+    counted on one rank of the axis it is replicated over, and replicated parameters once. Call it after
+    sync_gradients. Same semantics as torch.nn.utils.clip_grad_norm_ (coefficient max_norm/(norm+1e-6),
+    capped at 1); only the 2-norm is supported.
+    """
+    if norm_type != 2.0:
+        raise ValueError(f"clip_grad_norm_ supports norm_type=2.0 only, got {norm_type}")
+    params = [p for p in model.parameters() if p.grad is not None]
+    if grid.size("x", "y", "z") == 1:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=None)
+    if not params:
+        return torch.tensor(0.0)
+    device = params[0].grad.device
+    replicated = torch.zeros(1, dtype=torch.float64, device=device)
+    sharded = torch.zeros(1, dtype=torch.float64, device=device)
+    seen: set[int] = set()
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if param.grad is None or id(param) in seen:
+                continue
+            seen.add(id(param))
+            square = param.grad.detach().double().square().sum()
+            if not isinstance(module, ParallelLinear):
+                replicated += square
+            elif name == "weight" or module.bias_is_counted():
+                sharded += square
+    total = (replicated + comm.all_reduce(sharded, grid.group("x", "y", "z"))).sqrt()
+    norm = total.to(params[0].grad.dtype).reshape(())
+    coefficient = max_norm / (float(total) + 1e-6)
+    if coefficient < 1.0 and math.isfinite(float(total)):
+        for p in params:
+            p.grad.mul_(coefficient)
+    return norm
+
+
+def _parallel_layers(model: nn.Module) -> dict[str, ParallelLinear]:
+    """Every ParallelLinear by each of its names (shared modules appear under each name)."""
+    return {name: m for name, m in model.named_modules(remove_duplicate=False) if isinstance(m, ParallelLinear)}
+
+
+@torch.no_grad()
+def full_state_dict(model: nn.Module, grid: Grid, rank0_only: bool = False) -> dict[str, torch.Tensor]:
+    """The serial model's state dict: same keys, full tensors, serial layouts (e.g. GPT-2 Conv1D (in, out)).
+
+    Collective over each tensor-parallel group: every rank must call it. With `rank0_only`, rank 0 gets the
+    dict and the others an empty one (they keep at most one gathered layer at a time).
+    """
+    keep = not rank0_only or grid.rank == 0
+    state = model.state_dict()
+    gathered: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+    for name, layer in _parallel_layers(model).items():
+        if id(layer) not in gathered:
+            weight, bias = layer.full_weight(), layer.full_bias()
+            if layer.serial_layout == "conv1d":
+                weight = weight.t().contiguous()
+            gathered[id(layer)] = (weight, bias) if keep else (None, None)
+        weight, bias = gathered[id(layer)]
+        prefix = f"{name}." if name else ""
+        if keep:
+            state[f"{prefix}weight"] = weight
+            if bias is not None:
+                state[f"{prefix}bias"] = bias
+    return state if keep else {}
+
+
+@torch.no_grad()
+def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor], grid: Grid) -> None:
+    """Load a serial-layout state dict (e.g. from full_state_dict or a serial model) into a parallelized
+    model: each rank copies its shards out of the full tensors. Keys must match exactly (strict). No
+    communication."""
+    local = dict(state)
+    for name, layer in _parallel_layers(model).items():
+        prefix = f"{name}." if name else ""
+        key = f"{prefix}weight"
+        if key not in state:
+            continue  # strict loading reports it
+        weight = state[key]
+        if layer.serial_layout == "conv1d":
+            weight = weight.t()
+        expected = (layer.out_features, layer.in_features)
+        if tuple(weight.shape) != expected:
+            raise ShardingError(f"{key}: expected a full weight of shape {expected} (serial layout "
+                                f"{layer.serial_layout}), got {tuple(state[key].shape)}")
+        local[key] = layer.shard_weight(weight)
+        bias_key = f"{prefix}bias"
+        if layer.bias is not None and bias_key in state:
+            if tuple(state[bias_key].shape) != (layer.out_features,):
+                raise ShardingError(f"{bias_key}: expected shape {(layer.out_features,)}, "
+                                    f"got {tuple(state[bias_key].shape)}")
+            local[bias_key] = layer.shard_bias(state[bias_key])
+    model.load_state_dict(local, strict=True)

@@ -1,0 +1,186 @@
+"""parallelize / auto_parallelize / sync_gradients / clip_grad_norm_ / full_state_dict on tiny HF models.
+
+Reference: the serial model on the same global batch. Each rank feeds its own rows; the sum of the ranks'
+summed token losses equals the serial summed loss, and after sync_gradients every gradient equals the
+serial gradient. Models run in float64, but HF's LlamaRMSNorm computes in float32 even for float64 inputs,
+so both models carry float32 rounding (~6e-8 relative) and the parallel one sums some products in other
+orders: differences stay below ~1e-6 relative. rtol=atol=1e-5 leaves margin and still catches any wrong
+or missing term (O(1e-2) or more). GPT-2's LayerNorm stays in float64: 1e-9 there.
+"""
+
+from __future__ import annotations
+
+import copy
+from itertools import product
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from distributed import RankFailure, run_distributed
+from engine import comm
+from engine.grid import AXES, init
+from engine.linear import ParallelLinear, ShardingError
+from engine.parallelize import auto_parallelize, parallelize
+from engine.state import clip_grad_norm_, full_state_dict, load_full_state_dict, sync_gradients
+
+LLAMA_TOL = {"rtol": 1e-5, "atol": 1e-5}
+GPT2_TOL = {"rtol": 1e-9, "atol": 1e-9}
+ROWS, SEQ, VOCAB = 2, 8, 128
+STEPS, LR, MAX_NORM = 5, 1e-2, 1.0
+
+
+def llama(seed: int = 0, heads: int = 8, kv_heads: int = 4, attn: str = "sdpa"):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(hidden_size=64, num_attention_heads=heads, num_key_value_heads=kv_heads, num_hidden_layers=2,
+                         vocab_size=VOCAB, intermediate_size=128, max_position_embeddings=64, attention_bias=True,
+                         attn_implementation=attn)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)
+
+
+def gpt2(seed: int = 0):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    config = GPT2Config(n_embd=64, n_head=4, n_layer=2, vocab_size=VOCAB, n_positions=32, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(seed)
+    return GPT2LMHeadModel(config)
+
+
+def batch(world: int, step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Global batch of world*ROWS rows: token ids and an attention mask with right padding on some rows."""
+    gen = torch.Generator().manual_seed(100 + step)
+    ids = torch.randint(0, VOCAB, (world * ROWS, SEQ), generator=gen)
+    lengths = torch.randint(SEQ // 2, SEQ + 1, (world * ROWS,), generator=gen)
+    mask = (torch.arange(SEQ)[None, :] < lengths[:, None]).long()
+    return ids, mask
+
+
+def loss_sum(model, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    logits = model(input_ids=ids, attention_mask=mask).logits
+    targets = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+    return F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), targets.reshape(-1), reduction="sum")
+
+
+def full_grads(model, grid) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient as the serial model names and shapes it (collective)."""
+    modules = dict(model.named_modules())
+    out = {}
+    for name, param in model.named_parameters():
+        owner, _, attr = name.rpartition(".")
+        module = modules[owner]
+        grad = param.grad
+        if isinstance(module, ParallelLinear):
+            grad = module.gather_weight(grad) if attr == "weight" else module.gather_bias(grad)
+            if attr == "weight" and module.serial_layout == "conv1d":
+                grad = grad.t()
+        out[name] = grad
+    return out
+
+
+def serial_reference(make, world: int) -> dict:
+    """Loss, gradients, clipped norms and losses of STEPS AdamW steps of the serial model."""
+    model = make().double()
+    ids, mask = batch(world)
+    loss = loss_sum(model, ids, mask)
+    loss.backward()
+    ref = {"state": {k: v.clone() for k, v in model.state_dict().items()}, "loss": loss.item(),
+           "grads": {n: p.grad.clone() for n, p in model.named_parameters()}}
+    model.zero_grad()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    losses, norms = [], []
+    for step in range(STEPS):
+        ids, mask = batch(world, step)
+        loss = loss_sum(model, ids, mask)
+        loss.backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM).item())
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    ref.update(losses=losses, norms=norms, final={k: v.clone() for k, v in model.state_dict().items()})
+    return ref
+
+
+def _world_sum(value: torch.Tensor, grid) -> float:
+    return comm.all_reduce(value.detach().reshape(1), grid.group(*AXES)).item()
+
+
+def check_grid(make, ref: dict, shape: tuple[int, int, int, int], tol: dict, train: bool = True) -> None:
+    data, x, y, z = shape
+    grid = init(data=data, x=x, y=y, z=z)
+    try:
+        serial = make().double()
+        model = parallelize(copy.deepcopy(serial), grid)
+        state = full_state_dict(model, grid)
+        assert state.keys() == ref["state"].keys()
+        for key, value in ref["state"].items():
+            assert torch.equal(state[key], value), f"full_state_dict differs at {key}"
+        mine = slice(grid.rank * ROWS, (grid.rank + 1) * ROWS)
+        ids, mask = batch(grid.world_size)
+        loss = loss_sum(model, ids[mine], mask[mine])
+        loss.backward()
+        sync_gradients(model, grid)
+        assert _world_sum(loss, grid) == pytest.approx(ref["loss"], rel=1e-9)
+        grads = full_grads(model, grid)
+        for name, grad in ref["grads"].items():
+            torch.testing.assert_close(grads[name], grad, **tol, msg=lambda m, n=name: f"grad {n}: {m}")
+        if not train:
+            return
+        model.zero_grad()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+        for step in range(STEPS):
+            ids, mask = batch(grid.world_size, step)
+            loss = loss_sum(model, ids[mine], mask[mine])
+            loss.backward()
+            sync_gradients(model, grid)
+            norm = clip_grad_norm_(model, MAX_NORM, grid)
+            assert norm.item() == pytest.approx(ref["norms"][step], rel=1e-5), f"step {step} grad norm"
+            optimizer.step()
+            optimizer.zero_grad()
+            assert _world_sum(loss, grid) == pytest.approx(ref["losses"][step], rel=1e-5), f"step {step} loss"
+        final = full_state_dict(model, grid, rank0_only=True)
+        if grid.rank == 0:
+            for key, value in ref["final"].items():
+                torch.testing.assert_close(final[key], value, **tol, msg=lambda m, k=key: f"after training {k}: {m}")
+        else:
+            assert final == {}
+    except AssertionError as error:
+        raise AssertionError(f"grid data={data} x={x} y={y} z={z}: {error}") from error
+    finally:
+        grid.close()
+
+
+def grids_of(world: int) -> list[tuple[int, int, int, int]]:
+    return [g for g in product(range(1, world + 1), repeat=4) if g[0] * g[1] * g[2] * g[3] == world]
+
+
+def _worker(make_name: str, ref: dict, shapes: list, train: bool) -> int:
+    make, tol = {"llama": (llama, LLAMA_TOL), "gpt2": (gpt2, GPT2_TOL)}[make_name]
+    for shape in shapes:
+        check_grid(make, ref, shape, tol, train)
+    return len(shapes)
+
+
+def run(make_name: str, world: int, shapes: list, train: bool = True) -> None:
+    ref = serial_reference({"llama": llama, "gpt2": gpt2}[make_name], world)  # once, in the test process
+    assert run_distributed(world, _worker, make_name, ref, shapes, train) == [len(shapes)] * world
+
+
+WORLD8_SAMPLE = [(1, 2, 2, 2), (2, 2, 2, 1), (1, 2, 4, 1), (1, 8, 1, 1), (1, 1, 2, 4), (2, 1, 1, 4), (8, 1, 1, 1)]
+
+
+def test_llama_every_grid_of_world_4() -> None:
+    run("llama", 4, grids_of(4))
+
+
+def test_llama_world_1_and_2() -> None:
+    run("llama", 1, grids_of(1))
+    run("llama", 2, grids_of(2))
+
+
+def test_llama_sample_of_world_8() -> None:
+    run("llama", 8, WORLD8_SAMPLE, train=False)
+
+
+def test_gpt2_sample_of_grids() -> None:
+    run("gpt2", 4, [(1, 2, 2, 1), (1, 1, 2, 2), (2, 2, 1, 1), (1, 1, 4, 1), (1, 4, 1, 1)])
