@@ -61,6 +61,8 @@ def _add_train_args(parser: argparse.ArgumentParser, *, epochs: int = 20, batch_
     group.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16 uses autocast")
     group.add_argument("--seed", type=int, default=0, help="seed of the data order (default: %(default)s)")
     group.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    group.add_argument("--threads", type=int, default=None,
+                       help="CPU threads for torch (default: torch's choice; 1 avoids oversubscription on busy machines)")
     group.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -271,6 +273,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError) as error:
