@@ -1,0 +1,525 @@
+"""Analytic model of what one training step of the engine communicates, computes and keeps in memory.
+
+The byte model lists every collective the engine issues for a layer or a whole Llama-family model: its
+process group (named as engine.grid names it: "x", "y", "z", "data", "x+y", "x+y+z", "z+data", "world"), its
+kind, the bytes of its full tensor and the bytes this rank sends under the ring model that
+engine.comm's counters use:
+
+    all-reduce of n bytes over p ranks      sends 2 n (p-1)/p
+    all-gather whose OUTPUT has n bytes     sends   n (p-1)/p
+    reduce-scatter whose INPUT has n bytes  sends   n (p-1)/p
+
+Summed per group, the predictions equal the engine's counters exactly (tests/test_comm_model.py checks
+every grid of world sizes 4 and 8). Per ParallelLinear (weight out x in = N x K, T tokens through it):
+
+    normal      forward   z: all-gather weight block (N/Y)(K/X)   x: all-reduce output T N/Y
+                          z: all-gather bias N/Y
+                backward  z: all-gather weight again              y: all-reduce input grad T K/X
+                          z: reduce-scatter weight grad (N/Y)(K/X) and bias grad N/Y
+                          x: all-gather input grad T K (leaving the x split of the input)
+    transposed  the roles of X and Y swapped (input T K/Y, output all-gathered over x to T N)
+    default     x+y: all-gather the rows in (T_rank K XY) and the output gradient (T_rank N XY),
+                y: all-gather the output T_rank XY N, around a normal layer on the XY T_rank tokens
+
+A parallelized Llama runs the module that owns its decoder layers on the U = X*Y*R rows of each x*y
+group: it all-gathers the input embeddings (and the caller's attention mask, if any) over x+y on entry and
+the gradient of the final hidden states on exit; inside, every layer runs q/k/v/gate/up as normal and
+o/down as transposed layers on U rows. After backward, engine.state.sync_gradients all-reduces shard
+gradients over "data", the norms of the layers and the final norm over "z+data" and the embeddings and
+lm_head over "world", in flat buckets of at most 2**24 elements; clip_grad_norm_ all-reduces one float64
+over "x+y+z".
+
+The FLOP and memory models are estimates (stated assumptions in their docstrings), not exact.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable
+
+from engine.grid import AXES, GridShape
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter")
+PHASES = ("forward", "backward", "sync", "clip")
+SYNC_BUCKET_ELEMENTS = 1 << 24  # engine.state._BUCKET_ELEMENTS: gradients are all-reduced in buckets this large
+
+
+def group_name(axes: Iterable[str]) -> str:
+    """The name engine.grid gives the group of `axes` (and under which comm counts its bytes)."""
+    ordered = tuple(a for a in AXES if a in tuple(axes))
+    return "world" if ordered == AXES else "+".join(ordered)
+
+
+def group_axes(name: str) -> tuple[str, ...]:
+    """Inverse of group_name: "z+data" -> ("z", "data"), "world" -> AXES."""
+    if name == "world":
+        return AXES
+    axes = tuple(name.split("+"))
+    if any(a not in AXES for a in axes):
+        raise ValueError(f"unknown group {name!r}; groups are named by grid axes {AXES} joined with '+'")
+    return axes
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective (repeated `count` times, e.g. once per layer) as seen by one rank.
+
+    full_bytes: the all-reduce operand, the all-gather OUTPUT, or the reduce-scatter INPUT, in bytes.
+    """
+
+    group: str
+    kind: str
+    ranks: int
+    full_bytes: int
+    phase: str
+    what: str
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"collective kind must be one of {KINDS}, got {self.kind!r}")
+        if self.phase not in PHASES:
+            raise ValueError(f"phase must be one of {PHASES}, got {self.phase!r}")
+
+    @property
+    def sent_per_call(self) -> int:
+        """Bytes this rank sends in one call, with the same arithmetic (and truncation) as engine.comm."""
+        factor = 2 if self.kind == "all_reduce" else 1
+        return int(factor * self.full_bytes * (self.ranks - 1) / self.ranks)
+
+    @property
+    def sent_bytes(self) -> int:
+        """Bytes this rank sends over all `count` calls."""
+        return self.count * self.sent_per_call
+
+    @property
+    def ring_steps(self) -> int:
+        """Latency-bound steps of one call under the ring algorithm (2(p-1) for all-reduce, p-1 otherwise)."""
+        return (2 if self.kind == "all_reduce" else 1) * (self.ranks - 1)
+
+
+def bytes_by_group(collectives: Iterable[Collective], phase: str | None = None) -> dict[str, int]:
+    """Bytes sent per group name (optionally of one phase only); groups with no traffic are left out."""
+    out: dict[str, int] = {}
+    for c in collectives:
+        if phase is None or c.phase == phase:
+            out[c.group] = out.get(c.group, 0) + c.sent_bytes
+    return {k: v for k, v in out.items() if v}
+
+
+def scale_count(collectives: Iterable[Collective], factor: int) -> list[Collective]:
+    """The same collectives repeated `factor` times (layers, micro-batches)."""
+    return [replace(c, count=c.count * factor) for c in collectives]
+
+
+class _Builder:
+    """Collects collectives for one grid; calls on groups of one rank add nothing (the engine skips them)."""
+
+    def __init__(self, grid: GridShape) -> None:
+        self.grid = grid
+        self.items: list[Collective] = []
+
+    def add(self, axes: tuple[str, ...], kind: str, n_bytes: int, phase: str, what: str, count: int = 1) -> None:
+        ranks = self.grid.size(*axes)
+        if ranks > 1 and count > 0:
+            self.items.append(Collective(group_name(axes), kind, ranks, int(n_bytes), phase, what, count))
+
+
+def _check_divides(what: str, value: int, by: int, hint: str) -> int:
+    if value % by:
+        raise ValueError(f"{what}: {value} is not divisible by {by} ({hint})")
+    return value // by
+
+
+def _tp_linear(b: _Builder, name: str, k: int, n: int, *, transposed: bool, bias: bool, tokens: int,
+               param_bytes: int, act_bytes: int, input_grad: bool) -> None:
+    """A normal or transposed ParallelLinear (k -> n) on `tokens` tokens of its x*y group."""
+    g = b.grid
+    in_axis, out_axis = ("y", "x") if transposed else ("x", "y")
+    k_local = _check_divides(f"{name} in_features", k, g.size(in_axis), f"split over {in_axis}")
+    n_block = _check_divides(f"{name} out_features", n, g.size(out_axis), f"split over {out_axis}")
+    _check_divides(f"{name} out_features", n, g.size(out_axis, "z"), f"split over {out_axis} and z")
+    block = n_block * k_local
+    # forward
+    b.add(("z",), "all_gather", block * param_bytes, "forward", f"{name} weight")
+    b.add((in_axis,), "all_reduce", tokens * n_block * act_bytes, "forward", f"{name} partial output")
+    if bias:
+        b.add(("z",), "all_gather", n_block * param_bytes, "forward", f"{name} bias")
+    if transposed:
+        b.add(("x",), "all_gather", tokens * n * act_bytes, "forward", f"{name} output features")
+    # backward
+    if bias:
+        b.add(("z",), "reduce_scatter", n_block * param_bytes, "backward", f"{name} bias grad")
+    if input_grad:
+        b.add(("z",), "all_gather", block * param_bytes, "backward", f"{name} weight (again)")
+        b.add((out_axis,), "all_reduce", tokens * k_local * act_bytes, "backward", f"{name} input grad")
+    b.add(("z",), "reduce_scatter", block * param_bytes, "backward", f"{name} weight grad")
+    if input_grad and not transposed:
+        b.add(("x",), "all_gather", tokens * k * act_bytes, "backward", f"{name} input grad features")
+
+
+def _default_linear(b: _Builder, name: str, k: int, n: int, *, bias: bool, tokens_per_rank: int,
+                    param_bytes: int, act_bytes: int, input_grad: bool) -> None:
+    g = b.grid
+    if g.size("x", "y", "z") == 1:
+        return  # plain F.linear
+    rows = g.size("x", "y")
+    tokens = rows * tokens_per_rank
+    b.add(("x", "y"), "all_gather", tokens * k * act_bytes, "forward", f"{name} rows in")
+    _tp_linear(b, name, k, n, transposed=False, bias=bias, tokens=tokens, param_bytes=param_bytes,
+               act_bytes=act_bytes, input_grad=input_grad)
+    b.add(("y",), "all_gather", tokens * n * act_bytes, "forward", f"{name} output features")
+    b.add(("x", "y"), "all_gather", tokens * n * act_bytes, "backward", f"{name} output grad rows")
+
+
+def default_linear_collectives(in_features: int, out_features: int, grid: GridShape, *, tokens_per_rank: int,
+                               bias: bool = True, dtype_bytes: int = 4, input_grad: bool = True,
+                               name: str = "linear") -> list[Collective]:
+    """Forward and backward of one default-mode ParallelLinear (nn.Linear semantics on each rank's rows).
+
+    tokens_per_rank: rows x positions of the input each rank feeds, e.g. 2 x 3 for an input (2, 3, in).
+    input_grad: whether the input requires a gradient (False skips the backward input collectives).
+    """
+    b = _Builder(grid)
+    _default_linear(b, name, in_features, out_features, bias=bias, tokens_per_rank=tokens_per_rank,
+                    param_bytes=dtype_bytes, act_bytes=dtype_bytes, input_grad=input_grad)
+    return b.items
+
+
+def chained_linear_collectives(in_features: int, hidden: int, out_features: int, grid: GridShape, *,
+                               tokens_per_group: int, bias: bool = True, dtype_bytes: int = 4,
+                               input_grad: bool = True) -> list[Collective]:
+    """Forward and backward of a normal ParallelLinear (in -> hidden) followed by a transposed one
+    (hidden -> out), with elementwise work in between; tokens_per_group = tokens of the x*y group's rows."""
+    b = _Builder(grid)
+    if grid.size("x", "y", "z") > 1:
+        _tp_linear(b, "first", in_features, hidden, transposed=False, bias=bias, tokens=tokens_per_group,
+                   param_bytes=dtype_bytes, act_bytes=dtype_bytes, input_grad=input_grad)
+        _tp_linear(b, "second", hidden, out_features, transposed=True, bias=bias, tokens=tokens_per_group,
+                   param_bytes=dtype_bytes, act_bytes=dtype_bytes, input_grad=True)
+    return b.items
+
+
+# ----- model shapes ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TransformerShape:
+    """Sizes of a Llama-family decoder-only model (Llama, Mistral, Qwen2, Qwen3 layouts).
+
+    Projections: q (hidden -> heads*head_dim), k and v (hidden -> kv_heads*head_dim), o (heads*head_dim ->
+    hidden), gate and up (hidden -> intermediate), down (intermediate -> hidden); RMSNorm weights before
+    attention and MLP (and per-head q/k norms when `qk_norm`), a final norm, embeddings and lm_head.
+    """
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    head_dim: int = 0  # 0: hidden // heads
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    tie_embeddings: bool = False
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        for f in ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab"):
+            if not isinstance(getattr(self, f), int) or getattr(self, f) < 1:
+                raise ValueError(f"TransformerShape.{f} must be a positive integer, got {getattr(self, f)!r}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads {self.heads} must be a multiple of kv_heads {self.kv_heads}")
+        if not self.head_dim:
+            if self.hidden % self.heads:
+                raise ValueError(f"hidden {self.hidden} is not divisible by heads {self.heads}; give head_dim")
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
+
+    @property
+    def q_out(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_out(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    def projections(self) -> list[tuple[str, int, int, bool, bool]]:
+        """(name, in, out, transposed, bias) of each decoder layer's linear, in module order."""
+        h, i = self.hidden, self.intermediate
+        return [("q_proj", h, self.q_out, False, self.qkv_bias), ("k_proj", h, self.kv_out, False, self.qkv_bias),
+                ("v_proj", h, self.kv_out, False, self.qkv_bias), ("o_proj", self.q_out, h, True, self.o_bias),
+                ("gate_proj", h, i, False, self.mlp_bias), ("up_proj", h, i, False, self.mlp_bias),
+                ("down_proj", i, h, True, self.mlp_bias)]
+
+    @property
+    def layer_linear_params(self) -> int:
+        """Weights and biases of one decoder layer's linears."""
+        return sum(k * n + (n if bias else 0) for _, k, n, _, bias in self.projections())
+
+    @property
+    def outside_params(self) -> int:
+        """Embeddings, lm_head (unless tied) and the final norm: replicated on every rank by the engine."""
+        return self.vocab * self.hidden * (1 if self.tie_embeddings else 2) + self.hidden
+
+    @property
+    def layer_norm_params(self) -> int:
+        return 2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0)
+
+    @property
+    def n_params(self) -> int:
+        """Total parameters."""
+        return self.layers * (self.layer_linear_params + self.layer_norm_params) + self.outside_params
+
+    @classmethod
+    def from_hf_config(cls, config: Any, name: str = "") -> "TransformerShape":
+        """From a transformers config of model_type llama, mistral, qwen2 or qwen3."""
+        kind = getattr(config, "model_type", None)
+        if kind not in ("llama", "mistral", "qwen2", "qwen3"):
+            raise ValueError(f"the cost model knows Llama-family configs (llama, mistral, qwen2, qwen3), got "
+                             f"model_type {kind!r}")
+        heads = config.num_attention_heads
+        kv = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        attention_bias = bool(getattr(config, "attention_bias", False))
+        qkv_bias = True if kind == "qwen2" else attention_bias  # Qwen2: bias on q, k, v only
+        o_bias = False if kind == "qwen2" else attention_bias
+        return cls(hidden=config.hidden_size, layers=config.num_hidden_layers, heads=heads, kv_heads=kv,
+                   intermediate=config.intermediate_size, vocab=config.vocab_size, head_dim=head_dim,
+                   qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=bool(getattr(config, "mlp_bias", False)),
+                   qk_norm=kind == "qwen3", tie_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+                   name=name or kind)
+
+
+# Named sizes (shapes from the models' published config.json files on the Hugging Face hub).
+NAMED_SHAPES: dict[str, TransformerShape] = {
+    # meta-llama/Llama-2-7b-hf config.json
+    "7B": TransformerShape(hidden=4096, layers=32, heads=32, kv_heads=32, intermediate=11008, vocab=32000,
+                           name="Llama-2-7B"),
+    # meta-llama/Llama-3.1-8B config.json
+    "8B": TransformerShape(hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336, vocab=128256,
+                           name="Llama-3.1-8B"),
+    # meta-llama/Llama-2-70b-hf config.json
+    "70B": TransformerShape(hidden=8192, layers=80, heads=64, kv_heads=8, intermediate=28672, vocab=32000,
+                            name="Llama-2-70B"),
+    # meta-llama/Llama-3.1-405B config.json
+    "405B": TransformerShape(hidden=16384, layers=126, heads=128, kv_heads=8, intermediate=53248, vocab=128256,
+                             name="Llama-3.1-405B"),
+}
+
+
+def grid_fits_shape(shape: TransformerShape, grid: GridShape) -> str | None:
+    """None when parallelize can shard `shape` on `grid`, else the reason (as the engine would raise it)."""
+    y = grid.size("y")
+    if shape.heads % y:
+        return f"{shape.heads} attention heads not divisible by y={y}"
+    if shape.kv_heads % y:
+        return f"{shape.kv_heads} key/value heads not divisible by y={y}"
+    for name, k, n, transposed, _ in shape.projections():
+        in_axis, out_axis = ("y", "x") if transposed else ("x", "y")
+        if k % grid.size(in_axis):
+            return f"{name} in_features {k} not divisible by {in_axis}={grid.size(in_axis)}"
+        if n % grid.size(out_axis, "z"):
+            return f"{name} out_features {n} not divisible by {out_axis}*z={grid.size(out_axis, 'z')}"
+    return None
+
+
+# ----- a whole training step ------------------------------------------------------------------------------
+
+def llama_param_sync_list(shape: TransformerShape, grid: GridShape) -> list[tuple[int, tuple[str, ...]]]:
+    """(local gradient elements, axes sync_gradients sums it over) of each parameter, in module order."""
+    out: list[tuple[int, tuple[str, ...]]] = [(shape.vocab * shape.hidden, AXES)]  # embed_tokens
+    for _ in range(shape.layers):
+        for _, k, n, transposed, bias in shape.projections():
+            in_axis, out_axis = ("y", "x") if transposed else ("x", "y")
+            rows = n // grid.size(out_axis, "z")
+            out.append((rows * (k // grid.size(in_axis)), ("data",)))
+            if bias:
+                out.append((rows, ("data",)))
+        if shape.qk_norm:  # per-head norms registered inside self_attn after its projections
+            out += [(shape.head_dim, ("y", "z", "data"))] * 2
+        out += [(shape.hidden, ("z", "data"))] * 2  # input_layernorm, post_attention_layernorm
+    out.append((shape.hidden, ("z", "data")))  # final norm: runs on the x*y group's rows like the layers
+    if not shape.tie_embeddings:
+        out.append((shape.vocab * shape.hidden, AXES))  # lm_head
+    return out
+
+
+def sync_collectives(params: list[tuple[int, tuple[str, ...]]], grid: GridShape, grad_bytes: int,
+                     bucket_elements: int = SYNC_BUCKET_ELEMENTS) -> list[Collective]:
+    """The all-reduces of engine.state.sync_gradients for parameters given as (elements, axes) in order:
+    one flat buffer per group, flushed whenever it reaches `bucket_elements`."""
+    b = _Builder(grid)
+    if grid.world_size == 1:
+        return []
+    buckets: dict[tuple[str, ...], list[int]] = {}
+    for numel, axes in params:
+        if grid.size(*axes) > 1:
+            buckets.setdefault(tuple(a for a in AXES if a in axes), []).append(numel)
+    for axes, sizes in buckets.items():
+        count = 0
+        for numel in sizes:
+            count += numel
+            if count >= bucket_elements:
+                b.add(axes, "all_reduce", count * grad_bytes, "sync", "gradient bucket")
+                count = 0
+        if count:
+            b.add(axes, "all_reduce", count * grad_bytes, "sync", "gradient bucket")
+    return b.items
+
+
+def clip_collectives(grid: GridShape) -> list[Collective]:
+    """engine.state.clip_grad_norm_: one float64 sum of squares over the tensor-parallel group."""
+    b = _Builder(grid)
+    if grid.size("x", "y", "z") > 1:
+        b.add(("x", "y", "z"), "all_reduce", 8, "clip", "squared gradient norm")
+    return b.items
+
+
+def llama_stack_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
+                            act_bytes: int, mask_bytes: int = 0) -> list[Collective]:
+    """Rows moving into and out of the grid for one micro-batch: the module owning the decoder layers
+    (LlamaModel) runs on the U = X*Y*R rows of the x*y group, so on entry it all-gathers the input embeddings
+    (R, S, hidden) and the caller's (R, S) attention mask (mask_bytes per element: 8 for the int64 masks
+    tokenizers return, 1 for bool, 0 when no mask is passed), and on exit the gradient of its own rows of the
+    final hidden states."""
+    b = _Builder(grid)
+    xy = grid.size("x", "y")
+    r, s, h = rows_per_rank, seq, shape.hidden
+    b.add(("x", "y"), "all_gather", xy * r * s * h * act_bytes, "forward", "embeddings rows in")
+    if mask_bytes:
+        b.add(("x", "y"), "all_gather", xy * r * s * mask_bytes, "forward", "attention mask rows in")
+    b.add(("x", "y"), "all_gather", xy * r * s * h * act_bytes, "backward", "final hidden grad rows")
+    return b.items
+
+
+def llama_layer_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
+                            param_bytes: int, act_bytes: int) -> list[Collective]:
+    """Forward and backward collectives of ONE parallelized decoder layer on one micro-batch: q/k/v/gate/up
+    as normal and o/down as transposed ParallelLinears on the X*Y*R*S tokens of the x*y group."""
+    b = _Builder(grid)
+    if grid.size("x", "y", "z") > 1:
+        tokens = grid.size("x", "y") * rows_per_rank * seq
+        for name, k, n, transposed, bias in shape.projections():
+            _tp_linear(b, name, k, n, transposed=transposed, bias=bias, tokens=tokens, param_bytes=param_bytes,
+                       act_bytes=act_bytes, input_grad=True)
+    return b.items
+
+
+def llama_step_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
+                           param_bytes: int = 2, act_bytes: int = 2, grad_accum: int = 1,
+                           mask_bytes: int = 0) -> list[Collective]:
+    """Every collective of one optimizer step: `grad_accum` forward/backward passes of `rows_per_rank` rows
+    of `seq` tokens on each rank, then sync_gradients and clip_grad_norm_. Bytes are per rank."""
+    layer = llama_layer_collectives(shape, grid, rows_per_rank=rows_per_rank, seq=seq, param_bytes=param_bytes,
+                                    act_bytes=act_bytes)
+    stack = llama_stack_collectives(shape, grid, rows_per_rank=rows_per_rank, seq=seq, act_bytes=act_bytes,
+                                    mask_bytes=mask_bytes)
+    out = scale_count(layer, shape.layers * grad_accum) + scale_count(stack, grad_accum)
+    out += sync_collectives(llama_param_sync_list(shape, grid), grid, param_bytes)
+    out += clip_collectives(grid)
+    return out
+
+
+# ----- compute and memory ---------------------------------------------------------------------------------
+
+def model_flops_per_token(shape: TransformerShape, seq: int) -> float:
+    """Training FLOPs per token that MFU counts (no recomputation, no redundancy): 6 x matmul weights
+    (decoder linears and lm_head) plus 12 x layers x seq x heads x head_dim for attention scores and values
+    (forward + backward, no causal discount, the PaLM convention)."""
+    matmul = shape.layers * shape.layer_linear_params + shape.vocab * shape.hidden
+    return 6.0 * matmul + 12.0 * shape.layers * seq * shape.q_out
+
+
+def rank_flops_per_step(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
+                        grad_accum: int = 1) -> float:
+    """FLOPs one rank executes per step. Linear work divides evenly over the grid; attention runs on the
+    U = X*Y*R rows of an x*y group for its y-share of heads, i.e. X times the rank's fair share (the
+    engine replicates it over x); norms and elementwise work are left out."""
+    tokens = rows_per_rank * seq
+    linear = 6.0 * tokens * (shape.layers * shape.layer_linear_params + shape.vocab * shape.hidden)
+    attention = 12.0 * tokens * seq * shape.layers * shape.q_out * grid.size("x")
+    return grad_accum * (linear + attention)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per GPU: parameters with gradients and optimizer state, saved activations, transient buffers."""
+
+    params: float
+    activations: float
+    transient: float
+    detail: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        return self.params + self.activations + self.transient
+
+
+def memory_per_rank(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
+                    bytes_per_param: float = 16.0, act_bytes: int = 2, param_bytes: int = 2) -> MemoryEstimate:
+    """Estimated peak memory of one rank for one micro-batch of `rows_per_rank` rows (no activation
+    checkpointing, a fused attention kernel that keeps no S x S scores).
+
+    Parameters: each ParallelLinear shard is 1/(X Y Z) of the layer's linears; embeddings, lm_head and
+    norms are replicated (the engine does not shard them); bytes_per_param covers weight, gradient and
+    AdamW state (16 = bf16 weight and grad + fp32 master, m, v; or fp32 weight and grad + m, v).
+    Activations per layer, on the T = X Y R S tokens of the x*y group: two RMSNorms keeping their input
+    and two fp32 temporaries each (T x hidden), the five x-split inputs of q/k/v/gate/up (T x hidden/X),
+    q, k, v, attention output and o_proj input (T x (3 heads + 2 kv_heads) head_dim / Y) and four MLP
+    tensors (T x intermediate/Y). Outside the layers: logits (R S vocab) in the activation dtype plus two
+    fp32 copies for the loss. Transient: the largest gathered weight block and its gradient block, and
+    two T x hidden gradient buffers.
+    """
+    xyz = grid.size("x", "y", "z")
+    x, y = grid.size("x"), grid.size("y")
+    sharded = shape.layers * shape.layer_linear_params / xyz
+    replicated = shape.outside_params + shape.layers * shape.layer_norm_params
+    params = (sharded + replicated) * bytes_per_param
+    t = grid.size("x", "y") * rows_per_rank * seq
+    h, hd = shape.hidden, shape.head_dim
+    per_layer = t * (2 * (act_bytes + 8) * h + 5 * act_bytes * h / x
+                     + act_bytes * ((3 * shape.heads + 2 * shape.kv_heads) * hd + 4 * shape.intermediate) / y)
+    logits = rows_per_rank * seq * shape.vocab * (act_bytes + 8)
+    activations = shape.layers * per_layer + logits + rows_per_rank * seq * h * act_bytes
+    largest_block = max((n // grid.size(oa)) * (k // grid.size(ia))
+                        for _, k, n, tr, _ in shape.projections()
+                        for ia, oa in [(("y", "x") if tr else ("x", "y"))])
+    transient = 2 * largest_block * param_bytes + 2 * t * h * act_bytes
+    return MemoryEstimate(params, activations, transient,
+                          {"sharded_params": sharded, "replicated_params": replicated, "per_layer_activations":
+                           per_layer, "logits": logits})
+
+
+def ordered_grids(world: int) -> list[GridShape]:
+    """Every ordered factorisation world = data * x * y * z, as GridShapes (data slowest in the order)."""
+    if world < 1:
+        raise ValueError(f"world size must be >= 1, got {world}")
+    divisors = [d for d in range(1, world + 1) if world % d == 0]
+    out = []
+    for d in divisors:
+        for x in divisors:
+            if (world // d) % x:
+                continue
+            for yv in divisors:
+                rest = world // (d * x)
+                if rest % yv:
+                    continue
+                out.append(GridShape(data=d, x=x, y=yv, z=rest // yv))
+    return out
+
+
+def count_grids(world: int) -> int:
+    """Number of ordered 4-factor grids of `world` (product over prime powers p^e of C(e+3, 3))."""
+    n, out, p = world, 1, 2
+    while p * p <= n:
+        e = 0
+        while n % p == 0:
+            n //= p
+            e += 1
+        out *= math.comb(e + 3, 3)
+        p += 1
+    if n > 1:
+        out *= 4
+    return out

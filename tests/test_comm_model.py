@@ -1,0 +1,175 @@
+"""The analytic byte model (engine.cost_model) against the engine's own byte counters, exactly.
+
+For every ordered grid of world sizes 4 and 8, each rank enables its grid's ByteCounter, runs a step
+(forward, backward, sync_gradients, clip_grad_norm_) and compares the bytes counted per group and per phase
+with the prediction: they must be EQUAL (no tolerance: both are sums of integer byte counts computed with
+the same ring-model arithmetic). Levels: one default-mode ParallelLinear (with and without bias, overlap
+on and off, input with and without gradient), a normal->transposed chain, and a tiny parallelized HF Llama
+(grouped-query attention, attention biases; 1 or 2 rows per rank, with an int64 padding mask or none).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from distributed import run_distributed
+from engine.cost_model import (
+    PHASES,
+    TransformerShape,
+    bytes_by_group,
+    chained_linear_collectives,
+    clip_collectives,
+    count_grids,
+    default_linear_collectives,
+    grid_fits_shape,
+    llama_step_collectives,
+    ordered_grids,
+    sync_collectives,
+)
+from engine.grid import GridShape, init
+from engine.linear import ParallelLinear
+from engine.parallelize import parallelize
+from engine.state import clip_grad_norm_, sync_gradients
+
+IN, HID, OUT, ROWS, POS = 16, 24, 32, 2, 3  # divisible by every axis size (and product of two) up to 8
+VOCAB, SEQ = 128, 8
+
+
+def _grid_tuples(world: int) -> list[tuple[int, int, int, int]]:
+    return [(g.data, g.x, g.y, g.z) for g in ordered_grids(world)]
+
+
+def _measure_step(grid, run_forward, module: nn.Module) -> dict[str, dict[str, int]]:
+    """Counted bytes per phase: forward (returns a scalar loss), backward, sync_gradients, clip_grad_norm_."""
+    traffic = grid.traffic
+    traffic.reset()
+    traffic.enabled = True
+    try:
+        loss = run_forward()
+        measured = {"forward": traffic.reset()}
+        loss.backward()
+        measured["backward"] = traffic.reset()
+        sync_gradients(module, grid)
+        measured["sync"] = traffic.reset()
+        clip_grad_norm_(module, 1.0, grid)
+        measured["clip"] = traffic.reset()
+    finally:
+        traffic.enabled = False
+    return {phase: {k: v for k, v in counts.items() if v} for phase, counts in measured.items()}
+
+
+def _compare(measured: dict[str, dict[str, int]], predicted: list, what: str) -> None:
+    expected = {phase: bytes_by_group(predicted, phase) for phase in PHASES}
+    assert measured == expected, f"{what}: measured {measured} != predicted {expected}"
+
+
+def _shard_sizes(layer: ParallelLinear) -> list[tuple[int, tuple[str, ...]]]:
+    return [(p.numel(), ("data",)) for p in layer.parameters()]
+
+
+def _linear_worker(shapes: list[tuple[int, int, int, int]]) -> int:
+    checked = 0
+    for data, x, y, z in shapes:
+        grid = init(data=data, x=x, y=y, z=z)
+        shape = GridShape(data=data, x=x, y=y, z=z)
+        try:
+            for bias in (True, False):
+                for overlap in (True, False):
+                    torch.manual_seed(0)
+                    layer = ParallelLinear(IN, OUT, bias, grid=grid, overlap=overlap)
+                    inp = torch.randn(ROWS, POS, IN, requires_grad=True)
+                    measured = _measure_step(grid, lambda: layer(inp).square().sum(), layer)
+                    predicted = (default_linear_collectives(IN, OUT, shape, tokens_per_rank=ROWS * POS, bias=bias)
+                                 + sync_collectives(_shard_sizes(layer), shape, 4) + clip_collectives(shape))
+                    _compare(measured, predicted, f"default linear bias={bias} overlap={overlap} grid {shape}")
+                    checked += 1
+            # input without a gradient: the backward input collectives disappear
+            layer = ParallelLinear(IN, OUT, True, grid=grid)
+            measured = _measure_step(grid, lambda: layer(torch.randn(ROWS, POS, IN)).square().sum(), layer)
+            predicted = (default_linear_collectives(IN, OUT, shape, tokens_per_rank=ROWS * POS, input_grad=False)
+                         + sync_collectives(_shard_sizes(layer), shape, 4) + clip_collectives(shape))
+            _compare(measured, predicted, f"default linear, input without grad, grid {shape}")
+            # chained: normal (IN -> HID), tanh, transposed (HID -> OUT) on the rows of the x*y group
+            torch.manual_seed(0)
+            chain = nn.ModuleList([ParallelLinear(IN, HID, True, grid=grid, mode="normal"),
+                                   ParallelLinear(HID, OUT, True, grid=grid, mode="transposed")])
+            inp = torch.randn(ROWS, POS, IN, requires_grad=True)
+            measured = _measure_step(grid, lambda: chain[1](torch.tanh(chain[0](inp))).square().sum(), chain)
+            sizes = _shard_sizes(chain[0]) + _shard_sizes(chain[1])
+            predicted = (chained_linear_collectives(IN, HID, OUT, shape, tokens_per_group=ROWS * POS)
+                         + sync_collectives(sizes, shape, 4) + clip_collectives(shape))
+            _compare(measured, predicted, f"chained linears grid {shape}")
+            checked += 1
+        finally:
+            grid.close()
+    return checked
+
+
+def tiny_llama_config():
+    from transformers import LlamaConfig
+    # 16 heads of 4 over 8 kv heads (grouped-query), biases on the attention projections
+    return LlamaConfig(hidden_size=64, num_attention_heads=16, num_key_value_heads=8, num_hidden_layers=2,
+                       vocab_size=VOCAB, intermediate_size=128, max_position_embeddings=64, attention_bias=True,
+                       attn_implementation="sdpa")
+
+
+LLAMA_CASES = ((2, 8), (1, 8), (2, 0))  # (rows per rank, bytes per attention-mask element; 0 = no mask)
+
+
+def _llama_worker(shapes: list[tuple[int, int, int, int]], every_case: bool) -> int:
+    """every_case: run all LLAMA_CASES on each grid, else one case per grid in turn (keeps world 8 fast)."""
+    from transformers import LlamaForCausalLM
+    config = tiny_llama_config()
+    model_shape = TransformerShape.from_hf_config(config)
+    torch.manual_seed(0)
+    serial = LlamaForCausalLM(config)
+    checked = 0
+    for index, (data, x, y, z) in enumerate(shapes):
+        grid = init(data=data, x=x, y=y, z=z)
+        shape = GridShape(data=data, x=x, y=y, z=z)
+        try:
+            model = parallelize(copy.deepcopy(serial), grid)
+            gen = torch.Generator().manual_seed(grid.rank)
+            cases = LLAMA_CASES if every_case else [LLAMA_CASES[index % len(LLAMA_CASES)]]
+            for rows, mask_bytes in cases:
+                ids = torch.randint(0, VOCAB, (rows, SEQ), generator=gen)
+                mask = None
+                if mask_bytes:
+                    mask = torch.ones(rows, SEQ, dtype=torch.long)
+                    mask[0, SEQ - 3:] = 0
+
+                def forward():
+                    logits = model(input_ids=ids, attention_mask=mask).logits
+                    return F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
+
+                measured = _measure_step(grid, forward, model)
+                model.zero_grad(set_to_none=True)
+                predicted = llama_step_collectives(model_shape, shape, rows_per_rank=rows, seq=SEQ, param_bytes=4,
+                                                   act_bytes=4, mask_bytes=mask_bytes)
+                _compare(measured, predicted, f"llama rows={rows} mask bytes={mask_bytes} grid {shape}")
+                checked += 1
+        finally:
+            grid.close()
+    return checked
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_linear_bytes_equal_prediction_on_every_grid(world: int) -> None:
+    shapes = _grid_tuples(world)
+    assert len(shapes) == count_grids(world) == {4: 10, 8: 20}[world]
+    assert run_distributed(world, _linear_worker, shapes) == [5 * len(shapes)] * world
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_llama_bytes_equal_prediction_on_every_grid(world: int) -> None:
+    shapes = _grid_tuples(world)
+    model_shape = TransformerShape.from_hf_config(tiny_llama_config())
+    assert all(grid_fits_shape(model_shape, GridShape(*s)) is None for s in shapes)
+    every_case = world == 4
+    expected = len(shapes) * (len(LLAMA_CASES) if every_case else 1)
+    assert run_distributed(world, _llama_worker, shapes, every_case) == [expected] * world
