@@ -1,9 +1,32 @@
 """4D hybrid-parallel engine (data x X x Y x Z tensor parallelism) on torch.distributed.
 
-    grid = engine.init(data=D, x=X, y=Y, z=Z)
+    grid = engine.init(data=D, x=X, y=Y, z=Z)      # starts torch.distributed if needed
+    with engine.auto_parallelize(grid):             # models built inside get parallel Linear layers
+        model = AutoModelForCausalLM.from_config(cfg)
+    model = engine.parallelize(model, grid)         # or shard an already built model in place
+    loss_sum.backward()                             # each rank on its own rows
+    engine.sync_gradients(model, grid)              # gradients of the SUM of all ranks' losses
+    engine.clip_grad_norm_(model, max_norm, grid)
+    state = engine.full_state_dict(model, grid)     # serial keys, full tensors
+    engine.load_full_state_dict(model, state, grid)
 """
 
 from engine.grid import Grid, GridError, GridShape, init
 from engine.linear import ParallelLinear, ShardingError
+from engine.parallelize import auto_parallelize, parallelize
+from engine.state import clip_grad_norm_, full_state_dict, load_full_state_dict, sync_gradients
 
-__all__ = ["Grid", "GridError", "GridShape", "ParallelLinear", "ShardingError", "init"]
+__all__ = [
+    "Grid",
+    "GridError",
+    "GridShape",
+    "ParallelLinear",
+    "ShardingError",
+    "auto_parallelize",
+    "clip_grad_norm_",
+    "full_state_dict",
+    "init",
+    "load_full_state_dict",
+    "parallelize",
+    "sync_gradients",
+]

@@ -329,6 +329,7 @@ def _plain_linear(layer: ParallelLinear) -> nn.Linear:
 
 _INIT_FUNCTIONS = ("uniform_", "normal_", "trunc_normal_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
                    "kaiming_normal_", "orthogonal_", "sparse_", "eye_", "dirac_")
+_INIT_MODULES = ("torch.nn.init", "transformers.initialization")
 _RANDOM_FILLS = tuple(getattr(torch.Tensor, n) for n in ("normal_", "uniform_", "random_", "bernoulli_",
                                                           "exponential_", "log_normal_", "cauchy_", "geometric_"))
 
@@ -344,9 +345,13 @@ class _FullInitShard(nn.Parameter):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
-        is_init = getattr(func, "__module__", None) == "torch.nn.init" and func.__name__ in _INIT_FUNCTIONS
+        # torch.nn.init functions, or wrappers with the same names (transformers swaps its guarded
+        # versions into torch.nn.init while it initialises a model)
+        is_init = getattr(func, "__module__", None) in _INIT_MODULES and getattr(func, "__name__", "") in _INIT_FUNCTIONS
         if is_init or func in _RANDOM_FILLS:
             target = kwargs.get("tensor", args[0] if args else None)
+            if getattr(target, "_is_hf_initialized", False):
+                return target  # transformers' guard: this tensor was loaded or initialised already
             if isinstance(target, _FullInitShard) and "_engine_take_shard" in target.__dict__:
                 with torch._C.DisableTorchFunctionSubclass():
                     full = torch.empty(target._engine_full_shape, dtype=target.dtype, device=target.device)

@@ -105,12 +105,23 @@ def _world_sum(value: torch.Tensor, grid) -> float:
     return comm.all_reduce(value.detach().reshape(1), grid.group(*AXES)).item()
 
 
-def check_grid(make, ref: dict, shape: tuple[int, int, int, int], tol: dict, train: bool = True) -> None:
+def check_grid(make, ref: dict, shape: tuple[int, int, int, int], tol: dict, train: bool = True,
+               auto: bool = False) -> None:
+    """Build the parallel model (parallelize a copy of the serial one, or build it under auto_parallelize
+    from the same seed), then compare weights, loss, gradients and optionally STEPS AdamW steps."""
     data, x, y, z = shape
     grid = init(data=data, x=x, y=y, z=z)
     try:
-        serial = make().double()
-        model = parallelize(copy.deepcopy(serial), grid)
+        if auto:
+            with auto_parallelize(grid):
+                model = make()
+            model.double()
+            random_after = torch.rand(1)
+            make()
+            assert torch.equal(random_after, torch.rand(1)), "auto_parallelize drew other random numbers"
+            assert all(type(p) is torch.nn.Parameter for p in model.parameters())
+        else:
+            model = parallelize(copy.deepcopy(make().double()), grid)
         state = full_state_dict(model, grid)
         assert state.keys() == ref["state"].keys()
         for key, value in ref["state"].items():
@@ -154,33 +165,136 @@ def grids_of(world: int) -> list[tuple[int, int, int, int]]:
     return [g for g in product(range(1, world + 1), repeat=4) if g[0] * g[1] * g[2] * g[3] == world]
 
 
-def _worker(make_name: str, ref: dict, shapes: list, train: bool) -> int:
+def _worker(make_name: str, ref: dict, shapes: list, train: bool, auto: bool) -> int:
     make, tol = {"llama": (llama, LLAMA_TOL), "gpt2": (gpt2, GPT2_TOL)}[make_name]
     for shape in shapes:
-        check_grid(make, ref, shape, tol, train)
+        check_grid(make, ref, shape, tol, train, auto)
     return len(shapes)
 
 
-def run(make_name: str, world: int, shapes: list, train: bool = True) -> None:
+def run(make_name: str, world: int, shapes: list, train: bool = True, auto: bool = False) -> None:
     ref = serial_reference({"llama": llama, "gpt2": gpt2}[make_name], world)  # once, in the test process
-    assert run_distributed(world, _worker, make_name, ref, shapes, train) == [len(shapes)] * world
+    assert run_distributed(world, _worker, make_name, ref, shapes, train, auto) == [len(shapes)] * world
 
 
-WORLD8_SAMPLE = [(1, 2, 2, 2), (2, 2, 2, 1), (1, 2, 4, 1), (1, 8, 1, 1), (1, 1, 2, 4), (2, 1, 1, 4), (8, 1, 1, 1)]
+def test_llama_gradients_on_every_grid_of_world_4() -> None:
+    run("llama", 4, grids_of(4), train=False)
 
 
-def test_llama_every_grid_of_world_4() -> None:
-    run("llama", 4, grids_of(4))
-
-
-def test_llama_world_1_and_2() -> None:
+def test_llama_training_world_1_2_4() -> None:
     run("llama", 1, grids_of(1))
-    run("llama", 2, grids_of(2))
+    run("llama", 2, [(1, 1, 2, 1)])
+    run("llama", 4, [(1, 2, 2, 1), (2, 1, 1, 2)])
 
 
 def test_llama_sample_of_world_8() -> None:
-    run("llama", 8, WORLD8_SAMPLE, train=False)
+    run("llama", 8, [(1, 2, 2, 2), (2, 1, 4, 1)], train=False)
 
 
-def test_gpt2_sample_of_grids() -> None:
-    run("gpt2", 4, [(1, 2, 2, 1), (1, 1, 2, 2), (2, 2, 1, 1), (1, 1, 4, 1), (1, 4, 1, 1)])
+def test_gpt2_grids() -> None:
+    run("gpt2", 4, [(1, 2, 2, 1), (2, 1, 1, 2)])
+
+
+def test_auto_parallelize_builds_the_serial_model() -> None:
+    run("llama", 4, [(1, 2, 2, 1), (1, 1, 1, 4)], train=False, auto=True)
+    run("gpt2", 2, [(1, 1, 2, 1)], train=False, auto=True)
+
+
+@pytest.mark.slow
+def test_llama_training_on_every_grid_of_world_4_and_8() -> None:
+    run("llama", 4, grids_of(4))
+    run("llama", 2, grids_of(2))
+    run("llama", 8, [(1, 2, 2, 2), (2, 2, 2, 1), (1, 2, 4, 1), (1, 8, 1, 1), (1, 1, 2, 4), (2, 1, 1, 4), (8, 1, 1, 1)])
+
+
+@pytest.mark.slow
+def test_gpt2_and_auto_on_more_grids() -> None:
+    run("gpt2", 4, grids_of(4))
+    run("llama", 4, grids_of(4), train=False, auto=True)
+
+
+def _plain_torch_model(shape: tuple[int, int, int, int]) -> float:
+    """A model that is not a transformer, built under auto_parallelize: every Linear becomes a default-mode
+    ParallelLinear (nn.Linear semantics on each rank's rows); compare with the serial model."""
+    grid = init(*shape)
+    torch.manual_seed(5)
+    serial = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8)).double()
+    torch.manual_seed(5)
+    with auto_parallelize(grid):
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8)).double()
+    assert all(isinstance(m, ParallelLinear) and m.mode == "default" for m in (model[0], model[2]))
+    x = torch.randn(grid.world_size * 3, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    serial(x).square().sum().backward()
+    mine = slice(grid.rank * 3, (grid.rank + 1) * 3)
+    out = model(x[mine])
+    out.square().sum().backward()
+    sync_gradients(model, grid)
+    torch.testing.assert_close(out, serial(x)[mine], rtol=1e-10, atol=1e-10)
+    for m, s in ((model[0], serial[0]), (model[2], serial[2])):
+        torch.testing.assert_close(m.gather_weight(m.weight.grad), s.weight.grad, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(m.gather_bias(m.bias.grad), s.bias.grad, rtol=1e-10, atol=1e-10)
+    state = full_state_dict(model, grid)
+    assert all(torch.equal(state[k], v) for k, v in serial.state_dict().items())
+    grid.close()
+    return 1.0
+
+
+def test_auto_parallelize_plain_torch_model() -> None:
+    run_distributed(4, _plain_torch_model, (1, 2, 2, 1))
+
+
+def _errors() -> dict[str, str]:
+    grid = init(y=2, x=2)
+    out = {}
+
+    def catch(key, fn):
+        try:
+            fn()
+            out[key] = "no error"
+        except (ShardingError, RuntimeError) as error:  # RuntimeError: torch's own strict load_state_dict
+            out[key] = f"{type(error).__name__}: {error}"
+
+    catch("kv heads", lambda: parallelize(llama(heads=4, kv_heads=1), grid))
+    catch("no layers", lambda: parallelize(torch.nn.Sequential(torch.nn.Linear(4, 4)), grid))
+    extra = llama()
+    extra.model.layers[1].self_attn.rope_scale = torch.nn.Linear(2, 2)
+    catch("unknown module", lambda: parallelize(extra, grid))
+    model = parallelize(llama(), grid)
+    other = init(x=4)
+    catch("other grid", lambda: parallelize(model, other))
+    serial = llama().state_dict()
+    catch("wrong shard shape", lambda: load_full_state_dict(
+        model, {**serial, "model.layers.0.mlp.up_proj.weight": torch.zeros(3, 3)}, grid))
+    catch("missing key", lambda: load_full_state_dict(
+        model, {k: v for k, v in serial.items() if k != "model.norm.weight"}, grid))
+    other.close()
+    grid.close()
+    return out
+
+
+def test_clear_errors() -> None:
+    out = run_distributed(4, _errors)[0]
+    assert "ShardingError: model.layers.0: 1 key/value heads are not divisible by y=2" in out["kv heads"]
+    assert "ShardingError: parallelize found no decoder layers it can shard in Sequential" in out["no layers"]
+    assert "model.layers.1.self_attn.rope_scale (Linear) has parameters the engine cannot shard" in out["unknown module"]
+    assert "already parallelized on another grid" in out["other grid"]
+    assert "ShardingError: model.layers.0.mlp.up_proj.weight: expected a full weight of shape (128, 64)" in \
+        out["wrong shard shape"]
+    assert "Missing key(s)" in out["missing key"] and "model.norm.weight" in out["missing key"]
+
+
+def _load_roundtrip() -> bool:
+    """load_full_state_dict puts a serial state into a parallel model built from another seed."""
+    grid = init(data=1, x=2, y=1, z=2)
+    serial = gpt2(seed=0)
+    model = parallelize(gpt2(seed=1), grid)
+    load_full_state_dict(model, serial.state_dict(), grid)
+    state = full_state_dict(model, grid)
+    same = state.keys() == serial.state_dict().keys() and all(
+        torch.equal(state[k], v) for k, v in serial.state_dict().items())
+    grid.close()
+    return same
+
+
+def test_load_full_state_dict_round_trip() -> None:
+    assert run_distributed(4, _load_roundtrip) == [True] * 4
