@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -64,6 +65,11 @@ def _add_train_args(parser: argparse.ArgumentParser, *, epochs: int = 20, batch_
     group.add_argument("--threads", type=int, default=None,
                        help="CPU threads for torch (default: torch's choice; 1 avoids oversubscription on busy machines)")
     group.add_argument("--no-progress", action="store_true", help="no progress bars")
+    group.add_argument("--grid", default=None,
+                       help="4D grid under torchrun as AXIS=SIZE pairs, e.g. data=2,x=2 (axes data, x, y, z; product = "
+                            "world size; default under torchrun: data=WORLD_SIZE)")
+    group.add_argument("--nproc", type=int, default=None,
+                       help="launch N local processes with torchrun (gloo on CPU, NCCL on GPUs) and run this command")
 
 
 def _train_config(args: argparse.Namespace, save_every: int = 0):
@@ -99,18 +105,42 @@ def _device(args: argparse.Namespace):
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def _relaunch_under_torchrun(args: argparse.Namespace) -> int:
+    """Run this very command again in `args.nproc` local processes under torchrun (torch.distributed.run)."""
+    argv, skip = [], False
+    for item in args.argv:
+        if skip:
+            skip = False
+        elif item == "--nproc":
+            skip = True
+        elif not item.startswith("--nproc="):
+            argv.append(item)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
+               "-m", "goldfish", *argv]
+    print("launching: " + " ".join(command), file=sys.stderr)
+    return subprocess.call(command)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-    from goldfish.experiment import MaskSpec, TrainSpec, initial_model, prepare_data, train_model
+    from goldfish.experiment import (MaskSpec, TrainSpec, initial_model, is_main_process, prepare_data, start_grid,
+                                     train_model)
+
+    if args.nproc:
+        return _relaunch_under_torchrun(args)
+    grid = start_grid(args.grid)
+    log = print if is_main_process(grid) else (lambda *a, **k: None)
 
     mask = MaskSpec(strategy=None if args.strategy == "standard" else args.strategy, k=args.k, h=args.h,
                     seed=args.mask_seed)
     spec = TrainSpec(model=args.model, data=_data_spec(args), mask=mask,
                      train=_train_config(args, save_every=args.save_every), init_seed=args.init_seed)
-    prepared = prepare_data(spec.data, spec.model)
-    model = initial_model(spec.model, prepared, spec.init_seed).to(_device(args))
-    train_model(spec, Path(args.out), prepared=prepared, model=model,
+    prepared = prepare_data(spec.data, spec.model, log=log)
+    model = initial_model(spec.model, prepared, spec.init_seed)
+    if grid is None:
+        model = model.to(_device(args))
+    train_model(spec, Path(args.out), prepared=prepared, model=model, grid=grid, log=log,
                 resume_from=Path(args.resume) if args.resume else None)
-    print(f"wrote {Path(args.out) / 'checkpoint'} (HF checkpoint + tokenizer) and {Path(args.out) / 'metrics.jsonl'}")
+    log(f"wrote {Path(args.out) / 'checkpoint'} (HF checkpoint + tokenizer) and {Path(args.out) / 'metrics.jsonl'}")
     return 0
 
 
@@ -168,7 +198,10 @@ def _check_same_documents(saved: dict[str, Any], current: dict[str, Any]) -> Non
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from goldfish.experiment import CompareSpec, compare, parse_mask
+    from goldfish.experiment import CompareSpec, compare, parse_mask, start_grid
+
+    if args.nproc:
+        return _relaunch_under_torchrun(args)
 
     if args.quick:
         for key, value in COMPARE_QUICK.items():
@@ -176,7 +209,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 setattr(args, key, value)
     spec = CompareSpec(model=args.model, data=_data_spec(args), masks=[parse_mask(m) for m in args.masks],
                        train=_train_config(args), extraction=_extraction_config(args), init_seed=args.init_seed)
-    compare(spec, Path(args.out))
+    grid = start_grid(args.grid)
+    compare(spec, Path(args.out), grid=grid, device=args.device)
     return 0
 
 
@@ -272,7 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv
     if getattr(args, "threads", None):
         import torch
 

@@ -93,6 +93,43 @@ def parse_mask(text: str) -> MaskSpec:
     return MaskSpec(strategy=strategy, k=k, h=h)
 
 
+GRID_AXES = ("data", "x", "y", "z")
+
+
+def parse_grid(text: str) -> dict[str, int]:
+    """Parse 'data=2,x=2,y=1,z=1' (any subset of the axes; missing axes are 1) into {axis: size}."""
+    sizes: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, value = part.partition("=")
+        if name not in GRID_AXES or not value.isdigit() or int(value) < 1:
+            raise ValueError(f"cannot parse grid {text!r}: use AXIS=SIZE pairs with axes {GRID_AXES} and sizes >= 1, "
+                             "e.g. data=2,x=2")
+        if name in sizes:
+            raise ValueError(f"grid {text!r} names axis {name!r} twice")
+        sizes[name] = int(value)
+    return sizes
+
+
+def start_grid(text: str | None) -> Any:
+    """The engine grid of a parallel run (under torchrun), or None for a single process.
+
+    With no --grid under torchrun, every rank is a data-parallel replica (data = world size).
+    """
+    import os
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if text is None and world == 1:
+        return None
+    import engine
+
+    sizes = parse_grid(text) if text else {"data": world}
+    return engine.init(**sizes)
+
+
+def is_main_process(grid: Any) -> bool:
+    return grid is None or grid.rank == 0
+
+
 @dataclass
 class Prepared:
     """Everything a run needs that comes from the data: tokenizer and the selected documents."""
@@ -189,6 +226,23 @@ def save_hf_model(model: nn.Module, tokenizer: Any, run_record: dict[str, Any], 
     (directory / RUN_FILE).write_text(json.dumps(run_record, indent=2))
 
 
+def save_parallel_hf_model(model: nn.Module, grid: Any, tokenizer: Any, run_record: dict[str, Any],
+                           directory: Path) -> None:
+    """Consolidate a parallel model into an ordinary HF checkpoint. Called on every rank (the gather is collective);
+    rank 0 writes the files."""
+    import engine
+    from transformers import AutoModelForCausalLM
+
+    state = engine.full_state_dict(model, grid, rank0_only=True)
+    if grid.rank != 0:
+        return
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(model.config)
+    plain.load_state_dict(state, assign=True)
+    plain.tie_weights()
+    save_hf_model(plain, tokenizer, run_record, directory)
+
+
 def load_model_weights(model: nn.Module, directory: Path) -> None:
     """Load a checkpoint folder's weights into an already built model (for resume)."""
     loaded = load_pretrained_model(directory)
@@ -226,18 +280,27 @@ def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = N
     prepared = prepared or prepare_data(spec.data, spec.model, log=log)
     model = model if model is not None else initial_model(spec.model, prepared, spec.init_seed)
     if resume_from is not None:
-        load_model_weights(model, resume_from)
+        load_model_weights(model, resume_from)  # full weights: valid at any grid, sharded below
     examples = make_examples(prepared.split.train, spec.mask, prepared.special_token_ids)
     n_dropped = sum(int(e["dropped"].sum()) for e in examples)
     n_targets = sum(int((e["targets"] != -100).sum()) for e in examples)
     log(f"train {spec.mask.label}: {len(examples)} sequences, {n_dropped}/{n_targets} targets dropped "
-        f"({n_dropped / max(n_targets, 1):.3f}), {spec.train.epochs} epochs")
+        f"({n_dropped / max(n_targets, 1):.3f}), {spec.train.epochs} epochs"
+        + (f", grid {grid.shape}" if grid is not None else ""))
     record = run_record(spec, prepared)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "run.json").write_text(json.dumps(record, indent=2))
-    engine_train.train(model, examples, make_step_loss(spec.mask, prepared.special_token_ids), spec.train, out_dir=out_dir, grid=grid,
-                       resume_from=resume_from,
-                       save_model=lambda m, d: save_hf_model(m, prepared.tokenizer, record, d))
+    if grid is not None:
+        import engine
+
+        record["grid"] = {axis: getattr(grid.shape, axis) for axis in GRID_AXES}
+        model = engine.parallelize(model.to(grid.device), grid)
+        save = lambda m, d: save_parallel_hf_model(m, grid, prepared.tokenizer, record, d)  # noqa: E731
+    else:
+        save = lambda m, d: save_hf_model(m, prepared.tokenizer, record, d)  # noqa: E731
+    if is_main_process(grid):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "run.json").write_text(json.dumps(record, indent=2))
+    engine_train.train(model, examples, make_step_loss(spec.mask, prepared.special_token_ids), spec.train,
+                       out_dir=out_dir, grid=grid, resume_from=resume_from, save_model=save)
     return model, prepared
 
 
@@ -268,13 +331,23 @@ class CompareSpec:
     init_seed: int = 0
 
 
-def compare(spec: CompareSpec, out_dir: Path, log=print) -> dict[str, Any]:
+def compare(spec: CompareSpec, out_dir: Path, *, grid: Any = None, device: str | None = None,
+            log=print) -> dict[str, Any]:
     """Train a standard model and one goldfish model per mask from the same initial weights on the same documents,
-    evaluate each and an untrained control on training and held-out documents, write summary.json and report.md."""
+    evaluate each and an untrained control on training and held-out documents, write summary.json and report.md.
+
+    With a grid (under torchrun) every rank trains; rank 0 evaluates the consolidated checkpoint of each model and
+    writes the report (other ranks return an empty dict).
+    """
     started = time.perf_counter()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    main = is_main_process(grid)
+    log = log if main else (lambda *a, **k: None)
+    if main:
+        out_dir.mkdir(parents=True, exist_ok=True)
     prepared = prepare_data(spec.data, spec.model, log=log)
     initial = initial_model(spec.model, prepared, spec.init_seed)
+    if device is not None and grid is None:
+        initial = initial.to(device)
     runs = [MaskSpec(strategy=None)] + [m for m in spec.masks if m.strategy is not None]
     labels = [m.label for m in runs]
     if len(set(labels)) != len(labels):
@@ -294,14 +367,26 @@ def compare(spec: CompareSpec, out_dir: Path, log=print) -> dict[str, Any]:
     # Standard and control models have no mask of their own; their teacher-forced accuracy is split by the first
     # goldfish mask, so one can see how well each model predicts exactly the tokens goldfish hides.
     reference_mask = next((m for m in runs if m.strategy is not None), None)
-    evaluate("control", initial, reference_mask)
+    if main:
+        evaluate("control", initial, reference_mask)
     for mask in runs:
         t0 = time.perf_counter()
         train_spec = TrainSpec(model=spec.model, data=spec.data, mask=mask, train=spec.train, init_seed=spec.init_seed)
-        model, _ = train_model(train_spec, out_dir / mask.label, prepared=prepared, model=copy.deepcopy(initial), log=log)
+        model, _ = train_model(train_spec, out_dir / mask.label, prepared=prepared, model=copy.deepcopy(initial),
+                               grid=grid, log=log)
         timings[f"train {mask.label}"] = time.perf_counter() - t0
-        evaluate(mask.label, model, mask if mask.strategy is not None else reference_mask)
-        log(_one_line(mask.label, models[mask.label]))
+        if grid is not None:
+            # Evaluate what was saved: the consolidated HF checkpoint, as any user of the result would load it.
+            if main:
+                serial = load_pretrained_model(out_dir / mask.label / "checkpoint")
+                evaluate(mask.label, serial, mask if mask.strategy is not None else reference_mask)
+            torch.distributed.barrier()
+        else:
+            evaluate(mask.label, model, mask if mask.strategy is not None else reference_mask)
+        if main:
+            log(_one_line(mask.label, models[mask.label]))
+    if not main:
+        return {}
 
     summary = {
         "models": {label: {part: _headline(s) for part, s in parts.items()} for label, parts in models.items()},
@@ -312,6 +397,7 @@ def compare(spec: CompareSpec, out_dir: Path, log=print) -> dict[str, Any]:
         "documents": prepared.split.manifest(),
         "control": "the initial weights every model started from, never trained on the documents",
         "timings_s": timings | {"total": time.perf_counter() - started},
+        "grid": {axis: getattr(grid.shape, axis) for axis in GRID_AXES} if grid is not None else None,
     }
     from goldfish.report import write_compare_report
 
