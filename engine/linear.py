@@ -74,6 +74,7 @@ class ParallelLinear(nn.Linear):
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.in_features, self.out_features = in_features, out_features
         self.grid, self.mode, self.overlap = grid, mode, bool(overlap)
+        self._sharded = grid.size("x", "y", "z") > 1  # False: a plain F.linear, no collectives
         self.name = name or f"Linear({in_features}, {out_features})"
         # Order of the full output features as stored (a fused projection may regroup them per shard);
         # None = natural order. Kept as a plain attribute: it is layout, not state.
@@ -257,9 +258,9 @@ class ParallelLinear(nn.Linear):
         return y
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        grid = self.grid
-        if grid.size("x", "y", "z") == 1:
+        if not self._sharded:
             return F.linear(x, self.weight, self.bias)
+        grid = self.grid
         if self.mode == "normal":
             return self._core(split_to_group(x, grid.group("x"), -1), "normal")
         if self.mode == "transposed":

@@ -196,7 +196,6 @@ def _install_stack_hooks(stack: nn.Module, grid: Grid) -> None:
     """
     group = grid.group("x", "y")
     signature = inspect.signature(stack.forward)
-    embed = stack.get_input_embeddings()
 
     def enter(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         bound = signature.bind(*args, **kwargs)
@@ -205,7 +204,7 @@ def _install_stack_hooks(stack: nn.Module, grid: Grid) -> None:
         if (input_ids is None) == (embeds is None):
             raise ShardingError("a parallelized model needs exactly one of input_ids and inputs_embeds")
         if embeds is None:
-            embeds = embed(input_ids)
+            embeds = module.get_input_embeddings()(input_ids)  # `module`, not a captured one: deepcopy-safe
             arguments["input_ids"] = None
         n_rows = embeds.shape[0]
         module._engine_rows = n_rows

@@ -20,6 +20,12 @@ import torch
 import torch.distributed as dist
 
 
+# Imported once in the fork server that every worker is forked from (missing ones are skipped): workers
+# then start without paying for these imports, which dominate a small test on a 2-core machine.
+PRELOAD = ("torch", "torch.distributed", "transformers.modeling_utils", "transformers.models.llama.modeling_llama",
+           "transformers.models.gpt2.modeling_gpt2")
+
+
 class RankFailure(AssertionError):
     """One or more ranks raised; the message holds every failing rank's traceback."""
 
@@ -40,7 +46,7 @@ def _worker(rank: int, world_size: int, init_file: str, results: Any, fn: Callab
 def run_distributed(world_size: int, fn: Callable[..., Any], *args: Any, timeout: float = 300.0) -> list[Any]:
     """Run `fn(*args)` on `world_size` gloo ranks; return the results in rank order or raise RankFailure."""
     context = mp.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "torch.distributed"])
+    context.set_forkserver_preload(list(PRELOAD))
     results = context.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "rendezvous")
