@@ -409,11 +409,19 @@ def llama_layer_collectives(shape: TransformerShape, grid: GridShape, *, rows_pe
 
 def llama_step_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
                            param_bytes: int = 2, act_bytes: int = 2, grad_accum: int = 1,
-                           mask_bytes: int = 0) -> list[Collective]:
+                           mask_bytes: int = 0, recompute: bool = False) -> list[Collective]:
     """Every collective of one optimizer step: `grad_accum` forward/backward passes of `rows_per_rank` rows
-    of `seq` tokens on each rank, then sync_gradients and clip_grad_norm_. Bytes are per rank."""
+    of `seq` tokens on each rank, then sync_gradients and clip_grad_norm_. Bytes are per rank.
+
+    recompute: activation checkpointing of the decoder layers, modelled as each layer's forward
+    collectives issued once more during backward. This is an approximation (torch's non-reentrant
+    checkpoint stops recomputing early, so a few collectives differ); without it the model is exact.
+    """
     layer = llama_layer_collectives(shape, grid, rows_per_rank=rows_per_rank, seq=seq, param_bytes=param_bytes,
                                     act_bytes=act_bytes)
+    if recompute:
+        layer = layer + [replace(c, phase="backward", what=f"{c.what} (recomputed)")
+                         for c in layer if c.phase == "forward"]
     stack = llama_stack_collectives(shape, grid, rows_per_rank=rows_per_rank, seq=seq, act_bytes=act_bytes,
                                     mask_bytes=mask_bytes)
     out = scale_count(layer, shape.layers * grad_accum) + scale_count(stack, grad_accum)
@@ -433,14 +441,18 @@ def model_flops_per_token(shape: TransformerShape, seq: int) -> float:
 
 
 def rank_flops_per_step(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
-                        grad_accum: int = 1) -> float:
-    """FLOPs one rank executes per step. Linear work divides evenly over the grid; attention runs on the
-    U = X*Y*R rows of an x*y group for its y-share of heads, i.e. X times the rank's fair share (the
-    engine replicates it over x); norms and elementwise work are left out."""
+                        grad_accum: int = 1, recompute: bool = False) -> float:
+    """FLOPs one rank executes per step. Linear work divides evenly over the grid (each rank multiplies
+    the X*Y*R rows of its group by a 1/(X*Y) block: the work of its own R rows); attention runs on those
+    rows for the rank's y-share of heads, i.e. X times its fair share (the engine replicates it over x).
+    With `recompute` (activation checkpointing) the decoder layers run their forward twice. Norms and
+    elementwise work are left out."""
     tokens = rows_per_rank * seq
-    linear = 6.0 * tokens * (shape.layers * shape.layer_linear_params + shape.vocab * shape.hidden)
-    attention = 12.0 * tokens * seq * shape.layers * shape.q_out * grid.size("x")
-    return grad_accum * (linear + attention)
+    layer_linear = 2.0 * tokens * shape.layers * shape.layer_linear_params
+    attention = 4.0 * tokens * seq * shape.layers * shape.q_out * grid.size("x")
+    head = 6.0 * tokens * shape.vocab * shape.hidden
+    passes = 4.0 if recompute else 3.0  # forward + backward (2x forward), plus the recomputed forward
+    return grad_accum * (passes * (layer_linear + attention) + head)
 
 
 @dataclass(frozen=True)
@@ -457,39 +469,56 @@ class MemoryEstimate:
         return self.params + self.activations + self.transient
 
 
+def layer_activation_bytes(shape: TransformerShape, grid: GridShape, *, tokens: int, act_bytes: int) -> float:
+    """Bytes one decoder layer keeps for backward on the `tokens` tokens of its x*y group (estimate).
+
+    Counted: each RMSNorm's fp32 copy of its input and its normalised output (T x hidden each); the inputs
+    the projections save: the norm output itself when X = 1, else the x-split copies of q/k/v and gate/up
+    (T x hidden/X each); q, k, v, the attention output and the o_proj input (T x (3 heads + 2 kv_heads)
+    head_dim / Y); gate, SiLU, up and product in the MLP (T x intermediate / Y each). A fused attention
+    kernel keeps no S x S scores.
+    """
+    h, x, y = shape.hidden, grid.size("x"), grid.size("y")
+    norms = 2 * (4 + act_bytes) * h
+    inputs = act_bytes * (2 * h if x == 1 else 5 * h / x)
+    attention = act_bytes * (3 * shape.heads + 2 * shape.kv_heads) * shape.head_dim / y
+    mlp = act_bytes * 4 * shape.intermediate / y
+    return tokens * (norms + inputs + attention + mlp)
+
+
 def memory_per_rank(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
-                    bytes_per_param: float = 16.0, act_bytes: int = 2, param_bytes: int = 2) -> MemoryEstimate:
-    """Estimated peak memory of one rank for one micro-batch of `rows_per_rank` rows (no activation
-    checkpointing, a fused attention kernel that keeps no S x S scores).
+                    bytes_per_param: float = 16.0, act_bytes: int = 2, param_bytes: int = 2,
+                    recompute: bool = False) -> MemoryEstimate:
+    """Estimated peak memory of one rank for one micro-batch of `rows_per_rank` rows.
 
     Parameters: each ParallelLinear shard is 1/(X Y Z) of the layer's linears; embeddings, lm_head and
     norms are replicated (the engine does not shard them); bytes_per_param covers weight, gradient and
     AdamW state (16 = bf16 weight and grad + fp32 master, m, v; or fp32 weight and grad + m, v).
-    Activations per layer, on the T = X Y R S tokens of the x*y group: two RMSNorms keeping their input
-    and two fp32 temporaries each (T x hidden), the five x-split inputs of q/k/v/gate/up (T x hidden/X),
-    q, k, v, attention output and o_proj input (T x (3 heads + 2 kv_heads) head_dim / Y) and four MLP
-    tensors (T x intermediate/Y). Outside the layers: logits (R S vocab) in the activation dtype plus two
-    fp32 copies for the loss. Transient: the largest gathered weight block and its gradient block, and
+    Activations: layer_activation_bytes for every layer on the T = X Y R S tokens of the x*y group, or with
+    `recompute` (activation checkpointing) each layer's input (T x hidden) plus one layer recomputed;
+    the gathered embeddings and the final norm on T tokens; logits (R S vocab) in the activation dtype plus
+    two fp32 copies for the loss. Transient: the largest gathered weight block and its gradient block, and
     two T x hidden gradient buffers.
     """
     xyz = grid.size("x", "y", "z")
-    x, y = grid.size("x"), grid.size("y")
     sharded = shape.layers * shape.layer_linear_params / xyz
     replicated = shape.outside_params + shape.layers * shape.layer_norm_params
     params = (sharded + replicated) * bytes_per_param
     t = grid.size("x", "y") * rows_per_rank * seq
-    h, hd = shape.hidden, shape.head_dim
-    per_layer = t * (2 * (act_bytes + 8) * h + 5 * act_bytes * h / x
-                     + act_bytes * ((3 * shape.heads + 2 * shape.kv_heads) * hd + 4 * shape.intermediate) / y)
+    h = shape.hidden
+    per_layer = layer_activation_bytes(shape, grid, tokens=t, act_bytes=act_bytes)
+    layers = shape.layers * t * h * act_bytes + per_layer if recompute else shape.layers * per_layer
     logits = rows_per_rank * seq * shape.vocab * (act_bytes + 8)
-    activations = shape.layers * per_layer + logits + rows_per_rank * seq * h * act_bytes
-    largest_block = max((n // grid.size(oa)) * (k // grid.size(ia))
-                        for _, k, n, tr, _ in shape.projections()
-                        for ia, oa in [(("y", "x") if tr else ("x", "y"))])
-    transient = 2 * largest_block * param_bytes + 2 * t * h * act_bytes
+    stack = t * h * (2 * act_bytes + 4)
+    activations = layers + logits + stack
+    blocks = []
+    for _, k, n, transposed, _ in shape.projections():
+        in_axis, out_axis = ("y", "x") if transposed else ("x", "y")
+        blocks.append((n // grid.size(out_axis)) * (k // grid.size(in_axis)))
+    transient = 2 * max(blocks) * param_bytes + 2 * t * h * act_bytes
     return MemoryEstimate(params, activations, transient,
-                          {"sharded_params": sharded, "replicated_params": replicated, "per_layer_activations":
-                           per_layer, "logits": logits})
+                          {"sharded_params": sharded, "replicated_params": replicated,
+                           "layer_activations": per_layer, "logits": logits})
 
 
 def ordered_grids(world: int) -> list[GridShape]:

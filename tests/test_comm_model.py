@@ -28,6 +28,7 @@ from engine.cost_model import (
     default_linear_collectives,
     grid_fits_shape,
     llama_step_collectives,
+    memory_per_rank,
     ordered_grids,
     sync_collectives,
 )
@@ -134,6 +135,10 @@ def _llama_worker(shapes: list[tuple[int, int, int, int]], every_case: bool) -> 
         shape = GridShape(data=data, x=x, y=y, z=z)
         try:
             model = parallelize(copy.deepcopy(serial), grid)
+            # the memory model's parameter count per rank is exactly what the rank holds
+            memory = memory_per_rank(model_shape, shape, rows_per_rank=1, seq=SEQ)
+            held = sum(p.numel() for p in model.parameters())
+            assert held == memory.detail["sharded_params"] + memory.detail["replicated_params"], f"grid {shape}"
             gen = torch.Generator().manual_seed(grid.rank)
             cases = LLAMA_CASES if every_case else [LLAMA_CASES[index % len(LLAMA_CASES)]]
             for rows, mask_bytes in cases:

@@ -1,0 +1,329 @@
+"""The planner: rank every data x X x Y x Z grid of G GPUs by predicted step time, with memory per GPU.
+
+For each ordered factorisation of the GPU count it
+
+1. rejects grids the engine cannot shard the model on (heads, kv heads or features not divisible) and
+   global batches that do not split into whole rows per GPU;
+2. picks activation checkpointing (on or off) and the number of micro-batches (gradient accumulation):
+   for each setting allowed, the fewest micro-batches that fit the memory estimate
+   (engine.cost_model.memory_per_rank), keeping the faster of the two; grids that never fit are rejected;
+3. predicts the step time = compute (FLOPs one GPU runs, at a stated fraction of the profile's peak)
+   + communication (every collective of engine.cost_model.llama_step_collectives, over the bandwidth its
+   group gets on the machine given the rank placement, see engine.profiles). Overlap is not modelled:
+   the prediction is an upper bound that ranks grids, as in the AxoNN paper.
+
+`goldfish plan` is `add_plan_arguments` + `run_plan`; `--measure OUT.json` instead times the collectives
+of every group size and placement on the current cluster under torchrun (engine.measure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from engine.cost_model import (
+    MemoryEstimate,
+    NAMED_SHAPES,
+    TransformerShape,
+    bytes_by_group,
+    group_axes,
+    grid_fits_shape,
+    llama_step_collectives,
+    memory_per_rank,
+    model_flops_per_token,
+    ordered_grids,
+    rank_flops_per_step,
+)
+from engine.grid import GridShape
+from engine.profiles import PROFILES, MachineProfile, group_stride, load_profile
+
+GIB = 1024 ** 3
+PRECISIONS = {"bf16": 2, "fp32": 4}  # bytes of weights, gradients and activations as communicated
+CHECKPOINTING = ("auto", "on", "off")
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What to plan for. global_batch counts sequences of `seq` tokens per optimizer step."""
+
+    shape: TransformerShape
+    gpus: int
+    global_batch: int
+    seq: int
+    profile: MachineProfile
+    compute_efficiency: float = 0.5  # fraction of peak the matrix products reach
+    grad_accum: int | None = None  # None: the smallest that fits in memory
+    dtype_bytes: int = 2
+    bytes_per_param: float = 16.0  # weight + gradient + AdamW state
+    memory_fraction: float = 0.9  # share of GPU memory the estimate may use (allocator, CUDA context)
+    mask_bytes: int = 0  # attention mask bytes per token fed to the model (0: none, packed sequences)
+    checkpointing: str = "auto"  # activation checkpointing of decoder layers: "auto", "on" or "off"
+
+    def __post_init__(self) -> None:
+        for name in ("gpus", "global_batch", "seq"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not 0 < self.compute_efficiency <= 1:
+            raise ValueError(f"compute_efficiency must be in (0, 1], got {self.compute_efficiency}")
+        if not 0 < self.memory_fraction <= 1:
+            raise ValueError(f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
+        if self.checkpointing not in CHECKPOINTING:
+            raise ValueError(f"checkpointing must be one of {CHECKPOINTING}, got {self.checkpointing!r}")
+        if self.grad_accum is not None and self.grad_accum < 1:
+            raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
+
+
+@dataclass
+class GridPlan:
+    """The prediction for one grid. Times in seconds, memory in bytes per GPU, bytes sent per GPU per step."""
+
+    grid: GridShape
+    feasible: bool
+    reason: str = ""
+    grad_accum: int = 0
+    recompute: bool = False
+    rows_per_micro_batch: int = 0
+    step_s: float = math.inf
+    compute_s: float = 0.0
+    comm_s: float = 0.0
+    comm_s_by_group: dict[str, float] = field(default_factory=dict)
+    bytes_by_group: dict[str, int] = field(default_factory=dict)
+    memory: MemoryEstimate | None = None
+    mfu: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        g = self.grid
+        out = {"grid": {"data": g.data, "x": g.x, "y": g.y, "z": g.z}, "feasible": self.feasible,
+               "reason": self.reason, "grad_accum": self.grad_accum, "checkpointing": self.recompute,
+               "rows_per_micro_batch": self.rows_per_micro_batch,
+               "step_s": self.step_s if self.feasible else None, "compute_s": self.compute_s, "comm_s": self.comm_s,
+               "comm_s_by_group": self.comm_s_by_group, "bytes_by_group": self.bytes_by_group, "mfu": self.mfu}
+        if self.memory is not None:
+            out["memory_gib"] = {"params": self.memory.params / GIB, "activations": self.memory.activations / GIB,
+                                 "transient": self.memory.transient / GIB, "total": self.memory.total / GIB}
+        return out
+
+
+def step_prediction(request: PlanRequest, grid: GridShape, grad_accum: int, recompute: bool = False) -> GridPlan:
+    """Predicted time and traffic of one step on `grid` with `grad_accum` micro-batches and optional activation
+    checkpointing (no feasibility checks: see plan_grid)."""
+    profile = request.profile
+    rows = request.global_batch // (request.gpus * grad_accum)
+    collectives = llama_step_collectives(request.shape, grid, rows_per_rank=rows, seq=request.seq,
+                                         param_bytes=request.dtype_bytes, act_bytes=request.dtype_bytes,
+                                         grad_accum=grad_accum, mask_bytes=request.mask_bytes, recompute=recompute)
+    sizes = {"data": grid.data, "x": grid.x, "y": grid.y, "z": grid.z}
+    totals: dict[tuple[str, str, int], list[int]] = {}
+    for c in collectives:
+        entry = totals.setdefault((c.group, c.kind, c.ranks), [0, 0])
+        entry[0] += c.sent_bytes
+        entry[1] += c.count
+    comm_by_group: dict[str, float] = {}
+    for (group, kind, ranks), (sent, calls) in totals.items():
+        stride = group_stride(group_axes(group), sizes)
+        seconds = profile.collective_seconds(kind, ranks, stride, sent, calls)
+        comm_by_group[group] = comm_by_group.get(group, 0.0) + seconds
+    flops = rank_flops_per_step(request.shape, grid, rows_per_rank=rows, seq=request.seq, grad_accum=grad_accum,
+                                recompute=recompute)
+    compute = flops / (profile.peak_tflops * 1e12 * request.compute_efficiency)
+    comm = sum(comm_by_group.values())
+    step = compute + comm
+    useful = model_flops_per_token(request.shape, request.seq) * request.global_batch * request.seq
+    mfu = useful / (step * request.gpus * profile.peak_tflops * 1e12)
+    return GridPlan(grid, True, "", grad_accum, recompute, rows, step, compute, comm, comm_by_group,
+                    bytes_by_group(collectives), None, mfu)
+
+
+def plan_grid(request: PlanRequest, grid: GridShape) -> GridPlan:
+    """Feasibility, micro-batching, memory and predicted step time of one grid."""
+    reason = grid_fits_shape(request.shape, grid)
+    if reason is not None:
+        return GridPlan(grid, False, f"cannot shard: {reason}")
+    if request.global_batch % request.gpus:
+        return GridPlan(grid, False, f"global batch {request.global_batch} is not divisible by {request.gpus} GPUs")
+    rows_total = request.global_batch // request.gpus
+    if request.grad_accum is not None:
+        if rows_total % request.grad_accum:
+            return GridPlan(grid, False, f"{rows_total} rows per GPU do not split into {request.grad_accum} micro-batches")
+        choices = [request.grad_accum]
+    else:
+        choices = [a for a in range(1, rows_total + 1) if rows_total % a == 0]
+    limit = request.profile.gpu_memory_gib * GIB * request.memory_fraction
+    settings = {"auto": (False, True), "on": (True,), "off": (False,)}[request.checkpointing]
+    best, memory, tried = None, None, 0
+    for recompute in settings:
+        for accum in choices:
+            memory = memory_per_rank(request.shape, grid, rows_per_rank=rows_total // accum, seq=request.seq,
+                                     bytes_per_param=request.bytes_per_param, act_bytes=request.dtype_bytes,
+                                     param_bytes=request.dtype_bytes, recompute=recompute)
+            tried = accum
+            if memory.total <= limit:
+                plan = step_prediction(request, grid, accum, recompute)
+                plan.memory = memory
+                if best is None or plan.step_s < best.step_s:
+                    best = plan
+                break  # more micro-batches only add weight gathers: the fewest that fit is the fastest
+    if best is not None:
+        return best
+    assert memory is not None
+    return GridPlan(grid, False, f"needs {memory.total / GIB:.1f} GiB per GPU (params {memory.params / GIB:.1f}, "
+                    f"activations {memory.activations / GIB:.1f}) even with {tried} micro-batches"
+                    f"{' and checkpointing' if settings[-1] else ''}; {limit / GIB:.1f} GiB usable",
+                    grad_accum=tried, recompute=settings[-1], memory=memory)
+
+
+def rank_grids(request: PlanRequest) -> list[GridPlan]:
+    """Every ordered grid of request.gpus: feasible ones by predicted step time (fastest first), then the
+    rejected ones with their reasons."""
+    plans = [plan_grid(request, g) for g in ordered_grids(request.gpus)]
+    feasible = sorted((p for p in plans if p.feasible), key=lambda p: (p.step_s, p.grid.x * p.grid.y * p.grid.z))
+    rejected = [p for p in plans if not p.feasible]
+    return feasible + rejected
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return f"{n:.0f}B"
+
+
+def format_table(request: PlanRequest, plans: list[GridPlan], top: int = 20) -> str:
+    """The ranked grids as a text table (first `top` feasible ones) with a summary line."""
+    feasible = [p for p in plans if p.feasible]
+    rejected = [p for p in plans if not p.feasible]
+    shape, profile = request.shape, request.profile
+    lines = [f"{shape.name or 'model'}: {shape.n_params / 1e9:.2f}B parameters, {request.gpus} GPUs on "
+             f"{profile.name} ({profile.gpus_per_node} per node, {profile.gpu_memory_gib:g} GiB, "
+             f"{profile.peak_tflops:g} Tflop/s at {request.compute_efficiency:.0%}), global batch "
+             f"{request.global_batch} x {request.seq} tokens",
+             f"{len(plans)} grids: {len(feasible)} feasible, {len(rejected)} rejected",
+             ""]
+    header = (f"{'rank':>4} {'data':>5} {'x':>4} {'y':>4} {'z':>4} {'accum':>5} {'ckpt':>4} {'step s':>9} {'compute':>9} "
+              f"{'comm':>9} {'mem GiB':>8} {'MFU':>6}  bytes sent per GPU by group")
+    lines.append(header)
+    for i, p in enumerate(feasible[:top], 1):
+        g = p.grid
+        traffic = ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in sorted(p.bytes_by_group.items(), key=lambda kv: -kv[1]))
+        lines.append(f"{i:>4} {g.data:>5} {g.x:>4} {g.y:>4} {g.z:>4} {p.grad_accum:>5} {'yes' if p.recompute else 'no':>4} "
+                     f"{p.step_s:>9.4g} "
+                     f"{p.compute_s:>9.4g} {p.comm_s:>9.4g} {p.memory.total / GIB:>8.1f} {p.mfu:>6.1%}  {traffic}")
+    if not feasible:
+        lines.append("(no grid fits)")
+        best = min((p for p in rejected if p.memory is not None), key=lambda p: p.memory.total, default=None)
+        if best is not None:
+            lines.append(f"smallest memory need: grid {best.grid}: {best.reason}")
+    reasons: dict[str, int] = {}
+    for p in rejected:
+        key = p.reason.split(":")[0] if p.reason.startswith("cannot shard") else (
+            "out of memory" if p.reason.startswith("needs") else p.reason)
+        reasons[key] = reasons.get(key, 0) + 1
+    if reasons:
+        lines.append("rejected: " + "; ".join(f"{n} {k}" for k, n in reasons.items()))
+    return "\n".join(lines)
+
+
+# ----- command line ---------------------------------------------------------------------------------------
+
+def resolve_shape(model: str) -> TransformerShape:
+    """A named size (7B, 8B, 70B, 405B) or a transformers config name/folder (read offline when cached)."""
+    key = model.upper()
+    if key in NAMED_SHAPES:
+        return NAMED_SHAPES[key]
+    try:
+        from transformers import AutoConfig
+        config = AutoConfig.from_pretrained(model)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"cannot read a model config from {model!r} ({error}); give a named size "
+                         f"({', '.join(NAMED_SHAPES)}) or a folder holding config.json") from error
+    return TransformerShape.from_hf_config(config, name=Path(model).name or model)
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `goldfish plan`."""
+    parser.add_argument("--model", default=None,
+                        help=f"named size ({', '.join(NAMED_SHAPES)}) or an HF config name/folder (Llama family)")
+    parser.add_argument("--gpus", type=int, default=None, help="number of GPUs (world size)")
+    parser.add_argument("--profile", default="perlmutter",
+                        help=f"machine: {', '.join(PROFILES)}, or a profile JSON from --measure (default: %(default)s)")
+    parser.add_argument("--gpus-per-node", type=int, default=None, help="override the profile's GPUs per node")
+    parser.add_argument("--gpu-memory", type=float, default=None, help="override the profile's GiB per GPU")
+    parser.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (default: %(default)s)")
+    parser.add_argument("--global-batch", type=int, default=None,
+                        help="sequences per optimizer step (default: the smallest multiple of --gpus >= 1024)")
+    parser.add_argument("--grad-accum", type=int, default=None,
+                        help="micro-batches per step (default: per grid, the fewest that fit in memory)")
+    parser.add_argument("--checkpointing", choices=CHECKPOINTING, default="auto",
+                        help="activation checkpointing of decoder layers; auto: per grid, whichever is faster "
+                             "among the settings that fit (default: %(default)s)")
+    parser.add_argument("--precision", choices=sorted(PRECISIONS), default="bf16",
+                        help="dtype of weights, gradients and activations (default: %(default)s)")
+    parser.add_argument("--compute-efficiency", type=float, default=0.5,
+                        help="fraction of peak the matrix products reach (default: %(default)s)")
+    parser.add_argument("--top", type=int, default=20, help="rows of the table (default: %(default)s)")
+    parser.add_argument("--json", default=None, metavar="PATH", help="also write every grid's prediction as JSON")
+    measure = parser.add_argument_group("measure (run under torchrun on the cluster to profile)")
+    measure.add_argument("--measure", default=None, metavar="OUT.json",
+                         help="time all-reduce, all-gather and reduce-scatter for every group size and placement "
+                              "of this torchrun world and write a profile (figures not measured come from "
+                              "--profile)")
+    measure.add_argument("--measure-mib", type=float, nargs=2, default=(0.0625, 64.0), metavar=("SMALL", "LARGE"),
+                         help="message sizes in MiB: the small one gives latency, the large one bandwidth")
+    measure.add_argument("--measure-iters", type=int, default=10, help="timed calls per size (default: %(default)s)")
+
+
+def _request_from_args(args: argparse.Namespace) -> PlanRequest:
+    if args.model is None or args.gpus is None:
+        raise ValueError("goldfish plan needs --model and --gpus (or --measure OUT.json under torchrun)")
+    if args.gpus < 1:
+        raise ValueError(f"--gpus must be >= 1, got {args.gpus}")
+    profile = load_profile(args.profile)
+    overrides: dict[str, Any] = {}
+    if args.gpus_per_node is not None:
+        overrides["gpus_per_node"] = args.gpus_per_node
+    if args.gpu_memory is not None:
+        overrides["gpu_memory_gib"] = args.gpu_memory
+    if overrides:
+        profile = replace(profile, **overrides)
+        if args.gpus_per_node is not None and profile.gpus_per_node % profile.package_size:
+            profile = replace(profile, package_size=1)
+    batch = args.global_batch
+    if batch is None:
+        batch = args.gpus * math.ceil(1024 / args.gpus)
+    return PlanRequest(shape=resolve_shape(args.model), gpus=args.gpus, global_batch=batch, seq=args.seq_len,
+                       profile=profile, compute_efficiency=args.compute_efficiency, grad_accum=args.grad_accum,
+                       dtype_bytes=PRECISIONS[args.precision], checkpointing=args.checkpointing)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    """`goldfish plan`: print the ranked grids (and write JSON), or with --measure profile this cluster."""
+    if args.measure is not None:
+        from engine.measure import measure_profile
+
+        base = load_profile(args.profile)
+        profile = measure_profile(base, small_bytes=int(args.measure_mib[0] * 2 ** 20),
+                                  large_bytes=int(args.measure_mib[1] * 2 ** 20), iters=args.measure_iters)
+        if profile is not None:  # rank 0
+            profile.save(args.measure)
+            print(f"wrote {args.measure}: {len(profile.measured)} measured collectives, intra-node "
+                  f"{profile.intra_node_gbps:.3g} GB/s, inter-node {profile.inter_node_gbps:.3g} GB/s, "
+                  f"{profile.peak_tflops:.3g} Tflop/s per device")
+        return 0
+    request = _request_from_args(args)
+    plans = rank_grids(request)
+    print(format_table(request, plans, top=args.top))
+    if args.json:
+        payload = {"request": {"model": request.shape.name, "shape": request.shape.__dict__, "gpus": request.gpus,
+                               "global_batch": request.global_batch, "seq": request.seq,
+                               "compute_efficiency": request.compute_efficiency, "dtype_bytes": request.dtype_bytes,
+                               "profile": request.profile.to_json()},
+                   "grids": [p.to_json() for p in plans]}
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(payload, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0

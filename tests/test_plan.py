@@ -1,0 +1,274 @@
+"""The planner, its machine profiles, the FLOP/parameter models and `--measure`.
+
+References: parameter counts of real HF models and the published sizes of the named models (exact);
+torch's FlopCounterMode on a serial Llama step (exact: both count 2 m n k per matrix product); hand-computed
+link bandwidths and collective times; a real 4-rank gloo measurement for `--measure`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from distributed import run_distributed
+from engine.cost_model import (
+    NAMED_SHAPES,
+    TransformerShape,
+    count_grids,
+    grid_fits_shape,
+    llama_step_collectives,
+    memory_per_rank,
+    model_flops_per_token,
+    ordered_grids,
+    rank_flops_per_step,
+)
+from engine.grid import GridShape
+from engine.plan import PlanRequest, add_plan_arguments, plan_grid, rank_grids, run_plan, step_prediction
+from engine.profiles import PROFILES, MachineProfile, MeasuredCollective, group_stride, load_profile
+
+
+def test_grid_enumeration_counts() -> None:
+    for world in (1, 2, 4, 8, 12, 30, 64):
+        grids = ordered_grids(world)
+        assert len(grids) == len({(g.data, g.x, g.y, g.z) for g in grids}) == count_grids(world)
+        assert all(g.world_size == world for g in grids)
+    assert count_grids(4) == 10 and count_grids(8) == 20
+    assert count_grids(32768) == 816  # "for 32K GPUs, there are >800 unique configurations" (AxoNN talk)
+
+
+def _tiny_llama_config(**overrides):
+    from transformers import LlamaConfig
+    kwargs = dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=4, num_hidden_layers=2,
+                  vocab_size=96, intermediate_size=160, max_position_embeddings=64)
+    kwargs.update(overrides)
+    return LlamaConfig(**kwargs)
+
+
+@pytest.mark.parametrize("family", ["llama", "llama-bias-tied", "qwen2", "qwen3", "mistral"])
+def test_shape_parameter_count_equals_hf_model(family: str) -> None:
+    import transformers
+    if family == "llama":
+        config = _tiny_llama_config()
+    elif family == "llama-bias-tied":
+        config = _tiny_llama_config(attention_bias=True, mlp_bias=True, tie_word_embeddings=True)
+    else:
+        name = {"qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "mistral": "MistralConfig"}[family]
+        config = getattr(transformers, name)(hidden_size=64, num_attention_heads=8, num_key_value_heads=4,
+                                             num_hidden_layers=2, vocab_size=96, intermediate_size=160,
+                                             head_dim=8, max_position_embeddings=64)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    assert TransformerShape.from_hf_config(config).n_params == sum(p.numel() for p in model.parameters())
+
+
+def test_named_sizes_match_published_parameter_counts() -> None:
+    # parameter counts of the released checkpoints (safetensors index metadata / model cards)
+    published = {"7B": 6_738_415_616, "8B": 8_030_261_248, "70B": 68_976_648_192, "405B": 405_853_388_800}
+    for name, count in published.items():
+        assert NAMED_SHAPES[name].n_params == count, name
+
+
+def test_unknown_config_family_is_refused() -> None:
+    from transformers import GPT2Config
+    with pytest.raises(ValueError, match="Llama-family"):
+        TransformerShape.from_hf_config(GPT2Config())
+
+
+def test_flop_model_equals_flop_counter_on_a_serial_step() -> None:
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import LlamaForCausalLM
+    config = _tiny_llama_config(attn_implementation="eager")  # explicit matmuls the counter sees
+    shape = TransformerShape.from_hf_config(config)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    rows, seq = 3, 16
+    ids = torch.randint(0, 96, (rows, seq))
+    with FlopCounterMode(display=False) as counter:
+        logits = model(input_ids=ids).logits
+        F.cross_entropy(logits.reshape(-1, 96), ids.reshape(-1)).backward()
+    predicted = rank_flops_per_step(shape, GridShape(), rows_per_rank=rows, seq=seq)
+    # the counter sees the input-embedding lookup as free and so do we; the model's formula matches exactly
+    assert counter.get_total_flops() == predicted
+    assert predicted == model_flops_per_token(shape, seq) * rows * seq
+
+
+def test_grid_fits_shape_reasons() -> None:
+    shape = NAMED_SHAPES["70B"]  # 64 heads, 8 kv heads
+    assert grid_fits_shape(shape, GridShape(x=16, y=8, z=4)) is None
+    assert "key/value heads" in grid_fits_shape(shape, GridShape(y=16))
+    odd = TransformerShape(hidden=96, layers=1, heads=6, kv_heads=6, intermediate=200, vocab=10)
+    assert "in_features" in grid_fits_shape(odd, GridShape(x=64))
+
+
+def test_link_model_hand_computed() -> None:
+    perl, frontier = PROFILES["perlmutter"], PROFILES["frontier"]
+    assert perl.link(4, 1)[0] == 100e9  # x group of a whole node: an NVLink ring edge
+    assert perl.link(2, 4) == (25e9, perl.inter_latency_s, "network")  # 4 groups share the node's 100 GB/s
+    assert perl.link(8, 1)[0] == 100e9  # one ring crossing each node boundary: the NICs' full 100 GB/s
+    assert frontier.link(2, 1)[2] == "package" and frontier.link(2, 1)[0] == 200e9
+    assert frontier.link(8, 1)[0] == 50e9 and frontier.link(2, 2)[0] == 50e9
+    assert frontier.link(2, 8)[0] == 12.5e9  # 8 GCDs share 4 NICs x 25 GB/s
+    assert frontier.link(3, 1)[2] == "network"  # a span of 3 straddles packages and nodes
+    # time of 10 all-reduces sending 1 GB in total over 4 ranks inside a Perlmutter node
+    assert perl.collective_seconds("all_reduce", 4, 1, 1e9, 10) == pytest.approx(10 * 6 * 5e-6 + 1e9 / 100e9)
+
+
+def test_measured_entries_take_precedence() -> None:
+    base = PROFILES["perlmutter"]
+    measured = MachineProfile(**{**base.__dict__, "measured": (MeasuredCollective("all_gather", 4, 1, 1e-3, 2.0),)})
+    assert measured.collective_seconds("all_gather", 4, 1, 4e9, 2) == pytest.approx(2 * 3 * 1e-3 + 2.0)
+    assert measured.collective_seconds("all_reduce", 4, 1, 4e9, 2) == base.collective_seconds("all_reduce", 4, 1,
+                                                                                               4e9, 2)
+
+
+def test_group_stride() -> None:
+    sizes = {"data": 2, "x": 2, "y": 3, "z": 4}
+    assert [group_stride(a, sizes) for a in (("x",), ("y",), ("z",), ("data",))] == [1, 2, 6, 24]
+    assert group_stride(("x", "y"), sizes) == 1 and group_stride(("z", "data"), sizes) == 6
+    assert group_stride(("x", "z"), {"data": 1, "x": 2, "y": 1, "z": 2}) == 1  # y of size 1 leaves no gap
+    with pytest.raises(ValueError, match="contiguous"):
+        group_stride(("x", "z"), sizes)
+
+
+def test_profile_json_round_trip(tmp_path) -> None:
+    profile = MachineProfile(**{**PROFILES["frontier"].__dict__,
+                                "measured": (MeasuredCollective("all_reduce", 2, 1, 1e-5, 10.0),)})
+    path = tmp_path / "p.json"
+    profile.save(path)
+    assert load_profile(str(path)) == profile
+    with pytest.raises(ValueError, match="unknown machine profile"):
+        load_profile("summit")
+    with pytest.raises(ValueError, match="unknown profile fields"):
+        MachineProfile.from_json({**profile.to_json(), "nvlink": 1})
+
+
+def _request(**overrides) -> PlanRequest:
+    base = dict(shape=NAMED_SHAPES["7B"], gpus=16, global_batch=64, seq=2048, profile=PROFILES["dgx-h100"])
+    base.update(overrides)
+    return PlanRequest(**base)
+
+
+def test_pure_data_parallel_prediction_hand_computed() -> None:
+    """data=2 on two DGX nodes (one rank per node): the only traffic is the gradient all-reduce."""
+    profile = MachineProfile(**{**PROFILES["dgx-h100"].__dict__, "gpus_per_node": 1})
+    shape = TransformerShape(hidden=256, layers=2, heads=4, kv_heads=4, intermediate=512, vocab=1000)
+    request = PlanRequest(shape=shape, gpus=2, global_batch=8, seq=128, profile=profile, dtype_bytes=2,
+                          checkpointing="off")
+    plan = step_prediction(request, GridShape(data=2), grad_accum=1)
+    # everything is summed over "data" (shards), "z+data" (norms) or "world" (embeddings): 2 ranks each
+    sent = 2 * shape.n_params * 2 * (2 - 1) / 2
+    assert sum(plan.bytes_by_group.values()) == sent
+    calls = 3  # one bucket per group
+    expected_comm = calls * 2 * profile.inter_latency_s + sent / (profile.inter_node_gbps * 1e9)
+    assert plan.comm_s == pytest.approx(expected_comm)
+    flops = 3 * (2 * 4 * 128 * shape.layers * shape.layer_linear_params + 4 * 4 * 128 * 128 * shape.layers * 256) \
+        + 6 * 4 * 128 * 1000 * 256
+    assert plan.compute_s == pytest.approx(flops / (989e12 * 0.5))
+    assert plan.step_s == pytest.approx(plan.compute_s + plan.comm_s)
+
+
+def test_planner_ranks_feasible_grids_and_explains_rejections() -> None:
+    plans = rank_grids(_request())
+    assert len(plans) == count_grids(16)
+    feasible = [p for p in plans if p.feasible]
+    assert feasible and all(p.memory.total <= 80 * 1024 ** 3 * 0.9 for p in feasible)
+    times = [p.step_s for p in feasible]
+    assert times == sorted(times)
+    assert all(p.reason for p in plans if not p.feasible)
+    # more GPUs in z shard the parameters further: less parameter memory
+    mem = [memory_per_rank(NAMED_SHAPES["7B"], GridShape(data=16 // z, z=z), rows_per_rank=1, seq=2048).params
+           for z in (1, 2, 4, 8, 16)]
+    assert mem == sorted(mem, reverse=True)
+
+
+def test_planner_rejections() -> None:
+    tiny_memory = MachineProfile(**{**PROFILES["dgx-h100"].__dict__, "gpu_memory_gib": 1.0})
+    assert not any(p.feasible for p in rank_grids(_request(profile=tiny_memory)))
+    plan = plan_grid(_request(global_batch=24), GridShape(data=16))
+    assert not plan.feasible and "not divisible" in plan.reason
+    plan = plan_grid(_request(grad_accum=3), GridShape(data=16))
+    assert not plan.feasible and "micro-batches" in plan.reason
+    with pytest.raises(ValueError, match="compute_efficiency"):
+        _request(compute_efficiency=1.5)
+
+
+def test_checkpointing_choice_trades_memory_for_time() -> None:
+    grid = GridShape(data=2, z=8)
+    off = plan_grid(_request(checkpointing="off", grad_accum=1), grid)
+    on = plan_grid(_request(checkpointing="on", grad_accum=1), grid)
+    assert on.recompute and not off.recompute
+    assert on.memory.activations < off.memory.activations and on.compute_s > off.compute_s
+    assert sum(on.bytes_by_group.values()) > sum(off.bytes_by_group.values())  # forward collectives again
+
+
+def _cli(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_plan_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_run_plan_prints_table_and_writes_json(tmp_path, capsys) -> None:
+    out = tmp_path / "plan.json"
+    assert run_plan(_cli(["--model", "70B", "--gpus", "256", "--profile", "frontier", "--json", str(out)])) == 0
+    text = capsys.readouterr().out
+    assert "Llama-2-70B" in text and "step s" in text and "rank" in text
+    payload = json.loads(out.read_text())
+    assert len(payload["grids"]) == count_grids(256)
+    first = payload["grids"][0]
+    assert first["feasible"] and first["step_s"] > 0 and first["memory_gib"]["total"] <= 64 * 0.9
+    assert payload["request"]["profile"]["name"] == "frontier"
+
+
+def test_run_plan_reads_a_config_folder(tmp_path, capsys) -> None:
+    _tiny_llama_config().save_pretrained(tmp_path / "cfg")
+    assert run_plan(_cli(["--model", str(tmp_path / "cfg"), "--gpus", "8", "--seq-len", "64",
+                          "--global-batch", "16", "--gpus-per-node", "4"])) == 0
+    assert "8 GPUs on perlmutter (4 per node" in capsys.readouterr().out
+
+
+def test_run_plan_errors() -> None:
+    with pytest.raises(ValueError, match="--model and --gpus"):
+        run_plan(_cli(["--gpus", "8"]))
+    with pytest.raises(ValueError, match="cannot read a model config"):
+        run_plan(_cli(["--model", "/nonexistent/folder", "--gpus", "8"]))
+    with pytest.raises(ValueError, match="unknown machine profile"):
+        run_plan(_cli(["--model", "7B", "--gpus", "8", "--profile", "summit"]))
+
+
+def _measure_worker() -> dict | None:
+    from engine.measure import measure_profile
+    profile = measure_profile(PROFILES["perlmutter"], small_bytes=1 << 10, large_bytes=1 << 16, iters=2,
+                              gemm_size=64)
+    return None if profile is None else profile.to_json()
+
+
+def test_measure_writes_a_usable_profile(tmp_path) -> None:
+    results = run_distributed(4, _measure_worker)
+    assert results[1:] == [None, None, None]
+    profile = MachineProfile.from_json(results[0])
+    shapes = {(m.kind, m.ranks, m.stride) for m in profile.measured}
+    assert shapes == {(k, p, s) for k in ("all_reduce", "all_gather", "reduce_scatter")
+                      for p, s in ((2, 1), (2, 2), (4, 1))}
+    assert all(m.gbps > 0 and m.latency_s > 0 for m in profile.measured)
+    assert profile.gpus_per_node == 4 and profile.peak_tflops > 0
+    assert profile.inter_node_gbps == PROFILES["perlmutter"].inter_node_gbps  # one node: not measured
+    path = tmp_path / "measured.json"
+    profile.save(path)
+    request = PlanRequest(shape=TransformerShape(hidden=64, layers=2, heads=8, kv_heads=8, intermediate=128,
+                                                 vocab=128), gpus=4, global_batch=8, seq=32,
+                          profile=load_profile(str(path)), dtype_bytes=4)
+    plans = rank_grids(request)
+    assert len(plans) == 10 and all(p.feasible and math.isfinite(p.step_s) for p in plans)
+
+
+def test_step_collectives_scale_with_micro_batches() -> None:
+    shape, grid = NAMED_SHAPES["7B"], GridShape(data=2, x=2, y=2, z=2)
+    one = llama_step_collectives(shape, grid, rows_per_rank=2, seq=128, grad_accum=1)
+    four = llama_step_collectives(shape, grid, rows_per_rank=2, seq=128, grad_accum=4)
+    per_pass = lambda cs: sum(c.sent_bytes for c in cs if c.phase in ("forward", "backward"))  # noqa: E731
+    once = lambda cs: sum(c.sent_bytes for c in cs if c.phase in ("sync", "clip"))  # noqa: E731
+    assert per_pass(four) == 4 * per_pass(one) and once(four) == once(one)
