@@ -291,6 +291,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_extraction_args(comp)
     comp.set_defaults(func=cmd_compare)
 
+    plan = sub.add_parser("plan", help="rank the 4D grids (data x X x Y x Z) for a model on a cluster by predicted "
+                          "step time, with memory per GPU")
+    from engine.plan import add_plan_arguments, run_plan
+
+    add_plan_arguments(plan)
+    plan.set_defaults(func=run_plan)
+
     mask = sub.add_parser("mask", help="show which tokens of a text a goldfish mask drops")
     mask.add_argument("--text", default=None, help="the text to mask")
     mask.add_argument("--file", default=None, help="a file with the text to mask")

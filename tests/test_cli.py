@@ -8,7 +8,7 @@ import pytest
 
 from goldfish.cli import build_parser, main
 
-SUBCOMMANDS = ["train", "eval", "compare", "mask"]
+SUBCOMMANDS = ["train", "eval", "compare", "plan", "mask"]
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)
