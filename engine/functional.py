@@ -138,10 +138,10 @@ class _TensorParallelMatmul(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, shard_group: AxisGroup,
-                input_grad_group: AxisGroup, overlap: bool) -> torch.Tensor:
+                input_grad_group: AxisGroup, overlap: bool, gathered: torch.Tensor | None) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.shard_group, ctx.input_grad_group, ctx.overlap = shard_group, input_grad_group, overlap
-        full = comm.all_gather(weight, shard_group, 0)
+        full = gathered if gathered is not None else comm.all_gather(weight, shard_group, 0)
         return torch.matmul(x, full.t())
 
     @staticmethod
@@ -167,15 +167,18 @@ class _TensorParallelMatmul(torch.autograd.Function):
             if need_w:
                 block = grad.reshape(-1, grad.shape[-1]).t().matmul(x.reshape(-1, x.shape[-1]))
                 grad_w = comm.reduce_scatter(block, shard_group, 0)
-        return grad_x, grad_w, None, None, None
+        return grad_x, grad_w, None, None, None, None
 
 
 def tensor_parallel_matmul(x: torch.Tensor, weight: torch.Tensor, shard_group: AxisGroup,
-                           input_grad_group: AxisGroup, overlap: bool = True) -> torch.Tensor:
+                           input_grad_group: AxisGroup, overlap: bool = True,
+                           gathered: torch.Tensor | None = None) -> torch.Tensor:
     """x @ W.T with W gathered from `weight` shards over `shard_group`; see _TensorParallelMatmul.
 
-    Shapes: x (..., k), weight (m / shard_group.size, k) -> (..., m).
+    Shapes: x (..., k), weight (m / shard_group.size, k) -> (..., m). `gathered`: W already gathered
+    (e.g. prefetched while the previous layer computed); it must equal the all-gather of `weight`.
     """
     if shard_group.size == 1 and input_grad_group.size == 1:
         return torch.matmul(x, weight.t())
-    return _TensorParallelMatmul.apply(x, weight, shard_group, input_grad_group, overlap)
+    return _TensorParallelMatmul.apply(x, weight, shard_group, input_grad_group, overlap,
+                                       None if gathered is None else gathered.detach())

@@ -52,6 +52,32 @@ class ShardingError(ValueError):
     """A layer or model that the engine cannot shard on the given grid (named in the message)."""
 
 
+class _Prefetch:
+    """A weight all-gather started early (by the layer that runs before this one) and not yet used."""
+
+    def __init__(self) -> None:
+        self.pending: comm.Pending | None = None
+        self.weight: torch.Tensor | None = None
+        self.version = -1
+
+    def __deepcopy__(self, memo: dict) -> "_Prefetch":
+        return _Prefetch()  # a copied model starts with nothing in flight
+
+    def start(self, weight: torch.Tensor, group) -> None:
+        self.take(weight)  # finish (and drop) an earlier one that was never used
+        self.pending = comm.all_gather_async(weight.detach(), group, 0)
+        self.weight, self.version = weight, weight._version
+
+    def take(self, weight: torch.Tensor) -> torch.Tensor | None:
+        """The gathered weight if a prefetch of exactly this, unchanged, weight is in flight; else None."""
+        if self.pending is None:
+            return None
+        full = self.pending.wait()
+        valid = self.weight is weight and self.version == weight._version
+        self.pending, self.weight = None, None
+        return full if valid else None
+
+
 class ParallelLinear(nn.Linear):
     """nn.Linear(in_features, out_features, bias) sharded over a grid's x, y and z axes (see module doc).
 
@@ -75,6 +101,10 @@ class ParallelLinear(nn.Linear):
         self.in_features, self.out_features = in_features, out_features
         self.grid, self.mode, self.overlap = grid, mode, bool(overlap)
         self._sharded = grid.size("x", "y", "z") > 1  # False: a plain F.linear, no collectives
+        # Layers that usually run right after this one: with overlap, their weight all-gathers over z
+        # start before this layer's product (a tuple, so that nn.Module does not register them as children).
+        self._prefetch_next: tuple[ParallelLinear, ...] = ()
+        self._prefetch = _Prefetch()
         self.name = name or f"Linear({in_features}, {out_features})"
         # Order of the full output features as stored (a fused projection may regroup them per shard);
         # None = natural order. Kept as a plain attribute: it is layout, not state.
@@ -251,7 +281,15 @@ class ParallelLinear(nn.Linear):
         replicated over the input-splitting axis' partner as described in the module doc."""
         in_axis, out_axis = self._axes(mode)
         grid = self.grid
-        y = tensor_parallel_matmul(x, self.weight, grid.group("z"), grid.group(out_axis), self.overlap)
+        z = grid.group("z")
+        gathered = None
+        if self.overlap and z.size > 1:
+            gathered = self._prefetch.take(self.weight)
+            if gathered is None:
+                gathered = comm.all_gather(self.weight.detach(), z, 0)
+            for layer in self._prefetch_next:  # they gather while this layer multiplies
+                layer._prefetch.start(layer.weight, z)
+        y = tensor_parallel_matmul(x, self.weight, z, grid.group(out_axis), self.overlap, gathered)
         y = reduce_from_group(y, grid.group(in_axis))
         if self.bias is not None:
             y = y + gather_sharded(self.bias, grid.group("z"), 0)
@@ -274,6 +312,16 @@ class ParallelLinear(nn.Linear):
         y = self._core(split_to_group(full_rows, grid.group("x"), -1), "normal")
         y = split_to_group(gather_from_group(y, grid.group("y"), -1), rows, 0)
         return y.squeeze(0) if unbatched else y
+
+    def prefetch_before(self, *layers: "ParallelLinear") -> "ParallelLinear":
+        """Declare the layers that usually run right after this one (on the same grid): with overlap, this
+        layer starts their weight all-gathers over z before its own product, and they use the result if
+        their weights have not changed meanwhile. Only a matter of timing: the numbers are the same."""
+        for layer in layers:
+            if not isinstance(layer, ParallelLinear) or layer.grid is not self.grid:
+                raise ValueError(f"{self.name}: can only prefetch for ParallelLinears on the same grid")
+        self._prefetch_next = tuple(layers)
+        return self
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "

@@ -277,12 +277,19 @@ def parallelize(model: nn.Module, grid: Grid, *, overlap: bool = True) -> nn.Mod
         if not hasattr(stack, "get_input_embeddings"):
             raise ShardingError(f"{stack_name}: {type(stack).__name__} has no get_input_embeddings()")
         prefix = f"{stack_name}.{list_name}" if stack_name else list_name
+        order: list[ParallelLinear] = []  # the sharded linears in the order a forward calls them
         for index, layer in enumerate(layers):
             if _is_llama_layer(layer):
                 _plan_llama_layer(layer, f"{prefix}.{index}", grid, overlap)
+                attn, mlp = layer.self_attn, layer.mlp
+                order += [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj,
+                          mlp.down_proj]
             else:
                 _plan_gpt2_layer(layer, f"{prefix}.{index}", grid, overlap)
+                order += [layer.attn.c_attn, layer.attn.c_proj, layer.mlp.c_fc, layer.mlp.c_proj]
             layer._engine_grid = grid
+        for current, following in zip(order, order[1:]):
+            current.prefetch_before(following)
         setattr(stack, REGION_ATTR, "layer")
         setattr(stack.get_input_embeddings(), REGION_ATTR, "rows")
         stack._engine_stack_grid = grid

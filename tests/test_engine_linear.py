@@ -12,6 +12,7 @@ from itertools import product
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from distributed import run_distributed
@@ -74,13 +75,26 @@ def _chained_case(grid, bias: bool, overlap: bool) -> dict[str, torch.Tensor]:
 
     p1 = ParallelLinear.from_linear(first, grid, mode="normal", overlap=overlap, name="first")
     p2 = ParallelLinear.from_linear(second, grid, mode="transposed", overlap=overlap, name="second")
+    p1.prefetch_before(p2)  # with overlap, p2's weight gather starts before p1's product
     block = grid.coord("z") + grid.size("z") * grid.coord("data")
     mine = slice(block * ROWS, (block + 1) * ROWS)
     x = x_full.detach()[mine].clone().requires_grad_()
     hidden = p1(x)
     assert hidden.shape[-1] == HID // grid.size("y")
+    prefetching = overlap and grid.size("z") > 1
+    assert (p2._prefetch.pending is not None) == prefetching
     out = p2(torch.tanh(hidden))
+    assert p2._prefetch.pending is None  # used
     (out * g_full[mine]).sum().backward()
+    if prefetching:  # a prefetched weight that changes before use is gathered again
+        hidden = p1(x.detach())
+        with torch.no_grad():
+            p2.weight.mul_(2.0)
+        stale = p2(torch.tanh(hidden))
+        expected = F.linear(torch.tanh(first(x_full.detach())), 2.0 * second.weight, second.bias)[mine]
+        _close(stale, expected.detach(), "chained output after a weight change")
+        with torch.no_grad():
+            p2.weight.mul_(0.5)
 
     _close(out, second(torch.tanh(first(x_full)))[mine].detach(), "chained output")
     _close(x.grad, x_full.grad[mine], "chained input grad")
