@@ -139,34 +139,46 @@ class _TensorParallelMatmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, shard_group: AxisGroup,
                 input_grad_group: AxisGroup, overlap: bool, gathered: torch.Tensor | None) -> torch.Tensor:
+        full = gathered if gathered is not None else comm.all_gather(weight, shard_group, 0)
+        # Under autocast, multiply in the autocast dtype like F.linear would (a custom Function is not
+        # cast automatically); gradients leave in the dtypes of x and the weight.
+        device_type, x_dtype = x.device.type, x.dtype
+        if torch.is_autocast_enabled(device_type) and x.is_floating_point():
+            compute = torch.get_autocast_dtype(device_type)
+            x, full = x.to(compute), full.to(compute)
+        ctx.dtypes = (x_dtype, weight.dtype)
         ctx.save_for_backward(x, weight)
         ctx.shard_group, ctx.input_grad_group, ctx.overlap = shard_group, input_grad_group, overlap
-        full = gathered if gathered is not None else comm.all_gather(weight, shard_group, 0)
-        return torch.matmul(x, full.t())
+        with torch.autocast(device_type, enabled=False):
+            return torch.matmul(x, full.t())
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         x, weight = ctx.saved_tensors
+        x_dtype, w_dtype = ctx.dtypes
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         shard_group, input_grad_group = ctx.shard_group, ctx.input_grad_group
+        grad = grad.to(x.dtype)
+
+        def weight_block() -> torch.Tensor:  # (out shard rows * z, in): this rank's rows' contribution
+            return grad.reshape(-1, grad.shape[-1]).t().matmul(x.reshape(-1, x.shape[-1])).to(w_dtype)
+
         grad_x = grad_w = None
         if ctx.overlap:
             full_pending = comm.all_gather_async(weight, shard_group, 0) if need_x else None
-            w_pending = None
-            if need_w:
-                block = grad.reshape(-1, grad.shape[-1]).t().matmul(x.reshape(-1, x.shape[-1]))
-                w_pending = comm.reduce_scatter_async(block, shard_group, 0)
+            w_pending = comm.reduce_scatter_async(weight_block(), shard_group, 0) if need_w else None
             if need_x:
-                grad_x = comm.all_reduce(torch.matmul(grad, full_pending.wait()), input_grad_group, inplace=True)
+                partial = torch.matmul(grad, full_pending.wait().to(grad.dtype)).to(x_dtype)
+                grad_x = comm.all_reduce(partial, input_grad_group, inplace=True)
             if need_w:
                 grad_w = w_pending.wait()
         else:
             if need_x:
                 full = comm.all_gather(weight, shard_group, 0)
-                grad_x = comm.all_reduce(torch.matmul(grad, full), input_grad_group, inplace=True)
+                partial = torch.matmul(grad, full.to(grad.dtype)).to(x_dtype)
+                grad_x = comm.all_reduce(partial, input_grad_group, inplace=True)
             if need_w:
-                block = grad.reshape(-1, grad.shape[-1]).t().matmul(x.reshape(-1, x.shape[-1]))
-                grad_w = comm.reduce_scatter(block, shard_group, 0)
+                grad_w = comm.reduce_scatter(weight_block(), shard_group, 0)
         return grad_x, grad_w, None, None, None, None
 
 

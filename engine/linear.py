@@ -292,7 +292,7 @@ class ParallelLinear(nn.Linear):
         y = tensor_parallel_matmul(x, self.weight, z, grid.group(out_axis), self.overlap, gathered)
         y = reduce_from_group(y, grid.group(in_axis))
         if self.bias is not None:
-            y = y + gather_sharded(self.bias, grid.group("z"), 0)
+            y = y + gather_sharded(self.bias, grid.group("z"), 0).to(y.dtype)  # y is bf16 under autocast
         return y
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -174,3 +174,38 @@ def test_clear_errors() -> None:
     assert "model.layers.0.mlp.up_proj: in_features 3 is not divisible by x=2" in messages[0]
     assert "o_proj: out_features 3 is not divisible by x*z=2*1" in messages[1]
     assert "mode must be one of" in messages[2]
+
+
+def _autocast_case(shape: tuple[int, int, int, int]) -> None:
+    """Under CPU bf16 autocast the parallel layers follow F.linear: bf16 products, float32 gradients. bf16
+    keeps 8 bits of mantissa (relative step 2^-8 = 0.4%) and the parallel layer rounds partial sums over x
+    and y to bf16 too, so outputs and gradients agree with the serial autocast run to ~1%: rtol=atol=3e-2
+    (a missing term would be off by far more)."""
+    grid = init(*shape)
+    torch.manual_seed(4)
+    first, second = nn.Linear(IN, HID), nn.Linear(HID, OUT)
+    x_full = torch.randn(grid.size("z", "data") * ROWS, IN, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        serial_out = second(torch.tanh(first(x_full)))
+    serial_out.float().square().sum().backward()
+    p1 = ParallelLinear.from_linear(first, grid, mode="normal")
+    p2 = ParallelLinear.from_linear(second, grid, mode="transposed")
+    block = grid.coord("z") + grid.size("z") * grid.coord("data")
+    mine = slice(block * ROWS, (block + 1) * ROWS)
+    x = x_full.detach()[mine].clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = p2(torch.tanh(p1(x)))
+    assert out.dtype == torch.bfloat16
+    out.float().square().sum().backward()
+    assert x.grad.dtype == torch.float32 and p1.weight.grad.dtype == torch.float32
+    loose = {"rtol": 3e-2, "atol": 3e-2}
+    torch.testing.assert_close(out.float(), serial_out[mine].detach().float(), **loose)
+    torch.testing.assert_close(x.grad, x_full.grad[mine], **loose)
+    torch.testing.assert_close(p1.gather_weight(_data_sum(p1.weight.grad, grid)), first.weight.grad, **loose)
+    torch.testing.assert_close(p2.gather_bias(_data_sum(p2.bias.grad, grid)), second.bias.grad, **loose)
+    grid.close()
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 2, 1), (2, 1, 1, 2)])
+def test_autocast_bf16(shape) -> None:
+    run_distributed(4, _autocast_case, shape)
