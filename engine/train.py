@@ -199,7 +199,7 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
 
     start_step = 0
     if resume_from is not None:
-        start_step = _load_trainer_state(Path(resume_from), optimizer, scheduler, config, total_steps)
+        start_step = _resume(Path(resume_from), model, optimizer, scheduler, config, total_steps, grid)
 
     metrics_file = None
     if out_path is not None and is_main:
@@ -290,10 +290,10 @@ def save_checkpoint(directory: Path, model: nn.Module, optimizer: torch.optim.Op
     A crash at any point leaves either the previous checkpoint or the new one, never a half-written folder.
     """
     if _is_distributed(grid):
-        import engine
+        from engine.checkpoint import save_checkpoint as save_sharded
 
-        engine.save_checkpoint(directory, model, optimizer, grid,
-                               extra_state=_trainer_state(scheduler, step, config), save_model=save_model)
+        save_sharded(directory, model, optimizer, grid, extra_state=_trainer_state(scheduler, step, config),
+                     save_model=save_model)
         return
     staging = directory.with_name(f".{directory.name}.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
@@ -330,14 +330,49 @@ _RESUME_MUST_MATCH = ("epochs", "batch_size", "grad_accum", "lr", "schedule", "w
                       "weight_decay", "beta1", "beta2", "max_grad_norm", "precision")
 
 
-def _load_trainer_state(directory: Path, optimizer: torch.optim.Optimizer,
-                        scheduler: torch.optim.lr_scheduler.LRScheduler, config: TrainConfig, total_steps: int) -> int:
-    """Restore optimizer, schedule and RNG from a checkpoint; the caller has already loaded the model weights."""
+def _resume(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+            scheduler: torch.optim.lr_scheduler.LRScheduler, config: TrainConfig, total_steps: int, grid: Any) -> int:
+    """Restore a checkpoint and return the step to continue from.
+
+    A serial checkpoint (written by a run with no grid or a grid of one rank) restores optimizer, schedule
+    and RNG; the caller has already loaded the model weights. A sharded engine checkpoint (written by a
+    parallel run) also restores the parameter shards, re-sharding them when this run's grid differs from
+    the saving run's, or loading them whole into a serial model.
+    """
+    from engine.checkpoint import is_engine_checkpoint, load_checkpoint
+
+    sharded = is_engine_checkpoint(directory)
+    if not _is_distributed(grid) and not sharded:
+        return _load_trainer_state(directory, optimizer, scheduler, config, total_steps)
+    if not sharded and (directory / TRAINER_STATE_FILE).exists():
+        raise ValueError(f"{directory} was written by a single-process run; a parallel run resumes only from a "
+                         "checkpoint written by a parallel run (resume it in one process, or start afresh from "
+                         "its model weights)")
+    _check_trainer_state(_read_trainer_state(directory), config, total_steps)
+    state = load_checkpoint(directory, model, optimizer, grid if _is_distributed(grid) else None)
+    _restore_trainer_state(state, optimizer, scheduler)
+    return int(state["step"])
+
+
+def _read_trainer_state(directory: Path) -> dict[str, Any]:
     path = directory / TRAINER_STATE_FILE
     if not path.exists():
         raise FileNotFoundError(f"{directory} is not a resumable checkpoint: {TRAINER_STATE_FILE} is missing "
                                 "(give the checkpoint/ folder that a training run wrote)")
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def _load_trainer_state(directory: Path, optimizer: torch.optim.Optimizer,
+                        scheduler: torch.optim.lr_scheduler.LRScheduler, config: TrainConfig, total_steps: int) -> int:
+    """Restore optimizer, schedule and RNG from a checkpoint; the caller has already loaded the model weights."""
+    state = _read_trainer_state(directory)
+    _check_trainer_state(state, config, total_steps)
+    _restore_trainer_state(state, optimizer, scheduler)
+    return int(state["step"])
+
+
+def _check_trainer_state(state: dict[str, Any], config: TrainConfig, total_steps: int) -> None:
+    """Refuse to resume with settings that would not reproduce the saved run's loss trajectory."""
     saved = state["config"]
     changed = [f"{key}: {saved.get(key)!r} -> {getattr(config, key)!r}" for key in _RESUME_MUST_MATCH
                if saved.get(key) != getattr(config, key)]
@@ -346,10 +381,14 @@ def _load_trainer_state(directory: Path, optimizer: torch.optim.Optimizer,
                          "reproduced): " + "; ".join(changed) + ". Use the settings of the original run.")
     if state["step"] > total_steps:
         raise ValueError(f"checkpoint is at step {state['step']} but this run has only {total_steps} steps")
+
+
+def _restore_trainer_state(state: dict[str, Any], optimizer: torch.optim.Optimizer,
+                           scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
+    """Optimizer (serial checkpoints carry it here), schedule and RNG."""
     if "optimizer" in state:
         optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     torch.random.set_rng_state(state["torch_rng"])
     if "cuda_rng" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda_rng"])
-    return int(state["step"])

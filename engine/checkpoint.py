@@ -1,0 +1,593 @@
+"""Sharded, atomic checkpoints of a parallelized model and its optimizer; re-sharding; consolidation.
+
+Layout of a checkpoint folder (next to whatever the caller's `save_model` writes there, e.g. an HF model):
+
+    engine_checkpoint.json            written by rank 0: format version, grid, step, the HF config, and for
+                                      every state-dict key how its tensor is sharded (see _Entry)
+    engine_shards/rank-NNNNN.safetensors
+                                      the tensor pieces rank NNNNN owns: "model/<key>" and
+                                      "optim/<param name>/<state key>" (AdamW exp_avg, exp_avg_sq, step)
+    engine_shards/rank-NNNNN.pt       every rank: its extra_state (e.g. its RNG) and the optimizer's groups
+    trainer_state.pt                  rank 0's extra_state (the training loop's TRAINER_STATE_FILE)
+
+Every tensor piece is written once: a ParallelLinear weight shard by the rank at data=0 with the same
+(x, y, z); a bias shard (replicated over the axis that splits the layer's input) by the rank at index 0 of
+that axis and data=0; replicated tensors (norms, embeddings, lm_head, AdamW's step) by rank 0.
+
+Atomicity: everything goes to a staging sibling folder; rank 0 renames it to the target only after
+every rank reported its files written, so a crash at any point leaves the previous checkpoint (the
+staging folder is never read). Loading at the same grid reads each rank's own pieces; at another grid
+(or into a plain serial model) each full tensor is rebuilt from the saved pieces and sharded again, one
+tensor at a time. `consolidate_checkpoint` merges the pieces into an ordinary HF checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from engine.grid import Grid, GridShape
+from engine.linear import ParallelLinear
+
+FORMAT = "goldfish-engine-checkpoint"
+VERSION = 1
+METADATA_FILE = "engine_checkpoint.json"
+SHARDS_DIR = "engine_shards"
+TRAINER_STATE_FILE = "trainer_state.pt"  # the name engine.train reads (kept equal to engine.train's)
+
+# Files of an HF model folder that consolidation writes itself rather than copying.
+_MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json", "generation_config.json")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be written or loaded (missing, incomplete, corrupt, or for another model)."""
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """How one state-dict key is stored.
+
+    kind: "replicated" (one full tensor, written by rank 0), "weight" or "bias" (ParallelLinear pieces),
+        or "alias" (the same tensor as key `alias_of`, e.g. a tied lm_head).
+    shape: the tensor's full shape in the SERIAL model (GPT-2 Conv1D weights are (in, out)).
+    mode, out_order, layout: the ParallelLinear's mode, output order (None = natural) and serial layout
+        ("linear" (out, in) or "conv1d" (in, out)); unused for replicated tensors.
+    """
+
+    kind: str
+    shape: tuple[int, ...]
+    dtype: str
+    mode: str = ""
+    out_order: tuple[int, ...] | None = None
+    layout: str = "linear"
+    alias_of: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["shape"] = list(self.shape)
+        out["out_order"] = None if self.out_order is None else list(self.out_order)
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "_Entry":
+        order = data.get("out_order")
+        return cls(kind=data["kind"], shape=tuple(data["shape"]), dtype=data["dtype"], mode=data.get("mode", ""),
+                   out_order=None if order is None else tuple(order), layout=data.get("layout", "linear"),
+                   alias_of=data.get("alias_of", ""))
+
+    def same_layout(self, other: "_Entry") -> bool:
+        return (self.kind, self.shape, self.mode, self.out_order, self.layout) == \
+            (other.kind, other.shape, other.mode, other.out_order, other.layout)
+
+
+# ----- describing a model -------------------------------------------------------------------------------
+
+def _axes(mode: str) -> tuple[str, str]:
+    """(axis splitting the layer's input features, axis splitting its output features)."""
+    return ("y", "x") if mode == "transposed" else ("x", "y")
+
+
+def _describe(model: nn.Module) -> tuple[dict[str, _Entry], dict[str, torch.Tensor], dict[str, ParallelLinear]]:
+    """Every state-dict key of `model` with its _Entry, its local tensor, and its ParallelLinear if any."""
+    layers: dict[str, ParallelLinear] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        if isinstance(module, ParallelLinear):
+            prefix = f"{name}." if name else ""
+            layers[f"{prefix}weight"] = module
+            if module.bias is not None:
+                layers[f"{prefix}bias"] = module
+    entries: dict[str, _Entry] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    first_key: dict[int, str] = {}
+    for key, tensor in model.state_dict(keep_vars=True).items():
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        tensors[key] = tensor
+        if id(tensor) in first_key:
+            entries[key] = _Entry("alias", tuple(tensor.shape), dtype, alias_of=first_key[id(tensor)])
+            continue
+        first_key[id(tensor)] = key
+        layer = layers.get(key)
+        if layer is None:
+            entries[key] = _Entry("replicated", tuple(tensor.shape), dtype)
+            continue
+        kind = "weight" if key.endswith("weight") else "bias"
+        shape = (layer.out_features, layer.in_features) if kind == "weight" else (layer.out_features,)
+        if kind == "weight" and layer.serial_layout == "conv1d":
+            shape = shape[::-1]
+        order = None if layer.out_order is None else tuple(int(i) for i in layer.out_order.tolist())
+        entries[key] = _Entry(kind, shape, dtype, layer.mode, order, layer.serial_layout)
+    return entries, tensors, layers
+
+
+def _owner(entry: _Entry, coords: dict[str, int], shape: GridShape) -> int:
+    """The rank whose shard file holds the piece that the rank at `coords` keeps of this entry."""
+    if entry.kind == "replicated":
+        return 0
+    owner = {"x": coords["x"], "y": coords["y"], "z": coords["z"], "data": 0}
+    if entry.kind == "bias":  # replicated over the axis that splits the input: its index 0 writes it
+        owner[_axes(entry.mode)[0]] = 0
+    return shape.rank(owner)
+
+
+def _param_names(model: nn.Module) -> dict[int, str]:
+    return {id(p): name for name, p in model.named_parameters()}
+
+
+# ----- saving -------------------------------------------------------------------------------------------
+
+def _shard_file(rank: int, suffix: str) -> str:
+    return f"{SHARDS_DIR}/rank-{rank:05d}.{suffix}"
+
+
+def _all_ok(ok: bool, grid: Grid) -> bool:
+    """True when every rank's `ok` is True (a collective over the whole world; free for one rank)."""
+    if grid.world_size == 1:
+        return ok
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=grid.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def _optimizer_layout(optimizer: torch.optim.Optimizer | None, model: nn.Module,
+                      entries: dict[str, _Entry]) -> tuple[dict[str, dict[str, str]], list[dict[str, Any]]]:
+    """Per parameter name, how each optimizer state value is stored ("like_param" = sharded exactly as the
+    parameter, "replicated" = one copy written by rank 0, "value" = a non-tensor kept in the .pt file), and
+    the optimizer's groups with parameter names instead of indices."""
+    if optimizer is None:
+        return {}, []
+    names = _param_names(model)
+    state_layout: dict[str, dict[str, str]] = {}
+    groups = []
+    for group in optimizer.param_groups:
+        group_names = []
+        for param in group["params"]:
+            if id(param) not in names:
+                raise CheckpointError("the optimizer holds a parameter that is not part of the model; build the "
+                                      "optimizer from model.parameters()")
+            name = names[id(param)]
+            group_names.append(name)
+            layout = {}
+            for key, value in optimizer.state.get(param, {}).items():
+                if isinstance(value, torch.Tensor) and value.shape == param.shape and value.dim() > 0:
+                    layout[key] = "like_param"
+                elif isinstance(value, torch.Tensor):
+                    layout[key] = "replicated"
+                else:
+                    layout[key] = "value"
+            if layout:
+                state_layout[name] = layout
+        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": group_names})
+    for name in state_layout:
+        if entries[name].kind == "alias":
+            raise CheckpointError(f"parameter {name} is an alias of {entries[name].alias_of} in the state dict")
+    return state_layout, groups
+
+
+def _hf_config(model: nn.Module) -> dict[str, Any] | None:
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_json_string"):
+        return None
+    data = json.loads(config.to_json_string(use_diff=False))
+    if not data.get("architectures"):
+        data["architectures"] = [type(model).__name__]
+    return data
+
+
+def _expected_files(entries: dict[str, _Entry], shape: GridShape) -> list[str]:
+    files = []
+    for rank in range(shape.world_size):
+        coords = shape.coords(rank)
+        if any(e.kind != "alias" and _owner(e, coords, shape) == rank for e in entries.values()):
+            files.append(_shard_file(rank, "safetensors"))
+        files.append(_shard_file(rank, "pt"))
+    return files
+
+
+def _write_own_files(staging: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, grid: Grid,
+                     extra_state: dict[str, Any]) -> dict[str, Any] | None:
+    """This rank's shard files, and on rank 0 the trainer state; rank 0 returns the metadata, which it writes
+    once every rank has written its files."""
+    entries, tensors, layers = _describe(model)
+    for key, layer in layers.items():
+        if layer.grid.shape != grid.shape:
+            raise CheckpointError(f"{key} is sharded on grid {layer.grid.shape}, not on the grid {grid.shape} given "
+                                  "to save_checkpoint")
+    state_layout, groups = _optimizer_layout(optimizer, model, entries)
+    owned: dict[str, torch.Tensor] = {}
+    values: dict[str, dict[str, Any]] = {}
+    for key, entry in entries.items():
+        if entry.kind != "alias" and _owner(entry, grid.coords, grid.shape) == grid.rank:
+            owned[f"model/{key}"] = tensors[key].detach().contiguous().cpu()
+    if optimizer is not None:
+        params = dict(model.named_parameters())
+        for name, layout in state_layout.items():
+            param_owner = _owner(entries[name], grid.coords, grid.shape)
+            for state_key, how in layout.items():
+                value = optimizer.state[params[name]][state_key]
+                if how == "value":
+                    values.setdefault(name, {})[state_key] = value
+                elif (param_owner if how == "like_param" else 0) == grid.rank:
+                    owned[f"optim/{name}/{state_key}"] = value.detach().contiguous().cpu()
+    (staging / SHARDS_DIR).mkdir(exist_ok=True)
+    if owned:
+        save_file(owned, str(staging / _shard_file(grid.rank, "safetensors")),
+                  metadata={"format": "pt", "rank": str(grid.rank)})
+    torch.save({"extra_state": extra_state, "optimizer_groups": groups, "optimizer_values": values},
+               staging / _shard_file(grid.rank, "pt"))
+    if grid.rank != 0:
+        return None
+    torch.save(extra_state, staging / TRAINER_STATE_FILE)
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "grid": asdict(grid.shape),
+        "step": extra_state.get("step"),
+        "model_class": type(model).__name__,
+        "hf_config": _hf_config(model),
+        "tensors": {key: entry.to_json() for key, entry in entries.items()},
+        "optimizer": None if optimizer is None else {"class": type(optimizer).__name__, "state": state_layout},
+        "files": _expected_files(entries, grid.shape),
+    }
+
+def save_checkpoint(directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, grid: Grid, *,
+                    extra_state: dict[str, Any], save_model: Callable[[nn.Module, Path], None] | None = None) -> Path:
+    """Write a sharded checkpoint of `model` and `optimizer` to `directory`, atomically. Collective: every rank
+    of the grid calls it with the same directory; the filesystem must be shared by all ranks.
+
+    save_model(model, folder) runs on EVERY rank with the staging folder (it may run collectives, e.g.
+    engine.full_state_dict; typically rank 0 then writes an ordinary HF model there). extra_state is each
+    rank's own small picklable state (step, scheduler, RNG); rank 0's also goes to trainer_state.pt. An
+    existing checkpoint at `directory` is replaced only once the new one is complete. Returns `directory`.
+    Raises CheckpointError on every rank when any rank fails to write its files.
+    """
+    directory = Path(directory)
+    if "step" in extra_state and not isinstance(extra_state["step"], int):
+        raise CheckpointError(f"extra_state['step'] must be an int, got {extra_state['step']!r}")
+    staging_name: list[Any] = [None]
+    if grid.rank == 0:
+        try:
+            staging = directory.with_name(f".{directory.name}.partial-{os.getpid()}")
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+            staging_name[0] = str(staging)
+        except OSError as error:
+            staging_name[0] = f"error: {error}"
+    if grid.world_size > 1:
+        dist.broadcast_object_list(staging_name, src=0, device=grid.device)
+    if staging_name[0] is None or staging_name[0].startswith("error: "):
+        raise CheckpointError(f"rank 0 could not create a staging folder next to {directory}: {staging_name[0]}")
+    staging = Path(staging_name[0])
+
+    failure: BaseException | None = None
+    metadata = None
+    try:
+        if save_model is not None:
+            save_model(model, staging)
+        metadata = _write_own_files(staging, model, optimizer, grid, extra_state)
+    except Exception as error:  # noqa: BLE001 - every rank must learn that the save failed, then it re-raises
+        failure = error
+    if not _all_ok(failure is None, grid):
+        if failure is not None:
+            raise failure
+        raise CheckpointError(f"another rank failed while writing the checkpoint {directory}; the previous "
+                              "checkpoint (if any) is intact")
+
+    published: BaseException | None = None
+    if grid.rank == 0:
+        try:
+            assert metadata is not None
+            missing = [f for f in metadata["files"] if not (staging / f).exists()]
+            if missing:
+                raise CheckpointError(
+                    f"rank 0 does not see the shard files {missing[:4]} that other ranks wrote into {staging}: the "
+                    "checkpoint directory must be on a filesystem shared by all ranks (e.g. the cluster's shared "
+                    "disk, not a node-local /tmp)")
+            # written last: a folder without it is no checkpoint, so a staging folder never loads
+            (staging / METADATA_FILE).write_text(json.dumps(metadata, indent=1))
+            from engine.train import replace_directory
+
+            replace_directory(staging, directory)
+        except Exception as error:  # noqa: BLE001
+            published = error
+    if not _all_ok(published is None, grid):
+        if published is not None:
+            raise published
+        raise CheckpointError(f"rank 0 could not publish the checkpoint {directory}")
+    return directory
+
+
+# ----- reading ------------------------------------------------------------------------------------------
+
+def is_engine_checkpoint(directory: str | Path) -> bool:
+    """True when `directory` holds a sharded engine checkpoint (its metadata file)."""
+    return (Path(directory) / METADATA_FILE).is_file()
+
+
+def _read_metadata(directory: Path) -> dict[str, Any]:
+    if not directory.is_dir():
+        raise CheckpointError(f"checkpoint {directory} does not exist; give the checkpoint folder a training run "
+                              "wrote (OUT/checkpoint)")
+    path = directory / METADATA_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{directory} is not a sharded engine checkpoint: {METADATA_FILE} is missing (an "
+                              "unfinished save leaves only a hidden .partial folder; give the last complete "
+                              "checkpoint folder)")
+    try:
+        metadata = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{path} is corrupt ({error}); restore the checkpoint from a copy") from None
+    if metadata.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not an engine checkpoint (format {metadata.get('format')!r})")
+    if metadata.get("version") != VERSION:
+        raise CheckpointError(f"{path} has format version {metadata.get('version')}, this engine reads version "
+                              f"{VERSION}; load it with the engine release that wrote it")
+    missing = [f for f in metadata["files"] if not (directory / f).is_file()]
+    if missing:
+        raise CheckpointError(f"checkpoint {directory} is incomplete: {', '.join(missing[:4])} missing; restore "
+                              "the missing shard files or use an earlier checkpoint")
+    return metadata
+
+
+class _Shards:
+    """Lazy reader of a checkpoint's safetensors shard files (opened once each)."""
+
+    def __init__(self, directory: Path, shape: GridShape, stack: ExitStack) -> None:
+        self.directory, self.shape, self.stack = directory, shape, stack
+        self.handles: dict[int, Any] = {}
+
+    def get(self, rank: int, key: str) -> torch.Tensor:
+        path = self.directory / _shard_file(rank, "safetensors")
+        try:
+            if rank not in self.handles:
+                self.handles[rank] = self.stack.enter_context(safe_open(str(path), framework="pt"))
+            return self.handles[rank].get_tensor(key)
+        except (SafetensorError, OSError) as error:
+            raise CheckpointError(f"cannot read tensor {key} from {path}: {error}; the shard file is corrupt or "
+                                  "incomplete, restore it or use an earlier checkpoint") from None
+
+    def full(self, entry: _Entry, key: str) -> torch.Tensor:
+        """The full tensor of `key` (a "model/..." or "optim/..." name) in the serial model's layout."""
+        if entry.kind == "replicated":
+            return self.get(0, key)
+        in_axis, out_axis = _axes(entry.mode)
+        n_in, n_out, n_z = self.shape.size(in_axis), self.shape.size(out_axis), self.shape.z
+        natural_shape = entry.shape[::-1] if entry.kind == "weight" and entry.layout == "conv1d" else entry.shape
+        rows = natural_shape[0] // (n_out * n_z)
+        cols = natural_shape[1] // n_in if entry.kind == "weight" else 0
+        stored = None
+        for a in range(n_in if entry.kind == "weight" else 1):
+            for b in range(n_out):
+                for z in range(n_z):
+                    piece = self.get(self.shape.rank({in_axis: a, out_axis: b, "z": z}), key)
+                    expected = (rows, cols) if entry.kind == "weight" else (rows,)
+                    if tuple(piece.shape) != expected:
+                        raise CheckpointError(f"{key} in the shard of {in_axis}={a}, {out_axis}={b}, z={z} has shape "
+                                              f"{list(piece.shape)}, the metadata implies {list(expected)}; the "
+                                              "checkpoint is corrupt")
+                    if stored is None:
+                        stored = piece.new_empty(natural_shape)
+                    block = b * n_z + z
+                    if entry.kind == "weight":
+                        stored[block * rows:(block + 1) * rows, a * cols:(a + 1) * cols] = piece
+                    else:
+                        stored[block * rows:(block + 1) * rows] = piece
+        assert stored is not None
+        natural = stored
+        if entry.out_order is not None:  # stored[i] = natural[out_order[i]]
+            natural = torch.empty_like(stored)
+            natural[torch.tensor(entry.out_order)] = stored
+        if entry.kind == "weight" and entry.layout == "conv1d":
+            natural = natural.t().contiguous()
+        return natural
+
+
+def _local_piece(full: torch.Tensor, entry: _Entry, layer: ParallelLinear | None) -> torch.Tensor:
+    """This rank's piece of a serial-layout full tensor for the current model's entry."""
+    if entry.kind == "replicated" or layer is None:
+        return full
+    if entry.kind == "weight":
+        return layer.shard_weight(full.t() if entry.layout == "conv1d" else full).contiguous()
+    return layer.shard_bias(full).contiguous()
+
+
+def _check_compatible(saved: dict[str, _Entry], current: dict[str, _Entry], directory: Path) -> None:
+    missing = sorted(set(current) - set(saved))
+    unexpected = sorted(set(saved) - set(current))
+    mismatched = [f"{k}: checkpoint {list(saved[k].shape)} vs model {list(current[k].shape)}"
+                  for k in current if k in saved and saved[k].shape != current[k].shape]
+    if missing or unexpected or mismatched:
+        parts = []
+        if missing:
+            parts.append(f"missing keys {missing[:5]}")
+        if unexpected:
+            parts.append(f"unexpected keys {unexpected[:5]}")
+        if mismatched:
+            parts.append("different shapes " + "; ".join(mismatched[:5]))
+        raise CheckpointError(f"checkpoint {directory} was written for another model ({', '.join(parts)}); build "
+                              "the model from the same config as the run that wrote it")
+
+
+@torch.no_grad()
+def load_checkpoint(directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                    grid: Grid | None = None) -> dict[str, Any]:
+    """Load a checkpoint written by save_checkpoint into `model` (and `optimizer`) in place; return extra_state.
+
+    model: built and parallelized for `grid` (any grid: the saved shards are re-sharded when it differs from
+        the saving grid), or a plain serial model with grid=None. No communication: every rank reads the
+        files it needs (at the same grid its own pieces; otherwise it rebuilds each full tensor, one at a
+        time, and keeps its piece).
+    optimizer: built over model.parameters() with the same parameter groups as when saving; receives the
+        saved state (AdamW exp_avg, exp_avg_sq, step, and the group settings such as the current lr).
+    Returns this rank's own extra_state when the grid is the saving grid, else rank 0's (trainer_state.pt).
+    Raises CheckpointError for a missing, incomplete or corrupt checkpoint and for another model's.
+    """
+    directory = Path(directory)
+    metadata = _read_metadata(directory)
+    saved_shape = GridShape(**metadata["grid"])
+    saved = {key: _Entry.from_json(data) for key, data in metadata["tensors"].items()}
+    current, tensors, layers = _describe(model)
+    _check_compatible(saved, current, directory)
+    same_grid = grid is not None and grid.shape == saved_shape
+    rank = grid.rank if same_grid else 0
+
+    with ExitStack() as stack:
+        shards = _Shards(directory, saved_shape, stack)
+
+        def local(key: str, stored_key: str, replicated: bool = False) -> torch.Tensor:
+            """This rank's piece of stored tensor `stored_key`, sharded like state-dict key `key` (or, with
+            `replicated`, the one full copy rank 0 wrote, e.g. AdamW's step)."""
+            entry, mine = saved[key], current[key]
+            if entry.kind == "alias":  # tied in the saving model: stored under the first key
+                entry = saved[entry.alias_of]
+            if replicated:
+                return shards.get(0, stored_key)
+            if same_grid and entry.same_layout(mine):
+                return shards.get(_owner(entry, grid.coords, saved_shape), stored_key)
+            return _local_piece(shards.full(entry, stored_key), mine, layers.get(key))
+
+        for key, target in tensors.items():
+            if current[key].kind == "alias":
+                continue
+            value = local(key, f"model/{saved[key].alias_of or key}")
+            if value.shape != target.shape:
+                raise CheckpointError(f"{key}: the piece read has shape {list(value.shape)}, the model expects "
+                                      f"{list(target.shape)}; the checkpoint is inconsistent with its metadata")
+            target.copy_(value)
+        if optimizer is not None:
+            _load_optimizer(directory, metadata, optimizer, model, local, rank)
+    record = _read_rank_record(directory, grid.rank if same_grid else 0)
+    return record["extra_state"] if same_grid else _load_pickle(directory / TRAINER_STATE_FILE)
+
+
+def _load_pickle(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing; the checkpoint is incomplete") from None
+    except Exception as error:  # noqa: BLE001 - unpickling raises many types on a damaged file
+        raise CheckpointError(f"cannot read {path} ({type(error).__name__}: {error}); the file is corrupt, restore "
+                              "it or use an earlier checkpoint") from None
+
+
+def _read_rank_record(directory: Path, rank: int) -> dict[str, Any]:
+    return _load_pickle(directory / _shard_file(rank, "pt"))
+
+
+def _load_optimizer(directory: Path, metadata: dict[str, Any], optimizer: torch.optim.Optimizer, model: nn.Module,
+                    local: Callable[..., torch.Tensor], rank: int) -> None:
+    saved = metadata.get("optimizer")
+    if saved is None:
+        raise CheckpointError(f"checkpoint {directory} holds no optimizer state; load it with optimizer=None")
+    if saved["class"] != type(optimizer).__name__:
+        raise CheckpointError(f"checkpoint {directory} holds {saved['class']} state, not {type(optimizer).__name__}")
+    record = _read_rank_record(directory, rank)
+    saved_groups, values = record["optimizer_groups"], record["optimizer_values"]
+    names = _param_names(model)
+    groups, state = [], {}
+    if len(saved_groups) != len(optimizer.param_groups):
+        raise CheckpointError(f"the optimizer has {len(optimizer.param_groups)} parameter groups, the checkpoint "
+                              f"{len(saved_groups)}; build the optimizer as the run that wrote it did")
+    index = 0
+    for number, (group, saved_group) in enumerate(zip(optimizer.param_groups, saved_groups)):
+        group_names = [names.get(id(p)) for p in group["params"]]
+        if group_names != saved_group["params"]:
+            raise CheckpointError(f"parameter group {number} of the optimizer holds other parameters than the "
+                                  "checkpoint's; build the optimizer as the run that wrote it did")
+        ids = []
+        for name in group_names:
+            layout = saved["state"].get(name, {})
+            param_state: dict[str, Any] = {}
+            for state_key, how in layout.items():
+                if how == "value":
+                    param_state[state_key] = values[name][state_key]
+                elif how == "like_param":
+                    param_state[state_key] = local(name, f"optim/{name}/{state_key}")
+                else:
+                    param_state[state_key] = local(name, f"optim/{name}/{state_key}", replicated=True)
+            if param_state:
+                state[index] = param_state
+            ids.append(index)
+            index += 1
+        groups.append({**{k: v for k, v in saved_group.items() if k != "params"}, "params": ids})
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+
+# ----- consolidation ------------------------------------------------------------------------------------
+
+def consolidate_checkpoint(directory: str | Path, out_dir: str | Path) -> Path:
+    """Merge a sharded checkpoint into an ordinary HF checkpoint folder and return it.
+
+    Writes out_dir/model.safetensors (full tensors, the serial model's key names and layouts, tied keys
+    included) and, when the saved model had an HF config, out_dir/config.json, so that
+    transformers.AutoModelForCausalLM.from_pretrained(out_dir) loads it without the engine. Other files of
+    the checkpoint folder that are not model weights (tokenizer files, run records) are copied. Runs in a
+    single process without torch.distributed; holds the full model in memory once.
+    """
+    directory, out_dir = Path(directory), Path(out_dir)
+    metadata = _read_metadata(directory)
+    if out_dir.resolve() == directory.resolve():
+        raise CheckpointError("consolidate_checkpoint needs an out_dir other than the checkpoint folder")
+    shape = GridShape(**metadata["grid"])
+    entries = {key: _Entry.from_json(data) for key, data in metadata["tensors"].items()}
+    state: dict[str, torch.Tensor] = {}
+    with ExitStack() as stack:
+        shards = _Shards(directory, shape, stack)
+        for key, entry in entries.items():
+            source = entry.alias_of or key
+            state[key] = shards.full(entries[source], f"model/{source}")
+    staging = out_dir.with_name(f".{out_dir.name}.partial-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for item in directory.iterdir():
+        if item.is_file() and item.name not in _MODEL_FILES and item.name not in (METADATA_FILE, TRAINER_STATE_FILE):
+            shutil.copy2(item, staging / item.name)
+    # safetensors refuses tensors that share memory: tied keys get their own copy
+    seen: set[int] = set()
+    for key, tensor in state.items():
+        if id(tensor) in seen:
+            state[key] = tensor.clone()
+        seen.add(id(tensor))
+    save_file({k: v.contiguous() for k, v in state.items()}, str(staging / "model.safetensors"),
+              metadata={"format": "pt"})
+    config = metadata.get("hf_config")
+    if config is not None:
+        (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    elif (directory / "config.json").is_file():
+        shutil.copy2(directory / "config.json", staging / "config.json")
+    from engine.train import replace_directory
+
+    replace_directory(staging, out_dir)
+    return out_dir

@@ -1,0 +1,398 @@
+"""Sharded checkpoints: exact resume at the same grid, re-sharding to other grids and world sizes, serial
+resume, consolidation into a plain HF checkpoint, atomicity under crashes, clear errors.
+
+Re-sharding itself only moves data, so it is checked bit-exactly: after save at one grid and load at
+another (or into a serial model), the full weights and the full AdamW states gathered with the engine's
+own gather equal the saving run's. Llama (grouped heads, biases) and GPT-2 (Conv1D layout, fused c_attn
+whose outputs the engine regroups per y rank) are both covered.
+
+Training reference: an uninterrupted engine.train run of a tiny HF Llama (float32) at grid x=2,y=2.
+
+Tolerance for resumes at another grid (or in one process): the loss is the same mathematical quantity but
+the float32 sums run in other orders (rows split over 2 or 4 ranks, partial products over x/y, gradient
+all-reduces over other groups), so each step differs from the reference by float32 rounding, ~1e-7
+relative, and AdamW's first updates (about lr * sign(g)) do not amplify it in 2 steps. Observed
+differences are below 1e-7 relative (4e-8); rel=1e-6 leaves a 25x margin, while restarting the optimizer
+from scratch on the loaded weights already changes the next loss by 4e-3 relative.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from distributed import RankFailure, run_distributed
+from engine.checkpoint import (
+    METADATA_FILE,
+    SHARDS_DIR,
+    CheckpointError,
+    consolidate_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from engine.grid import init
+from engine.linear import ParallelLinear
+from engine.parallelize import parallelize
+from engine.state import full_state_dict, sync_gradients
+from engine.train import StepLoss, TrainConfig, make_optimizer, train
+
+VOCAB, SEQ, N_EXAMPLES = 128, 12, 16
+CONFIG = TrainConfig(epochs=2, batch_size=8, lr=1e-2, warmup_steps=1, schedule="cosine", save_every=2,
+                     progress=False)  # 4 steps; checkpoints after steps 2 and 4
+RESHARD_TOL = 1e-6  # relative, see the module doc
+SAVE_GRID = {"x": 2, "y": 2}
+
+
+def llama_config():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+                       vocab_size=VOCAB, intermediate_size=128, max_position_embeddings=32, attention_bias=True)
+
+
+def llama(seed: int = 0):
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(llama_config())
+
+
+def examples() -> list[dict[str, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(7)
+    out = []
+    for _ in range(N_EXAMPLES):
+        ids = torch.randint(0, VOCAB, (SEQ,), generator=gen)
+        out.append({"input_ids": ids, "targets": torch.cat([ids[1:], torch.tensor([-100])])})
+    return out
+
+
+def gpt2(seed: int = 0):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_embd=64, n_head=4, n_layer=2, vocab_size=VOCAB, n_positions=32, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(seed)
+    return GPT2LMHeadModel(config)
+
+
+MODELS = {"llama": llama, "gpt2": gpt2}
+
+
+class _Crash(Exception):
+    pass
+
+
+def make_loss(crash_at_step: int | None = None):
+    def loss_fn(model, batch) -> StepLoss:
+        if crash_at_step is not None and int(batch["step"]) == crash_at_step:
+            raise _Crash  # on every rank, before any collective of that step
+        logits = model(input_ids=batch["input_ids"]).logits
+        targets = batch["targets"]
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum")
+        return StepLoss(loss_sum=loss, n_tokens=int((targets != -100).sum()))
+    return loss_fn
+
+
+def save_hf(grid):
+    """The lead's kind of save_model: gather the full weights (collective), rank 0 writes an HF model."""
+    def save(model, directory: Path) -> None:
+        from transformers import LlamaForCausalLM
+
+        state = full_state_dict(model, grid, rank0_only=True)
+        if grid.rank == 0:
+            plain = LlamaForCausalLM(llama_config())
+            plain.load_state_dict(state)
+            plain.save_pretrained(directory)
+    return save
+
+
+def run(shape: dict[str, int], out: Path | None, resume: Path | None = None, crash_at: int | None = None,
+        seed: int = 0) -> list[float]:
+    """engine.train on a fresh tiny Llama parallelized for `shape`; the losses of the steps it ran."""
+    grid = init(**shape)
+    try:
+        model = parallelize(llama(seed), grid)
+        try:
+            result = train(model, examples(), make_loss(crash_at), CONFIG, out_dir=out, grid=grid,
+                           resume_from=resume, save_model=save_hf(grid))
+        except _Crash:
+            return []
+        return [h["loss"] for h in result.history]
+    finally:
+        grid.close()
+
+
+def world4_runs(tmp: str) -> dict[str, list[float]]:
+    root = Path(tmp)
+    out = {"whole": run(SAVE_GRID, root / "whole")}
+    assert run(SAVE_GRID, root / "crashed", crash_at=2) == []  # dies in step 3; the step-2 checkpoint exists
+    resume = root / "crashed" / "checkpoint"
+    # fresh models from another seed: every weight must come from the checkpoint
+    out["same grid"] = run(SAVE_GRID, root / "resumed", resume=resume, seed=123)
+    out["data=2,x=2"] = run({"data": 2, "x": 2}, None, resume=resume, seed=123)
+    out["z=2,y=2"] = run({"z": 2, "y": 2}, None, resume=resume, seed=123)
+    return out
+
+
+def world2_runs(tmp: str) -> dict[str, list[float]]:
+    resume = Path(tmp) / "crashed" / "checkpoint"
+    return {"x=2": run({"x": 2}, None, resume=resume, seed=123),
+            "data=2": run({"data": 2}, None, resume=resume, seed=123)}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, dict[str, list[float]]]:
+    root = tmp_path_factory.mktemp("ckpt")
+    losses = run_distributed(4, world4_runs, str(root))[0]
+    return root, losses
+
+
+def test_resume_at_same_grid_is_exact(trained):
+    root, losses = trained
+    assert len(losses["whole"]) == 4
+    assert losses["same grid"] == losses["whole"][2:]  # bit-exact
+    assert sorted(p.name for p in root.joinpath("resumed").iterdir()) == ["checkpoint", "metrics.jsonl"]
+
+
+def test_resume_at_other_grids_of_world_4(trained):
+    _, losses = trained
+    for name in ("data=2,x=2", "z=2,y=2"):
+        assert losses[name] == pytest.approx(losses["whole"][2:], rel=RESHARD_TOL), name
+
+
+def test_resume_at_world_2(trained):
+    root, losses = trained
+    for name, resumed in run_distributed(2, world2_runs, str(root))[0].items():
+        assert resumed == pytest.approx(losses["whole"][2:], rel=RESHARD_TOL), name
+
+
+def test_resume_serially_from_sharded_checkpoint(trained):
+    root, losses = trained
+    torch.set_num_threads(1)
+    result = train(llama(seed=123), examples(), make_loss(), CONFIG, resume_from=root / "crashed" / "checkpoint")
+    assert [h["step"] for h in result.history] == [3, 4]
+    assert [h["loss"] for h in result.history] == pytest.approx(losses["whole"][2:], rel=RESHARD_TOL)
+
+
+def test_consolidated_checkpoint_loads_in_plain_transformers(trained, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    root, _ = trained
+    checkpoint = root / "whole" / "checkpoint"
+    merged = consolidate_checkpoint(checkpoint, tmp_path / "merged")
+    assert sorted(p.name for p in merged.iterdir()) == ["config.json", "model.safetensors"]
+    loaded = AutoModelForCausalLM.from_pretrained(merged)
+    # reference: the serial model with the full_state_dict weights that the save_model callback wrote
+    reference = AutoModelForCausalLM.from_pretrained(checkpoint)
+    assert loaded.state_dict().keys() == reference.state_dict().keys()
+    for key, value in reference.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+    ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=ids).logits, reference(input_ids=ids).logits)
+
+
+# ----- exact re-sharding of weights and optimizer state ----------------------------------------------------
+
+def trained_state(make_name: str, grid, steps: int = 2):
+    """A model parallelized for `grid` and its AdamW after `steps` steps (every state tensor non-trivial)."""
+    model = parallelize(MODELS[make_name](0), grid)
+    optimizer = make_optimizer(model, TrainConfig(lr=1e-2, weight_decay=0.1))
+    for step in range(steps):
+        ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(10 * grid.rank + step))
+        model(input_ids=ids, labels=ids).loss.backward()
+        sync_gradients(model, grid)
+        optimizer.step()
+        optimizer.zero_grad()
+    return model, optimizer
+
+
+def gathered(model, optimizer, grid) -> dict[str, torch.Tensor]:
+    """Full weights and full AdamW states under serial names (collective); {} off rank 0."""
+    out = {f"model/{k}": v for k, v in full_state_dict(model, grid).items()}
+    modules = dict(model.named_modules())
+    for name, param in model.named_parameters():
+        owner, _, attr = name.rpartition(".")
+        module = modules[owner]
+        for key, value in optimizer.state[param].items():
+            if isinstance(module, ParallelLinear) and value.dim() > 0:
+                value = module.gather_weight(value) if attr == "weight" else module.gather_bias(value)
+                if attr == "weight" and module.serial_layout == "conv1d":
+                    value = value.t()
+            out[f"optim/{name}/{key}"] = value.clone()
+    return out if grid.rank == 0 else {}
+
+
+def serial_gathered(model, optimizer) -> dict[str, torch.Tensor]:
+    out = {f"model/{k}": v for k, v in model.state_dict().items()}
+    for name, param in model.named_parameters():
+        for key, value in optimizer.state[param].items():
+            out[f"optim/{name}/{key}"] = value
+    return out
+
+
+def save_and_reshard(tmp: str, make_name: str, save_shape: dict[str, int], load_shapes: list[dict[str, int]]):
+    """Save at `save_shape` (if given), load into fresh models at each of `load_shapes`; the gathered states."""
+    directory = Path(tmp) / f"roundtrip-{make_name}"
+    out = {}
+    if save_shape:
+        with init(**save_shape) as grid:
+            model, optimizer = trained_state(make_name, grid)
+            out["saved"] = gathered(model, optimizer, grid)
+            save_checkpoint(directory, model, optimizer, grid, extra_state={"step": 2, "rank": grid.rank})
+    for shape in load_shapes:
+        with init(**shape) as grid:
+            model = parallelize(MODELS[make_name](seed=123), grid)
+            optimizer = make_optimizer(model, TrainConfig(lr=1e-2, weight_decay=0.1))
+            extra = load_checkpoint(directory, model, optimizer, grid)
+            same = shape == save_shape
+            assert extra == {"step": 2, "rank": grid.rank if same else 0}  # own record only at the same grid
+            out[str(shape)] = gathered(model, optimizer, grid)
+    return portable(out)
+
+
+def portable(states: dict) -> bytes:
+    """Tensors cross the process boundary by value (the result queue would share their memory otherwise)."""
+    buffer = io.BytesIO()
+    torch.save(states, buffer)
+    return buffer.getvalue()
+
+
+def unpack(data: bytes) -> dict:
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def assert_same_state(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], label: str) -> None:
+    assert a.keys() == b.keys(), label
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{label}: {key}"
+
+
+@pytest.mark.parametrize("make_name, save_shape", [("llama", {"x": 2, "y": 2}), ("gpt2", {"z": 2, "y": 2})])
+def test_resharding_is_exact(make_name, save_shape, tmp_path):
+    loads = [save_shape, {"data": 2, "x": 2}, {"z": 2, "x": 2}, {"x": 4}]
+    states = unpack(run_distributed(4, save_and_reshard, str(tmp_path), make_name, save_shape, loads)[0])
+    assert len(states["saved"]) > 4 * 2  # weights plus exp_avg, exp_avg_sq and step of each
+    for shape in loads:
+        assert_same_state(states["saved"], states[str(shape)], f"{make_name} loaded at {shape}")
+    at_world_2 = unpack(run_distributed(2, save_and_reshard, str(tmp_path), make_name, {}, [{"y": 2}, {"z": 2}])[0])
+    for label, state in at_world_2.items():
+        assert_same_state(states["saved"], state, f"{make_name} loaded at {label}")
+    # into a plain serial model and optimizer, no torch.distributed
+    torch.manual_seed(5)
+    model = MODELS[make_name](seed=123)
+    optimizer = make_optimizer(model, TrainConfig(lr=1e-2, weight_decay=0.1))
+    assert load_checkpoint(tmp_path / f"roundtrip-{make_name}", model, optimizer) == {"step": 2, "rank": 0}
+    assert_same_state(states["saved"], serial_gathered(model, optimizer), f"{make_name} serial")
+    assert optimizer.param_groups[0]["weight_decay"] == 0.1
+
+
+# ----- atomicity ------------------------------------------------------------------------------------------
+
+class _FailWhenPickled:
+    """Put into one rank's extra_state: that rank fails while writing its record, after its tensor shard."""
+
+    def __reduce__(self):
+        raise OSError("no space left on device (simulated)")
+
+
+class _DieWhenPickled:
+    """Put into one rank's extra_state: that rank's process dies mid-save, as in a node failure."""
+
+    def __reduce__(self):
+        os._exit(17)
+
+
+def failing_saves(tmp: str, hard: bool) -> str:
+    """Save at step 1, change the weights, then a save at step 2 in which rank 1 fails (or dies)."""
+    directory = Path(tmp) / "atomic" / "checkpoint"
+    with init(x=2) as grid:
+        model, optimizer = trained_state("llama", grid, steps=1)
+        if not hard:
+            save_checkpoint(directory, model, optimizer, grid, extra_state={"step": 1}, save_model=save_hf(grid))
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(1.0)
+        culprit = _DieWhenPickled() if hard else _FailWhenPickled()
+        extra = {"step": 2, "payload": culprit if grid.rank == 1 else None}
+        try:
+            save_checkpoint(directory, model, optimizer, grid, extra_state=extra, save_model=save_hf(grid))
+        except (CheckpointError, OSError) as error:  # every rank learns of the failure: no hang
+            return f"{type(error).__name__}: {error}"
+        return "saved"
+
+
+def check_old_checkpoint(directory: Path) -> None:
+    """The step-1 checkpoint is intact and loads (serially); the half-written staging folder does not."""
+    model = llama(seed=123)
+    optimizer = make_optimizer(model, TrainConfig(lr=1e-2, weight_decay=0.1))
+    assert load_checkpoint(directory, model, optimizer)["step"] == 1
+    from transformers import LlamaForCausalLM
+
+    hf = LlamaForCausalLM.from_pretrained(directory)  # the save_model output is the old one too
+    for key, value in hf.state_dict().items():
+        assert torch.equal(value, model.state_dict()[key]), key
+    staging = [p for p in directory.parent.iterdir() if p.name.startswith(".checkpoint.partial")]
+    assert len(staging) == 1
+    with pytest.raises(CheckpointError, match="incomplete|missing"):
+        load_checkpoint(staging[0], llama(seed=123), None)
+
+
+def test_failed_save_keeps_previous_checkpoint(tmp_path):
+    outcome = run_distributed(2, failing_saves, str(tmp_path), False)
+    assert outcome[0].startswith("CheckpointError: another rank failed")
+    assert outcome[1].startswith("OSError: no space left")
+    check_old_checkpoint(tmp_path / "atomic" / "checkpoint")
+
+
+def test_crash_mid_save_keeps_previous_checkpoint(tmp_path):
+    run_distributed(2, failing_saves, str(tmp_path), False)  # the step-1 checkpoint (and a failed save)
+    shutil.rmtree(next(p for p in (tmp_path / "atomic").iterdir() if p.name.startswith(".checkpoint.partial")))
+    with pytest.raises(RankFailure):
+        run_distributed(2, failing_saves, str(tmp_path), True, timeout=60)
+    check_old_checkpoint(tmp_path / "atomic" / "checkpoint")
+
+
+# ----- errors ---------------------------------------------------------------------------------------------
+
+def test_clear_errors(trained, tmp_path):
+    root, _ = trained
+    good = root / "crashed" / "checkpoint"
+    model = llama(seed=123)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint(tmp_path / "nowhere", model)
+    serial = tmp_path / "serial"
+    model.save_pretrained(serial)
+    with pytest.raises(CheckpointError, match=f"not a sharded engine checkpoint: {METADATA_FILE} is missing"):
+        load_checkpoint(serial, model)
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    other = LlamaForCausalLM(LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                                         num_hidden_layers=2, vocab_size=VOCAB, intermediate_size=128))
+    with pytest.raises(CheckpointError, match=r"another model .*different shapes model\.embed_tokens\.weight.*same "
+                                              "config"):
+        load_checkpoint(good, other)
+    optimizer = make_optimizer(model, TrainConfig())
+    optimizer.add_param_group({"params": [torch.nn.Parameter(torch.zeros(1))]})
+    with pytest.raises(CheckpointError, match="parameter groups"):
+        load_checkpoint(good, model, optimizer)
+
+    broken = tmp_path / "broken"
+    shutil.copytree(good, broken)
+    shard = next((broken / SHARDS_DIR).glob("*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:200])  # truncated
+    with pytest.raises(CheckpointError, match="corrupt"):
+        load_checkpoint(broken, model)
+    shard.unlink()
+    with pytest.raises(CheckpointError, match="incomplete"):
+        load_checkpoint(broken, model)
+    (broken / METADATA_FILE).write_text("{not json")
+    with pytest.raises(CheckpointError, match="corrupt"):
+        load_checkpoint(broken, model)
