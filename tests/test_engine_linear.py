@@ -18,7 +18,7 @@ from torch import nn
 from distributed import run_distributed
 from engine import comm
 from engine.grid import init
-from engine.linear import ParallelLinear, ShardingError
+from engine.linear import ParallelLinear
 
 TOL = {"rtol": 1e-10, "atol": 1e-10}
 IN, HID, OUT = 16, 24, 16  # divisible by every axis size and product of two axes up to 8

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from distributed import RankFailure, run_distributed
+from distributed import run_distributed
 from engine import comm
 from engine.grid import AXES, init
 from engine.linear import ParallelLinear, ShardingError
