@@ -182,8 +182,13 @@ def _optimizer_layout(optimizer: torch.optim.Optimizer | None, model: nn.Module,
             for key, value in optimizer.state.get(param, {}).items():
                 if isinstance(value, torch.Tensor) and value.shape == param.shape and value.dim() > 0:
                     layout[key] = "like_param"
+                elif isinstance(value, torch.Tensor) and (value.dim() == 0 or entries[name].kind == "replicated"):
+                    layout[key] = "replicated"  # a scalar (AdamW's step) or the state of a replicated parameter
                 elif isinstance(value, torch.Tensor):
-                    layout[key] = "replicated"
+                    raise CheckpointError(f"optimizer state {key!r} of {name} has shape {list(value.shape)}, neither "
+                                          f"the parameter's shard shape {list(param.shape)} nor a scalar: the engine "
+                                          "cannot shard it (optimizers with per-element state such as AdamW or SGD "
+                                          "are supported)")
                 else:
                     layout[key] = "value"
             if layout:
@@ -491,6 +496,38 @@ def load_checkpoint(directory: str | Path, model: nn.Module, optimizer: torch.op
     return record["extra_state"] if same_grid else _load_pickle(directory / TRAINER_STATE_FILE)
 
 
+@torch.no_grad()
+def load_serial_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load a SERIAL model's optimizer state dict (full tensors, e.g. a single-process run's checkpoint) into
+    the optimizer of the parallelized `model`: each rank keeps its shard of every per-element state.
+
+    The optimizer must be built over the parallelized model's parameters in the serial model's order
+    (engine.train.make_optimizer does so: parallelize keeps the parameter order). No communication.
+    """
+    entries, _, layers = _describe(model)
+    names = _param_names(model)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if len(state.get("param_groups", [])) != len(optimizer.param_groups):
+        raise CheckpointError(f"the optimizer has {len(optimizer.param_groups)} parameter groups, the saved state "
+                              f"{len(state.get('param_groups', []))}; build the optimizer as the run that wrote it did")
+    local: dict[int, dict[str, Any]] = {}
+    for index, param_state in state["state"].items():
+        if not 0 <= int(index) < len(params):
+            raise CheckpointError(f"the saved optimizer state has parameter index {index}, the optimizer only "
+                                  f"{len(params)} parameters; build the optimizer as the run that wrote it did")
+        name = names[id(params[int(index)])]
+        entry = entries[name]
+        local[int(index)] = {}
+        for key, value in param_state.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
+                if tuple(value.shape) != entry.shape:
+                    raise CheckpointError(f"optimizer state {key!r} of {name} has shape {list(value.shape)}, the "
+                                          f"model's parameter {list(entry.shape)}; the state belongs to another model")
+                value = _local_piece(value, entry, layers.get(name))
+            local[int(index)][key] = value
+    optimizer.load_state_dict({"state": local, "param_groups": state["param_groups"]})
+
+
 def _load_pickle(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
@@ -565,21 +602,17 @@ def consolidate_checkpoint(directory: str | Path, out_dir: str | Path) -> Path:
     state: dict[str, torch.Tensor] = {}
     with ExitStack() as stack:
         shards = _Shards(directory, shape, stack)
-        for key, entry in entries.items():
-            source = entry.alias_of or key
-            state[key] = shards.full(entries[source], f"model/{source}")
+        for key, entry in entries.items():  # an alias comes after the key it repeats
+            if entry.kind == "alias":  # tied weights: safetensors wants a copy of its own (from_pretrained re-ties)
+                state[key] = state[entry.alias_of].clone()
+            else:
+                state[key] = shards.full(entry, f"model/{key}")
     staging = out_dir.with_name(f".{out_dir.name}.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     for item in directory.iterdir():
         if item.is_file() and item.name not in _MODEL_FILES and item.name not in (METADATA_FILE, TRAINER_STATE_FILE):
             shutil.copy2(item, staging / item.name)
-    # safetensors refuses tensors that share memory: tied keys get their own copy
-    seen: set[int] = set()
-    for key, tensor in state.items():
-        if id(tensor) in seen:
-            state[key] = tensor.clone()
-        seen.add(id(tensor))
     save_file({k: v.contiguous() for k, v in state.items()}, str(staging / "model.safetensors"),
               metadata={"format": "pt"})
     config = metadata.get("hf_config")

@@ -335,21 +335,22 @@ def _resume(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
     """Restore a checkpoint and return the step to continue from.
 
     A serial checkpoint (written by a run with no grid or a grid of one rank) restores optimizer, schedule
-    and RNG; the caller has already loaded the model weights. A sharded engine checkpoint (written by a
-    parallel run) also restores the parameter shards, re-sharding them when this run's grid differs from
-    the saving run's, or loading them whole into a serial model.
+    and RNG; the caller has already loaded the model weights (a parallel run keeps its shards of the
+    optimizer state). A sharded engine checkpoint (written by a parallel run) also restores the parameter
+    shards, re-sharding them when this run's grid differs from the saving run's, or loading them whole
+    into a serial model.
     """
-    from engine.checkpoint import is_engine_checkpoint, load_checkpoint
+    from engine.checkpoint import is_engine_checkpoint, load_checkpoint, load_serial_optimizer_state
 
     sharded = is_engine_checkpoint(directory)
     if not _is_distributed(grid) and not sharded:
         return _load_trainer_state(directory, optimizer, scheduler, config, total_steps)
-    if not sharded and (directory / TRAINER_STATE_FILE).exists():
-        raise ValueError(f"{directory} was written by a single-process run; a parallel run resumes only from a "
-                         "checkpoint written by a parallel run (resume it in one process, or start afresh from "
-                         "its model weights)")
-    _check_trainer_state(_read_trainer_state(directory), config, total_steps)
-    state = load_checkpoint(directory, model, optimizer, grid if _is_distributed(grid) else None)
+    state = _read_trainer_state(directory)
+    _check_trainer_state(state, config, total_steps)
+    if sharded:
+        state = load_checkpoint(directory, model, optimizer, grid if _is_distributed(grid) else None)
+    else:  # a single-process run's checkpoint, continued in parallel: shard its full optimizer state
+        load_serial_optimizer_state(model, optimizer, state.pop("optimizer"))
     _restore_trainer_state(state, optimizer, scheduler)
     return int(state["step"])
 

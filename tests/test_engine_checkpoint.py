@@ -6,7 +6,9 @@ another (or into a serial model), the full weights and the full AdamW states gat
 own gather equal the saving run's. Llama (grouped heads, biases) and GPT-2 (Conv1D layout, fused c_attn
 whose outputs the engine regroups per y rank) are both covered.
 
-Training reference: an uninterrupted engine.train run of a tiny HF Llama (float32) at grid x=2,y=2.
+Training reference: an uninterrupted engine.train run of a tiny HF Llama (float32) at grid x=2,y=2, crashed
+after its step-2 checkpoint and resumed at the same grid, at other grids of 4 and 2 ranks, in one process;
+and a single-process run's checkpoint resumed at a grid of 2 ranks.
 
 Tolerance for resumes at another grid (or in one process): the loss is the same mathematical quantity but
 the float32 sums run in other orders (rows split over 2 or 4 ranks, partial products over x/y, gradient
@@ -113,11 +115,19 @@ def save_hf(grid):
 
 
 def run(shape: dict[str, int], out: Path | None, resume: Path | None = None, crash_at: int | None = None,
-        seed: int = 0) -> list[float]:
-    """engine.train on a fresh tiny Llama parallelized for `shape`; the losses of the steps it ran."""
+        seed: int = 0, serial_resume: bool = False) -> list[float]:
+    """engine.train on a fresh tiny Llama parallelized for `shape`; the losses of the steps it ran.
+
+    serial_resume: `resume` is a single-process run's checkpoint, whose weights the caller loads (as for a
+    serial resume) before parallelizing."""
     grid = init(**shape)
     try:
-        model = parallelize(llama(seed), grid)
+        model = llama(seed)
+        if serial_resume:
+            from transformers import LlamaForCausalLM
+
+            model.load_state_dict(LlamaForCausalLM.from_pretrained(resume).state_dict())
+        model = parallelize(model, grid)
         try:
             result = train(model, examples(), make_loss(crash_at), CONFIG, out_dir=out, grid=grid,
                            resume_from=resume, save_model=save_hf(grid))
@@ -143,7 +153,9 @@ def world4_runs(tmp: str) -> dict[str, list[float]]:
 def world2_runs(tmp: str) -> dict[str, list[float]]:
     resume = Path(tmp) / "crashed" / "checkpoint"
     return {"x=2": run({"x": 2}, None, resume=resume, seed=123),
-            "data=2": run({"data": 2}, None, resume=resume, seed=123)}
+            "data=2": run({"data": 2}, None, resume=resume, seed=123),
+            "from serial, y=2": run({"y": 2}, None, resume=Path(tmp) / "serial" / "checkpoint", seed=123,
+                                    serial_resume=True)}
 
 
 @pytest.fixture(scope="module")
@@ -166,8 +178,12 @@ def test_resume_at_other_grids_of_world_4(trained):
         assert losses[name] == pytest.approx(losses["whole"][2:], rel=RESHARD_TOL), name
 
 
-def test_resume_at_world_2(trained):
+def test_resume_at_world_2_and_from_a_serial_run(trained):
     root, losses = trained
+    torch.set_num_threads(1)
+    with pytest.raises(_Crash):  # a single-process run that saved at step 2, continued below at y=2
+        train(llama(), examples(), make_loss(crash_at_step=2), CONFIG, out_dir=root / "serial",
+              save_model=lambda model, directory: model.save_pretrained(directory))
     for name, resumed in run_distributed(2, world2_runs, str(root))[0].items():
         assert resumed == pytest.approx(losses["whole"][2:], rel=RESHARD_TOL), name
 
@@ -291,6 +307,14 @@ def test_resharding_is_exact(make_name, save_shape, tmp_path):
     assert load_checkpoint(tmp_path / f"roundtrip-{make_name}", model, optimizer) == {"step": 2, "rank": 0}
     assert_same_state(states["saved"], serial_gathered(model, optimizer), f"{make_name} serial")
     assert optimizer.param_groups[0]["weight_decay"] == 0.1
+    # consolidation (no save_model output in this folder: config.json comes from the recorded HF config)
+    from transformers import AutoModelForCausalLM
+
+    merged = consolidate_checkpoint(tmp_path / f"roundtrip-{make_name}", tmp_path / "merged")
+    plain = AutoModelForCausalLM.from_pretrained(merged)
+    assert type(plain) is type(model)
+    assert_same_state({k: v for k, v in states["saved"].items() if k.startswith("model/")},
+                      {f"model/{k}": v for k, v in plain.state_dict().items()}, f"{make_name} consolidated")
 
 
 # ----- atomicity ------------------------------------------------------------------------------------------
