@@ -29,7 +29,9 @@ gradients over "data", the norms of the layers and the final norm over "z+data" 
 lm_head over "world", in flat buckets of at most 2**24 elements; clip_grad_norm_ all-reduces one float64
 over "x+y+z".
 
-The FLOP and memory models are estimates (stated assumptions in their docstrings), not exact.
+The FLOP model counts matrix products (on a serial step it equals torch's FlopCounterMode, see
+tests/test_plan.py); the memory model is an estimate whose assumptions its docstring states (its parameter
+part is exact: tests/test_comm_model.py checks it against what each rank holds).
 """
 
 from __future__ import annotations
@@ -519,6 +521,28 @@ def memory_per_rank(shape: TransformerShape, grid: GridShape, *, rows_per_rank: 
     return MemoryEstimate(params, activations, transient,
                           {"sharded_params": sharded, "replicated_params": replicated,
                            "layer_activations": per_layer, "logits": logits})
+
+
+def rank_memory_traffic_per_step(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
+                                 act_bytes: int = 2, bytes_per_param: float = 16.0, grad_accum: int = 1,
+                                 recompute: bool = False) -> float:
+    """Bytes one rank moves through device memory per step in memory-bound (non-matmul) work: norms,
+    rotary, softmax, SiLU, residual adds, the loss, and the optimizer.
+
+    Estimate: every activation byte a layer keeps for backward (layer_activation_bytes, on the X*Y*R*S
+    tokens of the x*y group, so replicated work over x and y costs X*Y times) is written and read once in
+    forward and its gradient written and read, and the value read again, in backward: 5 passes (7 with
+    recomputation); the logits likewise. AdamW reads weight, gradient and both moments and writes three
+    of them: 7/4 x bytes_per_param per parameter this rank holds.
+    """
+    t = grid.size("x", "y") * rows_per_rank * seq
+    per_layer = layer_activation_bytes(shape, grid, tokens=t, act_bytes=act_bytes)
+    logits = rows_per_rank * seq * shape.vocab * (act_bytes + 8)
+    passes = 7 if recompute else 5
+    activations = grad_accum * passes * (shape.layers * per_layer + logits)
+    held = shape.layers * shape.layer_linear_params / grid.size("x", "y", "z") + shape.outside_params \
+        + shape.layers * shape.layer_norm_params
+    return activations + 1.75 * bytes_per_param * held
 
 
 def ordered_grids(world: int) -> list[GridShape]:

@@ -7,8 +7,9 @@ Run on every rank of a torchrun (or SLURM) world, e.g.
 For every group size p >= 2 and stride s (members s ranks apart) with p*s dividing the world, all groups of
 that shape run the collective AT ONCE, as the groups of one grid axis do in training, so links shared
 between groups show up in the timings. Each of all-reduce, all-gather and reduce-scatter is timed at a
-small message (latency) and a large one (bandwidth); the slowest rank counts. A GEMM is timed on every
-rank at once for the compute rate. The result is a MachineProfile whose measured entries the planner
+small message (latency) and a large one (bandwidth): each call starts after a barrier, the slowest rank
+counts, and the median call is kept (robust to a shared machine's noise). A GEMM is timed on every
+rank at once for the compute rate, and a large copy for the memory bandwidth. The result is a MachineProfile whose measured entries the planner
 uses directly, with intra-/inter-node figures fitted from them for placements that were not measured.
 """
 
@@ -48,12 +49,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _slowest(seconds: float, device: torch.device) -> float:
-    t = torch.tensor([seconds], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
-
-
 def _time_collective(kind: str, group: AxisGroup, n_bytes: int, dtype: torch.dtype, device: torch.device,
                      iters: int) -> float:
     """Seconds per call (slowest rank) of `kind` whose full tensor has about n_bytes; every rank calls."""
@@ -68,15 +63,23 @@ def _time_collective(kind: str, group: AxisGroup, n_bytes: int, dtype: torch.dty
     else:
         t = torch.ones(elements, dtype=dtype, device=device)
         run = lambda: comm.all_reduce(t, group)  # noqa: E731
-    for _ in range(2):
+    run()
+    return _median_call(run, device, iters)
+
+
+def _median_call(run, device: torch.device, iters: int) -> float:
+    """Median over `iters` calls of the slowest rank's seconds for one call of `run`, each call started
+    together after a barrier: robust to the scheduling noise of a shared machine."""
+    seconds = torch.empty(iters, dtype=torch.float64, device=device)
+    for i in range(iters):
+        _sync(device)
+        dist.barrier()
+        start = time.perf_counter()
         run()
-    _sync(device)
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(iters):
-        run()
-    _sync(device)
-    return _slowest((time.perf_counter() - start) / iters, device)
+        _sync(device)
+        seconds[i] = time.perf_counter() - start
+    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+    return float(seconds.median())
 
 
 def _gemm_tflops(dtype: torch.dtype, device: torch.device, n: int, iters: int) -> float:
@@ -84,14 +87,15 @@ def _gemm_tflops(dtype: torch.dtype, device: torch.device, n: int, iters: int) -
     a = torch.randn(n, n, dtype=dtype, device=device)
     b = torch.randn(n, n, dtype=dtype, device=device)
     a @ b
-    _sync(device)
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(iters):
-        a @ b
-    _sync(device)
-    seconds = _slowest((time.perf_counter() - start) / iters, device)
-    return 2 * n ** 3 / seconds / 1e12
+    return 2 * n ** 3 / _median_call(lambda: a @ b, device, iters) / 1e12
+
+
+def _memory_gbps(device: torch.device, n_bytes: int, iters: int) -> float:
+    """Device-memory bandwidth (GB/s read + written) of one rank copying a tensor while every rank copies."""
+    a = torch.ones(n_bytes // 4, dtype=torch.float32, device=device)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    return 2 * a.numel() * 4 / _median_call(lambda: b.copy_(a), device, iters) / 1e9
 
 
 def measure_profile(base: MachineProfile, *, small_bytes: int = 1 << 16, large_bytes: int = 1 << 26,
@@ -137,6 +141,7 @@ def measure_profile(base: MachineProfile, *, small_bytes: int = 1 << 16, large_b
                 entries.append(MeasuredCollective(kind, ranks, stride, seconds[small_bytes] / probe.ring_steps, gbps))
         n = gemm_size or (4096 if device.type == "cuda" else 512)
         tflops = _gemm_tflops(dtype, device, n, max(2, iters))
+        memory_gbps = _memory_gbps(device, (1 << 30) if device.type == "cuda" else (1 << 26), max(2, iters))
     finally:
         for handle in created:
             dist.destroy_process_group(handle)
@@ -144,7 +149,7 @@ def measure_profile(base: MachineProfile, *, small_bytes: int = 1 << 16, large_b
     if rank != 0:
         return None
     return fit_profile(base, entries, world=world, gpus_per_node=per_node, peak_tflops=tflops,
-                       memory_gib=_device_memory_gib(device, per_node, base))
+                       memory_gib=_device_memory_gib(device, per_node, base), memory_gbps=memory_gbps)
 
 
 def _device_memory_gib(device: torch.device, per_node: int, base: MachineProfile) -> float:
@@ -157,7 +162,7 @@ def _device_memory_gib(device: torch.device, per_node: int, base: MachineProfile
 
 
 def fit_profile(base: MachineProfile, entries: list[MeasuredCollective], *, world: int, gpus_per_node: int,
-                peak_tflops: float, memory_gib: float) -> MachineProfile:
+                peak_tflops: float, memory_gib: float, memory_gbps: float) -> MachineProfile:
     """A profile holding the measured entries, with link figures fitted from them (median over placements):
     intra-node GB/s from groups inside a node, inter-node GB/s of a whole node from groups that cross nodes
     (each measured figure times the number of groups sharing the node's NICs). Unmeasured kinds of link keep
@@ -177,9 +182,10 @@ def fit_profile(base: MachineProfile, entries: list[MeasuredCollective], *, worl
     nodes = max(1, world // gpus_per_node)
     return replace(
         probe, name=f"measured-{socket.gethostname()}",
-        description=f"measured on {nodes} node(s) x {gpus_per_node} ranks; peak_tflops is the measured GEMM rate "
-                    f"with every rank busy; link figures not measured come from {base.name}",
-        gpu_memory_gib=memory_gib, peak_tflops=peak_tflops, intra_node_gbps=intra_gbps, inter_node_gbps=inter_gbps,
+        description=f"measured on {nodes} node(s) x {gpus_per_node} ranks; peak_tflops and memory_gbps are the "
+                    f"measured GEMM and copy rates with every rank busy; link figures not measured come from {base.name}",
+        gpu_memory_gib=memory_gib, peak_tflops=peak_tflops, memory_gbps=memory_gbps,
+        intra_node_gbps=intra_gbps, inter_node_gbps=inter_gbps,
         intra_latency_s=statistics.median(intra_lat) if intra_lat else base.intra_latency_s,
         inter_latency_s=statistics.median(inter_lat) if inter_lat else base.inter_latency_s,
         sources=(f"engine.measure on {world} ranks", *base.sources), measured=tuple(entries))

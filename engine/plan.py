@@ -8,6 +8,8 @@ For each ordered factorisation of the GPU count it
    for each setting allowed, the fewest micro-batches that fit the memory estimate
    (engine.cost_model.memory_per_rank), keeping the faster of the two; grids that never fit are rejected;
 3. predicts the step time = compute (FLOPs one GPU runs, at a stated fraction of the profile's peak)
+   + memory-bound work (bytes of non-matmul work and optimizer over the device memory bandwidth, which
+   charges the engine's replication of norms and elementwise work over x and y)
    + communication (every collective of engine.cost_model.llama_step_collectives, over the bandwidth its
    group gets on the machine given the rank placement, see engine.profiles). Overlap is not modelled:
    the prediction is an upper bound that ranks grids, as in the AxoNN paper.
@@ -37,6 +39,7 @@ from engine.cost_model import (
     model_flops_per_token,
     ordered_grids,
     rank_flops_per_step,
+    rank_memory_traffic_per_step,
 )
 from engine.grid import GridShape
 from engine.profiles import PROFILES, MachineProfile, group_stride, load_profile
@@ -90,6 +93,7 @@ class GridPlan:
     rows_per_micro_batch: int = 0
     step_s: float = math.inf
     compute_s: float = 0.0
+    memory_s: float = 0.0
     comm_s: float = 0.0
     comm_s_by_group: dict[str, float] = field(default_factory=dict)
     bytes_by_group: dict[str, int] = field(default_factory=dict)
@@ -101,7 +105,8 @@ class GridPlan:
         out = {"grid": {"data": g.data, "x": g.x, "y": g.y, "z": g.z}, "feasible": self.feasible,
                "reason": self.reason, "grad_accum": self.grad_accum, "checkpointing": self.recompute,
                "rows_per_micro_batch": self.rows_per_micro_batch,
-               "step_s": self.step_s if self.feasible else None, "compute_s": self.compute_s, "comm_s": self.comm_s,
+               "step_s": self.step_s if self.feasible else None, "compute_s": self.compute_s,
+               "memory_s": self.memory_s, "comm_s": self.comm_s,
                "comm_s_by_group": self.comm_s_by_group, "bytes_by_group": self.bytes_by_group, "mfu": self.mfu}
         if self.memory is not None:
             out["memory_gib"] = {"params": self.memory.params / GIB, "activations": self.memory.activations / GIB,
@@ -131,11 +136,15 @@ def step_prediction(request: PlanRequest, grid: GridShape, grad_accum: int, reco
     flops = rank_flops_per_step(request.shape, grid, rows_per_rank=rows, seq=request.seq, grad_accum=grad_accum,
                                 recompute=recompute)
     compute = flops / (profile.peak_tflops * 1e12 * request.compute_efficiency)
+    traffic = rank_memory_traffic_per_step(request.shape, grid, rows_per_rank=rows, seq=request.seq,
+                                           act_bytes=request.dtype_bytes, bytes_per_param=request.bytes_per_param,
+                                           grad_accum=grad_accum, recompute=recompute)
+    memory_s = traffic / (profile.memory_gbps * 1e9)
     comm = sum(comm_by_group.values())
-    step = compute + comm
+    step = compute + memory_s + comm
     useful = model_flops_per_token(request.shape, request.seq) * request.global_batch * request.seq
     mfu = useful / (step * request.gpus * profile.peak_tflops * 1e12)
-    return GridPlan(grid, True, "", grad_accum, recompute, rows, step, compute, comm, comm_by_group,
+    return GridPlan(grid, True, "", grad_accum, recompute, rows, step, compute, memory_s, comm, comm_by_group,
                     bytes_by_group(collectives), None, mfu)
 
 
@@ -205,14 +214,15 @@ def format_table(request: PlanRequest, plans: list[GridPlan], top: int = 20) -> 
              f"{len(plans)} grids: {len(feasible)} feasible, {len(rejected)} rejected",
              ""]
     header = (f"{'rank':>4} {'data':>5} {'x':>4} {'y':>4} {'z':>4} {'accum':>5} {'ckpt':>4} {'step s':>9} {'compute':>9} "
-              f"{'comm':>9} {'mem GiB':>8} {'MFU':>6}  bytes sent per GPU by group")
+              f"{'memory':>9} {'comm':>9} {'mem GiB':>8} {'MFU':>6}  bytes sent per GPU by group")
     lines.append(header)
     for i, p in enumerate(feasible[:top], 1):
         g = p.grid
         traffic = ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in sorted(p.bytes_by_group.items(), key=lambda kv: -kv[1]))
-        lines.append(f"{i:>4} {g.data:>5} {g.x:>4} {g.y:>4} {g.z:>4} {p.grad_accum:>5} {'yes' if p.recompute else 'no':>4} "
-                     f"{p.step_s:>9.4g} "
-                     f"{p.compute_s:>9.4g} {p.comm_s:>9.4g} {p.memory.total / GIB:>8.1f} {p.mfu:>6.1%}  {traffic}")
+        ckpt = "yes" if p.recompute else "no"
+        lines.append(f"{i:>4} {g.data:>5} {g.x:>4} {g.y:>4} {g.z:>4} {p.grad_accum:>5} {ckpt:>4} {p.step_s:>9.4g} "
+                     f"{p.compute_s:>9.4g} {p.memory_s:>9.4g} {p.comm_s:>9.4g} {p.memory.total / GIB:>8.1f} "
+                     f"{p.mfu:>6.1%}  {traffic}")
     if not feasible:
         lines.append("(no grid fits)")
         best = min((p for p in rejected if p.memory is not None), key=lambda p: p.memory.total, default=None)

@@ -54,6 +54,7 @@ class MachineProfile:
     peak_tflops: float  # dense bf16 tensor-core peak per GPU (per GCD on Frontier)
     intra_node_gbps: float  # one direction, what one GPU's ring edge to a peer in the node gets
     inter_node_gbps: float  # one direction, all NICs of one node together
+    memory_gbps: float = 1000.0  # device memory (HBM) bandwidth per GPU, GB/s: bounds non-matmul work
     package_size: int = 1  # GPUs sharing a faster in-package link (the two GCDs of an MI250X)
     package_gbps: float = 0.0
     intra_latency_s: float = 5e-6
@@ -65,7 +66,7 @@ class MachineProfile:
         if self.gpus_per_node < 1 or self.package_size < 1 or self.gpus_per_node % self.package_size:
             raise ValueError(f"profile {self.name}: gpus_per_node ({self.gpus_per_node}) must be a positive "
                              f"multiple of package_size ({self.package_size})")
-        for f in ("gpu_memory_gib", "peak_tflops", "intra_node_gbps", "inter_node_gbps"):
+        for f in ("gpu_memory_gib", "peak_tflops", "intra_node_gbps", "inter_node_gbps", "memory_gbps"):
             if not getattr(self, f) > 0:
                 raise ValueError(f"profile {self.name}: {f} must be > 0, got {getattr(self, f)!r}")
 
@@ -118,40 +119,41 @@ class MachineProfile:
 PROFILES: dict[str, MachineProfile] = {
     "perlmutter": MachineProfile(
         name="perlmutter", description="NERSC Perlmutter GPU node: 4 x NVIDIA A100-SXM4 40GB",
-        gpus_per_node=4, gpu_memory_gib=40.0, peak_tflops=312.0,
+        gpus_per_node=4, gpu_memory_gib=40.0, peak_tflops=312.0, memory_gbps=1555.0,
         # NVLink 3: 12 links of 25 GB/s per direction per A100; on Perlmutter every pair of the 4 GPUs is joined
         # by 4 links, so a ring edge gets 4 x 25 = 100 GB/s
         intra_node_gbps=100.0, inter_node_gbps=100.0, intra_latency_s=5e-6, inter_latency_s=1e-5,
         sources=("AxoNN paper summary (seed 000): 4 Slingshot 11 NICs x 25 GB/s, A100 40GB, 312 Tflop/s bf16",
                  "NERSC Perlmutter architecture docs: 4 NVLink 3 links between each pair of A100s",
-                 "NVIDIA A100 datasheet: NVLink 3 at 25 GB/s per link per direction")),
+                 "NVIDIA A100 datasheet: NVLink 3 at 25 GB/s per link per direction, 1555 GB/s HBM2 (40GB)")),
     "frontier": MachineProfile(
         name="frontier", description="OLCF Frontier node: 4 x AMD MI250X = 8 GCDs of 64 GB",
-        gpus_per_node=8, gpu_memory_gib=64.0, peak_tflops=191.5,
+        gpus_per_node=8, gpu_memory_gib=64.0, peak_tflops=191.5, memory_gbps=1638.0,
         # the two GCDs of one MI250X: 4 Infinity Fabric links, 200 GB/s per direction; GCDs of different
         # MI250X: 1 or 2 links, 50-100 GB/s: a ring over the node is held to the 50 GB/s edges
         intra_node_gbps=50.0, inter_node_gbps=100.0, package_size=2, package_gbps=200.0,
         intra_latency_s=1e-5, inter_latency_s=2e-5,
         sources=("AxoNN paper summary (seed 000): MI250X 128 GB as two 64 GB GCDs, 4 Slingshot 11 NICs x 25 GB/s",
                  "OLCF Frontier user guide: GCD-GCD in-package 200 GB/s, across packages 50-100 GB/s",
-                 "AMD MI250X datasheet: 383 Tflop/s dense bf16 per MI250X = 191.5 per GCD")),
+                 "AMD MI250X datasheet: 383 Tflop/s dense bf16 and 3.2768 TB/s HBM2e per MI250X, half per GCD")),
     "alps": MachineProfile(
         name="alps", description="CSCS Alps node: 4 x NVIDIA GH200 (H100 with 96 GB HBM3)",
-        gpus_per_node=4, gpu_memory_gib=96.0, peak_tflops=989.0,
+        gpus_per_node=4, gpu_memory_gib=96.0, peak_tflops=989.0, memory_gbps=4000.0,
         # NVLink 4: 18 links of 25 GB/s per direction per H100; the 4 GH200 of a node are fully connected,
         # 6 links per pair = 150 GB/s per ring edge
         intra_node_gbps=150.0, inter_node_gbps=100.0, intra_latency_s=5e-6, inter_latency_s=1e-5,
         sources=("AxoNN paper summary (seed 000): GH200 with 96 GB per H100, 4 Slingshot 11 NICs x 25 GB/s",
                  "NVIDIA H100 SXM datasheet: 989 Tflop/s dense bf16, 18 NVLink 4 links (450 GB/s per direction)",
-                 "CSCS Alps docs: 4 GH200 per node, all-to-all NVLink")),
+                 "CSCS Alps docs: 4 GH200 per node, all-to-all NVLink",
+                 "NVIDIA GH200 datasheet: 96 GB HBM3 at 4 TB/s")),
     "dgx-h100": MachineProfile(
         name="dgx-h100", description="NVIDIA DGX H100: 8 x H100-SXM5 80GB on NVSwitch, 8 x 400 Gb/s NICs",
-        gpus_per_node=8, gpu_memory_gib=80.0, peak_tflops=989.0,
+        gpus_per_node=8, gpu_memory_gib=80.0, peak_tflops=989.0, memory_gbps=3350.0,
         # NVSwitch gives every GPU its full 450 GB/s per direction; 8 ConnectX-7 at 400 Gb/s = 50 GB/s each
         intra_node_gbps=450.0, inter_node_gbps=400.0, intra_latency_s=5e-6, inter_latency_s=1e-5,
         sources=("NVIDIA DGX H100 datasheet: 8 H100 80GB, 900 GB/s bidirectional NVLink per GPU, "
                  "8 x 400 Gb/s ConnectX-7",
-                 "NVIDIA H100 SXM datasheet: 989 Tflop/s dense bf16")),
+                 "NVIDIA H100 SXM datasheet: 989 Tflop/s dense bf16, 3.35 TB/s HBM3")),
 }
 
 

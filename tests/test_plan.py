@@ -168,7 +168,13 @@ def test_pure_data_parallel_prediction_hand_computed() -> None:
     flops = 3 * (2 * 4 * 128 * shape.layers * shape.layer_linear_params + 4 * 4 * 128 * 128 * shape.layers * 256) \
         + 6 * 4 * 128 * 1000 * 256
     assert plan.compute_s == pytest.approx(flops / (989e12 * 0.5))
-    assert plan.step_s == pytest.approx(plan.compute_s + plan.comm_s)
+    # memory-bound work: 5 passes over each layer's kept activations (norms 2 x (4 + 2) x hidden, the shared
+    # q/k/v and gate/up inputs 2 x 2 x hidden, attention 2 x (3 x 4 + 2 x 4) x 64, MLP 2 x 4 x 512 bytes per
+    # token) and the logits (2 + 8 bytes each), plus AdamW's 1.75 x 16 bytes per parameter
+    per_layer = 512 * (2 * 6 * 256 + 2 * 2 * 256 + 2 * 20 * 64 + 2 * 4 * 512)
+    traffic = 5 * (2 * per_layer + 512 * 1000 * 10) + 28 * shape.n_params
+    assert plan.memory_s == pytest.approx(traffic / (profile.memory_gbps * 1e9))
+    assert plan.step_s == pytest.approx(plan.compute_s + plan.memory_s + plan.comm_s)
 
 
 def test_planner_ranks_feasible_grids_and_explains_rejections() -> None:
