@@ -455,8 +455,10 @@ def load_checkpoint(directory: str | Path, model: nn.Module, optimizer: torch.op
         time, and keeps its piece).
     optimizer: built over model.parameters() with the same parameter groups as when saving; receives the
         saved state (AdamW exp_avg, exp_avg_sq, step, and the group settings such as the current lr).
-    Returns this rank's own extra_state when the grid is the saving grid, else rank 0's (trainer_state.pt).
-    Raises CheckpointError for a missing, incomplete or corrupt checkpoint and for another model's.
+    Returns this rank's own extra_state when the grid is the saving grid, else rank 0's (as in
+    trainer_state.pt). Raises CheckpointError for a missing, incomplete or corrupt checkpoint and for
+    another model's (checked before anything is loaded; a shard found corrupt while loading can leave the
+    model partly loaded: build it again before retrying).
     """
     directory = Path(directory)
     metadata = _read_metadata(directory)
@@ -492,8 +494,7 @@ def load_checkpoint(directory: str | Path, model: nn.Module, optimizer: torch.op
             target.copy_(value)
         if optimizer is not None:
             _load_optimizer(directory, metadata, optimizer, model, local, rank)
-    record = _read_rank_record(directory, grid.rank if same_grid else 0)
-    return record["extra_state"] if same_grid else _load_pickle(directory / TRAINER_STATE_FILE)
+    return _read_rank_record(directory, rank)["extra_state"]
 
 
 @torch.no_grad()
