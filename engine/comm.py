@@ -113,6 +113,20 @@ def chunk(t: torch.Tensor, group: AxisGroup, dim: int = 0) -> torch.Tensor:
     return t.chunk(group.size, dim=dim)[group.rank]
 
 
+def exchange_ints(values: list[int], group: AxisGroup, device: torch.device) -> list[list[int]]:
+    """Every rank's list of small integers (same length on all ranks), in group-rank order.
+
+    A control message (shapes, flags) for decisions every rank of the group must take alike; it is not
+    counted by the ByteCounter, which measures data.
+    """
+    mine = torch.tensor(values, dtype=torch.int64, device=device)
+    if group.size == 1:
+        return [values]
+    out = torch.empty(group.size * mine.numel(), dtype=torch.int64, device=device)
+    _all_gather_single(out, mine, group=group.group)
+    return out.reshape(group.size, -1).tolist()
+
+
 def all_reduce_coalesced(tensors: list[torch.Tensor], group: AxisGroup) -> None:
     """Sum each tensor of `tensors` over the group IN PLACE, with one collective per dtype (flattened buffer)."""
     if group.size == 1 or not tensors:

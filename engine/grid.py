@@ -120,7 +120,8 @@ class ByteCounter:
 
     Counts follow the ring model of each collective for this rank: an all-reduce of n bytes over p ranks
     sends 2 n (p-1)/p, an all-gather or reduce-scatter whose full tensor has n bytes sends n (p-1)/p.
-    Keys are group names such as "x", "y", "x+y" or "data".
+    Keys are group names such as "x", "y", "x+y" or "data". Control messages of a few integers
+    (comm.exchange_ints) are not counted.
     """
 
     enabled: bool = False

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch.nn.modules.linear import Linear as _TorchLinear  # the real class, even while auto_parallelize runs
 
+from engine import comm
 from engine.functional import gather_from_group, split_to_group
 from engine.grid import Grid
 from engine.linear import ParallelLinear, ShardingError
@@ -181,6 +182,46 @@ def _own_rows(value: Any, n_rows: int, group) -> Any:
     return value
 
 
+def _agree_on_row_inputs(arguments: dict, n_rows: int, seq_len: int, group, device: torch.device) -> None:
+    """Make the attention mask and position ids distributable alike on every rank of the x*y group.
+
+    Ranks may legitimately differ (HF generate drops an all-ones mask on one rank and keeps a padded
+    one on another), but the row gathers are collectives: one small exchange of shapes decides for all.
+    A rank without a 2-D mask uses all ones (what no mask means); without position ids, the default
+    positions after the cache; broadcast (1, ...) tensors are expanded when another rank has per-row ones.
+    """
+    mask, positions = arguments.get("attention_mask"), arguments.get("position_ids")
+    cache = arguments.get("past_key_values")
+    past = cache.get_seq_length() if cache is not None and hasattr(cache, "get_seq_length") else 0
+    mine = [n_rows, seq_len, int(mask is not None), mask.dim() if mask is not None else 0,
+            mask.shape[-1] if mask is not None else 0, mask.shape[0] if mask is not None else 0,
+            int(positions is not None), positions.shape[0] if positions is not None else 0]
+    everyone = comm.exchange_ints(mine, group, device)
+    if any(r[:2] != [n_rows, seq_len] for r in everyone):
+        raise ShardingError(f"every rank of an x*y group must feed the same number of rows and tokens; got "
+                            f"(rows, tokens) {[tuple(r[:2]) for r in everyone]} on ranks {list(group.ranks)}")
+    if any(r[2] for r in everyone):
+        if not all(r[2] for r in everyone) and any(r[2] and r[3] != 2 for r in everyone):
+            raise ShardingError("some ranks of an x*y group pass a 4-D attention mask and others none; pass "
+                                "masks on every rank")
+        if mask is None:
+            mask = torch.ones(n_rows, max(r[4] for r in everyone), dtype=torch.long, device=device)
+        elif mask.dim() == 2:
+            mask = mask.long()  # one dtype on every rank for the gather (HF accepts long 2-D masks)
+        if not _broadcast_everywhere(everyone, 2, 5, n_rows):
+            arguments["attention_mask"] = mask.expand(n_rows, *mask.shape[1:])
+    if any(r[6] for r in everyone):
+        if positions is None:
+            positions = torch.arange(past, past + seq_len, device=device).unsqueeze(0)
+        if not _broadcast_everywhere(everyone, 6, 7, n_rows):
+            arguments["position_ids"] = positions.expand(n_rows, *positions.shape[1:])
+
+
+def _broadcast_everywhere(everyone: list[list[int]], present: int, first_dim: int, n_rows: int) -> bool:
+    """True when every rank passes the input with a batch dim of 1 that broadcasts over its rows."""
+    return n_rows > 1 and all(r[present] and r[first_dim] == 1 for r in everyone)
+
+
 _STACK_ROW_INPUTS = ("attention_mask", "position_ids")
 _STACK_PASS_THROUGH = ("past_key_values", "use_cache", "cache_position", "kwargs", "return_dict",
                        "output_attentions", "output_hidden_states")
@@ -208,6 +249,7 @@ def _install_stack_hooks(stack: nn.Module, grid: Grid) -> None:
             arguments["input_ids"] = None
         n_rows = embeds.shape[0]
         module._engine_rows = n_rows
+        _agree_on_row_inputs(arguments, n_rows, embeds.shape[1], group, embeds.device)
         arguments["inputs_embeds"] = gather_from_group(embeds, group, 0)
         for key, value in list(arguments.items()):
             if key in ("input_ids", "inputs_embeds"):

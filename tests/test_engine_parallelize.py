@@ -329,3 +329,47 @@ def test_autocast_bf16_llama() -> None:
     loss.backward()
     ref = {"loss": loss.item(), "grads": {n: p.grad.clone() for n, p in model.named_parameters()}}
     run_distributed(4, _autocast_llama, ref)
+
+
+def _generate(shape: tuple[int, int, int, int]) -> bool:
+    """Greedy generation on each rank's own prompts equals the serial model's. HF generate keeps a padded
+    attention mask on some ranks and drops an all-ones one on others, and ranks finish at different
+    steps (synced_gpus keeps them stepping together): both must not break the x*y row gathers."""
+    grid = init(*shape)
+    serial = llama()
+    serial.generation_config.pad_token_id = 0
+    model = parallelize(copy.deepcopy(serial), grid)
+    prompts = torch.randint(0, VOCAB, (grid.world_size * 2, 6), generator=torch.Generator().manual_seed(3))
+    mine = slice(grid.rank * 2, (grid.rank + 1) * 2)
+    expected = serial.generate(prompts, max_new_tokens=5, do_sample=False)[mine]
+    got = model.generate(prompts[mine], max_new_tokens=5, do_sample=False, synced_gpus=True)
+    grid.close()
+    return torch.equal(expected, got)
+
+
+def test_generate_matches_serial() -> None:
+    assert run_distributed(4, _generate, (1, 2, 2, 1)) == [True] * 4
+
+
+def _mixed_inputs() -> str:
+    """One rank passes no attention mask, the other a padded one; then the ranks feed different row counts."""
+    grid = init(x=2)
+    serial = llama()
+    model = parallelize(copy.deepcopy(serial), grid)
+    ids, mask = batch(2)
+    mask[:ROWS] = 1  # rank 0's rows: no padding, so rank 0 may pass no mask at all
+    expected = serial(input_ids=ids, attention_mask=mask).logits[grid.rank * ROWS:(grid.rank + 1) * ROWS]
+    mine = slice(grid.rank * ROWS, (grid.rank + 1) * ROWS)
+    logits = model(input_ids=ids[mine], attention_mask=None if grid.rank == 0 else mask[mine]).logits
+    torch.testing.assert_close(logits, expected, **LLAMA_TOL)
+    try:
+        model(input_ids=ids[: ROWS + grid.rank])
+    except ShardingError as error:
+        message = str(error)
+    grid.close()
+    return message
+
+
+def test_ranks_with_different_inputs() -> None:
+    for message in run_distributed(2, _mixed_inputs):
+        assert "must feed the same number of rows and tokens" in message and "[(2, 8), (3, 8)]" in message
