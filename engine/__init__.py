@@ -30,3 +30,4 @@ __all__ = [
     "parallelize",
     "sync_gradients",
 ]
+from engine.checkpoint import CheckpointError, consolidate_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
