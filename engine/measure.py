@@ -9,8 +9,9 @@ that shape run the collective AT ONCE, as the groups of one grid axis do in trai
 between groups show up in the timings. Each of all-reduce, all-gather and reduce-scatter is timed at a
 small message (latency) and a large one (bandwidth): each call starts after a barrier, the slowest rank
 counts, and the median call is kept (robust to a shared machine's noise). A GEMM is timed on every
-rank at once for the compute rate, and a large copy for the memory bandwidth. The result is a MachineProfile whose measured entries the planner
-uses directly, with intra-/inter-node figures fitted from them for placements that were not measured.
+rank at once for the compute rate, and a large copy for the memory bandwidth. The result is a
+MachineProfile whose measured entries the planner uses directly, with intra-/inter-node figures fitted
+from them for placements that were not measured.
 """
 
 from __future__ import annotations
@@ -183,7 +184,8 @@ def fit_profile(base: MachineProfile, entries: list[MeasuredCollective], *, worl
     return replace(
         probe, name=f"measured-{socket.gethostname()}",
         description=f"measured on {nodes} node(s) x {gpus_per_node} ranks; peak_tflops and memory_gbps are the "
-                    f"measured GEMM and copy rates with every rank busy; link figures not measured come from {base.name}",
+                    f"measured GEMM and copy rates with every rank busy; link figures not measured come from "
+                    f"{base.name}",
         gpu_memory_gib=memory_gib, peak_tflops=peak_tflops, memory_gbps=memory_gbps,
         intra_node_gbps=intra_gbps, inter_node_gbps=inter_gbps,
         intra_latency_s=statistics.median(intra_lat) if intra_lat else base.intra_latency_s,

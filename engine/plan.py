@@ -158,7 +158,8 @@ def plan_grid(request: PlanRequest, grid: GridShape) -> GridPlan:
     rows_total = request.global_batch // request.gpus
     if request.grad_accum is not None:
         if rows_total % request.grad_accum:
-            return GridPlan(grid, False, f"{rows_total} rows per GPU do not split into {request.grad_accum} micro-batches")
+            return GridPlan(grid, False,
+                            f"{rows_total} rows per GPU do not split into {request.grad_accum} micro-batches")
         choices = [request.grad_accum]
     else:
         choices = [a for a in range(1, rows_total + 1) if rows_total % a == 0]
@@ -213,7 +214,8 @@ def format_table(request: PlanRequest, plans: list[GridPlan], top: int = 20) -> 
              f"{request.global_batch} x {request.seq} tokens",
              f"{len(plans)} grids: {len(feasible)} feasible, {len(rejected)} rejected",
              ""]
-    header = (f"{'rank':>4} {'data':>5} {'x':>4} {'y':>4} {'z':>4} {'accum':>5} {'ckpt':>4} {'step s':>9} {'compute':>9} "
+    header = (f"{'rank':>4} {'data':>5} {'x':>4} {'y':>4} {'z':>4} {'accum':>5} {'ckpt':>4} {'step s':>9} "
+              f"{'compute':>9} "
               f"{'memory':>9} {'comm':>9} {'mem GiB':>8} {'MFU':>6}  bytes sent per GPU by group")
     lines.append(header)
     for i, p in enumerate(feasible[:top], 1):

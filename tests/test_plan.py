@@ -278,3 +278,20 @@ def test_step_collectives_scale_with_micro_batches() -> None:
     per_pass = lambda cs: sum(c.sent_bytes for c in cs if c.phase in ("forward", "backward"))  # noqa: E731
     once = lambda cs: sum(c.sent_bytes for c in cs if c.phase in ("sync", "clip"))  # noqa: E731
     assert per_pass(four) == 4 * per_pass(one) and once(four) == once(one)
+
+
+@pytest.mark.slow
+def test_mfu_bench_runs_on_cpu(tmp_path) -> None:
+    """bench/mfu.py end to end on a tiny model: both paths start from the same weights and batch."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "mfu.json"
+    subprocess.run([sys.executable, str(root / "bench" / "mfu.py"), "--seq", "16", "--batch", "2", "--steps", "1",
+                    "--rounds", "1", "--warmup", "1", "--threads", "1", "--out", str(out)], check=True, cwd=root,
+                   capture_output=True, timeout=300)
+    result = json.loads(out.read_text())
+    paths = result["paths"]
+    assert paths["engine"]["first_loss"] == paths["plain"]["first_loss"]
+    assert all(p["tokens_per_s"] > 0 and 0 < p["mfu"] for p in paths.values())
