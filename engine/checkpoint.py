@@ -267,17 +267,20 @@ def _write_own_files(staging: Path, model: nn.Module, optimizer: torch.optim.Opt
     }
 
 def save_checkpoint(directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, grid: Grid, *,
-                    extra_state: dict[str, Any], save_model: Callable[[nn.Module, Path], None] | None = None) -> Path:
+                    extra_state: dict[str, Any] | None = None,
+                    save_model: Callable[[nn.Module, Path], None] | None = None) -> Path:
     """Write a sharded checkpoint of `model` and `optimizer` to `directory`, atomically. Collective: every rank
     of the grid calls it with the same directory; the filesystem must be shared by all ranks.
 
     save_model(model, folder) runs on EVERY rank with the staging folder (it may run collectives, e.g.
     engine.full_state_dict; typically rank 0 then writes an ordinary HF model there). extra_state is each
-    rank's own small picklable state (step, scheduler, RNG); rank 0's also goes to trainer_state.pt. An
+    rank's own small picklable state (step, scheduler, RNG; none by default); rank 0's also goes to
+    trainer_state.pt and load_checkpoint returns it. An
     existing checkpoint at `directory` is replaced only once the new one is complete. Returns `directory`.
     Raises CheckpointError on every rank when any rank fails to write its files.
     """
     directory = Path(directory)
+    extra_state = {} if extra_state is None else extra_state
     if "step" in extra_state and not isinstance(extra_state["step"], int):
         raise CheckpointError(f"extra_state['step'] must be an int, got {extra_state['step']!r}")
     staging_name: list[Any] = [None]

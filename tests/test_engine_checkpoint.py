@@ -180,7 +180,6 @@ def test_resume_at_other_grids_of_world_4(trained):
 
 def test_resume_at_world_2_and_from_a_serial_run(trained):
     root, losses = trained
-    torch.set_num_threads(1)
     with pytest.raises(_Crash):  # a single-process run that saved at step 2, continued below at y=2
         train(llama(), examples(), make_loss(crash_at_step=2), CONFIG, out_dir=root / "serial",
               save_model=lambda model, directory: model.save_pretrained(directory))
@@ -190,7 +189,6 @@ def test_resume_at_world_2_and_from_a_serial_run(trained):
 
 def test_resume_serially_from_sharded_checkpoint(trained):
     root, losses = trained
-    torch.set_num_threads(1)
     result = train(llama(seed=123), examples(), make_loss(), CONFIG, resume_from=root / "crashed" / "checkpoint")
     assert [h["step"] for h in result.history] == [3, 4]
     assert [h["loss"] for h in result.history] == pytest.approx(losses["whole"][2:], rel=RESHARD_TOL)
