@@ -151,7 +151,7 @@ def main() -> int:
     if rank == 0:
         model_shape = TransformerShape.from_hf_config(config)
         request = PlanRequest(shape=model_shape, gpus=world, global_batch=world * args.rows, seq=args.seq,
-                              profile=profile, compute_efficiency=1.0, dtype_bytes=4, checkpointing="off")
+                              profile=profile, compute_efficiency=1.0, precision="fp32", checkpointing="off")
         rows = []
         for s in shapes:
             plan = step_prediction(request, engine.GridShape(*s), grad_accum=1)

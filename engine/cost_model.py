@@ -135,8 +135,15 @@ def _check_divides(what: str, value: int, by: int, hint: str) -> int:
 
 
 def _tp_linear(b: _Builder, name: str, k: int, n: int, *, transposed: bool, bias: bool, tokens: int,
-               param_bytes: int, act_bytes: int, input_grad: bool) -> None:
-    """A normal or transposed ParallelLinear (k -> n) on `tokens` tokens of its x*y group."""
+               param_bytes: int, act_bytes: int, input_grad: bool, in_bytes: int | None = None) -> None:
+    """A normal or transposed ParallelLinear (k -> n) on `tokens` tokens of its x*y group.
+
+    param_bytes: weights, biases and their gradients; act_bytes: what the matrix product produces (its
+    output and partial output); in_bytes: the layer's input and its gradient (default act_bytes; under
+    torch.autocast with fp32 weights a layer fed by the fp32 residual stream gets 4 while its products are
+    bf16).
+    """
+    in_bytes = act_bytes if in_bytes is None else in_bytes
     g = b.grid
     in_axis, out_axis = ("y", "x") if transposed else ("x", "y")
     k_local = _check_divides(f"{name} in_features", k, g.size(in_axis), f"split over {in_axis}")
@@ -155,10 +162,10 @@ def _tp_linear(b: _Builder, name: str, k: int, n: int, *, transposed: bool, bias
         b.add(("z",), "reduce_scatter", n_block * param_bytes, "backward", f"{name} bias grad")
     if input_grad:
         b.add(("z",), "all_gather", block * param_bytes, "backward", f"{name} weight (again)")
-        b.add((out_axis,), "all_reduce", tokens * k_local * act_bytes, "backward", f"{name} input grad")
+        b.add((out_axis,), "all_reduce", tokens * k_local * in_bytes, "backward", f"{name} input grad")
     b.add(("z",), "reduce_scatter", block * param_bytes, "backward", f"{name} weight grad")
     if input_grad and not transposed:
-        b.add(("x",), "all_gather", tokens * k * act_bytes, "backward", f"{name} input grad features")
+        b.add(("x",), "all_gather", tokens * k * in_bytes, "backward", f"{name} input grad features")
 
 
 def _default_linear(b: _Builder, name: str, k: int, n: int, *, bias: bool, tokens_per_rank: int,
@@ -311,6 +318,17 @@ NAMED_SHAPES: dict[str, TransformerShape] = {
 }
 
 
+def layer_shard_params(shape: TransformerShape, grid: GridShape) -> int:
+    """Parameters of one decoder layer's ParallelLinear shards on one rank: weights are 1/(X Y Z) of the
+    full ones, a bias is split over the output axis and z but replicated over the input axis."""
+    total = 0
+    for _, k, n, transposed, bias in shape.projections():
+        in_axis, out_axis = ("y", "x") if transposed else ("x", "y")
+        rows = n // grid.size(out_axis, "z")
+        total += rows * (k // grid.size(in_axis)) + (rows if bias else 0)
+    return total
+
+
 def grid_fits_shape(shape: TransformerShape, grid: GridShape) -> str | None:
     """None when parallelize can shard `shape` on `grid`, else the reason (as the engine would raise it)."""
     y = grid.size("y")
@@ -380,51 +398,58 @@ def clip_collectives(grid: GridShape) -> list[Collective]:
 
 
 def llama_stack_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
-                            act_bytes: int, mask_bytes: int = 0) -> list[Collective]:
+                            stream_bytes: int, mask_bytes: int = 0) -> list[Collective]:
     """Rows moving into and out of the grid for one micro-batch: the module owning the decoder layers
     (LlamaModel) runs on the U = X*Y*R rows of the x*y group, so on entry it all-gathers the input embeddings
     (R, S, hidden) and the caller's (R, S) attention mask (mask_bytes per element: 8 for the int64 masks
     tokenizers return, 1 for bool, 0 when no mask is passed), and on exit the gradient of its own rows of the
-    final hidden states."""
+    final hidden states; both in the residual stream's dtype (stream_bytes)."""
     b = _Builder(grid)
     xy = grid.size("x", "y")
     r, s, h = rows_per_rank, seq, shape.hidden
-    b.add(("x", "y"), "all_gather", xy * r * s * h * act_bytes, "forward", "embeddings rows in")
+    b.add(("x", "y"), "all_gather", xy * r * s * h * stream_bytes, "forward", "embeddings rows in")
     if mask_bytes:
         b.add(("x", "y"), "all_gather", xy * r * s * mask_bytes, "forward", "attention mask rows in")
-    b.add(("x", "y"), "all_gather", xy * r * s * h * act_bytes, "backward", "final hidden grad rows")
+    b.add(("x", "y"), "all_gather", xy * r * s * h * stream_bytes, "backward", "final hidden grad rows")
     return b.items
 
 
 def llama_layer_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
-                            param_bytes: int, act_bytes: int) -> list[Collective]:
+                            param_bytes: int, act_bytes: int, stream_bytes: int | None = None) -> list[Collective]:
     """Forward and backward collectives of ONE parallelized decoder layer on one micro-batch: q/k/v/gate/up
-    as normal and o/down as transposed ParallelLinears on the X*Y*R*S tokens of the x*y group."""
+    as normal and o/down as transposed ParallelLinears on the X*Y*R*S tokens of the x*y group. The normal
+    layers read the residual stream (stream_bytes, default act_bytes); o/down read products (act_bytes)."""
     b = _Builder(grid)
     if grid.size("x", "y", "z") > 1:
         tokens = grid.size("x", "y") * rows_per_rank * seq
         for name, k, n, transposed, bias in shape.projections():
             _tp_linear(b, name, k, n, transposed=transposed, bias=bias, tokens=tokens, param_bytes=param_bytes,
-                       act_bytes=act_bytes, input_grad=True)
+                       act_bytes=act_bytes, input_grad=True, in_bytes=act_bytes if transposed else stream_bytes)
     return b.items
 
 
 def llama_step_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
                            param_bytes: int = 2, act_bytes: int = 2, grad_accum: int = 1,
-                           mask_bytes: int = 0, recompute: bool = False) -> list[Collective]:
+                           mask_bytes: int = 0, recompute: bool = False,
+                           stream_bytes: int | None = None) -> list[Collective]:
     """Every collective of one optimizer step: `grad_accum` forward/backward passes of `rows_per_rank` rows
     of `seq` tokens on each rank, then sync_gradients and clip_grad_norm_. Bytes are per rank.
+
+    Element sizes: param_bytes for weights and gradients, act_bytes for what the matrix products produce,
+    stream_bytes for the residual stream (hidden states between layers and the q/k/v/gate/up inputs):
+    all equal to the model's dtype, except under torch.autocast(bf16) with fp32 weights: 4, 2 and 4.
 
     recompute: activation checkpointing of the decoder layers, modelled as each layer's forward
     collectives issued once more during backward. This is an approximation (torch's non-reentrant
     checkpoint stops recomputing early, so a few collectives differ); without it the model is exact.
     """
+    stream_bytes = act_bytes if stream_bytes is None else stream_bytes
     layer = llama_layer_collectives(shape, grid, rows_per_rank=rows_per_rank, seq=seq, param_bytes=param_bytes,
-                                    act_bytes=act_bytes)
+                                    act_bytes=act_bytes, stream_bytes=stream_bytes)
     if recompute:
         layer = layer + [replace(c, phase="backward", what=f"{c.what} (recomputed)")
                          for c in layer if c.phase == "forward"]
-    stack = llama_stack_collectives(shape, grid, rows_per_rank=rows_per_rank, seq=seq, act_bytes=act_bytes,
+    stack = llama_stack_collectives(shape, grid, rows_per_rank=rows_per_rank, seq=seq, stream_bytes=stream_bytes,
                                     mask_bytes=mask_bytes)
     out = scale_count(layer, shape.layers * grad_accum) + scale_count(stack, grad_accum)
     out += sync_collectives(llama_param_sync_list(shape, grid), grid, param_bytes)
@@ -493,7 +518,8 @@ def memory_per_rank(shape: TransformerShape, grid: GridShape, *, rows_per_rank: 
                     recompute: bool = False) -> MemoryEstimate:
     """Estimated peak memory of one rank for one micro-batch of `rows_per_rank` rows.
 
-    Parameters: each ParallelLinear shard is 1/(X Y Z) of the layer's linears; embeddings, lm_head and
+    Parameters: each ParallelLinear weight shard is 1/(X Y Z) of the full weight (layer_shard_params);
+    embeddings, lm_head and
     norms are replicated (the engine does not shard them); bytes_per_param covers weight, gradient and
     AdamW state (16 = bf16 weight and grad + fp32 master, m, v; or fp32 weight and grad + m, v).
     Activations: layer_activation_bytes for every layer on the T = X Y R S tokens of the x*y group, or with
@@ -502,8 +528,7 @@ def memory_per_rank(shape: TransformerShape, grid: GridShape, *, rows_per_rank: 
     two fp32 copies for the loss. Transient: the largest gathered weight block and its gradient block, and
     two T x hidden gradient buffers.
     """
-    xyz = grid.size("x", "y", "z")
-    sharded = shape.layers * shape.layer_linear_params / xyz
+    sharded = shape.layers * layer_shard_params(shape, grid)
     replicated = shape.outside_params + shape.layers * shape.layer_norm_params
     params = (sharded + replicated) * bytes_per_param
     t = grid.size("x", "y") * rows_per_rank * seq
@@ -540,8 +565,7 @@ def rank_memory_traffic_per_step(shape: TransformerShape, grid: GridShape, *, ro
     logits = rows_per_rank * seq * shape.vocab * (act_bytes + 8)
     passes = 7 if recompute else 5
     activations = grad_accum * passes * (shape.layers * per_layer + logits)
-    held = shape.layers * shape.layer_linear_params / grid.size("x", "y", "z") + shape.outside_params \
-        + shape.layers * shape.layer_norm_params
+    held = shape.layers * (layer_shard_params(shape, grid) + shape.layer_norm_params) + shape.outside_params
     return activations + 1.75 * bytes_per_param * held
 
 

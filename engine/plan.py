@@ -45,7 +45,9 @@ from engine.grid import GridShape
 from engine.profiles import PROFILES, MachineProfile, group_stride, load_profile
 
 GIB = 1024 ** 3
-PRECISIONS = {"bf16": 2, "fp32": 4}  # bytes of weights, gradients and activations as communicated
+# Element bytes (weights and gradients, matmul products, residual stream) as the engine communicates them:
+# pure bf16 or fp32 models, or fp32 weights under torch.autocast(bf16) (`goldfish train --precision bf16`).
+PRECISIONS = {"bf16": (2, 2, 2), "fp32": (4, 4, 4), "autocast": (4, 2, 4)}
 CHECKPOINTING = ("auto", "on", "off")
 
 
@@ -60,7 +62,7 @@ class PlanRequest:
     profile: MachineProfile
     compute_efficiency: float = 0.5  # fraction of peak the matrix products reach
     grad_accum: int | None = None  # None: the smallest that fits in memory
-    dtype_bytes: int = 2
+    precision: str = "bf16"  # a key of PRECISIONS
     bytes_per_param: float = 16.0  # weight + gradient + AdamW state
     memory_fraction: float = 0.9  # share of GPU memory the estimate may use (allocator, CUDA context)
     mask_bytes: int = 0  # attention mask bytes per token fed to the model (0: none, packed sequences)
@@ -75,10 +77,18 @@ class PlanRequest:
             raise ValueError(f"compute_efficiency must be in (0, 1], got {self.compute_efficiency}")
         if not 0 < self.memory_fraction <= 1:
             raise ValueError(f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {self.precision!r}")
         if self.checkpointing not in CHECKPOINTING:
             raise ValueError(f"checkpointing must be one of {CHECKPOINTING}, got {self.checkpointing!r}")
         if self.grad_accum is not None and self.grad_accum < 1:
             raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
+
+
+    @property
+    def element_bytes(self) -> tuple[int, int, int]:
+        """(weights and gradients, matmul products, residual stream) bytes per element."""
+        return PRECISIONS[self.precision]
 
 
 @dataclass
@@ -119,8 +129,9 @@ def step_prediction(request: PlanRequest, grid: GridShape, grad_accum: int, reco
     checkpointing (no feasibility checks: see plan_grid)."""
     profile = request.profile
     rows = request.global_batch // (request.gpus * grad_accum)
+    param_bytes, act_bytes, stream_bytes = request.element_bytes
     collectives = llama_step_collectives(request.shape, grid, rows_per_rank=rows, seq=request.seq,
-                                         param_bytes=request.dtype_bytes, act_bytes=request.dtype_bytes,
+                                         param_bytes=param_bytes, act_bytes=act_bytes, stream_bytes=stream_bytes,
                                          grad_accum=grad_accum, mask_bytes=request.mask_bytes, recompute=recompute)
     sizes = {"data": grid.data, "x": grid.x, "y": grid.y, "z": grid.z}
     totals: dict[tuple[str, str, int], list[int]] = {}
@@ -137,7 +148,7 @@ def step_prediction(request: PlanRequest, grid: GridShape, grad_accum: int, reco
                                 recompute=recompute)
     compute = flops / (profile.peak_tflops * 1e12 * request.compute_efficiency)
     traffic = rank_memory_traffic_per_step(request.shape, grid, rows_per_rank=rows, seq=request.seq,
-                                           act_bytes=request.dtype_bytes, bytes_per_param=request.bytes_per_param,
+                                           act_bytes=act_bytes, bytes_per_param=request.bytes_per_param,
                                            grad_accum=grad_accum, recompute=recompute)
     memory_s = traffic / (profile.memory_gbps * 1e9)
     comm = sum(comm_by_group.values())
@@ -163,14 +174,15 @@ def plan_grid(request: PlanRequest, grid: GridShape) -> GridPlan:
         choices = [request.grad_accum]
     else:
         choices = [a for a in range(1, rows_total + 1) if rows_total % a == 0]
+    param_bytes, act_bytes, _ = request.element_bytes
     limit = request.profile.gpu_memory_gib * GIB * request.memory_fraction
     settings = {"auto": (False, True), "on": (True,), "off": (False,)}[request.checkpointing]
     best, memory, tried = None, None, 0
     for recompute in settings:
         for accum in choices:
             memory = memory_per_rank(request.shape, grid, rows_per_rank=rows_total // accum, seq=request.seq,
-                                     bytes_per_param=request.bytes_per_param, act_bytes=request.dtype_bytes,
-                                     param_bytes=request.dtype_bytes, recompute=recompute)
+                                     bytes_per_param=request.bytes_per_param, act_bytes=act_bytes,
+                                     param_bytes=param_bytes, recompute=recompute)
             tried = accum
             if memory.total <= limit:
                 plan = step_prediction(request, grid, accum, recompute)
@@ -274,7 +286,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                         help="activation checkpointing of decoder layers; auto: per grid, whichever is faster "
                              "among the settings that fit (default: %(default)s)")
     parser.add_argument("--precision", choices=sorted(PRECISIONS), default="bf16",
-                        help="dtype of weights, gradients and activations (default: %(default)s)")
+                        help="bf16 or fp32 weights, gradients and activations, or autocast: fp32 weights with bf16 "
+                             "matrix products (default: %(default)s)")
     parser.add_argument("--compute-efficiency", type=float, default=0.5,
                         help="fraction of peak the matrix products reach (default: %(default)s)")
     parser.add_argument("--top", type=int, default=20, help="rows of the table (default: %(default)s)")
@@ -309,7 +322,7 @@ def _request_from_args(args: argparse.Namespace) -> PlanRequest:
         batch = args.gpus * math.ceil(1024 / args.gpus)
     return PlanRequest(shape=resolve_shape(args.model), gpus=args.gpus, global_batch=batch, seq=args.seq_len,
                        profile=profile, compute_efficiency=args.compute_efficiency, grad_accum=args.grad_accum,
-                       dtype_bytes=PRECISIONS[args.precision], checkpointing=args.checkpointing)
+                       precision=args.precision, checkpointing=args.checkpointing)
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -332,7 +345,7 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.json:
         payload = {"request": {"model": request.shape.name, "shape": request.shape.__dict__, "gpus": request.gpus,
                                "global_batch": request.global_batch, "seq": request.seq,
-                               "compute_efficiency": request.compute_efficiency, "dtype_bytes": request.dtype_bytes,
+                               "compute_efficiency": request.compute_efficiency, "precision": request.precision,
                                "profile": request.profile.to_json()},
                    "grids": [p.to_json() for p in plans]}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,8 @@ For every ordered grid of world sizes 4 and 8, each rank enables its grid's Byte
 with the prediction: they must be EQUAL (no tolerance: both are sums of integer byte counts computed with
 the same ring-model arithmetic). Levels: one default-mode ParallelLinear (with and without bias, overlap
 on and off, input with and without gradient), a normal->transposed chain, and a tiny parallelized HF Llama
-(grouped-query attention, attention biases; 1 or 2 rows per rank, with an int64 padding mask or none).
+(grouped-query attention, attention biases; 1 or 2 rows per rank, with an int64 padding mask or none, fp32
+or bf16 autocast, overlap and weight prefetch on or off).
 """
 
 from __future__ import annotations
@@ -119,7 +120,8 @@ def tiny_llama_config():
                        attn_implementation="sdpa")
 
 
-LLAMA_CASES = ((2, 8), (1, 8), (2, 0))  # (rows per rank, bytes per attention-mask element; 0 = no mask)
+# (rows per rank, bytes per attention-mask element (0 = no mask), bf16 autocast over fp32 weights)
+LLAMA_CASES = ((2, 8, False), (1, 8, False), (2, 0, False), (2, 0, True))
 
 
 def _llama_worker(shapes: list[tuple[int, int, int, int]], every_case: bool) -> int:
@@ -134,14 +136,15 @@ def _llama_worker(shapes: list[tuple[int, int, int, int]], every_case: bool) -> 
         grid = init(data=data, x=x, y=y, z=z)
         shape = GridShape(data=data, x=x, y=y, z=z)
         try:
-            model = parallelize(copy.deepcopy(serial), grid)
+            overlap = index % 2 == 0  # the schedule (and weight prefetch) must not change the bytes
+            model = parallelize(copy.deepcopy(serial), grid, overlap=overlap)
             # the memory model's parameter count per rank is exactly what the rank holds
             memory = memory_per_rank(model_shape, shape, rows_per_rank=1, seq=SEQ)
             held = sum(p.numel() for p in model.parameters())
             assert held == memory.detail["sharded_params"] + memory.detail["replicated_params"], f"grid {shape}"
             gen = torch.Generator().manual_seed(grid.rank)
             cases = LLAMA_CASES if every_case else [LLAMA_CASES[index % len(LLAMA_CASES)]]
-            for rows, mask_bytes in cases:
+            for rows, mask_bytes, autocast in cases:
                 ids = torch.randint(0, VOCAB, (rows, SEQ), generator=gen)
                 mask = None
                 if mask_bytes:
@@ -149,14 +152,19 @@ def _llama_worker(shapes: list[tuple[int, int, int, int]], every_case: bool) -> 
                     mask[0, SEQ - 3:] = 0
 
                 def forward():
-                    logits = model(input_ids=ids, attention_mask=mask).logits
-                    return F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                        logits = model(input_ids=ids, attention_mask=mask).logits
+                    return F.cross_entropy(logits[:, :-1].float().reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
 
                 measured = _measure_step(grid, forward, model)
                 model.zero_grad(set_to_none=True)
+                # fp32 model: 4-byte elements everywhere; under autocast the matrix products are bf16 (2 bytes)
+                # while weights and the residual stream stay fp32
                 predicted = llama_step_collectives(model_shape, shape, rows_per_rank=rows, seq=SEQ, param_bytes=4,
-                                                   act_bytes=4, mask_bytes=mask_bytes)
-                _compare(measured, predicted, f"llama rows={rows} mask bytes={mask_bytes} grid {shape}")
+                                                   act_bytes=2 if autocast else 4, stream_bytes=4,
+                                                   mask_bytes=mask_bytes)
+                _compare(measured, predicted, f"llama rows={rows} mask bytes={mask_bytes} autocast={autocast} "
+                                              f"overlap={overlap} grid {shape}")
                 checked += 1
         finally:
             grid.close()

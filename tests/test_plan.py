@@ -156,7 +156,7 @@ def test_pure_data_parallel_prediction_hand_computed() -> None:
     """data=2 on two DGX nodes (one rank per node): the only traffic is the gradient all-reduce."""
     profile = MachineProfile(**{**PROFILES["dgx-h100"].__dict__, "gpus_per_node": 1})
     shape = TransformerShape(hidden=256, layers=2, heads=4, kv_heads=4, intermediate=512, vocab=1000)
-    request = PlanRequest(shape=shape, gpus=2, global_batch=8, seq=128, profile=profile, dtype_bytes=2,
+    request = PlanRequest(shape=shape, gpus=2, global_batch=8, seq=128, profile=profile, precision="bf16",
                           checkpointing="off")
     plan = step_prediction(request, GridShape(data=2), grad_accum=1)
     # everything is summed over "data" (shards), "z+data" (norms) or "world" (embeddings): 2 ranks each
@@ -209,6 +209,19 @@ def test_checkpointing_choice_trades_memory_for_time() -> None:
     assert on.recompute and not off.recompute
     assert on.memory.activations < off.memory.activations and on.compute_s > off.compute_s
     assert sum(on.bytes_by_group.values()) > sum(off.bytes_by_group.values())  # forward collectives again
+
+
+def test_autocast_moves_fp32_weights_and_bf16_products() -> None:
+    """Under autocast the weights (z traffic) are fp32 while x/y products are bf16: twice the z bytes of a
+    pure bf16 model, the same x all-reduce of products."""
+    grid = GridShape(data=2, x=2, z=4)
+    bf16 = step_prediction(_request(precision="bf16", checkpointing="off"), grid, grad_accum=4)
+    mixed = step_prediction(_request(precision="autocast", checkpointing="off"), grid, grad_accum=4)
+    assert mixed.bytes_by_group["z"] == 2 * bf16.bytes_by_group["z"]
+    forward_x = lambda p: sum(c.sent_bytes for c in llama_step_collectives(  # noqa: E731
+        NAMED_SHAPES["7B"], grid, rows_per_rank=1, seq=2048, param_bytes=p[0], act_bytes=p[1], stream_bytes=p[2])
+        if c.group == "x" and c.phase == "forward")
+    assert forward_x((4, 2, 4)) == forward_x((2, 2, 2))
 
 
 def _cli(argv: list[str]) -> argparse.Namespace:
@@ -266,7 +279,7 @@ def test_measure_writes_a_usable_profile(tmp_path) -> None:
     profile.save(path)
     request = PlanRequest(shape=TransformerShape(hidden=64, layers=2, heads=8, kv_heads=8, intermediate=128,
                                                  vocab=128), gpus=4, global_batch=8, seq=32,
-                          profile=load_profile(str(path)), dtype_bytes=4)
+                          profile=load_profile(str(path)), precision="fp32")
     plans = rank_grids(request)
     assert len(plans) == 10 and all(p.feasible and math.isfinite(p.step_s) for p in plans)
 
