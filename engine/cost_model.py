@@ -398,18 +398,26 @@ def clip_collectives(grid: GridShape) -> list[Collective]:
 
 
 def llama_stack_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
-                            stream_bytes: int, mask_bytes: int = 0) -> list[Collective]:
+                            stream_bytes: int, mask_bytes: int = 0, position_ids: bool = False) -> list[Collective]:
     """Rows moving into and out of the grid for one micro-batch: the module owning the decoder layers
     (LlamaModel) runs on the U = X*Y*R rows of the x*y group, so on entry it all-gathers the input embeddings
-    (R, S, hidden) and the caller's (R, S) attention mask (mask_bytes per element: 8 for the int64 masks
-    tokenizers return, 1 for bool, 0 when no mask is passed), and on exit the gradient of its own rows of the
-    final hidden states; both in the residual stream's dtype (stream_bytes)."""
+    (R, S, hidden), the caller's (R, S) attention mask and position ids if given, and on exit the gradient
+    of its own rows of the final hidden states (embeddings and gradient in the residual stream's dtype,
+    stream_bytes).
+
+    mask_bytes: 0 when no rank passes an attention mask, else 8 (the engine gathers 2-D masks as int64).
+    position_ids: whether per-row (R, S) position ids are passed (int64). Inputs whose batch dim is 1 on
+    every rank broadcast and are not gathered when a rank holds more than one row.
+    (The ranks' one small exchange of shapes before the gathers is a control message engine.comm does
+    not count, and neither does this model.)"""
     b = _Builder(grid)
     xy = grid.size("x", "y")
     r, s, h = rows_per_rank, seq, shape.hidden
     b.add(("x", "y"), "all_gather", xy * r * s * h * stream_bytes, "forward", "embeddings rows in")
     if mask_bytes:
         b.add(("x", "y"), "all_gather", xy * r * s * mask_bytes, "forward", "attention mask rows in")
+    if position_ids:
+        b.add(("x", "y"), "all_gather", xy * r * s * 8, "forward", "position ids rows in")
     b.add(("x", "y"), "all_gather", xy * r * s * h * stream_bytes, "backward", "final hidden grad rows")
     return b.items
 
@@ -431,7 +439,7 @@ def llama_layer_collectives(shape: TransformerShape, grid: GridShape, *, rows_pe
 def llama_step_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
                            param_bytes: int = 2, act_bytes: int = 2, grad_accum: int = 1,
                            mask_bytes: int = 0, recompute: bool = False,
-                           stream_bytes: int | None = None) -> list[Collective]:
+                           stream_bytes: int | None = None, position_ids: bool = False) -> list[Collective]:
     """Every collective of one optimizer step: `grad_accum` forward/backward passes of `rows_per_rank` rows
     of `seq` tokens on each rank, then sync_gradients and clip_grad_norm_. Bytes are per rank.
 
@@ -450,7 +458,7 @@ def llama_step_collectives(shape: TransformerShape, grid: GridShape, *, rows_per
         layer = layer + [replace(c, phase="backward", what=f"{c.what} (recomputed)")
                          for c in layer if c.phase == "forward"]
     stack = llama_stack_collectives(shape, grid, rows_per_rank=rows_per_rank, seq=seq, stream_bytes=stream_bytes,
-                                    mask_bytes=mask_bytes)
+                                    mask_bytes=mask_bytes, position_ids=position_ids)
     out = scale_count(layer, shape.layers * grad_accum) + scale_count(stack, grad_accum)
     out += sync_collectives(llama_param_sync_list(shape, grid), grid, param_bytes)
     out += clip_collectives(grid)

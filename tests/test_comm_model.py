@@ -120,8 +120,9 @@ def tiny_llama_config():
                        attn_implementation="sdpa")
 
 
-# (rows per rank, bytes per attention-mask element (0 = no mask), bf16 autocast over fp32 weights)
-LLAMA_CASES = ((2, 8, False), (1, 8, False), (2, 0, False), (2, 0, True))
+# (rows per rank, bytes per attention-mask element (0 = no mask; the engine gathers masks as int64), per-row
+# position ids passed, bf16 autocast over fp32 weights)
+LLAMA_CASES = ((2, 8, False, False), (1, 8, True, False), (2, 0, True, False), (2, 0, False, True))
 
 
 def _llama_worker(shapes: list[tuple[int, int, int, int]], every_case: bool) -> int:
@@ -144,16 +145,19 @@ def _llama_worker(shapes: list[tuple[int, int, int, int]], every_case: bool) -> 
             assert held == memory.detail["sharded_params"] + memory.detail["replicated_params"], f"grid {shape}"
             gen = torch.Generator().manual_seed(grid.rank)
             cases = LLAMA_CASES if every_case else [LLAMA_CASES[index % len(LLAMA_CASES)]]
-            for rows, mask_bytes, autocast in cases:
+            for rows, mask_bytes, positions, autocast in cases:
                 ids = torch.randint(0, VOCAB, (rows, SEQ), generator=gen)
                 mask = None
                 if mask_bytes:
                     mask = torch.ones(rows, SEQ, dtype=torch.long)
                     mask[0, SEQ - 3:] = 0
+                    if rows == 1:
+                        mask = mask.bool()  # gathered as int64 all the same
+                position_ids = torch.arange(SEQ).expand(rows, SEQ) if positions else None
 
                 def forward():
                     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                        logits = model(input_ids=ids, attention_mask=mask).logits
+                        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits
                     return F.cross_entropy(logits[:, :-1].float().reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
 
                 measured = _measure_step(grid, forward, model)
@@ -162,7 +166,7 @@ def _llama_worker(shapes: list[tuple[int, int, int, int]], every_case: bool) -> 
                 # while weights and the residual stream stay fp32
                 predicted = llama_step_collectives(model_shape, shape, rows_per_rank=rows, seq=SEQ, param_bytes=4,
                                                    act_bytes=2 if autocast else 4, stream_bytes=4,
-                                                   mask_bytes=mask_bytes)
+                                                   mask_bytes=mask_bytes, position_ids=positions)
                 _compare(measured, predicted, f"llama rows={rows} mask bytes={mask_bytes} autocast={autocast} "
                                               f"overlap={overlap} grid {shape}")
                 checked += 1
