@@ -242,6 +242,9 @@ def format_table(request: PlanRequest, plans: list[GridPlan], top: int = 20) -> 
         best = min((p for p in rejected if p.memory is not None), key=lambda p: p.memory.total, default=None)
         if best is not None:
             lines.append(f"smallest memory need: grid {best.grid}: {best.reason}")
+            replicated = best.memory.detail["replicated_params"] * request.bytes_per_param / GIB
+            lines.append(f"of which {replicated:.1f} GiB are the replicated embeddings, lm_head and norms (the engine "
+                         "does not shard them)")
     reasons: dict[str, int] = {}
     for p in rejected:
         key = p.reason.split(":")[0] if p.reason.startswith("cannot shard") else (
