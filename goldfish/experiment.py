@@ -18,7 +18,10 @@ from torch import nn
 
 import data
 import engine.train as engine_train
+from eval.adaptive import probabilistic_extract
+from eval.divergence import divergence_row, divergence_summary, suffix_dropped_flags
 from eval.extraction import ExtractionConfig, extract, write_extraction
+from eval.membership import membership_rows, membership_summary
 from goldfish.loss import goldfish_loss
 from goldfish.masks import STRATEGIES, causal_targets, drop_mask
 from goldfish.models import build_tiny_model, is_tiny_model, load_pretrained_model
@@ -306,19 +309,59 @@ def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = N
 
 def evaluate_model(model: nn.Module, prepared: Prepared, documents: Sequence[data.TokenizedDocument],
                    extraction: ExtractionConfig, out_dir: Path | None, mask: MaskSpec | None = None,
-                   progress: bool = True) -> dict[str, Any]:
-    """Greedy extraction on `documents`; writes OUT/extraction.jsonl and OUT/summary.json when out_dir is given."""
+                   progress: bool = True, *, instruments: bool = False) -> dict[str, Any]:
+    """Greedy extraction on `documents`; writes OUT/extraction.jsonl and OUT/summary.json when out_dir is given.
+
+    instruments: also the divergence analysis (where the greedy text first leaves the true suffix, and how often that
+    is a position `mask` drops) and probabilistic extraction (exact probability that sampling at temperature 1
+    emits the true suffix), added to the summary under "divergence" and "probabilistic".
+    """
     tokenizer = prepared.tokenizer
     special = prepared.special_token_ids
     mask_fn = None
     if mask is not None and mask.strategy is not None:
         mask_fn = lambda targets: mask.dropped(targets, special)  # noqa: E731
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = pad_token_id(tokenizer)
     rows, summary = extract(model, documents, extraction, decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                             pad_token_id=pad_id, drop_mask_fn=mask_fn, progress=progress)
+    if instruments:
+        summary["divergence"] = _divergence(rows, documents, extraction, mask_fn)
+        _, summary["probabilistic"] = probabilistic_extract(model, documents, extraction, pad_token_id=pad_id)
     if out_dir is not None:
         write_extraction(rows, summary, out_dir)
     return summary
+
+
+def pad_token_id(tokenizer: Any) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+def _divergence(rows: list[dict[str, Any]], documents: Sequence[data.TokenizedDocument],
+                extraction: ExtractionConfig, mask_fn: Any) -> dict[str, Any]:
+    by_id = {d.id: d for d in documents}
+    divergence_rows = []
+    for row in rows:
+        ids = by_id[row["id"]].token_ids
+        prefix_len, suffix_len = row["n_prefix_tokens"], extraction.suffix_len
+        flags = None
+        if mask_fn is not None:
+            dropped = mask_fn(causal_targets(torch.tensor([ids])))[0]
+            flags = suffix_dropped_flags(dropped, prefix_len, suffix_len)
+        divergence_rows.append(divergence_row(row["generated_ids"], ids[prefix_len:prefix_len + suffix_len], flags))
+    return divergence_summary(divergence_rows)
+
+
+def membership(model: nn.Module, prepared: Prepared, reference: nn.Module | None) -> dict[str, Any]:
+    """Membership inference (loss, zlib, Min-K%, and reference-model ratio when `reference` is given): members are
+    the training documents, non-members the held-out ones; AUC and TPR at 1% and 0.1% FPR."""
+    tokenizer = prepared.tokenizer
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    pad_id = pad_token_id(tokenizer)
+    members = membership_rows(model, prepared.split.train, decode=decode, pad_token_id=pad_id,
+                              reference_model=reference, member=True)
+    nonmembers = membership_rows(model, prepared.split.heldout, decode=decode, pad_token_id=pad_id,
+                                 reference_model=reference, member=False)
+    return membership_summary(members, nonmembers, min_k=0.2)
 
 
 @dataclass
@@ -353,15 +396,19 @@ def compare(spec: CompareSpec, out_dir: Path, *, grid: Any = None, device: str |
     if len(set(labels)) != len(labels):
         raise ValueError(f"duplicate masks in {labels}")
     models: dict[str, Any] = {}
+    membership_results: dict[str, Any] = {}
     timings: dict[str, float] = {}
 
     def evaluate(label: str, model: nn.Module, mask: MaskSpec | None) -> None:
         t0 = time.perf_counter()
         models[label] = {
             part: evaluate_model(model, prepared, docs, spec.extraction, out_dir / label / "eval" / part, mask,
-                                 progress=spec.train.progress)
+                                 progress=spec.train.progress, instruments=True)
             for part, docs in (("train", prepared.split.train), ("heldout", prepared.split.heldout))
         }
+        if prepared.split.heldout:
+            # The untrained control is the reference model of the reference-ratio attack (not of itself).
+            membership_results[label] = membership(model, prepared, None if label == "control" else initial)
         timings[f"eval {label}"] = time.perf_counter() - t0
 
     # Standard and control models have no mask of their own; their teacher-forced accuracy is split by the first
@@ -391,6 +438,7 @@ def compare(spec: CompareSpec, out_dir: Path, *, grid: Any = None, device: str |
     summary = {
         "models": {label: {part: _headline(s) for part, s in parts.items()} for label, parts in models.items()},
         "details": models,
+        "membership": membership_results,
         "config": {"model": spec.model, "data": asdict(spec.data), "masks": [asdict(m) | {"label": m.label}
                                                                               for m in runs],
                    "train": asdict(spec.train), "extraction": asdict(spec.extraction), "init_seed": spec.init_seed},

@@ -70,6 +70,63 @@ def plot_rouge_histograms(out_dir: Path, labels: list[str], path: Path) -> None:
     plt.close(figure)
 
 
+def plot_roc(summary: dict[str, Any], path: Path, attack: str = "loss") -> bool:
+    """ROC curves of one membership-inference attack, one per model. Returns False when there is nothing to plot."""
+    curves = {label: result["attacks"][attack]["roc"] for label, result in summary.get("membership", {}).items()
+              if attack in result.get("attacks", {})}
+    if not curves:
+        return False
+    figure, axis = plt.subplots(figsize=(5, 5))
+    for label, roc in curves.items():
+        axis.plot(roc["fpr"], roc["tpr"], label=label)
+    axis.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1)
+    axis.set_xlabel("false positive rate (held-out documents)")
+    axis.set_ylabel("true positive rate (training documents)")
+    axis.set_title(f"Membership inference, {attack} attack")
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return True
+
+
+def _instrument_lines(summary: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    membership = summary.get("membership", {})
+    if membership:
+        attacks = sorted({a for result in membership.values() for a in result.get("attacks", {})})
+        lines += ["## Membership inference", "",
+                  "Members: training documents; non-members: held-out documents; higher score = member. "
+                  "AUC (TPR at 1% FPR); with n held-out documents the FPR resolution is 1/n.", "",
+                  "| model | " + " | ".join(attacks) + " |", "|---|" + "---|" * len(attacks)]
+        for label, result in membership.items():
+            cells = []
+            for attack in attacks:
+                metrics = result.get("attacks", {}).get(attack)
+                cells.append("n/a" if metrics is None else
+                             f"{metrics['auc']:.3f} ({_fmt(metrics['tpr_at_fpr'].get('0.01'))})")
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines += [""]
+    rows = []
+    for label, parts in summary.get("details", {}).items():
+        train = parts.get("train", {})
+        div, prob = train.get("divergence"), train.get("probabilistic")
+        if div is None:
+            continue
+        rows.append(f"| {label} | {div['n_diverged']}/{div['n_docs']} | {_fmt(div.get('mean_first_divergence'))} | "
+                    f"{_fmt(div.get('share_on_dropped'))} | {_fmt(div.get('share_expected_by_chance'))} | "
+                    f"{_fmt((prob or {}).get('fraction_q_at_least_half'))} |")
+    if rows:
+        lines += ["## Divergence and probabilistic extraction (training documents)", "",
+                  "Where greedy decoding first leaves the true suffix, the share of those first divergences that fall "
+                  "on a position the goldfish mask drops (standard/control: the first goldfish mask) against the "
+                  "share expected by chance, and the fraction of documents whose suffix sampling at temperature 1 "
+                  "emits with probability >= 0.5.", "",
+                  "| model | diverged | mean first divergence | share on dropped | by chance | q >= 0.5 |",
+                  "|---|---|---|---|---|---|", *rows, ""]
+    return lines
+
+
 def render_markdown(summary: dict[str, Any]) -> str:
     config = summary["config"]
     docs = summary["documents"]
@@ -102,11 +159,14 @@ def render_markdown(summary: dict[str, Any]) -> str:
         f"Documents: {len(docs.get('train', []))} train, {len(docs.get('heldout', []))} held-out; ids and SHA-256 of "
         "each are in summary.json under `documents`.",
         "",
+        *_instrument_lines(summary),
         "Timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in summary["timings_s"].items()),
         "",
         "![exact match and RougeL](compare.png)",
         "",
         "![RougeL histograms](rouge_hist.png)",
+        "",
+        "![membership inference ROC](roc_loss.png)" if summary.get("membership") else "",
         "",
     ]
     return "\n".join(lines)
@@ -116,5 +176,6 @@ def write_compare_report(summary: dict[str, Any], out_dir: Path) -> None:
     """Write OUT/summary.json, OUT/report.md, OUT/compare.png and OUT/rouge_hist.png."""
     plot_bars(summary, out_dir / "compare.png")
     plot_rouge_histograms(out_dir, list(summary["models"]), out_dir / "rouge_hist.png")
+    plot_roc(summary, out_dir / "roc_loss.png")
     _atomic_write(out_dir / "report.md", render_markdown(summary))
     _atomic_write(out_dir / "summary.json", json.dumps(summary, indent=2, default=str))
