@@ -90,6 +90,11 @@ def test_compare_quick_standard_memorizes_more_than_goldfish(tmp_path):
     assert standard["train"]["rouge_l"] > goldfish["train"]["rouge_l"] + 0.2
     assert standard["train"]["exact_match"] > goldfish["train"]["exact_match"]
     assert control["train"]["exact_match"] == 0.0
+    # The other instruments: membership inference per model, divergence analysis on the goldfish mask.
+    assert set(summary["membership"]) == set(models)
+    assert summary["membership"]["standard"]["attacks"]["loss"]["auc"] >= 0.5
+    divergence = summary["details"]["goldfish-hashed-k4-h13"]["train"]["divergence"]
+    assert divergence["n_diverged"] > 0 and divergence["share_on_dropped"] is not None
     assert (out / "report.md").exists() and (out / "compare.png").stat().st_size > 1000
 
 
