@@ -210,6 +210,9 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
     model.train()
     autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16")
     bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", disable=not (config.progress and is_main))
+    if _is_distributed(grid):
+        grid.traffic.reset()
+        grid.traffic.enabled = True  # per-step bytes by grid axis group, logged below
     try:
         for step in range(start_step, total_steps):
             epoch, index_in_epoch = divmod(step, per_epoch)
@@ -239,6 +242,8 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
             optimizer.step()
             scheduler.step()
             elapsed = time.perf_counter() - started
+            # Read before any checkpoint so its gathers do not count as the next step's traffic.
+            step_bytes = grid.traffic.reset() if _is_distributed(grid) else None
 
             record: dict[str, Any] = {
                 "step": step + 1,
@@ -251,6 +256,8 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
                 record[name] = total / count if count > 0 else None
             world = grid.world_size if _is_distributed(grid) else 1
             record.update(lr=lr, grad_norm=grad_norm, tokens_per_s=n_input_tokens * world / elapsed)
+            if step_bytes is not None:
+                record["bytes_sent"] = step_bytes  # this rank (rank 0 in the log), per process group of the grid
             history.append(record)
             if metrics_file is not None:
                 metrics_file.write(json.dumps(record) + "\n")
@@ -265,6 +272,8 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
                 save_checkpoint(out_path / "checkpoint", model, optimizer, scheduler, done, config, save_model, grid)
     finally:
         bar.close()
+        if _is_distributed(grid):
+            grid.traffic.enabled = False
         if metrics_file is not None:
             metrics_file.close()
     return TrainResult(steps=total_steps, history=history)

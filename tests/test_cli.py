@@ -113,6 +113,8 @@ def test_parallel_train_consolidates_into_a_checkpoint_that_eval_reads(tmp_path)
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
     record = json.loads((parallel / "checkpoint" / "goldfish_run.json").read_text())
     assert record["grid"] == {"data": 1, "x": 2, "y": 1, "z": 1}
+    first_step = json.loads((parallel / "metrics.jsonl").read_text().splitlines()[0])
+    assert first_step["bytes_sent"]["x"] > 0  # collectives of the x axis, counted per step
     out = tmp_path / "eval"
     assert main(["eval", "--model", str(parallel / "checkpoint"), "--out", str(out), "--suffix-len", "16",
                  "--no-progress"]) == 0
