@@ -34,16 +34,13 @@ from typing import Any, Callable, Sequence
 import torch
 from transformers import GenerationConfig
 
+from eval.batching import model_device, pad_batch
 from eval.extraction import ExtractionConfig
 from eval.logprobs import iter_next_token_logits
 from eval.metrics import exact_match, longest_correct_prefix, match_fraction, rouge_scores
 
 DEFAULT_CONFIDENCES = (0.5, 0.9, 0.99)
 DEFAULT_BUDGETS = (1, 10, 100, 1000)
-
-
-def _model_device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
 
 
 def _check_prefixes(prefixes: Sequence[Sequence[int]], max_new_tokens: int) -> None:
@@ -56,12 +53,7 @@ def _check_prefixes(prefixes: Sequence[Sequence[int]], max_new_tokens: int) -> N
 
 def _left_pad(rows: list[list[int]], pad_token_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-padded (input_ids, attention_mask), each (B, L); generate derives position ids from the mask."""
-    width = max(len(r) for r in rows)
-    input_ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        input_ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-        mask[i, width - len(r):] = 1
+    input_ids, mask = pad_batch(rows, pad_token_id, side="left")
     return input_ids.to(device), mask.to(device)
 
 
@@ -92,7 +84,7 @@ def beam_search_decode(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     _check_prefixes(prefixes, max_new_tokens)
-    device = _model_device(model)
+    device = model_device(model)
     config = _generation_config(max_new_tokens, pad_token_id, do_sample=False, num_beams=num_beams,
                                 num_return_sequences=1, early_stopping=True)
     order = sorted(range(len(prefixes)), key=lambda i: len(prefixes[i]), reverse=True)  # less padding per batch
@@ -153,7 +145,7 @@ def sample_decode(
     untouched and the same seed gives the same samples on the same device and library versions.
     """
     _check_prefixes([prefix], max_new_tokens)
-    device = _model_device(model)
+    device = model_device(model)
     config = _generation_config(max_new_tokens, pad_token_id, do_sample=True, num_beams=1,
                                 num_return_sequences=sampling.n_samples, temperature=float(sampling.temperature),
                                 top_p=float(sampling.top_p))

@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from eval.batching import model_device, pad_batch
 from eval.metrics import (
     IGNORE_INDEX,
     exact_match,
@@ -86,10 +87,6 @@ class ExtractionConfig:
         return ids[:p], ids[p : p + self.suffix_len]
 
 
-def _model_device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
 def _left_pad(
     rows: list[list[int]], pad_token_id: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -98,12 +95,7 @@ def _left_pad(
     Position ids count real tokens only (0 at each row's first real token), which is what an unpadded
     run of that row uses; padded slots get 0 and are masked out anyway.
     """
-    width = max(len(r) for r in rows)
-    input_ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        input_ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
-        mask[i, width - len(r) :] = 1
+    input_ids, mask = pad_batch(rows, pad_token_id, side="left")
     position_ids = (mask.cumsum(dim=-1) - 1).clamp(min=0)
     return input_ids.to(device), mask.to(device), position_ids.to(device)
 
@@ -152,7 +144,7 @@ def greedy_decode(
     for i, p in enumerate(prefixes):
         if len(p) == 0:
             raise ValueError(f"prefix {i} is empty; greedy decoding needs at least one prompt token")
-    device = torch.device(device) if device is not None else _model_device(model)
+    device = torch.device(device) if device is not None else model_device(model)
 
     order = sorted(range(len(prefixes)), key=lambda i: len(prefixes[i]), reverse=True)
     results: list[list[int]] = [[] for _ in prefixes]
@@ -194,12 +186,7 @@ def _teacher_forced(
         with torch.no_grad():
             for start in range(0, len(docs), batch_size):
                 batch = docs[start : start + batch_size]
-                width = max(len(d) for d in batch)
-                input_ids = torch.full((len(batch), width), pad_token_id, dtype=torch.long)
-                mask = torch.zeros((len(batch), width), dtype=torch.long)
-                for i, d in enumerate(batch):
-                    input_ids[i, : len(d)] = torch.tensor(d, dtype=torch.long)
-                    mask[i, : len(d)] = 1
+                input_ids, mask = pad_batch(batch, pad_token_id, side="right")
                 logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits  # (B, W, V)
                 for i, d in enumerate(batch):
                     targets = torch.full((1, len(d)), IGNORE_INDEX, dtype=torch.long, device=device)  # (1, T)
@@ -258,7 +245,7 @@ def extract(
     ``drop_mask_fn`` maps a document's (1, T) targets (token j+1 at j, -100 last) to its (1, T) bool
     goldfish mask, True = dropped from the training loss.
     """
-    device = _model_device(model)
+    device = model_device(model)
     kept: list[tuple[Any, list[int], list[int]]] = []
     skipped: list[str] = []
     for doc in documents:

@@ -9,9 +9,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-
-def _model_device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
+from eval.batching import model_device, pad_batch
 
 
 def iter_next_token_logits(
@@ -34,19 +32,14 @@ def iter_next_token_logits(
     for i, seq in enumerate(sequences):
         if len(seq) < 2:
             raise ValueError(f"sequence {i} has {len(seq)} token(s); scoring needs at least 2 (a context and a target)")
-    device = _model_device(model)
+    device = model_device(model)
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
             for start in range(0, len(sequences), batch_size):
                 batch = [[int(t) for t in seq] for seq in sequences[start : start + batch_size]]
-                width = max(len(s) for s in batch)
-                input_ids = torch.full((len(batch), width), pad_token_id, dtype=torch.long)
-                mask = torch.zeros((len(batch), width), dtype=torch.long)
-                for i, seq in enumerate(batch):
-                    input_ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-                    mask[i, : len(seq)] = 1
+                input_ids, mask = pad_batch(batch, pad_token_id, side="right")
                 logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits  # (B, W, V)
                 for i, seq in enumerate(batch):
                     yield logits[i, : len(seq) - 1].float().cpu()
