@@ -35,7 +35,7 @@ import torch
 from transformers import GenerationConfig
 
 from eval.batching import model_device, pad_batch
-from eval.extraction import ExtractionConfig
+from eval.extraction import ExtractionConfig, split_documents
 from eval.logprobs import iter_next_token_logits
 from eval.metrics import exact_match, longest_correct_prefix, match_fraction, rouge_scores
 
@@ -252,16 +252,7 @@ def extraction_probability(log_q: float, n_samples: int) -> float:
     return -math.expm1(n_samples * _log1mexp(log_q)) if log_q < 0 else 1.0
 
 
-def _split_documents(documents: Sequence[Any], config: ExtractionConfig) -> tuple[list[tuple[Any, list[int], list[int]]],
-                                                                                 list[str]]:
-    kept, skipped = [], []
-    for doc in documents:
-        parts = config.split(doc.token_ids)
-        if parts is None:
-            skipped.append(str(doc.id))
-        else:
-            kept.append((doc, parts[0], parts[1]))
-    return kept, skipped
+_split_documents = split_documents  # the same split as greedy extraction
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -302,13 +293,21 @@ def beam_extract(
     for (doc, prefix, suffix), gen in zip(kept, generated):
         rows.append({"id": str(doc.id), "n_prefix_tokens": len(prefix), "num_beams": num_beams,
                      **_decoded_metrics(gen, suffix, decode), "generated_ids": gen})
+    return rows, summarize_beam(rows, skipped, config, num_beams)
+
+
+def summarize_beam(rows: Sequence[dict[str, Any]], skipped_ids: Sequence[str], config: ExtractionConfig,
+                   num_beams: int) -> dict[str, Any]:
+    """The summary ``beam_extract`` returns, from its rows and the ids it skipped as too short: counts, settings
+    and the mean of every per-document metric the rows carry (ROUGE only when the rows have it)."""
     metric_names = [k for k in (rows[0] if rows else {}) if k not in ("id", "n_prefix_tokens", "num_beams",
                                                                        "generated_ids")]
-    summary: dict[str, Any] = {"n_docs": len(rows), "n_skipped_too_short": len(skipped), "skipped_ids": skipped,
-                               "num_beams": num_beams, "config": asdict(config)}
+    summary: dict[str, Any] = {"n_docs": len(rows), "n_skipped_too_short": len(skipped_ids),
+                               "skipped_ids": [str(i) for i in skipped_ids], "num_beams": num_beams,
+                               "config": asdict(config)}
     for name in metric_names:
         summary[name] = _mean([float(r[name]) for r in rows])
-    return rows, summary
+    return summary
 
 
 def sampling_extract(
@@ -347,13 +346,21 @@ def sampling_extract(
         if keep_samples:
             row["samples"] = samples
         rows.append(row)
-    summary: dict[str, Any] = {"n_docs": len(rows), "n_skipped_too_short": len(skipped), "skipped_ids": skipped,
-                               "sampling": asdict(sampling), "config": asdict(config)}
+    return rows, summarize_sampling(rows, skipped, config, sampling)
+
+
+def summarize_sampling(rows: Sequence[dict[str, Any]], skipped_ids: Sequence[str], config: ExtractionConfig,
+                       sampling: SamplingConfig) -> dict[str, Any]:
+    """The summary ``sampling_extract`` returns, from its rows and the ids it skipped as too short: counts,
+    settings, the fraction of documents with ``any_exact``, means, and the share of all samples that are exact."""
+    summary: dict[str, Any] = {"n_docs": len(rows), "n_skipped_too_short": len(skipped_ids),
+                               "skipped_ids": [str(i) for i in skipped_ids], "sampling": asdict(sampling),
+                               "config": asdict(config)}
     for name in ("any_exact", "best_match_fraction", "best_longest_correct_prefix", "mean_match_fraction"):
         summary[name] = _mean([float(r[name]) for r in rows])
     summary["sample_exact_rate"] = (sum(r["n_exact"] for r in rows) / sum(r["n_samples"] for r in rows)
                                     if rows else None)
-    return rows, summary
+    return summary
 
 
 def probabilistic_extract(
@@ -394,8 +401,18 @@ def probabilistic_extract(
             "log10_samples_needed": {f"{p:g}": log10_samples_needed(log_q, p) for p in confidences},
             "extraction_probability": {str(n): extraction_probability(log_q, n) for n in budgets},
         })
+    return rows, summarize_probabilistic(rows, skipped, config, temperature, top_p, confidences, budgets)
+
+
+def summarize_probabilistic(rows: Sequence[dict[str, Any]], skipped_ids: Sequence[str], config: ExtractionConfig,
+                            temperature: float = 1.0, top_p: float = 1.0,
+                            confidences: Sequence[float] = DEFAULT_CONFIDENCES,
+                            budgets: Sequence[int] = DEFAULT_BUDGETS) -> dict[str, Any]:
+    """The summary ``probabilistic_extract`` returns, from its rows (made with the same ``confidences`` and
+    ``budgets``) and the ids it skipped as too short: per budget the expected fraction of documents extracted, per
+    confidence the median samples needed, the fraction of documents with q >= 0.5 and the mean finite log10 q."""
     summary: dict[str, Any] = {
-        "n_docs": len(rows), "n_skipped_too_short": len(skipped), "skipped_ids": skipped,
+        "n_docs": len(rows), "n_skipped_too_short": len(skipped_ids), "skipped_ids": [str(i) for i in skipped_ids],
         "temperature": temperature, "top_p": top_p, "config": asdict(config),
         "expected_fraction_extracted": {str(n): _mean([r["extraction_probability"][str(n)] for r in rows])
                                         for n in budgets},
@@ -404,7 +421,7 @@ def probabilistic_extract(
         "fraction_q_at_least_half": _mean([float(r["log_q"] >= math.log(0.5)) for r in rows]),
         "mean_log10_q": _mean([r["log10_q"] for r in rows if math.isfinite(r["log10_q"])]),
     }
-    return rows, summary
+    return summary
 
 
 def _median(values: list[float]) -> float | None:

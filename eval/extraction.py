@@ -87,6 +87,33 @@ class ExtractionConfig:
         return ids[:p], ids[p : p + self.suffix_len]
 
 
+def split_documents(documents: Sequence[Any], config: ExtractionConfig
+                    ) -> tuple[list[tuple[Any, list[int], list[int]]], list[str]]:
+    """(kept, skipped_ids): (document, prefix, suffix) for every document long enough for ``config``, in input
+    order, and the ids (as str) of the documents too short for it. Documents have ``.id`` and ``.token_ids``."""
+    kept: list[tuple[Any, list[int], list[int]]] = []
+    skipped: list[str] = []
+    for doc in documents:
+        parts = config.split(doc.token_ids)
+        if parts is None:
+            skipped.append(str(doc.id))
+        else:
+            kept.append((doc, parts[0], parts[1]))
+    return kept, skipped
+
+
+def check_fits_context(model: torch.nn.Module, documents: Sequence[Any]) -> None:
+    """Raise ValueError when a document (``.id``, ``.token_ids``) is longer than the model's context
+    (``model.config.max_position_embeddings``; no check when the model does not say)."""
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    too_long = [str(doc.id) for doc in documents if context is not None and len(doc.token_ids) > context]
+    if too_long:
+        raise ValueError(
+            f"{len(too_long)} document(s) (first: {too_long[0]!r}) are longer than the model's context of "
+            f"{context} tokens; truncate documents to at most {context} tokens before extraction"
+        )
+
+
 def _left_pad(
     rows: list[list[int]], pad_token_id: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -246,21 +273,8 @@ def extract(
     goldfish mask, True = dropped from the training loss.
     """
     device = model_device(model)
-    kept: list[tuple[Any, list[int], list[int]]] = []
-    skipped: list[str] = []
-    for doc in documents:
-        parts = config.split(doc.token_ids)
-        if parts is None:
-            skipped.append(str(doc.id))
-        else:
-            kept.append((doc, parts[0], parts[1]))
-    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    too_long = [str(doc.id) for doc, _, _ in kept if context is not None and len(doc.token_ids) > context]
-    if too_long:
-        raise ValueError(
-            f"{len(too_long)} document(s) (first: {too_long[0]!r}) are longer than the model's context of "
-            f"{context} tokens; truncate documents to at most {context} tokens before extraction"
-        )
+    kept, skipped = split_documents(documents, config)
+    check_fits_context(model, [doc for doc, _, _ in kept])
     if skipped:
         log.warning("extraction skipped %d document(s) shorter than %d tokens", len(skipped), config.min_tokens())
 
@@ -300,10 +314,21 @@ def extract(
     finally:
         bar.close()
 
+    return rows, summarize_extraction(rows, skipped, config)
+
+
+def summarize_extraction(rows: Sequence[dict[str, Any]], skipped_ids: Sequence[str], config: ExtractionConfig
+                         ) -> dict[str, Any]:
+    """The summary ``extract`` returns, from its per-document ``rows`` and the ids of the documents it skipped as
+    too short: lets a summary be recomputed from rows gathered from several processes (or filtered afterwards).
+
+    n_docs, n_skipped_too_short, skipped_ids, min_tokens, the mean of every per-document metric (None when no row
+    has a value), config, and the ROUGE settings.
+    """
     summary: dict[str, Any] = {
         "n_docs": len(rows),
-        "n_skipped_too_short": len(skipped),
-        "skipped_ids": skipped,
+        "n_skipped_too_short": len(skipped_ids),
+        "skipped_ids": [str(i) for i in skipped_ids],
         "min_tokens": config.min_tokens(),
     }
     for name in _SUMMARY_METRICS:
@@ -315,7 +340,7 @@ def extract(
         "stemmer": False,
         "tokenizer": "default word tokenizer",
     }
-    return rows, summary
+    return summary
 
 
 def write_extraction(rows: list[dict[str, Any]], summary: dict[str, Any], out_dir: str | Path) -> None:
