@@ -1,17 +1,52 @@
-"""The report of `goldfish compare`: summary.json, report.md and PNG plots."""
+"""Reports of `goldfish compare` and `goldfish eval`: report.md with one table per instrument, and PNG plots.
+
+Every section is optional: it is rendered only when its data is in the summary, so summaries written before an
+instrument existed still render. Each plot is built in two steps, ``series = *_series(...)`` (plain lists, tested)
+then ``draw_*(series, path)``; every file is written to a temporary name and moved into place (atomic).
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 
+# Attack order of eval.membership.ATTACKS (not imported: the report needs no torch); unknown attacks follow, sorted.
+ATTACK_ORDER = ("loss", "zlib", "min_k", "reference")
+
+# Breakdown kind -> (row key written by eval.breakdown.group_means, column header format, axis label, plot file).
+BREAKDOWNS: dict[str, tuple[str, str, str, str]] = {
+    "prefix_length": ("prefix_len", "P={}", "prefix length (tokens)", "breakdown_prefix.png"),
+    "repeats": ("repeats", "{}x", "times repeated in training", "breakdown_repeats.png"),
+}
+
+# Per-document JSON-lines files written beside the summaries, by the summary key that says they exist.
+PART_FILES: tuple[tuple[str | None, str, str], ...] = (
+    (None, "extraction.jsonl", "greedy extraction"),
+    ("divergence", "divergence.jsonl", "first divergence from the true suffix"),
+    ("probabilistic", "probabilistic.jsonl", "probabilistic extraction"),
+    ("beam", "beam.jsonl", "beam-search extraction"),
+    ("sampling", "sampling.jsonl", "sampling extraction"),
+)
+MEMBERSHIP_FILE = "membership.jsonl"
+
+HEADLINE_COLUMNS = (("docs", "n_docs"), ("exact match", "exact_match"), ("RougeL F", "rouge_l"),
+                    ("RougeL recall", "rouge_l_recall"), ("Rouge1", "rouge_1"), ("Rouge2", "rouge_2"),
+                    ("match fraction", "match_fraction"), ("longest correct prefix", "longest_correct_prefix"),
+                    ("TF acc", "tf_accuracy"), ("TF acc kept", "tf_kept_accuracy"),
+                    ("TF acc dropped", "tf_dropped_accuracy"))
+
+Entry = tuple[list[str], Mapping[str, Any]]  # (key cells of a table row, e.g. [model, part]; that row's summary)
+
+
+# ---------------------------------------------------------------------------------------------------------- writing
 
 def _atomic_write(path: Path, text: str) -> None:
     staging = path.with_name(f".{path.name}.partial-{os.getpid()}")
@@ -19,163 +54,631 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(staging, path)
 
 
+def _save_figure(figure: Any, path: Path) -> None:
+    """Save a matplotlib figure as PNG through a temporary file, so a reader never sees half a PNG."""
+    staging = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    try:
+        figure.tight_layout()
+        figure.savefig(staging, dpi=110, format="png")
+        os.replace(staging, path)
+    finally:
+        plt.close(figure)
+        if staging.exists():
+            staging.unlink()
+
+
+# ------------------------------------------------------------------------------------------------------- formatting
+
 def _fmt(value: Any) -> str:
+    """3 decimals for floats, n/a for missing or NaN, inf spelled out."""
     if value is None:
         return "n/a"
+    if isinstance(value, bool):
+        return str(value)
     if isinstance(value, float):
+        if math.isnan(value):
+            return "n/a"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
         return f"{value:.3f}"
     return str(value)
 
 
-def _rows(out_dir: Path, label: str, part: str) -> list[dict[str, Any]]:
-    path = out_dir / label / "eval" / part / "extraction.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line]
+def _fmt_count(value: Any) -> str:
+    """A number of samples: whole below a million, scientific above (they reach 1e48 for unmemorized text)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    value = float(value)
+    if math.isinf(value):
+        return "inf"
+    return f"{value:,.0f}" if value < 1e6 else f"{value:.2e}"
 
 
-def plot_bars(summary: dict[str, Any], path: Path) -> None:
-    """Exact match and RougeL per model, on training and held-out documents."""
-    labels = list(summary["models"])
+def _key_order(keys: Sequence[str]) -> list[str]:
+    """Keys like "1", "10", "0.5" in numeric order (JSON turns numeric keys into strings)."""
+    return sorted(keys, key=float)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(row) + " |" for row in rows), ""]
+
+
+def _figure(name: str, alt: str, figures: Sequence[str]) -> list[str]:
+    return [f"![{alt}]({name})", ""] if name in figures else []
+
+
+# ----------------------------------------------------------------------------------------------------------- series
+
+def curve_series(curves: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, dict[str, list[Any]]]:
+    """{label: {"epoch": [...], "step": [...], "exact_match": [...], "rouge_l": [...]}} sorted by epoch."""
+    series = {}
+    for label, points in curves.items():
+        ordered = sorted(points, key=lambda p: (p["epoch"], p.get("step", 0)))
+        series[label] = {key: [p.get(key) for p in ordered] for key in ("epoch", "step", "exact_match", "rouge_l")}
+    return series
+
+
+def divergence_series(divergences: Mapping[str, Mapping[str, Any]], suffix_len: int | None = None
+                      ) -> dict[str, dict[str, Any]]:
+    """Per label: "positions" 0..L-1 (suffix token index; L = suffix_len, or past the last divergence), "counts" of
+    documents whose greedy continuation first left the true suffix there, "n_docs" and "n_never" (never diverged)."""
+    series = {}
+    for label, div in divergences.items():
+        histogram = {int(k): int(v) for k, v in (div.get("first_divergence_histogram") or {}).items()}
+        length = max(suffix_len or 0, max(histogram) + 1 if histogram else 1)
+        positions = list(range(length))
+        series[label] = {"positions": positions, "counts": [histogram.get(i, 0) for i in positions],
+                         "n_docs": int(div["n_docs"]), "n_never": int(div["n_docs"]) - int(div["n_diverged"])}
+    return series
+
+
+def _attack_order(attacks: set[str]) -> list[str]:
+    return [a for a in ATTACK_ORDER if a in attacks] + sorted(attacks - set(ATTACK_ORDER))
+
+
+def roc_series(membership: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """{attack: {label: {"fpr": [...], "tpr": [...], "auc": float}}} for every attack of every label's result."""
+    attacks = _attack_order({a for result in membership.values() for a in result.get("attacks", {})})
+    series: dict[str, dict[str, dict[str, Any]]] = {}
+    for attack in attacks:
+        series[attack] = {}
+        for label, result in membership.items():
+            metrics = result.get("attacks", {}).get(attack)
+            if metrics is not None and "roc" in metrics:
+                series[attack][label] = {"fpr": list(metrics["roc"]["fpr"]), "tpr": list(metrics["roc"]["tpr"]),
+                                         "auc": metrics.get("auc")}
+    return series
+
+
+def breakdown_series(tables: Mapping[str, Sequence[Mapping[str, Any]]], key: str) -> dict[str, dict[str, list[Any]]]:
+    """{label: {"x": group values, "exact_match": [...], "rouge_l": [...], "n_docs": [...]}}, sorted by x; groups
+    whose value is None (documents without the attribute) are left out of the plot."""
+    series = {}
+    for label, rows in tables.items():
+        kept = sorted((r for r in rows if r.get(key) is not None), key=lambda r: r[key])
+        series[label] = {"x": [r[key] for r in kept], "exact_match": [r.get("exact_match") for r in kept],
+                         "rouge_l": [r.get("rouge_l") for r in kept], "n_docs": [r.get("n_docs") for r in kept]}
+    return series
+
+
+def rouge_hist_series(paths: Mapping[str, Path]) -> dict[str, list[float]]:
+    """{label: RougeL F of every document in that label's extraction.jsonl}; labels without rows are left out."""
+    series = {}
+    for label, path in paths.items():
+        if path.exists():
+            scores = [json.loads(line)["rouge_l"] for line in path.read_text().splitlines() if line]
+            scores = [s for s in scores if s is not None]
+            if scores:
+                series[label] = scores
+    return series
+
+
+def bar_series(models: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> dict[str, dict[str, list[float]]]:
+    """{metric: {part: [value per model, in model order]}} for exact match and RougeL (missing = 0)."""
+    parts = [p for p in ("train", "heldout") if any(p in m for m in models.values())]
+    return {metric: {part: [float(m.get(part, {}).get(metric) or 0.0) for m in models.values()] for part in parts}
+            for metric in ("exact_match", "rouge_l")}
+
+
+# ---------------------------------------------------------------------------------------------------------- drawing
+
+def _as_float(values: Sequence[Any]) -> list[float]:
+    return [math.nan if v is None else float(v) for v in values]  # NaN breaks the line where a value is missing
+
+
+def draw_bars(labels: Sequence[str], series: Mapping[str, Mapping[str, list[float]]], path: Path) -> None:
+    """Exact match and RougeL per model, one bar per part."""
     figure, axes = plt.subplots(1, 2, figsize=(11, 4))
-    width = 0.38
-    for axis, metric, title in ((axes[0], "exact_match", "Exact match (fraction of documents)"),
-                                (axes[1], "rouge_l", "RougeL F-measure (mean)")):
-        for offset, part in ((-width / 2, "train"), (width / 2, "heldout")):
-            values = [summary["models"][label][part][metric] or 0.0 for label in labels]
-            axis.bar([i + offset for i in range(len(labels))], values, width, label=part)
+    titles = {"exact_match": "Exact match (fraction of documents)", "rouge_l": "RougeL F-measure (mean)"}
+    for axis, (metric, by_part) in zip(axes, series.items()):
+        width = 0.8 / max(len(by_part), 1)
+        for i, (part, values) in enumerate(by_part.items()):
+            offset = (i - (len(by_part) - 1) / 2) * width
+            axis.bar([j + offset for j in range(len(labels))], values, width, label=part)
         axis.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
         axis.set_ylim(0, 1.05)
-        axis.set_title(title)
+        axis.set_title(titles[metric])
         axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    _save_figure(figure, path)
 
 
-def plot_rouge_histograms(out_dir: Path, labels: list[str], path: Path) -> None:
-    """RougeL of each training document's extraction, one histogram per model (the goldfish paper's Fig. 2)."""
+def draw_rouge_histograms(series: Mapping[str, list[float]], path: Path, title: str) -> None:
+    """RougeL histogram per label (the goldfish paper's Fig. 2)."""
     figure, axis = plt.subplots(figsize=(7, 4))
     bins = [i / 20 for i in range(21)]
-    for label in labels:
-        scores = [row["rouge_l"] for row in _rows(out_dir, label, "train")]
-        if scores:
-            axis.hist(scores, bins=bins, alpha=0.5, label=label)
+    for label, scores in series.items():
+        axis.hist(scores, bins=bins, alpha=0.5, label=label)
     axis.set_xlabel("RougeL F-measure of the extracted suffix")
-    axis.set_ylabel("training documents")
-    axis.set_title("Memorization of training documents")
+    axis.set_ylabel("documents")
+    axis.set_title(title)
     axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    _save_figure(figure, path)
 
 
-def plot_roc(summary: dict[str, Any], path: Path, attack: str = "loss") -> bool:
-    """ROC curves of one membership-inference attack, one per model. Returns False when there is nothing to plot."""
-    curves = {label: result["attacks"][attack]["roc"] for label, result in summary.get("membership", {}).items()
-              if attack in result.get("attacks", {})}
-    if not curves:
-        return False
-    figure, axis = plt.subplots(figsize=(5, 5))
-    for label, roc in curves.items():
-        axis.plot(roc["fpr"], roc["tpr"], label=label)
-    axis.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1)
-    axis.set_xlabel("false positive rate (held-out documents)")
-    axis.set_ylabel("true positive rate (training documents)")
-    axis.set_title(f"Membership inference, {attack} attack")
+def draw_curves(series: Mapping[str, Mapping[str, list[Any]]], path: Path) -> None:
+    """Exact match (left) and RougeL (right) of greedy extraction of the training documents against epoch."""
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for axis, metric, title in ((axes[0], "exact_match", "Exact match (fraction of training documents)"),
+                                (axes[1], "rouge_l", "RougeL F-measure (mean)")):
+        for label, s in series.items():
+            axis.plot(s["epoch"], _as_float(s[metric]), marker="o", markersize=3, label=label)
+        axis.set_xlabel("epoch (0 = before training)")
+        axis.set_ylim(-0.02, 1.05)
+        axis.set_title(title)
+        axis.legend(fontsize=8)
+    _save_figure(figure, path)
+
+
+def draw_divergence(series: Mapping[str, Mapping[str, Any]], path: Path, title: str) -> None:
+    """Where greedy decoding first leaves the true suffix, one step histogram per label (the paper's Fig. 4)."""
+    figure, axis = plt.subplots(figsize=(8, 4))
+    for label, s in series.items():
+        axis.step(s["positions"], s["counts"], where="mid",
+                  label=f"{label} ({s['n_never']}/{s['n_docs']} never diverged)")
+    axis.set_xlabel("suffix token index of the first divergence")
+    axis.set_ylabel("documents")
+    axis.set_title(title)
     axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return True
+    _save_figure(figure, path)
 
 
-def _instrument_lines(summary: dict[str, Any]) -> list[str]:
-    lines: list[str] = []
-    membership = summary.get("membership", {})
-    if membership:
-        attacks = sorted({a for result in membership.values() for a in result.get("attacks", {})})
-        lines += ["## Membership inference", "",
-                  "Members: training documents; non-members: held-out documents; higher score = member. "
-                  "AUC (TPR at 1% FPR); with n held-out documents the FPR resolution is 1/n.", "",
-                  "| model | " + " | ".join(attacks) + " |", "|---|" + "---|" * len(attacks)]
-        for label, result in membership.items():
-            cells = []
-            for attack in attacks:
-                metrics = result.get("attacks", {}).get(attack)
-                cells.append("n/a" if metrics is None else
-                             f"{metrics['auc']:.3f} ({_fmt(metrics['tpr_at_fpr'].get('0.01'))})")
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
-        lines += [""]
+def draw_roc(series: Mapping[str, Mapping[str, Mapping[str, Any]]], path: Path) -> None:
+    """One ROC panel per attack, one curve per label."""
+    attacks = [a for a, curves in series.items() if curves]
+    labels = list(dict.fromkeys(label for a in attacks for label in series[a]))
+    # The same colour and dash for a label in every panel; dashes keep identical curves (AUC 1.0) visible.
+    styles = {label: (f"C{i % 10}", ("-", "--", "-.", ":")[i % 4]) for i, label in enumerate(labels)}
+    figure, axes = plt.subplots(1, len(attacks), figsize=(4.2 * len(attacks), 4.4), squeeze=False)
+    for axis, attack in zip(axes[0], attacks):
+        for label, curve in series[attack].items():
+            color, dash = styles[label]
+            axis.plot(curve["fpr"], curve["tpr"], color=color, linestyle=dash,
+                      label=f"{label} (AUC {_fmt(curve['auc'])})")
+        axis.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1)
+        axis.set_xlabel("false positive rate (held-out documents)")
+        axis.set_ylabel("true positive rate (training documents)")
+        axis.set_title(f"{attack} attack")
+        axis.legend(fontsize=7, loc="lower right")
+    _save_figure(figure, path)
+
+
+def draw_breakdown(series: Mapping[str, Mapping[str, list[Any]]], path: Path, xlabel: str) -> None:
+    """Exact match against a per-document attribute (prefix length, times repeated), one line per label."""
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for label, s in series.items():
+        axis.plot(s["x"], _as_float(s["exact_match"]), marker="o", label=label)
+    axis.set_xlabel(xlabel)
+    axis.set_ylabel("exact match (fraction of documents)")
+    axis.set_ylim(-0.02, 1.05)
+    axis.set_title(f"Exact match by {xlabel}")
+    axis.legend(fontsize=8)
+    _save_figure(figure, path)
+
+
+# --------------------------------------------------------------------------------------------------------- sections
+
+def _headline_section(key_header: list[str], entries: Sequence[Entry]) -> list[str]:
+    rows = [keys + [_fmt(s.get(k)) for _, k in HEADLINE_COLUMNS] for keys, s in entries]
+    return _table(key_header + [name for name, _ in HEADLINE_COLUMNS], rows)
+
+
+def _curves_section(curves: Mapping[str, Sequence[Mapping[str, Any]]], figures: Sequence[str]) -> list[str]:
     rows = []
-    for label, parts in summary.get("details", {}).items():
-        train = parts.get("train", {})
-        div, prob = train.get("divergence"), train.get("probabilistic")
+    for label, s in curve_series(curves).items():
+        if not s["epoch"]:
+            continue
+        em = _as_float(s["exact_match"])
+        present = [i for i, v in enumerate(em) if not math.isnan(v)]
+        peak = max(present, key=lambda i: em[i]) if present else None
+        first_hit = next((s["epoch"][i] for i in present if em[i] > 0), None)
+        rows.append([label, f"{s['epoch'][0]}-{s['epoch'][-1]} ({len(s['epoch'])})", _fmt(s["exact_match"][0]),
+                     _fmt(s["exact_match"][-1]),
+                     "n/a" if peak is None else f"{_fmt(em[peak])} (epoch {s['epoch'][peak]})",
+                     _fmt(s["rouge_l"][0]), _fmt(s["rouge_l"][-1]), _fmt(first_hit)])
+    if not rows:
+        return []
+    return ["## Extraction over training", "",
+            "Greedy extraction of the training documents after each epoch (epoch 0: before training).", "",
+            *_table(["model", "epochs (points)", "EM first", "EM last", "EM peak", "RougeL first", "RougeL last",
+                     "first epoch with EM > 0"], rows),
+            *_figure("em_vs_epochs.png", "exact match and RougeL against epochs", figures)]
+
+
+def _divergence_section(key_header: list[str], entries: Sequence[Entry], figures: Sequence[str]) -> list[str]:
+    rows = []
+    for keys, s in entries:
+        div = s.get("divergence")
         if div is None:
             continue
-        rows.append(f"| {label} | {div['n_diverged']}/{div['n_docs']} | {_fmt(div.get('mean_first_divergence'))} | "
-                    f"{_fmt(div.get('share_on_dropped'))} | {_fmt(div.get('share_expected_by_chance'))} | "
-                    f"{_fmt((prob or {}).get('fraction_q_at_least_half'))} |")
-    if rows:
-        lines += ["## Divergence and probabilistic extraction (training documents)", "",
-                  "Where greedy decoding first leaves the true suffix, the share of those first divergences that fall "
-                  "on a position the goldfish mask drops (standard/control: the first goldfish mask) against the "
-                  "share expected by chance, and the fraction of documents whose suffix sampling at temperature 1 "
-                  "emits with probability >= 0.5.", "",
-                  "| model | diverged | mean first divergence | share on dropped | by chance | q >= 0.5 |",
-                  "|---|---|---|---|---|---|", *rows, ""]
+        rows.append(keys + [f"{div['n_diverged']}/{div['n_docs']}", str(div["n_docs"] - div["n_diverged"]),
+                            _fmt(div.get("mean_first_divergence")), _fmt(div.get("share_on_dropped")),
+                            _fmt(div.get("share_expected_by_chance"))])
+    if not rows:
+        return []
+    return ["## Divergence", "",
+            "Where greedy decoding first leaves the true suffix (suffix token index), and the share of those first "
+            "divergences that fall on a position the goldfish mask drops (standard/control: the first goldfish "
+            "mask) against the share expected by chance (the drop rate of the diverged suffixes).", "",
+            *_table(key_header + ["diverged", "never diverged", "mean first divergence", "share on dropped",
+                                  "by chance"], rows),
+            *_figure("divergence.png", "first divergence positions", figures)]
+
+
+def _adaptive_section(key_header: list[str], entries: Sequence[Entry]) -> list[str]:
+    rows = []
+    for keys, s in entries:
+        beam, sampling = s.get("beam"), s.get("sampling")
+        if beam is None and sampling is None:
+            continue
+        beam_em = beam_rouge = any_exact = rate = best = "n/a"
+        if beam is not None:
+            beam_em = f"{_fmt(beam.get('exact_match'))} (width {beam.get('num_beams', 'n/a')})"
+            beam_rouge = _fmt(beam.get("rouge_l"))
+        if sampling is not None:
+            settings = sampling.get("sampling", {})
+            any_exact = (f"{_fmt(sampling.get('any_exact'))} ({settings.get('n_samples', 'n/a')} samples, "
+                         f"T={settings.get('temperature', 'n/a')}, top-p={settings.get('top_p', 'n/a')})")
+            rate, best = _fmt(sampling.get("sample_exact_rate")), _fmt(sampling.get("best_match_fraction"))
+        rows.append(keys + [_fmt(s.get("exact_match")), beam_em, beam_rouge, any_exact, rate, best])
+    if not rows:
+        return []
+    return ["## Adaptive extraction", "",
+            "Exact match of greedy decoding, of the best beam of a beam search, and of sampling: the fraction of "
+            "documents with at least one exact sample, the fraction of all samples that are exact, and the mean "
+            "best match fraction among a document's samples.", "",
+            *_table(key_header + ["greedy EM", "beam EM", "beam RougeL", "sampling any exact", "sample exact rate",
+                                  "best match fraction"], rows)]
+
+
+def _probabilistic_section(key_header: list[str], entries: Sequence[Entry]) -> list[str]:
+    present = [(keys, s["probabilistic"]) for keys, s in entries if s.get("probabilistic") is not None]
+    if not present:
+        return []
+    budgets = _key_order(list({k for _, p in present for k in p.get("expected_fraction_extracted", {})}))
+    confidences = _key_order(list({k for _, p in present for k in p.get("median_samples_needed", {})}))
+    rows = []
+    for keys, p in present:
+        rows.append(keys + [f"T={p.get('temperature', 'n/a')}, top-p={p.get('top_p', 'n/a')}"]
+                    + [_fmt(p.get("expected_fraction_extracted", {}).get(n)) for n in budgets]
+                    + [_fmt_count(p.get("median_samples_needed", {}).get(c)) for c in confidences]
+                    + [_fmt(p.get("fraction_q_at_least_half")), _fmt(p.get("mean_log10_q"))])
+    return ["## Probabilistic extraction", "",
+            "q: the exact probability that sampling emits a document's true suffix (product of its token "
+            "probabilities). Expected fraction of documents extracted with n samples (mean of 1 - (1 - q)^n), "
+            "median number of samples needed to extract a document with probability p, fraction of documents with "
+            "q >= 0.5, and mean log10 q over documents with q > 0.", "",
+            *_table(key_header + ["sampling"] + [f"extracted, n={n}" for n in budgets]
+                    + [f"samples for p={c}" for c in confidences] + ["q >= 0.5", "mean log10 q"], rows)]
+
+
+def _membership_section(key_header: list[str], entries: Sequence[Entry], figures: Sequence[str]) -> list[str]:
+    present = [(keys, result) for keys, result in entries if result.get("attacks")]
+    if not present:
+        return []
+    attacks = _attack_order({a for _, result in present for a in result["attacks"]})
+    fprs = sorted({k for _, r in present for m in r["attacks"].values() for k in m.get("tpr_at_fpr", {})},
+                  key=float, reverse=True)
+    rows, resolutions = [], set()
+    for keys, result in present:
+        for attack in attacks:
+            metrics = result["attacks"].get(attack)
+            if metrics is None:
+                continue
+            resolutions.add(metrics.get("fpr_resolution"))
+            rows.append(keys + [attack, _fmt(metrics.get("auc"))]
+                        + [_fmt(metrics.get("tpr_at_fpr", {}).get(f)) for f in fprs]
+                        + [f"{metrics.get('n_members', 'n/a')}/{metrics.get('n_nonmembers', 'n/a')}"])
+    resolution = ", ".join(_fmt(r) for r in sorted(r for r in resolutions if r is not None)) or "n/a"
+    return ["## Membership inference", "",
+            "Members: training documents; non-members: held-out documents; scores oriented so higher = member. "
+            f"With n held-out documents the FPR moves in steps of 1/n (here {resolution}): a TPR at a smaller FPR "
+            "is interpolated from the point with no false positive and says little.", "",
+            *_table(key_header + ["attack", "AUC"] + [f"TPR @ {float(f) * 100:g}% FPR" for f in fprs]
+                    + ["members/non-members"], rows),
+            *_figure("roc.png", "membership inference ROC, every attack", figures)]
+
+
+def _group_key(kind: str, rows: Sequence[Mapping[str, Any]]) -> str:
+    if kind in BREAKDOWNS:
+        return BREAKDOWNS[kind][0]
+    for row in rows:  # an unknown breakdown: its key is the one field that is not a count or a metric
+        for key in row:
+            if key not in ("n_docs", "exact_match", "rouge_l"):
+                return key
+    raise ValueError(f"breakdown {kind!r} has no group field in its rows")
+
+
+def _breakdown_sections(key_header: list[str], breakdowns: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]],
+                        figures: Sequence[str]) -> list[str]:
+    lines: list[str] = []
+    for kind, tables in breakdowns.items():
+        all_rows = [r for rows in tables.values() for r in rows]
+        if not all_rows:
+            continue
+        key = _group_key(kind, all_rows)
+        header_format = BREAKDOWNS[kind][1] if kind in BREAKDOWNS else f"{key}={{}}"
+        values = sorted({r[key] for r in all_rows}, key=lambda v: (v is None, v))
+        counts = {v: {r.get("n_docs") for r in all_rows if r[key] == v} for v in values}
+        header = [header_format.format("n/a" if v is None else v)
+                  + (f" (n={next(iter(counts[v]))})" if len(counts[v]) == 1 else "") for v in values]
+        rows = []
+        for label, table in tables.items():
+            by_value = {r[key]: r for r in table}
+            cells = []
+            for v in values:
+                r = by_value.get(v)
+                cell = "n/a" if r is None else f"{_fmt(r.get('exact_match'))} / {_fmt(r.get('rouge_l'))}"
+                if r is not None and len(counts[v]) > 1:
+                    cell += f" (n={r.get('n_docs')})"
+                cells.append(cell)
+            rows.append([label] + cells)
+        title = BREAKDOWNS[kind][2] if kind in BREAKDOWNS else key
+        plot = BREAKDOWNS[kind][3] if kind in BREAKDOWNS else ""
+        lines += [f"## Breakdown by {title}", "",
+                  "Cells: exact match / RougeL F, means over the documents of each group (n documents).", "",
+                  *_table(key_header + header, rows), *_figure(plot, f"exact match by {title}", figures)]
     return lines
 
 
-def render_markdown(summary: dict[str, Any]) -> str:
-    config = summary["config"]
-    docs = summary["documents"]
-    lines = [
-        "# goldfish compare",
-        "",
-        f"Model `{config['model']}` (init seed {config['init_seed']}), data `{config['data']['source']}`: "
-        f"{config['data']['n_train']} training and {config['data']['n_heldout']} held-out documents of "
-        f"{config['data']['seq_len']} tokens (selection seed {config['data']['seed']}).",
-        f"Training: {config['train']['epochs']} epochs, batch {config['train']['batch_size']}, lr {config['train']['lr']}, "
-        f"{config['train']['schedule']} schedule, {config['train']['precision']}.",
-        f"Extraction: greedy, suffix {config['extraction']['suffix_len']} tokens, prefix "
-        f"{config['extraction']['prefix_len'] or 'all tokens before the suffix'}.",
-        f"Control: {summary['control']}.",
-        "",
-        "| model | part | docs | exact match | RougeL F | RougeL recall | Rouge1 | Rouge2 | match fraction | "
-        "longest correct prefix | TF acc | TF acc kept | TF acc dropped |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for label, parts in summary["models"].items():
+def _files_section(files: Sequence[str]) -> list[str]:
+    """Folders with the same set of files share one line: "- `a/`, `b/`: `x.jsonl` (what it holds), ..."."""
+    if not files:
+        return []
+    names_by_folder: dict[str, list[str]] = {}
+    for path in files:
+        folder, _, name = path.rpartition("/")
+        names_by_folder.setdefault(f"{folder}/" if folder else "./", []).append(name)
+    folders_by_names: dict[tuple[str, ...], list[str]] = {}
+    for folder, names in names_by_folder.items():
+        folders_by_names.setdefault(tuple(names), []).append(folder)
+    descriptions = {name: text for _, name, text in PART_FILES} | {MEMBERSHIP_FILE: "membership-inference scores"}
+    return ["## Per-document rows", "",
+            "One JSON object per document per line, behind the tables and plots above (paths relative to this "
+            "folder):", "",
+            *("- " + ", ".join(f"`{f}`" for f in folders) + ": "
+              + ", ".join(f"`{n}` ({descriptions.get(n, 'per-document rows')})" for n in names)
+              for names, folders in folders_by_names.items()), ""]
+
+
+# ----------------------------------------------------------------------------------------------------- compare view
+
+def _details(summary: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per model and part the full summary: details when present, else the headline numbers."""
+    details = summary.get("details") or {}
+    return {label: details.get(label) or parts for label, parts in summary["models"].items()}
+
+
+def _compare_entries(summary: Mapping[str, Any]) -> list[Entry]:
+    return [([label, part], s) for label, parts in _details(summary).items() for part, s in parts.items()]
+
+
+def compare_per_document_files(summary: Mapping[str, Any]) -> list[str]:
+    """Paths (relative to OUT) of the per-document JSON-lines files a compare summary says were written."""
+    files = []
+    for label, parts in _details(summary).items():
         for part, s in parts.items():
-            lines.append("| " + " | ".join([label, part] + [_fmt(s.get(k)) for k in (
-                "n_docs", "exact_match", "rouge_l", "rouge_l_recall", "rouge_1", "rouge_2", "match_fraction",
-                "longest_correct_prefix", "tf_accuracy", "tf_kept_accuracy", "tf_dropped_accuracy")]) + " |")
-    lines += [
-        "",
-        "TF acc: teacher-forced next-token accuracy; kept/dropped split by the model's own goldfish mask (standard and "
-        "control models: by the first goldfish mask).",
-        "",
+            files += [f"{label}/eval/{part}/{name}" for key, name, _ in PART_FILES if key is None or key in s]
+        if label in (summary.get("membership") or {}):
+            files.append(f"{label}/eval/{MEMBERSHIP_FILE}")
+    return files
+
+
+def compare_figures(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
+    """Draw every plot the compare summary has data for into out_dir; returns the names of the PNGs written."""
+    written = []
+    labels = list(summary["models"])
+    draw_bars(labels, bar_series(summary["models"]), out_dir / "compare.png")
+    written.append("compare.png")
+    hist = rouge_hist_series({label: out_dir / label / "eval" / "train" / "extraction.jsonl" for label in labels})
+    if hist:
+        draw_rouge_histograms(hist, out_dir / "rouge_hist.png", "Memorization of training documents")
+        written.append("rouge_hist.png")
+    if summary.get("curves"):
+        draw_curves(curve_series(summary["curves"]), out_dir / "em_vs_epochs.png")
+        written.append("em_vs_epochs.png")
+    divergences = {label: parts["train"]["divergence"] for label, parts in _details(summary).items()
+                   if (parts.get("train") or {}).get("divergence")}
+    if divergences:
+        suffix_len = ((summary.get("config") or {}).get("extraction") or {}).get("suffix_len")
+        draw_divergence(divergence_series(divergences, suffix_len), out_dir / "divergence.png",
+                        "First divergence from the true suffix (training documents)")
+        written.append("divergence.png")
+    written += _membership_figures(summary.get("membership") or {}, out_dir, keep_loss_figure=True)
+    written += _breakdown_figures(summary.get("breakdowns") or {}, out_dir)
+    return written
+
+
+def _membership_figures(membership: Mapping[str, Mapping[str, Any]], out_dir: Path, keep_loss_figure: bool
+                        ) -> list[str]:
+    series = roc_series(membership)
+    if not any(series.values()):
+        return []
+    draw_roc(series, out_dir / "roc.png")
+    written = ["roc.png"]
+    if keep_loss_figure and series.get("loss"):
+        draw_roc({"loss": series["loss"]}, out_dir / "roc_loss.png")  # the file name older reports linked
+        written.append("roc_loss.png")
+    return written
+
+
+def _breakdown_figures(breakdowns: Mapping[str, Mapping[str, Any]], out_dir: Path) -> list[str]:
+    written = []
+    for kind, (key, _, xlabel, name) in BREAKDOWNS.items():
+        series = breakdown_series(breakdowns.get(kind) or {}, key)
+        if any(s["x"] for s in series.values()):
+            draw_breakdown(series, out_dir / name, xlabel)
+            written.append(name)
+    return written
+
+
+def render_markdown(summary: Mapping[str, Any], figures: Sequence[str] | None = None,
+                    files: Sequence[str] | None = None) -> str:
+    """report.md of `goldfish compare`. figures: names of the PNGs written (None: every plot the summary has data
+    for); files: per-document files to list (None: those the summary says were written)."""
+    if figures is None:
+        figures = ["compare.png", "rouge_hist.png", "em_vs_epochs.png", "divergence.png", "roc.png",
+                   *(v[3] for v in BREAKDOWNS.values())]
+    if files is None:
+        files = compare_per_document_files(summary)
+    config = summary["config"]
+    data = config["data"]
+    train = config["train"]
+    extraction = config["extraction"]
+    docs = summary.get("documents") or {}
+    entries = _compare_entries(summary)
+    key_header = ["model", "part"]
+    membership_entries = [([label], result) for label, result in (summary.get("membership") or {}).items()]
+    breakdowns = summary.get("breakdowns") or {}
+    timings = summary.get("timings_s") or {}
+    lines = [
+        "# goldfish compare", "",
+        f"Model `{config['model']}` (init seed {config['init_seed']}), data `{data['source']}`: {data['n_train']} "
+        f"training and {data['n_heldout']} held-out documents of {data['seq_len']} tokens (selection seed "
+        f"{data['seed']}).",
+        f"Training: {train['epochs']} epochs, batch {train['batch_size']}, lr {train['lr']}, {train['schedule']} "
+        f"schedule, {train['precision']}.",
+        f"Extraction: greedy, suffix {extraction['suffix_len']} tokens, prefix "
+        f"{extraction['prefix_len'] or 'all tokens before the suffix'}.",
+        f"Control: {summary.get('control', 'n/a')}.", "",
+        *_headline_section(key_header, [([label, part], s) for label, parts in summary["models"].items()
+                                        for part, s in parts.items()]),
+        "TF acc: teacher-forced next-token accuracy; kept/dropped split by the model's own goldfish mask (standard "
+        "and control models: by the first goldfish mask).", "",
         f"Documents: {len(docs.get('train', []))} train, {len(docs.get('heldout', []))} held-out; ids and SHA-256 of "
-        "each are in summary.json under `documents`.",
-        "",
-        *_instrument_lines(summary),
-        "Timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in summary["timings_s"].items()),
-        "",
-        "![exact match and RougeL](compare.png)",
-        "",
-        "![RougeL histograms](rouge_hist.png)",
-        "",
-        "![membership inference ROC](roc_loss.png)" if summary.get("membership") else "",
-        "",
+        "each are in summary.json under `documents`.", "",
+        *_figure("compare.png", "exact match and RougeL", figures),
+        *_figure("rouge_hist.png", "RougeL histograms", figures),
+        *_curves_section(summary.get("curves") or {}, figures),
+        *_divergence_section(key_header, entries, figures),
+        *_adaptive_section(key_header, entries),
+        *_probabilistic_section(key_header, entries),
+        *_breakdown_sections(["model"], breakdowns, figures),
+        *_membership_section(["model"], membership_entries, figures),
+        *_files_section(files),
     ]
+    if timings:
+        lines += ["Timings (s): " + ", ".join(f"{k} {_fmt_seconds(v)}" for k, v in timings.items()), ""]
     return "\n".join(lines)
 
 
-def write_compare_report(summary: dict[str, Any], out_dir: Path) -> None:
-    """Write OUT/summary.json, OUT/report.md, OUT/compare.png and OUT/rouge_hist.png."""
-    plot_bars(summary, out_dir / "compare.png")
-    plot_rouge_histograms(out_dir, list(summary["models"]), out_dir / "rouge_hist.png")
-    plot_roc(summary, out_dir / "roc_loss.png")
-    _atomic_write(out_dir / "report.md", render_markdown(summary))
+def _fmt_seconds(value: Any) -> str:
+    return f"{value:.1f}" if isinstance(value, (int, float)) else _fmt(value)
+
+
+def write_compare_report(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
+    """Write OUT/summary.json, OUT/report.md and every PNG the summary has data for; returns the PNG names."""
+    out_dir = Path(out_dir)
+    figures = compare_figures(summary, out_dir)
+    files = [f for f in compare_per_document_files(summary) if (out_dir / f).exists()]
+    _atomic_write(out_dir / "report.md", render_markdown(summary, figures, files))
     _atomic_write(out_dir / "summary.json", json.dumps(summary, indent=2, default=str))
+    return figures
+
+
+# -------------------------------------------------------------------------------------------------------- eval view
+
+def _eval_parts(summary: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """The part summaries of an eval summary: every value that is an extraction summary (has n_docs)."""
+    parts = {k: v for k, v in summary.items() if k != "membership" and isinstance(v, Mapping) and "n_docs" in v}
+    if not parts:
+        raise ValueError("the eval summary has no part summary (a dict with n_docs, e.g. under 'train'); pass the "
+                         "summary that `goldfish eval` builds: {part: extraction summary, 'membership': ...}")
+    return parts
+
+
+def _eval_breakdowns(parts: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """{kind: {part: rows}} from each part's "breakdowns" {kind: rows}."""
+    breakdowns: dict[str, dict[str, Any]] = {}
+    for part, s in parts.items():
+        for kind, rows in (s.get("breakdowns") or {}).items():
+            breakdowns.setdefault(kind, {})[part] = rows
+    return breakdowns
+
+
+def eval_per_document_files(summary: Mapping[str, Any]) -> list[str]:
+    """Paths (relative to OUT) of the per-document JSON-lines files an eval summary says were written."""
+    files = [f"{part}/{name}" for part, s in _eval_parts(summary).items()
+             for key, name, _ in PART_FILES if key is None or key in s]
+    if summary.get("membership"):
+        files.append(MEMBERSHIP_FILE)
+    return files
+
+
+def eval_figures(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
+    """Draw every plot the eval summary has data for into out_dir; returns the names of the PNGs written."""
+    parts = _eval_parts(summary)
+    written = []
+    hist = rouge_hist_series({part: out_dir / part / "extraction.jsonl" for part in parts})
+    if hist:
+        draw_rouge_histograms(hist, out_dir / "rouge_hist.png", "RougeL of the extracted suffixes")
+        written.append("rouge_hist.png")
+    divergences = {part: s["divergence"] for part, s in parts.items() if s.get("divergence")}
+    if divergences:
+        suffix_len = next((s.get("config", {}).get("suffix_len") for s in parts.values() if s.get("config")), None)
+        draw_divergence(divergence_series(divergences, suffix_len), out_dir / "divergence.png",
+                        "First divergence from the true suffix")
+        written.append("divergence.png")
+    if summary.get("membership"):
+        written += _membership_figures({"model": summary["membership"]}, out_dir, keep_loss_figure=False)
+    written += _breakdown_figures(_eval_breakdowns(parts), out_dir)
+    return written
+
+
+def render_eval_markdown(summary: Mapping[str, Any], figures: Sequence[str] | None = None,
+                         files: Sequence[str] | None = None) -> str:
+    """report.md of `goldfish eval`: summary = {part: extraction summary (+ optional "divergence", "probabilistic",
+    "beam", "sampling", "breakdowns"), "membership": one model's membership result (optional)}."""
+    parts = _eval_parts(summary)
+    if figures is None:
+        figures = ["rouge_hist.png", "divergence.png", "roc.png", *(v[3] for v in BREAKDOWNS.values())]
+    if files is None:
+        files = eval_per_document_files(summary)
+    entries = [([part], s) for part, s in parts.items()]
+    config = next((s["config"] for s in parts.values() if s.get("config")), None)
+    lines = ["# goldfish eval", "",
+             "Documents: " + ", ".join(f"{part} {s['n_docs']}" for part, s in parts.items()) + "."]
+    if config is not None:
+        lines.append(f"Extraction: greedy, suffix {config.get('suffix_len')} tokens, prefix "
+                     f"{config.get('prefix_len') or 'all tokens before the suffix'}.")
+    lines += ["", *_headline_section(["part"], entries),
+              "TF acc: teacher-forced next-token accuracy; kept/dropped split by the goldfish mask evaluated against "
+              "(n/a without one).", "",
+              *_figure("rouge_hist.png", "RougeL histograms", figures),
+              *_divergence_section(["part"], entries, figures),
+              *_adaptive_section(["part"], entries),
+              *_probabilistic_section(["part"], entries),
+              *_breakdown_sections(["part"], _eval_breakdowns(parts), figures)]
+    if summary.get("membership"):
+        lines += _membership_section([], [([], summary["membership"])], figures)
+    lines += _files_section(files)
+    return "\n".join(lines)
+
+
+def write_eval_report(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
+    """Write OUT/report.md and every PNG the eval summary has data for; returns the PNG names."""
+    out_dir = Path(out_dir)
+    figures = eval_figures(summary, out_dir)
+    files = [f for f in eval_per_document_files(summary) if (out_dir / f).exists()]
+    _atomic_write(out_dir / "report.md", render_eval_markdown(summary, figures, files))
+    return figures
