@@ -174,7 +174,8 @@ def _sync_and_clip(model: nn.Module, n_tokens: float, config: TrainConfig, grid:
 def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn: LossFn, config: TrainConfig, *,
           out_dir: str | Path | None = None, grid: Any = None, resume_from: str | Path | None = None,
           save_model: Callable[[nn.Module, Path], None] | None = None,
-          on_log: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
+          on_log: Callable[[dict[str, Any]], None] | None = None,
+          on_epoch_end: Callable[[nn.Module, int, int], None] | None = None) -> TrainResult:
     """Train `model` in place for config.epochs over `examples`.
 
     examples: one dict of equal-length 1-D tensors per sequence (e.g. input_ids, targets, masks). The loss function
@@ -184,6 +185,9 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
     resume_from: a checkpoint folder written by an earlier run with the same examples and config.
     save_model: writes the model (and anything else the caller wants in a checkpoint) into a folder; required when
         out_dir is given. The loop adds its own trainer state next to it.
+    on_epoch_end: called on every rank as on_epoch_end(model, epoch, step) after each completed epoch (epoch counts
+        from 1; step = optimizer steps done), with the model in eval mode (training mode is restored after), e.g. to
+        measure extraction during training. Not called for epochs finished before a resume.
     """
     if not examples:
         raise ValueError("no training examples: give at least one document")
@@ -270,6 +274,11 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
             done = step + 1
             if out_path is not None and (done == total_steps or (config.save_every and done % config.save_every == 0)):
                 save_checkpoint(out_path / "checkpoint", model, optimizer, scheduler, done, config, save_model, grid)
+            if on_epoch_end is not None and done % per_epoch == 0:
+                model.eval()
+                with torch.no_grad():
+                    on_epoch_end(model, done // per_epoch, done)
+                model.train()
     finally:
         bar.close()
         if _is_distributed(grid):

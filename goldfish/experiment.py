@@ -11,16 +11,18 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 
 import data
 import engine.train as engine_train
-from eval.adaptive import probabilistic_extract
+from eval.adaptive import SamplingConfig, beam_extract, probabilistic_extract, sampling_extract
+from eval.breakdown import extract_by_prefix_length, group_means, tag_rows
 from eval.divergence import divergence_row, divergence_summary, suffix_dropped_flags
 from eval.extraction import ExtractionConfig, extract, write_extraction
+from eval.report import write_jsonl_atomic
 from eval.membership import membership_rows, membership_summary
 from goldfish.loss import goldfish_loss
 from goldfish.masks import STRATEGIES, causal_targets, drop_mask
@@ -44,10 +46,32 @@ class DataSpec:
     seed: int = 0
     tokenizer: str | None = None  # HF name/folder; None: the model's own, or a BPE trained on the corpus
     vocab_size: int = 2048  # for the BPE trained for tiny models
+    # Times each training document occurs per epoch, assigned round-robin over the selected training documents:
+    # (1, 4) repeats the 1st, 3rd, 5th ... document once and the 2nd, 4th ... four times per epoch.
+    repeats: tuple[int, ...] = (1,)
 
     def __post_init__(self) -> None:
         if self.vocab_size < 300:
             raise ValueError(f"vocab_size must be >= 300 (256 bytes plus merges and special tokens), got {self.vocab_size}")
+        self.repeats = tuple(self.repeats)
+        if not self.repeats or any(not isinstance(r, int) or r < 1 for r in self.repeats):
+            raise ValueError(f"repeats must be integers >= 1 (times a training document occurs per epoch), "
+                             f"got {self.repeats!r}")
+
+    def repeats_by_id(self, documents: Sequence[data.TokenizedDocument]) -> dict[str, int]:
+        """{document id: times it occurs per training epoch}, round-robin over `documents` in selection order."""
+        return {str(doc.id): self.repeats[i % len(self.repeats)] for i, doc in enumerate(documents)}
+
+
+def parse_repeats(text: str) -> tuple[int, ...]:
+    """Parse '1,2,4,8' into (1, 2, 4, 8)."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"cannot parse repeats {text!r}: use comma-separated integers >= 1, e.g. 1,4,16") from None
+    if any(v < 1 for v in values):
+        raise ValueError(f"repeats {text!r} must all be >= 1")
+    return values
 
 
 @dataclass(frozen=True)
@@ -184,19 +208,25 @@ def initial_model(model_name: str, prepared: Prepared, seed: int) -> nn.Module:
 
 
 def make_examples(documents: Sequence[data.TokenizedDocument], mask: MaskSpec,
-                  special_token_ids: Sequence[int]) -> list[dict[str, torch.Tensor]]:
-    """One training example per document: input ids, next-token targets and the goldfish drop mask, all (T,).
+                  special_token_ids: Sequence[int],
+                  repeats: dict[str, int] | None = None) -> list[dict[str, torch.Tensor]]:
+    """Training examples: input ids, next-token targets and the goldfish drop mask, all (T,); one per document, or
+    `repeats[id]` copies of it. Hashed and static masks are functions of the tokens, so every copy drops the same
+    positions (the point of the hashed mask).
 
     For the `random` strategy the stored mask is only the first epoch's draw (for counting); the loss redraws it
-    every step, since a per-occurrence Bernoulli mask must differ each time a sequence is seen.
+    every step and for every copy, since a per-occurrence Bernoulli mask must differ each time a sequence is seen.
     """
     examples = []
-    for index, document in enumerate(documents):
+    for document in documents:
         input_ids = torch.tensor(document.token_ids, dtype=torch.long)
         targets = causal_targets(input_ids.unsqueeze(0))
-        dropped = mask.dropped(targets, special_token_ids) if mask.strategy != "random" else \
-            _random_draw(mask, targets, special_token_ids, step=0, example_index=index)
-        examples.append({"input_ids": input_ids, "targets": targets[0], "dropped": dropped[0]})
+        copies = 1 if repeats is None else repeats[str(document.id)]
+        for _ in range(copies):
+            index = len(examples)
+            dropped = mask.dropped(targets, special_token_ids) if mask.strategy != "random" else \
+                _random_draw(mask, targets, special_token_ids, step=0, example_index=index)
+            examples.append({"input_ids": input_ids, "targets": targets[0], "dropped": dropped[0]})
     return examples
 
 
@@ -278,6 +308,7 @@ def run_record(spec: TrainSpec, prepared: Prepared) -> dict[str, Any]:
         "mask": asdict(spec.mask) | {"label": spec.mask.label},
         "train": asdict(spec.train),
         "documents": prepared.split.manifest(),
+        "repeats": spec.data.repeats_by_id(prepared.split.train),
         "torch": torch.__version__,
         "python": sys.version.split()[0],
     }
@@ -285,16 +316,23 @@ def run_record(spec: TrainSpec, prepared: Prepared) -> dict[str, Any]:
 
 
 def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = None, model: nn.Module | None = None,
-                resume_from: Path | None = None, grid: Any = None, log=print) -> tuple[nn.Module, Prepared]:
-    """Train one model and write OUT/checkpoint (an HF checkpoint + tokenizer + trainer state) and OUT/metrics.jsonl."""
+                resume_from: Path | None = None, grid: Any = None, log=print,
+                on_epoch_end: Callable[[nn.Module, int, int], None] | None = None) -> tuple[nn.Module, Prepared]:
+    """Train one model and write OUT/checkpoint (an HF checkpoint + tokenizer + trainer state) and OUT/metrics.jsonl.
+
+    on_epoch_end(model, epoch, step) runs after each epoch on every rank (see engine.train.train).
+    """
     prepared = prepared or prepare_data(spec.data, spec.model, log=log)
     model = model if model is not None else initial_model(spec.model, prepared, spec.init_seed)
     if resume_from is not None:
         load_model_weights(model, resume_from)  # full weights: valid at any grid, sharded below
-    examples = make_examples(prepared.split.train, spec.mask, prepared.special_token_ids)
+    repeats = spec.data.repeats_by_id(prepared.split.train)
+    examples = make_examples(prepared.split.train, spec.mask, prepared.special_token_ids, repeats)
     n_dropped = sum(int(e["dropped"].sum()) for e in examples)
     n_targets = sum(int((e["targets"] != -100).sum()) for e in examples)
-    log(f"train {spec.mask.label}: {len(examples)} sequences, {n_dropped}/{n_targets} targets dropped "
+    repeated = "" if set(repeats.values()) == {1} else \
+        f" ({len(prepared.split.train)} documents repeated {'/'.join(map(str, spec.data.repeats))} times per epoch)"
+    log(f"train {spec.mask.label}: {len(examples)} sequences{repeated}, {n_dropped}/{n_targets} targets dropped "
         f"({n_dropped / max(n_targets, 1):.3f}), {spec.train.epochs} epochs"
         + (f", grid {grid.shape}" if grid is not None else ""))
     record = run_record(spec, prepared)
@@ -310,41 +348,122 @@ def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = N
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "run.json").write_text(json.dumps(record, indent=2))
     engine_train.train(model, examples, make_step_loss(spec.mask, prepared.special_token_ids), spec.train,
-                       out_dir=out_dir, grid=grid, resume_from=resume_from, save_model=save)
+                       out_dir=out_dir, grid=grid, resume_from=resume_from, save_model=save, on_epoch_end=on_epoch_end)
     return model, prepared
+
+
+@dataclass
+class Instruments:
+    """The memorization instruments run besides greedy extraction (research.md section 2).
+
+    divergence: where greedy decoding first leaves the true suffix, and whether that position is a dropped one.
+    probabilistic: exact probability that sampling at temperature 1 emits the true suffix (one teacher-forced pass).
+    beams: beam-search extraction with this many beams (0 = off; the goldfish paper's attack uses 30).
+    samples: sampling extraction with this many samples per document (0 = off), at `temperature` and `top_p`.
+    prefix_lengths: greedy extraction again with each of these fixed prefix lengths (empty = off).
+    """
+
+    divergence: bool = True
+    probabilistic: bool = True
+    beams: int = 0
+    samples: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    sample_seed: int = 0
+    prefix_lengths: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        self.prefix_lengths = tuple(int(p) for p in self.prefix_lengths)
+        if self.beams < 0 or self.beams == 1:
+            raise ValueError(f"beams must be 0 (off) or >= 2, got {self.beams} (1 beam is greedy extraction)")
+        if self.samples < 0:
+            raise ValueError(f"samples must be >= 0 (0 = off), got {self.samples}")
+        if any(p < 1 for p in self.prefix_lengths):
+            raise ValueError(f"prefix lengths must be >= 1, got {self.prefix_lengths}")
+        self.sampling()  # validates temperature and top_p
+
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(temperature=self.temperature, top_p=self.top_p, n_samples=max(self.samples, 1),
+                              seed=self.sample_seed)
+
+
+# What the per-document rows of each instrument are saved as, next to extraction.jsonl.
+ROW_FILES = {"divergence": "divergence.jsonl", "probabilistic": "probabilistic.jsonl", "beam": "beam.jsonl",
+             "sampling": "sampling.jsonl", "prefix_length": "prefix_length.jsonl"}
+REPEAT_METRICS = ("exact_match", "rouge_l")
 
 
 def evaluate_model(model: nn.Module, prepared: Prepared, documents: Sequence[data.TokenizedDocument],
                    extraction: ExtractionConfig, out_dir: Path | None, mask: MaskSpec | None = None,
-                   progress: bool = True, *, instruments: bool = False) -> dict[str, Any]:
-    """Greedy extraction on `documents`; writes OUT/extraction.jsonl and OUT/summary.json when out_dir is given.
+                   progress: bool = True, *, instruments: Instruments | None = None,
+                   repeats: dict[str, int] | None = None) -> dict[str, Any]:
+    """Greedy extraction on `documents` plus the chosen `instruments`; returns the summary.
 
-    instruments: also the divergence analysis (where the greedy text first leaves the true suffix, and how often that
-    is a position `mask` drops) and probabilistic extraction (exact probability that sampling at temperature 1
-    emits the true suffix), added to the summary under "divergence" and "probabilistic".
+    Writes OUT/extraction.jsonl, OUT/summary.json and one JSON-lines file of per-document rows per instrument
+    (ROW_FILES) when out_dir is given. Instrument summaries go under "divergence", "probabilistic", "beam",
+    "sampling" and "breakdowns" ({"prefix_length": [...], "repeats": [...]}).
+    repeats: {document id: times it was trained on per epoch}; documents not in it count as 0 (never trained on).
+        Each extraction row gets a "repeats" field and the summary a breakdown by it.
     """
+    summary, _ = _evaluate(model, prepared, documents, extraction, out_dir, mask, progress, instruments, repeats)
+    return summary
+
+
+def _evaluate(model: nn.Module, prepared: Prepared, documents: Sequence[data.TokenizedDocument],
+              extraction: ExtractionConfig, out_dir: Path | None, mask: MaskSpec | None, progress: bool,
+              instruments: Instruments | None, repeats: dict[str, int] | None
+              ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """evaluate_model, also returning the per-document rows: {"extraction": rows, instrument: rows, ...}."""
     tokenizer = prepared.tokenizer
     special = prepared.special_token_ids
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     mask_fn = None
     if mask is not None and mask.strategy is not None:
         mask_fn = lambda targets: mask.dropped(targets, special)  # noqa: E731
     pad_id = pad_token_id(tokenizer)
-    rows, summary = extract(model, documents, extraction, decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                            pad_token_id=pad_id, drop_mask_fn=mask_fn, progress=progress)
-    if instruments:
-        summary["divergence"] = _divergence(rows, documents, extraction, mask_fn)
-        _, summary["probabilistic"] = probabilistic_extract(model, documents, extraction, pad_token_id=pad_id)
+    rows, summary = extract(model, documents, extraction, decode=decode, pad_token_id=pad_id, drop_mask_fn=mask_fn,
+                            progress=progress)
+    breakdowns: dict[str, Any] = {}
+    if repeats is not None:
+        rows = tag_rows(rows, "repeats", repeats, default=0)
+        breakdowns["repeats"] = group_means(rows, "repeats", REPEAT_METRICS)
+    per_document: dict[str, list[dict[str, Any]]] = {"extraction": rows}
+    if instruments is not None:
+        if instruments.divergence:
+            per_document["divergence"] = _divergence_rows(rows, documents, extraction, mask_fn)
+            summary["divergence"] = divergence_summary(per_document["divergence"])
+        if instruments.probabilistic:
+            per_document["probabilistic"], summary["probabilistic"] = probabilistic_extract(
+                model, documents, extraction, pad_token_id=pad_id)
+        if instruments.beams:
+            per_document["beam"], summary["beam"] = beam_extract(model, documents, extraction,
+                                                                 num_beams=instruments.beams, pad_token_id=pad_id,
+                                                                 decode=decode)
+        if instruments.samples:
+            per_document["sampling"], summary["sampling"] = sampling_extract(
+                model, documents, extraction, instruments.sampling(), pad_token_id=pad_id)
+        if instruments.prefix_lengths:
+            per_document["prefix_length"] = extract_by_prefix_length(
+                model, documents, instruments.prefix_lengths, suffix_len=extraction.suffix_len,
+                batch_size=extraction.batch_size, decode=decode, pad_token_id=pad_id)
+            breakdowns["prefix_length"] = group_means(per_document["prefix_length"], "prefix_len", REPEAT_METRICS)
+    if breakdowns:
+        summary["breakdowns"] = breakdowns
     if out_dir is not None:
         write_extraction(rows, summary, out_dir)
-    return summary
+        for name, instrument_rows in per_document.items():
+            if name != "extraction":
+                write_jsonl_atomic(out_dir / ROW_FILES[name], instrument_rows)
+    return summary, per_document
 
 
 def pad_token_id(tokenizer: Any) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
-def _divergence(rows: list[dict[str, Any]], documents: Sequence[data.TokenizedDocument],
-                extraction: ExtractionConfig, mask_fn: Any) -> dict[str, Any]:
+def _divergence_rows(rows: list[dict[str, Any]], documents: Sequence[data.TokenizedDocument],
+                     extraction: ExtractionConfig, mask_fn: Any) -> list[dict[str, Any]]:
+    """Per-document divergence rows (id, n_prefix_tokens, first_divergence, and the mask's flags when given)."""
     by_id = {d.id: d for d in documents}
     divergence_rows = []
     for row in rows:
@@ -354,31 +473,47 @@ def _divergence(rows: list[dict[str, Any]], documents: Sequence[data.TokenizedDo
         if mask_fn is not None:
             dropped = mask_fn(causal_targets(torch.tensor([ids])))[0]
             flags = suffix_dropped_flags(dropped, prefix_len, suffix_len)
-        divergence_rows.append(divergence_row(row["generated_ids"], ids[prefix_len:prefix_len + suffix_len], flags))
-    return divergence_summary(divergence_rows)
+        divergence_rows.append({"id": row["id"], "n_prefix_tokens": prefix_len,
+                                **divergence_row(row["generated_ids"], ids[prefix_len:prefix_len + suffix_len], flags)})
+    return divergence_rows
 
 
-def membership(model: nn.Module, prepared: Prepared, reference: nn.Module | None) -> dict[str, Any]:
+def membership(model: nn.Module, prepared: Prepared, reference: nn.Module | None,
+               out_file: Path | None = None) -> dict[str, Any]:
     """Membership inference (loss, zlib, Min-K%, and reference-model ratio when `reference` is given): members are
-    the training documents, non-members the held-out ones; AUC and TPR at 1% and 0.1% FPR."""
+    the training documents, non-members the held-out ones; AUC and TPR at 1% and 0.1% FPR. The per-document scores
+    go to `out_file` (JSON lines) when given."""
     tokenizer = prepared.tokenizer
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     pad_id = pad_token_id(tokenizer)
+    if not prepared.split.train or not prepared.split.heldout:
+        raise ValueError("membership inference needs both training (members) and held-out (non-member) documents")
     members = membership_rows(model, prepared.split.train, decode=decode, pad_token_id=pad_id,
                               reference_model=reference, member=True)
     nonmembers = membership_rows(model, prepared.split.heldout, decode=decode, pad_token_id=pad_id,
                                  reference_model=reference, member=False)
+    if out_file is not None:
+        write_jsonl_atomic(out_file, members + nonmembers)
     return membership_summary(members, nonmembers, min_k=0.2)
 
 
 @dataclass
 class CompareSpec:
+    """A standard-vs-goldfish comparison. curve_every: measure greedy extraction of the training documents every N
+    epochs during training (0 = off; the last epoch is always measured when on)."""
+
     model: str = "tiny-llama"
     data: DataSpec = field(default_factory=DataSpec)
     masks: list[MaskSpec] = field(default_factory=lambda: [MaskSpec("hashed", 4, 13)])
     train: engine_train.TrainConfig = field(default_factory=engine_train.TrainConfig)
     extraction: ExtractionConfig = field(default_factory=ExtractionConfig)
     init_seed: int = 0
+    instruments: Instruments = field(default_factory=Instruments)
+    curve_every: int = 0
+
+    def __post_init__(self) -> None:
+        if self.curve_every < 0:
+            raise ValueError(f"curve_every must be >= 0 (0 = no curve), got {self.curve_every}")
 
 
 def compare(spec: CompareSpec, out_dir: Path, *, grid: Any = None, device: str | None = None,
@@ -402,32 +537,66 @@ def compare(spec: CompareSpec, out_dir: Path, *, grid: Any = None, device: str |
     labels = [m.label for m in runs]
     if len(set(labels)) != len(labels):
         raise ValueError(f"duplicate masks in {labels}")
+    repeats = spec.data.repeats_by_id(prepared.split.train) if spec.data.repeats != (1,) else None
     models: dict[str, Any] = {}
     membership_results: dict[str, Any] = {}
+    curves: dict[str, list[dict[str, Any]]] = {}
+    breakdowns: dict[str, dict[str, Any]] = {}
     timings: dict[str, float] = {}
 
     def evaluate(label: str, model: nn.Module, mask: MaskSpec | None) -> None:
         t0 = time.perf_counter()
-        models[label] = {
-            part: evaluate_model(model, prepared, docs, spec.extraction, out_dir / label / "eval" / part, mask,
-                                 progress=spec.train.progress, instruments=True)
-            for part, docs in (("train", prepared.split.train), ("heldout", prepared.split.heldout))
-        }
+        models[label], rows = {}, {}
+        for part, docs in (("train", prepared.split.train), ("heldout", prepared.split.heldout)):
+            models[label][part], per_document = _evaluate(
+                model, prepared, docs, spec.extraction, out_dir / label / "eval" / part, mask, spec.train.progress,
+                spec.instruments, None if repeats is None else repeats if part == "train" else {})
+            rows[part] = per_document["extraction"]
+        if repeats is not None:
+            # Held-out documents are the "trained on 0 times" group of the repeats breakdown.
+            breakdowns.setdefault("repeats", {})[label] = group_means(rows["train"] + rows["heldout"], "repeats",
+                                                                      REPEAT_METRICS)
+        by_prefix = models[label]["train"].get("breakdowns", {}).get("prefix_length")
+        if by_prefix is not None:
+            breakdowns.setdefault("prefix_length", {})[label] = by_prefix
         if prepared.split.heldout:
             # The untrained control is the reference model of the reference-ratio attack (not of itself).
-            membership_results[label] = membership(model, prepared, None if label == "control" else initial)
+            membership_results[label] = membership(model, prepared, None if label == "control" else initial,
+                                                   out_dir / label / "eval" / "membership.jsonl")
         timings[f"eval {label}"] = time.perf_counter() - t0
+
+    def curve_point(epoch: int, step: int, model: nn.Module) -> dict[str, Any]:
+        _, point = extract(model, prepared.split.train, spec.extraction, pad_token_id=pad_token_id(prepared.tokenizer),
+                           decode=lambda ids: prepared.tokenizer.decode(ids, skip_special_tokens=True),
+                           progress=False)
+        return {"epoch": epoch, "step": step, "exact_match": point["exact_match"], "rouge_l": point["rouge_l"],
+                "n_docs": point["n_docs"]}
 
     # Standard and control models have no mask of their own; their teacher-forced accuracy is split by the first
     # goldfish mask, so one can see how well each model predicts exactly the tokens goldfish hides.
     reference_mask = next((m for m in runs if m.strategy is not None), None)
     if main:
         evaluate("control", initial, reference_mask)
+    curve_on = spec.curve_every > 0 and grid is None
+    if spec.curve_every > 0 and grid is not None:
+        log("note: the exact-match-vs-epochs curve is measured only in single-process runs; skipped under a grid")
     for mask in runs:
         t0 = time.perf_counter()
         train_spec = TrainSpec(model=spec.model, data=spec.data, mask=mask, train=spec.train, init_seed=spec.init_seed)
+        curve: list[dict[str, Any]] = []
+        if curve_on:
+            control = models["control"]["train"]
+            curve.append({"epoch": 0, "step": 0, "exact_match": control["exact_match"], "rouge_l": control["rouge_l"],
+                          "n_docs": control["n_docs"]})
+
+        def on_epoch_end(model: nn.Module, epoch: int, step: int) -> None:
+            if epoch % spec.curve_every == 0 or epoch == spec.train.epochs:
+                curve.append(curve_point(epoch, step, model))
+
         model, _ = train_model(train_spec, out_dir / mask.label, prepared=prepared, model=copy.deepcopy(initial),
-                               grid=grid, log=log)
+                               grid=grid, log=log, on_epoch_end=on_epoch_end if curve_on else None)
+        if curve_on:
+            curves[mask.label] = curve
         timings[f"train {mask.label}"] = time.perf_counter() - t0
         if grid is not None:
             # Evaluate what was saved: the consolidated HF checkpoint, as any user of the result would load it.
@@ -446,10 +615,14 @@ def compare(spec: CompareSpec, out_dir: Path, *, grid: Any = None, device: str |
         "models": {label: {part: _headline(s) for part, s in parts.items()} for label, parts in models.items()},
         "details": models,
         "membership": membership_results,
+        "curves": curves,
+        "breakdowns": breakdowns,
         "config": {"model": spec.model, "data": asdict(spec.data), "masks": [asdict(m) | {"label": m.label}
                                                                               for m in runs],
-                   "train": asdict(spec.train), "extraction": asdict(spec.extraction), "init_seed": spec.init_seed},
+                   "train": asdict(spec.train), "extraction": asdict(spec.extraction), "init_seed": spec.init_seed,
+                   "instruments": asdict(spec.instruments), "curve_every": spec.curve_every},
         "documents": prepared.split.manifest(),
+        "repeats": repeats,
         "control": "the initial weights every model started from, never trained on the documents",
         "timings_s": timings | {"total": time.perf_counter() - started},
         "grid": {axis: getattr(grid.shape, axis) for axis in GRID_AXES} if grid is not None else None,
