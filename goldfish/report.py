@@ -17,6 +17,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 # Attack order of eval.membership.ATTACKS (not imported: the report needs no torch); unknown attacks follow, sorted.
 ATTACK_ORDER = ("loss", "zlib", "min_k", "reference")
@@ -183,6 +184,17 @@ def bar_series(models: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> dict[st
 
 # ---------------------------------------------------------------------------------------------------------- drawing
 
+def palette(labels: Sequence[str]) -> dict[str, str]:
+    """One matplotlib colour per label, in label order, so a model keeps its colour in every plot."""
+    return {label: f"C{i % 10}" for i, label in enumerate(labels)}
+
+
+def _colors(labels: Sequence[str], colors: Mapping[str, str] | None) -> dict[str, str]:
+    given = dict(colors or {})
+    missing = [label for label in labels if label not in given]
+    return given | {label: f"C{(len(given) + i) % 10}" for i, label in enumerate(missing)}
+
+
 def _as_float(values: Sequence[Any]) -> list[float]:
     return [math.nan if v is None else float(v) for v in values]  # NaN breaks the line where a value is missing
 
@@ -203,12 +215,14 @@ def draw_bars(labels: Sequence[str], series: Mapping[str, Mapping[str, list[floa
     _save_figure(figure, path)
 
 
-def draw_rouge_histograms(series: Mapping[str, list[float]], path: Path, title: str) -> None:
+def draw_rouge_histograms(series: Mapping[str, list[float]], path: Path, title: str,
+                          colors: Mapping[str, str] | None = None) -> None:
     """RougeL histogram per label (the goldfish paper's Fig. 2)."""
+    colors = _colors(list(series), colors)
     figure, axis = plt.subplots(figsize=(7, 4))
     bins = [i / 20 for i in range(21)]
     for label, scores in series.items():
-        axis.hist(scores, bins=bins, alpha=0.5, label=label)
+        axis.hist(scores, bins=bins, alpha=0.5, label=label, color=colors[label])
     axis.set_xlabel("RougeL F-measure of the extracted suffix")
     axis.set_ylabel("documents")
     axis.set_title(title)
@@ -216,25 +230,30 @@ def draw_rouge_histograms(series: Mapping[str, list[float]], path: Path, title: 
     _save_figure(figure, path)
 
 
-def draw_curves(series: Mapping[str, Mapping[str, list[Any]]], path: Path) -> None:
+def draw_curves(series: Mapping[str, Mapping[str, list[Any]]], path: Path,
+                colors: Mapping[str, str] | None = None) -> None:
     """Exact match (left) and RougeL (right) of greedy extraction of the training documents against epoch."""
+    colors = _colors(list(series), colors)
     figure, axes = plt.subplots(1, 2, figsize=(11, 4))
     for axis, metric, title in ((axes[0], "exact_match", "Exact match (fraction of training documents)"),
                                 (axes[1], "rouge_l", "RougeL F-measure (mean)")):
         for label, s in series.items():
-            axis.plot(s["epoch"], _as_float(s[metric]), marker="o", markersize=3, label=label)
+            axis.plot(s["epoch"], _as_float(s[metric]), marker="o", markersize=3, label=label, color=colors[label])
         axis.set_xlabel("epoch (0 = before training)")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.set_ylim(-0.02, 1.05)
         axis.set_title(title)
         axis.legend(fontsize=8)
     _save_figure(figure, path)
 
 
-def draw_divergence(series: Mapping[str, Mapping[str, Any]], path: Path, title: str) -> None:
+def draw_divergence(series: Mapping[str, Mapping[str, Any]], path: Path, title: str,
+                    colors: Mapping[str, str] | None = None) -> None:
     """Where greedy decoding first leaves the true suffix, one step histogram per label (the paper's Fig. 4)."""
+    colors = _colors(list(series), colors)
     figure, axis = plt.subplots(figsize=(8, 4))
     for label, s in series.items():
-        axis.step(s["positions"], s["counts"], where="mid",
+        axis.step(s["positions"], s["counts"], where="mid", color=colors[label],
                   label=f"{label} ({s['n_never']}/{s['n_docs']} never diverged)")
     axis.set_xlabel("suffix token index of the first divergence")
     axis.set_ylabel("documents")
@@ -243,12 +262,13 @@ def draw_divergence(series: Mapping[str, Mapping[str, Any]], path: Path, title: 
     _save_figure(figure, path)
 
 
-def draw_roc(series: Mapping[str, Mapping[str, Mapping[str, Any]]], path: Path) -> None:
+def draw_roc(series: Mapping[str, Mapping[str, Mapping[str, Any]]], path: Path,
+             colors: Mapping[str, str] | None = None) -> None:
     """One ROC panel per attack, one curve per label."""
     attacks = [a for a, curves in series.items() if curves]
-    labels = list(dict.fromkeys(label for a in attacks for label in series[a]))
+    colors = _colors(list(dict.fromkeys(label for a in attacks for label in series[a])), colors)
     # The same colour and dash for a label in every panel; dashes keep identical curves (AUC 1.0) visible.
-    styles = {label: (f"C{i % 10}", ("-", "--", "-.", ":")[i % 4]) for i, label in enumerate(labels)}
+    styles = {label: (color, ("-", "--", "-.", ":")[i % 4]) for i, (label, color) in enumerate(colors.items())}
     figure, axes = plt.subplots(1, len(attacks), figsize=(4.2 * len(attacks), 4.4), squeeze=False)
     for axis, attack in zip(axes[0], attacks):
         for label, curve in series[attack].items():
@@ -263,12 +283,15 @@ def draw_roc(series: Mapping[str, Mapping[str, Mapping[str, Any]]], path: Path) 
     _save_figure(figure, path)
 
 
-def draw_breakdown(series: Mapping[str, Mapping[str, list[Any]]], path: Path, xlabel: str) -> None:
+def draw_breakdown(series: Mapping[str, Mapping[str, list[Any]]], path: Path, xlabel: str,
+                   colors: Mapping[str, str] | None = None) -> None:
     """Exact match against a per-document attribute (prefix length, times repeated), one line per label."""
+    colors = _colors(list(series), colors)
     figure, axis = plt.subplots(figsize=(6, 4))
     for label, s in series.items():
-        axis.plot(s["x"], _as_float(s["exact_match"]), marker="o", label=label)
+        axis.plot(s["x"], _as_float(s["exact_match"]), marker="o", label=label, color=colors[label])
     axis.set_xlabel(xlabel)
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     axis.set_ylabel("exact match (fraction of documents)")
     axis.set_ylim(-0.02, 1.05)
     axis.set_title(f"Exact match by {xlabel}")
@@ -305,7 +328,8 @@ def _curves_section(curves: Mapping[str, Sequence[Mapping[str, Any]]], figures: 
             *_figure("em_vs_epochs.png", "exact match and RougeL against epochs", figures)]
 
 
-def _divergence_section(key_header: list[str], entries: Sequence[Entry], figures: Sequence[str]) -> list[str]:
+def _divergence_section(key_header: list[str], entries: Sequence[Entry], figures: Sequence[str],
+                        mask_note: str) -> list[str]:
     rows = []
     for keys, s in entries:
         div = s.get("divergence")
@@ -318,8 +342,8 @@ def _divergence_section(key_header: list[str], entries: Sequence[Entry], figures
         return []
     return ["## Divergence", "",
             "Where greedy decoding first leaves the true suffix (suffix token index), and the share of those first "
-            "divergences that fall on a position the goldfish mask drops (standard/control: the first goldfish "
-            "mask) against the share expected by chance (the drop rate of the diverged suffixes).", "",
+            f"divergences that fall on a position the goldfish mask drops ({mask_note}) against the share expected "
+            "by chance (the drop rate of the diverged suffixes).", "",
             *_table(key_header + ["diverged", "never diverged", "mean first divergence", "share on dropped",
                                   "by chance"], rows),
             *_figure("divergence.png", "first divergence positions", figures)]
@@ -420,7 +444,7 @@ def _breakdown_sections(key_header: list[str], breakdowns: Mapping[str, Mapping[
         header_format = BREAKDOWNS[kind][1] if kind in BREAKDOWNS else f"{key}={{}}"
         values = sorted({r[key] for r in all_rows}, key=lambda v: (v is None, v))
         counts = {v: {r.get("n_docs") for r in all_rows if r[key] == v} for v in values}
-        header = [header_format.format("n/a" if v is None else v)
+        header = [("n/a" if v is None else header_format.format(v))
                   + (f" (n={next(iter(counts[v]))})" if len(counts[v]) == 1 else "") for v in values]
         rows = []
         for label, table in tables.items():
@@ -436,7 +460,8 @@ def _breakdown_sections(key_header: list[str], breakdowns: Mapping[str, Mapping[
         title = BREAKDOWNS[kind][2] if kind in BREAKDOWNS else key
         plot = BREAKDOWNS[kind][3] if kind in BREAKDOWNS else ""
         lines += [f"## Breakdown by {title}", "",
-                  "Cells: exact match / RougeL F, means over the documents of each group (n documents).", "",
+                  "Cells: exact match / RougeL F, means over the documents of each group (n documents; n/a: "
+                  "documents without the attribute).", "",
                   *_table(key_header + header, rows), *_figure(plot, f"exact match by {title}", figures)]
     return lines
 
@@ -488,46 +513,48 @@ def compare_figures(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
     """Draw every plot the compare summary has data for into out_dir; returns the names of the PNGs written."""
     written = []
     labels = list(summary["models"])
+    colors = palette(labels)
     draw_bars(labels, bar_series(summary["models"]), out_dir / "compare.png")
     written.append("compare.png")
     hist = rouge_hist_series({label: out_dir / label / "eval" / "train" / "extraction.jsonl" for label in labels})
     if hist:
-        draw_rouge_histograms(hist, out_dir / "rouge_hist.png", "Memorization of training documents")
+        draw_rouge_histograms(hist, out_dir / "rouge_hist.png", "Memorization of training documents", colors)
         written.append("rouge_hist.png")
     if summary.get("curves"):
-        draw_curves(curve_series(summary["curves"]), out_dir / "em_vs_epochs.png")
+        draw_curves(curve_series(summary["curves"]), out_dir / "em_vs_epochs.png", colors)
         written.append("em_vs_epochs.png")
     divergences = {label: parts["train"]["divergence"] for label, parts in _details(summary).items()
                    if (parts.get("train") or {}).get("divergence")}
     if divergences:
         suffix_len = ((summary.get("config") or {}).get("extraction") or {}).get("suffix_len")
         draw_divergence(divergence_series(divergences, suffix_len), out_dir / "divergence.png",
-                        "First divergence from the true suffix (training documents)")
+                        "First divergence from the true suffix (training documents)", colors)
         written.append("divergence.png")
-    written += _membership_figures(summary.get("membership") or {}, out_dir, keep_loss_figure=True)
-    written += _breakdown_figures(summary.get("breakdowns") or {}, out_dir)
+    written += _membership_figures(summary.get("membership") or {}, out_dir, True, colors)
+    written += _breakdown_figures(summary.get("breakdowns") or {}, out_dir, colors)
     return written
 
 
-def _membership_figures(membership: Mapping[str, Mapping[str, Any]], out_dir: Path, keep_loss_figure: bool
-                        ) -> list[str]:
+def _membership_figures(membership: Mapping[str, Mapping[str, Any]], out_dir: Path, keep_loss_figure: bool,
+                        colors: Mapping[str, str] | None = None) -> list[str]:
     series = roc_series(membership)
     if not any(series.values()):
         return []
-    draw_roc(series, out_dir / "roc.png")
+    draw_roc(series, out_dir / "roc.png", colors)
     written = ["roc.png"]
     if keep_loss_figure and series.get("loss"):
-        draw_roc({"loss": series["loss"]}, out_dir / "roc_loss.png")  # the file name older reports linked
+        draw_roc({"loss": series["loss"]}, out_dir / "roc_loss.png", colors)  # the file name older reports linked
         written.append("roc_loss.png")
     return written
 
 
-def _breakdown_figures(breakdowns: Mapping[str, Mapping[str, Any]], out_dir: Path) -> list[str]:
+def _breakdown_figures(breakdowns: Mapping[str, Mapping[str, Any]], out_dir: Path,
+                       colors: Mapping[str, str] | None = None) -> list[str]:
     written = []
     for kind, (key, _, xlabel, name) in BREAKDOWNS.items():
         series = breakdown_series(breakdowns.get(kind) or {}, key)
         if any(s["x"] for s in series.values()):
-            draw_breakdown(series, out_dir / name, xlabel)
+            draw_breakdown(series, out_dir / name, xlabel, colors)
             written.append(name)
     return written
 
@@ -570,7 +597,7 @@ def render_markdown(summary: Mapping[str, Any], figures: Sequence[str] | None = 
         *_figure("compare.png", "exact match and RougeL", figures),
         *_figure("rouge_hist.png", "RougeL histograms", figures),
         *_curves_section(summary.get("curves") or {}, figures),
-        *_divergence_section(key_header, entries, figures),
+        *_divergence_section(key_header, entries, figures, "standard/control: the first goldfish mask"),
         *_adaptive_section(key_header, entries),
         *_probabilistic_section(key_header, entries),
         *_breakdown_sections(["model"], breakdowns, figures),
@@ -640,7 +667,7 @@ def eval_figures(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
                         "First divergence from the true suffix")
         written.append("divergence.png")
     if summary.get("membership"):
-        written += _membership_figures({"model": summary["membership"]}, out_dir, keep_loss_figure=False)
+        written += _membership_figures({"model": summary["membership"]}, out_dir, False)
     written += _breakdown_figures(_eval_breakdowns(parts), out_dir)
     return written
 
@@ -662,10 +689,11 @@ def render_eval_markdown(summary: Mapping[str, Any], figures: Sequence[str] | No
         lines.append(f"Extraction: greedy, suffix {config.get('suffix_len')} tokens, prefix "
                      f"{config.get('prefix_len') or 'all tokens before the suffix'}.")
     lines += ["", *_headline_section(["part"], entries),
-              "TF acc: teacher-forced next-token accuracy; kept/dropped split by the goldfish mask evaluated against "
-              "(n/a without one).", "",
+              "TF acc: teacher-forced next-token accuracy; kept/dropped split by the goldfish mask the model is "
+              "evaluated with (n/a without one).", "",
               *_figure("rouge_hist.png", "RougeL histograms", figures),
-              *_divergence_section(["part"], entries, figures),
+              *_divergence_section(["part"], entries, figures, "the mask the model was evaluated with; n/a without "
+                                   "one"),
               *_adaptive_section(["part"], entries),
               *_probabilistic_section(["part"], entries),
               *_breakdown_sections(["part"], _eval_breakdowns(parts), figures)]
