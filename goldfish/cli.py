@@ -231,8 +231,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         results["membership"] = membership(model, prepared, reference, out / "membership.jsonl")
         attacks = results["membership"]["attacks"]
         print("membership inference AUC: " + ", ".join(f"{name} {m['auc']:.3f}" for name, m in attacks.items()))
+    from eval.report import write_json_atomic
     from goldfish.report import write_eval_report
 
+    write_json_atomic(out / "summary.json", results)
     write_eval_report(results, out)
     print(f"wrote {out}/report.md, {out}/summary.json and per-document rows in {out}/<part>/*.jsonl")
     return 0

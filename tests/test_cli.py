@@ -32,6 +32,17 @@ def test_every_compare_preset_parses():
     assert args.quick and args.masks == ["hashed:4:13"]
 
 
+def test_preset_sets_only_what_the_user_left_at_default():
+    from goldfish.cli import COMPARE_SMOLLM2, _explicit_options, apply_preset
+
+    argv = ["compare", "--preset", "smollm2", "--epochs", "60", "--lr=1e-3"]
+    args = build_parser().parse_args(argv)
+    apply_preset(args, COMPARE_SMOLLM2, _explicit_options(args.parser, argv))
+    assert args.model == "smollm2-135m" and args.masks == ["hashed:3:13", "hashed:4:13"]
+    assert args.n_train == 8 and args.batch_size == 4 and args.schedule == "constant"
+    assert args.epochs == 60 and args.lr == 1e-3  # typed by the user: kept, even where it equals a default
+
+
 def test_mask_command_reports_drop_rate(capsys):
     text = ("The goldfish loss drops a pseudo-random subset of tokens from the next-token loss, so the model never "
             "sees the whole passage supervised and cannot repeat it verbatim. ") * 3
@@ -65,9 +76,15 @@ def test_train_then_eval_round_trip(tmp_path, capsys):
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 4  # 2 epochs x 2 steps
     out = tmp_path / "eval"
     assert main(["eval", "--model", str(run / "checkpoint"), "--out", str(out), "--suffix-len", "16",
-                 "--no-progress"]) == 0
+                 "--no-progress", "--beams", "2", "--samples", "2", "--prefix-lengths", "8,16"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["train"]["n_docs"] == 4 and summary["heldout"]["n_docs"] == 2
+    assert summary["train"]["beam"]["num_beams"] == 2 and summary["heldout"]["sampling"]["n_docs"] == 2
+    assert summary["train"]["divergence"]["n_docs"] == 4 and "probabilistic" in summary["train"]
+    # Membership: train vs held-out, with the run's initial weights as the reference model.
+    assert set(summary["membership"]["attacks"]) == {"loss", "zlib", "min_k", "reference"}
+    assert len((out / "membership.jsonl").read_text().splitlines()) == 6
+    assert (out / "report.md").exists()
     # The run's own static mask splits teacher-forced accuracy into kept and dropped positions.
     assert summary["train"]["tf_dropped_accuracy"] is not None
     rows = (out / "train" / "extraction.jsonl").read_text().splitlines()
@@ -78,7 +95,10 @@ def test_train_then_eval_round_trip(tmp_path, capsys):
 def test_compare_quick_standard_memorizes_more_than_goldfish(tmp_path):
     out = tmp_path / "compare"
     # One thread: immune to oversubscription when other processes share the 2 cores.
-    assert main(["compare", "--quick", "--out", str(out), "--no-progress", "--threads", "1"]) == 0
+    # Every instrument on: beam search, sampling, a prefix-length breakdown, repeats and the per-epoch curve.
+    assert main(["compare", "--quick", "--out", str(out), "--no-progress", "--threads", "1", "--beams", "3",
+                 "--samples", "3", "--top-p", "0.9", "--prefix-lengths", "16,32", "--repeats", "1,2",
+                 "--curve-every", "25"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     models = summary["models"]
     assert set(models) == {"control", "standard", "goldfish-hashed-k4-h13"}
@@ -96,6 +116,20 @@ def test_compare_quick_standard_memorizes_more_than_goldfish(tmp_path):
     divergence = summary["details"]["goldfish-hashed-k4-h13"]["train"]["divergence"]
     assert divergence["n_diverged"] > 0 and divergence["share_on_dropped"] is not None
     assert (out / "report.md").exists() and (out / "compare.png").stat().st_size > 1000
+    details = summary["details"]["standard"]["train"]
+    assert details["beam"]["num_beams"] == 3 and details["beam"]["exact_match"] >= standard["train"]["exact_match"] - 0.25
+    assert details["sampling"]["sampling"]["n_samples"] == 3 and details["sampling"]["sampling"]["top_p"] == 0.9
+    assert [p["epoch"] for p in summary["curves"]["standard"]] == [0, 25, 50]
+    assert summary["curves"]["standard"][-1]["exact_match"] == standard["train"]["exact_match"]
+    assert [g["prefix_len"] for g in summary["breakdowns"]["prefix_length"]["standard"]] == [16, 32]
+    by_repeats = {g["repeats"]: g for g in summary["breakdowns"]["repeats"]["standard"]}
+    assert set(by_repeats) == {0, 1, 2} and by_repeats[0]["n_docs"] == models["standard"]["heldout"]["n_docs"]
+    for name in ("extraction", "divergence", "probabilistic", "beam", "sampling", "prefix_length"):
+        rows = (out / "standard" / "eval" / "train" / f"{name}.jsonl").read_text().splitlines()
+        assert len(rows) == (2 if name == "prefix_length" else 1) * standard["train"]["n_docs"]
+    membership_rows = (out / "standard" / "eval" / "membership.jsonl").read_text().splitlines()
+    assert len(membership_rows) == standard["train"]["n_docs"] + standard["heldout"]["n_docs"]
+    assert (out / "em_vs_epochs.png").exists() and (out / "divergence.png").exists()
 
 
 def test_parallel_train_consolidates_into_a_checkpoint_that_eval_reads(tmp_path):

@@ -61,3 +61,39 @@ def test_random_mask_is_redrawn_every_step_and_reproducible():
     assert len(set(counts)) > 1  # a different draw on each occurrence
     n_targets = 2 * 399
     assert all(abs(c / n_targets - 0.75) < 0.08 for c in counts)  # 5 sigma of Binomial(798, 1/4) is ~0.077
+
+
+def test_repeats_copy_documents_round_robin_with_identical_hashed_masks():
+    from goldfish.experiment import DataSpec, parse_repeats
+
+    docs = _docs(n=5)
+    spec = DataSpec(repeats=parse_repeats("1,3"))
+    repeats = spec.repeats_by_id(docs)
+    assert repeats == {"d0": 1, "d1": 3, "d2": 1, "d3": 3, "d4": 1}
+    examples = make_examples(docs, MaskSpec("hashed", 4, 13), special_token_ids=[0], repeats=repeats)
+    assert len(examples) == 1 + 3 + 1 + 3 + 1
+    copies = examples[1:4]  # the three copies of d1
+    for copy in copies:
+        assert torch.equal(copy["input_ids"], torch.tensor(docs[1].token_ids))
+        assert torch.equal(copy["dropped"], copies[0]["dropped"])  # hashed: same tokens, same drops
+    # The random strategy draws a separate mask for every copy (what makes it fail on repeated text).
+    random_examples = make_examples(docs, MaskSpec("random", 2), special_token_ids=[0], repeats=repeats)
+    assert not torch.equal(random_examples[1]["dropped"], random_examples[2]["dropped"])
+
+
+@pytest.mark.parametrize("bad", ["0", "1,x", "", "2,-1"])
+def test_bad_repeats_are_refused(bad):
+    from goldfish.experiment import parse_repeats
+
+    with pytest.raises(ValueError, match="repeats"):
+        parse_repeats(bad)
+
+
+def test_instrument_settings_are_validated():
+    from goldfish.experiment import Instruments
+
+    assert Instruments(beams=30, samples=10, top_p=0.9).sampling().n_samples == 10
+    for bad, match in (({"beams": 1}, "beams"), ({"samples": -1}, "samples"), ({"temperature": 0}, "temperature"),
+                       ({"top_p": 1.5}, "top_p"), ({"prefix_lengths": (0,)}, "prefix")):
+        with pytest.raises(ValueError, match=match):
+            Instruments(**bad)

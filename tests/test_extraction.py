@@ -232,3 +232,21 @@ def test_bench_script_runs_and_agrees(tmp_path):
     assert bench["main"](argv) == 0
     figures = json.loads(out.read_text())
     assert figures["identical_ids"] is True and figures["n_docs"] == 3
+
+
+def test_result_files_hold_infinities_as_valid_json(tmp_path):
+    import json
+    import math
+
+    from eval.report import write_json_atomic, write_jsonl_atomic
+
+    # Samples needed for a suffix sampling can never emit is infinite; the files must still be strict JSON.
+    row = {"id": "a", "samples_needed": {"0.9": math.inf}, "log_q": -math.inf, "bad": [math.nan, 1.5]}
+    write_jsonl_atomic(tmp_path / "rows.jsonl", [row])
+    write_json_atomic(tmp_path / "summary.json", {"rows": [row]})
+    strict = dict(parse_constant=lambda token: pytest.fail(f"non-standard JSON token {token}"))
+    back = json.loads((tmp_path / "rows.jsonl").read_text(), **strict)
+    assert back == {"id": "a", "samples_needed": {"0.9": "inf"}, "log_q": "-inf", "bad": ["nan", 1.5]}
+    assert float(back["samples_needed"]["0.9"]) == math.inf
+    assert json.loads((tmp_path / "summary.json").read_text(), **strict)["rows"] == [back]
+    assert [p.name for p in tmp_path.iterdir()] and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

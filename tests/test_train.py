@@ -132,3 +132,18 @@ def test_bf16_autocast_trains():
                                                            progress=False))
     assert result.history[-1]["loss"] < result.history[0]["loss"]
     assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_on_epoch_end_sees_each_finished_epoch_in_eval_mode(tmp_path):
+    # 6 examples, batch 4 -> 2 steps per epoch; the hook must fire after steps 2, 4, 6 with epochs 1, 2, 3.
+    model = _model()
+    calls = []
+
+    def on_epoch_end(m, epoch, step):
+        calls.append((epoch, step, m.training, torch.is_grad_enabled()))
+
+    result = train(model, _examples(n=6), _loss, TrainConfig(epochs=3, batch_size=4, progress=False),
+                   on_epoch_end=on_epoch_end)
+    assert calls == [(1, 2, False, False), (2, 4, False, False), (3, 6, False, False)]
+    assert model.training  # training mode restored after the hook
+    assert len(result.history) == 6
