@@ -368,9 +368,9 @@ def _adaptive_section(key_header: list[str], entries: Sequence[Entry]) -> list[s
     if not rows:
         return []
     return ["## Adaptive extraction", "",
-            "Exact match of greedy decoding, of the best beam of a beam search, and of sampling: the fraction of "
-            "documents with at least one exact sample, the fraction of all samples that are exact, and the mean "
-            "best match fraction among a document's samples.", "",
+            "Exact match (fraction of documents) by greedy decoding and by the best beam of a beam search; by "
+            "sampling: any exact = documents with at least one exact sample, sample exact rate = exact samples / "
+            "all samples, best match fraction = mean over documents of the best sample's match fraction.", "",
             *_table(key_header + ["greedy EM", "beam EM", "beam RougeL", "sampling any exact", "sample exact rate",
                                   "best match fraction"], rows)]
 
