@@ -15,12 +15,12 @@ from typing import Any, Mapping, Sequence
 
 import matplotlib
 
+from eval.membership import ATTACKS
+from eval.report import json_safe
+
 matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
-
-# Attack order of eval.membership.ATTACKS (not imported: the report needs no torch); unknown attacks follow, sorted.
-ATTACK_ORDER = ("loss", "zlib", "min_k", "reference")
 
 # Breakdown kind -> (row key written by eval.breakdown.group_means, column header format, axis label, plot file).
 BREAKDOWNS: dict[str, tuple[str, str, str, str]] = {
@@ -70,12 +70,17 @@ def _save_figure(figure: Any, path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------------------- formatting
 
+NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}  # how strict-JSON result files spell them
+
+
 def _fmt(value: Any) -> str:
     """3 decimals for floats, n/a for missing or NaN, inf spelled out."""
     if value is None:
         return "n/a"
     if isinstance(value, bool):
         return str(value)
+    if isinstance(value, str) and value in NON_FINITE:
+        value = NON_FINITE[value]
     if isinstance(value, float):
         if math.isnan(value):
             return "n/a"
@@ -87,9 +92,11 @@ def _fmt(value: Any) -> str:
 
 def _fmt_count(value: Any) -> str:
     """A number of samples: whole below a million, scientific above (they reach 1e48 for unmemorized text)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if value is None:
         return "n/a"
-    value = float(value)
+    value = float(value)  # also reads the strings "inf" and "nan" of strict-JSON files
+    if math.isnan(value):
+        return "n/a"
     if math.isinf(value):
         return "inf"
     return f"{value:,.0f}" if value < 1e6 else f"{value:.2e}"
@@ -135,7 +142,8 @@ def divergence_series(divergences: Mapping[str, Mapping[str, Any]], suffix_len: 
 
 
 def _attack_order(attacks: set[str]) -> list[str]:
-    return [a for a in ATTACK_ORDER if a in attacks] + sorted(attacks - set(ATTACK_ORDER))
+    """Attacks in eval.membership's order; unknown ones follow, sorted."""
+    return [a for a in ATTACKS if a in attacks] + sorted(attacks - set(ATTACKS))
 
 
 def roc_series(membership: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
@@ -619,7 +627,8 @@ def write_compare_report(summary: Mapping[str, Any], out_dir: Path) -> list[str]
     figures = compare_figures(summary, out_dir)
     files = [f for f in compare_per_document_files(summary) if (out_dir / f).exists()]
     _atomic_write(out_dir / "report.md", render_markdown(summary, figures, files))
-    _atomic_write(out_dir / "summary.json", json.dumps(summary, indent=2, default=str))
+    # Strict JSON: infinities (samples needed for a suffix sampling never emits) become "inf", as in eval/report.py.
+    _atomic_write(out_dir / "summary.json", json.dumps(json_safe(summary), indent=2, default=str, allow_nan=False))
     return figures
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from eval.report import json_safe
 from goldfish.report import (bar_series, breakdown_series, curve_series, divergence_series, render_eval_markdown,
                              render_markdown, roc_series, rouge_hist_series, write_compare_report, write_eval_report)
 
@@ -186,6 +187,18 @@ def test_compare_markdown_puts_each_number_in_its_row():
     assert "steps of 1/n (here 0.125)" in md
 
 
+def test_markdown_is_the_same_after_a_strict_json_round_trip():
+    # Result files spell infinities and NaN as strings ("inf", "nan"); the report must read them as numbers.
+    summary = _full_summary()
+    summary["details"]["goldfish-k4"]["train"]["probabilistic"]["mean_log10_q"] = math.nan
+    stored = json.loads(json.dumps(json_safe(summary), allow_nan=False))
+    assert stored["details"]["standard"]["train"]["probabilistic"]["median_samples_needed"]["0.99"] == "inf"
+    md = render_markdown(stored)
+    assert md == render_markdown(summary)
+    assert _row(_table_rows(md, "## Probabilistic extraction"), "goldfish-k4", "train")["mean log10 q"] == "n/a"
+    assert _row(_table_rows(md, "## Probabilistic extraction"), "control", "train")["samples for p=0.5"] == "inf"
+
+
 def test_write_compare_report_writes_every_plot_and_lists_only_existing_files(tmp_path):
     summary = _full_summary()
     for label in LABELS:
@@ -209,8 +222,9 @@ def test_write_compare_report_writes_every_plot_and_lists_only_existing_files(tm
     assert "`standard/eval/train/`: `extraction.jsonl` (greedy extraction), `beam.jsonl`" in files
     assert "`standard/eval/`: `membership.jsonl`" in files
     assert "divergence.jsonl" not in files and "heldout" not in files
-    stored = json.loads((tmp_path / "summary.json").read_text())
+    stored = json.loads((tmp_path / "summary.json").read_text(), parse_constant=pytest.fail)  # strict: no Infinity
     assert stored["details"]["standard"]["train"]["beam"]["exact_match"] == 0.625
+    assert stored["details"]["control"]["train"]["probabilistic"]["median_samples_needed"]["0.5"] == "inf"
 
 
 def test_old_summary_without_optional_sections_still_renders(tmp_path):
