@@ -36,6 +36,7 @@ PART_FILES: tuple[tuple[str | None, str, str], ...] = (
     ("beam", "beam.jsonl", "beam-search extraction"),
     ("sampling", "sampling.jsonl", "sampling extraction"),
 )
+PREFIX_LENGTH_FILE = ("prefix_length", "prefix_length.jsonl", "greedy extraction at each fixed prefix length")
 MEMBERSHIP_FILE = "membership.jsonl"
 
 HEADLINE_COLUMNS = (("docs", "n_docs"), ("exact match", "exact_match"), ("RougeL F", "rouge_l"),
@@ -485,7 +486,8 @@ def _files_section(files: Sequence[str]) -> list[str]:
     folders_by_names: dict[tuple[str, ...], list[str]] = {}
     for folder, names in names_by_folder.items():
         folders_by_names.setdefault(tuple(names), []).append(folder)
-    descriptions = {name: text for _, name, text in PART_FILES} | {MEMBERSHIP_FILE: "membership-inference scores"}
+    descriptions = ({name: text for _, name, text in (*PART_FILES, PREFIX_LENGTH_FILE)}
+                    | {MEMBERSHIP_FILE: "membership-inference scores"})
     return ["## Per-document rows", "",
             "One JSON object per document per line, behind the tables and plots above (paths relative to this "
             "folder):", "",
@@ -502,6 +504,14 @@ def _details(summary: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return {label: details.get(label) or parts for label, parts in summary["models"].items()}
 
 
+def _part_files(s: Mapping[str, Any]) -> list[str]:
+    """Names of the per-document files behind one part summary (extraction.jsonl always, the rest when present)."""
+    names = [name for key, name, _ in PART_FILES if key is None or key in s]
+    if PREFIX_LENGTH_FILE[0] in (s.get("breakdowns") or {}):
+        names.append(PREFIX_LENGTH_FILE[1])
+    return names
+
+
 def _compare_entries(summary: Mapping[str, Any]) -> list[Entry]:
     return [([label, part], s) for label, parts in _details(summary).items() for part, s in parts.items()]
 
@@ -511,7 +521,7 @@ def compare_per_document_files(summary: Mapping[str, Any]) -> list[str]:
     files = []
     for label, parts in _details(summary).items():
         for part, s in parts.items():
-            files += [f"{label}/eval/{part}/{name}" for key, name, _ in PART_FILES if key is None or key in s]
+            files += [f"{label}/eval/{part}/{name}" for name in _part_files(s)]
         if label in (summary.get("membership") or {}):
             files.append(f"{label}/eval/{MEMBERSHIP_FILE}")
     return files
@@ -654,8 +664,7 @@ def _eval_breakdowns(parts: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[s
 
 def eval_per_document_files(summary: Mapping[str, Any]) -> list[str]:
     """Paths (relative to OUT) of the per-document JSON-lines files an eval summary says were written."""
-    files = [f"{part}/{name}" for part, s in _eval_parts(summary).items()
-             for key, name, _ in PART_FILES if key is None or key in s]
+    files = [f"{part}/{name}" for part, s in _eval_parts(summary).items() for name in _part_files(s)]
     if summary.get("membership"):
         files.append(MEMBERSHIP_FILE)
     return files

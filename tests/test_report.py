@@ -311,6 +311,7 @@ def test_eval_markdown_and_files(tmp_path):
     _write_rows(tmp_path, "train/extraction.jsonl", [{"id": "a", "rouge_l": 0.5}])
     _write_rows(tmp_path, "heldout/extraction.jsonl", [{"id": "b", "rouge_l": 0.0}])
     _write_rows(tmp_path, "train/probabilistic.jsonl", [{"id": "a"}])
+    _write_rows(tmp_path, "train/prefix_length.jsonl", [{"id": "a", "prefix_len": 16}])
     _write_rows(tmp_path, "membership.jsonl", [{"id": "a"}])
     summary["train"]["divergence"] = _full_summary()["details"]["goldfish-k4"]["train"]["divergence"]
     figures = write_eval_report(summary, tmp_path)
@@ -321,6 +322,7 @@ def test_eval_markdown_and_files(tmp_path):
         assert f"]({name})" in (tmp_path / "report.md").read_text()
     written = (tmp_path / "report.md").read_text()
     assert "`train/`: `extraction.jsonl` (greedy extraction), `probabilistic.jsonl`" in written
+    assert "`prefix_length.jsonl` (greedy extraction at each fixed prefix length)" in written
     assert "`heldout/`: `extraction.jsonl`" in written and "`./`: `membership.jsonl`" in written
     assert _row(_table_rows(written, "## Divergence"), "train")["never diverged"] == "3"
     assert not (tmp_path / "summary.json").exists()  # the CLI writes the eval summary itself
