@@ -59,9 +59,12 @@ def _left_pad(rows: list[list[int]], pad_token_id: int, device: torch.device) ->
 
 def _generation_config(max_new_tokens: int, pad_token_id: int, **settings: Any) -> GenerationConfig:
     # eos_token_id=[] (not None: None is replaced by the model's own EOS) disables stopping at EOS, so every
-    # continuation has exactly max_new_tokens ids. top_k=0 (not None, for the same reason) disables top-k.
+    # continuation has exactly max_new_tokens ids. top_k=0 (not None, for the same reason) disables top-k when
+    # sampling; without sampling it is left out (generate warns about sampling flags in a search).
+    if settings.get("do_sample"):
+        settings = {"top_k": 0, **settings}
     return GenerationConfig(max_new_tokens=max_new_tokens, min_new_tokens=0, eos_token_id=[], pad_token_id=pad_token_id,
-                            top_k=0, use_cache=True, **settings)
+                            use_cache=True, **settings)
 
 
 def beam_search_decode(

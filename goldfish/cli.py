@@ -425,6 +425,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    if getattr(args, "no_progress", False):
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # transformers' own loading/saving bars
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError) as error:
