@@ -1,0 +1,554 @@
+"""Memorization evaluation over ranks: documents sharded over the data axis, generation on an engine-parallel model.
+
+Under torchrun, with a grid of data x (x * y * z) ranks:
+
+    documents   split once, identically on every rank (too-short ones skipped, too-long ones rejected before any
+                communication); the evaluable documents are cut into contiguous, balanced blocks, one per data
+                index. Every rank of a tensor-parallel group (the x*y*z ranks that share a data index) gets the
+                same block, because those ranks must run the same forward passes (their collectives pair up).
+    model       an engine-parallelized model (`parallelize_for_eval`, `load_parallel_model`) wrapped in
+                `ParallelEvalModel`: every rank of a tensor-parallel group passes the same full batch and gets the
+                full batch's logits back, so the unchanged functions of eval/ (greedy decoding with a KV cache,
+                teacher-forced passes, beam search, sampling) run on it as on the serial model.
+    rows        each tensor-parallel group's first rank holds its block's rows; `gather_rows` brings them to rank 0
+                in document order, where the summary is recomputed from rows (eval's summarize_* functions).
+
+A data group may hold more documents than another (or none): tensor-parallel groups are independent, so they only
+meet in the final world-wide gather. Before it, every rank reports whether its block succeeded, so an error on one
+rank is raised on all of them instead of leaving the others waiting. (An error in the middle of a forward pass can
+still leave the peers of its tensor-parallel group waiting inside a collective until torch.distributed's timeout.)
+
+Which decoding works how (x*y is the size of the group that shares a decoder's rows, see engine/parallelize.py):
+    greedy decoding, teacher-forced passes, log-probabilities: the batch's rows are split over the x*y*z ranks of
+        the tensor-parallel group inside each forward (each decoder layer then sees every row once) and the logits
+        are all-gathered back.
+    beam search and sampling (HF ``generate``): every rank of the group runs ``generate`` on the whole batch, so
+        the decoder sees each row x*y times (correct, not faster than one rank). Beam search reorders its KV cache
+        between steps; the engine's cache holds the rows of the whole x*y group, so `ParallelEvalModel.generate`
+        hands ``generate`` a `GroupBeamCache` that reorders those rows with every rank's beam indices. Generation
+        must have a fixed length (``eos_token_id=[]``, as eval/ always asks): ranks that stopped at different steps
+        would leave each other waiting.
+Results equal one process's up to the order of floating-point sums (tensor parallelism adds partial products in
+another order): generated ids agree unless two logits are within rounding of each other.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from transformers import DynamicCache
+
+import engine
+from engine import comm
+from engine.grid import Grid
+from eval.adaptive import (
+    DEFAULT_BUDGETS,
+    DEFAULT_CONFIDENCES,
+    SamplingConfig,
+    beam_extract,
+    probabilistic_extract,
+    sampling_extract,
+    summarize_beam,
+    summarize_probabilistic,
+    summarize_sampling,
+)
+from eval.extraction import ExtractionConfig, check_fits_context, extract, split_documents, summarize_extraction
+from eval.membership import DEFAULT_MIN_K, DEFAULT_TARGET_FPRS, membership_rows, membership_summary
+
+log = logging.getLogger(__name__)
+
+TENSOR_AXES = ("x", "y", "z")  # the axes whose ranks share one data shard and run the same forward passes
+ROW_AXES = ("x", "y")  # the axes over which a parallelized decoder gathers its rows (engine/parallelize.py)
+DEFAULT_MODEL_CACHE = Path.home() / ".cache" / "goldfish" / "models"  # where GGUF models are exported once
+
+
+class ParallelEvalError(RuntimeError):
+    """A rank failed while evaluating its shard; raised on every rank, with each failing rank's message."""
+
+
+# ----- sharding and gathering -------------------------------------------------------------------------------------
+
+def shard_bounds(n_items: int, n_shards: int, index: int) -> tuple[int, int]:
+    """[start, end) of block `index` when `n_items` are cut into `n_shards` contiguous blocks in order.
+
+    Block sizes differ by at most one (the first n_items % n_shards blocks get the extra item); with fewer items
+    than blocks the last blocks are empty.
+    """
+    if n_items < 0 or n_shards < 1 or not 0 <= index < n_shards:
+        raise ValueError(f"cannot take block {index} of {n_items} items in {n_shards} blocks")
+    size, extra = divmod(n_items, n_shards)
+    start = index * size + min(index, extra)
+    return start, start + size + (1 if index < extra else 0)
+
+
+def shard(items: Sequence[Any], grid: Grid | None) -> list[Any]:
+    """This rank's data-parallel block of `items` (all of them for grid None): contiguous, in order, balanced over
+    the data axis; the same block on every rank of a tensor-parallel group."""
+    if grid is None:
+        return list(items)
+    start, end = shard_bounds(len(items), grid.size("data"), grid.coord("data"))
+    return list(items[start:end])
+
+
+def _is_group_leader(grid: Grid) -> bool:
+    return all(grid.coord(axis) == 0 for axis in TENSOR_AXES)
+
+
+def gather_rows(rows: Sequence[Any], grid: Grid | None) -> list[Any] | None:
+    """Every data block's rows on rank 0, concatenated in data-index order (= document order for blocks made by
+    `shard`); None on the other ranks. Only the first rank of each tensor-parallel group contributes (its peers
+    hold the same rows). Rows must be picklable. A collective over the whole world: every rank must call it."""
+    if grid is None or grid.is_trivial:
+        return list(rows)
+    mine = (grid.coord("data"), list(rows)) if _is_group_leader(grid) else None
+    received: list[Any] | None = [None] * grid.world_size if grid.rank == 0 else None
+    dist.gather_object(mine, received, dst=0)
+    if grid.rank != 0:
+        return None
+    blocks = sorted(item for item in received if item is not None)
+    if [index for index, _ in blocks] != list(range(grid.size("data"))):
+        raise ParallelEvalError(f"expected one block per data index 0..{grid.size('data') - 1}, got "
+                                f"{[index for index, _ in blocks]}")
+    return [row for _, block in blocks for row in block]
+
+
+def run_sharded(fn: Callable[[list[Any]], Sequence[Any]], documents: Sequence[Any], grid: Grid | None
+                ) -> list[Any] | None:
+    """Run ``fn(block)`` on this rank's block of `documents` (see `shard`) and return all blocks' rows on rank 0 in
+    document order, None elsewhere (grid None: ``fn(documents)``).
+
+    ``fn`` returns a list of rows for its block (any length, e.g. one row per document). Ranks of one
+    tensor-parallel group run it on the same block, so a parallel model's collectives pair up; different data
+    groups may do different amounts of work (or none). If ``fn`` raises on any rank, every rank raises
+    ParallelEvalError naming the failing ranks.
+    """
+    if grid is None:
+        return list(fn(list(documents)))
+    block = shard(documents, grid)
+    rows: list[Any] = []
+    failure = None
+    try:
+        rows = list(fn(block))
+    except Exception as error:  # noqa: BLE001 - reported to every rank below, then raised
+        failure = f"{type(error).__name__}: {error}\n{traceback.format_exc()}"
+    if not grid.is_trivial:
+        failures: list[Any] = [None] * grid.world_size
+        dist.all_gather_object(failures, failure)
+    else:
+        failures = [failure]
+    failed = {rank: message for rank, message in enumerate(failures) if message is not None}
+    if failed:
+        first = min(failed)
+        raise ParallelEvalError(f"evaluation failed on rank(s) {sorted(failed)}; rank {first}: {failed[first]}")
+    return gather_rows(rows, grid)
+
+
+# ----- the model as eval/ sees it ---------------------------------------------------------------------------------
+
+def _parallel_grid(model: nn.Module) -> Grid | None:
+    """The grid `model`'s decoder stack was parallelized on, or None for a plain model."""
+    for module in model.modules():
+        planned = getattr(module, "_engine_stack_grid", None)
+        if planned is not None:
+            return planned
+    return None
+
+
+class GroupBeamCache(DynamicCache):
+    """A KV cache for HF beam search on a parallelized decoder whose rows are gathered over an x*y group.
+
+    The decoder layers cache the keys and values of every rank's rows, in group-rank order; beam search reorders
+    the cache with indices into this rank's own rows only. Reordering therefore all-gathers the indices of every
+    rank of the group and shifts each by the rank's offset, so every rank's rows follow their own beams. Every rank
+    of the group must reorder at the same steps (they do when generation has a fixed length).
+    """
+
+    def __init__(self, group: Any, config: Any = None) -> None:
+        super().__init__(config=config)
+        self.row_group = group
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        local = beam_idx.reshape(-1).to(torch.long)  # (R,) indices into this rank's R rows
+        everyone = comm.all_gather(local, self.row_group, 0)  # (G * R,)
+        offsets = torch.arange(self.row_group.size, device=local.device).repeat_interleave(local.numel())
+        super().reorder_cache(everyone + offsets * local.numel())
+
+
+class ParallelEvalModel(nn.Module):
+    """An engine-parallelized causal LM as the functions of eval/ use it: every rank of a tensor-parallel group
+    calls it with the SAME full batch and gets the full batch's results, as from the serial model.
+
+    ``forward`` splits the batch's rows over the x*y*z ranks of the group (blocks of ceil(B / G) rows; the last
+    blocks are filled up with copies of the last row so that every rank feeds the same number of rows), runs the
+    parallel model on this rank's rows and all-gathers the logits: ``logits`` are (B, T, V) on every rank. The
+    returned KV cache (``past_key_values``) belongs to this rank's rows; pass it back with the same batch. Other
+    outputs (hidden states, attentions) are this rank's rows only.
+
+    ``generate`` runs HF generate on the whole batch on every rank of the group (see the module doc), with a
+    `GroupBeamCache` for beam search; it needs a ``generation_config`` with ``eos_token_id=[]`` (fixed length).
+    """
+
+    def __init__(self, model: nn.Module, grid: Grid) -> None:
+        super().__init__()
+        planned = _parallel_grid(model)
+        if planned is not grid and grid.size(*TENSOR_AXES) > 1:
+            raise ValueError("ParallelEvalModel needs a model parallelized on this grid (engine.parallelize(model, "
+                             "grid), or parallelize_for_eval); got " +
+                             ("a plain model" if planned is None else "a model parallelized on another grid"))
+        self.model = model
+        self.grid = grid
+
+    @property
+    def config(self) -> Any:
+        return self.model.config
+
+    @property
+    def generation_config(self) -> Any:
+        return self.model.generation_config
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        """input_ids (B, T), attention_mask (B, T_past + T), position_ids (B, T), all alike on every rank of the
+        tensor-parallel group; other keywords go to the model. Returns the model's output with logits (B, T', V).
+        Inference only (no gradients: the logits gather is not differentiable)."""
+        group = self.grid.group(*TENSOR_AXES)
+        if group.size == 1:
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
+        if "inputs_embeds" in kwargs:
+            raise ValueError("ParallelEvalModel splits rows of input_ids; pass input_ids, not inputs_embeds")
+        n_rows = input_ids.shape[0]
+        per_rank = math.ceil(n_rows / group.size)
+        rows = torch.arange(group.rank * per_rank, (group.rank + 1) * per_rank, device=input_ids.device)
+        rows = rows.clamp(max=n_rows - 1)  # blocks past the end: copies of the last row, dropped after the gather
+
+        def mine(t: torch.Tensor | None) -> torch.Tensor | None:
+            if t is None or (t.shape[0] == 1 and n_rows != 1):  # absent, or broadcast over the rows
+                return t
+            return t.index_select(0, rows.to(t.device))
+
+        out = self.model(input_ids=mine(input_ids), attention_mask=mine(attention_mask),
+                         position_ids=mine(position_ids), **kwargs)
+        out.logits = comm.all_gather(out.logits.contiguous(), group, 0)[:n_rows]
+        return out
+
+    def generate(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """HF generate on every rank of the group with the same inputs (fixed-length generation only)."""
+        if self.grid.size(*TENSOR_AXES) == 1:
+            return self.model.generate(*args, **kwargs)
+        config = kwargs.get("generation_config")
+        if config is None or not (isinstance(config.eos_token_id, (list, tuple)) and len(config.eos_token_id) == 0):
+            raise ValueError("generation on a tensor-parallel model must have a fixed length: pass a "
+                             "generation_config with eos_token_id=[] (every rank of a tensor-parallel group has to "
+                             "take the same number of steps)")
+        num_beams = kwargs.get("num_beams", config.num_beams) or 1
+        if num_beams > 1 and self.grid.size(*ROW_AXES) > 1:
+            if kwargs.get("past_key_values") is not None:
+                raise ValueError("beam search on a model whose rows are gathered over x*y needs the GroupBeamCache "
+                                 "that ParallelEvalModel.generate makes; do not pass past_key_values")
+            kwargs["past_key_values"] = GroupBeamCache(self.grid.group(*ROW_AXES), config=self.model.config)
+        return self.model.generate(*args, **kwargs)
+
+
+def eval_model(model: nn.Module, grid: Grid | None) -> nn.Module:
+    """The model to hand to eval/'s functions on this rank: `model` itself for one process, a data-parallel-only
+    grid or a plain (replicated) model; a `ParallelEvalModel` for a model parallelized with tensor-parallel axes."""
+    if grid is None or grid.size(*TENSOR_AXES) == 1 or isinstance(model, ParallelEvalModel):
+        return model
+    planned = _parallel_grid(model)
+    if planned is None:
+        return model  # a plain model on every rank: each computes the whole batch (e.g. a small reference model)
+    return ParallelEvalModel(model, grid)
+
+
+def parallelize_for_eval(model: nn.Module, grid: Grid | None) -> nn.Module:
+    """`model` on the grid's device, sharded by engine.parallelize (no-op for grid None), in eval mode."""
+    if grid is None:
+        return model.eval()
+    model = engine.parallelize(model.to(grid.device), grid)
+    return model.eval()
+
+
+def load_parallel_model(source: str | Path | nn.Module, grid: Grid | None, *, dtype: torch.dtype = torch.float32,
+                        cache_dir: str | Path | None = None) -> nn.Module:
+    """Load a model and parallelize it for evaluation (`parallelize_for_eval`).
+
+    source: an HF folder (e.g. a goldfish run's model/ folder) or hub name, a GGUF file or alias such as
+    ``smollm2-135m``, or an already built model (e.g. a named tiny model from goldfish.models.build_tiny_model).
+    A GGUF model is converted once to an HF folder under `cache_dir` (default ~/.cache/goldfish/models) by rank 0
+    while the other ranks wait, then loaded from there by them. Every rank holds the full weights for a moment
+    before sharding.
+    """
+    if not isinstance(source, nn.Module):
+        from goldfish.models import is_tiny_model, load_pretrained_model
+        from goldfish.pretrained import load_pretrained, resolve_gguf
+
+        name = str(source)
+        if is_tiny_model(name):
+            raise ValueError(f"{name!r} is a tiny model built at random init, not a checkpoint: build it with "
+                             "goldfish.models.build_tiny_model (it needs the tokenizer's sizes) and pass the model")
+        if resolve_gguf(name) is not None:
+            cache = Path(cache_dir) if cache_dir is not None else DEFAULT_MODEL_CACHE
+            source = _rank0_first(grid, lambda: load_pretrained(name, dtype=dtype, cache_dir=cache)[0])
+        else:
+            source = load_pretrained_model(name, dtype=dtype)
+    return parallelize_for_eval(source, grid)
+
+
+def _rank0_first(grid: Grid | None, load: Callable[[], nn.Module]) -> nn.Module:
+    """`load()` on rank 0, then on the other ranks (which find what rank 0 cached); rank 0's error on every rank."""
+    if grid is None or grid.is_trivial:
+        return load()
+    model, failure = None, [None]
+    if grid.rank == 0:
+        try:
+            model = load()
+        except Exception as error:  # noqa: BLE001 - sent to every rank below, then raised
+            failure = [f"{type(error).__name__}: {error}"]
+    dist.broadcast_object_list(failure, src=0)
+    if failure[0] is not None:
+        raise ParallelEvalError(f"loading the model failed on rank 0: {failure[0]}")
+    return model if model is not None else load()
+
+
+# ----- the instruments, sharded -----------------------------------------------------------------------------------
+
+def _is_main(grid: Grid | None) -> bool:
+    return grid is None or grid.rank == 0
+
+
+def _evaluable(documents: Sequence[Any], config: ExtractionConfig, model: nn.Module, grid: Grid | None
+               ) -> tuple[list[Any], list[str]]:
+    """(documents long enough for `config`, ids of the too-short ones); raises for documents beyond the context.
+    Runs identically on every rank before any communication, so a bad document fails everywhere at once."""
+    kept, skipped = split_documents(documents, config)
+    evaluable = [doc for doc, _, _ in kept]
+    check_fits_context(model, evaluable)
+    if skipped and _is_main(grid):
+        log.warning("skipped %d document(s) shorter than %d tokens", len(skipped), config.min_tokens())
+    return evaluable, skipped
+
+
+def evaluate_parallel(
+    model: nn.Module,
+    documents: Sequence[Any],
+    config: ExtractionConfig,
+    grid: Grid | None,
+    *,
+    decode: Callable[[list[int]], str],
+    pad_token_id: int,
+    drop_mask_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    progress: bool = False,
+) -> tuple[list[dict[str, Any]], dict[str, Any]] | tuple[None, None]:
+    """Greedy extraction (eval.extraction.extract) with documents sharded over the data axis.
+
+    Returns (rows, summary) on rank 0, the same rows (document order) and summary as ``extract`` in one process;
+    (None, None) on the other ranks. Every rank must call it with the same arguments. ``progress`` shows rank 0's
+    bar (its own block only).
+    """
+    evaluable, skipped = _evaluable(documents, config, model, grid)
+    runner = eval_model(model, grid)
+
+    def work(block: list[Any]) -> list[dict[str, Any]]:
+        return extract(runner, block, config, decode=decode, pad_token_id=pad_token_id, drop_mask_fn=drop_mask_fn,
+                       progress=progress and _is_main(grid))[0]
+
+    rows = run_sharded(work, evaluable, grid)
+    if rows is None:
+        return None, None
+    return rows, summarize_extraction(rows, skipped, config)
+
+
+def prefix_length_parallel(
+    model: nn.Module,
+    documents: Sequence[Any],
+    prefix_lengths: Sequence[int],
+    grid: Grid | None,
+    *,
+    suffix_len: int = 50,
+    batch_size: int = 32,
+    decode: Callable[[list[int]], str],
+    pad_token_id: int,
+) -> list[dict[str, Any]] | None:
+    """eval.breakdown.extract_by_prefix_length, sharded: rows of every fixed prefix length P tagged with
+    ``prefix_len`` on rank 0, None elsewhere."""
+    rows: list[dict[str, Any]] = []
+    for prefix_len in prefix_lengths:
+        config = ExtractionConfig(suffix_len=suffix_len, prefix_len=int(prefix_len), batch_size=batch_size)
+        part, _ = evaluate_parallel(model, documents, config, grid, decode=decode, pad_token_id=pad_token_id)
+        if part is not None:
+            rows.extend(dict(row, prefix_len=int(prefix_len)) for row in part)
+    return rows if _is_main(grid) else None
+
+
+def probabilistic_parallel(
+    model: nn.Module,
+    documents: Sequence[Any],
+    config: ExtractionConfig,
+    grid: Grid | None,
+    *,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    pad_token_id: int,
+    confidences: Sequence[float] = DEFAULT_CONFIDENCES,
+    budgets: Sequence[int] = DEFAULT_BUDGETS,
+) -> tuple[list[dict[str, Any]], dict[str, Any]] | tuple[None, None]:
+    """eval.adaptive.probabilistic_extract with documents sharded over the data axis: (rows, summary) on rank 0,
+    (None, None) elsewhere."""
+    SamplingConfig(temperature=temperature, top_p=top_p)  # validates on every rank before any communication
+    evaluable, skipped = _evaluable(documents, config, model, grid)
+    runner = eval_model(model, grid)
+
+    def work(block: list[Any]) -> list[dict[str, Any]]:
+        return probabilistic_extract(runner, block, config, temperature=temperature, top_p=top_p,
+                                     pad_token_id=pad_token_id, confidences=confidences, budgets=budgets)[0]
+
+    rows = run_sharded(work, evaluable, grid)
+    if rows is None:
+        return None, None
+    return rows, summarize_probabilistic(rows, skipped, config, temperature, top_p, confidences, budgets)
+
+
+def beam_parallel(
+    model: nn.Module,
+    documents: Sequence[Any],
+    config: ExtractionConfig,
+    grid: Grid | None,
+    *,
+    num_beams: int = 30,
+    pad_token_id: int,
+    decode: Callable[[list[int]], str] | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]] | tuple[None, None]:
+    """eval.adaptive.beam_extract with documents sharded over the data axis: (rows, summary) on rank 0, (None,
+    None) elsewhere. On a tensor-parallel group every rank searches the whole block (see the module doc)."""
+    if num_beams < 1:
+        raise ValueError(f"num_beams must be >= 1, got {num_beams}")
+    evaluable, skipped = _evaluable(documents, config, model, grid)
+    runner = eval_model(model, grid)
+
+    def work(block: list[Any]) -> list[dict[str, Any]]:
+        return beam_extract(runner, block, config, num_beams=num_beams, pad_token_id=pad_token_id, decode=decode)[0]
+
+    rows = run_sharded(work, evaluable, grid)
+    if rows is None:
+        return None, None
+    return rows, summarize_beam(rows, skipped, config, num_beams)
+
+
+def sampling_parallel(
+    model: nn.Module,
+    documents: Sequence[Any],
+    config: ExtractionConfig,
+    sampling: SamplingConfig,
+    grid: Grid | None,
+    *,
+    pad_token_id: int,
+    keep_samples: bool = False,
+) -> tuple[list[dict[str, Any]], dict[str, Any]] | tuple[None, None]:
+    """eval.adaptive.sampling_extract with documents sharded over the data axis: (rows, summary) on rank 0, (None,
+    None) elsewhere. Samples are seeded per document (document_seed), so they do not depend on the sharding."""
+    evaluable, skipped = _evaluable(documents, config, model, grid)
+    runner = eval_model(model, grid)
+
+    def work(block: list[Any]) -> list[dict[str, Any]]:
+        return sampling_extract(runner, block, config, sampling, pad_token_id=pad_token_id,
+                                keep_samples=keep_samples)[0]
+
+    rows = run_sharded(work, evaluable, grid)
+    if rows is None:
+        return None, None
+    return rows, summarize_sampling(rows, skipped, config, sampling)
+
+
+def membership_rows_parallel(
+    model: nn.Module,
+    documents: Sequence[Any],
+    grid: Grid | None,
+    *,
+    decode: Callable[[list[int]], str],
+    pad_token_id: int,
+    reference_model: nn.Module | None = None,
+    min_k: float = DEFAULT_MIN_K,
+    batch_size: int = 8,
+    member: bool | None = None,
+) -> list[dict[str, Any]] | None:
+    """eval.membership.membership_rows with documents sharded over the data axis: the rows on rank 0 (document
+    order), None elsewhere. ``reference_model`` may be parallelized on the same grid or a plain model."""
+    return _membership_rows(model, [(doc, member) for doc in documents], grid, decode=decode,
+                            pad_token_id=pad_token_id, reference_model=reference_model, min_k=min_k,
+                            batch_size=batch_size)
+
+
+def membership_parallel(
+    model: nn.Module,
+    members: Sequence[Any],
+    nonmembers: Sequence[Any],
+    grid: Grid | None,
+    *,
+    decode: Callable[[list[int]], str],
+    pad_token_id: int,
+    reference_model: nn.Module | None = None,
+    min_k: float = DEFAULT_MIN_K,
+    batch_size: int = 8,
+    target_fprs: Sequence[float] = DEFAULT_TARGET_FPRS,
+) -> tuple[list[dict[str, Any]], dict[str, Any]] | tuple[None, None]:
+    """Membership inference with members and non-members sharded together over the data axis.
+
+    Returns (rows, summary) on rank 0: the rows of ``membership_rows(model, members, member=True)`` followed by
+    those of the non-members (member=False), and ``membership_summary`` of the two; (None, None) elsewhere.
+    """
+    items = [(doc, True) for doc in members] + [(doc, False) for doc in nonmembers]
+    rows = _membership_rows(model, items, grid, decode=decode, pad_token_id=pad_token_id,
+                            reference_model=reference_model, min_k=min_k, batch_size=batch_size)
+    if rows is None:
+        return None, None
+    member_rows = [r for r in rows if r["member"]]
+    nonmember_rows = [r for r in rows if not r["member"]]
+    return rows, membership_summary(member_rows, nonmember_rows, target_fprs, min_k=min_k)
+
+
+def _membership_rows(model: nn.Module, items: list[tuple[Any, bool | None]], grid: Grid | None, *,
+                     decode: Callable[[list[int]], str], pad_token_id: int, reference_model: nn.Module | None,
+                     min_k: float, batch_size: int) -> list[dict[str, Any]] | None:
+    """Rows of (document, member flag or None) items, sharded; each row laid out as membership_rows makes it."""
+    runner = eval_model(model, grid)
+    reference = eval_model(reference_model, grid) if reference_model is not None else None
+
+    def work(block: list[tuple[Any, bool | None]]) -> list[dict[str, Any]]:
+        scored = membership_rows(runner, [doc for doc, _ in block], decode=decode, pad_token_id=pad_token_id,
+                                 reference_model=reference, min_k=min_k, batch_size=batch_size)
+        out = []
+        for (_, member), row in zip(block, scored):
+            flag = {} if member is None else {"member": bool(member)}
+            out.append({"id": row.pop("id"), **flag, **row})
+        return out
+
+    return run_sharded(work, items, grid)
+
+
+__all__ = [
+    "GroupBeamCache",
+    "ParallelEvalError",
+    "ParallelEvalModel",
+    "beam_parallel",
+    "eval_model",
+    "evaluate_parallel",
+    "gather_rows",
+    "load_parallel_model",
+    "membership_parallel",
+    "membership_rows_parallel",
+    "parallelize_for_eval",
+    "prefix_length_parallel",
+    "probabilistic_parallel",
+    "run_sharded",
+    "sampling_parallel",
+    "shard",
+    "shard_bounds",
+]
