@@ -204,6 +204,7 @@ class ParallelEvalModel(nn.Module):
                              ("a plain model" if planned is None else "a model parallelized on another grid"))
         self.model = model
         self.grid = grid
+        self.train(model.training)  # a new Module starts in training mode; keep the model's
 
     @property
     def config(self) -> Any:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,7 +28,7 @@ from eval.adaptive import (SamplingConfig, beam_extract, probabilistic_extract, 
                            summarize_probabilistic, summarize_sampling)
 from eval.extraction import ExtractionConfig, extract, summarize_extraction
 from eval.membership import membership_rows, membership_summary
-from goldfish.parallel_eval import run_sharded, shard, shard_bounds
+from goldfish.parallel_eval import load_parallel_model, run_sharded, shard, shard_bounds
 
 VOCAB = 256
 PAD = 1  # not 0: transformers 5.x beam search reads pad_token_id=0 as "no pad id" and fails without an EOS id
@@ -175,6 +176,8 @@ def test_shard_bounds_are_contiguous_balanced_and_cover_everything() -> None:
 def test_one_process_without_a_grid() -> None:
     assert shard([1, 2, 3], None) == [1, 2, 3]
     assert run_sharded(lambda block: [x * 10 for x in block], [1, 2, 3], None) == [10, 20, 30]
+    with pytest.raises(ValueError, match="tiny model built at random init"):
+        load_parallel_model("micro-llama", None)
 
 
 # ----- several processes ----------------------------------------------------------------------------------------------
@@ -186,13 +189,13 @@ def _fails_on_data_rank_1(block: list[int]) -> list[int]:
     return block
 
 
-def _world_2(expected: dict[str, Any], docs: list[Doc]) -> dict[str, Any]:
+def _world_2(expected: dict[str, Any], docs: list[Doc], folder: str) -> dict[str, Any]:
     """Every world-2 grid against the serial results, plus the edge cases: fewer documents than data ranks, no
     documents, an error on one rank, the row split inside ParallelEvalModel, generate's fixed-length rule, and a
     plain (not parallelized) model on a grid with tensor-parallel axes."""
     from engine import init
-    from goldfish.parallel_eval import (ParallelEvalError, ParallelEvalModel, eval_model, evaluate_parallel,
-                                        parallelize_for_eval, run_sharded)
+    from goldfish.parallel_eval import (ParallelEvalError, ParallelEvalModel, _rank0_first, eval_model,
+                                        evaluate_parallel, load_parallel_model, parallelize_for_eval, run_sharded)
     for shape in ((2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 1), (1, 1, 1, 2)):
         got = parallel_results(shape, docs)
         if got is not None:
@@ -210,7 +213,14 @@ def _world_2(expected: dict[str, Any], docs: list[Doc]) -> dict[str, Any]:
         notes["error"] = str(error)
     grid.close()
     grid = init(x=2)
-    model = ParallelEvalModel(parallelize_for_eval(llama(0), grid), grid)
+    model = ParallelEvalModel(load_parallel_model(folder, grid, dtype=torch.float64), grid)
+    notes["loaded in eval mode"] = not model.training
+    marker = Path(folder) / "rank0.txt"
+    notes["rank 0 first"] = _rank0_first(grid, lambda: marker.write_text("0") if grid.rank == 0 else marker.read_text())
+    try:
+        _rank0_first(grid, lambda: [][grid.rank])  # fails on rank 0: every rank raises, rank 1 does not load
+    except ParallelEvalError as error:
+        notes["rank 0 failed"] = str(error)
     seen: list[int] = []
     hook = model.model.model.embed_tokens.register_forward_pre_hook(lambda m, args: seen.append(args[0].shape[0]))
     ids = torch.tensor([docs[i].token_ids[:9] for i in (0, 1, 3)])
@@ -232,10 +242,11 @@ def _world_2(expected: dict[str, Any], docs: list[Doc]) -> dict[str, Any]:
     return notes
 
 
-def test_world_2_grids_equal_one_process() -> None:
+def test_world_2_grids_equal_one_process(tmp_path: Path) -> None:
     docs = documents()
     expected = serial_results(docs)
-    notes = run_distributed(2, _world_2, expected, docs)
+    llama(0).save_pretrained(tmp_path)
+    notes = run_distributed(2, _world_2, expected, docs, str(tmp_path))
     assert "1 docs" not in notes[1] and "0 docs" not in notes[1]  # rows only on rank 0
     rank0 = notes[0]
     one_doc = extract(llama(0), docs[:1], CONFIG, decode=decode, pad_token_id=PAD, progress=False)
@@ -251,6 +262,10 @@ def test_world_2_grids_equal_one_process() -> None:
                                    rtol=1e-5, atol=1e-6)
     assert "fixed length" in rank0["generate"] and "eos_token_id=[]" in rank0["generate"]
     assert rank0["plain model used as is"]
+    assert all(notes[r]["loaded in eval mode"] and notes[r]["rank 0 first"] for r in (0, 1))
+    assert notes[1]["rank 0 first"] == "0"  # rank 1 read what rank 0 wrote before it
+    for rank in (0, 1):
+        assert "loading the model failed on rank 0: IndexError" in notes[rank]["rank 0 failed"]
     assert "needs a model parallelized on this grid" in rank0["plain model wrapped"]
 
 
