@@ -47,7 +47,7 @@ from transformers import DynamicCache
 
 import engine
 from engine import comm
-from engine.grid import Grid
+from engine.grid import AxisGroup, Grid
 from eval.adaptive import (
     DEFAULT_BUDGETS,
     DEFAULT_CONFIDENCES,
@@ -170,7 +170,7 @@ class GroupBeamCache(DynamicCache):
     of the group must reorder at the same steps (they do when generation has a fixed length).
     """
 
-    def __init__(self, group: Any, config: Any = None) -> None:
+    def __init__(self, group: AxisGroup, config: Any = None) -> None:
         super().__init__(config=config)
         self.row_group = group
 
