@@ -88,6 +88,10 @@ def beam_search_decode(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     _check_prefixes(prefixes, max_new_tokens)
     device = model_device(model)
+    # transformers' beam search reads `pad_token_id or eos_token_id[0]`, which fails for pad id 0 with no EOS. The
+    # pad id only fills masked-out positions (attention mask 0) and is never generated here, so any other id gives
+    # the same beams.
+    pad_token_id = pad_token_id if pad_token_id != 0 else 1
     config = _generation_config(max_new_tokens, pad_token_id, do_sample=False, num_beams=num_beams,
                                 num_return_sequences=1, early_stopping=True)
     order = sorted(range(len(prefixes)), key=lambda i: len(prefixes[i]), reverse=True)  # less padding per batch

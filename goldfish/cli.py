@@ -19,7 +19,7 @@ COMPARE_QUICK = dict(n_train=8, n_heldout=8, seq_len=96, epochs=50, batch_size=8
 # standard loss extracts all of them within 8 epochs at this learning rate (bench/smollm2_finetune.py).
 COMPARE_SMOLLM2 = dict(model="smollm2-135m", n_train=8, n_heldout=8, seq_len=128, epochs=10, batch_size=4, lr=3e-4,
                        warmup_steps=0, schedule="constant", masks=["hashed:3:13", "hashed:4:13"], eval_batch_size=8,
-                       curve_every=1, beams=8, prefix_lengths="16,32,64")
+                       curve_every=1, beams=8)
 COMPARE_PRESETS = {"quick": COMPARE_QUICK, "smollm2": COMPARE_SMOLLM2}
 
 

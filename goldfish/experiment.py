@@ -421,8 +421,18 @@ def _evaluate(model: nn.Module, prepared: Prepared, documents: Sequence[data.Tok
     if mask is not None and mask.strategy is not None:
         mask_fn = lambda targets: mask.dropped(targets, special)  # noqa: E731
     pad_id = pad_token_id(tokenizer)
+    clock = time.perf_counter()
+    timings: dict[str, float] = {}
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        timings[name] = round(now - clock, 3)
+        clock = now
+
     rows, summary = extract(model, documents, extraction, decode=decode, pad_token_id=pad_id, drop_mask_fn=mask_fn,
                             progress=progress)
+    lap("greedy")
     breakdowns: dict[str, Any] = {}
     if repeats is not None:
         rows = tag_rows(rows, "repeats", repeats, default=0)
@@ -432,23 +442,29 @@ def _evaluate(model: nn.Module, prepared: Prepared, documents: Sequence[data.Tok
         if instruments.divergence:
             per_document["divergence"] = _divergence_rows(rows, documents, extraction, mask_fn)
             summary["divergence"] = divergence_summary(per_document["divergence"])
+            lap("divergence")
         if instruments.probabilistic:
             per_document["probabilistic"], summary["probabilistic"] = probabilistic_extract(
                 model, documents, extraction, pad_token_id=pad_id)
+            lap("probabilistic")
         if instruments.beams:
             per_document["beam"], summary["beam"] = beam_extract(model, documents, extraction,
                                                                  num_beams=instruments.beams, pad_token_id=pad_id,
                                                                  decode=decode)
+            lap("beam")
         if instruments.samples:
             per_document["sampling"], summary["sampling"] = sampling_extract(
                 model, documents, extraction, instruments.sampling(), pad_token_id=pad_id)
+            lap("sampling")
         if instruments.prefix_lengths:
             per_document["prefix_length"] = extract_by_prefix_length(
                 model, documents, instruments.prefix_lengths, suffix_len=extraction.suffix_len,
                 batch_size=extraction.batch_size, decode=decode, pad_token_id=pad_id)
             breakdowns["prefix_length"] = group_means(per_document["prefix_length"], "prefix_len", REPEAT_METRICS)
+            lap("prefix_length")
     if breakdowns:
         summary["breakdowns"] = breakdowns
+    summary["timings_s"] = timings
     if out_dir is not None:
         write_extraction(rows, summary, out_dir)
         for name, instrument_rows in per_document.items():

@@ -226,3 +226,14 @@ def test_sampling_extract_rows_and_seed_independence_of_order():
     # per-document seeds: the same document gets the same samples whatever its position in the list
     reversed_rows, _ = sampling_extract(model, docs[::-1], config, sampling, pad_token_id=PAD, keep_samples=True)
     assert reversed_rows[1]["samples"] == rows[0]["samples"]
+
+
+def test_beam_search_with_pad_id_zero_equals_any_other_pad_id():
+    # transformers' beam search fails for pad id 0 without an EOS id; the pad value must not matter (masked out).
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64))
+    prefixes = [[5, 6, 7], [8, 9]]
+    with_zero = beam_search_decode(model, prefixes, 4, num_beams=3, pad_token_id=0, batch_size=2)
+    assert with_zero == beam_search_decode(model, prefixes, 4, num_beams=3, pad_token_id=7, batch_size=2)
+    assert all(len(ids) == 4 for ids in with_zero)
