@@ -182,15 +182,21 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from goldfish.experiment import (RUN_FILE, DataSpec, MaskSpec, Prepared, _evaluate, initial_model, membership,
-                                     prepare_data)
-    from goldfish.models import is_tiny_model, load_pretrained_model
+    from goldfish.experiment import (RUN_FILE, DataSpec, MaskSpec, Prepared, _evaluate, initial_model,
+                                     is_main_process, membership, prepare_data, start_grid)
+    from goldfish.models import is_tiny_model
+    from goldfish.parallel_eval import load_parallel_model, parallelize_for_eval
 
+    if args.nproc:
+        return _relaunch_under_torchrun(args)
     model_dir = Path(args.model)
     record_path = model_dir / RUN_FILE
     if args.data is None and not record_path.exists():
         raise ValueError(f"{args.model} has no {RUN_FILE} (it was not written by goldfish train): give --data and the "
                          "selection options to say which documents to evaluate")
+    grid = start_grid(args.grid)
+    main = is_main_process(grid)
+    say = print if main else (lambda *a, **k: None)
     mask, record, repeats = None, None, None
     if args.data is None:
         record = json.loads(record_path.read_text())
@@ -204,14 +210,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
             spec = replace(spec, tokenizer=args.model)
     if args.strategy is not None:
         mask = None if args.strategy == "standard" else MaskSpec(args.strategy, args.k, args.h)
-    prepared: Prepared = prepare_data(spec, args.model)
+    prepared: Prepared = prepare_data(spec, args.model, log=say)
     if record is not None:
         _check_same_documents(record["documents"], prepared.split.manifest())
         if spec.repeats != (1,):
             repeats = spec.repeats_by_id(prepared.split.train)
-    device = _device(args)
-    model = (initial_model(args.model, prepared, args.init_seed) if is_tiny_model(args.model)
-             else load_pretrained_model(args.model)).to(device)
+    if grid is None:
+        device = _device(args)
+        model = (initial_model(args.model, prepared, args.init_seed) if is_tiny_model(args.model)
+                 else load_parallel_model(args.model, None)).to(device)
+    else:
+        # Every rank holds a shard of the model; documents are split over the data axis (goldfish.parallel_eval).
+        device = grid.device
+        model = (parallelize_for_eval(initial_model(args.model, prepared, args.init_seed), grid)
+                 if is_tiny_model(args.model) else load_parallel_model(args.model, grid))
+        say(f"evaluating on grid {grid.shape}: documents sharded over data={grid.shape.data}")
     extraction = _extraction_config(args)
     instruments = _instruments(args)
     parts = {"train": prepared.split.train, "heldout": prepared.split.heldout}
@@ -220,17 +233,27 @@ def cmd_eval(args: argparse.Namespace) -> int:
     results: dict[str, Any] = {}
     for part in chosen:
         part_repeats = None if repeats is None else repeats if part == "train" else {}
-        results[part], _ = _evaluate(model, prepared, parts[part], extraction, out / part, mask,
-                                     not args.no_progress, instruments, part_repeats)
-        s = results[part]
-        print(f"{part}: {s['n_docs']} documents, exact match {s['exact_match']:.3f}, RougeL {s['rouge_l']:.3f}")
+        summary, _ = _evaluate(model, prepared, parts[part], extraction, out / part, mask,
+                               not args.no_progress, instruments, part_repeats, grid)
+        if summary is not None:
+            results[part] = summary
+            say(f"{part}: {summary['n_docs']} documents, exact match {summary['exact_match']:.3f}, "
+                f"RougeL {summary['rouge_l']:.3f}")
     if args.part == "both" and parts["train"] and parts["heldout"]:
         reference = _reference_model(args.reference, record, prepared, args.init_seed)
         if reference is not None:
-            reference = reference.to(device)
-        results["membership"] = membership(model, prepared, reference, out / "membership.jsonl")
-        attacks = results["membership"]["attacks"]
-        print("membership inference AUC: " + ", ".join(f"{name} {m['auc']:.3f}" for name, m in attacks.items()))
+            reference = reference.to(device).eval()  # a plain copy on every rank: it scores its own shard
+        result = membership(model, prepared, reference, out / "membership.jsonl", grid)
+        if result is not None:
+            results["membership"] = result
+            say("membership inference AUC: " + ", ".join(f"{name} {m['auc']:.3f}"
+                                                         for name, m in result["attacks"].items()))
+    if grid is not None:
+        results_grid = {axis: getattr(grid.shape, axis) for axis in ("data", "x", "y", "z")}
+        grid.close(destroy_world=True)
+        if not main:
+            return 0
+        results["grid"] = results_grid
     from eval.report import write_json_atomic
     from goldfish.report import write_eval_report
 
@@ -363,6 +386,12 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--init-seed", type=int, default=0, help="seed of a tiny model's random init")
     evaluate.add_argument("--device", default=None)
     evaluate.add_argument("--no-progress", action="store_true")
+    evaluate.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    evaluate.add_argument("--grid", default=None,
+                          help="under torchrun: the 4D grid as AXIS=SIZE pairs, e.g. data=2 or data=2,x=2; documents "
+                               "are sharded over data, the model over x, y, z (default under torchrun: data=WORLD_SIZE)")
+    evaluate.add_argument("--nproc", type=int, default=None,
+                          help="launch N local processes with torchrun and evaluate in parallel")
     _add_data_args(evaluate)
     evaluate.set_defaults(data=None)
     evaluate.add_argument("--reference", default="auto",

@@ -18,12 +18,12 @@ from torch import nn
 
 import data
 import engine.train as engine_train
-from eval.adaptive import SamplingConfig, beam_extract, probabilistic_extract, sampling_extract
-from eval.breakdown import extract_by_prefix_length, group_means, tag_rows
+from eval.adaptive import SamplingConfig
+from eval.breakdown import group_means, tag_rows
 from eval.divergence import divergence_row, divergence_summary, suffix_dropped_flags
 from eval.extraction import ExtractionConfig, extract, write_extraction
 from eval.report import write_jsonl_atomic
-from eval.membership import membership_rows, membership_summary
+from goldfish import parallel_eval
 from goldfish.loss import goldfish_loss
 from goldfish.masks import STRATEGIES, causal_targets, drop_mask
 from goldfish.models import build_tiny_model, is_tiny_model, load_pretrained_model
@@ -396,7 +396,7 @@ REPEAT_METRICS = ("exact_match", "rouge_l")
 def evaluate_model(model: nn.Module, prepared: Prepared, documents: Sequence[data.TokenizedDocument],
                    extraction: ExtractionConfig, out_dir: Path | None, mask: MaskSpec | None = None,
                    progress: bool = True, *, instruments: Instruments | None = None,
-                   repeats: dict[str, int] | None = None) -> dict[str, Any]:
+                   repeats: dict[str, int] | None = None, grid: Any = None) -> dict[str, Any] | None:
     """Greedy extraction on `documents` plus the chosen `instruments`; returns the summary.
 
     Writes OUT/extraction.jsonl, OUT/summary.json and one JSON-lines file of per-document rows per instrument
@@ -404,16 +404,23 @@ def evaluate_model(model: nn.Module, prepared: Prepared, documents: Sequence[dat
     "sampling" and "breakdowns" ({"prefix_length": [...], "repeats": [...]}).
     repeats: {document id: times it was trained on per epoch}; documents not in it count as 0 (never trained on).
         Each extraction row gets a "repeats" field and the summary a breakdown by it.
+    grid: under torchrun, every rank calls this with the same arguments and a model parallelized on the grid
+        (goldfish.parallel_eval.load_parallel_model); documents are sharded over the data axis and rank 0 gets the
+        summary and writes the files (other ranks get None). The rows equal a single process's.
     """
-    summary, _ = _evaluate(model, prepared, documents, extraction, out_dir, mask, progress, instruments, repeats)
+    summary, _ = _evaluate(model, prepared, documents, extraction, out_dir, mask, progress, instruments, repeats, grid)
     return summary
 
 
 def _evaluate(model: nn.Module, prepared: Prepared, documents: Sequence[data.TokenizedDocument],
               extraction: ExtractionConfig, out_dir: Path | None, mask: MaskSpec | None, progress: bool,
-              instruments: Instruments | None, repeats: dict[str, int] | None
-              ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
-    """evaluate_model, also returning the per-document rows: {"extraction": rows, instrument: rows, ...}."""
+              instruments: Instruments | None, repeats: dict[str, int] | None, grid: Any = None
+              ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]] | tuple[None, None]:
+    """evaluate_model, also returning the per-document rows: {"extraction": rows, instrument: rows, ...}.
+
+    Every instrument runs through goldfish.parallel_eval, which is the plain single-process function for grid None
+    and the sharded one under a grid; only rank 0 gets rows back.
+    """
     tokenizer = prepared.tokenizer
     special = prepared.special_token_ids
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
@@ -421,6 +428,7 @@ def _evaluate(model: nn.Module, prepared: Prepared, documents: Sequence[data.Tok
     if mask is not None and mask.strategy is not None:
         mask_fn = lambda targets: mask.dropped(targets, special)  # noqa: E731
     pad_id = pad_token_id(tokenizer)
+    main = is_main_process(grid)
     clock = time.perf_counter()
     timings: dict[str, float] = {}
 
@@ -430,38 +438,48 @@ def _evaluate(model: nn.Module, prepared: Prepared, documents: Sequence[data.Tok
         timings[name] = round(now - clock, 3)
         clock = now
 
-    rows, summary = extract(model, documents, extraction, decode=decode, pad_token_id=pad_id, drop_mask_fn=mask_fn,
-                            progress=progress)
+    rows, summary = parallel_eval.evaluate_parallel(model, documents, extraction, grid, decode=decode,
+                                                    pad_token_id=pad_id, drop_mask_fn=mask_fn,
+                                                    progress=progress and main)
     lap("greedy")
+    results: dict[str, Any] = {}  # instrument -> (rows, summary); None on ranks other than 0
+    if instruments is not None:
+        if instruments.probabilistic:
+            results["probabilistic"] = parallel_eval.probabilistic_parallel(model, documents, extraction, grid,
+                                                                            pad_token_id=pad_id)
+            lap("probabilistic")
+        if instruments.beams:
+            results["beam"] = parallel_eval.beam_parallel(model, documents, extraction, grid,
+                                                          num_beams=instruments.beams, pad_token_id=pad_id,
+                                                          decode=decode)
+            lap("beam")
+        if instruments.samples:
+            results["sampling"] = parallel_eval.sampling_parallel(model, documents, extraction,
+                                                                  instruments.sampling(), grid, pad_token_id=pad_id)
+            lap("sampling")
+        if instruments.prefix_lengths:
+            prefix_rows = parallel_eval.prefix_length_parallel(
+                model, documents, instruments.prefix_lengths, grid, suffix_len=extraction.suffix_len,
+                batch_size=extraction.batch_size, decode=decode, pad_token_id=pad_id)
+            results["prefix_length"] = (prefix_rows, None)
+            lap("prefix_length")
+    if not main:
+        return None, None
+
     breakdowns: dict[str, Any] = {}
     if repeats is not None:
         rows = tag_rows(rows, "repeats", repeats, default=0)
         breakdowns["repeats"] = group_means(rows, "repeats", REPEAT_METRICS)
     per_document: dict[str, list[dict[str, Any]]] = {"extraction": rows}
-    if instruments is not None:
-        if instruments.divergence:
-            per_document["divergence"] = _divergence_rows(rows, documents, extraction, mask_fn)
-            summary["divergence"] = divergence_summary(per_document["divergence"])
-            lap("divergence")
-        if instruments.probabilistic:
-            per_document["probabilistic"], summary["probabilistic"] = probabilistic_extract(
-                model, documents, extraction, pad_token_id=pad_id)
-            lap("probabilistic")
-        if instruments.beams:
-            per_document["beam"], summary["beam"] = beam_extract(model, documents, extraction,
-                                                                 num_beams=instruments.beams, pad_token_id=pad_id,
-                                                                 decode=decode)
-            lap("beam")
-        if instruments.samples:
-            per_document["sampling"], summary["sampling"] = sampling_extract(
-                model, documents, extraction, instruments.sampling(), pad_token_id=pad_id)
-            lap("sampling")
-        if instruments.prefix_lengths:
-            per_document["prefix_length"] = extract_by_prefix_length(
-                model, documents, instruments.prefix_lengths, suffix_len=extraction.suffix_len,
-                batch_size=extraction.batch_size, decode=decode, pad_token_id=pad_id)
-            breakdowns["prefix_length"] = group_means(per_document["prefix_length"], "prefix_len", REPEAT_METRICS)
-            lap("prefix_length")
+    if instruments is not None and instruments.divergence:
+        per_document["divergence"] = _divergence_rows(rows, documents, extraction, mask_fn)
+        summary["divergence"] = divergence_summary(per_document["divergence"])
+    for name, (instrument_rows, instrument_summary) in results.items():
+        per_document[name] = instrument_rows
+        if instrument_summary is not None:
+            summary[name] = instrument_summary
+    if "prefix_length" in per_document:
+        breakdowns["prefix_length"] = group_means(per_document["prefix_length"], "prefix_len", REPEAT_METRICS)
     if breakdowns:
         summary["breakdowns"] = breakdowns
     summary["timings_s"] = timings
@@ -495,22 +513,23 @@ def _divergence_rows(rows: list[dict[str, Any]], documents: Sequence[data.Tokeni
 
 
 def membership(model: nn.Module, prepared: Prepared, reference: nn.Module | None,
-               out_file: Path | None = None) -> dict[str, Any]:
+               out_file: Path | None = None, grid: Any = None) -> dict[str, Any] | None:
     """Membership inference (loss, zlib, Min-K%, and reference-model ratio when `reference` is given): members are
     the training documents, non-members the held-out ones; AUC and TPR at 1% and 0.1% FPR. The per-document scores
-    go to `out_file` (JSON lines) when given."""
+    go to `out_file` (JSON lines) when given. Under a grid, documents are sharded over the data axis and rank 0 gets
+    the result (other ranks None)."""
     tokenizer = prepared.tokenizer
-    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-    pad_id = pad_token_id(tokenizer)
     if not prepared.split.train or not prepared.split.heldout:
         raise ValueError("membership inference needs both training (members) and held-out (non-member) documents")
-    members = membership_rows(model, prepared.split.train, decode=decode, pad_token_id=pad_id,
-                              reference_model=reference, member=True)
-    nonmembers = membership_rows(model, prepared.split.heldout, decode=decode, pad_token_id=pad_id,
-                                 reference_model=reference, member=False)
+    rows, summary = parallel_eval.membership_parallel(
+        model, prepared.split.train, prepared.split.heldout, grid,
+        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), pad_token_id=pad_token_id(tokenizer),
+        reference_model=reference)
+    if rows is None:
+        return None
     if out_file is not None:
-        write_jsonl_atomic(out_file, members + nonmembers)
-    return membership_summary(members, nonmembers, min_k=0.2)
+        write_jsonl_atomic(out_file, rows)
+    return summary
 
 
 @dataclass

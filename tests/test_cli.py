@@ -150,6 +150,30 @@ def test_parallel_train_consolidates_into_a_checkpoint_that_eval_reads(tmp_path)
     first_step = json.loads((parallel / "metrics.jsonl").read_text().splitlines()[0])
     assert first_step["bytes_sent"]["x"] > 0  # collectives of the x axis, counted per step
     out = tmp_path / "eval"
-    assert main(["eval", "--model", str(parallel / "checkpoint"), "--out", str(out), "--suffix-len", "16",
-                 "--no-progress"]) == 0
+    instruments = ["--suffix-len", "16", "--no-progress", "--beams", "2", "--samples", "2", "--prefix-lengths", "8,16"]
+    assert main(["eval", "--model", str(parallel / "checkpoint"), "--out", str(out), *instruments]) == 0
     assert json.loads((out / "summary.json").read_text())["train"]["n_docs"] == 4
+
+    # `goldfish eval` on 2 ranks must give the single process's per-document results: data=2 shards the documents,
+    # x=2 generates with the engine-parallel model (one shard).
+    for grid in ("data=2", "x=2"):
+        sharded = tmp_path / f"eval-{grid}"
+        result = subprocess.run([sys.executable, "-m", "goldfish", "eval", "--nproc", "2", "--grid", grid, "--model",
+                                 str(parallel / "checkpoint"), "--out", str(sharded), *instruments],
+                                capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        for name in ("extraction", "beam", "sampling", "prefix_length", "probabilistic", "divergence"):
+            for part in ("train", "heldout"):
+                one, many = [[json.loads(line) for line in (run / part / f"{name}.jsonl").read_text().splitlines()]
+                             for run in (out, sharded)]
+                assert [r["id"] for r in one] == [r["id"] for r in many]
+                for a, b in zip(one, many):
+                    for key in ("generated_ids", "exact_match", "first_divergence", "samples", "n_exact"):
+                        assert a.get(key) == b.get(key), (name, part, key)
+                    if "log_q" in a:  # float sums in another order: float32 rounding (observed ~1e-7 relative)
+                        assert a["log_q"] == pytest.approx(b["log_q"], rel=1e-4)
+        one, many = [[json.loads(line) for line in (run / "membership.jsonl").read_text().splitlines()]
+                     for run in (out, sharded)]
+        assert [r["id"] for r in one] == [r["id"] for r in many]
+        assert [r["loss"] for r in one] == pytest.approx([r["loss"] for r in many], rel=1e-4)
+        assert json.loads((sharded / "summary.json").read_text())["grid"]["data" if grid == "data=2" else "x"] == 2
