@@ -21,7 +21,7 @@ import engine.train as engine_train
 from eval.adaptive import SamplingConfig
 from eval.breakdown import group_means, tag_rows
 from eval.divergence import divergence_row, divergence_summary, suffix_dropped_flags
-from eval.extraction import ExtractionConfig, extract, write_extraction
+from eval.extraction import ExtractionConfig, write_extraction
 from eval.report import write_jsonl_atomic
 from goldfish import parallel_eval
 from goldfish.loss import goldfish_loss
@@ -600,10 +600,13 @@ def compare(spec: CompareSpec, out_dir: Path, *, grid: Any = None, device: str |
                                                    out_dir / label / "eval" / "membership.jsonl")
         timings[f"eval {label}"] = time.perf_counter() - t0
 
-    def curve_point(epoch: int, step: int, model: nn.Module) -> dict[str, Any]:
-        _, point = extract(model, prepared.split.train, spec.extraction, pad_token_id=pad_token_id(prepared.tokenizer),
-                           decode=lambda ids: prepared.tokenizer.decode(ids, skip_special_tokens=True),
-                           progress=False)
+    def curve_point(epoch: int, step: int, model: nn.Module) -> dict[str, Any] | None:
+        # Under a grid every rank takes part (documents sharded over data, the model's own shards); rank 0 gets it.
+        _, point = parallel_eval.evaluate_parallel(
+            model, prepared.split.train, spec.extraction, grid, pad_token_id=pad_token_id(prepared.tokenizer),
+            decode=lambda ids: prepared.tokenizer.decode(ids, skip_special_tokens=True))
+        if point is None:
+            return None
         return {"epoch": epoch, "step": step, "exact_match": point["exact_match"], "rouge_l": point["rouge_l"],
                 "n_docs": point["n_docs"]}
 
@@ -612,21 +615,21 @@ def compare(spec: CompareSpec, out_dir: Path, *, grid: Any = None, device: str |
     reference_mask = next((m for m in runs if m.strategy is not None), None)
     if main:
         evaluate("control", initial, reference_mask)
-    curve_on = spec.curve_every > 0 and grid is None
-    if spec.curve_every > 0 and grid is not None:
-        log("note: the exact-match-vs-epochs curve is measured only in single-process runs; skipped under a grid")
+    curve_on = spec.curve_every > 0
     for mask in runs:
         t0 = time.perf_counter()
         train_spec = TrainSpec(model=spec.model, data=spec.data, mask=mask, train=spec.train, init_seed=spec.init_seed)
         curve: list[dict[str, Any]] = []
-        if curve_on:
+        if curve_on and main:
             control = models["control"]["train"]
             curve.append({"epoch": 0, "step": 0, "exact_match": control["exact_match"], "rouge_l": control["rouge_l"],
                           "n_docs": control["n_docs"]})
 
         def on_epoch_end(model: nn.Module, epoch: int, step: int) -> None:
             if epoch % spec.curve_every == 0 or epoch == spec.train.epochs:
-                curve.append(curve_point(epoch, step, model))
+                point = curve_point(epoch, step, model)
+                if point is not None:
+                    curve.append(point)
 
         model, _ = train_model(train_spec, out_dir / mask.label, prepared=prepared, model=copy.deepcopy(initial),
                                grid=grid, log=log, on_epoch_end=on_epoch_end if curve_on else None)
