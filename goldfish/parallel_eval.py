@@ -337,6 +337,20 @@ def _evaluable(documents: Sequence[Any], config: ExtractionConfig, model: nn.Mod
     return evaluable, skipped
 
 
+def _sharded_instrument(model: nn.Module, documents: Sequence[Any], config: ExtractionConfig, grid: Grid | None,
+                        rows_of: Callable[[nn.Module, list[Any]], list[dict[str, Any]]],
+                        summarize: Callable[[list[dict[str, Any]], list[str]], dict[str, Any]]
+                        ) -> tuple[list[dict[str, Any]], dict[str, Any]] | tuple[None, None]:
+    """The pattern of every per-document instrument: keep the evaluable documents, let each tensor-parallel group
+    compute `rows_of(model_for_this_rank, block)` on its block, gather on rank 0, summarize from the rows there."""
+    evaluable, skipped = _evaluable(documents, config, model, grid)
+    runner = eval_model(model, grid)
+    rows = run_sharded(lambda block: rows_of(runner, block), evaluable, grid)
+    if rows is None:
+        return None, None
+    return rows, summarize(rows, skipped)
+
+
 def evaluate_parallel(
     model: nn.Module,
     documents: Sequence[Any],
@@ -354,17 +368,11 @@ def evaluate_parallel(
     (None, None) on the other ranks. Every rank must call it with the same arguments. ``progress`` shows rank 0's
     bar (its own block only).
     """
-    evaluable, skipped = _evaluable(documents, config, model, grid)
-    runner = eval_model(model, grid)
-
-    def work(block: list[Any]) -> list[dict[str, Any]]:
-        return extract(runner, block, config, decode=decode, pad_token_id=pad_token_id, drop_mask_fn=drop_mask_fn,
-                       progress=progress and _is_main(grid))[0]
-
-    rows = run_sharded(work, evaluable, grid)
-    if rows is None:
-        return None, None
-    return rows, summarize_extraction(rows, skipped, config)
+    return _sharded_instrument(
+        model, documents, config, grid,
+        lambda runner, block: extract(runner, block, config, decode=decode, pad_token_id=pad_token_id,
+                                      drop_mask_fn=drop_mask_fn, progress=progress and _is_main(grid))[0],
+        lambda rows, skipped: summarize_extraction(rows, skipped, config))
 
 
 def prefix_length_parallel(
@@ -404,17 +412,12 @@ def probabilistic_parallel(
     """eval.adaptive.probabilistic_extract with documents sharded over the data axis: (rows, summary) on rank 0,
     (None, None) elsewhere."""
     SamplingConfig(temperature=temperature, top_p=top_p)  # validates on every rank before any communication
-    evaluable, skipped = _evaluable(documents, config, model, grid)
-    runner = eval_model(model, grid)
-
-    def work(block: list[Any]) -> list[dict[str, Any]]:
-        return probabilistic_extract(runner, block, config, temperature=temperature, top_p=top_p,
-                                     pad_token_id=pad_token_id, confidences=confidences, budgets=budgets)[0]
-
-    rows = run_sharded(work, evaluable, grid)
-    if rows is None:
-        return None, None
-    return rows, summarize_probabilistic(rows, skipped, config, temperature, top_p, confidences, budgets)
+    return _sharded_instrument(
+        model, documents, config, grid,
+        lambda runner, block: probabilistic_extract(runner, block, config, temperature=temperature, top_p=top_p,
+                                                    pad_token_id=pad_token_id, confidences=confidences,
+                                                    budgets=budgets)[0],
+        lambda rows, skipped: summarize_probabilistic(rows, skipped, config, temperature, top_p, confidences, budgets))
 
 
 def beam_parallel(
@@ -431,16 +434,11 @@ def beam_parallel(
     None) elsewhere. On a tensor-parallel group every rank searches the whole block (see the module doc)."""
     if num_beams < 1:
         raise ValueError(f"num_beams must be >= 1, got {num_beams}")
-    evaluable, skipped = _evaluable(documents, config, model, grid)
-    runner = eval_model(model, grid)
-
-    def work(block: list[Any]) -> list[dict[str, Any]]:
-        return beam_extract(runner, block, config, num_beams=num_beams, pad_token_id=pad_token_id, decode=decode)[0]
-
-    rows = run_sharded(work, evaluable, grid)
-    if rows is None:
-        return None, None
-    return rows, summarize_beam(rows, skipped, config, num_beams)
+    return _sharded_instrument(
+        model, documents, config, grid,
+        lambda runner, block: beam_extract(runner, block, config, num_beams=num_beams, pad_token_id=pad_token_id,
+                                           decode=decode)[0],
+        lambda rows, skipped: summarize_beam(rows, skipped, config, num_beams))
 
 
 def sampling_parallel(
@@ -455,17 +453,11 @@ def sampling_parallel(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]] | tuple[None, None]:
     """eval.adaptive.sampling_extract with documents sharded over the data axis: (rows, summary) on rank 0, (None,
     None) elsewhere. Samples are seeded per document (document_seed), so they do not depend on the sharding."""
-    evaluable, skipped = _evaluable(documents, config, model, grid)
-    runner = eval_model(model, grid)
-
-    def work(block: list[Any]) -> list[dict[str, Any]]:
-        return sampling_extract(runner, block, config, sampling, pad_token_id=pad_token_id,
-                                keep_samples=keep_samples)[0]
-
-    rows = run_sharded(work, evaluable, grid)
-    if rows is None:
-        return None, None
-    return rows, summarize_sampling(rows, skipped, config, sampling)
+    return _sharded_instrument(
+        model, documents, config, grid,
+        lambda runner, block: sampling_extract(runner, block, config, sampling, pad_token_id=pad_token_id,
+                                               keep_samples=keep_samples)[0],
+        lambda rows, skipped: summarize_sampling(rows, skipped, config, sampling))
 
 
 def membership_rows_parallel(
