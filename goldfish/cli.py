@@ -182,7 +182,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from goldfish.experiment import (RUN_FILE, DataSpec, MaskSpec, Prepared, _evaluate, initial_model,
+    from goldfish.experiment import (RUN_FILE, DataSpec, MaskSpec, Prepared, evaluate_model, initial_model,
                                      is_main_process, membership, prepare_data, start_grid)
     from goldfish.models import is_tiny_model
     from goldfish.parallel_eval import load_parallel_model, parallelize_for_eval
@@ -205,9 +205,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         mask_fields = {k: v for k, v in record["mask"].items() if k != "label"}
         mask = MaskSpec(**mask_fields) if mask_fields.get("strategy") else None
     else:
-        spec = _data_spec(args)
-        if spec.tokenizer is None and not is_tiny_model(args.model):
-            spec = replace(spec, tokenizer=args.model)
+        spec = _data_spec(args)  # tokenizer None: the model's own (prepare_data finds it, GGUF files included)
     if args.strategy is not None:
         mask = None if args.strategy == "standard" else MaskSpec(args.strategy, args.k, args.h)
     prepared: Prepared = prepare_data(spec, args.model, log=say)
@@ -233,8 +231,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     results: dict[str, Any] = {}
     for part in chosen:
         part_repeats = None if repeats is None else repeats if part == "train" else {}
-        summary, _ = _evaluate(model, prepared, parts[part], extraction, out / part, mask,
-                               not args.no_progress, instruments, part_repeats, grid)
+        summary = evaluate_model(model, prepared, parts[part], extraction, out / part, mask, not args.no_progress,
+                                 instruments=instruments, repeats=part_repeats, grid=grid)
         if summary is not None:
             results[part] = summary
             say(f"{part}: {summary['n_docs']} documents, exact match {summary['exact_match']:.3f}, "
@@ -248,6 +246,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
             results["membership"] = result
             say("membership inference AUC: " + ", ".join(f"{name} {m['auc']:.3f}"
                                                          for name, m in result["attacks"].items()))
+    else:
+        say("membership inference skipped: it needs training (members) and held-out (non-member) documents; use "
+            "--part both with --n-train and --n-heldout > 0")
     if grid is not None:
         results_grid = {axis: getattr(grid.shape, axis) for axis in ("data", "x", "y", "z")}
         grid.close(destroy_world=True)

@@ -391,6 +391,8 @@ class Instruments:
 ROW_FILES = {"divergence": "divergence.jsonl", "probabilistic": "probabilistic.jsonl", "beam": "beam.jsonl",
              "sampling": "sampling.jsonl", "prefix_length": "prefix_length.jsonl"}
 REPEAT_METRICS = ("exact_match", "rouge_l")
+# Per-document fields kept for every point of the exact-match-vs-epochs curve (OUT/<label>/curve.jsonl).
+CURVE_ROW_KEYS = ("id", "exact_match", "rouge_l", "longest_correct_prefix")
 
 
 def evaluate_model(model: nn.Module, prepared: Prepared, documents: Sequence[data.TokenizedDocument],
@@ -579,6 +581,8 @@ def compare(spec: CompareSpec, out_dir: Path, *, grid: Any = None, device: str |
     breakdowns: dict[str, dict[str, Any]] = {}
     timings: dict[str, float] = {}
 
+    control_rows: list[dict[str, Any]] = []  # the control's training-document rows: epoch 0 of every curve
+
     def evaluate(label: str, model: nn.Module, mask: MaskSpec | None) -> None:
         t0 = time.perf_counter()
         models[label], rows = {}, {}
@@ -587,6 +591,8 @@ def compare(spec: CompareSpec, out_dir: Path, *, grid: Any = None, device: str |
                 model, prepared, docs, spec.extraction, out_dir / label / "eval" / part, mask, spec.train.progress,
                 spec.instruments, None if repeats is None else repeats if part == "train" else {})
             rows[part] = per_document["extraction"]
+        if label == "control":
+            control_rows.extend(rows["train"])
         if repeats is not None:
             # Held-out documents are the "trained on 0 times" group of the repeats breakdown.
             breakdowns.setdefault("repeats", {})[label] = group_means(rows["train"] + rows["heldout"], "repeats",
@@ -600,13 +606,16 @@ def compare(spec: CompareSpec, out_dir: Path, *, grid: Any = None, device: str |
                                                    out_dir / label / "eval" / "membership.jsonl")
         timings[f"eval {label}"] = time.perf_counter() - t0
 
-    def curve_point(epoch: int, step: int, model: nn.Module) -> dict[str, Any] | None:
+    def curve_point(epoch: int, step: int, model: nn.Module, document_rows: list[dict[str, Any]]
+                    ) -> dict[str, Any] | None:
         # Under a grid every rank takes part (documents sharded over data, the model's own shards); rank 0 gets it.
-        _, point = parallel_eval.evaluate_parallel(
+        rows, point = parallel_eval.evaluate_parallel(
             model, prepared.split.train, spec.extraction, grid, pad_token_id=pad_token_id(prepared.tokenizer),
             decode=lambda ids: prepared.tokenizer.decode(ids, skip_special_tokens=True))
         if point is None:
             return None
+        document_rows.extend({"epoch": epoch, "step": step, **{key: row[key] for key in CURVE_ROW_KEYS}}
+                             for row in rows)
         return {"epoch": epoch, "step": step, "exact_match": point["exact_match"], "rouge_l": point["rouge_l"],
                 "n_docs": point["n_docs"]}
 
@@ -620,21 +629,25 @@ def compare(spec: CompareSpec, out_dir: Path, *, grid: Any = None, device: str |
         t0 = time.perf_counter()
         train_spec = TrainSpec(model=spec.model, data=spec.data, mask=mask, train=spec.train, init_seed=spec.init_seed)
         curve: list[dict[str, Any]] = []
+        curve_rows: list[dict[str, Any]] = []  # per document and measured epoch, written to OUT/<label>/curve.jsonl
         if curve_on and main:
             control = models["control"]["train"]
             curve.append({"epoch": 0, "step": 0, "exact_match": control["exact_match"], "rouge_l": control["rouge_l"],
                           "n_docs": control["n_docs"]})
+            curve_rows.extend({"epoch": 0, "step": 0, **{key: row[key] for key in CURVE_ROW_KEYS}}
+                              for row in control_rows)
 
         def on_epoch_end(model: nn.Module, epoch: int, step: int) -> None:
             if epoch % spec.curve_every == 0 or epoch == spec.train.epochs:
-                point = curve_point(epoch, step, model)
+                point = curve_point(epoch, step, model, curve_rows)
                 if point is not None:
                     curve.append(point)
 
         model, _ = train_model(train_spec, out_dir / mask.label, prepared=prepared, model=copy.deepcopy(initial),
                                grid=grid, log=log, on_epoch_end=on_epoch_end if curve_on else None)
-        if curve_on:
+        if curve_on and main:
             curves[mask.label] = curve
+            write_jsonl_atomic(out_dir / mask.label / "curve.jsonl", curve_rows)
         timings[f"train {mask.label}"] = time.perf_counter() - t0
         if grid is not None:
             # Evaluate what was saved: the consolidated HF checkpoint, as any user of the result would load it.

@@ -38,6 +38,7 @@ PART_FILES: tuple[tuple[str | None, str, str], ...] = (
 )
 PREFIX_LENGTH_FILE = ("prefix_length", "prefix_length.jsonl", "greedy extraction at each fixed prefix length")
 MEMBERSHIP_FILE = "membership.jsonl"
+CURVE_FILE = "curve.jsonl"  # compare: OUT/<label>/curve.jsonl, one row per document and measured epoch
 
 HEADLINE_COLUMNS = (("docs", "n_docs"), ("exact match", "exact_match"), ("RougeL F", "rouge_l"),
                     ("RougeL recall", "rouge_l_recall"), ("Rouge1", "rouge_1"), ("Rouge2", "rouge_2"),
@@ -487,7 +488,8 @@ def _files_section(files: Sequence[str]) -> list[str]:
     for folder, names in names_by_folder.items():
         folders_by_names.setdefault(tuple(names), []).append(folder)
     descriptions = ({name: text for _, name, text in (*PART_FILES, PREFIX_LENGTH_FILE)}
-                    | {MEMBERSHIP_FILE: "membership-inference scores"})
+                    | {MEMBERSHIP_FILE: "membership-inference scores",
+                       CURVE_FILE: "greedy extraction of each training document at each measured epoch"})
     return ["## Per-document rows", "",
             "One JSON object per document per line, behind the tables and plots above (paths relative to this "
             "folder):", "",
@@ -524,6 +526,8 @@ def compare_per_document_files(summary: Mapping[str, Any]) -> list[str]:
             files += [f"{label}/eval/{part}/{name}" for name in _part_files(s)]
         if label in (summary.get("membership") or {}):
             files.append(f"{label}/eval/{MEMBERSHIP_FILE}")
+        if label in (summary.get("curves") or {}):
+            files.append(f"{label}/{CURVE_FILE}")
     return files
 
 

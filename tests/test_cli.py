@@ -130,6 +130,11 @@ def test_compare_quick_standard_memorizes_more_than_goldfish(tmp_path):
     membership_rows = (out / "standard" / "eval" / "membership.jsonl").read_text().splitlines()
     assert len(membership_rows) == standard["train"]["n_docs"] + standard["heldout"]["n_docs"]
     assert (out / "em_vs_epochs.png").exists() and (out / "divergence.png").exists()
+    curve_rows = [json.loads(line) for line in (out / "standard" / "curve.jsonl").read_text().splitlines()]
+    assert len(curve_rows) == 3 * standard["train"]["n_docs"]  # epochs 0, 25, 50
+    last = [r["exact_match"] for r in curve_rows if r["epoch"] == 50]
+    assert sum(last) / len(last) == summary["curves"]["standard"][-1]["exact_match"]
+    assert "`curve.jsonl`" in (out / "report.md").read_text()
 
 
 def test_parallel_train_consolidates_into_a_checkpoint_that_eval_reads(tmp_path):
