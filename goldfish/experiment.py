@@ -622,8 +622,17 @@ def compare(spec: CompareSpec, out_dir: Path, *, grid: Any = None, device: str |
     # Standard and control models have no mask of their own; their teacher-forced accuracy is split by the first
     # goldfish mask, so one can see how well each model predicts exactly the tokens goldfish hides.
     reference_mask = next((m for m in runs if m.strategy is not None), None)
+    warnings: list[str] = []
     if main:
         evaluate("control", initial, reference_mask)
+        already = models["control"]["train"]["exact_match"] or 0.0
+        if already > 0:
+            # A pretrained model may know some documents before fine-tuning (e.g. text from its own pretraining
+            # data): extraction then measures that, not what the fine-tuning memorized.
+            warnings.append(f"the untrained control already extracts {already:.3f} of the training documents: they "
+                            "are memorized before fine-tuning; choose other documents (--data, --data-seed) to "
+                            "measure what training adds")
+            log("warning: " + warnings[-1])
     curve_on = spec.curve_every > 0
     for mask in runs:
         t0 = time.perf_counter()
@@ -675,6 +684,7 @@ def compare(spec: CompareSpec, out_dir: Path, *, grid: Any = None, device: str |
         "documents": prepared.split.manifest(),
         "repeats": repeats,
         "control": "the initial weights every model started from, never trained on the documents",
+        "warnings": warnings,
         "timings_s": timings | {"total": time.perf_counter() - started},
         "grid": {axis: getattr(grid.shape, axis) for axis in GRID_AXES} if grid is not None else None,
     }

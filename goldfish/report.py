@@ -610,6 +610,8 @@ def render_markdown(summary: Mapping[str, Any], figures: Sequence[str] | None = 
         f"Extraction: greedy, suffix {extraction['suffix_len']} tokens, prefix "
         f"{extraction['prefix_len'] or 'all tokens before the suffix'}.",
         f"Control: {summary.get('control', 'n/a')}.", "",
+        *(f"**Warning:** {warning}." for warning in summary.get("warnings") or []),
+        *([""] if summary.get("warnings") else []),
         *_headline_section(key_header, [([label, part], s) for label, parts in summary["models"].items()
                                         for part, s in parts.items()]),
         "TF acc: teacher-forced next-token accuracy; kept/dropped split by the model's own goldfish mask (standard "

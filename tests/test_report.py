@@ -235,6 +235,11 @@ def test_old_summary_without_optional_sections_still_renders(tmp_path):
         assert heading not in md
     assert _row(_table_rows(md, "# goldfish compare"), "standard", "train")["exact match"] == "0.750"
     assert "Timings (s): total 12.3" in md
+    assert "Warning" not in md
+    summary["warnings"] = ["the untrained control already extracts 0.250 of the training documents"]
+    assert "**Warning:** the untrained control already extracts 0.250 of the training documents." in \
+        render_markdown(summary)
+    del summary["warnings"]
 
     figures = write_compare_report(summary, tmp_path)  # no extraction.jsonl: no histogram
     assert figures == ["compare.png"]
