@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 import torch
 from transformers import GenerationConfig
 
-from eval.batching import model_device, pad_batch
+from eval.batching import decode_longest_first, model_device, pad_batch
 from eval.extraction import ExtractionConfig, split_documents
 from eval.logprobs import iter_next_token_logits
 from eval.metrics import exact_match, longest_correct_prefix, match_fraction, rouge_scores
@@ -94,21 +94,19 @@ def beam_search_decode(
     pad_token_id = pad_token_id if pad_token_id != 0 else 1
     config = _generation_config(max_new_tokens, pad_token_id, do_sample=False, num_beams=num_beams,
                                 num_return_sequences=1, early_stopping=True)
-    order = sorted(range(len(prefixes)), key=lambda i: len(prefixes[i]), reverse=True)  # less padding per batch
-    results: list[list[int]] = [[] for _ in prefixes]
+
+    def search(rows: list[list[int]]) -> list[list[int]]:
+        input_ids, mask = _left_pad(rows, pad_token_id, device)
+        out = model.generate(input_ids=input_ids, attention_mask=mask, generation_config=config)
+        return out[:, input_ids.shape[1]:].tolist()
+
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            for start in range(0, len(order), batch_size):
-                idx = order[start:start + batch_size]
-                input_ids, mask = _left_pad([[int(t) for t in prefixes[i]] for i in idx], pad_token_id, device)
-                out = model.generate(input_ids=input_ids, attention_mask=mask, generation_config=config)
-                for row, i in enumerate(idx):
-                    results[i] = out[row, input_ids.shape[1]:].tolist()
+            return decode_longest_first(prefixes, batch_size, search)
     finally:
         model.train(was_training)
-    return results
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -28,3 +28,22 @@ def pad_batch(rows: Sequence[Sequence[int]], pad_token_id: int, *, side: str) ->
         input_ids[i, span] = torch.tensor(list(row), dtype=torch.long)
         mask[i, span] = 1
     return input_ids, mask
+
+
+def decode_longest_first(prefixes: Sequence[Sequence[int]], batch_size: int,
+                         decode_batch: Callable[[list[list[int]]], list[list[int]]]) -> list[list[int]]:
+    """Run ``decode_batch`` on batches of ``prefixes`` and return its outputs in the input order.
+
+    Prefixes go longest first, so similar lengths share a batch (less padding) and the biggest batch runs first
+    (an out-of-memory error shows up at once). ``decode_batch`` maps a list of prefixes (as lists of ints) to one
+    id list per prefix.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    order = sorted(range(len(prefixes)), key=lambda i: len(prefixes[i]), reverse=True)
+    results: list[list[int]] = [[] for _ in prefixes]
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        for i, ids in zip(idx, decode_batch([[int(t) for t in prefixes[i]] for i in idx])):
+            results[i] = ids
+    return results

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from eval.batching import model_device, pad_batch
+from eval.batching import decode_longest_first, model_device, pad_batch
 from eval.metrics import (
     IGNORE_INDEX,
     exact_match,
@@ -173,21 +173,15 @@ def greedy_decode(
             raise ValueError(f"prefix {i} is empty; greedy decoding needs at least one prompt token")
     device = torch.device(device) if device is not None else model_device(model)
 
-    order = sorted(range(len(prefixes)), key=lambda i: len(prefixes[i]), reverse=True)
-    results: list[list[int]] = [[] for _ in prefixes]
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            for start in range(0, len(order), batch_size):
-                idx = order[start : start + batch_size]
-                rows = [[int(t) for t in prefixes[i]] for i in idx]
-                out = _greedy_batch(model, rows, max_new_tokens, pad_token_id, device).tolist()
-                for i, ids in zip(idx, out):
-                    results[i] = ids
+            return decode_longest_first(
+                prefixes, batch_size,
+                lambda rows: _greedy_batch(model, rows, max_new_tokens, pad_token_id, device).tolist())
     finally:
         model.train(was_training)
-    return results
 
 
 def _teacher_forced(
