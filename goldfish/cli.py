@@ -182,8 +182,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from goldfish.experiment import (RUN_FILE, DataSpec, MaskSpec, Prepared, evaluate_model, initial_model,
-                                     is_main_process, membership, prepare_data, start_grid)
+    from goldfish.experiment import (RUN_FILE, DataSpec, MaskSpec, Prepared, evaluate_model, grid_sizes,
+                                     initial_model, is_main_process, membership, prepare_data, start_grid)
     from goldfish.models import is_tiny_model
     from goldfish.parallel_eval import load_parallel_model, parallelize_for_eval
 
@@ -250,7 +250,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         say("membership inference skipped: it needs training (members) and held-out (non-member) documents; use "
             "--part both with --n-train and --n-heldout > 0")
     if grid is not None:
-        results_grid = {axis: getattr(grid.shape, axis) for axis in ("data", "x", "y", "z")}
+        results_grid = grid_sizes(grid)
         grid.close(destroy_world=True)
         if not main:
             return 0

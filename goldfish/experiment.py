@@ -154,6 +154,11 @@ def start_grid(text: str | None) -> Any:
     return engine.init(**sizes)
 
 
+def grid_sizes(grid: Any) -> dict[str, int]:
+    """{axis: size} of an engine grid, as recorded in run records and summaries."""
+    return {axis: getattr(grid.shape, axis) for axis in GRID_AXES}
+
+
 def is_main_process(grid: Any) -> bool:
     return grid is None or grid.rank == 0
 
@@ -339,7 +344,7 @@ def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = N
     if grid is not None:
         import engine
 
-        record["grid"] = {axis: getattr(grid.shape, axis) for axis in GRID_AXES}
+        record["grid"] = grid_sizes(grid)
         model = engine.parallelize(model.to(grid.device), grid)
         save = lambda m, d: save_parallel_hf_model(m, grid, prepared.tokenizer, record, d)  # noqa: E731
     else:
@@ -606,18 +611,12 @@ def compare(spec: CompareSpec, out_dir: Path, *, grid: Any = None, device: str |
                                                    out_dir / label / "eval" / "membership.jsonl")
         timings[f"eval {label}"] = time.perf_counter() - t0
 
-    def curve_point(epoch: int, step: int, model: nn.Module, document_rows: list[dict[str, Any]]
-                    ) -> dict[str, Any] | None:
-        # Under a grid every rank takes part (documents sharded over data, the model's own shards); rank 0 gets it.
-        rows, point = parallel_eval.evaluate_parallel(
-            model, prepared.split.train, spec.extraction, grid, pad_token_id=pad_token_id(prepared.tokenizer),
-            decode=lambda ids: prepared.tokenizer.decode(ids, skip_special_tokens=True))
-        if point is None:
-            return None
-        document_rows.extend({"epoch": epoch, "step": step, **{key: row[key] for key in CURVE_ROW_KEYS}}
-                             for row in rows)
-        return {"epoch": epoch, "step": step, "exact_match": point["exact_match"], "rouge_l": point["rouge_l"],
-                "n_docs": point["n_docs"]}
+    def add_curve_point(curve: list[dict[str, Any]], curve_rows: list[dict[str, Any]], epoch: int, step: int,
+                        rows: list[dict[str, Any]], point: dict[str, Any]) -> None:
+        """Append one measured epoch: the summary point to `curve`, the per-document rows to `curve_rows`."""
+        curve.append({"epoch": epoch, "step": step, "exact_match": point["exact_match"], "rouge_l": point["rouge_l"],
+                      "n_docs": point["n_docs"]})
+        curve_rows.extend({"epoch": epoch, "step": step, **{key: row[key] for key in CURVE_ROW_KEYS}} for row in rows)
 
     # Standard and control models have no mask of their own; their teacher-forced accuracy is split by the first
     # goldfish mask, so one can see how well each model predicts exactly the tokens goldfish hides.
@@ -639,18 +638,17 @@ def compare(spec: CompareSpec, out_dir: Path, *, grid: Any = None, device: str |
         train_spec = TrainSpec(model=spec.model, data=spec.data, mask=mask, train=spec.train, init_seed=spec.init_seed)
         curve: list[dict[str, Any]] = []
         curve_rows: list[dict[str, Any]] = []  # per document and measured epoch, written to OUT/<label>/curve.jsonl
-        if curve_on and main:
-            control = models["control"]["train"]
-            curve.append({"epoch": 0, "step": 0, "exact_match": control["exact_match"], "rouge_l": control["rouge_l"],
-                          "n_docs": control["n_docs"]})
-            curve_rows.extend({"epoch": 0, "step": 0, **{key: row[key] for key in CURVE_ROW_KEYS}}
-                              for row in control_rows)
+        if curve_on and main:  # epoch 0: the initial weights, already evaluated as the control
+            add_curve_point(curve, curve_rows, 0, 0, control_rows, models["control"]["train"])
 
         def on_epoch_end(model: nn.Module, epoch: int, step: int) -> None:
             if epoch % spec.curve_every == 0 or epoch == spec.train.epochs:
-                point = curve_point(epoch, step, model, curve_rows)
-                if point is not None:
-                    curve.append(point)
+                # Under a grid every rank takes part (documents sharded over data, the model's own shards).
+                rows, point = parallel_eval.evaluate_parallel(
+                    model, prepared.split.train, spec.extraction, grid, pad_token_id=pad_token_id(prepared.tokenizer),
+                    decode=lambda ids: prepared.tokenizer.decode(ids, skip_special_tokens=True))
+                if point is not None:  # rank 0
+                    add_curve_point(curve, curve_rows, epoch, step, rows, point)
 
         model, _ = train_model(train_spec, out_dir / mask.label, prepared=prepared, model=copy.deepcopy(initial),
                                grid=grid, log=log, on_epoch_end=on_epoch_end if curve_on else None)
@@ -686,7 +684,7 @@ def compare(spec: CompareSpec, out_dir: Path, *, grid: Any = None, device: str |
         "control": "the initial weights every model started from, never trained on the documents",
         "warnings": warnings,
         "timings_s": timings | {"total": time.perf_counter() - started},
-        "grid": {axis: getattr(grid.shape, axis) for axis in GRID_AXES} if grid is not None else None,
+        "grid": grid_sizes(grid) if grid is not None else None,
     }
     from goldfish.report import write_compare_report
 
