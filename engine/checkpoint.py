@@ -8,7 +8,10 @@ Layout of a checkpoint folder (next to whatever the caller's `save_model` writes
                                       the tensor pieces rank NNNNN owns: "model/<key>" and
                                       "optim/<param name>/<state key>" (AdamW exp_avg, exp_avg_sq, step)
     engine_shards/rank-NNNNN.pt       every rank: its extra_state (e.g. its RNG) and the optimizer's groups
-    trainer_state.pt                  rank 0's extra_state (the training loop's TRAINER_STATE_FILE)
+    trainer_state.pt                  rank 0's extra_state (step, schedule, RNG: what the training loop resumes)
+
+A run without a grid (one process) writes the simpler serial layout instead: what `save_model` writes (an
+ordinary HF folder) plus trainer_state.pt holding extra_state and the optimizer's own state dict.
 
 Every tensor piece is written once: a ParallelLinear weight shard by the rank at data=0 with the same
 (x, y, z); a bias shard (replicated over the axis that splits the layer's input) by the rank at index 0 of
@@ -24,7 +27,6 @@ tensor at a time. `consolidate_checkpoint` merges the pieces into an ordinary HF
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
@@ -32,19 +34,20 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from engine.grid import Grid, GridShape
+from data.atomic import replace_directory, staging_directory, write_atomic, write_text_atomic
+from engine import comm
+from engine.grid import AXES, Grid, GridShape
 from engine.linear import ParallelLinear
 
 FORMAT = "goldfish-engine-checkpoint"
 VERSION = 1
 METADATA_FILE = "engine_checkpoint.json"
 SHARDS_DIR = "engine_shards"
-TRAINER_STATE_FILE = "trainer_state.pt"  # the name engine.train reads (kept equal to engine.train's)
+TRAINER_STATE_FILE = "trainer_state.pt"  # step, schedule, RNG (and, in the serial layout, the optimizer)
 
 # Files of an HF model folder that consolidation writes itself rather than copying.
 _MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -53,6 +56,10 @@ _MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.jso
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be written or loaded (missing, incomplete, corrupt, or for another model)."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """The folder given is not there, or holds no resumable checkpoint."""
 
 
 @dataclass(frozen=True)
@@ -153,11 +160,7 @@ def _shard_file(rank: int, suffix: str) -> str:
 
 def _all_ok(ok: bool, grid: Grid) -> bool:
     """True when every rank's `ok` is True (a collective over the whole world; free for one rank)."""
-    if grid.world_size == 1:
-        return ok
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=grid.device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
+    return comm.all_agree(ok, grid.group(*AXES), grid.device)
 
 
 def _optimizer_layout(optimizer: torch.optim.Optimizer | None, model: nn.Module,
@@ -266,11 +269,14 @@ def _write_own_files(staging: Path, model: nn.Module, optimizer: torch.optim.Opt
         "files": _expected_files(entries, grid.shape),
     }
 
-def save_checkpoint(directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, grid: Grid, *,
-                    extra_state: dict[str, Any] | None = None,
+def save_checkpoint(directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+                    grid: Grid | None, *, extra_state: dict[str, Any] | None = None,
                     save_model: Callable[[nn.Module, Path], None] | None = None) -> Path:
-    """Write a sharded checkpoint of `model` and `optimizer` to `directory`, atomically. Collective: every rank
-    of the grid calls it with the same directory; the filesystem must be shared by all ranks.
+    """Write a checkpoint of `model` and `optimizer` to `directory`, atomically.
+
+    grid None (one process, plain model): the serial layout, i.e. `save_model`'s files plus trainer_state.pt with
+    extra_state and the optimizer's state dict. With a grid: the sharded layout; collective, every rank of the grid
+    calls it with the same directory, and the filesystem must be shared by all ranks.
 
     save_model(model, folder) runs on EVERY rank with the staging folder (it may run collectives, e.g.
     engine.full_state_dict; typically rank 0 then writes an ordinary HF model there). extra_state is each
@@ -283,20 +289,18 @@ def save_checkpoint(directory: str | Path, model: nn.Module, optimizer: torch.op
     extra_state = {} if extra_state is None else extra_state
     if "step" in extra_state and not isinstance(extra_state["step"], int):
         raise CheckpointError(f"extra_state['step'] must be an int, got {extra_state['step']!r}")
-    staging_name: list[Any] = [None]
+    if grid is None:
+        return _save_serial(directory, model, optimizer, extra_state, save_model)
+    staging_name: str | None = None
     if grid.rank == 0:
         try:
-            staging = directory.with_name(f".{directory.name}.partial-{os.getpid()}")
-            shutil.rmtree(staging, ignore_errors=True)
-            staging.mkdir(parents=True)
-            staging_name[0] = str(staging)
+            staging_name = str(staging_directory(directory))
         except OSError as error:
-            staging_name[0] = f"error: {error}"
-    if grid.world_size > 1:
-        dist.broadcast_object_list(staging_name, src=0, device=grid.device)
-    if staging_name[0] is None or staging_name[0].startswith("error: "):
-        raise CheckpointError(f"rank 0 could not create a staging folder next to {directory}: {staging_name[0]}")
-    staging = Path(staging_name[0])
+            staging_name = f"error: {error}"
+    staging_name = comm.broadcast_object(staging_name, grid.group(*AXES), grid.device)
+    if staging_name is None or staging_name.startswith("error: "):
+        raise CheckpointError(f"rank 0 could not create a staging folder next to {directory}: {staging_name}")
+    staging = Path(staging_name)
 
     failure: BaseException | None = None
     metadata = None
@@ -323,9 +327,7 @@ def save_checkpoint(directory: str | Path, model: nn.Module, optimizer: torch.op
                     "checkpoint directory must be on a filesystem shared by all ranks (e.g. the cluster's shared "
                     "disk, not a node-local /tmp)")
             # written last: a folder without it is no checkpoint, so a staging folder never loads
-            (staging / METADATA_FILE).write_text(json.dumps(metadata, indent=1))
-            from engine.train import replace_directory
-
+            write_text_atomic(staging / METADATA_FILE, json.dumps(metadata, indent=1))
             replace_directory(staging, directory)
         except Exception as error:  # noqa: BLE001
             published = error
@@ -336,7 +338,39 @@ def save_checkpoint(directory: str | Path, model: nn.Module, optimizer: torch.op
     return directory
 
 
+def _save_serial(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+                 extra_state: dict[str, Any], save_model: Callable[[nn.Module, Path], None] | None) -> Path:
+    """The serial layout: save_model's files and trainer_state.pt (extra_state + optimizer state dict), published
+    with one rename so a crash leaves either the previous checkpoint or the new one."""
+    staging = staging_directory(directory)
+    try:
+        if save_model is not None:
+            save_model(model, staging)
+        state = dict(extra_state)
+        if optimizer is not None:
+            state["optimizer"] = optimizer.state_dict()
+        write_atomic(staging / TRAINER_STATE_FILE, lambda tmp: torch.save(state, tmp))
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return replace_directory(staging, directory)
+
+
 # ----- reading ------------------------------------------------------------------------------------------
+
+def read_trainer_state(directory: str | Path) -> dict[str, Any]:
+    """The trainer_state.pt of a checkpoint folder (either layout): rank 0's extra_state, and in the serial layout
+    the optimizer state dict under "optimizer"."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointNotFoundError(f"checkpoint {directory} does not exist (no {TRAINER_STATE_FILE} to resume "
+                                      "from); give the checkpoint folder a training run wrote (OUT/checkpoint)")
+    path = directory / TRAINER_STATE_FILE
+    if not path.exists():
+        raise CheckpointNotFoundError(f"{directory} is not a resumable checkpoint: {TRAINER_STATE_FILE} is missing "
+                              "(give the checkpoint/ folder that a training run wrote)")
+    return _load_pickle(path)
+
 
 def is_engine_checkpoint(directory: str | Path) -> bool:
     """True when `directory` holds a sharded engine checkpoint (its metadata file)."""
@@ -611,9 +645,7 @@ def consolidate_checkpoint(directory: str | Path, out_dir: str | Path) -> Path:
                 state[key] = state[entry.alias_of].clone()
             else:
                 state[key] = shards.full(entry, f"model/{key}")
-    staging = out_dir.with_name(f".{out_dir.name}.partial-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    staging = staging_directory(out_dir)
     for item in directory.iterdir():
         if item.is_file() and item.name not in _MODEL_FILES and item.name not in (METADATA_FILE, TRAINER_STATE_FILE):
             shutil.copy2(item, staging / item.name)
@@ -621,10 +653,7 @@ def consolidate_checkpoint(directory: str | Path, out_dir: str | Path) -> Path:
               metadata={"format": "pt"})
     config = metadata.get("hf_config")
     if config is not None:
-        (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        write_text_atomic(staging / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
     elif (directory / "config.json").is_file():
         shutil.copy2(directory / "config.json", staging / "config.json")
-    from engine.train import replace_directory
-
-    replace_directory(staging, out_dir)
-    return out_dir
+    return replace_directory(staging, out_dir)

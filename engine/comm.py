@@ -1,4 +1,9 @@
-"""Raw collectives on an explicit AxisGroup: the one place that talks to torch.distributed.
+"""Raw collectives on an explicit AxisGroup: the one place that moves data with torch.distributed.
+
+Two other modules call torch.distributed, for jobs that are not collectives on a grid group: engine/grid.py
+creates and destroys the process groups, and engine/measure.py times raw collectives on ad-hoc groups to fit a
+machine profile. Everything else (layers, gradient sync, checkpoints, the training loop, sharded evaluation)
+goes through the functions here.
 
 Every function takes the group as an argument (no default group), returns new tensors (inputs are never
 modified), and costs nothing for a group of one rank. Backend and device come from the tensors, so the
@@ -142,3 +147,41 @@ def all_reduce_coalesced(tensors: list[torch.Tensor], group: AxisGroup) -> None:
         for t in same:
             t.copy_(flat[offset:offset + t.numel()].view_as(t))
             offset += t.numel()
+
+
+def sum_control(t: torch.Tensor, group: AxisGroup) -> torch.Tensor:
+    """Sum of `t` over the group, NOT counted by the ByteCounter: for small bookkeeping values (loss sums,
+    token counts) that the training loop exchanges each step, so the logged traffic stays the model's own."""
+    if group.size == 1:
+        return t
+    out = t.contiguous().clone()
+    dist.all_reduce(out, group=group.group)
+    return out
+
+
+def all_agree(ok: bool, group: AxisGroup, device: torch.device) -> bool:
+    """True when every rank of the group passes ok=True (a control message; free for one rank). Lets every rank
+    take the same decision after a step that may fail on some ranks only (a checkpoint write, a load)."""
+    if group.size == 1:
+        return ok
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group.group)
+    return bool(flag.item())
+
+
+def broadcast_object(obj: object, group: AxisGroup, device: torch.device, src_group_rank: int = 0) -> object:
+    """The picklable `obj` of the group's rank `src_group_rank`, on every rank of the group (a control message)."""
+    if group.size == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=group.ranks[src_group_rank], group=group.group, device=device)
+    return box[0]
+
+
+def gather_objects(obj: object, group: AxisGroup, dst_group_rank: int = 0) -> list[object] | None:
+    """Every rank's picklable `obj`, in group-rank order, on the group's rank `dst_group_rank` (None elsewhere)."""
+    if group.size == 1:
+        return [obj]
+    received: list[object] | None = [None] * group.size if group.rank == dst_group_rank else None
+    dist.gather_object(obj, received, dst=group.ranks[dst_group_rank], group=group.group)
+    return received

@@ -252,6 +252,11 @@ class Grid:
         return f"Grid({self.shape}; rank {self.rank}/{self.world_size} at {coords}; {self.backend} on {self.device})"
 
 
+def is_main_process(grid: "Grid | None") -> bool:
+    """True on the rank that logs and writes shared files: rank 0 of a grid, or the lone process (grid None)."""
+    return grid is None or grid.rank == 0
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))

@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from tqdm.auto import tqdm
 
-TRAINER_STATE_FILE = "trainer_state.pt"
+from engine import comm
+from engine.checkpoint import (is_engine_checkpoint, load_checkpoint, load_serial_optimizer_state, read_trainer_state,
+                               save_checkpoint)
+from engine.grid import AXES, Grid, is_main_process
+from engine.state import clip_grad_norm_, sync_gradients
+
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -117,11 +119,11 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2))
 
 
-def _is_distributed(grid: Any) -> bool:
+def _is_distributed(grid: Grid | None) -> bool:
     return grid is not None and grid.world_size > 1
 
 
-def _rank_rows(rows: torch.Tensor, grid: Any) -> torch.Tensor:
+def _rank_rows(rows: torch.Tensor, grid: Grid | None) -> torch.Tensor:
     """This rank's share of one optimizer step's rows: every rank gets an equal contiguous slice."""
     if not _is_distributed(grid):
         return rows
@@ -144,35 +146,29 @@ def _stack(examples: Sequence[dict[str, torch.Tensor]], indices: torch.Tensor, s
     return batch
 
 
-def _all_reduce_sums(values: torch.Tensor, grid: Any) -> torch.Tensor:
-    if _is_distributed(grid):
-        values = values.clone()
-        dist.all_reduce(values)
-    return values
+def _all_reduce_sums(values: torch.Tensor, grid: Grid | None) -> torch.Tensor:
+    """The step's loss sums and token counts summed over every rank (bookkeeping, not counted as traffic)."""
+    return comm.sum_control(values, grid.group(*AXES)) if _is_distributed(grid) else values
 
 
-def _sync_and_clip(model: nn.Module, n_tokens: float, config: TrainConfig, grid: Any) -> float:
+def _sync_and_clip(model: nn.Module, n_tokens: float, config: TrainConfig, grid: Grid | None) -> float:
     """Turn summed gradients into the gradient of the global mean loss; clip; return the pre-clip norm."""
     if _is_distributed(grid):
-        import engine  # the parallel API; imported lazily so a serial run needs none of it
-
-        engine.sync_gradients(model, grid)
+        sync_gradients(model, grid)
     scale = 1.0 / max(n_tokens, 1.0)
     for parameter in model.parameters():
         if parameter.grad is not None:
             parameter.grad.mul_(scale)
     max_norm = config.max_grad_norm if config.max_grad_norm is not None else float("inf")
     if _is_distributed(grid):
-        import engine
-
-        norm = engine.clip_grad_norm_(model, max_norm, grid)
+        norm = clip_grad_norm_(model, max_norm, grid)
     else:
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     return float(norm)
 
 
 def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn: LossFn, config: TrainConfig, *,
-          out_dir: str | Path | None = None, grid: Any = None, resume_from: str | Path | None = None,
+          out_dir: str | Path | None = None, grid: Grid | None = None, resume_from: str | Path | None = None,
           save_model: Callable[[nn.Module, Path], None] | None = None,
           on_log: Callable[[dict[str, Any]], None] | None = None,
           on_epoch_end: Callable[[nn.Module, int, int], None] | None = None) -> TrainResult:
@@ -196,7 +192,7 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
     per_epoch = steps_per_epoch(len(examples), config.batch_size)
     total_steps = config.epochs * per_epoch
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, config))
-    is_main = not _is_distributed(grid) or grid.rank == 0
+    is_main = is_main_process(grid)
     out_path = Path(out_dir) if out_dir is not None else None
     if out_path is not None and save_model is None:
         raise ValueError("train(out_dir=...) needs save_model to write the model into checkpoints")
@@ -273,7 +269,8 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
 
             done = step + 1
             if out_path is not None and (done == total_steps or (config.save_every and done % config.save_every == 0)):
-                save_checkpoint(out_path / "checkpoint", model, optimizer, scheduler, done, config, save_model, grid)
+                save_checkpoint(out_path / "checkpoint", model, optimizer, grid if _is_distributed(grid) else None,
+                                extra_state=_trainer_state(scheduler, done, config), save_model=save_model)
             if on_epoch_end is not None and done % per_epoch == 0:
                 model.eval()
                 with torch.no_grad():
@@ -300,38 +297,6 @@ def _open_metrics(path: Path, start_step: int):
     return handle
 
 
-def save_checkpoint(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    scheduler: torch.optim.lr_scheduler.LRScheduler, step: int, config: TrainConfig,
-                    save_model: Callable[[nn.Module, Path], None], grid: Any = None) -> None:
-    """Write a resumable checkpoint atomically: everything goes to a temporary sibling, then one rename.
-
-    A crash at any point leaves either the previous checkpoint or the new one, never a half-written folder.
-    """
-    if _is_distributed(grid):
-        from engine.checkpoint import save_checkpoint as save_sharded
-
-        save_sharded(directory, model, optimizer, grid, extra_state=_trainer_state(scheduler, step, config),
-                     save_model=save_model)
-        return
-    staging = directory.with_name(f".{directory.name}.partial-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    save_model(model, staging)
-    state = _trainer_state(scheduler, step, config)
-    state["optimizer"] = optimizer.state_dict()
-    torch.save(state, staging / TRAINER_STATE_FILE)
-    replace_directory(staging, directory)
-
-
-def replace_directory(staging: Path, directory: Path) -> None:
-    """Atomically move a fully written staging folder to `directory`, replacing an older one."""
-    old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
-    if directory.exists():
-        os.replace(directory, old)
-    os.replace(staging, directory)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def _trainer_state(scheduler: torch.optim.lr_scheduler.LRScheduler, step: int, config: TrainConfig) -> dict[str, Any]:
     state: dict[str, Any] = {
         "step": step,
@@ -349,7 +314,8 @@ _RESUME_MUST_MATCH = ("epochs", "batch_size", "grad_accum", "lr", "schedule", "w
 
 
 def _resume(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-            scheduler: torch.optim.lr_scheduler.LRScheduler, config: TrainConfig, total_steps: int, grid: Any) -> int:
+            scheduler: torch.optim.lr_scheduler.LRScheduler, config: TrainConfig, total_steps: int,
+            grid: Grid | None) -> int:
     """Restore a checkpoint and return the step to continue from.
 
     A serial checkpoint (written by a run with no grid or a grid of one rank) restores optimizer, schedule
@@ -358,12 +324,10 @@ def _resume(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
     shards, re-sharding them when this run's grid differs from the saving run's, or loading them whole
     into a serial model.
     """
-    from engine.checkpoint import is_engine_checkpoint, load_checkpoint, load_serial_optimizer_state
-
     sharded = is_engine_checkpoint(directory)
     if not _is_distributed(grid) and not sharded:
         return _load_trainer_state(directory, optimizer, scheduler, config, total_steps)
-    state = _read_trainer_state(directory)
+    state = read_trainer_state(directory)
     _check_trainer_state(state, config, total_steps)
     if sharded:
         state = load_checkpoint(directory, model, optimizer, grid if _is_distributed(grid) else None)
@@ -373,18 +337,10 @@ def _resume(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
     return int(state["step"])
 
 
-def _read_trainer_state(directory: Path) -> dict[str, Any]:
-    path = directory / TRAINER_STATE_FILE
-    if not path.exists():
-        raise FileNotFoundError(f"{directory} is not a resumable checkpoint: {TRAINER_STATE_FILE} is missing "
-                                "(give the checkpoint/ folder that a training run wrote)")
-    return torch.load(path, map_location="cpu", weights_only=False)
-
-
 def _load_trainer_state(directory: Path, optimizer: torch.optim.Optimizer,
                         scheduler: torch.optim.lr_scheduler.LRScheduler, config: TrainConfig, total_steps: int) -> int:
     """Restore optimizer, schedule and RNG from a checkpoint; the caller has already loaded the model weights."""
-    state = _read_trainer_state(directory)
+    state = read_trainer_state(directory)
     _check_trainer_state(state, config, total_steps)
     _restore_trainer_state(state, optimizer, scheduler)
     return int(state["step"])

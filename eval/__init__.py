@@ -1,7 +1,7 @@
 """Memorization evaluation: extraction by greedy decoding and the metrics that score it.
 
 Takes plain inputs (a model, objects with ``.id`` and ``.token_ids``, a decode function); imports nothing
-of goldfish/ or data/.
+of goldfish/. Result files are written with data.atomic (the project's one atomic writer).
 """
 
 from eval.extraction import ExtractionConfig, extract, greedy_decode, write_extraction
@@ -15,7 +15,6 @@ from eval.metrics import (
     rouge_scores,
     teacher_forced_accuracy,
 )
-from eval.report import write_json_atomic, write_jsonl_atomic
 
 __all__ = [
     "ExtractionConfig",
@@ -30,6 +29,4 @@ __all__ = [
     "rouge_scores",
     "teacher_forced_accuracy",
     "write_extraction",
-    "write_json_atomic",
-    "write_jsonl_atomic",
 ]

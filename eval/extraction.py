@@ -28,7 +28,7 @@ from eval.metrics import (
     rouge_scores,
     teacher_forced_accuracy,
 )
-from eval.report import write_json_atomic, write_jsonl_atomic
+from data.atomic import write_json_atomic, write_jsonl_atomic
 
 log = logging.getLogger(__name__)
 

@@ -255,7 +255,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if not main:
             return 0
         results["grid"] = results_grid
-    from eval.report import write_json_atomic
+    from data.atomic import write_json_atomic
     from goldfish.report import write_eval_report
 
     write_json_atomic(out / "summary.json", results)

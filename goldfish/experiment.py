@@ -22,7 +22,7 @@ from eval.adaptive import SamplingConfig
 from eval.breakdown import group_means, tag_rows
 from eval.divergence import divergence_row, divergence_summary, suffix_dropped_flags
 from eval.extraction import ExtractionConfig, write_extraction
-from eval.report import write_jsonl_atomic
+from data.atomic import write_jsonl_atomic
 from goldfish import parallel_eval
 from goldfish.loss import goldfish_loss
 from goldfish.masks import STRATEGIES, causal_targets, drop_mask

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import matplotlib
 
 from eval.membership import ATTACKS
-from eval.report import json_safe
+from data.atomic import json_safe, write_atomic, write_text_atomic
 
 matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
@@ -51,23 +50,13 @@ Entry = tuple[list[str], Mapping[str, Any]]  # (key cells of a table row, e.g. [
 
 # ---------------------------------------------------------------------------------------------------------- writing
 
-def _atomic_write(path: Path, text: str) -> None:
-    staging = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    staging.write_text(text)
-    os.replace(staging, path)
-
-
 def _save_figure(figure: Any, path: Path) -> None:
-    """Save a matplotlib figure as PNG through a temporary file, so a reader never sees half a PNG."""
-    staging = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    """Save a matplotlib figure as PNG atomically, so a reader never sees half a PNG."""
     try:
         figure.tight_layout()
-        figure.savefig(staging, dpi=110, format="png")
-        os.replace(staging, path)
+        write_atomic(path, lambda tmp: figure.savefig(tmp, dpi=110, format="png"))
     finally:
         plt.close(figure)
-        if staging.exists():
-            staging.unlink()
 
 
 # ------------------------------------------------------------------------------------------------------- formatting
@@ -642,9 +631,9 @@ def write_compare_report(summary: Mapping[str, Any], out_dir: Path) -> list[str]
     out_dir = Path(out_dir)
     figures = compare_figures(summary, out_dir)
     files = [f for f in compare_per_document_files(summary) if (out_dir / f).exists()]
-    _atomic_write(out_dir / "report.md", render_markdown(summary, figures, files))
+    write_text_atomic(out_dir / "report.md", render_markdown(summary, figures, files))
     # Strict JSON: infinities (samples needed for a suffix sampling never emits) become "inf", as in eval/report.py.
-    _atomic_write(out_dir / "summary.json", json.dumps(json_safe(summary), indent=2, default=str, allow_nan=False))
+    write_text_atomic(out_dir / "summary.json", json.dumps(json_safe(summary), indent=2, default=str, allow_nan=False))
     return figures
 
 
@@ -732,5 +721,5 @@ def write_eval_report(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
     out_dir = Path(out_dir)
     figures = eval_figures(summary, out_dir)
     files = [f for f in eval_per_document_files(summary) if (out_dir / f).exists()]
-    _atomic_write(out_dir / "report.md", render_eval_markdown(summary, figures, files))
+    write_text_atomic(out_dir / "report.md", render_eval_markdown(summary, figures, files))
     return figures

@@ -238,7 +238,7 @@ def test_result_files_hold_infinities_as_valid_json(tmp_path):
     import json
     import math
 
-    from eval.report import write_json_atomic, write_jsonl_atomic
+    from data.atomic import write_json_atomic, write_jsonl_atomic
 
     # Samples needed for a suffix sampling can never emit is infinite; the files must still be strict JSON.
     row = {"id": "a", "samples_needed": {"0.9": math.inf}, "log_q": -math.inf, "bad": [math.nan, 1.5]}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from eval.report import json_safe
+from data.atomic import json_safe
 from goldfish.report import (bar_series, breakdown_series, curve_series, divergence_series, render_eval_markdown,
                              render_markdown, roc_series, rouge_hist_series, write_compare_report, write_eval_report)
 

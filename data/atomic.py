@@ -1,0 +1,124 @@
+"""The one way this project writes files: atomically, so a reader never sees a half-written file or folder.
+
+A file is written to a temporary sibling in the same folder, flushed and fsync'ed, renamed over the target
+(`os.replace`, atomic on POSIX within one filesystem), and the folder itself is fsync'ed so the rename survives a
+power cut. A folder (a checkpoint, a run) is filled under a staging sibling and swapped in with `replace_directory`.
+
+Every floor uses it: data (manifests), engine (checkpoints, profiles), eval (result rows) and the application
+(run records, reports, plots). It lives on the ground floor because it imports nothing of the project.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+
+def fsync_directory(directory: str | Path) -> None:
+    """Make a rename or a new entry in `directory` durable (a no-op where the OS cannot open folders)."""
+    try:
+        fd = os.open(str(directory), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """Call `write(tmp)` to fill a temporary sibling of `path`, then move it over `path` atomically.
+
+    For writers that want a file name (torch.save, safetensors' save_file, matplotlib's savefig). Returns `path`.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_directory(path.parent)
+    return path
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
+    """Write `data` to `path` atomically."""
+    return write_atomic(path, lambda tmp: tmp.write_bytes(data))
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write `text` (UTF-8) to `path` atomically."""
+    return write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def json_safe(obj: Any) -> Any:
+    """`obj` with every non-finite float replaced by the string "inf", "-inf" or "nan".
+
+    JSON has no infinity (Python's json would write the invalid token `Infinity`), yet some results are infinite
+    by definition, e.g. the samples needed to extract a suffix sampling can never emit. Strings keep them readable
+    by any JSON parser and unmistakable; `float("inf")` reads them back.
+    """
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {key: json_safe(value) for key, value in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(value) for value in obj]
+    return obj
+
+
+def write_json_atomic(path: str | Path, obj: Any, *, indent: int = 2) -> Path:
+    """Write `obj` as indented strict JSON to `path` (non-finite floats as strings, see `json_safe`)."""
+    return write_text_atomic(path, json.dumps(json_safe(obj), indent=indent, allow_nan=False) + "\n")
+
+
+def write_jsonl_atomic(path: str | Path, rows: Iterable[dict[str, Any]]) -> Path:
+    """Write one compact strict-JSON object per line to `path` (non-finite floats as strings)."""
+    return write_text_atomic(path, "".join(json.dumps(json_safe(row), allow_nan=False) + "\n" for row in rows))
+
+
+def staging_directory(directory: str | Path) -> Path:
+    """A fresh, empty staging sibling of `directory` (hidden name, this process's id) to fill before
+    `replace_directory` publishes it."""
+    directory = Path(directory)
+    staging = directory.with_name(f".{directory.name}.partial-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def replace_directory(staging: str | Path, directory: str | Path) -> Path:
+    """Publish a fully written `staging` folder as `directory`, replacing an older one.
+
+    The old folder is first renamed aside, then the staging folder renamed into place, then the old one removed:
+    at every instant `directory` is either the complete old folder, absent for the moment between two renames
+    (the old one still complete beside it), or the complete new folder.
+    """
+    staging, directory = Path(staging), Path(directory)
+    for root, _, files in os.walk(staging):  # the contents must be on disk before the rename makes them visible
+        for name in files:
+            with open(os.path.join(root, name), "rb") as handle:
+                os.fsync(handle.fileno())
+        fsync_directory(root)
+    old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
+    if directory.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(directory, old)
+    os.replace(staging, directory)
+    fsync_directory(directory.parent)
+    shutil.rmtree(old, ignore_errors=True)
+    return directory
