@@ -32,8 +32,9 @@ import torch
 import data
 from engine.train import TrainConfig, train
 from eval.extraction import ExtractionConfig, greedy_decode
-from goldfish.experiment import Prepared, evaluate_model, make_examples, make_step_loss, parse_mask
-from goldfish.pretrained import SMOLLM2_135M, load_pretrained
+from goldfish.app.config import parse_mask
+from goldfish.app.experiment import Prepared, evaluate_model, make_examples, make_step_loss
+from goldfish.app.pretrained import SMOLLM2_135M, load_pretrained
 
 
 def main() -> None:

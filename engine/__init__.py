@@ -11,12 +11,14 @@
     engine.load_full_state_dict(model, state, grid)
 """
 
-from engine.grid import Grid, GridError, GridShape, init
+from engine.checkpoint import CheckpointError, consolidate_checkpoint, load_checkpoint, save_checkpoint
+from engine.grid import Grid, GridError, GridShape, init, is_main_process
 from engine.linear import ParallelLinear, ShardingError
 from engine.parallelize import auto_parallelize, parallelize
 from engine.state import clip_grad_norm_, full_state_dict, load_full_state_dict, sync_gradients
 
 __all__ = [
+    "CheckpointError",
     "Grid",
     "GridError",
     "GridShape",
@@ -24,10 +26,13 @@ __all__ = [
     "ShardingError",
     "auto_parallelize",
     "clip_grad_norm_",
+    "consolidate_checkpoint",
     "full_state_dict",
     "init",
+    "is_main_process",
+    "load_checkpoint",
     "load_full_state_dict",
     "parallelize",
+    "save_checkpoint",
     "sync_gradients",
 ]
-from engine.checkpoint import CheckpointError, consolidate_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402

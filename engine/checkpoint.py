@@ -41,7 +41,7 @@ from torch import nn
 from data.atomic import replace_directory, staging_directory, write_atomic, write_text_atomic
 from engine import comm
 from engine.grid import AXES, Grid, GridShape
-from engine.linear import ParallelLinear
+from engine.linear import ParallelLinear, mode_axes
 
 FORMAT = "goldfish-engine-checkpoint"
 VERSION = 1
@@ -101,11 +101,6 @@ class _Entry:
 
 # ----- describing a model -------------------------------------------------------------------------------
 
-def _axes(mode: str) -> tuple[str, str]:
-    """(axis splitting the layer's input features, axis splitting its output features)."""
-    return ("y", "x") if mode == "transposed" else ("x", "y")
-
-
 def _describe(model: nn.Module) -> tuple[dict[str, _Entry], dict[str, torch.Tensor], dict[str, ParallelLinear]]:
     """Every state-dict key of `model` with its _Entry, its local tensor, and its ParallelLinear if any."""
     layers: dict[str, ParallelLinear] = {}
@@ -144,7 +139,7 @@ def _owner(entry: _Entry, coords: dict[str, int], shape: GridShape) -> int:
         return 0
     owner = {"x": coords["x"], "y": coords["y"], "z": coords["z"], "data": 0}
     if entry.kind == "bias":  # replicated over the axis that splits the input: its index 0 writes it
-        owner[_axes(entry.mode)[0]] = 0
+        owner[mode_axes(entry.mode)[0]] = 0
     return shape.rank(owner)
 
 
@@ -423,7 +418,7 @@ class _Shards:
         """The full tensor of `key` (a "model/..." or "optim/..." name) in the serial model's layout."""
         if entry.kind == "replicated":
             return self.get(0, key)
-        in_axis, out_axis = _axes(entry.mode)
+        in_axis, out_axis = mode_axes(entry.mode)
         n_in, n_out, n_z = self.shape.size(in_axis), self.shape.size(out_axis), self.shape.z
         natural_shape = entry.shape[::-1] if entry.kind == "weight" and entry.layout == "conv1d" else entry.shape
         rows = natural_shape[0] // (n_out * n_z)

@@ -185,3 +185,18 @@ def gather_objects(obj: object, group: AxisGroup, dst_group_rank: int = 0) -> li
     received: list[object] | None = [None] * group.size if group.rank == dst_group_rank else None
     dist.gather_object(obj, received, dst=group.ranks[dst_group_rank], group=group.group)
     return received
+
+
+def all_gather_objects(obj: object, group: AxisGroup) -> list[object]:
+    """Every rank's picklable `obj`, in group-rank order, on every rank of the group (a control message)."""
+    if group.size == 1:
+        return [obj]
+    received: list[object] = [None] * group.size
+    dist.all_gather_object(received, obj, group=group.group)
+    return received
+
+
+def barrier(group: AxisGroup) -> None:
+    """Wait until every rank of the group reaches this point."""
+    if group.size > 1:
+        dist.barrier(group=group.group)

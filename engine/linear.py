@@ -78,6 +78,13 @@ class _Prefetch:
         return full if valid else None
 
 
+
+def mode_axes(mode: str) -> tuple[str, str]:
+    """(axis splitting a layer's input features, axis splitting its output features) in sharding `mode`: the
+    transposed mode swaps the roles of x and y so consecutive layers chain without moving activations."""
+    return ("y", "x") if mode == "transposed" else ("x", "y")
+
+
 class ParallelLinear(nn.Linear):
     """nn.Linear(in_features, out_features, bias) sharded over a grid's x, y and z axes (see module doc).
 
@@ -123,8 +130,7 @@ class ParallelLinear(nn.Linear):
     # ----- layout -----------------------------------------------------------------------------------
 
     def _axes(self, mode: str) -> tuple[str, str]:
-        """(axis splitting input features, axis splitting output features) for `mode`."""
-        return ("y", "x") if mode == "transposed" else ("x", "y")
+        return mode_axes(mode)
 
     def _check_divisible(self, mode: str) -> None:
         in_axis, out_axis = self._axes(mode)

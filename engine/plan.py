@@ -14,16 +14,15 @@ For each ordered factorisation of the GPU count it
    group gets on the machine given the rank placement, see engine.profiles). Overlap is not modelled:
    the prediction is an upper bound that ranks grids, as in the AxoNN paper.
 
-`goldfish plan` is `add_plan_arguments` + `run_plan`; `--measure OUT.json` instead times the collectives
-of every group size and placement on the current cluster under torchrun (engine.measure).
+`goldfish plan` (goldfish.app.plan) builds a PlanRequest from its options and prints `format_table`; its
+`--measure OUT.json` instead times the collectives of every group size and placement on the current cluster under
+torchrun (engine.measure).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +41,7 @@ from engine.cost_model import (
     rank_memory_traffic_per_step,
 )
 from engine.grid import GridShape
-from engine.profiles import PROFILES, MachineProfile, group_stride, load_profile
+from engine.profiles import MachineProfile, group_stride
 
 GIB = 1024 ** 3
 # Element bytes (weights and gradients, matmul products, residual stream) as the engine communicates them:
@@ -255,7 +254,7 @@ def format_table(request: PlanRequest, plans: list[GridPlan], top: int = 20) -> 
     return "\n".join(lines)
 
 
-# ----- command line ---------------------------------------------------------------------------------------
+# ----- model shapes by name ---------------------------------------------------------------------------------------
 
 def resolve_shape(model: str) -> TransformerShape:
     """A named size (7B, 8B, 70B, 405B) or a transformers config name/folder (read offline when cached)."""
@@ -269,89 +268,3 @@ def resolve_shape(model: str) -> TransformerShape:
         raise ValueError(f"cannot read a model config from {model!r} ({error}); give a named size "
                          f"({', '.join(NAMED_SHAPES)}) or a folder holding config.json") from error
     return TransformerShape.from_hf_config(config, name=Path(model).name or model)
-
-
-def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of `goldfish plan`."""
-    parser.add_argument("--model", default=None,
-                        help=f"named size ({', '.join(NAMED_SHAPES)}) or an HF config name/folder (Llama family)")
-    parser.add_argument("--gpus", type=int, default=None, help="number of GPUs (world size)")
-    parser.add_argument("--profile", default="perlmutter",
-                        help=f"machine: {', '.join(PROFILES)}, or a profile JSON from --measure (default: %(default)s)")
-    parser.add_argument("--gpus-per-node", type=int, default=None, help="override the profile's GPUs per node")
-    parser.add_argument("--gpu-memory", type=float, default=None, help="override the profile's GiB per GPU")
-    parser.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (default: %(default)s)")
-    parser.add_argument("--global-batch", type=int, default=None,
-                        help="sequences per optimizer step (default: the smallest multiple of --gpus >= 1024)")
-    parser.add_argument("--grad-accum", type=int, default=None,
-                        help="micro-batches per step (default: per grid, the fewest that fit in memory)")
-    parser.add_argument("--checkpointing", choices=CHECKPOINTING, default="auto",
-                        help="activation checkpointing of decoder layers; auto: per grid, whichever is faster "
-                             "among the settings that fit (default: %(default)s)")
-    parser.add_argument("--precision", choices=sorted(PRECISIONS), default="bf16",
-                        help="bf16 or fp32 weights, gradients and activations, or autocast: fp32 weights with bf16 "
-                             "matrix products (default: %(default)s)")
-    parser.add_argument("--compute-efficiency", type=float, default=0.5,
-                        help="fraction of peak the matrix products reach (default: %(default)s)")
-    parser.add_argument("--top", type=int, default=20, help="rows of the table (default: %(default)s)")
-    parser.add_argument("--json", default=None, metavar="PATH", help="also write every grid's prediction as JSON")
-    measure = parser.add_argument_group("measure (run under torchrun on the cluster to profile)")
-    measure.add_argument("--measure", default=None, metavar="OUT.json",
-                         help="time all-reduce, all-gather and reduce-scatter for every group size and placement "
-                              "of this torchrun world and write a profile (figures not measured come from "
-                              "--profile)")
-    measure.add_argument("--measure-mib", type=float, nargs=2, default=(0.0625, 64.0), metavar=("SMALL", "LARGE"),
-                         help="message sizes in MiB: the small one gives latency, the large one bandwidth")
-    measure.add_argument("--measure-iters", type=int, default=10, help="timed calls per size (default: %(default)s)")
-
-
-def _request_from_args(args: argparse.Namespace) -> PlanRequest:
-    if args.model is None or args.gpus is None:
-        raise ValueError("goldfish plan needs --model and --gpus (or --measure OUT.json under torchrun)")
-    if args.gpus < 1:
-        raise ValueError(f"--gpus must be >= 1, got {args.gpus}")
-    profile = load_profile(args.profile)
-    overrides: dict[str, Any] = {}
-    if args.gpus_per_node is not None:
-        overrides["gpus_per_node"] = args.gpus_per_node
-    if args.gpu_memory is not None:
-        overrides["gpu_memory_gib"] = args.gpu_memory
-    if overrides:
-        profile = replace(profile, **overrides)
-        if args.gpus_per_node is not None and profile.gpus_per_node % profile.package_size:
-            profile = replace(profile, package_size=1)
-    batch = args.global_batch
-    if batch is None:
-        batch = args.gpus * math.ceil(1024 / args.gpus)
-    return PlanRequest(shape=resolve_shape(args.model), gpus=args.gpus, global_batch=batch, seq=args.seq_len,
-                       profile=profile, compute_efficiency=args.compute_efficiency, grad_accum=args.grad_accum,
-                       precision=args.precision, checkpointing=args.checkpointing)
-
-
-def run_plan(args: argparse.Namespace) -> int:
-    """`goldfish plan`: print the ranked grids (and write JSON), or with --measure profile this cluster."""
-    if args.measure is not None:
-        from engine.measure import measure_profile
-
-        base = load_profile(args.profile)
-        profile = measure_profile(base, small_bytes=int(args.measure_mib[0] * 2 ** 20),
-                                  large_bytes=int(args.measure_mib[1] * 2 ** 20), iters=args.measure_iters)
-        if profile is not None:  # rank 0
-            profile.save(args.measure)
-            print(f"wrote {args.measure}: {len(profile.measured)} measured collectives, intra-node "
-                  f"{profile.intra_node_gbps:.3g} GB/s, inter-node {profile.inter_node_gbps:.3g} GB/s, "
-                  f"{profile.peak_tflops:.3g} Tflop/s per device")
-        return 0
-    request = _request_from_args(args)
-    plans = rank_grids(request)
-    print(format_table(request, plans, top=args.top))
-    if args.json:
-        payload = {"request": {"model": request.shape.name, "shape": request.shape.__dict__, "gpus": request.gpus,
-                               "global_batch": request.global_batch, "seq": request.seq,
-                               "compute_efficiency": request.compute_efficiency, "precision": request.precision,
-                               "profile": request.profile.to_json()},
-                   "grids": [p.to_json() for p in plans]}
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(payload, indent=1) + "\n")
-        print(f"wrote {args.json}")
-    return 0

@@ -34,10 +34,10 @@ from typing import Any, Callable, Sequence
 import torch
 from transformers import GenerationConfig
 
-from eval.batching import decode_longest_first, model_device, pad_batch
+from eval.batching import decode_longest_first, left_pad, model_device
 from eval.extraction import ExtractionConfig, split_documents
 from eval.logprobs import iter_next_token_logits
-from eval.metrics import exact_match, longest_correct_prefix, match_fraction, rouge_scores
+from eval.metrics import exact_match, longest_correct_prefix, match_fraction, mean_of_present, rouge_scores
 
 DEFAULT_CONFIDENCES = (0.5, 0.9, 0.99)
 DEFAULT_BUDGETS = (1, 10, 100, 1000)
@@ -49,12 +49,6 @@ def _check_prefixes(prefixes: Sequence[Sequence[int]], max_new_tokens: int) -> N
     for i, p in enumerate(prefixes):
         if len(p) == 0:
             raise ValueError(f"prefix {i} is empty; decoding needs at least one prompt token")
-
-
-def _left_pad(rows: list[list[int]], pad_token_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded (input_ids, attention_mask), each (B, L); generate derives position ids from the mask."""
-    input_ids, mask = pad_batch(rows, pad_token_id, side="left")
-    return input_ids.to(device), mask.to(device)
 
 
 def _generation_config(max_new_tokens: int, pad_token_id: int, **settings: Any) -> GenerationConfig:
@@ -96,7 +90,7 @@ def beam_search_decode(
                                 num_return_sequences=1, early_stopping=True)
 
     def search(rows: list[list[int]]) -> list[list[int]]:
-        input_ids, mask = _left_pad(rows, pad_token_id, device)
+        input_ids, mask, _ = left_pad(rows, pad_token_id, device)
         out = model.generate(input_ids=input_ids, attention_mask=mask, generation_config=config)
         return out[:, input_ids.shape[1]:].tolist()
 
@@ -260,10 +254,6 @@ def extraction_probability(log_q: float, n_samples: int) -> float:
 _split_documents = split_documents  # the same split as greedy extraction
 
 
-def _mean(values: Sequence[float]) -> float | None:
-    return sum(values) / len(values) if values else None
-
-
 def _decoded_metrics(generated: list[int], suffix: list[int], decode: Callable[[list[int]], str] | None
                      ) -> dict[str, Any]:
     row: dict[str, Any] = {
@@ -311,7 +301,7 @@ def summarize_beam(rows: Sequence[dict[str, Any]], skipped_ids: Sequence[str], c
                                "skipped_ids": [str(i) for i in skipped_ids], "num_beams": num_beams,
                                "config": asdict(config)}
     for name in metric_names:
-        summary[name] = _mean([float(r[name]) for r in rows])
+        summary[name] = mean_of_present([float(r[name]) for r in rows])
     return summary
 
 
@@ -362,7 +352,7 @@ def summarize_sampling(rows: Sequence[dict[str, Any]], skipped_ids: Sequence[str
                                "skipped_ids": [str(i) for i in skipped_ids], "sampling": asdict(sampling),
                                "config": asdict(config)}
     for name in ("any_exact", "best_match_fraction", "best_longest_correct_prefix", "mean_match_fraction"):
-        summary[name] = _mean([float(r[name]) for r in rows])
+        summary[name] = mean_of_present([float(r[name]) for r in rows])
     summary["sample_exact_rate"] = (sum(r["n_exact"] for r in rows) / sum(r["n_samples"] for r in rows)
                                     if rows else None)
     return summary
@@ -419,12 +409,12 @@ def summarize_probabilistic(rows: Sequence[dict[str, Any]], skipped_ids: Sequenc
     summary: dict[str, Any] = {
         "n_docs": len(rows), "n_skipped_too_short": len(skipped_ids), "skipped_ids": [str(i) for i in skipped_ids],
         "temperature": temperature, "top_p": top_p, "config": asdict(config),
-        "expected_fraction_extracted": {str(n): _mean([r["extraction_probability"][str(n)] for r in rows])
+        "expected_fraction_extracted": {str(n): mean_of_present([r["extraction_probability"][str(n)] for r in rows])
                                         for n in budgets},
         "median_samples_needed": {f"{p:g}": _median([r["samples_needed"][f"{p:g}"] for r in rows])
                                   for p in confidences},
-        "fraction_q_at_least_half": _mean([float(r["log_q"] >= math.log(0.5)) for r in rows]),
-        "mean_log10_q": _mean([r["log10_q"] for r in rows if math.isfinite(r["log10_q"])]),
+        "fraction_q_at_least_half": mean_of_present([float(r["log_q"] >= math.log(0.5)) for r in rows]),
+        "mean_log10_q": mean_of_present([r["log10_q"] for r in rows if math.isfinite(r["log10_q"])]),
     }
     return summary
 

@@ -30,6 +30,18 @@ def pad_batch(rows: Sequence[Sequence[int]], pad_token_id: int, *, side: str) ->
     return input_ids, mask
 
 
+def left_pad(rows: Sequence[Sequence[int]], pad_token_id: int, device: torch.device
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-padded (input_ids, attention_mask, position_ids), each (B, L) on `device` with L = the longest row.
+
+    Position ids count real tokens only (0 at each row's first real token), which is what an unpadded run of that
+    row uses; padded slots get 0 and are masked out anyway. (HF generate derives the same ids from the mask.)
+    """
+    input_ids, mask = pad_batch(rows, pad_token_id, side="left")
+    position_ids = (mask.cumsum(dim=-1) - 1).clamp(min=0)
+    return input_ids.to(device), mask.to(device), position_ids.to(device)
+
+
 def decode_longest_first(prefixes: Sequence[Sequence[int]], batch_size: int,
                          decode_batch: Callable[[list[list[int]]], list[list[int]]]) -> list[list[int]]:
     """Run ``decode_batch`` on batches of ``prefixes`` and return its outputs in the input order.

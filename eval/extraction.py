@@ -19,12 +19,13 @@ from typing import Any, Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from eval.batching import decode_longest_first, model_device, pad_batch
+from eval.batching import decode_longest_first, left_pad, model_device, pad_batch
 from eval.metrics import (
     IGNORE_INDEX,
     exact_match,
     longest_correct_prefix,
     match_fraction,
+    mean_of_present,
     rouge_scores,
     teacher_forced_accuracy,
 )
@@ -114,23 +115,10 @@ def check_fits_context(model: torch.nn.Module, documents: Sequence[Any]) -> None
         )
 
 
-def _left_pad(
-    rows: list[list[int]], pad_token_id: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Left-padded (input_ids, attention_mask, position_ids), each (B, L) with L = longest row.
-
-    Position ids count real tokens only (0 at each row's first real token), which is what an unpadded
-    run of that row uses; padded slots get 0 and are masked out anyway.
-    """
-    input_ids, mask = pad_batch(rows, pad_token_id, side="left")
-    position_ids = (mask.cumsum(dim=-1) - 1).clamp(min=0)
-    return input_ids.to(device), mask.to(device), position_ids.to(device)
-
-
 def _greedy_batch(model: torch.nn.Module, rows: list[list[int]], max_new_tokens: int, pad_token_id: int,
                   device: torch.device) -> torch.Tensor:
     """Greedy continuation of one batch of prompts: (B, max_new_tokens) ids."""
-    input_ids, mask, position_ids = _left_pad(rows, pad_token_id, device)
+    input_ids, mask, position_ids = left_pad(rows, pad_token_id, device)
     generated = torch.empty((len(rows), max_new_tokens), dtype=torch.long, device=device)
     # The model creates its own cache on the first call (DynamicCache in transformers 5.x);
     # logits_to_keep=1 avoids materialising (B, L, V) logits for the whole prompt.
@@ -224,11 +212,6 @@ def _teacher_forced(
     finally:
         model.train(was_training)
     return results
-
-
-def _mean(values: list[Any]) -> float | None:
-    present = [float(v) for v in values if v is not None]
-    return sum(present) / len(present) if present else None
 
 
 def _rouge_version() -> str:
@@ -326,7 +309,7 @@ def summarize_extraction(rows: Sequence[dict[str, Any]], skipped_ids: Sequence[s
         "min_tokens": config.min_tokens(),
     }
     for name in _SUMMARY_METRICS:
-        summary[name] = _mean([row[name] for row in rows])
+        summary[name] = mean_of_present([row[name] for row in rows])
     summary["config"] = asdict(config)
     summary["rouge"] = {
         "package": "rouge-score",

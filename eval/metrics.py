@@ -1,6 +1,8 @@
 """Memorization metrics: token-level matches, ROUGE on decoded text, teacher-forced accuracy.
 
-Plain inputs only (sequences of ints, strings, tensors); this module imports nothing of the project.
+Plain inputs only (sequences of ints, strings, tensors). Of the project it uses only the goldfish library's
+target convention (IGNORE_INDEX and the logits/targets/dropped shape contract), so a metric and the loss agree on
+which positions count.
 Every metric that ends up in a per-document row is registered in ``METRICS`` with its metadata so that
 reports can aggregate and orient it without hard-coding names.
 """
@@ -15,7 +17,8 @@ from typing import Mapping, Sequence
 import torch
 from rouge_score import rouge_scorer
 
-IGNORE_INDEX = -100
+from goldfish.loss import check_token_shapes
+from goldfish.masks import IGNORE_INDEX
 
 
 @dataclass(frozen=True)
@@ -139,16 +142,7 @@ def teacher_forced_accuracy(
         {"kept_accuracy", "n_kept", "dropped_accuracy", "n_dropped"}. An accuracy is None when it
         has no position to average over.
     """
-    if logits.dim() != 3:
-        raise ValueError(f"logits must be (B, T, V), got shape {tuple(logits.shape)}")
-    if targets.shape != logits.shape[:2]:
-        raise ValueError(f"targets must be (B, T) = {tuple(logits.shape[:2])}, got {tuple(targets.shape)}")
-    if dropped is not None:
-        if dropped.shape != targets.shape:
-            raise ValueError(f"dropped must have the targets' shape {tuple(targets.shape)}, got {tuple(dropped.shape)}")
-        if dropped.dtype != torch.bool:
-            raise ValueError(f"dropped must be a bool tensor, got {dropped.dtype}")
-
+    check_token_shapes(logits, targets, dropped)
     valid = targets != IGNORE_INDEX  # (B, T)
     correct = (logits.argmax(dim=-1) == targets) & valid  # (B, T)
     n_tokens = int(valid.sum())
@@ -168,3 +162,10 @@ def teacher_forced_accuracy(
             n_dropped=n_dropped,
         )
     return result
+
+
+def mean_of_present(values: Sequence[float | None]) -> float | None:
+    """Mean of the values that are not None (None when there are none): how per-document rows aggregate, where a
+    document may have no value (e.g. no dropped position to score)."""
+    present = [float(v) for v in values if v is not None]
+    return sum(present) / len(present) if present else None

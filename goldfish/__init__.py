@@ -1,7 +1,7 @@
 """goldfish: fine-tune causal LMs with the goldfish loss and measure memorization by extraction.
 
-The mask and loss API lives here; the CLI (`goldfish train | eval | compare | mask`) in goldfish.cli and the
-experiment wiring in goldfish.experiment.
+The mask and loss API lives here; the CLI (`goldfish train | eval | compare | mask`) in goldfish.app.cli and the
+experiment wiring in goldfish.app.experiment.
 """
 
 from goldfish.collator import GoldfishCollator

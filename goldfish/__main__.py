@@ -1,5 +1,5 @@
 import sys
 
-from goldfish.cli import main
+from goldfish.app.cli import main
 
 sys.exit(main())

@@ -24,6 +24,21 @@ class GoldfishLoss:
     dropped_loss: torch.Tensor  # detached scalar: mean CE over dropped targets (NaN when none dropped)
 
 
+def check_token_shapes(logits: torch.Tensor, targets: torch.Tensor, dropped: torch.Tensor | None) -> None:
+    """Raise ValueError unless logits are (B, T, V), targets (B, T) and dropped (B, T) bool or None: the contract of
+    every function that scores next-token predictions against (masked) targets."""
+    if logits.dim() != 3:
+        raise ValueError(f"logits must be (B, T, V), got shape {tuple(logits.shape)}")
+    if targets.shape != logits.shape[:2]:
+        raise ValueError(f"targets must be (B, T) = {tuple(logits.shape[:2])} like the logits, but the targets shape "
+                         f"is {tuple(targets.shape)}")
+    if dropped is not None:
+        if dropped.dtype != torch.bool:
+            raise ValueError(f"dropped must be a bool mask, got dtype {dropped.dtype}")
+        if dropped.shape != targets.shape:
+            raise ValueError(f"dropped shape {tuple(dropped.shape)} must equal targets shape {tuple(targets.shape)}")
+
+
 def goldfish_loss(logits: torch.Tensor, targets: torch.Tensor, dropped: torch.Tensor | None) -> GoldfishLoss:
     """Cross-entropy over the kept targets.
 
@@ -38,16 +53,7 @@ def goldfish_loss(logits: torch.Tensor, targets: torch.Tensor, dropped: torch.Te
         a :class:`GoldfishLoss`. When no target is kept, ``loss`` and ``loss_sum`` are 0 (not NaN) and
         still attached to ``logits``' graph, so ``backward()`` works and yields zero gradients.
     """
-    if logits.dim() != 3:
-        raise ValueError(f"logits must be (B, T, V), got shape {tuple(logits.shape)}")
-    if targets.shape != logits.shape[:2]:
-        raise ValueError(f"targets shape {tuple(targets.shape)} must equal logits' (B, T) = {tuple(logits.shape[:2])}")
-    if dropped is not None:
-        if dropped.dtype != torch.bool:
-            raise ValueError(f"dropped must be a bool mask, got dtype {dropped.dtype}")
-        if dropped.shape != targets.shape:
-            raise ValueError(f"dropped shape {tuple(dropped.shape)} must equal targets shape {tuple(targets.shape)}")
-
+    check_token_shapes(logits, targets, dropped)
     vocab = logits.shape[-1]
     token_ce = F.cross_entropy(
         logits.float().reshape(-1, vocab), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none"

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from goldfish.cli import build_parser, main
+from goldfish.app.cli import build_parser, main
 
 SUBCOMMANDS = ["train", "eval", "compare", "plan", "mask"]
 
@@ -33,7 +33,9 @@ def test_every_compare_preset_parses():
 
 
 def test_preset_sets_only_what_the_user_left_at_default():
-    from goldfish.cli import COMPARE_SMOLLM2, _explicit_options, apply_preset
+    from goldfish.app.cli import _explicit_options, apply_preset
+    from goldfish.app.config import COMPARE_PRESETS
+    COMPARE_SMOLLM2 = COMPARE_PRESETS["smollm2"]
 
     argv = ["compare", "--preset", "smollm2", "--epochs", "60", "--lr=1e-3"]
     args = build_parser().parse_args(argv)

@@ -5,7 +5,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from data import TokenizedDocument
-from goldfish.experiment import MaskSpec, make_examples, make_step_loss, parse_mask
+from goldfish.app.config import MaskSpec, parse_mask
+from goldfish.app.experiment import make_examples, make_step_loss
 from goldfish.masks import causal_targets, drop_mask
 
 
@@ -64,7 +65,7 @@ def test_random_mask_is_redrawn_every_step_and_reproducible():
 
 
 def test_repeats_copy_documents_round_robin_with_identical_hashed_masks():
-    from goldfish.experiment import DataSpec, parse_repeats
+    from goldfish.app.config import DataSpec, parse_repeats
 
     docs = _docs(n=5)
     spec = DataSpec(repeats=parse_repeats("1,3"))
@@ -83,14 +84,14 @@ def test_repeats_copy_documents_round_robin_with_identical_hashed_masks():
 
 @pytest.mark.parametrize("bad", ["0", "1,x", "", "2,-1"])
 def test_bad_repeats_are_refused(bad):
-    from goldfish.experiment import parse_repeats
+    from goldfish.app.config import parse_repeats
 
     with pytest.raises(ValueError, match="repeats"):
         parse_repeats(bad)
 
 
 def test_instrument_settings_are_validated():
-    from goldfish.experiment import Instruments
+    from goldfish.app.config import Instruments
 
     assert Instruments(beams=30, samples=10, top_p=0.9).sampling().n_samples == 10
     for bad, match in (({"beams": 1}, "beams"), ({"samples": -1}, "samples"), ({"temperature": 0}, "temperature"),

@@ -1,4 +1,4 @@
-"""goldfish.parallel_eval: sharded evaluation on an engine-parallel model equals one process.
+"""eval.parallel: sharded evaluation on an engine-parallel model equals one process.
 
 Reference: the eval/ functions run in this (test) process on the serial model. Workers parallelize the same tiny
 Llama (random init, fixed seed, float64) on grids of 2 and 4 gloo ranks, evaluate 7 documents of different
@@ -28,7 +28,8 @@ from eval.adaptive import (SamplingConfig, beam_extract, probabilistic_extract, 
                            summarize_probabilistic, summarize_sampling)
 from eval.extraction import ExtractionConfig, extract, summarize_extraction
 from eval.membership import membership_rows, membership_summary
-from goldfish.parallel_eval import load_parallel_model, run_sharded, shard, shard_bounds
+from engine.sharding import run_sharded, shard, shard_bounds
+from goldfish.app.models import _rank0_first, load_parallel_model
 
 VOCAB = 256
 PAD = 1  # not 0: transformers 5.x beam search reads pad_token_id=0 as "no pad id" and fails without an EOS id
@@ -86,9 +87,9 @@ def serial_results(docs: list[Doc]) -> dict[str, Any]:
 
 
 def parallel_results(shape: tuple[int, int, int, int], docs: list[Doc]) -> dict[str, Any] | None:
-    """Every instrument through goldfish.parallel_eval on one grid: rank 0's results, None on the others (checked)."""
+    """Every instrument through eval.parallel on one grid: rank 0's results, None on the others (checked)."""
     from engine import init
-    from goldfish.parallel_eval import (beam_parallel, evaluate_parallel, membership_parallel, parallelize_for_eval,
+    from eval.parallel import (beam_parallel, evaluate_parallel, membership_parallel, parallelize_for_eval,
                                         probabilistic_parallel, sampling_parallel)
     grid = init(*shape)
     try:
@@ -193,8 +194,8 @@ def _world_2(expected: dict[str, Any], docs: list[Doc], folder: str) -> dict[str
     documents, an error on one rank, the row split inside ParallelEvalModel, generate's fixed-length rule, and a
     plain (not parallelized) model on a grid with tensor-parallel axes."""
     from engine import init
-    from goldfish.parallel_eval import (ParallelEvalError, ParallelEvalModel, _rank0_first, eval_model,
-                                        evaluate_parallel, load_parallel_model, parallelize_for_eval, run_sharded)
+    from engine.sharding import ShardedRunError as ParallelEvalError
+    from eval.parallel import ParallelEvalModel, eval_model, evaluate_parallel, parallelize_for_eval
     for shape in ((2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 1), (1, 1, 1, 2)):
         got = parallel_results(shape, docs)
         if got is not None:

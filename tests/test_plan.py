@@ -28,7 +28,8 @@ from engine.cost_model import (
     rank_flops_per_step,
 )
 from engine.grid import GridShape
-from engine.plan import PlanRequest, add_plan_arguments, plan_grid, rank_grids, run_plan, step_prediction
+from engine.plan import PlanRequest, plan_grid, rank_grids, step_prediction
+from goldfish.app.plan import add_plan_arguments, run_plan
 from engine.profiles import PROFILES, MachineProfile, MeasuredCollective, group_stride, load_profile
 
 

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from goldfish.pretrained import (
+from goldfish.app.pretrained import (
     ALIASES,
     SMOLLM2_135M,
     PackagedGguf,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from data.atomic import json_safe
-from goldfish.report import (bar_series, breakdown_series, curve_series, divergence_series, render_eval_markdown,
+from goldfish.app.report import (bar_series, breakdown_series, curve_series, divergence_series, render_eval_markdown,
                              render_markdown, roc_series, rouge_hist_series, write_compare_report, write_eval_report)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -82,7 +82,7 @@ def test_resume_continues_bit_exactly(tmp_path):
     assert torch.load(run / "checkpoint" / "trainer_state.pt", weights_only=False)["step"] == 2
 
     model = _model(seed=123)  # different init: every weight must come from the checkpoint
-    from goldfish.experiment import load_model_weights
+    from goldfish.app.experiment import load_model_weights
 
     load_model_weights(model, run / "checkpoint")
     resumed = train(model, examples, _loss, config, out_dir=run, resume_from=run / "checkpoint", save_model=_save)

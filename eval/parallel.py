@@ -36,18 +36,16 @@ from __future__ import annotations
 
 import logging
 import math
-import traceback
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from transformers import DynamicCache
 
 import engine
 from engine import comm
-from engine.grid import AxisGroup, Grid
+from engine.grid import AxisGroup, Grid, is_main_process
+from engine.sharding import TENSOR_AXES, run_sharded
 from eval.adaptive import (
     DEFAULT_BUDGETS,
     DEFAULT_CONFIDENCES,
@@ -64,90 +62,9 @@ from eval.membership import DEFAULT_MIN_K, DEFAULT_TARGET_FPRS, membership_rows,
 
 log = logging.getLogger(__name__)
 
-TENSOR_AXES = ("x", "y", "z")  # the axes whose ranks share one data shard and run the same forward passes
 ROW_AXES = ("x", "y")  # the axes over which a parallelized decoder gathers its rows (engine/parallelize.py)
-DEFAULT_MODEL_CACHE = Path.home() / ".cache" / "goldfish" / "models"  # where GGUF models are exported once
 
 
-class ParallelEvalError(RuntimeError):
-    """A rank failed while evaluating its shard; raised on every rank, with each failing rank's message."""
-
-
-# ----- sharding and gathering -------------------------------------------------------------------------------------
-
-def shard_bounds(n_items: int, n_shards: int, index: int) -> tuple[int, int]:
-    """[start, end) of block `index` when `n_items` are cut into `n_shards` contiguous blocks in order.
-
-    Block sizes differ by at most one (the first n_items % n_shards blocks get the extra item); with fewer items
-    than blocks the last blocks are empty.
-    """
-    if n_items < 0 or n_shards < 1 or not 0 <= index < n_shards:
-        raise ValueError(f"cannot take block {index} of {n_items} items in {n_shards} blocks")
-    size, extra = divmod(n_items, n_shards)
-    start = index * size + min(index, extra)
-    return start, start + size + (1 if index < extra else 0)
-
-
-def shard(items: Sequence[Any], grid: Grid | None) -> list[Any]:
-    """This rank's data-parallel block of `items` (all of them for grid None): contiguous, in order, balanced over
-    the data axis; the same block on every rank of a tensor-parallel group."""
-    if grid is None:
-        return list(items)
-    start, end = shard_bounds(len(items), grid.size("data"), grid.coord("data"))
-    return list(items[start:end])
-
-
-def _is_group_leader(grid: Grid) -> bool:
-    return all(grid.coord(axis) == 0 for axis in TENSOR_AXES)
-
-
-def gather_rows(rows: Sequence[Any], grid: Grid | None) -> list[Any] | None:
-    """Every data block's rows on rank 0, concatenated in data-index order (= document order for blocks made by
-    `shard`); None on the other ranks. Only the first rank of each tensor-parallel group contributes (its peers
-    hold the same rows). Rows must be picklable. A collective over the whole world: every rank must call it."""
-    if grid is None or grid.is_trivial:
-        return list(rows)
-    mine = (grid.coord("data"), list(rows)) if _is_group_leader(grid) else None
-    received: list[Any] | None = [None] * grid.world_size if grid.rank == 0 else None
-    dist.gather_object(mine, received, dst=0)
-    if grid.rank != 0:
-        return None
-    blocks = sorted(item for item in received if item is not None)
-    if [index for index, _ in blocks] != list(range(grid.size("data"))):
-        raise ParallelEvalError(f"expected one block per data index 0..{grid.size('data') - 1}, got "
-                                f"{[index for index, _ in blocks]}")
-    return [row for _, block in blocks for row in block]
-
-
-def run_sharded(fn: Callable[[list[Any]], Sequence[Any]], documents: Sequence[Any], grid: Grid | None
-                ) -> list[Any] | None:
-    """Run ``fn(block)`` on this rank's block of `documents` (see `shard`) and return all blocks' rows on rank 0 in
-    document order, None elsewhere (grid None: ``fn(documents)``).
-
-    ``fn`` returns a list of rows for its block (any length, e.g. one row per document). Ranks of one
-    tensor-parallel group run it on the same block, so a parallel model's collectives pair up; different data
-    groups may do different amounts of work (or none). If ``fn`` raises on any rank, every rank raises
-    ParallelEvalError naming the failing ranks.
-    """
-    if grid is None:
-        return list(fn(list(documents)))
-    block = shard(documents, grid)
-    rows: list[Any] = []
-    failure = None
-    try:
-        rows = list(fn(block))
-    except Exception as error:  # noqa: BLE001 - reported to every rank below, then raised
-        failure = f"{type(error).__name__}: {error}\n{traceback.format_exc()}"
-    if not grid.is_trivial:
-        failures: list[Any] = [None] * grid.world_size
-        dist.all_gather_object(failures, failure)
-    else:
-        failures = [failure]
-    failed = {rank: message for rank, message in enumerate(failures) if message is not None}
-    if failed:
-        first = min(failed)
-        raise ParallelEvalError(f"evaluation failed on rank(s) {sorted(failed)}; rank {first}: {failed[first]}")
-    return gather_rows(rows, grid)
 
 
 # ----- the model as eval/ sees it ---------------------------------------------------------------------------------
@@ -277,53 +194,7 @@ def parallelize_for_eval(model: nn.Module, grid: Grid | None) -> nn.Module:
     return model.eval()
 
 
-def load_parallel_model(source: str | Path | nn.Module, grid: Grid | None, *, dtype: torch.dtype = torch.float32,
-                        cache_dir: str | Path | None = None) -> nn.Module:
-    """Load a model and parallelize it for evaluation (`parallelize_for_eval`).
-
-    source: an HF folder (e.g. a goldfish run's model/ folder) or hub name, a GGUF file or alias such as
-    ``smollm2-135m``, or an already built model (e.g. a named tiny model from goldfish.models.build_tiny_model).
-    A GGUF model is converted once to an HF folder under `cache_dir` (default ~/.cache/goldfish/models) by rank 0
-    while the other ranks wait, then loaded from there by them. Every rank holds the full weights for a moment
-    before sharding.
-    """
-    if not isinstance(source, nn.Module):
-        from goldfish.models import is_tiny_model, load_pretrained_model
-        from goldfish.pretrained import load_pretrained, resolve_gguf
-
-        name = str(source)
-        if is_tiny_model(name):
-            raise ValueError(f"{name!r} is a tiny model built at random init, not a checkpoint: build it with "
-                             "goldfish.models.build_tiny_model (it needs the tokenizer's sizes) and pass the model")
-        if resolve_gguf(name) is not None:
-            cache = Path(cache_dir) if cache_dir is not None else DEFAULT_MODEL_CACHE
-            source = _rank0_first(grid, lambda: load_pretrained(name, dtype=dtype, cache_dir=cache)[0])
-        else:
-            source = load_pretrained_model(name, dtype=dtype)
-    return parallelize_for_eval(source, grid)
-
-
-def _rank0_first(grid: Grid | None, load: Callable[[], nn.Module]) -> nn.Module:
-    """`load()` on rank 0, then on the other ranks (which find what rank 0 cached); rank 0's error on every rank."""
-    if grid is None or grid.is_trivial:
-        return load()
-    model, failure = None, [None]
-    if grid.rank == 0:
-        try:
-            model = load()
-        except Exception as error:  # noqa: BLE001 - sent to every rank below, then raised
-            failure = [f"{type(error).__name__}: {error}"]
-    dist.broadcast_object_list(failure, src=0)
-    if failure[0] is not None:
-        raise ParallelEvalError(f"loading the model failed on rank 0: {failure[0]}")
-    return model if model is not None else load()
-
-
 # ----- the instruments, sharded -----------------------------------------------------------------------------------
-
-def _is_main(grid: Grid | None) -> bool:
-    return grid is None or grid.rank == 0
-
 
 def _evaluable(documents: Sequence[Any], config: ExtractionConfig, model: nn.Module, grid: Grid | None
                ) -> tuple[list[Any], list[str]]:
@@ -332,7 +203,7 @@ def _evaluable(documents: Sequence[Any], config: ExtractionConfig, model: nn.Mod
     kept, skipped = split_documents(documents, config)
     evaluable = [doc for doc, _, _ in kept]
     check_fits_context(model, evaluable)
-    if skipped and _is_main(grid):
+    if skipped and is_main_process(grid):
         log.warning("skipped %d document(s) shorter than %d tokens", len(skipped), config.min_tokens())
     return evaluable, skipped
 
@@ -371,7 +242,7 @@ def evaluate_parallel(
     return _sharded_instrument(
         model, documents, config, grid,
         lambda runner, block: extract(runner, block, config, decode=decode, pad_token_id=pad_token_id,
-                                      drop_mask_fn=drop_mask_fn, progress=progress and _is_main(grid))[0],
+                                      drop_mask_fn=drop_mask_fn, progress=progress and is_main_process(grid))[0],
         lambda rows, skipped: summarize_extraction(rows, skipped, config))
 
 
@@ -394,7 +265,7 @@ def prefix_length_parallel(
         part, _ = evaluate_parallel(model, documents, config, grid, decode=decode, pad_token_id=pad_token_id)
         if part is not None:
             rows.extend(dict(row, prefix_len=int(prefix_len)) for row in part)
-    return rows if _is_main(grid) else None
+    return rows if is_main_process(grid) else None
 
 
 def probabilistic_parallel(
@@ -528,20 +399,14 @@ def _membership_rows(model: nn.Module, items: list[tuple[Any, bool | None]], gri
 
 __all__ = [
     "GroupBeamCache",
-    "ParallelEvalError",
     "ParallelEvalModel",
     "beam_parallel",
     "eval_model",
     "evaluate_parallel",
-    "gather_rows",
-    "load_parallel_model",
     "membership_parallel",
     "membership_rows_parallel",
     "parallelize_for_eval",
     "prefix_length_parallel",
     "probabilistic_parallel",
-    "run_sharded",
     "sampling_parallel",
-    "shard",
-    "shard_bounds",
 ]

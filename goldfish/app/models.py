@@ -1,4 +1,5 @@
-"""Models: named tiny configurations built at random init, or any HF causal LM by name or folder."""
+"""Models: named tiny configurations built at random init, any HF causal LM by name or folder, or a GGUF file;
+and loading one sharded for parallel evaluation."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from torch import nn
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PretrainedConfig, PreTrainedModel
+
+from engine import comm
+from engine.grid import AXES, Grid
+from engine.sharding import ShardedRunError
+from eval.parallel import parallelize_for_eval
+from goldfish.app.pretrained import DEFAULT_MODEL_CACHE, load_pretrained, load_pretrained_model, resolve_gguf
 
 
 @dataclass(frozen=True)
@@ -78,13 +86,40 @@ def build_tiny_model(name: str, *, vocab_size: int, max_positions: int, seed: in
     return model
 
 
-def load_pretrained_model(name_or_path: str | Path, *, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
-    """Load an HF causal LM from a hub name or a local folder, with a clear error when it cannot be found."""
-    try:
-        return AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=dtype)
-    except (OSError, ValueError) as error:
-        hint = ("the folder has no config.json/weights" if Path(name_or_path).exists() else
-                "it is not a local folder and the model hub may be unreachable (offline machine?)")
-        raise ValueError(f"cannot load model {str(name_or_path)!r}: {hint}. Give a folder written by save_pretrained "
-                         f"(e.g. a goldfish run's model/ folder) or one of the tiny models {sorted(TINY_MODELS)}. "
-                         f"Cause: {error}") from error
+def load_parallel_model(source: str | Path | nn.Module, grid: Grid | None, *, dtype: torch.dtype = torch.float32,
+                        cache_dir: str | Path | None = None) -> nn.Module:
+    """Load a model and parallelize it for evaluation (`parallelize_for_eval`).
+
+    source: an HF folder (e.g. a goldfish run's model/ folder) or hub name, a GGUF file or alias such as
+    ``smollm2-135m``, or an already built model (e.g. a named tiny model from goldfish.app.models.build_tiny_model).
+    A GGUF model is converted once to an HF folder under `cache_dir` (default ~/.cache/goldfish/models) by rank 0
+    while the other ranks wait, then loaded from there by them. Every rank holds the full weights for a moment
+    before sharding.
+    """
+    if not isinstance(source, nn.Module):
+        name = str(source)
+        if is_tiny_model(name):
+            raise ValueError(f"{name!r} is a tiny model built at random init, not a checkpoint: build it with "
+                             "goldfish.app.models.build_tiny_model (it needs the tokenizer's sizes) and pass the model")
+        if resolve_gguf(name) is not None:
+            cache = Path(cache_dir) if cache_dir is not None else DEFAULT_MODEL_CACHE
+            source = _rank0_first(grid, lambda: load_pretrained(name, dtype=dtype, cache_dir=cache)[0])
+        else:
+            source = load_pretrained_model(name, dtype=dtype)
+    return parallelize_for_eval(source, grid)
+
+
+def _rank0_first(grid: Grid | None, load: Callable[[], nn.Module]) -> nn.Module:
+    """`load()` on rank 0, then on the other ranks (which find what rank 0 cached); rank 0's error on every rank."""
+    if grid is None or grid.is_trivial:
+        return load()
+    model, failure = None, None
+    if grid.rank == 0:
+        try:
+            model = load()
+        except Exception as error:  # noqa: BLE001 - sent to every rank below, then raised
+            failure = f"{type(error).__name__}: {error}"
+    failure = comm.broadcast_object(failure, grid.group(*AXES), grid.device)
+    if failure is not None:
+        raise ShardedRunError(f"loading the model failed on rank 0: {failure}")
+    return model if model is not None else load()

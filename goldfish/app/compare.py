@@ -1,0 +1,244 @@
+"""`goldfish compare`: standard vs goldfish training from the same weights on the same documents.
+
+A `Comparison` holds its state in plain attributes (documents, the initial weights, per-model results, curves,
+breakdowns, membership, timings, warnings) and runs as a sequence of steps read top to bottom in `run()`:
+
+    prepare           select the documents, build the initial weights
+    evaluate_control  the initial weights, never trained on the documents
+    train_and_evaluate(mask)   for the standard loss, then each goldfish mask: train from the initial weights
+                      (measuring the exact-match curve every `curve_every` epochs), then evaluate
+    summary / write   summary.json, report.md, plots, and the table on the console
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable
+
+from torch import nn
+
+from data.atomic import write_jsonl_atomic
+from engine import comm
+from engine.grid import AXES, Grid, is_main_process
+from eval import parallel as parallel_eval
+from eval.breakdown import group_means
+from goldfish.app.config import CompareSpec, MaskSpec, TrainSpec
+from goldfish.app.experiment import (REPEAT_METRICS, Prepared, evaluate_with_rows, grid_sizes, initial_model, membership,
+                                     pad_token_id, prepare_data, train_model)
+from goldfish.app.pretrained import load_pretrained_model
+
+# Per-document fields kept for every point of the exact-match-vs-epochs curve (OUT/<label>/curve.jsonl).
+CURVE_ROW_KEYS = ("id", "exact_match", "rouge_l", "longest_correct_prefix")
+CONTROL = "control"
+_HEADLINE_KEYS = ("n_docs", "exact_match", "rouge_l", "rouge_l_recall", "rouge_1", "rouge_2", "match_fraction",
+                  "longest_correct_prefix", "tf_accuracy", "tf_kept_accuracy", "tf_dropped_accuracy")
+
+
+class Curve:
+    """Greedy extraction of the training documents measured during training: one summary point per measured epoch
+    (`points`) and the per-document rows behind them (`rows`)."""
+
+    def __init__(self) -> None:
+        self.points: list[dict[str, Any]] = []
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, epoch: int, step: int, rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+        self.points.append({"epoch": epoch, "step": step, "exact_match": summary["exact_match"],
+                            "rouge_l": summary["rouge_l"], "n_docs": summary["n_docs"]})
+        self.rows.extend({"epoch": epoch, "step": step, **{key: row[key] for key in CURVE_ROW_KEYS}} for row in rows)
+
+
+class Comparison:
+    """One `goldfish compare` run. With a grid (under torchrun) every rank trains; rank 0 evaluates the consolidated
+    checkpoint of each model and writes the outputs (other ranks' `run()` returns an empty dict)."""
+
+    def __init__(self, spec: CompareSpec, out_dir: Path, *, grid: Grid | None = None, device: str | None = None,
+                 log: Callable[..., None] = print) -> None:
+        self.spec, self.out_dir, self.grid, self.device = spec, Path(out_dir), grid, device
+        self.main = is_main_process(grid)
+        self.log = log if self.main else (lambda *a, **k: None)
+        self.started = time.perf_counter()
+        # The models trained: the standard loss first, then one per goldfish mask.
+        self.runs = [MaskSpec(strategy=None)] + [m for m in spec.masks if m.strategy is not None]
+        labels = [m.label for m in self.runs]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"duplicate masks in {labels}")
+        # Standard and control models have no mask of their own; their teacher-forced accuracy is split by the first
+        # goldfish mask, so one can see how well each model predicts exactly the tokens goldfish hides.
+        self.reference_mask = next((m for m in self.runs if m.strategy is not None), None)
+        self.prepared: Prepared | None = None
+        self.initial: nn.Module | None = None
+        self.repeats: dict[str, int] | None = None
+        self.results: dict[str, dict[str, Any]] = {}  # label -> part -> evaluation summary
+        self.membership: dict[str, Any] = {}
+        self.curves: dict[str, list[dict[str, Any]]] = {}
+        self.breakdowns: dict[str, dict[str, Any]] = {}
+        self.timings: dict[str, float] = {}
+        self.warnings: list[str] = []
+        self.control_rows: list[dict[str, Any]] = []  # the control's training-document rows: epoch 0 of every curve
+
+    def run(self) -> dict[str, Any]:
+        self.prepare()
+        if self.main:
+            self.evaluate_control()
+        for mask in self.runs:
+            self.train_and_evaluate(mask)
+        if not self.main:
+            return {}
+        summary = self.summary()
+        self.write(summary)
+        return summary
+
+    # ----- steps ---------------------------------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        if self.main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.prepared = prepare_data(self.spec.data, self.spec.model, log=self.log)
+        self.initial = initial_model(self.spec.model, self.prepared, self.spec.init_seed)
+        if self.device is not None and self.grid is None:
+            self.initial = self.initial.to(self.device)
+        if self.spec.data.repeats != (1,):
+            self.repeats = self.spec.data.repeats_by_id(self.prepared.split.train)
+
+    def evaluate_control(self) -> None:
+        """The initial weights; warns when they already extract training documents (e.g. a pretrained model that saw
+        them during pretraining: extraction would then measure that, not what fine-tuning memorized)."""
+        rows = self.evaluate(CONTROL, self.initial, self.reference_mask)
+        self.control_rows = rows["train"]
+        already = self.results[CONTROL]["train"]["exact_match"] or 0.0
+        if already > 0:
+            self.warnings.append(f"the untrained control already extracts {already:.3f} of the training documents: "
+                                 "they are memorized before fine-tuning; choose other documents (--data, --data-seed) "
+                                 "to measure what training adds")
+            self.log("warning: " + self.warnings[-1])
+
+    def train_and_evaluate(self, mask: MaskSpec) -> None:
+        spec, prepared = self.spec, self.prepared
+        t0 = time.perf_counter()
+        curve = Curve() if spec.curve_every > 0 else None
+        if curve is not None and self.main:  # epoch 0: the initial weights, already evaluated as the control
+            curve.add(0, 0, self.control_rows, self.results[CONTROL]["train"])
+        train_spec = TrainSpec(model=spec.model, data=spec.data, mask=mask, train=spec.train, init_seed=spec.init_seed)
+        model, _ = train_model(train_spec, self.out_dir / mask.label, prepared=prepared,
+                               model=copy.deepcopy(self.initial), grid=self.grid, log=self.log,
+                               on_epoch_end=None if curve is None else self._curve_hook(curve))
+        if curve is not None and self.main:
+            self.curves[mask.label] = curve.points
+            write_jsonl_atomic(self.out_dir / mask.label / "curve.jsonl", curve.rows)
+        self.timings[f"train {mask.label}"] = time.perf_counter() - t0
+        eval_mask = mask if mask.strategy is not None else self.reference_mask
+        if self.grid is not None:
+            # Evaluate what was saved: the consolidated HF checkpoint, as any user of the result would load it.
+            if self.main:
+                self.evaluate(mask.label, load_pretrained_model(self.out_dir / mask.label / "checkpoint"), eval_mask)
+            comm.barrier(self.grid.group(*AXES))
+        else:
+            self.evaluate(mask.label, model, eval_mask)
+        if self.main:
+            self.log(one_line(mask.label, self.results[mask.label]))
+
+    def _curve_hook(self, curve: Curve) -> Callable[[nn.Module, int, int], None]:
+        """engine.train's on_epoch_end: greedy extraction of the training documents on the model being trained
+        (under a grid every rank takes part: documents sharded over data, the model's own shards)."""
+        tokenizer = self.prepared.tokenizer
+
+        def on_epoch_end(model: nn.Module, epoch: int, step: int) -> None:
+            if epoch % self.spec.curve_every == 0 or epoch == self.spec.train.epochs:
+                rows, point = parallel_eval.evaluate_parallel(
+                    model, self.prepared.split.train, self.spec.extraction, self.grid,
+                    pad_token_id=pad_token_id(tokenizer),
+                    decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+                if point is not None:  # rank 0
+                    curve.add(epoch, step, rows, point)
+
+        return on_epoch_end
+
+    def evaluate(self, label: str, model: nn.Module, mask: MaskSpec | None) -> dict[str, list[dict[str, Any]]]:
+        """Every instrument on the training and held-out documents (rank 0 only); returns the extraction rows of
+        each part."""
+        t0 = time.perf_counter()
+        split, eval_dir = self.prepared.split, self.out_dir / label / "eval"
+        self.results[label], rows = {}, {}
+        for part, docs in (("train", split.train), ("heldout", split.heldout)):
+            part_repeats = None if self.repeats is None else self.repeats if part == "train" else {}
+            self.results[label][part], per_document = evaluate_with_rows(
+                model, self.prepared, docs, self.spec.extraction, eval_dir / part, mask, self.spec.train.progress,
+                self.spec.instruments, part_repeats)
+            rows[part] = per_document["extraction"]
+        if self.repeats is not None:
+            # Held-out documents are the "trained on 0 times" group of the repeats breakdown.
+            self.breakdowns.setdefault("repeats", {})[label] = group_means(rows["train"] + rows["heldout"], "repeats",
+                                                                           REPEAT_METRICS)
+        by_prefix = self.results[label]["train"].get("breakdowns", {}).get("prefix_length")
+        if by_prefix is not None:
+            self.breakdowns.setdefault("prefix_length", {})[label] = by_prefix
+        if split.heldout:
+            # The untrained control is the reference model of the reference-ratio attack (not of itself).
+            self.membership[label] = membership(model, self.prepared, None if label == CONTROL else self.initial,
+                                                eval_dir / "membership.jsonl")
+        self.timings[f"eval {label}"] = time.perf_counter() - t0
+        return rows
+
+    # ----- outputs -------------------------------------------------------------------------------------------------
+
+    def summary(self) -> dict[str, Any]:
+        spec = self.spec
+        return {
+            "models": {label: {part: headline(s) for part, s in parts.items()} for label, parts in self.results.items()},
+            "details": self.results,
+            "membership": self.membership,
+            "curves": self.curves,
+            "breakdowns": self.breakdowns,
+            "config": {"model": spec.model, "data": asdict(spec.data),
+                       "masks": [asdict(m) | {"label": m.label} for m in self.runs], "train": asdict(spec.train),
+                       "extraction": asdict(spec.extraction), "init_seed": spec.init_seed,
+                       "instruments": asdict(spec.instruments), "curve_every": spec.curve_every},
+            "documents": self.prepared.split.manifest(),
+            "repeats": self.repeats,
+            "control": "the initial weights every model started from, never trained on the documents",
+            "warnings": self.warnings,
+            "timings_s": self.timings | {"total": time.perf_counter() - self.started},
+            "grid": grid_sizes(self.grid) if self.grid is not None else None,
+        }
+
+    def write(self, summary: dict[str, Any]) -> None:
+        from goldfish.app.report import write_compare_report  # matplotlib: only when a report is written
+
+        write_compare_report(summary, self.out_dir)
+        self.log(format_table(summary))
+        self.log(f"wrote {self.out_dir / 'summary.json'}, {self.out_dir / 'report.md'} and plots in "
+                 f"{time.perf_counter() - self.started:.0f} s")
+
+
+def compare(spec: CompareSpec, out_dir: Path, *, grid: Grid | None = None, device: str | None = None,
+            log: Callable[..., None] = print) -> dict[str, Any]:
+    """Train a standard model and one goldfish model per mask from the same initial weights on the same documents,
+    evaluate each and an untrained control on training and held-out documents, write summary.json and report.md.
+    Returns the summary (an empty dict on ranks other than 0)."""
+    return Comparison(spec, out_dir, grid=grid, device=device, log=log).run()
+
+
+def headline(summary: dict[str, Any]) -> dict[str, Any]:
+    """The headline metrics of one evaluation summary."""
+    return {key: summary.get(key) for key in _HEADLINE_KEYS}
+
+
+def one_line(label: str, parts: dict[str, Any]) -> str:
+    train, held = parts["train"], parts["heldout"]
+    return (f"{label}: train exact match {train['exact_match']:.3f} RougeL {train['rouge_l']:.3f} | "
+            f"held-out exact match {held['exact_match']:.3f} RougeL {held['rouge_l']:.3f}")
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    """A plain-text table of the headline metrics per model."""
+    header = f"{'model':<28} {'train EM':>9} {'train RougeL':>13} {'held-out EM':>12} {'held-out RougeL':>16}"
+    lines = [header, "-" * len(header)]
+    for label, parts in summary["models"].items():
+        train, held = parts["train"], parts["heldout"]
+        lines.append(f"{label:<28} {train['exact_match']:>9.3f} {train['rouge_l']:>13.3f} "
+                     f"{held['exact_match']:>12.3f} {held['rouge_l']:>16.3f}")
+    return "\n".join(lines)

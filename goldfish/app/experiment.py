@@ -1,0 +1,379 @@
+"""The runs behind `goldfish train` and `goldfish eval`: documents -> masked examples -> training -> extraction.
+
+The application layer: it wires data, the goldfish mask and loss, the engine and eval together (compare builds on
+it in goldfish.app.compare).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+import data
+import engine
+import engine.train as engine_train
+from data.atomic import write_json_atomic, write_jsonl_atomic
+from engine.grid import AXES, Grid, is_main_process
+from eval import parallel as parallel_eval
+from eval.breakdown import group_means, tag_rows
+from eval.divergence import divergence_row, divergence_summary, suffix_dropped_flags
+from eval.extraction import ExtractionConfig, write_extraction
+from goldfish.app.config import DataSpec, Instruments, MaskSpec, TrainSpec, parse_grid
+from goldfish.app.models import build_tiny_model, is_tiny_model
+from goldfish.app.pretrained import (DEFAULT_MODEL_CACHE, load_gguf_tokenizer, load_pretrained, load_pretrained_model,
+                                     resolve_gguf)
+from goldfish.loss import goldfish_loss
+from goldfish.masks import causal_targets, drop_mask
+
+RUN_FILE = "goldfish_run.json"
+
+
+def start_grid(text: str | None) -> Grid | None:
+    """The engine grid of a parallel run (under torchrun), or None for a single process.
+
+    With no --grid under torchrun, every rank is a data-parallel replica (data = world size).
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if text is None and world == 1:
+        return None
+    sizes = parse_grid(text) if text else {"data": world}
+    return engine.init(**sizes)
+
+
+def grid_sizes(grid: Grid) -> dict[str, int]:
+    """{axis: size} of an engine grid, as recorded in run records and summaries."""
+    return {axis: getattr(grid.shape, axis) for axis in AXES}
+
+
+@dataclass
+class Prepared:
+    """Everything a run needs that comes from the data: tokenizer and the selected documents."""
+
+    tokenizer: Any
+    split: data.DocumentSplit
+    n_loaded: int
+
+    @property
+    def special_token_ids(self) -> list[int]:
+        return sorted(set(self.tokenizer.all_special_ids))
+
+
+def prepare_data(spec: DataSpec, model_name: str, log=print) -> Prepared:
+    """Load the documents, get a tokenizer and select the training and held-out documents."""
+    documents = data.load_documents(spec.source, text_field=spec.text_field, id_field=spec.id_field, split=spec.split)
+    if spec.tokenizer is not None:
+        tokenizer = data.load_tokenizer(spec.tokenizer)
+    elif is_tiny_model(model_name):
+        tokenizer = data.train_bpe_tokenizer((d.text for d in documents), vocab_size=spec.vocab_size)
+    elif resolve_gguf(model_name) is not None:  # smollm2-135m or a .gguf file: the tokenizer inside the file
+        tokenizer = load_gguf_tokenizer(resolve_gguf(model_name))
+    else:
+        tokenizer = data.load_tokenizer(model_name)
+    split = data.select_documents(documents, tokenizer, n_train=spec.n_train, n_heldout=spec.n_heldout,
+                                  seq_len=spec.seq_len, seed=spec.seed)
+    log(f"data: {len(documents)} documents from {spec.source!r}; {len(split.train)} train, {len(split.heldout)} "
+        f"held-out of {spec.seq_len} tokens; {len(split.too_short)} skipped as shorter than {spec.seq_len} tokens")
+    return Prepared(tokenizer=tokenizer, split=split, n_loaded=len(documents))
+
+
+def initial_model(model_name: str, prepared: Prepared, seed: int) -> nn.Module:
+    """The starting weights: a named tiny model at random init (seeded) or a pretrained HF model."""
+    tokenizer = prepared.tokenizer
+    if is_tiny_model(model_name):
+        return build_tiny_model(model_name, vocab_size=len(tokenizer), max_positions=max(prepared.split.seq_len, 64),
+                                seed=seed, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                                pad_token_id=tokenizer.pad_token_id)
+    if resolve_gguf(model_name) is not None:
+        # Exported once to an ordinary HF folder in the user cache: later runs load in about a second.
+        model, _ = load_pretrained(model_name, cache_dir=DEFAULT_MODEL_CACHE)
+    else:
+        model = load_pretrained_model(model_name)
+    if model.get_input_embeddings().num_embeddings < len(tokenizer):
+        raise ValueError(f"tokenizer has {len(tokenizer)} tokens but model {model_name!r} embeds only "
+                         f"{model.get_input_embeddings().num_embeddings}: use the model's own tokenizer")
+    return model
+
+
+def make_examples(documents: Sequence[data.TokenizedDocument], mask: MaskSpec,
+                  special_token_ids: Sequence[int],
+                  repeats: dict[str, int] | None = None) -> list[dict[str, torch.Tensor]]:
+    """Training examples: input ids, next-token targets and the goldfish drop mask, all (T,); one per document, or
+    `repeats[id]` copies of it. Hashed and static masks are functions of the tokens, so every copy drops the same
+    positions (the point of the hashed mask).
+
+    For the `random` strategy the stored mask is only the first epoch's draw (for counting); the loss redraws it
+    every step and for every copy, since a per-occurrence Bernoulli mask must differ each time a sequence is seen.
+    """
+    examples = []
+    for document in documents:
+        input_ids = torch.tensor(document.token_ids, dtype=torch.long)
+        targets = causal_targets(input_ids.unsqueeze(0))
+        copies = 1 if repeats is None else repeats[str(document.id)]
+        for _ in range(copies):
+            index = len(examples)
+            dropped = mask.dropped(targets, special_token_ids) if mask.strategy != "random" else \
+                _random_draw(mask, targets, special_token_ids, step=0, example_index=index)
+            examples.append({"input_ids": input_ids, "targets": targets[0], "dropped": dropped[0]})
+    return examples
+
+
+def _random_draw(mask: MaskSpec, targets: torch.Tensor, special_token_ids: Sequence[int], *, step: int,
+                 example_index: int) -> torch.Tensor:
+    """A fresh Bernoulli(1/k) mask for one (1, T) row, seeded by (mask seed, step, example): reproducible on resume,
+    different on every occurrence of the sequence, and independent of which rank holds the row."""
+    seed = (mask.seed * 1_000_003 + step) * 1_000_003 + example_index
+    return drop_mask(targets, "random", mask.k, mask.h, special_token_ids=special_token_ids, seed=seed)
+
+
+def make_step_loss(mask: MaskSpec, special_token_ids: Sequence[int]) -> engine_train.LossFn:
+    """The engine's loss hook: goldfish loss on kept targets, plus all-token and dropped-token losses for logging."""
+
+    def step_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> engine_train.StepLoss:
+        dropped = batch["dropped"]
+        if mask.strategy == "random":
+            step = int(batch["step"])
+            dropped = torch.cat([
+                _random_draw(mask, batch["targets"][row:row + 1].cpu(), special_token_ids, step=step,
+                             example_index=int(index))
+                for row, index in enumerate(batch["example_index"])]).to(dropped.device)
+        logits = model(input_ids=batch["input_ids"]).logits  # (B, T, V)
+        result = goldfish_loss(logits, batch["targets"], dropped)
+        extras = {"all_loss": (float(result.all_loss) * result.n_all, result.n_all),
+                  "dropped_loss": (float(result.dropped_loss) * result.n_dropped if result.n_dropped else 0.0,
+                                   result.n_dropped)}
+        return engine_train.StepLoss(loss_sum=result.loss_sum, n_tokens=result.n_kept, extras=extras)
+
+    return step_loss
+
+
+def save_hf_model(model: nn.Module, tokenizer: Any, run_record: dict[str, Any], directory: Path) -> None:
+    """An ordinary HF checkpoint: weights (safetensors), config, tokenizer, and the run that produced it."""
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    write_json_atomic(directory / RUN_FILE, run_record)
+
+
+def save_parallel_hf_model(model: nn.Module, grid: Grid, tokenizer: Any, run_record: dict[str, Any],
+                           directory: Path) -> None:
+    """Consolidate a parallel model into an ordinary HF checkpoint. Called on every rank (the gather is collective);
+    rank 0 writes the files."""
+    from transformers import AutoModelForCausalLM
+
+    state = engine.full_state_dict(model, grid, rank0_only=True)
+    if grid.rank != 0:
+        return
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(model.config)
+    plain.load_state_dict(state, assign=True)
+    plain.tie_weights()
+    save_hf_model(plain, tokenizer, run_record, directory)
+
+
+def load_model_weights(model: nn.Module, directory: Path) -> None:
+    """Load a checkpoint folder's weights into an already built model (for resume)."""
+    loaded = load_pretrained_model(directory)
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {directory} does not match the model: missing {missing}, unexpected {unexpected}")
+
+
+def run_record(spec: TrainSpec, prepared: Prepared) -> dict[str, Any]:
+    record = {
+        "model": spec.model,
+        "init_seed": spec.init_seed,
+        "data": asdict(spec.data),
+        "mask": asdict(spec.mask) | {"label": spec.mask.label},
+        "train": asdict(spec.train),
+        "documents": prepared.split.manifest(),
+        "repeats": spec.data.repeats_by_id(prepared.split.train),
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+    }
+    return record
+
+
+def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = None, model: nn.Module | None = None,
+                resume_from: Path | None = None, grid: Grid | None = None, log=print,
+                on_epoch_end: Callable[[nn.Module, int, int], None] | None = None) -> tuple[nn.Module, Prepared]:
+    """Train one model and write OUT/checkpoint (an HF checkpoint + tokenizer + trainer state) and OUT/metrics.jsonl.
+
+    on_epoch_end(model, epoch, step) runs after each epoch on every rank (see engine.train.train).
+    """
+    prepared = prepared or prepare_data(spec.data, spec.model, log=log)
+    model = model if model is not None else initial_model(spec.model, prepared, spec.init_seed)
+    if resume_from is not None:
+        load_model_weights(model, resume_from)  # full weights: valid at any grid, sharded below
+    repeats = spec.data.repeats_by_id(prepared.split.train)
+    examples = make_examples(prepared.split.train, spec.mask, prepared.special_token_ids, repeats)
+    n_dropped = sum(int(e["dropped"].sum()) for e in examples)
+    n_targets = sum(int((e["targets"] != -100).sum()) for e in examples)
+    repeated = "" if set(repeats.values()) == {1} else \
+        f" ({len(prepared.split.train)} documents repeated {'/'.join(map(str, spec.data.repeats))} times per epoch)"
+    log(f"train {spec.mask.label}: {len(examples)} sequences{repeated}, {n_dropped}/{n_targets} targets dropped "
+        f"({n_dropped / max(n_targets, 1):.3f}), {spec.train.epochs} epochs"
+        + (f", grid {grid.shape}" if grid is not None else ""))
+    record = run_record(spec, prepared)
+    if grid is not None:
+        record["grid"] = grid_sizes(grid)
+        model = engine.parallelize(model.to(grid.device), grid)
+        save = lambda m, d: save_parallel_hf_model(m, grid, prepared.tokenizer, record, d)  # noqa: E731
+    else:
+        save = lambda m, d: save_hf_model(m, prepared.tokenizer, record, d)  # noqa: E731
+    if is_main_process(grid):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(out_dir / "run.json", record)
+    engine_train.train(model, examples, make_step_loss(spec.mask, prepared.special_token_ids), spec.train,
+                       out_dir=out_dir, grid=grid, resume_from=resume_from, save_model=save, on_epoch_end=on_epoch_end)
+    return model, prepared
+
+
+# What the per-document rows of each instrument are saved as, next to extraction.jsonl.
+ROW_FILES = {"divergence": "divergence.jsonl", "probabilistic": "probabilistic.jsonl", "beam": "beam.jsonl",
+             "sampling": "sampling.jsonl", "prefix_length": "prefix_length.jsonl"}
+REPEAT_METRICS = ("exact_match", "rouge_l")
+
+
+def evaluate_model(model: nn.Module, prepared: Prepared, documents: Sequence[data.TokenizedDocument],
+                   extraction: ExtractionConfig, out_dir: Path | None, mask: MaskSpec | None = None,
+                   progress: bool = True, *, instruments: Instruments | None = None,
+                   repeats: dict[str, int] | None = None, grid: Grid | None = None) -> dict[str, Any] | None:
+    """Greedy extraction on `documents` plus the chosen `instruments`; returns the summary.
+
+    Writes OUT/extraction.jsonl, OUT/summary.json and one JSON-lines file of per-document rows per instrument
+    (ROW_FILES) when out_dir is given. Instrument summaries go under "divergence", "probabilistic", "beam",
+    "sampling" and "breakdowns" ({"prefix_length": [...], "repeats": [...]}).
+    repeats: {document id: times it was trained on per epoch}; documents not in it count as 0 (never trained on).
+        Each extraction row gets a "repeats" field and the summary a breakdown by it.
+    grid: under torchrun, every rank calls this with the same arguments and a model parallelized on the grid
+        (eval.parallel.load_parallel_model); documents are sharded over the data axis and rank 0 gets the
+        summary and writes the files (other ranks get None). The rows equal a single process's.
+    """
+    summary, _ = evaluate_with_rows(model, prepared, documents, extraction, out_dir, mask, progress, instruments, repeats, grid)
+    return summary
+
+
+def evaluate_with_rows(model: nn.Module, prepared: Prepared, documents: Sequence[data.TokenizedDocument],
+              extraction: ExtractionConfig, out_dir: Path | None, mask: MaskSpec | None, progress: bool,
+              instruments: Instruments | None, repeats: dict[str, int] | None, grid: Grid | None = None
+              ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]] | tuple[None, None]:
+    """evaluate_model, also returning the per-document rows: {"extraction": rows, instrument: rows, ...}.
+
+    Every instrument runs through eval.parallel, which is the plain single-process function for grid None
+    and the sharded one under a grid; only rank 0 gets rows back.
+    """
+    tokenizer = prepared.tokenizer
+    special = prepared.special_token_ids
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    mask_fn = None
+    if mask is not None and mask.strategy is not None:
+        mask_fn = lambda targets: mask.dropped(targets, special)  # noqa: E731
+    pad_id = pad_token_id(tokenizer)
+    main = is_main_process(grid)
+    clock = time.perf_counter()
+    timings: dict[str, float] = {}
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        timings[name] = round(now - clock, 3)
+        clock = now
+
+    rows, summary = parallel_eval.evaluate_parallel(model, documents, extraction, grid, decode=decode,
+                                                    pad_token_id=pad_id, drop_mask_fn=mask_fn,
+                                                    progress=progress and main)
+    lap("greedy")
+    results: dict[str, Any] = {}  # instrument -> (rows, summary); None on ranks other than 0
+    if instruments is not None:
+        if instruments.probabilistic:
+            results["probabilistic"] = parallel_eval.probabilistic_parallel(model, documents, extraction, grid,
+                                                                            pad_token_id=pad_id)
+            lap("probabilistic")
+        if instruments.beams:
+            results["beam"] = parallel_eval.beam_parallel(model, documents, extraction, grid,
+                                                          num_beams=instruments.beams, pad_token_id=pad_id,
+                                                          decode=decode)
+            lap("beam")
+        if instruments.samples:
+            results["sampling"] = parallel_eval.sampling_parallel(model, documents, extraction,
+                                                                  instruments.sampling(), grid, pad_token_id=pad_id)
+            lap("sampling")
+        if instruments.prefix_lengths:
+            prefix_rows = parallel_eval.prefix_length_parallel(
+                model, documents, instruments.prefix_lengths, grid, suffix_len=extraction.suffix_len,
+                batch_size=extraction.batch_size, decode=decode, pad_token_id=pad_id)
+            results["prefix_length"] = (prefix_rows, None)
+            lap("prefix_length")
+    if not main:
+        return None, None
+
+    breakdowns: dict[str, Any] = {}
+    if repeats is not None:
+        rows = tag_rows(rows, "repeats", repeats, default=0)
+        breakdowns["repeats"] = group_means(rows, "repeats", REPEAT_METRICS)
+    per_document: dict[str, list[dict[str, Any]]] = {"extraction": rows}
+    if instruments is not None and instruments.divergence:
+        per_document["divergence"] = _divergence_rows(rows, documents, extraction, mask_fn)
+        summary["divergence"] = divergence_summary(per_document["divergence"])
+    for name, (instrument_rows, instrument_summary) in results.items():
+        per_document[name] = instrument_rows
+        if instrument_summary is not None:
+            summary[name] = instrument_summary
+    if "prefix_length" in per_document:
+        breakdowns["prefix_length"] = group_means(per_document["prefix_length"], "prefix_len", REPEAT_METRICS)
+    if breakdowns:
+        summary["breakdowns"] = breakdowns
+    summary["timings_s"] = timings
+    if out_dir is not None:
+        write_extraction(rows, summary, out_dir)
+        for name, instrument_rows in per_document.items():
+            if name != "extraction":
+                write_jsonl_atomic(out_dir / ROW_FILES[name], instrument_rows)
+    return summary, per_document
+
+
+def pad_token_id(tokenizer: Any) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+def _divergence_rows(rows: list[dict[str, Any]], documents: Sequence[data.TokenizedDocument],
+                     extraction: ExtractionConfig, mask_fn: Any) -> list[dict[str, Any]]:
+    """Per-document divergence rows (id, n_prefix_tokens, first_divergence, and the mask's flags when given)."""
+    by_id = {d.id: d for d in documents}
+    divergence_rows = []
+    for row in rows:
+        ids = by_id[row["id"]].token_ids
+        prefix_len, suffix_len = row["n_prefix_tokens"], extraction.suffix_len
+        flags = None
+        if mask_fn is not None:
+            dropped = mask_fn(causal_targets(torch.tensor([ids])))[0]
+            flags = suffix_dropped_flags(dropped, prefix_len, suffix_len)
+        divergence_rows.append({"id": row["id"], "n_prefix_tokens": prefix_len,
+                                **divergence_row(row["generated_ids"], ids[prefix_len:prefix_len + suffix_len], flags)})
+    return divergence_rows
+
+
+def membership(model: nn.Module, prepared: Prepared, reference: nn.Module | None,
+               out_file: Path | None = None, grid: Grid | None = None) -> dict[str, Any] | None:
+    """Membership inference (loss, zlib, Min-K%, and reference-model ratio when `reference` is given): members are
+    the training documents, non-members the held-out ones; AUC and TPR at 1% and 0.1% FPR. The per-document scores
+    go to `out_file` (JSON lines) when given. Under a grid, documents are sharded over the data axis and rank 0 gets
+    the result (other ranks None)."""
+    tokenizer = prepared.tokenizer
+    if not prepared.split.train or not prepared.split.heldout:
+        raise ValueError("membership inference needs both training (members) and held-out (non-member) documents")
+    rows, summary = parallel_eval.membership_parallel(
+        model, prepared.split.train, prepared.split.heldout, grid,
+        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), pad_token_id=pad_token_id(tokenizer),
+        reference_model=reference)
+    if rows is None:
+        return None
+    if out_file is not None:
+        write_jsonl_atomic(out_file, rows)
+    return summary

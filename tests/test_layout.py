@@ -1,0 +1,67 @@
+"""The floors of docs/architecture.md hold: the library users import needs torch alone, the engine knows nothing
+of goldfish or eval, and only engine/comm.py (plus grid.py and measure.py) calls torch.distributed."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_import_goldfish_needs_torch_alone() -> None:
+    code = ("import sys, goldfish; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('engine', 'eval', 'data', 'transformers', 'matplotlib', 'datasets') or m.startswith('goldfish.app')); "
+            "print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_floors_import_only_downwards() -> None:
+    forbidden = {
+        "engine": ("goldfish", "eval"),
+        "data": ("goldfish", "engine", "eval"),
+        "eval": ("goldfish.app",),
+        "goldfish": ("engine", "eval", "data", "goldfish.app"),  # the library modules at goldfish/ (not app/)
+    }
+    offenders = []
+    for package, banned in forbidden.items():
+        # goldfish/__main__.py is `python -m goldfish`, the command: it runs the app, and `import goldfish` never
+        # loads it.
+        files = ([f for f in (ROOT / package).glob("*.py") if f.name != "__main__.py"] if package == "goldfish"
+                 else (ROOT / package).rglob("*.py"))
+        for path in files:
+            for name in _imports(path):
+                if any(name == b or name.startswith(b + ".") for b in banned):
+                    offenders.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not offenders, offenders
+
+
+def test_only_comm_grid_and_measure_call_torch_distributed() -> None:
+    """Collectives go through engine/comm.py; torch's own distributed machinery (FSDP2, DeviceMesh) may be used
+    where it composes with the grid, but no other module calls torch.distributed's collectives directly."""
+    allowed = {"engine/comm.py", "engine/grid.py", "engine/measure.py"}
+    offenders = []
+    for package in ("engine", "eval", "goldfish", "data"):
+        for path in (ROOT / package).rglob("*.py"):
+            relative = str(path.relative_to(ROOT))
+            if relative in allowed:
+                continue
+            source = path.read_text()
+            if "import torch.distributed as dist" in source or "from torch import distributed" in source \
+                    or "torch.distributed.barrier" in source or "torch.distributed.all_" in source:
+                offenders.append(relative)
+    assert not offenders, offenders
