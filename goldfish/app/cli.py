@@ -12,12 +12,18 @@ import subprocess
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from goldfish.app import options as opt
 from goldfish.app.config import (COMPARE_PRESETS, CompareSpec, DataSpec, Instruments, MaskSpec, Runtime, TrainSpec,
                                  mask_spec, parse_grid, parse_mask)
 from goldfish.masks import STRATEGIES
+
+if TYPE_CHECKING:  # the commands import torch, the engine and eval only when they run
+    from torch import nn
+
+    from engine.grid import Grid
+    from goldfish.app.experiment import Prepared
 
 
 # ----- reading the option groups back -----------------------------------------------------------------------------
@@ -76,7 +82,7 @@ def _relaunch_under_torchrun(args: argparse.Namespace, runtime: Runtime) -> int:
     return subprocess.call(command)
 
 
-def _logger(grid: Any):
+def _logger(grid: Grid | None) -> Callable[..., None]:
     from engine.grid import is_main_process
 
     return print if is_main_process(grid) else (lambda *a, **k: None)
@@ -163,7 +169,8 @@ def _run_record(args: argparse.Namespace) -> dict[str, Any] | None:
     return json.loads(record_path.read_text())
 
 
-def _eval_documents(args: argparse.Namespace, record: dict[str, Any] | None, log: Any):
+def _eval_documents(args: argparse.Namespace, record: dict[str, Any] | None, log: Callable[..., None]
+                    ) -> tuple[Prepared, MaskSpec | None, dict[str, int] | None]:
     """(prepared documents, the mask for kept/dropped accuracy, repeats by id) of `goldfish eval`: the run's own
     documents and mask when the model has a run record, else those of the data options."""
     from goldfish.app.experiment import prepare_data
@@ -186,7 +193,8 @@ def _eval_documents(args: argparse.Namespace, record: dict[str, Any] | None, log
     return prepared, mask, repeats
 
 
-def _eval_model(args: argparse.Namespace, prepared: Any, grid: Any, runtime: Runtime, log: Any):
+def _eval_model(args: argparse.Namespace, prepared: Prepared, grid: Grid | None, runtime: Runtime,
+                log: Callable[..., None]) -> nn.Module:
     """The model to evaluate: on one device, or sharded on the grid (documents are then split over its data axis)."""
     from eval.parallel import parallelize_for_eval
     from goldfish.app.experiment import initial_model
@@ -211,7 +219,8 @@ def _write_eval_outputs(results: dict[str, Any], out: Path) -> None:
     print(f"wrote {out}/report.md, {out}/summary.json and per-document rows in {out}/<part>/*.jsonl")
 
 
-def _reference_model(choice: str, record: dict[str, Any] | None, prepared: Any, init_seed: int):
+def _reference_model(choice: str, record: dict[str, Any] | None, prepared: Prepared, init_seed: int
+                     ) -> nn.Module | None:
     """The reference model of the reference-ratio membership attack: 'none', 'auto' (the initial weights of the run
     that trained the model, when its run record says what they were), or a model name/folder."""
     from goldfish.app.experiment import initial_model
