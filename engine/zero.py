@@ -319,7 +319,9 @@ def shard_data_axis(model: nn.Module, grid: Grid, config: ZeroConfig) -> nn.Modu
     from torch.distributed.device_mesh import DeviceMesh
     device_type = grid.device.type
     data = grid.group("data")
-    mesh = DeviceMesh.from_group(data.group, device_type)
+    # DTensor caches layouts by mesh, and meshes compare by ranks and dimension names, not by process group: a
+    # name of its own per data group keeps a later grid over the same ranks off a destroyed grid's group
+    mesh = DeviceMesh.from_group(data.group, device_type, mesh_dim_names=(f"data_{data.group.group_name}",))
     state = ZeroState(grid, config, mesh)
     if config.stage == 1:
         for p in model.parameters():

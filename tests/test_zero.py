@@ -13,6 +13,7 @@ Processes are spawned once per world size; grids, stages and models loop inside 
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -138,9 +139,10 @@ def _check_grid(shape: GridShape, zero: ZeroConfig, name: str, reference: dict) 
             assert mine_step["grad_norm"] == pytest.approx(serial_step["grad_norm"], rel=1e-4), what
         weights = full_state_dict(model, grid)
         for key, value in reference["weights"].items():
-            # AdamW divides by the gradient's own scale: an element whose gradient is ~0 moves by up to lr in a
-            # direction that float rounding picks (seen with stage 0 too); the gradient check above is the strict one
-            torch.testing.assert_close(weights[key], value, rtol=1e-4, atol=2e-4,
+            # AdamW divides by the gradient's own scale: an element whose gradient is ~0 can move by a fraction of
+            # lr in a direction float rounding picks (2.3e-4 seen on one GPT-2 element, with stage 0 too). A chunk
+            # updated wrongly or not gathered moves by ~lr = 1e-2; the gradient check above is the strict one.
+            torch.testing.assert_close(weights[key], value, rtol=1e-4, atol=1e-3,
                                        msg=lambda m: f"{what} {key}: {m}")
         assert not any(is_dtensor(v) for v in weights.values())
     finally:
@@ -150,6 +152,8 @@ def _check_grid(shape: GridShape, zero: ZeroConfig, name: str, reference: dict) 
 def _worker(cases: list[tuple[tuple[int, int, int, int], dict, str]]) -> int:
     references = {name: _serial_reference(name) for name in {name for *_, name in cases}}
     for dims, zero, name in cases:
+        if os.environ.get("ZERO_TEST_VERBOSE"):
+            print("case", dims, zero, name, flush=True)
         _check_grid(GridShape(*dims), ZeroConfig(**zero), name, references[name])
     return len(cases)
 
