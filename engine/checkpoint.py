@@ -42,7 +42,7 @@ from data.atomic import replace_directory, staging_directory, write_atomic, writ
 from engine import comm
 from engine.grid import AXES, Grid, GridShape
 from engine.linear import ParallelLinear, mode_axes
-from engine.zero import full, like, optimizer_value
+from engine.zero import full, like, model_class_name, optimizer_value
 
 FORMAT = "goldfish-engine-checkpoint"
 VERSION = 1
@@ -199,13 +199,18 @@ def _optimizer_layout(optimizer: torch.optim.Optimizer | None, model: nn.Module,
     return state_layout, groups
 
 
+def _optimizer_class(optimizer: torch.optim.Optimizer) -> str:
+    """The optimizer whose state a checkpoint holds; ZeRO-1's ZeroAdamW keeps AdamW's state (checkpoint_class)."""
+    return getattr(optimizer, "checkpoint_class", type(optimizer).__name__)
+
+
 def _hf_config(model: nn.Module) -> dict[str, Any] | None:
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "to_json_string"):
         return None
     data = json.loads(config.to_json_string(use_diff=False))
     if not data.get("architectures"):
-        data["architectures"] = [type(model).__name__]
+        data["architectures"] = [model_class_name(model)]
     return data
 
 
@@ -266,10 +271,10 @@ def _write_own_files(staging: Path, model: nn.Module, optimizer: torch.optim.Opt
         "version": VERSION,
         "grid": asdict(grid.shape),
         "step": extra_state.get("step"),
-        "model_class": type(model).__name__,
+        "model_class": model_class_name(model),
         "hf_config": _hf_config(model),
         "tensors": {key: entry.to_json() for key, entry in entries.items()},
-        "optimizer": None if optimizer is None else {"class": type(optimizer).__name__, "state": state_layout},
+        "optimizer": None if optimizer is None else {"class": _optimizer_class(optimizer), "state": state_layout},
         "files": _expected_files(entries, grid.shape),
     }
 
@@ -589,8 +594,8 @@ def _load_optimizer(directory: Path, metadata: dict[str, Any], optimizer: torch.
     saved = metadata.get("optimizer")
     if saved is None:
         raise CheckpointError(f"checkpoint {directory} holds no optimizer state; load it with optimizer=None")
-    if saved["class"] != type(optimizer).__name__:
-        raise CheckpointError(f"checkpoint {directory} holds {saved['class']} state, not {type(optimizer).__name__}")
+    if saved["class"] != _optimizer_class(optimizer):
+        raise CheckpointError(f"checkpoint {directory} holds {saved['class']} state, not {_optimizer_class(optimizer)}")
     record = _read_rank_record(directory, rank)
     saved_groups, values = record["optimizer_groups"], record["optimizer_values"]
     names = _param_names(model)

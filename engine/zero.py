@@ -236,6 +236,8 @@ class ZeroAdamW(torch.optim.AdamW):
     stage alike); step() then all-gathers the chunks. The update is torch's own AdamW arithmetic (same
     functional kernel, elementwise), so each element is exactly what the replicated AdamW computes."""
 
+    checkpoint_class = "AdamW"  # its state is AdamW's: checkpoints move between stages
+
     def __init__(self, params: Any, *, zero: ZeroState, **kwargs: Any) -> None:
         if kwargs.get("amsgrad"):
             raise ZeroError("ZeRO stage 1 supports AdamW without amsgrad")
@@ -381,6 +383,13 @@ def like(template: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         return value
     from torch.distributed.tensor import distribute_tensor
     return distribute_tensor(value.to(template.dtype), template.device_mesh, template.placements, src_data_rank=None)
+
+
+def model_class_name(model: nn.Module) -> str:
+    """The model's own class name: FSDP2's fully_shard swaps in a subclass named FSDP<name>."""
+    from torch.distributed.fsdp import FSDPModule
+    return next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule) or c is FSDPModule).__name__ \
+        if isinstance(model, FSDPModule) else type(model).__name__
 
 
 def optimizer_value(model: nn.Module, param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
