@@ -289,3 +289,61 @@ def test_checkpoint_resume_and_consolidation(tmp_path) -> None:
     assert type(loaded).__name__ == "LlamaForCausalLM"
     for key, value in reference.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], value), key
+
+
+# ----- bytes: counted equal to engine.cost_model's prediction; memory held equal to zero_held_bytes --------------
+
+def _bytes_worker(cases: list[tuple[tuple[int, int, int, int], dict]]) -> int:
+    from test_comm_model import tiny_llama_config
+    from transformers import LlamaForCausalLM
+    from engine.cost_model import PHASES, TransformerShape, bytes_by_group, llama_step_collectives, zero_held_bytes
+    from engine.zero import held_bytes, make_adamw
+
+    config = tiny_llama_config()
+    model_shape = TransformerShape.from_hf_config(config)
+    torch.manual_seed(0)
+    serial = LlamaForCausalLM(config)
+    for dims, zero_args in cases:
+        shape, zero = GridShape(*dims), ZeroConfig(**zero_args)
+        grid = init(data=shape.data, x=shape.x, y=shape.y, z=shape.z)
+        try:
+            model = shard_data_axis(parallelize(copy.deepcopy(serial), grid), grid, zero)
+            optimizer = make_adamw(model, [{"params": list(model.parameters())}], lr=1e-3)
+            ids = torch.randint(0, config.vocab_size, (1, SEQ), generator=torch.Generator().manual_seed(grid.rank))
+            traffic = grid.traffic
+            traffic.reset()
+            traffic.enabled = True
+            measured = {}
+            try:
+                logits = model(input_ids=ids).logits
+                loss = F.cross_entropy(logits[:, :-1].reshape(-1, config.vocab_size), ids[:, 1:].reshape(-1))
+                measured["forward"] = traffic.reset()
+                loss.backward()
+                measured["backward"] = traffic.reset()
+                sync_gradients(model, grid)
+                measured["sync"] = traffic.reset()
+                clip_grad_norm_(model, 1.0, grid)
+                measured["clip"] = traffic.reset()
+                optimizer.step()
+                measured["optimizer"] = traffic.reset()
+            finally:
+                traffic.enabled = False
+            measured = {phase: {k: v for k, v in counts.items() if v} for phase, counts in measured.items()}
+            predicted = llama_step_collectives(model_shape, shape, rows_per_rank=1, seq=SEQ, param_bytes=4,
+                                               act_bytes=4, stream_bytes=4, zero=zero, data_rank=grid.coord("data"))
+            expected = {phase: bytes_by_group(predicted, phase) for phase in PHASES}
+            assert measured == expected, f"grid {shape} {zero}: measured {measured} != predicted {expected}"
+            held = held_bytes(model, optimizer)
+            assert held == zero_held_bytes(model_shape, shape, zero, data_rank=grid.coord("data")), \
+                f"grid {shape} {zero}: held {held}"
+        finally:
+            grid.close()
+    return len(cases)
+
+
+def test_bytes_and_memory_equal_prediction_on_world4_grids() -> None:
+    cases = [((g.data, g.x, g.y, g.z), {"stage": stage}) for g in ordered_grids(4) if g.data >= 2
+             for stage in (1, 2, 3)]
+    cases += [((4, 1, 1, 1), {"stage": 3, "node_size": 2}), ((4, 1, 1, 1), {"stage": 2, "node_size": 2}),
+              ((2, 2, 1, 1), {"stage": 3, "offload": True})]
+    assert run_distributed(4, _bytes_worker, cases) == [len(cases)] * 4
