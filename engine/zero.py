@@ -50,8 +50,9 @@ format (any stage reads any other's).
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -304,6 +305,41 @@ def _keep_prefetch_inside(layers: list[nn.Module]) -> None:
                 module._prefetch_next = tuple(m for m in module._prefetch_next if id(m) in inside)
 
 
+@contextmanager
+def _secondary_mesh_from_grid(grid: Grid, config: ZeroConfig, device_type: str) -> Iterator[None]:
+    """While fully_shard runs: build the hpZ secondary partition's mesh from the grid's node groups.
+
+    For reshard_after_forward=<int>, torch 2.13's fully_shard builds that mesh itself with DeviceMesh(...) over
+    this data group's ranks only, which creates process groups collectively: with several data groups (any
+    tensor-parallel axis > 1) each creates other groups and the ranks wait on each other forever. The same
+    mesh is made here from the groups Grid.data_node_groups built on every rank (no group creation), through
+    fully_shard's own hook for it (a private function of the pinned torch, hence this narrow patch).
+    """
+    if not config.hierarchical or config.stage != 3 or config.node_size >= grid.size("data"):
+        yield
+        return
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp._fully_shard import _fully_shard as fsdp_module
+    from torch.distributed.fsdp._fully_shard._fsdp_common import HSDPMeshInfo
+    intra, inter = grid.data_node_groups(config.node_size)
+    data = grid.group("data")
+    ranks = torch.tensor(data.ranks, dtype=torch.int).view(inter.size, intra.size)
+    mesh = DeviceMesh.from_group([inter.group, intra.group], device_type, mesh=ranks,
+                                 mesh_dim_names=(f"node_{inter.group.group_name}", f"in_node_{intra.group.group_name}"))
+    original = fsdp_module._get_post_forward_mesh_info
+
+    def post_forward_mesh_info(reshard_after_forward: Any, mesh_info: Any) -> Any:
+        if isinstance(reshard_after_forward, bool) or reshard_after_forward != config.node_size:
+            return original(reshard_after_forward, mesh_info)
+        return HSDPMeshInfo(mesh, shard_mesh_dim=1, replicate_mesh_dim=0)
+
+    fsdp_module._get_post_forward_mesh_info = post_forward_mesh_info
+    try:
+        yield
+    finally:
+        fsdp_module._get_post_forward_mesh_info = original
+
+
 def shard_data_axis(model: nn.Module, grid: Grid, config: ZeroConfig) -> nn.Module:
     """Partition `model` (already parallelized for `grid`) over the data axis as `config` says; return it.
 
@@ -342,8 +378,9 @@ def shard_data_axis(model: nn.Module, grid: Grid, config: ZeroConfig) -> nn.Modu
         reshard: bool | int = config.node_size if config.hierarchical and config.node_size < data.size else True
     else:
         reshard = False
-    for layer in layers:
-        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard, offload_policy=policy)
+    with _secondary_mesh_from_grid(grid, config, device_type):
+        for layer in layers:
+            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard, offload_policy=policy)
     # the root (embeddings, final norm, lm_head) is needed again right at the start of backward: keep it
     fully_shard(model, mesh=mesh, reshard_after_forward=False, offload_policy=policy)
     hierarchy = grid.data_node_groups(config.node_size) if config.hierarchical else None
