@@ -178,7 +178,6 @@ def test_every_stage_matches_serial_on_every_world4_grid() -> None:
     assert run_distributed(4, _worker, cases, timeout=600) == [len(cases)] * 4
 
 
-@pytest.mark.slow
 def test_world8_sample_with_hierarchy() -> None:
     cases = [((4, 2, 1, 1), {"stage": 3, "node_size": 2}, "llama"),
              ((2, 1, 2, 2), {"stage": 3}, "gpt2"),
