@@ -4,6 +4,7 @@
     with engine.auto_parallelize(grid):             # models built inside get parallel Linear layers
         model = AutoModelForCausalLM.from_config(cfg)
     model = engine.parallelize(model, grid)         # or shard an already built model in place
+    engine.shard_data_axis(model, grid, engine.ZeroConfig(stage=3))  # ZeRO over the data axis (optional)
     loss_sum.backward()                             # each rank on its own rows
     engine.sync_gradients(model, grid)              # gradients of the SUM of all ranks' losses
     engine.clip_grad_norm_(model, max_norm, grid)
@@ -16,6 +17,7 @@ from engine.grid import Grid, GridError, GridShape, init, is_main_process
 from engine.linear import ParallelLinear, ShardingError
 from engine.parallelize import auto_parallelize, parallelize
 from engine.state import clip_grad_norm_, full_state_dict, load_full_state_dict, sync_gradients
+from engine.zero import ZeroConfig, ZeroError, shard_data_axis
 
 __all__ = [
     "CheckpointError",
@@ -24,6 +26,8 @@ __all__ = [
     "GridShape",
     "ParallelLinear",
     "ShardingError",
+    "ZeroConfig",
+    "ZeroError",
     "auto_parallelize",
     "clip_grad_norm_",
     "consolidate_checkpoint",
@@ -34,5 +38,6 @@ __all__ = [
     "load_full_state_dict",
     "parallelize",
     "save_checkpoint",
+    "shard_data_axis",
     "sync_gradients",
 ]

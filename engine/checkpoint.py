@@ -42,6 +42,7 @@ from data.atomic import replace_directory, staging_directory, write_atomic, writ
 from engine import comm
 from engine.grid import AXES, Grid, GridShape
 from engine.linear import ParallelLinear, mode_axes
+from engine.zero import full, like, model_class_name, optimizer_value
 
 FORMAT = "goldfish-engine-checkpoint"
 VERSION = 1
@@ -198,13 +199,18 @@ def _optimizer_layout(optimizer: torch.optim.Optimizer | None, model: nn.Module,
     return state_layout, groups
 
 
+def _optimizer_class(optimizer: torch.optim.Optimizer) -> str:
+    """The optimizer whose state a checkpoint holds; ZeRO-1's ZeroAdamW keeps AdamW's state (checkpoint_class)."""
+    return getattr(optimizer, "checkpoint_class", type(optimizer).__name__)
+
+
 def _hf_config(model: nn.Module) -> dict[str, Any] | None:
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "to_json_string"):
         return None
     data = json.loads(config.to_json_string(use_diff=False))
     if not data.get("architectures"):
-        data["architectures"] = [type(model).__name__]
+        data["architectures"] = [model_class_name(model)]
     return data
 
 
@@ -230,9 +236,15 @@ def _write_own_files(staging: Path, model: nn.Module, optimizer: torch.optim.Opt
     state_layout, groups = _optimizer_layout(optimizer, model, entries)
     owned: dict[str, torch.Tensor] = {}
     values: dict[str, dict[str, Any]] = {}
+    # Tensors partitioned over the data axis (ZeRO: DTensors) are gathered whole one at a time with
+    # DTensor.full_tensor(), a collective of the data group: every rank takes part in the same order, the
+    # owner writes. The files are then those of a run without ZeRO, so any stage and grid reads them.
     for key, entry in entries.items():
-        if entry.kind != "alias" and _owner(entry, grid.coords, grid.shape) == grid.rank:
-            owned[f"model/{key}"] = tensors[key].detach().contiguous().cpu()
+        if entry.kind == "alias":
+            continue
+        value = full(tensors[key].detach())
+        if _owner(entry, grid.coords, grid.shape) == grid.rank:
+            owned[f"model/{key}"] = value.contiguous().cpu()
     if optimizer is not None:
         params = dict(model.named_parameters())
         for name, layout in state_layout.items():
@@ -241,8 +253,10 @@ def _write_own_files(staging: Path, model: nn.Module, optimizer: torch.optim.Opt
                 value = optimizer.state[params[name]][state_key]
                 if how == "value":
                     values.setdefault(name, {})[state_key] = value
-                elif (param_owner if how == "like_param" else 0) == grid.rank:
-                    owned[f"optim/{name}/{state_key}"] = value.detach().contiguous().cpu()
+                    continue
+                value = full(value.detach())
+                if (param_owner if how == "like_param" else 0) == grid.rank:
+                    owned[f"optim/{name}/{state_key}"] = value.contiguous().cpu()
     (staging / SHARDS_DIR).mkdir(exist_ok=True)
     if owned:
         save_file(owned, str(staging / _shard_file(grid.rank, "safetensors")),
@@ -257,10 +271,10 @@ def _write_own_files(staging: Path, model: nn.Module, optimizer: torch.optim.Opt
         "version": VERSION,
         "grid": asdict(grid.shape),
         "step": extra_state.get("step"),
-        "model_class": type(model).__name__,
+        "model_class": model_class_name(model),
         "hf_config": _hf_config(model),
         "tensors": {key: entry.to_json() for key, entry in entries.items()},
-        "optimizer": None if optimizer is None else {"class": type(optimizer).__name__, "state": state_layout},
+        "optimizer": None if optimizer is None else {"class": _optimizer_class(optimizer), "state": state_layout},
         "files": _expected_files(entries, grid.shape),
     }
 
@@ -523,7 +537,7 @@ def load_checkpoint(directory: str | Path, model: nn.Module, optimizer: torch.op
             if value.shape != target.shape:
                 raise CheckpointError(f"{key}: the piece read has shape {list(value.shape)}, the model expects "
                                       f"{list(target.shape)}; the checkpoint is inconsistent with its metadata")
-            target.copy_(value)
+            target.copy_(like(target, value))  # a ZeRO DTensor keeps its data-axis chunk
         if optimizer is not None:
             _load_optimizer(directory, metadata, optimizer, model, local, rank)
     return _read_rank_record(directory, rank)["extra_state"]
@@ -556,7 +570,7 @@ def load_serial_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimiz
                 if tuple(value.shape) != entry.shape:
                     raise CheckpointError(f"optimizer state {key!r} of {name} has shape {list(value.shape)}, the "
                                           f"model's parameter {list(entry.shape)}; the state belongs to another model")
-                value = _local_piece(value, entry, layers.get(name))
+                value = optimizer_value(model, params[int(index)], _local_piece(value, entry, layers.get(name)))
             local[int(index)][key] = value
     optimizer.load_state_dict({"state": local, "param_groups": state["param_groups"]})
 
@@ -580,11 +594,12 @@ def _load_optimizer(directory: Path, metadata: dict[str, Any], optimizer: torch.
     saved = metadata.get("optimizer")
     if saved is None:
         raise CheckpointError(f"checkpoint {directory} holds no optimizer state; load it with optimizer=None")
-    if saved["class"] != type(optimizer).__name__:
-        raise CheckpointError(f"checkpoint {directory} holds {saved['class']} state, not {type(optimizer).__name__}")
+    if saved["class"] != _optimizer_class(optimizer):
+        raise CheckpointError(f"checkpoint {directory} holds {saved['class']} state, not {_optimizer_class(optimizer)}")
     record = _read_rank_record(directory, rank)
     saved_groups, values = record["optimizer_groups"], record["optimizer_values"]
     names = _param_names(model)
+    params = dict(model.named_parameters())
     groups, state = [], {}
     if len(saved_groups) != len(optimizer.param_groups):
         raise CheckpointError(f"the optimizer has {len(optimizer.param_groups)} parameter groups, the checkpoint "
@@ -603,7 +618,8 @@ def _load_optimizer(directory: Path, metadata: dict[str, Any], optimizer: torch.
                 if how == "value":
                     param_state[state_key] = values[name][state_key]
                 elif how == "like_param":
-                    param_state[state_key] = local(name, f"optim/{name}/{state_key}")
+                    param_state[state_key] = optimizer_value(model, params[name],
+                                                             local(name, f"optim/{name}/{state_key}"))
                 else:
                     param_state[state_key] = local(name, f"optim/{name}/{state_key}", replicated=True)
             if param_state:

@@ -17,7 +17,7 @@ a layer overlap communication with computation.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -200,3 +200,74 @@ def barrier(group: AxisGroup) -> None:
     """Wait until every rank of the group reaches this point."""
     if group.size > 1:
         dist.barrier(group=group.group)
+
+
+# ----- FSDP2's collectives, counted (engine/zero.py plugs these into torch.distributed.fsdp.fully_shard) -----
+
+def _fsdp_api():
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter  # FSDP2's comm hooks
+    return AllGather, ReduceScatter
+
+
+class _NamedGroups:
+    """Maps the process groups FSDP2 hands its comm hooks (ours, or the secondary ones it builds itself for
+    reshard_after_forward=<int>) to the grid's AxisGroup of the same members, for counting under its name."""
+
+    def __init__(self, groups: list[AxisGroup]) -> None:
+        self._by_ranks = {tuple(g.ranks): g for g in groups}
+        self._cache: dict[int, AxisGroup] = {}
+
+    def __call__(self, group: dist.ProcessGroup) -> AxisGroup:
+        found = self._cache.get(id(group))
+        if found is None:
+            ranks = tuple(dist.get_process_group_ranks(group))
+            if ranks not in self._by_ranks:
+                raise RuntimeError(f"FSDP issued a collective on ranks {ranks}, not a data-axis group of the grid "
+                                   f"({', '.join(g.name for g in self._by_ranks.values())})")
+            found = self._cache[id(group)] = self._by_ranks[ranks]
+        return found
+
+
+def fsdp_comms(groups: list[AxisGroup], hierarchy: tuple[AxisGroup, AxisGroup] | None = None) -> tuple[Any, Any]:
+    """(all-gather, reduce-scatter) hooks for FSDPModule.set_custom_all_gather / set_custom_reduce_scatter.
+
+    Both run the same collectives as FSDP2's defaults and add the bytes this rank sends (ring model, as the
+    rest of this module) to the grid's ByteCounter under the group's name ("data", "data.intra").
+    With `hierarchy` = (intra, inter) node groups of the data axis, the reduce-scatter runs in two steps
+    (ZeRO++'s hierarchical gradient reduction): a reduce-scatter inside each node, then one across nodes
+    between the ranks with the same position in their node, so only 1/node_size of the gradient bytes
+    leave a node. Same result as the flat reduce-scatter up to float summation order.
+    """
+    AllGather, ReduceScatter = _fsdp_api()
+    named = _NamedGroups(list(groups) + (list(hierarchy) if hierarchy else []))
+
+    class CountedAllGather(AllGather):
+        def allocate(self, size, *, dtype, device):  # noqa: ANN001 - FSDP2's protocol
+            return torch.empty(*size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):  # noqa: ANN001
+            axis = named(group)
+            axis.counter.add(axis.name, _nbytes(output_tensor) * (axis.size - 1) / axis.size)
+            return _all_gather_single(output_tensor, input_tensor, group=group, async_op=async_op)
+
+    class CountedReduceScatter(ReduceScatter):
+        def allocate(self, size, *, dtype, device):  # noqa: ANN001
+            return torch.empty(*size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):  # noqa: ANN001
+            if op != dist.ReduceOp.SUM:
+                raise RuntimeError(f"the engine's FSDP reduce-scatter sums gradients; FSDP asked for {op} (set "
+                                   "set_force_sum_reduction_for_comms(True) on every fully_shard'ed module)")
+            axis = named(group)
+            if hierarchy is None or axis.name != "data":
+                axis.counter.add(axis.name, _nbytes(input_tensor) * (axis.size - 1) / axis.size)
+                return _reduce_scatter_single(output_tensor, input_tensor, group=group, async_op=async_op)
+            intra, inter = hierarchy
+            # input: one block per data rank d = node * L + local; regroup to [local][node] so that the
+            # intra-node step leaves each local rank the blocks of its counterparts in every node
+            blocks = input_tensor.view(inter.size, intra.size, -1).transpose(0, 1).contiguous().view(-1)
+            partial = reduce_scatter(blocks, intra)  # [node] blocks of my local index, summed in my node
+            output_tensor.copy_(reduce_scatter(partial, inter))  # my own block, summed over the nodes
+            return None
+
+    return CountedAllGather(), CountedReduceScatter()

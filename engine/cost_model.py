@@ -41,9 +41,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 from engine.grid import AXES, GridShape
+from engine.zero import ZeroConfig
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")
-PHASES = ("forward", "backward", "sync", "clip")
+PHASES = ("forward", "backward", "sync", "clip", "optimizer")
 SYNC_BUCKET_ELEMENTS = 1 << 24  # engine.state._BUCKET_ELEMENTS: gradients are all-reduced in buckets this large
 
 
@@ -54,9 +55,12 @@ def group_name(axes: Iterable[str]) -> str:
 
 
 def group_axes(name: str) -> tuple[str, ...]:
-    """Inverse of group_name: "z+data" -> ("z", "data"), "world" -> AXES."""
+    """Inverse of group_name: "z+data" -> ("z", "data"), "world" -> AXES; ZeRO's node groups of the data axis
+    ("data.intra", "data.inter", engine.grid.Grid.data_node_groups) -> ("data",)."""
     if name == "world":
         return AXES
+    if name in ("data.intra", "data.inter"):
+        return ("data",)
     axes = tuple(name.split("+"))
     if any(a not in AXES for a in axes):
         raise ValueError(f"unknown group {name!r}; groups are named by grid axes {AXES} joined with '+'")
@@ -123,9 +127,12 @@ class _Builder:
         self.items: list[Collective] = []
 
     def add(self, axes: tuple[str, ...], kind: str, n_bytes: int, phase: str, what: str, count: int = 1) -> None:
-        ranks = self.grid.size(*axes)
+        self.add_group(group_name(axes), self.grid.size(*axes), kind, n_bytes, phase, what, count)
+
+    def add_group(self, name: str, ranks: int, kind: str, n_bytes: int, phase: str, what: str,
+                  count: int = 1) -> None:
         if ranks > 1 and count > 0:
-            self.items.append(Collective(group_name(axes), kind, ranks, int(n_bytes), phase, what, count))
+            self.items.append(Collective(name, kind, ranks, int(n_bytes), phase, what, count))
 
 
 def _check_divides(what: str, value: int, by: int, hint: str) -> int:
@@ -347,23 +354,111 @@ def grid_fits_shape(shape: TransformerShape, grid: GridShape) -> str | None:
 
 # ----- a whole training step ------------------------------------------------------------------------------
 
-def llama_param_sync_list(shape: TransformerShape, grid: GridShape) -> list[tuple[int, tuple[str, ...]]]:
-    """(local gradient elements, axes sync_gradients sums it over) of each parameter, in module order."""
-    out: list[tuple[int, tuple[str, ...]]] = [(shape.vocab * shape.hidden, AXES)]  # embed_tokens
-    for _ in range(shape.layers):
+@dataclass(frozen=True)
+class LocalParam:
+    """One parameter as a rank holds it after engine.parallelize: its tensor-parallel shard has `rows` rows
+    of `row_elements` elements; `unit` is the FSDP unit it belongs to (0: the root's embeddings, final norm
+    and lm_head; i >= 1: decoder layer i) and `axes` the grid axes sync_gradients sums it over (no ZeRO)."""
+
+    unit: int
+    rows: int
+    row_elements: int
+    axes: tuple[str, ...]
+
+    @property
+    def numel(self) -> int:
+        return self.rows * self.row_elements
+
+    def padded_chunk(self, parts: int) -> int:
+        """Elements of one chunk when dim 0 is split into `parts` padded to equal size (FSDP2, ZeroAdamW)."""
+        return -(-self.rows // parts) * self.row_elements
+
+    def chunk(self, parts: int, index: int) -> int:
+        """Elements of chunk `index` of `parts` (torch.chunk / DTensor Shard(0) split, unpadded)."""
+        size = -(-self.rows // parts)
+        return max(0, min(self.rows, (index + 1) * size) - min(self.rows, index * size)) * self.row_elements
+
+
+def llama_local_params(shape: TransformerShape, grid: GridShape) -> list[LocalParam]:
+    """Every distinct parameter of a parallelized Llama-family model, in module order."""
+    h = shape.hidden
+    out = [LocalParam(0, shape.vocab, h, AXES)]  # embed_tokens (lm_head's weight too when tied)
+    for layer in range(1, shape.layers + 1):
         for _, k, n, transposed, bias in shape.projections():
             in_axis, out_axis = ("y", "x") if transposed else ("x", "y")
             rows = n // grid.size(out_axis, "z")
-            out.append((rows * (k // grid.size(in_axis)), ("data",)))
+            out.append(LocalParam(layer, rows, k // grid.size(in_axis), ("data",)))
             if bias:
-                out.append((rows, ("data",)))
+                out.append(LocalParam(layer, rows, 1, ("data",)))
         if shape.qk_norm:  # per-head norms registered inside self_attn after its projections
-            out += [(shape.head_dim, ("y", "z", "data"))] * 2
-        out += [(shape.hidden, ("z", "data"))] * 2  # input_layernorm, post_attention_layernorm
-    out.append((shape.hidden, ("z", "data")))  # final norm: runs on the x*y group's rows like the layers
+            out += [LocalParam(layer, shape.head_dim, 1, ("y", "z", "data"))] * 2
+        out += [LocalParam(layer, h, 1, ("z", "data"))] * 2  # input_layernorm, post_attention_layernorm
+    out.append(LocalParam(0, h, 1, ("z", "data")))  # final norm: runs on the x*y group's rows like the layers
     if not shape.tie_embeddings:
-        out.append((shape.vocab * shape.hidden, AXES))  # lm_head
+        out.append(LocalParam(0, shape.vocab, h, AXES))  # lm_head
     return out
+
+
+def llama_param_sync_list(shape: TransformerShape, grid: GridShape, zero: ZeroConfig | None = None,
+                          data_rank: int = 0) -> list[tuple[int, tuple[str, ...]]]:
+    """(local gradient elements, axes sync_gradients sums it over) of each parameter, in module order. Under
+    ZeRO (stage >= 1) the data axis belongs to the partitioning: each rank sums its own chunk (the rank at
+    data index `data_rank`) over the remaining axes."""
+    if zero is None or zero.stage == 0:
+        return [(p.numel, p.axes) for p in llama_local_params(shape, grid)]
+    return [(p.chunk(grid.data, data_rank), tuple(a for a in p.axes if a != "data"))
+            for p in llama_local_params(shape, grid)]
+
+
+def zero_collectives(shape: TransformerShape, grid: GridShape, zero: ZeroConfig, *, param_bytes: int,
+                     grad_accum: int = 1) -> list[Collective]:
+    """The data-axis collectives of ZeRO (engine/zero.py) for one optimizer step, per rank.
+
+    Stage 1 (ZeroAdamW): after backward, the gradients are reduce-scattered over data in buckets (each
+    parameter's dim 0 padded to a multiple of D, flushed at SYNC_BUCKET_ELEMENTS), and after the update the
+    chunks are all-gathered in the same buckets (phase "optimizer").
+    Stages 2 and 3 (FSDP2, one unit per decoder layer plus the root): per micro-batch and unit, an
+    all-gather of the padded parameters in forward, again in backward for stage 3's layers (over the node's
+    "data.intra" group from the secondary partition when hierarchical, padded to a multiple of the node
+    size), and a reduce-scatter of the padded gradients in backward: over "data", or hierarchically over
+    "data.intra" (all of it) and "data.inter" (1/node_size of it).
+    """
+    b = _Builder(grid)
+    D = grid.data
+    params = llama_local_params(shape, grid)
+    if zero.stage == 0 or D == 1:
+        return []
+    if zero.stage == 1:
+        count = 0
+        for index, p in enumerate(params):
+            count += D * p.padded_chunk(D)
+            if count >= SYNC_BUCKET_ELEMENTS or index == len(params) - 1:
+                b.add(("data",), "reduce_scatter", count * param_bytes, "sync", "ZeRO-1 gradient bucket")
+                b.add(("data",), "all_gather", count * param_bytes, "optimizer", "ZeRO-1 updated chunks")
+                count = 0
+        return b.items
+    node = zero.node_size
+    for unit_params, units, is_layer in (([p for p in params if p.unit == 0], 1, False),
+                                         ([p for p in params if p.unit == 1], shape.layers, True)):
+        if not unit_params:
+            continue
+        n = D * sum(p.padded_chunk(D) for p in unit_params) * param_bytes
+        what = "decoder layer" if is_layer else "root (embeddings, final norm, lm_head)"
+        calls = units * grad_accum
+        b.add(("data",), "all_gather", n, "forward", f"FSDP gather {what}", calls)
+        if zero.stage == 3 and is_layer:
+            if 1 < node < D:  # hpZ: the secondary partition over the node
+                secondary = node * sum(p.padded_chunk(node) for p in unit_params) * param_bytes
+                b.add_group("data.intra", node, "all_gather", secondary, "backward", f"FSDP re-gather {what}", calls)
+            else:
+                b.add(("data",), "all_gather", n, "backward", f"FSDP re-gather {what}", calls)
+        if node > 1:
+            b.add_group("data.intra", node, "reduce_scatter", n, "backward", f"FSDP gradients {what}, in node", calls)
+            b.add_group("data.inter", D // node, "reduce_scatter", n // node, "backward",
+                        f"FSDP gradients {what}, across nodes", calls)
+        else:
+            b.add(("data",), "reduce_scatter", n, "backward", f"FSDP gradients {what}", calls)
+    return b.items
 
 
 def sync_collectives(params: list[tuple[int, tuple[str, ...]]], grid: GridShape, grad_bytes: int,
@@ -389,9 +484,12 @@ def sync_collectives(params: list[tuple[int, tuple[str, ...]]], grid: GridShape,
     return b.items
 
 
-def clip_collectives(grid: GridShape) -> list[Collective]:
-    """engine.state.clip_grad_norm_: one float64 sum of squares over the tensor-parallel group."""
+def clip_collectives(grid: GridShape, zero_stage: int = 0) -> list[Collective]:
+    """engine.state.clip_grad_norm_: one float64 sum of squares over the tensor-parallel group (and, under
+    ZeRO, two over the data axis first: the squares of the data-chunked gradients)."""
     b = _Builder(grid)
+    if zero_stage > 0:
+        b.add(("data",), "all_reduce", 16, "clip", "squared norms of gradient chunks")
     if grid.size("x", "y", "z") > 1:
         b.add(("x", "y", "z"), "all_reduce", 8, "clip", "squared gradient norm")
     return b.items
@@ -439,7 +537,8 @@ def llama_layer_collectives(shape: TransformerShape, grid: GridShape, *, rows_pe
 def llama_step_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
                            param_bytes: int = 2, act_bytes: int = 2, grad_accum: int = 1,
                            mask_bytes: int = 0, recompute: bool = False,
-                           stream_bytes: int | None = None, position_ids: bool = False) -> list[Collective]:
+                           stream_bytes: int | None = None, position_ids: bool = False,
+                           zero: ZeroConfig | None = None, data_rank: int = 0) -> list[Collective]:
     """Every collective of one optimizer step: `grad_accum` forward/backward passes of `rows_per_rank` rows
     of `seq` tokens on each rank, then sync_gradients and clip_grad_norm_. Bytes are per rank.
 
@@ -450,6 +549,9 @@ def llama_step_collectives(shape: TransformerShape, grid: GridShape, *, rows_per
     recompute: activation checkpointing of the decoder layers, modelled as each layer's forward
     collectives issued once more during backward. This is an approximation (torch's non-reentrant
     checkpoint stops recomputing early, so a few collectives differ); without it the model is exact.
+    zero: partitioning over the data axis (zero_collectives; sync_gradients then reduces only the chunks of
+    the rank at data index `data_rank` over the other axes, whose sizes differ by rank when dim 0 does not
+    divide by the data size).
     """
     stream_bytes = act_bytes if stream_bytes is None else stream_bytes
     layer = llama_layer_collectives(shape, grid, rows_per_rank=rows_per_rank, seq=seq, param_bytes=param_bytes,
@@ -460,8 +562,11 @@ def llama_step_collectives(shape: TransformerShape, grid: GridShape, *, rows_per
     stack = llama_stack_collectives(shape, grid, rows_per_rank=rows_per_rank, seq=seq, stream_bytes=stream_bytes,
                                     mask_bytes=mask_bytes, position_ids=position_ids)
     out = scale_count(layer, shape.layers * grad_accum) + scale_count(stack, grad_accum)
-    out += sync_collectives(llama_param_sync_list(shape, grid), grid, param_bytes)
-    out += clip_collectives(grid)
+    out += sync_collectives(llama_param_sync_list(shape, grid, zero, data_rank), grid, param_bytes)
+    stage = 0 if zero is None or grid.data == 1 else zero.stage
+    if stage:
+        out += zero_collectives(shape, grid, zero, param_bytes=param_bytes, grad_accum=grad_accum)
+    out += clip_collectives(grid, stage)
     return out
 
 
@@ -521,9 +626,28 @@ def layer_activation_bytes(shape: TransformerShape, grid: GridShape, *, tokens: 
     return tokens * (norms + inputs + attention + mlp)
 
 
+def zero_held_bytes(shape: TransformerShape, grid: GridShape, zero: ZeroConfig | None = None, *, data_rank: int = 0,
+                    param_bytes: int = 4, state_bytes: int = 8) -> dict[str, int]:
+    """Bytes the rank at data index `data_rank` holds between steps (after a step, gradients still allocated):
+    parameters, gradients and optimizer state (`state_bytes` per element: AdamW's two fp32 moments = 8),
+    exactly as engine.zero.held_bytes counts them on a parallelized Llama.
+
+    stage 0: all full; 1: optimizer state of this rank's dim-0 chunks (the gradient buffer stays full);
+    2 and 3: parameters, gradients and state all chunks (FSDP reshards after backward). Offload moves the
+    chunks to host memory but they are still held by the rank (see memory_per_rank for the device's share).
+    """
+    params = llama_local_params(shape, grid)
+    full = sum(p.numel for p in params)
+    stage = 0 if zero is None or grid.data == 1 else zero.stage
+    chunks = sum(p.chunk(grid.data, data_rank) for p in params) if stage else full
+    return {"params": (chunks if stage >= 2 else full) * param_bytes,
+            "grads": (chunks if stage >= 2 else full) * param_bytes,
+            "optimizer": chunks * state_bytes}
+
+
 def memory_per_rank(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
                     bytes_per_param: float = 16.0, act_bytes: int = 2, param_bytes: int = 2,
-                    recompute: bool = False) -> MemoryEstimate:
+                    recompute: bool = False, zero: ZeroConfig | None = None) -> MemoryEstimate:
     """Estimated peak memory of one rank for one micro-batch of `rows_per_rank` rows.
 
     Parameters: each ParallelLinear weight shard is 1/(X Y Z) of the full weight (layer_shard_params);
@@ -535,10 +659,38 @@ def memory_per_rank(shape: TransformerShape, grid: GridShape, *, rows_per_rank: 
     the gathered embeddings and the final norm on T tokens; logits (R S vocab) in the activation dtype plus
     two fp32 copies for the loss. Transient: the largest gathered weight block and its gradient block, and
     two T x hidden gradient buffers.
+
+    zero (engine/zero.py; D = data size, P = the parameters above, w = param_bytes, o = bytes_per_param - 2 w
+    for the optimizer state and master weights): stage 1 keeps P (2 w) + P o / D; stage 2 the full
+    parameters during forward and backward, P w, plus chunks P (w + o) / D; stage 3 chunks P (2 w + o) / D
+    plus two decoder layers (or the root) gathered and one layer's full gradient, and with a hierarchy of
+    node size L the secondary partition of every layer, P_layers w / L. Offload moves the chunks of
+    parameters, gradients and state to host memory (detail "host").
     """
     sharded = shape.layers * layer_shard_params(shape, grid)
     replicated = shape.outside_params + shape.layers * shape.layer_norm_params
     params = (sharded + replicated) * bytes_per_param
+    stage = 0 if zero is None or grid.data == 1 else zero.stage
+    host = 0.0
+    if stage:
+        D, P = grid.data, sharded + replicated
+        w, o = param_bytes, max(bytes_per_param - 2 * param_bytes, 0.0)
+        layer = layer_shard_params(shape, grid) + shape.layer_norm_params
+        if stage == 1:
+            params = P * 2 * w + P * o / D
+        else:
+            chunks = P * (2 * w + o) / D
+            if stage == 2:
+                device = P * w + layer * w  # whole parameters through forward and backward, one layer's gradient
+            else:
+                device = 2 * max(layer, shape.outside_params + shape.hidden) * w + layer * w
+                if zero.node_size > 1:
+                    device += shape.layers * layer * w / zero.node_size
+            if zero.offload:
+                host = chunks
+                params = device
+            else:
+                params = device + chunks
     t = grid.size("x", "y") * rows_per_rank * seq
     h = shape.hidden
     per_layer = layer_activation_bytes(shape, grid, tokens=t, act_bytes=act_bytes)
@@ -553,7 +705,7 @@ def memory_per_rank(shape: TransformerShape, grid: GridShape, *, rows_per_rank: 
     transient = 2 * max(blocks) * param_bytes + 2 * t * h * act_bytes
     return MemoryEstimate(params, activations, transient,
                           {"sharded_params": sharded, "replicated_params": replicated,
-                           "layer_activations": per_layer, "logits": logits})
+                           "layer_activations": per_layer, "logits": logits, "host": host})
 
 
 def rank_memory_traffic_per_step(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,

@@ -26,10 +26,11 @@ AXES: tuple[str, ...] = ("x", "y", "z", "data")  # rank order, fastest first
 # The axis combinations a grid builds process groups for. Single axes serve the parallel Linear;
 # ("x", "y") gathers a decoder layer's rows; ("x", "y", "z") is the tensor-parallel group (full
 # weights, norm of sharded gradients); the combinations ending in "data" reduce gradients of
-# parameters whose batch is split over those axes.
+# parameters whose batch is split over those axes; ("y", "z") reduces per-head norms' gradient chunks when
+# ZeRO has taken over the data axis (engine/zero.py).
 GROUP_AXES: tuple[tuple[str, ...], ...] = (
     ("x",), ("y",), ("z",), ("data",),
-    ("x", "y"), ("x", "y", "z"),
+    ("x", "y"), ("y", "z"), ("x", "y", "z"),
     ("z", "data"), ("y", "z", "data"), ("x", "y", "z", "data"),
 )
 
@@ -179,6 +180,7 @@ class Grid:
         self.traffic = ByteCounter()
         self._created: list[dist.ProcessGroup] = []
         self._groups: dict[tuple[str, ...], AxisGroup] = {}
+        self._node_groups: dict[tuple[str, int], tuple[AxisGroup, AxisGroup]] = {}
         # Combinations that differ only by axes of size 1 have the same members: build each group once.
         handles: dict[tuple[str, ...], tuple[list[int], dist.ProcessGroup | None]] = {}
         for axes in GROUP_AXES:
@@ -220,6 +222,45 @@ class Grid:
         """Product of the sizes of `axes`."""
         return self.shape.size(*axes)
 
+    def data_node_groups(self, node_size: int) -> tuple[AxisGroup, AxisGroup]:
+        """(intra, inter): the data axis split into nodes of `node_size` consecutive data indices.
+
+        intra ("data.intra"): the node_size ranks of this rank's data group in the same node (group rank =
+        data index % node_size); inter ("data.inter"): the data/node_size ranks of this data group with the
+        same index inside their node (group rank = data index // node_size). Built on first use (every rank
+        must call it with the same node_size), cached, destroyed by close(). Data ranks are the slowest
+        axis, so with the tensor-parallel group inside a node, consecutive data indices share a node.
+        """
+        data = self.shape.data
+        if node_size < 1 or data % node_size:
+            raise GridError(f"a node of {node_size} data ranks does not divide the data axis of size {data}; "
+                            "choose a node size that divides it")
+        key = ("data.intra", node_size)
+        if key not in self._node_groups:
+            built = []
+            data_groups = self.shape.group_ranks(("data",))  # each sorted by data index; same order everywhere
+            layouts = (("data.intra", [g[n * node_size:(n + 1) * node_size] for g in data_groups
+                                       for n in range(data // node_size)]),
+                       ("data.inter", [g[i::node_size] for g in data_groups for i in range(node_size)]))
+            for name, all_ranks in layouts:
+                mine: tuple[list[int], dist.ProcessGroup | None] | None = None
+                for ranks in all_ranks:
+                    if len(ranks) == 1:
+                        handle = None
+                    elif len(ranks) == self.world_size:
+                        handle = dist.group.WORLD
+                    else:
+                        handle = dist.new_group(ranks)
+                        self._created.append(handle)
+                    if self.rank in ranks:
+                        mine = (ranks, handle)
+                assert mine is not None
+                ranks, handle = mine
+                built.append(AxisGroup(name, ("data",), len(ranks), ranks.index(self.rank), tuple(ranks), handle,
+                                       self.traffic))
+            self._node_groups[key] = tuple(built)
+        return self._node_groups[key]
+
     def coord(self, axis: str) -> int:
         """This rank's index along `axis`."""
         return self.coords[_check_axis(axis)]
@@ -235,6 +276,7 @@ class Grid:
             dist.destroy_process_group(group)
         self._created = []
         self._groups = {}
+        self._node_groups = {}
         if destroy_world and dist.is_initialized():
             dist.destroy_process_group()
 

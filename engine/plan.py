@@ -42,6 +42,7 @@ from engine.cost_model import (
 )
 from engine.grid import GridShape
 from engine.profiles import MachineProfile, group_stride
+from engine.zero import STAGES, ZeroConfig, data_ranks_per_node
 
 GIB = 1024 ** 3
 # Element bytes (weights and gradients, matmul products, residual stream) as the engine communicates them:
@@ -66,6 +67,9 @@ class PlanRequest:
     memory_fraction: float = 0.9  # share of GPU memory the estimate may use (allocator, CUDA context)
     mask_bytes: int = 0  # attention mask bytes per token fed to the model (0: none, packed sequences)
     checkpointing: str = "auto"  # activation checkpointing of decoder layers: "auto", "on" or "off"
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3)  # ZeRO stages to consider per grid (stages > 0 need data >= 2)
+    offload: bool = False  # with stages 2 and 3: optimizer state and parameter/gradient chunks in host memory
+    hierarchy: bool = False  # with stages 2 and 3: hierarchical partitioning by node (the profile's node size)
 
     def __post_init__(self) -> None:
         for name in ("gpus", "global_batch", "seq"):
@@ -82,6 +86,13 @@ class PlanRequest:
             raise ValueError(f"checkpointing must be one of {CHECKPOINTING}, got {self.checkpointing!r}")
         if self.grad_accum is not None and self.grad_accum < 1:
             raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
+        if not self.zero_stages or any(s not in STAGES for s in self.zero_stages):
+            raise ValueError(f"zero_stages must be a non-empty subset of {STAGES}, got {self.zero_stages!r}")
+
+    def zero_config(self, grid: GridShape, stage: int) -> ZeroConfig:
+        """The ZeRO setting of `stage` on `grid` with this request's offload and hierarchy (stages 2, 3)."""
+        node = data_ranks_per_node(self.profile.gpus_per_node, grid) if self.hierarchy and stage >= 2 else 1
+        return ZeroConfig(stage=stage, node_size=node, offload=self.offload and stage >= 2)
 
 
     @property
@@ -108,6 +119,7 @@ class GridPlan:
     bytes_by_group: dict[str, int] = field(default_factory=dict)
     memory: MemoryEstimate | None = None
     mfu: float = 0.0
+    zero: ZeroConfig | None = None
 
     def to_json(self) -> dict[str, Any]:
         g = self.grid
@@ -116,22 +128,25 @@ class GridPlan:
                "rows_per_micro_batch": self.rows_per_micro_batch,
                "step_s": self.step_s if self.feasible else None, "compute_s": self.compute_s,
                "memory_s": self.memory_s, "comm_s": self.comm_s,
-               "comm_s_by_group": self.comm_s_by_group, "bytes_by_group": self.bytes_by_group, "mfu": self.mfu}
+               "comm_s_by_group": self.comm_s_by_group, "bytes_by_group": self.bytes_by_group, "mfu": self.mfu,
+               "zero": None if self.zero is None else self.zero.to_json()}
         if self.memory is not None:
             out["memory_gib"] = {"params": self.memory.params / GIB, "activations": self.memory.activations / GIB,
                                  "transient": self.memory.transient / GIB, "total": self.memory.total / GIB}
         return out
 
 
-def step_prediction(request: PlanRequest, grid: GridShape, grad_accum: int, recompute: bool = False) -> GridPlan:
-    """Predicted time and traffic of one step on `grid` with `grad_accum` micro-batches and optional activation
-    checkpointing (no feasibility checks: see plan_grid)."""
+def step_prediction(request: PlanRequest, grid: GridShape, grad_accum: int, recompute: bool = False,
+                    zero: ZeroConfig | None = None) -> GridPlan:
+    """Predicted time and traffic of one step on `grid` with `grad_accum` micro-batches, optional activation
+    checkpointing and ZeRO setting (no feasibility checks: see plan_grid)."""
     profile = request.profile
     rows = request.global_batch // (request.gpus * grad_accum)
     param_bytes, act_bytes, stream_bytes = request.element_bytes
     collectives = llama_step_collectives(request.shape, grid, rows_per_rank=rows, seq=request.seq,
                                          param_bytes=param_bytes, act_bytes=act_bytes, stream_bytes=stream_bytes,
-                                         grad_accum=grad_accum, mask_bytes=request.mask_bytes, recompute=recompute)
+                                         grad_accum=grad_accum, mask_bytes=request.mask_bytes, recompute=recompute,
+                                         zero=zero)
     sizes = {"data": grid.data, "x": grid.x, "y": grid.y, "z": grid.z}
     totals: dict[tuple[str, str, int], list[int]] = {}
     for c in collectives:
@@ -141,6 +156,8 @@ def step_prediction(request: PlanRequest, grid: GridShape, grad_accum: int, reco
     comm_by_group: dict[str, float] = {}
     for (group, kind, ranks), (sent, calls) in totals.items():
         stride = group_stride(group_axes(group), sizes)
+        if group == "data.inter":  # ZeRO's hierarchy: one rank per node, node_size data ranks apart
+            stride *= zero.node_size if zero is not None else 1
         seconds = profile.collective_seconds(kind, ranks, stride, sent, calls)
         comm_by_group[group] = comm_by_group.get(group, 0.0) + seconds
     flops = rank_flops_per_step(request.shape, grid, rows_per_rank=rows, seq=request.seq, grad_accum=grad_accum,
@@ -155,7 +172,7 @@ def step_prediction(request: PlanRequest, grid: GridShape, grad_accum: int, reco
     useful = model_flops_per_token(request.shape, request.seq) * request.global_batch * request.seq
     mfu = useful / (step * request.gpus * profile.peak_tflops * 1e12)
     return GridPlan(grid, True, "", grad_accum, recompute, rows, step, compute, memory_s, comm, comm_by_group,
-                    bytes_by_group(collectives), None, mfu)
+                    bytes_by_group(collectives), None, mfu, zero)
 
 
 def plan_grid(request: PlanRequest, grid: GridShape) -> GridPlan:
@@ -176,26 +193,32 @@ def plan_grid(request: PlanRequest, grid: GridShape) -> GridPlan:
     param_bytes, act_bytes, _ = request.element_bytes
     limit = request.profile.gpu_memory_gib * GIB * request.memory_fraction
     settings = {"auto": (False, True), "on": (True,), "off": (False,)}[request.checkpointing]
-    best, memory, tried = None, None, 0
-    for recompute in settings:
-        for accum in choices:
-            memory = memory_per_rank(request.shape, grid, rows_per_rank=rows_total // accum, seq=request.seq,
-                                     bytes_per_param=request.bytes_per_param, act_bytes=act_bytes,
-                                     param_bytes=param_bytes, recompute=recompute)
-            tried = accum
-            if memory.total <= limit:
-                plan = step_prediction(request, grid, accum, recompute)
-                plan.memory = memory
-                if best is None or plan.step_s < best.step_s:
-                    best = plan
-                break  # more micro-batches only add weight gathers: the fewest that fit is the fastest
+    best, smallest, tried = None, None, (0, None)
+    stages = [s for s in request.zero_stages if s == 0 or grid.data > 1] or [0]
+    for stage in stages:
+        zero = request.zero_config(grid, stage) if stage else None
+        for recompute in settings:
+            for accum in choices:
+                memory = memory_per_rank(request.shape, grid, rows_per_rank=rows_total // accum, seq=request.seq,
+                                         bytes_per_param=request.bytes_per_param, act_bytes=act_bytes,
+                                         param_bytes=param_bytes, recompute=recompute, zero=zero)
+                if smallest is None or memory.total < smallest.total:
+                    smallest, tried = memory, (accum, zero)
+                if memory.total <= limit:
+                    plan = step_prediction(request, grid, accum, recompute, zero)
+                    plan.memory = memory
+                    if best is None or plan.step_s < best.step_s:
+                        best = plan
+                    break  # more micro-batches only add weight gathers: the fewest that fit is the fastest
     if best is not None:
         return best
-    assert memory is not None
-    return GridPlan(grid, False, f"needs {memory.total / GIB:.1f} GiB per GPU (params {memory.params / GIB:.1f}, "
-                    f"activations {memory.activations / GIB:.1f}) even with {tried} micro-batches"
-                    f"{' and checkpointing' if settings[-1] else ''}; {limit / GIB:.1f} GiB usable",
-                    grad_accum=tried, recompute=settings[-1], memory=memory)
+    assert smallest is not None
+    accum, zero = tried
+    setting = f", ZeRO stage {zero.stage}" if zero is not None else ""
+    return GridPlan(grid, False, f"needs {smallest.total / GIB:.1f} GiB per GPU (params {smallest.params / GIB:.1f}, "
+                    f"activations {smallest.activations / GIB:.1f}) even with {accum} micro-batches"
+                    f"{' and checkpointing' if settings[-1] else ''}{setting}; {limit / GIB:.1f} GiB usable",
+                    grad_accum=accum, recompute=settings[-1], memory=smallest, zero=zero)
 
 
 def rank_grids(request: PlanRequest) -> list[GridPlan]:
@@ -225,7 +248,7 @@ def format_table(request: PlanRequest, plans: list[GridPlan], top: int = 20) -> 
              f"{request.global_batch} x {request.seq} tokens",
              f"{len(plans)} grids: {len(feasible)} feasible, {len(rejected)} rejected",
              ""]
-    header = (f"{'rank':>4} {'data':>5} {'x':>4} {'y':>4} {'z':>4} {'accum':>5} {'ckpt':>4} {'step s':>9} "
+    header = (f"{'rank':>4} {'data':>5} {'x':>4} {'y':>4} {'z':>4} {'zero':>4} {'accum':>5} {'ckpt':>4} {'step s':>9} "
               f"{'compute':>9} "
               f"{'memory':>9} {'comm':>9} {'mem GiB':>8} {'MFU':>6}  bytes sent per GPU by group")
     lines.append(header)
@@ -233,7 +256,9 @@ def format_table(request: PlanRequest, plans: list[GridPlan], top: int = 20) -> 
         g = p.grid
         traffic = ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in sorted(p.bytes_by_group.items(), key=lambda kv: -kv[1]))
         ckpt = "yes" if p.recompute else "no"
-        lines.append(f"{i:>4} {g.data:>5} {g.x:>4} {g.y:>4} {g.z:>4} {p.grad_accum:>5} {ckpt:>4} {p.step_s:>9.4g} "
+        stage = p.zero.stage if p.zero is not None else 0
+        lines.append(f"{i:>4} {g.data:>5} {g.x:>4} {g.y:>4} {g.z:>4} {stage:>4} {p.grad_accum:>5} {ckpt:>4} "
+                     f"{p.step_s:>9.4g} "
                      f"{p.compute_s:>9.4g} {p.memory_s:>9.4g} {p.comm_s:>9.4g} {p.memory.total / GIB:>8.1f} "
                      f"{p.mfu:>6.1%}  {traffic}")
     if not feasible:
@@ -242,8 +267,9 @@ def format_table(request: PlanRequest, plans: list[GridPlan], top: int = 20) -> 
         if best is not None:
             lines.append(f"smallest memory need: grid {best.grid}: {best.reason}")
             replicated = best.memory.detail["replicated_params"] * request.bytes_per_param / GIB
-            lines.append(f"of which {replicated:.1f} GiB are the replicated embeddings, lm_head and norms (the engine "
-                         "does not shard them)")
+            if best.zero is None:
+                lines.append(f"of which {replicated:.1f} GiB are the replicated embeddings, lm_head and norms (the "
+                             "engine shards them only with ZeRO over the data axis)")
     reasons: dict[str, int] = {}
     for p in rejected:
         key = p.reason.split(":")[0] if p.reason.startswith("cannot shard") else (

@@ -14,6 +14,11 @@ What a parameter's gradient holds after backward, and the axes sync_gradients su
 
 Afterwards every rank holds the gradient of the SUM of all ranks' local losses, and every copy of a
 replicated parameter holds the same gradient.
+
+Under ZeRO (engine/zero.py) the data axis belongs to the partitioning: FSDP-managed parameters (stages 2, 3)
+arrive with their gradient chunk already summed over data (a DTensor), and stage 1 reduce-scatters its
+gradients here; either way only the chunk is summed over the remaining axes, and clip_grad_norm_ adds the
+chunks' squares over the data axis.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from engine import comm
 from engine.grid import AXES, Grid
 from engine.linear import ParallelLinear, ShardingError
 from engine.parallelize import REGION_ATTR
+from engine.zero import full, is_dtensor, like, local, zero_state
 
 _REGION_AXES = {None: AXES, "rows": AXES, "layer": ("z", "data"), "heads": ("y", "z", "data")}
 _BUCKET_ELEMENTS = 1 << 24  # gradients are summed in flat buckets of at most this many elements
@@ -61,10 +67,20 @@ def sync_gradients(model: nn.Module, grid: Grid) -> None:
     """
     if grid.world_size == 1:
         return
+    zero = zero_state(model)
+    if zero is not None and zero.config.stage == 1:
+        zero.reduce_scatter_gradients()  # the data axis: each rank keeps its summed chunk
     buckets: dict[tuple[str, ...], list[torch.Tensor]] = {}
     for param, axes in _reduction_axes(model):
-        if param.grad is not None and grid.size(*axes) > 1:
-            buckets.setdefault(axes, []).append(param.grad)
+        if param.grad is None:
+            continue
+        grad = param.grad
+        if is_dtensor(grad):  # FSDP reduce-scattered it over data in backward
+            axes, grad = tuple(a for a in axes if a != "data"), local(grad)
+        elif zero is not None and zero.is_chunked(param):
+            axes, grad = tuple(a for a in axes if a != "data"), grad[zero.rows(param)]
+        if grid.size(*axes) > 1:
+            buckets.setdefault(axes, []).append(grad)
     for axes, grads in buckets.items():
         group = grid.group(*axes)
         batch, count = [], 0
@@ -82,32 +98,39 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, grid: Grid, norm_type: fl
     """Scale gradients so that their global norm is at most `max_norm`; return the norm before clipping.
 
     The norm is that of the full (serial) model's gradient: shards are summed over x*y*z, a bias shard is
-    counted on one rank of the axis it is replicated over, and replicated parameters once. Call it after
-    sync_gradients. Same semantics as torch.nn.utils.clip_grad_norm_ (coefficient max_norm/(norm+1e-6),
-    capped at 1); only the 2-norm is supported.
+    counted on one rank of the axis it is replicated over, replicated parameters once, and ZeRO's gradient
+    chunks summed over data. Call it after sync_gradients. Same semantics as torch.nn.utils.clip_grad_norm_
+    (coefficient max_norm/(norm+1e-6), capped at 1); only the 2-norm is supported.
     """
     if norm_type != 2.0:
         raise ValueError(f"clip_grad_norm_ supports norm_type=2.0 only, got {norm_type}")
     params = [p for p in model.parameters() if p.grad is not None]
-    if grid.size("x", "y", "z") == 1:
+    zero = zero_state(model)
+    if grid.size("x", "y", "z") == 1 and zero is None:
         return torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=None)
     if not params:
         return torch.tensor(0.0)
-    device = params[0].grad.device
-    replicated = torch.zeros(1, dtype=torch.float64, device=device)
-    sharded = torch.zeros(1, dtype=torch.float64, device=device)
+    device = local(params[0].grad).device
+    # squares of: replicated, tensor-sharded, and the same two for gradients chunked over data
+    squares = torch.zeros(4, dtype=torch.float64, device=device)
     seen: set[int] = set()
     for module in model.modules():
         for name, param in module.named_parameters(recurse=False):
             if param.grad is None or id(param) in seen:
                 continue
             seen.add(id(param))
-            square = param.grad.detach().double().square().sum()
             if not isinstance(module, ParallelLinear):
-                replicated += square
+                slot = 0
             elif name == "weight" or module.bias_is_counted():
-                sharded += square
-    total = (replicated + comm.all_reduce(sharded, grid.group("x", "y", "z"))).sqrt()
+                slot = 1
+            else:
+                continue
+            chunked = is_dtensor(param.grad) or (zero is not None and zero.is_chunked(param))
+            # a stage-1 gradient is zero outside this rank's chunk: its full sum of squares is the chunk's
+            squares[slot + 2 * chunked] += local(param.grad).detach().double().square().sum()
+    if zero is not None:
+        squares[2:] = comm.all_reduce(squares[2:], grid.group("data"))
+    total = (squares[0] + squares[2] + comm.all_reduce(squares[1] + squares[3], grid.group("x", "y", "z"))).sqrt()
     norm = total.to(params[0].grad.dtype).reshape(())
     coefficient = max_norm / (float(total) + 1e-6)
     if coefficient < 1.0 and math.isfinite(float(total)):
@@ -125,33 +148,43 @@ def _parallel_layers(model: nn.Module) -> dict[str, ParallelLinear]:
 def full_state_dict(model: nn.Module, grid: Grid, rank0_only: bool = False) -> dict[str, torch.Tensor]:
     """The serial model's state dict: same keys, full tensors, serial layouts (e.g. GPT-2 Conv1D (in, out)).
 
-    Collective over each tensor-parallel group: every rank must call it. With `rank0_only`, rank 0 gets the
-    dict and the others an empty one (they keep at most one gathered layer at a time).
+    Collective over each tensor-parallel group (and, for a model partitioned with ZeRO stage 2 or 3, over each
+    data group): every rank must call it. With `rank0_only`, rank 0 gets the dict and the others an empty one
+    (they keep at most one gathered layer at a time).
     """
     keep = not rank0_only or grid.rank == 0
     state = model.state_dict()
     gathered: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+    layer_keys: set[str] = set()
     for name, layer in _parallel_layers(model).items():
         if id(layer) not in gathered:
-            weight, bias = layer.full_weight(), layer.full_bias()
+            weight = layer.gather_weight(full(layer.weight))
+            bias = None if layer.bias is None else layer.gather_bias(full(layer.bias))
             if layer.serial_layout == "conv1d":
                 weight = weight.t().contiguous()
             gathered[id(layer)] = (weight, bias) if keep else (None, None)
         weight, bias = gathered[id(layer)]
         prefix = f"{name}." if name else ""
+        layer_keys.update({f"{prefix}weight", f"{prefix}bias"})
         if keep:
             state[f"{prefix}weight"] = weight
             if bias is not None:
                 state[f"{prefix}bias"] = bias
+    whole: dict[int, torch.Tensor] = {}
+    for key, value in list(state.items()):
+        if key not in layer_keys and is_dtensor(value):
+            if id(value) not in whole:
+                whole[id(value)] = full(value)
+            state[key] = whole[id(value)]
     return state if keep else {}
 
 
 @torch.no_grad()
 def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor], grid: Grid) -> None:
     """Load a serial-layout state dict (e.g. from full_state_dict or a serial model) into a parallelized
-    model: each rank copies its shards out of the full tensors. Keys must match exactly (strict). No
-    communication."""
-    local = dict(state)
+    model: each rank copies its shards out of the full tensors (and its data-axis chunks, for a model
+    partitioned with ZeRO stage 2 or 3). Keys must match exactly (strict). No communication."""
+    local_state = dict(state)
     for name, layer in _parallel_layers(model).items():
         prefix = f"{name}." if name else ""
         key = f"{prefix}weight"
@@ -164,11 +197,14 @@ def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor], grid:
         if tuple(weight.shape) != expected:
             raise ShardingError(f"{key}: expected a full weight of shape {expected} (serial layout "
                                 f"{layer.serial_layout}), got {tuple(state[key].shape)}")
-        local[key] = layer.shard_weight(weight)
+        local_state[key] = layer.shard_weight(weight)
         bias_key = f"{prefix}bias"
         if layer.bias is not None and bias_key in state:
             if tuple(state[bias_key].shape) != (layer.out_features,):
                 raise ShardingError(f"{bias_key}: expected shape {(layer.out_features,)}, "
                                     f"got {tuple(state[bias_key].shape)}")
-            local[bias_key] = layer.shard_bias(state[bias_key])
-    model.load_state_dict(local, strict=True)
+            local_state[bias_key] = layer.shard_bias(state[bias_key])
+    for key, current in model.state_dict(keep_vars=True).items():
+        if key in local_state and is_dtensor(current):
+            local_state[key] = like(current, local_state[key].contiguous())
+    model.load_state_dict(local_state, strict=True)

@@ -22,8 +22,9 @@ from tqdm.auto import tqdm
 from engine import comm
 from engine.checkpoint import (is_engine_checkpoint, load_checkpoint, load_serial_optimizer_state, read_trainer_state,
                                save_checkpoint)
-from engine.grid import AXES, Grid, is_main_process
+from engine.grid import AXES, Grid, GridShape, is_main_process
 from engine.state import clip_grad_norm_, sync_gradients
+from engine.zero import ZeroConfig, ZeroError, make_adamw, shard_data_axis, zero_state
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -47,6 +48,9 @@ class TrainConfig:
     seed: int = 0
     save_every: int = 0  # optimizer steps between checkpoints; 0 = only at the end
     progress: bool = True
+    zero: int = 0  # ZeRO stage over the data axis (engine/zero.py): 0 off, 1 optimizer state, 2 + gradients, 3 + params
+    zero_node_size: int = 1  # data-axis ranks per node; > 1: hierarchical partitioning (stages 2 and 3)
+    offload_optimizer: bool = False  # AdamW state and update in host memory (stages 2 and 3)
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "grad_accum"):
@@ -65,6 +69,12 @@ class TrainConfig:
             raise ValueError("warmup_steps and save_every must be >= 0")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
+        self.zero_config  # validates the ZeRO fields
+
+    @property
+    def zero_config(self) -> ZeroConfig:
+        """The ZeRO setting of the zero, zero_node_size and offload_optimizer fields."""
+        return ZeroConfig(stage=self.zero, node_size=self.zero_node_size, offload=self.offload_optimizer)
 
 
 @dataclass
@@ -112,11 +122,29 @@ def lr_factor(step: int, total_steps: int, config: TrainConfig) -> float:
 
 
 def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
-    """AdamW; no weight decay on biases and norm weights (1-D parameters), as is standard for transformers."""
+    """AdamW; no weight decay on biases and norm weights (1-D parameters), as is standard for transformers.
+    A model partitioned with ZeRO stage 1 gets engine.zero.ZeroAdamW (the same update on this rank's chunks)."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2))
+    return make_adamw(model, groups, lr=config.lr, betas=(config.beta1, config.beta2))
+
+
+def prepare_zero(model: nn.Module, config: TrainConfig, grid: Grid | None) -> None:
+    """Partition `model` over the data axis as config.zero_config says (engine.zero.shard_data_axis), unless it
+    is partitioned that way already. Raises ZeroError for a setting the grid cannot carry."""
+    zero = config.zero_config
+    current = zero_state(model)
+    if current is not None:
+        if current.config != zero:
+            raise ZeroError(f"the model is partitioned with {current.config}, the training config asks for {zero}; "
+                            "build the model again")
+        return
+    if zero.stage == 0:
+        return
+    if grid is None:
+        zero.check(GridShape())  # data=1: the clear error
+    shard_data_axis(model, grid, zero)
 
 
 def _is_distributed(grid: Grid | None) -> bool:
@@ -188,6 +216,7 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
     if not examples:
         raise ValueError("no training examples: give at least one document")
     device = next(model.parameters()).device
+    prepare_zero(model, config, grid)
     optimizer = make_optimizer(model, config)
     per_epoch = steps_per_epoch(len(examples), config.batch_size)
     total_steps = config.epochs * per_epoch

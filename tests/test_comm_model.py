@@ -66,7 +66,8 @@ def _measure_step(grid, run_forward, module: nn.Module) -> dict[str, dict[str, i
 
 
 def _compare(measured: dict[str, dict[str, int]], predicted: list, what: str) -> None:
-    expected = {phase: bytes_by_group(predicted, phase) for phase in PHASES}
+    expected = {phase: bytes_by_group(predicted, phase) for phase in PHASES if phase in measured}
+    assert all(c.phase in measured for c in predicted), f"{what}: predicted traffic in a phase not measured"
     assert measured == expected, f"{what}: measured {measured} != predicted {expected}"
 
 
