@@ -205,3 +205,30 @@ def test_parallel_compare_measures_the_curve_with_the_parallel_model(tmp_path):
         assert curve[-1]["exact_match"] == final["exact_match"]
         # RougeL of greedy text from the same weights, sharded vs consolidated: equal unless a logit tie flips.
         assert curve[-1]["rouge_l"] == pytest.approx(final["rouge_l"], abs=1e-6)
+
+
+def test_zero3_train_equals_one_process_and_is_recorded(tmp_path):
+    """`goldfish train --nproc 2 --grid data=2 --zero 3 --offload-optimizer` trains like one process (FSDP2 over data,
+    AdamW state on the host) and the run record says which partitioning ran."""
+    common = ["--model", "micro-llama", "--strategy", "hashed", "--n-train", "4", "--n-heldout", "2", "--seq-len", "48",
+              "--vocab-size", "400", "--epochs", "2", "--batch-size", "2", "--no-progress", "--threads", "1"]
+    parallel, serial = tmp_path / "parallel", tmp_path / "serial"
+    result = subprocess.run([sys.executable, "-m", "goldfish", "train", "--nproc", "2", "--grid", "data=2", "--zero",
+                             "3", "--zero-hierarchy", "2", "--offload-optimizer", "--out", str(parallel), *common],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert main(["train", "--out", str(serial), *common]) == 0
+    losses = [[json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+              for run in (parallel, serial)]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    record = json.loads((parallel / "checkpoint" / "goldfish_run.json").read_text())
+    assert (record["train"]["zero"], record["train"]["zero_node_size"], record["train"]["offload_optimizer"]) == \
+        (3, 2, True)
+
+
+def test_zero_without_a_data_axis_is_a_one_line_error(tmp_path, capsys):
+    code = main(["train", "--out", str(tmp_path / "z"), "--model", "micro-llama", "--n-train", "2", "--n-heldout",
+                 "0", "--seq-len", "48", "--vocab-size", "400", "--epochs", "1", "--batch-size", "2", "--zero", "2",
+                 "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "data" in err and "--zero" in err and "Traceback" not in err

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from goldfish.app import options as opt
 from goldfish.app.config import (COMPARE_PRESETS, CompareSpec, DataSpec, Instruments, MaskSpec, Runtime, TrainSpec,
-                                 mask_spec, parse_grid, parse_mask)
+                                 mask_spec, parse_grid, parse_mask, resolve_node_size)
 from goldfish.masks import STRATEGIES
 
 if TYPE_CHECKING:  # the commands import torch, the engine and eval only when they run
@@ -40,9 +40,10 @@ def mask_of(args: argparse.Namespace) -> MaskSpec:
     return mask_spec(**opt.MASK.values(args))
 
 
-def train_config_of(args: argparse.Namespace, base: Any) -> Any:
+def train_config_of(args: argparse.Namespace, base: Any, grid: Grid | None) -> Any:
     values = opt.TRAINING.values(args)
     values["max_grad_norm"] = values["max_grad_norm"] or None  # 0 disables clipping
+    values["zero_node_size"] = resolve_node_size(values["zero_node_size"], grid)
     return replace(base, **values, progress=runtime_of(args).progress)
 
 
@@ -94,11 +95,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     runtime = runtime_of(args)
     if runtime.nproc:
         return _relaunch_under_torchrun(args, runtime)
-    defaults = TrainSpec()
+    grid = start_grid(runtime.grid)
     model_options = opt.MODEL.values(args)
     spec = TrainSpec(model=model_options["model"], init_seed=model_options["init_seed"], data=data_of(args),
-                     mask=mask_of(args), train=train_config_of(args, defaults.train))
-    grid = start_grid(runtime.grid)
+                     mask=mask_of(args), train=train_config_of(args, TrainSpec().train, grid))
     log = _logger(grid)
     prepared = prepare_data(spec.data, spec.model, log=log)
     model = initial_model(spec.model, prepared, spec.init_seed)
@@ -271,13 +271,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     runtime = runtime_of(args)
     if runtime.nproc:
         return _relaunch_under_torchrun(args, runtime)
+    grid = start_grid(runtime.grid)
     model_options = opt.MODEL.values(args)
-    train = train_config_of(args, CompareSpec().train)
+    train = train_config_of(args, CompareSpec().train, grid)
     curve_every = args.curve_every if args.curve_every is not None else max(1, train.epochs // 10)
     spec = CompareSpec(model=model_options["model"], init_seed=model_options["init_seed"], data=data_of(args),
                        masks=[parse_mask(m) for m in args.masks], train=train, extraction=extraction_of(args),
                        instruments=instruments_of(args), curve_every=curve_every)
-    grid = start_grid(runtime.grid)
     compare(spec, Path(args.out), grid=grid, device=runtime.device)
     return 0
 

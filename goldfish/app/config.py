@@ -14,13 +14,15 @@ outputs (the run record, summary.json). Presets of `goldfish compare` are named 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
 
 import data
-from engine.grid import AXES
+from engine.grid import AXES, Grid
+from engine.zero import data_ranks_per_node
 from engine.train import TrainConfig
 from eval.adaptive import SamplingConfig
 from eval.extraction import ExtractionConfig
@@ -232,6 +234,36 @@ def parse_int_list(text: str, what: str) -> tuple[int, ...]:
         return tuple(int(part) for part in str(text).split(","))
     except ValueError:
         raise ValueError(f"cannot parse {what} {text!r}: use comma-separated integers, e.g. 16,32,64") from None
+
+
+NODE = "node"  # --zero-hierarchy node: data ranks per node from the launcher, resolved once the grid exists
+
+
+def parse_node_size(text: str) -> int | str:
+    """--zero-hierarchy: "node" (resolved by `resolve_node_size`), "off" (1) or a number of data ranks per node."""
+    if text == NODE:
+        return NODE
+    if text == "off":
+        return 1
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"--zero-hierarchy takes 'node', 'off' or a number of data ranks per node, got {text!r}") \
+            from None
+    if value < 1:
+        raise ValueError(f"--zero-hierarchy must be >= 1 data ranks per node, got {value}")
+    return value
+
+
+def resolve_node_size(value: int | str, grid: Grid | None) -> int:
+    """The data ranks per node of --zero-hierarchy: "node" asks the launcher (LOCAL_WORLD_SIZE, the processes per
+    node torchrun and SLURM's srun set) how many ranks share this node and counts the data indices among them."""
+    if value != NODE:
+        return int(value)
+    if grid is None:
+        raise ValueError("--zero-hierarchy node needs a parallel run (--nproc or torchrun with --grid data>=2)")
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", grid.world_size)))
+    return data_ranks_per_node(local, grid.shape)
 
 
 # Presets of `goldfish compare`: documented runs, as values of the command-line options (by their dest names).

@@ -9,7 +9,7 @@ flags back as {field: value}, ready for `dataclasses.replace` or the dataclass's
     --data ... --repeats DataSpec.*                     DATA
     --model --init-seed  TrainSpec/CompareSpec.model, init_seed   MODEL
     --strategy --k --h --mask-seed  MaskSpec.*          MASK
-    --epochs ... --seed  TrainConfig.*                  TRAINING
+    --epochs ... --offload-optimizer  TrainConfig.*     TRAINING
     --suffix-len --prefix-len --eval-batch-size  ExtractionConfig.*   EXTRACTION
     --beams ... --prefix-lengths  Instruments.*         INSTRUMENTS
     --device --threads --no-progress --grid --nproc  Runtime.*   RUNTIME
@@ -24,7 +24,7 @@ import argparse
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Callable, Collection
 
-from goldfish.app.config import parse_int_list, parse_repeats
+from goldfish.app.config import parse_int_list, parse_node_size, parse_repeats
 from goldfish.masks import STRATEGIES
 
 
@@ -137,6 +137,13 @@ TRAINING = OptionGroup("training", (
            choices=("fp32", "bf16")),
     Option("--seed", "seed", "seed of the data order"),
     Option("--save-every", "save_every", "checkpoint every N optimizer steps (0: only at the end)"),
+    Option("--zero", "zero", "ZeRO stage over the data axis (needs data >= 2): 0 off, 1 AdamW state partitioned, 2 + "
+           "gradients (reduce-scatter), 3 + parameters (gathered per decoder layer)", parse=int),
+    Option("--zero-hierarchy", "zero_node_size", "hierarchical partitioning for stages 2 and 3 (after ZeRO++): "
+           "'node' takes the data ranks per node from the launcher's LOCAL_WORLD_SIZE, a number sets them (1: flat)",
+           parse=parse_node_size),
+    Option("--offload-optimizer", "offload_optimizer", "AdamW state and update in host memory (stages 2 and 3)",
+           switch=True),
 ))
 
 EXTRACTION = OptionGroup("extraction", (
