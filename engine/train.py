@@ -195,6 +195,59 @@ def _sync_and_clip(model: nn.Module, n_tokens: float, config: TrainConfig, grid:
     return float(norm)
 
 
+@dataclass
+class _StepSums:
+    """One optimizer step's bookkeeping, summed over micro-batches (and, once reduced, over ranks): `totals` is
+    [loss sum, token count, then (sum, count) per extra quantity in `extra_names` order] in float64."""
+
+    totals: torch.Tensor
+    extra_names: list[str]
+    n_input_tokens: int  # this rank's input tokens (for tokens/s)
+
+    @property
+    def n_tokens(self) -> float:
+        return float(self.totals[1])
+
+    def record(self, step: int, epoch: float) -> dict[str, Any]:
+        """The metrics.jsonl record of the step: mean loss per token and the mean of each extra quantity."""
+        totals = self.totals
+        record: dict[str, Any] = {"step": step, "epoch": epoch, "loss": float(totals[0] / max(totals[1], 1.0)),
+                                  "n_tokens": int(totals[1])}
+        for i, name in enumerate(self.extra_names):
+            total, count = float(totals[2 + 2 * i]), float(totals[3 + 2 * i])
+            record[name] = total / count if count > 0 else None
+        return record
+
+
+def _step_rows(n_examples: int, config: TrainConfig, epoch: int, index_in_epoch: int,
+               grid: Grid | None) -> torch.Tensor:
+    """The example indices this rank processes in one optimizer step (the epoch's order, sliced by step and rank)."""
+    order = epoch_order(n_examples, config.seed, epoch)
+    return _rank_rows(order[index_in_epoch * config.batch_size:(index_in_epoch + 1) * config.batch_size], grid)
+
+
+def _forward_backward(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], rows: torch.Tensor, step: int,
+                      loss_fn: LossFn, config: TrainConfig, device: torch.device, autocast: Any) -> _StepSums:
+    """Forward and backward over this rank's rows in config.grad_accum micro-batches, leaving the gradient of the
+    SUM of the token losses in .grad; returns the step's sums (not yet reduced over ranks)."""
+    extra_names: list[str] = []
+    totals = None
+    n_input_tokens = 0
+    for micro_rows in torch.tensor_split(rows, min(config.grad_accum, len(rows))):
+        batch = _stack(examples, micro_rows, step, device)
+        n_input_tokens += batch["input_ids"].numel() if "input_ids" in batch else 0
+        with autocast:
+            out = loss_fn(model, batch)
+        out.loss_sum.float().backward()
+        if not extra_names:
+            extra_names = sorted(out.extras)
+        micro = torch.tensor([out.loss_sum.detach().float().item(), float(out.n_tokens)]
+                             + [v for name in extra_names for v in out.extras[name]], dtype=torch.float64)
+        totals = micro if totals is None else totals + micro
+    assert totals is not None
+    return _StepSums(totals, extra_names, n_input_tokens)
+
+
 def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn: LossFn, config: TrainConfig, *,
           out_dir: str | Path | None = None, grid: Grid | None = None, resume_from: str | Path | None = None,
           save_model: Callable[[nn.Module, Path], None] | None = None,
@@ -245,46 +298,21 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
     try:
         for step in range(start_step, total_steps):
             epoch, index_in_epoch = divmod(step, per_epoch)
-            order = epoch_order(len(examples), config.seed, epoch)
-            rows = _rank_rows(order[index_in_epoch * config.batch_size:(index_in_epoch + 1) * config.batch_size], grid)
             started = time.perf_counter()
-
             optimizer.zero_grad(set_to_none=True)
-            extra_names: list[str] = []
-            sums = None
-            n_input_tokens = 0
-            for micro_rows in torch.tensor_split(rows, min(config.grad_accum, len(rows))):
-                batch = _stack(examples, micro_rows, step, device)
-                n_input_tokens += batch["input_ids"].numel() if "input_ids" in batch else 0
-                with autocast:
-                    out = loss_fn(model, batch)
-                out.loss_sum.float().backward()
-                if not extra_names:
-                    extra_names = sorted(out.extras)
-                micro = torch.tensor([out.loss_sum.detach().float().item(), float(out.n_tokens)]
-                                     + [v for name in extra_names for v in out.extras[name]], dtype=torch.float64)
-                sums = micro if sums is None else sums + micro
-            assert sums is not None
-            sums = _all_reduce_sums(sums, grid)
-            grad_norm = _sync_and_clip(model, float(sums[1]), config, grid)
+            sums = _forward_backward(model, examples, _step_rows(len(examples), config, epoch, index_in_epoch, grid),
+                                     step, loss_fn, config, device, autocast)
+            sums.totals = _all_reduce_sums(sums.totals, grid)
+            grad_norm = _sync_and_clip(model, sums.n_tokens, config, grid)
             lr = scheduler.get_last_lr()[0]
             optimizer.step()
             scheduler.step()
             elapsed = time.perf_counter() - started
             # Read before any checkpoint so its gathers do not count as the next step's traffic.
             step_bytes = grid.traffic.reset() if _is_distributed(grid) else None
-
-            record: dict[str, Any] = {
-                "step": step + 1,
-                "epoch": epoch + (index_in_epoch + 1) / per_epoch,
-                "loss": float(sums[0] / max(sums[1], 1.0)),
-                "n_tokens": int(sums[1]),
-            }
-            for i, name in enumerate(extra_names):
-                total, count = float(sums[2 + 2 * i]), float(sums[3 + 2 * i])
-                record[name] = total / count if count > 0 else None
             world = grid.world_size if _is_distributed(grid) else 1
-            record.update(lr=lr, grad_norm=grad_norm, tokens_per_s=n_input_tokens * world / elapsed)
+            record = sums.record(step + 1, epoch + (index_in_epoch + 1) / per_epoch)
+            record.update(lr=lr, grad_norm=grad_norm, tokens_per_s=sums.n_input_tokens * world / elapsed)
             if step_bytes is not None:
                 record["bytes_sent"] = step_bytes  # this rank (rank 0 in the log), per process group of the grid
             history.append(record)
