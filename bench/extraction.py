@@ -16,15 +16,14 @@ forced pass + ROUGE) at the batch size.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 from dataclasses import dataclass
 
 import torch
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+from transformers import GenerationConfig
 
+import common
 from eval.extraction import ExtractionConfig, extract, greedy_decode
 
 
@@ -40,48 +39,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--doc-len", type=int, default=256, help="tokens per document")
     p.add_argument("--suffix-len", type=int, default=50, help="tokens generated per document")
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--vocab", type=int, default=2048)
+    common.add_options(p, hidden=256, layers=4, heads=4, vocab=2048)
     p.add_argument("--init-range", type=float, default=0.2,
                    help="weight init std; HF's 0.02 gives near-flat logits and degenerate repeated tokens")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads; 1 by default because OpenMP threads spinning on a shared, busy CPU "
-                        "slow small matmuls down by 10x or more (0: torch's default)")
+    common.add_options(p, help={"threads": "torch CPU threads; 1 by default because OpenMP threads spinning on a "
+                                           "shared, busy CPU slow small matmuls down by 10x or more (0: torch's "
+                                           "default)"},
+                       device="cpu", threads=1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None, help="also write the figures to this JSON file")
-    args = p.parse_args(argv)
+    common.add_options(p, json=None)
+    args = common.parse(p, argv)
     if args.doc_len <= args.suffix_len:
         p.error(f"--doc-len ({args.doc_len}) must exceed --suffix-len ({args.suffix_len}) to leave a prefix")
     return args
 
 
-def timed(fn):
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    result = fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return result, time.perf_counter() - t0
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    cfg = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-                      num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                      max_position_embeddings=max(2048, args.doc_len), initializer_range=args.init_range)
-    model = LlamaForCausalLM(cfg).to(args.device).eval()
+    model = common.build_llama(**common.model_shape(args), seq=max(2048, args.doc_len),
+                               initializer_range=args.init_range, seed=args.seed).to(args.device).eval()
     gen = torch.Generator().manual_seed(args.seed + 1)
     docs = [Doc(f"doc{i}", torch.randint(0, args.vocab, (args.doc_len,), generator=gen).tolist())
             for i in range(args.n_docs)]
     config = ExtractionConfig(suffix_len=args.suffix_len, batch_size=args.batch_size)
-    prefixes = [config.split(d.token_ids)[0] for d in docs]
+    seconds, ids = race(model, [config.split(d.token_ids)[0] for d in docs], args)
+    (_, summary), seconds["extract"] = common.timed(
+        lambda: extract(model, docs, config, decode=lambda ids: " ".join(map(str, ids)), pad_token_id=0,
+                        progress=False), args.device)
+    figures = summarize(args, model, seconds, ids, summary)
+    print_figures(args, figures, seconds)
+    if args.json:
+        common.write_result(args.json, figures, argv)
+    return 0 if figures["identical_ids"] else 1
+
+
+def race(model: torch.nn.Module, prefixes: list[list[int]], args: argparse.Namespace
+         ) -> tuple[dict[str, float], dict[str, list[list[int]]]]:
+    """Decode `args.suffix_len` tokens after each prefix three ways: HF generate one prefix at a time, greedy_decode
+    at batch 1, greedy_decode at args.batch_size. Returns each contender's total seconds and generated ids."""
     n_new = args.suffix_len
     gc = GenerationConfig(do_sample=False, max_new_tokens=n_new, eos_token_id=None, pad_token_id=0)
 
@@ -94,46 +89,52 @@ def main(argv: list[str] | None = None) -> int:
                                           generation_config=gc)[0, len(p):].tolist())
         return out
 
+    contenders = {"hf": hf_single,
+                  "single": lambda chunk: greedy_decode(model, chunk, n_new, pad_token_id=0, batch_size=1),
+                  "batched": lambda chunk: greedy_decode(model, chunk, n_new, pad_token_id=0,
+                                                         batch_size=args.batch_size)}
     # Warm-up (allocator, kernels) on two documents so no contender pays first-call costs.
     greedy_decode(model, prefixes[:2], 4, pad_token_id=0, batch_size=2)
     hf_single(prefixes[:1])
 
     # The contenders are interleaved batch by batch, so a change of machine load during the run (other
     # processes on a shared CPU) falls on all of them alike instead of on whichever runs last.
-    hf_ids, single_ids, batched_ids = [], [], []
-    t_hf = t_single = t_batched = 0.0
+    ids: dict[str, list[list[int]]] = {name: [] for name in contenders}
+    seconds = dict.fromkeys(contenders, 0.0)
     for start in range(0, len(prefixes), args.batch_size):
         chunk = prefixes[start : start + args.batch_size]
-        ids, t = timed(lambda: hf_single(chunk))
-        hf_ids += ids
-        t_hf += t
-        ids, t = timed(lambda: greedy_decode(model, chunk, n_new, pad_token_id=0, batch_size=1))
-        single_ids += ids
-        t_single += t
-        ids, t = timed(lambda: greedy_decode(model, chunk, n_new, pad_token_id=0, batch_size=args.batch_size))
-        batched_ids += ids
-        t_batched += t
-    (_, summary), t_extract = timed(lambda: extract(model, docs, config, decode=lambda ids: " ".join(map(str, ids)),
-                                                     pad_token_id=0, progress=False))
+        for name, decode in contenders.items():
+            out, t = common.timed(lambda: decode(chunk), args.device)
+            ids[name] += out
+            seconds[name] += t
+    return seconds, ids
 
-    identical = hf_ids == single_ids == batched_ids
+
+def summarize(args: argparse.Namespace, model: torch.nn.Module, seconds: dict[str, float],
+              ids: dict[str, list[list[int]]], summary: dict) -> dict:
+    """The figures written to --json."""
     n = args.n_docs
-    figures = {
+    return {
         "device": args.device,
         "threads": torch.get_num_threads(),
         "model": {"hidden": args.hidden, "layers": args.layers, "heads": args.heads, "vocab": args.vocab,
                   "params": sum(p.numel() for p in model.parameters())},
-        "n_docs": n, "doc_len": args.doc_len, "suffix_len": n_new, "batch_size": args.batch_size,
-        "hf_generate_bs1_docs_per_s": n / t_hf,
-        "greedy_decode_bs1_docs_per_s": n / t_single,
-        "greedy_decode_batched_docs_per_s": n / t_batched,
-        "extract_batched_docs_per_s": n / t_extract,
-        "speedup_batched_vs_hf_bs1": t_hf / t_batched,
-        "identical_ids": identical,
-        "distinct_generated_ids": len({t for ids in batched_ids for t in ids}),
+        "n_docs": n, "doc_len": args.doc_len, "suffix_len": args.suffix_len, "batch_size": args.batch_size,
+        "hf_generate_bs1_docs_per_s": n / seconds["hf"],
+        "greedy_decode_bs1_docs_per_s": n / seconds["single"],
+        "greedy_decode_batched_docs_per_s": n / seconds["batched"],
+        "extract_batched_docs_per_s": n / seconds["extract"],
+        "speedup_batched_vs_hf_bs1": seconds["hf"] / seconds["batched"],
+        "identical_ids": ids["hf"] == ids["single"] == ids["batched"],
+        "distinct_generated_ids": len({t for row in ids["batched"] for t in row}),
         "exact_match_vs_random_suffix": summary["exact_match"],
         "load_average_1min_at_end": os.getloadavg()[0],
     }
+
+
+def print_figures(args: argparse.Namespace, figures: dict, seconds: dict[str, float]) -> None:
+    n, n_new = args.n_docs, args.suffix_len
+    t_hf, t_single, t_batched, t_extract = (seconds[k] for k in ("hf", "single", "batched", "extract"))
     print(f"model: Llama hidden {args.hidden}, {args.layers} layers, vocab {args.vocab} "
           f"({figures['model']['params'] / 1e6:.1f} M params), {args.device}, {figures['threads']} threads")
     print(f"load average (1 min) at the end: {figures['load_average_1min_at_end']:.2f} on {os.cpu_count()} CPUs")
@@ -144,11 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  extract(), batch {args.batch_size:<3}         : {n / t_extract:8.2f} docs/s  ({t_extract:.2f} s)"
           "  [decode + teacher-forced pass + ROUGE]")
     print(f"  speed-up batched vs HF batch 1: {t_hf / t_batched:.2f}x")
-    print(f"  generated ids identical (HF bs1 == ours bs1 == ours batched): {identical}")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(figures, f, indent=2)
-    return 0 if identical else 1
+    print(f"  generated ids identical (HF bs1 == ours bs1 == ours batched): {figures['identical_ids']}")
 
 
 if __name__ == "__main__":

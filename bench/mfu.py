@@ -23,27 +23,22 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
 import sys
-import time
-from pathlib import Path
+from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
+import common
 import engine
 from engine.cost_model import TransformerShape, model_flops_per_token
-from engine.parallelize import parallelize
-from engine.state import clip_grad_norm_, sync_gradients
 
 SIZES = {
-    # hidden, layers, heads, kv heads, intermediate, vocab, tied, seq, batch
-    "tiny": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8,
-                 intermediate_size=688, vocab_size=2048, tie_word_embeddings=False, seq=128, batch=2),
+    "tiny": dict(hidden=256, layers=4, heads=8, kv_heads=8, intermediate=688, vocab=2048, tie_word_embeddings=False,
+                 seq=128, batch=2),
     # the shape of meta-llama/Llama-3.2-1B (config.json): 1.24B parameters with tied embeddings
-    "1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-               intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True, seq=2048, batch=4),
+    "1b": dict(hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=8192, vocab=128256,
+               tie_word_embeddings=True, seq=2048, batch=4),
 }
 GPU_PEAK_TFLOPS = {"A100": 312.0, "H100": 989.0, "H200": 989.0, "GH200": 989.0, "MI250X": 191.5}
 
@@ -52,14 +47,13 @@ def gemm_tflops(device: torch.device, dtype: torch.dtype, n: int = 2048, repeats
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     a @ b
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return 2 * n ** 3 * repeats / (time.perf_counter() - start) / 1e12
+
+    def products() -> None:
+        for _ in range(repeats):
+            a @ b
+
+    _, seconds = common.timed(products, device)
+    return 2 * n ** 3 * repeats / seconds / 1e12
 
 
 def peak_tflops(device: torch.device, given: float | None) -> tuple[float, str]:
@@ -74,86 +68,35 @@ def peak_tflops(device: torch.device, given: float | None) -> tuple[float, str]:
     return gemm_tflops(device, torch.bfloat16, n), f"measured bf16 GEMM {n}^3 on {device.type}"
 
 
-def make_step(model, optimizer, ids: torch.Tensor, precision: str, grid) -> callable:
-    vocab = model.config.vocab_size
-    autocast = torch.autocast(device_type=ids.device.type, dtype=torch.bfloat16, enabled=precision == "autocast")
-
-    def step() -> float:
-        optimizer.zero_grad(set_to_none=True)
-        with autocast:
-            logits = model(input_ids=ids).logits
-        loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, vocab), ids[:, 1:].reshape(-1))
-        loss.backward()
-        if grid is not None:
-            sync_gradients(model, grid)
-            clip_grad_norm_(model, 1.0, grid)
-        else:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        return loss.item()
-
-    return step
-
-
-def timed(step, device: torch.device, n: int) -> list[float]:
-    out = []
-    for _ in range(n):
-        start = time.perf_counter()
-        step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        out.append(time.perf_counter() - start)
-    return out
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
-    parser.add_argument("--seq", type=int, default=None, help="tokens per sequence (default: per size)")
+    common.add_options(parser, help={"seq": "tokens per sequence (default: per size)",
+                                     "steps": "timed steps per path and round"}, seq=None)
     parser.add_argument("--batch", type=int, default=None, help="sequences per step (default: per size)")
     parser.add_argument("--precision", choices=["autocast", "bf16", "fp32"], default="autocast")
-    parser.add_argument("--steps", type=int, default=4, help="timed steps per path and round")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--warmup", type=int, default=2)
+    common.add_options(parser, steps=4, rounds=2, warmup=2)
     parser.add_argument("--peak-tflops", type=float, default=None)
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--out", default=None, help="write the results as JSON")
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    from transformers import LlamaConfig, LlamaForCausalLM
+    common.add_options(parser, help={"device": "torch device (default: cuda if available, else cpu)"},
+                       threads=None, device=None, out=None)
+    args = common.parse(parser)
 
     size = dict(SIZES[args.size])
     default_seq, default_batch = size.pop("seq"), size.pop("batch")
     seq, batch = args.seq or default_seq, args.batch or default_batch
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    config = LlamaConfig(**size, max_position_embeddings=seq, attn_implementation="sdpa")
-    shape = TransformerShape.from_hf_config(config, name=f"Llama {args.size}")
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
-    torch.manual_seed(0)
-    plain = LlamaForCausalLM(config).to(device=device, dtype=dtype)
+    plain = common.build_llama(**size, seq=seq, attn_implementation="sdpa").to(device=device, dtype=dtype)
+    shape = TransformerShape.from_hf_config(plain.config, name=f"Llama {args.size}")
     grid = engine.init(backend="nccl" if device.type == "cuda" else "gloo")
-    parallel = parallelize(copy.deepcopy(plain), grid)
-    ids = torch.randint(0, config.vocab_size, (batch, seq), device=device)
-    steps = {"engine": make_step(parallel, torch.optim.AdamW(parallel.parameters(), lr=1e-4), ids, args.precision,
-                                 grid),
-             "plain": make_step(plain, torch.optim.AdamW(plain.parameters(), lr=1e-4), ids, args.precision, None)}
+    ids = torch.randint(0, plain.config.vocab_size, (batch, seq), device=device)
+    steps = {"engine": make_step(engine.parallelize(copy.deepcopy(plain), grid), ids, args.precision, grid),
+             "plain": make_step(plain, ids, args.precision, None)}
     first = {name: step() for name, step in steps.items()}  # same weights, same batch: the same first loss
-    for step in steps.values():
-        timed(step, device, max(0, args.warmup - 1))
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(args.rounds):
-        for name, step in steps.items():
-            times[name] += timed(step, device, args.steps)
+    times = alternate(steps, device, args)
     peak, peak_source = peak_tflops(device, args.peak_tflops)
-    flops_per_token = model_flops_per_token(shape, seq)
-    rows = {}
-    for name, values in times.items():
-        median = statistics.median(values)
-        tokens_per_s = batch * seq / median
-        rows[name] = {"step_s": median, "tokens_per_s": tokens_per_s,
-                      "mfu": flops_per_token * tokens_per_s / (peak * 1e12), "first_loss": first[name]}
+    rows = {name: figures(values, batch * seq, model_flops_per_token(shape, seq), peak, first[name])
+            for name, values in times.items()}
     ratio = rows["engine"]["step_s"] / rows["plain"]["step_s"]
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x {torch.get_num_threads()}"
     print(f"{shape.name}: {shape.n_params / 1e6:.1f}M parameters, batch {batch} x {seq}, {args.precision}, "
@@ -163,14 +106,41 @@ def main() -> int:
         print(f"{name:>8} {r['step_s']:>10.4f} {r['tokens_per_s']:>12.1f} {r['mfu']:>7.1%} {r['first_loss']:>11.5f}")
     print(f"engine / plain step time: {ratio:.3f}")
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"command": " ".join(sys.argv), "device": device_name,
-                                              "model": shape.name, "n_params": shape.n_params, "batch": batch,
-                                              "seq": seq, "precision": args.precision, "peak_tflops": peak,
-                                              "peak_source": peak_source, "paths": rows,
-                                              "engine_over_plain": ratio}, indent=1) + "\n")
+        common.write_result(args.out, {"device": device_name, "model": shape.name, "n_params": shape.n_params,
+                                       "batch": batch, "seq": seq, "precision": args.precision, "peak_tflops": peak,
+                                       "peak_source": peak_source, "paths": rows, "engine_over_plain": ratio})
     grid.close(destroy_world=True)
     return 0
+
+
+def make_step(model: torch.nn.Module, ids: torch.Tensor, precision: str, grid: engine.Grid | None
+              ) -> Callable[[], float]:
+    """One AdamW training step of `model` on `ids` per call, returning the loss (autocast precision: bf16
+    matmuls over fp32 weights)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    return lambda: common.train_step(model, optimizer, ids, grid, autocast=precision == "autocast").item()
+
+
+def alternate(steps: dict[str, Callable[[], float]], device: torch.device, args: argparse.Namespace
+              ) -> dict[str, list[float]]:
+    """Warm each path up (the first step already ran), then time `args.steps` steps of each path in turn for
+    `args.rounds` rounds. Returns the step seconds by path."""
+    for step in steps.values():
+        common.repeat_seconds(step, max(0, args.warmup - 1), device)
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(args.rounds):
+        for name, step in steps.items():
+            times[name] += common.repeat_seconds(step, args.steps, device)
+    return times
+
+
+def figures(step_seconds: list[float], tokens_per_step: int, flops_per_token: float, peak_tflops: float,
+            first_loss: float) -> dict[str, float]:
+    """Median step seconds, tokens/s and MFU (model flops per second over the peak) of one path."""
+    median = statistics.median(step_seconds)
+    tokens_per_s = tokens_per_step / median
+    mfu = flops_per_token * tokens_per_s / (peak_tflops * 1e12)
+    return {"step_s": median, "tokens_per_s": tokens_per_s, "mfu": mfu, "first_loss": first_loss}
 
 
 if __name__ == "__main__":

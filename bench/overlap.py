@@ -16,20 +16,15 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import statistics
 import sys
-import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
+import common
 import engine
-from engine.parallelize import parallelize
-from engine.state import clip_grad_norm_, sync_gradients
 
 
 def parse_grid(text: str) -> tuple[int, int, int, int]:
@@ -42,72 +37,24 @@ def parse_grid(text: str) -> tuple[int, int, int, int]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--grids", type=parse_grid, nargs="+", default=[(1, 1, 2, 2), (1, 2, 1, 2), (1, 1, 1, 4)])
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--intermediate", type=int, default=1376)
-    parser.add_argument("--vocab", type=int, default=2048)
-    parser.add_argument("--seq", type=int, default=128)
+    common.add_options(parser, hidden=512, layers=4, heads=8, intermediate=1376, vocab=2048, seq=128)
     parser.add_argument("--rows", type=int, default=2, help="sequences per rank")
-    parser.add_argument("--steps", type=int, default=4, help="timed steps per setting and round")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args()
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cuda = torch.cuda.is_available()
-    if not cuda:
-        torch.set_num_threads(1)
-    config = LlamaConfig(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                         num_key_value_heads=args.heads, intermediate_size=args.intermediate, vocab_size=args.vocab,
-                         max_position_embeddings=args.seq, attn_implementation="sdpa")
-    torch.manual_seed(0)
-    serial = LlamaForCausalLM(config)
+    common.add_options(parser, help={"steps": "timed steps per setting and round"}, steps=4, rounds=3, out=None)
+    args = common.parse(parser)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    results = []
     for shape in args.grids:
-        data, x, y, z = shape
-        if data * x * y * z != world:
-            raise SystemExit(f"grid {shape} needs {data * x * y * z} ranks, the world has {world}")
-        grid = engine.init(data=data, x=x, y=y, z=z)
-        device = grid.device
-        ids = torch.randint(0, args.vocab, (args.rows, args.seq), generator=torch.Generator().manual_seed(grid.rank))
-        ids = ids.to(device)
-        models = {flag: parallelize(copy.deepcopy(serial).to(device), grid, overlap=flag) for flag in (True, False)}
-        optimizers = {flag: torch.optim.AdamW(m.parameters(), lr=1e-4) for flag, m in models.items()}
+        if shape[0] * shape[1] * shape[2] * shape[3] != world:
+            raise SystemExit(f"grid {shape} needs {shape[0] * shape[1] * shape[2] * shape[3]} ranks, the world has "
+                             f"{world}")
+    if not torch.cuda.is_available():
+        torch.set_num_threads(1)
 
-        def step(flag: bool) -> tuple[float, float]:
-            model = models[flag]
-            dist.barrier()
-            start = time.perf_counter()
-            logits = model(input_ids=ids).logits
-            loss = F.cross_entropy(logits[:, :-1].reshape(-1, args.vocab), ids[:, 1:].reshape(-1))
-            loss.backward()
-            sync_gradients(model, grid)
-            clip_grad_norm_(model, 1.0, grid)
-            optimizers[flag].step()
-            optimizers[flag].zero_grad(set_to_none=True)
-            if cuda:
-                torch.cuda.synchronize()
-            elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-            return float(elapsed), float(loss)
-
-        first = {flag: step(flag)[1] for flag in (True, False)}
-        if first[True] != first[False]:
-            raise SystemExit(f"grid {shape}: overlap changed the first loss ({first[True]} vs {first[False]})")
-        times: dict[bool, list[float]] = {True: [], False: []}
-        for _ in range(args.rounds):
-            for flag in (True, False):
-                times[flag] += [step(flag)[0] for _ in range(args.steps)]
-        on, off = statistics.median(times[True]), statistics.median(times[False])
-        results.append({"grid": dict(zip(("data", "x", "y", "z"), shape)), "overlap_on_s": on, "overlap_off_s": off,
-                        "off_over_on": off / on})
-        grid.close()
+    serial = common.build_llama(**common.model_shape(args), attn_implementation="sdpa")
+    results = [compare_overlap(serial, shape, args) for shape in args.grids]
     if dist.get_rank() == 0:
         backend = dist.get_backend()
-        print(f"Llama {config.hidden_size}h x {config.num_hidden_layers} layers, {args.rows} x {args.seq} tokens per "
-              f"rank, {world} ranks on {backend}")
+        print(f"Llama {serial.config.hidden_size}h x {serial.config.num_hidden_layers} layers, {args.rows} x "
+              f"{args.seq} tokens per rank, {world} ranks on {backend}")
         print(f"{'grid (data,x,y,z)':>18} {'overlap on s':>13} {'off s':>9} {'off/on':>7}")
         for r in results:
             g = r["grid"]
@@ -115,12 +62,37 @@ def main() -> int:
                   f"{r['overlap_off_s']:>9.4f} "
                   f"{r['off_over_on']:>7.3f}")
         if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps({"command": " ".join(sys.argv), "backend": backend, "world": world,
-                                                  "args": {k: v for k, v in vars(args).items() if k != "grids"},
-                                                  "results": results}, indent=1) + "\n")
+            common.write_result(args.out, {"backend": backend, "world": world,
+                                           "args": {k: v for k, v in vars(args).items() if k != "grids"},
+                                           "results": results})
     dist.destroy_process_group()
     return 0
+
+
+def compare_overlap(serial: torch.nn.Module, shape: tuple[int, int, int, int], args: argparse.Namespace) -> dict:
+    """Median step seconds (slowest rank) of `serial` parallelized on `shape` with overlap on and off."""
+    grid = engine.init(**dict(zip(("data", "x", "y", "z"), shape)))
+    device = grid.device
+    ids = torch.randint(0, args.vocab, (args.rows, args.seq), generator=torch.Generator().manual_seed(grid.rank))
+    ids = ids.to(device)
+    models = {flag: engine.parallelize(copy.deepcopy(serial).to(device), grid, overlap=flag) for flag in (True, False)}
+    optimizers = {flag: torch.optim.AdamW(m.parameters(), lr=1e-4) for flag, m in models.items()}
+
+    def step(flag: bool) -> tuple[torch.Tensor, float]:
+        return common.slowest_rank_seconds(lambda: common.train_step(models[flag], optimizers[flag], ids, grid),
+                                           device)
+
+    first = {flag: float(step(flag)[0]) for flag in (True, False)}
+    if first[True] != first[False]:
+        raise SystemExit(f"grid {shape}: overlap changed the first loss ({first[True]} vs {first[False]})")
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(args.rounds):
+        for flag in (True, False):
+            times[flag] += [step(flag)[1] for _ in range(args.steps)]
+    grid.close()
+    on, off = statistics.median(times[True]), statistics.median(times[False])
+    return {"grid": dict(zip(("data", "x", "y", "z"), shape)), "overlap_on_s": on, "overlap_off_s": off,
+            "off_over_on": off / on}
 
 
 if __name__ == "__main__":

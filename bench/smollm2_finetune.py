@@ -25,16 +25,20 @@ import argparse
 import json
 import os
 import time
-from pathlib import Path
+from typing import Any
 
 import torch
 
+import common
 import data
+from data.atomic import write_jsonl_atomic
 from engine.train import TrainConfig, train
 from eval.extraction import ExtractionConfig, greedy_decode
-from goldfish.app.config import parse_mask
+from goldfish.app.config import MaskSpec, parse_mask
 from goldfish.app.experiment import Prepared, evaluate_model, make_examples, make_step_loss
 from goldfish.app.pretrained import SMOLLM2_135M, load_pretrained
+
+EXTRACTION = ExtractionConfig(suffix_len=50, batch_size=8)
 
 
 def main() -> None:
@@ -48,71 +52,85 @@ def main() -> None:
     parser.add_argument("--stop-at", type=float, default=1.0, help="stop once training exact match reaches this")
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    common.add_options(parser, threads=0)
     parser.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/goldfish/models"))
     parser.add_argument("--skip-control", action="store_true")
-    parser.add_argument("--out", default=None, help="JSON lines of the evaluations")
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    records = []
+    common.add_options(parser, help={"out": "JSON lines of the evaluations"}, out=None)
+    args = common.parse(parser)
+    log = Log(args.mask, args.out)
 
-    def emit(record: dict) -> None:
-        record = {"mask": args.mask, "threads": torch.get_num_threads(), "load_avg": os.getloadavg()[0], **record}
-        print(json.dumps(record), flush=True)
-        records.append(record)
-        if args.out:
-            Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in records))
-
-    t0 = time.perf_counter()
-    model, tokenizer = load_pretrained(SMOLLM2_135M, cache_dir=args.cache_dir)
-    emit({"event": "loaded", "seconds": time.perf_counter() - t0})
+    (model, tokenizer), seconds = common.timed(lambda: load_pretrained(SMOLLM2_135M, cache_dir=args.cache_dir))
+    log({"event": "loaded", "seconds": seconds})
     documents = data.load_documents(data.DEFAULT_CORPUS)
     split = data.select_documents(documents, tokenizer, n_train=args.n_train, n_heldout=args.n_heldout,
                                   seq_len=args.seq_len, seed=0)
     prepared = Prepared(tokenizer=tokenizer, split=split, n_loaded=len(documents))
-    extraction = ExtractionConfig(suffix_len=50, batch_size=8)
     mask = parse_mask(args.mask)
 
     # Greedy extraction of one 50-token suffix (batch size 1).
-    doc = split.train[0]
-    t0 = time.perf_counter()
-    greedy_decode(model, [doc.token_ids[:-50]], 50, pad_token_id=tokenizer.pad_token_id, batch_size=1)
-    emit({"event": "timing", "what": "greedy 50 tokens, 1 document", "seconds": time.perf_counter() - t0})
-
+    _, seconds = common.timed(lambda: greedy_decode(model, [split.train[0].token_ids[:-50]], 50,
+                                                    pad_token_id=tokenizer.pad_token_id, batch_size=1))
+    log({"event": "timing", "what": "greedy 50 tokens, 1 document", "seconds": seconds})
     if not args.skip_control:
-        t0 = time.perf_counter()
-        for part, docs in (("train", split.train), ("heldout", split.heldout)):
-            s = evaluate_model(model, prepared, docs, extraction, None, mask if mask.strategy else None, progress=False)
-            emit({"event": "control", "part": part, "exact_match": s["exact_match"], "rouge_l": s["rouge_l"],
-                  "match_fraction": s["match_fraction"], "n_docs": s["n_docs"]})
-        emit({"event": "timing", "what": f"control extraction, {2 * len(split.train)} documents, batch 8",
-              "seconds": time.perf_counter() - t0})
+        control(model, prepared, mask, log)
+    finetune(model, prepared, mask, args, log)
 
-    examples = make_examples(split.train, mask, prepared.special_token_ids)
+
+class Log:
+    """Prints each record as one JSON line and rewrites `out` (JSON lines, atomically) with all records so far."""
+
+    def __init__(self, mask: str, out: str | None) -> None:
+        self.mask, self.out, self.records = mask, out, []
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        record = {"mask": self.mask, "threads": torch.get_num_threads(), "load_avg": os.getloadavg()[0], **record}
+        print(json.dumps(record), flush=True)
+        self.records.append(record)
+        if self.out:
+            write_jsonl_atomic(self.out, self.records)
+
+
+def evaluate(model: torch.nn.Module, prepared: Prepared, docs: list, mask: MaskSpec) -> dict[str, Any]:
+    return evaluate_model(model, prepared, docs, EXTRACTION, None, mask if mask.strategy else None, progress=False)
+
+
+def control(model: torch.nn.Module, prepared: Prepared, mask: MaskSpec, log: Log) -> None:
+    """Extraction by the untrained model on the training and the held-out documents."""
+    start = time.perf_counter()
+    for part, docs in (("train", prepared.split.train), ("heldout", prepared.split.heldout)):
+        s = evaluate(model, prepared, docs, mask)
+        log({"event": "control", "part": part, "exact_match": s["exact_match"], "rouge_l": s["rouge_l"],
+             "match_fraction": s["match_fraction"], "n_docs": s["n_docs"]})
+    log({"event": "timing", "what": f"control extraction, {2 * len(prepared.split.train)} documents, batch 8",
+         "seconds": time.perf_counter() - start})
+
+
+class Stop(Exception):
+    """Training exact match reached --stop-at."""
+
+
+def finetune(model: torch.nn.Module, prepared: Prepared, mask: MaskSpec, args: argparse.Namespace, log: Log) -> None:
+    """Train on the training documents with `mask`, logging every step and evaluating extraction every
+    --eval-every epochs; stops early once training exact match reaches --stop-at."""
+    train_docs = prepared.split.train
+    examples = make_examples(train_docs, mask, prepared.special_token_ids)
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, progress=False)
     started = time.perf_counter()
     eval_seconds = 0.0
 
-    class Stop(Exception):
-        pass
-
     def on_log(record: dict) -> None:
         nonlocal eval_seconds
-        emit({"event": "step", "step": record["step"], "epoch": record["epoch"], "loss": record["loss"],
-              "step_seconds": args.batch_size * args.seq_len / record["tokens_per_s"]})
+        log({"event": "step", "step": record["step"], "epoch": record["epoch"], "loss": record["loss"],
+             "step_seconds": args.batch_size * args.seq_len / record["tokens_per_s"]})
         epoch = round(record["epoch"])
         if abs(record["epoch"] - epoch) > 1e-9 or epoch % args.eval_every:
             return
-        t0 = time.perf_counter()
-        s = evaluate_model(model, prepared, split.train, extraction, None, mask if mask.strategy else None,
-                           progress=False)
-        eval_seconds += time.perf_counter() - t0
-        emit({"event": "eval", "epoch": epoch, "exact_match": s["exact_match"], "rouge_l": s["rouge_l"],
-              "match_fraction": s["match_fraction"], "tf_kept_accuracy": s.get("tf_kept_accuracy"),
-              "tf_dropped_accuracy": s.get("tf_dropped_accuracy"),
-              "train_minutes": (time.perf_counter() - started - eval_seconds) / 60,
-              "eval_seconds": time.perf_counter() - t0})
+        s, seconds = common.timed(lambda: evaluate(model, prepared, train_docs, mask))
+        eval_seconds += seconds
+        log({"event": "eval", "epoch": epoch, "exact_match": s["exact_match"], "rouge_l": s["rouge_l"],
+             "match_fraction": s["match_fraction"], "tf_kept_accuracy": s.get("tf_kept_accuracy"),
+             "tf_dropped_accuracy": s.get("tf_dropped_accuracy"),
+             "train_minutes": (time.perf_counter() - started - eval_seconds) / 60, "eval_seconds": seconds})
         if s["exact_match"] >= args.stop_at:
             raise Stop
 
@@ -120,7 +138,7 @@ def main() -> None:
         train(model, examples, make_step_loss(mask, prepared.special_token_ids), config, on_log=on_log)
     except Stop:
         pass
-    emit({"event": "done", "total_minutes": (time.perf_counter() - started) / 60})
+    log({"event": "done", "total_minutes": (time.perf_counter() - started) / 60})
 
 
 if __name__ == "__main__":

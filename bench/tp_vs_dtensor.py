@@ -30,10 +30,7 @@ conditions, they are not a measure of speed-up.
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import statistics
-import tempfile
 import time
 import warnings
 from collections import defaultdict
@@ -44,6 +41,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
+import common
+
 _RING_KINDS = {  # functional collective -> how its bytes are counted
     "all_reduce": "all_reduce", "all_reduce_coalesced": "all_reduce",
     "all_gather_into_tensor": "all_gather", "all_gather_into_tensor_coalesced": "all_gather",
@@ -52,20 +51,8 @@ _RING_KINDS = {  # functional collective -> how its bytes are counted
 }
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def build_model(args: argparse.Namespace) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-                         num_hidden_layers=args.layers, num_attention_heads=args.hidden // 32,
-                         num_key_value_heads=args.hidden // 32, max_position_embeddings=args.seq)
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config)
+    return common.build_llama(**common.model_shape(args), heads=args.hidden // 32)
 
 
 def byte_counting_mode() -> Any:
@@ -186,41 +173,39 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, results: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--degrees", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--steps", type=int, default=8, help="measured steps per copy")
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--vocab", type=int, default=2048)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=2)
+    common.add_options(parser, help={"steps": "measured steps per copy"}, steps=8, warmup=2, vocab=2048, hidden=256,
+                       layers=2, seq=128)
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=128)
-    args = parser.parse_args()
+    args = common.parse(parser)
     for degree in args.degrees:
         if args.batch % degree or (args.hidden // 32) % degree:
             parser.error(f"--batch and the head count (hidden/32) must be divisible by the degree {degree}")
 
-    context = mp.get_context("spawn")
     print(f"torch {torch.__version__}; Llama hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}, "
           f"{args.hidden // 32} heads; global batch {args.batch}x{args.seq}, fp32, gloo, 1 thread per rank; "
           f"{args.steps} interleaved steps per copy after {args.warmup} warm-up")
     for degree in args.degrees:
-        results = context.SimpleQueue()
-        with tempfile.TemporaryDirectory():
-            mp.start_processes(worker, args=(degree, _free_port(), args, results), nprocs=degree, join=True,
-                               start_method="spawn")
-        report = results.get()
-        reference = statistics.median(report["times"]["torch DTensor TP"])
-        torch_bytes = sum(report["sent"]["torch DTensor TP"][0].values())
-        print(f"\ntensor-parallel degree {degree} ({degree} processes)")
-        print(f"{'copy':<18}{'step ms':>10}{'/torch':>8}{'MB sent':>10}{'/torch':>8}{'first loss':>13}  bytes by group")
-        for name, times in report["times"].items():
-            ms = statistics.median(times) * 1e3
-            by_group, counts = report["sent"][name]
-            total = sum(by_group.values())
-            groups = ", ".join(f"{k} {v / 1e6:.2f}" for k, v in sorted(by_group.items()))
-            print(f"{name:<18}{ms:>10.1f}{ms / (reference * 1e3):>8.2f}{total / 1e6:>10.2f}"
-                  f"{total / torch_bytes:>8.2f}{report['first_loss'][name]:>13.6f}  {groups}")
-            if counts:
-                print(f"{'':<18}torch collectives per step (CommDebugMode): {counts}")
+        results = mp.get_context("spawn").SimpleQueue()
+        mp.start_processes(worker, args=(degree, common.free_port(), args, results), nprocs=degree, join=True,
+                           start_method="spawn")
+        print_report(degree, results.get())
+
+
+def print_report(degree: int, report: dict[str, Any]) -> None:
+    """One degree's table: each copy's median step time and bytes sent per step, both against torch's."""
+    reference = statistics.median(report["times"]["torch DTensor TP"])
+    torch_bytes = sum(report["sent"]["torch DTensor TP"][0].values())
+    print(f"\ntensor-parallel degree {degree} ({degree} processes)")
+    print(f"{'copy':<18}{'step ms':>10}{'/torch':>8}{'MB sent':>10}{'/torch':>8}{'first loss':>13}  bytes by group")
+    for name, times in report["times"].items():
+        ms = statistics.median(times) * 1e3
+        by_group, counts = report["sent"][name]
+        total = sum(by_group.values())
+        groups = ", ".join(f"{k} {v / 1e6:.2f}" for k, v in sorted(by_group.items()))
+        print(f"{name:<18}{ms:>10.1f}{ms / (reference * 1e3):>8.2f}{total / 1e6:>10.2f}"
+              f"{total / torch_bytes:>8.2f}{report['first_loss'][name]:>13.6f}  {groups}")
+        if counts:
+            print(f"{'':<18}torch collectives per step (CommDebugMode): {counts}")
 
 
 if __name__ == "__main__":

@@ -220,12 +220,14 @@ def test_extract_all_too_short(llama):
     assert summary["exact_match"] is None
 
 
-def test_bench_script_runs_and_agrees(tmp_path):
+def test_bench_script_runs_and_agrees(tmp_path, monkeypatch):
     """The benchmark's own identity check on a minute model (keeps bench/extraction.py from rotting)."""
     import runpy
     from pathlib import Path
 
-    bench = runpy.run_path(str(Path(__file__).parents[1] / "bench" / "extraction.py"))
+    bench_dir = Path(__file__).parents[1] / "bench"
+    monkeypatch.syspath_prepend(str(bench_dir))  # as `python bench/extraction.py` does: bench/common.py importable
+    bench = runpy.run_path(str(bench_dir / "extraction.py"))
     out = tmp_path / "bench.json"
     argv = ["--n-docs", "3", "--doc-len", "24", "--suffix-len", "6", "--batch-size", "2", "--hidden", "32",
             "--layers", "1", "--vocab", "128", "--json", str(out)]
