@@ -21,6 +21,7 @@ import engine
 import engine.train as engine_train
 from data.atomic import write_json_atomic, write_jsonl_atomic
 from engine.grid import AXES, Grid, is_main_process
+from engine.vocab_parallel import causal_lm_token_losses, is_vocab_parallel
 from eval import parallel as parallel_eval
 from eval.breakdown import group_means, tag_rows
 from eval.divergence import divergence_row, divergence_summary, suffix_dropped_flags
@@ -29,7 +30,7 @@ from goldfish.app.config import DataSpec, Instruments, MaskSpec, TrainSpec, pars
 from goldfish.app.models import build_tiny_model, is_tiny_model
 from goldfish.app.pretrained import (DEFAULT_MODEL_CACHE, load_gguf_tokenizer, load_pretrained, load_pretrained_model,
                                      resolve_gguf)
-from goldfish.loss import goldfish_loss
+from goldfish.loss import goldfish_loss_from_token_losses
 from goldfish.masks import causal_targets, drop_mask
 
 RUN_FILE = "goldfish_run.json"
@@ -143,8 +144,10 @@ def make_step_loss(mask: MaskSpec, special_token_ids: Sequence[int]) -> engine_t
                 _random_draw(mask, batch["targets"][row:row + 1].cpu(), special_token_ids, step=step,
                              example_index=int(index))
                 for row, index in enumerate(batch["example_index"])]).to(dropped.device)
-        logits = model(input_ids=batch["input_ids"]).logits  # (B, T, V)
-        result = goldfish_loss(logits, batch["targets"], dropped)
+        # per-token losses from the hidden states: full-vocabulary logits are never built (vocabulary-parallel
+        # over the tensor-parallel ranks when the lm_head is split), the mask splits them as goldfish_loss does
+        token_ce = causal_lm_token_losses(model, batch["input_ids"], batch["targets"])  # (B, T) float32
+        result = goldfish_loss_from_token_losses(token_ce, batch["targets"], dropped)
         extras = {"all_loss": (float(result.all_loss) * result.n_all, result.n_all),
                   "dropped_loss": (float(result.dropped_loss) * result.n_dropped if result.n_dropped else 0.0,
                                    result.n_dropped)}
@@ -223,6 +226,9 @@ def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = N
     if grid is not None:
         record["grid"] = grid_sizes(grid)
         model = engine.parallelize(model.to(grid.device), grid)
+        # embeddings and lm_head split by vocabulary over x*y*z (on whenever the grid has tensor parallelism and
+        # the vocabulary divides)
+        record["vocab_parallel"] = is_vocab_parallel(model.get_input_embeddings())
         save = lambda m, d: save_parallel_hf_model(m, grid, prepared.tokenizer, record, d)  # noqa: E731
     else:
         save = lambda m, d: save_hf_model(m, prepared.tokenizer, record, d)  # noqa: E731
