@@ -79,9 +79,10 @@ class _ChunkedVocabCE(torch.autograd.Function):
             for start in range(0, n, chunk):
                 end = min(start + chunk, n)
                 logits = torch.matmul(hidden[start:end].to(compute), w.t()).to(stats_dtype)  # (C, V_local)
-                stats[0, start:end] = torch.logsumexp(logits, dim=-1)
                 picked = logits.gather(1, picked_index[start:end]).squeeze(1)
                 stats[1, start:end] = torch.where(mine[start:end], picked, torch.zeros_like(picked))
+                top = logits.amax(dim=-1, keepdim=True)  # log-sum-exp in place: one (C, V_local) tensor alive
+                stats[0, start:end] = logits.sub_(top).exp_().sum(-1).log_().add_(top.squeeze(-1))
                 del logits
         if group is not None and group.size > 1:
             everyone = comm.all_gather(stats.unsqueeze(0), group, 0)  # (P, 2, N)
@@ -112,17 +113,20 @@ class _ChunkedVocabCE(torch.autograd.Function):
             for start in range(0, n, chunk):
                 end = min(start + chunk, n)
                 h = hidden[start:end].to(compute)
-                logits = torch.matmul(h, w.t()).to(lse.dtype)
-                # d loss / d logits = softmax - one_hot(target), times the incoming gradient of each token's loss
-                grad_logits = torch.exp(logits - lse[start:end, None])
-                del logits
+                # d loss / d logits = softmax - one_hot(target), times the incoming gradient of each token's loss;
+                # in place, so that one (C, V_local) tensor is alive at a time
+                grad_logits = torch.matmul(h, w.t()).to(lse.dtype).sub_(lse[start:end, None]).exp_()
                 hit = mine[start:end]
                 grad_logits[rows[:end - start][hit], local_targets[start:end][hit]] -= 1
-                grad_logits = (grad_logits * scale[start:end, None]).to(compute)
+                grad_logits = grad_logits.mul_(scale[start:end, None]).to(compute)
                 if need_hidden:
                     grad_hidden[start:end] = torch.matmul(grad_logits, w).to(hidden.dtype)
                 if need_weight:
-                    grad_weight += torch.matmul(grad_logits.t(), h).to(grad_weight.dtype)
+                    if grad_logits.dtype == grad_weight.dtype:
+                        grad_weight.addmm_(grad_logits.t(), h)  # no (V_local, H) temporary per chunk
+                    else:
+                        grad_weight += torch.matmul(grad_logits.t(), h).to(grad_weight.dtype)
+                del grad_logits
         return (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None, None)
 
 

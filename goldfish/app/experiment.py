@@ -21,6 +21,7 @@ import engine
 import engine.train as engine_train
 from data.atomic import write_json_atomic, write_jsonl_atomic
 from engine.grid import AXES, Grid, is_main_process
+from engine.loading import can_load_sharded, load_sharded
 from engine.vocab_parallel import causal_lm_token_losses, is_vocab_parallel
 from eval import parallel as parallel_eval
 from eval.breakdown import group_means, tag_rows
@@ -96,10 +97,16 @@ def initial_model(model_name: str, prepared: Prepared, seed: int) -> nn.Module:
         model, _ = load_pretrained(model_name, cache_dir=DEFAULT_MODEL_CACHE)
     else:
         model = load_pretrained_model(model_name)
-    if model.get_input_embeddings().num_embeddings < len(tokenizer):
-        raise ValueError(f"tokenizer has {len(tokenizer)} tokens but model {model_name!r} embeds only "
-                         f"{model.get_input_embeddings().num_embeddings}: use the model's own tokenizer")
+    check_vocabulary(model, prepared, model_name)
     return model
+
+
+def check_vocabulary(model: nn.Module, prepared: Prepared, model_name: str) -> None:
+    """Refuse a tokenizer with more tokens than the model embeds."""
+    vocab = model.get_input_embeddings().num_embeddings
+    if vocab < len(prepared.tokenizer):
+        raise ValueError(f"tokenizer has {len(prepared.tokenizer)} tokens but model {model_name!r} embeds only "
+                         f"{vocab}: use the model's own tokenizer")
 
 
 def make_examples(documents: Sequence[data.TokenizedDocument], mask: MaskSpec,
@@ -210,6 +217,10 @@ def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = N
     on_epoch_end(model, epoch, step) runs after each epoch on every rank (see engine.train.train).
     """
     prepared = prepared or prepare_data(spec.data, spec.model, log=log)
+    if model is None and grid is not None and resume_from is None and can_load_sharded(spec.model):
+        # an HF folder under a grid: built on the meta device, each rank reads only its own slices
+        model = load_sharded(spec.model, grid)
+        check_vocabulary(model, prepared, spec.model)
     model = model if model is not None else initial_model(spec.model, prepared, spec.init_seed)
     if resume_from is not None:
         load_model_weights(model, resume_from)  # full weights: valid at any grid, sharded below
