@@ -11,8 +11,8 @@ processes on a grid x=2, y=2 and loads in bf16:
              before engine/loading.py)
     sharded  engine.loading.load_sharded(folder, grid): meta-device build, each rank reads its own slices
 
-Reported per rank: resident memory (ru_maxrss, which counts touched pages of the memory-mapped file too) before
-loading (torch and transformers imported) and at its peak, and the bytes of parameters the rank holds afterwards.
+Reported per rank: resident memory (/proc/self/status VmRSS, which counts touched pages of the memory-mapped file
+too) before loading (torch and transformers imported), and its peak while loading (VmHWM, reset just before), and the bytes of parameters the rank holds afterwards.
 The paths run one after the other, the sharded one first.
 """
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import tempfile
 from pathlib import Path
 
@@ -52,11 +51,42 @@ def make_checkpoint(folder: Path) -> int:
     return sum(t.numel() for t in tensors.values())
 
 
-def _rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def _status(field: str) -> int:
+    """A byte count of /proc/self/status (VmRSS: resident now; VmHWM: its peak since the last reset)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
 
 
-def _rank(rank: int, path: str, folder: str, init_file: str, results) -> None:
+class _Sampler:
+    """Peak anonymous (private) and file-backed resident memory, sampled every 5 ms in a thread: VmHWM alone mixes
+    the two, and pages of a memory-mapped checkpoint count as resident while touched."""
+
+    def __init__(self) -> None:
+        import threading
+        self.peak = {"RssAnon": 0, "RssFile": 0}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            for field in self.peak:
+                self.peak[field] = max(self.peak[field], _status(field))
+            self.stop.wait(0.005)
+
+    def finish(self) -> dict[str, int]:
+        self.stop.set()
+        self.thread.join()
+        return self.peak
+
+
+def _reset_peak() -> None:
+    Path("/proc/self/clear_refs").write_text("5")  # Linux: VmHWM := VmRSS (ru_maxrss cannot be reset)
+
+
+def _rank(rank: int, path: str, folder: str, init_file: str, results, dtype_name: str = "bfloat16") -> None:
     torch.set_num_threads(1)
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
@@ -66,22 +96,29 @@ def _rank(rank: int, path: str, folder: str, init_file: str, results) -> None:
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=4)
     grid = engine.init(x=2, y=2)
-    before = _rss()
+    before = _status("VmRSS")
+    anon_before = _status("RssAnon")
+    _reset_peak()
+    sampler = _Sampler()
     if path == "sharded":
-        model = load_sharded(folder, grid, dtype=torch.bfloat16)
+        model = load_sharded(folder, grid, dtype=getattr(torch, dtype_name))
     else:
-        model = engine.parallelize(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16), grid)
+        model = engine.parallelize(AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype_name)), grid)
     held = sum(p.numel() * p.element_size() for p in model.parameters())
-    results.put({"path": path, "rank": rank, "rss_before": before, "rss_peak": _rss(), "param_bytes": held})
+    peak = _status("VmHWM")
+    sampled = sampler.finish()
+    results.put({"path": path, "rank": rank, "rss_before": before, "rss_peak": peak, "param_bytes": held,
+                 "anon_before": anon_before, "anon_peak": sampled["RssAnon"], "file_peak": sampled["RssFile"]})
     grid.close()
     dist.destroy_process_group()
 
 
-def measure(path: str, folder: Path) -> list[dict]:
+def measure(path: str, folder: Path, dtype_name: str = "bfloat16") -> list[dict]:
     context = mp.get_context("spawn")
     results = context.Queue()
     with tempfile.TemporaryDirectory() as tmp:
-        procs = [context.Process(target=_rank, args=(r, path, str(folder), os.path.join(tmp, "rdv"), results))
+        procs = [context.Process(target=_rank, args=(r, path, str(folder), os.path.join(tmp, "rdv"), results,
+                                                            dtype_name))
                  for r in range(4)]
         for p in procs:
             p.start()
@@ -95,6 +132,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--folder", type=Path, default=Path("/tmp/goldfish_llama_1b"))
     parser.add_argument("--paths", default="sharded,whole")
+    parser.add_argument("--dtype", default="bfloat16", help="dtype the model is loaded in (the app loads float32)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if not (args.folder / "model.safetensors").is_file():
@@ -104,15 +142,17 @@ def main() -> None:
     size = (args.folder / "model.safetensors").stat().st_size
     rows = []
     for path in args.paths.split(","):
-        rows += measure(path, args.folder)
+        rows += measure(path, args.folder, args.dtype)
     gib = 2**30
-    print(f"checkpoint {size / gib:.2f} GiB (bf16); grid x=2, y=2")
-    print(f"{'path':<8} {'rank':>4} {'RSS before GiB':>15} {'RSS peak GiB':>13} {'peak - before':>14} {'params held GiB':>16}")
+    print(f"checkpoint {size / gib:.2f} GiB (bf16), loaded as {args.dtype}; grid x=2, y=2")
+    print(f"{'path':<8} {'rank':>4} {'RSS before':>10} {'RSS peak':>9} {'anon peak - before':>19} "
+          f"{'file-backed peak':>17} {'params held':>12}   (GiB)")
     for row in rows:
-        print(f"{row['path']:<8} {row['rank']:>4} {row['rss_before'] / gib:>15.2f} {row['rss_peak'] / gib:>13.2f} "
-              f"{(row['rss_peak'] - row['rss_before']) / gib:>14.2f} {row['param_bytes'] / gib:>16.2f}")
+        print(f"{row['path']:<8} {row['rank']:>4} {row['rss_before'] / gib:>10.2f} {row['rss_peak'] / gib:>9.2f} "
+              f"{(row['anon_peak'] - row['anon_before']) / gib:>19.2f} {row['file_peak'] / gib:>17.2f} "
+              f"{row['param_bytes'] / gib:>12.2f}")
     if args.json:
-        args.json.write_text(json.dumps({"checkpoint_bytes": size, "config": CONFIG, "grid": {"x": 2, "y": 2},
+        args.json.write_text(json.dumps({"checkpoint_bytes": size, "config": CONFIG, "dtype": args.dtype, "grid": {"x": 2, "y": 2},
                                          "rows": rows}, indent=2) + "\n")
 
 
