@@ -42,6 +42,7 @@ from data.atomic import replace_directory, staging_directory, write_atomic, writ
 from engine import comm
 from engine.grid import AXES, Grid, GridShape
 from engine.linear import ParallelLinear, mode_axes
+from engine.vocab_parallel import is_vocab_parallel
 from engine.zero import full, like, model_class_name, optimizer_value
 
 FORMAT = "goldfish-engine-checkpoint"
@@ -68,7 +69,9 @@ class _Entry:
     """How one state-dict key is stored.
 
     kind: "replicated" (one full tensor, written by rank 0), "weight" or "bias" (ParallelLinear pieces),
-        or "alias" (the same tensor as key `alias_of`, e.g. a tied lm_head).
+        "vocab" (a vocabulary-parallel embedding or lm_head: rows split evenly over x*y*z in the group order
+        x + X*y + X*Y*z, see engine/vocab_parallel.py), or "alias" (the same tensor as key `alias_of`, e.g. a
+        tied lm_head; its shape is the full one).
     shape: the tensor's full shape in the SERIAL model (GPT-2 Conv1D weights are (in, out)).
     mode, out_order, layout: the ParallelLinear's mode, output order (None = natural) and serial layout
         ("linear" (out, in) or "conv1d" (in, out)); unused for replicated tensors.
@@ -102,8 +105,9 @@ class _Entry:
 
 # ----- describing a model -------------------------------------------------------------------------------
 
-def _describe(model: nn.Module) -> tuple[dict[str, _Entry], dict[str, torch.Tensor], dict[str, ParallelLinear]]:
-    """Every state-dict key of `model` with its _Entry, its local tensor, and its ParallelLinear if any."""
+def _describe(model: nn.Module) -> tuple[dict[str, _Entry], dict[str, torch.Tensor], dict[str, Any]]:
+    """Every state-dict key of `model` with its _Entry, its local tensor, and its ParallelLinear or
+    vocabulary-parallel module if any."""
     layers: dict[str, ParallelLinear] = {}
     for name, module in model.named_modules(remove_duplicate=False):
         if isinstance(module, ParallelLinear):
@@ -111,6 +115,11 @@ def _describe(model: nn.Module) -> tuple[dict[str, _Entry], dict[str, torch.Tens
             layers[f"{prefix}weight"] = module
             if module.bias is not None:
                 layers[f"{prefix}bias"] = module
+    vocab: dict[str, Any] = {}  # vocabulary-parallel modules by their weight's key
+    for name, module in model.named_modules(remove_duplicate=False):
+        if is_vocab_parallel(module):
+            vocab[f"{name}.weight" if name else "weight"] = module
+    full_shapes = {id(m.weight): (m.full_vocab, *m.weight.shape[1:]) for m in vocab.values()}
     entries: dict[str, _Entry] = {}
     tensors: dict[str, torch.Tensor] = {}
     first_key: dict[int, str] = {}
@@ -118,9 +127,14 @@ def _describe(model: nn.Module) -> tuple[dict[str, _Entry], dict[str, torch.Tens
         dtype = str(tensor.dtype).removeprefix("torch.")
         tensors[key] = tensor
         if id(tensor) in first_key:
-            entries[key] = _Entry("alias", tuple(tensor.shape), dtype, alias_of=first_key[id(tensor)])
+            shape = full_shapes.get(id(tensor), tuple(tensor.shape))
+            entries[key] = _Entry("alias", tuple(shape), dtype, alias_of=first_key[id(tensor)])
             continue
         first_key[id(tensor)] = key
+        if key in vocab:
+            entries[key] = _Entry("vocab", tuple(full_shapes[id(tensor)]), dtype)
+            layers[key] = vocab[key]
+            continue
         layer = layers.get(key)
         if layer is None:
             entries[key] = _Entry("replicated", tuple(tensor.shape), dtype)
@@ -138,7 +152,7 @@ def _owner(entry: _Entry, coords: dict[str, int], shape: GridShape) -> int:
     """The rank whose shard file holds the piece that the rank at `coords` keeps of this entry."""
     if entry.kind == "replicated":
         return 0
-    owner = {"x": coords["x"], "y": coords["y"], "z": coords["z"], "data": 0}
+    owner = {"x": coords["x"], "y": coords["y"], "z": coords["z"], "data": 0}  # also a "vocab" shard's writer
     if entry.kind == "bias":  # replicated over the axis that splits the input: its index 0 writes it
         owner[mode_axes(entry.mode)[0]] = 0
     return shape.rank(owner)
@@ -432,6 +446,8 @@ class _Shards:
         """The full tensor of `key` (a "model/..." or "optim/..." name) in the serial model's layout."""
         if entry.kind == "replicated":
             return self.get(0, key)
+        if entry.kind == "vocab":
+            return self._full_vocab(entry, key)
         in_axis, out_axis = mode_axes(entry.mode)
         n_in, n_out, n_z = self.shape.size(in_axis), self.shape.size(out_axis), self.shape.z
         natural_shape = entry.shape[::-1] if entry.kind == "weight" and entry.layout == "conv1d" else entry.shape
@@ -464,10 +480,31 @@ class _Shards:
         return natural
 
 
-def _local_piece(full: torch.Tensor, entry: _Entry, layer: ParallelLinear | None) -> torch.Tensor:
-    """This rank's piece of a serial-layout full tensor for the current model's entry."""
+    def _full_vocab(self, entry: _Entry, key: str) -> torch.Tensor:
+        """Rows of a vocabulary-parallel tensor, concatenated in x*y*z group order (x fastest)."""
+        shape = self.shape
+        parts = shape.x * shape.y * shape.z
+        pieces = []
+        for z in range(shape.z):
+            for y in range(shape.y):
+                for x in range(shape.x):
+                    piece = self.get(shape.rank({"x": x, "y": y, "z": z}), key)
+                    expected = (entry.shape[0] // parts, *entry.shape[1:])
+                    if tuple(piece.shape) != expected:
+                        raise CheckpointError(f"{key} in the shard of x={x}, y={y}, z={z} has shape "
+                                              f"{list(piece.shape)}, the metadata implies {list(expected)}; the "
+                                              "checkpoint is corrupt")
+                    pieces.append(piece)
+        return torch.cat(pieces, 0)
+
+
+def _local_piece(full: torch.Tensor, entry: _Entry, layer: Any) -> torch.Tensor:
+    """This rank's piece of a serial-layout full tensor for the current model's entry (`layer`: its
+    ParallelLinear or vocabulary-parallel module, None for a replicated tensor)."""
     if entry.kind == "replicated" or layer is None:
         return full
+    if entry.kind == "vocab":
+        return layer.shard_rows(full).contiguous()
     if entry.kind == "weight":
         return layer.shard_weight(full.t() if entry.layout == "conv1d" else full).contiguous()
     return layer.shard_bias(full).contiguous()

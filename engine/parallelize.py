@@ -33,6 +33,7 @@ from engine import comm
 from engine.functional import gather_from_group, split_to_group
 from engine.grid import Grid
 from engine.linear import ParallelLinear, ShardingError
+from engine.vocab_parallel import can_shard_vocab, is_vocab_parallel, shard_vocab
 
 # Attention classes whose forward works with a local (per-y-slice) number of heads: they reshape with
 # view(*input_shape, -1, head_dim) and take the grouping from num_key_value_groups (checked by tests for
@@ -244,12 +245,14 @@ def _install_stack_hooks(stack: nn.Module, grid: Grid) -> None:
         input_ids, embeds = arguments.get("input_ids"), arguments.get("inputs_embeds")
         if (input_ids is None) == (embeds is None):
             raise ShardingError("a parallelized model needs exactly one of input_ids and inputs_embeds")
+        source = input_ids if embeds is None else embeds
+        n_rows = source.shape[0]
+        module._engine_rows = n_rows
+        # before the lookup: a vocabulary-parallel embedding gathers the ids, which needs equal shapes
+        _agree_on_row_inputs(arguments, n_rows, source.shape[1], group, source.device)
         if embeds is None:
             embeds = module.get_input_embeddings()(input_ids)  # `module`, not a captured one: deepcopy-safe
             arguments["input_ids"] = None
-        n_rows = embeds.shape[0]
-        module._engine_rows = n_rows
-        _agree_on_row_inputs(arguments, n_rows, embeds.shape[1], group, embeds.device)
         arguments["inputs_embeds"] = gather_from_group(embeds, group, 0)
         for key, value in list(arguments.items()):
             if key in ("input_ids", "inputs_embeds"):
@@ -294,15 +297,19 @@ def _decoder_stacks(model: nn.Module) -> list[tuple[str, nn.Module, str, nn.Modu
     return stacks
 
 
-def parallelize(model: nn.Module, grid: Grid, *, overlap: bool = True) -> nn.Module:
+def parallelize(model: nn.Module, grid: Grid, *, overlap: bool = True, vocab_parallel: bool | None = None) -> nn.Module:
     """Shard `model` in place for `grid` and return it; the weights are kept exactly.
 
     Decoder layers of HF Llama-family models (Llama, Mistral, Qwen2, Qwen3) and GPT-2 get chained
     ParallelLinears (attention heads and MLP split over y); the module owning them (LlamaModel,
     GPT2Model) runs on the rows of the x*y group (see the module doc); lm_head stays unsharded and sees
     each rank's own rows, as do the input embeddings. A model built under auto_parallelize is re-planned
-    the same way. Raises ShardingError for dimensions that do not divide, for modules the engine cannot
-    shard, and for a model without decoder layers when the grid has tensor-parallel axes.
+    the same way. `vocab_parallel` splits the input embeddings and lm_head by vocabulary rows over x*y*z
+    (engine/vocab_parallel.py); None (default) does so whenever the grid has tensor parallelism and the split is
+    exact (vocabulary divisible by x*y*z, plain nn.Embedding and bias-free lm_head), True insists (ShardingError
+    with the reason otherwise), False keeps them whole on every rank. Raises ShardingError for dimensions that do
+    not divide, for modules the engine cannot shard, and for a model without decoder layers when the grid has
+    tensor-parallel axes.
     """
     stacks = _decoder_stacks(model)
     in_stacks = {id(layer) for *_, layers in stacks for layer in layers}
@@ -341,6 +348,10 @@ def parallelize(model: nn.Module, grid: Grid, *, overlap: bool = True) -> nn.Mod
         raise ShardingError(f"parallelize found no decoder layers it can shard in {type(model).__name__} (it knows "
                             "HF Llama-family and GPT-2 models); build other models from engine.ParallelLinear")
     _unshard_outside_layers(model)
+    if stacks and vocab_parallel is not False and not is_vocab_parallel(model.get_input_embeddings()):
+        if vocab_parallel or can_shard_vocab(model, grid) is None:
+            for module in shard_vocab(model, grid):
+                setattr(module, REGION_ATTR, "tensor")  # gradients cover the rows of x*y*z: summed over data only
     return model
 
 
@@ -443,7 +454,8 @@ def auto_parallelize(grid: Grid, *, overlap: bool = True) -> Iterator[None]:
     (its own and the model's, e.g. HF _init_weights) is drawn for the full tensor and sliced, so at most
     one full layer exists at a time and, with the same seed, the values equal the serial model's.
     When a HF model finishes building (post_init) it is planned with `parallelize` (chained decoder
-    layers, unsharded lm_head and embeddings). Create optimizers after the block. Not thread-safe: it
+    layers, unsharded lm_head and embeddings; call parallelize(model, grid) after the block to split their
+    vocabulary over x*y*z as well). Create optimizers after the block. Not thread-safe: it
     swaps torch.nn.Linear (and PreTrainedModel.post_init) for the duration of the block.
     GPT-2's Conv1D layers are built full and sharded when the model is planned.
     """
@@ -468,7 +480,9 @@ def auto_parallelize(grid: Grid, *, overlap: bool = True) -> Iterator[None]:
 
         def post_init(self: Any) -> None:
             original_post_init(self)
-            parallelize(self, grid, overlap=overlap)
+            # HF may initialise weights after post_init: the embeddings must still be whole then (full-size
+            # draws); parallelize(model, grid) after the block splits the vocabulary.
+            parallelize(self, grid, overlap=overlap, vocab_parallel=False)
 
         restore.append((PreTrainedModel, "post_init", original_post_init))
         PreTrainedModel.post_init = post_init

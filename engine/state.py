@@ -32,9 +32,11 @@ from engine import comm
 from engine.grid import AXES, Grid
 from engine.linear import ParallelLinear, ShardingError
 from engine.parallelize import REGION_ATTR
+from engine.vocab_parallel import is_vocab_parallel
 from engine.zero import full, is_dtensor, like, local, zero_state
 
-_REGION_AXES = {None: AXES, "rows": AXES, "layer": ("z", "data"), "heads": ("y", "z", "data")}
+# "tensor": vocabulary-parallel shards (engine/vocab_parallel.py), whose gradients cover the rows of x*y*z
+_REGION_AXES = {None: AXES, "rows": AXES, "layer": ("z", "data"), "heads": ("y", "z", "data"), "tensor": ("data",)}
 _BUCKET_ELEMENTS = 1 << 24  # gradients are summed in flat buckets of at most this many elements
 
 
@@ -119,7 +121,9 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, grid: Grid, norm_type: fl
             if param.grad is None or id(param) in seen:
                 continue
             seen.add(id(param))
-            if not isinstance(module, ParallelLinear):
+            if is_vocab_parallel(module):  # rows split over x*y*z
+                slot = 1
+            elif not isinstance(module, ParallelLinear):
                 slot = 0
             elif name == "weight" or module.bias_is_counted():
                 slot = 1
@@ -170,6 +174,14 @@ def full_state_dict(model: nn.Module, grid: Grid, rank0_only: bool = False) -> d
             state[f"{prefix}weight"] = weight
             if bias is not None:
                 state[f"{prefix}bias"] = bias
+    for name, module in _vocab_modules(model).items():  # vocabulary-parallel embeddings and lm_head
+        key = f"{name}.weight" if name else "weight"
+        layer_keys.add(key)
+        if id(module.weight) not in gathered:
+            weight = module.gather_rows(full(module.weight))
+            gathered[id(module.weight)] = (weight if keep else None, None)
+        if keep:
+            state[key] = gathered[id(module.weight)][0]
     whole: dict[int, torch.Tensor] = {}
     for key, value in list(state.items()):
         if key not in layer_keys and is_dtensor(value):
@@ -177,6 +189,11 @@ def full_state_dict(model: nn.Module, grid: Grid, rank0_only: bool = False) -> d
                 whole[id(value)] = full(value)
             state[key] = whole[id(value)]
     return state if keep else {}
+
+
+def _vocab_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """Every vocabulary-parallel module by each of its names."""
+    return {name: m for name, m in model.named_modules(remove_duplicate=False) if is_vocab_parallel(m)}
 
 
 @torch.no_grad()
@@ -204,6 +221,13 @@ def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor], grid:
                 raise ShardingError(f"{bias_key}: expected shape {(layer.out_features,)}, "
                                     f"got {tuple(state[bias_key].shape)}")
             local_state[bias_key] = layer.shard_bias(state[bias_key])
+    for name, module in _vocab_modules(model).items():
+        key = f"{name}.weight" if name else "weight"
+        if key in state:
+            if tuple(state[key].shape) != (module.full_vocab, module.weight.shape[1]):
+                raise ShardingError(f"{key}: expected a full weight of shape {(module.full_vocab, module.weight.shape[1])}, "
+                                    f"got {tuple(state[key].shape)}")
+            local_state[key] = module.shard_rows(state[key])
     for key, current in model.state_dict(keep_vars=True).items():
         if key in local_state and is_dtensor(current):
             local_state[key] = like(current, local_state[key].contiguous())

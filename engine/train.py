@@ -20,6 +20,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from engine import comm
+from engine.activation import checkpoint_decoder_layers
 from engine.checkpoint import (is_engine_checkpoint, load_checkpoint, load_serial_optimizer_state, read_trainer_state,
                                save_checkpoint)
 from engine.grid import AXES, Grid, GridShape, is_main_process
@@ -51,6 +52,7 @@ class TrainConfig:
     zero: int = 0  # ZeRO stage over the data axis (engine/zero.py): 0 off, 1 optimizer state, 2 + gradients, 3 + params
     zero_node_size: int = 1  # data-axis ranks per node; > 1: hierarchical partitioning (stages 2 and 3)
     offload_optimizer: bool = False  # AdamW state and update in host memory (stages 2 and 3)
+    activation_checkpointing: bool = False  # recompute decoder layers in backward (engine/activation.py)
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "grad_accum"):
@@ -269,6 +271,8 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
     if not examples:
         raise ValueError("no training examples: give at least one document")
     device = next(model.parameters()).device
+    if config.activation_checkpointing:  # before ZeRO (fully_shard), the order composable checkpoint needs
+        checkpoint_decoder_layers(model)
     prepare_zero(model, config, grid)
     optimizer = make_optimizer(model, config)
     per_epoch = steps_per_epoch(len(examples), config.batch_size)

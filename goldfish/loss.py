@@ -58,7 +58,28 @@ def goldfish_loss(logits: torch.Tensor, targets: torch.Tensor, dropped: torch.Te
     token_ce = F.cross_entropy(
         logits.float().reshape(-1, vocab), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none"
     ).reshape(targets.shape)  # (B, T), 0 at ignored targets
+    return goldfish_loss_from_token_losses(token_ce, targets, dropped)
 
+
+def goldfish_loss_from_token_losses(token_ce: torch.Tensor, targets: torch.Tensor,
+                                    dropped: torch.Tensor | None) -> GoldfishLoss:
+    """The goldfish loss from per-token cross-entropies that were computed elsewhere (e.g. by a chunked or
+    vocabulary-parallel loss that never builds full logits): the same split into kept / dropped / all targets as
+    :func:`goldfish_loss`.
+
+    Args:
+        token_ce: (B, T) float cross-entropy of each target (any value at ignored targets), with grad.
+        targets: (B, T) integer next-token ids, ``IGNORE_INDEX`` where there is no target.
+        dropped: (B, T) bool drop mask, or None.
+    """
+    if token_ce.shape != targets.shape:
+        raise ValueError(f"token losses {tuple(token_ce.shape)} must have the targets' shape {tuple(targets.shape)}")
+    if dropped is not None:
+        if dropped.dtype != torch.bool:
+            raise ValueError(f"dropped must be a bool mask, got dtype {dropped.dtype}")
+        if dropped.shape != targets.shape:
+            raise ValueError(f"dropped shape {tuple(dropped.shape)} must equal targets shape {tuple(targets.shape)}")
+    token_ce = token_ce.float()
     valid = targets != IGNORE_INDEX
     dropped_valid = valid & dropped if dropped is not None else torch.zeros_like(valid)
     kept = valid & ~dropped_valid
@@ -70,7 +91,7 @@ def goldfish_loss(logits: torch.Tensor, targets: torch.Tensor, dropped: torch.Te
     n_dropped = int(dropped_valid.sum())
     loss = loss_sum / max(n_kept, 1)
 
-    detached = token_ce.detach()
+    detached = torch.where(valid, token_ce.detach(), torch.zeros_like(token_ce))
     all_loss = _masked_mean(detached, valid, n_all)
     dropped_loss = _masked_mean(detached, dropped_valid, n_dropped)
     return GoldfishLoss(

@@ -139,7 +139,9 @@ def _llama_worker(shapes: list[tuple[int, int, int, int]], every_case: bool) -> 
         shape = GridShape(data=data, x=x, y=y, z=z)
         try:
             overlap = index % 2 == 0  # the schedule (and weight prefetch) must not change the bytes
-            model = parallelize(copy.deepcopy(serial), grid, overlap=overlap)
+            # the cost model predicts whole embeddings and lm_head on every rank (it does not model the vocabulary
+            # split of engine/vocab_parallel.py yet): measure that layout
+            model = parallelize(copy.deepcopy(serial), grid, overlap=overlap, vocab_parallel=False)
             # the memory model's parameter count per rank is exactly what the rank holds
             memory = memory_per_rank(model_shape, shape, rows_per_rank=1, seq=SEQ)
             held = sum(p.numel() for p in model.parameters())

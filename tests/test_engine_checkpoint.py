@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from distributed import RankFailure, run_distributed
+from engine.vocab_parallel import is_vocab_parallel
 from engine.checkpoint import (
     METADATA_FILE,
     SHARDS_DIR,
@@ -239,6 +240,8 @@ def gathered(model, optimizer, grid) -> dict[str, torch.Tensor]:
                 value = module.gather_weight(value) if attr == "weight" else module.gather_bias(value)
                 if attr == "weight" and module.serial_layout == "conv1d":
                     value = value.t()
+            elif is_vocab_parallel(module) and value.dim() > 0:  # embeddings / lm_head split by vocabulary
+                value = module.gather_rows(value)
             out[f"optim/{name}/{key}"] = value.clone()
     return out if grid.rank == 0 else {}
 

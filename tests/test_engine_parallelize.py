@@ -22,6 +22,7 @@ from engine import comm
 from engine.grid import AXES, init
 from engine.linear import ParallelLinear, ShardingError
 from engine.parallelize import auto_parallelize, parallelize
+from engine.vocab_parallel import is_vocab_parallel
 from engine.state import clip_grad_norm_, full_state_dict, load_full_state_dict, sync_gradients
 
 LLAMA_TOL = {"rtol": 1e-5, "atol": 1e-5}
@@ -74,6 +75,8 @@ def full_grads(model, grid) -> dict[str, torch.Tensor]:
             grad = module.gather_weight(grad) if attr == "weight" else module.gather_bias(grad)
             if attr == "weight" and module.serial_layout == "conv1d":
                 grad = grad.t()
+        elif is_vocab_parallel(module):  # embeddings / lm_head split by vocabulary rows (on by default)
+            grad = module.gather_rows(grad)
         out[name] = grad
     return out
 

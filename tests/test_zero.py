@@ -94,8 +94,10 @@ def _full_gradients(model, grid) -> dict[str, torch.Tensor]:
     """Every parameter's gradient after sync_gradients, whole and in the serial layout (test-side gathering)."""
     from engine.linear import ParallelLinear
     zero = zero_state(model)
+    from engine.vocab_parallel import is_vocab_parallel
     owners = {id(p): (m, n) for m in model.modules() if isinstance(m, ParallelLinear)
               for n, p in m.named_parameters(recurse=False)}
+    vocab = {id(m.weight): m for m in model.modules() if is_vocab_parallel(m)}  # split by vocabulary over x*y*z
     out = {}
     for name, p in model.named_parameters():
         g = full(p.grad)
@@ -106,6 +108,8 @@ def _full_gradients(model, grid) -> dict[str, torch.Tensor]:
             g = layer.gather_weight(g) if kind == "weight" else layer.gather_bias(g)
             if kind == "weight" and layer.serial_layout == "conv1d":
                 g = g.t()
+        elif id(p) in vocab:
+            g = vocab[id(p)].gather_rows(g)
         out[name] = g
     return out
 
@@ -306,7 +310,9 @@ def _bytes_worker(cases: list[tuple[tuple[int, int, int, int], dict]]) -> int:
         shape, zero = GridShape(*dims), ZeroConfig(**zero_args)
         grid = init(data=shape.data, x=shape.x, y=shape.y, z=shape.z)
         try:
-            model = shard_data_axis(parallelize(copy.deepcopy(serial), grid), grid, zero)
+            # the cost model predicts whole embeddings and lm_head on every rank (it does not model the vocabulary
+            # split of engine/vocab_parallel.py yet): measure that layout
+            model = shard_data_axis(parallelize(copy.deepcopy(serial), grid, vocab_parallel=False), grid, zero)
             optimizer = make_adamw(model, [{"params": list(model.parameters())}], lr=1e-3)
             ids = torch.randint(0, config.vocab_size, (1, SEQ), generator=torch.Generator().manual_seed(grid.rank))
             traffic = grid.traffic

@@ -21,6 +21,8 @@ import engine
 import engine.train as engine_train
 from data.atomic import write_json_atomic, write_jsonl_atomic
 from engine.grid import AXES, Grid, is_main_process
+from engine.loading import can_load_sharded, load_sharded
+from engine.vocab_parallel import causal_lm_token_losses, is_vocab_parallel
 from eval import parallel as parallel_eval
 from eval.breakdown import group_means, tag_rows
 from eval.divergence import divergence_row, divergence_summary, suffix_dropped_flags
@@ -29,7 +31,7 @@ from goldfish.app.config import DataSpec, Instruments, MaskSpec, TrainSpec, pars
 from goldfish.app.models import build_tiny_model, is_tiny_model
 from goldfish.app.pretrained import (DEFAULT_MODEL_CACHE, load_gguf_tokenizer, load_pretrained, load_pretrained_model,
                                      resolve_gguf)
-from goldfish.loss import goldfish_loss
+from goldfish.loss import goldfish_loss_from_token_losses
 from goldfish.masks import causal_targets, drop_mask
 
 RUN_FILE = "goldfish_run.json"
@@ -95,10 +97,16 @@ def initial_model(model_name: str, prepared: Prepared, seed: int) -> nn.Module:
         model, _ = load_pretrained(model_name, cache_dir=DEFAULT_MODEL_CACHE)
     else:
         model = load_pretrained_model(model_name)
-    if model.get_input_embeddings().num_embeddings < len(tokenizer):
-        raise ValueError(f"tokenizer has {len(tokenizer)} tokens but model {model_name!r} embeds only "
-                         f"{model.get_input_embeddings().num_embeddings}: use the model's own tokenizer")
+    check_vocabulary(model, prepared, model_name)
     return model
+
+
+def check_vocabulary(model: nn.Module, prepared: Prepared, model_name: str) -> None:
+    """Refuse a tokenizer with more tokens than the model embeds."""
+    vocab = model.get_input_embeddings().num_embeddings
+    if vocab < len(prepared.tokenizer):
+        raise ValueError(f"tokenizer has {len(prepared.tokenizer)} tokens but model {model_name!r} embeds only "
+                         f"{vocab}: use the model's own tokenizer")
 
 
 def make_examples(documents: Sequence[data.TokenizedDocument], mask: MaskSpec,
@@ -143,8 +151,10 @@ def make_step_loss(mask: MaskSpec, special_token_ids: Sequence[int]) -> engine_t
                 _random_draw(mask, batch["targets"][row:row + 1].cpu(), special_token_ids, step=step,
                              example_index=int(index))
                 for row, index in enumerate(batch["example_index"])]).to(dropped.device)
-        logits = model(input_ids=batch["input_ids"]).logits  # (B, T, V)
-        result = goldfish_loss(logits, batch["targets"], dropped)
+        # per-token losses from the hidden states: full-vocabulary logits are never built (vocabulary-parallel
+        # over the tensor-parallel ranks when the lm_head is split), the mask splits them as goldfish_loss does
+        token_ce = causal_lm_token_losses(model, batch["input_ids"], batch["targets"])  # (B, T) float32
+        result = goldfish_loss_from_token_losses(token_ce, batch["targets"], dropped)
         extras = {"all_loss": (float(result.all_loss) * result.n_all, result.n_all),
                   "dropped_loss": (float(result.dropped_loss) * result.n_dropped if result.n_dropped else 0.0,
                                    result.n_dropped)}
@@ -207,6 +217,10 @@ def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = N
     on_epoch_end(model, epoch, step) runs after each epoch on every rank (see engine.train.train).
     """
     prepared = prepared or prepare_data(spec.data, spec.model, log=log)
+    if model is None and grid is not None and resume_from is None and can_load_sharded(spec.model):
+        # an HF folder under a grid: built on the meta device, each rank reads only its own slices
+        model = load_sharded(spec.model, grid)
+        check_vocabulary(model, prepared, spec.model)
     model = model if model is not None else initial_model(spec.model, prepared, spec.init_seed)
     if resume_from is not None:
         load_model_weights(model, resume_from)  # full weights: valid at any grid, sharded below
@@ -223,6 +237,9 @@ def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = N
     if grid is not None:
         record["grid"] = grid_sizes(grid)
         model = engine.parallelize(model.to(grid.device), grid)
+        # embeddings and lm_head split by vocabulary over x*y*z (on whenever the grid has tensor parallelism and
+        # the vocabulary divides)
+        record["vocab_parallel"] = is_vocab_parallel(model.get_input_embeddings())
         save = lambda m, d: save_parallel_hf_model(m, grid, prepared.tokenizer, record, d)  # noqa: E731
     else:
         save = lambda m, d: save_hf_model(m, prepared.tokenizer, record, d)  # noqa: E731

@@ -144,6 +144,9 @@ TRAINING = OptionGroup("training", (
            parse=parse_node_size),
     Option("--offload-optimizer", "offload_optimizer", "AdamW state and update in host memory (stages 2 and 3)",
            switch=True),
+    Option("--activation-checkpointing", "activation_checkpointing", "recompute each decoder layer's activations "
+           "in backward instead of keeping them (less memory, one more forward per step; same gradients)",
+           switch=True),
 ))
 
 EXTRACTION = OptionGroup("extraction", (

@@ -1,0 +1,159 @@
+"""Sharded loading of an HF safetensors checkpoint: build on the meta device, each rank reads only its own slices.
+
+    model = load_sharded("path/to/hf_folder", grid)     # == parallelize(from_pretrained(folder), grid), never whole
+
+The model is built from its config on the meta device (no memory), planned with `engine.parallelize` (so every
+parameter already has its shard's shape), given empty storage for its shards only, and each tensor is filled from
+the files with safetensors' `get_slice`: a ParallelLinear shard reads its rows and columns (GPT-2 Conv1D weights
+transposed, fused projections regrouped by `out_order` read as contiguous runs), a vocabulary-parallel embedding or
+lm_head its vocabulary rows, everything else (norms, position embeddings) whole. No rank ever holds more than its
+shards plus one replicated tensor. Non-persistent buffers (rotary frequencies) are computed again by HF's own
+initialisation. No communication.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from engine.checkpoint import _describe
+from engine.grid import Grid
+from engine.linear import ShardingError
+from engine.parallelize import parallelize
+
+
+class LoadingError(ValueError):
+    """A folder that cannot be loaded shard by shard (missing files or tensors, wrong shapes)."""
+
+
+def safetensors_files(folder: str | Path) -> dict[str, Path]:
+    """{tensor name: file} of an HF folder's model.safetensors or its sharded index."""
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {name: folder / file for name, file in weight_map.items()}
+    single = folder / "model.safetensors"
+    if not single.is_file():
+        raise LoadingError(f"{folder} has no model.safetensors or model.safetensors.index.json; sharded loading reads "
+                           "safetensors only (save the model with save_pretrained(safe_serialization=True))")
+    with safe_open(str(single), framework="pt") as handle:
+        return {name: single for name in handle.keys()}
+
+
+def can_load_sharded(folder: str | Path) -> bool:
+    """True for a local HF folder with a config and safetensors weights."""
+    folder = Path(folder)
+    return folder.is_dir() and (folder / "config.json").is_file() and (
+        (folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file())
+
+
+def _runs(indices: list[int]) -> list[tuple[int, int]]:
+    """[start, end) runs of consecutive integers, in order."""
+    runs: list[tuple[int, int]] = []
+    for i in indices:
+        if runs and runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    return runs
+
+
+def _read_piece(sliced: Any, entry: Any, layer: Any) -> torch.Tensor:
+    """This rank's piece of one stored tensor, read through a safetensors slice."""
+    if entry.kind == "replicated" or layer is None:
+        return sliced[:]
+    if entry.kind == "vocab":
+        rows = layer.full_vocab // layer.group.size
+        return sliced[layer.vocab_start:layer.vocab_start + rows]
+    row_slice, col_slice = layer._shard_slices(layer.mode)  # in stored output order
+    rows = list(range(layer.out_features))[row_slice]
+    if layer.out_order is not None:  # stored row i is natural row out_order[i]
+        rows = [int(layer.out_order[i]) for i in rows]
+    if entry.kind == "bias":
+        return torch.cat([sliced[a:b] for a, b in _runs(rows)])
+    if entry.layout == "conv1d":  # the file holds (in, out)
+        parts = [sliced[col_slice.start:col_slice.stop, a:b] for a, b in _runs(rows)]
+        return torch.cat(parts, 1).t()
+    return torch.cat([sliced[a:b, col_slice.start:col_slice.stop] for a, b in _runs(rows)])
+
+
+def _restore_buffers(model: nn.Module) -> None:
+    """Compute non-persistent buffers (not in the files) again: HF rotary embeddings re-derive their frequencies."""
+    for name, module in model.named_modules():
+        for buffer_name in list(getattr(module, "_non_persistent_buffers_set", ())):
+            if "RotaryEmbedding" in type(module).__name__ and hasattr(model, "_init_weights"):
+                with torch.no_grad():
+                    model._init_weights(module)
+                break
+            raise LoadingError(f"buffer {name}.{buffer_name} is not stored in the checkpoint and the engine cannot "
+                               "compute it; load this model with from_pretrained and engine.parallelize instead")
+
+
+@torch.no_grad()
+def load_sharded(folder: str | Path, grid: Grid, *, dtype: torch.dtype = torch.float32, overlap: bool = True,
+                 vocab_parallel: bool | None = None) -> nn.Module:
+    """An HF causal LM from `folder` (config.json + safetensors), parallelized for `grid`, reading only this rank's
+    slices. Equal to `parallelize(AutoModelForCausalLM.from_pretrained(folder, dtype=dtype), grid, ...)`; returned in
+    eval mode. Raises LoadingError for missing files or tensors and ShardingError for a model the grid cannot split.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    folder = Path(folder)
+    files = safetensors_files(folder)
+    config = AutoConfig.from_pretrained(folder)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    parallelize(model, grid, overlap=overlap, vocab_parallel=vocab_parallel)
+    # to_empty gives each parameter new storage (its shard's size) and would untie shared ones: tie them again
+    names_by_param: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names_by_param.setdefault(id(param), []).append(name)
+    model.to_empty(device=grid.device)
+    for names in names_by_param.values():
+        first = model.get_parameter(names[0])
+        for other in names[1:]:
+            owner, _, attr = other.rpartition(".")
+            setattr(model.get_submodule(owner), attr, first)
+
+    entries, tensors, layers = _describe(model)
+    aliases: dict[str, list[str]] = {}
+    for key, entry in entries.items():
+        if entry.kind == "alias":
+            aliases.setdefault(entry.alias_of, []).append(key)
+    missing = []
+    with ExitStack() as stack:
+        handles: dict[Path, Any] = {}
+        for key, entry in entries.items():
+            if entry.kind == "alias":
+                continue
+            stored = next((k for k in [key, *aliases.get(key, [])] if k in files), None)  # tied: either name
+            if stored is None:
+                missing.append(key)
+                continue
+            path = files[stored]
+            if path not in handles:
+                handles[path] = stack.enter_context(safe_open(str(path), framework="pt", device="cpu"))
+            sliced = handles[path].get_slice(stored)
+            if tuple(sliced.get_shape()) != tuple(entry.shape):
+                raise LoadingError(f"{stored} in {path.name} has shape {sliced.get_shape()}, the model built from "
+                                   f"config.json expects {list(entry.shape)}")
+            piece = _read_piece(sliced, entry, layers.get(key))
+            target = tensors[key]
+            if piece.shape != target.shape:
+                raise ShardingError(f"{key}: read a piece of shape {list(piece.shape)} for a shard of "
+                                    f"{list(target.shape)}")
+            target.copy_(piece)
+    if missing:
+        raise LoadingError(f"{folder}: the safetensors files lack {len(missing)} tensors of the model, e.g. "
+                           f"{missing[:5]}; the folder holds another model than its config.json describes")
+    _restore_buffers(model)
+    if (folder / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(folder)
+    return model.eval()

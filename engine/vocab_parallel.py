@@ -1,0 +1,339 @@
+"""Vocabulary-parallel embeddings, lm_head and a chunked cross-entropy that never builds full-vocabulary logits.
+
+Layout. The vocabulary rows of the input embedding and of the lm_head (both (V, H)) are split evenly over the
+tensor-parallel group T = x*y*z (P ranks): the rank at position b of T (b = x + X*y + X*Y*z, the group order of
+engine.grid) holds rows [b V/P, (b+1) V/P). Shards are replicated over `data`. A tied lm_head shares the embedding's
+shard. Every rank of T feeds its own rows (same shapes on every rank of T, as in training and in engine.sharding's
+evaluation blocks):
+
+    embedding      token ids of T's rows are gathered (integers, no autograd); each rank looks up the ids of its
+                   vocabulary slice (zeros elsewhere) and the partial embeddings are reduce-scattered back to the
+                   rows' owners. Backward: the gradients of all T rows reach every shard (all-gather).
+    lm_head        hidden states of T's rows are gathered (gather_sharded: backward reduce-scatters the partial
+                   input gradients); each rank multiplies its vocabulary slice. As a module (model(...).logits, for
+                   evaluation and generation) the slices are then gathered to full logits of the rank's own rows.
+    loss           `token_losses`: per-token cross-entropy from the hidden states and the lm_head shard, in chunks
+                   of tokens: each rank computes a chunk's logits for its slice, keeps only their log-sum-exp and
+                   the target's logit, and one all-gather of those two numbers per token combines the ranks. The
+                   chunk's logits are dropped and recomputed in backward. Peak extra memory: one chunk of logits,
+                   (chunk, V/P), instead of (tokens, V). With P = 1 it is the chunked loss of a serial model.
+
+Gradients of the vocabulary shards cover the rows of the whole T group, so engine.state.sync_gradients sums them
+over `data` only (region "tensor").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine import comm
+from engine.functional import gather_from_group, gather_sharded, reduce_scatter_to_group, split_to_group
+from engine.grid import AxisGroup, Grid
+from engine.linear import ShardingError
+
+IGNORE_INDEX = -100  # torch's cross-entropy convention: targets equal to it give no loss
+DEFAULT_CHUNK_TOKENS = 1024
+VOCAB_AXES = ("x", "y", "z")
+VOCAB_ATTR = "_engine_vocab_parallel"
+
+# HF causal LMs whose logits are exactly lm_head(final hidden states): no scaling, soft-capping or bias, so the loss
+# can start from the hidden states.
+PLAIN_HEAD_MODELS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                     "GPT2LMHeadModel")
+
+
+# ----- the loss -------------------------------------------------------------------------------------------------
+
+def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    device_type = hidden.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return torch.promote_types(hidden.dtype, weight.dtype)
+
+
+class _ChunkedVocabCE(torch.autograd.Function):
+    """Per-token cross-entropy of logits = hidden @ weight.T over a vocabulary split across `group`.
+
+    hidden (N, H), weight (V_local, H) rows [vocab_start, vocab_start + V_local) of the full vocabulary, targets (N,)
+    full-vocabulary ids or IGNORE_INDEX. Returns (N,) losses (0 at ignored targets) in float32 (float64 for float64
+    inputs), identical on every rank of `group`. The gradient of `hidden` it returns is this rank's vocabulary
+    slice's part only (the caller sums it over the group); that of `weight` covers all N rows.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab_start: int, chunk: int,
+                group: AxisGroup | None) -> torch.Tensor:
+        compute = _compute_dtype(hidden, weight)
+        stats_dtype = torch.promote_types(compute, torch.float32)
+        n, local_vocab = hidden.shape[0], weight.shape[0]
+        local_targets = targets - vocab_start
+        mine = (local_targets >= 0) & (local_targets < local_vocab)
+        picked_index = torch.where(mine, local_targets, 0).unsqueeze(1)
+        stats = torch.empty(2, n, dtype=stats_dtype, device=hidden.device)  # local log-sum-exp, target logit
+        w = weight.to(compute)
+        with torch.autocast(hidden.device.type, enabled=False):
+            for start in range(0, n, chunk):
+                end = min(start + chunk, n)
+                logits = torch.matmul(hidden[start:end].to(compute), w.t()).to(stats_dtype)  # (C, V_local)
+                picked = logits.gather(1, picked_index[start:end]).squeeze(1)
+                stats[1, start:end] = torch.where(mine[start:end], picked, torch.zeros_like(picked))
+                top = logits.amax(dim=-1, keepdim=True)  # log-sum-exp in place: one (C, V_local) tensor alive
+                stats[0, start:end] = logits.sub_(top).exp_().sum(-1).log_().add_(top.squeeze(-1))
+                del logits
+        if group is not None and group.size > 1:
+            everyone = comm.all_gather(stats.unsqueeze(0), group, 0)  # (P, 2, N)
+            lse, target_logit = torch.logsumexp(everyone[:, 0], dim=0), everyone[:, 1].sum(0)
+        else:
+            lse, target_logit = stats[0], stats[1]
+        valid = targets != IGNORE_INDEX
+        losses = torch.where(valid, lse - target_logit, torch.zeros_like(lse))
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.vocab_start, ctx.chunk, ctx.compute = vocab_start, chunk, compute
+        return losses
+
+    @staticmethod
+    def backward(ctx, grad_losses: torch.Tensor):
+        hidden, weight, targets, lse = ctx.saved_tensors
+        compute, chunk = ctx.compute, ctx.chunk
+        need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        n, local_vocab = hidden.shape[0], weight.shape[0]
+        local_targets = targets - ctx.vocab_start
+        mine = (local_targets >= 0) & (local_targets < local_vocab)
+        scale = torch.where(targets != IGNORE_INDEX, grad_losses.to(lse.dtype), torch.zeros_like(lse))
+        w = weight.to(compute)
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.promote_types(weight.dtype, torch.float32),
+                                  device=weight.device) if need_weight else None
+        rows = torch.arange(n, device=hidden.device)
+        with torch.autocast(hidden.device.type, enabled=False):
+            for start in range(0, n, chunk):
+                end = min(start + chunk, n)
+                h = hidden[start:end].to(compute)
+                # d loss / d logits = softmax - one_hot(target), times the incoming gradient of each token's loss;
+                # in place, so that one (C, V_local) tensor is alive at a time
+                grad_logits = torch.matmul(h, w.t()).to(lse.dtype).sub_(lse[start:end, None]).exp_()
+                hit = mine[start:end]
+                grad_logits[rows[:end - start][hit], local_targets[start:end][hit]] -= 1
+                grad_logits = grad_logits.mul_(scale[start:end, None]).to(compute)
+                if need_hidden:
+                    grad_hidden[start:end] = torch.matmul(grad_logits, w).to(hidden.dtype)
+                if need_weight:
+                    if grad_logits.dtype == grad_weight.dtype:
+                        grad_weight.addmm_(grad_logits.t(), h)  # no (V_local, H) temporary per chunk
+                    else:
+                        grad_weight += torch.matmul(grad_logits.t(), h).to(grad_weight.dtype)
+                del grad_logits
+        return (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None, None)
+
+
+def token_losses(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, group: AxisGroup | None = None,
+                 vocab_start: int = 0, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
+    """Per-token cross-entropy of `logits = hidden @ weight.T` without materialising the logits.
+
+    hidden: (..., H) this rank's rows of final hidden states. weight: (V_local, H), the lm_head rows
+    [vocab_start, vocab_start + V_local) of the full vocabulary (all of it for group None). targets: (...) next-token
+    ids in the full vocabulary, IGNORE_INDEX (-100) where there is none. group: the ranks the vocabulary is split
+    over (every rank of it calls this with the same shapes), or None. chunk_tokens: tokens per chunk of logits.
+    Returns (...) float32 losses (float64 for float64 inputs; computed like F.cross_entropy on float32 logits under
+    bf16 autocast), 0 at ignored targets, with gradients to `hidden` and `weight`.
+    """
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    if hidden.shape[:-1] != targets.shape:
+        raise ValueError(f"hidden states {tuple(hidden.shape)} and targets {tuple(targets.shape)} must agree on every "
+                         "dimension but the last")
+    if hidden.shape[-1] != weight.shape[-1]:
+        raise ValueError(f"hidden size {hidden.shape[-1]} differs from the lm_head's {weight.shape[-1]}")
+    flat_hidden, flat_targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    if group is None or group.size == 1:
+        return _ChunkedVocabCE.apply(flat_hidden, weight, flat_targets, vocab_start, chunk_tokens, None).reshape(
+            targets.shape)
+    all_hidden = gather_sharded(flat_hidden, group, 0)  # backward: sum the ranks' partial input gradients
+    all_targets = comm.all_gather(flat_targets.contiguous(), group, 0)
+    losses = _ChunkedVocabCE.apply(all_hidden, weight, all_targets, vocab_start, chunk_tokens, group)
+    return split_to_group(losses, group, 0).reshape(targets.shape)
+
+
+# ----- modules --------------------------------------------------------------------------------------------------
+
+class _VocabShard:
+    """What the vocabulary-parallel embedding and lm_head share: the group, the slice, the full size."""
+
+    grid: Grid
+    full_vocab: int
+    vocab_start: int
+
+    def _init_shard(self, grid: Grid, full_vocab: int) -> None:
+        group = grid.group(*VOCAB_AXES)
+        if full_vocab % group.size:
+            raise ShardingError(f"vocabulary {full_vocab} is not divisible by x*y*z={group.size}; keep the embeddings "
+                                "replicated (vocab_parallel=False) or choose x*y*z dividing it")
+        self.grid, self.full_vocab = grid, full_vocab
+        self.vocab_start = group.rank * (full_vocab // group.size)
+        setattr(self, VOCAB_ATTR, True)
+
+    @property
+    def group(self) -> AxisGroup:
+        return self.grid.group(*VOCAB_AXES)
+
+    def shard_rows(self, full: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of a full (V, ...) tensor (e.g. the serial weight)."""
+        rows = self.full_vocab // self.group.size
+        return full[self.vocab_start:self.vocab_start + rows]
+
+    def gather_rows(self, shard: torch.Tensor) -> torch.Tensor:
+        """The full (V, ...) tensor from every rank's shard-shaped `shard` (collective over x*y*z)."""
+        return comm.all_gather(shard.detach().contiguous(), self.group, 0)
+
+    def full_weight(self) -> torch.Tensor:
+        return self.gather_rows(self.weight)
+
+
+def _new_weight(old: nn.Parameter, data: torch.Tensor) -> nn.Parameter:
+    new = nn.Parameter(data.detach().clone(), requires_grad=old.requires_grad)
+    new.__dict__.update({k: v for k, v in old.__dict__.items() if not k.startswith("_engine")})
+    return new
+
+
+class VocabParallelEmbedding(nn.Embedding, _VocabShard):
+    """nn.Embedding(V, H) whose rows are split over the grid's x*y*z ranks (see the module doc); `num_embeddings`
+    stays the full V, `weight` is this rank's (V/P, H) shard."""
+
+    @classmethod
+    def from_embedding(cls, embedding: nn.Embedding, grid: Grid) -> "VocabParallelEmbedding":
+        if embedding.max_norm is not None or embedding.scale_grad_by_freq or embedding.sparse:
+            raise ShardingError("a vocabulary-parallel embedding supports neither max_norm, scale_grad_by_freq nor "
+                                "sparse gradients")
+        module = cls.__new__(cls)
+        nn.Module.__init__(module)
+        module.num_embeddings, module.embedding_dim = embedding.num_embeddings, embedding.embedding_dim
+        module.padding_idx, module.max_norm, module.norm_type = embedding.padding_idx, None, embedding.norm_type
+        module.scale_grad_by_freq, module.sparse = False, False
+        module._init_shard(grid, embedding.num_embeddings)
+        module.weight = _new_weight(embedding.weight, module.shard_rows(embedding.weight))
+        module.train(embedding.training)
+        return module
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        group = self.group
+        all_ids = comm.all_gather(ids.contiguous(), group, 0)
+        local = all_ids - self.vocab_start
+        inside = (local >= 0) & (local < self.weight.shape[0])
+        pad = None
+        if self.padding_idx is not None and 0 <= self.padding_idx - self.vocab_start < self.weight.shape[0]:
+            pad = self.padding_idx - self.vocab_start  # no gradient to the padding row, as in nn.Embedding
+        partial = F.embedding(torch.where(inside, local, 0), self.weight, pad)
+        partial = partial * inside.unsqueeze(-1).to(partial.dtype)
+        return reduce_scatter_to_group(partial, group, 0)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, shard={tuple(self.weight.shape)}"
+
+
+class VocabParallelLMHead(nn.Linear, _VocabShard):
+    """nn.Linear(H, V, bias=False) whose output rows are split over the grid's x*y*z ranks; `out_features` stays V.
+
+    Called as a module it returns full logits (..., V) of this rank's own rows (for evaluation and generation; it
+    holds P times those for a moment). Training losses should use `token_losses` on its weight instead
+    (`causal_lm_token_losses` does), which never builds them.
+    """
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, grid: Grid) -> "VocabParallelLMHead":
+        if linear.bias is not None:
+            raise ShardingError("a vocabulary-parallel lm_head has no bias; keep this lm_head replicated")
+        module = cls.__new__(cls)
+        nn.Module.__init__(module)
+        module.in_features, module.out_features = linear.in_features, linear.out_features
+        module._init_shard(grid, linear.out_features)
+        module.weight = _new_weight(linear.weight, module.shard_rows(linear.weight))
+        module.register_parameter("bias", None)
+        module.train(linear.training)
+        return module
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        group = self.group
+        all_rows = gather_sharded(hidden, group, 0)
+        local_logits = F.linear(all_rows, self.weight)
+        return split_to_group(gather_from_group(local_logits, group, -1), group, 0)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, shard={tuple(self.weight.shape)}"
+
+
+def is_vocab_parallel(module: nn.Module) -> bool:
+    return getattr(module, VOCAB_ATTR, False)
+
+
+def can_shard_vocab(model: nn.Module, grid: Grid) -> str | None:
+    """None when `model`'s embeddings and lm_head can be split over x*y*z exactly, else the reason why not."""
+    size = grid.size(*VOCAB_AXES)
+    if size == 1:
+        return "the grid has no tensor parallelism"
+    if not (hasattr(model, "get_input_embeddings") and hasattr(model, "get_output_embeddings")):
+        return f"{type(model).__name__} has no get_input_embeddings / get_output_embeddings"
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if type(embedding) is not nn.Embedding:
+        return f"the input embedding is a {type(embedding).__name__}, not an nn.Embedding"
+    if embedding.num_embeddings % size:
+        return f"vocabulary {embedding.num_embeddings} is not divisible by x*y*z={size}"
+    if embedding.max_norm is not None or embedding.scale_grad_by_freq or embedding.sparse:
+        return "the embedding uses max_norm, scale_grad_by_freq or sparse gradients"
+    if head is not None:
+        if type(head) is not nn.Linear or head.bias is not None:
+            return f"the lm_head is a {type(head).__name__}{' with a bias' if head.bias is not None else ''}"
+        if head.out_features != embedding.num_embeddings:
+            return f"the lm_head has {head.out_features} outputs, the embedding {embedding.num_embeddings} rows"
+    return None
+
+
+def shard_vocab(model: nn.Module, grid: Grid) -> list[nn.Module]:
+    """Split `model`'s input embedding and lm_head over the grid's x*y*z ranks, in place (a tied lm_head keeps
+    sharing the embedding's shard), and return the new modules. `engine.parallelize(..., vocab_parallel=True)` calls
+    it and marks their gradient region. Raises ShardingError when `can_shard_vocab` gives a reason."""
+    reason = can_shard_vocab(model, grid)
+    if reason is not None:
+        raise ShardingError(f"cannot split the vocabulary of {type(model).__name__}: {reason}")
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    tied = head is not None and head.weight is embedding.weight
+    new_embedding = VocabParallelEmbedding.from_embedding(embedding, grid)
+    model.set_input_embeddings(new_embedding)
+    if head is None:
+        return [new_embedding]
+    new_head = VocabParallelLMHead.from_linear(head, grid)
+    if tied:
+        new_head.weight = new_embedding.weight
+    model.set_output_embeddings(new_head)
+    return [new_embedding, new_head]
+
+
+# ----- the loss of a causal LM -----------------------------------------------------------------------------------
+
+def causal_lm_token_losses(model: nn.Module, input_ids: torch.Tensor, targets: torch.Tensor, *,
+                           attention_mask: torch.Tensor | None = None,
+                           chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
+    """Per-token cross-entropy (B, T) of a causal LM on this rank's rows, float32, 0 where targets are IGNORE_INDEX.
+
+    For HF models whose logits are lm_head(final hidden states) (PLAIN_HEAD_MODELS, plain or parallelized), the loss
+    runs from the hidden states through `token_losses`: full-vocabulary logits are never built (vocabulary-parallel
+    over x*y*z when the lm_head is). Other models fall back to model(...).logits and F.cross_entropy.
+    """
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    fused = type(model).__name__ in PLAIN_HEAD_MODELS and head is not None and head.bias is None and \
+        (type(head) is nn.Linear or isinstance(head, VocabParallelLMHead))
+    if not fused:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=IGNORE_INDEX,
+                               reduction="none").reshape(targets.shape)
+    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    if isinstance(head, VocabParallelLMHead):
+        losses = token_losses(hidden, head.weight, targets, group=head.group, vocab_start=head.vocab_start,
+                              chunk_tokens=chunk_tokens)
+    else:
+        losses = token_losses(hidden, head.weight, targets, chunk_tokens=chunk_tokens)
+    return losses.float()
+

@@ -1,0 +1,84 @@
+"""Sharded loading (engine/loading.py): equal to parallelize(from_pretrained(folder)) on every grid tried, reading
+only each rank's slices. Llama with biases and tied embeddings saved as several safetensors files; GPT-2 (fused,
+regrouped c_attn; Conv1D layout) as one file."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from distributed import run_distributed
+from engine.grid import init
+from engine.loading import LoadingError, load_sharded
+from engine.parallelize import parallelize
+from engine.state import full_state_dict
+
+VOCAB = 128
+SHAPES = [(1, 2, 2, 1), (1, 1, 2, 2), (2, 1, 1, 2)]
+
+
+def make_folders(tmp) -> dict[str, str]:
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(LlamaConfig(hidden_size=64, num_attention_heads=8, num_key_value_heads=4,
+                                         num_hidden_layers=2, vocab_size=VOCAB, intermediate_size=128,
+                                         attention_bias=True, tie_word_embeddings=True))
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=64, n_head=4, n_layer=2, vocab_size=VOCAB, n_positions=32))
+    folders = {}
+    for name, model in (("llama", llama), ("gpt2", gpt2)):
+        folders[name] = f"{tmp}/{name}"
+        model.save_pretrained(folders[name], max_shard_size="100KB" if name == "llama" else "1GB")
+    return folders
+
+
+def _worker(folders: dict[str, str]) -> int:
+    from transformers import AutoModelForCausalLM
+    checked = 0
+    ids = torch.randint(0, VOCAB, (8, 6), generator=torch.Generator().manual_seed(1))
+    for shape in SHAPES:
+        data, x, y, z = shape
+        grid = init(data=data, x=x, y=y, z=z)
+        try:
+            mine = ids[grid.rank * 2:(grid.rank + 1) * 2]
+            for name, folder in folders.items():
+                serial = AutoModelForCausalLM.from_pretrained(folder)
+                reference = parallelize(copy.deepcopy(serial), grid)
+                model = load_sharded(folder, grid)
+                for (key, a), (key_b, b) in zip(reference.state_dict().items(), model.state_dict().items()):
+                    assert key == key_b and torch.equal(a, b), (shape, name, key)  # the same shards
+                if name == "llama":
+                    assert model.lm_head.weight is model.model.embed_tokens.weight  # still tied
+                full = full_state_dict(model, grid)
+                for key, value in serial.state_dict().items():
+                    assert torch.equal(full[key], value), (shape, name, key)
+                with torch.no_grad():
+                    torch.testing.assert_close(model(input_ids=mine).logits, reference(input_ids=mine).logits,
+                                               rtol=0, atol=0)
+                checked += 1
+        finally:
+            grid.close()
+    return checked
+
+
+def test_sharded_loading_equals_parallelize_of_from_pretrained(tmp_path) -> None:
+    folders = make_folders(tmp_path)
+    assert json.loads((tmp_path / "llama" / "model.safetensors.index.json").read_text())["weight_map"]
+    assert run_distributed(4, _worker, folders) == [2 * len(SHAPES)] * 4
+
+
+def test_bad_folders(tmp_path) -> None:
+    folders = make_folders(tmp_path)
+    grid = init()
+    try:
+        with pytest.raises(LoadingError, match="no model.safetensors"):
+            load_sharded(tmp_path, grid)
+        config = json.loads((tmp_path / "gpt2" / "config.json").read_text())
+        config["n_layer"] = 3  # the files hold 2 layers
+        (tmp_path / "gpt2" / "config.json").write_text(json.dumps(config))
+        with pytest.raises(LoadingError, match="lack .* tensors"):
+            load_sharded(folders["gpt2"], grid)
+    finally:
+        grid.close()
