@@ -19,7 +19,7 @@ from torch import nn
 from torch.distributed._composable import checkpoint
 
 from engine.linear import ShardingError
-from engine.parallelize import _decoder_stacks
+from engine.parallelize import decoder_stacks
 
 CHECKPOINTED_ATTR = "_engine_activation_checkpointed"
 
@@ -33,7 +33,7 @@ def checkpoint_decoder_layers(model: nn.Module) -> int:
     numbers in the recomputation (the RNG state is saved). Returns how many layers are checkpointed. Raises
     ShardingError for a model without known decoder layers.
     """
-    stacks = _decoder_stacks(model)
+    stacks = decoder_stacks(model)
     if not stacks:
         raise ShardingError(f"activation checkpointing found no decoder layers in {type(model).__name__} (it knows "
                             "HF Llama-family and GPT-2 models); train without --activation-checkpointing")

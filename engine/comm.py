@@ -29,6 +29,11 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
+# Gradient sums are coalesced into flat buckets of at most this many elements (engine.state's sync, ZeRO-1's
+# reduce-scatter in engine.zero; the cost model counts the same buckets).
+BUCKET_ELEMENTS = 1 << 24
+
+
 @dataclass
 class Pending:
     """A collective in flight: `wait()` blocks until it is done and returns its result tensor."""

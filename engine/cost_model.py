@@ -40,12 +40,13 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
+from engine.comm import BUCKET_ELEMENTS
 from engine.grid import AXES, GridShape
 from engine.zero import ZeroConfig
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 PHASES = ("forward", "backward", "sync", "clip", "optimizer")
-SYNC_BUCKET_ELEMENTS = 1 << 24  # engine.state._BUCKET_ELEMENTS: gradients are all-reduced in buckets this large
+SYNC_BUCKET_ELEMENTS = BUCKET_ELEMENTS  # gradients are all-reduced in buckets this large (engine.comm)
 
 
 def group_name(axes: Iterable[str]) -> str:

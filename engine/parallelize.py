@@ -286,7 +286,7 @@ def _install_stack_hooks(stack: nn.Module, grid: Grid) -> None:
                            stack.register_forward_hook(leave))
 
 
-def _decoder_stacks(model: nn.Module) -> list[tuple[str, nn.Module, str, nn.ModuleList]]:
+def decoder_stacks(model: nn.Module) -> list[tuple[str, nn.Module, str, nn.ModuleList]]:
     """(name, module, list name, list) for every module holding a ModuleList of known decoder layers."""
     stacks = []
     for name, module in model.named_modules():
@@ -311,7 +311,7 @@ def parallelize(model: nn.Module, grid: Grid, *, overlap: bool = True, vocab_par
     not divide, for modules the engine cannot shard, and for a model without decoder layers when the grid has
     tensor-parallel axes.
     """
-    stacks = _decoder_stacks(model)
+    stacks = decoder_stacks(model)
     in_stacks = {id(layer) for *_, layers in stacks for layer in layers}
     for name, module in model.named_modules():
         if (_is_llama_layer(module) or _is_gpt2_layer(module)) and id(module) not in in_stacks:

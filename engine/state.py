@@ -37,7 +37,6 @@ from engine.zero import full, is_dtensor, like, local, zero_state
 
 # "tensor": vocabulary-parallel shards (engine/vocab_parallel.py), whose gradients cover the rows of x*y*z
 _REGION_AXES = {None: AXES, "rows": AXES, "layer": ("z", "data"), "heads": ("y", "z", "data"), "tensor": ("data",)}
-_BUCKET_ELEMENTS = 1 << 24  # gradients are summed in flat buckets of at most this many elements
 
 
 def _reduction_axes(model: nn.Module) -> list[tuple[nn.Parameter, tuple[str, ...]]]:
@@ -89,7 +88,7 @@ def sync_gradients(model: nn.Module, grid: Grid) -> None:
         for g in grads:
             batch.append(g)
             count += g.numel()
-            if count >= _BUCKET_ELEMENTS:
+            if count >= comm.BUCKET_ELEMENTS:
                 comm.all_reduce_coalesced(batch, group)
                 batch, count = [], 0
         comm.all_reduce_coalesced(batch, group)

@@ -24,7 +24,6 @@ over `data` only (region "tensor").
 
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 import torch.nn.functional as F

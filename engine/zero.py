@@ -60,6 +60,7 @@ from torch import nn
 from engine import comm
 from engine.grid import AxisGroup, Grid, GridShape
 from engine.linear import ParallelLinear
+from engine.parallelize import decoder_stacks
 
 STAGES = (0, 1, 2, 3)
 ZERO_ATTR = "_engine_zero"  # the ZeroState on a model that shard_data_axis prepared
@@ -158,12 +159,11 @@ class ZeroState:
 
     def _buckets(self, params: list[nn.Parameter]) -> list[list[nn.Parameter]]:
         """Groups of parameters whose padded (D x chunk) buffers together reach about comm's bucket size."""
-        from engine.state import _BUCKET_ELEMENTS
         out, batch, count = [], [], 0
         for p in params:
             batch.append(p)
             count += self.data.size * _padded_chunk(p, self.data.size)
-            if count >= _BUCKET_ELEMENTS:
+            if count >= comm.BUCKET_ELEMENTS:
                 out.append(batch)
                 batch, count = [], 0
         if batch:
@@ -291,8 +291,7 @@ def make_adamw(model: nn.Module, groups: list[dict[str, Any]], **kwargs: Any) ->
 
 
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:
-    from engine.parallelize import _decoder_stacks
-    return [layer for *_, layers in _decoder_stacks(model) for layer in layers]
+    return [layer for *_, layers in decoder_stacks(model) for layer in layers]
 
 
 def _keep_prefetch_inside(layers: list[nn.Module]) -> None:
