@@ -7,14 +7,12 @@ this process plus two torchrun launches), test_fabric_example_world4 (slow) abou
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 pytest.importorskip("lightning", reason="needs the lightning extra: pip install -e '.[lightning]'")
 
@@ -22,26 +20,11 @@ from lightning.fabric import Fabric  # noqa: E402
 
 from engine import GridError  # noqa: E402
 from engine.lightning import EngineStrategy  # noqa: E402
-from goldfish.cli import main as goldfish_main  # noqa: E402
+from integration_reference import (SETTINGS, assert_same_losses, assert_same_weights,  # noqa: E402
+                                   goldfish_train_reference, read_metrics)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "lightning_goldfish.py"
-# Small enough for a loaded 2-core machine: 4 optimizer steps of 8 sequences of 32 tokens, 2 micro-batches each.
-SETTINGS = ["--model", "micro-llama", "--n-train", "8", "--n-heldout", "4", "--seq-len", "32", "--epochs", "4",
-            "--batch-size", "8", "--grad-accum", "2", "--strategy", "hashed", "--k", "4", "--h", "13"]
-KEYS = ("loss", "all_loss", "dropped_loss", "grad_norm")
-
-
-def read_metrics(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line]
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`goldfish train` with the same settings, one process."""
-    out = tmp_path_factory.mktemp("goldfish_train") / "run"
-    assert goldfish_main(["train", "--out", str(out), "--no-progress", "--threads", "1", *SETTINGS]) == 0
-    return out
 
 
 def torchrun(nproc: int, *args: str) -> None:
@@ -52,23 +35,8 @@ def torchrun(nproc: int, *args: str) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
-def assert_same_losses(run: list[dict], expected: list[dict], *, exact: bool = False) -> None:
-    assert [r["step"] for r in run] == [r["step"] for r in expected]
-    for got, want in zip(run, expected):
-        for key in KEYS:
-            if exact:
-                assert got[key] == want[key], (got["step"], key)
-            else:
-                # float32 rounding: products and sums split over ranks and shards. The gradient norm drifts most
-                # (3.5e-6 relative at step 1 on x=2, where `goldfish train --nproc 2 --grid x=2` logs the very
-                # same norm as the Fabric run, so the drift is the engine's, not the strategy's).
-                rel = 2e-5 if key == "grad_norm" else 2e-6
-                assert got[key] == pytest.approx(want[key], rel=rel, abs=1e-6), (got["step"], key)
-
-
-def test_fabric_example_world2(reference: Path, tmp_path: Path) -> None:
-    from transformers import AutoModelForCausalLM
-
+def test_fabric_example_world2(goldfish_train_reference: Path, tmp_path: Path) -> None:
+    reference = goldfish_train_reference
     expected = read_metrics(reference / "metrics.jsonl")
     assert len(expected) == 4
     run = tmp_path / "fabric"
@@ -81,16 +49,12 @@ def test_fabric_example_world2(reference: Path, tmp_path: Path) -> None:
     assert_same_losses(read_metrics(resumed / "metrics.jsonl"), read_metrics(run / "metrics.jsonl")[2:], exact=True)
 
     # The consolidated folder is a plain HF checkpoint holding goldfish train's final weights.
-    plain = AutoModelForCausalLM.from_pretrained(run / "hf")
-    want = AutoModelForCausalLM.from_pretrained(reference / "checkpoint").state_dict()
-    got = plain.state_dict()
-    assert got.keys() == want.keys()
-    for key in want:
-        torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-5, msg=key)
+    assert_same_weights(run / "hf", reference / "checkpoint")
 
 
 @pytest.mark.slow
-def test_fabric_example_world4(reference: Path, tmp_path: Path) -> None:
+def test_fabric_example_world4(goldfish_train_reference: Path, tmp_path: Path) -> None:
+    reference = goldfish_train_reference
     run = tmp_path / "fabric4"
     torchrun(4, "--out", str(run), "--grid", "x=2,y=2")
     got = read_metrics(run / "metrics.jsonl")
