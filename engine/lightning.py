@@ -22,7 +22,8 @@ engine.parallelize), so seen from the training script the world does data parall
 after `fabric.backward(loss)` every gradient is the MEAN over ranks of the gradients of their local
 losses, as with DDP (`gradient_reduction="sum"` gives the sum instead).
 
-Only Fabric. Lightning is imported here, never by `import engine`: install it with the `lightning` extra.
+The Lightning Trainer's strategy is engine.lightning_trainer.EngineTrainerStrategy. Lightning is imported
+here, never by `import engine`: install it with the `lightning` extra.
 """
 
 from __future__ import annotations
