@@ -30,8 +30,8 @@ from accelerate import Accelerator
 import engine
 import engine.train as engine_train
 from goldfish import goldfish_loss
-from goldfish.experiment import (DataSpec, MaskSpec, initial_model, make_examples, parse_grid, prepare_data,
-                                 save_parallel_hf_model)
+from goldfish.app.config import DataSpec, MaskSpec, parse_grid
+from goldfish.app.experiment import initial_model, make_examples, prepare_data, save_parallel_hf_model
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -30,7 +30,8 @@ from transformers import Trainer, TrainingArguments
 
 import engine.train as engine_train
 from goldfish import GoldfishCollator, causal_targets, goldfish_loss
-from goldfish.experiment import DataSpec, initial_model, prepare_data
+from goldfish.app.config import DataSpec
+from goldfish.app.experiment import initial_model, prepare_data
 from goldfish.masks import IGNORE_INDEX
 
 

@@ -22,7 +22,8 @@ from lightning.fabric import Fabric
 import engine.train as engine_train
 from engine.lightning import EngineStrategy, consolidate_checkpoint
 from goldfish import goldfish_loss
-from goldfish.experiment import DataSpec, MaskSpec, initial_model, make_examples, parse_grid, prepare_data
+from goldfish.app.config import DataSpec, MaskSpec, parse_grid
+from goldfish.app.experiment import initial_model, make_examples, prepare_data
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -24,7 +24,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 import engine.train as engine_train
 from engine.lightning_trainer import EngineTrainerStrategy
 from goldfish import goldfish_loss
-from goldfish.experiment import DataSpec, MaskSpec, initial_model, make_examples, parse_grid, prepare_data
+from goldfish.app.config import DataSpec, MaskSpec, parse_grid
+from goldfish.app.experiment import initial_model, make_examples, prepare_data
 
 
 class GoldfishStepSampler(torch.utils.data.Sampler):

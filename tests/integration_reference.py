@@ -20,7 +20,7 @@ def read_metrics(path: Path) -> list[dict]:
 @pytest.fixture(scope="session")
 def goldfish_train_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`goldfish train` with SETTINGS in this process (about 3 s): OUT/metrics.jsonl and OUT/checkpoint."""
-    from goldfish.cli import main
+    from goldfish.app.cli import main
 
     out = tmp_path_factory.mktemp("goldfish_train") / "run"
     assert main(["train", "--out", str(out), "--no-progress", "--threads", "1", *SETTINGS]) == 0

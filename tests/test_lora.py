@@ -36,7 +36,8 @@ def test_unknown_targets_name_the_modules_that_exist() -> None:
 
 def test_bad_specs_and_tensor_parallel_grids_are_refused() -> None:
     with pytest.raises(ValueError, match="--lora-rank must be an integer >= 1"):
-        LoraSpec(rank=0)
+        LoraSpec(rank=-1)
+    assert not LoraSpec().enabled and LoraSpec(rank=2, targets="q_proj, v_proj").targets == ("q_proj", "v_proj")
     with pytest.raises(ValueError, match="--lora-alpha must be > 0"):
         LoraSpec(rank=2, alpha=0)
     with pytest.raises(ValueError, match="LoRA runs on the data axis only.*x=2.*Use --grid data=N"):
@@ -88,3 +89,87 @@ def test_lora_trains_adapters_only_and_the_merged_checkpoint_loads_in_plain_tran
     load_adapter_weights(again, tmp_path / "ckpt")
     with torch.no_grad():
         torch.testing.assert_close(again.eval()(input_ids=ids).logits, adapted)
+
+
+# ----- the application: goldfish train / compare --lora-rank ------------------------------------------------------
+
+SMALL = ["--model", "micro-llama", "--n-train", "8", "--n-heldout", "4", "--seq-len", "32", "--batch-size", "8",
+         "--lr", "1e-2", "--no-progress", "--threads", "1"]
+
+
+def test_goldfish_train_lora_checkpoint_is_merged_and_resumes_exactly(tmp_path: Path) -> None:
+    """`goldfish train --lora-rank`: the checkpoint is the merged model (plain transformers loads it and computes
+    what the trained LoRA model computes), the adapter sits next to it, and a resumed run repeats the loss of an
+    uninterrupted one exactly."""
+    import json
+
+    import engine.train as engine_train
+    from goldfish.app.cli import main
+    from goldfish.app.config import DataSpec, MaskSpec, TrainSpec
+    from goldfish.app.experiment import train_model
+
+    out = tmp_path / "full"
+    assert main(["train", "--out", str(out), "--epochs", "4", "--lora-rank", "4", "--lora-targets", "q_proj,v_proj",
+                 *SMALL]) == 0
+    expected = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert expected[-1]["loss"] < expected[0]["loss"]
+    record = json.loads((out / "checkpoint" / "goldfish_run.json").read_text())
+    assert record["lora"] == {"rank": 4, "alpha": None, "targets": ["q_proj", "v_proj"]}
+    assert (out / "checkpoint" / ADAPTER_DIR / "adapter_model.safetensors").is_file()
+    plain = AutoModelForCausalLM.from_pretrained(out / "checkpoint")
+    assert not any("lora" in key for key in plain.state_dict())
+
+    spec = TrainSpec(model="micro-llama", data=DataSpec(n_train=8, n_heldout=4, seq_len=32),
+                     mask=MaskSpec("hashed", 4, 13),
+                     train=engine_train.TrainConfig(epochs=4, batch_size=8, lr=1e-2, save_every=2, progress=False),
+                     lora=LoraSpec(rank=4, targets=("q_proj", "v_proj")))
+
+    class Interrupted(Exception):
+        pass
+
+    def stop_after_two(model: torch.nn.Module, epoch: int, step: int) -> None:
+        if epoch == 2:
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        train_model(spec, tmp_path / "cut", log=lambda *a: None, on_epoch_end=stop_after_two)
+    merged, prepared = train_model(spec, tmp_path / "cut", log=lambda *a: None,
+                                   resume_from=tmp_path / "cut" / "checkpoint")
+    resumed = [json.loads(line) for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["loss"] for r in resumed] == [r["loss"] for r in expected]
+    ids = torch.tensor([prepared.split.train[0].token_ids])
+    with torch.no_grad():  # the merged model returned for evaluation = the checkpoint plain transformers loads
+        torch.testing.assert_close(merged(input_ids=ids).logits, plain.eval()(input_ids=ids).logits,
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_lora_bad_targets_and_tensor_parallel_grid_fail_before_training(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture) -> None:
+    from goldfish.app.cli import main
+
+    assert main(["train", "--out", str(tmp_path / "a"), "--lora-rank", "4", "--lora-targets", "c_attn", *SMALL]) == 2
+    assert "its Linear layers are down_proj,gate_proj,k_proj,lm_head,o_proj,q_proj,up_proj,v_proj" in \
+        capsys.readouterr().err
+    assert main(["train", "--out", str(tmp_path / "b"), "--lora-rank", "4", "--nproc", "2", "--grid", "x=2",
+                 *SMALL]) == 2
+    assert "LoRA runs on the data axis only" in capsys.readouterr().err
+    assert not (tmp_path / "a" / "checkpoint").exists() and not (tmp_path / "b").exists()
+
+
+def test_compare_full_vs_lora(tmp_path: Path) -> None:
+    """compare --lora-rank --with-full trains standard and goldfish models both ways from the same weights and
+    evaluates the merged LoRA models."""
+    import json
+
+    from goldfish.app.cli import main
+
+    out = tmp_path / "cmp"
+    assert main(["compare", "--out", str(out), "--model", "micro-llama", "--n-train", "4", "--n-heldout", "4",
+                 "--seq-len", "32", "--epochs", "2", "--batch-size", "4", "--suffix-len", "8", "--curve-every", "0",
+                 "--lora-rank", "4", "--with-full", "--no-progress", "--threads", "1"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary["models"]) == ["control", "standard", "goldfish-hashed-k4-h13", "lora-r4-standard",
+                                       "lora-r4-goldfish-hashed-k4-h13"]
+    assert [r["lora"] is not None for r in summary["config"]["runs"]] == [False, False, True, True]
+    assert set(summary["membership"]) >= {"lora-r4-standard", "lora-r4-goldfish-hashed-k4-h13"}
+    AutoModelForCausalLM.from_pretrained(out / "lora-r4-goldfish-hashed-k4-h13" / "checkpoint")

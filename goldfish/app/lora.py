@@ -25,18 +25,20 @@ ADAPTER_DIR = "adapter"  # subfolder of a checkpoint holding the peft adapter (a
 
 @dataclass(frozen=True)
 class LoraSpec:
-    """LoRA settings. rank: r of the low-rank update B A (B: out x r, A: r x in); alpha: its scale is alpha / r
-    (None: 2 * rank); targets: names of the Linear layers to adapt (the last component of a module's name,
-    e.g. q_proj), or ("all-linear",) for every Linear layer except the output head. No dropout, so that a run
-    is deterministic."""
+    """LoRA settings (the --lora-* options). rank: r of the low-rank update B A (B: out x r, A: r x in); 0 = off
+    (full fine-tuning); alpha: the update is scaled by alpha / r (None: 2 * rank); targets: names of the Linear
+    layers to adapt (the last component of a module's name, e.g. q_proj), or ("all-linear",) for every Linear
+    layer except the output head. No dropout, so that a run is deterministic."""
 
-    rank: int
+    rank: int = 0
     alpha: float | None = None
     targets: tuple[str, ...] = (ALL_LINEAR,)
 
     def __post_init__(self) -> None:
-        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
-            raise ValueError(f"--lora-rank must be an integer >= 1, got {self.rank!r}")
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
+            raise ValueError(f"--lora-rank must be an integer >= 1 (0 = no LoRA), got {self.rank!r}")
+        if isinstance(self.targets, str):
+            object.__setattr__(self, "targets", parse_targets(self.targets))
         if self.alpha is not None and not self.alpha > 0:
             raise ValueError(f"--lora-alpha must be > 0, got {self.alpha!r}")
         targets = tuple(t.strip() for t in self.targets if t.strip())
@@ -45,6 +47,10 @@ class LoraSpec:
         if ALL_LINEAR in targets and len(targets) > 1:
             raise ValueError(f"--lora-targets: {ALL_LINEAR} already takes every Linear layer; give it alone")
         object.__setattr__(self, "targets", targets)
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
 
     @property
     def scale_alpha(self) -> float:
@@ -96,6 +102,8 @@ def apply_lora(model: nn.Module, spec: LoraSpec, *, seed: int = 0) -> nn.Module:
     A is drawn from the generator seeded with `seed` (peft's Kaiming-uniform init), B starts at zero, so
     the wrapped model computes exactly what the base model does until the first step.
     """
+    if not spec.enabled:
+        raise ValueError("apply_lora needs --lora-rank >= 1")
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError as error:
