@@ -48,7 +48,8 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("engine.lightning needs Lightning: pip install -e \".[lightning]\" (lightning 2.6)") from error
 
 from engine import checkpoint as engine_checkpoint
-from engine.grid import Grid, GridError, GridShape, init
+from engine import comm
+from engine.grid import AXES, Grid, GridError, GridShape, init
 from engine.parallelize import parallelize
 from engine.state import clip_grad_norm_, sync_gradients
 
@@ -232,15 +233,13 @@ class EngineStrategy(ParallelStrategy):
         return tensor
 
     def barrier(self, *args: Any, **kwargs: Any) -> None:
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.barrier()
+        if self._grid is not None:
+            comm.barrier(self._grid.group(*AXES))
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
-        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        if self._grid is None:
             return obj
-        box = [obj]
-        torch.distributed.broadcast_object_list(box, src)
-        return box[0]
+        return comm.broadcast_object(obj, self._grid.group(*AXES), self._grid.device, src_group_rank=src)
 
     # ----- checkpoints -------------------------------------------------------------------------------------
 

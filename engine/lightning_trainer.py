@@ -43,7 +43,8 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("engine.lightning_trainer needs Lightning: pip install -e \".[lightning]\"") from error
 
 from engine import checkpoint as engine_checkpoint
-from engine.grid import Grid, GridShape, init
+from engine import comm
+from engine.grid import AXES, Grid, GridShape, init
 from engine.lightning import resolve_grid
 from engine.parallelize import parallelize
 from engine.state import clip_grad_norm_, sync_gradients
@@ -167,15 +168,13 @@ class EngineTrainerStrategy(ParallelStrategy):
         return tensor
 
     def barrier(self, name: str | None = None) -> None:
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.barrier()
+        if self._grid is not None:
+            comm.barrier(self._grid.group(*AXES))
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
-        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        if self._grid is None:
             return obj
-        box = [obj]
-        torch.distributed.broadcast_object_list(box, src)
-        return box[0]
+        return comm.broadcast_object(obj, self._grid.group(*AXES), self._grid.device, src_group_rank=src)
 
     # ----- checkpoints: the weights and optimizer state go to the engine's shards --------------------------
 

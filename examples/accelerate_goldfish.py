@@ -29,6 +29,8 @@ from accelerate import Accelerator
 
 import engine
 import engine.train as engine_train
+from engine import comm
+from engine.grid import AXES
 from goldfish import goldfish_loss
 from goldfish.app.config import DataSpec, MaskSpec, parse_grid
 from goldfish.app.experiment import initial_model, make_examples, prepare_data, save_parallel_hf_model
@@ -109,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
                                   float(result.all_loss) * result.n_all, result.n_all,
                                   float(result.dropped_loss) * result.n_dropped if result.n_dropped else 0.0,
                                   result.n_dropped], dtype=torch.float64)
-        torch.distributed.all_reduce(sums)  # the step's sums over every process
+        sums = comm.sum_control(sums, grid.group(*AXES))  # the step's sums over every process
         engine.sync_gradients(model, grid)  # every gradient = gradient of the SUM of all processes' losses
         for param in model.parameters():
             if param.grad is not None:
