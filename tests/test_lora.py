@@ -153,7 +153,11 @@ def test_lora_bad_targets_and_tensor_parallel_grid_fail_before_training(tmp_path
     assert main(["train", "--out", str(tmp_path / "b"), "--lora-rank", "4", "--nproc", "2", "--grid", "x=2",
                  *SMALL]) == 2
     assert "LoRA runs on the data axis only" in capsys.readouterr().err
+    assert main(["train", "--out", str(tmp_path / "c"), "--lora-rank", "4", "--zero", "1", "--nproc", "2", "--grid",
+                 "data=2", *SMALL]) == 2
+    assert "--lora-rank with --zero 1 is not supported" in capsys.readouterr().err
     assert not (tmp_path / "a" / "checkpoint").exists() and not (tmp_path / "b").exists()
+    assert not (tmp_path / "c").exists()
 
 
 def test_compare_full_vs_lora(tmp_path: Path) -> None:

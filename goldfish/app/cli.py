@@ -49,13 +49,16 @@ def train_config_of(args: argparse.Namespace, base: Any, grid: Grid | None) -> A
 
 
 def lora_of(args: argparse.Namespace) -> LoraSpec:
-    """The --lora-* options; a LoRA run on a grid with tensor-parallel axes is refused before processes start."""
+    """The --lora-* options; LoRA on a grid with tensor-parallel axes or with --zero is refused before processes
+    start."""
+    from goldfish.app.lora import check_grid, check_zero
+
     spec = LoraSpec(**opt.LORA.values(args))
     grid = getattr(args, "grid", None)
     if spec.enabled and grid:
-        from goldfish.app.lora import check_grid
-
         check_grid(parse_grid(grid))
+    if spec.enabled:
+        check_zero(getattr(args, "zero", 0) or 0)
     return spec
 
 

@@ -28,6 +28,7 @@ from engine.train import TrainConfig
 from eval.adaptive import SamplingConfig
 from eval.extraction import ExtractionConfig
 from goldfish.app.lora import LoraSpec
+from goldfish.app.lora import check_zero as check_lora_zero
 from goldfish.masks import STRATEGIES, drop_mask
 
 @dataclass
@@ -184,6 +185,10 @@ class TrainSpec:
     init_seed: int = 0
     lora: LoraSpec = field(default_factory=LoraSpec)
 
+    def __post_init__(self) -> None:
+        if self.lora.enabled:
+            check_lora_zero(self.train.zero)
+
 
 @dataclass
 class CompareSpec:
@@ -209,6 +214,8 @@ class CompareSpec:
             raise ValueError(f"curve_every must be >= 0 (0 = no curve), got {self.curve_every}")
         if self.with_full and not self.lora.enabled:
             raise ValueError("--with-full compares full fine-tuning with LoRA: give --lora-rank too")
+        if self.lora.enabled:
+            check_lora_zero(self.train.zero)
 
 
 @dataclass

@@ -96,6 +96,14 @@ def check_grid(sizes: dict[str, int]) -> None:
                          + f". Use --grid data=N (N = number of processes) with --lora-rank")
 
 
+def check_zero(stage: int) -> None:
+    """LoRA trains adapters only, whose AdamW state is already small; partitioning it over the data axis (ZeRO)
+    is not supported with peft's wrapped layers: refuse the combination."""
+    if stage:
+        raise ValueError(f"--lora-rank with --zero {stage} is not supported (ZeRO partitions the model the engine "
+                         "built, not peft's adapters, and the adapters' optimizer state is small anyway): drop --zero")
+
+
 def apply_lora(model: nn.Module, spec: LoraSpec, *, seed: int = 0) -> nn.Module:
     """Wrap `model` (an HF causal LM) with LoRA adapters; return the peft.PeftModel. Freezes every base weight.
 
