@@ -5,8 +5,9 @@ breakdowns, membership, timings, warnings) and runs as a sequence of steps read 
 
     prepare           select the documents, build the initial weights
     evaluate_control  the initial weights, never trained on the documents
-    train_and_evaluate(mask)   for the standard loss, then each goldfish mask: train from the initial weights
-                      (measuring the exact-match curve every `curve_every` epochs), then evaluate
+    train_and_evaluate(run)    for the standard loss, then each goldfish mask (with LoRA: LoRA models, and with
+                      --with-full the full fine-tuning ones first): train from the initial weights (measuring the
+                      exact-match curve every `curve_every` epochs), then evaluate
     summary / write   summary.json, report.md, plots, and the table on the console
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,6 +26,7 @@ from engine import comm
 from engine.grid import AXES, Grid, is_main_process
 from eval import parallel as parallel_eval
 from eval.breakdown import group_means
+from goldfish.app import lora
 from goldfish.app.config import CompareSpec, MaskSpec, TrainSpec
 from goldfish.app.experiment import (REPEAT_METRICS, Prepared, evaluate_with_rows, grid_sizes, initial_model, membership,
                                      pad_token_id, prepare_data, train_model)
@@ -51,6 +53,18 @@ class Curve:
         self.rows.extend({"epoch": epoch, "step": step, **{key: row[key] for key in CURVE_ROW_KEYS}} for row in rows)
 
 
+@dataclass(frozen=True)
+class ModelRun:
+    """One trained model of a comparison: its loss (mask) and whether it trains LoRA adapters or every weight."""
+
+    mask: MaskSpec
+    lora: lora.LoraSpec
+
+    @property
+    def label(self) -> str:
+        return f"{self.lora.label}-{self.mask.label}" if self.lora.enabled else self.mask.label
+
+
 class Comparison:
     """One `goldfish compare` run. With a grid (under torchrun) every rank trains; rank 0 evaluates the consolidated
     checkpoint of each model and writes the outputs (other ranks' `run()` returns an empty dict)."""
@@ -61,14 +75,20 @@ class Comparison:
         self.main = is_main_process(grid)
         self.log = log if self.main else (lambda *a, **k: None)
         self.started = time.perf_counter()
-        # The models trained: the standard loss first, then one per goldfish mask.
-        self.runs = [MaskSpec(strategy=None)] + [m for m in spec.masks if m.strategy is not None]
-        labels = [m.label for m in self.runs]
+        # The models trained: the standard loss first, then one per goldfish mask; with LoRA, every one of them
+        # with adapters (after the same models with every weight trained, with --with-full).
+        masks = [MaskSpec(strategy=None)] + [m for m in spec.masks if m.strategy is not None]
+        labels = [m.label for m in masks]
         if len(set(labels)) != len(labels):
             raise ValueError(f"duplicate masks in {labels}")
+        kinds = ([lora.LoraSpec()] if spec.with_full or not spec.lora.enabled else []) + \
+            ([spec.lora] if spec.lora.enabled else [])
+        self.runs = [ModelRun(mask, kind) for kind in kinds for mask in masks]
+        if spec.lora.enabled and grid is not None:
+            lora.check_grid(grid_sizes(grid))
         # Standard and control models have no mask of their own; their teacher-forced accuracy is split by the first
         # goldfish mask, so one can see how well each model predicts exactly the tokens goldfish hides.
-        self.reference_mask = next((m for m in self.runs if m.strategy is not None), None)
+        self.reference_mask = next((m for m in masks if m.strategy is not None), None)
         self.prepared: Prepared | None = None
         self.initial: nn.Module | None = None
         self.repeats: dict[str, int] | None = None
@@ -84,8 +104,8 @@ class Comparison:
         self.prepare()
         if self.main:
             self.evaluate_control()
-        for mask in self.runs:
-            self.train_and_evaluate(mask)
+        for run in self.runs:
+            self.train_and_evaluate(run)
         if not self.main:
             return {}
         summary = self.summary()
@@ -99,6 +119,8 @@ class Comparison:
             self.out_dir.mkdir(parents=True, exist_ok=True)
         self.prepared = prepare_data(self.spec.data, self.spec.model, log=self.log)
         self.initial = initial_model(self.spec.model, self.prepared, self.spec.init_seed)
+        if self.spec.lora.enabled:
+            lora.check_targets(self.initial, self.spec.lora)  # before any training: name the layers that exist
         if self.device is not None and self.grid is None:
             self.initial = self.initial.to(self.device)
         if self.spec.data.repeats != (1,):
@@ -116,30 +138,31 @@ class Comparison:
                                  "to measure what training adds")
             self.log("warning: " + self.warnings[-1])
 
-    def train_and_evaluate(self, mask: MaskSpec) -> None:
-        spec, prepared = self.spec, self.prepared
+    def train_and_evaluate(self, run: ModelRun) -> None:
+        spec, prepared, mask, label = self.spec, self.prepared, run.mask, run.label
         t0 = time.perf_counter()
         curve = Curve() if spec.curve_every > 0 else None
         if curve is not None and self.main:  # epoch 0: the initial weights, already evaluated as the control
             curve.add(0, 0, self.control_rows, self.results[CONTROL]["train"])
-        train_spec = TrainSpec(model=spec.model, data=spec.data, mask=mask, train=spec.train, init_seed=spec.init_seed)
-        model, _ = train_model(train_spec, self.out_dir / mask.label, prepared=prepared,
+        train_spec = TrainSpec(model=spec.model, data=spec.data, mask=mask, train=spec.train, init_seed=spec.init_seed,
+                               lora=run.lora)
+        model, _ = train_model(train_spec, self.out_dir / label, prepared=prepared,
                                model=copy.deepcopy(self.initial), grid=self.grid, log=self.log,
                                on_epoch_end=None if curve is None else self._curve_hook(curve))
         if curve is not None and self.main:
-            self.curves[mask.label] = curve.points
-            write_jsonl_atomic(self.out_dir / mask.label / "curve.jsonl", curve.rows)
-        self.timings[f"train {mask.label}"] = time.perf_counter() - t0
+            self.curves[label] = curve.points
+            write_jsonl_atomic(self.out_dir / label / "curve.jsonl", curve.rows)
+        self.timings[f"train {label}"] = time.perf_counter() - t0
         eval_mask = mask if mask.strategy is not None else self.reference_mask
         if self.grid is not None:
             # Evaluate what was saved: the consolidated HF checkpoint, as any user of the result would load it.
             if self.main:
-                self.evaluate(mask.label, load_pretrained_model(self.out_dir / mask.label / "checkpoint"), eval_mask)
+                self.evaluate(label, load_pretrained_model(self.out_dir / label / "checkpoint"), eval_mask)
             comm.barrier(self.grid.group(*AXES))
         else:
-            self.evaluate(mask.label, model, eval_mask)
+            self.evaluate(label, model, eval_mask)  # with LoRA: the merged model
         if self.main:
-            self.log(one_line(mask.label, self.results[mask.label]))
+            self.log(one_line(label, self.results[label]))
 
     def _curve_hook(self, curve: Curve) -> Callable[[nn.Module, int, int], None]:
         """engine.train's on_epoch_end: greedy extraction of the training documents on the model being trained
@@ -194,7 +217,10 @@ class Comparison:
             "curves": self.curves,
             "breakdowns": self.breakdowns,
             "config": {"model": spec.model, "data": asdict(spec.data),
-                       "masks": [asdict(m) | {"label": m.label} for m in self.runs], "train": asdict(spec.train),
+                       "masks": [asdict(m) | {"label": m.label} for m in dict.fromkeys(r.mask for r in self.runs)],
+                       "runs": [{"label": r.label, "mask": r.mask.label,
+                                 "lora": asdict(r.lora) if r.lora.enabled else None} for r in self.runs],
+                       "train": asdict(spec.train),
                        "extraction": asdict(spec.extraction), "init_seed": spec.init_seed,
                        "instruments": asdict(spec.instruments), "curve_every": spec.curve_every},
             "documents": self.prepared.split.manifest(),
@@ -235,10 +261,10 @@ def one_line(label: str, parts: dict[str, Any]) -> str:
 
 def format_table(summary: dict[str, Any]) -> str:
     """A plain-text table of the headline metrics per model."""
-    header = f"{'model':<28} {'train EM':>9} {'train RougeL':>13} {'held-out EM':>12} {'held-out RougeL':>16}"
+    header = f"{'model':<34} {'train EM':>9} {'train RougeL':>13} {'held-out EM':>12} {'held-out RougeL':>16}"
     lines = [header, "-" * len(header)]
     for label, parts in summary["models"].items():
         train, held = parts["train"], parts["heldout"]
-        lines.append(f"{label:<28} {train['exact_match']:>9.3f} {train['rouge_l']:>13.3f} "
+        lines.append(f"{label:<34} {train['exact_match']:>9.3f} {train['rouge_l']:>13.3f} "
                      f"{held['exact_match']:>12.3f} {held['rouge_l']:>16.3f}")
     return "\n".join(lines)

@@ -6,6 +6,7 @@
     Instruments   the memorization instruments besides greedy extraction (--beams, --samples, ...)
     ExtractionConfig  prefix/suffix protocol (eval.extraction; --suffix-len, --prefix-len, --eval-batch-size)
     Runtime       where and how a command runs (--device, --threads, --grid, --nproc, --no-progress)
+    LoraSpec      LoRA adapters through peft (goldfish.app.lora; --lora-rank, --lora-alpha, --lora-targets)
     TrainSpec / CompareSpec  a whole `goldfish train` / `goldfish compare` run
 
 goldfish.app.options maps each command-line flag to exactly one field here; the resolved specs are saved with the
@@ -26,6 +27,8 @@ from engine.zero import data_ranks_per_node
 from engine.train import TrainConfig
 from eval.adaptive import SamplingConfig
 from eval.extraction import ExtractionConfig
+from goldfish.app.lora import LoraSpec
+from goldfish.app.lora import check_zero as check_lora_zero
 from goldfish.masks import STRATEGIES, drop_mask
 
 @dataclass
@@ -173,19 +176,25 @@ class Instruments:
 
 @dataclass
 class TrainSpec:
-    """A `goldfish train` run: model and its init seed, documents, mask, optimisation."""
+    """A `goldfish train` run: model and its init seed, documents, mask, optimisation, LoRA (rank 0: every weight)."""
 
     model: str = "tiny-llama"
     data: DataSpec = field(default_factory=DataSpec)
     mask: MaskSpec = field(default_factory=MaskSpec)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=20))
     init_seed: int = 0
+    lora: LoraSpec = field(default_factory=LoraSpec)
+
+    def __post_init__(self) -> None:
+        if self.lora.enabled:
+            check_lora_zero(self.train.zero)
 
 
 @dataclass
 class CompareSpec:
     """A standard-vs-goldfish comparison. curve_every: measure greedy extraction of the training documents every N
-    epochs during training (0 = off; the last epoch is always measured when on)."""
+    epochs during training (0 = off; the last epoch is always measured when on). lora: train every model with LoRA
+    adapters (rank 0: every weight); with_full: with LoRA, also train each model with every weight (full vs LoRA)."""
 
     model: str = "tiny-llama"
     data: DataSpec = field(default_factory=DataSpec)
@@ -197,10 +206,16 @@ class CompareSpec:
     init_seed: int = 0
     instruments: Instruments = field(default_factory=Instruments)
     curve_every: int = 0
+    lora: LoraSpec = field(default_factory=LoraSpec)
+    with_full: bool = False
 
     def __post_init__(self) -> None:
         if self.curve_every < 0:
             raise ValueError(f"curve_every must be >= 0 (0 = no curve), got {self.curve_every}")
+        if self.with_full and not self.lora.enabled:
+            raise ValueError("--with-full compares full fine-tuning with LoRA: give --lora-rank too")
+        if self.lora.enabled:
+            check_lora_zero(self.train.zero)
 
 
 @dataclass
@@ -276,4 +291,9 @@ COMPARE_PRESETS: dict[str, dict[str, Any]] = {
     "smollm2": dict(model="smollm2-135m", n_train=8, n_heldout=8, seq_len=128, epochs=10, batch_size=4, lr=3e-4,
                     warmup_steps=0, schedule="constant", masks=["hashed:3:13", "hashed:4:13"], eval_batch_size=8,
                     curve_every=1, beams=8),
+    # Does LoRA memorize as much as full fine-tuning, with and without goldfish? The smollm2 run, once with every
+    # weight trained and once with rank-16 adapters on every Linear layer (same steps and learning rate).
+    "smollm2-lora": dict(model="smollm2-135m", n_train=8, n_heldout=8, seq_len=128, epochs=10, batch_size=4, lr=3e-4,
+                         warmup_steps=0, schedule="constant", masks=["hashed:4:13"], eval_batch_size=8,
+                         curve_every=2, lora_rank=16, lora_alpha=32.0, lora_targets="all-linear", with_full=True),
 }

@@ -27,6 +27,7 @@ from eval import parallel as parallel_eval
 from eval.breakdown import group_means, tag_rows
 from eval.divergence import divergence_row, divergence_summary, suffix_dropped_flags
 from eval.extraction import ExtractionConfig, write_extraction
+from goldfish.app import lora
 from goldfish.app.config import DataSpec, Instruments, MaskSpec, TrainSpec, parse_grid
 from goldfish.app.models import build_tiny_model, is_tiny_model
 from goldfish.app.pretrained import (DEFAULT_MODEL_CACHE, load_gguf_tokenizer, load_pretrained, load_pretrained_model,
@@ -201,6 +202,7 @@ def run_record(spec: TrainSpec, prepared: Prepared) -> dict[str, Any]:
         "data": asdict(spec.data),
         "mask": asdict(spec.mask) | {"label": spec.mask.label},
         "train": asdict(spec.train),
+        "lora": asdict(spec.lora) if spec.lora.enabled else None,
         "documents": prepared.split.manifest(),
         "repeats": spec.data.repeats_by_id(prepared.split.train),
         "torch": torch.__version__,
@@ -215,6 +217,9 @@ def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = N
     """Train one model and write OUT/checkpoint (an HF checkpoint + tokenizer + trainer state) and OUT/metrics.jsonl.
 
     on_epoch_end(model, epoch, step) runs after each epoch on every rank (see engine.train.train).
+    With spec.lora enabled, only LoRA adapters train (peft; data-parallel grids only): OUT/checkpoint holds the
+    merged model (an ordinary HF checkpoint) and the adapter in OUT/checkpoint/adapter, and the model returned is
+    the merged one (what evaluation measures).
     """
     prepared = prepared or prepare_data(spec.data, spec.model, log=log)
     if model is None and grid is not None and resume_from is None and can_load_sharded(spec.model):
@@ -222,7 +227,15 @@ def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = N
         model = load_sharded(spec.model, grid)
         check_vocabulary(model, prepared, spec.model)
     model = model if model is not None else initial_model(spec.model, prepared, spec.init_seed)
-    if resume_from is not None:
+    if spec.lora.enabled:
+        if grid is not None:
+            lora.check_grid(grid_sizes(grid))
+        # the checkpoint's HF folder is the merged model: a resumed LoRA run starts from the base weights and
+        # reloads its adapter instead
+        model = lora.apply_lora(model, spec.lora, seed=spec.init_seed)
+        if resume_from is not None:
+            lora.load_adapter_weights(model, resume_from)
+    elif resume_from is not None:
         load_model_weights(model, resume_from)  # full weights: valid at any grid, sharded below
     repeats = spec.data.repeats_by_id(prepared.split.train)
     examples = make_examples(prepared.split.train, spec.mask, prepared.special_token_ids, repeats)
@@ -230,9 +243,14 @@ def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = N
     n_targets = sum(int((e["targets"] != -100).sum()) for e in examples)
     repeated = "" if set(repeats.values()) == {1} else \
         f" ({len(prepared.split.train)} documents repeated {'/'.join(map(str, spec.data.repeats))} times per epoch)"
+    adapters = ""
+    if spec.lora.enabled:
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        adapters = (f", LoRA rank {spec.lora.rank} alpha {spec.lora.scale_alpha:g} on {','.join(spec.lora.targets)}: "
+                    f"{trainable} of {sum(p.numel() for p in model.parameters())} parameters train")
     log(f"train {spec.mask.label}: {len(examples)} sequences{repeated}, {n_dropped}/{n_targets} targets dropped "
         f"({n_dropped / max(n_targets, 1):.3f}), {spec.train.epochs} epochs"
-        + (f", grid {grid.shape}" if grid is not None else ""))
+        + (f", grid {grid.shape}" if grid is not None else "") + adapters)
     record = run_record(spec, prepared)
     if grid is not None:
         record["grid"] = grid_sizes(grid)
@@ -240,6 +258,11 @@ def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = N
         # embeddings and lm_head split by vocabulary over x*y*z (on whenever the grid has tensor parallelism and
         # the vocabulary divides)
         record["vocab_parallel"] = is_vocab_parallel(model.get_input_embeddings())
+    if spec.lora.enabled:  # data-parallel at most: every rank holds the whole model; rank 0 writes it
+        def save(m: nn.Module, d: Path) -> None:
+            if is_main_process(grid):
+                lora.save_lora(m, d, lambda plain, folder: save_hf_model(plain, prepared.tokenizer, record, folder))
+    elif grid is not None:
         save = lambda m, d: save_parallel_hf_model(m, grid, prepared.tokenizer, record, d)  # noqa: E731
     else:
         save = lambda m, d: save_hf_model(m, prepared.tokenizer, record, d)  # noqa: E731
@@ -248,6 +271,8 @@ def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = N
         write_json_atomic(out_dir / "run.json", record)
     engine_train.train(model, examples, make_step_loss(spec.mask, prepared.special_token_ids), spec.train,
                        out_dir=out_dir, grid=grid, resume_from=resume_from, save_model=save, on_epoch_end=on_epoch_end)
+    if spec.lora.enabled:
+        model = lora.merged_model(model).eval()
     return model, prepared
 
 

@@ -13,6 +13,7 @@ flags back as {field: value}, ready for `dataclasses.replace` or the dataclass's
     --suffix-len --prefix-len --eval-batch-size  ExtractionConfig.*   EXTRACTION
     --beams ... --prefix-lengths  Instruments.*         INSTRUMENTS
     --device --threads --no-progress --grid --nproc  Runtime.*   RUNTIME
+    --lora-rank --lora-alpha --lora-targets  LoraSpec.*   LORA
 
 Options that belong to one subcommand only (--out, --resume, --masks, --preset, --part, ...) are declared with
 that subcommand in goldfish.app.cli.
@@ -25,6 +26,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Callable, Collection
 
 from goldfish.app.config import parse_int_list, parse_node_size, parse_repeats
+from goldfish.app.lora import parse_targets
 from goldfish.masks import STRATEGIES
 
 
@@ -166,6 +168,14 @@ INSTRUMENTS = OptionGroup("instruments (besides greedy extraction, divergence an
     Option("--sample-seed", "sample_seed", "seed of the sampling attack"),
     Option("--prefix-lengths", "prefix_lengths", "comma-separated fixed prefix lengths for a breakdown of greedy "
            "extraction by prefix length, e.g. 16,32,64", parse=lambda text: parse_int_list(text, "--prefix-lengths")),
+))
+
+LORA = OptionGroup("LoRA (train low-rank adapters through peft instead of every weight; pip install -e \".[lora]\")", (
+    Option("--lora-rank", "rank", "rank r of the adapters (0: no LoRA, train every weight); the checkpoint is the "
+           "merged model (an ordinary HF folder) with the adapter in checkpoint/adapter"),
+    Option("--lora-alpha", "alpha", "the adapters' update is scaled by alpha / r (default: 2 * rank)", parse=float),
+    Option("--lora-targets", "targets", "comma-separated names of the Linear layers to adapt, e.g. q_proj,v_proj, or "
+           "all-linear (every Linear layer except the output head)", parse=parse_targets),
 ))
 
 RUNTIME = OptionGroup("runtime", (
