@@ -3,6 +3,7 @@
 Imports nothing of the other project packages.
 """
 
+from data.dedup import DEDUP_MODES, DUPLICATE_POLICIES, DedupConfig
 from data.documents import DEFAULT_CORPUS, Document, default_corpus, load_documents
 from data.errors import DataError
 from data.selection import DocumentSplit, TokenizedDocument, select_documents
@@ -11,7 +12,10 @@ from data.tokenizer import BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, load_tokenizer, trai
 __all__ = [
     "BOS_TOKEN",
     "DEFAULT_CORPUS",
+    "DEDUP_MODES",
+    "DUPLICATE_POLICIES",
     "DataError",
+    "DedupConfig",
     "Document",
     "DocumentSplit",
     "EOS_TOKEN",

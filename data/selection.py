@@ -5,9 +5,18 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from data.dedup import (
+    AUDIT_NGRAM,
+    Candidate,
+    DedupConfig,
+    best_links,
+    cluster_roots,
+    find_duplicate_links,
+    ngram_containment,
+)
 from data.documents import Document
 from data.errors import DataError
 
@@ -19,6 +28,7 @@ TOO_SHORT_SCOPE = (
     "documents examined in seeded shuffled order until enough long-enough ones were found; "
     "documents never examined were not tokenized and are not counted"
 )
+TOO_SHORT_SCOPE_ALL = "all documents examined (deduplication examines every document before any is placed)"
 
 
 @dataclass
@@ -34,6 +44,7 @@ class TokenizedDocument:
     text: str
     token_ids: list[int]
     sha256: str
+    repeat_of: str | None = None  # set on a training repeat: the id of the training document it duplicates
 
 
 @dataclass
@@ -43,6 +54,16 @@ class DocumentSplit:
     n_candidates: documents given. n_examined: documents tokenized and judged (in shuffled order,
     until enough were found; equals n_candidates when selection had to look at all of them).
     too_short: ids of examined documents with fewer than seq_len tokens (counting the bos token).
+    train / heldout: one document per duplicate cluster (n_train and n_heldout of them).
+    repeats: with duplicates="repeat", the extra copies of training documents, kept for training as counted
+        repeats (each has repeat_of set); empty otherwise. `training_documents` = train + repeats.
+    removed: one record per duplicate taken out of the selection: {"id", "twin" (the selected document of its
+        cluster), "kind" ("exact-text" | "same-window" | "near"), "similarity", "matched" (the document it was
+        found to duplicate; usually the twin, another member of the cluster otherwise), "side" ("train" |
+        "heldout": where its cluster went), "action" ("dropped" | "repeat")}, in examination order.
+    dedup: the deduplication settings used. heldout_train_overlap: audit of the result, the largest fraction
+        of a held-out window's word 8-grams found in training windows, and which document (None without
+        held-out documents).
     """
 
     train: list[TokenizedDocument]
@@ -52,6 +73,15 @@ class DocumentSplit:
     seq_len: int
     seed: int
     n_examined: int
+    repeats: list[TokenizedDocument] = field(default_factory=list)
+    removed: list[dict[str, Any]] = field(default_factory=list)
+    dedup: DedupConfig = field(default_factory=lambda: DedupConfig(mode="off"))
+    heldout_train_overlap: dict[str, Any] | None = None
+
+    @property
+    def training_documents(self) -> list[TokenizedDocument]:
+        """What training runs over: the training documents, then their counted repeats (if any)."""
+        return self.train + self.repeats
 
     def manifest(self) -> dict[str, Any]:
         """A JSON-able record of what was selected, for every run's outputs."""
@@ -68,9 +98,15 @@ class DocumentSplit:
             "n_heldout": len(self.heldout),
             "n_too_short": len(self.too_short),
             "too_short": list(self.too_short),
-            "too_short_scope": TOO_SHORT_SCOPE,
+            "too_short_scope": TOO_SHORT_SCOPE if self.dedup.mode == "off" else TOO_SHORT_SCOPE_ALL,
             "train": entries(self.train),
             "heldout": entries(self.heldout),
+            "dedup": self.dedup.record(),
+            "n_removed": sum(r["action"] == "dropped" for r in self.removed),
+            "n_repeats": len(self.repeats),
+            "removed": [dict(r) for r in self.removed],
+            "repeats": [{**e, "repeat_of": d.repeat_of} for e, d in zip(entries(self.repeats), self.repeats)],
+            "heldout_train_overlap": self.heldout_train_overlap,
         }
 
 
@@ -82,18 +118,26 @@ def select_documents(
     n_heldout: int,
     seq_len: int,
     seed: int = 0,
+    dedup: DedupConfig | None = None,
 ) -> DocumentSplit:
     """Choose n_train training and n_heldout held-out documents, each truncated to seq_len tokens.
 
     The documents are put in an order shuffled by `random.Random(seed)` and examined one by one:
     each is tokenized (no special tokens; the tokenizer's bos id, if any, is put in front), one with
-    fewer than seq_len ids is skipped and listed in `too_short`, the others are kept until
-    n_train + n_heldout are found. The first n_train kept are the training set, the next n_heldout
-    the held-out set (disjoint). The same documents, tokenizer and seed give the same split; the
-    training set does not depend on n_heldout.
+    fewer than seq_len ids is skipped and listed in `too_short`. The first n_train long-enough documents
+    are the training set, the next n_heldout the held-out set (disjoint). The same documents, tokenizer,
+    seed and dedup settings give the same split; the training set does not depend on n_heldout.
 
-    tokenizer: a Hugging Face tokenizer (called on a list of strings, returns "input_ids").
-    Raises DataError for bad sizes, duplicate ids, or too few long-enough documents.
+    dedup (default: `DedupConfig()`, mode "near"): with mode "off", documents are examined only until
+    enough are found. Otherwise every document is tokenized first, duplicates are linked
+    (`data.dedup.find_duplicate_links`) and clustered, and the walk in shuffled order places whole
+    clusters: a cluster's first long-enough member takes the next training (then held-out) place, its
+    other members follow it to that side and are dropped (recorded in `removed`) or, for a training
+    cluster with duplicates="repeat", kept in `repeats`. So no cluster has members on both sides.
+
+    tokenizer: a Hugging Face tokenizer (called on a list of strings, returns "input_ids"; `decode` is
+    used for near-duplicate detection). Raises DataError for bad sizes or settings, duplicate ids, or too
+    few long-enough (distinct) documents.
     """
     for name, value, minimum in (("n_train", n_train, 1), ("n_heldout", n_heldout, 0), ("seq_len", seq_len, 2)):
         if isinstance(value, bool) or not isinstance(value, int):
@@ -102,6 +146,9 @@ def select_documents(
             raise DataError(f"{name} must be >= {minimum}, got {value}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise DataError(f"seed must be an integer, got {seed!r}")
+    dedup = DedupConfig() if dedup is None else dedup
+    if not isinstance(dedup, DedupConfig):
+        raise DataError(f"dedup must be a DedupConfig or None, got {type(dedup).__name__}")
     seen: set[str] = set()
     duplicate = next((doc.id for doc in documents if doc.id in seen or seen.add(doc.id)), None)
     if duplicate is not None:
@@ -113,11 +160,13 @@ def select_documents(
     order = list(range(len(documents)))
     random.Random(seed).shuffle(order)
 
+    # Long-enough documents in examination order; with dedup on, all of them (clusters must be known first).
     kept: list[TokenizedDocument] = []
     too_short: list[str] = []
     n_examined = 0
-    while len(kept) < needed and n_examined < len(order):
-        batch = [documents[i] for i in order[n_examined : n_examined + max(_MIN_BATCH, 2 * (needed - len(kept)))]]
+    while (dedup.mode != "off" or len(kept) < needed) and n_examined < len(order):
+        want = len(order) if dedup.mode != "off" else max(_MIN_BATCH, 2 * (needed - len(kept)))
+        batch = [documents[i] for i in order[n_examined: n_examined + want]]
         # verbose=False: texts longer than model_max_length are fine, we truncate below.
         encoded = tokenizer([doc.text for doc in batch], add_special_tokens=False, verbose=False)["input_ids"]
         for doc, text_ids in zip(batch, encoded):
@@ -128,22 +177,89 @@ def select_documents(
             token_ids = ([bos_id] if bos_id is not None else []) + list(text_ids[:n_text_ids])
             kept.append(TokenizedDocument(id=doc.id, text=doc.text, token_ids=token_ids,
                                           sha256=hashlib.sha256(doc.text.encode("utf-8")).hexdigest()))
-            if len(kept) == needed:
+            if dedup.mode == "off" and len(kept) == needed:
                 break
 
-    if len(kept) < needed:
+    train, heldout, repeats, removed = _place_clusters(kept, tokenizer, bos_id, n_train, needed, dedup)
+    if len(train) + len(heldout) < needed:
+        distinct = f" distinct (after removing {len(removed)} duplicates)" if removed else ""
         raise DataError(
-            f"not enough documents of at least {seq_len} tokens: {len(kept)} available "
+            f"not enough documents of at least {seq_len} tokens: {len(train) + len(heldout)}{distinct} available "
             f"({len(documents)} documents, {len(too_short)} too short), but n_train + n_heldout = "
             f"{n_train} + {n_heldout} = {needed} are needed. Fix: lower --n-train/--n-heldout or "
             "--seq-len, or give more (or longer) documents."
         )
     return DocumentSplit(
-        train=kept[:n_train],
-        heldout=kept[n_train:],
+        train=train,
+        heldout=heldout,
         n_candidates=len(documents),
         too_short=too_short,
         seq_len=seq_len,
         seed=seed,
         n_examined=n_examined,
+        repeats=repeats,
+        removed=removed,
+        dedup=dedup,
+        heldout_train_overlap=_overlap_audit(train + repeats, heldout, tokenizer, bos_id),
     )
+
+
+def _window_text(tokenizer: Any, doc: TokenizedDocument, bos_id: int | None) -> str:
+    ids = doc.token_ids[1:] if bos_id is not None else doc.token_ids
+    return tokenizer.decode(ids)
+
+
+def _place_clusters(
+    kept: list[TokenizedDocument], tokenizer: Any, bos_id: int | None, n_train: int, needed: int,
+    dedup: DedupConfig,
+) -> tuple[list[TokenizedDocument], list[TokenizedDocument], list[TokenizedDocument], list[dict[str, Any]]]:
+    """(train, heldout, repeats, removed) from the long-enough documents in examination order."""
+    if dedup.mode == "off":
+        return kept[:n_train], kept[n_train:needed], [], []
+    candidates = [Candidate(d.id, d.text, d.token_ids,
+                            _window_text(tokenizer, d, bos_id) if dedup.mode == "near" else "") for d in kept]
+    links = find_duplicate_links(candidates, dedup)
+    roots = cluster_roots(len(kept), links)
+    reasons = best_links(len(kept), links)
+    side: dict[int, str] = {}  # cluster root -> "train" | "heldout" | "unused"
+    train: list[TokenizedDocument] = []
+    heldout: list[TokenizedDocument] = []
+    repeats: list[TokenizedDocument] = []
+    removed: list[dict[str, Any]] = []
+    for i, doc in enumerate(kept):
+        root = roots[i]
+        if root == i:  # first member of its cluster: takes the next free place
+            if len(train) < n_train:
+                side[i] = "train"
+                train.append(doc)
+            elif len(train) + len(heldout) < needed:
+                side[i] = "heldout"
+                heldout.append(doc)
+            else:
+                side[i] = "unused"
+            continue
+        if side[root] == "unused":  # neither it nor its twin is used by this run
+            continue
+        link = reasons[i]
+        matched = link.b if link.a == i else link.a
+        action = "repeat" if side[root] == "train" and dedup.duplicates == "repeat" else "dropped"
+        removed.append({"id": doc.id, "twin": kept[root].id, "kind": link.kind,
+                        "similarity": round(link.similarity, 4), "matched": kept[matched].id,
+                        "side": side[root], "action": action})
+        if action == "repeat":
+            repeats.append(TokenizedDocument(id=doc.id, text=doc.text, token_ids=doc.token_ids, sha256=doc.sha256,
+                                             repeat_of=kept[root].id))
+    return train, heldout, repeats, removed
+
+
+def _overlap_audit(train: list[TokenizedDocument], heldout: list[TokenizedDocument], tokenizer: Any,
+                   bos_id: int | None) -> dict[str, Any] | None:
+    """The largest fraction of a held-out window's word 8-grams that occur in training windows."""
+    if not heldout:
+        return None
+    fractions = ngram_containment([_window_text(tokenizer, d, bos_id) for d in heldout],
+                                  [_window_text(tokenizer, d, bos_id) for d in train])
+    worst = max(range(len(heldout)), key=lambda i: fractions[i])
+    return {"ngram_words": AUDIT_NGRAM, "max_fraction": round(fractions[worst], 4), "heldout_id": heldout[worst].id,
+            "mean_fraction": round(sum(fractions) / len(fractions), 4),
+            "what": "fraction of a held-out window's word 8-grams found in any training window"}

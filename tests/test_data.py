@@ -18,6 +18,7 @@ import pytest
 from data import (
     DEFAULT_CORPUS,
     DataError,
+    DedupConfig,
     Document,
     default_corpus,
     load_documents,
@@ -354,8 +355,8 @@ def test_too_short_counting_is_exact(corpus, tokenizer, text_ids):
     assert split.n_examined == split.n_candidates == len(corpus)
     assert set(split.too_short) == set(lengths) - long_ids and len(split.too_short) == len(corpus) - len(long_ids)
     assert {d.id for d in split.train + split.heldout} == long_ids
-    # Asking for few documents examines fewer; every examined one is either kept or listed.
-    small = select_documents(corpus, tokenizer, n_train=3, n_heldout=1, seq_len=seq_len)
+    # Without deduplication, asking for few documents examines fewer; every examined one is either kept or listed.
+    small = select_documents(corpus, tokenizer, n_train=3, n_heldout=1, seq_len=seq_len, dedup=DedupConfig("off"))
     assert small.n_examined == 4 + len(small.too_short) <= len(corpus)
     assert all(lengths[i] < seq_len for i in small.too_short)
 
