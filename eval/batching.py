@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
@@ -43,17 +45,17 @@ def left_pad(rows: Sequence[Sequence[int]], pad_token_id: int, device: torch.dev
 
 
 def decode_longest_first(prefixes: Sequence[Sequence[int]], batch_size: int,
-                         decode_batch: Callable[[list[list[int]]], list[list[int]]]) -> list[list[int]]:
+                         decode_batch: Callable[[list[list[int]]], Sequence[T]]) -> list[T]:
     """Run ``decode_batch`` on batches of ``prefixes`` and return its outputs in the input order.
 
     Prefixes go longest first, so similar lengths share a batch (less padding) and the biggest batch runs first
     (an out-of-memory error shows up at once). ``decode_batch`` maps a list of prefixes (as lists of ints) to one
-    id list per prefix.
+    result per prefix (an id list, or a richer record).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     order = sorted(range(len(prefixes)), key=lambda i: len(prefixes[i]), reverse=True)
-    results: list[list[int]] = [[] for _ in prefixes]
+    results: list[T] = [None] * len(prefixes)  # type: ignore[list-item]  # every slot is filled below
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
         for i, ids in zip(idx, decode_batch([[int(t) for t in prefixes[i]] for i in idx])):

@@ -21,7 +21,9 @@ from tqdm.auto import tqdm
 
 from eval.batching import decode_longest_first, left_pad, model_device, pad_batch
 from eval.metrics import (
+    DEFAULT_TOKENIZER_MIN_KEPT,
     IGNORE_INDEX,
+    default_tokenizer_kept_fraction,
     exact_match,
     longest_correct_prefix,
     match_fraction,
@@ -42,6 +44,7 @@ _SUMMARY_METRICS = (
     "rouge_l_recall",
     "rouge_1",
     "rouge_2",
+    "rouge_l_unicode",
     "tf_accuracy",
     "tf_kept_accuracy",
     "tf_dropped_accuracy",
@@ -115,28 +118,53 @@ def check_fits_context(model: torch.nn.Module, documents: Sequence[Any]) -> None
         )
 
 
+@dataclass(frozen=True)
+class GreedyPath:
+    """One greedy continuation and how close it came to a tie.
+
+    ids: the generated ids. min_margin: the smallest top-1 minus top-2 logit (in the model's logit units,
+    computed in float32) over the generated positions; None when the vocabulary has a single entry.
+    min_margin_position: the 0-based generated position where it occurs (the first, on equal margins).
+    A greedy id whose margin is within float rounding of 0 can flip between batch sizes, devices or
+    kernels without any real difference in the model.
+    """
+
+    ids: list[int]
+    min_margin: float | None
+    min_margin_position: int | None
+
+
 def _greedy_batch(model: torch.nn.Module, rows: list[list[int]], max_new_tokens: int, pad_token_id: int,
-                  device: torch.device) -> torch.Tensor:
-    """Greedy continuation of one batch of prompts: (B, max_new_tokens) ids."""
+                  device: torch.device) -> list[GreedyPath]:
+    """Greedy continuation of one batch of prompts: one GreedyPath per row (max_new_tokens ids each)."""
     input_ids, mask, position_ids = left_pad(rows, pad_token_id, device)
     generated = torch.empty((len(rows), max_new_tokens), dtype=torch.long, device=device)
+    margins = torch.empty((len(rows), max_new_tokens), dtype=torch.float32, device=device)
     # The model creates its own cache on the first call (DynamicCache in transformers 5.x);
     # logits_to_keep=1 avoids materialising (B, L, V) logits for the whole prompt.
     out = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
                 logits_to_keep=1)
     for step in range(max_new_tokens):
-        next_ids = out.logits[:, -1, :].argmax(dim=-1)  # (B,)
+        logits = out.logits[:, -1, :]  # (B, V)
+        next_ids = logits.argmax(dim=-1)  # (B,)
         generated[:, step] = next_ids
+        if logits.shape[-1] > 1:
+            top2 = logits.float().topk(2, dim=-1).values  # (B, 2)
+            margins[:, step] = top2[:, 0] - top2[:, 1]
         if step == max_new_tokens - 1:
             break
         mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
         position_ids = position_ids[:, -1:] + 1
         out = model(input_ids=next_ids[:, None], attention_mask=mask, position_ids=position_ids,
                     past_key_values=out.past_key_values, use_cache=True, logits_to_keep=1)
-    return generated
+    if out.logits.shape[-1] < 2:
+        return [GreedyPath(ids, None, None) for ids in generated.tolist()]
+    smallest, where = margins.min(dim=-1)  # (B,), first position on ties
+    return [GreedyPath(ids, float(m), int(p))
+            for ids, m, p in zip(generated.tolist(), smallest.tolist(), where.tolist())]
 
 
-def greedy_decode(
+def greedy_paths(
     model: torch.nn.Module,
     prefixes: list[list[int]],
     max_new_tokens: int,
@@ -144,14 +172,8 @@ def greedy_decode(
     pad_token_id: int,
     batch_size: int = 32,
     device: torch.device | str | None = None,
-) -> list[list[int]]:
-    """Greedy continuations of ``prefixes``, exactly ``max_new_tokens`` ids each, in the input order.
-
-    Batched with a KV cache and left padding; equal to batch-size-1 decoding and to HF
-    ``generate(do_sample=False)`` without an EOS stop (an early EOS is just another generated id).
-    Prefixes are decoded longest first so similar lengths share a batch (less padding) and the biggest
-    batch runs first (an out-of-memory error shows up at once). ``device`` defaults to the model's.
-    """
+) -> list[GreedyPath]:
+    """`greedy_decode`, with each continuation's near-tie record (`GreedyPath`), in the input order."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if batch_size < 1:
@@ -166,10 +188,31 @@ def greedy_decode(
     try:
         with torch.no_grad():
             return decode_longest_first(
-                prefixes, batch_size,
-                lambda rows: _greedy_batch(model, rows, max_new_tokens, pad_token_id, device).tolist())
+                prefixes, batch_size, lambda rows: _greedy_batch(model, rows, max_new_tokens, pad_token_id, device))
     finally:
         model.train(was_training)
+
+
+def greedy_decode(
+    model: torch.nn.Module,
+    prefixes: list[list[int]],
+    max_new_tokens: int,
+    *,
+    pad_token_id: int,
+    batch_size: int = 32,
+    device: torch.device | str | None = None,
+) -> list[list[int]]:
+    """Greedy continuations of ``prefixes``, exactly ``max_new_tokens`` ids each, in the input order.
+
+    Batched with a KV cache and left padding; on CPU equal to batch-size-1 decoding and to HF
+    ``generate(do_sample=False)`` without an EOS stop (an early EOS is just another generated id). On GPUs,
+    float rounding depends on the batch's shape, so an id whose top-2 logits are within rounding can differ
+    (`greedy_paths` records each continuation's smallest margin). Prefixes are decoded longest first so
+    similar lengths share a batch (less padding) and the biggest batch runs first (an out-of-memory error
+    shows up at once). ``device`` defaults to the model's.
+    """
+    return [path.ids for path in greedy_paths(model, prefixes, max_new_tokens, pad_token_id=pad_token_id,
+                                              batch_size=batch_size, device=device)]
 
 
 def _teacher_forced(
@@ -238,14 +281,13 @@ def extract(
 
     Returns (rows, summary).
       rows, one per evaluated document, in input order: id, n_tokens, n_prefix_tokens, exact_match,
-        match_fraction, longest_correct_prefix (token ids); rouge_l, rouge_l_recall, rouge_1, rouge_2
-        (``decode(generated)`` vs ``decode(true suffix)``); tf_accuracy, tf_kept_accuracy,
+        match_fraction, longest_correct_prefix (token ids); rouge_l, rouge_l_recall, rouge_1, rouge_2,
+        rouge_l_unicode (``decode(generated)`` vs ``decode(true suffix)``), rouge_default_kept_chars (the
+        fraction of the reference's characters rouge-score's default tokenizer keeps); tf_accuracy, tf_kept_accuracy,
         tf_dropped_accuracy (teacher-forced over the whole document; kept/dropped are None without
-        ``drop_mask_fn``, or when no target falls in the group); generated_ids, generated_text,
-        reference_text.
-      summary: n_docs, n_skipped_too_short, skipped_ids, min_tokens, the mean of every per-document
-        metric above (exact_match's mean is the fraction of documents; None when no document has a
-        value), config, and the ROUGE settings used.
+        ``drop_mask_fn``, or when no target falls in the group); min_logit_margin, min_margin_position
+        (the near-tie record of the greedy path, `GreedyPath`); generated_ids, generated_text, reference_text.
+      summary: see `summarize_extraction`.
     ``drop_mask_fn`` maps a document's (1, T) targets (token j+1 at j, -100 last) to its (1, T) bool
     goldfish mask, True = dropped from the training loss.
     """
@@ -260,7 +302,7 @@ def extract(
     try:
         for start in range(0, len(kept), config.batch_size):
             chunk = kept[start : start + config.batch_size]
-            generated = greedy_decode(
+            paths = greedy_paths(
                 model, [prefix for _, prefix, _ in chunk], config.suffix_len,
                 pad_token_id=pad_token_id, batch_size=config.batch_size, device=device,
             )
@@ -268,7 +310,8 @@ def extract(
                 model, [[int(t) for t in doc.token_ids] for doc, _, _ in chunk],
                 pad_token_id, config.batch_size, drop_mask_fn, device,
             )
-            for (doc, prefix, suffix), gen, acc in zip(chunk, generated, tf):
+            for (doc, prefix, suffix), path, acc in zip(chunk, paths, tf):
+                gen = path.ids
                 generated_text, reference_text = decode(gen), decode(suffix)
                 rows.append(
                     {
@@ -279,9 +322,12 @@ def extract(
                         "match_fraction": match_fraction(gen, suffix),
                         "longest_correct_prefix": longest_correct_prefix(gen, suffix),
                         **rouge_scores(generated_text, reference_text),
+                        "rouge_default_kept_chars": default_tokenizer_kept_fraction(reference_text),
                         "tf_accuracy": acc["accuracy"],
                         "tf_kept_accuracy": acc.get("kept_accuracy"),
                         "tf_dropped_accuracy": acc.get("dropped_accuracy"),
+                        "min_logit_margin": path.min_margin,
+                        "min_margin_position": path.min_margin_position,
                         "generated_ids": gen,
                         "generated_text": generated_text,
                         "reference_text": reference_text,
@@ -300,7 +346,10 @@ def summarize_extraction(rows: Sequence[dict[str, Any]], skipped_ids: Sequence[s
     too short: lets a summary be recomputed from rows gathered from several processes (or filtered afterwards).
 
     n_docs, n_skipped_too_short, skipped_ids, min_tokens, the mean of every per-document metric (None when no row
-    has a value), config, and the ROUGE settings.
+    has a value; exact_match's mean is the fraction of documents), config, the ROUGE settings, with
+    rouge["default_tokenizer_discards_most"]: the documents whose reference text rouge-score's default tokenizer
+    mostly discards (their rouge_l/rouge_1/rouge_2 mean little; read rouge_l_unicode), and near_tie: the smallest
+    top-1 vs top-2 logit margin of any greedy step, with its document and position.
     """
     summary: dict[str, Any] = {
         "n_docs": len(rows),
@@ -309,14 +358,31 @@ def summarize_extraction(rows: Sequence[dict[str, Any]], skipped_ids: Sequence[s
         "min_tokens": config.min_tokens(),
     }
     for name in _SUMMARY_METRICS:
-        summary[name] = mean_of_present([row[name] for row in rows])
+        summary[name] = mean_of_present([row.get(name) for row in rows])
     summary["config"] = asdict(config)
+    discarded = [str(row["id"]) for row in rows
+                 if row.get("rouge_default_kept_chars", 1.0) < DEFAULT_TOKENIZER_MIN_KEPT]
+    if discarded:
+        log.warning("rouge-score's default tokenizer (the paper's setting, [a-z0-9] only) discards most characters "
+                    "of %d of %d reference texts (first: %r); their rouge_l is not meaningful, read rouge_l_unicode",
+                    len(discarded), len(rows), discarded[0])
     summary["rouge"] = {
         "package": "rouge-score",
         "version": _rouge_version(),
         "stemmer": False,
         "tokenizer": "default word tokenizer",
+        "unicode_tokenizer": "rouge_l_unicode: eval.metrics.unicode_words (words of any script, CJK characters "
+                             "one word each)",
+        "default_tokenizer_discards_most": {"n_docs": len(discarded), "ids": discarded[:20],
+                                            "min_kept_fraction": DEFAULT_TOKENIZER_MIN_KEPT},
     }
+    margins = [(row["min_logit_margin"], str(row["id"]), row.get("min_margin_position")) for row in rows
+               if row.get("min_logit_margin") is not None]
+    if margins:
+        margin, doc_id, position = min(margins)
+        summary["near_tie"] = {"min_logit_margin": margin, "id": doc_id, "position": position}
+    else:
+        summary["near_tie"] = None
     return summary
 
 

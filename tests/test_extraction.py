@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import GenerationConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from eval.extraction import ExtractionConfig, extract, greedy_decode, write_extraction
+from eval.extraction import ExtractionConfig, extract, greedy_decode, greedy_paths, write_extraction
 
 VOCAB = 256
 # initializer_range 0.2 (not HF's default 0.02): the default init gives near-flat logits, so greedy output
@@ -74,6 +74,27 @@ def test_batched_equals_single_equals_hf_generate(make_model):
     # Guard against a degenerate model that would make the comparison vacuous.
     assert len({t for ids in reference for t in ids}) > 30
     assert len({tuple(ids) for ids in reference}) == len(set(map(tuple, prefixes)))
+
+
+def test_near_tie_record_matches_a_teacher_forced_pass(llama):
+    """Each greedy path's smallest top-1 vs top-2 margin and its position, against one uncached forward pass
+    over prefix + generated ids (batch 1); the record does not depend on the batch size."""
+    prefixes = [random_ids(n, 50 + n) for n in (4, 11, 7, 20, 2)]
+    n_new = 12
+    batched = greedy_paths(llama, prefixes, n_new, pad_token_id=0, batch_size=3)
+    assert [p.ids for p in batched] == greedy_decode(llama, prefixes, n_new, pad_token_id=0)
+    for prefix, path, single in zip(prefixes, batched, greedy_paths(llama, prefixes, n_new, pad_token_id=0,
+                                                                      batch_size=1)):
+        with torch.no_grad():
+            logits = llama(torch.tensor([prefix + path.ids])).logits[0]  # (P + n_new, V)
+        steps = logits[len(prefix) - 1: len(prefix) - 1 + n_new]  # the logits each generated id came from
+        assert steps.argmax(-1).tolist() == path.ids
+        top2 = steps.topk(2, dim=-1).values
+        margins = top2[:, 0] - top2[:, 1]
+        assert path.min_margin == pytest.approx(float(margins.min()), abs=1e-4)
+        assert path.min_margin_position == int(margins.argmin()) and 0 <= path.min_margin_position < n_new
+        assert single.min_margin == pytest.approx(path.min_margin, abs=1e-4)
+        assert single.min_margin_position == path.min_margin_position
 
 
 def test_greedy_decode_contract(llama):
@@ -150,6 +171,12 @@ def test_extract_both_protocols(llama, prefix_len, tmp_path):
     assert summary["n_docs"] == 9 and len(rows) == 9
     assert summary["n_skipped_too_short"] == 2 and summary["skipped_ids"] == ["short0", "short1"]
     assert [r["id"] for r in rows] == [d.id for d in docs[:9]]  # input order kept
+    # Near-tie record: every row has one; the summary names the smallest.
+    assert all(r["min_logit_margin"] > 0 and 0 <= r["min_margin_position"] < 16 for r in rows)
+    smallest = min(rows, key=lambda r: r["min_logit_margin"])
+    assert summary["near_tie"] == {"min_logit_margin": smallest["min_logit_margin"], "id": smallest["id"],
+                                   "position": smallest["min_margin_position"]}
+    assert summary["rouge"]["default_tokenizer_discards_most"]["n_docs"] == 0
     by_id = {r["id"]: r for r in rows}
     for doc_id in memorized:
         r = by_id[doc_id]
@@ -252,3 +279,18 @@ def test_result_files_hold_infinities_as_valid_json(tmp_path):
     assert float(back["samples_needed"]["0.9"]) == math.inf
     assert json.loads((tmp_path / "summary.json").read_text(), **strict)["rows"] == [back]
     assert [p.name for p in tmp_path.iterdir()] and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_non_latin_text_is_scored_and_flagged(llama, caplog):
+    """A memorized document whose text is Hebrew: the paper's RougeL sees nothing (0), the Unicode RougeL sees the
+    match (1), and the summary flags the document and logs a warning."""
+    hebrew = lambda ids: " ".join(chr(0x5D0 + i % 27) * 3 for i in ids)  # noqa: E731
+    prefix = random_ids(10, seed=7)
+    doc = Doc("he", prefix + greedy_decode(llama, [prefix], 8, pad_token_id=0)[0])
+    with caplog.at_level("WARNING", logger="eval.extraction"):
+        rows, summary = extract(llama, [doc], ExtractionConfig(suffix_len=8), decode=hebrew, pad_token_id=0,
+                                progress=False)
+    assert rows[0]["exact_match"] and rows[0]["rouge_l"] == 0.0 and rows[0]["rouge_l_unicode"] == 1.0
+    assert rows[0]["rouge_default_kept_chars"] == 0.0
+    assert summary["rouge"]["default_tokenizer_discards_most"] == {"n_docs": 1, "ids": ["he"], "min_kept_fraction": 0.5}
+    assert summary["rouge_l_unicode"] == 1.0 and "discards most characters" in caplog.text

@@ -9,8 +9,11 @@ from eval.metrics import (
     exact_match,
     longest_correct_prefix,
     match_fraction,
+    UnicodeWordTokenizer,
+    default_tokenizer_kept_fraction,
     metric_info,
     rouge_scores,
+    unicode_words,
     teacher_forced_accuracy,
 )
 
@@ -64,7 +67,11 @@ def test_rouge_matches_rouge_score_directly(prediction, reference):
         "rouge_l_recall": expected["rougeL"].recall,
         "rouge_1": expected["rouge1"].fmeasure,
         "rouge_2": expected["rouge2"].fmeasure,
+        "rouge_l_unicode": rouge_scorer.RougeScorer(["rougeL"], tokenizer=UnicodeWordTokenizer()).score(
+            reference, prediction)["rougeL"].fmeasure,
     }
+    if prediction and reference.isascii():  # on English text both tokenizers give the same words
+        assert got["rouge_l_unicode"] == pytest.approx(got["rouge_l"])
 
 
 def test_rouge_hand_computed_and_no_stemmer():
@@ -79,6 +86,40 @@ def test_rouge_hand_computed_and_no_stemmer():
     assert rouge_scores("runs", "running")["rouge_1"] == 0.0
     with pytest.raises(ValueError, match="two strings"):
         rouge_scores([1, 2], "a")  # type: ignore[arg-type]
+
+
+NON_LATIN = [
+    # Japanese (no spaces between words: every kanji/kana is a word)
+    ("猫が窓の外を見た。今日は晴れです。", "猫が窓の外を見ている。今日は雨です。"),
+    # Chinese
+    ("我们明天去北京看长城", "我们今天去北京看故宫"),
+    # Hebrew (right to left), 4 of 5 words shared
+    ("החתול יושב על הכיסא היום", "החתול יושב על השטיח היום"),
+    # Arabic with vowel marks (combining characters stay inside their word)
+    ("كَتَبَ الوَلَدُ الدَّرْسَ فِي البَيْتِ", "كَتَبَ الوَلَدُ الرِّسَالَةَ فِي البَيْتِ"),
+]
+
+
+@pytest.mark.parametrize("prediction, reference", NON_LATIN, ids=["japanese", "chinese", "hebrew", "arabic"])
+def test_rouge_unicode_equals_rouge_score_with_the_same_tokenizer(prediction, reference):
+    got = rouge_scores(prediction, reference)
+    expected = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False, tokenizer=UnicodeWordTokenizer()).score(
+        reference, prediction)["rougeL"].fmeasure
+    assert got["rouge_l_unicode"] == expected
+    assert got["rouge_l"] == 0.0 and got["rouge_l_unicode"] > 0.5  # the default tokenizer sees no word at all
+    assert default_tokenizer_kept_fraction(reference) == 0.0
+
+
+def test_unicode_words_hand_checked():
+    assert unicode_words("החתול יושב, על השטיח!") == ["החתול", "יושב", "על", "השטיח"]
+    assert unicode_words("東京に行く") == ["東", "京", "に", "行", "く"]
+    assert unicode_words("Hello, Wörld 42") == ["hello", "wörld", "42"]
+    arabic = unicode_words("كَتَبَ الوَلَدُ")
+    assert len(arabic) == 2 and arabic[0] == "كَتَبَ"  # vowel marks kept inside the word
+    # Hebrew: 4 of 5 words in common, in order -> P = R = F = 0.8.
+    assert rouge_scores("החתול יושב על הכיסא היום", "החתול יושב על השטיח היום")["rouge_l_unicode"] == pytest.approx(0.8)
+    assert default_tokenizer_kept_fraction("abc def") == 1.0 and default_tokenizer_kept_fraction("") == 1.0
+    assert default_tokenizer_kept_fraction("ab שלום") == pytest.approx(2 / 6)
 
 
 def _one_hot_logits(predictions: list[list[int]], vocab: int = 5) -> torch.Tensor:
