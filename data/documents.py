@@ -157,21 +157,21 @@ def _documents_from_records(
         if text_field not in fields:
             raise DataError(
                 f"{origin}, {record.where}: record has no field {text_field!r}; available keys: "
-                f"{sorted(map(str, fields))}. Fix: choose the text field with text_field=<one of these>, "
-                "or add the field to every record."
+                f"{sorted(map(str, fields))}. Fix: choose the text field with --text-field <one of these> "
+                "(text_field= in Python), or add the field to every record."
             )
         text = fields[text_field]
         if not isinstance(text, str):
             raise DataError(
                 f"{origin}, {record.where}: field {text_field!r} holds a {type(text).__name__}, not a "
                 f"string ({_preview(text)}). Fix: store the document text as a string, or choose "
-                "another text_field."
+                "another field with --text-field."
             )
         doc_id = record.default_id if id_field is None else _record_id(fields, id_field, origin, record.where)
         if doc_id in first_seen:
             raise DataError(
                 f"{origin}, {record.where}: duplicate id {doc_id!r} (first at {first_seen[doc_id]}). "
-                "Fix: make the ids unique, or leave id_field unset to use <file>:<line> ids."
+                "Fix: make the ids unique, or leave --id-field unset to use <file>:<line> ids."
             )
         first_seen[doc_id] = record.where
         documents.append(Document(id=doc_id, text=text, source=source))
@@ -180,7 +180,7 @@ def _documents_from_records(
     if all(not doc.text.strip() for doc in documents):
         raise DataError(
             f"{origin}: all {len(documents)} texts in field {text_field!r} are empty. "
-            "Fix: choose the field that holds the text (text_field=...), or fill the texts."
+            "Fix: choose the field that holds the text with --text-field (text_field= in Python), or fill the texts."
         )
     return documents
 
@@ -189,8 +189,8 @@ def _record_id(fields: Mapping, id_field: str, origin: str, where: str) -> str:
     if id_field not in fields:
         raise DataError(
             f"{origin}, {where}: record has no id field {id_field!r}; available keys: "
-            f"{sorted(map(str, fields))}. Fix: choose the id field with id_field=<one of these>, or "
-            "leave id_field unset to use <file>:<line> ids."
+            f"{sorted(map(str, fields))}. Fix: choose the id field with --id-field <one of these> "
+            "(id_field= in Python), or leave --id-field unset to use <file>:<line> ids."
         )
     value = fields[id_field]
     # bool is an int subclass but never a meaningful id.
@@ -322,7 +322,7 @@ def _load_saved_dataset(folder: Path, *, text_field: str, id_field: str | None, 
         if split not in loaded:
             raise DataError(
                 f"{folder}: has no split {split!r}; available splits: {sorted(loaded)}. "
-                "Fix: choose one of them with split=..."
+                "Fix: choose one of them with --split (split= in Python)."
             )
         loaded = loaded[split]
         origin, id_prefix = f"{folder} (split {split!r})", f"{folder.name}/{split}"

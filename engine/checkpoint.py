@@ -422,6 +422,11 @@ def _read_metadata(directory: Path) -> dict[str, Any]:
     if missing:
         raise CheckpointError(f"checkpoint {directory} is incomplete: {', '.join(missing[:4])} missing; restore "
                               "the missing shard files or use an earlier checkpoint")
+    from engine.weights_check import check_safetensors  # imports this module: import at call time
+
+    for name in metadata["files"]:
+        if name.endswith(".safetensors"):
+            check_safetensors(directory / name, "restore the shard file or use an earlier checkpoint")
     return metadata
 
 

@@ -192,7 +192,7 @@ def test_missing_text_field_lists_available_keys(tmp_path):
     message = str(info.value)
     assert "keys.jsonl, line 2: record has no field 'text'" in message
     assert "available keys: ['content', 'meta']" in message
-    assert "text_field=" in message
+    assert "Fix: choose the text field with --text-field <one of these>" in message
 
 
 @pytest.mark.parametrize("value, type_name", [(3, "int"), (None, "NoneType"), (["a"], "list")])
@@ -204,10 +204,11 @@ def test_non_string_text(tmp_path, value, type_name):
 
 def test_bad_ids(tmp_path):
     path = write_jsonl(tmp_path / "ids.jsonl", [{"text": "a", "id": "x"}, {"text": "b"}])
-    with pytest.raises(DataError, match=r"ids\.jsonl, line 2: record has no id field 'id'; available keys: \['text'\]"):
+    with pytest.raises(DataError, match=r"ids\.jsonl, line 2: record has no id field 'id'; available keys: \['text'\]"
+                       r"\. Fix: choose the id field with --id-field <one of these>"):
         load_documents(path, id_field="id")
     path = write_jsonl(tmp_path / "dup.jsonl", [{"text": "a", "id": "x"}, {"text": "b", "id": "x"}])
-    with pytest.raises(DataError, match=r"dup\.jsonl, line 2: duplicate id 'x' \(first at line 1\)\. Fix"):
+    with pytest.raises(DataError, match=r"dup\.jsonl, line 2: duplicate id 'x' \(first at line 1\)\. Fix: .*--id-field"):
         load_documents(path, id_field="id")
     path = write_jsonl(tmp_path / "float.jsonl", [{"text": "a", "id": 1.5}])
     with pytest.raises(DataError, match=r"float\.jsonl, line 1: id field 'id' holds a float"):
