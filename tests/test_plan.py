@@ -309,3 +309,11 @@ def test_mfu_bench_runs_on_cpu(tmp_path) -> None:
     paths = result["paths"]
     assert paths["engine"]["first_loss"] == paths["plain"]["first_loss"]
     assert all(p["tokens_per_s"] > 0 and 0 < p["mfu"] for p in paths.values())
+
+
+def test_run_plan_exits_non_zero_when_no_grid_fits(capsys) -> None:
+    assert run_plan(_cli(["--model", "70B", "--gpus", "1", "--profile", "frontier"])) == 1
+    captured = capsys.readouterr()
+    assert "(no grid fits)" in captured.out
+    assert captured.err.count("\n") == 1 and "goldfish plan: error: no grid of 1 GPUs fits" in captured.err
+    assert "Fix: more --gpus" in captured.err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from dataclasses import replace
 from typing import Any
 
@@ -95,4 +96,10 @@ def run_plan(args: argparse.Namespace) -> int:
                    "grids": [p.to_json() for p in plans]}
         write_json_atomic(args.json, payload, indent=1)
         print(f"wrote {args.json}")
+    if not any(p.feasible for p in plans):
+        # The table says why; the exit status lets scripts tell "no plan" from a plan.
+        print(f"goldfish plan: error: no grid of {request.gpus} GPUs fits {request.shape.name or 'the model'} at "
+              f"global batch {request.global_batch} x {request.seq} tokens. Fix: more --gpus, a larger "
+              "--gpu-memory, or a smaller --global-batch/--seq-len (with --checkpointing auto or on).", file=sys.stderr)
+        return 1
     return 0
