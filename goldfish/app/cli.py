@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import subprocess
 import sys
 from dataclasses import asdict, replace
@@ -98,6 +100,58 @@ def _relaunch_under_torchrun(args: argparse.Namespace, runtime: Runtime) -> int:
     return subprocess.call(command)
 
 
+def _check_resume(resume: str | None) -> Path | None:
+    """The --resume folder, refused with a one-line error when it does not exist (before anything else runs)."""
+    if resume is None:
+        return None
+    path = Path(resume)
+    if not path.is_dir():
+        raise ValueError(f"--resume {resume}: no such folder. Fix: give the checkpoint/ folder of an interrupted run "
+                         "(e.g. --resume runs/a/checkpoint), or leave --resume out to start a new run")
+    return path
+
+
+def _run_folder(out: Path, *, overwrite: bool, resuming: bool) -> Path:
+    """Where a train/compare run writes: `out` itself, or with --overwrite of a non-empty `out` a staging sibling
+    that `_publish` swaps in once the new run has finished (so nothing of the old run is touched before that).
+    A non-empty `out` without --overwrite (or --resume, which continues a run in place) is refused."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder. Fix: choose a folder for --out")
+    if overwrite and resuming:
+        raise ValueError("--overwrite and --resume exclude each other: --resume continues the run in --out, "
+                         "--overwrite replaces it. Fix: give only one of them")
+    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if not held or resuming:
+        return out
+    if not overwrite:
+        shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
+        raise ValueError(f"--out {out} is not empty (it holds {shown}); refusing to overwrite an earlier run. Fix: "
+                         f"choose another --out, continue an interrupted goldfish train with --resume "
+                         f"{out / 'checkpoint'}, or replace the old run with --overwrite (it is kept until the new "
+                         "run has finished)")
+    staging = out.with_name(f".{out.name}.overwrite-staging")
+    if int(os.environ.get("RANK", "0")) == 0:  # before start_grid: no rank writes into it before this removal
+        shutil.rmtree(staging, ignore_errors=True)
+    return staging
+
+
+def _publish(folder: Path, out: Path, grid: Grid | None) -> None:
+    """Swap a finished --overwrite staging folder in as `out` (main process only; the old run is removed last)."""
+    from data.atomic import replace_directory
+    from engine.grid import is_main_process
+
+    if folder != out and is_main_process(grid):
+        replace_directory(folder, out)
+
+
+def _discard(folder: Path, out: Path, grid: Grid | None) -> None:
+    """After a failed --overwrite run: remove its staging folder, leaving the old run as it was."""
+    from engine.grid import is_main_process
+
+    if folder != out and is_main_process(grid):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _logger(grid: Grid | None) -> Callable[..., None]:
     from engine.grid import is_main_process
 
@@ -109,6 +163,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     runtime = runtime_of(args)
     lora_of(args)  # bad --lora-* options fail before processes start
+    resume = _check_resume(args.resume)
+    out = Path(args.out)
+    folder = _run_folder(out, overwrite=args.overwrite, resuming=resume is not None)
     if runtime.nproc:
         return _relaunch_under_torchrun(args, runtime)
     grid = start_grid(runtime.grid)
@@ -116,13 +173,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     spec = TrainSpec(model=model_options["model"], init_seed=model_options["init_seed"], data=data_of(args),
                      mask=mask_of(args), train=train_config_of(args, TrainSpec().train, grid), lora=lora_of(args))
     log = _logger(grid)
-    prepared = prepare_data(spec.data, spec.model, log=log)
-    model = initial_model(spec.model, prepared, spec.init_seed)
-    if grid is None:
-        model = model.to(runtime.torch_device())
-    out = Path(args.out)
-    train_model(spec, out, prepared=prepared, model=model, grid=grid, log=log,
-                resume_from=Path(args.resume) if args.resume else None)
+    try:
+        prepared = prepare_data(spec.data, spec.model, log=log)
+        model = initial_model(spec.model, prepared, spec.init_seed)
+        if grid is None:
+            model = model.to(runtime.torch_device())
+        train_model(spec, folder, prepared=prepared, model=model, grid=grid, log=log, resume_from=resume)
+    except BaseException:
+        _discard(folder, out, grid)
+        raise
+    _publish(folder, out, grid)
     log(f"wrote {out / 'checkpoint'} (HF checkpoint + tokenizer) and {out / 'metrics.jsonl'}")
     return 0
 
@@ -162,6 +222,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     else:
         log("membership inference skipped: it needs training (members) and held-out (non-member) documents; use "
             "--part both with --n-train and --n-heldout > 0")
+    results["documents"] = prepared.split.manifest()  # what was selected and what deduplication removed
     if grid is not None:
         results["grid"] = grid_sizes(grid)
         main = grid.rank == 0
@@ -193,7 +254,9 @@ def _eval_documents(args: argparse.Namespace, record: dict[str, Any] | None, log
 
     mask, repeats = None, None
     if record is not None:
-        spec = replace(DataSpec(**record["data"]), tokenizer=str(args.model))
+        # A record written before deduplication existed has no "dedup": its documents were selected without it.
+        saved = {"dedup": "off"} | record["data"]
+        spec = replace(DataSpec(**saved), tokenizer=str(args.model))
         saved_mask = {k: v for k, v in record["mask"].items() if k != "label"}
         mask = MaskSpec(**saved_mask) if saved_mask.get("strategy") else None
     else:
@@ -204,8 +267,8 @@ def _eval_documents(args: argparse.Namespace, record: dict[str, Any] | None, log
     prepared = prepare_data(spec, args.model, log=log)
     if record is not None:
         _check_same_documents(record["documents"], prepared.split.manifest())
-        if spec.repeats != (1,):
-            repeats = spec.repeats_by_id(prepared.split.train)
+        if spec.has_repeats(prepared.split):
+            repeats = spec.times_seen(prepared.split)
     return prepared, mask, repeats
 
 
@@ -286,6 +349,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         apply_preset(args, COMPARE_PRESETS[preset], _explicit_options(args.parser, args.argv))
     runtime = runtime_of(args)
     lora_of(args)  # bad --lora-* options fail before processes start
+    out = Path(args.out)
+    folder = _run_folder(out, overwrite=args.overwrite, resuming=False)
     if runtime.nproc:
         return _relaunch_under_torchrun(args, runtime)
     grid = start_grid(runtime.grid)
@@ -296,7 +361,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
                        masks=[parse_mask(m) for m in args.masks], train=train, extraction=extraction_of(args),
                        instruments=instruments_of(args), curve_every=curve_every, lora=lora_of(args),
                        with_full=args.with_full)
-    compare(spec, Path(args.out), grid=grid, device=runtime.device)
+    try:
+        compare(spec, folder, grid=grid, device=runtime.device)
+    except BaseException:
+        _discard(folder, out, grid)
+        raise
+    _publish(folder, out, grid)
+    if folder != out:
+        print(f"replaced {out} with the new run")
     return 0
 
 
@@ -338,6 +410,9 @@ def _add_train_parser(sub: Any) -> None:
     train = sub.add_parser("train", help="fine-tune a causal LM with the standard or a goldfish loss")
     train.add_argument("--out", required=True, help="run folder: checkpoint/, metrics.jsonl, run.json")
     train.add_argument("--resume", default=None, help="a checkpoint/ folder of an interrupted run with the same settings")
+    train.add_argument("--overwrite", action="store_true",
+                       help="replace a non-empty --out (the old run stays untouched until the new one has finished); "
+                            "without it a non-empty --out is refused")
     defaults = TrainSpec()
     opt.MODEL.add_to(train, defaults)
     opt.MASK.add_to(train, _mask_defaults(defaults.mask))
@@ -374,6 +449,9 @@ def _add_eval_parser(sub: Any) -> None:
 def _add_compare_parser(sub: Any) -> None:
     comp = sub.add_parser("compare", help="standard vs goldfish training from the same weights on the same documents")
     comp.add_argument("--out", default="runs/compare", help="output folder (default: %(default)s)")
+    comp.add_argument("--overwrite", action="store_true",
+                      help="replace a non-empty --out (the old run stays untouched until the new one has finished); "
+                           "without it a non-empty --out is refused")
     comp.add_argument("--masks", nargs="+", default=["hashed:4:13"],
                       help="goldfish masks as STRATEGY[:K[:H]] (default: %(default)s)")
     comp.add_argument("--quick", action="store_true", help="a small run (under a minute) for smoke tests; same as "

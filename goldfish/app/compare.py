@@ -123,8 +123,8 @@ class Comparison:
             lora.check_targets(self.initial, self.spec.lora)  # before any training: name the layers that exist
         if self.device is not None and self.grid is None:
             self.initial = self.initial.to(self.device)
-        if self.spec.data.repeats != (1,):
-            self.repeats = self.spec.data.repeats_by_id(self.prepared.split.train)
+        if self.spec.data.has_repeats(self.prepared.split):
+            self.repeats = self.spec.data.times_seen(self.prepared.split)
 
     def evaluate_control(self) -> None:
         """The initial weights; warns when they already extract training documents (e.g. a pretrained model that saw

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 import torch
 
 import data
+import data.dedup
 from engine.grid import AXES, Grid
 from engine.zero import data_ranks_per_node
 from engine.train import TrainConfig
@@ -48,8 +49,15 @@ class DataSpec:
     # Times each training document occurs per epoch, assigned round-robin over the selected training documents:
     # (1, 4) repeats the 1st, 3rd, 5th ... document once and the 2nd, 4th ... four times per epoch.
     repeats: tuple[int, ...] = (1,)
+    # Duplicates before the split (data.dedup): "off", "exact" (same text / same token window) or "near" (those and
+    # MinHash near-duplicates of the window at Jaccard >= dedup_threshold); extra copies of a training document are
+    # dropped or kept as counted repeats ("repeat"). Copies never straddle the train / held-out split.
+    dedup: str = "near"
+    dedup_threshold: float = data.dedup.DEFAULT_THRESHOLD
+    duplicates: str = "drop"
 
     def __post_init__(self) -> None:
+        self.dedup_config()  # validates the three dedup fields (a DataError names the flag to fix)
         if self.vocab_size < 300:
             raise ValueError(f"vocab_size must be >= 300 (256 bytes plus merges and special tokens), got {self.vocab_size}")
         self.repeats = tuple(self.repeats)
@@ -60,6 +68,28 @@ class DataSpec:
     def repeats_by_id(self, documents: Sequence[data.TokenizedDocument]) -> dict[str, int]:
         """{document id: times it occurs per training epoch}, round-robin over `documents` in selection order."""
         return {str(doc.id): self.repeats[i % len(self.repeats)] for i, doc in enumerate(documents)}
+
+    def dedup_config(self) -> data.DedupConfig:
+        return data.DedupConfig(mode=self.dedup, threshold=self.dedup_threshold, duplicates=self.duplicates)
+
+    def example_repeats(self, split: data.DocumentSplit) -> dict[str, int]:
+        """{id: sequences per epoch} of every document training runs over (`split.training_documents`): the
+        --repeats count of each training document, and for a kept duplicate copy (--duplicates repeat) its twin's."""
+        counts = self.repeats_by_id(split.train)
+        return counts | {str(d.id): counts[str(d.repeat_of)] for d in split.repeats}
+
+    def times_seen(self, split: data.DocumentSplit) -> dict[str, int]:
+        """{training document id: times its text is trained on per epoch}, its kept duplicate copies included (the
+        grouping of the repeats breakdown)."""
+        counts = self.repeats_by_id(split.train)
+        seen = dict(counts)
+        for copy in split.repeats:
+            seen[str(copy.repeat_of)] += counts[str(copy.repeat_of)]
+        return seen
+
+    def has_repeats(self, split: data.DocumentSplit) -> bool:
+        """Whether training sees some document more than once per epoch (--repeats, or kept duplicates)."""
+        return self.repeats != (1,) or bool(split.repeats)
 
 
 def parse_repeats(text: str) -> tuple[int, ...]:

@@ -80,10 +80,22 @@ def prepare_data(spec: DataSpec, model_name: str, log=print) -> Prepared:
     else:
         tokenizer = data.load_tokenizer(model_name)
     split = data.select_documents(documents, tokenizer, n_train=spec.n_train, n_heldout=spec.n_heldout,
-                                  seq_len=spec.seq_len, seed=spec.seed)
+                                  seq_len=spec.seq_len, seed=spec.seed, dedup=spec.dedup_config())
     log(f"data: {len(documents)} documents from {spec.source!r}; {len(split.train)} train, {len(split.heldout)} "
-        f"held-out of {spec.seq_len} tokens; {len(split.too_short)} skipped as shorter than {spec.seq_len} tokens")
+        f"held-out of {spec.seq_len} tokens; {len(split.too_short)} skipped as shorter than {spec.seq_len} tokens"
+        + _dedup_note(split))
     return Prepared(tokenizer=tokenizer, split=split, n_loaded=len(documents))
+
+
+def _dedup_note(split: data.DocumentSplit) -> str:
+    if split.dedup.mode == "off":
+        return "; no deduplication (--dedup off)"
+    dropped = sum(r["action"] == "dropped" for r in split.removed)
+    kinds = sorted({r["kind"] for r in split.removed})
+    note = f"; dedup {split.dedup.mode}: {dropped} duplicate(s) removed" + (f" ({', '.join(kinds)})" if kinds else "")
+    if split.repeats:
+        note += f", {len(split.repeats)} kept in training as counted repeats"
+    return note
 
 
 def initial_model(model_name: str, prepared: Prepared, seed: int) -> nn.Module:
@@ -237,8 +249,8 @@ def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = N
             lora.load_adapter_weights(model, resume_from)
     elif resume_from is not None:
         load_model_weights(model, resume_from)  # full weights: valid at any grid, sharded below
-    repeats = spec.data.repeats_by_id(prepared.split.train)
-    examples = make_examples(prepared.split.train, spec.mask, prepared.special_token_ids, repeats)
+    repeats = spec.data.example_repeats(prepared.split)
+    examples = make_examples(prepared.split.training_documents, spec.mask, prepared.special_token_ids, repeats)
     n_dropped = sum(int(e["dropped"].sum()) for e in examples)
     n_targets = sum(int((e["targets"] != -100).sum()) for e in examples)
     repeated = "" if set(repeats.values()) == {1} else \

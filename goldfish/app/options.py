@@ -6,7 +6,7 @@ engine.train.TrainConfig or eval.extraction.ExtractionConfig. `OptionGroup.value
 flags back as {field: value}, ready for `dataclasses.replace` or the dataclass's constructor.
 
     flag                 field                          group
-    --data ... --repeats DataSpec.*                     DATA
+    --data ... --repeats, --dedup --dedup-threshold --duplicates  DataSpec.*   DATA
     --model --init-seed  TrainSpec/CompareSpec.model, init_seed   MODEL
     --strategy --k --h --mask-seed  MaskSpec.*          MASK
     --epochs ... --offload-optimizer  TrainConfig.*     TRAINING
@@ -25,6 +25,7 @@ import argparse
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Callable, Collection
 
+from data.dedup import DEDUP_MODES, DUPLICATE_POLICIES
 from goldfish.app.config import parse_int_list, parse_node_size, parse_repeats
 from goldfish.app.lora import parse_targets
 from goldfish.masks import STRATEGIES
@@ -110,6 +111,14 @@ DATA = OptionGroup("data", (
     Option("--repeats", "repeats", "times each training document occurs per epoch, assigned round-robin over the "
            "documents: e.g. 1,4,16 repeats a third of them once, a third 4 times and a third 16 times",
            parse=parse_repeats),
+    Option("--dedup", "dedup", "duplicates removed before the split, so none straddles train and held-out: off, exact "
+           "(same whitespace-normalized text, or same selected token window) or near (exact, plus MinHash "
+           "near-duplicates: Jaccard of word 5-gram shingles of the window >= --dedup-threshold)", choices=DEDUP_MODES),
+    Option("--dedup-threshold", "dedup_threshold", "Jaccard similarity at or above which two windows are "
+           "near-duplicates (0.8 after Lee et al. 2022)"),
+    Option("--duplicates", "duplicates", "the extra copies of a training document: drop them, or keep them in "
+           "training as counted repeats (a study of duplication); copies of held-out documents are always dropped",
+           choices=DUPLICATE_POLICIES),
 ))
 
 MODEL = OptionGroup("model", (

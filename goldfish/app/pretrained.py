@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from engine.weights_check import check_model_folder
+
 
 class PretrainedModelError(ValueError):
     """A pretrained model cannot be found or loaded; the message says how to fix it."""
@@ -206,7 +208,12 @@ def load_pretrained(name_or_path: str | os.PathLike, *, dtype: torch.dtype = tor
 
 
 def load_pretrained_model(name_or_path: str | Path, *, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
-    """Load an HF causal LM from a hub name or a local folder, with a clear error when it cannot be found."""
+    """Load an HF causal LM from a hub name or a local folder, with a clear error when it cannot be found or a
+    weights file is truncated."""
+    if Path(name_or_path).is_dir():
+        # A truncated safetensors file would otherwise fail deep inside from_pretrained with a SafetensorError.
+        check_model_folder(name_or_path, fix="copy the folder again from where it came from, or re-create it "
+                           "(goldfish train writes it as OUT/checkpoint)")
     try:
         return AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=dtype)
     except (OSError, ValueError) as error:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import matplotlib
 
@@ -570,6 +570,51 @@ def _breakdown_figures(breakdowns: Mapping[str, Mapping[str, Any]], out_dir: Pat
     return written
 
 
+def _documents_section(docs: Mapping[str, Any]) -> list[str]:
+    """What deduplication did to the selection: settings, every removed duplicate and its twin, kept repeats, and
+    the held-out/training 8-gram overlap audit (absent for records written before deduplication existed)."""
+    dedup = docs.get("dedup")
+    if not dedup:
+        return []
+    lines = ["## Duplicates", ""]
+    if dedup.get("mode") == "off":
+        lines += ["Deduplication off (`--dedup off`): copies of a document may sit on both sides of the split.", ""]
+    else:
+        near = (f", near-duplicates at Jaccard >= {dedup['threshold']} ({dedup['similarity']})"
+                if dedup.get("mode") == "near" else "")
+        lines += [f"Deduplication `{dedup['mode']}`: exact text (whitespace-normalized), same selected token "
+                  f"window{near}; copies are clustered and every cluster is placed on one side of the split; extra "
+                  f"copies of a training document: `{dedup['duplicates']}`. Every document was examined.", ""]
+        removed = docs.get("removed") or []
+        if removed:
+            lines += [f"{docs.get('n_removed', 0)} dropped, {docs.get('n_repeats', 0)} kept in training as counted "
+                      "repeats:", "",
+                      "| document | twin (selected) | kind | similarity | side | action |", "|---|---|---|---|---|---|"]
+            lines += [f"| {r['id']} | {r['twin']} | {r['kind']}"
+                      f"{'' if r.get('matched') in (None, r['twin']) else ' (via ' + str(r['matched']) + ')'} | "
+                      f"{r['similarity']:.3f} | {r['side']} | {r['action']} |" for r in removed]
+            lines.append("")
+        else:
+            lines += ["No duplicates among the documents.", ""]
+    audit = docs.get("heldout_train_overlap")
+    if audit:
+        lines += [f"Overlap audit: at most {audit['max_fraction']:.3f} (mean {audit['mean_fraction']:.3f}) of a "
+                  f"held-out window's word {audit['ngram_words']}-grams occur in training windows (largest: "
+                  f"`{audit['heldout_id']}`).", ""]
+    return lines
+
+
+def _rouge_notes(parts: Iterable[Mapping[str, Any]]) -> list[str]:
+    """A warning when rouge-score's default tokenizer (the paper's setting) discards most of some references."""
+    flagged = sorted({i for s in parts for i in
+                      ((s.get("rouge") or {}).get("default_tokenizer_discards_most") or {}).get("ids", [])})
+    if not flagged:
+        return []
+    return [f"**Warning:** rouge-score's default tokenizer keeps only [a-z0-9]: it discards most characters of "
+            f"{len(flagged)} reference text(s) (first: `{flagged[0]}`), whose RougeL is then meaningless; read "
+            "`rouge_l_unicode` (Unicode word tokenizer) in the rows and summaries.", ""]
+
+
 def render_markdown(summary: Mapping[str, Any], figures: Sequence[str] | None = None,
                     files: Sequence[str] | None = None) -> str:
     """report.md of `goldfish compare`. figures: names of the PNGs written (None: every plot the summary has data
@@ -607,6 +652,9 @@ def render_markdown(summary: Mapping[str, Any], figures: Sequence[str] | None = 
         "and control models: by the first goldfish mask).", "",
         f"Documents: {len(docs.get('train', []))} train, {len(docs.get('heldout', []))} held-out; ids and SHA-256 of "
         "each are in summary.json under `documents`.", "",
+        *_documents_section(docs),
+        *_rouge_notes(s for parts in (summary.get("details") or {}).values() for s in parts.values()
+                      if isinstance(s, Mapping)),
         *_figure("compare.png", "exact match and RougeL", figures),
         *_figure("rouge_hist.png", "RougeL histograms", figures),
         *_curves_section(summary.get("curves") or {}, figures),
@@ -709,7 +757,9 @@ def render_eval_markdown(summary: Mapping[str, Any], figures: Sequence[str] | No
                                    "one"),
               *_adaptive_section(["part"], entries),
               *_probabilistic_section(["part"], entries),
-              *_breakdown_sections(["part"], _eval_breakdowns(parts), figures)]
+              *_breakdown_sections(["part"], _eval_breakdowns(parts), figures),
+              *_rouge_notes(parts.values()),
+              *_documents_section(summary.get("documents") or {})]
     if summary.get("membership"):
         lines += _membership_section([], [([], summary["membership"])], figures)
     lines += _files_section(files)
