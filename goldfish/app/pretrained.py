@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from engine.weights_check import check_model_folder
+from engine.checkpoint import check_model_folder
 
 
 class PretrainedModelError(ValueError):
