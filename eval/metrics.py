@@ -144,10 +144,14 @@ class UnicodeWordTokenizer:
 
 
 def default_tokenizer_kept_fraction(text: str) -> float:
-    """Fraction of the non-whitespace characters of `text` that rouge-score's default tokenizer keeps
-    (lower-cased [a-z0-9]); 1.0 for a text with no non-whitespace character."""
+    """Fraction of the word characters of `text` (letters, digits and combining marks of any script) that
+    rouge-score's default tokenizer keeps (lower-cased [a-z0-9]); 1.0 for a text without word characters.
+
+    Punctuation is left out of both counts: no word tokenizer keeps it, so a grammar snippet full of operators is
+    not flagged; a text in a non-Latin script is (0.0 for Hebrew, Japanese, ...).
+    """
     lowered = text.lower()
-    n = sum(not ch.isspace() for ch in lowered)
+    n = sum(unicodedata.category(ch)[0] in "LNM" for ch in lowered)
     return len(_DEFAULT_KEPT.findall(lowered)) / n if n else 1.0
 
 

@@ -120,6 +120,8 @@ def test_unicode_words_hand_checked():
     assert rouge_scores("החתול יושב על הכיסא היום", "החתול יושב על השטיח היום")["rouge_l_unicode"] == pytest.approx(0.8)
     assert default_tokenizer_kept_fraction("abc def") == 1.0 and default_tokenizer_kept_fraction("") == 1.0
     assert default_tokenizer_kept_fraction("ab שלום") == pytest.approx(2 / 6)
+    # Punctuation counts on neither side: operator-heavy English is not flagged.
+    assert default_tokenizer_kept_fraction('augassign ::= "+=" | "-=" | "*="') == 1.0
 
 
 def _one_hot_logits(predictions: list[list[int]], vocab: int = 5) -> torch.Tensor:
