@@ -125,3 +125,16 @@ def test_eval_of_a_truncated_safetensors_checkpoint(trained, tmp_path, capsys):
 def test_plan_exits_non_zero_when_no_grid_fits(capsys):
     assert main(["plan", "--model", "70B", "--gpus", "1"]) == 1
     assert "no grid of 1 GPUs fits" in _error(capsys)
+
+
+def test_duplicates_repeat_trains_the_copy_as_a_counted_repeat(trained, tmp_path, capsys):
+    data_file, run = trained
+    side = json.loads((run / "run.json").read_text())["documents"]["removed"][0]["side"]
+    out = tmp_path / "repeat"
+    assert main(["train", "--out", str(out), "--data", str(data_file), "--id-field", "id", *TINY, "--epochs", "1",
+                 "--duplicates", "repeat"]) == 0
+    documents = json.loads((out / "run.json").read_text())["documents"]
+    n_copies = 1 if side == "train" else 0  # copies of a held-out document are always dropped
+    assert documents["n_repeats"] == n_copies and documents["n_removed"] == 1 - n_copies
+    assert f"train goldfish-static-k3: {4 + n_copies} sequences" in capsys.readouterr().out
+    assert json.loads((out / "run.json").read_text())["data"]["duplicates"] == "repeat"
