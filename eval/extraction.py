@@ -283,8 +283,8 @@ def extract(
       rows, one per evaluated document, in input order: id, n_tokens, n_prefix_tokens, exact_match,
         match_fraction, longest_correct_prefix (token ids); rouge_l, rouge_l_recall, rouge_1, rouge_2,
         rouge_l_unicode (``decode(generated)`` vs ``decode(true suffix)``), rouge_default_kept_chars (the
-        fraction of the reference's word characters rouge-score's default tokenizer keeps); tf_accuracy, tf_kept_accuracy,
-        tf_dropped_accuracy (teacher-forced over the whole document; kept/dropped are None without
+        fraction of the reference's word characters rouge-score's default tokenizer keeps); tf_accuracy,
+        tf_kept_accuracy, tf_dropped_accuracy (teacher-forced over the whole document; kept/dropped are None without
         ``drop_mask_fn``, or when no target falls in the group); min_logit_margin, min_margin_position
         (the near-tie record of the greedy path, `GreedyPath`); generated_ids, generated_text, reference_text.
       summary: see `summarize_extraction`.
