@@ -341,3 +341,25 @@ def test_eval_report_of_a_bare_summary_and_bad_input(tmp_path):
     assert write_eval_report(bare, tmp_path) == []  # no extraction.jsonl on disk: nothing to plot
     with pytest.raises(ValueError, match="no part summary"):
         render_eval_markdown({"membership": {}})
+
+
+def test_compare_report_lists_removed_duplicates_and_flags_non_latin_rouge():
+    from goldfish.app.report import render_markdown
+
+    summary = _full_summary()
+    summary["documents"] = dict(summary["documents"], dedup={
+        "mode": "near", "duplicates": "drop", "threshold": 0.8, "similarity": "Jaccard of word 5-gram shingles"},
+        n_removed=2, n_repeats=0, heldout_train_overlap={"ngram_words": 8, "max_fraction": 0.083,
+                                                         "mean_fraction": 0.006, "heldout_id": "h3"},
+        removed=[{"id": "else", "twin": "if", "kind": "exact-text", "similarity": 1.0, "matched": "if",
+                  "side": "train", "action": "dropped"},
+                 {"id": "t9", "twin": "t1", "kind": "near", "similarity": 0.85, "matched": "t8",
+                  "side": "heldout", "action": "dropped"}])
+    label = next(iter(summary["details"]))
+    summary["details"][label]["heldout"]["rouge"] = {"default_tokenizer_discards_most": {"n_docs": 1, "ids": ["he"]}}
+    text = render_markdown(summary)
+    assert "## Duplicates" in text and "Deduplication `near`" in text and "Jaccard >= 0.8" in text
+    assert "| else | if | exact-text | 1.000 | train | dropped |" in text
+    assert "| t9 | t1 | near (via t8) | 0.850 | heldout | dropped |" in text
+    assert "at most 0.083 (mean 0.006)" in text and "`h3`" in text
+    assert "discards most characters of 1 reference text(s) (first: `he`)" in text
