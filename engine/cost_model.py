@@ -26,8 +26,9 @@ group: it all-gathers the input embeddings (and the caller's attention mask, if 
 the gradient of the final hidden states on exit; inside, every layer runs q/k/v/gate/up as normal and
 o/down as transposed layers on U rows. After backward, engine.state.sync_gradients all-reduces shard
 gradients over "data", the norms of the layers and the final norm over "z+data" and the embeddings and
-lm_head over "world", in flat buckets of at most 2**24 elements; clip_grad_norm_ all-reduces one float64
-over "x+y+z".
+lm_head over "world" (or, split by vocabulary over x*y*z as engine.parallelize does by default when the
+vocabulary divides, over "data": see vocab_collectives for the embedding's and the loss's collectives), in
+flat buckets of at most 2**24 elements; clip_grad_norm_ all-reduces one float64 over "x+y+z".
 
 The FLOP model counts matrix products (on a serial step it equals torch's FlopCounterMode, see
 tests/test_plan.py); the memory model is an estimate whose assumptions its docstring states (its parameter
@@ -242,6 +243,8 @@ class TransformerShape:
     qk_norm: bool = False
     tie_embeddings: bool = False
     name: str = ""
+    gated_mlp: bool = True  # Llama's gate/up/down; False: GPT's up (fc) and down (proj) with GELU between
+    norm_bias: bool = False  # LayerNorm (weight and bias) instead of RMSNorm (weight only)
 
     def __post_init__(self) -> None:
         for f in ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab"):
@@ -265,10 +268,10 @@ class TransformerShape:
     def projections(self) -> list[tuple[str, int, int, bool, bool]]:
         """(name, in, out, transposed, bias) of each decoder layer's linear, in module order."""
         h, i = self.hidden, self.intermediate
+        gate = [("gate_proj", h, i, False, self.mlp_bias)] if self.gated_mlp else []
         return [("q_proj", h, self.q_out, False, self.qkv_bias), ("k_proj", h, self.kv_out, False, self.qkv_bias),
                 ("v_proj", h, self.kv_out, False, self.qkv_bias), ("o_proj", self.q_out, h, True, self.o_bias),
-                ("gate_proj", h, i, False, self.mlp_bias), ("up_proj", h, i, False, self.mlp_bias),
-                ("down_proj", i, h, True, self.mlp_bias)]
+                *gate, ("up_proj", h, i, False, self.mlp_bias), ("down_proj", i, h, True, self.mlp_bias)]
 
     @property
     def layer_linear_params(self) -> int:
@@ -276,13 +279,23 @@ class TransformerShape:
         return sum(k * n + (n if bias else 0) for _, k, n, _, bias in self.projections())
 
     @property
+    def norm_params(self) -> int:
+        """Parameters of one norm over the hidden features (RMSNorm: weight; LayerNorm: weight and bias)."""
+        return self.hidden * (2 if self.norm_bias else 1)
+
+    @property
+    def vocab_params(self) -> int:
+        """Embeddings and lm_head (one matrix when tied)."""
+        return self.vocab * self.hidden * (1 if self.tie_embeddings else 2)
+
+    @property
     def outside_params(self) -> int:
-        """Embeddings, lm_head (unless tied) and the final norm: replicated on every rank by the engine."""
-        return self.vocab * self.hidden * (1 if self.tie_embeddings else 2) + self.hidden
+        """Embeddings, lm_head (unless tied) and the final norm (what sits outside the decoder layers)."""
+        return self.vocab_params + self.norm_params
 
     @property
     def layer_norm_params(self) -> int:
-        return 2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0)
+        return 2 * self.norm_params + (2 * self.head_dim if self.qk_norm else 0)
 
     @property
     def n_params(self) -> int:
@@ -324,6 +337,47 @@ NAMED_SHAPES: dict[str, TransformerShape] = {
     "405B": TransformerShape(hidden=16384, layers=126, heads=128, kv_heads=8, intermediate=53248, vocab=128256,
                              name="Llama-3.1-405B"),
 }
+
+
+def _axonn_gpt(layers: int, hidden: int, heads: int, name: str) -> TransformerShape:
+    """A GPT-style model of the AxoNN paper's runs (Singh et al., "Democratizing AI: Open-source Scalable LLM
+    Training on GPU-based Supercomputers", SC'24, arXiv 2502.08145), as Megatron-LM builds it: multi-head
+    attention, a 4 x hidden GELU MLP (no gate), biases on every linear, LayerNorm, the GPT-2 vocabulary
+    (50,257 padded to 50,304, a multiple of 128, as Megatron pads it) and an lm_head tied to the embeddings.
+    Learned position embeddings (seq x hidden, < 0.03% of any of these models) are left out."""
+    return TransformerShape(hidden=hidden, layers=layers, heads=heads, kv_heads=heads, intermediate=4 * hidden,
+                            vocab=50304, qkv_bias=True, o_bias=True, mlp_bias=True, tie_embeddings=True,
+                            gated_mlp=False, norm_bias=True, name=name)
+
+
+# Layers, hidden size and heads of the paper's GPT models as its authors list them in their Megatron-AxoNN
+# repository (github.com/axonn-ai/Megatron-AxoNN: model-table.md, and the same numbers in
+# examples/run_axonn_amd.sh). The nominal size names the model; n_params counts what the shape holds.
+NAMED_SHAPES.update({
+    "5B": _axonn_gpt(24, 4096, 32, "GPT-5B"),
+    "10B": _axonn_gpt(32, 5120, 40, "GPT-10B"),
+    "20B": _axonn_gpt(32, 7168, 56, "GPT-20B"),
+    "40B": _axonn_gpt(38, 9216, 72, "GPT-40B"),
+    "60B": _axonn_gpt(56, 9216, 72, "GPT-60B"),
+    "80B": _axonn_gpt(42, 12288, 96, "GPT-80B"),
+    "160B": _axonn_gpt(84, 12288, 96, "GPT-160B"),
+    "320B": _axonn_gpt(96, 16384, 128, "GPT-320B"),
+    "640B": _axonn_gpt(192, 16384, 128, "GPT-640B"),
+})
+
+
+def vocab_parts(shape: TransformerShape, grid: GridShape, vocab_parallel: bool | None = None) -> int:
+    """Ranks the embeddings and lm_head are split over by vocabulary rows (engine/vocab_parallel.py): x*y*z
+    when the grid has tensor parallelism and the vocabulary divides (engine.parallelize's default, None), else
+    1 (replicated). vocab_parallel=False forces 1; True requires the split (ValueError when it cannot be)."""
+    parts = grid.size("x", "y", "z")
+    if vocab_parallel is False or parts == 1:
+        return 1
+    if shape.vocab % parts:
+        if vocab_parallel:
+            raise ValueError(f"vocabulary {shape.vocab} is not divisible by x*y*z={parts}")
+        return 1
+    return parts
 
 
 def layer_shard_params(shape: TransformerShape, grid: GridShape) -> int:
@@ -380,10 +434,16 @@ class LocalParam:
         return max(0, min(self.rows, (index + 1) * size) - min(self.rows, index * size)) * self.row_elements
 
 
-def llama_local_params(shape: TransformerShape, grid: GridShape) -> list[LocalParam]:
-    """Every distinct parameter of a parallelized Llama-family model, in module order."""
+def llama_local_params(shape: TransformerShape, grid: GridShape,
+                       vocab_parallel: bool | None = None) -> list[LocalParam]:
+    """Every distinct parameter of a parallelized Llama-family model, in module order. The embeddings and
+    lm_head are whole and summed over every axis, or (vocab_parts > 1) V/P rows each whose gradients already
+    cover the rows of x*y*z and are summed over data only."""
     h = shape.hidden
-    out = [LocalParam(0, shape.vocab, h, AXES)]  # embed_tokens (lm_head's weight too when tied)
+    parts = vocab_parts(shape, grid, vocab_parallel)
+    vocab = LocalParam(0, shape.vocab // parts, h, AXES if parts == 1 else ("data",))
+    norm = [LocalParam(0, h, 1, ("z", "data"))] * (2 if shape.norm_bias else 1)  # weight (and bias)
+    out = [vocab]  # embed_tokens (lm_head's weight too when tied)
     for layer in range(1, shape.layers + 1):
         for _, k, n, transposed, bias in shape.projections():
             in_axis, out_axis = ("y", "x") if transposed else ("x", "y")
@@ -393,26 +453,26 @@ def llama_local_params(shape: TransformerShape, grid: GridShape) -> list[LocalPa
                 out.append(LocalParam(layer, rows, 1, ("data",)))
         if shape.qk_norm:  # per-head norms registered inside self_attn after its projections
             out += [LocalParam(layer, shape.head_dim, 1, ("y", "z", "data"))] * 2
-        out += [LocalParam(layer, h, 1, ("z", "data"))] * 2  # input_layernorm, post_attention_layernorm
-    out.append(LocalParam(0, h, 1, ("z", "data")))  # final norm: runs on the x*y group's rows like the layers
+        out += [replace(p, unit=layer) for p in norm] * 2  # input_layernorm, post_attention_layernorm
+    out += norm  # final norm: runs on the x*y group's rows like the layers
     if not shape.tie_embeddings:
-        out.append(LocalParam(0, shape.vocab, h, AXES))  # lm_head
+        out.append(vocab)  # lm_head
     return out
 
 
 def llama_param_sync_list(shape: TransformerShape, grid: GridShape, zero: ZeroConfig | None = None,
-                          data_rank: int = 0) -> list[tuple[int, tuple[str, ...]]]:
+                          data_rank: int = 0, vocab_parallel: bool | None = None) -> list[tuple[int, tuple[str, ...]]]:
     """(local gradient elements, axes sync_gradients sums it over) of each parameter, in module order. Under
     ZeRO (stage >= 1) the data axis belongs to the partitioning: each rank sums its own chunk (the rank at
     data index `data_rank`) over the remaining axes."""
+    params = llama_local_params(shape, grid, vocab_parallel)
     if zero is None or zero.stage == 0:
-        return [(p.numel, p.axes) for p in llama_local_params(shape, grid)]
-    return [(p.chunk(grid.data, data_rank), tuple(a for a in p.axes if a != "data"))
-            for p in llama_local_params(shape, grid)]
+        return [(p.numel, p.axes) for p in params]
+    return [(p.chunk(grid.data, data_rank), tuple(a for a in p.axes if a != "data")) for p in params]
 
 
 def zero_collectives(shape: TransformerShape, grid: GridShape, zero: ZeroConfig, *, param_bytes: int,
-                     grad_accum: int = 1) -> list[Collective]:
+                     grad_accum: int = 1, vocab_parallel: bool | None = None) -> list[Collective]:
     """The data-axis collectives of ZeRO (engine/zero.py) for one optimizer step, per rank.
 
     Stage 1 (ZeroAdamW): after backward, the gradients are reduce-scattered over data in buckets (each
@@ -426,7 +486,7 @@ def zero_collectives(shape: TransformerShape, grid: GridShape, zero: ZeroConfig,
     """
     b = _Builder(grid)
     D = grid.data
-    params = llama_local_params(shape, grid)
+    params = llama_local_params(shape, grid, vocab_parallel)
     if zero.stage == 0 or D == 1:
         return []
     if zero.stage == 1:
@@ -521,6 +581,39 @@ def llama_stack_collectives(shape: TransformerShape, grid: GridShape, *, rows_pe
     return b.items
 
 
+def vocab_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int, param_bytes: int,
+                      stream_bytes: int, vocab_parallel: bool | None = None) -> list[Collective]:
+    """Collectives of the vocabulary-parallel embedding and training loss (engine/vocab_parallel.py) for one
+    micro-batch, over the P = x*y*z ranks the vocabulary is split over (none when vocab_parts is 1: the
+    replicated embedding is a local lookup and the chunked loss a local product). N = R S tokens per rank.
+
+    embedding   forward: all-gather the int64 token ids (P N x 8 bytes), reduce-scatter the partial
+                embeddings (P N hidden, in the weights' dtype); backward: all-gather their gradient.
+    loss        (causal_lm_token_losses, what `goldfish train` runs) forward: all-gather the final hidden
+                states (P N hidden, residual-stream dtype) and the int64 targets, then one all-gather of
+                two fp32 statistics (log-sum-exp, target logit) per token of the group from every rank
+                (P x 2 x P N x 4 bytes); backward: all-gather the per-token loss gradient (P N x 4 bytes)
+                and reduce-scatter the partial gradients of the hidden states.
+    (Calling the lm_head module for full logits, as evaluation does, is a different path not modelled here.)
+    """
+    b = _Builder(grid)
+    parts = vocab_parts(shape, grid, vocab_parallel)
+    if parts == 1:
+        return []
+    axes = ("x", "y", "z")
+    tokens = parts * rows_per_rank * seq  # the tokens of the whole x*y*z group
+    h = shape.hidden
+    b.add(axes, "all_gather", tokens * 8, "forward", "embedding token ids")
+    b.add(axes, "reduce_scatter", tokens * h * param_bytes, "forward", "partial embeddings")
+    b.add(axes, "all_gather", tokens * h * param_bytes, "backward", "embedding output grad")
+    b.add(axes, "all_gather", tokens * h * stream_bytes, "forward", "loss hidden states")
+    b.add(axes, "all_gather", tokens * 8, "forward", "loss targets")
+    b.add(axes, "all_gather", parts * 2 * tokens * 4, "forward", "loss log-sum-exp and target logit")
+    b.add(axes, "all_gather", tokens * 4, "backward", "per-token loss grad")
+    b.add(axes, "reduce_scatter", tokens * h * stream_bytes, "backward", "loss hidden-state grad")
+    return b.items
+
+
 def llama_layer_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
                             param_bytes: int, act_bytes: int, stream_bytes: int | None = None) -> list[Collective]:
     """Forward and backward collectives of ONE parallelized decoder layer on one micro-batch: q/k/v/gate/up
@@ -539,7 +632,8 @@ def llama_step_collectives(shape: TransformerShape, grid: GridShape, *, rows_per
                            param_bytes: int = 2, act_bytes: int = 2, grad_accum: int = 1,
                            mask_bytes: int = 0, recompute: bool = False,
                            stream_bytes: int | None = None, position_ids: bool = False,
-                           zero: ZeroConfig | None = None, data_rank: int = 0) -> list[Collective]:
+                           zero: ZeroConfig | None = None, data_rank: int = 0,
+                           vocab_parallel: bool | None = None) -> list[Collective]:
     """Every collective of one optimizer step: `grad_accum` forward/backward passes of `rows_per_rank` rows
     of `seq` tokens on each rank, then sync_gradients and clip_grad_norm_. Bytes are per rank.
 
@@ -553,6 +647,8 @@ def llama_step_collectives(shape: TransformerShape, grid: GridShape, *, rows_per
     zero: partitioning over the data axis (zero_collectives; sync_gradients then reduces only the chunks of
     the rank at data index `data_rank` over the other axes, whose sizes differ by rank when dim 0 does not
     divide by the data size).
+    vocab_parallel: the embeddings and lm_head split by vocabulary (vocab_parts; None: engine.parallelize's
+    default), with the training loss of engine.vocab_parallel.causal_lm_token_losses (vocab_collectives).
     """
     stream_bytes = act_bytes if stream_bytes is None else stream_bytes
     layer = llama_layer_collectives(shape, grid, rows_per_rank=rows_per_rank, seq=seq, param_bytes=param_bytes,
@@ -562,11 +658,14 @@ def llama_step_collectives(shape: TransformerShape, grid: GridShape, *, rows_per
                          for c in layer if c.phase == "forward"]
     stack = llama_stack_collectives(shape, grid, rows_per_rank=rows_per_rank, seq=seq, stream_bytes=stream_bytes,
                                     mask_bytes=mask_bytes, position_ids=position_ids)
-    out = scale_count(layer, shape.layers * grad_accum) + scale_count(stack, grad_accum)
-    out += sync_collectives(llama_param_sync_list(shape, grid, zero, data_rank), grid, param_bytes)
+    vocab = vocab_collectives(shape, grid, rows_per_rank=rows_per_rank, seq=seq, param_bytes=param_bytes,
+                              stream_bytes=stream_bytes, vocab_parallel=vocab_parallel)
+    out = scale_count(layer, shape.layers * grad_accum) + scale_count(stack + vocab, grad_accum)
+    out += sync_collectives(llama_param_sync_list(shape, grid, zero, data_rank, vocab_parallel), grid, param_bytes)
     stage = 0 if zero is None or grid.data == 1 else zero.stage
     if stage:
-        out += zero_collectives(shape, grid, zero, param_bytes=param_bytes, grad_accum=grad_accum)
+        out += zero_collectives(shape, grid, zero, param_bytes=param_bytes, grad_accum=grad_accum,
+                                vocab_parallel=vocab_parallel)
     out += clip_collectives(grid, stage)
     return out
 
@@ -582,16 +681,19 @@ def model_flops_per_token(shape: TransformerShape, seq: int) -> float:
 
 
 def rank_flops_per_step(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
-                        grad_accum: int = 1, recompute: bool = False) -> float:
+                        grad_accum: int = 1, recompute: bool = False, chunked_loss: bool = True) -> float:
     """FLOPs one rank executes per step. Linear work divides evenly over the grid (each rank multiplies
     the X*Y*R rows of its group by a 1/(X*Y) block: the work of its own R rows); attention runs on those
     rows for the rank's y-share of heads, i.e. X times its fair share (the engine replicates it over x).
-    With `recompute` (activation checkpointing) the decoder layers run their forward twice. Norms and
-    elementwise work are left out."""
+    With `recompute` (activation checkpointing) the decoder layers run their forward twice. The lm_head:
+    `chunked_loss` (engine.vocab_parallel.token_losses, what `goldfish train` runs) drops each chunk's
+    logits and recomputes them in backward, 8 x tokens x vocab x hidden; a loss from model(...).logits
+    costs 6 x. Split by vocabulary, each rank multiplies the P x R x S tokens of its x*y*z group by V/P
+    rows: the same count. Norms and elementwise work are left out."""
     tokens = rows_per_rank * seq
     layer_linear = 2.0 * tokens * shape.layers * shape.layer_linear_params
     attention = 4.0 * tokens * seq * shape.layers * shape.q_out * grid.size("x")
-    head = 6.0 * tokens * shape.vocab * shape.hidden
+    head = (8.0 if chunked_loss else 6.0) * tokens * shape.vocab * shape.hidden
     passes = 4.0 if recompute else 3.0  # forward + backward (2x forward), plus the recomputed forward
     return grad_accum * (passes * (layer_linear + attention) + head)
 
@@ -621,14 +723,15 @@ def layer_activation_bytes(shape: TransformerShape, grid: GridShape, *, tokens: 
     """
     h, x, y = shape.hidden, grid.size("x"), grid.size("y")
     norms = 2 * (4 + act_bytes) * h
-    inputs = act_bytes * (2 * h if x == 1 else 5 * h / x)
+    normal = sum(1 for p in shape.projections() if not p[3])  # q, k, v (gate), up: each saves an x-split input
+    inputs = act_bytes * (2 * h if x == 1 else normal * h / x)
     attention = act_bytes * (3 * shape.heads + 2 * shape.kv_heads) * shape.head_dim / y
-    mlp = act_bytes * 4 * shape.intermediate / y
+    mlp = act_bytes * (4 if shape.gated_mlp else 2) * shape.intermediate / y  # (gate, SiLU,) up, product / fc, GELU
     return tokens * (norms + inputs + attention + mlp)
 
 
 def zero_held_bytes(shape: TransformerShape, grid: GridShape, zero: ZeroConfig | None = None, *, data_rank: int = 0,
-                    param_bytes: int = 4, state_bytes: int = 8) -> dict[str, int]:
+                    param_bytes: int = 4, state_bytes: int = 8, vocab_parallel: bool | None = None) -> dict[str, int]:
     """Bytes the rank at data index `data_rank` holds between steps (after a step, gradients still allocated):
     parameters, gradients and optimizer state (`state_bytes` per element: AdamW's two fp32 moments = 8),
     exactly as engine.zero.held_bytes counts them on a parallelized Llama.
@@ -637,7 +740,7 @@ def zero_held_bytes(shape: TransformerShape, grid: GridShape, zero: ZeroConfig |
     2 and 3: parameters, gradients and state all chunks (FSDP reshards after backward). Offload moves the
     chunks to host memory but they are still held by the rank (see memory_per_rank for the device's share).
     """
-    params = llama_local_params(shape, grid)
+    params = llama_local_params(shape, grid, vocab_parallel)
     full = sum(p.numel for p in params)
     stage = 0 if zero is None or grid.data == 1 else zero.stage
     chunks = sum(p.chunk(grid.data, data_rank) for p in params) if stage else full
@@ -648,18 +751,22 @@ def zero_held_bytes(shape: TransformerShape, grid: GridShape, zero: ZeroConfig |
 
 def memory_per_rank(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
                     bytes_per_param: float = 16.0, act_bytes: int = 2, param_bytes: int = 2,
-                    recompute: bool = False, zero: ZeroConfig | None = None) -> MemoryEstimate:
+                    recompute: bool = False, zero: ZeroConfig | None = None, vocab_parallel: bool | None = None,
+                    stream_bytes: int | None = None) -> MemoryEstimate:
     """Estimated peak memory of one rank for one micro-batch of `rows_per_rank` rows.
 
     Parameters: each ParallelLinear weight shard is 1/(X Y Z) of the full weight (layer_shard_params);
-    embeddings, lm_head and
-    norms are replicated (the engine does not shard them); bytes_per_param covers weight, gradient and
-    AdamW state (16 = bf16 weight and grad + fp32 master, m, v; or fp32 weight and grad + m, v).
+    norms are replicated; embeddings and lm_head are split by vocabulary over the P = vocab_parts ranks
+    of x*y*z (V/P rows each, detail "vocab_params"), or whole on every rank when P = 1 (then counted in
+    "replicated_params"). bytes_per_param covers weight, gradient and AdamW state (16 = fp32 weight and
+    grad + m, v, what `goldfish train` keeps under either precision).
     Activations: layer_activation_bytes for every layer on the T = X Y R S tokens of the x*y group, or with
     `recompute` (activation checkpointing) each layer's input (T x hidden) plus one layer recomputed;
-    the gathered embeddings and the final norm on T tokens; logits (R S vocab) in the activation dtype plus
-    two fp32 copies for the loss. Transient: the largest gathered weight block and its gradient block, and
-    two T x hidden gradient buffers.
+    the gathered embeddings and the final norm on T tokens; the chunked loss (token_losses): the final hidden
+    states of the P R S tokens of the x*y*z group it gathers and saves (residual-stream dtype, stream_bytes,
+    default act_bytes), and one chunk of min(1024, P R S) tokens' logits over V/P columns, in the product
+    dtype plus fp32 for the statistics and the gradient. Transient: the largest gathered weight block and
+    its gradient block, and two T x hidden gradient buffers.
 
     zero (engine/zero.py; D = data size, P = the parameters above, w = param_bytes, o = bytes_per_param - 2 w
     for the optimizer state and master weights): stage 1 keeps P (2 w) + P o / D; stage 2 the full
@@ -668,13 +775,17 @@ def memory_per_rank(shape: TransformerShape, grid: GridShape, *, rows_per_rank: 
     node size L the secondary partition of every layer, P_layers w / L. Offload moves the chunks of
     parameters, gradients and state to host memory (detail "host").
     """
+    stream_bytes = act_bytes if stream_bytes is None else stream_bytes
+    parts = vocab_parts(shape, grid, vocab_parallel)
     sharded = shape.layers * layer_shard_params(shape, grid)
-    replicated = shape.outside_params + shape.layers * shape.layer_norm_params
-    params = (sharded + replicated) * bytes_per_param
+    vocab = shape.vocab_params // parts if parts > 1 else 0
+    replicated = shape.norm_params + shape.layers * shape.layer_norm_params + (shape.vocab_params if parts == 1 else 0)
+    root = shape.vocab_params // parts + shape.norm_params  # embeddings, final norm, lm_head as this rank holds them
+    params = (sharded + replicated + vocab) * bytes_per_param
     stage = 0 if zero is None or grid.data == 1 else zero.stage
     host = 0.0
     if stage:
-        D, P = grid.data, sharded + replicated
+        D, P = grid.data, sharded + replicated + vocab
         w, o = param_bytes, max(bytes_per_param - 2 * param_bytes, 0.0)
         layer = layer_shard_params(shape, grid) + shape.layer_norm_params
         if stage == 1:
@@ -684,7 +795,7 @@ def memory_per_rank(shape: TransformerShape, grid: GridShape, *, rows_per_rank: 
             if stage == 2:
                 device = P * w + layer * w  # whole parameters through forward and backward, one layer's gradient
             else:
-                device = 2 * max(layer, shape.outside_params + shape.hidden) * w + layer * w
+                device = 2 * max(layer, root) * w + layer * w
                 if zero.node_size > 1:
                     device += shape.layers * layer * w / zero.node_size
             if zero.offload:
@@ -696,7 +807,8 @@ def memory_per_rank(shape: TransformerShape, grid: GridShape, *, rows_per_rank: 
     h = shape.hidden
     per_layer = layer_activation_bytes(shape, grid, tokens=t, act_bytes=act_bytes)
     layers = shape.layers * t * h * act_bytes + per_layer if recompute else shape.layers * per_layer
-    logits = rows_per_rank * seq * shape.vocab * (act_bytes + 8)
+    group_tokens = parts * rows_per_rank * seq
+    logits = min(1024, group_tokens) * (shape.vocab // parts) * (act_bytes + 8) + group_tokens * h * stream_bytes
     stack = t * h * (2 * act_bytes + 4)
     activations = layers + logits + stack
     blocks = []
@@ -705,13 +817,13 @@ def memory_per_rank(shape: TransformerShape, grid: GridShape, *, rows_per_rank: 
         blocks.append((n // grid.size(out_axis)) * (k // grid.size(in_axis)))
     transient = 2 * max(blocks) * param_bytes + 2 * t * h * act_bytes
     return MemoryEstimate(params, activations, transient,
-                          {"sharded_params": sharded, "replicated_params": replicated,
-                           "layer_activations": per_layer, "logits": logits, "host": host})
+                          {"sharded_params": sharded, "replicated_params": replicated, "vocab_params": vocab,
+                           "vocab_parts": parts, "layer_activations": per_layer, "logits": logits, "host": host})
 
 
 def rank_memory_traffic_per_step(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
                                  act_bytes: int = 2, bytes_per_param: float = 16.0, grad_accum: int = 1,
-                                 recompute: bool = False) -> float:
+                                 recompute: bool = False, vocab_parallel: bool | None = None) -> float:
     """Bytes one rank moves through device memory per step in memory-bound (non-matmul) work: norms,
     rotary, softmax, SiLU, residual adds, the loss, and the optimizer.
 
@@ -719,14 +831,17 @@ def rank_memory_traffic_per_step(shape: TransformerShape, grid: GridShape, *, ro
     tokens of the x*y group, so replicated work over x and y costs X*Y times) is written and read once in
     forward and its gradient written and read, and the value read again, in backward: 5 passes (7 with
     recomputation); the logits likewise. AdamW reads weight, gradient and both moments and writes three
-    of them: 7/4 x bytes_per_param per parameter this rank holds.
+    of them: 7/4 x bytes_per_param per parameter this rank holds (embeddings and lm_head split by
+    vocabulary when vocab_parts > 1; the logits' bytes are the same either way: P R S tokens x V/P).
     """
     t = grid.size("x", "y") * rows_per_rank * seq
     per_layer = layer_activation_bytes(shape, grid, tokens=t, act_bytes=act_bytes)
     logits = rows_per_rank * seq * shape.vocab * (act_bytes + 8)
     passes = 7 if recompute else 5
     activations = grad_accum * passes * (shape.layers * per_layer + logits)
-    held = shape.layers * (layer_shard_params(shape, grid) + shape.layer_norm_params) + shape.outside_params
+    parts = vocab_parts(shape, grid, vocab_parallel)
+    held = shape.layers * (layer_shard_params(shape, grid) + shape.layer_norm_params) + shape.norm_params \
+        + shape.vocab_params // parts
     return activations + 1.75 * bytes_per_param * held
 
 

@@ -3,7 +3,10 @@
 For each ordered factorisation of the GPU count it
 
 1. rejects grids the engine cannot shard the model on (heads, kv heads or features not divisible) and
-   global batches that do not split into whole rows per GPU;
+   global batches that do not split into whole rows per GPU: `goldfish train` gives every GPU its own
+   rows (engine/train.py, _rank_rows), so the batch must be a multiple of the WORLD size, not only of the
+   data size. (AxoNN feeds one set of rows to each tensor-parallel group, so its batch divides by the data
+   size: its 4,096 x 4,096-token batches on 6,144 or 32,768 GPUs cannot be expressed here.);
 2. picks activation checkpointing (on or off) and the number of micro-batches (gradient accumulation):
    for each setting allowed, the fewest micro-batches that fit the memory estimate
    (engine.cost_model.memory_per_rank), keeping the faster of the two; grids that never fit are rejected;
@@ -45,9 +48,11 @@ from engine.profiles import MachineProfile, group_stride
 from engine.zero import STAGES, ZeroConfig, data_ranks_per_node
 
 GIB = 1024 ** 3
-# Element bytes (weights and gradients, matmul products, residual stream) as the engine communicates them:
-# pure bf16 or fp32 models, or fp32 weights under torch.autocast(bf16) (`goldfish train --precision bf16`).
-PRECISIONS = {"bf16": (2, 2, 2), "fp32": (4, 4, 4), "autocast": (4, 2, 4)}
+# Element bytes (weights and gradients, matmul products, residual stream) of `goldfish train --precision`:
+# bf16 is torch.autocast(bf16) over fp32 weights (matrix products in bf16, weights, gradients, residual stream
+# and AdamW state in fp32); fp32 is fp32 throughout. Either way a parameter costs 16 bytes (weight, gradient,
+# two moments). The engine has no pure-bf16 weights, so neither does the planner.
+PRECISIONS = {"bf16": (4, 2, 4), "fp32": (4, 4, 4)}
 CHECKPOINTING = ("auto", "on", "off")
 
 
@@ -62,8 +67,8 @@ class PlanRequest:
     profile: MachineProfile
     compute_efficiency: float = 0.5  # fraction of peak the matrix products reach
     grad_accum: int | None = None  # None: the smallest that fits in memory
-    precision: str = "bf16"  # a key of PRECISIONS
-    bytes_per_param: float = 16.0  # weight + gradient + AdamW state
+    precision: str = "bf16"  # a key of PRECISIONS (the values of `goldfish train --precision`)
+    bytes_per_param: float = 16.0  # fp32 weight + gradient + AdamW's two moments
     memory_fraction: float = 0.9  # share of GPU memory the estimate may use (allocator, CUDA context)
     mask_bytes: int = 0  # attention mask bytes per token fed to the model (0: none, packed sequences)
     checkpointing: str = "auto"  # activation checkpointing of decoder layers: "auto", "on" or "off"
@@ -146,7 +151,7 @@ def step_prediction(request: PlanRequest, grid: GridShape, grad_accum: int, reco
     collectives = llama_step_collectives(request.shape, grid, rows_per_rank=rows, seq=request.seq,
                                          param_bytes=param_bytes, act_bytes=act_bytes, stream_bytes=stream_bytes,
                                          grad_accum=grad_accum, mask_bytes=request.mask_bytes, recompute=recompute,
-                                         zero=zero)
+                                         zero=zero)  # embeddings split by vocabulary as parallelize does
     sizes = {"data": grid.data, "x": grid.x, "y": grid.y, "z": grid.z}
     totals: dict[tuple[str, str, int], list[int]] = {}
     for c in collectives:
@@ -181,7 +186,9 @@ def plan_grid(request: PlanRequest, grid: GridShape) -> GridPlan:
     if reason is not None:
         return GridPlan(grid, False, f"cannot shard: {reason}")
     if request.global_batch % request.gpus:
-        return GridPlan(grid, False, f"global batch {request.global_batch} is not divisible by {request.gpus} GPUs")
+        return GridPlan(grid, False, f"global batch {request.global_batch} is not divisible by {request.gpus} GPUs "
+                        "(goldfish train gives every GPU its own rows, so the batch must be a multiple of the world "
+                        "size, not of the data size alone)")
     rows_total = request.global_batch // request.gpus
     if request.grad_accum is not None:
         if rows_total % request.grad_accum:
@@ -190,7 +197,7 @@ def plan_grid(request: PlanRequest, grid: GridShape) -> GridPlan:
         choices = [request.grad_accum]
     else:
         choices = [a for a in range(1, rows_total + 1) if rows_total % a == 0]
-    param_bytes, act_bytes, _ = request.element_bytes
+    param_bytes, act_bytes, stream_bytes = request.element_bytes
     limit = request.profile.gpu_memory_gib * GIB * request.memory_fraction
     settings = {"auto": (False, True), "on": (True,), "off": (False,)}[request.checkpointing]
     best, smallest, tried = None, None, (0, None)
@@ -201,7 +208,8 @@ def plan_grid(request: PlanRequest, grid: GridShape) -> GridPlan:
             for accum in choices:
                 memory = memory_per_rank(request.shape, grid, rows_per_rank=rows_total // accum, seq=request.seq,
                                          bytes_per_param=request.bytes_per_param, act_bytes=act_bytes,
-                                         param_bytes=param_bytes, recompute=recompute, zero=zero)
+                                         param_bytes=param_bytes, recompute=recompute, zero=zero,
+                                         stream_bytes=stream_bytes)
                 if smallest is None or memory.total < smallest.total:
                     smallest, tried = memory, (accum, zero)
                 if memory.total <= limit:
@@ -267,9 +275,9 @@ def format_table(request: PlanRequest, plans: list[GridPlan], top: int = 20) -> 
         if best is not None:
             lines.append(f"smallest memory need: grid {best.grid}: {best.reason}")
             replicated = best.memory.detail["replicated_params"] * request.bytes_per_param / GIB
-            if best.zero is None:
-                lines.append(f"of which {replicated:.1f} GiB are the replicated embeddings, lm_head and norms (the "
-                             "engine shards them only with ZeRO over the data axis)")
+            if best.zero is None and best.memory.detail["vocab_parts"] == 1:
+                lines.append(f"of which {replicated:.1f} GiB are the replicated embeddings, lm_head and norms (split "
+                             "by vocabulary only when x*y*z > 1 divides the vocabulary, else only by ZeRO)")
     reasons: dict[str, int] = {}
     for p in rejected:
         key = p.reason.split(":")[0] if p.reason.startswith("cannot shard") else (
@@ -277,13 +285,36 @@ def format_table(request: PlanRequest, plans: list[GridPlan], top: int = 20) -> 
         reasons[key] = reasons.get(key, 0) + 1
     if reasons:
         lines.append("rejected: " + "; ".join(f"{n} {k}" for k, n in reasons.items()))
+    if feasible:
+        lines.append(f"fastest, as goldfish train runs it: {train_command(request, feasible[0])}")
     return "\n".join(lines)
+
+
+def train_command(request: PlanRequest, plan: GridPlan) -> str:
+    """The `goldfish train` options that run `plan` (grid, batch, micro-batches, precision, activation
+    checkpointing, ZeRO): every choice the planner makes is one of them. Embeddings are split by vocabulary
+    by default whenever the planner assumed so."""
+    g = plan.grid
+    axes = ",".join(f"{a}={v}" for a, v in (("data", g.data), ("x", g.x), ("y", g.y), ("z", g.z)) if v > 1) or "data=1"
+    parts = [f"torchrun --nproc-per-node ... ({request.gpus} processes) -m goldfish train" if request.gpus > 1
+             else "goldfish train", f"--grid {axes}" if request.gpus > 1 else "", f"--batch-size {request.global_batch}", f"--grad-accum {plan.grad_accum}",
+             f"--seq-len {request.seq}", f"--precision {request.precision}"]
+    if plan.recompute:
+        parts.append("--activation-checkpointing")
+    if plan.zero is not None and plan.zero.stage:
+        parts.append(f"--zero {plan.zero.stage}")
+        if plan.zero.node_size > 1:
+            parts.append(f"--zero-hierarchy {plan.zero.node_size}")
+        if plan.zero.offload:
+            parts.append("--offload-optimizer")
+    return " ".join(p for p in parts if p)
 
 
 # ----- model shapes by name ---------------------------------------------------------------------------------------
 
 def resolve_shape(model: str) -> TransformerShape:
-    """A named size (7B, 8B, 70B, 405B) or a transformers config name/folder (read offline when cached)."""
+    """A named size (7B, 8B, 70B, 405B, the AxoNN paper's GPT 5B ... 640B) or a transformers config name/folder
+    (read offline when cached)."""
     key = model.upper()
     if key in NAMED_SHAPES:
         return NAMED_SHAPES[key]

@@ -6,7 +6,9 @@ with the prediction: they must be EQUAL (no tolerance: both are sums of integer 
 the same ring-model arithmetic). Levels: one default-mode ParallelLinear (with and without bias, overlap
 on and off, input with and without gradient), a normal->transposed chain, and a tiny parallelized HF Llama
 (grouped-query attention, attention biases; 1 or 2 rows per rank, with an int64 padding mask or none, fp32
-or bf16 autocast, overlap and weight prefetch on or off).
+or bf16 autocast, overlap and weight prefetch on or off), with its embeddings and lm_head whole (the
+loss from model(...).logits) or split by vocabulary over x*y*z (engine.parallelize's default, with the
+training loss of `goldfish train`, causal_lm_token_losses).
 """
 
 from __future__ import annotations
@@ -126,9 +128,14 @@ def tiny_llama_config():
 LLAMA_CASES = ((2, 8, False, False), (1, 8, True, False), (2, 0, True, False), (2, 0, False, True))
 
 
-def _llama_worker(shapes: list[tuple[int, int, int, int]], every_case: bool) -> int:
-    """every_case: run all LLAMA_CASES on each grid, else one case per grid in turn (keeps world 8 fast)."""
+def _llama_worker(shapes: list[tuple[int, int, int, int]], every_case: bool, vocab_split: bool = False) -> int:
+    """every_case: run all LLAMA_CASES on each grid, else one case per grid in turn (keeps world 8 fast).
+    vocab_split: embeddings and lm_head split by vocabulary (parallelize's default) and the loss of
+    causal_lm_token_losses (which takes no position ids: those cases run without them); else whole
+    embeddings and the loss from model(...).logits."""
     from transformers import LlamaForCausalLM
+
+    from engine.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses
     config = tiny_llama_config()
     model_shape = TransformerShape.from_hf_config(config)
     torch.manual_seed(0)
@@ -139,17 +146,19 @@ def _llama_worker(shapes: list[tuple[int, int, int, int]], every_case: bool) -> 
         shape = GridShape(data=data, x=x, y=y, z=z)
         try:
             overlap = index % 2 == 0  # the schedule (and weight prefetch) must not change the bytes
-            # the cost model predicts whole embeddings and lm_head on every rank (it does not model the vocabulary
-            # split of engine/vocab_parallel.py yet): measure that layout
-            model = parallelize(copy.deepcopy(serial), grid, overlap=overlap, vocab_parallel=False)
+            model = parallelize(copy.deepcopy(serial), grid, overlap=overlap, vocab_parallel=None if vocab_split else False)
             # the memory model's parameter count per rank is exactly what the rank holds
-            memory = memory_per_rank(model_shape, shape, rows_per_rank=1, seq=SEQ)
+            memory = memory_per_rank(model_shape, shape, rows_per_rank=1, seq=SEQ, vocab_parallel=vocab_split)
             held = sum(p.numel() for p in model.parameters())
-            assert held == memory.detail["sharded_params"] + memory.detail["replicated_params"], f"grid {shape}"
+            assert held == sum(memory.detail[k] for k in ("sharded_params", "replicated_params", "vocab_params")), \
+                f"grid {shape}"
             gen = torch.Generator().manual_seed(grid.rank)
             cases = LLAMA_CASES if every_case else [LLAMA_CASES[index % len(LLAMA_CASES)]]
             for rows, mask_bytes, positions, autocast in cases:
+                positions = positions and not vocab_split
                 ids = torch.randint(0, VOCAB, (rows, SEQ), generator=gen)
+                targets = torch.full_like(ids, IGNORE_INDEX)
+                targets[:, :-1] = ids[:, 1:]
                 mask = None
                 if mask_bytes:
                     mask = torch.ones(rows, SEQ, dtype=torch.long)
@@ -160,6 +169,8 @@ def _llama_worker(shapes: list[tuple[int, int, int, int]], every_case: bool) -> 
 
                 def forward():
                     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                        if vocab_split:
+                            return causal_lm_token_losses(model, ids, targets, attention_mask=mask).sum()
                         logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits
                     return F.cross_entropy(logits[:, :-1].float().reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
 
@@ -169,9 +180,10 @@ def _llama_worker(shapes: list[tuple[int, int, int, int]], every_case: bool) -> 
                 # while weights and the residual stream stay fp32
                 predicted = llama_step_collectives(model_shape, shape, rows_per_rank=rows, seq=SEQ, param_bytes=4,
                                                    act_bytes=2 if autocast else 4, stream_bytes=4,
-                                                   mask_bytes=mask_bytes, position_ids=positions)
+                                                   mask_bytes=mask_bytes, position_ids=positions,
+                                                   vocab_parallel=vocab_split)
                 _compare(measured, predicted, f"llama rows={rows} mask bytes={mask_bytes} autocast={autocast} "
-                                              f"overlap={overlap} grid {shape}")
+                                              f"overlap={overlap} vocab split={vocab_split} grid {shape}")
                 checked += 1
         finally:
             grid.close()
@@ -193,3 +205,14 @@ def test_llama_bytes_equal_prediction_on_every_grid(world: int) -> None:
     every_case = world == 4
     expected = len(shapes) * (len(LLAMA_CASES) if every_case else 1)
     assert run_distributed(world, _llama_worker, shapes, every_case) == [expected] * world
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_llama_bytes_equal_prediction_with_vocab_split(world: int) -> None:
+    """Embeddings and lm_head split by vocabulary over x*y*z with the chunked vocabulary-parallel loss: the
+    counted bytes (embedding ids and partial embeddings, the loss's gathers, data-only gradient sync of the
+    shards) equal the prediction on every grid; parameters held equal the memory model's count."""
+    shapes = _grid_tuples(world)
+    every_case = world == 4
+    expected = len(shapes) * (len(LLAMA_CASES) if every_case else 1)
+    assert run_distributed(world, _llama_worker, shapes, every_case, True) == [expected] * world

@@ -300,19 +300,22 @@ def _bytes_worker(cases: list[tuple[tuple[int, int, int, int], dict]]) -> int:
     from test_comm_model import tiny_llama_config
     from transformers import LlamaForCausalLM
     from engine.cost_model import PHASES, TransformerShape, bytes_by_group, llama_step_collectives, zero_held_bytes
+    from engine.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses
     from engine.zero import held_bytes, make_adamw
 
     config = tiny_llama_config()
     model_shape = TransformerShape.from_hf_config(config)
     torch.manual_seed(0)
     serial = LlamaForCausalLM(config)
-    for dims, zero_args in cases:
+    for index, (dims, zero_args) in enumerate(cases):
         shape, zero = GridShape(*dims), ZeroConfig(**zero_args)
         grid = init(data=shape.data, x=shape.x, y=shape.y, z=shape.z)
+        # every other case: embeddings split by vocabulary over x*y*z (parallelize's default) with the chunked
+        # loss `goldfish train` runs; else whole embeddings and the loss from model(...).logits
+        split = index % 2 == 0 and shape.size("x", "y", "z") > 1
         try:
-            # the cost model predicts whole embeddings and lm_head on every rank (it does not model the vocabulary
-            # split of engine/vocab_parallel.py yet): measure that layout
-            model = shard_data_axis(parallelize(copy.deepcopy(serial), grid, vocab_parallel=False), grid, zero)
+            model = shard_data_axis(parallelize(copy.deepcopy(serial), grid, vocab_parallel=None if split else False),
+                                    grid, zero)
             optimizer = make_adamw(model, [{"params": list(model.parameters())}], lr=1e-3)
             ids = torch.randint(0, config.vocab_size, (1, SEQ), generator=torch.Generator().manual_seed(grid.rank))
             traffic = grid.traffic
@@ -320,8 +323,13 @@ def _bytes_worker(cases: list[tuple[tuple[int, int, int, int], dict]]) -> int:
             traffic.enabled = True
             measured = {}
             try:
-                logits = model(input_ids=ids).logits
-                loss = F.cross_entropy(logits[:, :-1].reshape(-1, config.vocab_size), ids[:, 1:].reshape(-1))
+                if split:
+                    targets = torch.full_like(ids, IGNORE_INDEX)
+                    targets[:, :-1] = ids[:, 1:]
+                    loss = causal_lm_token_losses(model, ids, targets).sum()
+                else:
+                    logits = model(input_ids=ids).logits
+                    loss = F.cross_entropy(logits[:, :-1].reshape(-1, config.vocab_size), ids[:, 1:].reshape(-1))
                 measured["forward"] = traffic.reset()
                 loss.backward()
                 measured["backward"] = traffic.reset()
@@ -335,12 +343,13 @@ def _bytes_worker(cases: list[tuple[tuple[int, int, int, int], dict]]) -> int:
                 traffic.enabled = False
             measured = {phase: {k: v for k, v in counts.items() if v} for phase, counts in measured.items()}
             predicted = llama_step_collectives(model_shape, shape, rows_per_rank=1, seq=SEQ, param_bytes=4,
-                                               act_bytes=4, stream_bytes=4, zero=zero, data_rank=grid.coord("data"))
+                                               act_bytes=4, stream_bytes=4, zero=zero, data_rank=grid.coord("data"),
+                                               vocab_parallel=split)
             expected = {phase: bytes_by_group(predicted, phase) for phase in PHASES}
-            assert measured == expected, f"grid {shape} {zero}: measured {measured} != predicted {expected}"
+            assert measured == expected, f"grid {shape} {zero} vocab split {split}: measured {measured} != predicted {expected}"
             held = held_bytes(model, optimizer)
-            assert held == zero_held_bytes(model_shape, shape, zero, data_rank=grid.coord("data")), \
-                f"grid {shape} {zero}: held {held}"
+            assert held == zero_held_bytes(model_shape, shape, zero, data_rank=grid.coord("data"),
+                                           vocab_parallel=split), f"grid {shape} {zero} vocab split {split}: held {held}"
         finally:
             grid.close()
     return len(cases)

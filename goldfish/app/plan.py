@@ -17,7 +17,8 @@ from engine.profiles import PROFILES, load_profile
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `goldfish plan`."""
     parser.add_argument("--model", default=None,
-                        help=f"named size ({', '.join(NAMED_SHAPES)}) or an HF config name/folder (Llama family)")
+                        help=f"named size ({', '.join(NAMED_SHAPES)}; 5B-640B: the AxoNN paper's GPT models) or an "
+                             "HF config name/folder (Llama family)")
     parser.add_argument("--gpus", type=int, default=None, help="number of GPUs (world size)")
     parser.add_argument("--profile", default="perlmutter",
                         help=f"machine: {', '.join(PROFILES)}, or a profile JSON from --measure (default: %(default)s)")
@@ -32,8 +33,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                         help="activation checkpointing of decoder layers; auto: per grid, whichever is faster "
                              "among the settings that fit (default: %(default)s)")
     parser.add_argument("--precision", choices=sorted(PRECISIONS), default="bf16",
-                        help="bf16 or fp32 weights, gradients and activations, or autocast: fp32 weights with bf16 "
-                             "matrix products (default: %(default)s)")
+                        help="as goldfish train --precision: bf16 = autocast (bf16 matrix products over fp32 "
+                             "weights and AdamW state), fp32 (default: %(default)s)")
     parser.add_argument("--compute-efficiency", type=float, default=0.5,
                         help="fraction of peak the matrix products reach (default: %(default)s)")
     parser.add_argument("--top", type=int, default=20, help="rows of the table (default: %(default)s)")
