@@ -581,8 +581,17 @@ def llama_stack_collectives(shape: TransformerShape, grid: GridShape, *, rows_pe
     return b.items
 
 
+def chunked_loss_runs(zero: ZeroConfig | None, grid: GridShape) -> bool:
+    """Whether `goldfish train`'s loss (causal_lm_token_losses) takes its chunked path from the hidden states.
+    Under ZeRO stages 2 and 3 the model is FSDP2's subclass "FSDP<class>", which causal_lm_token_losses does
+    not recognise (and whose root must run its own forward to gather its parameters), so the loss comes
+    from model(...).logits: full logits of the rank's rows, gathered over the vocabulary split."""
+    return zero is None or grid.data == 1 or zero.stage < 2
+
+
 def vocab_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int, param_bytes: int,
-                      stream_bytes: int, vocab_parallel: bool | None = None) -> list[Collective]:
+                      stream_bytes: int, vocab_parallel: bool | None = None, chunked_loss: bool = True,
+                      act_bytes: int | None = None) -> list[Collective]:
     """Collectives of the vocabulary-parallel embedding and training loss (engine/vocab_parallel.py) for one
     micro-batch, over the P = x*y*z ranks the vocabulary is split over (none when vocab_parts is 1: the
     replicated embedding is a local lookup and the chunked loss a local product). N = R S tokens per rank.
@@ -594,7 +603,10 @@ def vocab_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank
                 two fp32 statistics (log-sum-exp, target logit) per token of the group from every rank
                 (P x 2 x P N x 4 bytes); backward: all-gather the per-token loss gradient (P N x 4 bytes)
                 and reduce-scatter the partial gradients of the hidden states.
-    (Calling the lm_head module for full logits, as evaluation does, is a different path not modelled here.)
+    logits      (chunked_loss False: the loss from model(...).logits, see chunked_loss_runs) forward:
+                all-gather the hidden states as above and the (P N, V/P) logits of every slice to full
+                rows (P N V, product dtype act_bytes); backward: all-gather the logits' gradient of the
+                rank's rows back to the group and reduce-scatter the hidden states' gradient.
     """
     b = _Builder(grid)
     parts = vocab_parts(shape, grid, vocab_parallel)
@@ -607,10 +619,15 @@ def vocab_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank
     b.add(axes, "reduce_scatter", tokens * h * param_bytes, "forward", "partial embeddings")
     b.add(axes, "all_gather", tokens * h * param_bytes, "backward", "embedding output grad")
     b.add(axes, "all_gather", tokens * h * stream_bytes, "forward", "loss hidden states")
-    b.add(axes, "all_gather", tokens * 8, "forward", "loss targets")
-    b.add(axes, "all_gather", parts * 2 * tokens * 4, "forward", "loss log-sum-exp and target logit")
-    b.add(axes, "all_gather", tokens * 4, "backward", "per-token loss grad")
     b.add(axes, "reduce_scatter", tokens * h * stream_bytes, "backward", "loss hidden-state grad")
+    if chunked_loss:
+        b.add(axes, "all_gather", tokens * 8, "forward", "loss targets")
+        b.add(axes, "all_gather", parts * 2 * tokens * 4, "forward", "loss log-sum-exp and target logit")
+        b.add(axes, "all_gather", tokens * 4, "backward", "per-token loss grad")
+    else:
+        act = stream_bytes if act_bytes is None else act_bytes
+        b.add(axes, "all_gather", tokens * shape.vocab * act, "forward", "lm_head logits of every slice")
+        b.add(axes, "all_gather", tokens * shape.vocab * act, "backward", "logits grad of the group's rows")
     return b.items
 
 
@@ -648,7 +665,8 @@ def llama_step_collectives(shape: TransformerShape, grid: GridShape, *, rows_per
     the rank at data index `data_rank` over the other axes, whose sizes differ by rank when dim 0 does not
     divide by the data size).
     vocab_parallel: the embeddings and lm_head split by vocabulary (vocab_parts; None: engine.parallelize's
-    default), with the training loss of engine.vocab_parallel.causal_lm_token_losses (vocab_collectives).
+    default), with the training loss of engine.vocab_parallel.causal_lm_token_losses (vocab_collectives;
+    under ZeRO 2 and 3 its fallback from full logits, chunked_loss_runs).
     """
     stream_bytes = act_bytes if stream_bytes is None else stream_bytes
     layer = llama_layer_collectives(shape, grid, rows_per_rank=rows_per_rank, seq=seq, param_bytes=param_bytes,
@@ -659,7 +677,8 @@ def llama_step_collectives(shape: TransformerShape, grid: GridShape, *, rows_per
     stack = llama_stack_collectives(shape, grid, rows_per_rank=rows_per_rank, seq=seq, stream_bytes=stream_bytes,
                                     mask_bytes=mask_bytes, position_ids=position_ids)
     vocab = vocab_collectives(shape, grid, rows_per_rank=rows_per_rank, seq=seq, param_bytes=param_bytes,
-                              stream_bytes=stream_bytes, vocab_parallel=vocab_parallel)
+                              stream_bytes=stream_bytes, vocab_parallel=vocab_parallel,
+                              chunked_loss=chunked_loss_runs(zero, grid), act_bytes=act_bytes)
     out = scale_count(layer, shape.layers * grad_accum) + scale_count(stack + vocab, grad_accum)
     out += sync_collectives(llama_param_sync_list(shape, grid, zero, data_rank, vocab_parallel), grid, param_bytes)
     stage = 0 if zero is None or grid.data == 1 else zero.stage
@@ -765,7 +784,8 @@ def memory_per_rank(shape: TransformerShape, grid: GridShape, *, rows_per_rank: 
     the gathered embeddings and the final norm on T tokens; the chunked loss (token_losses): the final hidden
     states of the P R S tokens of the x*y*z group it gathers and saves (residual-stream dtype, stream_bytes,
     default act_bytes), and one chunk of min(1024, P R S) tokens' logits over V/P columns, in the product
-    dtype plus fp32 for the statistics and the gradient. Transient: the largest gathered weight block and
+    dtype plus fp32 for the statistics and the gradient (under ZeRO 2 and 3 the loss's fallback, see
+    chunked_loss_runs: R S V logits with two fp32 copies, plus P R S V gathered when P > 1). Transient: the largest gathered weight block and
     its gradient block, and two T x hidden gradient buffers.
 
     zero (engine/zero.py; D = data size, P = the parameters above, w = param_bytes, o = bytes_per_param - 2 w
@@ -808,7 +828,11 @@ def memory_per_rank(shape: TransformerShape, grid: GridShape, *, rows_per_rank: 
     per_layer = layer_activation_bytes(shape, grid, tokens=t, act_bytes=act_bytes)
     layers = shape.layers * t * h * act_bytes + per_layer if recompute else shape.layers * per_layer
     group_tokens = parts * rows_per_rank * seq
-    logits = min(1024, group_tokens) * (shape.vocab // parts) * (act_bytes + 8) + group_tokens * h * stream_bytes
+    if chunked_loss_runs(zero, grid):
+        logits = min(1024, group_tokens) * (shape.vocab // parts) * (act_bytes + 8) + group_tokens * h * stream_bytes
+    else:  # full logits of the rank's rows with two fp32 copies for the loss, and the group's gathered logits
+        logits = rows_per_rank * seq * shape.vocab * (act_bytes + 8) + (group_tokens * shape.vocab * act_bytes
+                                                                       if parts > 1 else 0)
     stack = t * h * (2 * act_bytes + 4)
     activations = layers + logits + stack
     blocks = []
