@@ -286,6 +286,10 @@ def format_table(request: PlanRequest, plans: list[GridPlan], top: int = 20) -> 
         reasons[key] = reasons.get(key, 0) + 1
     if reasons:
         lines.append("rejected: " + "; ".join(f"{n} {k}" for k, n in reasons.items()))
+    if any(p.reason.startswith("global batch") for p in rejected):
+        lines.append(f"(AxoNN feeds one set of rows to each tensor-parallel group, so its batches need only divide by "
+                     f"the data size, e.g. 4,096 sequences on 6,144 or 32,768 GPUs; goldfish train cannot run that: "
+                     f"choose --global-batch a multiple of {request.gpus})")
     if feasible:
         lines.append(f"fastest, as goldfish train runs it: {train_command(request, feasible[0])}")
     return "\n".join(lines)
