@@ -327,3 +327,34 @@ def test_run_plan_exits_non_zero_when_no_grid_fits(capsys) -> None:
     assert "(no grid fits)" in captured.out
     assert captured.err.count("\n") == 1 and "goldfish plan: error: no grid of 1 GPUs fits" in captured.err
     assert "Fix: more --gpus" in captured.err
+
+
+def test_axonn_gpt_shapes_count_the_parameters_of_a_gpt_model() -> None:
+    """The GPT layout of the AxoNN named sizes (no gate, biases, LayerNorm, tied embeddings) counts what a GPT-2
+    model of the same sizes holds, less its learned position embeddings."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from engine.cost_model import _axonn_gpt
+    config = GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=50304, n_positions=32)
+    model = GPT2LMHeadModel(config)
+    shape = _axonn_gpt(2, 64, 4, "tiny")
+    assert shape.n_params == sum(p.numel() for p in model.parameters()) - 32 * 64
+    for name, nominal in (("40B", 40e9), ("60B", 60e9), ("80B", 80e9), ("320B", 320e9), ("640B", 640e9)):
+        assert 0.9 < NAMED_SHAPES[name].n_params / nominal < 1.0, name  # nominal sizes, rounded up
+
+
+def test_plans_are_goldfish_train_options() -> None:
+    """Every choice of a plan is an option of `goldfish train` (precision values included), and a batch that does
+    not divide by the world size is refused with the reason (every rank feeds its own rows)."""
+    from goldfish.app.cli import build_parser
+    from engine.plan import PRECISIONS, train_command
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    flags = {s for action in train._actions for s in action.option_strings}
+    precision = next(a for a in train._actions if "--precision" in a.option_strings)
+    assert set(PRECISIONS) == set(precision.choices)
+    plans = [p for p in rank_grids(_request()) if p.feasible]
+    assert any(p.zero is not None for p in plans) and any(p.recompute for p in plans)
+    for plan in plans:
+        command = train_command(_request(), plan).split(" goldfish train ")[1].split()
+        assert {w for w in command if w.startswith("--")} <= flags, command
+    rejected = plan_grid(_request(gpus=16, global_batch=24), GridShape(data=2, x=8))
+    assert "multiple of the world size" in rejected.reason
