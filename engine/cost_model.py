@@ -658,9 +658,9 @@ def llama_step_collectives(shape: TransformerShape, grid: GridShape, *, rows_per
     stream_bytes for the residual stream (hidden states between layers and the q/k/v/gate/up inputs):
     all equal to the model's dtype, except under torch.autocast(bf16) with fp32 weights: 4, 2 and 4.
 
-    recompute: activation checkpointing of the decoder layers, modelled as each layer's forward
-    collectives issued once more during backward. This is an approximation (torch's non-reentrant
-    checkpoint stops recomputing early, so a few collectives differ); without it the model is exact.
+    recompute: activation checkpointing of the decoder layers (engine/activation.py): each layer's forward
+    collectives issued once more during backward. Exact, because the engine turns torch's early stop off
+    and every layer's recomputation runs to its end (tests/test_comm_model.py measures it).
     zero: partitioning over the data axis (zero_collectives; sync_gradients then reduces only the chunks of
     the rank at data index `data_rank` over the other axes, whose sizes differ by rank when dim 0 does not
     divide by the data size).

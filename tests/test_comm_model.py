@@ -135,6 +135,7 @@ def _llama_worker(shapes: list[tuple[int, int, int, int]], every_case: bool, voc
     embeddings and the loss from model(...).logits."""
     from transformers import LlamaForCausalLM
 
+    from engine.activation import checkpoint_decoder_layers
     from engine.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses
     config = tiny_llama_config()
     model_shape = TransformerShape.from_hf_config(config)
@@ -147,6 +148,9 @@ def _llama_worker(shapes: list[tuple[int, int, int, int]], every_case: bool, voc
         try:
             overlap = index % 2 == 0  # the schedule (and weight prefetch) must not change the bytes
             model = parallelize(copy.deepcopy(serial), grid, overlap=overlap, vocab_parallel=None if vocab_split else False)
+            recompute = vocab_split and index % 2 == 1  # activation checkpointing: each layer's forward again
+            if recompute:
+                checkpoint_decoder_layers(model)
             # the memory model's parameter count per rank is exactly what the rank holds
             memory = memory_per_rank(model_shape, shape, rows_per_rank=1, seq=SEQ, vocab_parallel=vocab_split)
             held = sum(p.numel() for p in model.parameters())
@@ -181,9 +185,10 @@ def _llama_worker(shapes: list[tuple[int, int, int, int]], every_case: bool, voc
                 predicted = llama_step_collectives(model_shape, shape, rows_per_rank=rows, seq=SEQ, param_bytes=4,
                                                    act_bytes=2 if autocast else 4, stream_bytes=4,
                                                    mask_bytes=mask_bytes, position_ids=positions,
-                                                   vocab_parallel=vocab_split)
+                                                   vocab_parallel=vocab_split, recompute=recompute)
                 _compare(measured, predicted, f"llama rows={rows} mask bytes={mask_bytes} autocast={autocast} "
-                                              f"overlap={overlap} vocab split={vocab_split} grid {shape}")
+                                              f"overlap={overlap} vocab split={vocab_split} recompute={recompute} "
+                                              f"grid {shape}")
                 checked += 1
         finally:
             grid.close()
@@ -211,7 +216,8 @@ def test_llama_bytes_equal_prediction_on_every_grid(world: int) -> None:
 def test_llama_bytes_equal_prediction_with_vocab_split(world: int) -> None:
     """Embeddings and lm_head split by vocabulary over x*y*z with the chunked vocabulary-parallel loss: the
     counted bytes (embedding ids and partial embeddings, the loss's gathers, data-only gradient sync of the
-    shards) equal the prediction on every grid; parameters held equal the memory model's count."""
+    shards) equal the prediction on every grid; parameters held equal the memory model's count. Every other grid
+    runs with activation checkpointing (each decoder layer's forward collectives once more in backward)."""
     shapes = _grid_tuples(world)
     every_case = world == 4
     expected = len(shapes) * (len(LLAMA_CASES) if every_case else 1)
