@@ -327,6 +327,7 @@ def test_run_plan_exits_non_zero_when_no_grid_fits(capsys) -> None:
     assert "(no grid fits)" in captured.out
     assert captured.err.count("\n") == 1 and "goldfish plan: error: no grid of 1 GPUs fits" in captured.err
     assert "Fix: more --gpus" in captured.err
+    assert "the planner's estimate: at least" in captured.err and "GiB per GPU" in captured.err
 
 
 def test_axonn_gpt_shapes_count_the_parameters_of_a_gpt_model() -> None:

@@ -99,8 +99,11 @@ def run_plan(args: argparse.Namespace) -> int:
         print(f"wrote {args.json}")
     if not any(p.feasible for p in plans):
         # The table says why; the exit status lets scripts tell "no plan" from a plan.
+        need = min((p for p in plans if p.memory is not None), key=lambda p: p.memory.total, default=None)
+        estimate = "" if need is None else (f" (the planner's estimate: at least {need.memory.total / 2 ** 30:.1f} "
+                                            f"GiB per GPU, on grid {need.grid})")
         print(f"goldfish plan: error: no grid of {request.gpus} GPUs fits {request.shape.name or 'the model'} at "
-              f"global batch {request.global_batch} x {request.seq} tokens. Fix: more --gpus, a larger "
+              f"global batch {request.global_batch} x {request.seq} tokens{estimate}. Fix: more --gpus, a larger "
               "--gpu-memory, or a smaller --global-batch/--seq-len (with --checkpointing auto or on).", file=sys.stderr)
         return 1
     return 0
