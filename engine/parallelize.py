@@ -348,7 +348,8 @@ def parallelize(model: nn.Module, grid: Grid, *, overlap: bool = True, vocab_par
         raise ShardingError(f"parallelize found no decoder layers it can shard in {type(model).__name__} (it knows "
                             "HF Llama-family and GPT-2 models); build other models from engine.ParallelLinear")
     _unshard_outside_layers(model)
-    if stacks and vocab_parallel is not False and not is_vocab_parallel(model.get_input_embeddings()):
+    already = hasattr(model, "get_input_embeddings") and is_vocab_parallel(model.get_input_embeddings())
+    if stacks and vocab_parallel is not False and not already:  # a wrapper (e.g. a LightningModule): can_shard_vocab says why not
         if vocab_parallel or can_shard_vocab(model, grid) is None:
             for module in shard_vocab(model, grid):
                 setattr(module, REGION_ATTR, "tensor")  # gradients cover the rows of x*y*z: summed over data only
