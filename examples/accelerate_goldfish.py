@@ -32,29 +32,16 @@ import engine.train as engine_train
 from engine import comm
 from engine.grid import AXES
 from goldfish import goldfish_loss
-from goldfish.app.config import DataSpec, MaskSpec, parse_grid
-from goldfish.app.experiment import initial_model, make_examples, prepare_data, save_parallel_hf_model
+from goldfish.app.config import parse_grid
+from goldfish.app.experiment import initial_model, make_examples, save_parallel_hf_model
+from goldfish_train_options import add_goldfish_train_options, documents_and_mask, train_config  # examples/goldfish_train_options.py
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--grid", default="", help="engine grid, e.g. x=2,y=2 (data fills the rest of the world)")
-    p.add_argument("--model", default="tiny-llama")
-    p.add_argument("--init-seed", type=int, default=0)
-    p.add_argument("--n-train", type=int, default=32)
-    p.add_argument("--n-heldout", type=int, default=32)
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--data-seed", type=int, default=0)
-    p.add_argument("--strategy", default="hashed", help="goldfish mask strategy, or 'standard'")
-    p.add_argument("--k", type=int, default=4)
-    p.add_argument("--h", type=int, default=13)
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per step over all processes")
-    p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--max-grad-norm", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0, help="seed of the data order")
+    add_goldfish_train_options(p)
     return p.parse_args(argv)
 
 
@@ -77,15 +64,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     grid = grid_from_launcher(args.grid)
     accelerator = Accelerator(cpu=grid.device.type == "cpu")  # joins the process group engine.init started
-    config = engine_train.TrainConfig(epochs=args.epochs, batch_size=args.batch_size, grad_accum=args.grad_accum,
-                                      lr=args.lr, max_grad_norm=args.max_grad_norm or None, seed=args.seed)
+    config = train_config(args)
     if config.batch_size % (grid.world_size * config.grad_accum):
         raise SystemExit(f"--batch-size {config.batch_size} must be a multiple of processes x grad-accum = "
                          f"{grid.world_size * config.grad_accum}")
 
-    prepared = prepare_data(DataSpec(n_train=args.n_train, n_heldout=args.n_heldout, seq_len=args.seq_len,
-                                     seed=args.data_seed), args.model, log=accelerator.print)
-    mask = MaskSpec(strategy=None if args.strategy == "standard" else args.strategy, k=args.k, h=args.h)
+    prepared, mask = documents_and_mask(args, log=accelerator.print)
     examples = make_examples(prepared.split.train, mask, prepared.special_token_ids)
     model = engine.parallelize(initial_model(args.model, prepared, args.init_seed).to(grid.device), grid)
     optimizer = engine_train.make_optimizer(model, config)  # after parallelize: over the shards

@@ -30,9 +30,9 @@ from transformers import Trainer, TrainingArguments
 
 import engine.train as engine_train
 from goldfish import GoldfishCollator, causal_targets, goldfish_loss
-from goldfish.app.config import DataSpec
-from goldfish.app.experiment import initial_model, prepare_data
+from goldfish.app.experiment import initial_model
 from goldfish.masks import IGNORE_INDEX
+from goldfish_train_options import add_goldfish_train_options, documents_and_mask  # examples/goldfish_train_options.py
 
 
 class GoldfishTrainer(Trainer):
@@ -75,21 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--loss", choices=["collator", "compute-loss"], default="collator")
-    p.add_argument("--model", default="tiny-llama")
-    p.add_argument("--init-seed", type=int, default=0)
-    p.add_argument("--n-train", type=int, default=32)
-    p.add_argument("--n-heldout", type=int, default=32)
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--data-seed", type=int, default=0)
-    p.add_argument("--strategy", default="hashed", help="goldfish mask strategy, or 'standard'")
-    p.add_argument("--k", type=int, default=4)
-    p.add_argument("--h", type=int, default=13)
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per optimizer step")
-    p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--max-grad-norm", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0, help="seed of the data order")
+    add_goldfish_train_options(p)
     return p.parse_args(argv)
 
 
@@ -102,8 +88,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
     if args.batch_size % args.grad_accum:
         raise SystemExit(f"--batch-size {args.batch_size} must be a multiple of --grad-accum {args.grad_accum}")
-    prepared = prepare_data(DataSpec(n_train=args.n_train, n_heldout=args.n_heldout, seq_len=args.seq_len,
-                                     seed=args.data_seed), args.model)
+    prepared, mask = documents_and_mask(args)
     tokenizer, documents = prepared.tokenizer, prepared.split.train
     if len(documents) % args.batch_size:
         raise SystemExit(f"--n-train {len(documents)} must be a multiple of --batch-size {args.batch_size} for the "
@@ -111,7 +96,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     order = goldfish_train_order(len(documents), args.epochs, args.batch_size, args.seed)
     dataset = Dataset.from_dict({"input_ids": [documents[i].token_ids for i in order]})
     collator = GoldfishCollator(pad_token_id=tokenizer.pad_token_id,
-                                strategy=None if args.strategy == "standard" else args.strategy, k=args.k, h=args.h,
+                                strategy=mask.strategy, k=mask.k, h=mask.h,
                                 special_token_ids=prepared.special_token_ids)
     model = initial_model(args.model, prepared, args.init_seed)
     training = TrainingArguments(

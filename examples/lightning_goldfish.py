@@ -22,8 +22,9 @@ from lightning.fabric import Fabric
 import engine.train as engine_train
 from engine.lightning import EngineStrategy, consolidate_checkpoint
 from goldfish import goldfish_loss
-from goldfish.app.config import DataSpec, MaskSpec, parse_grid
-from goldfish.app.experiment import initial_model, make_examples, prepare_data
+from goldfish.app.config import parse_grid
+from goldfish.app.experiment import initial_model, make_examples
+from goldfish_train_options import add_goldfish_train_options, documents_and_mask, train_config  # examples/goldfish_train_options.py
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -32,22 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--grid", default="", help="engine grid, e.g. x=2,y=2 (data fills the rest of the world)")
     p.add_argument("--devices", type=int, default=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                    help="processes per node (under torchrun: its --nproc-per-node)")
-    p.add_argument("--model", default="tiny-llama")
-    p.add_argument("--init-seed", type=int, default=0)
-    p.add_argument("--n-train", type=int, default=32)
-    p.add_argument("--n-heldout", type=int, default=32)
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--data-seed", type=int, default=0)
-    p.add_argument("--vocab-size", type=int, default=2048)
-    p.add_argument("--strategy", default="hashed", help="goldfish mask strategy, or 'standard'")
-    p.add_argument("--k", type=int, default=4)
-    p.add_argument("--h", type=int, default=13)
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per step over all processes")
-    p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--max-grad-norm", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0, help="seed of the data order")
+    add_goldfish_train_options(p)
     p.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (and at the end)")
     p.add_argument("--resume", default=None, help="an OUT/checkpoints/step-N folder of a run with the same options")
     return p.parse_args(argv)
@@ -55,16 +41,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    config = engine_train.TrainConfig(epochs=args.epochs, batch_size=args.batch_size, grad_accum=args.grad_accum,
-                                      lr=args.lr, max_grad_norm=args.max_grad_norm or None, seed=args.seed)
+    config = train_config(args)
     fabric = Fabric(accelerator="cpu", devices=args.devices, strategy=EngineStrategy(**parse_grid(args.grid)))
     fabric.launch()
     out = Path(args.out)
 
     # The documents, tokenizer, initial weights and masks of `goldfish train` with the same options.
-    prepared = prepare_data(DataSpec(n_train=args.n_train, n_heldout=args.n_heldout, seq_len=args.seq_len, seed=args.data_seed,
-                                     vocab_size=args.vocab_size), args.model, log=fabric.print)
-    mask = MaskSpec(strategy=None if args.strategy == "standard" else args.strategy, k=args.k, h=args.h)
+    prepared, mask = documents_and_mask(args, log=fabric.print)
     examples = make_examples(prepared.split.train, mask, prepared.special_token_ids)
     model = initial_model(args.model, prepared, args.init_seed)
 

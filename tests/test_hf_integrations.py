@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_example(name: str):
+    if str(ROOT / "examples") not in sys.path:  # as `python examples/<name>.py` has it: its sibling modules import
+        sys.path.insert(0, str(ROOT / "examples"))
     spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
