@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 import torch
 from transformers import GenerationConfig
 
-from eval.batching import decode_longest_first, left_pad, model_device
+from eval.batching import decode_longest_first, evaluating, left_pad, model_device
 from eval.extraction import ExtractionConfig, split_documents
 from eval.logprobs import iter_next_token_logits
 from eval.metrics import exact_match, longest_correct_prefix, match_fraction, mean_of_present, rouge_scores
@@ -94,13 +94,8 @@ def beam_search_decode(
         out = model.generate(input_ids=input_ids, attention_mask=mask, generation_config=config)
         return out[:, input_ids.shape[1]:].tolist()
 
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            return decode_longest_first(prefixes, batch_size, search)
-    finally:
-        model.train(was_training)
+    with evaluating(model):
+        return decode_longest_first(prefixes, batch_size, search)
 
 
 @dataclass(frozen=True)
@@ -151,14 +146,9 @@ def sample_decode(
     input_ids = torch.tensor([[int(t) for t in prefix]], dtype=torch.long, device=device)
     mask = torch.ones_like(input_ids)
     devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad(), torch.random.fork_rng(devices=devices):
-            torch.manual_seed(sampling.seed if seed is None else seed)
-            out = model.generate(input_ids=input_ids, attention_mask=mask, generation_config=config)
-    finally:
-        model.train(was_training)
+    with evaluating(model), torch.random.fork_rng(devices=devices):
+        torch.manual_seed(sampling.seed if seed is None else seed)
+        out = model.generate(input_ids=input_ids, attention_mask=mask, generation_config=config)
     return out[:, input_ids.shape[1]:].tolist()
 
 

@@ -1,8 +1,10 @@
-"""Padding token-id rows into batches, shared by greedy extraction, generation attacks and log-prob scoring."""
+"""Batching token-id rows (padding, longest-first decoding) and running a model for inference, shared by greedy
+extraction, generation attacks and log-prob scoring."""
 
 from __future__ import annotations
 
-from typing import Callable, Sequence, TypeVar
+from contextlib import contextmanager
+from typing import Callable, Iterator, Sequence, TypeVar
 
 import torch
 
@@ -12,6 +14,18 @@ T = TypeVar("T")
 def model_device(model: torch.nn.Module) -> torch.device:
     """The device of the model's (first) parameters: where its inputs must go."""
     return next(model.parameters()).device
+
+
+@contextmanager
+def evaluating(model: torch.nn.Module) -> Iterator[None]:
+    """Inference on `model`: eval mode (no dropout) and no gradients inside, its training mode restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
 
 
 def pad_batch(rows: Sequence[Sequence[int]], pad_token_id: int, *, side: str) -> tuple[torch.Tensor, torch.Tensor]:

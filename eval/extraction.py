@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from eval.batching import decode_longest_first, left_pad, model_device, pad_batch
+from eval.batching import decode_longest_first, evaluating, left_pad, model_device, pad_batch
 from eval.metrics import (
     DEFAULT_TOKENIZER_MIN_KEPT,
     IGNORE_INDEX,
@@ -183,14 +183,9 @@ def greedy_paths(
             raise ValueError(f"prefix {i} is empty; greedy decoding needs at least one prompt token")
     device = torch.device(device) if device is not None else model_device(model)
 
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            return decode_longest_first(
-                prefixes, batch_size, lambda rows: _greedy_batch(model, rows, max_new_tokens, pad_token_id, device))
-    finally:
-        model.train(was_training)
+    with evaluating(model):
+        return decode_longest_first(
+            prefixes, batch_size, lambda rows: _greedy_batch(model, rows, max_new_tokens, pad_token_id, device))
 
 
 def greedy_decode(
@@ -232,28 +227,23 @@ def _teacher_forced(
     does not change its logits.
     """
     results: list[dict[str, float | int | None]] = []
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for start in range(0, len(docs), batch_size):
-                batch = docs[start : start + batch_size]
-                input_ids, mask = pad_batch(batch, pad_token_id, side="right")
-                logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits  # (B, W, V)
-                for i, d in enumerate(batch):
-                    targets = torch.full((1, len(d)), IGNORE_INDEX, dtype=torch.long, device=device)  # (1, T)
-                    targets[0, :-1] = torch.tensor(d[1:], dtype=torch.long)
-                    dropped = None
-                    if drop_mask_fn is not None:
-                        dropped = drop_mask_fn(targets)
-                        if dropped.shape != targets.shape or dropped.dtype != torch.bool:
-                            raise ValueError(
-                                f"drop_mask_fn must return a bool tensor of the targets' shape "
-                                f"{tuple(targets.shape)}, got {dropped.dtype} {tuple(dropped.shape)}"
-                            )
-                    results.append(teacher_forced_accuracy(logits[i : i + 1, : len(d)], targets, dropped))
-    finally:
-        model.train(was_training)
+    with evaluating(model):
+        for start in range(0, len(docs), batch_size):
+            batch = docs[start : start + batch_size]
+            input_ids, mask = pad_batch(batch, pad_token_id, side="right")
+            logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits  # (B, W, V)
+            for i, d in enumerate(batch):
+                targets = torch.full((1, len(d)), IGNORE_INDEX, dtype=torch.long, device=device)  # (1, T)
+                targets[0, :-1] = torch.tensor(d[1:], dtype=torch.long)
+                dropped = None
+                if drop_mask_fn is not None:
+                    dropped = drop_mask_fn(targets)
+                    if dropped.shape != targets.shape or dropped.dtype != torch.bool:
+                        raise ValueError(
+                            f"drop_mask_fn must return a bool tensor of the targets' shape "
+                            f"{tuple(targets.shape)}, got {dropped.dtype} {tuple(dropped.shape)}"
+                        )
+                results.append(teacher_forced_accuracy(logits[i : i + 1, : len(d)], targets, dropped))
     return results
 
 

@@ -9,7 +9,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from eval.batching import model_device, pad_batch
+from eval.batching import evaluating, model_device, pad_batch
 
 
 def iter_next_token_logits(
@@ -33,18 +33,13 @@ def iter_next_token_logits(
         if len(seq) < 2:
             raise ValueError(f"sequence {i} has {len(seq)} token(s); scoring needs at least 2 (a context and a target)")
     device = model_device(model)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for start in range(0, len(sequences), batch_size):
-                batch = [[int(t) for t in seq] for seq in sequences[start : start + batch_size]]
-                input_ids, mask = pad_batch(batch, pad_token_id, side="right")
-                logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits  # (B, W, V)
-                for i, seq in enumerate(batch):
-                    yield logits[i, : len(seq) - 1].float().cpu()
-    finally:
-        model.train(was_training)
+    with evaluating(model):
+        for start in range(0, len(sequences), batch_size):
+            batch = [[int(t) for t in seq] for seq in sequences[start : start + batch_size]]
+            input_ids, mask = pad_batch(batch, pad_token_id, side="right")
+            logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits  # (B, W, V)
+            for i, seq in enumerate(batch):
+                yield logits[i, : len(seq) - 1].float().cpu()
 
 
 def token_log_probs(
