@@ -32,7 +32,7 @@ import struct
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -219,13 +219,28 @@ def _optimizer_class(optimizer: torch.optim.Optimizer) -> str:
     return getattr(optimizer, "checkpoint_class", type(optimizer).__name__)
 
 
-def _hf_config(model: nn.Module) -> dict[str, Any] | None:
-    config = getattr(model, "config", None)
-    if config is None or not hasattr(config, "to_json_string"):
+def _has_hf_config(module: nn.Module) -> bool:
+    return hasattr(getattr(module, "config", None), "to_json_string")
+
+
+def _hf_part(model: nn.Module, keys: Iterable[str]) -> tuple[str, nn.Module] | None:
+    """The HF model that consolidation can write as an HF folder, with its key prefix: the model itself when it
+    has an HF config, else the one child holding an HF config when every saved key lies inside it (a
+    LightningModule wrapping an HF model as `self.model`: prefix "model."). None when no such part exists or
+    other tensors sit beside it (an HF folder could not hold them, and none may be dropped)."""
+    if _has_hf_config(model):
+        return "", model
+    parts = [(name, child) for name, child in model.named_children() if _has_hf_config(child)]
+    if len(parts) != 1:
         return None
-    data = json.loads(config.to_json_string(use_diff=False))
+    prefix = parts[0][0] + "."
+    return (prefix, parts[0][1]) if all(key.startswith(prefix) for key in keys) else None
+
+
+def _hf_config(module: nn.Module) -> dict[str, Any]:
+    data = json.loads(module.config.to_json_string(use_diff=False))
     if not data.get("architectures"):
-        data["architectures"] = [model_class_name(model)]
+        data["architectures"] = [model_class_name(module)]
     return data
 
 
@@ -281,13 +296,15 @@ def _write_own_files(staging: Path, model: nn.Module, optimizer: torch.optim.Opt
     if grid.rank != 0:
         return None
     torch.save(extra_state, staging / TRAINER_STATE_FILE)
+    hf_part = _hf_part(model, entries)
     return {
         "format": FORMAT,
         "version": VERSION,
         "grid": asdict(grid.shape),
         "step": extra_state.get("step"),
         "model_class": model_class_name(model),
-        "hf_config": _hf_config(model),
+        "hf_config": None if hf_part is None else _hf_config(hf_part[1]),
+        "hf_prefix": None if hf_part is None else hf_part[0],
         "tensors": {key: entry.to_json() for key, entry in entries.items()},
         "optimizer": None if optimizer is None else {"class": _optimizer_class(optimizer), "state": state_layout},
         "files": _expected_files(entries, grid.shape),
@@ -697,6 +714,10 @@ def consolidate_checkpoint(directory: str | Path, out_dir: str | Path) -> Path:
                 state[key] = state[entry.alias_of].clone()
             else:
                 state[key] = shards.full(entry, f"model/{key}")
+    # A wrapper's HF model (a LightningModule's `self.model`) is written under the HF model's own key names;
+    # the save recorded the prefix only when every tensor lies inside it.
+    prefix = metadata.get("hf_prefix") or ""
+    state = {key[len(prefix):]: value for key, value in state.items()}
     staging = staging_directory(out_dir)
     for item in directory.iterdir():
         if item.is_file() and item.name not in _MODEL_FILES and item.name not in (METADATA_FILE, TRAINER_STATE_FILE):

@@ -18,9 +18,9 @@ What it does to the Trainer's steps:
                      schedulers, callbacks) as its extra state; fit(ckpt_path=...) restores it at any grid.
                      The weights are in the shards, so the dict's "state_dict" / "optimizer_states" stay empty.
 
-Limits: one optimizer; the engine checkpoint holds the whole LightningModule (its state-dict keys carry the
-module's attribute prefix, so engine.checkpoint.consolidate_checkpoint gives full tensors under those keys,
-not an HF folder).
+Limits: one optimizer. The engine checkpoint holds the whole LightningModule; engine.checkpoint.consolidate_checkpoint
+writes the HF model inside it (its one child with an HF config) as an HF folder under the HF model's own key names,
+when no other tensor sits beside it.
 """
 
 from __future__ import annotations

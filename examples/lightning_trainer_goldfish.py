@@ -6,7 +6,8 @@
 Same documents, model init, mask, batch order, optimizer and schedule as `goldfish train` with the same options
 (the sampler hands each process its own rows of every `goldfish train` step), so OUT/metrics.jsonl holds the same
 loss per step. ModelCheckpoint writes engine checkpoints to OUT/checkpoints/epoch=N every --save-every epochs;
---resume continues from one exactly.
+--resume continues from one exactly. After training, OUT/checkpoints/final is consolidated into OUT/hf, an ordinary
+HF folder (the HF model inside the LightningModule, under its own key names).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 import engine.train as engine_train
+from engine.checkpoint import consolidate_checkpoint
 from engine.lightning_trainer import EngineTrainerStrategy
 from goldfish import goldfish_loss
 from goldfish.app.config import parse_grid
@@ -71,9 +73,10 @@ class StepDataset(torch.utils.data.Dataset):
 
 class GoldfishModule(L.LightningModule):
     def __init__(self, model: torch.nn.Module, examples: list[dict[str, torch.Tensor]],
-                 config: engine_train.TrainConfig) -> None:
+                 config: engine_train.TrainConfig, final_checkpoint: Path) -> None:
         super().__init__()
         self.model, self.examples, self.config = model, examples, config
+        self.final_checkpoint = final_checkpoint
         self.records: list[dict[str, Any]] = []
         self._sums = torch.zeros(5, dtype=torch.float64)  # kept CE, all CE, all n, dropped CE, dropped n
         self._pending: dict[str, Any] | None = None
@@ -104,6 +107,10 @@ class GoldfishModule(L.LightningModule):
         self._sums.zero_()
         self._pending = {"sums": sums, "lr": optimizer.param_groups[0]["lr"]}
 
+    def on_train_end(self) -> None:
+        # The final weights, written while the strategy's grid still exists (it closes when fit returns).
+        self.trainer.save_checkpoint(self.final_checkpoint)
+
     def on_train_batch_end(self, outputs: Any, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         if self._pending is None:
             return  # a micro-batch before the last of its step
@@ -132,8 +139,9 @@ def main(argv: list[str] | None = None) -> None:
     config = train_config(args)
     prepared, mask = documents_and_mask(args, log=lambda *a: None)
     examples = make_examples(prepared.split.train, mask, prepared.special_token_ids)
-    module = GoldfishModule(initial_model(args.model, prepared, args.init_seed), examples, config)
     out = Path(args.out)
+    module = GoldfishModule(initial_model(args.model, prepared, args.init_seed), examples, config,
+                            final_checkpoint=out / "checkpoints" / "final")
     checkpoints = ModelCheckpoint(dirpath=out / "checkpoints", filename="{epoch}", every_n_epochs=args.save_every,
                                   save_top_k=-1, save_on_train_epoch_end=True)
     trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy=EngineTrainerStrategy(**parse_grid(args.grid)),
@@ -143,8 +151,8 @@ def main(argv: list[str] | None = None) -> None:
                         enable_model_summary=False, num_sanity_val_steps=0, callbacks=[checkpoints])
     trainer.fit(module, ckpt_path=args.resume)
     if trainer.is_global_zero:
-        out.mkdir(parents=True, exist_ok=True)
         (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in module.records))
+        consolidate_checkpoint(out / "checkpoints" / "final", out / "hf")
 
 
 if __name__ == "__main__":

@@ -421,3 +421,38 @@ def test_clear_errors(trained, tmp_path):
     (broken / METADATA_FILE).write_text("{not json")
     with pytest.raises(CheckpointError, match="corrupt"):
         load_checkpoint(broken, model)
+
+
+# ----- a wrapper around an HF model (a LightningModule holds it as `self.model`) -------------------------------
+
+class _Wrapper(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, extra: bool) -> None:
+        super().__init__()
+        self.model = model
+        if extra:  # a tensor beside the HF model: an HF folder could not hold it
+            self.scale = torch.nn.Parameter(torch.ones(3))
+
+
+def save_wrapped(tmp: str) -> None:
+    with init(x=2) as grid:
+        for extra in (False, True):
+            wrapper = parallelize(_Wrapper(MODELS["llama"](seed=123), extra), grid)
+            save_checkpoint(Path(tmp) / f"wrapped-{extra}", wrapper, None, grid)
+
+
+def test_wrapped_hf_model_consolidates_to_an_hf_folder(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    run_distributed(2, save_wrapped, str(tmp_path))
+    serial = MODELS["llama"](seed=123)
+    merged = consolidate_checkpoint(tmp_path / "wrapped-False", tmp_path / "merged")
+    plain = AutoModelForCausalLM.from_pretrained(merged)
+    assert type(plain) is type(serial)
+    assert_same_state(serial.state_dict(), plain.state_dict(), "wrapped model consolidated")
+    # With a tensor beside the HF model nothing is stripped or dropped: the keys keep the wrapper's names.
+    beside = consolidate_checkpoint(tmp_path / "wrapped-True", tmp_path / "beside")
+    from safetensors.torch import load_file
+
+    keys = load_file(beside / "model.safetensors").keys()
+    assert "scale" in keys and all(k == "scale" or k.startswith("model.") for k in keys)
+    assert not (beside / "config.json").exists()

@@ -66,6 +66,9 @@ def test_trainer_example_world2(goldfish_train_reference: Path, tmp_path: Path) 
     torchrun(2, "--out", str(resumed), "--grid", "x=2", "--resume", str(run / "checkpoints" / "epoch=1.ckpt"),
              example=TRAINER_EXAMPLE)
     assert_same_losses(read_metrics(resumed / "metrics.jsonl"), got[2:], exact=True)
+    # The final checkpoint consolidates to a plain HF folder (the LightningModule's `model.` prefix stripped)
+    # holding goldfish train's final weights.
+    assert_same_weights(run / "hf", goldfish_train_reference / "checkpoint")
 
 
 @pytest.mark.slow
