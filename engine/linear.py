@@ -13,7 +13,8 @@ remaining axis. Shards stay 2-D (a real nn.Linear weight), rows of shard (y, z) 
 What a rank feeds and gets back (U = the rows of the whole x*y group; "replicated over A" = every rank of
 axis A holds the same tensor; ranks that differ in z or data always hold different rows):
 
-    default     in (..., in)  own rows          -> out (..., out)  own rows       (nn.Linear semantics)
+    default     in (..., in)  own rows          -> out (..., out)  own rows       (nn.Linear semantics; in the
+                                                                                "shared" rows layout U, replicated)
     normal      in (U, ..., in) replicated x,y  -> out (U, ..., out/Y) y-slice, replicated over x
     transposed  in (U, ..., in/Y) y-slice       -> out (U, ..., out) replicated over x and y
 
@@ -46,6 +47,17 @@ from engine.functional import (
 from engine.grid import Grid
 
 MODES = ("default", "normal", "transposed")
+
+# The rows layouts of a parallelized model (engine/parallelize.py: "own" rows per rank, or rows "shared" by every
+# rank of an x*y group) and the attribute, set by engine.parallelize.rows_layout on the root model and on every
+# module whose forward depends on it, that holds the current one (absent = "own").
+ROWS_LAYOUTS = ("own", "shared")
+ROWS_ATTR = "_engine_rows_layout"
+
+
+def current_rows_layout(module: nn.Module) -> str:
+    """The rows layout `module` (a model, decoder stack, vocabulary-parallel module or ParallelLinear) runs in."""
+    return getattr(module, ROWS_ATTR, "own")
 
 
 class ShardingError(ValueError):
@@ -309,6 +321,8 @@ class ParallelLinear(nn.Linear):
             return self._core(split_to_group(x, grid.group("x"), -1), "normal")
         if self.mode == "transposed":
             return gather_from_group(self._core(x, "transposed"), grid.group("x"), -1)
+        if current_rows_layout(self) == "shared":  # the rows of the x*y group already, on every rank of it
+            return gather_from_group(self._core(split_to_group(x, grid.group("x"), -1), "normal"), grid.group("y"), -1)
         # default: gather the rows of the x*y group, run the normal layout, hand back own rows, all features
         unbatched = x.dim() == 1
         if unbatched:

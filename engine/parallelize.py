@@ -14,9 +14,17 @@ Layout of a parallelized transformer (U = the rows of this rank's x*y group):
                              and bring back all features; norms run replicated
     leaving                  each rank keeps its own rows of the final hidden states
 
+That is the "own" rows layout, the default: every rank reads its own rows of a step. In the "shared" layout (after
+AxoNN), selected at run time by `rows_layout(model, "shared")` (engine.train does it for TrainConfig.rows), every
+rank of an x*y group reads the SAME rows U: the stack neither gathers on entry nor splits on exit, and embeddings,
+lm_head and loss run on U replicated over x and y (a vocabulary-parallel embedding and lm_head then exchange rows
+over z only, engine/vocab_parallel.py). Rows are split over data and z only. A default-mode ParallelLinear skips its
+row gather likewise. Models are parallelized the same way for both layouts; only the hooks' behaviour changes.
+
 Gradients of parameters therefore mean different things (see engine.state.sync_gradients): ParallelLinear
 shards sum the rows of their x*y*z group, modules inside the decoder the rows of their x*y group, and
-the embeddings and everything outside the rows of one rank.
+the embeddings and everything outside the rows of one rank (in the shared layout: the rows of its x*y group,
+replicated over x and y, like the decoder modules).
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from torch.nn.modules.linear import Linear as _TorchLinear  # the real class, ev
 from engine import comm
 from engine.functional import gather_from_group, split_to_group
 from engine.grid import Grid
-from engine.linear import ParallelLinear, ShardingError
+from engine.linear import ROWS_ATTR, ROWS_LAYOUTS, ParallelLinear, ShardingError, current_rows_layout
 from engine.vocab_parallel import can_shard_vocab, is_vocab_parallel, shard_vocab
 
 # Attention classes whose forward works with a local (per-y-slice) number of heads: they reshape with
@@ -44,6 +52,27 @@ LLAMA_FAMILY_ATTENTION = ("LlamaAttention", "MistralAttention", "Qwen2Attention"
 # "layer" = the rows of its x*y group, replicated over x and y; "heads" = the same rows but this y rank's
 # heads only; "rows" = this rank's own rows. Modules without it inherit their parent's.
 REGION_ATTR = "_engine_region"
+
+@contextmanager
+def rows_layout(model: nn.Module, layout: str) -> Iterator[None]:
+    """Run a parallelized `model` in the rows `layout` ("own" or "shared", see the module doc) inside the block,
+    then restore the layout it had. Every rank must use the same layout. Nothing else changes (parameters, state
+    dicts, checkpoints). Raises ValueError for an unknown layout."""
+    if layout not in ROWS_LAYOUTS:
+        raise ValueError(f"rows layout must be one of {ROWS_LAYOUTS}, got {layout!r}")
+    touched = [m for m in model.modules() if m is model or hasattr(m, "_engine_stack_grid")
+               or isinstance(m, ParallelLinear) or is_vocab_parallel(m)]
+    before = [m.__dict__.get(ROWS_ATTR) for m in touched]
+    for module in touched:
+        setattr(module, ROWS_ATTR, layout)
+    try:
+        yield
+    finally:
+        for module, old in zip(touched, before):
+            if old is None:
+                module.__dict__.pop(ROWS_ATTR, None)
+            else:
+                setattr(module, ROWS_ATTR, old)
 
 
 # ----- decoder layers ---------------------------------------------------------------------------------
@@ -239,7 +268,9 @@ def _install_stack_hooks(stack: nn.Module, grid: Grid) -> None:
     group = grid.group("x", "y")
     signature = inspect.signature(stack.forward)
 
-    def enter(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    def enter(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        if current_rows_layout(module) == "shared":
+            return None  # the inputs already hold the group's rows, the same on every rank of x*y
         bound = signature.bind(*args, **kwargs)
         arguments = bound.arguments
         input_ids, embeds = arguments.get("input_ids"), arguments.get("inputs_embeds")
@@ -272,6 +303,8 @@ def _install_stack_hooks(stack: nn.Module, grid: Grid) -> None:
         return (), {**arguments, **extra}
 
     def leave(module: nn.Module, args: tuple, output: Any) -> Any:
+        if current_rows_layout(module) == "shared":
+            return None
         n_rows = module._engine_rows
         if isinstance(output, torch.Tensor):
             return _own_rows(output, n_rows, group)

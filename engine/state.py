@@ -12,6 +12,10 @@ What a parameter's gradient holds after backward, and the axes sync_gradients su
     embeddings, lm_head, ...)
                                        -> summed over all axes
 
+In the "shared" rows layout (engine/parallelize.py) every rank of an x*y group reads the group's rows, so the
+embeddings, lm_head and everything else outside the decoder see the rows of their x*y group, replicated over x and
+y, like the decoder's norms: they are summed over z and data only (not X*Y times); the other regions keep their axes.
+
 Afterwards every rank holds the gradient of the SUM of all ranks' local losses, and every copy of a
 replicated parameter holds the same gradient.
 
@@ -30,23 +34,26 @@ from torch import nn
 
 from engine import comm
 from engine.grid import AXES, Grid
-from engine.linear import ParallelLinear, ShardingError
+from engine.linear import ParallelLinear, ShardingError, current_rows_layout
 from engine.parallelize import REGION_ATTR
 from engine.vocab_parallel import is_vocab_parallel
 from engine.zero import full, is_dtensor, like, local, zero_state
 
 # "tensor": vocabulary-parallel shards (engine/vocab_parallel.py), whose gradients cover the rows of x*y*z
 _REGION_AXES = {None: AXES, "rows": AXES, "layer": ("z", "data"), "heads": ("y", "z", "data"), "tensor": ("data",)}
+# the shared rows layout: what saw "own rows" saw the rows of its x*y group, replicated over x and y
+_SHARED_REGION_AXES = {**_REGION_AXES, None: ("z", "data"), "rows": ("z", "data")}
 
 
 def _reduction_axes(model: nn.Module) -> list[tuple[nn.Parameter, tuple[str, ...]]]:
     """Each distinct parameter of `model` with the grid axes its gradient must be summed over."""
     found: dict[int, tuple[nn.Parameter, tuple[str, ...]]] = {}
+    region_axes = _SHARED_REGION_AXES if current_rows_layout(model) == "shared" else _REGION_AXES
 
     def visit(module: nn.Module, region: str | None, prefix: str) -> None:
         region = getattr(module, REGION_ATTR, region)
         for name, param in module.named_parameters(recurse=False):
-            axes = ("data",) if isinstance(module, ParallelLinear) else _REGION_AXES[region]
+            axes = ("data",) if isinstance(module, ParallelLinear) else region_axes[region]
             seen = found.get(id(param))
             if seen is not None and seen[1] != axes:
                 raise ShardingError(f"parameter {prefix}{name} is shared between parts of the model whose "

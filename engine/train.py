@@ -4,6 +4,11 @@ It knows nothing of goldfish: the caller hands it examples (dicts of equal-lengt
 a loss function that returns the SUM of its per-token losses and the number of tokens behind it. The loop divides by
 the token count of the whole optimizer step (all micro-batches, all ranks), so a run's gradient is the gradient of
 the mean token loss over the global batch whatever the accumulation or the grid.
+
+Rows layouts (TrainConfig.rows, engine/parallelize.py): "own" gives every rank its own rows of a step, so a step's
+rows must divide by the world size; "shared" gives every rank of an x*y tensor-parallel group the same rows (after
+AxoNN), split over data and z only, so they need only divide by data*z. Loss sums and token counts are then summed
+over data and z only: each x*y group counts its rows once.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from engine.activation import checkpoint_decoder_layers
 from engine.checkpoint import (is_engine_checkpoint, load_checkpoint, load_serial_optimizer_state, read_trainer_state,
                                save_checkpoint)
 from engine.grid import AXES, Grid, GridShape, is_main_process
+from engine.linear import ROWS_LAYOUTS
+from engine.parallelize import rows_layout
 from engine.state import clip_grad_norm_, sync_gradients
 from engine.zero import ZeroConfig, ZeroError, make_adamw, shard_data_axis, zero_state
 
@@ -53,6 +60,7 @@ class TrainConfig:
     zero_node_size: int = 1  # data-axis ranks per node; > 1: hierarchical partitioning (stages 2 and 3)
     offload_optimizer: bool = False  # AdamW state and update in host memory (stages 2 and 3)
     activation_checkpointing: bool = False  # recompute decoder layers in backward (engine/activation.py)
+    rows: str = "own"  # rows layout: "own" rows per rank (batch % world), or "shared" per x*y group (batch % data*z)
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "grad_accum"):
@@ -69,6 +77,8 @@ class TrainConfig:
             raise ValueError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
         if self.warmup_steps < 0 or self.save_every < 0:
             raise ValueError("warmup_steps and save_every must be >= 0")
+        if self.rows not in ROWS_LAYOUTS:
+            raise ValueError(f"rows must be one of {ROWS_LAYOUTS}, got {self.rows!r}")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
         self.zero_config  # validates the ZeRO fields
@@ -153,16 +163,34 @@ def _is_distributed(grid: Grid | None) -> bool:
     return grid is not None and grid.world_size > 1
 
 
-def _rank_rows(rows: torch.Tensor, grid: Grid | None) -> torch.Tensor:
-    """This rank's share of one optimizer step's rows: every rank gets an equal contiguous slice."""
+ROW_SPLIT_AXES = {"own": AXES, "shared": ("z", "data")}  # the axes a step's rows are split over, per rows layout
+
+
+def _row_group(grid: Grid, layout: str):
+    """The ranks that read different rows in `layout` (all of them, or data x z when x*y groups share rows)."""
+    return grid.group(*ROW_SPLIT_AXES[layout])
+
+
+def _rank_rows(rows: torch.Tensor, grid: Grid | None, layout: str = "own") -> torch.Tensor:
+    """This rank's share of one optimizer step's rows: an equal contiguous slice per rank ("own" layout), or per
+    x*y group ("shared" layout: every rank of the group gets the same slice). Raises ValueError, naming the other
+    layout when it would split them, for rows that do not split evenly."""
     if not _is_distributed(grid):
         return rows
-    world = grid.world_size
-    if len(rows) % world:
-        raise ValueError(f"a step holds {len(rows)} sequences, not divisible by the world size {world}: choose a "
-                         f"batch size and a document count that are multiples of {world}")
-    share = len(rows) // world
-    return rows[grid.rank * share:(grid.rank + 1) * share]
+    group = _row_group(grid, layout)
+    if len(rows) % group.size:
+        data_z = grid.size("z", "data")
+        if layout == "own":
+            hint = (f"; or share rows within each x*y group (--rows shared), which needs only multiples of "
+                    f"data*z={data_z}" if data_z < grid.world_size and len(rows) % data_z == 0 else "")
+            raise ValueError(f"a step holds {len(rows)} sequences, not divisible by the world size {grid.world_size}: "
+                             f"choose a batch size and a document count that are multiples of {grid.world_size}{hint}")
+        # (the own layout needs multiples of the world size, a multiple of data*z: it is never the fix here)
+        raise ValueError(f"a step holds {len(rows)} sequences, not divisible by data*z={data_z} (the rows layout "
+                         f"'shared' splits them over data and z): choose a batch size and a document count that are "
+                         f"multiples of {data_z}")
+    share = len(rows) // group.size
+    return rows[group.rank * share:(group.rank + 1) * share]
 
 
 def _stack(examples: Sequence[dict[str, torch.Tensor]], indices: torch.Tensor, step: int,
@@ -176,9 +204,10 @@ def _stack(examples: Sequence[dict[str, torch.Tensor]], indices: torch.Tensor, s
     return batch
 
 
-def _all_reduce_sums(values: torch.Tensor, grid: Grid | None) -> torch.Tensor:
-    """The step's loss sums and token counts summed over every rank (bookkeeping, not counted as traffic)."""
-    return comm.sum_control(values, grid.group(*AXES)) if _is_distributed(grid) else values
+def _all_reduce_sums(values: torch.Tensor, grid: Grid | None, layout: str = "own") -> torch.Tensor:
+    """The step's loss sums and token counts summed over the ranks that read different rows (every rank, or data x z
+    when x*y groups share rows: each row counted once; bookkeeping, not counted as traffic)."""
+    return comm.sum_control(values, _row_group(grid, layout)) if _is_distributed(grid) else values
 
 
 def _sync_and_clip(model: nn.Module, n_tokens: float, config: TrainConfig, grid: Grid | None) -> float:
@@ -225,7 +254,8 @@ def _step_rows(n_examples: int, config: TrainConfig, epoch: int, index_in_epoch:
                grid: Grid | None) -> torch.Tensor:
     """The example indices this rank processes in one optimizer step (the epoch's order, sliced by step and rank)."""
     order = epoch_order(n_examples, config.seed, epoch)
-    return _rank_rows(order[index_in_epoch * config.batch_size:(index_in_epoch + 1) * config.batch_size], grid)
+    return _rank_rows(order[index_in_epoch * config.batch_size:(index_in_epoch + 1) * config.batch_size], grid,
+                      config.rows)
 
 
 def _forward_backward(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], rows: torch.Tensor, step: int,
@@ -304,19 +334,21 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
             epoch, index_in_epoch = divmod(step, per_epoch)
             started = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
-            sums = _forward_backward(model, examples, _step_rows(len(examples), config, epoch, index_in_epoch, grid),
-                                     step, loss_fn, config, device, autocast)
-            sums.totals = _all_reduce_sums(sums.totals, grid)
-            grad_norm = _sync_and_clip(model, sums.n_tokens, config, grid)
+            with rows_layout(model, config.rows):
+                sums = _forward_backward(model, examples,
+                                         _step_rows(len(examples), config, epoch, index_in_epoch, grid),
+                                         step, loss_fn, config, device, autocast)
+                sums.totals = _all_reduce_sums(sums.totals, grid, config.rows)
+                grad_norm = _sync_and_clip(model, sums.n_tokens, config, grid)
             lr = scheduler.get_last_lr()[0]
             optimizer.step()
             scheduler.step()
             elapsed = time.perf_counter() - started
             # Read before any checkpoint so its gathers do not count as the next step's traffic.
             step_bytes = grid.traffic.reset() if _is_distributed(grid) else None
-            world = grid.world_size if _is_distributed(grid) else 1
+            readers = _row_group(grid, config.rows).size if _is_distributed(grid) else 1  # ranks reading different rows
             record = sums.record(step + 1, epoch + (index_in_epoch + 1) / per_epoch)
-            record.update(lr=lr, grad_norm=grad_norm, tokens_per_s=sums.n_input_tokens * world / elapsed)
+            record.update(lr=lr, grad_norm=grad_norm, tokens_per_s=sums.n_input_tokens * readers / elapsed)
             if step_bytes is not None:
                 record["bytes_sent"] = step_bytes  # this rank (rank 0 in the log), per process group of the grid
             history.append(record)

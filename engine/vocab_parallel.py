@@ -18,6 +18,11 @@ evaluation blocks):
                    chunk's logits are dropped and recomputed in backward. Peak extra memory: one chunk of logits,
                    (chunk, V/P), instead of (tokens, V). With P = 1 it is the chunked loss of a serial model.
 
+In the "shared" rows layout (engine/parallelize.py) the x*y ranks of T hold the SAME rows, so only the z ranks of T hold
+different ones: ids and hidden states are gathered over z only (the row group), the embedding's partial lookups are
+reduce-scattered over z and summed over x*y (the replica group), and the hidden states' gradient is summed over x*y
+as well (copy_to_group) so that every replica gets the full one. The vocabulary split itself is unchanged.
+
 Gradients of the vocabulary shards cover the rows of the whole T group, so engine.state.sync_gradients sums them
 over `data` only (region "tensor").
 """
@@ -30,9 +35,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import comm
-from engine.functional import gather_from_group, gather_sharded, reduce_scatter_to_group, split_to_group
+from engine.functional import (copy_to_group, gather_from_group, gather_sharded, reduce_from_group,
+                               reduce_scatter_to_group, split_to_group)
 from engine.grid import AxisGroup, Grid
-from engine.linear import ShardingError
+from engine.linear import ShardingError, current_rows_layout
 
 IGNORE_INDEX = -100  # torch's cross-entropy convention: targets equal to it give no loss
 DEFAULT_CHUNK_TOKENS = 1024
@@ -130,13 +136,16 @@ class _ChunkedVocabCE(torch.autograd.Function):
 
 
 def token_losses(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, group: AxisGroup | None = None,
-                 vocab_start: int = 0, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
+                 vocab_start: int = 0, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, row_group: AxisGroup | None = None,
+                 replica_group: AxisGroup | None = None) -> torch.Tensor:
     """Per-token cross-entropy of `logits = hidden @ weight.T` without materialising the logits.
 
     hidden: (..., H) this rank's rows of final hidden states. weight: (V_local, H), the lm_head rows
     [vocab_start, vocab_start + V_local) of the full vocabulary (all of it for group None). targets: (...) next-token
     ids in the full vocabulary, IGNORE_INDEX (-100) where there is none. group: the ranks the vocabulary is split
     over (every rank of it calls this with the same shapes), or None. chunk_tokens: tokens per chunk of logits.
+    row_group / replica_group (the "shared" rows layout): the ranks of `group` that hold different rows, and those
+    that hold the same rows as this rank (row_group x replica_group = group); default: every rank its own rows.
     Returns (...) float32 losses (float64 for float64 inputs; computed like F.cross_entropy on float32 logits under
     bf16 autocast), 0 at ignored targets, with gradients to `hidden` and `weight`.
     """
@@ -151,10 +160,13 @@ def token_losses(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tens
     if group is None or group.size == 1:
         return _ChunkedVocabCE.apply(flat_hidden, weight, flat_targets, vocab_start, chunk_tokens, None).reshape(
             targets.shape)
-    all_hidden = gather_sharded(flat_hidden, group, 0)  # backward: sum the ranks' partial input gradients
-    all_targets = comm.all_gather(flat_targets.contiguous(), group, 0)
+    rows = group if row_group is None else row_group
+    if replica_group is not None:  # replicas hold the same rows: their partial input gradients are summed too
+        flat_hidden = copy_to_group(flat_hidden, replica_group)
+    all_hidden = gather_sharded(flat_hidden, rows, 0)  # backward: sum the ranks' partial input gradients
+    all_targets = comm.all_gather(flat_targets.contiguous(), rows, 0)
     losses = _ChunkedVocabCE.apply(all_hidden, weight, all_targets, vocab_start, chunk_tokens, group)
-    return split_to_group(losses, group, 0).reshape(targets.shape)
+    return split_to_group(losses, rows, 0).reshape(targets.shape)
 
 
 # ----- modules --------------------------------------------------------------------------------------------------
@@ -178,6 +190,16 @@ class _VocabShard:
     @property
     def group(self) -> AxisGroup:
         return self.grid.group(*VOCAB_AXES)
+
+    @property
+    def row_group(self) -> AxisGroup:
+        """The ranks of `group` that hold different rows: all of them, or z only in the "shared" rows layout."""
+        return self.grid.group("z") if current_rows_layout(self) == "shared" else self.group
+
+    @property
+    def replica_group(self) -> AxisGroup | None:
+        """The ranks of `group` that hold this rank's rows too: x*y in the "shared" rows layout, else None."""
+        return self.grid.group("x", "y") if current_rows_layout(self) == "shared" else None
 
     def shard_rows(self, full: torch.Tensor) -> torch.Tensor:
         """This rank's rows of a full (V, ...) tensor (e.g. the serial weight)."""
@@ -218,8 +240,8 @@ class VocabParallelEmbedding(nn.Embedding, _VocabShard):
         return module
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        group = self.group
-        all_ids = comm.all_gather(ids.contiguous(), group, 0)
+        group, rows, replicas = self.group, self.row_group, self.replica_group
+        all_ids = comm.all_gather(ids.contiguous(), rows, 0)
         local = all_ids - self.vocab_start
         inside = (local >= 0) & (local < self.weight.shape[0])
         pad = None
@@ -227,7 +249,8 @@ class VocabParallelEmbedding(nn.Embedding, _VocabShard):
             pad = self.padding_idx - self.vocab_start  # no gradient to the padding row, as in nn.Embedding
         partial = F.embedding(torch.where(inside, local, 0), self.weight, pad)
         partial = partial * inside.unsqueeze(-1).to(partial.dtype)
-        return reduce_scatter_to_group(partial, group, 0)
+        mine = reduce_scatter_to_group(partial, rows, 0)
+        return mine if replicas is None else reduce_from_group(mine, replicas)  # replicas: the other vocab slices
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, shard={tuple(self.weight.shape)}"
@@ -255,10 +278,12 @@ class VocabParallelLMHead(nn.Linear, _VocabShard):
         return module
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        group = self.group
-        all_rows = gather_sharded(hidden, group, 0)
+        group, rows, replicas = self.group, self.row_group, self.replica_group
+        if replicas is not None:  # the replicas' partial gradients of the same rows are summed in backward
+            hidden = copy_to_group(hidden, replicas)
+        all_rows = gather_sharded(hidden, rows, 0)
         local_logits = F.linear(all_rows, self.weight)
-        return split_to_group(gather_from_group(local_logits, group, -1), group, 0)
+        return split_to_group(gather_from_group(local_logits, group, -1), rows, 0)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, shard={tuple(self.weight.shape)}"
@@ -331,7 +356,7 @@ def causal_lm_token_losses(model: nn.Module, input_ids: torch.Tensor, targets: t
     hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     if isinstance(head, VocabParallelLMHead):
         losses = token_losses(hidden, head.weight, targets, group=head.group, vocab_start=head.vocab_start,
-                              chunk_tokens=chunk_tokens)
+                              chunk_tokens=chunk_tokens, row_group=head.row_group, replica_group=head.replica_group)
     else:
         losses = token_losses(hidden, head.weight, targets, chunk_tokens=chunk_tokens)
     return losses.float()

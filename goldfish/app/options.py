@@ -9,7 +9,7 @@ flags back as {field: value}, ready for `dataclasses.replace` or the dataclass's
     --data ... --repeats, --dedup --dedup-threshold --duplicates  DataSpec.*   DATA
     --model --init-seed  TrainSpec/CompareSpec.model, init_seed   MODEL
     --strategy --k --h --mask-seed  MaskSpec.*          MASK
-    --epochs ... --offload-optimizer  TrainConfig.*     TRAINING
+    --epochs ... --activation-checkpointing --rows  TrainConfig.*     TRAINING
     --suffix-len --prefix-len --eval-batch-size  ExtractionConfig.*   EXTRACTION
     --beams ... --prefix-lengths  Instruments.*         INSTRUMENTS
     --device --threads --no-progress --grid --nproc  Runtime.*   RUNTIME
@@ -158,6 +158,9 @@ TRAINING = OptionGroup("training", (
     Option("--activation-checkpointing", "activation_checkpointing", "recompute each decoder layer's activations "
            "in backward instead of keeping them (less memory, one more forward per step; same gradients)",
            switch=True),
+    Option("--rows", "rows", "rows layout on a tensor-parallel grid: own (every rank reads its own rows, so the batch "
+           "must be a multiple of the world size) or shared (every rank of an x*y group reads the same rows, as in "
+           "AxoNN: the batch need only be a multiple of data*z); same losses and gradients", choices=("own", "shared")),
 ))
 
 EXTRACTION = OptionGroup("extraction", (
