@@ -232,3 +232,26 @@ def test_zero_without_a_data_axis_is_a_one_line_error(tmp_path, capsys):
                  "--no-progress"])
     err = capsys.readouterr().err
     assert code == 2 and "data" in err and "--zero" in err and "Traceback" not in err
+
+
+def test_parallel_train_with_shared_rows_takes_a_batch_the_own_layout_refuses(tmp_path):
+    """`goldfish train --nproc 4 --grid x=2,y=2 --rows shared --batch-size 2`: 2 rows cannot be split over 4 ranks
+    (the own layout refuses with a one-line error naming --rows shared), but both x*y ranks can read the same 2 rows
+    (AxoNN's layout): the losses are the single process's."""
+    common = ["--model", "micro-llama", "--strategy", "hashed", "--n-train", "4", "--n-heldout", "2", "--seq-len", "48",
+              "--vocab-size", "400", "--epochs", "2", "--batch-size", "2", "--no-progress"]
+    launch = [sys.executable, "-m", "goldfish", "train", "--nproc", "4", "--grid", "x=2,y=2"]
+    shared, own, serial = tmp_path / "shared", tmp_path / "own", tmp_path / "serial"
+    result = subprocess.run([*launch, "--rows", "shared", "--out", str(shared), *common], capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    refused = subprocess.run([*launch, "--out", str(own), *common], capture_output=True, text=True, timeout=600)
+    assert refused.returncode != 0
+    assert "not divisible by the world size 4" in refused.stderr and "--rows shared" in refused.stderr
+    assert main(["train", "--out", str(serial), *common]) == 0
+    losses = [[json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+              for run in (shared, serial)]
+    assert len(losses[0]) == 4
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)  # float32 rounding across ranks (~1e-7 relative)
+    record = json.loads((shared / "checkpoint" / "goldfish_run.json").read_text())
+    assert record["grid"] == {"data": 1, "x": 2, "y": 2, "z": 1}
