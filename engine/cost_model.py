@@ -30,6 +30,14 @@ lm_head over "world" (or, split by vocabulary over x*y*z as engine.parallelize d
 vocabulary divides, over "data": see vocab_collectives for the embedding's and the loss's collectives), in
 flat buckets of at most 2**24 elements; clip_grad_norm_ all-reduces one float64 over "x+y+z".
 
+Rows layouts (engine/parallelize.py, TrainConfig.rows): every function taking `rows_per_rank` reads it as the rows
+each rank reads per micro-batch. In the "own" layout (default) that is R, the group runs on U = X*Y*R rows; in the
+"shared" layout (rows="shared", after AxoNN) every rank of the x*y group reads the group's U rows itself: there is no
+gather of embeddings and no scatter of the final hidden states' gradient around the decoder, the embeddings, lm_head
+and loss run on U rows replicated over x and y (compute and memory X*Y times those of the own layout) unless split by
+vocabulary, where ids and hidden states are exchanged over z only (and summed over x+y), and outside gradients are
+summed over "z+data" instead of "world".
+
 The FLOP model counts matrix products (on a serial step it equals torch's FlopCounterMode, see
 tests/test_plan.py); the memory model is an estimate whose assumptions its docstring states (its parameter
 part is exact: tests/test_comm_model.py checks it against what each rank holds).
@@ -135,6 +143,17 @@ class _Builder:
                   count: int = 1) -> None:
         if ranks > 1 and count > 0:
             self.items.append(Collective(name, kind, ranks, int(n_bytes), phase, what, count))
+
+
+ROWS_LAYOUTS = ("own", "shared")  # engine.linear.ROWS_LAYOUTS; repeated: the cost model imports no torch module
+
+
+def group_rows(grid: GridShape, rows_per_rank: int, rows: str = "own") -> int:
+    """Rows an x*y group's decoder runs on per micro-batch when each rank reads `rows_per_rank`: X*Y times them in
+    the own layout, the same rows in the shared one."""
+    if rows not in ROWS_LAYOUTS:
+        raise ValueError(f"rows must be one of {ROWS_LAYOUTS}, got {rows!r}")
+    return rows_per_rank * (grid.size("x", "y") if rows == "own" else 1)
 
 
 def _check_divides(what: str, value: int, by: int, hint: str) -> int:
@@ -435,13 +454,14 @@ class LocalParam:
 
 
 def llama_local_params(shape: TransformerShape, grid: GridShape,
-                       vocab_parallel: bool | None = None) -> list[LocalParam]:
+                       vocab_parallel: bool | None = None, rows: str = "own") -> list[LocalParam]:
     """Every distinct parameter of a parallelized Llama-family model, in module order. The embeddings and
-    lm_head are whole and summed over every axis, or (vocab_parts > 1) V/P rows each whose gradients already
-    cover the rows of x*y*z and are summed over data only."""
+    lm_head are whole and summed over every axis (over z and data in the shared rows layout), or (vocab_parts > 1)
+    V/P rows each whose gradients already cover the rows of x*y*z and are summed over data only."""
     h = shape.hidden
     parts = vocab_parts(shape, grid, vocab_parallel)
-    vocab = LocalParam(0, shape.vocab // parts, h, AXES if parts == 1 else ("data",))
+    whole = ("z", "data") if rows == "shared" else AXES
+    vocab = LocalParam(0, shape.vocab // parts, h, whole if parts == 1 else ("data",))
     norm = [LocalParam(0, h, 1, ("z", "data"))] * (2 if shape.norm_bias else 1)  # weight (and bias)
     out = [vocab]  # embed_tokens (lm_head's weight too when tied)
     for layer in range(1, shape.layers + 1):
@@ -461,11 +481,12 @@ def llama_local_params(shape: TransformerShape, grid: GridShape,
 
 
 def llama_param_sync_list(shape: TransformerShape, grid: GridShape, zero: ZeroConfig | None = None,
-                          data_rank: int = 0, vocab_parallel: bool | None = None) -> list[tuple[int, tuple[str, ...]]]:
+                          data_rank: int = 0, vocab_parallel: bool | None = None,
+                          rows: str = "own") -> list[tuple[int, tuple[str, ...]]]:
     """(local gradient elements, axes sync_gradients sums it over) of each parameter, in module order. Under
     ZeRO (stage >= 1) the data axis belongs to the partitioning: each rank sums its own chunk (the rank at
     data index `data_rank`) over the remaining axes."""
-    params = llama_local_params(shape, grid, vocab_parallel)
+    params = llama_local_params(shape, grid, vocab_parallel, rows)
     if zero is None or zero.stage == 0:
         return [(p.numel, p.axes) for p in params]
     return [(p.chunk(grid.data, data_rank), tuple(a for a in p.axes if a != "data")) for p in params]
@@ -557,7 +578,8 @@ def clip_collectives(grid: GridShape, zero_stage: int = 0) -> list[Collective]:
 
 
 def llama_stack_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
-                            stream_bytes: int, mask_bytes: int = 0, position_ids: bool = False) -> list[Collective]:
+                            stream_bytes: int, mask_bytes: int = 0, position_ids: bool = False,
+                            rows: str = "own") -> list[Collective]:
     """Rows moving into and out of the grid for one micro-batch: the module owning the decoder layers
     (LlamaModel) runs on the U = X*Y*R rows of the x*y group, so on entry it all-gathers the input embeddings
     (R, S, hidden), the caller's (R, S) attention mask and position ids if given, and on exit the gradient
@@ -568,8 +590,10 @@ def llama_stack_collectives(shape: TransformerShape, grid: GridShape, *, rows_pe
     position_ids: whether per-row (R, S) position ids are passed (int64). Inputs whose batch dim is 1 on
     every rank broadcast and are not gathered when a rank holds more than one row.
     (The ranks' one small exchange of shapes before the gathers is a control message engine.comm does
-    not count, and neither does this model.)"""
+    not count, and neither does this model.) None in the shared rows layout: the ranks read the group's rows."""
     b = _Builder(grid)
+    if group_rows(grid, rows_per_rank, rows) == rows_per_rank:
+        return []
     xy = grid.size("x", "y")
     r, s, h = rows_per_rank, seq, shape.hidden
     b.add(("x", "y"), "all_gather", xy * r * s * h * stream_bytes, "forward", "embeddings rows in")
@@ -591,7 +615,7 @@ def chunked_loss_runs(zero: ZeroConfig | None, grid: GridShape) -> bool:
 
 def vocab_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int, param_bytes: int,
                       stream_bytes: int, vocab_parallel: bool | None = None, chunked_loss: bool = True,
-                      act_bytes: int | None = None) -> list[Collective]:
+                      act_bytes: int | None = None, rows: str = "own") -> list[Collective]:
     """Collectives of the vocabulary-parallel embedding and training loss (engine/vocab_parallel.py) for one
     micro-batch, over the P = x*y*z ranks the vocabulary is split over (none when vocab_parts is 1: the
     replicated embedding is a local lookup and the chunked loss a local product). N = R S tokens per rank.
@@ -607,38 +631,50 @@ def vocab_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank
                 all-gather the hidden states as above and the (P N, V/P) logits of every slice to full
                 rows (P N V, product dtype act_bytes); backward: all-gather the logits' gradient of the
                 rank's rows back to the group and reduce-scatter the hidden states' gradient.
+    Shared rows layout: the rows are exchanged over z only (the x*y ranks already hold the same rows: tokens
+    = Z N), the partial embeddings are then all-reduced over x+y (N hidden), and the hidden states' gradient is
+    all-reduced over x+y as well (N hidden, before the loss's gather); the statistics and the logits are still
+    gathered over x*y*z (every vocabulary slice).
     """
     b = _Builder(grid)
     parts = vocab_parts(shape, grid, vocab_parallel)
     if parts == 1:
         return []
     axes = ("x", "y", "z")
-    tokens = parts * rows_per_rank * seq  # the tokens of the whole x*y*z group
+    shared = group_rows(grid, rows_per_rank, rows) == rows_per_rank and rows == "shared"  # (validates rows)
+    row_axes = ("z",) if shared else axes
+    # the tokens of the ranks whose rows differ: the whole x*y*z group, or its z ranks when x*y share rows
+    tokens = grid.size(*row_axes) * rows_per_rank * seq
     h = shape.hidden
-    b.add(axes, "all_gather", tokens * 8, "forward", "embedding token ids")
-    b.add(axes, "reduce_scatter", tokens * h * param_bytes, "forward", "partial embeddings")
-    b.add(axes, "all_gather", tokens * h * param_bytes, "backward", "embedding output grad")
-    b.add(axes, "all_gather", tokens * h * stream_bytes, "forward", "loss hidden states")
-    b.add(axes, "reduce_scatter", tokens * h * stream_bytes, "backward", "loss hidden-state grad")
+    b.add(row_axes, "all_gather", tokens * 8, "forward", "embedding token ids")
+    b.add(row_axes, "reduce_scatter", tokens * h * param_bytes, "forward", "partial embeddings")
+    if shared:
+        b.add(("x", "y"), "all_reduce", rows_per_rank * seq * h * param_bytes, "forward", "embeddings of the replicas")
+        b.add(("x", "y"), "all_reduce", rows_per_rank * seq * h * stream_bytes, "backward",
+              "loss hidden-state grad of the replicas")
+    b.add(row_axes, "all_gather", tokens * h * param_bytes, "backward", "embedding output grad")
+    b.add(row_axes, "all_gather", tokens * h * stream_bytes, "forward", "loss hidden states")
+    b.add(row_axes, "reduce_scatter", tokens * h * stream_bytes, "backward", "loss hidden-state grad")
     if chunked_loss:
-        b.add(axes, "all_gather", tokens * 8, "forward", "loss targets")
+        b.add(row_axes, "all_gather", tokens * 8, "forward", "loss targets")
         b.add(axes, "all_gather", parts * 2 * tokens * 4, "forward", "loss log-sum-exp and target logit")
-        b.add(axes, "all_gather", tokens * 4, "backward", "per-token loss grad")
+        b.add(row_axes, "all_gather", tokens * 4, "backward", "per-token loss grad")
     else:
         act = stream_bytes if act_bytes is None else act_bytes
         b.add(axes, "all_gather", tokens * shape.vocab * act, "forward", "lm_head logits of every slice")
-        b.add(axes, "all_gather", tokens * shape.vocab * act, "backward", "logits grad of the group's rows")
+        b.add(row_axes, "all_gather", tokens * shape.vocab * act, "backward", "logits grad of the group's rows")
     return b.items
 
 
 def llama_layer_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
-                            param_bytes: int, act_bytes: int, stream_bytes: int | None = None) -> list[Collective]:
+                            param_bytes: int, act_bytes: int, stream_bytes: int | None = None,
+                            rows: str = "own") -> list[Collective]:
     """Forward and backward collectives of ONE parallelized decoder layer on one micro-batch: q/k/v/gate/up
     as normal and o/down as transposed ParallelLinears on the X*Y*R*S tokens of the x*y group. The normal
     layers read the residual stream (stream_bytes, default act_bytes); o/down read products (act_bytes)."""
     b = _Builder(grid)
     if grid.size("x", "y", "z") > 1:
-        tokens = grid.size("x", "y") * rows_per_rank * seq
+        tokens = group_rows(grid, rows_per_rank, rows) * seq
         for name, k, n, transposed, bias in shape.projections():
             _tp_linear(b, name, k, n, transposed=transposed, bias=bias, tokens=tokens, param_bytes=param_bytes,
                        act_bytes=act_bytes, input_grad=True, in_bytes=act_bytes if transposed else stream_bytes)
@@ -650,7 +686,7 @@ def llama_step_collectives(shape: TransformerShape, grid: GridShape, *, rows_per
                            mask_bytes: int = 0, recompute: bool = False,
                            stream_bytes: int | None = None, position_ids: bool = False,
                            zero: ZeroConfig | None = None, data_rank: int = 0,
-                           vocab_parallel: bool | None = None) -> list[Collective]:
+                           vocab_parallel: bool | None = None, rows: str = "own") -> list[Collective]:
     """Every collective of one optimizer step: `grad_accum` forward/backward passes of `rows_per_rank` rows
     of `seq` tokens on each rank, then sync_gradients and clip_grad_norm_. Bytes are per rank.
 
@@ -667,20 +703,22 @@ def llama_step_collectives(shape: TransformerShape, grid: GridShape, *, rows_per
     vocab_parallel: the embeddings and lm_head split by vocabulary (vocab_parts; None: engine.parallelize's
     default), with the training loss of engine.vocab_parallel.causal_lm_token_losses (vocab_collectives;
     under ZeRO 2 and 3 its fallback from full logits, chunked_loss_runs).
+    rows: the rows layout ("own" or "shared", see the module doc); rows_per_rank counts the rows a rank reads.
     """
     stream_bytes = act_bytes if stream_bytes is None else stream_bytes
     layer = llama_layer_collectives(shape, grid, rows_per_rank=rows_per_rank, seq=seq, param_bytes=param_bytes,
-                                    act_bytes=act_bytes, stream_bytes=stream_bytes)
+                                    act_bytes=act_bytes, stream_bytes=stream_bytes, rows=rows)
     if recompute:
         layer = layer + [replace(c, phase="backward", what=f"{c.what} (recomputed)")
                          for c in layer if c.phase == "forward"]
     stack = llama_stack_collectives(shape, grid, rows_per_rank=rows_per_rank, seq=seq, stream_bytes=stream_bytes,
-                                    mask_bytes=mask_bytes, position_ids=position_ids)
+                                    mask_bytes=mask_bytes, position_ids=position_ids, rows=rows)
     vocab = vocab_collectives(shape, grid, rows_per_rank=rows_per_rank, seq=seq, param_bytes=param_bytes,
                               stream_bytes=stream_bytes, vocab_parallel=vocab_parallel,
-                              chunked_loss=chunked_loss_runs(zero, grid), act_bytes=act_bytes)
+                              chunked_loss=chunked_loss_runs(zero, grid), act_bytes=act_bytes, rows=rows)
     out = scale_count(layer, shape.layers * grad_accum) + scale_count(stack + vocab, grad_accum)
-    out += sync_collectives(llama_param_sync_list(shape, grid, zero, data_rank, vocab_parallel), grid, param_bytes)
+    out += sync_collectives(llama_param_sync_list(shape, grid, zero, data_rank, vocab_parallel, rows), grid,
+                            param_bytes)
     stage = 0 if zero is None or grid.data == 1 else zero.stage
     if stage:
         out += zero_collectives(shape, grid, zero, param_bytes=param_bytes, grad_accum=grad_accum,
@@ -700,7 +738,8 @@ def model_flops_per_token(shape: TransformerShape, seq: int) -> float:
 
 
 def rank_flops_per_step(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
-                        grad_accum: int = 1, recompute: bool = False, chunked_loss: bool = True) -> float:
+                        grad_accum: int = 1, recompute: bool = False, chunked_loss: bool = True,
+                        rows: str = "own", vocab_parallel: bool | None = None) -> float:
     """FLOPs one rank executes per step. Linear work divides evenly over the grid (each rank multiplies
     the X*Y*R rows of its group by a 1/(X*Y) block: the work of its own R rows); attention runs on those
     rows for the rank's y-share of heads, i.e. X times its fair share (the engine replicates it over x).
@@ -708,11 +747,15 @@ def rank_flops_per_step(shape: TransformerShape, grid: GridShape, *, rows_per_ra
     `chunked_loss` (engine.vocab_parallel.token_losses, what `goldfish train` runs) drops each chunk's
     logits and recomputes them in backward, 8 x tokens x vocab x hidden; a loss from model(...).logits
     costs 6 x. Split by vocabulary, each rank multiplies the P x R x S tokens of its x*y*z group by V/P
-    rows: the same count. Norms and elementwise work are left out."""
-    tokens = rows_per_rank * seq
+    rows: the same count. Norms and elementwise work are left out. In the shared rows layout (rows_per_rank = the
+    U rows of the group) the decoder work is that of U / (X Y) rows per rank, and so is the lm_head's when split by
+    vocabulary (Z U S tokens by V/P rows); a whole lm_head runs on all U rows on every rank of x*y."""
+    xy = grid.size("x", "y")
+    tokens = group_rows(grid, rows_per_rank, rows) * seq / xy  # a rank's share of its group's tokens
     layer_linear = 2.0 * tokens * shape.layers * shape.layer_linear_params
     attention = 4.0 * tokens * seq * shape.layers * shape.q_out * grid.size("x")
-    head = (8.0 if chunked_loss else 6.0) * tokens * shape.vocab * shape.hidden
+    head_tokens = tokens if rows == "own" or vocab_parts(shape, grid, vocab_parallel) > 1 else rows_per_rank * seq
+    head = (8.0 if chunked_loss else 6.0) * head_tokens * shape.vocab * shape.hidden
     passes = 4.0 if recompute else 3.0  # forward + backward (2x forward), plus the recomputed forward
     return grad_accum * (passes * (layer_linear + attention) + head)
 
@@ -771,7 +814,7 @@ def zero_held_bytes(shape: TransformerShape, grid: GridShape, zero: ZeroConfig |
 def memory_per_rank(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
                     bytes_per_param: float = 16.0, act_bytes: int = 2, param_bytes: int = 2,
                     recompute: bool = False, zero: ZeroConfig | None = None, vocab_parallel: bool | None = None,
-                    stream_bytes: int | None = None) -> MemoryEstimate:
+                    stream_bytes: int | None = None, rows: str = "own") -> MemoryEstimate:
     """Estimated peak memory of one rank for one micro-batch of `rows_per_rank` rows.
 
     Parameters: each ParallelLinear weight shard is 1/(X Y Z) of the full weight (layer_shard_params);
@@ -794,6 +837,9 @@ def memory_per_rank(shape: TransformerShape, grid: GridShape, *, rows_per_rank: 
     plus two decoder layers (or the root) gathered and one layer's full gradient, and with a hierarchy of
     node size L the secondary partition of every layer, P_layers w / L. Offload moves the chunks of
     parameters, gradients and state to host memory (detail "host").
+
+    Shared rows layout (rows_per_rank = the group's U rows, T = U S): the same layer activations on T tokens; the
+    loss on the Z U S tokens of the z ranks when split by vocabulary, else whole logits of all U rows on every rank.
     """
     stream_bytes = act_bytes if stream_bytes is None else stream_bytes
     parts = vocab_parts(shape, grid, vocab_parallel)
@@ -823,11 +869,12 @@ def memory_per_rank(shape: TransformerShape, grid: GridShape, *, rows_per_rank: 
                 params = device
             else:
                 params = device + chunks
-    t = grid.size("x", "y") * rows_per_rank * seq
+    t = group_rows(grid, rows_per_rank, rows) * seq
     h = shape.hidden
     per_layer = layer_activation_bytes(shape, grid, tokens=t, act_bytes=act_bytes)
     layers = shape.layers * t * h * act_bytes + per_layer if recompute else shape.layers * per_layer
-    group_tokens = parts * rows_per_rank * seq
+    # tokens the loss gathers: those of the ranks of x*y*z whose rows differ
+    group_tokens = (parts if rows == "own" else min(parts, grid.size("z"))) * rows_per_rank * seq
     if chunked_loss_runs(zero, grid):
         logits = min(1024, group_tokens) * (shape.vocab // parts) * (act_bytes + 8) + group_tokens * h * stream_bytes
     else:  # full logits of the rank's rows with two fp32 copies for the loss, and the group's gathered logits
@@ -847,7 +894,8 @@ def memory_per_rank(shape: TransformerShape, grid: GridShape, *, rows_per_rank: 
 
 def rank_memory_traffic_per_step(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
                                  act_bytes: int = 2, bytes_per_param: float = 16.0, grad_accum: int = 1,
-                                 recompute: bool = False, vocab_parallel: bool | None = None) -> float:
+                                 recompute: bool = False, vocab_parallel: bool | None = None,
+                                 rows: str = "own") -> float:
     """Bytes one rank moves through device memory per step in memory-bound (non-matmul) work: norms,
     rotary, softmax, SiLU, residual adds, the loss, and the optimizer.
 
@@ -856,14 +904,16 @@ def rank_memory_traffic_per_step(shape: TransformerShape, grid: GridShape, *, ro
     forward and its gradient written and read, and the value read again, in backward: 5 passes (7 with
     recomputation); the logits likewise. AdamW reads weight, gradient and both moments and writes three
     of them: 7/4 x bytes_per_param per parameter this rank holds (embeddings and lm_head split by
-    vocabulary when vocab_parts > 1; the logits' bytes are the same either way: P R S tokens x V/P).
+    vocabulary when vocab_parts > 1; the logits' bytes are the same either way: P R S tokens x V/P). Shared rows
+    layout: the group's U rows on every rank of x*y (logits U S V, or U S V / (X Y) split by vocabulary).
     """
-    t = grid.size("x", "y") * rows_per_rank * seq
+    t = group_rows(grid, rows_per_rank, rows) * seq
     per_layer = layer_activation_bytes(shape, grid, tokens=t, act_bytes=act_bytes)
-    logits = rows_per_rank * seq * shape.vocab * (act_bytes + 8)
+    parts = vocab_parts(shape, grid, vocab_parallel)
+    logit_rows = rows_per_rank / (grid.size("x", "y") if rows == "shared" and parts > 1 else 1)
+    logits = logit_rows * seq * shape.vocab * (act_bytes + 8)
     passes = 7 if recompute else 5
     activations = grad_accum * passes * (shape.layers * per_layer + logits)
-    parts = vocab_parts(shape, grid, vocab_parallel)
     held = shape.layers * (layer_shard_params(shape, grid) + shape.layer_norm_params) + shape.norm_params \
         + shape.vocab_params // parts
     return activations + 1.75 * bytes_per_param * held

@@ -37,7 +37,7 @@ from engine.cost_model import (
 )
 from engine.grid import GridShape, init
 from engine.linear import ParallelLinear
-from engine.parallelize import parallelize
+from engine.parallelize import parallelize, rows_layout
 from engine.state import clip_grad_norm_, sync_gradients
 
 IN, HID, OUT, ROWS, POS = 16, 24, 32, 2, 3  # divisible by every axis size (and product of two) up to 8
@@ -128,11 +128,13 @@ def tiny_llama_config():
 LLAMA_CASES = ((2, 8, False, False), (1, 8, True, False), (2, 0, True, False), (2, 0, False, True))
 
 
-def _llama_worker(shapes: list[tuple[int, int, int, int]], every_case: bool, vocab_split: bool = False) -> int:
+def _llama_worker(shapes: list[tuple[int, int, int, int]], every_case: bool, vocab_split: bool = False,
+                  rows_layout_name: str = "own") -> int:
     """every_case: run all LLAMA_CASES on each grid, else one case per grid in turn (keeps world 8 fast).
     vocab_split: embeddings and lm_head split by vocabulary (parallelize's default) and the loss of
     causal_lm_token_losses (which takes no position ids: those cases run without them); else whole
-    embeddings and the loss from model(...).logits."""
+    embeddings and the loss from model(...).logits. rows_layout_name "shared": the ranks of each x*y group read the
+    same rows (engine.parallelize.rows_layout) and the prediction is the shared layout's."""
     from transformers import LlamaForCausalLM
 
     from engine.activation import checkpoint_decoder_layers
@@ -156,7 +158,8 @@ def _llama_worker(shapes: list[tuple[int, int, int, int]], every_case: bool, voc
             held = sum(p.numel() for p in model.parameters())
             assert held == sum(memory.detail[k] for k in ("sharded_params", "replicated_params", "vocab_params")), \
                 f"grid {shape}"
-            gen = torch.Generator().manual_seed(grid.rank)
+            reader = grid.rank if rows_layout_name == "own" else grid.coords["z"] + z * grid.coords["data"]
+            gen = torch.Generator().manual_seed(reader)
             cases = LLAMA_CASES if every_case else [LLAMA_CASES[index % len(LLAMA_CASES)]]
             for rows, mask_bytes, positions, autocast in cases:
                 positions = positions and not vocab_split
@@ -178,14 +181,16 @@ def _llama_worker(shapes: list[tuple[int, int, int, int]], every_case: bool, voc
                         logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits
                     return F.cross_entropy(logits[:, :-1].float().reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
 
-                measured = _measure_step(grid, forward, model)
+                with rows_layout(model, rows_layout_name):
+                    measured = _measure_step(grid, forward, model)
                 model.zero_grad(set_to_none=True)
                 # fp32 model: 4-byte elements everywhere; under autocast the matrix products are bf16 (2 bytes)
                 # while weights and the residual stream stay fp32
                 predicted = llama_step_collectives(model_shape, shape, rows_per_rank=rows, seq=SEQ, param_bytes=4,
                                                    act_bytes=2 if autocast else 4, stream_bytes=4,
                                                    mask_bytes=mask_bytes, position_ids=positions,
-                                                   vocab_parallel=vocab_split, recompute=recompute)
+                                                   vocab_parallel=vocab_split, recompute=recompute,
+                                                   rows=rows_layout_name)
                 _compare(measured, predicted, f"llama rows={rows} mask bytes={mask_bytes} autocast={autocast} "
                                               f"overlap={overlap} vocab split={vocab_split} recompute={recompute} "
                                               f"grid {shape}")
@@ -222,3 +227,12 @@ def test_llama_bytes_equal_prediction_with_vocab_split(world: int) -> None:
     every_case = world == 4
     expected = len(shapes) * (len(LLAMA_CASES) if every_case else 1)
     assert run_distributed(world, _llama_worker, shapes, every_case, True) == [expected] * world
+
+
+@pytest.mark.parametrize("vocab_split", [False, True])
+def test_llama_bytes_equal_prediction_in_the_shared_rows_layout(vocab_split: bool) -> None:
+    """Shared rows layout (every rank of an x*y group reads the group's rows): no row gathers around the decoder,
+    ids and hidden states of the vocabulary-parallel loss exchanged over z only plus x+y all-reduces, outside
+    gradients summed over z+data: the counted bytes equal the prediction on every grid of world 4."""
+    shapes = _grid_tuples(4)
+    assert run_distributed(4, _llama_worker, shapes, False, vocab_split, "shared") == [len(shapes)] * 4
