@@ -2,11 +2,13 @@
 
 For each ordered factorisation of the GPU count it
 
-1. rejects grids the engine cannot shard the model on (heads, kv heads or features not divisible) and
-   global batches that do not split into whole rows per GPU: `goldfish train` gives every GPU its own
-   rows (engine/train.py, _rank_rows), so the batch must be a multiple of the WORLD size, not only of the
-   data size. (AxoNN feeds one set of rows to each tensor-parallel group, so its batch divides by the data
-   size: its 4,096 x 4,096-token batches on 6,144 or 32,768 GPUs cannot be expressed here.);
+1. rejects grids the engine cannot shard the model on (heads, kv heads or features not divisible), and
+   considers each rows layout of `goldfish train --rows` (engine/train.py, _rank_rows) in which the global batch
+   splits into whole rows: "own" gives every GPU its own rows, so the batch must be a multiple of the WORLD
+   size; "shared" (after AxoNN) gives every GPU of an x*y group the group's rows, so the batch need only be a
+   multiple of data*z (AxoNN's 4,096 x 4,096-token batches on 6,144 or 32,768 GPUs are expressible this way).
+   A grid without x or y parallelism has one layout (both are the same); a grid is rejected when neither
+   layout splits the batch. The faster layout is kept and reported (the "rows" column);
 2. picks activation checkpointing (on or off) and the number of micro-batches (gradient accumulation):
    for each setting allowed, the fewest micro-batches that fit the memory estimate
    (engine.cost_model.memory_per_rank), keeping the faster of the two; grids that never fit are rejected;
@@ -32,6 +34,7 @@ from typing import Any
 from engine.cost_model import (
     MemoryEstimate,
     NAMED_SHAPES,
+    ROWS_LAYOUTS,
     TransformerShape,
     bytes_by_group,
     chunked_loss_runs,
@@ -76,6 +79,7 @@ class PlanRequest:
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)  # ZeRO stages to consider per grid (stages > 0 need data >= 2)
     offload: bool = False  # with stages 2 and 3: optimizer state and parameter/gradient chunks in host memory
     hierarchy: bool = False  # with stages 2 and 3: hierarchical partitioning by node (the profile's node size)
+    rows_layouts: tuple[str, ...] = ROWS_LAYOUTS  # rows layouts of `goldfish train --rows` to consider per grid
 
     def __post_init__(self) -> None:
         for name in ("gpus", "global_batch", "seq"):
@@ -94,6 +98,8 @@ class PlanRequest:
             raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
         if not self.zero_stages or any(s not in STAGES for s in self.zero_stages):
             raise ValueError(f"zero_stages must be a non-empty subset of {STAGES}, got {self.zero_stages!r}")
+        if not self.rows_layouts or any(r not in ROWS_LAYOUTS for r in self.rows_layouts):
+            raise ValueError(f"rows_layouts must be a non-empty subset of {ROWS_LAYOUTS}, got {self.rows_layouts!r}")
 
     def zero_config(self, grid: GridShape, stage: int) -> ZeroConfig:
         """The ZeRO setting of `stage` on `grid` with this request's offload and hierarchy (stages 2, 3)."""
@@ -126,6 +132,7 @@ class GridPlan:
     memory: MemoryEstimate | None = None
     mfu: float = 0.0
     zero: ZeroConfig | None = None
+    rows: str = "own"  # the rows layout (goldfish train --rows): "own" per GPU or "shared" per x*y group
 
     def to_json(self) -> dict[str, Any]:
         g = self.grid
@@ -135,24 +142,29 @@ class GridPlan:
                "step_s": self.step_s if self.feasible else None, "compute_s": self.compute_s,
                "memory_s": self.memory_s, "comm_s": self.comm_s,
                "comm_s_by_group": self.comm_s_by_group, "bytes_by_group": self.bytes_by_group, "mfu": self.mfu,
-               "zero": None if self.zero is None else self.zero.to_json()}
+               "zero": None if self.zero is None else self.zero.to_json(), "rows": self.rows}
         if self.memory is not None:
             out["memory_gib"] = {"params": self.memory.params / GIB, "activations": self.memory.activations / GIB,
                                  "transient": self.memory.transient / GIB, "total": self.memory.total / GIB}
         return out
 
 
+def readers(grid: GridShape, rows: str) -> int:
+    """How many GPUs read different rows of a step in rows layout `rows`: all of them, or data*z when shared."""
+    return grid.world_size if rows == "own" else grid.size("data", "z")
+
+
 def step_prediction(request: PlanRequest, grid: GridShape, grad_accum: int, recompute: bool = False,
-                    zero: ZeroConfig | None = None) -> GridPlan:
+                    zero: ZeroConfig | None = None, rows_layout: str = "own") -> GridPlan:
     """Predicted time and traffic of one step on `grid` with `grad_accum` micro-batches, optional activation
-    checkpointing and ZeRO setting (no feasibility checks: see plan_grid)."""
+    checkpointing, ZeRO setting and rows layout (no feasibility checks: see plan_grid)."""
     profile = request.profile
-    rows = request.global_batch // (request.gpus * grad_accum)
+    rows = request.global_batch // (readers(grid, rows_layout) * grad_accum)  # rows each GPU reads per micro-batch
     param_bytes, act_bytes, stream_bytes = request.element_bytes
     collectives = llama_step_collectives(request.shape, grid, rows_per_rank=rows, seq=request.seq,
                                          param_bytes=param_bytes, act_bytes=act_bytes, stream_bytes=stream_bytes,
                                          grad_accum=grad_accum, mask_bytes=request.mask_bytes, recompute=recompute,
-                                         zero=zero)  # embeddings split by vocabulary as parallelize does
+                                         zero=zero, rows=rows_layout)  # embeddings split by vocabulary as parallelize does
     sizes = {"data": grid.data, "x": grid.x, "y": grid.y, "z": grid.z}
     totals: dict[tuple[str, str, int], list[int]] = {}
     for c in collectives:
@@ -167,18 +179,18 @@ def step_prediction(request: PlanRequest, grid: GridShape, grad_accum: int, reco
         seconds = profile.collective_seconds(kind, ranks, stride, sent, calls)
         comm_by_group[group] = comm_by_group.get(group, 0.0) + seconds
     flops = rank_flops_per_step(request.shape, grid, rows_per_rank=rows, seq=request.seq, grad_accum=grad_accum,
-                                recompute=recompute, chunked_loss=chunked_loss_runs(zero, grid))
+                                recompute=recompute, chunked_loss=chunked_loss_runs(zero, grid), rows=rows_layout)
     compute = flops / (profile.peak_tflops * 1e12 * request.compute_efficiency)
     traffic = rank_memory_traffic_per_step(request.shape, grid, rows_per_rank=rows, seq=request.seq,
                                            act_bytes=act_bytes, bytes_per_param=request.bytes_per_param,
-                                           grad_accum=grad_accum, recompute=recompute)
+                                           grad_accum=grad_accum, recompute=recompute, rows=rows_layout)
     memory_s = traffic / (profile.memory_gbps * 1e9)
     comm = sum(comm_by_group.values())
     step = compute + memory_s + comm
     useful = model_flops_per_token(request.shape, request.seq) * request.global_batch * request.seq
     mfu = useful / (step * request.gpus * profile.peak_tflops * 1e12)
     return GridPlan(grid, True, "", grad_accum, recompute, rows, step, compute, memory_s, comm, comm_by_group,
-                    bytes_by_group(collectives), None, mfu, zero)
+                    bytes_by_group(collectives), None, mfu, zero, rows_layout)
 
 
 def plan_grid(request: PlanRequest, grid: GridShape) -> GridPlan:
@@ -186,48 +198,57 @@ def plan_grid(request: PlanRequest, grid: GridShape) -> GridPlan:
     reason = grid_fits_shape(request.shape, grid)
     if reason is not None:
         return GridPlan(grid, False, f"cannot shard: {reason}")
-    if request.global_batch % request.gpus:
-        return GridPlan(grid, False, f"global batch {request.global_batch} is not divisible by {request.gpus} GPUs "
-                        "(goldfish train gives every GPU its own rows, so the batch must be a multiple of the world "
-                        "size, not of the data size alone)")
-    rows_total = request.global_batch // request.gpus
-    if request.grad_accum is not None:
-        if rows_total % request.grad_accum:
-            return GridPlan(grid, False,
-                            f"{rows_total} rows per GPU do not split into {request.grad_accum} micro-batches")
-        choices = [request.grad_accum]
-    else:
-        choices = [a for a in range(1, rows_total + 1) if rows_total % a == 0]
+    # without x or y parallelism both layouts are the same: plan it once, as the default "own"
+    layouts = [r for r in request.rows_layouts if r == "own" or grid.size("x", "y") > 1] or ["own"]
+    splits = [r for r in layouts if request.global_batch % readers(grid, r) == 0]
+    if not splits:
+        need = " or ".join(f"{readers(grid, r)} ({'shared rows: data*z' if r == 'shared' else 'the world size'})"
+                           for r in layouts)
+        hint = "" if "shared" in layouts else "; goldfish train --rows shared needs only a multiple of data*z"
+        return GridPlan(grid, False, f"global batch {request.global_batch} is not divisible by {need}: not a "
+                        f"multiple of the world size{hint}")
     param_bytes, act_bytes, stream_bytes = request.element_bytes
     limit = request.profile.gpu_memory_gib * GIB * request.memory_fraction
     settings = {"auto": (False, True), "on": (True,), "off": (False,)}[request.checkpointing]
-    best, smallest, tried = None, None, (0, None)
+    best, smallest, tried = None, None, (0, None, "own")
     stages = [s for s in request.zero_stages if s == 0 or grid.data > 1] or [0]
-    for stage in stages:
-        zero = request.zero_config(grid, stage) if stage else None
-        for recompute in settings:
-            for accum in choices:
-                memory = memory_per_rank(request.shape, grid, rows_per_rank=rows_total // accum, seq=request.seq,
-                                         bytes_per_param=request.bytes_per_param, act_bytes=act_bytes,
-                                         param_bytes=param_bytes, recompute=recompute, zero=zero,
-                                         stream_bytes=stream_bytes)
-                if smallest is None or memory.total < smallest.total:
-                    smallest, tried = memory, (accum, zero)
-                if memory.total <= limit:
-                    plan = step_prediction(request, grid, accum, recompute, zero)
-                    plan.memory = memory
-                    if best is None or plan.step_s < best.step_s:
-                        best = plan
-                    break  # more micro-batches only add weight gathers: the fewest that fit is the fastest
+    accum_refused = []
+    for layout in splits:
+        rows_total = request.global_batch // readers(grid, layout)  # rows each GPU reads per step
+        if request.grad_accum is not None:
+            if rows_total % request.grad_accum:
+                accum_refused.append(f"{rows_total} rows per GPU ({layout} rows) do not split into "
+                                     f"{request.grad_accum} micro-batches")
+                continue
+            choices = [request.grad_accum]
+        else:
+            choices = [a for a in range(1, rows_total + 1) if rows_total % a == 0]
+        for stage in stages:
+            zero = request.zero_config(grid, stage) if stage else None
+            for recompute in settings:
+                for accum in choices:
+                    memory = memory_per_rank(request.shape, grid, rows_per_rank=rows_total // accum, seq=request.seq,
+                                             bytes_per_param=request.bytes_per_param, act_bytes=act_bytes,
+                                             param_bytes=param_bytes, recompute=recompute, zero=zero,
+                                             stream_bytes=stream_bytes, rows=layout)
+                    if smallest is None or memory.total < smallest.total:
+                        smallest, tried = memory, (accum, zero, layout)
+                    if memory.total <= limit:
+                        plan = step_prediction(request, grid, accum, recompute, zero, layout)
+                        plan.memory = memory
+                        if best is None or plan.step_s < best.step_s:
+                            best = plan
+                        break  # more micro-batches only add weight gathers: the fewest that fit is the fastest
     if best is not None:
         return best
-    assert smallest is not None
-    accum, zero = tried
+    if smallest is None:
+        return GridPlan(grid, False, "; ".join(accum_refused))
+    accum, zero, layout = tried
     setting = f", ZeRO stage {zero.stage}" if zero is not None else ""
     return GridPlan(grid, False, f"needs {smallest.total / GIB:.1f} GiB per GPU (params {smallest.params / GIB:.1f}, "
                     f"activations {smallest.activations / GIB:.1f}) even with {accum} micro-batches"
                     f"{' and checkpointing' if settings[-1] else ''}{setting}; {limit / GIB:.1f} GiB usable",
-                    grad_accum=accum, recompute=settings[-1], memory=smallest, zero=zero)
+                    grad_accum=accum, recompute=settings[-1], memory=smallest, zero=zero, rows=layout)
 
 
 def rank_grids(request: PlanRequest) -> list[GridPlan]:
@@ -257,7 +278,8 @@ def format_table(request: PlanRequest, plans: list[GridPlan], top: int = 20) -> 
              f"{request.global_batch} x {request.seq} tokens",
              f"{len(plans)} grids: {len(feasible)} feasible, {len(rejected)} rejected",
              ""]
-    header = (f"{'rank':>4} {'data':>5} {'x':>4} {'y':>4} {'z':>4} {'zero':>4} {'accum':>5} {'ckpt':>4} {'step s':>9} "
+    header = (f"{'rank':>4} {'data':>5} {'x':>4} {'y':>4} {'z':>4} {'rows':>6} {'zero':>4} {'accum':>5} {'ckpt':>4} "
+              f"{'step s':>9} "
               f"{'compute':>9} "
               f"{'memory':>9} {'comm':>9} {'mem GiB':>8} {'MFU':>6}  bytes sent per GPU by group")
     lines.append(header)
@@ -266,7 +288,7 @@ def format_table(request: PlanRequest, plans: list[GridPlan], top: int = 20) -> 
         traffic = ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in sorted(p.bytes_by_group.items(), key=lambda kv: -kv[1]))
         ckpt = "yes" if p.recompute else "no"
         stage = p.zero.stage if p.zero is not None else 0
-        lines.append(f"{i:>4} {g.data:>5} {g.x:>4} {g.y:>4} {g.z:>4} {stage:>4} {p.grad_accum:>5} {ckpt:>4} "
+        lines.append(f"{i:>4} {g.data:>5} {g.x:>4} {g.y:>4} {g.z:>4} {p.rows:>6} {stage:>4} {p.grad_accum:>5} {ckpt:>4} "
                      f"{p.step_s:>9.4g} "
                      f"{p.compute_s:>9.4g} {p.memory_s:>9.4g} {p.comm_s:>9.4g} {p.memory.total / GIB:>8.1f} "
                      f"{p.mfu:>6.1%}  {traffic}")
@@ -282,14 +304,15 @@ def format_table(request: PlanRequest, plans: list[GridPlan], top: int = 20) -> 
     reasons: dict[str, int] = {}
     for p in rejected:
         key = p.reason.split(":")[0] if p.reason.startswith("cannot shard") else (
-            "out of memory" if p.reason.startswith("needs") else p.reason)
+            "out of memory" if p.reason.startswith("needs") else
+            "batch not divisible by the GPUs reading different rows" if p.reason.startswith("global batch") else p.reason)
         reasons[key] = reasons.get(key, 0) + 1
     if reasons:
         lines.append("rejected: " + "; ".join(f"{n} {k}" for k, n in reasons.items()))
     if any(p.reason.startswith("global batch") for p in rejected):
-        lines.append(f"(AxoNN feeds one set of rows to each tensor-parallel group, so its batches need only divide by "
-                     f"the data size, e.g. 4,096 sequences on 6,144 or 32,768 GPUs; goldfish train cannot run that: "
-                     f"choose --global-batch a multiple of {request.gpus})")
+        lines.append("(rows: 'own' = every GPU reads its own rows, the batch a multiple of the world size; 'shared' = "
+                     "the GPUs of an x*y group read the same rows (goldfish train --rows shared, as AxoNN), the batch "
+                     "a multiple of data*z)")
     if feasible:
         lines.append(f"fastest, as goldfish train runs it: {train_command(request, feasible[0])}")
     return "\n".join(lines)
@@ -304,6 +327,8 @@ def train_command(request: PlanRequest, plan: GridPlan) -> str:
     parts = [f"torchrun --nproc-per-node ... ({request.gpus} processes) -m goldfish train" if request.gpus > 1
              else "goldfish train", f"--grid {axes}" if request.gpus > 1 else "", f"--batch-size {request.global_batch}", f"--grad-accum {plan.grad_accum}",
              f"--seq-len {request.seq}", f"--precision {request.precision}"]
+    if plan.rows != "own":
+        parts.append(f"--rows {plan.rows}")
     if plan.recompute:
         parts.append("--activation-checkpointing")
     if plan.zero is not None and plan.zero.stage:

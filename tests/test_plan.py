@@ -344,8 +344,9 @@ def test_axonn_gpt_shapes_count_the_parameters_of_a_gpt_model() -> None:
 
 
 def test_plans_are_goldfish_train_options() -> None:
-    """Every choice of a plan is an option of `goldfish train` (precision values included), and a batch that does
-    not divide by the world size is refused with the reason (every rank feeds its own rows)."""
+    """Every choice of a plan is an option of `goldfish train` (precision and rows values included); a batch that
+    does not divide by the world size is planned in the shared rows layout (--rows shared) when it divides by
+    data*z, and refused with the reason when neither layout splits it."""
     from goldfish.app.cli import build_parser
     from engine.plan import PRECISIONS, train_command
     train = build_parser()._subparsers._group_actions[0].choices["train"]
@@ -357,5 +358,18 @@ def test_plans_are_goldfish_train_options() -> None:
     for plan in plans:
         command = train_command(_request(), plan).split(" goldfish train ")[1].split()
         assert {w for w in command if w.startswith("--")} <= flags, command
-    rejected = plan_grid(_request(gpus=16, global_batch=24), GridShape(data=2, x=8))
-    assert "multiple of the world size" in rejected.reason
+    rows = next(a for a in train._actions if "--rows" in a.option_strings)
+    from engine.cost_model import ROWS_LAYOUTS
+    assert set(ROWS_LAYOUTS) == set(rows.choices)
+    shared = plan_grid(_request(gpus=16, global_batch=24), GridShape(data=2, x=8))
+    assert shared.feasible and shared.rows == "shared" and shared.rows_per_micro_batch * shared.grad_accum == 12
+    command = train_command(_request(gpus=16, global_batch=24), shared)
+    assert "--rows shared" in command and {w for w in command.split(" goldfish train ")[1].split() if w.startswith("--")} <= flags
+    rejected = plan_grid(_request(gpus=16, global_batch=24), GridShape(data=16))  # data*z = world: no layout splits
+    assert not rejected.feasible and "multiple of the world size" in rejected.reason
+    own_only = plan_grid(_request(gpus=16, global_batch=24, rows_layouts=("own",)), GridShape(data=2, x=8))
+    assert not own_only.feasible and "--rows shared" in own_only.reason
+    # both layouts split 32 rows: the shared one drops the row gathers around the decoder (x+y traffic) and wins
+    both = plan_grid(_request(global_batch=32), GridShape(data=2, x=8))
+    own = plan_grid(_request(global_batch=32, rows_layouts=("own",)), GridShape(data=2, x=8))
+    assert both.rows == "shared" and both.step_s < own.step_s and own.rows == "own"
