@@ -10,24 +10,23 @@ Usage (no GPU needed: it only runs the planner; a few minutes on one core):
     python bench/axonn_runs.py --out bench/results/axonn_runs.json --plot bench/results/axonn_weak_scaling.png
 
 For every run it plans the GPT model on that machine's profile (engine.profiles) at `--compute-efficiency` and
-takes the fastest grid (ZeRO stage, activation checkpointing and micro-batches as the planner picks them: options of
-`goldfish train`). Sustained flop/s = model FLOPs of the step (engine.cost_model.model_flops_per_token: 6 x matmul
+takes the fastest grid (rows layout, ZeRO stage, activation checkpointing and micro-batches as the planner picks them:
+options of `goldfish train`). Sustained flop/s = model FLOPs of the step (engine.cost_model.model_flops_per_token: 6 x matmul
 weights + attention, no recomputation) / predicted step time.
 
 Assumptions, stated because the published figures do not pin them here:
 - Which model each run trained: AxoNN's weak scaling keeps about 10M parameters per GPU (GPT-5B on 512 GPUs ...
   GPT-320B on 32,768), so the model of N GPUs is the named size of about N x 10M parameters (see WEAK_SCALING).
-- The batch: 4,096 sequences of 4,096 tokens (16.8M tokens), as in the issue's account of the paper. The engine
-  gives every GPU its own rows (engine/train.py, _rank_rows), so the batch must divide by the world size; on 6,144
-  and 32,768 GPUs it does not, and the planner rejects it (the JSON keeps the message). Those runs are predicted
-  with the smallest batch the engine can run there: one sequence per GPU (25.2M and 134M tokens).
+- The batch: 4,096 sequences of 4,096 tokens (16.8M tokens) at every size, as in the issue's account of the paper.
+  On 6,144 and 32,768 GPUs it does not divide by the world size, so those runs use the shared rows layout
+  (`goldfish train --rows shared`: every GPU of an x*y group reads the group's rows, AxoNN's layout; the batch
+  need only divide by data*z); the planner weighs both layouts on every grid and reports the one it picks.
 - Weak-scaling efficiency is predicted flop/s per GPU at N GPUs over that of the smallest run of the series.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,16 +52,11 @@ PUBLISHED_WEAK = {"frontier": (8192, 0.883), "alps": (6144, 0.765)}
 
 
 def predict(machine: str, gpus: int, model: str, efficiency: float) -> dict[str, Any]:
-    """The fastest feasible plan of `model` on `gpus` GPUs of `machine`, with the batch the engine can run."""
+    """The fastest feasible plan of `model` on `gpus` GPUs of `machine` with AxoNN's batch (either rows layout)."""
     shape, profile = NAMED_SHAPES[model], PROFILES[machine]
     out: dict[str, Any] = {"machine": machine, "gpus": gpus, "model": shape.name, "params": shape.n_params,
                            "seq": SEQ, "axonn_batch": AXONN_BATCH}
     batch = AXONN_BATCH
-    if AXONN_BATCH % gpus:
-        rejected = rank_grids(PlanRequest(shape=shape, gpus=gpus, global_batch=AXONN_BATCH, seq=SEQ, profile=profile,
-                                          compute_efficiency=efficiency, zero_stages=(0,)))
-        out["axonn_batch_rejected"] = rejected[0].reason
-        batch = gpus * math.ceil(AXONN_BATCH / gpus)
     request = PlanRequest(shape=shape, gpus=gpus, global_batch=batch, seq=SEQ, profile=profile,
                           compute_efficiency=efficiency)
     plans = rank_grids(request)
@@ -115,6 +109,10 @@ def main() -> None:
         weak.append({"machine": machine, "gpus": gpus, "published": published, "predicted": predicted,
                      "error": None if predicted is None else predicted - published})
     for row in table:
+        plan = next(r for r in series[row["machine"]] if r["gpus"] == row["gpus"])["plan"]
+        grid = ",".join(f"{a}={v}" for a, v in plan["grid"].items() if v > 1)
+        print(f"{row['machine']:>10} {row['gpus']:>6}: grid {grid}, rows {plan['rows']}, zero {plan['zero']}, "
+              f"accum {plan['grad_accum']}, ckpt {plan['checkpointing']}")
         print(f"{row['machine']:>10} {row['gpus']:>6}: published {row['published_flops'] / 1e15:8.1f} Pflop/s, "
               f"predicted {row['predicted_flops'] / 1e15:8.1f} Pflop/s ({row['error']:+.1%}); communication hidden: "
               f"{row['predicted_flops_comm_hidden'] / 1e15:8.1f} Pflop/s")
