@@ -605,14 +605,6 @@ def llama_stack_collectives(shape: TransformerShape, grid: GridShape, *, rows_pe
     return b.items
 
 
-def chunked_loss_runs(zero: ZeroConfig | None, grid: GridShape) -> bool:
-    """Whether `goldfish train`'s loss (causal_lm_token_losses) takes its chunked path from the hidden states.
-    Under ZeRO stages 2 and 3 the model is FSDP2's subclass "FSDP<class>", which causal_lm_token_losses does
-    not recognise (and whose root must run its own forward to gather its parameters), so the loss comes
-    from model(...).logits: full logits of the rank's rows, gathered over the vocabulary split."""
-    return zero is None or grid.data == 1 or zero.stage < 2
-
-
 def vocab_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int, param_bytes: int,
                       stream_bytes: int, vocab_parallel: bool | None = None, chunked_loss: bool = True,
                       act_bytes: int | None = None, rows: str = "own") -> list[Collective]:
@@ -627,7 +619,7 @@ def vocab_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank
                 two fp32 statistics (log-sum-exp, target logit) per token of the group from every rank
                 (P x 2 x P N x 4 bytes); backward: all-gather the per-token loss gradient (P N x 4 bytes)
                 and reduce-scatter the partial gradients of the hidden states.
-    logits      (chunked_loss False: the loss from model(...).logits, see chunked_loss_runs) forward:
+    logits      (chunked_loss False: the loss from model(...).logits, a model outside PLAIN_HEAD_MODELS) forward:
                 all-gather the hidden states as above and the (P N, V/P) logits of every slice to full
                 rows (P N V, product dtype act_bytes); backward: all-gather the logits' gradient of the
                 rank's rows back to the group and reduce-scatter the hidden states' gradient.
@@ -701,8 +693,8 @@ def llama_step_collectives(shape: TransformerShape, grid: GridShape, *, rows_per
     the rank at data index `data_rank` over the other axes, whose sizes differ by rank when dim 0 does not
     divide by the data size).
     vocab_parallel: the embeddings and lm_head split by vocabulary (vocab_parts; None: engine.parallelize's
-    default), with the training loss of engine.vocab_parallel.causal_lm_token_losses (vocab_collectives;
-    under ZeRO 2 and 3 its fallback from full logits, chunked_loss_runs).
+    default), with the training loss of engine.vocab_parallel.causal_lm_token_losses (vocab_collectives: the
+    chunked loss, which runs at every ZeRO stage).
     rows: the rows layout ("own" or "shared", see the module doc); rows_per_rank counts the rows a rank reads.
     """
     stream_bytes = act_bytes if stream_bytes is None else stream_bytes
@@ -714,8 +706,8 @@ def llama_step_collectives(shape: TransformerShape, grid: GridShape, *, rows_per
     stack = llama_stack_collectives(shape, grid, rows_per_rank=rows_per_rank, seq=seq, stream_bytes=stream_bytes,
                                     mask_bytes=mask_bytes, position_ids=position_ids, rows=rows)
     vocab = vocab_collectives(shape, grid, rows_per_rank=rows_per_rank, seq=seq, param_bytes=param_bytes,
-                              stream_bytes=stream_bytes, vocab_parallel=vocab_parallel,
-                              chunked_loss=chunked_loss_runs(zero, grid), act_bytes=act_bytes, rows=rows)
+                              stream_bytes=stream_bytes, vocab_parallel=vocab_parallel, act_bytes=act_bytes,
+                              rows=rows)
     out = scale_count(layer, shape.layers * grad_accum) + scale_count(stack + vocab, grad_accum)
     out += sync_collectives(llama_param_sync_list(shape, grid, zero, data_rank, vocab_parallel, rows), grid,
                             param_bytes)
@@ -827,9 +819,9 @@ def memory_per_rank(shape: TransformerShape, grid: GridShape, *, rows_per_rank: 
     the gathered embeddings and the final norm on T tokens; the chunked loss (token_losses): the final hidden
     states of the P R S tokens of the x*y*z group it gathers and saves (residual-stream dtype, stream_bytes,
     default act_bytes), and one chunk of min(1024, P R S) tokens' logits over V/P columns, in the product
-    dtype plus fp32 for the statistics and the gradient (under ZeRO 2 and 3 the loss's fallback, see
-    chunked_loss_runs: R S V logits with two fp32 copies, plus P R S V gathered when P > 1). Transient: the largest gathered weight block and
-    its gradient block, and two T x hidden gradient buffers.
+    dtype plus fp32 for the statistics and the gradient (at every ZeRO stage: the loss runs inside the FSDP
+    root's forward). Transient: the largest gathered weight block and its gradient block, and two T x hidden
+    gradient buffers.
 
     zero (engine/zero.py; D = data size, P = the parameters above, w = param_bytes, o = bytes_per_param - 2 w
     for the optimizer state and master weights): stage 1 keeps P (2 w) + P o / D; stage 2 the full
@@ -875,11 +867,7 @@ def memory_per_rank(shape: TransformerShape, grid: GridShape, *, rows_per_rank: 
     layers = shape.layers * t * h * act_bytes + per_layer if recompute else shape.layers * per_layer
     # tokens the loss gathers: those of the ranks of x*y*z whose rows differ
     group_tokens = (parts if rows == "own" else min(parts, grid.size("z"))) * rows_per_rank * seq
-    if chunked_loss_runs(zero, grid):
-        logits = min(1024, group_tokens) * (shape.vocab // parts) * (act_bytes + 8) + group_tokens * h * stream_bytes
-    else:  # full logits of the rank's rows with two fp32 copies for the loss, and the group's gathered logits
-        logits = rows_per_rank * seq * shape.vocab * (act_bytes + 8) + (group_tokens * shape.vocab * act_bytes
-                                                                       if parts > 1 else 0)
+    logits = min(1024, group_tokens) * (shape.vocab // parts) * (act_bytes + 8) + group_tokens * h * stream_bytes
     stack = t * h * (2 * act_bytes + 4)
     activations = layers + logits + stack
     blocks = []

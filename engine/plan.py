@@ -37,7 +37,6 @@ from engine.cost_model import (
     ROWS_LAYOUTS,
     TransformerShape,
     bytes_by_group,
-    chunked_loss_runs,
     group_axes,
     grid_fits_shape,
     llama_step_collectives,
@@ -179,7 +178,7 @@ def step_prediction(request: PlanRequest, grid: GridShape, grad_accum: int, reco
         seconds = profile.collective_seconds(kind, ranks, stride, sent, calls)
         comm_by_group[group] = comm_by_group.get(group, 0.0) + seconds
     flops = rank_flops_per_step(request.shape, grid, rows_per_rank=rows, seq=request.seq, grad_accum=grad_accum,
-                                recompute=recompute, chunked_loss=chunked_loss_runs(zero, grid), rows=rows_layout)
+                                recompute=recompute, rows=rows_layout)
     compute = flops / (profile.peak_tflops * 1e12 * request.compute_efficiency)
     traffic = rank_memory_traffic_per_step(request.shape, grid, rows_per_rank=rows, seq=request.seq,
                                            act_bytes=act_bytes, bytes_per_param=request.bytes_per_param,

@@ -337,27 +337,62 @@ def shard_vocab(model: nn.Module, grid: Grid) -> list[nn.Module]:
 
 # ----- the loss of a causal LM -----------------------------------------------------------------------------------
 
+def own_class(model: nn.Module) -> type:
+    """The model's own class: FSDP2's fully_shard (ZeRO 2 and 3) swaps in a dynamic subclass FSDP<class> whose MRO
+    is (FSDP<class>, FSDPModule, <class>, ...); the first class that is no FSDPModule is the model's."""
+    from torch.distributed.fsdp import FSDPModule
+    return next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
+
+
 def causal_lm_token_losses(model: nn.Module, input_ids: torch.Tensor, targets: torch.Tensor, *,
                            attention_mask: torch.Tensor | None = None,
                            chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
     """Per-token cross-entropy (B, T) of a causal LM on this rank's rows, float32, 0 where targets are IGNORE_INDEX.
 
-    For HF models whose logits are lm_head(final hidden states) (PLAIN_HEAD_MODELS, plain or parallelized), the loss
-    runs from the hidden states through `token_losses`: full-vocabulary logits are never built (vocabulary-parallel
-    over x*y*z when the lm_head is). Other models fall back to model(...).logits and F.cross_entropy.
+    For HF models whose logits are lm_head(final hidden states) (PLAIN_HEAD_MODELS, plain, parallelized or
+    partitioned by engine.zero), the loss runs from the hidden states through `token_losses`: full-vocabulary logits
+    are never built (vocabulary-parallel over x*y*z when the lm_head is). Other models fall back to
+    model(...).logits and F.cross_entropy.
     """
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    fused = type(model).__name__ in PLAIN_HEAD_MODELS and head is not None and head.bias is None and \
+    fused = own_class(model).__name__ in PLAIN_HEAD_MODELS and head is not None and head.bias is None and \
         (type(head) is nn.Linear or isinstance(head, VocabParallelLMHead))
     if not fused:
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
         return F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=IGNORE_INDEX,
                                reduction="none").reshape(targets.shape)
-    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-    if isinstance(head, VocabParallelLMHead):
-        losses = token_losses(hidden, head.weight, targets, group=head.group, vocab_start=head.vocab_start,
-                              chunk_tokens=chunk_tokens, row_group=head.row_group, replica_group=head.replica_group)
-    else:
-        losses = token_losses(hidden, head.weight, targets, chunk_tokens=chunk_tokens)
-    return losses.float()
 
+    def head_losses(hidden: torch.Tensor) -> torch.Tensor:
+        weight = head.weight
+        if isinstance(head, VocabParallelLMHead):
+            losses = token_losses(hidden, weight, targets, group=head.group, vocab_start=head.vocab_start,
+                                  chunk_tokens=chunk_tokens, row_group=head.row_group,
+                                  replica_group=head.replica_group)
+        else:
+            losses = token_losses(hidden, weight, targets, chunk_tokens=chunk_tokens)
+        # a fresh tensor, not a view: FSDP hooks the root's outputs for backward and warns on views
+        return losses.float().clone() if losses._base is not None else losses.float()
+
+    # The loss runs INSIDE the model's own forward, as its lm_head: the head's forward is swapped for one that
+    # returns the per-token losses. Under ZeRO 2/3 (engine.zero: FSDP2 over the data axis, the model the root unit
+    # holding embeddings, final norm and lm_head), only the root's forward pre-hook all-gathers those parameters
+    # (calling model.base_model directly leaves them data-sharded DTensors), and head.weight is the unsharded
+    # parameter exactly while that forward runs; the losses are then the root's output, on which FSDP registers its
+    # pre-backward hook, so its backward (root unshard check, prefetch of the last layer) and the post-backward
+    # reduce-scatter of the head's and embedding's gradients run as for model(...).logits. Without ZeRO it is the
+    # same computation as base_model + token_losses.
+    had_own = "forward" in head.__dict__
+    own_forward = head.__dict__.get("forward")
+    head.forward = head_losses
+    try:
+        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    finally:
+        if had_own:
+            head.forward = own_forward
+        else:
+            del head.forward
+    losses = out.logits if hasattr(out, "logits") else out[0]  # out[0]: a model configured with return_dict=False
+    if losses.shape != targets.shape:
+        raise ValueError(f"{own_class(model).__name__}'s forward changed the lm_head's output to shape "
+                         f"{tuple(losses.shape)}; expected the targets' {tuple(targets.shape)}")
+    return losses

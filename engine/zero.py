@@ -61,6 +61,7 @@ from engine import comm
 from engine.grid import AxisGroup, Grid, GridShape
 from engine.linear import ParallelLinear
 from engine.parallelize import decoder_stacks
+from engine.vocab_parallel import own_class
 
 STAGES = (0, 1, 2, 3)
 ZERO_ATTR = "_engine_zero"  # the ZeroState on a model that shard_data_axis prepared
@@ -423,9 +424,7 @@ def like(template: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
 
 def model_class_name(model: nn.Module) -> str:
     """The model's own class name: FSDP2's fully_shard swaps in a subclass named FSDP<name>."""
-    from torch.distributed.fsdp import FSDPModule
-    return next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule) or c is FSDPModule).__name__ \
-        if isinstance(model, FSDPModule) else type(model).__name__
+    return own_class(model).__name__
 
 
 def optimizer_value(model: nn.Module, param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:

@@ -208,6 +208,104 @@ def test_bad_settings_are_clear_errors() -> None:
     assert [chunk_rows(5, 4, i) for i in range(4)] == [(0, 2), (2, 4), (4, 5), (5, 5)]
 
 
+# ----- the chunked loss under ZeRO 2 and 3: no full-vocabulary logits, exact SGD steps ------------------------
+
+CHUNK, SGD_LR, SGD_STEPS = 4, 5e-2, 2
+
+
+class _LogitsSpy:
+    """A dispatch mode that records the largest tensor any op (forward and backward) materialises whose last dim is
+    `vocab` or `vocab // parts` (full or vocabulary-split logits; views, such as the lm_head weight transposed,
+    allocate nothing and are skipped)."""
+
+    def __init__(self, vocab: int, parts: int) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        spy = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+                out = func(*args, **(kwargs or {}))
+                if any(r.alias_info is not None for r in func._schema.returns):
+                    return out  # a view or an in-place result: no new memory
+                for t in out if isinstance(out, (tuple, list)) else [out]:
+                    if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[-1] in spy.widths:
+                        spy.largest = max(spy.largest, t.numel())
+                return out
+
+        self.widths, self.largest, self.mode = {vocab, vocab // parts}, 0, Mode()
+
+
+def _sgd_reference(name: str, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
+    """Serial: the summed cross-entropy of full logits, SGD_STEPS plain SGD steps (one batch each)."""
+    model = MODELS[name]()
+    losses = []
+    for ids, targets in batches:
+        loss = F.cross_entropy(model(input_ids=ids).logits.flatten(0, 1), targets.flatten(), reduction="sum")
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= SGD_LR * p.grad
+                p.grad = None
+        losses.append(float(loss.detach()))
+    return {"losses": losses, "weights": {k: v.clone() for k, v in model.state_dict().items()}}
+
+
+def _chunked_loss_worker(cases: list[tuple[tuple[int, int, int, int], int, bool | None, str]]) -> list[int]:
+    from engine.vocab_parallel import causal_lm_token_losses, is_vocab_parallel
+    from engine.zero import model_class_name
+    examples = _examples(SGD_STEPS * ROWS)
+    batches = [(torch.stack([e["input_ids"] for e in chunk]), torch.stack([e["targets"] for e in chunk]))
+               for chunk in (examples[i:i + ROWS] for i in range(0, len(examples), ROWS))]
+    references = {name: _sgd_reference(name, batches) for name in {case[-1] for case in cases}}
+    largest = []
+    for dims, stage, vocab_parallel, name in cases:
+        shape = GridShape(*dims)
+        grid = init(data=shape.data, x=shape.x, y=shape.y, z=shape.z)
+        what = f"{name} grid {shape} zero {stage} vocab_parallel {vocab_parallel}"
+        try:
+            model = shard_data_axis(parallelize(MODELS[name](), grid, vocab_parallel=vocab_parallel), grid,
+                                    ZeroConfig(stage=stage))
+            assert model_class_name(model) == type(MODELS[name]()).__name__, what  # not FSDP's "FSDP<class>"
+            parts = grid.size("x", "y", "z") if is_vocab_parallel(model.get_output_embeddings()) else 1
+            share = ROWS // grid.world_size
+            mine = slice(grid.rank * share, (grid.rank + 1) * share)
+            spy = _LogitsSpy(VOCAB, parts)
+            for step, (ids, targets) in enumerate(batches):
+                with spy.mode:
+                    loss = causal_lm_token_losses(model, ids[mine], targets[mine], chunk_tokens=CHUNK).sum()
+                    loss.backward()
+                sync_gradients(model, grid)
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p -= SGD_LR * p.grad  # DTensor chunks under ZeRO 2/3: each rank updates its own
+                        p.grad = None
+                total = float(comm.all_reduce(loss.detach().reshape(1), grid.group("x", "y", "z", "data")))
+                assert total == pytest.approx(references[name]["losses"][step], rel=1e-5), f"{what} step {step}"
+            # the chunk's logits are the largest vocabulary-wide tensors: CHUNK tokens x V/P columns
+            assert 0 < spy.largest <= CHUNK * VOCAB // parts, f"{what}: a tensor of {spy.largest} logits"
+            largest.append(spy.largest)
+            weights = full_state_dict(model, grid)
+            for key, value in references[name]["weights"].items():
+                torch.testing.assert_close(weights[key], value, rtol=1e-5, atol=1e-6,
+                                           msg=lambda m, k=key: f"{what} {k}: {m}")
+        finally:
+            grid.close()
+    return largest
+
+
+def test_chunked_loss_under_zero2_and_zero3_builds_no_full_logits() -> None:
+    """causal_lm_token_losses on an FSDP2-partitioned model (ZeRO 2 and 3) takes the chunked path (the largest
+    vocabulary-wide tensor in forward and backward is one chunk's logits, not the (rows, seq, V) logits a fallback
+    to model(...).logits builds) and its losses and weights after SGD steps equal the serial model's."""
+    cases = [((4, 1, 1, 1), 2, None, "llama"), ((4, 1, 1, 1), 3, None, "llama"),
+             ((2, 2, 1, 1), 2, None, "llama"), ((2, 2, 1, 1), 3, None, "llama"),
+             ((2, 1, 2, 1), 3, False, "llama"), ((2, 1, 1, 2), 2, None, "llama")]  # (GPT-2's c_attn has 96 outputs too)
+    results = run_distributed(4, _chunked_loss_worker, cases, timeout=600)
+    assert results[0] == [CHUNK * VOCAB, CHUNK * VOCAB, CHUNK * VOCAB // 2, CHUNK * VOCAB // 2, CHUNK * VOCAB,
+                          CHUNK * VOCAB // 2]
+
+
 # ----- checkpoints: exact resume at the same grid and stage, resume at others, consolidation -------------------
 
 CKPT_CONFIG = dict(epochs=2, batch_size=ROWS, lr=1e-2, warmup_steps=1, schedule="cosine", save_every=2,
