@@ -1,6 +1,7 @@
 """Per-rank memory of parameters, gradients and AdamW state for every grid and ZeRO stage, beside the prediction.
 
     python bench/memory.py --world 4 --json bench/results/memory_world4.json
+    python bench/memory.py --table options --json bench/results/memory_options_world4.json
 
 For each ordered grid of the world size and each ZeRO stage the grid allows (stages 1-3 need data >= 2; at
 data >= 4 also stage 3 with a hierarchy of node size 2, and stage 2 and 3 with optimizer offload), every rank
@@ -9,12 +10,26 @@ training steps (forward, backward, sync_gradients, clip_grad_norm_, AdamW step) 
 the bytes of parameters, gradients and AdamW moments the rank holds between steps (engine.zero.held_bytes, the
 largest rank) beside engine.cost_model.zero_held_bytes (must be equal), the bytes sent per step by the
 largest sender beside engine.cost_model.llama_step_collectives (must be equal), and the median step time on
-gloo (CPU processes sharing the machine's cores: it shows what each stage adds, not GPU speed).
+gloo (CPU processes sharing the machine's cores: it shows what each stage adds, not GPU speed). The step is
+`goldfish train`'s: engine.vocab_parallel.causal_lm_token_losses (the chunked loss), summed.
+
+`--table options` (world 4, no ZeRO): a Llama with a 32,000-token vocabulary (untied embeddings and lm_head: 2 x 8.2M
+of its 9.8M parameters) on the grids x=2,y=2 / data=2,x=2 / z=4, each with the vocabulary split (embeddings and
+lm_head by vocabulary rows over x*y*z) on and off and activation checkpointing on and off. Per rank: the bytes of
+the embedding and lm_head weights, their gradients and AdamW moments (counted from the tensors), and two activation
+figures of one training step taken from the CPU allocator: every allocation and free the step makes, as torch's
+profiler records them (profile_memory=True; CPU tensors have no allocator statistics like CUDA's
+max_memory_allocated, and a saved_tensors_hooks count would miss what activation checkpointing keeps outside
+autograd's saved tensors and the loss's transient chunks). Relative to the bytes alive when the step starts
+(weights, gradients kept allocated, AdamW state): "saved" = alive when backward starts (what the forward keeps for
+backward), "peak" = the most alive at any moment of forward + backward. Beside them engine.cost_model.memory_per_rank:
+vocab_params x 4/4/8 bytes, detail "kept" (for saved) and `activations + transient` (for peak); the largest rank.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -24,12 +39,15 @@ from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
-import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
+import common
 import engine
-from engine.cost_model import TransformerShape, bytes_by_group, llama_step_collectives, ordered_grids, zero_held_bytes
+from engine.activation import checkpoint_decoder_layers
+from engine.cost_model import (TransformerShape, bytes_by_group, llama_step_collectives, memory_per_rank, ordered_grids,
+                               zero_held_bytes)
 from engine.grid import GridShape
+from engine.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses, is_vocab_parallel
 from engine.zero import ZeroConfig, held_bytes, make_adamw, shard_data_axis
 
 ROWS, SEQ = 2, 64  # per rank
@@ -53,10 +71,16 @@ def settings(world: int) -> list[tuple[tuple[int, int, int, int], dict]]:
     return out
 
 
+def _targets(rows: torch.Tensor) -> torch.Tensor:
+    """Next-token targets of (B, S) ids: shifted left, IGNORE_INDEX at the last position."""
+    targets = torch.full_like(rows, IGNORE_INDEX)
+    targets[:, :-1] = rows[:, 1:]
+    return targets
+
+
 def _step(model, optimizer, rows, grid) -> None:
     optimizer.zero_grad(set_to_none=True)
-    logits = model(input_ids=rows).logits
-    F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), rows[:, 1:].reshape(-1)).backward()
+    causal_lm_token_losses(model, rows, _targets(rows)).sum().backward()  # what `goldfish train` runs
     engine.sync_gradients(model, grid)
     engine.clip_grad_norm_(model, 1.0, grid)
     optimizer.step()
@@ -89,12 +113,159 @@ def _worker(rank: int, world: int, port: int, cases: list, steps: int, queue) ->
         grid.close()
 
 
+# ----- --table options: embeddings/lm_head bytes and activations with and without each option -----------------
+
+OPTION_GRIDS = ((1, 2, 2, 1), (2, 2, 1, 1), (1, 1, 1, 4))  # x=2,y=2 / data=2,x=2 / z=4
+OPTION_ROWS, OPTION_SEQ = 2, 128  # per rank
+
+
+def _options_config() -> dict:
+    return dict(vocab=32000, hidden=256, layers=2, heads=8, kv_heads=4, intermediate=768, seq=OPTION_SEQ)
+
+
+def option_settings() -> list[tuple[tuple[int, int, int, int], bool, bool]]:
+    return [(dims, split, ckpt) for dims in OPTION_GRIDS for split in (False, True) for ckpt in (False, True)]
+
+
+def _vocab_bytes(model, optimizer) -> dict[str, int]:
+    """Bytes of the input embedding and lm_head weights this rank holds, their gradients and AdamW moments."""
+    out = {"params": 0, "grads": 0, "optimizer": 0}
+    seen = set()
+    for module in (model.get_input_embeddings(), model.get_output_embeddings()):
+        p = module.weight
+        if id(p) in seen:  # a tied lm_head shares the embedding's tensor
+            continue
+        seen.add(id(p))
+        out["params"] += p.numel() * p.element_size()
+        out["grads"] += p.grad.numel() * p.grad.element_size()
+        out["optimizer"] += sum(v.numel() * v.element_size() for v in optimizer.state[p].values()
+                                if isinstance(v, torch.Tensor) and v.dim() > 0)
+    return out
+
+
+def _allocator_figures(step) -> dict[str, int]:
+    """Run `step(mark)` (a forward and backward) under torch's profiler with profile_memory; `mark` is
+    torch.profiler.record_function, which the step opens as "backward" where backward starts. Returns the bytes alive (relative to the start) when backward
+    starts and the most alive at any moment, from the CPU allocator's allocation (+) and free (-) events."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step(record_function)
+    events = list(prof.profiler.kineto_results.events())
+    backward = min(e.start_ns() for e in events if e.name() == "backward")
+    memory = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    alive = peak = saved = 0
+    for when, nbytes in memory:
+        alive += nbytes
+        peak = max(peak, alive)
+        if when < backward:
+            saved = alive
+    return {"saved": saved, "peak": peak}
+
+
+def _options_worker(rank: int, world: int, port: int, cases: list, queue) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      LOCAL_RANK=str(rank))
+    for dims, split, ckpt in cases:
+        data, x, y, z = dims
+        grid = engine.init(data=data, x=x, y=y, z=z)
+        model = engine.parallelize(common.build_llama(**_options_config()), grid, vocab_parallel=split)
+        assert is_vocab_parallel(model.get_output_embeddings()) == split
+        if ckpt:
+            checkpoint_decoder_layers(model)
+        optimizer = make_adamw(model, [{"params": list(model.parameters())}], lr=1e-3)
+        rows = torch.randint(0, 32000, (OPTION_ROWS, OPTION_SEQ), generator=torch.Generator().manual_seed(rank))
+        targets = _targets(rows)
+
+        def forward_backward(mark) -> None:
+            loss = causal_lm_token_losses(model, rows, targets).sum()
+            with mark("backward"):
+                loss.backward()
+
+        def update() -> None:
+            engine.sync_gradients(model, grid)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=False)  # gradients stay allocated: counted in the start's bytes
+
+        forward_backward(lambda name: contextlib.nullcontext())  # builds gradients and AdamW state
+        update()
+        figures = _allocator_figures(forward_backward)
+        update()
+        queue.put((dims, split, ckpt, rank, _vocab_bytes(model, optimizer), figures))
+        grid.close()
+
+
+def run_options(json_path: str | None) -> None:
+    config = _options_config()
+    shape = TransformerShape.from_hf_config(LlamaConfig(
+        vocab_size=config["vocab"], hidden_size=config["hidden"], num_hidden_layers=config["layers"],
+        num_attention_heads=config["heads"], num_key_value_heads=config["kv_heads"],
+        intermediate_size=config["intermediate"], max_position_embeddings=config["seq"]))
+    cases, world = option_settings(), 4
+    port = common.free_port()
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    procs = [context.Process(target=_options_worker, args=(r, world, port, cases, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results: dict[tuple, list] = {}
+    for _ in range(world * len(cases)):
+        dims, split, ckpt, rank, vocab, figures = queue.get(timeout=3600)
+        results.setdefault((dims, split, ckpt), []).append((vocab, figures))
+    for p in procs:
+        p.join()
+    rows_out = []
+    for dims, split, ckpt in cases:
+        per_rank = results[(dims, split, ckpt)]
+        estimate = memory_per_rank(shape, GridShape(*dims), rows_per_rank=OPTION_ROWS, seq=OPTION_SEQ,
+                                   act_bytes=4, param_bytes=4, recompute=ckpt, vocab_parallel=split)
+        vocab_elements = estimate.detail["vocab_params"] if estimate.detail["vocab_parts"] > 1 else shape.vocab_params
+        rows_out.append({
+            "grid": dict(zip(("data", "x", "y", "z"), dims)), "vocab_parallel": split, "activation_checkpointing": ckpt,
+            "vocab_bytes": {k: max(r[0][k] for r in per_rank) for k in ("params", "grads", "optimizer")},
+            "predicted_vocab_bytes": {"params": vocab_elements * 4, "grads": vocab_elements * 4,
+                                      "optimizer": vocab_elements * 8},
+            "saved_bytes": max(r[1]["saved"] for r in per_rank), "predicted_saved_bytes": estimate.detail["kept"],
+            "peak_bytes": max(r[1]["peak"] for r in per_rank),
+            "predicted_peak_bytes": estimate.activations + estimate.transient,
+            "estimate_detail": {"activations": estimate.activations, "transient": estimate.transient,
+                                **{k: estimate.detail[k] for k in ("kept", "loss_chunk", "head_grad",
+                                                                   "layer_activations")}}})
+    mib = 1 / 2 ** 20
+    print(f"Llama vocabulary {shape.vocab}, hidden {shape.hidden}, {shape.layers} layers, {OPTION_ROWS} x {OPTION_SEQ} "
+          f"tokens per rank, world 4, fp32; per rank (largest rank), MiB measured / predicted (ratio)")
+    print(f"{'grid (data,x,y,z)':<18} {'vocab split':<11} {'ckpt':<5} {'emb+head W':>22} {'grad':>7} {'AdamW':>7} "
+          f"{'saved for backward':>24} {'peak in fwd+bwd':>24}")
+
+    def pair(measured: float, predicted: float) -> str:
+        return f"{measured * mib:7.2f} / {predicted * mib:7.2f} ({measured / predicted:4.2f})"
+
+    for row in rows_out:
+        v, pv = row["vocab_bytes"], row["predicted_vocab_bytes"]
+        print(f"{str(tuple(row['grid'].values())):<18} {'on' if row['vocab_parallel'] else 'off':<11} "
+              f"{'on' if row['activation_checkpointing'] else 'off':<5} {pair(v['params'], pv['params']):>22} "
+              f"{'=' if v['grads'] == pv['grads'] else 'NO':>7} {'=' if v['optimizer'] == pv['optimizer'] else 'NO':>7} "
+              f"{pair(row['saved_bytes'], row['predicted_saved_bytes']):>24} "
+              f"{pair(row['peak_bytes'], row['predicted_peak_bytes']):>24}")
+    if json_path:
+        written = common.write_result(json_path, {"model": shape.__dict__, "rows_per_rank": OPTION_ROWS,
+                                                  "seq": OPTION_SEQ, "rows": rows_out})
+        print(f"wrote {written}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world", type=int, nargs="+", default=[4])
     parser.add_argument("--steps", type=int, default=3, help="timed steps per setting (default: %(default)s)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write every row as JSON")
+    parser.add_argument("--table", choices=("zero", "options"), default="zero",
+                        help="zero: held and sent bytes per grid and ZeRO stage; options: embeddings/lm_head bytes "
+                             "and activations with and without the vocabulary split and activation checkpointing "
+                             "(world 4; --world and --steps do not apply) (default: %(default)s)")
     args = parser.parse_args()
+    if args.table == "options":
+        run_options(args.json)
+        return
     shape = TransformerShape.from_hf_config(_config())
     rows_out = []
     for world in args.world:

@@ -814,14 +814,18 @@ def memory_per_rank(shape: TransformerShape, grid: GridShape, *, rows_per_rank: 
     of x*y*z (V/P rows each, detail "vocab_params"), or whole on every rank when P = 1 (then counted in
     "replicated_params"). bytes_per_param covers weight, gradient and AdamW state (16 = fp32 weight and
     grad + m, v, what `goldfish train` keeps under either precision).
-    Activations: layer_activation_bytes for every layer on the T = X Y R S tokens of the x*y group, or with
-    `recompute` (activation checkpointing) each layer's input (T x hidden) plus one layer recomputed;
-    the gathered embeddings and the final norm on T tokens; the chunked loss (token_losses): the final hidden
-    states of the P R S tokens of the x*y*z group it gathers and saves (residual-stream dtype, stream_bytes,
-    default act_bytes), and one chunk of min(1024, P R S) tokens' logits over V/P columns, in the product
-    dtype plus fp32 for the statistics and the gradient (at every ZeRO stage: the loss runs inside the FSDP
-    root's forward). Transient: the largest gathered weight block and its gradient block, and two T x hidden
-    gradient buffers.
+    Activations: what the forward keeps for backward (detail "kept"): layer_activation_bytes for every layer on
+    the T = X Y R S tokens of the x*y group, or with `recompute` (activation checkpointing) each layer's input
+    (T x hidden); the gathered embeddings and the final norm on T tokens; the final hidden states of the P R S
+    tokens of the x*y*z group that the chunked loss (token_losses) gathers and saves (residual-stream dtype,
+    stream_bytes, default act_bytes). On top of it, the larger of two working sets that never coexist: the loss's
+    chunk of min(1024, P R S) tokens' logits over V/P columns (detail "loss_chunk": fp32 statistics and gradient
+    updated in place, plus the product-dtype copy when act_bytes is not 4) at the start of backward, and with
+    `recompute` one decoder layer recomputed. Transient: the larger of the loss's lm_head-gradient buffer (detail
+    "head_grad": V/P x hidden in fp32, plus the product-dtype and fp32 per-chunk products when they differ; added to
+    the gradient after the loss's backward) and the largest gathered weight block with its gradient block and two
+    T x hidden gradient buffers of a decoder layer. The chunked loss runs at every ZeRO stage (inside the FSDP root's
+    forward). bench/memory.py --table options measures kept and the peak from the CPU allocator.
 
     zero (engine/zero.py; D = data size, P = the parameters above, w = param_bytes, o = bytes_per_param - 2 w
     for the optimizer state and master weights): stage 1 keeps P (2 w) + P o / D; stage 2 the full
@@ -864,20 +868,25 @@ def memory_per_rank(shape: TransformerShape, grid: GridShape, *, rows_per_rank: 
     t = group_rows(grid, rows_per_rank, rows) * seq
     h = shape.hidden
     per_layer = layer_activation_bytes(shape, grid, tokens=t, act_bytes=act_bytes)
-    layers = shape.layers * t * h * act_bytes + per_layer if recompute else shape.layers * per_layer
+    layers = shape.layers * t * h * act_bytes if recompute else shape.layers * per_layer
     # tokens the loss gathers: those of the ranks of x*y*z whose rows differ
     group_tokens = (parts if rows == "own" else min(parts, grid.size("z"))) * rows_per_rank * seq
-    logits = min(1024, group_tokens) * (shape.vocab // parts) * (act_bytes + 8) + group_tokens * h * stream_bytes
     stack = t * h * (2 * act_bytes + 4)
-    activations = layers + logits + stack
+    kept = layers + stack + group_tokens * h * stream_bytes
+    stats = max(act_bytes, 4)  # the loss's statistics and logits gradient: fp32, or the product dtype if wider
+    loss_chunk = min(1024, group_tokens) * (shape.vocab // parts) * (stats + (act_bytes if act_bytes < stats else 0))
+    activations = kept + max(loss_chunk, per_layer if recompute else 0)
+    grad = max(param_bytes, 4)  # the lm_head gradient the loss accumulates: fp32, or the weights' dtype if wider
+    head_grad = (shape.vocab // parts) * h * (grad + (act_bytes + grad if act_bytes != grad else 0))
     blocks = []
     for _, k, n, transposed, _ in shape.projections():
         in_axis, out_axis = ("y", "x") if transposed else ("x", "y")
         blocks.append((n // grid.size(out_axis)) * (k // grid.size(in_axis)))
-    transient = 2 * max(blocks) * param_bytes + 2 * t * h * act_bytes
+    transient = max(head_grad, 2 * max(blocks) * param_bytes + 2 * t * h * act_bytes)
     return MemoryEstimate(params, activations, transient,
                           {"sharded_params": sharded, "replicated_params": replicated, "vocab_params": vocab,
-                           "vocab_parts": parts, "layer_activations": per_layer, "logits": logits, "host": host})
+                           "vocab_parts": parts, "layer_activations": per_layer, "kept": kept,
+                           "loss_chunk": loss_chunk, "head_grad": head_grad, "host": host})
 
 
 def rank_memory_traffic_per_step(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
