@@ -30,12 +30,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import socket
 import statistics
 import time
-from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
@@ -318,10 +316,9 @@ def main() -> None:
               f"{'yes' if held == row['predicted_held_bytes'] else 'NO':>5} {row['sent_bytes'] * mib:>8.2f} "
               f"{'yes' if row['sent_bytes'] == row['predicted_sent_bytes'] else 'NO':>5} {row['step_s']:>7.3f}")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"model": shape.__dict__, "rows_per_rank": ROWS, "seq": SEQ,
-                                               "rows": rows_out}, indent=1) + "\n")
-        print(f"wrote {args.json}")
+        written = common.write_result(args.json, {"model": shape.__dict__, "rows_per_rank": ROWS, "seq": SEQ,
+                                                  "rows": rows_out})
+        print(f"wrote {written}")
 
 
 if __name__ == "__main__":
