@@ -25,7 +25,8 @@ def losses(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def assert_parallel_equals_serial(tmp_path: Path, common: list[str], weight_atol: float) -> None:
+def assert_parallel_equals_serial(tmp_path: Path, common: list[str], weight_atol: float,
+                                  grad_norm_rel: float = 1e-5) -> None:
     parallel, serial = tmp_path / "parallel", tmp_path / "serial"
     result = subprocess.run([sys.executable, "-m", "goldfish", "train", *PARALLEL, "--out", str(parallel), *common],
                             capture_output=True, text=True, timeout=1200)
@@ -33,8 +34,9 @@ def assert_parallel_equals_serial(tmp_path: Path, common: list[str], weight_atol
     assert main(["train", "--out", str(serial), *common]) == 0
     got, want = losses(parallel), losses(serial)
     assert len(got) == len(want) >= 2
-    for key in ("loss", "all_loss", "dropped_loss", "grad_norm"):
+    for key in ("loss", "all_loss", "dropped_loss"):
         assert [m[key] for m in got] == pytest.approx([m[key] for m in want], rel=1e-5), key
+    assert [m["grad_norm"] for m in got] == pytest.approx([m["grad_norm"] for m in want], rel=grad_norm_rel)
     from safetensors.torch import load_file
 
     a = load_file(parallel / "checkpoint" / "model.safetensors")
@@ -59,4 +61,10 @@ def test_readme_parallel_example_on_smollm2(tmp_path: Path) -> None:
     common = ["--model", "smollm2-135m", "--strategy", "hashed", "--k", "4", "--n-train", "8", "--n-heldout", "2",
               "--seq-len", "128", "--epochs", "1", "--batch-size", "4", "--lr", "3e-4", "--schedule", "constant",
               "--warmup-steps", "0", "--no-progress", "--threads", "1"]
-    assert_parallel_equals_serial(tmp_path, common, weight_atol=1e-5)
+    # float32 rounding of x's split matmul sums, amplified through 30 pretrained layers, moves the gradient norm
+    # by ~6e-5 relative (x=2 alone does; data=2 alone is exact). The same x=2 gradients in float64 agree with
+    # the serial model's per tensor to 4e-7 (RMSNorm computes in float32) and in norm to 5e-9: rounding, no term
+    # missing. AdamW's first steps move each weight by about +-lr whatever the gradient's size, so a weight whose
+    # two gradients nearly cancel moves by a different fraction of lr: weights agree to 1e-4 (lr 3e-4; measured
+    # 8e-5 at most).
+    assert_parallel_equals_serial(tmp_path, common, weight_atol=1e-4, grad_norm_rel=3e-4)
