@@ -4,7 +4,7 @@ Imports nothing of the other project packages.
 """
 
 from data.dedup import DEDUP_MODES, DUPLICATE_POLICIES, DedupConfig
-from data.documents import DEFAULT_CORPUS, Document, default_corpus, load_documents
+from data.documents import DEFAULT_CORPUS, Document, default_corpus, is_local_source, load_documents
 from data.errors import DataError
 from data.selection import DocumentSplit, TokenizedDocument, select_documents
 from data.tokenizer import BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, load_tokenizer, train_bpe_tokenizer
@@ -22,6 +22,7 @@ __all__ = [
     "PAD_TOKEN",
     "TokenizedDocument",
     "default_corpus",
+    "is_local_source",
     "load_documents",
     "load_tokenizer",
     "select_documents",

@@ -202,6 +202,15 @@ def _record_id(fields: Mapping, id_field: str, origin: str, where: str) -> str:
     return str(value)
 
 
+def is_local_source(source: str | os.PathLike) -> bool:
+    """True when load_documents(source) reads the embedded corpus or a local path (no network): a source a
+    launcher can check cheaply before starting worker processes."""
+    if not isinstance(source, (str, os.PathLike)):
+        return False
+    return (source == DEFAULT_CORPUS or isinstance(source, os.PathLike) or _looks_like_path(source)
+            or Path(os.path.expanduser(source)).exists())
+
+
 def _preview(value: Any, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

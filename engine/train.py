@@ -35,6 +35,7 @@ from engine.state import clip_grad_norm_, sync_gradients
 from engine.zero import ZeroConfig, ZeroError, make_adamw, shard_data_axis, zero_state
 
 METRICS_FILE = "metrics.jsonl"
+OPTIMIZERS = ("adamw", "sgd")
 
 
 @dataclass
@@ -61,6 +62,7 @@ class TrainConfig:
     offload_optimizer: bool = False  # AdamW state and update in host memory (stages 2 and 3)
     activation_checkpointing: bool = False  # recompute decoder layers in backward (engine/activation.py)
     rows: str = "own"  # rows layout: "own" rows per rank (batch % world), or "shared" per x*y group (batch % data*z)
+    optimizer: str = "adamw"  # "adamw", or "sgd" (plain SGD without momentum: updates proportional to the gradient)
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "grad_accum"):
@@ -77,6 +79,11 @@ class TrainConfig:
             raise ValueError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
         if self.warmup_steps < 0 or self.save_every < 0:
             raise ValueError("warmup_steps and save_every must be >= 0")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.optimizer == "sgd" and self.zero == 1:
+            raise ValueError("ZeRO stage 1 partitions AdamW's moments and SGD keeps none. Fix: use --zero 2 or 3 with "
+                             "SGD (they partition gradients and parameters), or --optimizer adamw")
         if self.rows not in ROWS_LAYOUTS:
             raise ValueError(f"rows must be one of {ROWS_LAYOUTS}, got {self.rows!r}")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
@@ -133,12 +140,18 @@ def lr_factor(step: int, total_steps: int, config: TrainConfig) -> float:
     return config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
-    """AdamW; no weight decay on biases and norm weights (1-D parameters), as is standard for transformers.
-    A model partitioned with ZeRO stage 1 gets engine.zero.ZeroAdamW (the same update on this rank's chunks)."""
+def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW (or SGD); no weight decay on biases and norm weights (1-D parameters), as is standard for transformers.
+    A model partitioned with ZeRO stage 1 gets engine.zero.ZeroAdamW (the same update on this rank's chunks).
+
+    SGD's update is lr * gradient, so two runs' weights differ exactly as much as their gradients (times lr): the
+    optimizer to prove a parallel run equal to a serial one. AdamW divides by the gradient's own running scale, so its
+    first steps move every weight by about lr whatever the gradient's size, which hides a gradient off by a factor."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=config.lr)
     return make_adamw(model, groups, lr=config.lr, betas=(config.beta1, config.beta2))
 
 
@@ -171,24 +184,32 @@ def _row_group(grid: Grid, layout: str):
     return grid.group(*ROW_SPLIT_AXES[layout])
 
 
+def check_step_rows(n_rows: int, shape: GridShape, layout: str = "own") -> None:
+    """Refuse (ValueError, naming the other layout when it would split them) a step of `n_rows` sequences that the
+    grid `shape` cannot split evenly in rows layout `layout`. Needs no process group: launchers call it too."""
+    splits = shape.size(*ROW_SPLIT_AXES[layout])
+    if n_rows % splits == 0:
+        return
+    data_z = shape.size("z", "data")
+    if layout == "own":
+        hint = (f"; or share rows within each x*y group (--rows shared), which needs only multiples of "
+                f"data*z={data_z}" if data_z < shape.world_size and n_rows % data_z == 0 else "")
+        raise ValueError(f"a step holds {n_rows} sequences, not divisible by the world size {shape.world_size}: "
+                         f"choose a batch size and a document count that are multiples of {shape.world_size}{hint}")
+    # (the own layout needs multiples of the world size, a multiple of data*z: it is never the fix here)
+    raise ValueError(f"a step holds {n_rows} sequences, not divisible by data*z={data_z} (the rows layout "
+                     f"'shared' splits them over data and z): choose a batch size and a document count that are "
+                     f"multiples of {data_z}")
+
+
 def _rank_rows(rows: torch.Tensor, grid: Grid | None, layout: str = "own") -> torch.Tensor:
     """This rank's share of one optimizer step's rows: an equal contiguous slice per rank ("own" layout), or per
     x*y group ("shared" layout: every rank of the group gets the same slice). Raises ValueError, naming the other
     layout when it would split them, for rows that do not split evenly."""
     if not _is_distributed(grid):
         return rows
+    check_step_rows(len(rows), grid.shape, layout)
     group = _row_group(grid, layout)
-    if len(rows) % group.size:
-        data_z = grid.size("z", "data")
-        if layout == "own":
-            hint = (f"; or share rows within each x*y group (--rows shared), which needs only multiples of "
-                    f"data*z={data_z}" if data_z < grid.world_size and len(rows) % data_z == 0 else "")
-            raise ValueError(f"a step holds {len(rows)} sequences, not divisible by the world size {grid.world_size}: "
-                             f"choose a batch size and a document count that are multiples of {grid.world_size}{hint}")
-        # (the own layout needs multiples of the world size, a multiple of data*z: it is never the fix here)
-        raise ValueError(f"a step holds {len(rows)} sequences, not divisible by data*z={data_z} (the rows layout "
-                         f"'shared' splits them over data and z): choose a batch size and a document count that are "
-                         f"multiples of {data_z}")
     share = len(rows) // group.size
     return rows[group.rank * share:(group.rank + 1) * share]
 
@@ -403,7 +424,7 @@ def _trainer_state(scheduler: torch.optim.lr_scheduler.LRScheduler, step: int, c
 
 
 _RESUME_MUST_MATCH = ("epochs", "batch_size", "grad_accum", "lr", "schedule", "warmup_steps", "min_lr_ratio", "seed",
-                      "weight_decay", "beta1", "beta2", "max_grad_norm", "precision")
+                      "weight_decay", "beta1", "beta2", "max_grad_norm", "precision", "optimizer")
 
 
 def _resume(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -439,15 +460,29 @@ def _load_trainer_state(directory: Path, optimizer: torch.optim.Optimizer,
     return int(state["step"])
 
 
-def _check_trainer_state(state: dict[str, Any], config: TrainConfig, total_steps: int) -> None:
+_FIELD_DEFAULTS = {"optimizer": "adamw"}
+
+
+def check_resume(directory: str | Path, config: TrainConfig, n_examples: int | None = None) -> int:
+    """Refuse (ValueError) a resume that would not continue the saved run exactly; return the saved step.
+
+    Cheap enough for a launcher to call before any worker process starts: it reads only the checkpoint's trainer
+    state. n_examples: training sequences per epoch, which fix the run's step count (None: not checked)."""
+    state = read_trainer_state(directory)
+    total = None if n_examples is None else config.epochs * steps_per_epoch(n_examples, config.batch_size)
+    _check_trainer_state(state, config, total)
+    return int(state["step"])
+
+
+def _check_trainer_state(state: dict[str, Any], config: TrainConfig, total_steps: int | None) -> None:
     """Refuse to resume with settings that would not reproduce the saved run's loss trajectory."""
-    saved = state["config"]
+    saved = {**_FIELD_DEFAULTS, **state["config"]}  # a field newer than the checkpoint had its default then
     changed = [f"{key}: {saved.get(key)!r} -> {getattr(config, key)!r}" for key in _RESUME_MUST_MATCH
                if saved.get(key) != getattr(config, key)]
     if changed:
         raise ValueError("cannot resume with different optimisation settings (the loss trajectory would not be "
                          "reproduced): " + "; ".join(changed) + ". Use the settings of the original run.")
-    if state["step"] > total_steps:
+    if total_steps is not None and state["step"] > total_steps:
         raise ValueError(f"checkpoint is at step {state['step']} but this run has only {total_steps} steps")
 
 

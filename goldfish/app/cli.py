@@ -12,9 +12,10 @@ import os
 import shutil
 import subprocess
 import sys
+from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from goldfish.app import options as opt
 from goldfish.app.lora import LoraSpec
@@ -25,7 +26,8 @@ from goldfish.masks import STRATEGIES
 if TYPE_CHECKING:  # the commands import torch, the engine and eval only when they run
     from torch import nn
 
-    from engine.grid import Grid
+    from engine.grid import Grid, GridShape
+    from engine.train import TrainConfig
     from goldfish.app.experiment import Prepared
 
 
@@ -43,10 +45,11 @@ def mask_of(args: argparse.Namespace) -> MaskSpec:
     return mask_spec(**opt.MASK.values(args))
 
 
-def train_config_of(args: argparse.Namespace, base: Any, grid: Grid | None) -> Any:
+def train_config_of(args: argparse.Namespace, base: Any, shape: GridShape | None) -> Any:
+    """The training options as a validated TrainConfig; `shape`: the grid's sizes (None: one process)."""
     values = opt.TRAINING.values(args)
     values["max_grad_norm"] = values["max_grad_norm"] or None  # 0 disables clipping
-    values["zero_node_size"] = resolve_node_size(values["zero_node_size"], grid)
+    values["zero_node_size"] = resolve_node_size(values["zero_node_size"], shape)
     return replace(base, **values, progress=runtime_of(args).progress)
 
 
@@ -76,16 +79,41 @@ def instruments_of(args: argparse.Namespace) -> Instruments:
 
 # ----- commands ---------------------------------------------------------------------------------------------------
 
-def _relaunch_under_torchrun(args: argparse.Namespace, runtime: Runtime) -> int:
-    """Run this very command again in `runtime.nproc` local processes under torchrun (torch.distributed.run)."""
-    if runtime.grid is not None:
-        sizes = parse_grid(runtime.grid)
-        product = 1
-        for size in sizes.values():
-            product *= size
-        if product != runtime.nproc:
-            raise ValueError(f"--grid {runtime.grid} needs {product} processes but --nproc is {runtime.nproc}: choose "
-                             f"sizes whose product is {runtime.nproc}, or --nproc {product}")
+def _launch_shape(runtime: Runtime) -> GridShape:
+    """The grid that `--nproc N` workers will build (--grid, or data=N), checked against N before they start."""
+    from engine.grid import GridShape
+
+    shape = GridShape(**parse_grid(runtime.grid)) if runtime.grid is not None else GridShape(data=runtime.nproc)
+    if shape.world_size != runtime.nproc:
+        raise ValueError(f"--grid {runtime.grid} needs {shape.world_size} processes but --nproc is {runtime.nproc}: "
+                         f"choose sizes whose product is {runtime.nproc}, or --nproc {shape.world_size}")
+    return shape
+
+
+def _check_documents(spec: DataSpec) -> None:
+    """Read a local --data source once before worker processes start, so a missing file or a malformed record is
+    one line from the launcher (a dataset from the hub is left to the workers: it needs the network)."""
+    import data
+
+    if spec.source is not None and data.is_local_source(spec.source):
+        data.load_documents(spec.source, text_field=spec.text_field, id_field=spec.id_field, split=spec.split)
+
+
+def _check_training_on_grid(train: TrainConfig, shape: GridShape, resume: Path | None) -> None:
+    """What every worker of a parallel run would refuse in its training settings, checked once before they start:
+    ZeRO against the grid, a step's rows against the rows layout, and the settings of the run to resume."""
+    from engine.train import check_resume, check_step_rows
+
+    train.zero_config.check(shape)
+    check_step_rows(train.batch_size, shape, train.rows)  # every full step; a short last step is checked by workers
+    if resume is not None:
+        check_resume(resume, train)
+
+
+def _launch(args: argparse.Namespace, runtime: Runtime) -> int:
+    """Run this very command again in `runtime.nproc` local worker processes (without --nproc)."""
+    from goldfish.app.launch import launch_local
+
     argv, skip = [], False
     for item in args.argv:
         if skip:
@@ -94,10 +122,7 @@ def _relaunch_under_torchrun(args: argparse.Namespace, runtime: Runtime) -> int:
             skip = True
         elif not item.startswith("--nproc="):
             argv.append(item)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={runtime.nproc}",
-               "-m", "goldfish", *argv]
-    print("launching: " + " ".join(command), file=sys.stderr)
-    return subprocess.call(command)
+    return launch_local(argv, runtime.nproc, args.command)
 
 
 def _check_resume(resume: str | None) -> Path | None:
@@ -158,6 +183,12 @@ def _logger(grid: Grid | None) -> Callable[..., None]:
     return print if is_main_process(grid) else (lambda *a, **k: None)
 
 
+def _train_spec(args: argparse.Namespace, shape: GridShape | None) -> TrainSpec:
+    model_options = opt.MODEL.values(args)
+    return TrainSpec(model=model_options["model"], init_seed=model_options["init_seed"], data=data_of(args),
+                     mask=mask_of(args), train=train_config_of(args, TrainSpec().train, shape), lora=lora_of(args))
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from goldfish.app.experiment import initial_model, prepare_data, start_grid, train_model
 
@@ -167,11 +198,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.out)
     folder = _run_folder(out, overwrite=args.overwrite, resuming=resume is not None)
     if runtime.nproc:
-        return _relaunch_under_torchrun(args, runtime)
+        shape = _launch_shape(runtime)
+        spec = _train_spec(args, shape)
+        _check_training_on_grid(spec.train, shape, resume)
+        _check_documents(spec.data)
+        return _launch(args, runtime)
     grid = start_grid(runtime.grid)
-    model_options = opt.MODEL.values(args)
-    spec = TrainSpec(model=model_options["model"], init_seed=model_options["init_seed"], data=data_of(args),
-                     mask=mask_of(args), train=train_config_of(args, TrainSpec().train, grid), lora=lora_of(args))
+    spec = _train_spec(args, grid.shape if grid is not None else None)
     log = _logger(grid)
     try:
         prepared = prepare_data(spec.data, spec.model, log=log)
@@ -191,9 +224,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from goldfish.app.experiment import evaluate_model, grid_sizes, membership, start_grid
 
     runtime = runtime_of(args)
-    if runtime.nproc:
-        return _relaunch_under_torchrun(args, runtime)
     record = _run_record(args)
+    if runtime.nproc:
+        _launch_shape(runtime)
+        extraction_of(args), instruments_of(args)  # validated before the workers start
+        if args.data is not None:
+            _check_documents(data_of(args))
+        return _launch(args, runtime)
     grid = start_grid(runtime.grid)
     log = _logger(grid)
     prepared, mask, repeats = _eval_documents(args, record, log)
@@ -340,6 +377,16 @@ def apply_preset(args: argparse.Namespace, preset: dict[str, Any], explicit: set
             setattr(args, key, value)
 
 
+def _compare_spec(args: argparse.Namespace, shape: GridShape | None) -> CompareSpec:
+    model_options = opt.MODEL.values(args)
+    train = train_config_of(args, CompareSpec().train, shape)
+    curve_every = args.curve_every if args.curve_every is not None else max(1, train.epochs // 10)
+    return CompareSpec(model=model_options["model"], init_seed=model_options["init_seed"], data=data_of(args),
+                       masks=[parse_mask(m) for m in args.masks], train=train, extraction=extraction_of(args),
+                       instruments=instruments_of(args), curve_every=curve_every, lora=lora_of(args),
+                       with_full=args.with_full)
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from goldfish.app.compare import compare
     from goldfish.app.experiment import start_grid
@@ -352,15 +399,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     out = Path(args.out)
     folder = _run_folder(out, overwrite=args.overwrite, resuming=False)
     if runtime.nproc:
-        return _relaunch_under_torchrun(args, runtime)
+        shape = _launch_shape(runtime)
+        spec = _compare_spec(args, shape)
+        _check_training_on_grid(spec.train, shape, None)
+        _check_documents(spec.data)
+        return _launch(args, runtime)
     grid = start_grid(runtime.grid)
-    model_options = opt.MODEL.values(args)
-    train = train_config_of(args, CompareSpec().train, grid)
-    curve_every = args.curve_every if args.curve_every is not None else max(1, train.epochs // 10)
-    spec = CompareSpec(model=model_options["model"], init_seed=model_options["init_seed"], data=data_of(args),
-                       masks=[parse_mask(m) for m in args.masks], train=train, extraction=extraction_of(args),
-                       instruments=instruments_of(args), curve_every=curve_every, lora=lora_of(args),
-                       with_full=args.with_full)
+    spec = _compare_spec(args, grid.shape if grid is not None else None)
     try:
         compare(spec, folder, grid=grid, device=runtime.device)
     except BaseException:
@@ -500,6 +545,29 @@ def _default_extraction() -> Any:
     return ExtractionConfig()
 
 
+@contextmanager
+def progress_bars(enabled: bool) -> Iterator[None]:
+    """With enabled=False, silence the progress bars of the libraries a command calls (transformers' loading and
+    "Writing model shards" bars, huggingface_hub's and datasets' bars) while it runs; their settings are restored
+    after. Our own bars take Runtime.progress directly."""
+    if enabled:
+        yield
+        return
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    transformers_on, datasets_on = hf_logging.is_progress_bar_enabled(), datasets.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # also huggingface_hub's
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if transformers_on:
+            hf_logging.enable_progress_bar()
+        if datasets_on:
+            datasets.enable_progress_bars()
+
+
 def build_parser() -> argparse.ArgumentParser:
     from goldfish.app.plan import add_plan_arguments, run_plan
 
@@ -526,15 +594,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    if getattr(args, "progress", True) is False:
-        from transformers.utils import logging as hf_logging
+    from goldfish.app.launch import CRASH_EXIT, SETTINGS_ERROR_EXIT, report_worker_error
 
-        hf_logging.disable_progress_bar()  # transformers' own loading/saving bars
     try:
-        return args.func(args)
+        # --no-progress's dest holds the value of the field it fills, Runtime.progress (False when given)
+        with progress_bars(getattr(args, "no_progress", True)):
+            return args.func(args)
     except (ValueError, FileNotFoundError) as error:
-        print(f"goldfish {args.command}: error: {error}", file=sys.stderr)
-        return 2
+        if not report_worker_error(error, settings_error=True):  # a worker of --nproc: its launcher prints it
+            print(f"goldfish {args.command}: error: {error}", file=sys.stderr)
+        return SETTINGS_ERROR_EXIT
+    except Exception as error:
+        if report_worker_error(error, settings_error=False):
+            return CRASH_EXIT
+        raise
 
 
 if __name__ == "__main__":

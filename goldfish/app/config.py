@@ -23,7 +23,7 @@ import torch
 
 import data
 import data.dedup
-from engine.grid import AXES, Grid
+from engine.grid import AXES, GridShape
 from engine.zero import data_ranks_per_node
 from engine.train import TrainConfig
 from eval.adaptive import SamplingConfig
@@ -300,15 +300,16 @@ def parse_node_size(text: str) -> int | str:
     return value
 
 
-def resolve_node_size(value: int | str, grid: Grid | None) -> int:
+def resolve_node_size(value: int | str, shape: GridShape | None) -> int:
     """The data ranks per node of --zero-hierarchy: "node" asks the launcher (LOCAL_WORLD_SIZE, the processes per
-    node torchrun and SLURM's srun set) how many ranks share this node and counts the data indices among them."""
+    node torchrun and SLURM's srun set) how many ranks share this node and counts the data indices among them.
+    shape: the grid's sizes (None: a single process)."""
     if value != NODE:
         return int(value)
-    if grid is None:
+    if shape is None:
         raise ValueError("--zero-hierarchy node needs a parallel run (--nproc or torchrun with --grid data>=2)")
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", grid.world_size)))
-    return data_ranks_per_node(local, grid.shape)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", shape.world_size)))
+    return data_ranks_per_node(local, shape)
 
 
 # Presets of `goldfish compare`: documented runs, as values of the command-line options (by their dest names).

@@ -140,7 +140,10 @@ TRAINING = OptionGroup("training", (
     Option("--batch-size", "batch_size", "sequences per optimizer step (all ranks)"),
     Option("--grad-accum", "grad_accum", "micro-batches per step"),
     Option("--lr", "lr", "peak learning rate"),
-    Option("--weight-decay", "weight_decay", "AdamW weight decay"),
+    Option("--optimizer", "optimizer", "adamw, or sgd (no momentum: the update is lr x gradient, the optimizer to "
+           "compare a parallel or resumed run with a reference exactly)", choices=("adamw", "sgd")),
+    Option("--weight-decay", "weight_decay", "decoupled weight decay of 2-D weights (AdamW; SGD adds it to the "
+           "gradient)"),
     Option("--schedule", "schedule", "learning-rate schedule after warm-up", choices=("constant", "cosine")),
     Option("--warmup-steps", "warmup_steps", "linear warm-up steps"),
     Option("--max-grad-norm", "max_grad_norm", "gradient clipping; 0 disables", parse=float),
