@@ -224,9 +224,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from goldfish.app.experiment import evaluate_model, grid_sizes, membership, start_grid
 
     runtime = runtime_of(args)
-    record = _run_record(args)
     if runtime.nproc:
         _launch_shape(runtime)
+    record = _run_record(args)
+    if runtime.nproc:
         extraction_of(args), instruments_of(args)  # validated before the workers start
         if args.data is not None:
             _check_documents(data_of(args))
