@@ -16,7 +16,7 @@ from goldfish.app.cli import data_of, mask_of
 from goldfish.app.config import DataSpec, MaskSpec, TrainSpec
 from goldfish.app.experiment import Prepared, prepare_data
 
-TRAINING_FIELDS = ("epochs", "batch_size", "grad_accum", "lr", "max_grad_norm", "seed")
+TRAINING_FIELDS = ("epochs", "batch_size", "grad_accum", "lr", "max_grad_norm", "seed", "optimizer")
 DATA_FIELDS = ("n_train", "n_heldout", "seq_len", "seed", "vocab_size")
 EPOCHS = 3
 

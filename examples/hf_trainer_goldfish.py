@@ -104,9 +104,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         logging_steps=1, disable_tqdm=True, seed=args.seed,
         num_train_epochs=1, train_sampling_strategy="sequential",  # the epochs are laid out in the dataset
         per_device_train_batch_size=args.batch_size // args.grad_accum, gradient_accumulation_steps=args.grad_accum,
-        # goldfish train's optimizer: AdamW(0.9, 0.95), constant lr, no weight decay, clipping at 1.0
+        # goldfish train's optimizer: AdamW(0.9, 0.95) or plain SGD, constant lr, no weight decay, clipping at 1.0
         learning_rate=args.lr, adam_beta1=0.9, adam_beta2=0.95, weight_decay=0.0, lr_scheduler_type="constant",
-        max_grad_norm=args.max_grad_norm, optim="adamw_torch")
+        max_grad_norm=args.max_grad_norm, optim="sgd" if args.optimizer == "sgd" else "adamw_torch")
     trainer_class = GoldfishTrainer if args.loss == "compute-loss" else Trainer
     trainer = trainer_class(model=model, args=training, train_dataset=dataset, data_collator=collator)
     trainer.train()

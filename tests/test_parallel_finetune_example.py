@@ -51,8 +51,12 @@ def assert_parallel_equals_serial(tmp_path: Path, common: list[str], weight_atol
 def test_readme_parallel_flags_equal_one_process_on_a_tiny_model(tmp_path: Path) -> None:
     common = ["--model", "micro-llama", "--strategy", "hashed", "--k", "4", "--n-train", "8", "--n-heldout", "2",
               "--seq-len", "48", "--vocab-size", "400", "--epochs", "1", "--batch-size", "4", "--no-progress",
-              "--threads", "1"]
-    assert_parallel_equals_serial(tmp_path, common, weight_atol=1e-5)
+              "--threads", "1", "--optimizer", "sgd", "--lr", "0.5", "--max-grad-norm", "100"]
+    # SGD moves each weight by lr x its gradient, so the weights differ by lr x the gradients' float32 rounding
+    # differences (~1e-7 of a weight's update; updates reach 0.2): 1e-6 holds on any CPU. The clip threshold never
+    # engages (norms ~2), which keeps the norm's own rounding out of the weights. With AdamW the weights would need a
+    # tolerance of order lr: its first steps move a weight by about lr whatever the gradient's size.
+    assert_parallel_equals_serial(tmp_path, common, weight_atol=1e-6)
 
 
 @pytest.mark.slow
@@ -64,7 +68,8 @@ def test_readme_parallel_example_on_smollm2(tmp_path: Path) -> None:
     # float32 rounding of x's split matmul sums, amplified through 30 pretrained layers, moves the gradient norm
     # by ~6e-5 relative (x=2 alone does; data=2 alone is exact). The same x=2 gradients in float64 agree with
     # the serial model's per tensor to 4e-7 (RMSNorm computes in float32) and in norm to 5e-9: rounding, no term
-    # missing. AdamW's first steps move each weight by about +-lr whatever the gradient's size, so a weight whose
-    # two gradients nearly cancel moves by a different fraction of lr: weights agree to 1e-4 (lr 3e-4; measured
-    # 8e-5 at most).
-    assert_parallel_equals_serial(tmp_path, common, weight_atol=1e-4, grad_norm_rel=3e-4)
+    # missing. This run keeps the README's AdamW: its update m/(sqrt(v)+eps) is at most about 1 in size per step,
+    # so a weight whose gradient is rounding-sized may move anywhere within +-lr in each run: two runs' weights can
+    # differ by up to 2 x lr x steps (1.2e-3 at lr 3e-4 over 2 steps) on some CPU, whatever the gradients' accuracy.
+    # The losses and gradient norms above carry the exactness check; the SGD test on the tiny model the weights.
+    assert_parallel_equals_serial(tmp_path, common, weight_atol=2 * 3e-4 * 2, grad_norm_rel=3e-4)
