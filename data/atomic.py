@@ -101,6 +101,22 @@ def staging_directory(directory: str | Path) -> Path:
     return staging
 
 
+def recover_directory(directory: str | Path) -> bool:
+    """Undo a replace_directory cut off between its two renames: when `directory` is absent and the complete old
+    folder it renamed aside is there, rename that back. Returns True when it did.
+
+    Staging folders (".NAME.partial-PID") are never recovered: nothing vouches for their being complete."""
+    directory = Path(directory)
+    if directory.exists():
+        return False
+    aside = sorted(directory.parent.glob(f".{directory.name}.old-*"), key=lambda p: p.stat().st_mtime_ns)
+    if not aside:
+        return False
+    os.replace(aside[-1], directory)
+    fsync_directory(directory.parent)
+    return True
+
+
 def replace_directory(staging: str | Path, directory: str | Path) -> Path:
     """Publish a fully written `staging` folder as `directory`, replacing an older one.
 

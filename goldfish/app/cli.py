@@ -129,7 +129,11 @@ def _check_resume(resume: str | None) -> Path | None:
     """The --resume folder, refused with a one-line error when it does not exist (before anything else runs)."""
     if resume is None:
         return None
+    from data.atomic import recover_directory
+
     path = Path(resume)
+    if recover_directory(path):  # a run killed while it replaced its checkpoint: the previous one is complete
+        print(f"recovered {path} from the complete previous checkpoint a killed run had set aside", file=sys.stderr)
     if not path.is_dir():
         raise ValueError(f"--resume {resume}: no such folder. Fix: give the checkpoint/ folder of an interrupted run "
                          "(e.g. --resume runs/a/checkpoint), or leave --resume out to start a new run")

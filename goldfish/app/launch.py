@@ -81,11 +81,14 @@ def launch_local(argv: Sequence[str], nproc: int, command: str) -> int:
 def _failure_report(failed, error_dir: Path) -> tuple[str, int]:
     """The one line that explains a failed launch, and the exit code.
 
-    A settings error (every rank usually finds the same) is reported from the lowest rank that found it. Otherwise
-    the error written first is the cause: a crash on one rank makes its peers fail afterwards on a closed
-    connection. With no error written at all (a worker killed from outside), how the first worker ended."""
+    A worker killed by a signal (not the launcher's own SIGTERM) is the cause whatever its peers wrote after it
+    vanished. Otherwise a settings error (every rank usually finds the same) is reported from the lowest rank that
+    found it, and any other error from the rank that wrote first: a crash on one rank makes its peers fail
+    afterwards on a closed connection."""
     lines = {int(path.stem.removeprefix("rank")): path for path in error_dir.glob("rank*.txt")}
-    if lines:
+    killed = [rank for rank, failure in failed.failures.items()
+              if failure.exitcode < 0 and failure.signal_name() != "SIGTERM" and rank not in lines]
+    if lines and not killed:
         settings = [rank for rank in lines if (error_dir / f"rank{rank}.settings").exists()]
         rank = min(settings) if settings else min(lines, key=lambda r: (lines[r].stat().st_mtime_ns, r))
         texts = {path.read_text().strip() for path in lines.values()}
@@ -96,8 +99,11 @@ def _failure_report(failed, error_dir: Path) -> tuple[str, int]:
         if not tail:
             shutil.rmtree(error_dir, ignore_errors=True)
         return message, SETTINGS_ERROR_EXIT if settings else CRASH_EXIT
-    rank, failure = min(failed.failures.items())
     shutil.rmtree(error_dir, ignore_errors=True)
+    # The agent stops the surviving workers with SIGTERM: a worker that ended by another signal was the cause.
+    signalled = sorted((rank, failure) for rank, failure in failed.failures.items()
+                       if failure.exitcode < 0 and failure.signal_name() != "SIGTERM")
+    rank, failure = signalled[0] if signalled else min(failed.failures.items())
     how = (f"was killed by signal {failure.signal_name()}" if failure.exitcode < 0
            else f"exited with code {failure.exitcode}")
     return (f"worker rank {rank} {how} without an error message (out of memory, or killed from outside?); the "
