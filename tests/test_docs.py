@@ -86,6 +86,8 @@ def test_topic_pages_exist_and_are_linked_from_the_readme() -> None:
     for page in REQUIRED_PAGES:
         assert (ROOT / "docs" / f"{page}.md").is_file(), f"docs/{page}.md is missing"
         assert f"(docs/{page}.md)" in readme, f"README.md does not link docs/{page}.md"
+        if page != "architecture":  # the layering page describes code; the others show commands a user can run
+            assert _bash_blocks(ROOT / "docs" / f"{page}.md"), f"docs/{page}.md shows no command (no ```bash block)"
 
 
 @pytest.mark.parametrize("doc", DOCUMENTS, ids=_rel)
