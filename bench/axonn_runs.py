@@ -9,9 +9,9 @@ Usage (no GPU needed: it only runs the planner; a few minutes on one core):
 
     python bench/axonn_runs.py --out bench/results/axonn_runs.json --plot bench/results/axonn_weak_scaling.png
 
-For every run it plans the GPT model on that machine's profile (engine.profiles) at `--compute-efficiency` and
+For every run it plans the GPT model on that machine's profile (engine.planner.profiles) at `--compute-efficiency` and
 takes the fastest grid (rows layout, ZeRO stage, activation checkpointing and micro-batches as the planner picks them:
-options of `goldfish train`). Sustained flop/s = model FLOPs of the step (engine.cost_model.model_flops_per_token: 6 x matmul
+options of `goldfish train`). Sustained flop/s = model FLOPs of the step (engine.planner.cost_model.model_flops_per_token: 6 x matmul
 weights + attention, no recomputation) / predicted step time.
 
 Assumptions, stated because the published figures do not pin them here:
@@ -34,9 +34,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
-from engine.cost_model import NAMED_SHAPES, model_flops_per_token  # noqa: E402
-from engine.plan import PlanRequest, rank_grids  # noqa: E402
-from engine.profiles import PROFILES  # noqa: E402
+from engine.planner.cost_model import NAMED_SHAPES, model_flops_per_token  # noqa: E402
+from engine.planner.plan import PlanRequest, rank_grids  # noqa: E402
+from engine.planner.profiles import PROFILES  # noqa: E402
 
 AXONN_BATCH, SEQ = 4096, 4096
 # machine -> (GPUs, named size) of the weak-scaling series (about 10M parameters per GPU, see the module doc)

@@ -8,8 +8,8 @@ data >= 4 also stage 3 with a hierarchy of node size 2, and stage 2 and 3 with o
 builds the same Llama, parallelizes it, partitions it (engine.zero.shard_data_axis), and runs `--steps`
 training steps (forward, backward, sync_gradients, clip_grad_norm_, AdamW step) on gloo. Reported per setting:
 the bytes of parameters, gradients and AdamW moments the rank holds between steps (engine.zero.held_bytes, the
-largest rank) beside engine.cost_model.zero_held_bytes (must be equal), the bytes sent per step by the
-largest sender beside engine.cost_model.llama_step_collectives (must be equal), and the median step time on
+largest rank) beside engine.planner.cost_model.zero_held_bytes (must be equal), the bytes sent per step by the
+largest sender beside engine.planner.cost_model.llama_step_collectives (must be equal), and the median step time on
 gloo (CPU processes sharing the machine's cores: it shows what each stage adds, not GPU speed). The step is
 `goldfish train`'s: engine.vocab_parallel.causal_lm_token_losses (the chunked loss), summed.
 
@@ -22,7 +22,7 @@ profiler records them (profile_memory=True; CPU tensors have no allocator statis
 max_memory_allocated, and a saved_tensors_hooks count would miss what activation checkpointing keeps outside
 autograd's saved tensors and the loss's transient chunks). Relative to the bytes alive when the step starts
 (weights, gradients kept allocated, AdamW state): "saved" = alive when backward starts (what the forward keeps for
-backward), "peak" = the most alive at any moment of forward + backward. Beside them engine.cost_model.memory_per_rank:
+backward), "peak" = the most alive at any moment of forward + backward. Beside them engine.planner.cost_model.memory_per_rank:
 vocab_params x 4/4/8 bytes, detail "kept" (for saved) and `activations + transient` (for peak); the largest rank.
 """
 
@@ -42,7 +42,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import common
 import engine
 from engine.activation import checkpoint_decoder_layers
-from engine.cost_model import (TransformerShape, bytes_by_group, llama_step_collectives, memory_per_rank, ordered_grids,
+from engine.planner.cost_model import (TransformerShape, bytes_by_group, llama_step_collectives, memory_per_rank, ordered_grids,
                                zero_held_bytes)
 from engine.grid import GridShape
 from engine.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses, is_vocab_parallel

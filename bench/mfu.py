@@ -12,7 +12,7 @@ Precision "autocast" (default) keeps fp32 weights and runs matmuls in bf16 under
 `goldfish train --precision bf16` does; "bf16" holds the weights in bf16. The two paths alternate in
 rounds (so drift of a shared machine hits both) and the median step counts.
 
-MFU = model FLOPs per token (engine.cost_model.model_flops_per_token: 6 x matmul weights + 12 x layers x
+MFU = model FLOPs per token (engine.planner.cost_model.model_flops_per_token: 6 x matmul weights + 12 x layers x
 seq x hidden for attention, no causal discount, the PaLM convention) x tokens/s / peak. Peak: --peak-tflops,
 or the dense bf16 peak of a known GPU (A100 312, H100/H200/GH200 989, MI250X GCD 191.5 Tflop/s), or on CPU
 and unknown GPUs the measured rate of a large bf16 GEMM (so CPU MFU is relative to what this CPU's GEMM
@@ -31,7 +31,7 @@ import torch
 
 import common
 import engine
-from engine.cost_model import TransformerShape, model_flops_per_token
+from engine.planner.cost_model import TransformerShape, model_flops_per_token
 
 SIZES = {
     "tiny": dict(hidden=256, layers=4, heads=8, kv_heads=8, intermediate=688, vocab=2048, tie_word_embeddings=False,

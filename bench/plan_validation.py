@@ -5,12 +5,12 @@ Usage (4 gloo ranks on CPU; rank 0 prints the table and writes the JSON):
 
     torchrun --nproc-per-node 4 bench/plan_validation.py --out bench/results/plan_validation.json
 
-Steps: (1) profile this machine with engine.measure (every collective kind for every group size and
+Steps: (1) profile this machine with engine.planner.measure (every collective kind for every group size and
 placement of the world, plus the GEMM rate with all ranks busy); (2) for each ordered grid, parallelize the
 same serial model and time training steps (forward, backward, sync_gradients, clip_grad_norm_, AdamW),
 `--iters` iterations of which the first two are dropped (the seed documents time ten and average the last
 eight), over `--rounds` interleaved rounds; the slowest rank counts; (3) predict each grid's step time with
-engine.plan.step_prediction on the measured profile (compute efficiency 1 against the measured GEMM rate,
+engine.planner.plan.step_prediction on the measured profile (compute efficiency 1 against the measured GEMM rate,
 memory-bound work at the measured copy rate); (4) report Spearman's and Kendall's (tau-b) rank correlation between
 predicted and measured order, also for the prediction without its memory-bound term and for
 communication alone (the AxoNN paper's model).
@@ -32,10 +32,10 @@ from scipy.stats import kendalltau, rankdata, spearmanr
 
 import common
 import engine
-from engine.cost_model import TransformerShape, ordered_grids
-from engine.measure import measure_profile
-from engine.plan import PlanRequest, step_prediction
-from engine.profiles import PROFILES, MachineProfile
+from engine.planner.cost_model import TransformerShape, ordered_grids
+from engine.planner.measure import measure_profile
+from engine.planner.plan import PlanRequest, step_prediction
+from engine.planner.profiles import PROFILES, MachineProfile
 
 
 def main() -> int:

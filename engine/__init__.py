@@ -10,34 +10,50 @@
     engine.clip_grad_norm_(model, max_norm, grid)
     state = engine.full_state_dict(model, grid)     # serial keys, full tensors
     engine.load_full_state_dict(model, state, grid)
+
+The names load on first use (PEP 562), so `import engine` costs nothing and the planner (engine.planner) and the
+plain-Python run description (engine.spec) import without torch.
 """
 
-from engine.checkpoint import CheckpointError, consolidate_checkpoint, load_checkpoint, save_checkpoint
-from engine.grid import Grid, GridError, GridShape, init, is_main_process
-from engine.linear import ParallelLinear, ShardingError
-from engine.parallelize import auto_parallelize, parallelize
-from engine.state import clip_grad_norm_, full_state_dict, load_full_state_dict, sync_gradients
-from engine.zero import ZeroConfig, ZeroError, shard_data_axis
+from __future__ import annotations
 
-__all__ = [
-    "CheckpointError",
-    "Grid",
-    "GridError",
-    "GridShape",
-    "ParallelLinear",
-    "ShardingError",
-    "ZeroConfig",
-    "ZeroError",
-    "auto_parallelize",
-    "clip_grad_norm_",
-    "consolidate_checkpoint",
-    "full_state_dict",
-    "init",
-    "is_main_process",
-    "load_checkpoint",
-    "load_full_state_dict",
-    "parallelize",
-    "save_checkpoint",
-    "shard_data_axis",
-    "sync_gradients",
-]
+import importlib
+from typing import Any
+
+# public name -> the module that defines it
+_PUBLIC = {
+    "CheckpointError": "engine.checkpoint",
+    "consolidate_checkpoint": "engine.checkpoint",
+    "load_checkpoint": "engine.checkpoint",
+    "save_checkpoint": "engine.checkpoint",
+    "Grid": "engine.grid",
+    "init": "engine.grid",
+    "is_main_process": "engine.grid",
+    "GridError": "engine.spec",
+    "GridShape": "engine.spec",
+    "ZeroConfig": "engine.spec",
+    "ZeroError": "engine.spec",
+    "ParallelLinear": "engine.linear",
+    "ShardingError": "engine.linear",
+    "auto_parallelize": "engine.parallelize",
+    "parallelize": "engine.parallelize",
+    "clip_grad_norm_": "engine.state",
+    "full_state_dict": "engine.state",
+    "load_full_state_dict": "engine.state",
+    "sync_gradients": "engine.state",
+    "shard_data_axis": "engine.zero",
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))

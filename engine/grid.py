@@ -21,7 +21,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-AXES: tuple[str, ...] = ("x", "y", "z", "data")  # rank order, fastest first
+from engine.spec import AXES, GridError, GridShape, _check_axis  # noqa: F401 - re-exported: engine.grid names them
+
 
 # The axis combinations a grid builds process groups for. Single axes serve the parallel Linear;
 # ("x", "y") gathers a decoder layer's rows; ("x", "y", "z") is the tensor-parallel group (full
@@ -33,86 +34,6 @@ GROUP_AXES: tuple[tuple[str, ...], ...] = (
     ("x", "y"), ("y", "z"), ("x", "y", "z"),
     ("z", "data"), ("y", "z", "data"), ("x", "y", "z", "data"),
 )
-
-
-class GridError(ValueError):
-    """A grid that cannot be built: bad sizes, or sizes that do not match the world."""
-
-
-@dataclass(frozen=True)
-class GridShape:
-    """Sizes of the four grid axes. Each is an integer >= 1; their product is the number of ranks."""
-
-    data: int = 1
-    x: int = 1
-    y: int = 1
-    z: int = 1
-
-    def __post_init__(self) -> None:
-        for axis in AXES:
-            value = getattr(self, axis)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise GridError(f"grid axis {axis} must be an integer >= 1, got {value!r}")
-
-    @property
-    def world_size(self) -> int:
-        """Number of ranks the grid needs: data * x * y * z."""
-        return self.data * self.x * self.y * self.z
-
-    def size(self, *axes: str) -> int:
-        """Product of the sizes of `axes` (1 for no axes)."""
-        out = 1
-        for axis in axes:
-            out *= getattr(self, _check_axis(axis))
-        return out
-
-    def coords(self, rank: int) -> dict[str, int]:
-        """Coordinates {axis: index} of global `rank` (x fastest)."""
-        if not 0 <= rank < self.world_size:
-            raise GridError(f"rank {rank} is outside a grid of {self.world_size} ranks")
-        out = {}
-        for axis in AXES:
-            size = getattr(self, axis)
-            out[axis] = rank % size
-            rank //= size
-        return out
-
-    def rank(self, coords: dict[str, int]) -> int:
-        """Global rank of the coordinates {axis: index} (missing axes count as 0)."""
-        rank = 0
-        for axis in reversed(AXES):
-            index = coords.get(axis, 0)
-            size = getattr(self, axis)
-            if not 0 <= index < size:
-                raise GridError(f"coordinate {axis}={index} is outside the axis size {size}")
-            rank = rank * size + index
-        return rank
-
-    def group_ranks(self, axes: tuple[str, ...]) -> list[list[int]]:
-        """Every group of ranks that varies only along `axes`, each sorted ascending.
-
-        Inside a group, the position of a rank (its group rank) follows the grid's rank order restricted
-        to `axes`, e.g. x + X * y for ("x", "y").
-        """
-        axes = tuple(_check_axis(a) for a in axes)
-        others = [a for a in AXES if a not in axes]
-        groups = []
-        for fixed in itertools.product(*(range(getattr(self, a)) for a in reversed(others))):
-            base = dict(zip(reversed(others), fixed))
-            ranks = []
-            for varying in itertools.product(*(range(getattr(self, a)) for a in reversed(axes))):
-                ranks.append(self.rank({**base, **dict(zip(reversed(axes), varying))}))
-            groups.append(sorted(ranks))
-        return groups
-
-    def __str__(self) -> str:
-        return f"data={self.data},x={self.x},y={self.y},z={self.z}"
-
-
-def _check_axis(axis: str) -> str:
-    if axis not in AXES:
-        raise GridError(f"unknown grid axis {axis!r}; the axes are {', '.join(AXES)}")
-    return axis
 
 
 @dataclass

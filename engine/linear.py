@@ -45,13 +45,13 @@ from engine.functional import (
     tensor_parallel_matmul,
 )
 from engine.grid import Grid
+from engine.spec import ROWS_LAYOUTS
 
 MODES = ("default", "normal", "transposed")
 
 # The rows layouts of a parallelized model (engine/parallelize.py: "own" rows per rank, or rows "shared" by every
 # rank of an x*y group) and the attribute, set by engine.parallelize.rows_layout on the root model and on every
 # module whose forward depends on it, that holds the current one (absent = "own").
-ROWS_LAYOUTS = ("own", "shared")
 ROWS_ATTR = "_engine_rows_layout"
 
 

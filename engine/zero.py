@@ -61,72 +61,10 @@ from engine import comm
 from engine.grid import AxisGroup, Grid, GridShape
 from engine.linear import ParallelLinear
 from engine.parallelize import decoder_stacks
+from engine.spec import STAGES, ZeroConfig, ZeroError, data_ranks_per_node  # noqa: F401 - re-exported
 from engine.vocab_parallel import own_class
 
-STAGES = (0, 1, 2, 3)
 ZERO_ATTR = "_engine_zero"  # the ZeroState on a model that shard_data_axis prepared
-
-
-class ZeroError(ValueError):
-    """A ZeRO setting that does not fit the grid or the model (named in the message, with the fix)."""
-
-
-@dataclass(frozen=True)
-class ZeroConfig:
-    """How to partition over the data axis.
-
-    stage: 0 (off), 1 (AdamW moments), 2 (+ gradients), 3 (+ parameters); see the module doc.
-    node_size: data-axis ranks per node; > 1 turns on hierarchical partitioning (stages 2 and 3).
-    offload: AdamW moments, parameter and gradient chunks in host memory, update on the host (stages 2, 3).
-    """
-
-    stage: int = 0
-    node_size: int = 1
-    offload: bool = False
-
-    def __post_init__(self) -> None:
-        if isinstance(self.stage, bool) or self.stage not in STAGES:
-            raise ZeroError(f"ZeRO stage must be one of {STAGES}, got {self.stage!r}")
-        if isinstance(self.node_size, bool) or not isinstance(self.node_size, int) or self.node_size < 1:
-            raise ZeroError(f"node size must be an integer >= 1 (data-axis ranks per node), got {self.node_size!r}")
-        if self.node_size > 1 and self.stage < 2:
-            raise ZeroError(f"hierarchical partitioning needs ZeRO stage 2 or 3 (it splits the gradient reduce-"
-                            f"scatter and stage 3's parameter gathers by node), got stage {self.stage}; use --zero 2 "
-                            "or 3, or drop the hierarchy")
-        if self.offload and self.stage < 2:
-            raise ZeroError(f"optimizer offload needs ZeRO stage 2 or 3 (the host updates the partitioned state "
-                            f"FSDP keeps there), got stage {self.stage}; use --zero 2 or 3 with --offload-optimizer")
-
-    def check(self, shape: GridShape) -> None:
-        """Raise ZeroError when the grid cannot carry this setting."""
-        if self.stage > 0 and shape.data == 1:
-            raise ZeroError(f"ZeRO stage {self.stage} partitions over the data axis, but the grid {shape} has data=1; "
-                            "use a grid with data >= 2 or --zero 0")
-        if shape.data % self.node_size:
-            raise ZeroError(f"node size {self.node_size} (data ranks per node) does not divide the data axis of size "
-                            f"{shape.data} (grid {shape}); choose a node size dividing it or no hierarchy")
-
-    @property
-    def hierarchical(self) -> bool:
-        return self.node_size > 1
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def data_ranks_per_node(gpus_per_node: int, shape: GridShape) -> int:
-    """Data-axis ranks that share a node of `gpus_per_node` ranks (e.g. the launcher's local world size).
-
-    Ranks are laid out with the data axis slowest, so a node holds whole tensor-parallel groups when
-    x*y*z divides gpus_per_node, and then gpus_per_node / (x*y*z) consecutive data indices (capped at the
-    data size). A tensor-parallel group spanning nodes leaves one data rank per node (no hierarchy).
-    """
-    if gpus_per_node < 1:
-        raise ZeroError(f"GPUs per node must be >= 1, got {gpus_per_node}")
-    tp = shape.size("x", "y", "z")
-    if gpus_per_node % tp:
-        return 1
-    return math.gcd(gpus_per_node // tp, shape.data)
 
 
 def chunk_rows(rows: int, parts: int, index: int) -> tuple[int, int]:

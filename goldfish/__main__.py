@@ -1,5 +1,5 @@
 import sys
 
-from goldfish.app.cli import main
+from goldfish.app.entry import main
 
 sys.exit(main())

@@ -1,4 +1,4 @@
-"""The analytic byte model (engine.cost_model) against the engine's own byte counters, exactly.
+"""The analytic byte model (engine.planner.cost_model) against the engine's own byte counters, exactly.
 
 For every ordered grid of world sizes 4 and 8, each rank enables its grid's ByteCounter, runs a step
 (forward, backward, sync_gradients, clip_grad_norm_) and compares the bytes counted per group and per phase
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from distributed import run_distributed
-from engine.cost_model import (
+from engine.planner.cost_model import (
     PHASES,
     TransformerShape,
     bytes_by_group,

@@ -20,6 +20,34 @@ def test_import_goldfish_needs_torch_alone() -> None:
     assert out.stdout.strip() == "[]", out.stdout
 
 
+def test_goldfish_plan_and_the_planner_run_without_torch() -> None:
+    """`goldfish plan` and engine.planner are plain Python (engine.spec is all they take from the runtime): they run
+    where torch is not installed, and `import engine` loads nothing until a name is used."""
+    code = ("import sys; from goldfish.app.entry import main; "
+            "rc = main(['plan', '--model', '7B', '--gpus', '8', '--top', '1']); "
+            "import engine, engine.spec, engine.planner.cost_model, engine.planner.plan, engine.planner.profiles; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('torch', 'transformers', 'safetensors', 'datasets', 'numpy')); print(rc, bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "0 []", out.stdout[-2000:]
+
+
+def test_planner_imports_only_the_run_description_of_the_runtime() -> None:
+    offenders = []
+    for path in (ROOT / "engine" / "planner").glob("*.py"):
+        if path.name == "measure.py":  # times real collectives: torch.distributed by design
+            continue
+        # module level only: reading an HF config (--model NAME_OR_FOLDER) imports transformers when it happens
+        top = ast.parse(path.read_text()).body
+        names = {alias.name for node in top if isinstance(node, ast.Import) for alias in node.names}
+        names |= {node.module for node in top if isinstance(node, ast.ImportFrom) and node.module and not node.level}
+        for name in names:
+            if name.split(".")[0] in ("torch", "transformers", "safetensors") or \
+                    (name.startswith("engine.") and not name.startswith(("engine.planner", "engine.spec"))):
+                offenders.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not offenders, offenders
+
+
 def _imports(path: Path) -> set[str]:
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -53,7 +81,7 @@ def test_floors_import_only_downwards() -> None:
 def test_only_comm_grid_and_measure_call_torch_distributed() -> None:
     """Collectives go through engine/comm.py; torch's own distributed machinery (FSDP2, DeviceMesh) may be used
     where it composes with the grid, but no other module calls torch.distributed's collectives directly."""
-    allowed = {"engine/comm.py", "engine/grid.py", "engine/measure.py"}
+    allowed = {"engine/comm.py", "engine/grid.py", "engine/planner/measure.py"}
     offenders = []
     for package in ("engine", "eval", "goldfish", "data"):
         for path in (ROOT / package).rglob("*.py"):

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from distributed import run_distributed
-from engine.cost_model import (
+from engine.planner.cost_model import (
     NAMED_SHAPES,
     TransformerShape,
     count_grids,
@@ -28,9 +28,9 @@ from engine.cost_model import (
     rank_flops_per_step,
 )
 from engine.grid import GridShape
-from engine.plan import PlanRequest, plan_grid, rank_grids, step_prediction
+from engine.planner.plan import PlanRequest, plan_grid, rank_grids, step_prediction
 from goldfish.app.plan import add_plan_arguments, run_plan
-from engine.profiles import PROFILES, MachineProfile, MeasuredCollective, group_stride, load_profile
+from engine.planner.profiles import PROFILES, MachineProfile, MeasuredCollective, group_stride, load_profile
 
 
 def test_grid_enumeration_counts() -> None:
@@ -270,7 +270,7 @@ def test_run_plan_errors() -> None:
 
 
 def _measure_worker() -> dict | None:
-    from engine.measure import measure_profile
+    from engine.planner.measure import measure_profile
     profile = measure_profile(PROFILES["perlmutter"], small_bytes=1 << 10, large_bytes=1 << 16, iters=2,
                               gemm_size=64)
     return None if profile is None else profile.to_json()
@@ -334,7 +334,7 @@ def test_axonn_gpt_shapes_count_the_parameters_of_a_gpt_model() -> None:
     """The GPT layout of the AxoNN named sizes (no gate, biases, LayerNorm, tied embeddings) counts what a GPT-2
     model of the same sizes holds, less its learned position embeddings."""
     from transformers import GPT2Config, GPT2LMHeadModel
-    from engine.cost_model import _axonn_gpt
+    from engine.planner.cost_model import _axonn_gpt
     config = GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=50304, n_positions=32)
     model = GPT2LMHeadModel(config)
     shape = _axonn_gpt(2, 64, 4, "tiny")
@@ -348,7 +348,7 @@ def test_plans_are_goldfish_train_options() -> None:
     does not divide by the world size is planned in the shared rows layout (--rows shared) when it divides by
     data*z, and refused with the reason when neither layout splits it."""
     from goldfish.app.cli import build_parser
-    from engine.plan import PRECISIONS, train_command
+    from engine.planner.plan import PRECISIONS, train_command
     train = build_parser()._subparsers._group_actions[0].choices["train"]
     flags = {s for action in train._actions for s in action.option_strings}
     precision = next(a for a in train._actions if "--precision" in a.option_strings)
@@ -359,7 +359,7 @@ def test_plans_are_goldfish_train_options() -> None:
         command = train_command(_request(), plan).split(" goldfish train ")[1].split()
         assert {w for w in command if w.startswith("--")} <= flags, command
     rows = next(a for a in train._actions if "--rows" in a.option_strings)
-    from engine.cost_model import ROWS_LAYOUTS
+    from engine.planner.cost_model import ROWS_LAYOUTS
     assert set(ROWS_LAYOUTS) == set(rows.choices)
     shared = plan_grid(_request(gpus=16, global_batch=24), GridShape(data=2, x=8))
     assert shared.feasible and shared.rows == "shared" and shared.rows_per_micro_batch * shared.grad_accum == 12

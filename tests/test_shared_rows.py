@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from distributed import run_distributed
 from engine.activation import checkpoint_decoder_layers
-from engine.cost_model import ordered_grids
+from engine.planner.cost_model import ordered_grids
 from engine.grid import init
 from engine.parallelize import parallelize, rows_layout
 from engine.state import full_state_dict

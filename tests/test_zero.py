@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from distributed import run_distributed
 from engine import comm
-from engine.cost_model import ordered_grids
+from engine.planner.cost_model import ordered_grids
 from engine.grid import GridShape, init
 from engine.parallelize import parallelize
 from engine.state import clip_grad_norm_, full_state_dict, sync_gradients
@@ -392,12 +392,12 @@ def test_checkpoint_resume_and_consolidation(tmp_path) -> None:
         assert torch.equal(loaded.state_dict()[key], value), key
 
 
-# ----- bytes: counted equal to engine.cost_model's prediction; memory held equal to zero_held_bytes --------------
+# ----- bytes: counted equal to engine.planner.cost_model's prediction; memory held equal to zero_held_bytes --------------
 
 def _bytes_worker(cases: list[tuple[tuple[int, int, int, int], dict]]) -> int:
     from test_comm_model import tiny_llama_config
     from transformers import LlamaForCausalLM
-    from engine.cost_model import PHASES, TransformerShape, bytes_by_group, llama_step_collectives, zero_held_bytes
+    from engine.planner.cost_model import PHASES, TransformerShape, bytes_by_group, llama_step_collectives, zero_held_bytes
     from engine.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses
     from engine.zero import held_bytes, make_adamw
 

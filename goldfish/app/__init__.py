@@ -7,7 +7,7 @@
     compare.py     `goldfish compare` as a `Comparison` whose steps read top to bottom
     models.py      tiny model presets; loading a model sharded for parallel evaluation
     pretrained.py  HF / GGUF loading (SmolLM2-135M ships offline)
-    plan.py        `goldfish plan` over engine.plan
+    plan.py        `goldfish plan` over engine.planner.plan
     report.py      report.md and the plots
 
 It is the only layer that imports every package (data, the goldfish library, engine, eval, matplotlib). The

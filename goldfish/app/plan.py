@@ -1,4 +1,4 @@
-"""`goldfish plan`: rank the 4D grids of a cluster for a model (engine.plan), or profile a cluster under torchrun."""
+"""`goldfish plan`: rank the 4D grids of a cluster for a model (engine.planner.plan), or profile a cluster under torchrun."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from data.atomic import write_json_atomic
-from engine.cost_model import NAMED_SHAPES
-from engine.plan import CHECKPOINTING, PRECISIONS, PlanRequest, format_table, rank_grids, resolve_shape
-from engine.profiles import PROFILES, load_profile
+from engine.planner.cost_model import NAMED_SHAPES
+from engine.planner.plan import CHECKPOINTING, PRECISIONS, PlanRequest, format_table, rank_grids, resolve_shape
+from engine.planner.profiles import PROFILES, load_profile
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,7 +74,7 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
 def run_plan(args: argparse.Namespace) -> int:
     """`goldfish plan`: print the ranked grids (and write JSON), or with --measure profile this cluster."""
     if args.measure is not None:
-        from engine.measure import measure_profile
+        from engine.planner.measure import measure_profile
 
         base = load_profile(args.profile)
         profile = measure_profile(base, small_bytes=int(args.measure_mib[0] * 2 ** 20),
@@ -95,6 +94,8 @@ def run_plan(args: argparse.Namespace) -> int:
                                "compute_efficiency": request.compute_efficiency, "precision": request.precision,
                                "profile": request.profile.to_json()},
                    "grids": [p.to_json() for p in plans]}
+        from data.atomic import write_json_atomic  # data's package loads tokenizers: only when writing
+
         write_json_atomic(args.json, payload, indent=1)
         print(f"wrote {args.json}")
     if not any(p.feasible for p in plans):
@@ -107,3 +108,17 @@ def run_plan(args: argparse.Namespace) -> int:
               "--gpu-memory, or a smaller --global-batch/--seq-len (with --checkpointing auto or on).", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv: list[str]) -> int:
+    """`goldfish plan ARGS` on its own: the planner is plain Python, so this path imports neither torch nor the
+    rest of the application (goldfish.app.entry sends `plan` here)."""
+    parser = argparse.ArgumentParser(prog="goldfish plan", description="rank the 4D grids (data x X x Y x Z) for a "
+                                     "model on a cluster by predicted step time, with memory per GPU")
+    add_plan_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run_plan(args)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"goldfish plan: error: {error}", file=sys.stderr)
+        return 2

@@ -26,9 +26,9 @@ import torch
 import torch.distributed as dist
 
 from engine import comm
-from engine.cost_model import KINDS, Collective
+from engine.planner.cost_model import KINDS, Collective
 from engine.grid import AxisGroup, ByteCounter, init
-from engine.profiles import MachineProfile, MeasuredCollective
+from engine.planner.profiles import MachineProfile, MeasuredCollective
 
 GIB = 1024 ** 3
 
@@ -190,4 +190,4 @@ def fit_profile(base: MachineProfile, entries: list[MeasuredCollective], *, worl
         intra_node_gbps=intra_gbps, inter_node_gbps=inter_gbps,
         intra_latency_s=statistics.median(intra_lat) if intra_lat else base.intra_latency_s,
         inter_latency_s=statistics.median(inter_lat) if inter_lat else base.inter_latency_s,
-        sources=(f"engine.measure on {world} ranks", *base.sources), measured=tuple(entries))
+        sources=(f"engine.planner.measure on {world} ranks", *base.sources), measured=tuple(entries))

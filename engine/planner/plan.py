@@ -11,17 +11,17 @@ For each ordered factorisation of the GPU count it
    layout splits the batch. The faster layout is kept and reported (the "rows" column);
 2. picks activation checkpointing (on or off) and the number of micro-batches (gradient accumulation):
    for each setting allowed, the fewest micro-batches that fit the memory estimate
-   (engine.cost_model.memory_per_rank), keeping the faster of the two; grids that never fit are rejected;
+   (engine.planner.cost_model.memory_per_rank), keeping the faster of the two; grids that never fit are rejected;
 3. predicts the step time = compute (FLOPs one GPU runs, at a stated fraction of the profile's peak)
    + memory-bound work (bytes of non-matmul work and optimizer over the device memory bandwidth, which
    charges the engine's replication of norms and elementwise work over x and y)
-   + communication (every collective of engine.cost_model.llama_step_collectives, over the bandwidth its
-   group gets on the machine given the rank placement, see engine.profiles). Overlap is not modelled:
+   + communication (every collective of engine.planner.cost_model.llama_step_collectives, over the bandwidth its
+   group gets on the machine given the rank placement, see engine.planner.profiles). Overlap is not modelled:
    the prediction is an upper bound that ranks grids, as in the AxoNN paper.
 
 `goldfish plan` (goldfish.app.plan) builds a PlanRequest from its options and prints `format_table`; its
 `--measure OUT.json` instead times the collectives of every group size and placement on the current cluster under
-torchrun (engine.measure).
+torchrun (engine.planner.measure).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.cost_model import (
+from engine.planner.cost_model import (
     MemoryEstimate,
     NAMED_SHAPES,
     ROWS_LAYOUTS,
@@ -46,9 +46,8 @@ from engine.cost_model import (
     rank_flops_per_step,
     rank_memory_traffic_per_step,
 )
-from engine.grid import GridShape
-from engine.profiles import MachineProfile, group_stride
-from engine.zero import STAGES, ZeroConfig, data_ranks_per_node
+from engine.planner.profiles import MachineProfile, group_stride
+from engine.spec import STAGES, GridShape, ZeroConfig, data_ranks_per_node
 
 GIB = 1024 ** 3
 # Element bytes (weights and gradients, matmul products, residual stream) of `goldfish train --precision`:

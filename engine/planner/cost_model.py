@@ -49,9 +49,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
-from engine.comm import BUCKET_ELEMENTS
-from engine.grid import AXES, GridShape
-from engine.zero import ZeroConfig
+from engine.spec import AXES, BUCKET_ELEMENTS, ROWS_LAYOUTS, GridShape, ZeroConfig
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 PHASES = ("forward", "backward", "sync", "clip", "optimizer")
@@ -145,7 +143,6 @@ class _Builder:
             self.items.append(Collective(name, kind, ranks, int(n_bytes), phase, what, count))
 
 
-ROWS_LAYOUTS = ("own", "shared")  # engine.linear.ROWS_LAYOUTS; repeated: the cost model imports no torch module
 
 
 def group_rows(grid: GridShape, rows_per_rank: int, rows: str = "own") -> int:
