@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from distributed import run_distributed
+from tiny_models import tiny_gpt2, tiny_llama
 from engine.activation import checkpoint_decoder_layers, is_checkpointed
 from engine.grid import init
 from engine.linear import ParallelLinear, ShardingError
@@ -32,19 +33,11 @@ TOL = {"rtol": 1e-12, "atol": 1e-14}
 
 
 def llama(seed: int = 0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-    config = LlamaConfig(hidden_size=64, num_attention_heads=8, num_key_value_heads=4, num_hidden_layers=2,
-                         vocab_size=VOCAB, intermediate_size=128, max_position_embeddings=64, attention_bias=True,
-                         mlp_bias=True, tie_word_embeddings=True)
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(config).double()
+    return tiny_llama(vocab=VOCAB, seed=seed, mlp_bias=True, tied=True, dtype=torch.float64)
 
 
 def gpt2(seed: int = 0):
-    from transformers import GPT2Config, GPT2LMHeadModel
-    config = GPT2Config(n_embd=64, n_head=4, n_layer=2, vocab_size=VOCAB, n_positions=32)  # dropout on: RNG replayed
-    torch.manual_seed(seed)
-    return GPT2LMHeadModel(config).double()
+    return tiny_gpt2(vocab=VOCAB, seed=seed, dropout=0.1, dtype=torch.float64)  # dropout on: RNG replayed
 
 
 MODELS = {"llama": llama, "gpt2": gpt2}

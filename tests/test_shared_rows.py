@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from distributed import run_distributed
+from tiny_models import tiny_gpt2, tiny_llama
 from engine.activation import checkpoint_decoder_layers
 from engine.planner.cost_model import ordered_grids
 from engine.grid import init
@@ -37,19 +38,11 @@ TOL = {"rtol": 1e-4, "atol": 1e-5}
 
 
 def llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=8,
-                         num_key_value_heads=4, intermediate_size=128, max_position_embeddings=32,
-                         attention_bias=True, mlp_bias=True, tie_word_embeddings=True)
-    return LlamaForCausalLM(config)
+    return tiny_llama(vocab=VOCAB, hidden=64, heads=8, kv_heads=4, positions=32, mlp_bias=True, tied=True)
 
 
 def gpt2():
-    from transformers import GPT2Config, GPT2LMHeadModel
-    torch.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=4,
-                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    return tiny_gpt2(vocab=VOCAB, hidden=32)
 
 
 MODELS = {"llama": llama, "gpt2": gpt2}

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from distributed import run_distributed
+from tiny_models import tiny_gpt2, tiny_llama
 from engine import comm
 from engine.planner.cost_model import ordered_grids
 from engine.grid import GridShape, init
@@ -33,19 +34,11 @@ VOCAB, SEQ, ROWS = 96, 8, 8  # ROWS sequences per step over all ranks
 
 
 def llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=32,
-                         attention_bias=True, mlp_bias=True, tie_word_embeddings=True)
-    return LlamaForCausalLM(config)
+    return tiny_llama(vocab=VOCAB, hidden=32, heads=4, kv_heads=2, positions=32, mlp_bias=True, tied=True)
 
 
 def gpt2():
-    from transformers import GPT2Config, GPT2LMHeadModel
-    torch.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=4,
-                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    return tiny_gpt2(vocab=VOCAB, hidden=32)
 
 
 MODELS = {"llama": llama, "gpt2": gpt2}
