@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from distributed import RankFailure, run_distributed
+from tiny_models import tiny_gpt2, tiny_llama
 from engine.vocab_parallel import is_vocab_parallel
 from engine.checkpoint import (
     METADATA_FILE,
@@ -52,18 +53,8 @@ RESHARD_TOL = 1e-6  # relative, see the module doc
 SAVE_GRID = {"x": 2, "y": 2}
 
 
-def llama_config():
-    from transformers import LlamaConfig
-
-    return LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-                       vocab_size=VOCAB, intermediate_size=128, max_position_embeddings=32, attention_bias=True)
-
-
 def llama(seed: int = 0):
-    from transformers import LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(llama_config())
+    return tiny_llama(vocab=VOCAB, seed=seed, heads=4, kv_heads=2, positions=32)
 
 
 def examples() -> list[dict[str, torch.Tensor]]:
@@ -76,12 +67,7 @@ def examples() -> list[dict[str, torch.Tensor]]:
 
 
 def gpt2(seed: int = 0):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    config = GPT2Config(n_embd=64, n_head=4, n_layer=2, vocab_size=VOCAB, n_positions=32, resid_pdrop=0.0,
-                        embd_pdrop=0.0, attn_pdrop=0.0)
-    torch.manual_seed(seed)
-    return GPT2LMHeadModel(config)
+    return tiny_gpt2(vocab=VOCAB, seed=seed)
 
 
 MODELS = {"llama": llama, "gpt2": gpt2}
@@ -105,11 +91,9 @@ def make_loss(crash_at_step: int | None = None):
 def save_hf(grid):
     """The lead's kind of save_model: gather the full weights (collective), rank 0 writes an HF model."""
     def save(model, directory: Path) -> None:
-        from transformers import LlamaForCausalLM
-
         state = full_state_dict(model, grid, rank0_only=True)
         if grid.rank == 0:
-            plain = LlamaForCausalLM(llama_config())
+            plain = llama()  # the serial architecture; its weights are replaced below
             plain.load_state_dict(state)
             plain.save_pretrained(directory)
     return save

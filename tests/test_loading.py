@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from distributed import run_distributed
+from tiny_models import tiny_gpt2, tiny_llama
 from engine.grid import init
 from engine.loading import LoadingError, load_sharded
 from engine.parallelize import parallelize
@@ -21,12 +22,8 @@ SHAPES = [(1, 2, 2, 1), (1, 1, 2, 2), (2, 1, 1, 2)]
 
 
 def make_folders(tmp) -> dict[str, str]:
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(0)
-    llama = LlamaForCausalLM(LlamaConfig(hidden_size=64, num_attention_heads=8, num_key_value_heads=4,
-                                         num_hidden_layers=2, vocab_size=VOCAB, intermediate_size=128,
-                                         attention_bias=True, tie_word_embeddings=True))
-    gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=64, n_head=4, n_layer=2, vocab_size=VOCAB, n_positions=32))
+    llama = tiny_llama(vocab=VOCAB, tied=True)
+    gpt2 = tiny_gpt2(vocab=VOCAB, seed=1, dropout=0.1)
     folders = {}
     for name, model in (("llama", llama), ("gpt2", gpt2)):
         folders[name] = f"{tmp}/{name}"
