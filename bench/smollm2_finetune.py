@@ -27,12 +27,12 @@ import os
 import time
 from typing import Any
 
+import common
 import torch
 
-import common
 import data
 from data.atomic import write_jsonl_atomic
-from engine.train import TrainConfig, train
+from engine.training.train import TrainConfig, train
 from eval.extraction import ExtractionConfig, greedy_decode
 from goldfish.app.config import MaskSpec, parse_mask
 from goldfish.app.experiment import Prepared, evaluate_model, make_examples, make_step_loss

@@ -2,7 +2,7 @@
 axes and sizes, the ZeRO setting, the rows layouts, and the gradient bucket size both count in.
 
 `goldfish plan` and engine.planner import only this module of the runtime, so they run where torch is not
-installed; engine.grid and engine.zero re-export these names.
+installed; engine.core.grid and engine.memory.zero re-export these names.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 AXES: tuple[str, ...] = ("x", "y", "z", "data")  # rank order, fastest first
 ROWS_LAYOUTS = ("own", "shared")  # every rank reads its own rows / every rank of an x*y group reads the same rows
 STAGES = (0, 1, 2, 3)  # ZeRO stages
-BUCKET_ELEMENTS = 1 << 24  # gradients are reduced in buckets this large (engine.comm), as the cost model counts
+BUCKET_ELEMENTS = 1 << 24  # gradients are reduced in buckets this large (engine.core.comm), as the cost model counts
 
 
 class GridError(ValueError):

@@ -18,7 +18,7 @@ meet in the final world-wide gather. Before it, every rank reports whether its b
 rank is raised on all of them instead of leaving the others waiting. (An error in the middle of a forward pass can
 still leave the peers of its tensor-parallel group waiting inside a collective until torch.distributed's timeout.)
 
-Which decoding works how (x*y is the size of the group that shares a decoder's rows, see engine/parallelize.py):
+Which decoding works how (x*y is the size of the group that shares a decoder's rows, see engine/models/parallelize.py):
     greedy decoding, teacher-forced passes, log-probabilities: the batch's rows are split over the x*y*z ranks of
         the tensor-parallel group inside each forward (each decoder layer then sees every row once) and the logits
         are all-gathered back.
@@ -43,9 +43,9 @@ from torch import nn
 from transformers import DynamicCache
 
 import engine
-from engine import comm
-from engine.grid import AxisGroup, Grid, is_main_process
-from engine.sharding import TENSOR_AXES, run_sharded
+from engine.core import comm
+from engine.core.grid import AxisGroup, Grid, is_main_process
+from engine.core.sharding import TENSOR_AXES, run_sharded
 from eval.adaptive import (
     DEFAULT_BUDGETS,
     DEFAULT_CONFIDENCES,
@@ -62,7 +62,7 @@ from eval.membership import DEFAULT_MIN_K, DEFAULT_TARGET_FPRS, membership_rows,
 
 log = logging.getLogger(__name__)
 
-ROW_AXES = ("x", "y")  # the axes over which a parallelized decoder gathers its rows (engine/parallelize.py)
+ROW_AXES = ("x", "y")  # the axes over which a parallelized decoder gathers its rows (engine/models/parallelize.py)
 
 
 

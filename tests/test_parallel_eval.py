@@ -22,13 +22,20 @@ from typing import Any
 
 import pytest
 import torch
-
 from distributed import run_distributed
-from eval.adaptive import (SamplingConfig, beam_extract, probabilistic_extract, sampling_extract, summarize_beam,
-                           summarize_probabilistic, summarize_sampling)
+
+from engine.core.sharding import run_sharded, shard, shard_bounds
+from eval.adaptive import (
+    SamplingConfig,
+    beam_extract,
+    probabilistic_extract,
+    sampling_extract,
+    summarize_beam,
+    summarize_probabilistic,
+    summarize_sampling,
+)
 from eval.extraction import ExtractionConfig, extract, summarize_extraction
 from eval.membership import membership_rows, membership_summary
-from engine.sharding import run_sharded, shard, shard_bounds
 from goldfish.app.models import _rank0_first, load_parallel_model
 
 VOCAB = 256
@@ -89,8 +96,14 @@ def serial_results(docs: list[Doc]) -> dict[str, Any]:
 def parallel_results(shape: tuple[int, int, int, int], docs: list[Doc]) -> dict[str, Any] | None:
     """Every instrument through eval.parallel on one grid: rank 0's results, None on the others (checked)."""
     from engine import init
-    from eval.parallel import (beam_parallel, evaluate_parallel, membership_parallel, parallelize_for_eval,
-                                        probabilistic_parallel, sampling_parallel)
+    from eval.parallel import (
+        beam_parallel,
+        evaluate_parallel,
+        membership_parallel,
+        parallelize_for_eval,
+        probabilistic_parallel,
+        sampling_parallel,
+    )
     grid = init(*shape)
     try:
         model = parallelize_for_eval(llama(0), grid)
@@ -194,7 +207,7 @@ def _world_2(expected: dict[str, Any], docs: list[Doc], folder: str) -> dict[str
     documents, an error on one rank, the row split inside ParallelEvalModel, generate's fixed-length rule, and a
     plain (not parallelized) model on a grid with tensor-parallel axes."""
     from engine import init
-    from engine.sharding import ShardedRunError as ParallelEvalError
+    from engine.core.sharding import ShardedRunError as ParallelEvalError
     from eval.parallel import ParallelEvalModel, eval_model, evaluate_parallel, parallelize_for_eval
     for shape in ((2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 1), (1, 1, 1, 2)):
         got = parallel_results(shape, docs)

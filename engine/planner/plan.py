@@ -3,8 +3,8 @@
 For each ordered factorisation of the GPU count it
 
 1. rejects grids the engine cannot shard the model on (heads, kv heads or features not divisible), and
-   considers each rows layout of `goldfish train --rows` (engine/train.py, _rank_rows) in which the global batch
-   splits into whole rows: "own" gives every GPU its own rows, so the batch must be a multiple of the WORLD
+   considers each rows layout of `goldfish train --rows` (engine/training/train.py, _rank_rows) in which the global
+   batch splits into whole rows: "own" gives every GPU its own rows, so the batch must be a multiple of the WORLD
    size; "shared" (after AxoNN) gives every GPU of an x*y group the group's rows, so the batch need only be a
    multiple of data*z (AxoNN's 4,096 x 4,096-token batches on 6,144 or 32,768 GPUs are expressible this way).
    A grid without x or y parallelism has one layout (both are the same); a grid is rejected when neither
@@ -32,13 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from engine.planner.cost_model import (
-    MemoryEstimate,
     NAMED_SHAPES,
     ROWS_LAYOUTS,
+    MemoryEstimate,
     TransformerShape,
     bytes_by_group,
-    group_axes,
     grid_fits_shape,
+    group_axes,
     llama_step_collectives,
     memory_per_rank,
     model_flops_per_token,

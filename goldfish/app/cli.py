@@ -18,16 +18,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from goldfish.app import options as opt
+from goldfish.app.config import (
+    COMPARE_PRESETS,
+    CompareSpec,
+    DataSpec,
+    Instruments,
+    MaskSpec,
+    Runtime,
+    TrainSpec,
+    mask_spec,
+    parse_grid,
+    parse_mask,
+    resolve_node_size,
+)
 from goldfish.app.lora import LoraSpec
-from goldfish.app.config import (COMPARE_PRESETS, CompareSpec, DataSpec, Instruments, MaskSpec, Runtime, TrainSpec,
-                                 mask_spec, parse_grid, parse_mask, resolve_node_size)
 from goldfish.masks import STRATEGIES
 
 if TYPE_CHECKING:  # the commands import torch, the engine and eval only when they run
     from torch import nn
 
-    from engine.grid import Grid, GridShape
-    from engine.train import TrainConfig
+    from engine.core.grid import Grid, GridShape
+    from engine.training.train import TrainConfig
     from goldfish.app.experiment import Prepared
 
 
@@ -81,7 +92,7 @@ def instruments_of(args: argparse.Namespace) -> Instruments:
 
 def _launch_shape(runtime: Runtime) -> GridShape:
     """The grid that `--nproc N` workers will build (--grid, or data=N), checked against N before they start."""
-    from engine.grid import GridShape
+    from engine.core.grid import GridShape
 
     shape = GridShape(**parse_grid(runtime.grid)) if runtime.grid is not None else GridShape(data=runtime.nproc)
     if shape.world_size != runtime.nproc:
@@ -102,7 +113,7 @@ def _check_documents(spec: DataSpec) -> None:
 def _check_training_on_grid(train: TrainConfig, shape: GridShape, resume: Path | None) -> None:
     """What every worker of a parallel run would refuse in its training settings, checked once before they start:
     ZeRO against the grid, a step's rows against the rows layout, and the settings of the run to resume."""
-    from engine.train import check_resume, check_step_rows
+    from engine.training.train import check_resume, check_step_rows
 
     train.zero_config.check(shape)
     check_step_rows(train.batch_size, shape, train.rows)  # every full step; a short last step is checked by workers
@@ -167,7 +178,7 @@ def _run_folder(out: Path, *, overwrite: bool, resuming: bool) -> Path:
 def _publish(folder: Path, out: Path, grid: Grid | None) -> None:
     """Swap a finished --overwrite staging folder in as `out` (main process only; the old run is removed last)."""
     from data.atomic import replace_directory
-    from engine.grid import is_main_process
+    from engine.core.grid import is_main_process
 
     if folder != out and is_main_process(grid):
         replace_directory(folder, out)
@@ -175,14 +186,14 @@ def _publish(folder: Path, out: Path, grid: Grid | None) -> None:
 
 def _discard(folder: Path, out: Path, grid: Grid | None) -> None:
     """After a failed --overwrite run: remove its staging folder, leaving the old run as it was."""
-    from engine.grid import is_main_process
+    from engine.core.grid import is_main_process
 
     if folder != out and is_main_process(grid):
         shutil.rmtree(folder, ignore_errors=True)
 
 
 def _logger(grid: Grid | None) -> Callable[..., None]:
-    from engine.grid import is_main_process
+    from engine.core.grid import is_main_process
 
     return print if is_main_process(grid) else (lambda *a, **k: None)
 

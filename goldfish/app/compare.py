@@ -22,14 +22,23 @@ from typing import Any, Callable
 from torch import nn
 
 from data.atomic import write_jsonl_atomic
-from engine import comm
-from engine.grid import AXES, Grid, is_main_process
+from engine.core import comm
+from engine.core.grid import AXES, Grid, is_main_process
 from eval import parallel as parallel_eval
 from eval.breakdown import group_means
 from goldfish.app import lora
 from goldfish.app.config import CompareSpec, MaskSpec, TrainSpec
-from goldfish.app.experiment import (REPEAT_METRICS, Prepared, evaluate_with_rows, grid_sizes, initial_model, membership,
-                                     pad_token_id, prepare_data, train_model)
+from goldfish.app.experiment import (
+    REPEAT_METRICS,
+    Prepared,
+    evaluate_with_rows,
+    grid_sizes,
+    initial_model,
+    membership,
+    pad_token_id,
+    prepare_data,
+    train_model,
+)
 from goldfish.app.pretrained import load_pretrained_model
 
 # Per-document fields kept for every point of the exact-match-vs-epochs curve (OUT/<label>/curve.jsonl).
@@ -165,7 +174,7 @@ class Comparison:
             self.log(one_line(label, self.results[label]))
 
     def _curve_hook(self, curve: Curve) -> Callable[[nn.Module, int, int], None]:
-        """engine.train's on_epoch_end: greedy extraction of the training documents on the model being trained
+        """engine.training.train's on_epoch_end: greedy extraction of the training documents on the model being trained
         (under a grid every rank takes part: documents sharded over data, the model's own shards)."""
         tokenizer = self.prepared.tokenizer
 

@@ -2,8 +2,8 @@
 
     DataSpec      which documents, how many, how long (--data, --n-train, ...)
     MaskSpec      the goldfish mask (--strategy, --k, --h, --mask-seed; compare's --masks STRATEGY:K:H)
-    TrainConfig   optimisation (engine.train; --epochs, --lr, ...), defaults per command in TrainSpec/CompareSpec
-    Instruments   the memorization instruments besides greedy extraction (--beams, --samples, ...)
+    TrainConfig   optimisation (engine.training.train; --epochs, --lr, ...), defaults per command in
+    TrainSpec/CompareSpec Instruments   the memorization instruments besides greedy extraction (--beams, --samples, ...)
     ExtractionConfig  prefix/suffix protocol (eval.extraction; --suffix-len, --prefix-len, --eval-batch-size)
     Runtime       where and how a command runs (--device, --threads, --grid, --nproc, --no-progress)
     LoraSpec      LoRA adapters through peft (goldfish.app.lora; --lora-rank, --lora-alpha, --lora-targets)
@@ -23,14 +23,15 @@ import torch
 
 import data
 import data.dedup
-from engine.grid import AXES, GridShape
-from engine.zero import data_ranks_per_node
-from engine.train import TrainConfig
+from engine.core.grid import AXES, GridShape
+from engine.memory.zero import data_ranks_per_node
+from engine.training.train import TrainConfig
 from eval.adaptive import SamplingConfig
 from eval.extraction import ExtractionConfig
 from goldfish.app.lora import LoraSpec
 from goldfish.app.lora import check_zero as check_lora_zero
 from goldfish.masks import STRATEGIES, drop_mask
+
 
 @dataclass
 class DataSpec:

@@ -18,11 +18,11 @@ from torch import nn
 
 import data
 import engine
-import engine.train as engine_train
+import engine.training.train as engine_train
 from data.atomic import write_json_atomic, write_jsonl_atomic
-from engine.grid import AXES, Grid, is_main_process
-from engine.loading import can_load_sharded, load_sharded
-from engine.vocab_parallel import causal_lm_token_losses, is_vocab_parallel
+from engine.core.grid import AXES, Grid, is_main_process
+from engine.core.vocab_parallel import causal_lm_token_losses, is_vocab_parallel
+from engine.training.loading import can_load_sharded, load_sharded
 from eval import parallel as parallel_eval
 from eval.breakdown import group_means, tag_rows
 from eval.divergence import divergence_row, divergence_summary, suffix_dropped_flags
@@ -30,8 +30,13 @@ from eval.extraction import ExtractionConfig, write_extraction
 from goldfish.app import lora
 from goldfish.app.config import DataSpec, Instruments, MaskSpec, TrainSpec, parse_grid
 from goldfish.app.models import build_tiny_model, is_tiny_model
-from goldfish.app.pretrained import (DEFAULT_MODEL_CACHE, load_gguf_tokenizer, load_pretrained, load_pretrained_model,
-                                     resolve_gguf)
+from goldfish.app.pretrained import (
+    DEFAULT_MODEL_CACHE,
+    load_gguf_tokenizer,
+    load_pretrained,
+    load_pretrained_model,
+    resolve_gguf,
+)
 from goldfish.loss import goldfish_loss_from_token_losses
 from goldfish.masks import causal_targets, drop_mask
 
@@ -228,7 +233,7 @@ def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = N
                 on_epoch_end: Callable[[nn.Module, int, int], None] | None = None) -> tuple[nn.Module, Prepared]:
     """Train one model and write OUT/checkpoint (an HF checkpoint + tokenizer + trainer state) and OUT/metrics.jsonl.
 
-    on_epoch_end(model, epoch, step) runs after each epoch on every rank (see engine.train.train).
+    on_epoch_end(model, epoch, step) runs after each epoch on every rank (see engine.training.train.train).
     With spec.lora enabled, only LoRA adapters train (peft; data-parallel grids only): OUT/checkpoint holds the
     merged model (an ordinary HF checkpoint) and the adapter in OUT/checkpoint/adapter, and the model returned is
     the merged one (what evaluation measures).

@@ -2,7 +2,7 @@
 
 Defaults are not written here: each subcommand passes the dataclass instance whose values are its defaults
 (`TrainSpec().train`, `CompareSpec().train`, `DataSpec()`, ...), so a default lives only in goldfish.app.config,
-engine.train.TrainConfig or eval.extraction.ExtractionConfig. `OptionGroup.values(args)` reads the parsed
+engine.training.train.TrainConfig or eval.extraction.ExtractionConfig. `OptionGroup.values(args)` reads the parsed
 flags back as {field: value}, ready for `dataclasses.replace` or the dataclass's constructor.
 
     flag                 field                          group

@@ -5,10 +5,10 @@ a loss function that returns the SUM of its per-token losses and the number of t
 the token count of the whole optimizer step (all micro-batches, all ranks), so a run's gradient is the gradient of
 the mean token loss over the global batch whatever the accumulation or the grid.
 
-Rows layouts (TrainConfig.rows, engine/parallelize.py): "own" gives every rank its own rows of a step, so a step's
-rows must divide by the world size; "shared" gives every rank of an x*y tensor-parallel group the same rows (after
-AxoNN), split over data and z only, so they need only divide by data*z. Loss sums and token counts are then summed
-over data and z only: each x*y group counts its rows once.
+Rows layouts (TrainConfig.rows, engine/models/parallelize.py): "own" gives every rank its own rows of a step, so a
+step's rows must divide by the world size; "shared" gives every rank of an x*y tensor-parallel group the same rows
+(after AxoNN), split over data and z only, so they need only divide by data*z. Loss sums and token counts are then
+summed over data and z only: each x*y group counts its rows once.
 """
 
 from __future__ import annotations
@@ -24,15 +24,20 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from engine import comm
-from engine.activation import checkpoint_decoder_layers
-from engine.checkpoint import (is_engine_checkpoint, load_checkpoint, load_serial_optimizer_state, read_trainer_state,
-                               save_checkpoint)
-from engine.grid import AXES, Grid, GridShape, is_main_process
-from engine.linear import ROWS_LAYOUTS
-from engine.parallelize import rows_layout
-from engine.state import clip_grad_norm_, sync_gradients
-from engine.zero import ZeroConfig, ZeroError, make_adamw, shard_data_axis, zero_state
+from engine.core import comm
+from engine.core.grid import AXES, Grid, GridShape, is_main_process
+from engine.core.linear import ROWS_LAYOUTS
+from engine.memory.activation import checkpoint_decoder_layers
+from engine.memory.zero import ZeroConfig, ZeroError, make_adamw, shard_data_axis, zero_state
+from engine.models.parallelize import rows_layout
+from engine.training.checkpoint import (
+    is_engine_checkpoint,
+    load_checkpoint,
+    load_serial_optimizer_state,
+    read_trainer_state,
+    save_checkpoint,
+)
+from engine.training.state import clip_grad_norm_, sync_gradients
 
 METRICS_FILE = "metrics.jsonl"
 OPTIMIZERS = ("adamw", "sgd")
@@ -57,10 +62,10 @@ class TrainConfig:
     seed: int = 0
     save_every: int = 0  # optimizer steps between checkpoints; 0 = only at the end
     progress: bool = True
-    zero: int = 0  # ZeRO stage over the data axis (engine/zero.py): 0 off, 1 optimizer state, 2 + gradients, 3 + params
+    zero: int = 0  # ZeRO stage over the data axis (engine/memory/zero.py): 0 off, 1 optimizer state, 2 + grads, 3 + params
     zero_node_size: int = 1  # data-axis ranks per node; > 1: hierarchical partitioning (stages 2 and 3)
     offload_optimizer: bool = False  # AdamW state and update in host memory (stages 2 and 3)
-    activation_checkpointing: bool = False  # recompute decoder layers in backward (engine/activation.py)
+    activation_checkpointing: bool = False  # recompute decoder layers in backward (engine/memory/activation.py)
     rows: str = "own"  # rows layout: "own" rows per rank (batch % world), or "shared" per x*y group (batch % data*z)
     optimizer: str = "adamw"  # "adamw", or "sgd" (plain SGD without momentum: updates proportional to the gradient)
 
@@ -142,7 +147,7 @@ def lr_factor(step: int, total_steps: int, config: TrainConfig) -> float:
 
 def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
     """AdamW (or SGD); no weight decay on biases and norm weights (1-D parameters), as is standard for transformers.
-    A model partitioned with ZeRO stage 1 gets engine.zero.ZeroAdamW (the same update on this rank's chunks).
+    A model partitioned with ZeRO stage 1 gets engine.memory.zero.ZeroAdamW (the same update on this rank's chunks).
 
     SGD's update is lr * gradient, so two runs' weights differ exactly as much as their gradients (times lr): the
     optimizer to prove a parallel run equal to a serial one. AdamW divides by the gradient's own running scale, so its
@@ -156,7 +161,7 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimiz
 
 
 def prepare_zero(model: nn.Module, config: TrainConfig, grid: Grid | None) -> None:
-    """Partition `model` over the data axis as config.zero_config says (engine.zero.shard_data_axis), unless it
+    """Partition `model` over the data axis as config.zero_config says (engine.memory.zero.shard_data_axis), unless it
     is partitioned that way already. Raises ZeroError for a setting the grid cannot carry."""
     zero = config.zero_config
     current = zero_state(model)

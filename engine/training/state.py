@@ -12,14 +12,14 @@ What a parameter's gradient holds after backward, and the axes sync_gradients su
     embeddings, lm_head, ...)
                                        -> summed over all axes
 
-In the "shared" rows layout (engine/parallelize.py) every rank of an x*y group reads the group's rows, so the
+In the "shared" rows layout (engine/models/parallelize.py) every rank of an x*y group reads the group's rows, so the
 embeddings, lm_head and everything else outside the decoder see the rows of their x*y group, replicated over x and
 y, like the decoder's norms: they are summed over z and data only (not X*Y times); the other regions keep their axes.
 
 Afterwards every rank holds the gradient of the SUM of all ranks' local losses, and every copy of a
 replicated parameter holds the same gradient.
 
-Under ZeRO (engine/zero.py) the data axis belongs to the partitioning: FSDP-managed parameters (stages 2, 3)
+Under ZeRO (engine/memory/zero.py) the data axis belongs to the partitioning: FSDP-managed parameters (stages 2, 3)
 arrive with their gradient chunk already summed over data (a DTensor), and stage 1 reduce-scatters its
 gradients here; either way only the chunk is summed over the remaining axes, and clip_grad_norm_ adds the
 chunks' squares over the data axis.
@@ -32,14 +32,14 @@ import math
 import torch
 from torch import nn
 
-from engine import comm
-from engine.grid import AXES, Grid
-from engine.linear import ParallelLinear, ShardingError, current_rows_layout
-from engine.parallelize import REGION_ATTR
-from engine.vocab_parallel import is_vocab_parallel
-from engine.zero import full, is_dtensor, like, local, zero_state
+from engine.core import comm
+from engine.core.grid import AXES, Grid
+from engine.core.linear import ParallelLinear, ShardingError, current_rows_layout
+from engine.core.vocab_parallel import is_vocab_parallel
+from engine.memory.zero import full, is_dtensor, like, local, zero_state
+from engine.models.parallelize import REGION_ATTR
 
-# "tensor": vocabulary-parallel shards (engine/vocab_parallel.py), whose gradients cover the rows of x*y*z
+# "tensor": vocabulary-parallel shards (engine/core/vocab_parallel.py), whose gradients cover the rows of x*y*z
 _REGION_AXES = {None: AXES, "rows": AXES, "layer": ("z", "data"), "heads": ("y", "z", "data"), "tensor": ("data",)}
 # the shared rows layout: what saw "own rows" saw the rows of its x*y group, replicated over x and y
 _SHARED_REGION_AXES = {**_REGION_AXES, None: ("z", "data"), "rows": ("z", "data")}

@@ -2,9 +2,9 @@
 
 Layout. The vocabulary rows of the input embedding and of the lm_head (both (V, H)) are split evenly over the
 tensor-parallel group T = x*y*z (P ranks): the rank at position b of T (b = x + X*y + X*Y*z, the group order of
-engine.grid) holds rows [b V/P, (b+1) V/P). Shards are replicated over `data`. A tied lm_head shares the embedding's
-shard. Every rank of T feeds its own rows (same shapes on every rank of T, as in training and in engine.sharding's
-evaluation blocks):
+engine.core.grid) holds rows [b V/P, (b+1) V/P). Shards are replicated over `data`. A tied lm_head shares the
+embedding's shard. Every rank of T feeds its own rows (same shapes on every rank of T, as in training and in
+engine.core.sharding's evaluation blocks):
 
     embedding      token ids of T's rows are gathered (integers, no autograd); each rank looks up the ids of its
                    vocabulary slice (zeros elsewhere) and the partial embeddings are reduce-scattered back to the
@@ -18,27 +18,32 @@ evaluation blocks):
                    chunk's logits are dropped and recomputed in backward. Peak extra memory: one chunk of logits,
                    (chunk, V/P), instead of (tokens, V). With P = 1 it is the chunked loss of a serial model.
 
-In the "shared" rows layout (engine/parallelize.py) the x*y ranks of T hold the SAME rows, so only the z ranks of T hold
-different ones: ids and hidden states are gathered over z only (the row group), the embedding's partial lookups are
-reduce-scattered over z and summed over x*y (the replica group), and the hidden states' gradient is summed over x*y
+In the "shared" rows layout (engine/models/parallelize.py) the x*y ranks of T hold the SAME rows, so only the z ranks of
+T hold different ones: ids and hidden states are gathered over z only (the row group), the embedding's partial lookups
+are reduce-scattered over z and summed over x*y (the replica group), and the hidden states' gradient is summed over x*y
 as well (copy_to_group) so that every replica gets the full one. The vocabulary split itself is unchanged.
 
-Gradients of the vocabulary shards cover the rows of the whole T group, so engine.state.sync_gradients sums them
-over `data` only (region "tensor").
+Gradients of the vocabulary shards cover the rows of the whole T group, so engine.training.state.sync_gradients sums
+them over `data` only (region "tensor").
 """
 
 from __future__ import annotations
-
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import comm
-from engine.functional import (copy_to_group, gather_from_group, gather_sharded, reduce_from_group,
-                               reduce_scatter_to_group, split_to_group)
-from engine.grid import AxisGroup, Grid
-from engine.linear import ShardingError, current_rows_layout
+from engine.core import comm
+from engine.core.functional import (
+    copy_to_group,
+    gather_from_group,
+    gather_sharded,
+    reduce_from_group,
+    reduce_scatter_to_group,
+    split_to_group,
+)
+from engine.core.grid import AxisGroup, Grid
+from engine.core.linear import ShardingError, current_rows_layout
 
 IGNORE_INDEX = -100  # torch's cross-entropy convention: targets equal to it give no loss
 DEFAULT_CHUNK_TOKENS = 1024
@@ -350,8 +355,8 @@ def causal_lm_token_losses(model: nn.Module, input_ids: torch.Tensor, targets: t
     """Per-token cross-entropy (B, T) of a causal LM on this rank's rows, float32, 0 where targets are IGNORE_INDEX.
 
     For HF models whose logits are lm_head(final hidden states) (PLAIN_HEAD_MODELS, plain, parallelized or
-    partitioned by engine.zero), the loss runs from the hidden states through `token_losses`: full-vocabulary logits
-    are never built (vocabulary-parallel over x*y*z when the lm_head is). Other models fall back to
+    partitioned by engine.memory.zero), the loss runs from the hidden states through `token_losses`: full-vocabulary
+    logits are never built (vocabulary-parallel over x*y*z when the lm_head is). Other models fall back to
     model(...).logits and F.cross_entropy.
     """
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -374,8 +379,8 @@ def causal_lm_token_losses(model: nn.Module, input_ids: torch.Tensor, targets: t
         return losses.float().clone() if losses._base is not None else losses.float()
 
     # The loss runs INSIDE the model's own forward, as its lm_head: the head's forward is swapped for one that
-    # returns the per-token losses. Under ZeRO 2/3 (engine.zero: FSDP2 over the data axis, the model the root unit
-    # holding embeddings, final norm and lm_head), only the root's forward pre-hook all-gathers those parameters
+    # returns the per-token losses. Under ZeRO 2/3 (engine.memory.zero: FSDP2 over the data axis, the model the root
+    # unit holding embeddings, final norm and lm_head), only the root's forward pre-hook all-gathers those parameters
     # (calling model.base_model directly leaves them data-sharded DTensors), and head.weight is the unsharded
     # parameter exactly while that forward runs; the losses are then the root's output, on which FSDP registers its
     # pre-backward hook, so its backward (root unshard check, prefetch of the last layer) and the post-backward

@@ -15,13 +15,13 @@ Layout of a parallelized transformer (U = the rows of this rank's x*y group):
     leaving                  each rank keeps its own rows of the final hidden states
 
 That is the "own" rows layout, the default: every rank reads its own rows of a step. In the "shared" layout (after
-AxoNN), selected at run time by `rows_layout(model, "shared")` (engine.train does it for TrainConfig.rows), every
-rank of an x*y group reads the SAME rows U: the stack neither gathers on entry nor splits on exit, and embeddings,
+AxoNN), selected at run time by `rows_layout(model, "shared")` (engine.training.train does it for TrainConfig.rows),
+every rank of an x*y group reads the SAME rows U: the stack neither gathers on entry nor splits on exit, and embeddings,
 lm_head and loss run on U replicated over x and y (a vocabulary-parallel embedding and lm_head then exchange rows
-over z only, engine/vocab_parallel.py). Rows are split over data and z only. A default-mode ParallelLinear skips its
-row gather likewise. Models are parallelized the same way for both layouts; only the hooks' behaviour changes.
+over z only, engine/core/vocab_parallel.py). Rows are split over data and z only. A default-mode ParallelLinear skips
+its row gather likewise. Models are parallelized the same way for both layouts; only the hooks' behaviour changes.
 
-Gradients of parameters therefore mean different things (see engine.state.sync_gradients): ParallelLinear
+Gradients of parameters therefore mean different things (see engine.training.state.sync_gradients): ParallelLinear
 shards sum the rows of their x*y*z group, modules inside the decoder the rows of their x*y group, and
 the embeddings and everything outside the rows of one rank (in the shared layout: the rows of its x*y group,
 replicated over x and y, like the decoder modules).
@@ -37,18 +37,18 @@ import torch
 from torch import nn
 from torch.nn.modules.linear import Linear as _TorchLinear  # the real class, even while auto_parallelize runs
 
-from engine import comm
-from engine.functional import gather_from_group, split_to_group
-from engine.grid import Grid
-from engine.linear import ROWS_ATTR, ROWS_LAYOUTS, ParallelLinear, ShardingError, current_rows_layout
-from engine.vocab_parallel import can_shard_vocab, is_vocab_parallel, shard_vocab
+from engine.core import comm
+from engine.core.functional import gather_from_group, split_to_group
+from engine.core.grid import Grid
+from engine.core.linear import ROWS_ATTR, ROWS_LAYOUTS, ParallelLinear, ShardingError, current_rows_layout
+from engine.core.vocab_parallel import can_shard_vocab, is_vocab_parallel, shard_vocab
 
 # Attention classes whose forward works with a local (per-y-slice) number of heads: they reshape with
 # view(*input_shape, -1, head_dim) and take the grouping from num_key_value_groups (checked by tests for
 # Llama, Mistral, Qwen2 and Qwen3).
 LLAMA_FAMILY_ATTENTION = ("LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention")
 
-# On module objects: which rows a module's parameters see (engine.state.sync_gradients reads it):
+# On module objects: which rows a module's parameters see (engine.training.state.sync_gradients reads it):
 # "layer" = the rows of its x*y group, replicated over x and y; "heads" = the same rows but this y rank's
 # heads only; "rows" = this rank's own rows. Modules without it inherit their parent's.
 REGION_ATTR = "_engine_region"
@@ -338,7 +338,7 @@ def parallelize(model: nn.Module, grid: Grid, *, overlap: bool = True, vocab_par
     GPT2Model) runs on the rows of the x*y group (see the module doc); lm_head stays unsharded and sees
     each rank's own rows, as do the input embeddings. A model built under auto_parallelize is re-planned
     the same way. `vocab_parallel` splits the input embeddings and lm_head by vocabulary rows over x*y*z
-    (engine/vocab_parallel.py); None (default) does so whenever the grid has tensor parallelism and the split is
+    (engine/core/vocab_parallel.py); None (default) does so whenever the grid has tensor parallelism and the split is
     exact (vocabulary divisible by x*y*z, plain nn.Embedding and bias-free lm_head), True insists (ShardingError
     with the reason otherwise), False keeps them whole on every rank. Raises ShardingError for dimensions that do
     not divide, for modules the engine cannot shard, and for a model without decoder layers when the grid has

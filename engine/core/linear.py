@@ -36,21 +36,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import comm
-from engine.functional import (
+from engine.core import comm
+from engine.core.functional import (
     gather_from_group,
     gather_sharded,
     reduce_from_group,
     split_to_group,
     tensor_parallel_matmul,
 )
-from engine.grid import Grid
+from engine.core.grid import Grid
 from engine.spec import ROWS_LAYOUTS
 
 MODES = ("default", "normal", "transposed")
 
-# The rows layouts of a parallelized model (engine/parallelize.py: "own" rows per rank, or rows "shared" by every
-# rank of an x*y group) and the attribute, set by engine.parallelize.rows_layout on the root model and on every
+# The rows layouts of a parallelized model (engine/models/parallelize.py: "own" rows per rank, or rows "shared" by every
+# rank of an x*y group) and the attribute, set by engine.models.parallelize.rows_layout on the root model and on every
 # module whose forward depends on it, that holds the current one (absent = "own").
 ROWS_ATTR = "_engine_rows_layout"
 

@@ -2,7 +2,7 @@
 
 Built on torch's composable, non-reentrant `torch.distributed._composable.checkpoint`: it installs hooks on the
 layer (no wrapper module, so parameter names, state dicts, engine checkpoints and the engine's layer detection are
-unchanged) and composes with FSDP2's `fully_shard` (engine/zero.py) when applied first. The collectives inside a
+unchanged) and composes with FSDP2's `fully_shard` (engine/memory/zero.py) when applied first. The collectives inside a
 parallelized decoder layer (ParallelLinear's gathers and reductions) simply run again during the recomputation, in
 the same order on every rank, so gradients are those of the run without checkpointing (tests compare them on every
 grid). `early_stop` is off: the recomputation runs each layer to its end on every rank, so no rank leaves a
@@ -18,8 +18,8 @@ import torch
 from torch import nn
 from torch.distributed._composable import checkpoint
 
-from engine.linear import ShardingError
-from engine.parallelize import decoder_stacks
+from engine.core.linear import ShardingError
+from engine.models.parallelize import decoder_stacks
 
 CHECKPOINTED_ATTR = "_engine_activation_checkpointed"
 
