@@ -45,6 +45,9 @@ class TokenizedDocument:
     token_ids: list[int]
     sha256: str
     repeat_of: str | None = None  # set on a training repeat: the id of the training document it duplicates
+    # Whole-document selection only (select_documents(whole_documents=...)): every id of the document, bos first;
+    # token_ids is then its extraction window (the first ids, at most whole_documents of them).
+    full_ids: list[int] | None = None
 
 
 @dataclass
@@ -77,6 +80,7 @@ class DocumentSplit:
     removed: list[dict[str, Any]] = field(default_factory=list)
     dedup: DedupConfig = field(default_factory=lambda: DedupConfig(mode="off"))
     heldout_train_overlap: dict[str, Any] | None = None
+    whole_documents: int | None = None  # the extraction window of whole-document selection; None: truncated
 
     @property
     def training_documents(self) -> list[TokenizedDocument]:
@@ -87,7 +91,8 @@ class DocumentSplit:
         """A JSON-able record of what was selected, for every run's outputs."""
 
         def entries(docs: list[TokenizedDocument]) -> list[dict[str, Any]]:
-            return [{"id": d.id, "sha256": d.sha256, "n_chars": len(d.text)} for d in docs]
+            return [{"id": d.id, "sha256": d.sha256, "n_chars": len(d.text)}
+                    | ({"n_tokens": len(d.full_ids)} if d.full_ids is not None else {}) for d in docs]
 
         return {
             "seq_len": self.seq_len,
@@ -107,6 +112,7 @@ class DocumentSplit:
             "removed": [dict(r) for r in self.removed],
             "repeats": [{**e, "repeat_of": d.repeat_of} for e, d in zip(entries(self.repeats), self.repeats)],
             "heldout_train_overlap": self.heldout_train_overlap,
+            "whole_documents": self.whole_documents,
         }
 
 
@@ -119,8 +125,13 @@ def select_documents(
     seq_len: int,
     seed: int = 0,
     dedup: DedupConfig | None = None,
+    whole_documents: int | None = None,
 ) -> DocumentSplit:
     """Choose n_train training and n_heldout held-out documents, each truncated to seq_len tokens.
+
+    whole_documents: None for the above. An int W selects whole documents instead: seq_len is then the least
+    number of tokens a document needs, each selected document keeps all its ids in `full_ids` (bos first), and
+    `token_ids` is its extraction window, its first min(W, length) ids (deduplication compares these windows).
 
     The documents are put in an order shuffled by `random.Random(seed)` and examined one by one:
     each is tokenized (no special tokens; the tokenizer's bos id, if any, is put in front), one with
@@ -146,6 +157,10 @@ def select_documents(
             raise DataError(f"{name} must be >= {minimum}, got {value}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise DataError(f"seed must be an integer, got {seed!r}")
+    if whole_documents is not None and (isinstance(whole_documents, bool) or not isinstance(whole_documents, int)
+                                        or whole_documents < seq_len):
+        raise DataError(f"whole_documents (the extraction window) must be an integer >= seq_len = {seq_len}, got "
+                        f"{whole_documents!r}. Fix: raise --extract-len")
     dedup = DedupConfig() if dedup is None else dedup
     if not isinstance(dedup, DedupConfig):
         raise DataError(f"dedup must be a DedupConfig or None, got {type(dedup).__name__}")
@@ -174,8 +189,13 @@ def select_documents(
             if len(text_ids) < n_text_ids:
                 too_short.append(doc.id)
                 continue
-            token_ids = ([bos_id] if bos_id is not None else []) + list(text_ids[:n_text_ids])
-            kept.append(TokenizedDocument(id=doc.id, text=doc.text, token_ids=token_ids,
+            full_ids = None
+            if whole_documents is None:
+                token_ids = ([bos_id] if bos_id is not None else []) + list(text_ids[:n_text_ids])
+            else:
+                full_ids = ([bos_id] if bos_id is not None else []) + list(text_ids)
+                token_ids = full_ids[:whole_documents]
+            kept.append(TokenizedDocument(id=doc.id, text=doc.text, token_ids=token_ids, full_ids=full_ids,
                                           sha256=hashlib.sha256(doc.text.encode("utf-8")).hexdigest()))
             if dedup.mode == "off" and len(kept) == needed:
                 break
@@ -201,6 +221,7 @@ def select_documents(
         removed=removed,
         dedup=dedup,
         heldout_train_overlap=_overlap_audit(train + repeats, heldout, tokenizer, bos_id),
+        whole_documents=whole_documents,
     )
 
 
@@ -248,7 +269,7 @@ def _place_clusters(
                         "side": side[root], "action": action})
         if action == "repeat":
             repeats.append(TokenizedDocument(id=doc.id, text=doc.text, token_ids=doc.token_ids, sha256=doc.sha256,
-                                             repeat_of=kept[root].id))
+                                             repeat_of=kept[root].id, full_ids=doc.full_ids))
     return train, heldout, repeats, removed
 
 

@@ -55,8 +55,27 @@ class DataSpec:
     dedup: str = "near"
     dedup_threshold: float = data.dedup.DEFAULT_THRESHOLD
     duplicates: str = "drop"
+    # Whole documents (goldfish.app.corpus): every token of every training document is trained, documents packed
+    # into rows of seq_len tokens; documents need min_doc_tokens tokens, extraction reads their first extract_len
+    # (at most seq_len, the context the model is trained on).
+    pack: bool = False
+    extract_len: int = 2048
+    min_doc_tokens: int = 100
+    # A background corpus (goldfish.app.background): trained on, not measured; the training documents become targets
+    # inserted into it `repeats` times each. Implies pack. val_tokens: tokens of held-out background text (the
+    # validation set).
+    background: str | None = None
+    background_text_field: str = "text"
+    val_tokens: int = 16384
+    tokenize_workers: int = 1
 
     def __post_init__(self) -> None:
+        if self.background is not None:
+            self.pack = True
+        for name, least in (("extract_len", 2), ("min_doc_tokens", 2), ("val_tokens", 0), ("tokenize_workers", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"--{name.replace('_', '-')} must be an integer >= {least}, got {value!r}")
         self.dedup_config()  # validates the three dedup fields (a DataError names the flag to fix)
         if self.vocab_size < 300:
             raise ValueError(f"vocab_size must be >= 300 (256 bytes plus merges and special tokens), got {self.vocab_size}")
@@ -64,6 +83,11 @@ class DataSpec:
         if not self.repeats or any(not isinstance(r, int) or r < 1 for r in self.repeats):
             raise ValueError(f"repeats must be integers >= 1 (times a training document occurs per epoch), "
                              f"got {self.repeats!r}")
+
+    @property
+    def extraction_window(self) -> int:
+        """Tokens of a whole document that extraction reads (pack): --extract-len, at most --seq-len."""
+        return min(self.extract_len, self.seq_len)
 
     def repeats_by_id(self, documents: Sequence[data.TokenizedDocument]) -> dict[str, int]:
         """{document id: times it occurs per training epoch}, round-robin over `documents` in selection order."""

@@ -29,6 +29,7 @@ from eval.divergence import divergence_row, divergence_summary, suffix_dropped_f
 from eval.extraction import ExtractionConfig, write_extraction
 from goldfish.app import lora
 from goldfish.app.config import DataSpec, Instruments, MaskSpec, TrainSpec, parse_grid
+from goldfish.app.corpus import pack_documents
 from goldfish.app.models import build_tiny_model, is_tiny_model
 from goldfish.app.pretrained import (DEFAULT_MODEL_CACHE, load_gguf_tokenizer, load_pretrained, load_pretrained_model,
                                      resolve_gguf)
@@ -62,6 +63,13 @@ class Prepared:
     tokenizer: Any
     split: data.DocumentSplit
     n_loaded: int
+    context: int = 0  # tokens per training row
+
+    @property
+    def max_positions(self) -> int:
+        """Positions a model must hold: a training row, and the longest extraction window."""
+        longest = max((len(d.token_ids) for d in self.split.train + self.split.heldout), default=0)
+        return max(self.split.seq_len, self.context, longest)
 
     @property
     def special_token_ids(self) -> list[int]:
@@ -79,12 +87,14 @@ def prepare_data(spec: DataSpec, model_name: str, log=print) -> Prepared:
         tokenizer = load_gguf_tokenizer(resolve_gguf(model_name))
     else:
         tokenizer = data.load_tokenizer(model_name)
+    least = spec.min_doc_tokens if spec.pack else spec.seq_len
     split = data.select_documents(documents, tokenizer, n_train=spec.n_train, n_heldout=spec.n_heldout,
-                                  seq_len=spec.seq_len, seed=spec.seed, dedup=spec.dedup_config())
+                                  seq_len=least, seed=spec.seed, dedup=spec.dedup_config(),
+                                  whole_documents=max(spec.extraction_window, least) if spec.pack else None)
+    shape = f"whole documents (rows of {spec.seq_len} tokens)" if spec.pack else f"{spec.seq_len} tokens"
     log(f"data: {len(documents)} documents from {spec.source!r}; {len(split.train)} train, {len(split.heldout)} "
-        f"held-out of {spec.seq_len} tokens; {len(split.too_short)} skipped as shorter than {spec.seq_len} tokens"
-        + _dedup_note(split))
-    return Prepared(tokenizer=tokenizer, split=split, n_loaded=len(documents))
+        f"held-out of {shape}; {len(split.too_short)} skipped as shorter than {least} tokens" + _dedup_note(split))
+    return Prepared(tokenizer=tokenizer, split=split, n_loaded=len(documents), context=spec.seq_len)
 
 
 def _dedup_note(split: data.DocumentSplit) -> str:
@@ -102,7 +112,7 @@ def initial_model(model_name: str, prepared: Prepared, seed: int) -> nn.Module:
     """The starting weights: a named tiny model at random init (seeded) or a pretrained HF model."""
     tokenizer = prepared.tokenizer
     if is_tiny_model(model_name):
-        return build_tiny_model(model_name, vocab_size=len(tokenizer), max_positions=max(prepared.split.seq_len, 64),
+        return build_tiny_model(model_name, vocab_size=len(tokenizer), max_positions=max(prepared.max_positions, 64),
                                 seed=seed, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                                 pad_token_id=tokenizer.pad_token_id)
     if resolve_gguf(model_name) is not None:
@@ -166,7 +176,8 @@ def make_step_loss(mask: MaskSpec, special_token_ids: Sequence[int]) -> engine_t
                 for row, index in enumerate(batch["example_index"])]).to(dropped.device)
         # per-token losses from the hidden states: full-vocabulary logits are never built (vocabulary-parallel
         # over the tensor-parallel ranks when the lm_head is split), the mask splits them as goldfish_loss does
-        token_ce = causal_lm_token_losses(model, batch["input_ids"], batch["targets"])  # (B, T) float32
+        token_ce = causal_lm_token_losses(model, batch["input_ids"], batch["targets"],  # (B, T) float32
+                                          position_ids=batch.get("position_ids"))
         result = goldfish_loss_from_token_losses(token_ce, batch["targets"], dropped)
         extras = {"all_loss": (float(result.all_loss) * result.n_all, result.n_all),
                   "dropped_loss": (float(result.dropped_loss) * result.n_dropped if result.n_dropped else 0.0,
@@ -250,11 +261,21 @@ def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = N
     elif resume_from is not None:
         load_model_weights(model, resume_from)  # full weights: valid at any grid, sharded below
     repeats = spec.data.example_repeats(prepared.split)
-    examples = make_examples(prepared.split.training_documents, spec.mask, prepared.special_token_ids, repeats)
-    n_dropped = sum(int(e["dropped"].sum()) for e in examples)
-    n_targets = sum(int((e["targets"] != -100).sum()) for e in examples)
+    documents = prepared.split.training_documents
+    if spec.data.pack:
+        examples, _ = pack_documents(documents, [repeats[str(d.id)] for d in documents], spec.data.seq_len, spec.mask,
+                                     prepared.special_token_ids, eos_id=prepared.tokenizer.eos_token_id,
+                                     pad_id=pad_token_id(prepared.tokenizer), seed=spec.train.seed)
+    else:
+        examples = make_examples(documents, spec.mask, prepared.special_token_ids, repeats)
+    n_dropped, n_targets = 0, 0
+    for example in examples:
+        n_dropped += int(example["dropped"].sum())
+        n_targets += int((example["targets"] != -100).sum())
     repeated = "" if set(repeats.values()) == {1} else \
         f" ({len(prepared.split.train)} documents repeated {'/'.join(map(str, spec.data.repeats))} times per epoch)"
+    if spec.data.pack:
+        repeated += f", whole documents packed ({n_targets} targets per epoch)"
     adapters = ""
     if spec.lora.enabled:
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
