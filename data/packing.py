@@ -100,15 +100,18 @@ class InsertionSchedule:
     targets: np.ndarray  # (C,) int64
 
     @staticmethod
-    def draw(background_order: np.ndarray, copies: Sequence[int], seed: int) -> InsertionSchedule:
-        """Insert target t `copies[t]` times at gaps drawn uniformly (with replacement) from the seed."""
+    def draw(background_order: np.ndarray, copies: Sequence[int], seed: int,
+             within: int | None = None) -> InsertionSchedule:
+        """Insert target t `copies[t]` times at gaps drawn uniformly (with replacement) from the seed, among the
+        first `within` + 1 gaps (default: all; e.g. the part of the stream a run bounded by --max-steps trains)."""
         copies = [int(c) for c in copies]
         if any(c < 0 for c in copies):
             raise DataError(f"target copies must be >= 0, got {copies}")
         targets = np.repeat(np.arange(len(copies), dtype=np.int64), copies)
         generator = np.random.default_rng([seed, 7_919])
         targets = generator.permutation(targets)  # copies of one target do not cluster
-        gaps = np.sort(generator.integers(0, len(background_order) + 1, size=len(targets), dtype=np.int64))
+        last = len(background_order) if within is None else max(0, min(within, len(background_order)))
+        gaps = np.sort(generator.integers(0, last + 1, size=len(targets), dtype=np.int64))
         return InsertionSchedule(np.asarray(background_order, dtype=np.int64), gaps, targets)
 
     def codes(self) -> np.ndarray:
