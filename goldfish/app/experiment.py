@@ -94,10 +94,12 @@ def prepare_data(spec: DataSpec, model_name: str, log=print) -> Prepared:
     least = spec.min_doc_tokens if spec.pack else spec.seq_len
     split = data.select_documents(documents, tokenizer, n_train=spec.n_train, n_heldout=spec.n_heldout,
                                   seq_len=least, seed=spec.seed, dedup=spec.dedup_config(),
-                                  whole_documents=max(spec.extraction_window, least) if spec.pack else None)
+                                  whole_documents=max(spec.extraction_window, least) if spec.pack else None,
+                                  max_len=spec.max_doc_tokens if spec.pack else None)
     shape = f"whole documents (rows of {spec.seq_len} tokens)" if spec.pack else f"{spec.seq_len} tokens"
     log(f"data: {len(documents)} documents from {spec.source!r}; {len(split.train)} train, {len(split.heldout)} "
-        f"held-out of {shape}; {len(split.too_short)} skipped as shorter than {least} tokens" + _dedup_note(split))
+        f"held-out of {shape}; {len(split.too_short)} skipped as shorter than {least} tokens"
+        + (f", {len(split.too_long)} as longer than {spec.max_doc_tokens}" if split.too_long else "") + _dedup_note(split))
     return Prepared(tokenizer=tokenizer, split=split, n_loaded=len(documents), context=spec.seq_len)
 
 

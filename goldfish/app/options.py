@@ -122,6 +122,7 @@ DATA = OptionGroup("data", (
     Option("--extract-len", "extract_len", "with --pack: extraction reads a document's first N tokens (at most "
            "--seq-len, the context trained on), the suffix being its last --suffix-len"),
     Option("--min-doc-tokens", "min_doc_tokens", "with --pack: documents shorter than this are skipped"),
+    Option("--max-doc-tokens", "max_doc_tokens", "with --pack: documents longer than this are skipped (0: none)"),
     Option("--background", "background", "a background corpus (any --data source) trained on but not measured: the "
            "training documents become targets inserted into it --repeats times each (implies --pack); tokenized "
            "once with datasets into a memory-mapped cache"),
