@@ -178,7 +178,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         model = initial_model(spec.model, prepared, spec.init_seed)
         if grid is None:
             model = model.to(runtime.torch_device())
-        train_model(spec, folder, prepared=prepared, model=model, grid=grid, log=log, resume_from=resume)
+        train_model(spec, folder, prepared=prepared, model=model, grid=grid, log=log, resume_from=resume,
+                    report_to=runtime.report_to)
     except BaseException:
         _discard(folder, out, grid)
         raise
@@ -364,7 +365,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                        instruments=instruments_of(args), curve_every=curve_every, lora=lora_of(args),
                        with_full=args.with_full)
     try:
-        compare(spec, folder, grid=grid, device=runtime.device)
+        compare(spec, folder, grid=grid, device=runtime.device, report_to=runtime.report_to)
     except BaseException:
         _discard(folder, out, grid)
         raise
@@ -442,7 +443,7 @@ def _add_eval_parser(sub: Any) -> None:
     opt.DATA.add_to(evaluate, asdict(DataSpec()) | {"source": None}, skip={"repeats"})
     opt.EXTRACTION.add_to(evaluate, _default_extraction())
     opt.INSTRUMENTS.add_to(evaluate, Instruments())
-    opt.RUNTIME.add_to(evaluate, Runtime(), help_for={
+    opt.RUNTIME.add_to(evaluate, Runtime(), skip={"report_to"}, help_for={
         "grid": "under torchrun: the 4D grid as AXIS=SIZE pairs, e.g. data=2 or data=2,x=2; documents are sharded "
                 "over data, the model over x, y, z (default under torchrun: data=WORLD_SIZE)"})
     evaluate.set_defaults(func=cmd_eval)

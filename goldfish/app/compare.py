@@ -74,8 +74,9 @@ class Comparison:
     checkpoint of each model and writes the outputs (other ranks' `run()` returns an empty dict)."""
 
     def __init__(self, spec: CompareSpec, out_dir: Path, *, grid: Grid | None = None, device: str | None = None,
-                 log: Callable[..., None] = print) -> None:
+                 log: Callable[..., None] = print, report_to: str = "none") -> None:
         self.spec, self.out_dir, self.grid, self.device = spec, Path(out_dir), grid, device
+        self.report_to = report_to
         self.main = is_main_process(grid)
         self.log = log if self.main else (lambda *a, **k: None)
         self.started = time.perf_counter()
@@ -166,7 +167,8 @@ class Comparison:
                                lora=run.lora)
         model, _ = train_model(train_spec, self.out_dir / label, prepared=prepared,
                                model=copy.deepcopy(self.initial), grid=self.grid, log=self.log,
-                               on_epoch_end=None if curve is None else self._curve_hook(curve))
+                               on_epoch_end=None if curve is None else self._curve_hook(curve),
+                               report_to=self.report_to)
         if curve is not None and self.main:
             self.curves[label] = curve.points
             write_jsonl_atomic(self.out_dir / label / "curve.jsonl", curve.rows)
@@ -275,11 +277,11 @@ class Comparison:
 
 
 def compare(spec: CompareSpec, out_dir: Path, *, grid: Grid | None = None, device: str | None = None,
-            log: Callable[..., None] = print) -> dict[str, Any]:
+            log: Callable[..., None] = print, report_to: str = "none") -> dict[str, Any]:
     """Train a standard model and one goldfish model per mask from the same initial weights on the same documents,
     evaluate each and an untrained control on training and held-out documents, write summary.json and report.md.
     Returns the summary (an empty dict on ranks other than 0)."""
-    return Comparison(spec, out_dir, grid=grid, device=device, log=log).run()
+    return Comparison(spec, out_dir, grid=grid, device=device, log=log, report_to=report_to).run()
 
 
 def headline(summary: dict[str, Any]) -> dict[str, Any]:

@@ -283,6 +283,7 @@ class Runtime:
     progress: bool = True
     grid: str | None = None  # under torchrun: AXIS=SIZE pairs, e.g. data=2,x=2
     nproc: int | None = None  # launch this many local processes with torchrun
+    report_to: str = "none"  # "tensorboard": the training scalars as event files too (goldfish.app.tracking)
 
     def __post_init__(self) -> None:
         if self.threads is not None and self.threads < 1:
@@ -291,6 +292,9 @@ class Runtime:
             raise ValueError(f"--nproc must be >= 1, got {self.nproc}")
         if self.grid is not None:
             parse_grid(self.grid)  # fail before any process starts
+        from goldfish.app.tracking import check_report_to
+
+        check_report_to(self.report_to)
 
     def torch_device(self) -> torch.device:
         if self.device:

@@ -32,6 +32,7 @@ from goldfish.app import lora
 from goldfish.app.config import DataSpec, Instruments, MaskSpec, TrainSpec, parse_grid
 from goldfish.app.background import Background, background_sample, build_background, load_background
 from goldfish.app.corpus import pack_documents
+from goldfish.app.tracking import tracker
 from goldfish.app.models import build_tiny_model, is_tiny_model
 from goldfish.app.pretrained import (DEFAULT_MODEL_CACHE, load_gguf_tokenizer, load_pretrained, load_pretrained_model,
                                      resolve_gguf)
@@ -269,7 +270,7 @@ def background_train_config(train: engine_train.TrainConfig) -> engine_train.Tra
 def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = None, model: nn.Module | None = None,
                 resume_from: Path | None = None, grid: Grid | None = None, log=print,
                 on_epoch_end: Callable[[nn.Module, int, int], None] | None = None,
-                background: Background | None = None) -> tuple[nn.Module, Prepared]:
+                background: Background | None = None, report_to: str = "none") -> tuple[nn.Module, Prepared]:
     """Train one model and write OUT/checkpoint (an HF checkpoint + tokenizer + trainer state) and OUT/metrics.jsonl.
 
     on_epoch_end(model, epoch, step) runs after each epoch on every rank (see engine.train.train).
@@ -356,9 +357,11 @@ def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = N
     if is_main_process(grid):
         out_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out_dir / "run.json", record)
-    engine_train.train(model, examples, make_step_loss(spec.mask, prepared.special_token_ids), train_config,
-                       out_dir=out_dir, grid=grid, resume_from=resume_from, save_model=save, on_epoch_end=on_epoch_end,
-                       validation=validation, validation_loss_fn=validation_loss_fn(prepared))
+    with tracker(report_to, out_dir if is_main_process(grid) else None) as on_log:
+        engine_train.train(model, examples, make_step_loss(spec.mask, prepared.special_token_ids), train_config,
+                           out_dir=out_dir, grid=grid, resume_from=resume_from, save_model=save,
+                           on_epoch_end=on_epoch_end, validation=validation,
+                           validation_loss_fn=validation_loss_fn(prepared), on_log=on_log)
     if spec.lora.enabled:
         model = lora.merged_model(model).eval()
     return model, prepared

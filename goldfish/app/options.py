@@ -214,6 +214,8 @@ RUNTIME = OptionGroup("runtime", (
     Option("--no-progress", "progress", "no progress bars", switch=True),
     Option("--grid", "grid", "4D grid under torchrun as AXIS=SIZE pairs, e.g. data=2,x=2 (axes data, x, y, z; product "
            "= world size; default under torchrun: data=WORLD_SIZE)"),
+    Option("--report-to", "report_to", "also write the training scalars of metrics.jsonl for a tracker: tensorboard "
+           "(OUT/<run>/tensorboard; pip install -e \".[tensorboard]\")", choices=("none", "tensorboard")),
     Option("--nproc", "nproc", "launch N local processes with torchrun (gloo on CPU, NCCL on GPUs) and run this "
            "command", parse=int),
 ))
