@@ -11,6 +11,7 @@ how many copies of each target the run trains on.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -139,6 +140,7 @@ def build_background(spec: DataSpec, corpus: TokenizedCorpus, targets: Sequence[
                                 np.array([len(p) for p in target_pieces] or [0], dtype=np.int64)[np.maximum(-codes - 1, 0)])
     layout = PackedLayout(lengths_of_codes, spec.seq_len)
 
+    @functools.lru_cache(maxsize=16)  # rows are read in stream order: a long document serves many rows in a row
     def piece(p: int) -> list[int]:
         code = int(codes[p])
         return piece_ids(corpus.ids(code), eos) if code >= 0 else target_pieces[-code - 1]

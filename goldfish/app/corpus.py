@@ -44,13 +44,14 @@ def segment_dropped(mask: MaskSpec, piece: Sequence[int], start: int, end: int,
     if mask.strategy is None or mask.strategy == "random":
         return torch.zeros(end - start, dtype=torch.bool)
     context = start % mask.k if mask.strategy == "static" else min(start, mask.h - 1)
-    first = start - context
-    targets = torch.tensor([_piece_target(piece, j) for j in range(first, end)], dtype=torch.long)
+    targets = torch.tensor(piece_targets(piece, start - context, end), dtype=torch.long)
     return mask.dropped(targets.unsqueeze(0), special_token_ids)[0, context:]
 
 
-def _piece_target(piece: Sequence[int], j: int) -> int:
-    return int(piece[j + 1]) if j + 1 < len(piece) else IGNORE_INDEX
+def piece_targets(piece: Sequence[int], start: int, end: int) -> list[int]:
+    """The targets of a piece's positions [start, end): the next token, IGNORE_INDEX after its last."""
+    targets = list(piece[start + 1:end + 1])
+    return targets + [IGNORE_INDEX] if end == len(piece) else targets
 
 
 class PackedRows(Sequence[dict[str, torch.Tensor]]):
@@ -87,8 +88,7 @@ class PackedRows(Sequence[dict[str, torch.Tensor]]):
             ids = self.piece(segment.piece)
             span = slice(segment.at, segment.at + segment.end - segment.start)
             input_ids[span] = torch.tensor(ids[segment.start:segment.end], dtype=torch.long)
-            targets[span] = torch.tensor([_piece_target(ids, j) for j in range(segment.start, segment.end)],
-                                         dtype=torch.long)
+            targets[span] = torch.tensor(piece_targets(ids, segment.start, segment.end), dtype=torch.long)
             position_ids[span] = torch.arange(segment.end - segment.start)
             dropped[span] = segment_dropped(self.mask, ids, segment.start, segment.end, self.special_token_ids)
             used = span.stop
