@@ -154,3 +154,24 @@ def test_insertion_schedule_places_each_copy() -> None:
     again = InsertionSchedule.draw(background, [1, 4, 0, 16], seed=3)
     assert again.fingerprint() == schedule.fingerprint()
     assert InsertionSchedule.draw(background, [1, 4, 0, 16], seed=4).fingerprint() != schedule.fingerprint()
+
+
+def test_train_pack_trains_every_token_of_long_documents(tmp_path) -> None:
+    """`goldfish train --data long.jsonl --pack --seq-len 128 --epochs 1`: the tokens trained (standard loss: every
+    target counts) are every token of every training document but its first, its EOS included."""
+    import json
+
+    from goldfish.app.cli import main
+    from pydoc_data.topics import topics
+
+    long = tmp_path / "long.jsonl"
+    texts = sorted((t for t in topics.values() if 2000 < len(t) < 6000), key=len)[:5]
+    long.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(long), "--pack", "--seq-len", "128", "--epochs", "1", "--model", "micro-llama",
+                 "--strategy", "standard", "--n-train", "3", "--n-heldout", "1", "--batch-size", "4",
+                 "--vocab-size", "400", "--no-progress", "--out", str(out)]) == 0
+    trained = sum(json.loads(line)["n_tokens"] for line in (out / "metrics.jsonl").read_text().splitlines())
+    documents = json.loads((out / "run.json").read_text())["documents"]["train"]
+    assert trained == sum(d["n_tokens"] for d in documents)  # n_tokens counts bos + text; targets: text + EOS
+    assert all(d["n_tokens"] > 128 for d in documents)  # longer than a row: nothing cut off
