@@ -140,8 +140,9 @@ def main() -> None:
             print(name, json.dumps(results[name]), flush=True)
     results["peak_ratio_large_over_small"] = round(results["large"]["peak_rss_mib"] / results["small"]["peak_rss_mib"],
                                                    3)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     results["machine"] = {"cpus": os.cpu_count(), "threads": __import__("torch").get_num_threads(),
-                          "max_rss_of_this_script_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+                          "max_rss_of_this_script_mib": round(peak)}
     print(json.dumps(results, indent=2))
     if args.out:
         common.write_result(args.out, results)

@@ -143,7 +143,8 @@ def tokenize_corpus(source: str, tokenizer: Any, *, text_field: str = "text", sp
                     progress: bool = True) -> TokenizedCorpus:
     """Tokenize a corpus once (batched map over `workers` processes, cached as Arrow) and map it for reading.
 
-    Empty documents are kept with 0 tokens (streams skip them). Raises DataError for a source that cannot be loaded or holds no text.
+    Empty documents are kept with 0 tokens (streams skip them). Raises DataError for a source that cannot be loaded
+    or holds no text.
     """
     import datasets
 

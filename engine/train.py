@@ -373,7 +373,8 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
             if step_bytes is not None:
                 record["bytes_sent"] = step_bytes  # this rank (rank 0 in the log), per process group of the grid
             done = step + 1
-            if validation is not None and (done == total_steps or (config.eval_every and done % config.eval_every == 0)):
+            evaluate_now = done == total_steps or (config.eval_every and done % config.eval_every == 0)
+            if validation is not None and evaluate_now:
                 record["val_loss"] = evaluate_loss(model, validation, validation_loss_fn or loss_fn, config, grid,
                                                    step=done)
             history.append(record)

@@ -15,7 +15,7 @@ from data.corpus import tokenize_corpus
 from engine import train as engine_train
 from goldfish.app.background import build_background
 from goldfish.app.config import DataSpec, MaskSpec
-from goldfish.app.experiment import make_step_loss, validation_loss_fn, Prepared
+from goldfish.app.experiment import Prepared, make_step_loss, validation_loss_fn
 from goldfish.app.models import build_tiny_model
 from goldfish.masks import IGNORE_INDEX
 

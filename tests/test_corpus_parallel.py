@@ -25,11 +25,12 @@ def test_background_run_under_data_and_tensor_parallel_grids_equals_one_process(
     background = tmp_path / "background.jsonl"
     with background.open("w") as handle:
         for _ in range(200):
-            handle.write(json.dumps({"text": " ".join(rng.choice(WORDS) for _ in range(rng.randrange(20, 300)))}) + "\n")
+            text = " ".join(rng.choice(WORDS) for _ in range(rng.randrange(20, 300)))
+            handle.write(json.dumps({"text": text}) + "\n")
     common = ["--model", "micro-llama", "--background", str(background), "--seq-len", "64", "--n-train", "4",
               "--n-heldout", "2", "--repeats", "1,3", "--min-doc-tokens", "40", "--max-doc-tokens", "200",
-              "--max-steps", "4", "--eval-every", "2", "--val-tokens", "512", "--batch-size", "4", "--vocab-size", "400",
-              "--no-progress"]
+              "--max-steps", "4", "--eval-every", "2", "--val-tokens", "512", "--batch-size", "4",
+              "--vocab-size", "400", "--no-progress"]
     serial = tmp_path / "serial"
     assert main(["train", "--out", str(serial), *common]) == 0
     expected = _records(serial)

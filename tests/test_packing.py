@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from data.documents import Document
 from data.packing import InsertionSchedule, PackedLayout
 from data.selection import select_documents
-from data.documents import Document
 from engine.vocab_parallel import causal_lm_token_losses
 from goldfish.app.config import DataSpec, MaskSpec
 from goldfish.app.corpus import PackedRows, pack_documents, piece_ids, segment_dropped
@@ -160,9 +160,9 @@ def test_train_pack_trains_every_token_of_long_documents(tmp_path) -> None:
     """`goldfish train --data long.jsonl --pack --seq-len 128 --epochs 1`: the tokens trained (standard loss: every
     target counts) are every token of every training document but its first, its EOS included."""
     import json
+    from pydoc_data.topics import topics
 
     from goldfish.app.cli import main
-    from pydoc_data.topics import topics
 
     long = tmp_path / "long.jsonl"
     texts = sorted((t for t in topics.values() if 2000 < len(t) < 6000), key=len)[:5]

@@ -136,8 +136,9 @@ def build_background(spec: DataSpec, corpus: TokenizedCorpus, targets: Sequence[
                             "--repeats or --n-train")
     schedule = InsertionSchedule.draw(order, copies_per_target, train.seed, within=within)
     codes = schedule.codes()
+    target_lengths = np.array([len(p) for p in target_pieces] or [0], dtype=np.int64)
     lengths_of_codes = np.where(codes >= 0, lengths[np.maximum(codes, 0)] + (1 if eos is not None else 0),
-                                np.array([len(p) for p in target_pieces] or [0], dtype=np.int64)[np.maximum(-codes - 1, 0)])
+                                target_lengths[np.maximum(-codes - 1, 0)])
     layout = PackedLayout(lengths_of_codes, spec.seq_len)
 
     @functools.lru_cache(maxsize=16)  # rows are read in stream order: a long document serves many rows in a row
