@@ -151,7 +151,9 @@ def build_background(spec: DataSpec, corpus: TokenizedCorpus, targets: Sequence[
     rows = CorpusStream(layout, piece, mask, special_token_ids, pad_id, codes, identity)
 
     val_layout = PackedLayout(lengths[val_docs] + (1 if eos is not None else 0), spec.seq_len) if n_val else None
-    n_val_rows = 0 if val_layout is None else val_layout.n_rows - val_layout.n_rows % train.batch_size
+    # --val-tokens rounded up to whole batches, at most the rows the held-out documents fill
+    wanted = -(-spec.val_tokens // (spec.seq_len * train.batch_size)) * train.batch_size
+    n_val_rows = 0 if val_layout is None else min(wanted, val_layout.n_rows - val_layout.n_rows % train.batch_size)
     if spec.val_tokens and n_val_rows == 0:
         raise data.DataError(f"--val-tokens {spec.val_tokens} gives fewer than --batch-size {train.batch_size} rows "
                              f"of {spec.seq_len} tokens. Fix: raise --val-tokens to at least "
