@@ -217,7 +217,8 @@ def select_documents(
             f"({len(documents)} documents, {len(too_short)} too short"
             + (f", {len(too_long)} longer than {max_len}" if too_long else "") + "), but n_train + n_heldout = "
             f"{n_train} + {n_heldout} = {needed} are needed. Fix: lower --n-train/--n-heldout or "
-            "--seq-len, or give more (or longer) documents."
+            + ("--min-doc-tokens, raise --max-doc-tokens" if whole_documents is not None else "--seq-len")
+            + ", or give more (or longer) documents."
         )
     return DocumentSplit(
         train=train,

@@ -73,8 +73,8 @@ class CorpusStream(PackedRows):
     state names the stream, so a resume refuses a different corpus, tokenizer or schedule)."""
 
     def __init__(self, layout: PackedLayout, piece: Any, mask: MaskSpec, special_token_ids: Sequence[int],
-                 pad_id: int, codes: np.ndarray, identity: dict[str, Any]) -> None:
-        super().__init__(layout, piece, mask, special_token_ids, pad_id)
+                 pad_id: int, codes: np.ndarray, identity: dict[str, Any], multiple: int = 1) -> None:
+        super().__init__(layout, piece, mask, special_token_ids, pad_id, multiple)
         self.codes = codes  # (P,) int64: >= 0 background document, < 0 target -(code + 1)
         self.identity = identity
 
@@ -148,7 +148,7 @@ def build_background(spec: DataSpec, corpus: TokenizedCorpus, targets: Sequence[
 
     identity = {"corpus": corpus.fingerprint(), "schedule": schedule.fingerprint(), "n_rows": layout.n_rows,
                 "seq_len": spec.seq_len, "mask": mask.label}
-    rows = CorpusStream(layout, piece, mask, special_token_ids, pad_id, codes, identity)
+    rows = CorpusStream(layout, piece, mask, special_token_ids, pad_id, codes, identity, train.batch_size)
 
     val_layout = PackedLayout(lengths[val_docs] + (1 if eos is not None else 0), spec.seq_len) if n_val else None
     # --val-tokens rounded up to whole batches, at most the rows the held-out documents fill

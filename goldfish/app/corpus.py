@@ -59,22 +59,27 @@ class PackedRows(Sequence[dict[str, torch.Tensor]]):
 
     layout: the pieces' lengths cut into rows. piece: piece index -> its token ids (ending with EOS).
     mask: the goldfish mask (strategy None: nothing dropped). pad_id: fills the last row.
+    multiple: rows of padding only (no targets: they change no loss or gradient) are added up to a multiple of it,
+        e.g. the batch size, so that every step's rows split evenly over the ranks.
     """
 
     def __init__(self, layout: PackedLayout, piece: Callable[[int], Sequence[int]], mask: MaskSpec,
-                 special_token_ids: Sequence[int], pad_id: int) -> None:
+                 special_token_ids: Sequence[int], pad_id: int, multiple: int = 1) -> None:
         self.layout, self.piece, self.mask, self.pad_id = layout, piece, mask, pad_id
         self.special_token_ids = list(special_token_ids)
+        self.n_rows = -(-layout.n_rows // multiple) * multiple
 
     def __len__(self) -> int:
-        return self.layout.n_rows
+        return self.n_rows
 
     def __getitem__(self, row: int) -> dict[str, torch.Tensor]:  # type: ignore[override]
         if isinstance(row, slice):
             raise TypeError("PackedRows takes one row index at a time")
         if row < 0:
             row += len(self)
-        return self.build(self.layout.segments(row))
+        if not 0 <= row < len(self):
+            raise IndexError(f"row {row} out of range: there are {len(self)} rows")
+        return self.build(self.layout.segments(row) if row < self.layout.n_rows else [])
 
     def build(self, segments: Sequence[Segment]) -> dict[str, torch.Tensor]:
         """One row from its segments."""
@@ -105,12 +110,13 @@ def stream_order(copies: Sequence[int], seed: int) -> list[int]:
 
 
 def pack_documents(documents: Sequence[Any], copies: Sequence[int], seq_len: int, mask: MaskSpec,
-                   special_token_ids: Sequence[int], *, eos_id: int | None, pad_id: int, seed: int
-                   ) -> tuple[PackedRows, list[int]]:
-    """Rows of whole documents (data.TokenizedDocument with full_ids), document d repeated copies[d] times.
+                   special_token_ids: Sequence[int], *, eos_id: int | None, pad_id: int, seed: int,
+                   multiple: int = 1) -> tuple[PackedRows, list[int]]:
+    """Rows of whole documents (data.TokenizedDocument with full_ids), document d repeated copies[d] times, padded
+    with empty rows to a multiple of `multiple`.
 
     Returns the rows and the stream's pieces as document indices (piece p is document order[p])."""
     pieces = [piece_ids(doc.full_ids, eos_id) for doc in documents]
     order = stream_order(copies, seed)
     layout = PackedLayout([len(pieces[d]) for d in order], seq_len)
-    return PackedRows(layout, lambda p: pieces[order[p]], mask, special_token_ids, pad_id), order
+    return PackedRows(layout, lambda p: pieces[order[p]], mask, special_token_ids, pad_id, multiple), order

@@ -307,7 +307,8 @@ def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = N
     elif spec.data.pack:
         examples, _ = pack_documents(documents, [repeats[str(d.id)] for d in documents], spec.data.seq_len, spec.mask,
                                      prepared.special_token_ids, eos_id=prepared.tokenizer.eos_token_id,
-                                     pad_id=pad_token_id(prepared.tokenizer), seed=spec.train.seed)
+                                     pad_id=pad_token_id(prepared.tokenizer), seed=spec.train.seed,
+                                     multiple=spec.train.batch_size)
     else:
         examples = make_examples(documents, spec.mask, prepared.special_token_ids, repeats)
     n_dropped, n_targets = 0, 0
