@@ -68,7 +68,7 @@ def measure(corpus: Path, workers: int, tokenizer, steps: int | None) -> dict:
     import torch
 
     from data.corpus import tokenize_corpus
-    from engine import train as engine_train
+    from engine.training import train as engine_train
     from goldfish.app.background import build_background
     from goldfish.app.config import DataSpec, MaskSpec
     from goldfish.app.experiment import make_step_loss

@@ -12,7 +12,7 @@ import torch
 
 import data
 from data.corpus import tokenize_corpus
-from engine import train as engine_train
+from engine.training import train as engine_train
 from goldfish.app.background import build_background
 from goldfish.app.config import DataSpec, MaskSpec
 from goldfish.app.experiment import Prepared, make_step_loss, validation_loss_fn
