@@ -1,0 +1,129 @@
+"""Models sharded through their declared tensor-parallel plans (engine/model_plans.py), against the serial model.
+
+For every family in tiny_models.PLANNED_FAMILIES and every grid below: the parallelized copy of a tiny random-init
+model gives the serial model's summed token loss over the global batch, its gradients (after sync_gradients), and
+the same weights after one SGD step. Models run in float64, but several families compute their norms in float32
+(LlamaRMSNorm, Olmo2RMSNorm, ...), so both sides carry float32 rounding (~6e-8 relative) and the parallel one sums
+some products in other orders (over y for OLMo2's q/k norms, over x for every sharded product): the differences stay
+below ~1e-6 relative. rtol=atol=1e-5 leaves margin on any CPU and thread count and still catches a wrong or missing
+term (a dropped multiplier or a head of the wrong shard moves gradients by O(1e-2) or more).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from distributed import run_distributed
+from engine import comm
+from engine.grid import AXES, init
+from engine.linear import ParallelLinear, ShardingError
+from engine.parallelize import parallelize
+from engine.state import full_state_dict, sync_gradients
+from engine.vocab_parallel import is_vocab_parallel
+from tiny_models import MOE_FAMILIES, PLANNED_FAMILIES, tiny_family
+
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+ROWS, SEQ, VOCAB, LR = 2, 8, 64, 0.1
+WORLD2_GRIDS = [(1, 2, 1, 1), (1, 1, 2, 1), (1, 1, 1, 2)]  # (data, x, y, z): x=2, y=2, z=2
+WORLD4_GRIDS = [(2, 2, 1, 1), (1, 2, 2, 1)]  # data=2,x=2 and x=2,y=2
+
+
+def make(family: str) -> torch.nn.Module:
+    return tiny_family(family, vocab=VOCAB, dtype=torch.float64)
+
+
+def batch(world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Global batch of world*ROWS rows: token ids and an attention mask with right padding on some rows."""
+    gen = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, VOCAB, (world * ROWS, SEQ), generator=gen)
+    lengths = torch.randint(SEQ // 2, SEQ + 1, (world * ROWS,), generator=gen)
+    return ids, (torch.arange(SEQ)[None, :] < lengths[:, None]).long()
+
+
+def loss_sum(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    logits = model(input_ids=ids, attention_mask=mask).logits
+    targets = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+    return F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB).float().double(), targets.reshape(-1), reduction="sum")
+
+
+def full_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient as the serial model names and shapes it (collective)."""
+    modules = dict(model.named_modules())
+    out = {}
+    for name, param in model.named_parameters():
+        owner, _, attr = name.rpartition(".")
+        module, grad = modules[owner], param.grad
+        if isinstance(module, ParallelLinear):
+            grad = module.gather_weight(grad) if attr == "weight" else module.gather_bias(grad)
+            if attr == "weight" and module.serial_layout == "conv1d":
+                grad = grad.t()
+        elif is_vocab_parallel(module):
+            grad = module.gather_rows(grad)
+        out[name] = grad
+    return out
+
+
+def serial(family: str, world: int) -> dict:
+    """The serial model's loss, gradients and weights after one SGD step on the global batch."""
+    model = make(family)
+    ids, mask = batch(world)
+    loss = loss_sum(model, ids, mask)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    torch.optim.SGD(model.parameters(), lr=LR).step()
+    return {"loss": loss.item(), "grads": grads, "stepped": {k: v.clone() for k, v in model.state_dict().items()}}
+
+
+def check(family: str, shape: tuple[int, int, int, int], ref: dict) -> None:
+    data, x, y, z = shape
+    grid = init(data=data, x=x, y=y, z=z)
+    try:
+        model = parallelize(copy.deepcopy(make(family)), grid)
+        mine = slice(grid.rank * ROWS, (grid.rank + 1) * ROWS)
+        ids, mask = batch(grid.world_size)
+        loss = loss_sum(model, ids[mine], mask[mine])
+        loss.backward()
+        sync_gradients(model, grid)
+        total = comm.all_reduce(loss.detach().reshape(1), grid.group(*AXES)).item()
+        assert total == pytest.approx(ref["loss"], rel=1e-9, abs=0), "summed loss"
+        grads = full_grads(model)
+        assert grads.keys() == ref["grads"].keys()
+        for name, grad in ref["grads"].items():
+            torch.testing.assert_close(grads[name], grad, **TOL, msg=lambda m, n=name: f"grad {n}: {m}")
+        torch.optim.SGD(model.parameters(), lr=LR).step()
+        state = full_state_dict(model, grid)
+        assert state.keys() == ref["stepped"].keys()
+        for key, value in ref["stepped"].items():
+            torch.testing.assert_close(state[key], value, **TOL, msg=lambda m, k=key: f"after SGD {k}: {m}")
+    except AssertionError as error:
+        raise AssertionError(f"{family} on grid data={data} x={x} y={y} z={z}: {error}") from error
+    finally:
+        grid.close()
+
+
+def _worker(world: int, shapes: list, families: tuple[str, ...]) -> list[str]:
+    refs = {family: serial(family, world) for family in families}  # on every rank: tensors do not cross processes
+    done = []
+    for shape in shapes:
+        for family in families:
+            check(family, shape, refs[family])
+            done.append(f"{family}{shape}")
+    return done
+
+
+def run(world: int, shapes: list, families: tuple[str, ...] = PLANNED_FAMILIES) -> None:
+    results = run_distributed(world, _worker, world, shapes, families, timeout=600.0)
+    assert results == [[f"{f}{s}" for s in shapes for f in families]] * world
+
+
+def test_planned_families_on_world_2_grids() -> None:
+    run(2, WORLD2_GRIDS)
+
+
+@pytest.mark.slow
+def test_planned_families_on_world_4_grids() -> None:
+    run(4, WORLD4_GRIDS)
