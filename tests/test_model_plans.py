@@ -89,7 +89,7 @@ def check(family: str, shape: tuple[int, int, int, int], ref: dict) -> None:
         loss.backward()
         sync_gradients(model, grid)
         total = comm.all_reduce(loss.detach().reshape(1), grid.group(*AXES)).item()
-        assert total == pytest.approx(ref["loss"], rel=1e-9, abs=0), "summed loss"
+        assert total == pytest.approx(ref["loss"], rel=1e-9, abs=0), f"summed loss {total} != {ref['loss']}"
         grads = full_grads(model)
         assert grads.keys() == ref["grads"].keys()
         for name, grad in ref["grads"].items():
@@ -107,11 +107,16 @@ def check(family: str, shape: tuple[int, int, int, int], ref: dict) -> None:
 
 def _worker(world: int, shapes: list, families: tuple[str, ...]) -> list[str]:
     refs = {family: serial(family, world) for family in families}  # on every rank: tensors do not cross processes
-    done = []
+    done, failed = [], []
     for shape in shapes:
         for family in families:
-            check(family, shape, refs[family])
-            done.append(f"{family}{shape}")
+            try:  # every family on every grid, so that a failure names all the others that fail too
+                check(family, shape, refs[family])
+                done.append(f"{family}{shape}")
+            except Exception as error:  # noqa: BLE001 - collected and raised below
+                failed.append(f"{type(error).__name__}: {error}")
+    if failed:
+        raise AssertionError("\n".join(failed))
     return done
 
 

@@ -51,7 +51,7 @@ _FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
                                    "tie_word_embeddings": False}),
     "olmo2": ("Olmo2Config", {"num_key_value_heads": 2}),
     "gemma2": ("Gemma2Config", {"num_key_value_heads": 2, "head_dim": 8, "query_pre_attn_scalar": 8,
-                                "sliding_window": 4, "attn_implementation": "eager"}),
+                                "sliding_window": 6, "attn_implementation": "eager"}),
     "phi3": ("Phi3Config", {"num_key_value_heads": 2, "resid_pdrop": 0.0, "embd_pdrop": 0.0}),
     "cohere": ("CohereConfig", {"num_key_value_heads": 2, "logit_scale": 0.5}),
     "granite": ("GraniteConfig", {"num_key_value_heads": 2, "embedding_multiplier": 2.0, "residual_multiplier": 0.5,
