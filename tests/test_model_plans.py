@@ -21,6 +21,7 @@ from distributed import run_distributed
 from engine import comm
 from engine.grid import AXES, init
 from engine.linear import ParallelLinear, ShardingError
+from engine.model_plans import check_supported, model_plan
 from engine.parallelize import parallelize
 from engine.state import full_state_dict, sync_gradients
 from engine.vocab_parallel import is_vocab_parallel
@@ -129,6 +130,16 @@ def test_planned_families_on_world_2_grids() -> None:
     run(2, WORLD2_GRIDS)
 
 
-@pytest.mark.slow
 def test_planned_families_on_world_4_grids() -> None:
     run(4, WORLD4_GRIDS)
+
+
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+def test_mixture_of_experts_is_refused_with_tensor_parallelism(family: str) -> None:
+    """MoE families declare their experts as fused 3-D parameters (packed_colwise, moe_tp_experts): one line names
+    the family and the fix; a grid without tensor parallelism is not refused."""
+    plan = model_plan(make(family).model)
+    assert plan is not None and plan.unsupported
+    with pytest.raises(ShardingError, match=f"^{family}: .*mixture-of-experts.*use a grid without x, y and z"):
+        check_supported(plan, tensor_parallel=True)
+    check_supported(plan, tensor_parallel=False)
