@@ -12,6 +12,9 @@ term (a dropped multiplier or a head of the wrong shard moves gradients by O(1e-
 from __future__ import annotations
 
 import copy
+import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -143,3 +146,38 @@ def test_mixture_of_experts_is_refused_with_tensor_parallelism(family: str) -> N
     with pytest.raises(ShardingError, match=f"^{family}: .*mixture-of-experts.*use a grid without x, y and z"):
         check_supported(plan, tensor_parallel=True)
     check_supported(plan, tensor_parallel=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", PLANNED_FAMILIES)
+def test_goldfish_train_on_a_tensor_parallel_grid(family: str, tmp_path) -> None:
+    """`goldfish train --nproc 2 --grid x=2 --model <folder>` on a tiny saved model of `family` gives the losses of
+    the single-process run, and its checkpoint loads in plain transformers with the single-process run's weights.
+    SGD (the update is lr x gradient) keeps the two runs' weights within float32 rounding of each other: the
+    parallel products sum in another order (~1e-7 relative per step), so rtol=atol=1e-4 after a few steps leaves
+    margin and still catches a wrong gradient (O(lr x gradient) = O(1e-2) off)."""
+    from transformers import AutoModelForCausalLM
+
+    from data.documents import default_corpus
+    from data.tokenizer import train_bpe_tokenizer
+    from goldfish.app.cli import main
+
+    tokenizer = train_bpe_tokenizer((d.text for d in default_corpus()), vocab_size=400)
+    folder = tmp_path / "model"
+    tiny_family(family, vocab=len(tokenizer)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    common = ["--model", str(folder), "--strategy", "hashed", "--n-train", "4", "--n-heldout", "2", "--seq-len", "32",
+              "--epochs", "2", "--batch-size", "2", "--optimizer", "sgd", "--lr", "0.1", "--no-progress"]
+    parallel, serial = tmp_path / "parallel", tmp_path / "serial"
+    result = subprocess.run([sys.executable, "-m", "goldfish", "train", "--nproc", "2", "--grid", "x=2",
+                             "--out", str(parallel), *common], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert main(["train", "--out", str(serial), *common]) == 0
+    losses = [[json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+              for run in (parallel, serial)]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    ours, reference = [AutoModelForCausalLM.from_pretrained(run / "checkpoint").state_dict()
+                       for run in (parallel, serial)]
+    assert ours.keys() == reference.keys()
+    for key, value in reference.items():
+        torch.testing.assert_close(ours[key], value, rtol=1e-4, atol=1e-4, msg=lambda m, k=key: f"{k}: {m}")
