@@ -6,6 +6,7 @@ relative to the base model (e.g. LlamaModel), each with a style. The engine maps
     colwise, colwise_gather_output     -> a "normal" ParallelLinear: output features (heads, MLP width) split over y
     rowwise, rowwise_split_input       -> a "transposed" ParallelLinear: brings back all features
     embedding_colwise/_rowwise         -> ignored: the engine splits the vocabulary itself (engine/vocab_parallel.py)
+    replicated_with_grad_allreduce     -> ignored: per-head norms, whose gradients engine.state sums over y
     anything else (MoE experts, ...)   -> refused on a grid with tensor parallelism (ShardingError naming it)
 
 The `*_gather_output` / `*_split_input` variants exist in transformers because some module between the pair needs
@@ -31,7 +32,9 @@ from engine.linear import ShardingError
 # transformers' style names -> the ParallelLinear mode the engine uses for them
 STYLE_MODES = {"colwise": "normal", "colwise_gather_output": "normal", "rowwise": "transposed",
                "rowwise_split_input": "transposed"}
-IGNORED_STYLES = ("embedding_colwise", "embedding_rowwise")
+# Ignored: the engine splits the vocabulary itself (engine/vocab_parallel.py), and modules beside the sharded
+# projections (per-head q/k norms) are handled by engine.parallelize, which refuses those it cannot handle.
+IGNORED_STYLES = ("embedding_colwise", "embedding_rowwise", "replicated_with_grad_allreduce")
 
 # Families that declare no tensor-parallel plan, by config.model_type (same pattern syntax as transformers').
 EXPLICIT_PLANS: dict[str, dict[str, str]] = {

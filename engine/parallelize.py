@@ -250,6 +250,9 @@ def _plan_layer(layer: nn.Module, name: str, plan: ModelPlan, config: Any, grid:
     """Shard one decoder layer's projections as `plan` says; the ParallelLinears in forward order."""
     n_y = grid.size("y")
     heads, kv_heads, head_dim = head_counts(config)
+    if n_y > 1 and any(p.mode == "normal" for p in plan.projections):
+        _check_heads(name, heads, "attention heads", grid)
+        _check_heads(name, kv_heads, "key/value heads", grid)
     built: list[ParallelLinear] = []
     parents: dict[int, tuple[nn.Module, str, set[str], set[int]]] = {}
     for projection in plan.projections:
@@ -442,10 +445,6 @@ def parallelize(model: nn.Module, grid: Grid, *, overlap: bool = True, vocab_par
         if tensor_parallel and plan.family == "gpt2" and getattr(stack.config, "add_cross_attention", False):
             raise ShardingError("GPT-2 with cross-attention: the engine's GPT-2 plan does not cover it; use a grid "
                                 "without x, y and z")
-        if grid.size("y") > 1:
-            heads, kv_heads, _ = head_counts(stack.config)
-            _check_heads(plan.family, heads, "attention heads", grid)
-            _check_heads(plan.family, kv_heads, "key/value heads", grid)
         prefix = f"{stack_name}.{plan.layers}" if stack_name else plan.layers
         order: list[ParallelLinear] = []  # the sharded linears in the order a forward calls them
         for index, layer in enumerate(getattr(stack, plan.layers)):

@@ -56,11 +56,23 @@ _FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "cohere": ("CohereConfig", {"num_key_value_heads": 2, "logit_scale": 0.5}),
     "granite": ("GraniteConfig", {"num_key_value_heads": 2, "embedding_multiplier": 2.0, "residual_multiplier": 0.5,
                                   "attention_multiplier": 0.3, "logits_scaling": 4.0}),
+    "mistral": ("MistralConfig", {"num_key_value_heads": 2}),
+    "qwen2": ("Qwen2Config", {"num_key_value_heads": 2}),
+    "qwen3": ("Qwen3Config", {"num_key_value_heads": 2, "head_dim": 8}),
+    "olmo": ("OlmoConfig", {"num_key_value_heads": 2, "clip_qkv": 4.0}),
+    "gemma": ("GemmaConfig", {"num_key_value_heads": 2, "head_dim": 8}),
+    "gemma3_text": ("Gemma3TextConfig", {"num_key_value_heads": 2, "head_dim": 8, "query_pre_attn_scalar": 8,
+                                         "sliding_window": 6, "attn_implementation": "eager"}),
+    "phi": ("PhiConfig", {"num_key_value_heads": 2, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+                          "partial_rotary_factor": 0.5}),
+    "starcoder2": ("Starcoder2Config", {"num_key_value_heads": 2, "residual_dropout": 0.0,
+                                        "embedding_dropout": 0.0}),
     "mixtral": ("MixtralConfig", {"num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2}),
     "qwen2_moe": ("Qwen2MoeConfig", {"num_key_value_heads": 2, "num_experts": 4, "num_experts_per_tok": 2,
                                      "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32}),
 }
-PLANNED_FAMILIES = ("llama", "gpt_neox", "olmo2", "gemma2", "phi3", "cohere", "granite")
+PLANNED_FAMILIES = ("llama", "gpt_neox", "olmo2", "gemma2", "phi3", "cohere", "granite", "mistral", "qwen2", "qwen3",
+                    "olmo", "gemma", "gemma3_text", "phi", "starcoder2")
 MOE_FAMILIES = ("mixtral", "qwen2_moe")
 
 
