@@ -19,8 +19,9 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-
 from distributed import run_distributed
+from tiny_models import MOE_FAMILIES, PLANNED_FAMILIES, tiny_family
+
 from engine import comm
 from engine.grid import AXES, init
 from engine.linear import ParallelLinear, ShardingError
@@ -28,7 +29,6 @@ from engine.model_plans import check_supported, model_plan
 from engine.parallelize import parallelize
 from engine.state import full_state_dict, sync_gradients
 from engine.vocab_parallel import is_vocab_parallel
-from tiny_models import MOE_FAMILIES, PLANNED_FAMILIES, tiny_family
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 ROWS, SEQ, VOCAB, LR = 2, 8, 64, 0.1

@@ -41,10 +41,10 @@ def tiny_gpt2(*, vocab: int, seed: int = 0, hidden: int = 64, layers: int = 2, h
     return model if dtype is None else model.to(dtype)
 
 
-# Tiny configs of the families the engine shards through their declared tensor-parallel plans (tests/test_model_plans.py):
-# hidden 32, 2 layers, 4 query heads and 2 key/value heads where the family has them; dropout off; pad id 0 (some
-# families default to an id beyond a tiny vocabulary). Multipliers and scales are set away from 1 so that a parallel
-# path that dropped them would show.
+# Tiny configs of the families the engine shards through their declared tensor-parallel plans
+# (tests/test_model_plans.py): hidden 32, 2 layers, 4 query heads and 2 key/value heads where the family has them;
+# dropout off; pad id 0 (some families default to an id beyond a tiny vocabulary). Multipliers and scales are set
+# away from 1 so that a parallel path that dropped them would show.
 _FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("LlamaConfig", {"num_key_value_heads": 2, "attention_bias": True}),
     "gpt_neox": ("GPTNeoXConfig", {"rotary_pct": 0.5, "hidden_dropout": 0.0, "attention_dropout": 0.0,
