@@ -182,3 +182,22 @@ def test_goldfish_train_on_a_tensor_parallel_grid(family: str, tmp_path) -> None
     assert ours.keys() == reference.keys()
     for key, value in reference.items():
         torch.testing.assert_close(ours[key], value, rtol=1e-4, atol=1e-4, msg=lambda m, k=key: f"{k}: {m}")
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt_neox", "gemma2", "cohere", "granite"])
+def test_token_losses_follow_the_models_own_logits(family: str) -> None:
+    """causal_lm_token_losses equals cross-entropy of model(...).logits for a plain head (computed from the hidden
+    states) and for families that transform their logits after the head (soft-capping, logit scales: recognised and
+    computed from the logits). The losses come back in float32 (~6e-8 relative rounding of values ~4): 1e-6."""
+    from engine.vocab_parallel import TRANSFORMED_LOGITS_ATTR, causal_lm_token_losses
+
+    model = make(family)
+    ids, mask = batch(1)
+    targets = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+    logits = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1]).logits
+    expected = F.cross_entropy(logits.flatten(0, 1), targets.reshape(-1), reduction="none").reshape(targets.shape)
+    for _ in range(2):  # the second call takes the path the first one chose
+        losses = causal_lm_token_losses(model, ids[:, :-1], targets, attention_mask=mask[:, :-1])
+        torch.testing.assert_close(losses.double(), expected, rtol=1e-6, atol=1e-6)
+    transformed = getattr(model.get_output_embeddings(), TRANSFORMED_LOGITS_ATTR, False)
+    assert transformed == (family in ("gemma2", "cohere", "granite"))
