@@ -29,6 +29,8 @@ them over `data` only (region "tensor").
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -50,10 +52,9 @@ DEFAULT_CHUNK_TOKENS = 1024
 VOCAB_AXES = ("x", "y", "z")
 VOCAB_ATTR = "_engine_vocab_parallel"
 
-# HF causal LMs whose logits are exactly lm_head(final hidden states): no scaling, soft-capping or bias, so the loss
-# can start from the hidden states.
-PLAIN_HEAD_MODELS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                     "GPT2LMHeadModel")
+# On an lm_head: False once its model was seen to change the logits after the head (a logit scale, soft-capping),
+# so that causal_lm_token_losses takes the logits path for it from then on without trying the fused one again.
+TRANSFORMED_LOGITS_ATTR = "_engine_transformed_logits"
 
 
 # ----- the loss -------------------------------------------------------------------------------------------------
@@ -355,10 +356,12 @@ def causal_lm_token_losses(model: nn.Module, input_ids: torch.Tensor, targets: t
                            chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
     """Per-token cross-entropy (B, T) of a causal LM on this rank's rows, float32, 0 where targets are IGNORE_INDEX.
 
-    For HF models whose logits are lm_head(final hidden states) (PLAIN_HEAD_MODELS, plain, parallelized or
-    partitioned by engine.memory.zero), the loss runs from the hidden states through `token_losses`: full-vocabulary
-    logits are never built (vocabulary-parallel over x*y*z when the lm_head is). Other models fall back to
-    model(...).logits and F.cross_entropy.
+    For HF models whose logits are lm_head(final hidden states) (plain, parallelized or partitioned by
+    engine.memory.zero), the loss runs from the hidden states through `token_losses`: full-vocabulary logits are never
+    built (vocabulary-parallel over x*y*z when the lm_head is). A model that changes the logits after its head (Gemma
+    2's soft-capping, Cohere's and Granite's logit scales) is recognised on its first call, because the tensor its
+    forward returns is not the one the head produced; that call and every later one take model(...).logits and
+    F.cross_entropy instead, as does a model whose head has a bias.
 
     position_ids: (B, T) passed to the model, e.g. restarting at each packed document (transformers then makes the
     attention block-causal when no attention_mask is given); None: 0..T-1.
@@ -367,12 +370,24 @@ def causal_lm_token_losses(model: nn.Module, input_ids: torch.Tensor, targets: t
     if position_ids is not None:  # only when given: models without the argument still work without it
         inputs["position_ids"] = position_ids
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    fused = own_class(model).__name__ in PLAIN_HEAD_MODELS and head is not None and head.bias is None and \
+    fused = head is not None and head.bias is None and not getattr(head, TRANSFORMED_LOGITS_ATTR, False) and \
         (type(head) is nn.Linear or isinstance(head, VocabParallelLMHead))
-    if not fused:
-        logits = model(**inputs).logits
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=IGNORE_INDEX,
-                               reduction="none").reshape(targets.shape)
+    if fused:
+        losses = _fused_token_losses(model, head, inputs, targets, chunk_tokens)
+        if losses is not None:
+            return losses
+        setattr(head, TRANSFORMED_LOGITS_ATTR, True)
+    logits = model(**inputs).logits
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=IGNORE_INDEX,
+                           reduction="none").reshape(targets.shape)
+
+
+def _fused_token_losses(model: nn.Module, head: nn.Module, inputs: dict[str, Any], targets: torch.Tensor,
+                        chunk_tokens: int) -> torch.Tensor | None:
+    """The per-token losses computed as the model's lm_head (see causal_lm_token_losses), or None when the model's
+    forward returned something other than what the head produced (it transforms its logits). inputs: the model's
+    keyword arguments."""
+    produced: list[torch.Tensor] = []
 
     def head_losses(hidden: torch.Tensor) -> torch.Tensor:
         weight = head.weight
@@ -383,7 +398,8 @@ def causal_lm_token_losses(model: nn.Module, input_ids: torch.Tensor, targets: t
         else:
             losses = token_losses(hidden, weight, targets, chunk_tokens=chunk_tokens)
         # a fresh tensor, not a view: FSDP hooks the root's outputs for backward and warns on views
-        return losses.float().clone() if losses._base is not None else losses.float()
+        produced.append(losses.float().clone() if losses._base is not None else losses.float())
+        return produced[-1]
 
     # The loss runs INSIDE the model's own forward, as its lm_head: the head's forward is swapped for one that
     # returns the per-token losses. Under ZeRO 2/3 (engine.memory.zero: FSDP2 over the data axis, the model the root
@@ -404,7 +420,4 @@ def causal_lm_token_losses(model: nn.Module, input_ids: torch.Tensor, targets: t
         else:
             del head.forward
     losses = out.logits if hasattr(out, "logits") else out[0]  # out[0]: a model configured with return_dict=False
-    if losses.shape != targets.shape:
-        raise ValueError(f"{own_class(model).__name__}'s forward changed the lm_head's output to shape "
-                         f"{tuple(losses.shape)}; expected the targets' {tuple(targets.shape)}")
-    return losses
+    return losses if len(produced) == 1 and losses is produced[0] else None

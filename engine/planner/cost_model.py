@@ -616,7 +616,7 @@ def vocab_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank
                 two fp32 statistics (log-sum-exp, target logit) per token of the group from every rank
                 (P x 2 x P N x 4 bytes); backward: all-gather the per-token loss gradient (P N x 4 bytes)
                 and reduce-scatter the partial gradients of the hidden states.
-    logits      (chunked_loss False: the loss from model(...).logits, a model outside PLAIN_HEAD_MODELS) forward:
+    logits      (chunked_loss False: the loss from model(...).logits, a model that transforms its logits) forward:
                 all-gather the hidden states as above and the (P N, V/P) logits of every slice to full
                 rows (P N V, product dtype act_bytes); backward: all-gather the logits' gradient of the
                 rank's rows back to the group and reduce-scatter the hidden states' gradient.
