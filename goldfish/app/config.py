@@ -73,7 +73,8 @@ class DataSpec:
     def __post_init__(self) -> None:
         if self.background is not None:
             self.pack = True
-        for name, least in (("extract_len", 2), ("min_doc_tokens", 2), ("max_doc_tokens", 0), ("val_tokens", 0), ("tokenize_workers", 1)):
+        for name, least in (("extract_len", 2), ("min_doc_tokens", 2), ("max_doc_tokens", 0), ("val_tokens", 0),
+                            ("tokenize_workers", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"--{name.replace('_', '-')} must be an integer >= {least}, got {value!r}")
