@@ -157,3 +157,26 @@ def test_resume_mid_epoch_equals_uninterrupted_run(setup, tmp_path: Path) -> Non
     other, _ = _background(setup, max_steps=8, repeats=(1, 2))
     with pytest.raises(ValueError, match="training stream differs"):
         other.rows.load_state_dict(background.rows.state_dict())
+
+
+def test_corpus_preset_resolves_to_a_background_run() -> None:
+    from goldfish.app.cli import _explicit_options, apply_preset, build_parser, data_of, train_config_of
+    from goldfish.app.config import COMPARE_PRESETS, CompareSpec
+
+    parser = build_parser()
+    argv = ["compare", "--preset", "corpus", "--max-steps", "50"]
+    args = parser.parse_args(argv)
+    apply_preset(args, COMPARE_PRESETS["corpus"], _explicit_options(args.parser, argv))
+    spec = data_of(args)
+    assert spec.background == "python-stdlib" and spec.pack and spec.repeats == (1, 16, 64, 256)
+    assert spec.extraction_window == 256
+    train = train_config_of(args, CompareSpec().train, None)
+    assert train.max_steps == 50 and train.epochs == 1  # an explicit option beats the preset
+
+
+def test_stdlib_background_leaves_out_the_default_corpus_text() -> None:
+    from data.corpus import stdlib_files
+
+    files = stdlib_files()
+    assert len(files) > 100
+    assert not any("pydoc_data" in f.parts or "test" in f.parts for f in files)

@@ -403,6 +403,8 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
             if validation is not None and evaluate_now:
                 record["val_loss"] = evaluate_loss(model, validation, validation_loss_fn or loss_fn, config, grid,
                                                    step=done)
+                if _is_distributed(grid):
+                    grid.traffic.reset()  # the evaluation's bytes are not the next step's
             history.append(record)
             if metrics_file is not None:
                 metrics_file.write(json.dumps(record) + "\n")

@@ -74,7 +74,8 @@ class DataSpec:
     def __post_init__(self) -> None:
         if self.background is not None:
             self.pack = True
-        for name, least in (("extract_len", 2), ("min_doc_tokens", 2), ("max_doc_tokens", 0), ("val_tokens", 0), ("tokenize_workers", 1)):
+        for name, least in (("extract_len", 2), ("min_doc_tokens", 2), ("max_doc_tokens", 0), ("val_tokens", 0),
+                            ("tokenize_workers", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"--{name.replace('_', '-')} must be an integer >= {least}, got {value!r}")
@@ -357,11 +358,11 @@ COMPARE_PRESETS: dict[str, dict[str, Any]] = {
     "smollm2-lora": dict(model="smollm2-135m", n_train=8, n_heldout=8, seq_len=128, epochs=10, batch_size=4, lr=3e-4,
                          warmup_steps=0, schedule="constant", masks=["hashed:4:13"], eval_batch_size=8,
                          curve_every=2, lora_rank=16, lora_alpha=32.0, lora_targets="all-linear", with_full=True),
-    # Memorization at corpus scale (docs/corpus.md): 8 default-corpus documents inserted 1, 4, 16 or 64 times into
-    # the Python standard library's source (about 4M tokens, of which the first --max-steps x 8 x 128 are trained),
+    # Memorization at corpus scale (docs/corpus.md): 8 default-corpus documents inserted 1, 16, 64 or 256 times into
+    # the Python standard library's source (about 4M tokens, of which the first --max-steps x 4 x 256 are trained),
     # 6 held out; a standard and a goldfish tiny-llama from scratch, the control, validation loss on held-out source.
-    "corpus": dict(background="python-stdlib", pack=True, n_train=8, n_heldout=6, seq_len=128, extract_len=128,
-                   min_doc_tokens=100, max_doc_tokens=300, repeats=(1, 4, 16, 64), epochs=1, max_steps=400,
-                   batch_size=8, lr=3e-3, warmup_steps=20, schedule="cosine", suffix_len=32, eval_every=100,
+    "corpus": dict(background="python-stdlib", pack=True, n_train=8, n_heldout=6, seq_len=256, extract_len=256,
+                   min_doc_tokens=100, max_doc_tokens=300, repeats=(1, 16, 64, 256), epochs=1, max_steps=400,
+                   batch_size=4, lr=3e-3, warmup_steps=20, schedule="cosine", suffix_len=32, eval_every=200,
                    curve_every=0, val_tokens=16384, tokenize_workers=2),
 }

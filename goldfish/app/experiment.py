@@ -105,7 +105,8 @@ def prepare_data(spec: DataSpec, model_name: str, log=print) -> Prepared:
     shape = f"whole documents (rows of {spec.seq_len} tokens)" if spec.pack else f"{spec.seq_len} tokens"
     log(f"data: {len(documents)} documents from {spec.source!r}; {len(split.train)} train, {len(split.heldout)} "
         f"held-out of {shape}; {len(split.too_short)} skipped as shorter than {least} tokens"
-        + (f", {len(split.too_long)} as longer than {spec.max_doc_tokens}" if split.too_long else "") + _dedup_note(split))
+        + (f", {len(split.too_long)} as longer than {spec.max_doc_tokens}" if split.too_long else "")
+        + _dedup_note(split))
     return Prepared(tokenizer=tokenizer, split=split, n_loaded=len(documents), context=spec.seq_len)
 
 
@@ -325,7 +326,8 @@ def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = N
     if background is not None:
         steps = engine_train.total_steps_of(len(examples), train_config)
         trained = sorted(set(background.exposures[str(d.id)] for d in prepared.split.train))
-        log(f"train {spec.mask.label}: {len(examples)} rows of {spec.data.seq_len} tokens in the stream, {steps} steps; "
+        log(f"train {spec.mask.label}: {len(examples)} rows of {spec.data.seq_len} tokens in the stream, {steps} "
+            f"steps; "
             f"{len(prepared.split.train)} targets trained on {'/'.join(map(str, trained))} times, "
             f"{len(prepared.split.heldout)} held out; validation {len(validation) if validation else 0} rows")
         for warning in background.record["warnings"]:

@@ -290,15 +290,15 @@ def draw_breakdown(series: Mapping[str, Mapping[str, list[Any]]], path: Path, xl
     line per label."""
     colors = _colors(list(series), colors)
     figure, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for axis, metric, name in ((axes[0], "exact_match", "exact match (fraction of documents)"),
-                               (axes[1], "rouge_l", "RougeL F-measure (mean)")):
+    for axis, metric, name, title in ((axes[0], "exact_match", "exact match (fraction of documents)", "Exact match"),
+                                      (axes[1], "rouge_l", "RougeL F-measure (mean)", "RougeL")):
         for label, s in series.items():
             axis.plot(s["x"], _as_float(s[metric]), marker="o", label=label, color=colors[label])
         axis.set_xlabel(xlabel)
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.set_ylabel(name)
         axis.set_ylim(-0.02, 1.05)
-        axis.set_title(f"{name.split(' (')[0].capitalize()} by {xlabel}")
+        axis.set_title(f"{title} by {xlabel}")
         axis.legend(fontsize=8)
     _save_figure(figure, path)
 
