@@ -130,12 +130,19 @@ def run(world: int, shapes: list, families: tuple[str, ...] = PLANNED_FAMILIES) 
     assert results == [[f"{f}{s}" for s in shapes for f in families]] * world
 
 
-def test_planned_families_on_world_2_grids() -> None:
-    run(2, WORLD2_GRIDS)
+def test_issue_families_on_world_2_grids() -> None:
+    run(2, WORLD2_GRIDS, CLI_FAMILIES)
 
 
-def test_planned_families_on_world_4_grids() -> None:
-    run(4, WORLD4_GRIDS)
+def test_issue_families_on_world_4_grids() -> None:
+    run(4, WORLD4_GRIDS, CLI_FAMILIES)
+
+
+@pytest.mark.slow
+def test_other_planned_families_on_every_grid() -> None:
+    others = tuple(f for f in PLANNED_FAMILIES if f not in CLI_FAMILIES)
+    run(2, WORLD2_GRIDS, others)
+    run(4, WORLD4_GRIDS, others)
 
 
 @pytest.mark.parametrize("family", MOE_FAMILIES)

@@ -54,6 +54,7 @@ _FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
                                 "sliding_window": 6, "attn_implementation": "eager"}),
     "phi3": ("Phi3Config", {"num_key_value_heads": 2, "resid_pdrop": 0.0, "embd_pdrop": 0.0}),
     "cohere": ("CohereConfig", {"num_key_value_heads": 2, "logit_scale": 0.5}),
+    "cohere_qk_norm": ("CohereConfig", {"num_key_value_heads": 2, "logit_scale": 0.5, "use_qk_norm": True}),
     "granite": ("GraniteConfig", {"num_key_value_heads": 2, "embedding_multiplier": 2.0, "residual_multiplier": 0.5,
                                   "attention_multiplier": 0.3, "logits_scaling": 4.0}),
     "mistral": ("MistralConfig", {"num_key_value_heads": 2}),
@@ -72,7 +73,7 @@ _FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
                                      "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32}),
 }
 PLANNED_FAMILIES = ("llama", "gpt_neox", "olmo2", "gemma2", "phi3", "cohere", "granite", "mistral", "qwen2", "qwen3",
-                    "olmo", "gemma", "gemma3_text", "phi", "starcoder2")
+                    "olmo", "gemma", "gemma3_text", "phi", "starcoder2", "cohere_qk_norm")
 MOE_FAMILIES = ("mixtral", "qwen2_moe")
 
 

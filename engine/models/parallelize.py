@@ -194,6 +194,44 @@ def _y_sharded_rms_norm(norm: nn.Module, hidden: torch.Tensor, *, grid: Grid) ->
     return (norm.weight[start:start + local] * hidden).to(dtype)
 
 
+def _head_rows_norm(norm: nn.Module, hidden: torch.Tensor, *, grid: Grid) -> torch.Tensor:
+    """Run `norm`, whose weight holds one row per head (heads, head_dim), on this y rank's heads (..., heads/Y,
+    head_dim): its own forward with the rows of those heads (a slice of the full, replicated weight, whose gradient
+    is therefore partial over y, the "heads" region)."""
+    full = norm._parameters["weight"]
+    rows = full.shape[0] // grid.size("y")
+    norm._parameters["weight"] = full[grid.coord("y") * rows:(grid.coord("y") + 1) * rows]
+    try:
+        return type(norm).forward(norm, hidden)
+    finally:
+        norm._parameters["weight"] = full
+
+
+@torch.no_grad()
+def _normalizes_each_head(norm: nn.Module, n_y: int) -> bool:
+    """True when `norm` (weight (heads, head_dim)) treats each head on its own, as _head_rows_norm assumes: checked
+    on random input, full against each y share of the heads with its rows of the weight."""
+    full = norm._parameters["weight"]
+    heads, head_dim = full.shape
+    if heads % n_y:
+        return False
+    sample = torch.randn(1, 2, heads, head_dim, generator=torch.Generator().manual_seed(0)).to(full)
+    try:
+        expected = type(norm).forward(norm, sample)
+        rows = heads // n_y
+        for i in range(n_y):
+            norm._parameters["weight"] = full[i * rows:(i + 1) * rows]
+            part = type(norm).forward(norm, sample[:, :, i * rows:(i + 1) * rows])
+            if part.shape != expected[:, :, i * rows:(i + 1) * rows].shape or \
+                    not torch.allclose(part, expected[:, :, i * rows:(i + 1) * rows]):
+                return False
+    except RuntimeError:  # shapes the norm does not accept
+        return False
+    finally:
+        norm._parameters["weight"] = full
+    return True
+
+
 def _plan_block_children(parent: nn.Module, planned: set[str], widths: set[int], head_dim: int, grid: Grid,
                          name: str) -> None:
     """Handle the modules with parameters beside the sharded projections of `parent` (an attention or an MLP),
@@ -217,6 +255,12 @@ def _plan_block_children(parent: nn.Module, planned: set[str], widths: set[int],
             if grid.size("y") > 1:
                 child._engine_eps = eps
                 child.forward = types.MethodType(functools.partial(_y_sharded_rms_norm, grid=grid), child)
+            setattr(child, REGION_ATTR, "heads")
+            continue
+        if set(params) == {"weight"} and weight.dim() == 2 and weight.shape[1] == head_dim and \
+                _normalizes_each_head(child, grid.size("y")):
+            if grid.size("y") > 1:  # a weight per head (Cohere's q_norm/k_norm): each rank uses its heads' rows
+                child.forward = types.MethodType(functools.partial(_head_rows_norm, grid=grid), child)
             setattr(child, REGION_ATTR, "heads")
             continue
         raise ShardingError(f"{name}.{child_name} ({type(child).__name__}) has parameters the engine cannot shard "
