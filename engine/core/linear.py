@@ -45,7 +45,7 @@ from engine.core.functional import (
     tensor_parallel_matmul,
 )
 from engine.core.grid import Grid
-from engine.spec import ROWS_LAYOUTS
+from engine.spec import ROWS_LAYOUTS, row_gather_axes  # noqa: F401 (ROWS_LAYOUTS: re-exported)
 
 MODES = ("default", "normal", "transposed")
 
@@ -321,7 +321,7 @@ class ParallelLinear(nn.Linear):
             return self._core(split_to_group(x, grid.group("x"), -1), "normal")
         if self.mode == "transposed":
             return gather_from_group(self._core(x, "transposed"), grid.group("x"), -1)
-        if current_rows_layout(self) == "shared":  # the rows of the x*y group already, on every rank of it
+        if not row_gather_axes(current_rows_layout(self)):  # the rows of the x*y group already, on every rank of it
             return gather_from_group(self._core(split_to_group(x, grid.group("x"), -1), "normal"), grid.group("y"), -1)
         # default: gather the rows of the x*y group, run the normal layout, hand back own rows, all features
         unbatched = x.dim() == 1

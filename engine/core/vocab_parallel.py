@@ -46,6 +46,7 @@ from engine.core.functional import (
 )
 from engine.core.grid import AxisGroup, Grid
 from engine.core.linear import ShardingError, current_rows_layout
+from engine.spec import row_replica_axes, vocab_row_axes
 
 IGNORE_INDEX = -100  # torch's cross-entropy convention: targets equal to it give no loss
 DEFAULT_CHUNK_TOKENS = 1024
@@ -200,12 +201,13 @@ class _VocabShard:
     @property
     def row_group(self) -> AxisGroup:
         """The ranks of `group` that hold different rows: all of them, or z only in the "shared" rows layout."""
-        return self.grid.group("z") if current_rows_layout(self) == "shared" else self.group
+        return self.grid.group(*vocab_row_axes(current_rows_layout(self)))
 
     @property
     def replica_group(self) -> AxisGroup | None:
         """The ranks of `group` that hold this rank's rows too: x*y in the "shared" rows layout, else None."""
-        return self.grid.group("x", "y") if current_rows_layout(self) == "shared" else None
+        axes = row_replica_axes(current_rows_layout(self))
+        return self.grid.group(*axes) if axes else None
 
     def shard_rows(self, full: torch.Tensor) -> torch.Tensor:
         """This rank's rows of a full (V, ...) tensor (e.g. the serial weight)."""

@@ -42,9 +42,9 @@ from torch.nn.modules.linear import Linear as _TorchLinear  # the real class, ev
 from engine.core import comm
 from engine.core.functional import copy_to_group, gather_from_group, reduce_from_group, split_to_group
 from engine.core.grid import Grid
-from engine.core.linear import ROWS_ATTR, ROWS_LAYOUTS, ParallelLinear, ShardingError, current_rows_layout
+from engine.core.linear import ROWS_ATTR, ParallelLinear, ShardingError, current_rows_layout
 from engine.core.vocab_parallel import can_shard_vocab, is_vocab_parallel, shard_vocab
-from engine.models.plans import ModelPlan, check_supported, find_planned, head_counts
+from engine.spec import check_rows_layout, row_gather_axes
 
 # On module objects: which rows a module's parameters see (engine.training.state.sync_gradients reads it):
 # "layer" = the rows of its x*y group, replicated over x and y; "heads" = the same rows but this y rank's
@@ -56,8 +56,7 @@ def rows_layout(model: nn.Module, layout: str) -> Iterator[None]:
     """Run a parallelized `model` in the rows `layout` ("own" or "shared", see the module doc) inside the block,
     then restore the layout it had. Every rank must use the same layout. Nothing else changes (parameters, state
     dicts, checkpoints). Raises ValueError for an unknown layout."""
-    if layout not in ROWS_LAYOUTS:
-        raise ValueError(f"rows layout must be one of {ROWS_LAYOUTS}, got {layout!r}")
+    check_rows_layout(layout)
     touched = [m for m in model.modules() if m is model or hasattr(m, "_engine_stack_grid")
                or isinstance(m, ParallelLinear) or is_vocab_parallel(m)]
     before = [m.__dict__.get(ROWS_ATTR) for m in touched]
@@ -407,7 +406,7 @@ def _install_stack_hooks(stack: nn.Module, grid: Grid) -> None:
     signature = inspect.signature(stack.forward)
 
     def enter(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-        if current_rows_layout(module) == "shared":
+        if not row_gather_axes(current_rows_layout(module)):
             return None  # the inputs already hold the group's rows, the same on every rank of x*y
         bound = signature.bind(*args, **kwargs)
         arguments = bound.arguments
@@ -441,7 +440,7 @@ def _install_stack_hooks(stack: nn.Module, grid: Grid) -> None:
         return (), {**arguments, **extra}
 
     def leave(module: nn.Module, args: tuple, output: Any) -> Any:
-        if current_rows_layout(module) == "shared":
+        if not row_gather_axes(current_rows_layout(module)):
             return None
         n_rows = module._engine_rows
         if isinstance(output, torch.Tensor):

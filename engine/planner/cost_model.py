@@ -49,7 +49,17 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
-from engine.spec import AXES, BUCKET_ELEMENTS, ROWS_LAYOUTS, GridShape, ZeroConfig
+from engine.spec import (
+    AXES,
+    BUCKET_ELEMENTS,
+    ROWS_LAYOUTS,  # noqa: F401 (the planner's readers take the layouts from here)
+    GridShape,
+    ZeroConfig,
+    row_gather_axes,
+    row_replica_axes,
+    row_split_axes,
+    vocab_row_axes,
+)
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 PHASES = ("forward", "backward", "sync", "clip", "optimizer")
@@ -148,9 +158,7 @@ class _Builder:
 def group_rows(grid: GridShape, rows_per_rank: int, rows: str = "own") -> int:
     """Rows an x*y group's decoder runs on per micro-batch when each rank reads `rows_per_rank`: X*Y times them in
     the own layout, the same rows in the shared one."""
-    if rows not in ROWS_LAYOUTS:
-        raise ValueError(f"rows must be one of {ROWS_LAYOUTS}, got {rows!r}")
-    return rows_per_rank * (grid.size("x", "y") if rows == "own" else 1)
+    return rows_per_rank * grid.size(*row_gather_axes(rows))
 
 
 def _check_divides(what: str, value: int, by: int, hint: str) -> int:
@@ -457,7 +465,7 @@ def llama_local_params(shape: TransformerShape, grid: GridShape,
     V/P rows each whose gradients already cover the rows of x*y*z and are summed over data only."""
     h = shape.hidden
     parts = vocab_parts(shape, grid, vocab_parallel)
-    whole = ("z", "data") if rows == "shared" else AXES
+    whole = row_split_axes(rows)
     vocab = LocalParam(0, shape.vocab // parts, h, whole if parts == 1 else ("data",))
     norm = [LocalParam(0, h, 1, ("z", "data"))] * (2 if shape.norm_bias else 1)  # weight (and bias)
     out = [vocab]  # embed_tokens (lm_head's weight too when tied)
@@ -630,16 +638,16 @@ def vocab_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank
     if parts == 1:
         return []
     axes = ("x", "y", "z")
-    shared = group_rows(grid, rows_per_rank, rows) == rows_per_rank and rows == "shared"  # (validates rows)
-    row_axes = ("z",) if shared else axes
+    row_axes = vocab_row_axes(rows)
     # the tokens of the ranks whose rows differ: the whole x*y*z group, or its z ranks when x*y share rows
     tokens = grid.size(*row_axes) * rows_per_rank * seq
     h = shape.hidden
     b.add(row_axes, "all_gather", tokens * 8, "forward", "embedding token ids")
     b.add(row_axes, "reduce_scatter", tokens * h * param_bytes, "forward", "partial embeddings")
-    if shared:
-        b.add(("x", "y"), "all_reduce", rows_per_rank * seq * h * param_bytes, "forward", "embeddings of the replicas")
-        b.add(("x", "y"), "all_reduce", rows_per_rank * seq * h * stream_bytes, "backward",
+    replicas = row_replica_axes(rows)
+    if replicas:
+        b.add(replicas, "all_reduce", rows_per_rank * seq * h * param_bytes, "forward", "embeddings of the replicas")
+        b.add(replicas, "all_reduce", rows_per_rank * seq * h * stream_bytes, "backward",
               "loss hidden-state grad of the replicas")
     b.add(row_axes, "all_gather", tokens * h * param_bytes, "backward", "embedding output grad")
     b.add(row_axes, "all_gather", tokens * h * stream_bytes, "forward", "loss hidden states")
@@ -743,7 +751,8 @@ def rank_flops_per_step(shape: TransformerShape, grid: GridShape, *, rows_per_ra
     tokens = group_rows(grid, rows_per_rank, rows) * seq / xy  # a rank's share of its group's tokens
     layer_linear = 2.0 * tokens * shape.layers * shape.layer_linear_params
     attention = 4.0 * tokens * seq * shape.layers * shape.q_out * grid.size("x")
-    head_tokens = tokens if rows == "own" or vocab_parts(shape, grid, vocab_parallel) > 1 else rows_per_rank * seq
+    shares = bool(row_replica_axes(rows))
+    head_tokens = tokens if not shares or vocab_parts(shape, grid, vocab_parallel) > 1 else rows_per_rank * seq
     head = (8.0 if chunked_loss else 6.0) * head_tokens * shape.vocab * shape.hidden
     passes = 4.0 if recompute else 3.0  # forward + backward (2x forward), plus the recomputed forward
     return grad_accum * (passes * (layer_linear + attention) + head)
@@ -867,7 +876,7 @@ def memory_per_rank(shape: TransformerShape, grid: GridShape, *, rows_per_rank: 
     per_layer = layer_activation_bytes(shape, grid, tokens=t, act_bytes=act_bytes)
     layers = shape.layers * t * h * act_bytes if recompute else shape.layers * per_layer
     # tokens the loss gathers: those of the ranks of x*y*z whose rows differ
-    group_tokens = (parts if rows == "own" else min(parts, grid.size("z"))) * rows_per_rank * seq
+    group_tokens = min(parts, grid.size(*vocab_row_axes(rows))) * rows_per_rank * seq
     stack = t * h * (2 * act_bytes + 4)
     kept = layers + stack + group_tokens * h * stream_bytes
     stats = max(act_bytes, 4)  # the loss's statistics and logits gradient: fp32, or the product dtype if wider
@@ -904,7 +913,7 @@ def rank_memory_traffic_per_step(shape: TransformerShape, grid: GridShape, *, ro
     t = group_rows(grid, rows_per_rank, rows) * seq
     per_layer = layer_activation_bytes(shape, grid, tokens=t, act_bytes=act_bytes)
     parts = vocab_parts(shape, grid, vocab_parallel)
-    logit_rows = rows_per_rank / (grid.size("x", "y") if rows == "shared" and parts > 1 else 1)
+    logit_rows = rows_per_rank / (grid.size(*row_replica_axes(rows)) if parts > 1 else 1)
     logits = logit_rows * seq * shape.vocab * (act_bytes + 8)
     passes = 7 if recompute else 5
     activations = grad_accum * passes * (shape.layers * per_layer + logits)

@@ -33,27 +33,23 @@ import torch
 from torch import nn
 
 from engine.core import comm
-from engine.core.grid import AXES, Grid
+from engine.core.grid import Grid
 from engine.core.linear import ParallelLinear, ShardingError, current_rows_layout
 from engine.core.vocab_parallel import is_vocab_parallel
 from engine.memory.zero import full, is_dtensor, like, local, zero_state
 from engine.models.parallelize import REGION_ATTR
-
-# "tensor": vocabulary-parallel shards (engine/core/vocab_parallel.py), whose gradients cover the rows of x*y*z
-_REGION_AXES = {None: AXES, "rows": AXES, "layer": ("z", "data"), "heads": ("y", "z", "data"), "tensor": ("data",)}
-# the shared rows layout: what saw "own rows" saw the rows of its x*y group, replicated over x and y
-_SHARED_REGION_AXES = {**_REGION_AXES, None: ("z", "data"), "rows": ("z", "data")}
+from engine.spec import gradient_axes
 
 
 def _reduction_axes(model: nn.Module) -> list[tuple[nn.Parameter, tuple[str, ...]]]:
     """Each distinct parameter of `model` with the grid axes its gradient must be summed over."""
     found: dict[int, tuple[nn.Parameter, tuple[str, ...]]] = {}
-    region_axes = _SHARED_REGION_AXES if current_rows_layout(model) == "shared" else _REGION_AXES
+    layout = current_rows_layout(model)
 
     def visit(module: nn.Module, region: str | None, prefix: str) -> None:
         region = getattr(module, REGION_ATTR, region)
         for name, param in module.named_parameters(recurse=False):
-            axes = ("data",) if isinstance(module, ParallelLinear) else region_axes[region]
+            axes = ("data",) if isinstance(module, ParallelLinear) else gradient_axes(layout, region)
             seen = found.get(id(param))
             if seen is not None and seen[1] != axes:
                 raise ShardingError(f"parameter {prefix}{name} is shared between parts of the model whose "

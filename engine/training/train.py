@@ -25,11 +25,17 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from engine.core import comm
-from engine.core.grid import AXES, Grid, GridShape, is_main_process
-from engine.core.linear import ROWS_LAYOUTS
+from engine.core.grid import Grid, GridShape, is_main_process
 from engine.memory.activation import checkpoint_decoder_layers
 from engine.memory.zero import ZeroConfig, ZeroError, make_adamw, shard_data_axis, zero_state
 from engine.models.parallelize import rows_layout
+from engine.spec import (
+    TRAIN_PRECISION,
+    ParallelLayout,
+    check_precision,
+    check_rows_layout,
+    row_split_axes,
+)
 from engine.training.checkpoint import (
     is_engine_checkpoint,
     load_checkpoint,
@@ -58,7 +64,7 @@ class TrainConfig:
     warmup_steps: int = 0
     min_lr_ratio: float = 0.1  # cosine floor, as a fraction of lr
     max_grad_norm: float | None = 1.0  # None disables clipping
-    precision: str = "fp32"  # "fp32" or "bf16" (autocast; weights and optimizer stay fp32)
+    precision: str = TRAIN_PRECISION  # a key of engine.spec.PRECISIONS: "fp32", or "bf16" (autocast, fp32 weights)
     seed: int = 0
     save_every: int = 0  # optimizer steps between checkpoints; 0 = only at the end
     progress: bool = True
@@ -83,8 +89,7 @@ class TrainConfig:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.schedule not in ("constant", "cosine"):
             raise ValueError(f"schedule must be 'constant' or 'cosine', got {self.schedule!r}")
-        if self.precision not in ("fp32", "bf16"):
-            raise ValueError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
+        check_precision(self.precision)
         if self.warmup_steps < 0 or self.save_every < 0 or self.max_steps < 0 or self.eval_every < 0:
             raise ValueError("warmup_steps, save_every, max_steps and eval_every must be >= 0")
         if self.optimizer not in OPTIMIZERS:
@@ -92,8 +97,7 @@ class TrainConfig:
         if self.optimizer == "sgd" and self.zero == 1:
             raise ValueError("ZeRO stage 1 partitions AdamW's moments and SGD keeps none. Fix: use --zero 2 or 3 with "
                              "SGD (they partition gradients and parameters), or --optimizer adamw")
-        if self.rows not in ROWS_LAYOUTS:
-            raise ValueError(f"rows must be one of {ROWS_LAYOUTS}, got {self.rows!r}")
+        check_rows_layout(self.rows)
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
         self.zero_config  # validates the ZeRO fields
@@ -102,6 +106,11 @@ class TrainConfig:
     def zero_config(self) -> ZeroConfig:
         """The ZeRO setting of the zero, zero_node_size and offload_optimizer fields."""
         return ZeroConfig(stage=self.zero, node_size=self.zero_node_size, offload=self.offload_optimizer)
+
+    def layout(self, shape: GridShape, vocab_parallel: bool | None = None) -> ParallelLayout:
+        """The parallel run these settings describe on a grid of `shape` (validated: ZeroError or ValueError)."""
+        return ParallelLayout(shape=shape, rows=self.rows, vocab_parallel=vocab_parallel, zero=self.zero_config,
+                              precision=self.precision)
 
 
 @dataclass
@@ -184,8 +193,7 @@ def prepare_zero(model: nn.Module, config: TrainConfig, grid: Grid | None) -> No
         return
     if zero.stage == 0:
         return
-    if grid is None:
-        zero.check(GridShape())  # data=1: the clear error
+    config.layout(grid.shape if grid is not None else GridShape())  # validated once: ZeroError when it cannot carry it
     shard_data_axis(model, grid, zero)
 
 
@@ -193,30 +201,15 @@ def _is_distributed(grid: Grid | None) -> bool:
     return grid is not None and grid.world_size > 1
 
 
-ROW_SPLIT_AXES = {"own": AXES, "shared": ("z", "data")}  # the axes a step's rows are split over, per rows layout
-
-
 def _row_group(grid: Grid, layout: str):
     """The ranks that read different rows in `layout` (all of them, or data x z when x*y groups share rows)."""
-    return grid.group(*ROW_SPLIT_AXES[layout])
+    return grid.group(*row_split_axes(layout))
 
 
 def check_step_rows(n_rows: int, shape: GridShape, layout: str = "own") -> None:
     """Refuse (ValueError, naming the other layout when it would split them) a step of `n_rows` sequences that the
     grid `shape` cannot split evenly in rows layout `layout`. Needs no process group: launchers call it too."""
-    splits = shape.size(*ROW_SPLIT_AXES[layout])
-    if n_rows % splits == 0:
-        return
-    data_z = shape.size("z", "data")
-    if layout == "own":
-        hint = (f"; or share rows within each x*y group (--rows shared), which needs only multiples of "
-                f"data*z={data_z}" if data_z < shape.world_size and n_rows % data_z == 0 else "")
-        raise ValueError(f"a step holds {n_rows} sequences, not divisible by the world size {shape.world_size}: "
-                         f"choose a batch size and a document count that are multiples of {shape.world_size}{hint}")
-    # (the own layout needs multiples of the world size, a multiple of data*z: it is never the fix here)
-    raise ValueError(f"a step holds {n_rows} sequences, not divisible by data*z={data_z} (the rows layout "
-                     f"'shared' splits them over data and z): choose a batch size and a document count that are "
-                     f"multiples of {data_z}")
+    ParallelLayout(shape=shape, rows=layout).check_step_rows(n_rows)
 
 
 def _rank_rows(rows: torch.Tensor, grid: Grid | None, layout: str = "own") -> torch.Tensor:

@@ -113,10 +113,10 @@ def _check_documents(spec: DataSpec) -> None:
 def _check_training_on_grid(train: TrainConfig, shape: GridShape, resume: Path | None) -> None:
     """What every worker of a parallel run would refuse in its training settings, checked once before they start:
     ZeRO against the grid, a step's rows against the rows layout, and the settings of the run to resume."""
-    from engine.training.train import check_resume, check_step_rows
+    from engine.training.train import check_resume
 
-    train.zero_config.check(shape)
-    check_step_rows(train.batch_size, shape, train.rows)  # every full step; a short last step is checked by workers
+    layout = train.layout(shape)  # ZeRO, rows layout and precision against the grid
+    layout.check_step_rows(train.batch_size)  # every full step; a short last step is checked by workers
     if resume is not None:
         check_resume(resume, train)
 

@@ -23,8 +23,9 @@ import torch
 
 import data
 import data.dedup
-from engine.core.grid import AXES, GridShape
+from engine.core.grid import GridShape
 from engine.memory.zero import data_ranks_per_node
+from engine.spec import parse_grid_sizes
 from engine.training.train import TrainConfig
 from eval.adaptive import SamplingConfig
 from eval.extraction import ExtractionConfig
@@ -184,16 +185,7 @@ def parse_mask(text: str) -> MaskSpec:
 
 def parse_grid(text: str) -> dict[str, int]:
     """Parse 'data=2,x=2,y=1,z=1' (any subset of the axes; missing axes are 1) into {axis: size}."""
-    sizes: dict[str, int] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, _, value = part.partition("=")
-        if name not in AXES or not value.isdigit() or int(value) < 1:
-            raise ValueError(f"cannot parse grid {text!r}: use AXIS=SIZE pairs with axes {AXES} and sizes >= 1, "
-                             "e.g. data=2,x=2")
-        if name in sizes:
-            raise ValueError(f"grid {text!r} names axis {name!r} twice")
-        sizes[name] = int(value)
-    return sizes
+    return parse_grid_sizes(text)
 
 
 @dataclass

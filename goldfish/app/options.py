@@ -26,6 +26,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Callable, Collection
 
 from data.dedup import DEDUP_MODES, DUPLICATE_POLICIES
+from engine.spec import PRECISIONS
 from goldfish.app.config import parse_int_list, parse_node_size, parse_repeats
 from goldfish.app.lora import parse_targets
 from goldfish.masks import STRATEGIES
@@ -162,7 +163,7 @@ TRAINING = OptionGroup("training", (
     Option("--warmup-steps", "warmup_steps", "linear warm-up steps"),
     Option("--max-grad-norm", "max_grad_norm", "gradient clipping; 0 disables", parse=float),
     Option("--precision", "precision", "bf16 uses autocast (weights and optimizer stay fp32)",
-           choices=("fp32", "bf16")),
+           choices=tuple(PRECISIONS)),
     Option("--seed", "seed", "seed of the data order"),
     Option("--save-every", "save_every", "checkpoint every N optimizer steps (0: only at the end)"),
     Option("--zero", "zero", "ZeRO stage over the data axis (needs data >= 2): 0 off, 1 AdamW state partitioned, 2 + "
