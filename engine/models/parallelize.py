@@ -44,6 +44,7 @@ from engine.core.functional import copy_to_group, gather_from_group, reduce_from
 from engine.core.grid import Grid
 from engine.core.linear import ROWS_ATTR, ParallelLinear, ShardingError, current_rows_layout
 from engine.core.vocab_parallel import can_shard_vocab, is_vocab_parallel, shard_vocab
+from engine.models.plans import ModelPlan, check_supported, find_planned, head_counts
 from engine.spec import check_rows_layout, row_gather_axes
 
 # On module objects: which rows a module's parameters see (engine.training.state.sync_gradients reads it):
