@@ -22,7 +22,6 @@ from integration_reference import (  # noqa: E402
     SETTINGS,
     assert_same_losses,
     assert_same_weights,
-    goldfish_train_reference,
     read_metrics,
 )
 from lightning.fabric import Fabric  # noqa: E402

@@ -1,7 +1,7 @@
 """The tiny random-init models the tests build, in one place: each test file picks its sizes, the builders are shared.
 
 Plain functions rather than fixtures, because the multi-process tests build their models inside spawned workers;
-tests/conftest.py hands the same builders to single-process tests as fixtures.
+single-process tests call them directly too.
 """
 
 from __future__ import annotations
