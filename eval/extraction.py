@@ -20,6 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from eval.batching import decode_longest_first, evaluating, left_pad, model_device, pad_batch
+from eval.intervals import DEFAULT_RESAMPLES, mean_interval
 from eval.metrics import (
     DEFAULT_TOKENIZER_MIN_KEPT,
     IGNORE_INDEX,
@@ -49,6 +50,8 @@ _SUMMARY_METRICS = (
     "tf_kept_accuracy",
     "tf_dropped_accuracy",
 )
+# Summary means that also get a bootstrap interval (`<name>_ci`): the headline figures of a part.
+INTERVAL_METRICS = ("exact_match", "rouge_l")
 
 
 @dataclass
@@ -59,13 +62,20 @@ class ExtractionConfig:
     prefix_len: None -> prefix = everything before the last S tokens (goldfish protocol; needs > S tokens);
         an int P -> prefix = the first P tokens, suffix = the next S (Pythia protocol; needs >= P + S tokens).
     batch_size: documents decoded (and teacher-forced) together.
+    bootstrap: resamples of the 95% percentile bootstrap intervals over documents of the summary's exact match and
+        RougeL (and of membership AUCs); 0 leaves the intervals out.
     """
 
     suffix_len: int = 50
     prefix_len: int | None = None
     batch_size: int = 32
+    bootstrap: int = DEFAULT_RESAMPLES
 
     def __post_init__(self) -> None:
+        b = self.bootstrap
+        if isinstance(b, bool) or not isinstance(b, int) or b < 0:
+            raise ValueError(f"ExtractionConfig.bootstrap must be a number of resamples >= 0 (e.g. --bootstrap 1000; "
+                             f"0: no intervals), got {b!r}")
         for name in ("suffix_len", "batch_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -349,6 +359,10 @@ def summarize_extraction(rows: Sequence[dict[str, Any]], skipped_ids: Sequence[s
     }
     for name in _SUMMARY_METRICS:
         summary[name] = mean_of_present([row.get(name) for row in rows])
+    for name in INTERVAL_METRICS:  # 95% percentile bootstrap over documents (eval.intervals)
+        values = [row[name] for row in rows if row.get(name) is not None]
+        summary[f"{name}_ci"] = (mean_interval(values, n_resamples=config.bootstrap)
+                                 if config.bootstrap and values else None)
     summary["config"] = asdict(config)
     discarded = [str(row["id"]) for row in rows
                  if row.get("rouge_default_kept_chars", 1.0) < DEFAULT_TOKENIZER_MIN_KEPT]

@@ -10,7 +10,7 @@ flags back as {field: value}, ready for `dataclasses.replace` or the dataclass's
     --model --init-seed  TrainSpec/CompareSpec.model, init_seed   MODEL
     --strategy --k --h --mask-seed  MaskSpec.*          MASK
     --epochs ... --activation-checkpointing --rows  TrainConfig.*     TRAINING
-    --suffix-len --prefix-len --eval-batch-size  ExtractionConfig.*   EXTRACTION
+    --suffix-len --prefix-len --eval-batch-size --bootstrap  ExtractionConfig.*   EXTRACTION
     --beams ... --prefix-lengths  Instruments.*         INSTRUMENTS
     --device --threads --no-progress --grid --nproc  Runtime.*   RUNTIME
     --lora-rank --lora-alpha --lora-targets  LoraSpec.*   LORA
@@ -171,6 +171,8 @@ EXTRACTION = OptionGroup("extraction", (
     Option("--prefix-len", "prefix_len", "fixed prefix length, e.g. 32 with --suffix-len 32 for Pythia's protocol "
            "(default: every token before the suffix)", parse=int),
     Option("--eval-batch-size", "batch_size", "documents decoded at once"),
+    Option("--bootstrap", "bootstrap", "resamples of the 95% percentile bootstrap intervals over documents of exact "
+           "match, RougeL and every membership AUC (seeded; 0: no intervals)"),
 ))
 
 INSTRUMENTS = OptionGroup("instruments (besides greedy extraction, divergence and probabilistic extraction, which "
