@@ -214,7 +214,8 @@ def test_write_compare_report_writes_every_plot_and_lists_only_existing_files(tm
 
     figures = write_compare_report(summary, tmp_path)
 
-    expected = {"compare.png", "rouge_hist.png", "em_vs_epochs.png", "divergence.png", "roc.png", "roc_loss.png", "auc.png",
+    expected = {"compare.png", "rouge_hist.png", "em_vs_epochs.png", "divergence.png", "roc.png", "roc_loss.png",
+                "auc.png",
                 "breakdown_prefix.png", "breakdown_repeats.png"}
     assert set(figures) == expected
     for name in expected:
@@ -326,7 +327,8 @@ def test_eval_markdown_and_files(tmp_path):
     _write_rows(tmp_path, "membership.jsonl", [{"id": "a"}])
     summary["train"]["divergence"] = _full_summary()["details"]["goldfish-k4"]["train"]["divergence"]
     figures = write_eval_report(summary, tmp_path)
-    assert set(figures) == {"headline.png", "rouge_hist.png", "divergence.png", "roc.png", "auc.png", "breakdown_prefix.png",
+    assert set(figures) == {"headline.png", "rouge_hist.png", "divergence.png", "roc.png", "auc.png",
+                            "breakdown_prefix.png",
                             "breakdown_repeats.png"}
     for name in figures:
         _assert_png(tmp_path / name)

@@ -814,7 +814,8 @@ def render_eval_markdown(summary: Mapping[str, Any], figures: Sequence[str] | No
     "beam", "sampling", "breakdowns"), "membership": one model's membership result (optional)}."""
     parts = _eval_parts(summary)
     if figures is None:
-        figures = ["headline.png", "rouge_hist.png", "divergence.png", "roc.png", "auc.png", *(v[3] for v in BREAKDOWNS.values())]
+        figures = ["headline.png", "rouge_hist.png", "divergence.png", "roc.png", "auc.png",
+                   *(v[3] for v in BREAKDOWNS.values())]
     if files is None:
         files = eval_per_document_files(summary)
     entries = [([part], s) for part, s in parts.items()]
