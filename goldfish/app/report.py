@@ -652,9 +652,10 @@ def _documents_section(docs: Mapping[str, Any]) -> list[str]:
     if dedup.get("mode") == "off":
         lines += ["Deduplication off (`--dedup off`): copies of a document may sit on both sides of the split.", ""]
     else:
-        near = (f", near-duplicates at Jaccard >= {dedup['threshold']} ({dedup['similarity']})"
+        near = (f", near-duplicates at threshold {dedup['threshold']} ({dedup['similarity']})"
                 if dedup.get("mode") == "near" else "")
-        lines += [f"Deduplication `{dedup['mode']}`: exact text (whitespace-normalized), same selected token "
+        normalized = dedup.get("normalization", "whitespace-normalized")  # records before it say nothing
+        lines += [f"Deduplication `{dedup['mode']}`: exact text ({normalized}), same selected token "
                   f"window{near}; copies are clustered and every cluster is placed on one side of the split; extra "
                   f"copies of a training document: `{dedup['duplicates']}`. Every document was examined.", ""]
         removed = docs.get("removed") or []
