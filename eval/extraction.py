@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from tqdm.auto import tqdm
+from transformers import PreTrainedModel, StaticCache
 
 from eval.batching import decode_longest_first, evaluating, left_pad, model_device, pad_batch
 from eval.intervals import DEFAULT_RESAMPLES, mean_interval
@@ -144,16 +145,37 @@ class GreedyPath:
     min_margin_position: int | None
 
 
+def _static_cache_fits(model: torch.nn.Module) -> bool:
+    """Whether greedy decoding may give `model` a preallocated (static) KV cache: a plain Hugging Face model. A model
+    whose decoder the engine parallelized (its layers hold a slice of the heads, modules marked with
+    ``_engine_stack_grid``) or a wrapper around one keeps the dynamic cache it creates itself."""
+    if not isinstance(model, PreTrainedModel) or not getattr(model, "_supports_static_cache", True):
+        return False
+    return not any(getattr(m, "_engine_stack_grid", None) is not None for m in model.modules())
+
+
 def _greedy_batch(model: torch.nn.Module, rows: list[list[int]], max_new_tokens: int, pad_token_id: int,
                   device: torch.device) -> list[GreedyPath]:
-    """Greedy continuation of one batch of prompts: one GreedyPath per row (max_new_tokens ids each)."""
+    """Greedy continuation of one batch of prompts: one GreedyPath per row (max_new_tokens ids each).
+
+    A plain HF model gets a static KV cache of the prompt's length + max_new_tokens, allocated once: a dynamic cache
+    concatenates every layer's keys and values at every step (copying the whole cache, B x heads x L x head_dim per
+    layer and step). Masked cache slots get zero attention weight, so the ids equal the dynamic cache's (checked
+    against HF generate by tests/test_extraction.py and bench/extraction.py). Other models create their own cache.
+    """
     input_ids, mask, position_ids = left_pad(rows, pad_token_id, device)
-    generated = torch.empty((len(rows), max_new_tokens), dtype=torch.long, device=device)
-    margins = torch.empty((len(rows), max_new_tokens), dtype=torch.float32, device=device)
-    # The model creates its own cache on the first call (DynamicCache in transformers 5.x);
+    n_rows, prompt_len = input_ids.shape
+    generated = torch.empty((n_rows, max_new_tokens), dtype=torch.long, device=device)
+    margins = torch.empty((n_rows, max_new_tokens), dtype=torch.float32, device=device)
+    # The attention mask of every step is a prefix of one (B, L + new) mask built once.
+    full_mask = torch.cat([mask, mask.new_ones((n_rows, max_new_tokens))], dim=1)
+    static = {}
+    if _static_cache_fits(model):
+        static = {"past_key_values": StaticCache(config=model.config, max_cache_len=prompt_len + max_new_tokens),
+                  "cache_position": torch.arange(prompt_len, device=device)}
     # logits_to_keep=1 avoids materialising (B, L, V) logits for the whole prompt.
     out = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
-                logits_to_keep=1)
+                logits_to_keep=1, **static)
     for step in range(max_new_tokens):
         logits = out.logits[:, -1, :]  # (B, V)
         next_ids = logits.argmax(dim=-1)  # (B,)
@@ -163,10 +185,13 @@ def _greedy_batch(model: torch.nn.Module, rows: list[list[int]], max_new_tokens:
             margins[:, step] = top2[:, 0] - top2[:, 1]
         if step == max_new_tokens - 1:
             break
-        mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
         position_ids = position_ids[:, -1:] + 1
-        out = model(input_ids=next_ids[:, None], attention_mask=mask, position_ids=position_ids,
-                    past_key_values=out.past_key_values, use_cache=True, logits_to_keep=1)
+        if static:
+            static["cache_position"] = static["cache_position"][-1:] + 1
+        out = model(input_ids=next_ids[:, None], attention_mask=full_mask[:, : prompt_len + step + 1],
+                    position_ids=position_ids, past_key_values=static.get("past_key_values", out.past_key_values),
+                    use_cache=True, logits_to_keep=1,
+                    **({"cache_position": static["cache_position"]} if static else {}))
     if out.logits.shape[-1] < 2:
         return [GreedyPath(ids, None, None) for ids in generated.tolist()]
     smallest, where = margins.min(dim=-1)  # (B,), first position on ties
