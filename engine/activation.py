@@ -27,16 +27,16 @@ CHECKPOINTED_ATTR = "_engine_activation_checkpointed"
 def checkpoint_decoder_layers(model: nn.Module) -> int:
     """Recompute the activations of every decoder layer of `model` in backward instead of keeping them.
 
-    Works on a plain or a parallelized transformers model whose plan names its decoder layers (engine/model_plans.py:
-    the declared tensor-parallel or pipeline plan, or the engine's own for GPT-2), in place; applying it twice changes nothing. Saved activations per layer drop to its input hidden states (plus
+    Works on a plain or a parallelized HF Llama-family / GPT-2 model (the layers `engine.parallelize` knows), in
+    place; applying it twice changes nothing. Saved activations per layer drop to its input hidden states (plus
     what the layer's callers keep); each layer's forward runs twice per step. Random ops (dropout) draw the same
     numbers in the recomputation (the RNG state is saved). Returns how many layers are checkpointed. Raises
     ShardingError for a model without known decoder layers.
     """
     stacks = decoder_stacks(model)
     if not stacks:
-        raise ShardingError(f"activation checkpointing found no decoder layers in {type(model).__name__} (it finds "
-                            "them through the tensor-parallel or pipeline plan of transformers models); train without --activation-checkpointing")
+        raise ShardingError(f"activation checkpointing found no decoder layers in {type(model).__name__} (it knows "
+                            "HF Llama-family and GPT-2 models); train without --activation-checkpointing")
     count = 0
     for *_, layers in stacks:
         for layer in layers:
