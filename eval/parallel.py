@@ -60,8 +60,14 @@ from eval.adaptive import (
 )
 from eval.extraction import ExtractionConfig, check_fits_context, extract, split_documents, summarize_extraction
 from eval.intervals import DEFAULT_RESAMPLES
-from eval.membership import (DEFAULT_MIN_K, DEFAULT_RECALL_PREFIX_DOCS, DEFAULT_TARGET_FPRS, membership_rows,
-                             membership_summary, recall_prefix)
+from eval.membership import (
+    DEFAULT_MIN_K,
+    DEFAULT_RECALL_PREFIX_DOCS,
+    DEFAULT_TARGET_FPRS,
+    membership_rows,
+    membership_summary,
+    recall_prefix,
+)
 
 log = logging.getLogger(__name__)
 

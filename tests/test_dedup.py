@@ -8,8 +8,17 @@ import random
 import pytest
 
 from data import DataError, DedupConfig, Document, default_corpus, load_documents, select_documents, train_bpe_tokenizer
-from data.dedup import (cluster_roots, find_duplicate_links, is_near_duplicate, jaccard, ngram_containment,
-                        normalized_text, shingles, window_similarity, words)
+from data.dedup import (
+    cluster_roots,
+    find_duplicate_links,
+    is_near_duplicate,
+    jaccard,
+    ngram_containment,
+    normalized_text,
+    shingles,
+    window_similarity,
+    words,
+)
 
 SEQ_LEN = 128
 WORDS = ("river stone cloud lamp window garden silver paper orange engine music forest candle bridge "

@@ -357,7 +357,8 @@ def test_compare_report_lists_removed_duplicates_and_flags_non_latin_rouge():
 
     summary = _full_summary()
     summary["documents"] = dict(summary["documents"], dedup={
-        "mode": "near", "duplicates": "drop", "threshold": 0.8, "similarity": "Jaccard of word 5-gram shingles"},
+        "mode": "near", "duplicates": "drop", "threshold": 0.8, "similarity": "Jaccard of word 5-gram shingles",
+        "normalization": "lower-cased, punctuation removed"},
         n_removed=2, n_repeats=0, heldout_train_overlap={"ngram_words": 8, "max_fraction": 0.083,
                                                          "mean_fraction": 0.006, "heldout_id": "h3"},
         removed=[{"id": "else", "twin": "if", "kind": "exact-text", "similarity": 1.0, "matched": "if",
@@ -367,7 +368,8 @@ def test_compare_report_lists_removed_duplicates_and_flags_non_latin_rouge():
     label = next(iter(summary["details"]))
     summary["details"][label]["heldout"]["rouge"] = {"default_tokenizer_discards_most": {"n_docs": 1, "ids": ["he"]}}
     text = render_markdown(summary)
-    assert "## Duplicates" in text and "Deduplication `near`" in text and "Jaccard >= 0.8" in text
+    assert "## Duplicates" in text and "Deduplication `near`" in text and "near-duplicates at threshold 0.8" in text
+    assert "exact text (lower-cased, punctuation removed)" in text  # the run record's normalization
     assert "| else | if | exact-text | 1.000 | train | dropped |" in text
     assert "| t9 | t1 | near (via t8) | 0.850 | heldout | dropped |" in text
     assert "at most 0.083 (mean 0.006)" in text and "`h3`" in text
