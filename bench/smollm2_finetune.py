@@ -64,7 +64,7 @@ def main() -> None:
     documents = data.load_documents(data.DEFAULT_CORPUS)
     split = data.select_documents(documents, tokenizer, n_train=args.n_train, n_heldout=args.n_heldout,
                                   seq_len=args.seq_len, seed=0)
-    prepared = Prepared(tokenizer=tokenizer, split=split, n_loaded=len(documents))
+    prepared = Prepared(tokenizer=tokenizer, split=split, n_loaded=len(documents), texts=[d.text for d in documents])
     mask = parse_mask(args.mask)
 
     # Greedy extraction of one 50-token suffix (batch size 1).

@@ -8,7 +8,17 @@ import random
 import pytest
 
 from data import DataError, DedupConfig, Document, default_corpus, load_documents, select_documents, train_bpe_tokenizer
-from data.dedup import cluster_roots, find_duplicate_links, jaccard, ngram_containment, normalized_text, shingles, words
+from data.dedup import (
+    cluster_roots,
+    find_duplicate_links,
+    is_near_duplicate,
+    jaccard,
+    ngram_containment,
+    normalized_text,
+    shingles,
+    window_similarity,
+    words,
+)
 
 SEQ_LEN = 128
 WORDS = ("river stone cloud lamp window garden silver paper orange engine music forest candle bridge "
@@ -28,6 +38,14 @@ def _near_copy(text: str, rng: random.Random, n_changes: int) -> str:
     return " ".join(tokens)
 
 
+def _edited_copy(text: str, rng: random.Random, fraction: float) -> str:
+    """The text with `fraction` of its words (anywhere) replaced by other words."""
+    tokens = text.split()
+    for position in rng.sample(range(len(tokens)), round(fraction * len(tokens))):
+        tokens[position] = "edited" + tokens[position][::-1]
+    return " ".join(tokens)
+
+
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory) -> tuple[list[Document], dict[str, set[str]]]:
     """A jsonl file of 40 distinct documents plus planted copies; {copy id: ids of the documents it copies}."""
@@ -41,6 +59,10 @@ def planted(tmp_path_factory) -> tuple[list[Document], dict[str, set[str]]]:
         "window-b": ("doc4", " ".join(base["doc4"].split()[:160]) + " " + _text(rng, 40)),
         "near-a": ("doc5", _near_copy(base["doc5"], rng, 1)),
         "near-b": ("doc6", _near_copy(base["doc6"], rng, 2)),
+        # upper-cased, with punctuation: a different token window, the same normalized text
+        "exact-upper": ("doc7", base["doc7"].upper().replace(" ", ", ", 5) + "!"),
+        # 2% of the words edited, spread over the whole text (4 of 200 words)
+        "near-edited": ("doc8", _edited_copy(base["doc8"], rng, 0.02)),
     }
     for copy_id, (_, text) in planted.items():
         rows.append({"id": copy_id, "text": text})
@@ -60,7 +82,7 @@ def _duplicates(a, b, tokenizer, threshold: float) -> bool:
     if normalized_text(a.text) == normalized_text(b.text) or a.token_ids == b.token_ids:
         return True
     window = lambda d: tokenizer.decode(d.token_ids[1:])  # noqa: E731
-    return jaccard(shingles(window(a)), shingles(window(b))) >= threshold
+    return is_near_duplicate(window(a), window(b), threshold)[0]
 
 
 def _assert_no_straddle(split, tokenizer, threshold: float) -> None:
@@ -91,7 +113,7 @@ def test_planted_copies_never_straddle_and_every_removal_is_recorded(planted, to
             assert removed[gone]["action"] == "dropped" and removed[gone]["side"] in ("train", "heldout")
         assert len(split.train) == len(split.heldout) == 20 and not selected & set(removed)
         manifest = json.loads(json.dumps(split.manifest()))
-        assert manifest["n_removed"] == len(split.removed) == 6 and manifest["removed"] == split.removed
+        assert manifest["n_removed"] == len(split.removed) == 8 and manifest["removed"] == split.removed
         n_removed.append(len(split.removed))
     # Without deduplication the same file does straddle for some seed (the test can fail).
     assert any(_straddles(select_documents(docs, tokenizer, n_train=20, n_heldout=20, seq_len=SEQ_LEN, seed=seed,
@@ -110,7 +132,7 @@ def test_exact_mode_keeps_near_duplicates(planted, tokenizer):
     docs, _ = planted
     split = select_documents(docs, tokenizer, n_train=20, n_heldout=20, seq_len=SEQ_LEN,
                              dedup=DedupConfig("exact"))
-    assert {r["kind"] for r in split.removed} == {"exact-text", "same-window"} and len(split.removed) == 4
+    assert {r["kind"] for r in split.removed} == {"exact-text", "same-window"} and len(split.removed) == 5
 
 
 def test_repeat_policy_keeps_training_copies_as_counted_repeats(planted, tokenizer):
@@ -125,7 +147,7 @@ def test_repeat_policy_keeps_training_copies_as_counted_repeats(planted, tokeniz
         assert all(r["side"] == "heldout" for r in split.removed if r["action"] == "dropped")
         assert split.training_documents == split.train + split.repeats and len(split.train) == 20
         manifest = split.manifest()
-        assert manifest["n_repeats"] == len(split.repeats) and manifest["n_removed"] == 6 - len(split.repeats)
+        assert manifest["n_repeats"] == len(split.repeats) and manifest["n_removed"] == 8 - len(split.repeats)
         _assert_no_straddle(split, tokenizer, 0.8)
 
 
@@ -156,7 +178,7 @@ def test_near_duplicate_links_match_brute_force():
         links = find_duplicate_links(candidates, DedupConfig(threshold=threshold))
         found = {(link.a, link.b) for link in links}
         expected = {(i, j) for i in range(len(texts)) for j in range(i + 1, len(texts))
-                    if jaccard(shingles(texts[i]), shingles(texts[j])) >= threshold}
+                    if is_near_duplicate(texts[i], texts[j], threshold)[0]}
         assert found == expected and expected  # MinHash LSH finds exactly the pairs above the threshold here
         roots = cluster_roots(len(texts), links)
         assert all(roots[b] == roots[a] for a, b in found)
@@ -177,3 +199,16 @@ def test_words_and_containment():
 def test_dedup_config_validation(kwargs, pattern):
     with pytest.raises(DataError, match=pattern):
         DedupConfig(**kwargs)
+
+
+def test_normalization_and_edit_similarity():
+    assert normalized_text("  Hello,  World!\n") == normalized_text("HELLO world") == "hello world"
+    assert normalized_text("ＦＵＬＬ-width") == "full width"  # NFKC folds full-width letters
+    rng = random.Random(11)
+    text = _text(rng, 100)
+    edited = _edited_copy(text, rng, 0.02)  # 2 of 100 words
+    shingle_jaccard, sequence = window_similarity(text, edited)
+    assert sequence == pytest.approx(0.98) and shingle_jaccard < 0.9  # each edited word breaks up to 5 shingles
+    assert is_near_duplicate(text, edited, 0.8)[0]
+    assert not is_near_duplicate(text, _edited_copy(text, rng, 0.2), 0.8)[0]  # a fifth of the words: another text
+    assert jaccard(shingles(text), shingles(text)) == 1.0

@@ -268,7 +268,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if reference is not None:
             device = grid.device if grid is not None else runtime.torch_device()
             reference = reference.to(device).eval()  # a plain copy on every rank: it scores its own shard
-        result = membership(model, prepared, reference, out / "membership.jsonl", grid)
+        result = membership(model, prepared, reference, out / "membership.jsonl", grid,
+                            n_resamples=extraction_of(args).bootstrap)
         if result is not None:
             results["membership"] = result
             log("membership inference AUC: " + ", ".join(f"{name} {m['auc']:.3f}"

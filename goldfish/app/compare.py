@@ -50,7 +50,8 @@ from goldfish.app.pretrained import load_pretrained_model
 # Per-document fields kept for every point of the exact-match-vs-epochs curve (OUT/<label>/curve.jsonl).
 CURVE_ROW_KEYS = ("id", "exact_match", "rouge_l", "longest_correct_prefix")
 CONTROL = "control"
-_HEADLINE_KEYS = ("n_docs", "exact_match", "rouge_l", "rouge_l_recall", "rouge_1", "rouge_2", "match_fraction",
+_HEADLINE_KEYS = ("n_docs", "exact_match", "exact_match_ci", "rouge_l", "rouge_l_ci", "rouge_l_recall", "rouge_1",
+                  "rouge_2", "match_fraction",
                   "longest_correct_prefix", "tf_accuracy", "tf_kept_accuracy", "tf_dropped_accuracy")
 
 
@@ -243,7 +244,8 @@ class Comparison:
         if split.heldout:
             # The untrained control is the reference model of the reference-ratio attack (not of itself).
             self.membership[label] = membership(model, self.prepared, None if label == CONTROL else self.initial,
-                                                eval_dir / "membership.jsonl")
+                                                eval_dir / "membership.jsonl",
+                                                n_resamples=self.spec.extraction.bootstrap)
         self.timings[f"eval {label}"] = time.perf_counter() - t0
         return rows
 

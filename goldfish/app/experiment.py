@@ -28,6 +28,8 @@ from eval import parallel as parallel_eval
 from eval.breakdown import group_means, tag_rows
 from eval.divergence import divergence_row, divergence_summary, suffix_dropped_flags
 from eval.extraction import ExtractionConfig, write_extraction
+from eval.intervals import DEFAULT_RESAMPLES
+from eval.membership import DC_PDD_CAP, DEFAULT_RECALL_PREFIX_DOCS
 from goldfish.app import lora
 from goldfish.app.config import DataSpec, Instruments, MaskSpec, TrainSpec, parse_grid
 from goldfish.app.background import Background, background_sample, build_background, load_background
@@ -72,6 +74,8 @@ class Prepared:
     split: data.DocumentSplit
     n_loaded: int
     context: int = 0  # tokens per training row
+    texts: Sequence[str] = ()  # every loaded document's text: DC-PDD's reference token frequencies
+    source: str = ""
 
     @property
     def max_positions(self) -> int:
@@ -82,6 +86,18 @@ class Prepared:
     @property
     def special_token_ids(self) -> list[int]:
         return sorted(set(self.tokenizer.all_special_ids))
+
+    def token_frequencies(self) -> tuple[Any, dict[str, Any]]:
+        """DC-PDD's reference: add-one smoothed token frequencies of every loaded document (members and
+        non-members alike, so neither side is favoured) tokenized with the run's tokenizer, and a note naming it."""
+        from eval.membership import token_frequencies
+
+        ids = self.tokenizer(list(self.texts), add_special_tokens=False)["input_ids"] if self.texts else []
+        frequencies = token_frequencies(ids, len(self.tokenizer))
+        note = {"frequencies": f"token counts of the {len(self.texts)} documents loaded from {self.source!r} "
+                f"({sum(map(len, ids))} tokens), add-one smoothed over {len(self.tokenizer)} tokenizer ids",
+                "cap": DC_PDD_CAP}
+        return frequencies, note
 
 
 def prepare_data(spec: DataSpec, model_name: str, log=print) -> Prepared:
@@ -107,7 +123,8 @@ def prepare_data(spec: DataSpec, model_name: str, log=print) -> Prepared:
         f"held-out of {shape}; {len(split.too_short)} skipped as shorter than {least} tokens"
         + (f", {len(split.too_long)} as longer than {spec.max_doc_tokens}" if split.too_long else "")
         + _dedup_note(split))
-    return Prepared(tokenizer=tokenizer, split=split, n_loaded=len(documents), context=spec.seq_len)
+    return Prepared(tokenizer=tokenizer, split=split, n_loaded=len(documents), context=spec.seq_len,
+                    texts=[d.text for d in documents], source=str(spec.source))
 
 
 def _dedup_note(split: data.DocumentSplit) -> str:
@@ -501,18 +518,24 @@ def _divergence_rows(rows: list[dict[str, Any]], documents: Sequence[data.Tokeni
 
 
 def membership(model: nn.Module, prepared: Prepared, reference: nn.Module | None,
-               out_file: Path | None = None, grid: Grid | None = None) -> dict[str, Any] | None:
-    """Membership inference (loss, zlib, Min-K%, and reference-model ratio when `reference` is given): members are
-    the training documents, non-members the held-out ones; AUC and TPR at 1% and 0.1% FPR. The per-document scores
-    go to `out_file` (JSON lines) when given. Under a grid, documents are sharded over the data axis and rank 0 gets
-    the result (other ranks None)."""
+               out_file: Path | None = None, grid: Grid | None = None, *,
+               n_resamples: int = DEFAULT_RESAMPLES) -> dict[str, Any] | None:
+    """Membership inference (loss, zlib, Min-K%, Min-K%++, gradient norm, ReCaLL, DC-PDD, and the reference-model
+    ratio when `reference` is given): members are the training documents, non-members the held-out ones; AUC with its
+    bootstrap interval (`n_resamples`, 0: none) and TPR at 1% and 0.1% FPR. ReCaLL's prefix is the first held-out
+    document (left out of its scores); DC-PDD's frequencies come from every loaded document
+    (`Prepared.token_frequencies`). The per-document scores go to `out_file` (JSON lines) when given. Under a grid,
+    documents are sharded over the data axis and rank 0 gets the result (other ranks None)."""
     tokenizer = prepared.tokenizer
     if not prepared.split.train or not prepared.split.heldout:
         raise ValueError("membership inference needs both training (members) and held-out (non-member) documents")
+    frequencies, note = prepared.token_frequencies()
     rows, summary = parallel_eval.membership_parallel(
         model, prepared.split.train, prepared.split.heldout, grid,
         decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), pad_token_id=pad_token_id(tokenizer),
-        reference_model=reference)
+        reference_model=reference, frequencies=frequencies, n_resamples=n_resamples,
+        recall_prefix_docs=DEFAULT_RECALL_PREFIX_DOCS if len(prepared.split.heldout) > 1 else 0,
+        notes={"dc_pdd": note})
     if rows is None:
         return None
     if out_file is not None:

@@ -10,7 +10,7 @@ flags back as {field: value}, ready for `dataclasses.replace` or the dataclass's
     --model --init-seed  TrainSpec/CompareSpec.model, init_seed   MODEL
     --strategy --k --h --mask-seed  MaskSpec.*          MASK
     --epochs ... --activation-checkpointing --rows  TrainConfig.*     TRAINING
-    --suffix-len --prefix-len --eval-batch-size  ExtractionConfig.*   EXTRACTION
+    --suffix-len --prefix-len --eval-batch-size --bootstrap  ExtractionConfig.*   EXTRACTION
     --beams ... --prefix-lengths  Instruments.*         INSTRUMENTS
     --device --threads --no-progress --grid --nproc  Runtime.*   RUNTIME
     --lora-rank --lora-alpha --lora-targets  LoraSpec.*   LORA
@@ -113,8 +113,10 @@ DATA = OptionGroup("data", (
            "documents: e.g. 1,4,16 repeats a third of them once, a third 4 times and a third 16 times",
            parse=parse_repeats),
     Option("--dedup", "dedup", "duplicates removed before the split, so none straddles train and held-out: off, exact "
-           "(same whitespace-normalized text, or same selected token window) or near (exact, plus MinHash "
-           "near-duplicates: Jaccard of word 5-gram shingles of the window >= --dedup-threshold)", choices=DEDUP_MODES),
+           "(same text once lower-cased with punctuation and whitespace normalized, or same selected token window) or "
+           "near (exact, plus MinHash near-duplicates: Jaccard of word 5-gram shingles of the window >= "
+           "--dedup-threshold, or the window's words matching at >= 95%%, e.g. a few words edited)",
+           choices=DEDUP_MODES),
     Option("--dedup-threshold", "dedup_threshold", "Jaccard similarity at or above which two windows are "
            "near-duplicates (0.8 after Lee et al. 2022)"),
     Option("--pack", "pack", "train whole documents: every token of every training document, documents joined with "
@@ -189,6 +191,8 @@ EXTRACTION = OptionGroup("extraction", (
     Option("--prefix-len", "prefix_len", "fixed prefix length, e.g. 32 with --suffix-len 32 for Pythia's protocol "
            "(default: every token before the suffix)", parse=int),
     Option("--eval-batch-size", "batch_size", "documents decoded at once"),
+    Option("--bootstrap", "bootstrap", "resamples of the 95%% percentile bootstrap intervals over documents of exact "
+           "match, RougeL and every membership AUC (seeded; 0: no intervals)"),
 ))
 
 INSTRUMENTS = OptionGroup("instruments (besides greedy extraction, divergence and probabilistic extraction, which "
