@@ -69,7 +69,7 @@ class _Rows(Sequence[dict[str, torch.Tensor]]):
 
 
 class CorpusStream(PackedRows):
-    """The training rows of a background run, in stream order; a resumable data source for engine.train (its
+    """The training rows of a background run, in stream order; a resumable data source for engine.training.train (its
     state names the stream, so a resume refuses a different corpus, tokenizer or schedule)."""
 
     def __init__(self, layout: PackedLayout, piece: Any, mask: MaskSpec, special_token_ids: Sequence[int],

@@ -1,6 +1,6 @@
 """Packed training rows: whole documents laid end to end, with per-document goldfish masks.
 
-A row is a dict of (T,) tensors, what engine.train stacks into a batch:
+A row is a dict of (T,) tensors, what engine.training.train stacks into a batch:
 
     input_ids      token ids, the pad id after the stream's last token
     targets        the next token of the same document; IGNORE_INDEX at a document's last token (its EOS: nothing
@@ -55,7 +55,7 @@ def piece_targets(piece: Sequence[int], start: int, end: int) -> list[int]:
 
 
 class PackedRows(Sequence[dict[str, torch.Tensor]]):
-    """The rows of a packed stream, built when asked for (engine.train reads only this rank's rows of each step).
+    """The rows of a packed stream, built when asked for (engine.training.train reads only this rank's rows of each step).
 
     layout: the pieces' lengths cut into rows. piece: piece index -> its token ids (ending with EOS).
     mask: the goldfish mask (strategy None: nothing dropped). pad_id: fills the last row.

@@ -34,7 +34,7 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
 
 @contextlib.contextmanager
 def tracker(kind: str, out_dir: Path | None) -> Iterator[Callable[[dict[str, Any]], None] | None]:
-    """An on_log callback for engine.train (main process) writing each record's scalars, or None for "none"."""
+    """An on_log callback for engine.training.train (main process) writing each record's scalars, or None for "none"."""
     if kind == "none" or out_dir is None:
         yield None
         return
