@@ -4,7 +4,7 @@ Two split protocols (``ExtractionConfig``):
   * ``prefix_len=None`` (goldfish paper): suffix = the last ``suffix_len`` tokens, prefix = everything before;
   * ``prefix_len=P`` (Pythia 32/32): prefix = the first P tokens, suffix = the next ``suffix_len`` tokens.
 
-Decoding is batched greedy search with a KV cache and left padding; explicit position ids make every padded
+Decoding is batched greedy search with a KV cache (allocated once per batch for HF models) and left padding; explicit position ids make every padded
 row see exactly the positions an unpadded run sees, so results equal batch-size-1 decoding.
 """
 
@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from tqdm.auto import tqdm
+from transformers import PreTrainedModel, StaticCache
 
 from eval.batching import decode_longest_first, evaluating, left_pad, model_device, pad_batch
 from eval.metrics import (
@@ -134,16 +135,35 @@ class GreedyPath:
     min_margin_position: int | None
 
 
+def _fixed_size_cache(model: torch.nn.Module, max_len: int) -> Any:
+    """A KV cache allocated once for `max_len` positions (HF ``StaticCache``) for an HF model, else None (the model
+    then makes its own growing cache).
+
+    The growing ``DynamicCache`` concatenates every layer's keys and values with the new position at each step,
+    copying the whole (B, H, T, D) cache each time; on CPU at batch 32 those copies took most of a decoding step.
+    The static cache writes the new position in place, and attention masks the unused tail, so the logits equal the
+    growing cache's up to float rounding. Other modules (`eval.parallel.ParallelEvalModel`, whose cache belongs to
+    one rank's rows) keep the cache they make.
+    """
+    if not isinstance(model, PreTrainedModel):
+        return None
+    return StaticCache(config=model.config, max_cache_len=max_len)
+
+
 def _greedy_batch(model: torch.nn.Module, rows: list[list[int]], max_new_tokens: int, pad_token_id: int,
                   device: torch.device) -> list[GreedyPath]:
     """Greedy continuation of one batch of prompts: one GreedyPath per row (max_new_tokens ids each)."""
     input_ids, mask, position_ids = left_pad(rows, pad_token_id, device)
-    generated = torch.empty((len(rows), max_new_tokens), dtype=torch.long, device=device)
-    margins = torch.empty((len(rows), max_new_tokens), dtype=torch.float32, device=device)
-    # The model creates its own cache on the first call (DynamicCache in transformers 5.x);
+    n_rows, width = input_ids.shape
+    # The last generated id is never fed back, so the cache holds width + max_new_tokens - 1 positions; the mask of
+    # every step is a prefix of this one (its generated columns are all real tokens).
+    full_mask = torch.cat([mask, mask.new_ones((n_rows, max_new_tokens - 1))], dim=1)
+    cache = _fixed_size_cache(model, width + max_new_tokens - 1)
+    generated = torch.empty((n_rows, max_new_tokens), dtype=torch.long, device=device)
+    margins = torch.empty((n_rows, max_new_tokens), dtype=torch.float32, device=device)
     # logits_to_keep=1 avoids materialising (B, L, V) logits for the whole prompt.
-    out = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
-                logits_to_keep=1)
+    out = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
+                use_cache=True, logits_to_keep=1)
     for step in range(max_new_tokens):
         logits = out.logits[:, -1, :]  # (B, V)
         next_ids = logits.argmax(dim=-1)  # (B,)
@@ -153,10 +173,9 @@ def _greedy_batch(model: torch.nn.Module, rows: list[list[int]], max_new_tokens:
             margins[:, step] = top2[:, 0] - top2[:, 1]
         if step == max_new_tokens - 1:
             break
-        mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
         position_ids = position_ids[:, -1:] + 1
-        out = model(input_ids=next_ids[:, None], attention_mask=mask, position_ids=position_ids,
-                    past_key_values=out.past_key_values, use_cache=True, logits_to_keep=1)
+        out = model(input_ids=next_ids[:, None], attention_mask=full_mask[:, : width + step + 1],
+                    position_ids=position_ids, past_key_values=out.past_key_values, use_cache=True, logits_to_keep=1)
     if out.logits.shape[-1] < 2:
         return [GreedyPath(ids, None, None) for ids in generated.tolist()]
     smallest, where = margins.min(dim=-1)  # (B,), first position on ties
