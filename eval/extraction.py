@@ -4,8 +4,9 @@ Two split protocols (``ExtractionConfig``):
   * ``prefix_len=None`` (goldfish paper): suffix = the last ``suffix_len`` tokens, prefix = everything before;
   * ``prefix_len=P`` (Pythia 32/32): prefix = the first P tokens, suffix = the next ``suffix_len`` tokens.
 
-Decoding is batched greedy search with a KV cache (allocated once per batch for HF models) and left padding; explicit position ids make every padded
-row see exactly the positions an unpadded run sees, so results equal batch-size-1 decoding.
+Decoding is batched greedy search with a KV cache (allocated once per batch for HF models) and left padding;
+explicit position ids make every padded row see exactly the positions an unpadded run sees, so results equal
+batch-size-1 decoding.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, StaticCache
 
+from data.atomic import write_json_atomic, write_jsonl_atomic
 from eval.batching import decode_longest_first, evaluating, left_pad, model_device, pad_batch
 from eval.metrics import (
     DEFAULT_TOKENIZER_MIN_KEPT,
@@ -32,7 +34,6 @@ from eval.metrics import (
     rouge_scores,
     teacher_forced_accuracy,
 )
-from data.atomic import write_json_atomic, write_jsonl_atomic
 
 log = logging.getLogger(__name__)
 
