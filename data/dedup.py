@@ -4,15 +4,20 @@ A memorization study compares training documents with held-out ones; a held-out 
 training document is extracted because it was trained on, and membership inference counts a member as a
 non-member. `find_duplicate_links` finds three kinds of relation between candidate documents:
 
-    exact-text   the same text after collapsing runs of whitespace (and stripping the ends);
+    exact-text   the same normalized text (`normalized_text`: lower-cased, punctuation and symbols dropped,
+                 whitespace runs collapsed), so a copy that only changes case, punctuation or spacing is one;
     same-window  the same selected token window: the seq_len ids that would be trained on and extracted from
                  (texts that differ only after the window are the same document for this run);
-    near         the word 5-gram shingles of the two windows' text have Jaccard similarity >= threshold
-                 (NearDup of Lee et al. 2022, "Deduplicating training data makes language models better":
-                 MinHash over 5-gram shingles, threshold 0.8). Candidate pairs come from datasketch's
-                 MinHashLSH (tuned for recall); each is confirmed with the exact Jaccard of the two shingle
-                 sets, which is the similarity recorded (MinHash only proposes pairs; a pair at the threshold
-                 is proposed with probability >= 0.996 for thresholds 0.1..1, more similar ones more surely).
+    near         the word 5-gram shingles of the two windows' normalized text overlap: at least `threshold` of
+                 the smaller shingle set occurs in the other (the overlap coefficient |A & B| / min(|A|, |B|)).
+                 Word 5-gram shingles and MinHash are NearDup's (Lee et al. 2022, "Deduplicating training data
+                 makes language models better", which thresholds the Jaccard |A & B| / |A | B| at 0.8). The
+                 overlap coefficient is never below the Jaccard and is robust where the Jaccard is not: one
+                 edited word removes up to 5 shingles from each side, so a 2%-edited copy of a 100-word window
+                 has a Jaccard near 0.8 but an overlap near 0.9; and a copy whose text tokenizes to more or fewer
+                 ids has a window that ends a few words earlier or later, which the overlap ignores. Candidate
+                 pairs come from datasketch's MinHashLSH (tuned for recall); each is confirmed with the exact
+                 overlap of the two shingle sets, which is the similarity recorded.
 
 Near-duplicates are judged on the window's text because only the window is trained on or extracted; text beyond
 it cannot leak into a run. Links are merged into clusters by union-find (the connected components of the links,
@@ -37,7 +42,7 @@ from data.errors import DataError
 
 DEDUP_MODES = ("off", "exact", "near")
 DUPLICATE_POLICIES = ("drop", "repeat")
-DEFAULT_THRESHOLD = 0.8  # Jaccard of word 5-gram shingles (Lee et al. 2022)
+DEFAULT_THRESHOLD = 0.8  # overlap of word 5-gram shingles (Lee et al. 2022 threshold the Jaccard at 0.8)
 SHINGLE_WORDS = 5
 AUDIT_NGRAM = 8
 NUM_PERM = 128  # MinHash permutations (datasketch's default)
@@ -46,7 +51,10 @@ _LSH_WEIGHTS = (0.1, 0.9)
 
 
 def _lsh_threshold(threshold: float) -> float:
-    return min(max(float(threshold) - 0.1, 0.05), 0.9)
+    """The Jaccard MinHashLSH is banded at for an overlap threshold t: t / (2 - t) is the Jaccard of two shingle
+    sets of equal size that overlap t (windows of the same seq_len have similar sizes), then 0.1 lower."""
+    equal_size_jaccard = float(threshold) / (2.0 - float(threshold))
+    return min(max(equal_size_jaccard - 0.1, 0.05), 0.9)
 KIND_RANK = {"exact-text": 0, "same-window": 1, "near": 2}  # strongest first
 
 # A word: a run of letters/digits/underscore in any script; each CJK ideograph, kana or hangul syllable is a word
@@ -61,8 +69,8 @@ class DedupConfig:
 
     mode: "off" (no check), "exact" (exact-text and same-window), "near" (both exact kinds and MinHash
         near-duplicates).
-    threshold: Jaccard similarity of word 5-gram shingles at or above which two windows are near-duplicates
-        (0 < threshold <= 1; used by mode "near").
+    threshold: overlap coefficient of word 5-gram shingles (of the windows' normalized text) at or above which
+        two windows are near-duplicates (0 < threshold <= 1; used by mode "near").
     duplicates: "drop" removes the extra copies of a training document; "repeat" keeps them in training as
         counted repeats (a study of duplication). Copies of a held-out document are always dropped.
     """
@@ -88,9 +96,13 @@ class DedupConfig:
         if self.mode != "off":
             entry["kinds"] = ["exact-text", "same-window"] + (["near"] if self.mode == "near" else [])
         if self.mode == "near":
-            entry.update(threshold=float(self.threshold), similarity="Jaccard of word 5-gram shingles of the "
-                         "selected window's text", candidates=f"datasketch MinHashLSH, {NUM_PERM} permutations, "
-                         "confirmed with the exact Jaccard")
+            entry.update(threshold=float(self.threshold), similarity="overlap coefficient |A & B| / min(|A|, |B|) "
+                         "of word 5-gram shingles of the selected window's normalized text",
+                         candidates=f"datasketch MinHashLSH, {NUM_PERM} permutations, confirmed with the exact "
+                         "overlap")
+        if self.mode != "off":
+            entry["normalization"] = ("texts compared lower-cased, punctuation and symbols dropped, whitespace "
+                                      "runs collapsed (words of any script joined by one space)")
         return entry
 
 
@@ -112,7 +124,7 @@ class Candidate:
 class Link:
     """Candidates a and b (indices into the candidate list) are duplicates of the given kind.
 
-    similarity: 1.0 for the exact kinds, the exact shingle Jaccard for "near".
+    similarity: 1.0 for the exact kinds, the exact shingle overlap coefficient for "near".
     """
 
     a: int
@@ -122,8 +134,10 @@ class Link:
 
 
 def normalized_text(text: str) -> str:
-    """The text with every run of whitespace turned into one space and the ends stripped."""
-    return " ".join(text.split())
+    """The text as deduplication compares it: lower-cased, its words (`words`: letters and digits of any script)
+    joined by one space, so punctuation, symbols and whitespace differences vanish.
+    "  The CAT -- sat!\n" -> "the cat sat"."""
+    return " ".join(words(text))
 
 
 def words(text: str) -> list[str]:
@@ -143,6 +157,13 @@ def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
     """|a & b| / |a | b| (0.0 for two empty sets)."""
     union = len(a | b)
     return len(a & b) / union if union else 0.0
+
+
+def overlap(a: frozenset[str], b: frozenset[str]) -> float:
+    """The overlap coefficient |a & b| / min(|a|, |b|): the share of the smaller set found in the other (0.0 when
+    either is empty). Never below `jaccard`."""
+    smaller = min(len(a), len(b))
+    return len(a & b) / smaller if smaller else 0.0
 
 
 def _digest(value: str | Sequence[int]) -> str:
@@ -178,11 +199,11 @@ def _near_links(candidates: Sequence[Candidate], threshold: float, skip: set[tup
     from datasketch import MinHash, MinHashLSH
 
     sets = [shingles(c.window_text) for c in candidates]
-    # LSH only proposes candidates, each confirmed with the exact Jaccard below, so it is tuned for recall:
-    # banded at 0.1 under the threshold and weighted against false negatives (datasketch's weights =
-    # (false positive, false negative)). With 128 permutations a pair at the threshold is then proposed with
-    # probability >= 0.996 for thresholds 0.1..1 (at 0.8: 20 bands of 6 rows, 0.998); banded at 0.8 with the
-    # default weights it would be about 0.4.
+    # LSH only proposes candidates, each confirmed with the exact overlap below, so it is tuned for recall:
+    # banded 0.1 under the Jaccard of two equal-size sets at the threshold overlap and weighted against false
+    # negatives (datasketch's weights = (false positive, false negative)). With 128 permutations such a pair is
+    # then proposed with probability >= 0.97 for thresholds 0.1..1 (at 0.8: 24 bands of 4 rows, 0.995); pairs of
+    # more different sizes have a lower Jaccard for the same overlap and are proposed less surely.
     lsh = MinHashLSH(threshold=_lsh_threshold(threshold), num_perm=NUM_PERM, weights=_LSH_WEIGHTS)
     links: list[Link] = []
     for i, shingle_set in enumerate(sets):
@@ -191,7 +212,7 @@ def _near_links(candidates: Sequence[Candidate], threshold: float, skip: set[tup
         sketch = MinHash(num_perm=NUM_PERM, seed=_MINHASH_SEED)
         sketch.update_batch([s.encode("utf-8") for s in sorted(shingle_set)])
         for j in sorted(lsh.query(sketch)):  # earlier candidates whose sketches share a band
-            similarity = jaccard(sets[j], shingle_set)
+            similarity = overlap(sets[j], shingle_set)
             if similarity >= threshold and (j, i) not in skip:
                 links.append(Link(j, i, "near", similarity))
         lsh.insert(i, sketch)

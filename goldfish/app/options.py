@@ -112,10 +112,11 @@ DATA = OptionGroup("data", (
            "documents: e.g. 1,4,16 repeats a third of them once, a third 4 times and a third 16 times",
            parse=parse_repeats),
     Option("--dedup", "dedup", "duplicates removed before the split, so none straddles train and held-out: off, exact "
-           "(same whitespace-normalized text, or same selected token window) or near (exact, plus MinHash "
-           "near-duplicates: Jaccard of word 5-gram shingles of the window >= --dedup-threshold)", choices=DEDUP_MODES),
-    Option("--dedup-threshold", "dedup_threshold", "Jaccard similarity at or above which two windows are "
-           "near-duplicates (0.8 after Lee et al. 2022)"),
+           "(same text lower-cased with punctuation and whitespace normalized, or same selected token window) or near "
+           "(exact, plus MinHash near-duplicates: overlap of the word 5-gram shingles of the windows' normalized text "
+           ">= --dedup-threshold)", choices=DEDUP_MODES),
+    Option("--dedup-threshold", "dedup_threshold", "shingle overlap |A & B| / min(|A|, |B|) at or above which two "
+           "windows are near-duplicates (0.8, Lee et al. 2022's figure for the Jaccard)"),
     Option("--duplicates", "duplicates", "the extra copies of a training document: drop them, or keep them in "
            "training as counted repeats (a study of duplication); copies of held-out documents are always dropped",
            choices=DUPLICATE_POLICIES),
