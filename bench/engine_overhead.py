@@ -24,9 +24,9 @@ import argparse
 import copy
 import statistics
 
+import common
 import torch
 
-import common
 import engine
 
 LABELS = {"plain": "plain PyTorch", "engine": "engine 1x1x1x1", "control": "plain copy (A/A)"}

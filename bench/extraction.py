@@ -9,8 +9,7 @@ and, beside them, the prompt pass alone (one forward over the batch's prefixes, 
 batching makes cheaper: the same tokens through the same weights), so the printed bound HF time / prompt-pass time
 is the speed-up that batching the decoding steps could reach at most. It prints documents per second for each,
 the speed-up of batched over HF batch-1, and checks that all three decoders produce identical ids (exit status 1 if
-not). Also times a full ``extract()`` (decode + teacher-
-forced pass + ROUGE) at the batch size.
+not). Also times a full ``extract()`` (decode + teacher-forced pass + ROUGE) at the batch size.
 
     python bench/extraction.py                      # defaults: hidden 256, 4 layers, vocab 2048, 64 x 256
     python bench/extraction.py --device cuda --n-docs 256

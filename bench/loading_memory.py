@@ -8,8 +8,8 @@ random bf16 weights written straight to one model.safetensors (about 2.3 GB). Ea
 processes on a grid x=2, y=2 and loads in bf16:
 
     whole    AutoModelForCausalLM.from_pretrained(folder) on every rank, then engine.parallelize (today's path
-             before engine/loading.py)
-    sharded  engine.loading.load_sharded(folder, grid): meta-device build, each rank reads its own slices
+             before engine/training/loading.py)
+    sharded  engine.training.loading.load_sharded(folder, grid): meta-device build, each rank reads its own slices
 
 Reported per rank: resident memory (/proc/self/status VmRSS, which counts touched pages of the memory-mapped file
 too) before loading (torch and transformers imported), and its peak while loading (VmHWM, reset just before), and the bytes of parameters the rank holds afterwards.
@@ -92,7 +92,7 @@ def _rank(rank: int, path: str, folder: str, init_file: str, results, dtype_name
     from transformers import AutoModelForCausalLM
 
     import engine
-    from engine.loading import load_sharded
+    from engine.training.loading import load_sharded
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=4)
     grid = engine.init(x=2, y=2)

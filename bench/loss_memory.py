@@ -1,4 +1,4 @@
-"""Peak memory of the training loss: full logits + cross-entropy vs engine.vocab_parallel.token_losses in chunks.
+"""Peak memory of the training loss: full logits + cross-entropy vs engine.core.vocab_parallel.token_losses in chunks.
 
     python bench/loss_memory.py                      # vocabulary 128,256, hidden 512, 1,024 tokens, CPU
     python bench/loss_memory.py --json bench/results/loss_memory_cpu.json
@@ -9,7 +9,7 @@ its inputs (ru_maxrss after the step minus ru_maxrss before it), and the float32
 for scale. The full-logits path keeps the logits and their log-softmax for backward and builds their gradient; the
 chunked loss holds a few (chunk, V) tensors at a time, so its peak falls with the chunk size. The per-token losses
 of every variant are checked against the full-logits ones. One process: the vocabulary-parallel case divides V by
-x*y*z on each rank on top of this (see engine/vocab_parallel.py), not measured here.
+x*y*z on each rank on top of this (see engine/core/vocab_parallel.py), not measured here.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def _inputs(tokens: int, hidden: int, vocab: int) -> tuple[torch.Tensor, torch.T
 
 def _measure(variant: str, tokens: int, hidden: int, vocab: int, chunk: int, queue) -> None:
     torch.set_num_threads(2)
-    from engine.vocab_parallel import token_losses
+    from engine.core.vocab_parallel import token_losses
 
     h, w, targets = _inputs(tokens, hidden, vocab)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # bytes (Linux reports KiB)

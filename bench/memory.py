@@ -5,13 +5,13 @@
 
 For each ordered grid of the world size and each ZeRO stage the grid allows (stages 1-3 need data >= 2; at
 data >= 4 also stage 3 with a hierarchy of node size 2, and stage 2 and 3 with optimizer offload), every rank
-builds the same Llama, parallelizes it, partitions it (engine.zero.shard_data_axis), and runs `--steps`
+builds the same Llama, parallelizes it, partitions it (engine.memory.zero.shard_data_axis), and runs `--steps`
 training steps (forward, backward, sync_gradients, clip_grad_norm_, AdamW step) on gloo. Reported per setting:
-the bytes of parameters, gradients and AdamW moments the rank holds between steps (engine.zero.held_bytes, the
+the bytes of parameters, gradients and AdamW moments the rank holds between steps (engine.memory.zero.held_bytes, the
 largest rank) beside engine.planner.cost_model.zero_held_bytes (must be equal), the bytes sent per step by the
 largest sender beside engine.planner.cost_model.llama_step_collectives (must be equal), and the median step time on
 gloo (CPU processes sharing the machine's cores: it shows what each stage adds, not GPU speed). The step is
-`goldfish train`'s: engine.vocab_parallel.causal_lm_token_losses (the chunked loss), summed.
+`goldfish train`'s: engine.core.vocab_parallel.causal_lm_token_losses (the chunked loss), summed.
 
 `--table options` (world 4, no ZeRO): a Llama with a 32,000-token vocabulary (untied embeddings and lm_head: 2 x 8.2M
 of its 9.8M parameters) on the grids x=2,y=2 / data=2,x=2 / z=4, each with the vocabulary split (embeddings and
@@ -35,18 +35,24 @@ import socket
 import statistics
 import time
 
+import common
 import torch
 import torch.multiprocessing as mp
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import common
 import engine
-from engine.activation import checkpoint_decoder_layers
-from engine.planner.cost_model import (TransformerShape, bytes_by_group, llama_step_collectives, memory_per_rank, ordered_grids,
-                               zero_held_bytes)
-from engine.grid import GridShape
-from engine.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses, is_vocab_parallel
-from engine.zero import ZeroConfig, held_bytes, make_adamw, shard_data_axis
+from engine.core.grid import GridShape
+from engine.core.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses, is_vocab_parallel
+from engine.memory.activation import checkpoint_decoder_layers
+from engine.memory.zero import ZeroConfig, held_bytes, make_adamw, shard_data_axis
+from engine.planner.cost_model import (
+    TransformerShape,
+    bytes_by_group,
+    llama_step_collectives,
+    memory_per_rank,
+    ordered_grids,
+    zero_held_bytes,
+)
 
 ROWS, SEQ = 2, 64  # per rank
 

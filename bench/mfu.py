@@ -27,9 +27,9 @@ import statistics
 import sys
 from typing import Callable
 
+import common
 import torch
 
-import common
 import engine
 from engine.planner.cost_model import TransformerShape, model_flops_per_token
 

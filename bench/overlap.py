@@ -20,10 +20,10 @@ import os
 import statistics
 import sys
 
+import common
 import torch
 import torch.distributed as dist
 
-import common
 import engine
 
 

@@ -26,11 +26,11 @@ import statistics
 import sys
 from pathlib import Path
 
+import common
 import torch
 import torch.distributed as dist
 from scipy.stats import kendalltau, rankdata, spearmanr
 
-import common
 import engine
 from engine.planner.cost_model import TransformerShape, ordered_grids
 from engine.planner.measure import measure_profile

@@ -27,12 +27,12 @@ import os
 import time
 from typing import Any
 
+import common
 import torch
 
-import common
 import data
 from data.atomic import write_jsonl_atomic
-from engine.train import TrainConfig, train
+from engine.training.train import TrainConfig, train
 from eval.extraction import ExtractionConfig, greedy_decode
 from goldfish.app.config import MaskSpec, parse_mask
 from goldfish.app.experiment import Prepared, evaluate_model, make_examples, make_step_loss
@@ -64,7 +64,7 @@ def main() -> None:
     documents = data.load_documents(data.DEFAULT_CORPUS)
     split = data.select_documents(documents, tokenizer, n_train=args.n_train, n_heldout=args.n_heldout,
                                   seq_len=args.seq_len, seed=0)
-    prepared = Prepared(tokenizer=tokenizer, split=split, n_loaded=len(documents))
+    prepared = Prepared(tokenizer=tokenizer, split=split, n_loaded=len(documents), texts=[d.text for d in documents])
     mask = parse_mask(args.mask)
 
     # Greedy extraction of one 50-token suffix (batch size 1).

@@ -36,12 +36,11 @@ import warnings
 from collections import defaultdict
 from typing import Any
 
+import common
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-
-import common
 
 _RING_KINDS = {  # functional collective -> how its bytes are counted
     "all_reduce": "all_reduce", "all_reduce_coalesced": "all_reduce",

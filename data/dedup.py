@@ -4,20 +4,22 @@ A memorization study compares training documents with held-out ones; a held-out 
 training document is extracted because it was trained on, and membership inference counts a member as a
 non-member. `find_duplicate_links` finds three kinds of relation between candidate documents:
 
-    exact-text   the same normalized text (`normalized_text`: lower-cased, punctuation and symbols dropped,
-                 whitespace runs collapsed), so a copy that only changes case, punctuation or spacing is one;
+    exact-text   the same text after normalization (`normalized_text`: Unicode NFKC, lower-cased, punctuation
+                 removed, runs of whitespace collapsed), so an upper-cased or re-punctuated copy is a copy;
     same-window  the same selected token window: the seq_len ids that would be trained on and extracted from
                  (texts that differ only after the window are the same document for this run);
-    near         the word 5-gram shingles of the two windows' normalized text overlap: at least `threshold` of
-                 the smaller shingle set occurs in the other (the overlap coefficient |A & B| / min(|A|, |B|)).
-                 Word 5-gram shingles and MinHash are NearDup's (Lee et al. 2022, "Deduplicating training data
-                 makes language models better", which thresholds the Jaccard |A & B| / |A | B| at 0.8). The
-                 overlap coefficient is never below the Jaccard and is robust where the Jaccard is not: one
-                 edited word removes up to 5 shingles from each side, so a 2%-edited copy of a 100-word window
-                 has a Jaccard near 0.8 but an overlap near 0.9; and a copy whose text tokenizes to more or fewer
-                 ids has a window that ends a few words earlier or later, which the overlap ignores. Candidate
-                 pairs come from datasketch's MinHashLSH (tuned for recall); each is confirmed with the exact
-                 overlap of the two shingle sets, which is the similarity recorded.
+    near         the two windows' texts are similar at or above the threshold (`window_similarity`): the word
+                 5-gram shingles of the two windows have Jaccard similarity >= threshold (NearDup of Lee et al.
+                 2022, "Deduplicating training data makes language models better": MinHash over 5-gram shingles,
+                 threshold 0.8), or their word sequences (lower-cased, punctuation dropped), cut to a common
+                 length, match at max(threshold, 0.95) (difflib's ratio, 2 * matched words / total words: 0.95
+                 is about 5% of the words edited). Each edited word breaks up to 5 shingles, so a copy with 2% of
+                 its words edited can fall under a Jaccard of 0.8 while its word sequence still matches 98%.
+                 Candidate pairs come from datasketch's MinHashLSH (tuned for recall); each is confirmed with the
+                 exact measures, and the larger of the two is the similarity recorded (MinHash only proposes
+                 pairs; a pair at the Jaccard threshold is proposed with probability >= 0.996 for thresholds
+                 0.1..1, more similar ones more surely, and a copy with 5% of its words edited, Jaccard about 0.6,
+                 with probability >= 0.99 because the bands are set at 0.5 at most).
 
 Near-duplicates are judged on the window's text because only the window is trained on or extracted; text beyond
 it cannot leak into a run. Links are merged into clusters by union-find (the connected components of the links,
@@ -32,8 +34,10 @@ Imports nothing of the other project packages.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import re
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +46,7 @@ from data.errors import DataError
 
 DEDUP_MODES = ("off", "exact", "near")
 DUPLICATE_POLICIES = ("drop", "repeat")
-DEFAULT_THRESHOLD = 0.8  # overlap of word 5-gram shingles (Lee et al. 2022 threshold the Jaccard at 0.8)
+DEFAULT_THRESHOLD = 0.8  # Jaccard of word 5-gram shingles (Lee et al. 2022)
 SHINGLE_WORDS = 5
 AUDIT_NGRAM = 8
 NUM_PERM = 128  # MinHash permutations (datasketch's default)
@@ -51,10 +55,11 @@ _LSH_WEIGHTS = (0.1, 0.9)
 
 
 def _lsh_threshold(threshold: float) -> float:
-    """The Jaccard MinHashLSH is banded at for an overlap threshold t: t / (2 - t) is the Jaccard of two shingle
-    sets of equal size that overlap t (windows of the same seq_len have similar sizes), then 0.1 lower."""
-    equal_size_jaccard = float(threshold) / (2.0 - float(threshold))
-    return min(max(equal_size_jaccard - 0.1, 0.05), 0.9)
+    # at most 0.5: a 5%-edited copy (5-gram Jaccard about 0.6) must be proposed to be confirmed by its word sequence
+    return min(max(float(threshold) - 0.1, 0.05), 0.5)
+
+
+EDIT_RATIO = 0.95  # word-sequence match (difflib ratio) at or above which a window is a near-duplicate
 KIND_RANK = {"exact-text": 0, "same-window": 1, "near": 2}  # strongest first
 
 # A word: a run of letters/digits/underscore in any script; each CJK ideograph, kana or hangul syllable is a word
@@ -69,8 +74,8 @@ class DedupConfig:
 
     mode: "off" (no check), "exact" (exact-text and same-window), "near" (both exact kinds and MinHash
         near-duplicates).
-    threshold: overlap coefficient of word 5-gram shingles (of the windows' normalized text) at or above which
-        two windows are near-duplicates (0 < threshold <= 1; used by mode "near").
+    threshold: Jaccard similarity of word 5-gram shingles at or above which two windows are near-duplicates
+        (0 < threshold <= 1; used by mode "near").
     duplicates: "drop" removes the extra copies of a training document; "repeat" keeps them in training as
         counted repeats (a study of duplication). Copies of a held-out document are always dropped.
     """
@@ -95,14 +100,15 @@ class DedupConfig:
         entry: dict[str, Any] = {"mode": self.mode, "duplicates": self.duplicates}
         if self.mode != "off":
             entry["kinds"] = ["exact-text", "same-window"] + (["near"] if self.mode == "near" else [])
+            entry["normalization"] = ("texts compared after Unicode NFKC, lower-casing, punctuation removed and "
+                                      "whitespace collapsed")
         if self.mode == "near":
-            entry.update(threshold=float(self.threshold), similarity="overlap coefficient |A & B| / min(|A|, |B|) "
-                         "of word 5-gram shingles of the selected window's normalized text",
+            entry.update(threshold=float(self.threshold), similarity="Jaccard of word 5-gram shingles >= threshold, "
+                         f"or difflib's word-sequence ratio >= max(threshold, {EDIT_RATIO}), of the selected "
+                         "windows' texts (lower-cased, punctuation dropped, cut to a common length); the larger "
+                         "measure is recorded",
                          candidates=f"datasketch MinHashLSH, {NUM_PERM} permutations, confirmed with the exact "
-                         "overlap")
-        if self.mode != "off":
-            entry["normalization"] = ("texts compared lower-cased, punctuation and symbols dropped, whitespace "
-                                      "runs collapsed (words of any script joined by one space)")
+                         "similarity")
         return entry
 
 
@@ -124,7 +130,7 @@ class Candidate:
 class Link:
     """Candidates a and b (indices into the candidate list) are duplicates of the given kind.
 
-    similarity: 1.0 for the exact kinds, the exact shingle overlap coefficient for "near".
+    similarity: 1.0 for the exact kinds; for "near" the larger of the shingle Jaccard and the word-sequence ratio.
     """
 
     a: int
@@ -134,10 +140,11 @@ class Link:
 
 
 def normalized_text(text: str) -> str:
-    """The text as deduplication compares it: lower-cased, its words (`words`: letters and digits of any script)
-    joined by one space, so punctuation, symbols and whitespace differences vanish.
-    "  The CAT -- sat!\n" -> "the cat sat"."""
-    return " ".join(words(text))
+    """The text as duplicates are compared: Unicode NFKC (full-width and compatibility forms folded), lower-cased,
+    every punctuation character (Unicode category P*) turned into a space, every run of whitespace one space, the
+    ends stripped. "Hello,  World!" and "HELLO world" normalize alike."""
+    folded = unicodedata.normalize("NFKC", text).lower()
+    return " ".join("".join(" " if unicodedata.category(ch).startswith("P") else ch for ch in folded).split())
 
 
 def words(text: str) -> list[str]:
@@ -153,17 +160,32 @@ def shingles(text: str, n: int = SHINGLE_WORDS) -> frozenset[str]:
     return frozenset(" ".join(tokens[i:i + n]) for i in range(len(tokens) - n + 1))
 
 
+def window_similarity(a: str, b: str, n: int = SHINGLE_WORDS) -> tuple[float, float]:
+    """How alike two window texts are: (Jaccard of their word n-gram shingles, difflib's matching ratio of their
+    word sequences), both over the words (`words`: lower-cased, punctuation dropped) cut to the shorter text's
+    length (two windows of the same number of tokens can end a few words apart). (0.0, 0.0) when either has no
+    word."""
+    wa, wb = words(a), words(b)
+    if not wa or not wb:
+        return 0.0, 0.0
+    length = min(len(wa), len(wb))
+    wa, wb = wa[:length], wb[:length]
+    sequence = difflib.SequenceMatcher(None, wa, wb, autojunk=False).ratio()
+    return jaccard(shingles(" ".join(wa), n), shingles(" ".join(wb), n)), sequence
+
+
+def is_near_duplicate(a: str, b: str, threshold: float) -> tuple[bool, float]:
+    """(whether two window texts are near-duplicates at `threshold`, the similarity recorded): shingle Jaccard >=
+    threshold or word-sequence ratio >= max(threshold, EDIT_RATIO); the similarity is the larger measure."""
+    shingle_jaccard, sequence = window_similarity(a, b)
+    near = shingle_jaccard >= threshold or sequence >= max(threshold, EDIT_RATIO)
+    return near, max(shingle_jaccard, sequence)
+
+
 def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
     """|a & b| / |a | b| (0.0 for two empty sets)."""
     union = len(a | b)
     return len(a & b) / union if union else 0.0
-
-
-def overlap(a: frozenset[str], b: frozenset[str]) -> float:
-    """The overlap coefficient |a & b| / min(|a|, |b|): the share of the smaller set found in the other (0.0 when
-    either is empty). Never below `jaccard`."""
-    smaller = min(len(a), len(b))
-    return len(a & b) / smaller if smaller else 0.0
 
 
 def _digest(value: str | Sequence[int]) -> str:
@@ -199,11 +221,11 @@ def _near_links(candidates: Sequence[Candidate], threshold: float, skip: set[tup
     from datasketch import MinHash, MinHashLSH
 
     sets = [shingles(c.window_text) for c in candidates]
-    # LSH only proposes candidates, each confirmed with the exact overlap below, so it is tuned for recall:
-    # banded 0.1 under the Jaccard of two equal-size sets at the threshold overlap and weighted against false
-    # negatives (datasketch's weights = (false positive, false negative)). With 128 permutations such a pair is
-    # then proposed with probability >= 0.97 for thresholds 0.1..1 (at 0.8: 24 bands of 4 rows, 0.995); pairs of
-    # more different sizes have a lower Jaccard for the same overlap and are proposed less surely.
+    # LSH only proposes candidates, each confirmed with the exact Jaccard below, so it is tuned for recall:
+    # banded at 0.1 under the threshold and weighted against false negatives (datasketch's weights =
+    # (false positive, false negative)). With 128 permutations a pair at the threshold is then proposed with
+    # probability >= 0.996 for thresholds 0.1..1 (at 0.8: 20 bands of 6 rows, 0.998); banded at 0.8 with the
+    # default weights it would be about 0.4.
     lsh = MinHashLSH(threshold=_lsh_threshold(threshold), num_perm=NUM_PERM, weights=_LSH_WEIGHTS)
     links: list[Link] = []
     for i, shingle_set in enumerate(sets):
@@ -212,8 +234,8 @@ def _near_links(candidates: Sequence[Candidate], threshold: float, skip: set[tup
         sketch = MinHash(num_perm=NUM_PERM, seed=_MINHASH_SEED)
         sketch.update_batch([s.encode("utf-8") for s in sorted(shingle_set)])
         for j in sorted(lsh.query(sketch)):  # earlier candidates whose sketches share a band
-            similarity = overlap(sets[j], shingle_set)
-            if similarity >= threshold and (j, i) not in skip:
+            near, similarity = is_near_duplicate(candidates[j].window_text, candidates[i].window_text, threshold)
+            if near and (j, i) not in skip:
                 links.append(Link(j, i, "near", similarity))
         lsh.insert(i, sketch)
     return links

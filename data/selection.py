@@ -45,6 +45,9 @@ class TokenizedDocument:
     token_ids: list[int]
     sha256: str
     repeat_of: str | None = None  # set on a training repeat: the id of the training document it duplicates
+    # Whole-document selection only (select_documents(whole_documents=...)): every id of the document, bos first;
+    # token_ids is then its extraction window (the first ids, at most whole_documents of them).
+    full_ids: list[int] | None = None
 
 
 @dataclass
@@ -77,6 +80,8 @@ class DocumentSplit:
     removed: list[dict[str, Any]] = field(default_factory=list)
     dedup: DedupConfig = field(default_factory=lambda: DedupConfig(mode="off"))
     heldout_train_overlap: dict[str, Any] | None = None
+    whole_documents: int | None = None  # the extraction window of whole-document selection; None: truncated
+    too_long: list[str] = field(default_factory=list)  # whole-document selection with max_len: ids skipped as longer
 
     @property
     def training_documents(self) -> list[TokenizedDocument]:
@@ -87,7 +92,8 @@ class DocumentSplit:
         """A JSON-able record of what was selected, for every run's outputs."""
 
         def entries(docs: list[TokenizedDocument]) -> list[dict[str, Any]]:
-            return [{"id": d.id, "sha256": d.sha256, "n_chars": len(d.text)} for d in docs]
+            return [{"id": d.id, "sha256": d.sha256, "n_chars": len(d.text)}
+                    | ({"n_tokens": len(d.full_ids)} if d.full_ids is not None else {}) for d in docs]
 
         return {
             "seq_len": self.seq_len,
@@ -107,6 +113,9 @@ class DocumentSplit:
             "removed": [dict(r) for r in self.removed],
             "repeats": [{**e, "repeat_of": d.repeat_of} for e, d in zip(entries(self.repeats), self.repeats)],
             "heldout_train_overlap": self.heldout_train_overlap,
+            "whole_documents": self.whole_documents,
+            "n_too_long": len(self.too_long),
+            "too_long": list(self.too_long),
         }
 
 
@@ -119,8 +128,15 @@ def select_documents(
     seq_len: int,
     seed: int = 0,
     dedup: DedupConfig | None = None,
+    whole_documents: int | None = None,
+    max_len: int | None = None,
 ) -> DocumentSplit:
     """Choose n_train training and n_heldout held-out documents, each truncated to seq_len tokens.
+
+    whole_documents: None for the above. An int W selects whole documents instead: seq_len is then the least
+    number of tokens a document needs, each selected document keeps all its ids in `full_ids` (bos first), and
+    `token_ids` is its extraction window, its first min(W, length) ids (deduplication compares these windows).
+    max_len (whole documents only): documents with more ids are skipped and listed in `too_long`.
 
     The documents are put in an order shuffled by `random.Random(seed)` and examined one by one:
     each is tokenized (no special tokens; the tokenizer's bos id, if any, is put in front), one with
@@ -146,6 +162,10 @@ def select_documents(
             raise DataError(f"{name} must be >= {minimum}, got {value}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise DataError(f"seed must be an integer, got {seed!r}")
+    if whole_documents is not None and (isinstance(whole_documents, bool) or not isinstance(whole_documents, int)
+                                        or whole_documents < seq_len):
+        raise DataError(f"whole_documents (the extraction window) must be an integer >= seq_len = {seq_len}, got "
+                        f"{whole_documents!r}. Fix: raise --extract-len")
     dedup = DedupConfig() if dedup is None else dedup
     if not isinstance(dedup, DedupConfig):
         raise DataError(f"dedup must be a DedupConfig or None, got {type(dedup).__name__}")
@@ -163,6 +183,7 @@ def select_documents(
     # Long-enough documents in examination order; with dedup on, all of them (clusters must be known first).
     kept: list[TokenizedDocument] = []
     too_short: list[str] = []
+    too_long: list[str] = []
     n_examined = 0
     while (dedup.mode != "off" or len(kept) < needed) and n_examined < len(order):
         want = len(order) if dedup.mode != "off" else max(_MIN_BATCH, 2 * (needed - len(kept)))
@@ -174,8 +195,16 @@ def select_documents(
             if len(text_ids) < n_text_ids:
                 too_short.append(doc.id)
                 continue
-            token_ids = ([bos_id] if bos_id is not None else []) + list(text_ids[:n_text_ids])
-            kept.append(TokenizedDocument(id=doc.id, text=doc.text, token_ids=token_ids,
+            if whole_documents is not None and max_len and len(text_ids) + (bos_id is not None) > max_len:
+                too_long.append(doc.id)
+                continue
+            full_ids = None
+            if whole_documents is None:
+                token_ids = ([bos_id] if bos_id is not None else []) + list(text_ids[:n_text_ids])
+            else:
+                full_ids = ([bos_id] if bos_id is not None else []) + list(text_ids)
+                token_ids = full_ids[:whole_documents]
+            kept.append(TokenizedDocument(id=doc.id, text=doc.text, token_ids=token_ids, full_ids=full_ids,
                                           sha256=hashlib.sha256(doc.text.encode("utf-8")).hexdigest()))
             if dedup.mode == "off" and len(kept) == needed:
                 break
@@ -185,9 +214,11 @@ def select_documents(
         distinct = f" distinct (after removing {len(removed)} duplicates)" if removed else ""
         raise DataError(
             f"not enough documents of at least {seq_len} tokens: {len(train) + len(heldout)}{distinct} available "
-            f"({len(documents)} documents, {len(too_short)} too short), but n_train + n_heldout = "
+            f"({len(documents)} documents, {len(too_short)} too short"
+            + (f", {len(too_long)} longer than {max_len}" if too_long else "") + "), but n_train + n_heldout = "
             f"{n_train} + {n_heldout} = {needed} are needed. Fix: lower --n-train/--n-heldout or "
-            "--seq-len, or give more (or longer) documents."
+            + ("--min-doc-tokens, raise --max-doc-tokens" if whole_documents is not None else "--seq-len")
+            + ", or give more (or longer) documents."
         )
     return DocumentSplit(
         train=train,
@@ -201,6 +232,8 @@ def select_documents(
         removed=removed,
         dedup=dedup,
         heldout_train_overlap=_overlap_audit(train + repeats, heldout, tokenizer, bos_id),
+        whole_documents=whole_documents,
+        too_long=too_long,
     )
 
 
@@ -248,7 +281,7 @@ def _place_clusters(
                         "side": side[root], "action": action})
         if action == "repeat":
             repeats.append(TokenizedDocument(id=doc.id, text=doc.text, token_ids=doc.token_ids, sha256=doc.sha256,
-                                             repeat_of=kept[root].id))
+                                             repeat_of=kept[root].id, full_ids=doc.full_ids))
     return train, heldout, repeats, removed
 
 

@@ -2,7 +2,7 @@
 axes and sizes, the ZeRO setting, the rows layouts, and the gradient bucket size both count in.
 
 `goldfish plan` and engine.planner import only this module of the runtime, so they run where torch is not
-installed; engine.grid and engine.zero re-export these names.
+installed; engine.core.grid and engine.memory.zero re-export these names.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 AXES: tuple[str, ...] = ("x", "y", "z", "data")  # rank order, fastest first
 ROWS_LAYOUTS = ("own", "shared")  # every rank reads its own rows / every rank of an x*y group reads the same rows
 STAGES = (0, 1, 2, 3)  # ZeRO stages
-BUCKET_ELEMENTS = 1 << 24  # gradients are reduced in buckets this large (engine.comm), as the cost model counts
+BUCKET_ELEMENTS = 1 << 24  # gradients are reduced in buckets this large (engine.core.comm), as the cost model counts
 
 
 class GridError(ValueError):
@@ -158,3 +158,167 @@ def data_ranks_per_node(gpus_per_node: int, shape: GridShape) -> int:
     if gpus_per_node % tp:
         return 1
     return math.gcd(gpus_per_node // tp, shape.data)
+
+
+# ----- precision -----------------------------------------------------------------------------------------------------
+# Element bytes (weights and gradients, matmul products, residual stream) of each `goldfish train --precision`:
+# bf16 is torch.autocast(bf16) over fp32 weights (matrix products in bf16; weights, gradients, residual stream and
+# AdamW state in fp32); fp32 is fp32 throughout. Either way a parameter costs 16 bytes (weight, gradient, two moments).
+PRECISIONS: dict[str, tuple[int, int, int]] = {"bf16": (4, 2, 4), "fp32": (4, 4, 4)}
+# The trainer's default is exact float32 (what every parallel-equals-serial test compares, and what a CPU runs
+# fast); the planner plans GPU clusters, where runs use bf16 autocast, and prints --precision in its commands.
+TRAIN_PRECISION = "fp32"
+PLAN_PRECISION = "bf16"
+
+
+def check_precision(precision: str) -> str:
+    """Return `precision` if it is a key of PRECISIONS, else raise ValueError naming the choices."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
+    return precision
+
+
+# ----- rows layouts: which ranks read which rows of a step, and so which axes every sum runs over -------------------
+OWN, SHARED = ROWS_LAYOUTS
+# The regions of a parallelized model (engine.models.parallelize tags modules with one): which rows a parameter's
+# gradient saw. None/"rows": this rank's own rows; "layer": the rows of its x*y group, replicated over x and y;
+# "heads": the same rows, this y rank's heads only; "tensor": vocabulary-parallel shards (rows of all of x*y*z).
+REGIONS: tuple[str | None, ...] = (None, "rows", "layer", "heads", "tensor")
+_GRADIENT_AXES: dict[str, dict[str | None, tuple[str, ...]]] = {
+    OWN: {None: AXES, "rows": AXES, "layer": ("z", "data"), "heads": ("y", "z", "data"), "tensor": ("data",)},
+    # shared rows: what saw "own rows" saw the rows of its x*y group, replicated over x and y
+    SHARED: {None: ("z", "data"), "rows": ("z", "data"), "layer": ("z", "data"), "heads": ("y", "z", "data"),
+             "tensor": ("data",)},
+}
+
+
+def check_rows_layout(rows: str) -> str:
+    """Return `rows` if it is a rows layout ("own" or "shared"), else raise ValueError naming the choices."""
+    if rows not in ROWS_LAYOUTS:
+        raise ValueError(f"rows layout must be one of {ROWS_LAYOUTS}, got {rows!r}")
+    return rows
+
+
+def row_split_axes(rows: str) -> tuple[str, ...]:
+    """The axes a step's rows are split over: every axis ("own"), or data and z ("shared": x*y groups share rows)."""
+    return AXES if check_rows_layout(rows) == OWN else ("z", "data")
+
+
+def row_replica_axes(rows: str) -> tuple[str, ...]:
+    """The axes whose ranks hold this rank's rows too: none ("own"), or x and y ("shared")."""
+    return () if check_rows_layout(rows) == OWN else ("x", "y")
+
+
+def row_gather_axes(rows: str) -> tuple[str, ...]:
+    """The axes a decoder layer (and a default-mode ParallelLinear) gathers rows over before its tensor-parallel
+    work: x and y ("own"), or none ("shared": the inputs already hold the x*y group's rows)."""
+    return ("x", "y") if check_rows_layout(rows) == OWN else ()
+
+
+def vocab_row_axes(rows: str) -> tuple[str, ...]:
+    """The axes of the vocabulary split (x, y, z) whose ranks hold different rows: all three ("own"), or z only."""
+    return tuple(a for a in ("x", "y", "z") if a not in row_replica_axes(rows))
+
+
+def gradient_axes(rows: str, region: str | None) -> tuple[str, ...]:
+    """The axes the gradient of a (non-ParallelLinear) parameter in `region` is summed over so that it becomes the
+    gradient of the sum of every rank's loss. ParallelLinear shards always sum over data alone."""
+    if region not in REGIONS:
+        raise ValueError(f"unknown region {region!r}; the regions are {REGIONS}")
+    return _GRADIENT_AXES[check_rows_layout(rows)][region]
+
+
+def parse_grid_sizes(text: str) -> dict[str, int]:
+    """Parse 'data=2,x=2' (any subset of the axes; missing axes are 1) into {axis: size}; ValueError otherwise."""
+    sizes: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, value = part.partition("=")
+        if name not in AXES or not value.isdigit() or int(value) < 1:
+            raise ValueError(f"cannot parse grid {text!r}: use AXIS=SIZE pairs with axes {AXES} and sizes >= 1, "
+                             "e.g. data=2,x=2")
+        if name in sizes:
+            raise ValueError(f"grid {text!r} names axis {name!r} twice")
+        sizes[name] = int(value)
+    return sizes
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """One parallel run, validated once: the grid shape, the rows layout, the vocabulary split, ZeRO and precision.
+
+    Every axis table of the engine is derived here (rows split, rows shared, gradient sums, vocabulary rows), so
+    the trainer, the gradient sync, the loss, the cost model and the planner ask one object instead of comparing
+    strings. Plain Python: the planner builds it without torch.
+
+    shape: sizes of data, x, y, z. rows: "own" (every rank its own rows of a step) or "shared" (every rank of an x*y
+    group the group's rows). vocab_parallel: embeddings and lm_head split by vocabulary rows over x*y*z (None: when
+    the model allows it). zero: the ZeRO setting over the data axis. precision: a key of PRECISIONS.
+    """
+
+    shape: GridShape = GridShape()
+    rows: str = OWN
+    vocab_parallel: bool | None = None
+    zero: ZeroConfig = ZeroConfig()
+    precision: str = TRAIN_PRECISION
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.shape, GridShape):
+            raise GridError(f"shape must be a GridShape, got {type(self.shape).__name__}")
+        if not isinstance(self.zero, ZeroConfig):
+            raise ZeroError(f"zero must be a ZeroConfig, got {type(self.zero).__name__}")
+        if self.vocab_parallel not in (None, True, False):
+            raise ValueError(f"vocab_parallel must be True, False or None (auto), got {self.vocab_parallel!r}")
+        check_rows_layout(self.rows)
+        check_precision(self.precision)
+        self.zero.check(self.shape)
+
+    @classmethod
+    def parse(cls, grid: str, **settings: Any) -> ParallelLayout:
+        """The layout of a grid written 'data=2,x=2' (see parse_grid_sizes) and the other settings by keyword."""
+        return cls(shape=GridShape(**parse_grid_sizes(grid)), **settings)
+
+    @property
+    def shares_rows(self) -> bool:
+        """Whether ranks of an x*y group read the same rows (the "shared" layout on a grid with x*y > 1)."""
+        return self.rows == SHARED and self.shape.size("x", "y") > 1
+
+    @property
+    def row_split_axes(self) -> tuple[str, ...]:
+        return row_split_axes(self.rows)
+
+    @property
+    def row_replica_axes(self) -> tuple[str, ...]:
+        return row_replica_axes(self.rows)
+
+    @property
+    def row_splits(self) -> int:
+        """Into how many different parts a step's rows are split (world size, or data*z when x*y groups share)."""
+        return self.shape.size(*self.row_split_axes)
+
+    def gradient_axes(self, region: str | None) -> tuple[str, ...]:
+        return gradient_axes(self.rows, region)
+
+    def group_rows(self, rows_per_rank: int) -> int:
+        """Rows an x*y group runs its decoder layers on when each rank reads `rows_per_rank`: x*y times as many in
+        the "own" layout (the layers gather them), the same rows in the "shared" one."""
+        return rows_per_rank * self.shape.size(*row_gather_axes(self.rows))
+
+    def check_step_rows(self, n_rows: int) -> None:
+        """Refuse (ValueError, naming the other layout when it would split them) a step of `n_rows` sequences that
+        this layout cannot split evenly over its ranks."""
+        if n_rows % self.row_splits == 0:
+            return
+        shape, data_z = self.shape, self.shape.size(*row_split_axes(SHARED))
+        if self.rows == OWN:
+            hint = (f"; or share rows within each x*y group (--rows shared), which needs only multiples of "
+                    f"data*z={data_z}" if data_z < shape.world_size and n_rows % data_z == 0 else "")
+            raise ValueError(f"a step holds {n_rows} sequences, not divisible by the world size {shape.world_size}: "
+                             f"choose a batch size and a document count that are multiples of {shape.world_size}{hint}")
+        # (the own layout needs multiples of the world size, a multiple of data*z: it is never the fix here)
+        raise ValueError(f"a step holds {n_rows} sequences, not divisible by data*z={data_z} (the rows layout "
+                         f"'shared' splits them over data and z): choose a batch size and a document count that are "
+                         f"multiples of {data_z}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"grid": str(self.shape), "rows": self.rows, "vocab_parallel": self.vocab_parallel,
+                "zero": self.zero.to_json(), "precision": self.precision}

@@ -4,9 +4,8 @@ Two split protocols (``ExtractionConfig``):
   * ``prefix_len=None`` (goldfish paper): suffix = the last ``suffix_len`` tokens, prefix = everything before;
   * ``prefix_len=P`` (Pythia 32/32): prefix = the first P tokens, suffix = the next ``suffix_len`` tokens.
 
-Decoding is batched greedy search with a KV cache (allocated once per batch for HF models) and left padding;
-explicit position ids make every padded row see exactly the positions an unpadded run sees, so results equal
-batch-size-1 decoding.
+Decoding is batched greedy search with a KV cache and left padding; explicit position ids make every padded
+row see exactly the positions an unpadded run sees, so results equal batch-size-1 decoding.
 """
 
 from __future__ import annotations
@@ -21,8 +20,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, StaticCache
 
-from data.atomic import write_json_atomic, write_jsonl_atomic
 from eval.batching import decode_longest_first, evaluating, left_pad, model_device, pad_batch
+from eval.intervals import DEFAULT_RESAMPLES, mean_interval
 from eval.metrics import (
     DEFAULT_TOKENIZER_MIN_KEPT,
     IGNORE_INDEX,
@@ -34,6 +33,7 @@ from eval.metrics import (
     rouge_scores,
     teacher_forced_accuracy,
 )
+from data.atomic import write_json_atomic, write_jsonl_atomic
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,8 @@ _SUMMARY_METRICS = (
     "tf_kept_accuracy",
     "tf_dropped_accuracy",
 )
+# Summary means that also get a bootstrap interval (`<name>_ci`): the headline figures of a part.
+INTERVAL_METRICS = ("exact_match", "rouge_l")
 
 
 @dataclass
@@ -61,13 +63,20 @@ class ExtractionConfig:
     prefix_len: None -> prefix = everything before the last S tokens (goldfish protocol; needs > S tokens);
         an int P -> prefix = the first P tokens, suffix = the next S (Pythia protocol; needs >= P + S tokens).
     batch_size: documents decoded (and teacher-forced) together.
+    bootstrap: resamples of the 95% percentile bootstrap intervals over documents of the summary's exact match and
+        RougeL (and of membership AUCs); 0 leaves the intervals out.
     """
 
     suffix_len: int = 50
     prefix_len: int | None = None
     batch_size: int = 32
+    bootstrap: int = DEFAULT_RESAMPLES
 
     def __post_init__(self) -> None:
+        b = self.bootstrap
+        if isinstance(b, bool) or not isinstance(b, int) or b < 0:
+            raise ValueError(f"ExtractionConfig.bootstrap must be a number of resamples >= 0 (e.g. --bootstrap 1000; "
+                             f"0: no intervals), got {b!r}")
         for name in ("suffix_len", "batch_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -136,35 +145,37 @@ class GreedyPath:
     min_margin_position: int | None
 
 
-def _fixed_size_cache(model: torch.nn.Module, max_len: int) -> Any:
-    """A KV cache allocated once for `max_len` positions (HF ``StaticCache``) for an HF model, else None (the model
-    then makes its own growing cache).
-
-    The growing ``DynamicCache`` concatenates every layer's keys and values with the new position at each step,
-    copying the whole (B, H, T, D) cache each time; on CPU at batch 32 those copies took most of a decoding step.
-    The static cache writes the new position in place, and attention masks the unused tail, so the logits equal the
-    growing cache's up to float rounding. Other modules (`eval.parallel.ParallelEvalModel`, whose cache belongs to
-    one rank's rows) keep the cache they make.
-    """
-    if not isinstance(model, PreTrainedModel):
-        return None
-    return StaticCache(config=model.config, max_cache_len=max_len)
+def _static_cache_fits(model: torch.nn.Module) -> bool:
+    """Whether greedy decoding may give `model` a preallocated (static) KV cache: a plain Hugging Face model. A model
+    whose decoder the engine parallelized (its layers hold a slice of the heads, modules marked with
+    ``_engine_stack_grid``) or a wrapper around one keeps the dynamic cache it creates itself."""
+    if not isinstance(model, PreTrainedModel) or not getattr(model, "_supports_static_cache", True):
+        return False
+    return not any(getattr(m, "_engine_stack_grid", None) is not None for m in model.modules())
 
 
 def _greedy_batch(model: torch.nn.Module, rows: list[list[int]], max_new_tokens: int, pad_token_id: int,
                   device: torch.device) -> list[GreedyPath]:
-    """Greedy continuation of one batch of prompts: one GreedyPath per row (max_new_tokens ids each)."""
+    """Greedy continuation of one batch of prompts: one GreedyPath per row (max_new_tokens ids each).
+
+    A plain HF model gets a static KV cache of the prompt's length + max_new_tokens, allocated once: a dynamic cache
+    concatenates every layer's keys and values at every step (copying the whole cache, B x heads x L x head_dim per
+    layer and step). Masked cache slots get zero attention weight, so the ids equal the dynamic cache's (checked
+    against HF generate by tests/test_extraction.py and bench/extraction.py). Other models create their own cache.
+    """
     input_ids, mask, position_ids = left_pad(rows, pad_token_id, device)
-    n_rows, width = input_ids.shape
-    # The last generated id is never fed back, so the cache holds width + max_new_tokens - 1 positions; the mask of
-    # every step is a prefix of this one (its generated columns are all real tokens).
-    full_mask = torch.cat([mask, mask.new_ones((n_rows, max_new_tokens - 1))], dim=1)
-    cache = _fixed_size_cache(model, width + max_new_tokens - 1)
+    n_rows, prompt_len = input_ids.shape
     generated = torch.empty((n_rows, max_new_tokens), dtype=torch.long, device=device)
     margins = torch.empty((n_rows, max_new_tokens), dtype=torch.float32, device=device)
+    # The attention mask of every step is a prefix of one (B, L + new) mask built once.
+    full_mask = torch.cat([mask, mask.new_ones((n_rows, max_new_tokens))], dim=1)
+    static = {}
+    if _static_cache_fits(model):
+        static = {"past_key_values": StaticCache(config=model.config, max_cache_len=prompt_len + max_new_tokens),
+                  "cache_position": torch.arange(prompt_len, device=device)}
     # logits_to_keep=1 avoids materialising (B, L, V) logits for the whole prompt.
-    out = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
-                use_cache=True, logits_to_keep=1)
+    out = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
+                logits_to_keep=1, **static)
     for step in range(max_new_tokens):
         logits = out.logits[:, -1, :]  # (B, V)
         next_ids = logits.argmax(dim=-1)  # (B,)
@@ -175,8 +186,12 @@ def _greedy_batch(model: torch.nn.Module, rows: list[list[int]], max_new_tokens:
         if step == max_new_tokens - 1:
             break
         position_ids = position_ids[:, -1:] + 1
-        out = model(input_ids=next_ids[:, None], attention_mask=full_mask[:, : width + step + 1],
-                    position_ids=position_ids, past_key_values=out.past_key_values, use_cache=True, logits_to_keep=1)
+        if static:
+            static["cache_position"] = static["cache_position"][-1:] + 1
+        out = model(input_ids=next_ids[:, None], attention_mask=full_mask[:, : prompt_len + step + 1],
+                    position_ids=position_ids, past_key_values=static.get("past_key_values", out.past_key_values),
+                    use_cache=True, logits_to_keep=1,
+                    **({"cache_position": static["cache_position"]} if static else {}))
     if out.logits.shape[-1] < 2:
         return [GreedyPath(ids, None, None) for ids in generated.tolist()]
     smallest, where = margins.min(dim=-1)  # (B,), first position on ties
@@ -369,6 +384,10 @@ def summarize_extraction(rows: Sequence[dict[str, Any]], skipped_ids: Sequence[s
     }
     for name in _SUMMARY_METRICS:
         summary[name] = mean_of_present([row.get(name) for row in rows])
+    for name in INTERVAL_METRICS:  # 95% percentile bootstrap over documents (eval.intervals)
+        values = [row[name] for row in rows if row.get(name) is not None]
+        summary[f"{name}_ci"] = (mean_interval(values, n_resamples=config.bootstrap)
+                                 if config.bootstrap and values else None)
     summary["config"] = asdict(config)
     discarded = [str(row["id"]) for row in rows
                  if row.get("rouge_default_kept_chars", 1.0) < DEFAULT_TOKENIZER_MIN_KEPT]

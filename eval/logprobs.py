@@ -61,3 +61,28 @@ def token_log_probs(
         log_probs = torch.log_softmax(logits.double(), dim=-1)  # (T-1, V)
         out.append(log_probs.gather(1, targets[:, None])[:, 0])
     return out
+
+
+def next_token_stats(
+    model: torch.nn.Module,
+    sequences: Sequence[Sequence[int]],
+    *,
+    pad_token_id: int,
+    batch_size: int = 8,
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Per sequence, three (T_i - 1,) float64 CPU tensors from one teacher-forced pass: the token log-probabilities
+    (as `token_log_probs`), and the mean and standard deviation of log p(z) over z drawn from the model's
+    next-token distribution at each position (mu_t = sum_z p(z) log p(z), the negative entropy in nats;
+    sigma_t = sqrt(sum_z p(z) (log p(z) - mu_t)^2)), the calibration of Min-K%++."""
+    out = []
+    logits_iter = iter_next_token_logits(model, sequences, pad_token_id=pad_token_id, batch_size=batch_size)
+    for seq, logits in zip(sequences, logits_iter):
+        targets = torch.tensor([int(t) for t in seq[1:]], dtype=torch.long)  # (T-1,)
+        log_probs = torch.log_softmax(logits.double(), dim=-1)  # (T-1, V)
+        probs = log_probs.exp()
+        # p * log p is 0 where p underflows to 0 (log p is finite from log_softmax unless a logit is -inf)
+        weighted = torch.where(probs > 0, probs * log_probs, torch.zeros_like(probs))
+        mean = weighted.sum(-1)  # (T-1,)
+        centered = torch.where(probs > 0, probs * (log_probs - mean[:, None]).square(), torch.zeros_like(probs))
+        out.append((log_probs.gather(1, targets[:, None])[:, 0], mean, centered.sum(-1).sqrt()))
+    return out

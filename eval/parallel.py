@@ -18,7 +18,7 @@ meet in the final world-wide gather. Before it, every rank reports whether its b
 rank is raised on all of them instead of leaving the others waiting. (An error in the middle of a forward pass can
 still leave the peers of its tensor-parallel group waiting inside a collective until torch.distributed's timeout.)
 
-Which decoding works how (x*y is the size of the group that shares a decoder's rows, see engine/parallelize.py):
+Which decoding works how (x*y is the size of the group that shares a decoder's rows, see engine/models/parallelize.py):
     greedy decoding, teacher-forced passes, log-probabilities: the batch's rows are split over the x*y*z ranks of
         the tensor-parallel group inside each forward (each decoder layer then sees every row once) and the logits
         are all-gathered back.
@@ -38,14 +38,15 @@ import logging
 import math
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 from transformers import DynamicCache
 
 import engine
-from engine import comm
-from engine.grid import AxisGroup, Grid, is_main_process
-from engine.sharding import TENSOR_AXES, run_sharded
+from engine.core import comm
+from engine.core.grid import AxisGroup, Grid, is_main_process
+from engine.core.sharding import TENSOR_AXES, run_sharded
 from eval.adaptive import (
     DEFAULT_BUDGETS,
     DEFAULT_CONFIDENCES,
@@ -58,11 +59,19 @@ from eval.adaptive import (
     summarize_sampling,
 )
 from eval.extraction import ExtractionConfig, check_fits_context, extract, split_documents, summarize_extraction
-from eval.membership import DEFAULT_MIN_K, DEFAULT_TARGET_FPRS, membership_rows, membership_summary
+from eval.intervals import DEFAULT_RESAMPLES
+from eval.membership import (
+    DEFAULT_MIN_K,
+    DEFAULT_RECALL_PREFIX_DOCS,
+    DEFAULT_TARGET_FPRS,
+    membership_rows,
+    membership_summary,
+    recall_prefix,
+)
 
 log = logging.getLogger(__name__)
 
-ROW_AXES = ("x", "y")  # the axes over which a parallelized decoder gathers its rows (engine/parallelize.py)
+ROW_AXES = ("x", "y")  # the axes over which a parallelized decoder gathers its rows (engine/models/parallelize.py)
 
 
 
@@ -342,12 +351,24 @@ def membership_rows_parallel(
     min_k: float = DEFAULT_MIN_K,
     batch_size: int = 8,
     member: bool | None = None,
+    recall_prefix_ids: Sequence[int] | None = None,
+    frequencies: np.ndarray | None = None,
+    grad_norm: bool = True,
 ) -> list[dict[str, Any]] | None:
     """eval.membership.membership_rows with documents sharded over the data axis: the rows on rank 0 (document
-    order), None elsewhere. ``reference_model`` may be parallelized on the same grid or a plain model."""
+    order), None elsewhere. ``reference_model`` may be parallelized on the same grid or a plain model. The
+    gradient-norm attack is left out on a grid with tensor-parallel axes (see `grad_norm_available`)."""
     return _membership_rows(model, [(doc, member) for doc in documents], grid, decode=decode,
                             pad_token_id=pad_token_id, reference_model=reference_model, min_k=min_k,
-                            batch_size=batch_size)
+                            batch_size=batch_size, recall_prefix_ids=recall_prefix_ids, frequencies=frequencies,
+                            grad_norm=grad_norm)
+
+
+def grad_norm_available(model: nn.Module, grid: Grid | None) -> bool:
+    """Whether the gradient-norm attack runs on this rank's model: one process, or a grid whose models are whole on
+    every rank (data parallelism only). A model sharded over x, y or z would need its gradient norm summed over the
+    shards of one tensor-parallel group only (not over data, whose groups score other documents): not built yet."""
+    return not isinstance(eval_model(model, grid), ParallelEvalModel)
 
 
 def membership_parallel(
@@ -362,32 +383,58 @@ def membership_parallel(
     min_k: float = DEFAULT_MIN_K,
     batch_size: int = 8,
     target_fprs: Sequence[float] = DEFAULT_TARGET_FPRS,
+    recall_prefix_docs: int = DEFAULT_RECALL_PREFIX_DOCS,
+    frequencies: np.ndarray | None = None,
+    grad_norm: bool = True,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    notes: dict[str, Any] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]] | tuple[None, None]:
     """Membership inference with members and non-members sharded together over the data axis.
 
     Returns (rows, summary) on rank 0: the rows of ``membership_rows(model, members, member=True)`` followed by
     those of the non-members (member=False), and ``membership_summary`` of the two; (None, None) elsewhere.
+    ReCaLL's prefix is made of the first ``recall_prefix_docs`` non-members (`eval.membership.recall_prefix`; 0
+    leaves ReCaLL out), whose rows carry ``recall_prefix: true`` and no ReCaLL score. DC-PDD runs when
+    ``frequencies`` are given, the gradient-norm attack when ``grad_norm`` and `grad_norm_available`.
     """
+    prefix, prefix_ids = recall_prefix(nonmembers, recall_prefix_docs) if recall_prefix_docs else (None, [])
+    with_grad_norm = grad_norm and grad_norm_available(model, grid)
     items = [(doc, True) for doc in members] + [(doc, False) for doc in nonmembers]
     rows = _membership_rows(model, items, grid, decode=decode, pad_token_id=pad_token_id,
-                            reference_model=reference_model, min_k=min_k, batch_size=batch_size)
+                            reference_model=reference_model, min_k=min_k, batch_size=batch_size,
+                            recall_prefix_ids=prefix, frequencies=frequencies, grad_norm=with_grad_norm)
     if rows is None:
         return None, None
+    for row in rows:
+        if row["id"] in prefix_ids and not row["member"]:
+            row.pop("score_recall"), row.pop("recall_loss"), row.pop("recall_n_scored")
+            row["recall_prefix"] = True
     member_rows = [r for r in rows if r["member"]]
     nonmember_rows = [r for r in rows if not r["member"]]
-    return rows, membership_summary(member_rows, nonmember_rows, target_fprs, min_k=min_k)
+    notes = dict(notes or {})
+    if prefix is not None:
+        notes["recall"] = {"prefix_documents": prefix_ids, "prefix_tokens": len(prefix),
+                           "note": "the non-member prefix is these held-out documents' tokens, concatenated; they "
+                                   "are not scored by ReCaLL"}
+    if grad_norm and not with_grad_norm:
+        notes["grad_norm"] = "not computed: the model is sharded over tensor-parallel axes"
+    return rows, membership_summary(member_rows, nonmember_rows, target_fprs, min_k=min_k, n_resamples=n_resamples,
+                                    notes=notes)
 
 
 def _membership_rows(model: nn.Module, items: list[tuple[Any, bool | None]], grid: Grid | None, *,
                      decode: Callable[[list[int]], str], pad_token_id: int, reference_model: nn.Module | None,
-                     min_k: float, batch_size: int) -> list[dict[str, Any]] | None:
+                     min_k: float, batch_size: int, recall_prefix_ids: Sequence[int] | None,
+                     frequencies: np.ndarray | None, grad_norm: bool) -> list[dict[str, Any]] | None:
     """Rows of (document, member flag or None) items, sharded; each row laid out as membership_rows makes it."""
     runner = eval_model(model, grid)
     reference = eval_model(reference_model, grid) if reference_model is not None else None
+    grad_norm = grad_norm and grad_norm_available(model, grid)
 
     def work(block: list[tuple[Any, bool | None]]) -> list[dict[str, Any]]:
         scored = membership_rows(runner, [doc for doc, _ in block], decode=decode, pad_token_id=pad_token_id,
-                                 reference_model=reference, min_k=min_k, batch_size=batch_size)
+                                 reference_model=reference, min_k=min_k, batch_size=batch_size,
+                                 recall_prefix_ids=recall_prefix_ids, frequencies=frequencies, grad_norm=grad_norm)
         out = []
         for (_, member), row in zip(block, scored):
             flag = {} if member is None else {"member": bool(member)}
@@ -402,6 +449,7 @@ __all__ = [
     "ParallelEvalModel",
     "beam_parallel",
     "eval_model",
+    "grad_norm_available",
     "evaluate_parallel",
     "membership_parallel",
     "membership_rows_parallel",

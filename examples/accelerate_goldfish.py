@@ -26,15 +26,19 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from goldfish_train_options import (  # examples/goldfish_train_options.py
+    add_goldfish_train_options,
+    documents_and_mask,
+    train_config,
+)
 
 import engine
-import engine.train as engine_train
-from engine import comm
-from engine.grid import AXES
+import engine.training.train as engine_train
+from engine.core import comm
+from engine.core.grid import AXES
 from goldfish import goldfish_loss
 from goldfish.app.config import parse_grid
 from goldfish.app.experiment import initial_model, make_examples, save_parallel_hf_model
-from goldfish_train_options import add_goldfish_train_options, documents_and_mask, train_config  # examples/goldfish_train_options.py
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

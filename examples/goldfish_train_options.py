@@ -1,8 +1,8 @@
 """What the examples share with `goldfish train`: its own option groups (each flag means what it means there, with
 the same defaults except a shorter --epochs) and the documents, mask and optimisation settings built from them.
 
-The examples' loops honour only the training settings in TRAINING_FIELDS (the rest keep engine.train.TrainConfig's
-defaults, as in `goldfish train` run without those flags)."""
+The examples' loops honour only the training settings in TRAINING_FIELDS (the rest keep
+engine.training.train.TrainConfig's defaults, as in `goldfish train` run without those flags)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import argparse
 from dataclasses import asdict, replace
 from typing import Callable
 
-from engine.train import TrainConfig
+from engine.training.train import TrainConfig
 from goldfish.app import options as opt
 from goldfish.app.cli import data_of, mask_of
 from goldfish.app.config import DataSpec, MaskSpec, TrainSpec

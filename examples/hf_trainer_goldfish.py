@@ -26,13 +26,13 @@ from typing import Any
 
 import torch
 from datasets import Dataset
+from goldfish_train_options import add_goldfish_train_options, documents_and_mask  # examples/goldfish_train_options.py
 from transformers import Trainer, TrainingArguments
 
-import engine.train as engine_train
+import engine.training.train as engine_train
 from goldfish import GoldfishCollator, causal_targets, goldfish_loss
 from goldfish.app.experiment import initial_model
 from goldfish.masks import IGNORE_INDEX
-from goldfish_train_options import add_goldfish_train_options, documents_and_mask  # examples/goldfish_train_options.py
 
 
 class GoldfishTrainer(Trainer):

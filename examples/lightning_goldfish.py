@@ -17,14 +17,18 @@ import os
 from pathlib import Path
 
 import torch
+from goldfish_train_options import (  # examples/goldfish_train_options.py
+    add_goldfish_train_options,
+    documents_and_mask,
+    train_config,
+)
 from lightning.fabric import Fabric
 
-import engine.train as engine_train
-from engine.lightning import EngineStrategy, consolidate_checkpoint
+import engine.training.train as engine_train
+from engine.integrations.lightning import EngineStrategy, consolidate_checkpoint
 from goldfish import goldfish_loss
 from goldfish.app.config import parse_grid
 from goldfish.app.experiment import initial_model, make_examples
-from goldfish_train_options import add_goldfish_train_options, documents_and_mask, train_config  # examples/goldfish_train_options.py
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -20,15 +20,19 @@ from typing import Any, Iterator
 
 import lightning as L
 import torch
+from goldfish_train_options import (  # examples/goldfish_train_options.py
+    add_goldfish_train_options,
+    documents_and_mask,
+    train_config,
+)
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-import engine.train as engine_train
-from engine.checkpoint import consolidate_checkpoint
-from engine.lightning_trainer import EngineTrainerStrategy
+import engine.training.train as engine_train
+from engine.integrations.lightning_trainer import EngineTrainerStrategy
+from engine.training.checkpoint import consolidate_checkpoint
 from goldfish import goldfish_loss
 from goldfish.app.config import parse_grid
 from goldfish.app.experiment import initial_model, make_examples
-from goldfish_train_options import add_goldfish_train_options, documents_and_mask, train_config  # examples/goldfish_train_options.py
 
 
 class GoldfishStepSampler(torch.utils.data.Sampler):

@@ -1,22 +1,20 @@
-"""Shared fixtures: the tiny model builders (tests/tiny_models.py) for single-process tests."""
+"""Shared fixtures: the `goldfish train` run the integration examples are compared with (its settings and checks in
+tests/integration_reference.py). The tiny models the tests build come from tests/tiny_models.py: plain functions,
+because the multi-process tests build them inside spawned workers."""
 
 from __future__ import annotations
 
-from typing import Callable
+from pathlib import Path
 
 import pytest
-import torch
-
-from tiny_models import tiny_gpt2, tiny_llama
+from integration_reference import SETTINGS
 
 
-@pytest.fixture
-def llama_builder() -> Callable[..., torch.nn.Module]:
-    """tiny_llama: call it with the sizes the test needs, e.g. llama_builder(vocab=64, hidden=32, heads=4)."""
-    return tiny_llama
+@pytest.fixture(scope="session")
+def goldfish_train_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`goldfish train` with SETTINGS in this process (about 3 s): OUT/metrics.jsonl and OUT/checkpoint."""
+    from goldfish.app.cli import main
 
-
-@pytest.fixture
-def gpt2_builder() -> Callable[..., torch.nn.Module]:
-    """tiny_gpt2: call it with the sizes the test needs."""
-    return tiny_gpt2
+    out = tmp_path_factory.mktemp("goldfish_train") / "run"
+    assert main(["train", "--out", str(out), "--no-progress", "--threads", "1", *SETTINGS]) == 0
+    return out

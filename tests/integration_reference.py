@@ -23,16 +23,6 @@ def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line]
 
 
-@pytest.fixture(scope="session")
-def goldfish_train_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`goldfish train` with SETTINGS in this process (about 3 s): OUT/metrics.jsonl and OUT/checkpoint."""
-    from goldfish.app.cli import main
-
-    out = tmp_path_factory.mktemp("goldfish_train") / "run"
-    assert main(["train", "--out", str(out), "--no-progress", "--threads", "1", *SETTINGS]) == 0
-    return out
-
-
 def assert_same_losses(run: list[dict], expected: list[dict], *, keys: tuple[str, ...] = KEYS,
                        exact: bool = False) -> None:
     """Equal per step: exactly, or to float32 rounding.

@@ -1,4 +1,4 @@
-"""Activation checkpointing of decoder layers (engine/activation.py): same loss and gradients as without it.
+"""Activation checkpointing of decoder layers (engine/memory/activation.py): same loss and gradients as without it.
 
 Float64 models. The recomputation runs the same operations on the same numbers, so losses are bit-identical;
 gradients that sum three or more contributions (e.g. a tied embedding: lookup, lm_head, and the residual stream
@@ -19,14 +19,14 @@ from itertools import product
 import pytest
 import torch
 import torch.nn.functional as F
-
 from distributed import run_distributed
 from tiny_models import tiny_gpt2, tiny_llama
-from engine.activation import checkpoint_decoder_layers, is_checkpointed
-from engine.grid import init
-from engine.linear import ParallelLinear, ShardingError
-from engine.parallelize import parallelize
-from engine.state import sync_gradients
+
+from engine.core.grid import init
+from engine.core.linear import ParallelLinear, ShardingError
+from engine.memory.activation import checkpoint_decoder_layers, is_checkpointed
+from engine.models.parallelize import parallelize
+from engine.training.state import sync_gradients
 
 ROWS, SEQ, VOCAB = 2, 8, 128
 TOL = {"rtol": 1e-12, "atol": 1e-14}

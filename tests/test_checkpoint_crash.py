@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from engine.checkpoint import METADATA_FILE, CheckpointError, load_checkpoint
+from engine.training.checkpoint import METADATA_FILE, CheckpointError, load_checkpoint
 
 # 4 documents, batch 2 over data=2, 2 epochs: 4 steps, a checkpoint after each.
 RUN = ["--nproc", "2", "--grid", "data=2", "--zero", "3", "--model", "micro-llama", "--n-train", "4", "--n-heldout",

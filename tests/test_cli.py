@@ -84,7 +84,11 @@ def test_train_then_eval_round_trip(tmp_path, capsys):
     assert summary["train"]["beam"]["num_beams"] == 2 and summary["heldout"]["sampling"]["n_docs"] == 2
     assert summary["train"]["divergence"]["n_docs"] == 4 and "probabilistic" in summary["train"]
     # Membership: train vs held-out, with the run's initial weights as the reference model.
-    assert set(summary["membership"]["attacks"]) == {"loss", "zlib", "min_k", "reference"}
+    assert set(summary["membership"]["attacks"]) == {"loss", "zlib", "min_k", "reference", "min_k_pp", "grad_norm",
+                                                     "recall", "dc_pdd"}
+    recall = summary["membership"]["attacks"]["recall"]  # its prefix: the first held-out document, not scored
+    assert recall["n_nonmembers"] == 1 and summary["membership"]["recall"]["prefix_documents"]
+    assert all(lo <= m["auc"] <= hi for m in summary["membership"]["attacks"].values() for lo, hi in [m["auc_ci"]])
     assert len((out / "membership.jsonl").read_text().splitlines()) == 6
     assert (out / "report.md").exists()
     # The run's own static mask splits teacher-forced accuracy into kept and dropped positions.

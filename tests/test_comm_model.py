@@ -18,9 +18,12 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from distributed import run_distributed
 from torch import nn
 
-from distributed import run_distributed
+from engine.core.grid import GridShape, init
+from engine.core.linear import ParallelLinear
+from engine.models.parallelize import parallelize, rows_layout
 from engine.planner.cost_model import (
     PHASES,
     TransformerShape,
@@ -35,10 +38,7 @@ from engine.planner.cost_model import (
     ordered_grids,
     sync_collectives,
 )
-from engine.grid import GridShape, init
-from engine.linear import ParallelLinear
-from engine.parallelize import parallelize, rows_layout
-from engine.state import clip_grad_norm_, sync_gradients
+from engine.training.state import clip_grad_norm_, sync_gradients
 
 IN, HID, OUT, ROWS, POS = 16, 24, 32, 2, 3  # divisible by every axis size (and product of two) up to 8
 VOCAB, SEQ = 128, 8
@@ -134,11 +134,11 @@ def _llama_worker(shapes: list[tuple[int, int, int, int]], every_case: bool, voc
     vocab_split: embeddings and lm_head split by vocabulary (parallelize's default) and the loss of
     causal_lm_token_losses (which takes no position ids: those cases run without them); else whole
     embeddings and the loss from model(...).logits. rows_layout_name "shared": the ranks of each x*y group read the
-    same rows (engine.parallelize.rows_layout) and the prediction is the shared layout's."""
+    same rows (engine.models.parallelize.rows_layout) and the prediction is the shared layout's."""
     from transformers import LlamaForCausalLM
 
-    from engine.activation import checkpoint_decoder_layers
-    from engine.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses
+    from engine.core.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses
+    from engine.memory.activation import checkpoint_decoder_layers
     config = tiny_llama_config()
     model_shape = TransformerShape.from_hf_config(config)
     torch.manual_seed(0)

@@ -6,7 +6,7 @@ another (or into a serial model), the full weights and the full AdamW states gat
 own gather equal the saving run's. Llama (grouped heads, biases) and GPT-2 (Conv1D layout, fused c_attn
 whose outputs the engine regroups per y rank) are both covered.
 
-Training reference: an uninterrupted engine.train run of a tiny HF Llama (float32) at grid x=2,y=2, crashed
+Training reference: an uninterrupted engine.training.train run of a tiny HF Llama (float32) at grid x=2,y=2, crashed
 after its step-2 checkpoint and resumed at the same grid, at other grids of 4 and 2 ranks, in one process;
 and a single-process run's checkpoint resumed at a grid of 2 ranks.
 
@@ -28,11 +28,14 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-
 from distributed import RankFailure, run_distributed
 from tiny_models import tiny_gpt2, tiny_llama
-from engine.vocab_parallel import is_vocab_parallel
-from engine.checkpoint import (
+
+from engine.core.grid import init
+from engine.core.linear import ParallelLinear
+from engine.core.vocab_parallel import is_vocab_parallel
+from engine.models.parallelize import parallelize
+from engine.training.checkpoint import (
     METADATA_FILE,
     SHARDS_DIR,
     CheckpointError,
@@ -40,11 +43,8 @@ from engine.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from engine.grid import init
-from engine.linear import ParallelLinear
-from engine.parallelize import parallelize
-from engine.state import full_state_dict, sync_gradients
-from engine.train import StepLoss, TrainConfig, make_optimizer, train
+from engine.training.state import full_state_dict, sync_gradients
+from engine.training.train import StepLoss, TrainConfig, make_optimizer, train
 
 VOCAB, SEQ, N_EXAMPLES = 128, 12, 16
 CONFIG = TrainConfig(epochs=2, batch_size=8, lr=1e-2, warmup_steps=1, schedule="cosine", save_every=2,
@@ -101,7 +101,7 @@ def save_hf(grid):
 
 def run(shape: dict[str, int], out: Path | None, resume: Path | None = None, crash_at: int | None = None,
         seed: int = 0, serial_resume: bool = False) -> list[float]:
-    """engine.train on a fresh tiny Llama parallelized for `shape`; the losses of the steps it ran.
+    """engine.training.train on a fresh tiny Llama parallelized for `shape`; the losses of the steps it ran.
 
     serial_resume: `resume` is a single-process run's checkpoint, whose weights the caller loads (as for a
     serial resume) before parallelizing."""

@@ -1,4 +1,4 @@
-"""Adjoint tests for every autograd pair of engine.functional, and the raw collectives of engine.comm.
+"""Adjoint tests for every autograd pair of engine.core.functional, and the raw collectives of engine.core.comm.
 
 For a linear map F distributed over a group, backward must be F's adjoint: with the global inner product
 (summed over ranks for split/partial spaces, counted once for a replicated space),
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from distributed import run_distributed
-from engine import comm
-from engine.functional import (
+
+from engine.core import comm
+from engine.core.functional import (
     copy_to_group,
     gather_from_group,
     gather_sharded,
@@ -22,7 +22,7 @@ from engine.functional import (
     split_to_group,
     tensor_parallel_matmul,
 )
-from engine.grid import init
+from engine.core.grid import init
 
 REPLICATED, SPLIT = "replicated", "split"
 

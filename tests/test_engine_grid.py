@@ -10,10 +10,10 @@ from itertools import product
 import pytest
 import torch
 import torch.distributed as dist
-
 from distributed import RankFailure, run_distributed
-from engine import comm
-from engine.grid import AXES, GROUP_AXES, GridError, GridShape, init
+
+from engine.core import comm
+from engine.core.grid import AXES, GROUP_AXES, GridError, GridShape, init
 
 
 def grids_of(world: int) -> list[tuple[int, int, int, int]]:
@@ -98,7 +98,7 @@ def test_lone_process_becomes_world_of_one() -> None:
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "SLURM_PROCID",
                         "SLURM_NTASKS")}
-    code = ("import engine.grid as g, torch.distributed as dist\n"
+    code = ("import engine.core.grid as g, torch.distributed as dist\n"
             "grid = g.init()\n"
             "print(grid.world_size, grid.rank, grid.backend, dist.get_world_size())\n"
             "try:\n    g.init(x=2)\nexcept g.GridError as e:\n    print('error:', e)\n"

@@ -13,12 +13,12 @@ from itertools import product
 import pytest
 import torch
 import torch.nn.functional as F
+from distributed import run_distributed
 from torch import nn
 
-from distributed import run_distributed
-from engine import comm
-from engine.grid import init
-from engine.linear import ParallelLinear
+from engine.core import comm
+from engine.core.grid import init
+from engine.core.linear import ParallelLinear
 
 TOL = {"rtol": 1e-10, "atol": 1e-10}
 IN, HID, OUT = 16, 24, 16  # divisible by every axis size and product of two axes up to 8

@@ -16,14 +16,14 @@ from itertools import product
 import pytest
 import torch
 import torch.nn.functional as F
-
 from distributed import run_distributed
-from engine import comm
-from engine.grid import AXES, init
-from engine.linear import ParallelLinear, ShardingError
-from engine.parallelize import auto_parallelize, parallelize
-from engine.vocab_parallel import is_vocab_parallel
-from engine.state import clip_grad_norm_, full_state_dict, load_full_state_dict, sync_gradients
+
+from engine.core import comm
+from engine.core.grid import AXES, init
+from engine.core.linear import ParallelLinear, ShardingError
+from engine.core.vocab_parallel import is_vocab_parallel
+from engine.models.parallelize import auto_parallelize, parallelize
+from engine.training.state import clip_grad_norm_, full_state_dict, load_full_state_dict, sync_gradients
 
 LLAMA_TOL = {"rtol": 1e-5, "atol": 1e-5}
 GPT2_TOL = {"rtol": 1e-9, "atol": 1e-9}

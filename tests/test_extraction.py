@@ -8,6 +8,7 @@ import torch
 from transformers import GenerationConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from eval.extraction import ExtractionConfig, extract, greedy_decode, greedy_paths, write_extraction
+from eval.intervals import mean_interval
 
 VOCAB = 256
 # initializer_range 0.2 (not HF's default 0.02): the default init gives near-flat logits, so greedy output
@@ -194,7 +195,11 @@ def test_extract_both_protocols(llama, prefix_len, tmp_path):
     for name in ("match_fraction", "rouge_l", "rouge_l_recall", "rouge_1", "rouge_2", "tf_accuracy"):
         assert summary[name] == pytest.approx(sum(r[name] for r in rows) / 9)
     assert summary["tf_kept_accuracy"] is None and summary["tf_dropped_accuracy"] is None
-    assert summary["config"] == {"suffix_len": 16, "prefix_len": prefix_len, "batch_size": 4}
+    assert summary["config"] == {"suffix_len": 16, "prefix_len": prefix_len, "batch_size": 4, "bootstrap": 1000}
+    for name in ("exact_match", "rouge_l"):  # 95% percentile bootstrap over the 9 documents, around the mean
+        low, high = summary[f"{name}_ci"]
+        assert low <= summary[name] <= high and low < high
+    assert summary["exact_match_ci"] == mean_interval([r["exact_match"] for r in rows])
     assert summary["rouge"]["package"] == "rouge-score" and summary["rouge"]["stemmer"] is False
 
     write_extraction(rows, summary, tmp_path / "out")

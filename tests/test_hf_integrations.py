@@ -17,8 +17,7 @@ import pytest
 
 pytest.importorskip("accelerate", reason="needs the hf extra: pip install -e '.[hf]'")
 
-from integration_reference import (SETTINGS, assert_same_losses, assert_same_weights,  # noqa: E402
-                                   goldfish_train_reference, read_metrics)
+from integration_reference import SETTINGS, assert_same_losses, assert_same_weights, read_metrics  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

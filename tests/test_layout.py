@@ -1,5 +1,7 @@
-"""The floors of docs/architecture.md hold: the library users import needs torch alone, the engine knows nothing
-of goldfish or eval, and only engine/comm.py (plus grid.py and measure.py) calls torch.distributed."""
+"""The floors and rooms of docs/architecture.md hold: the library users import needs torch alone, the engine knows
+nothing of goldfish or eval, its rooms import only the rooms below them (core knows no transformers, the planner no
+torch, `goldfish plan` runs without torch), and only engine/core/comm.py (plus grid.py and measure.py) calls
+torch.distributed."""
 
 from __future__ import annotations
 
@@ -79,9 +81,9 @@ def test_floors_import_only_downwards() -> None:
 
 
 def test_only_comm_grid_and_measure_call_torch_distributed() -> None:
-    """Collectives go through engine/comm.py; torch's own distributed machinery (FSDP2, DeviceMesh) may be used
+    """Collectives go through engine/core/comm.py; torch's own distributed machinery (FSDP2, DeviceMesh) may be used
     where it composes with the grid, but no other module calls torch.distributed's collectives directly."""
-    allowed = {"engine/comm.py", "engine/grid.py", "engine/planner/measure.py"}
+    allowed = {"engine/core/comm.py", "engine/core/grid.py", "engine/planner/measure.py"}
     offenders = []
     for package in ("engine", "eval", "goldfish", "data"):
         for path in (ROOT / package).rglob("*.py"):
@@ -92,4 +94,45 @@ def test_only_comm_grid_and_measure_call_torch_distributed() -> None:
             if "import torch.distributed as dist" in source or "from torch import distributed" in source \
                     or "torch.distributed.barrier" in source or "torch.distributed.all_" in source:
                 offenders.append(relative)
+    assert not offenders, offenders
+
+
+# Each room of engine/ and the rooms it may import (itself included); see docs/architecture.md, "Engine rooms".
+# engine/planner/measure.py times collectives on a machine: the one planner module allowed torch and engine.core.
+ROOMS: dict[str, tuple[str, ...]] = {
+    "spec": ("spec",),
+    "core": ("spec", "core"),
+    "models": ("spec", "core", "models"),
+    "memory": ("spec", "core", "models", "memory"),
+    "training": ("spec", "core", "models", "memory", "training"),
+    "planner": ("spec", "planner"),
+    "integrations": ("spec", "core", "models", "memory", "training", "integrations"),
+}
+TOP_LEVEL = {"__init__.py", "spec.py"}
+
+
+def test_engine_is_in_rooms() -> None:
+    top = {p.name for p in (ROOT / "engine").glob("*.py")}
+    assert top == TOP_LEVEL, f"engine/ keeps {sorted(TOP_LEVEL)} at its top; move {sorted(top - TOP_LEVEL)} to a room"
+    rooms = {p.name for p in (ROOT / "engine").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert rooms == set(ROOMS) - {"spec"}, rooms
+
+
+def test_rooms_import_only_downwards() -> None:
+    offenders = []
+    for path in (ROOT / "engine").rglob("*.py"):
+        if path == ROOT / "engine" / "__init__.py":
+            continue  # the public API: loads its names lazily, from every room
+        room = path.relative_to(ROOT / "engine").parts[0].removesuffix(".py")
+        allowed = ROOMS[room] + (("core",) if path.name == "measure.py" else ())
+        for name in _imports(path):
+            parts = name.split(".")
+            if parts[0] == "engine" and len(parts) > 1 and parts[1] not in allowed:
+                offenders.append(f"{path.relative_to(ROOT)} ({room}) imports {name}")
+    assert not offenders, offenders
+
+
+def test_core_knows_no_transformers() -> None:
+    offenders = [f"{path.relative_to(ROOT)} imports {name}" for path in (ROOT / "engine" / "core").rglob("*.py")
+                 for name in _imports(path) if name.split(".")[0] in ("transformers", "safetensors")]
     assert not offenders, offenders

@@ -1,4 +1,5 @@
-"""engine.lightning.EngineStrategy (Fabric) and engine.lightning_trainer.EngineTrainerStrategy (Trainer): the
+"""engine.integrations.lightning.EngineStrategy (Fabric) and
+engine.integrations.lightning_trainer.EngineTrainerStrategy (Trainer): the
 examples give `goldfish train`'s loss per step on gloo with 2 and 4 processes, resume exactly, and (Fabric)
 consolidate to a plain HF folder; grids that do not fit the world fail when Fabric / the Trainer is built.
 
@@ -17,12 +18,16 @@ import pytest
 
 pytest.importorskip("lightning", reason="needs the lightning extra: pip install -e '.[lightning]'")
 
+from integration_reference import (  # noqa: E402
+    SETTINGS,
+    assert_same_losses,
+    assert_same_weights,
+    read_metrics,
+)
 from lightning.fabric import Fabric  # noqa: E402
 
 from engine import GridError  # noqa: E402
-from engine.lightning import EngineStrategy  # noqa: E402
-from integration_reference import (SETTINGS, assert_same_losses, assert_same_weights,  # noqa: E402
-                                   goldfish_train_reference, read_metrics)
+from engine.integrations.lightning import EngineStrategy  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "lightning_goldfish.py"
@@ -103,7 +108,7 @@ def test_grid_that_does_not_fit_the_world_fails_when_fabric_is_built(sizes: dict
 def test_trainer_grid_that_does_not_fit_the_world_fails_when_the_trainer_is_built() -> None:
     import lightning as L
 
-    from engine.lightning_trainer import EngineTrainerStrategy
+    from engine.integrations.lightning_trainer import EngineTrainerStrategy
 
     with pytest.raises(GridError, match="needs a multiple of 4 processes but the world has 2"):
         L.Trainer(accelerator="cpu", devices=2, strategy=EngineTrainerStrategy(x=2, y=2), logger=False)

@@ -1,4 +1,5 @@
-"""Sharded loading (engine/loading.py): equal to parallelize(from_pretrained(folder)) on every grid tried, reading
+"""Sharded loading (engine/training/loading.py): equal to parallelize(from_pretrained(folder)) on every grid tried,
+reading
 only each rank's slices. Llama with biases and tied embeddings saved as several safetensors files; GPT-2 (fused,
 regrouped c_attn; Conv1D layout) as one file."""
 
@@ -9,13 +10,13 @@ import json
 
 import pytest
 import torch
-
 from distributed import run_distributed
 from tiny_models import tiny_gpt2, tiny_llama
-from engine.grid import init
-from engine.loading import LoadingError, load_sharded
-from engine.parallelize import parallelize
-from engine.state import full_state_dict
+
+from engine.core.grid import init
+from engine.models.parallelize import parallelize
+from engine.training.loading import LoadingError, load_sharded
+from engine.training.state import full_state_dict
 
 VOCAB = 128
 SHAPES = [(1, 2, 2, 1), (1, 1, 2, 2), (2, 1, 1, 2)]

@@ -13,8 +13,15 @@ pytest.importorskip("peft", reason="needs the lora extra: pip install -e '.[lora
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig  # noqa: E402
 
 from goldfish import causal_targets, drop_mask, goldfish_loss  # noqa: E402
-from goldfish.app.lora import (ADAPTER_DIR, LoraSpec, apply_lora, check_grid, load_adapter_weights,  # noqa: E402
-                               merged_model, save_lora)
+from goldfish.app.lora import (  # noqa: E402
+    ADAPTER_DIR,
+    LoraSpec,
+    apply_lora,
+    check_grid,
+    load_adapter_weights,
+    merged_model,
+    save_lora,
+)
 
 
 def tiny_llama() -> torch.nn.Module:
@@ -103,7 +110,7 @@ def test_goldfish_train_lora_checkpoint_is_merged_and_resumes_exactly(tmp_path: 
     uninterrupted one exactly."""
     import json
 
-    import engine.train as engine_train
+    import engine.training.train as engine_train
     from goldfish.app.cli import main
     from goldfish.app.config import DataSpec, MaskSpec, TrainSpec
     from goldfish.app.experiment import train_model

@@ -10,16 +10,22 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from sklearn.metrics import roc_curve
+from sklearn.metrics import roc_auc_score, roc_curve
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eval.logprobs import token_log_probs
+from eval.logprobs import next_token_stats, token_log_probs
 from eval.membership import (
+    ATTACKS,
     attack_metrics,
+    dc_pdd_score,
+    gradient_norm,
     membership_rows,
     membership_scores,
     membership_summary,
     min_k_count,
+    recall_prefix,
+    recall_window,
+    token_frequencies,
     tpr_at_fpr,
     zlib_bytes,
 )
@@ -200,15 +206,116 @@ def test_attacks_separate_memorized_documents():
         model(input_ids=batch, labels=batch).loss.backward()
         optimizer.step()
     decode = lambda ids: " ".join(map(str, ids))  # noqa: E731
-    rows_in = membership_rows(model, members, decode=decode, pad_token_id=1, reference_model=reference, member=True)
-    rows_out = membership_rows(model, nonmembers, decode=decode, pad_token_id=1, reference_model=reference,
-                               member=False)
+    prefix, prefix_ids = recall_prefix(nonmembers, 1)
+    frequencies = token_frequencies([d.token_ids for d in members + nonmembers], 64)
+    options = dict(decode=decode, pad_token_id=1, reference_model=reference, recall_prefix_ids=prefix,
+                   frequencies=frequencies)
+    rows_in = membership_rows(model, members, member=True, **options)
+    rows_out = membership_rows(model, nonmembers, member=False, **options)
+    rows_out[0].pop("score_recall")  # the prefix document is not scored by ReCaLL
+    assert prefix_ids == [nonmembers[0].id]
     assert max(r["loss"] for r in rows_in) < 0.5 < min(r["loss"] for r in rows_out)
-    summary = membership_summary(rows_in, rows_out, min_k=0.2)
-    assert set(summary["attacks"]) == {"loss", "zlib", "min_k", "reference"}
+    summary = membership_summary(rows_in, rows_out, min_k=0.2, n_resamples=200)
+    assert set(summary["attacks"]) == set(ATTACKS)
     for attack, metrics in summary["attacks"].items():
-        assert metrics["auc"] == 1.0, attack
-        assert metrics["tpr_at_fpr"]["0.01"] == 1.0, attack
+        key = f"score_{attack}"
+        scored = [r for r in rows_in + rows_out if key in r]
+        labels = [r["member"] for r in scored]
+        assert metrics["auc"] == pytest.approx(roc_auc_score(labels, [r[key] for r in scored]), abs=1e-12), attack
+        low, high = metrics["auc_ci"]
+        assert low <= metrics["auc"] <= high, attack
+    assert summary["attacks"]["recall"]["n_nonmembers"] == 3
+    # an overfit model: the loss-based attacks, Min-K%++ and the gradient norm rank every member first
+    for attack in ("loss", "zlib", "min_k", "reference", "min_k_pp", "grad_norm"):
+        assert summary["attacks"][attack]["auc"] == 1.0, attack
+        assert summary["attacks"][attack]["tpr_at_fpr"]["0.01"] == 1.0, attack
     # Without a reference model the reference attack is left out.
     plain = membership_summary([{k: v for k, v in r.items() if k != "score_reference"} for r in rows_in], rows_out)
     assert "reference" not in plain["attacks"]
+
+
+# ---------------------------------------------------------------- the attacks of mimir's successors, by hand
+
+
+def test_min_k_pp_by_hand():
+    # z = (lp - mu) / sigma: (-1 - -2) / 1 = 1, (-3 - -2) / 0.5 = -2, (-2 - -1) / 2 = -0.5, sigma 0 -> 0
+    z = membership_scores([-1.0, -3.0, -2.0, -0.5], "t", min_k=0.5, mean_log_probs=[-2.0, -2.0, -1.0, -0.5],
+                          std_log_probs=[1.0, 0.5, 2.0, 0.0])["score_min_k_pp"]
+    assert z == pytest.approx((-2.0 + -0.5) / 2, abs=1e-12)  # the 2 lowest of (1, -2, -0.5, 0)
+
+
+def test_next_token_stats_are_the_mean_and_std_of_log_p():
+    model = tiny_llama()
+    seq = random_docs(1, 9, seed=4)[0].token_ids
+    (lp, mu, sigma), = next_token_stats(model, [seq], pad_token_id=1)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=torch.tensor([seq])).logits[0, :-1].double(), -1).numpy()
+    for t in range(len(seq) - 1):
+        p = np.exp(logp[t])
+        mean = float(np.sum(p * logp[t]))
+        assert mu[t].item() == pytest.approx(mean, abs=1e-9)
+        assert sigma[t].item() == pytest.approx(math.sqrt(np.sum(p * (logp[t] - mean) ** 2)), abs=1e-9)
+        assert lp[t].item() == pytest.approx(logp[t][seq[t + 1]], abs=1e-9)
+
+
+def test_recall_by_hand():
+    # LL(x) = mean(-1, -3) = -2 over the first 2 tokens; LL(x | P) = mean(-2, -4) = -3: ratio 1.5
+    row = membership_scores([-1.0, -3.0, -5.0], "t", conditional_log_probs=[-2.0, -4.0])
+    assert row["score_recall"] == pytest.approx(1.5, abs=1e-12)
+    assert row["recall_loss"] == pytest.approx(3.0, abs=1e-12) and row["recall_n_scored"] == 2
+
+
+def test_recall_window_fits_the_context():
+    assert recall_window(10, 20, None) == (20, 10)
+    assert recall_window(10, 20, 40) == (20, 10)  # fits: everything
+    assert recall_window(10, 20, 24) == (14, 10)  # the prefix gives way first
+    assert recall_window(96, 96, 96) == (48, 48)  # a document as long as the context: half and half
+
+
+def test_recall_rows_use_the_prefix():
+    model = tiny_llama()
+    docs = random_docs(3, 10, seed=5)
+    prefix, used = recall_prefix(docs, 1)
+    assert prefix == docs[0].token_ids and used == [docs[0].id]
+    decode = lambda ids: " ".join(map(str, ids))  # noqa: E731
+    rows = membership_rows(model, docs[1:], decode=decode, pad_token_id=1, recall_prefix_ids=prefix,
+                           grad_norm=False)
+    for doc, row in zip(docs[1:], rows):
+        joined = token_log_probs(model, [prefix + doc.token_ids], pad_token_id=1)[0].numpy()
+        plain = token_log_probs(model, [doc.token_ids], pad_token_id=1)[0].numpy()
+        cond = joined[len(prefix):]  # the document's tokens 1.. with the prefix in front
+        assert row["score_recall"] == pytest.approx(cond.mean() / plain.mean(), rel=1e-6)  # float32 batch padding
+    with pytest.raises(ValueError, match="--n-heldout"):
+        recall_prefix(docs[:1], 1)
+
+
+def test_dc_pdd_by_hand():
+    frequencies = token_frequencies([[0, 0, 1, 2]], 4)  # counts 2, 1, 1, 0 -> (c + 1) / (4 + 4)
+    assert frequencies.tolist() == [3 / 8, 2 / 8, 2 / 8, 1 / 8]
+    lp = [math.log(0.5), math.log(0.01), math.log(0.9)]
+    # ids 3, 1, 3: first occurrences of 3 (position 0) and 1 (position 1); the second 3 is not counted
+    a0 = min(0.5 * math.log(0.5 / (1 / 8)), 0.01)  # 0.693 capped at 0.01
+    a1 = min(0.01 * math.log(0.01 / (2 / 8)), 0.01)  # -0.0322
+    assert dc_pdd_score(lp, [3, 1, 3], frequencies) == pytest.approx((a0 + a1) / 2, abs=1e-12)
+    assert dc_pdd_score(lp, [3, 1, 3], frequencies, cap=10.0) == pytest.approx(
+        (0.5 * math.log(4) + 0.01 * math.log(0.04)) / 2, abs=1e-12)
+    row = membership_scores(lp, "t", token_ids=[3, 1, 3], frequencies=frequencies)
+    assert row["score_dc_pdd"] == pytest.approx((a0 + a1) / 2, abs=1e-12)
+
+
+def test_grad_norm_matches_backward():
+    model = tiny_llama()
+    seq = random_docs(1, 12, seed=6)[0].token_ids
+    for p in model.parameters():
+        p.requires_grad_(False)  # frozen weights (a merged LoRA model) still give the full gradient
+    norm = gradient_norm(model, seq)
+    assert all(not p.requires_grad for p in model.parameters())  # flags restored
+    for p in model.parameters():
+        p.requires_grad_(True)
+    ids = torch.tensor([seq])
+    model.zero_grad()
+    model(input_ids=ids, labels=ids).loss.backward()  # HF: mean cross-entropy of tokens 1..T-1
+    expected = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in model.parameters()))
+    assert norm == pytest.approx(expected, rel=1e-5)  # float32 gradients summed in another order
+    row = membership_scores([-1.0], "t", grad_norm=norm)
+    assert row["score_grad_norm"] == -norm and row["grad_norm"] == norm

@@ -14,8 +14,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from distributed import run_distributed
+
+from engine.core.grid import GridShape
 from engine.planner.cost_model import (
     NAMED_SHAPES,
     TransformerShape,
@@ -27,10 +28,9 @@ from engine.planner.cost_model import (
     ordered_grids,
     rank_flops_per_step,
 )
-from engine.grid import GridShape
 from engine.planner.plan import PlanRequest, plan_grid, rank_grids, step_prediction
-from goldfish.app.plan import add_plan_arguments, run_plan
 from engine.planner.profiles import PROFILES, MachineProfile, MeasuredCollective, group_stride, load_profile
+from goldfish.app.plan import add_plan_arguments, run_plan
 
 
 def test_grid_enumeration_counts() -> None:
@@ -96,7 +96,7 @@ def test_flop_model_equals_flop_counter_on_a_serial_step() -> None:
     assert counter.get_total_flops() == predicted
     assert predicted == model_flops_per_token(shape, seq) * rows * seq
     # the chunked loss of goldfish train recomputes the logits in backward: 2 more flops per lm_head weight and token
-    from engine.vocab_parallel import causal_lm_token_losses
+    from engine.core.vocab_parallel import causal_lm_token_losses
     with FlopCounterMode(display=False) as counter:
         causal_lm_token_losses(model, ids, ids).sum().backward()
     head = 2 * rows * seq * shape.vocab * shape.hidden
@@ -334,6 +334,7 @@ def test_axonn_gpt_shapes_count_the_parameters_of_a_gpt_model() -> None:
     """The GPT layout of the AxoNN named sizes (no gate, biases, LayerNorm, tied embeddings) counts what a GPT-2
     model of the same sizes holds, less its learned position embeddings."""
     from transformers import GPT2Config, GPT2LMHeadModel
+
     from engine.planner.cost_model import _axonn_gpt
     config = GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=50304, n_positions=32)
     model = GPT2LMHeadModel(config)
@@ -347,8 +348,8 @@ def test_plans_are_goldfish_train_options() -> None:
     """Every choice of a plan is an option of `goldfish train` (precision and rows values included); a batch that
     does not divide by the world size is planned in the shared rows layout (--rows shared) when it divides by
     data*z, and refused with the reason when neither layout splits it."""
-    from goldfish.app.cli import build_parser
     from engine.planner.plan import PRECISIONS, train_command
+    from goldfish.app.cli import build_parser
     train = build_parser()._subparsers._group_actions[0].choices["train"]
     flags = {s for action in train._actions for s in action.option_strings}
     precision = next(a for a in train._actions if "--precision" in a.option_strings)

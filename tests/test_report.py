@@ -16,7 +16,7 @@ from goldfish.app.report import (bar_series, breakdown_series, curve_series, div
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 LABELS = ("control", "standard", "goldfish-k4")
-ATTACKS = ("loss", "zlib", "min_k", "reference")
+ATTACKS = ("loss", "zlib", "min_k", "reference", "min_k_pp", "grad_norm", "recall", "dc_pdd")
 
 
 def _part(em: float, rouge: float, n: int = 8) -> dict:
@@ -140,7 +140,11 @@ def _assert_png(path: Path) -> None:
 # ----------------------------------------------------------------------------------------------------- compare view
 
 def test_compare_markdown_puts_each_number_in_its_row():
-    md = render_markdown(_full_summary())
+    summary = _full_summary()
+    summary["membership"]["standard"]["attacks"]["recall"]["auc_ci"] = [0.7, 1.0]
+    summary["models"]["standard"]["train"]["exact_match_ci"] = [0.5, 1.0]
+    md = render_markdown(summary)
+    assert "| standard | train | 8 | 0.750 [0.500, 1.000] |" in md  # the headline table's exact match interval
 
     adaptive = _table_rows(md, "## Adaptive extraction")
     standard = _row(adaptive, "standard", "train")
@@ -180,10 +184,12 @@ def test_compare_markdown_puts_each_number_in_its_row():
     assert _row(prefix, "control")["P=32 (n=8)"] == "0.250 / 0.250"
 
     membership = _table_rows(md, "## Membership inference")
-    assert membership[0][:5] == ["model", "attack", "AUC", "TPR @ 1% FPR", "TPR @ 0.1% FPR"]
+    assert membership[0][:5] == ["model", "attack", "AUC [95% CI]", "TPR @ 1% FPR", "TPR @ 0.1% FPR"]
     reference = _row(membership, "standard", "reference")
-    assert reference["AUC"] == "0.875" and reference["TPR @ 0.1% FPR"] == "0.250"
-    assert [r[1] for r in membership[1:] if r[0] == "control"] == ["loss", "zlib", "min_k"]  # no reference model
+    assert reference["AUC [95% CI]"] == "0.875" and reference["TPR @ 0.1% FPR"] == "0.250"
+    assert _row(membership, "standard", "recall")["AUC [95% CI]"] == "0.875 [0.700, 1.000]"
+    assert [r[1] for r in membership[1:] if r[0] == "control"] == [  # no reference model
+        "loss", "zlib", "min_k", "min_k_pp", "grad_norm", "recall", "dc_pdd"]
     assert "steps of 1/n (here 0.125)" in md
 
 
@@ -209,6 +215,7 @@ def test_write_compare_report_writes_every_plot_and_lists_only_existing_files(tm
     figures = write_compare_report(summary, tmp_path)
 
     expected = {"compare.png", "rouge_hist.png", "em_vs_epochs.png", "divergence.png", "roc.png", "roc_loss.png",
+                "auc.png",
                 "breakdown_prefix.png", "breakdown_repeats.png"}
     assert set(figures) == expected
     for name in expected:
@@ -310,7 +317,7 @@ def test_eval_markdown_and_files(tmp_path):
     assert _row(_table_rows(md, "## Adaptive extraction"), "train")["beam EM"] == "0.625 (width 30)"
     assert _row(_table_rows(md, "## Probabilistic extraction"), "train")["extracted, n=10"] == "0.123"
     assert _row(_table_rows(md, "## Breakdown by times repeated in training"), "train")["4x (n=2)"] == "1.000 / 1.000"
-    assert _row(_table_rows(md, "## Membership inference"), "reference")["AUC"] == "0.875"
+    assert _row(_table_rows(md, "## Membership inference"), "reference")["AUC [95% CI]"] == "0.875"
     assert "## Divergence" not in md  # the eval summary's parts carry no divergence here
 
     _write_rows(tmp_path, "train/extraction.jsonl", [{"id": "a", "rouge_l": 0.5}])
@@ -320,7 +327,8 @@ def test_eval_markdown_and_files(tmp_path):
     _write_rows(tmp_path, "membership.jsonl", [{"id": "a"}])
     summary["train"]["divergence"] = _full_summary()["details"]["goldfish-k4"]["train"]["divergence"]
     figures = write_eval_report(summary, tmp_path)
-    assert set(figures) == {"rouge_hist.png", "divergence.png", "roc.png", "breakdown_prefix.png",
+    assert set(figures) == {"headline.png", "rouge_hist.png", "divergence.png", "roc.png", "auc.png",
+                            "breakdown_prefix.png",
                             "breakdown_repeats.png"}
     for name in figures:
         _assert_png(tmp_path / name)
@@ -338,7 +346,8 @@ def test_eval_report_of_a_bare_summary_and_bad_input(tmp_path):
     md = render_eval_markdown(bare)
     assert _row(_table_rows(md, "# goldfish eval"), "train")["exact match"] == "1.000"
     assert _row(_table_rows(md, "# goldfish eval"), "train")["TF acc kept"] == "n/a"
-    assert write_eval_report(bare, tmp_path) == []  # no extraction.jsonl on disk: nothing to plot
+    # no extraction.jsonl on disk: only the headline bars, drawn from the summary
+    assert write_eval_report(bare, tmp_path) == ["headline.png"]
     with pytest.raises(ValueError, match="no part summary"):
         render_eval_markdown({"membership": {}})
 
@@ -348,7 +357,8 @@ def test_compare_report_lists_removed_duplicates_and_flags_non_latin_rouge():
 
     summary = _full_summary()
     summary["documents"] = dict(summary["documents"], dedup={
-        "mode": "near", "duplicates": "drop", "threshold": 0.8, "similarity": "Jaccard of word 5-gram shingles"},
+        "mode": "near", "duplicates": "drop", "threshold": 0.8, "similarity": "Jaccard of word 5-gram shingles",
+        "normalization": "lower-cased, punctuation removed"},
         n_removed=2, n_repeats=0, heldout_train_overlap={"ngram_words": 8, "max_fraction": 0.083,
                                                          "mean_fraction": 0.006, "heldout_id": "h3"},
         removed=[{"id": "else", "twin": "if", "kind": "exact-text", "similarity": 1.0, "matched": "if",
@@ -358,7 +368,8 @@ def test_compare_report_lists_removed_duplicates_and_flags_non_latin_rouge():
     label = next(iter(summary["details"]))
     summary["details"][label]["heldout"]["rouge"] = {"default_tokenizer_discards_most": {"n_docs": 1, "ids": ["he"]}}
     text = render_markdown(summary)
-    assert "## Duplicates" in text and "Deduplication `near`" in text and "Jaccard >= 0.8" in text
+    assert "## Duplicates" in text and "Deduplication `near`" in text and "near-duplicates at threshold 0.8" in text
+    assert "exact text (lower-cased, punctuation removed)" in text  # the run record's normalization
     assert "| else | if | exact-text | 1.000 | train | dropped |" in text
     assert "| t9 | t1 | near (via t8) | 0.850 | heldout | dropped |" in text
     assert "at most 0.083 (mean 0.006)" in text and "`h3`" in text

@@ -1,15 +1,16 @@
-"""The "shared" rows layout (TrainConfig.rows, engine/parallelize.py): every rank of an x*y group reads the same rows.
+"""The "shared" rows layout (TrainConfig.rows, engine/models/parallelize.py): every rank of an x*y group reads the same
+rows.
 
 Reference: the serial model on the same global batch. On each grid a parallelized copy of the same tiny model (Llama
 with attention and MLP biases and tied embeddings, or GPT-2) takes SGD steps through the training loop's own step
-(engine.train's row split, forward/backward, loss and token sums, sync_gradients, clipping; only AdamW is swapped for
-SGD, which keeps every constant factor visible): the per-step losses, the gradient norms and the weights after the
-steps equal the serial run's. Batches are chosen so that the own layout could NOT split them (not a multiple of the
-world size) wherever the grid allows. The loss runs either through model(...).logits or through the fused
-vocabulary-parallel loss (engine.vocab_parallel.causal_lm_token_losses); vocabulary-parallel embeddings (the default
-on tensor-parallel grids) and whole ones both. ZeRO 2/3 and activation checkpointing are covered on some grids, and
-engine.train itself (AdamW) on others. Processes are spawned once per world size; grids loop inside the workers.
-Float32 models: differences stay ~1e-6 relative; a row counted X*Y times or a missing term is O(1e-1).
+(engine.training.train's row split, forward/backward, loss and token sums, sync_gradients, clipping; only AdamW is
+swapped for SGD, which keeps every constant factor visible): the per-step losses, the gradient norms and the weights
+after the steps equal the serial run's. Batches are chosen so that the own layout could NOT split them (not a multiple
+of the world size) wherever the grid allows. The loss runs either through model(...).logits or through the fused
+vocabulary-parallel loss (engine.core.vocab_parallel.causal_lm_token_losses); vocabulary-parallel embeddings (the
+default on tensor-parallel grids) and whole ones both. ZeRO 2/3 and activation checkpointing are covered on some grids,
+and engine.training.train itself (AdamW) on others. Processes are spawned once per world size; grids loop inside the
+workers. Float32 models: differences stay ~1e-6 relative; a row counted X*Y times or a missing term is O(1e-1).
 """
 
 from __future__ import annotations
@@ -20,17 +21,26 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-
 from distributed import run_distributed
 from tiny_models import tiny_gpt2, tiny_llama
-from engine.activation import checkpoint_decoder_layers
+
+from engine.core.grid import init
+from engine.core.vocab_parallel import causal_lm_token_losses
+from engine.memory.activation import checkpoint_decoder_layers
+from engine.models.parallelize import parallelize, rows_layout
 from engine.planner.cost_model import ordered_grids
-from engine.grid import init
-from engine.parallelize import parallelize, rows_layout
-from engine.state import full_state_dict
-from engine.train import (StepLoss, TrainConfig, _all_reduce_sums, _forward_backward, _step_rows, _sync_and_clip,
-                          prepare_zero, steps_per_epoch, train)
-from engine.vocab_parallel import causal_lm_token_losses
+from engine.training.state import full_state_dict
+from engine.training.train import (
+    StepLoss,
+    TrainConfig,
+    _all_reduce_sums,
+    _forward_backward,
+    _step_rows,
+    _sync_and_clip,
+    prepare_zero,
+    steps_per_epoch,
+    train,
+)
 
 VOCAB, SEQ = 96, 8
 STEPS, LR = 3, 0.2
@@ -74,7 +84,8 @@ LOSSES = {"logits": _logits_loss, "fused": _fused_loss}
 
 
 def sgd_run(model, examples, loss_fn, config: TrainConfig, grid, steps: int = STEPS) -> tuple[list[float], list[float]]:
-    """`steps` optimizer steps of engine.train's step with SGD instead of AdamW; (losses, grad norms) per step."""
+    """`steps` optimizer steps of engine.training.train's step with SGD instead of AdamW; (losses, grad norms) per
+    step."""
     if config.activation_checkpointing:
         checkpoint_decoder_layers(model)
     prepare_zero(model, config, grid)
@@ -136,7 +147,8 @@ def check_case(dims: tuple[int, int, int, int], name: str, loss: str, vocab_para
 
 
 def check_train(dims: tuple[int, int, int, int], name: str, **extra) -> None:
-    """engine.train itself (AdamW, clipping) in the shared layout: the serial run's losses and gradient norms."""
+    """engine.training.train itself (AdamW, clipping) in the shared layout: the serial run's losses and gradient
+    norms."""
     data, x, y, z = dims
     batch = 2 * data * z
     config = TrainConfig(epochs=1, batch_size=batch, lr=1e-2, max_grad_norm=1.0, progress=False, rows="shared",
@@ -156,7 +168,7 @@ def check_train(dims: tuple[int, int, int, int], name: str, **extra) -> None:
 
 def _plain(grid=None) -> torch.nn.Module:
     """Two Linears (ParallelLinears in their default mode on a grid): no decoder stack, rows gathered by the layers."""
-    from engine.linear import ParallelLinear
+    from engine.core.linear import ParallelLinear
     torch.manual_seed(0)
     if grid is None:
         return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))

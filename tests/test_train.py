@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from engine.train import StepLoss, TrainConfig, lr_factor, train
+from engine.training.train import StepLoss, TrainConfig, lr_factor, train
 
 
 def _model(seed: int = 0) -> LlamaForCausalLM:

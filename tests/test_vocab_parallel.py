@@ -1,4 +1,4 @@
-"""Vocabulary-parallel embeddings / lm_head and the chunked cross-entropy (engine/vocab_parallel.py).
+"""Vocabulary-parallel embeddings / lm_head and the chunked cross-entropy (engine/core/vocab_parallel.py).
 
 References: F.cross_entropy on full logits, and goldfish.loss.goldfish_loss on the serial model's logits (the
 kept / dropped / all losses and counts of the goldfish mask). Float64 models: Llama's RMSNorm computes in float32
@@ -14,14 +14,14 @@ from itertools import product
 import pytest
 import torch
 import torch.nn.functional as F
-
 from distributed import run_distributed
-from engine import comm
-from engine.grid import AXES, init
-from engine.linear import ParallelLinear, ShardingError
-from engine.parallelize import parallelize
-from engine.state import clip_grad_norm_, sync_gradients
-from engine.vocab_parallel import causal_lm_token_losses, is_vocab_parallel, token_losses
+
+from engine.core import comm
+from engine.core.grid import AXES, init
+from engine.core.linear import ParallelLinear, ShardingError
+from engine.core.vocab_parallel import causal_lm_token_losses, is_vocab_parallel, token_losses
+from engine.models.parallelize import parallelize
+from engine.training.state import clip_grad_norm_, sync_gradients
 from goldfish.loss import goldfish_loss, goldfish_loss_from_token_losses
 from goldfish.masks import causal_targets, drop_mask
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.checkpoint import CheckpointError, check_model_folder, check_safetensors
+from engine.training.checkpoint import CheckpointError, check_model_folder, check_safetensors
 
 
 def test_truncated_safetensors_one_line_error(tmp_path):

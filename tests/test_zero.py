@@ -1,4 +1,4 @@
-"""ZeRO over the data axis (engine/zero.py): every stage, the hierarchy and offload against the serial model.
+"""ZeRO over the data axis (engine/memory/zero.py): every stage, the hierarchy and offload against the serial model.
 
 For each grid of world 4 with data >= 2 (and a sample of world 8, hierarchy with node size 2), every rank
 partitions a parallelized copy of the same tiny model (Llama with attention and MLP biases and tied
@@ -6,7 +6,7 @@ embeddings, or GPT-2) and
   - computes one step's gradient (forward on its own rows, backward, sync_gradients): the full gradient,
     gathered back to the serial layout, equals the serial model's on the whole batch (float32 rounding),
     and so does the clipped norm (a gradient off by the data size would show in both);
-  - trains 2 steps with engine.train (AdamW, clipping on): same losses, grad norms and final weights.
+  - trains 2 steps with engine.training.train (AdamW, clipping on): same losses, grad norms and final weights.
 Processes are spawned once per world size; grids, stages and models loop inside the workers.
 """
 
@@ -18,17 +18,25 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-
 from distributed import run_distributed
 from tiny_models import tiny_gpt2, tiny_llama
-from engine import comm
+
+from engine.core import comm
+from engine.core.grid import GridShape, init
+from engine.memory.zero import (
+    ZeroConfig,
+    ZeroError,
+    chunk_rows,
+    data_ranks_per_node,
+    full,
+    is_dtensor,
+    shard_data_axis,
+    zero_state,
+)
+from engine.models.parallelize import parallelize
 from engine.planner.cost_model import ordered_grids
-from engine.grid import GridShape, init
-from engine.parallelize import parallelize
-from engine.state import clip_grad_norm_, full_state_dict, sync_gradients
-from engine.train import StepLoss, TrainConfig, train
-from engine.zero import ZeroConfig, ZeroError, chunk_rows, data_ranks_per_node, full, is_dtensor, shard_data_axis, \
-    zero_state
+from engine.training.state import clip_grad_norm_, full_state_dict, sync_gradients
+from engine.training.train import StepLoss, TrainConfig, train
 
 VOCAB, SEQ, ROWS = 96, 8, 8  # ROWS sequences per step over all ranks
 
@@ -85,9 +93,9 @@ def _config(stage: int, node: int = 1, offload: bool = False) -> TrainConfig:
 
 def _full_gradients(model, grid) -> dict[str, torch.Tensor]:
     """Every parameter's gradient after sync_gradients, whole and in the serial layout (test-side gathering)."""
-    from engine.linear import ParallelLinear
+    from engine.core.linear import ParallelLinear
     zero = zero_state(model)
-    from engine.vocab_parallel import is_vocab_parallel
+    from engine.core.vocab_parallel import is_vocab_parallel
     owners = {id(p): (m, n) for m in model.modules() if isinstance(m, ParallelLinear)
               for n, p in m.named_parameters(recurse=False)}
     vocab = {id(m.weight): m for m in model.modules() if is_vocab_parallel(m)}  # split by vocabulary over x*y*z
@@ -128,7 +136,7 @@ def _check_grid(shape: GridShape, zero: ZeroConfig, name: str, reference: dict) 
         assert grads.keys() == reference["grads"].keys()
         for key, value in grads.items():
             torch.testing.assert_close(value, reference["grads"][key], rtol=1e-4, atol=1e-6, msg=f"{what} {key}")
-        # two training steps through engine.train (which partitions the model itself)
+        # two training steps through engine.training.train (which partitions the model itself)
         model = parallelize(MODELS[name](), grid)
         history = train(model, _examples(), _loss, _config(zero.stage, zero.node_size, zero.offload), grid=grid).history
         for mine_step, serial_step in zip(history, reference["history"], strict=True):
@@ -245,8 +253,8 @@ def _sgd_reference(name: str, batches: list[tuple[torch.Tensor, torch.Tensor]]) 
 
 
 def _chunked_loss_worker(cases: list[tuple[tuple[int, int, int, int], int, bool | None, str]]) -> list[int]:
-    from engine.vocab_parallel import causal_lm_token_losses, is_vocab_parallel
-    from engine.zero import model_class_name
+    from engine.core.vocab_parallel import causal_lm_token_losses, is_vocab_parallel
+    from engine.memory.zero import model_class_name
     examples = _examples(SGD_STEPS * ROWS)
     batches = [(torch.stack([e["input_ids"] for e in chunk]), torch.stack([e["targets"] for e in chunk]))
                for chunk in (examples[i:i + ROWS] for i in range(0, len(examples), ROWS))]
@@ -365,7 +373,8 @@ def _checkpoint_runs(tmp: str) -> dict[str, list[float]]:
 
 def test_checkpoint_resume_and_consolidation(tmp_path) -> None:
     from transformers import AutoModelForCausalLM
-    from engine.checkpoint import consolidate_checkpoint
+
+    from engine.training.checkpoint import consolidate_checkpoint
 
     losses = run_distributed(4, _checkpoint_runs, str(tmp_path), timeout=600)[0]
     assert len(losses["whole"]) == 4
@@ -385,14 +394,21 @@ def test_checkpoint_resume_and_consolidation(tmp_path) -> None:
         assert torch.equal(loaded.state_dict()[key], value), key
 
 
-# ----- bytes: counted equal to engine.planner.cost_model's prediction; memory held equal to zero_held_bytes --------------
+# ----- bytes: counted equal to engine.planner.cost_model's prediction; memory held equal to zero_held_bytes -----
 
 def _bytes_worker(cases: list[tuple[tuple[int, int, int, int], dict]]) -> int:
     from test_comm_model import tiny_llama_config
     from transformers import LlamaForCausalLM
-    from engine.planner.cost_model import PHASES, TransformerShape, bytes_by_group, llama_step_collectives, zero_held_bytes
-    from engine.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses
-    from engine.zero import held_bytes, make_adamw
+
+    from engine.core.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses
+    from engine.memory.zero import held_bytes, make_adamw
+    from engine.planner.cost_model import (
+        PHASES,
+        TransformerShape,
+        bytes_by_group,
+        llama_step_collectives,
+        zero_held_bytes,
+    )
 
     config = tiny_llama_config()
     model_shape = TransformerShape.from_hf_config(config)

@@ -1,9 +1,9 @@
 """Analytic model of what one training step of the engine communicates, computes and keeps in memory.
 
 The byte model lists every collective the engine issues for a layer or a whole Llama-family model: its
-process group (named as engine.grid names it: "x", "y", "z", "data", "x+y", "x+y+z", "z+data", "world"), its
+process group (named as engine.core.grid names it: "x", "y", "z", "data", "x+y", "x+y+z", "z+data", "world"), its
 kind, the bytes of its full tensor and the bytes this rank sends under the ring model that
-engine.comm's counters use:
+engine.core.comm's counters use:
 
     all-reduce of n bytes over p ranks      sends 2 n (p-1)/p
     all-gather whose OUTPUT has n bytes     sends   n (p-1)/p
@@ -24,14 +24,14 @@ every grid of world sizes 4 and 8). Per ParallelLinear (weight out x in = N x K,
 A parallelized Llama runs the module that owns its decoder layers on the U = X*Y*R rows of each x*y
 group: it all-gathers the input embeddings (and the caller's attention mask, if any) over x+y on entry and
 the gradient of the final hidden states on exit; inside, every layer runs q/k/v/gate/up as normal and
-o/down as transposed layers on U rows. After backward, engine.state.sync_gradients all-reduces shard
+o/down as transposed layers on U rows. After backward, engine.training.state.sync_gradients all-reduces shard
 gradients over "data", the norms of the layers and the final norm over "z+data" and the embeddings and
 lm_head over "world" (or, split by vocabulary over x*y*z as engine.parallelize does by default when the
 vocabulary divides, over "data": see vocab_collectives for the embedding's and the loss's collectives), in
 flat buckets of at most 2**24 elements; clip_grad_norm_ all-reduces one float64 over "x+y+z".
 
-Rows layouts (engine/parallelize.py, TrainConfig.rows): every function taking `rows_per_rank` reads it as the rows
-each rank reads per micro-batch. In the "own" layout (default) that is R, the group runs on U = X*Y*R rows; in the
+Rows layouts (engine/models/parallelize.py, TrainConfig.rows): every function taking `rows_per_rank` reads it as the
+rows each rank reads per micro-batch. In the "own" layout (default) that is R, the group runs on U = X*Y*R rows; in the
 "shared" layout (rows="shared", after AxoNN) every rank of the x*y group reads the group's U rows itself: there is no
 gather of embeddings and no scatter of the final hidden states' gradient around the decoder, the embeddings, lm_head
 and loss run on U rows replicated over x and y (compute and memory X*Y times those of the own layout) unless split by
@@ -49,22 +49,32 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
-from engine.spec import AXES, BUCKET_ELEMENTS, ROWS_LAYOUTS, GridShape, ZeroConfig
+from engine.spec import (
+    AXES,
+    BUCKET_ELEMENTS,
+    ROWS_LAYOUTS,  # noqa: F401 (the planner's readers take the layouts from here)
+    GridShape,
+    ZeroConfig,
+    row_gather_axes,
+    row_replica_axes,
+    row_split_axes,
+    vocab_row_axes,
+)
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 PHASES = ("forward", "backward", "sync", "clip", "optimizer")
-SYNC_BUCKET_ELEMENTS = BUCKET_ELEMENTS  # gradients are all-reduced in buckets this large (engine.comm)
+SYNC_BUCKET_ELEMENTS = BUCKET_ELEMENTS  # gradients are all-reduced in buckets this large (engine.core.comm)
 
 
 def group_name(axes: Iterable[str]) -> str:
-    """The name engine.grid gives the group of `axes` (and under which comm counts its bytes)."""
+    """The name engine.core.grid gives the group of `axes` (and under which comm counts its bytes)."""
     ordered = tuple(a for a in AXES if a in tuple(axes))
     return "world" if ordered == AXES else "+".join(ordered)
 
 
 def group_axes(name: str) -> tuple[str, ...]:
     """Inverse of group_name: "z+data" -> ("z", "data"), "world" -> AXES; ZeRO's node groups of the data axis
-    ("data.intra", "data.inter", engine.grid.Grid.data_node_groups) -> ("data",)."""
+    ("data.intra", "data.inter", engine.core.grid.Grid.data_node_groups) -> ("data",)."""
     if name == "world":
         return AXES
     if name in ("data.intra", "data.inter"):
@@ -98,7 +108,7 @@ class Collective:
 
     @property
     def sent_per_call(self) -> int:
-        """Bytes this rank sends in one call, with the same arithmetic (and truncation) as engine.comm."""
+        """Bytes this rank sends in one call, with the same arithmetic (and truncation) as engine.core.comm."""
         factor = 2 if self.kind == "all_reduce" else 1
         return int(factor * self.full_bytes * (self.ranks - 1) / self.ranks)
 
@@ -148,9 +158,7 @@ class _Builder:
 def group_rows(grid: GridShape, rows_per_rank: int, rows: str = "own") -> int:
     """Rows an x*y group's decoder runs on per micro-batch when each rank reads `rows_per_rank`: X*Y times them in
     the own layout, the same rows in the shared one."""
-    if rows not in ROWS_LAYOUTS:
-        raise ValueError(f"rows must be one of {ROWS_LAYOUTS}, got {rows!r}")
-    return rows_per_rank * (grid.size("x", "y") if rows == "own" else 1)
+    return rows_per_rank * grid.size(*row_gather_axes(rows))
 
 
 def _check_divides(what: str, value: int, by: int, hint: str) -> int:
@@ -383,7 +391,7 @@ NAMED_SHAPES.update({
 
 
 def vocab_parts(shape: TransformerShape, grid: GridShape, vocab_parallel: bool | None = None) -> int:
-    """Ranks the embeddings and lm_head are split over by vocabulary rows (engine/vocab_parallel.py): x*y*z
+    """Ranks the embeddings and lm_head are split over by vocabulary rows (engine/core/vocab_parallel.py): x*y*z
     when the grid has tensor parallelism and the vocabulary divides (engine.parallelize's default, None), else
     1 (replicated). vocab_parallel=False forces 1; True requires the split (ValueError when it cannot be)."""
     parts = grid.size("x", "y", "z")
@@ -457,7 +465,7 @@ def llama_local_params(shape: TransformerShape, grid: GridShape,
     V/P rows each whose gradients already cover the rows of x*y*z and are summed over data only."""
     h = shape.hidden
     parts = vocab_parts(shape, grid, vocab_parallel)
-    whole = ("z", "data") if rows == "shared" else AXES
+    whole = row_split_axes(rows)
     vocab = LocalParam(0, shape.vocab // parts, h, whole if parts == 1 else ("data",))
     norm = [LocalParam(0, h, 1, ("z", "data"))] * (2 if shape.norm_bias else 1)  # weight (and bias)
     out = [vocab]  # embed_tokens (lm_head's weight too when tied)
@@ -491,7 +499,7 @@ def llama_param_sync_list(shape: TransformerShape, grid: GridShape, zero: ZeroCo
 
 def zero_collectives(shape: TransformerShape, grid: GridShape, zero: ZeroConfig, *, param_bytes: int,
                      grad_accum: int = 1, vocab_parallel: bool | None = None) -> list[Collective]:
-    """The data-axis collectives of ZeRO (engine/zero.py) for one optimizer step, per rank.
+    """The data-axis collectives of ZeRO (engine/memory/zero.py) for one optimizer step, per rank.
 
     Stage 1 (ZeroAdamW): after backward, the gradients are reduce-scattered over data in buckets (each
     parameter's dim 0 padded to a multiple of D, flushed at SYNC_BUCKET_ELEMENTS), and after the update the
@@ -542,7 +550,7 @@ def zero_collectives(shape: TransformerShape, grid: GridShape, zero: ZeroConfig,
 
 def sync_collectives(params: list[tuple[int, tuple[str, ...]]], grid: GridShape, grad_bytes: int,
                      bucket_elements: int = SYNC_BUCKET_ELEMENTS) -> list[Collective]:
-    """The all-reduces of engine.state.sync_gradients for parameters given as (elements, axes) in order:
+    """The all-reduces of engine.training.state.sync_gradients for parameters given as (elements, axes) in order:
     one flat buffer per group, flushed whenever it reaches `bucket_elements`."""
     b = _Builder(grid)
     if grid.world_size == 1:
@@ -564,7 +572,7 @@ def sync_collectives(params: list[tuple[int, tuple[str, ...]]], grid: GridShape,
 
 
 def clip_collectives(grid: GridShape, zero_stage: int = 0) -> list[Collective]:
-    """engine.state.clip_grad_norm_: one float64 sum of squares over the tensor-parallel group (and, under
+    """engine.training.state.clip_grad_norm_: one float64 sum of squares over the tensor-parallel group (and, under
     ZeRO, two over the data axis first: the squares of the data-chunked gradients)."""
     b = _Builder(grid)
     if zero_stage > 0:
@@ -586,7 +594,7 @@ def llama_stack_collectives(shape: TransformerShape, grid: GridShape, *, rows_pe
     mask_bytes: 0 when no rank passes an attention mask, else 8 (the engine gathers 2-D masks as int64).
     position_ids: whether per-row (R, S) position ids are passed (int64). Inputs whose batch dim is 1 on
     every rank broadcast and are not gathered when a rank holds more than one row.
-    (The ranks' one small exchange of shapes before the gathers is a control message engine.comm does
+    (The ranks' one small exchange of shapes before the gathers is a control message engine.core.comm does
     not count, and neither does this model.) None in the shared rows layout: the ranks read the group's rows."""
     b = _Builder(grid)
     if group_rows(grid, rows_per_rank, rows) == rows_per_rank:
@@ -605,7 +613,7 @@ def llama_stack_collectives(shape: TransformerShape, grid: GridShape, *, rows_pe
 def vocab_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int, param_bytes: int,
                       stream_bytes: int, vocab_parallel: bool | None = None, chunked_loss: bool = True,
                       act_bytes: int | None = None, rows: str = "own") -> list[Collective]:
-    """Collectives of the vocabulary-parallel embedding and training loss (engine/vocab_parallel.py) for one
+    """Collectives of the vocabulary-parallel embedding and training loss (engine/core/vocab_parallel.py) for one
     micro-batch, over the P = x*y*z ranks the vocabulary is split over (none when vocab_parts is 1: the
     replicated embedding is a local lookup and the chunked loss a local product). N = R S tokens per rank.
 
@@ -616,7 +624,7 @@ def vocab_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank
                 two fp32 statistics (log-sum-exp, target logit) per token of the group from every rank
                 (P x 2 x P N x 4 bytes); backward: all-gather the per-token loss gradient (P N x 4 bytes)
                 and reduce-scatter the partial gradients of the hidden states.
-    logits      (chunked_loss False: the loss from model(...).logits, a model outside PLAIN_HEAD_MODELS) forward:
+    logits      (chunked_loss False: the loss from model(...).logits, a model that transforms its logits) forward:
                 all-gather the hidden states as above and the (P N, V/P) logits of every slice to full
                 rows (P N V, product dtype act_bytes); backward: all-gather the logits' gradient of the
                 rank's rows back to the group and reduce-scatter the hidden states' gradient.
@@ -630,16 +638,16 @@ def vocab_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank
     if parts == 1:
         return []
     axes = ("x", "y", "z")
-    shared = group_rows(grid, rows_per_rank, rows) == rows_per_rank and rows == "shared"  # (validates rows)
-    row_axes = ("z",) if shared else axes
+    row_axes = vocab_row_axes(rows)
     # the tokens of the ranks whose rows differ: the whole x*y*z group, or its z ranks when x*y share rows
     tokens = grid.size(*row_axes) * rows_per_rank * seq
     h = shape.hidden
     b.add(row_axes, "all_gather", tokens * 8, "forward", "embedding token ids")
     b.add(row_axes, "reduce_scatter", tokens * h * param_bytes, "forward", "partial embeddings")
-    if shared:
-        b.add(("x", "y"), "all_reduce", rows_per_rank * seq * h * param_bytes, "forward", "embeddings of the replicas")
-        b.add(("x", "y"), "all_reduce", rows_per_rank * seq * h * stream_bytes, "backward",
+    replicas = row_replica_axes(rows)
+    if replicas:
+        b.add(replicas, "all_reduce", rows_per_rank * seq * h * param_bytes, "forward", "embeddings of the replicas")
+        b.add(replicas, "all_reduce", rows_per_rank * seq * h * stream_bytes, "backward",
               "loss hidden-state grad of the replicas")
     b.add(row_axes, "all_gather", tokens * h * param_bytes, "backward", "embedding output grad")
     b.add(row_axes, "all_gather", tokens * h * stream_bytes, "forward", "loss hidden states")
@@ -683,14 +691,14 @@ def llama_step_collectives(shape: TransformerShape, grid: GridShape, *, rows_per
     stream_bytes for the residual stream (hidden states between layers and the q/k/v/gate/up inputs):
     all equal to the model's dtype, except under torch.autocast(bf16) with fp32 weights: 4, 2 and 4.
 
-    recompute: activation checkpointing of the decoder layers (engine/activation.py): each layer's forward
+    recompute: activation checkpointing of the decoder layers (engine/memory/activation.py): each layer's forward
     collectives issued once more during backward. Exact, because the engine turns torch's early stop off
     and every layer's recomputation runs to its end (tests/test_comm_model.py measures it).
     zero: partitioning over the data axis (zero_collectives; sync_gradients then reduces only the chunks of
     the rank at data index `data_rank` over the other axes, whose sizes differ by rank when dim 0 does not
     divide by the data size).
     vocab_parallel: the embeddings and lm_head split by vocabulary (vocab_parts; None: engine.parallelize's
-    default), with the training loss of engine.vocab_parallel.causal_lm_token_losses (vocab_collectives: the
+    default), with the training loss of engine.core.vocab_parallel.causal_lm_token_losses (vocab_collectives: the
     chunked loss, which runs at every ZeRO stage).
     rows: the rows layout ("own" or "shared", see the module doc); rows_per_rank counts the rows a rank reads.
     """
@@ -733,7 +741,7 @@ def rank_flops_per_step(shape: TransformerShape, grid: GridShape, *, rows_per_ra
     the X*Y*R rows of its group by a 1/(X*Y) block: the work of its own R rows); attention runs on those
     rows for the rank's y-share of heads, i.e. X times its fair share (the engine replicates it over x).
     With `recompute` (activation checkpointing) the decoder layers run their forward twice. The lm_head:
-    `chunked_loss` (engine.vocab_parallel.token_losses, what `goldfish train` runs) drops each chunk's
+    `chunked_loss` (engine.core.vocab_parallel.token_losses, what `goldfish train` runs) drops each chunk's
     logits and recomputes them in backward, 8 x tokens x vocab x hidden; a loss from model(...).logits
     costs 6 x. Split by vocabulary, each rank multiplies the P x R x S tokens of its x*y*z group by V/P
     rows: the same count. Norms and elementwise work are left out. In the shared rows layout (rows_per_rank = the
@@ -743,7 +751,8 @@ def rank_flops_per_step(shape: TransformerShape, grid: GridShape, *, rows_per_ra
     tokens = group_rows(grid, rows_per_rank, rows) * seq / xy  # a rank's share of its group's tokens
     layer_linear = 2.0 * tokens * shape.layers * shape.layer_linear_params
     attention = 4.0 * tokens * seq * shape.layers * shape.q_out * grid.size("x")
-    head_tokens = tokens if rows == "own" or vocab_parts(shape, grid, vocab_parallel) > 1 else rows_per_rank * seq
+    shares = bool(row_replica_axes(rows))
+    head_tokens = tokens if not shares or vocab_parts(shape, grid, vocab_parallel) > 1 else rows_per_rank * seq
     head = (8.0 if chunked_loss else 6.0) * head_tokens * shape.vocab * shape.hidden
     passes = 4.0 if recompute else 3.0  # forward + backward (2x forward), plus the recomputed forward
     return grad_accum * (passes * (layer_linear + attention) + head)
@@ -785,7 +794,7 @@ def zero_held_bytes(shape: TransformerShape, grid: GridShape, zero: ZeroConfig |
                     param_bytes: int = 4, state_bytes: int = 8, vocab_parallel: bool | None = None) -> dict[str, int]:
     """Bytes the rank at data index `data_rank` holds between steps (after a step, gradients still allocated):
     parameters, gradients and optimizer state (`state_bytes` per element: AdamW's two fp32 moments = 8),
-    exactly as engine.zero.held_bytes counts them on a parallelized Llama.
+    exactly as engine.memory.zero.held_bytes counts them on a parallelized Llama.
 
     stage 0: all full; 1: optimizer state of this rank's dim-0 chunks (the gradient buffer stays full);
     2 and 3: parameters, gradients and state all chunks (FSDP reshards after backward). Offload moves the
@@ -824,7 +833,7 @@ def memory_per_rank(shape: TransformerShape, grid: GridShape, *, rows_per_rank: 
     T x hidden gradient buffers of a decoder layer. The chunked loss runs at every ZeRO stage (inside the FSDP root's
     forward). bench/memory.py --table options measures kept and the peak from the CPU allocator.
 
-    zero (engine/zero.py; D = data size, P = the parameters above, w = param_bytes, o = bytes_per_param - 2 w
+    zero (engine/memory/zero.py; D = data size, P = the parameters above, w = param_bytes, o = bytes_per_param - 2 w
     for the optimizer state and master weights): stage 1 keeps P (2 w) + P o / D; stage 2 the full
     parameters during forward and backward, P w, plus chunks P (w + o) / D; stage 3 chunks P (2 w + o) / D
     plus two decoder layers (or the root) gathered and one layer's full gradient, and with a hierarchy of
@@ -867,7 +876,7 @@ def memory_per_rank(shape: TransformerShape, grid: GridShape, *, rows_per_rank: 
     per_layer = layer_activation_bytes(shape, grid, tokens=t, act_bytes=act_bytes)
     layers = shape.layers * t * h * act_bytes if recompute else shape.layers * per_layer
     # tokens the loss gathers: those of the ranks of x*y*z whose rows differ
-    group_tokens = (parts if rows == "own" else min(parts, grid.size("z"))) * rows_per_rank * seq
+    group_tokens = min(parts, grid.size(*vocab_row_axes(rows))) * rows_per_rank * seq
     stack = t * h * (2 * act_bytes + 4)
     kept = layers + stack + group_tokens * h * stream_bytes
     stats = max(act_bytes, 4)  # the loss's statistics and logits gradient: fp32, or the product dtype if wider
@@ -904,7 +913,7 @@ def rank_memory_traffic_per_step(shape: TransformerShape, grid: GridShape, *, ro
     t = group_rows(grid, rows_per_rank, rows) * seq
     per_layer = layer_activation_bytes(shape, grid, tokens=t, act_bytes=act_bytes)
     parts = vocab_parts(shape, grid, vocab_parallel)
-    logit_rows = rows_per_rank / (grid.size("x", "y") if rows == "shared" and parts > 1 else 1)
+    logit_rows = rows_per_rank / (grid.size(*row_replica_axes(rows)) if parts > 1 else 1)
     logits = logit_rows * seq * shape.vocab * (act_bytes + 8)
     passes = 7 if recompute else 5
     activations = grad_accum * passes * (shape.layers * per_layer + logits)

@@ -25,9 +25,9 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-from engine import comm
+from engine.core import comm
+from engine.core.grid import AxisGroup, ByteCounter, init
 from engine.planner.cost_model import KINDS, Collective
-from engine.grid import AxisGroup, ByteCounter, init
 from engine.planner.profiles import MachineProfile, MeasuredCollective
 
 GIB = 1024 ** 3

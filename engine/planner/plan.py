@@ -3,8 +3,8 @@
 For each ordered factorisation of the GPU count it
 
 1. rejects grids the engine cannot shard the model on (heads, kv heads or features not divisible), and
-   considers each rows layout of `goldfish train --rows` (engine/train.py, _rank_rows) in which the global batch
-   splits into whole rows: "own" gives every GPU its own rows, so the batch must be a multiple of the WORLD
+   considers each rows layout of `goldfish train --rows` (engine/training/train.py, _rank_rows) in which the global
+   batch splits into whole rows: "own" gives every GPU its own rows, so the batch must be a multiple of the WORLD
    size; "shared" (after AxoNN) gives every GPU of an x*y group the group's rows, so the batch need only be a
    multiple of data*z (AxoNN's 4,096 x 4,096-token batches on 6,144 or 32,768 GPUs are expressible this way).
    A grid without x or y parallelism has one layout (both are the same); a grid is rejected when neither
@@ -32,13 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from engine.planner.cost_model import (
-    MemoryEstimate,
     NAMED_SHAPES,
     ROWS_LAYOUTS,
+    MemoryEstimate,
     TransformerShape,
     bytes_by_group,
-    group_axes,
     grid_fits_shape,
+    group_axes,
     llama_step_collectives,
     memory_per_rank,
     model_flops_per_token,
@@ -47,14 +47,22 @@ from engine.planner.cost_model import (
     rank_memory_traffic_per_step,
 )
 from engine.planner.profiles import MachineProfile, group_stride
-from engine.spec import STAGES, GridShape, ZeroConfig, data_ranks_per_node
+from engine.spec import (
+    OWN,
+    PLAN_PRECISION,
+    PRECISIONS,
+    STAGES,
+    GridShape,
+    ZeroConfig,
+    check_precision,
+    data_ranks_per_node,
+    row_replica_axes,
+    row_split_axes,
+)
 
 GIB = 1024 ** 3
-# Element bytes (weights and gradients, matmul products, residual stream) of `goldfish train --precision`:
-# bf16 is torch.autocast(bf16) over fp32 weights (matrix products in bf16, weights, gradients, residual stream
-# and AdamW state in fp32); fp32 is fp32 throughout. Either way a parameter costs 16 bytes (weight, gradient,
-# two moments). The engine has no pure-bf16 weights, so neither does the planner.
-PRECISIONS = {"bf16": (4, 2, 4), "fp32": (4, 4, 4)}
+# PRECISIONS (engine.spec): element bytes of each `goldfish train --precision`. The engine has no pure-bf16
+# weights, so neither does the planner.
 CHECKPOINTING = ("auto", "on", "off")
 
 
@@ -69,7 +77,7 @@ class PlanRequest:
     profile: MachineProfile
     compute_efficiency: float = 0.5  # fraction of peak the matrix products reach
     grad_accum: int | None = None  # None: the smallest that fits in memory
-    precision: str = "bf16"  # a key of PRECISIONS (the values of `goldfish train --precision`)
+    precision: str = PLAN_PRECISION  # a key of PRECISIONS (the values of `goldfish train --precision`)
     bytes_per_param: float = 16.0  # fp32 weight + gradient + AdamW's two moments
     memory_fraction: float = 0.9  # share of GPU memory the estimate may use (allocator, CUDA context)
     mask_bytes: int = 0  # attention mask bytes per token fed to the model (0: none, packed sequences)
@@ -88,15 +96,14 @@ class PlanRequest:
             raise ValueError(f"compute_efficiency must be in (0, 1], got {self.compute_efficiency}")
         if not 0 < self.memory_fraction <= 1:
             raise ValueError(f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {self.precision!r}")
+        check_precision(self.precision)
         if self.checkpointing not in CHECKPOINTING:
             raise ValueError(f"checkpointing must be one of {CHECKPOINTING}, got {self.checkpointing!r}")
         if self.grad_accum is not None and self.grad_accum < 1:
             raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
         if not self.zero_stages or any(s not in STAGES for s in self.zero_stages):
             raise ValueError(f"zero_stages must be a non-empty subset of {STAGES}, got {self.zero_stages!r}")
-        if not self.rows_layouts or any(r not in ROWS_LAYOUTS for r in self.rows_layouts):
+        if not self.rows_layouts or any(r not in ROWS_LAYOUTS for r in self.rows_layouts):  # (a subset, not one)
             raise ValueError(f"rows_layouts must be a non-empty subset of {ROWS_LAYOUTS}, got {self.rows_layouts!r}")
 
     def zero_config(self, grid: GridShape, stage: int) -> ZeroConfig:
@@ -149,7 +156,7 @@ class GridPlan:
 
 def readers(grid: GridShape, rows: str) -> int:
     """How many GPUs read different rows of a step in rows layout `rows`: all of them, or data*z when shared."""
-    return grid.world_size if rows == "own" else grid.size("data", "z")
+    return grid.size(*row_split_axes(rows))
 
 
 def step_prediction(request: PlanRequest, grid: GridShape, grad_accum: int, recompute: bool = False,
@@ -197,7 +204,8 @@ def plan_grid(request: PlanRequest, grid: GridShape) -> GridPlan:
     if reason is not None:
         return GridPlan(grid, False, f"cannot shard: {reason}")
     # without x or y parallelism both layouts are the same: plan it once, as the default "own"
-    layouts = [r for r in request.rows_layouts if r == "own" or grid.size("x", "y") > 1] or ["own"]
+    layouts = [r for r in request.rows_layouts if not row_replica_axes(r) or grid.size(*row_replica_axes(r)) > 1
+               ] or [OWN]
     splits = [r for r in layouts if request.global_batch % readers(grid, r) == 0]
     if not splits:
         need = " or ".join(f"{readers(grid, r)} ({'shared rows: data*z' if r == 'shared' else 'the world size'})"

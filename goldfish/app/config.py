@@ -2,8 +2,8 @@
 
     DataSpec      which documents, how many, how long (--data, --n-train, ...)
     MaskSpec      the goldfish mask (--strategy, --k, --h, --mask-seed; compare's --masks STRATEGY:K:H)
-    TrainConfig   optimisation (engine.train; --epochs, --lr, ...), defaults per command in TrainSpec/CompareSpec
-    Instruments   the memorization instruments besides greedy extraction (--beams, --samples, ...)
+    TrainConfig   optimisation (engine.training.train; --epochs, --lr, ...), defaults per command in
+    TrainSpec/CompareSpec Instruments   the memorization instruments besides greedy extraction (--beams, --samples, ...)
     ExtractionConfig  prefix/suffix protocol (eval.extraction; --suffix-len, --prefix-len, --eval-batch-size)
     Runtime       where and how a command runs (--device, --threads, --grid, --nproc, --no-progress)
     LoraSpec      LoRA adapters through peft (goldfish.app.lora; --lora-rank, --lora-alpha, --lora-targets)
@@ -23,14 +23,16 @@ import torch
 
 import data
 import data.dedup
-from engine.grid import AXES, GridShape
-from engine.zero import data_ranks_per_node
-from engine.train import TrainConfig
+from engine.core.grid import GridShape
+from engine.memory.zero import data_ranks_per_node
+from engine.spec import parse_grid_sizes
+from engine.training.train import TrainConfig
 from eval.adaptive import SamplingConfig
 from eval.extraction import ExtractionConfig
 from goldfish.app.lora import LoraSpec
 from goldfish.app.lora import check_zero as check_lora_zero
 from goldfish.masks import STRATEGIES, drop_mask
+
 
 @dataclass
 class DataSpec:
@@ -55,8 +57,29 @@ class DataSpec:
     dedup: str = "near"
     dedup_threshold: float = data.dedup.DEFAULT_THRESHOLD
     duplicates: str = "drop"
+    # Whole documents (goldfish.app.corpus): every token of every training document is trained, documents packed
+    # into rows of seq_len tokens; documents need min_doc_tokens tokens, extraction reads their first extract_len
+    # (at most seq_len, the context the model is trained on).
+    pack: bool = False
+    extract_len: int = 2048
+    min_doc_tokens: int = 100
+    max_doc_tokens: int = 0  # pack: longer documents are skipped (0: no limit)
+    # A background corpus (goldfish.app.background): trained on, not measured; the training documents become targets
+    # inserted into it `repeats` times each. Implies pack. val_tokens: tokens of held-out background text (the
+    # validation set).
+    background: str | None = None
+    background_text_field: str = "text"
+    val_tokens: int = 16384
+    tokenize_workers: int = 1
 
     def __post_init__(self) -> None:
+        if self.background is not None:
+            self.pack = True
+        for name, least in (("extract_len", 2), ("min_doc_tokens", 2), ("max_doc_tokens", 0), ("val_tokens", 0),
+                            ("tokenize_workers", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"--{name.replace('_', '-')} must be an integer >= {least}, got {value!r}")
         self.dedup_config()  # validates the three dedup fields (a DataError names the flag to fix)
         if self.vocab_size < 300:
             raise ValueError(f"vocab_size must be >= 300 (256 bytes plus merges and special tokens), got {self.vocab_size}")
@@ -64,6 +87,11 @@ class DataSpec:
         if not self.repeats or any(not isinstance(r, int) or r < 1 for r in self.repeats):
             raise ValueError(f"repeats must be integers >= 1 (times a training document occurs per epoch), "
                              f"got {self.repeats!r}")
+
+    @property
+    def extraction_window(self) -> int:
+        """Tokens of a whole document that extraction reads (pack): --extract-len, at most --seq-len."""
+        return min(self.extract_len, self.seq_len)
 
     def repeats_by_id(self, documents: Sequence[data.TokenizedDocument]) -> dict[str, int]:
         """{document id: times it occurs per training epoch}, round-robin over `documents` in selection order."""
@@ -157,16 +185,7 @@ def parse_mask(text: str) -> MaskSpec:
 
 def parse_grid(text: str) -> dict[str, int]:
     """Parse 'data=2,x=2,y=1,z=1' (any subset of the axes; missing axes are 1) into {axis: size}."""
-    sizes: dict[str, int] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, _, value = part.partition("=")
-        if name not in AXES or not value.isdigit() or int(value) < 1:
-            raise ValueError(f"cannot parse grid {text!r}: use AXIS=SIZE pairs with axes {AXES} and sizes >= 1, "
-                             "e.g. data=2,x=2")
-        if name in sizes:
-            raise ValueError(f"grid {text!r} names axis {name!r} twice")
-        sizes[name] = int(value)
-    return sizes
+    return parse_grid_sizes(text)
 
 
 @dataclass
@@ -258,6 +277,7 @@ class Runtime:
     progress: bool = True
     grid: str | None = None  # under torchrun: AXIS=SIZE pairs, e.g. data=2,x=2
     nproc: int | None = None  # launch this many local processes with torchrun
+    report_to: str = "none"  # "tensorboard": the training scalars as event files too (goldfish.app.tracking)
 
     def __post_init__(self) -> None:
         if self.threads is not None and self.threads < 1:
@@ -266,6 +286,9 @@ class Runtime:
             raise ValueError(f"--nproc must be >= 1, got {self.nproc}")
         if self.grid is not None:
             parse_grid(self.grid)  # fail before any process starts
+        from goldfish.app.tracking import check_report_to
+
+        check_report_to(self.report_to)
 
     def torch_device(self) -> torch.device:
         if self.device:
@@ -327,4 +350,11 @@ COMPARE_PRESETS: dict[str, dict[str, Any]] = {
     "smollm2-lora": dict(model="smollm2-135m", n_train=8, n_heldout=8, seq_len=128, epochs=10, batch_size=4, lr=3e-4,
                          warmup_steps=0, schedule="constant", masks=["hashed:4:13"], eval_batch_size=8,
                          curve_every=2, lora_rank=16, lora_alpha=32.0, lora_targets="all-linear", with_full=True),
+    # Memorization at corpus scale (docs/corpus.md): 8 default-corpus documents inserted 1, 16, 64 or 256 times into
+    # the Python standard library's source (about 4M tokens, of which the first --max-steps x 4 x 256 are trained),
+    # 6 held out; a standard and a goldfish tiny-llama from scratch, the control, validation loss on held-out source.
+    "corpus": dict(background="python-stdlib", pack=True, n_train=8, n_heldout=6, seq_len=256, extract_len=256,
+                   min_doc_tokens=100, max_doc_tokens=300, repeats=(1, 16, 64, 256), epochs=1, max_steps=400,
+                   batch_size=4, lr=3e-3, warmup_steps=20, schedule="cosine", suffix_len=32, eval_every=200,
+                   curve_every=0, val_tokens=16384, tokenize_workers=2),
 }

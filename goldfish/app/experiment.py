@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -18,20 +18,31 @@ from torch import nn
 
 import data
 import engine
-import engine.train as engine_train
+import engine.training.train as engine_train
 from data.atomic import write_json_atomic, write_jsonl_atomic
-from engine.grid import AXES, Grid, is_main_process
-from engine.loading import can_load_sharded, load_sharded
-from engine.vocab_parallel import causal_lm_token_losses, is_vocab_parallel
+from engine.core import comm
+from engine.core.grid import AXES, Grid, is_main_process
+from engine.core.vocab_parallel import causal_lm_token_losses, is_vocab_parallel
+from engine.training.loading import can_load_sharded, load_sharded
 from eval import parallel as parallel_eval
 from eval.breakdown import group_means, tag_rows
 from eval.divergence import divergence_row, divergence_summary, suffix_dropped_flags
 from eval.extraction import ExtractionConfig, write_extraction
+from eval.intervals import DEFAULT_RESAMPLES
+from eval.membership import DC_PDD_CAP, DEFAULT_RECALL_PREFIX_DOCS
 from goldfish.app import lora
 from goldfish.app.config import DataSpec, Instruments, MaskSpec, TrainSpec, parse_grid
+from goldfish.app.background import Background, background_sample, build_background, load_background
+from goldfish.app.corpus import pack_documents
+from goldfish.app.tracking import tracker
 from goldfish.app.models import build_tiny_model, is_tiny_model
-from goldfish.app.pretrained import (DEFAULT_MODEL_CACHE, load_gguf_tokenizer, load_pretrained, load_pretrained_model,
-                                     resolve_gguf)
+from goldfish.app.pretrained import (
+    DEFAULT_MODEL_CACHE,
+    load_gguf_tokenizer,
+    load_pretrained,
+    load_pretrained_model,
+    resolve_gguf,
+)
 from goldfish.loss import goldfish_loss_from_token_losses
 from goldfish.masks import causal_targets, drop_mask
 
@@ -62,10 +73,31 @@ class Prepared:
     tokenizer: Any
     split: data.DocumentSplit
     n_loaded: int
+    context: int = 0  # tokens per training row
+    texts: Sequence[str] = ()  # every loaded document's text: DC-PDD's reference token frequencies
+    source: str = ""
+
+    @property
+    def max_positions(self) -> int:
+        """Positions a model must hold: a training row, and the longest extraction window."""
+        longest = max((len(d.token_ids) for d in self.split.train + self.split.heldout), default=0)
+        return max(self.split.seq_len, self.context, longest)
 
     @property
     def special_token_ids(self) -> list[int]:
         return sorted(set(self.tokenizer.all_special_ids))
+
+    def token_frequencies(self) -> tuple[Any, dict[str, Any]]:
+        """DC-PDD's reference: add-one smoothed token frequencies of every loaded document (members and
+        non-members alike, so neither side is favoured) tokenized with the run's tokenizer, and a note naming it."""
+        from eval.membership import token_frequencies
+
+        ids = self.tokenizer(list(self.texts), add_special_tokens=False)["input_ids"] if self.texts else []
+        frequencies = token_frequencies(ids, len(self.tokenizer))
+        note = {"frequencies": f"token counts of the {len(self.texts)} documents loaded from {self.source!r} "
+                f"({sum(map(len, ids))} tokens), add-one smoothed over {len(self.tokenizer)} tokenizer ids",
+                "cap": DC_PDD_CAP}
+        return frequencies, note
 
 
 def prepare_data(spec: DataSpec, model_name: str, log=print) -> Prepared:
@@ -74,17 +106,25 @@ def prepare_data(spec: DataSpec, model_name: str, log=print) -> Prepared:
     if spec.tokenizer is not None:
         tokenizer = data.load_tokenizer(spec.tokenizer)
     elif is_tiny_model(model_name):
-        tokenizer = data.train_bpe_tokenizer((d.text for d in documents), vocab_size=spec.vocab_size)
+        # with a background, its first documents too: the tokenizer then fits the text most of training is on
+        sample = background_sample(spec) if spec.background is not None else []
+        tokenizer = data.train_bpe_tokenizer([d.text for d in documents] + sample, vocab_size=spec.vocab_size)
     elif resolve_gguf(model_name) is not None:  # smollm2-135m or a .gguf file: the tokenizer inside the file
         tokenizer = load_gguf_tokenizer(resolve_gguf(model_name))
     else:
         tokenizer = data.load_tokenizer(model_name)
+    least = spec.min_doc_tokens if spec.pack else spec.seq_len
     split = data.select_documents(documents, tokenizer, n_train=spec.n_train, n_heldout=spec.n_heldout,
-                                  seq_len=spec.seq_len, seed=spec.seed, dedup=spec.dedup_config())
+                                  seq_len=least, seed=spec.seed, dedup=spec.dedup_config(),
+                                  whole_documents=max(spec.extraction_window, least) if spec.pack else None,
+                                  max_len=spec.max_doc_tokens if spec.pack else None)
+    shape = f"whole documents (rows of {spec.seq_len} tokens)" if spec.pack else f"{spec.seq_len} tokens"
     log(f"data: {len(documents)} documents from {spec.source!r}; {len(split.train)} train, {len(split.heldout)} "
-        f"held-out of {spec.seq_len} tokens; {len(split.too_short)} skipped as shorter than {spec.seq_len} tokens"
+        f"held-out of {shape}; {len(split.too_short)} skipped as shorter than {least} tokens"
+        + (f", {len(split.too_long)} as longer than {spec.max_doc_tokens}" if split.too_long else "")
         + _dedup_note(split))
-    return Prepared(tokenizer=tokenizer, split=split, n_loaded=len(documents))
+    return Prepared(tokenizer=tokenizer, split=split, n_loaded=len(documents), context=spec.seq_len,
+                    texts=[d.text for d in documents], source=str(spec.source))
 
 
 def _dedup_note(split: data.DocumentSplit) -> str:
@@ -102,7 +142,7 @@ def initial_model(model_name: str, prepared: Prepared, seed: int) -> nn.Module:
     """The starting weights: a named tiny model at random init (seeded) or a pretrained HF model."""
     tokenizer = prepared.tokenizer
     if is_tiny_model(model_name):
-        return build_tiny_model(model_name, vocab_size=len(tokenizer), max_positions=max(prepared.split.seq_len, 64),
+        return build_tiny_model(model_name, vocab_size=len(tokenizer), max_positions=max(prepared.max_positions, 64),
                                 seed=seed, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                                 pad_token_id=tokenizer.pad_token_id)
     if resolve_gguf(model_name) is not None:
@@ -166,7 +206,8 @@ def make_step_loss(mask: MaskSpec, special_token_ids: Sequence[int]) -> engine_t
                 for row, index in enumerate(batch["example_index"])]).to(dropped.device)
         # per-token losses from the hidden states: full-vocabulary logits are never built (vocabulary-parallel
         # over the tensor-parallel ranks when the lm_head is split), the mask splits them as goldfish_loss does
-        token_ce = causal_lm_token_losses(model, batch["input_ids"], batch["targets"])  # (B, T) float32
+        token_ce = causal_lm_token_losses(model, batch["input_ids"], batch["targets"],  # (B, T) float32
+                                          position_ids=batch.get("position_ids"))
         result = goldfish_loss_from_token_losses(token_ce, batch["targets"], dropped)
         extras = {"all_loss": (float(result.all_loss) * result.n_all, result.n_all),
                   "dropped_loss": (float(result.dropped_loss) * result.n_dropped if result.n_dropped else 0.0,
@@ -174,6 +215,11 @@ def make_step_loss(mask: MaskSpec, special_token_ids: Sequence[int]) -> engine_t
         return engine_train.StepLoss(loss_sum=result.loss_sum, n_tokens=result.n_kept, extras=extras)
 
     return step_loss
+
+
+def validation_loss_fn(prepared: Prepared) -> engine_train.LossFn:
+    """The validation loss: the standard next-token loss over every target (no goldfish mask), for every model."""
+    return make_step_loss(MaskSpec(strategy=None), prepared.special_token_ids)
 
 
 def save_hf_model(model: nn.Module, tokenizer: Any, run_record: dict[str, Any], directory: Path) -> None:
@@ -223,12 +269,37 @@ def run_record(spec: TrainSpec, prepared: Prepared) -> dict[str, Any]:
     return record
 
 
+def prepare_background(spec: TrainSpec, prepared: Prepared, grid: Grid | None = None, log=print) -> Background:
+    """The background stream of a --background run (goldfish.app.background). Under a grid, rank 0 tokenizes the
+    corpus into the cache first and the other ranks then read that cache."""
+    main = is_main_process(grid)
+    corpus = None
+    if main:
+        corpus = load_background(spec.data, prepared.tokenizer, progress=spec.train.progress, log=log)
+    if grid is not None:
+        comm.barrier(grid.group(*AXES))
+    if corpus is None:
+        corpus = load_background(spec.data, prepared.tokenizer, progress=False, log=lambda *a: None)
+    return build_background(spec.data, corpus, prepared.split.train, prepared.split.heldout, prepared.tokenizer,
+                            spec.mask, prepared.special_token_ids, background_train_config(spec.train),
+                            pad_token_id(prepared.tokenizer))
+
+
+def background_train_config(train: engine_train.TrainConfig) -> engine_train.TrainConfig:
+    """A background run reads its rows in stream order (the stream is shuffled already, and exposures depend on it)."""
+    return replace(train, shuffle=False)
+
+
 def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = None, model: nn.Module | None = None,
                 resume_from: Path | None = None, grid: Grid | None = None, log=print,
-                on_epoch_end: Callable[[nn.Module, int, int], None] | None = None) -> tuple[nn.Module, Prepared]:
+                on_epoch_end: Callable[[nn.Module, int, int], None] | None = None,
+                background: Background | None = None, report_to: str = "none") -> tuple[nn.Module, Prepared]:
     """Train one model and write OUT/checkpoint (an HF checkpoint + tokenizer + trainer state) and OUT/metrics.jsonl.
 
-    on_epoch_end(model, epoch, step) runs after each epoch on every rank (see engine.train.train).
+    on_epoch_end(model, epoch, step) runs after each epoch on every rank (see engine.training.train.train).
+    With spec.data.background, the training documents are targets inside the background stream (built here, or
+    `background` when the caller built it already), and the validation loss on the held-out background is logged
+    every --eval-every steps and at the end (val_loss in metrics.jsonl).
     With spec.lora enabled, only LoRA adapters train (peft; data-parallel grids only): OUT/checkpoint holds the
     merged model (an ordinary HF checkpoint) and the adapter in OUT/checkpoint/adapter, and the model returned is
     the merged one (what evaluation measures).
@@ -250,20 +321,50 @@ def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = N
     elif resume_from is not None:
         load_model_weights(model, resume_from)  # full weights: valid at any grid, sharded below
     repeats = spec.data.example_repeats(prepared.split)
-    examples = make_examples(prepared.split.training_documents, spec.mask, prepared.special_token_ids, repeats)
-    n_dropped = sum(int(e["dropped"].sum()) for e in examples)
-    n_targets = sum(int((e["targets"] != -100).sum()) for e in examples)
+    documents = prepared.split.training_documents
+    train_config, validation = spec.train, None
+    if spec.data.background is not None:
+        background = background or prepare_background(spec, prepared, grid, log)
+        examples, validation, train_config = background.rows, background.validation, \
+            background_train_config(spec.train)
+    elif spec.data.pack:
+        examples, _ = pack_documents(documents, [repeats[str(d.id)] for d in documents], spec.data.seq_len, spec.mask,
+                                     prepared.special_token_ids, eos_id=prepared.tokenizer.eos_token_id,
+                                     pad_id=pad_token_id(prepared.tokenizer), seed=spec.train.seed,
+                                     multiple=spec.train.batch_size)
+    else:
+        examples = make_examples(documents, spec.mask, prepared.special_token_ids, repeats)
+    n_dropped, n_targets = 0, 0
+    for example in examples if background is None else ():  # a background stream is not read ahead of training
+        n_dropped += int(example["dropped"].sum())
+        n_targets += int((example["targets"] != -100).sum())
     repeated = "" if set(repeats.values()) == {1} else \
         f" ({len(prepared.split.train)} documents repeated {'/'.join(map(str, spec.data.repeats))} times per epoch)"
+    if background is not None:
+        steps = engine_train.total_steps_of(len(examples), train_config)
+        trained = sorted(set(background.exposures[str(d.id)] for d in prepared.split.train))
+        log(f"train {spec.mask.label}: {len(examples)} rows of {spec.data.seq_len} tokens in the stream, {steps} "
+            f"steps; "
+            f"{len(prepared.split.train)} targets trained on {'/'.join(map(str, trained))} times, "
+            f"{len(prepared.split.heldout)} held out; validation {len(validation) if validation else 0} rows")
+        for warning in background.record["warnings"]:
+            log("warning: " + warning)
+    elif spec.data.pack:
+        repeated += f", whole documents packed ({n_targets} targets per epoch)"
     adapters = ""
     if spec.lora.enabled:
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         adapters = (f", LoRA rank {spec.lora.rank} alpha {spec.lora.scale_alpha:g} on {','.join(spec.lora.targets)}: "
                     f"{trainable} of {sum(p.numel() for p in model.parameters())} parameters train")
-    log(f"train {spec.mask.label}: {len(examples)} sequences{repeated}, {n_dropped}/{n_targets} targets dropped "
-        f"({n_dropped / max(n_targets, 1):.3f}), {spec.train.epochs} epochs"
-        + (f", grid {grid.shape}" if grid is not None else "") + adapters)
+    if background is None:
+        log(f"train {spec.mask.label}: {len(examples)} sequences{repeated}, {n_dropped}/{n_targets} targets dropped "
+            f"({n_dropped / max(n_targets, 1):.3f}), {spec.train.epochs} epochs"
+            + (f", grid {grid.shape}" if grid is not None else "") + adapters)
     record = run_record(spec, prepared)
+    if background is not None:
+        record["train"] = asdict(train_config)
+        record["corpus"] = background.record
+        record["repeats"] = {k: v for k, v in background.exposures.items() if k in {str(d.id) for d in documents}}
     if grid is not None:
         record["grid"] = grid_sizes(grid)
         model = engine.parallelize(model.to(grid.device), grid)
@@ -281,8 +382,11 @@ def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = N
     if is_main_process(grid):
         out_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out_dir / "run.json", record)
-    engine_train.train(model, examples, make_step_loss(spec.mask, prepared.special_token_ids), spec.train,
-                       out_dir=out_dir, grid=grid, resume_from=resume_from, save_model=save, on_epoch_end=on_epoch_end)
+    with tracker(report_to, out_dir if is_main_process(grid) else None) as on_log:
+        engine_train.train(model, examples, make_step_loss(spec.mask, prepared.special_token_ids), train_config,
+                           out_dir=out_dir, grid=grid, resume_from=resume_from, save_model=save,
+                           on_epoch_end=on_epoch_end, validation=validation,
+                           validation_loss_fn=validation_loss_fn(prepared), on_log=on_log)
     if spec.lora.enabled:
         model = lora.merged_model(model).eval()
     return model, prepared
@@ -414,18 +518,24 @@ def _divergence_rows(rows: list[dict[str, Any]], documents: Sequence[data.Tokeni
 
 
 def membership(model: nn.Module, prepared: Prepared, reference: nn.Module | None,
-               out_file: Path | None = None, grid: Grid | None = None) -> dict[str, Any] | None:
-    """Membership inference (loss, zlib, Min-K%, and reference-model ratio when `reference` is given): members are
-    the training documents, non-members the held-out ones; AUC and TPR at 1% and 0.1% FPR. The per-document scores
-    go to `out_file` (JSON lines) when given. Under a grid, documents are sharded over the data axis and rank 0 gets
-    the result (other ranks None)."""
+               out_file: Path | None = None, grid: Grid | None = None, *,
+               n_resamples: int = DEFAULT_RESAMPLES) -> dict[str, Any] | None:
+    """Membership inference (loss, zlib, Min-K%, Min-K%++, gradient norm, ReCaLL, DC-PDD, and the reference-model
+    ratio when `reference` is given): members are the training documents, non-members the held-out ones; AUC with its
+    bootstrap interval (`n_resamples`, 0: none) and TPR at 1% and 0.1% FPR. ReCaLL's prefix is the first held-out
+    document (left out of its scores); DC-PDD's frequencies come from every loaded document
+    (`Prepared.token_frequencies`). The per-document scores go to `out_file` (JSON lines) when given. Under a grid,
+    documents are sharded over the data axis and rank 0 gets the result (other ranks None)."""
     tokenizer = prepared.tokenizer
     if not prepared.split.train or not prepared.split.heldout:
         raise ValueError("membership inference needs both training (members) and held-out (non-member) documents")
+    frequencies, note = prepared.token_frequencies()
     rows, summary = parallel_eval.membership_parallel(
         model, prepared.split.train, prepared.split.heldout, grid,
         decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), pad_token_id=pad_token_id(tokenizer),
-        reference_model=reference)
+        reference_model=reference, frequencies=frequencies, n_resamples=n_resamples,
+        recall_prefix_docs=DEFAULT_RECALL_PREFIX_DOCS if len(prepared.split.heldout) > 1 else 0,
+        notes={"dc_pdd": note})
     if rows is None:
         return None
     if out_file is not None:

@@ -11,9 +11,9 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PretrainedConfig, PreTrainedModel
 
-from engine import comm
-from engine.grid import AXES, Grid
-from engine.sharding import ShardedRunError
+from engine.core import comm
+from engine.core.grid import AXES, Grid
+from engine.core.sharding import ShardedRunError
 from eval.parallel import parallelize_for_eval
 from goldfish.app.pretrained import DEFAULT_MODEL_CACHE, load_pretrained, load_pretrained_model, resolve_gguf
 

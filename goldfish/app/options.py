@@ -2,7 +2,7 @@
 
 Defaults are not written here: each subcommand passes the dataclass instance whose values are its defaults
 (`TrainSpec().train`, `CompareSpec().train`, `DataSpec()`, ...), so a default lives only in goldfish.app.config,
-engine.train.TrainConfig or eval.extraction.ExtractionConfig. `OptionGroup.values(args)` reads the parsed
+engine.training.train.TrainConfig or eval.extraction.ExtractionConfig. `OptionGroup.values(args)` reads the parsed
 flags back as {field: value}, ready for `dataclasses.replace` or the dataclass's constructor.
 
     flag                 field                          group
@@ -10,7 +10,7 @@ flags back as {field: value}, ready for `dataclasses.replace` or the dataclass's
     --model --init-seed  TrainSpec/CompareSpec.model, init_seed   MODEL
     --strategy --k --h --mask-seed  MaskSpec.*          MASK
     --epochs ... --activation-checkpointing --rows  TrainConfig.*     TRAINING
-    --suffix-len --prefix-len --eval-batch-size  ExtractionConfig.*   EXTRACTION
+    --suffix-len --prefix-len --eval-batch-size --bootstrap  ExtractionConfig.*   EXTRACTION
     --beams ... --prefix-lengths  Instruments.*         INSTRUMENTS
     --device --threads --no-progress --grid --nproc  Runtime.*   RUNTIME
     --lora-rank --lora-alpha --lora-targets  LoraSpec.*   LORA
@@ -26,6 +26,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Callable, Collection
 
 from data.dedup import DEDUP_MODES, DUPLICATE_POLICIES
+from engine.spec import PRECISIONS
 from goldfish.app.config import parse_int_list, parse_node_size, parse_repeats
 from goldfish.app.lora import parse_targets
 from goldfish.masks import STRATEGIES
@@ -112,11 +113,26 @@ DATA = OptionGroup("data", (
            "documents: e.g. 1,4,16 repeats a third of them once, a third 4 times and a third 16 times",
            parse=parse_repeats),
     Option("--dedup", "dedup", "duplicates removed before the split, so none straddles train and held-out: off, exact "
-           "(same text lower-cased with punctuation and whitespace normalized, or same selected token window) or near "
-           "(exact, plus MinHash near-duplicates: overlap of the word 5-gram shingles of the windows' normalized text "
-           ">= --dedup-threshold)", choices=DEDUP_MODES),
-    Option("--dedup-threshold", "dedup_threshold", "shingle overlap |A & B| / min(|A|, |B|) at or above which two "
-           "windows are near-duplicates (0.8, Lee et al. 2022's figure for the Jaccard)"),
+           "(same text once lower-cased with punctuation and whitespace normalized, or same selected token window) or "
+           "near (exact, plus MinHash near-duplicates: Jaccard of word 5-gram shingles of the window >= "
+           "--dedup-threshold, or the window's words matching at >= 95%%, e.g. a few words edited)",
+           choices=DEDUP_MODES),
+    Option("--dedup-threshold", "dedup_threshold", "Jaccard similarity at or above which two windows are "
+           "near-duplicates (0.8 after Lee et al. 2022)"),
+    Option("--pack", "pack", "train whole documents: every token of every training document, documents joined with "
+           "EOS and cut into rows of --seq-len tokens, attention kept within each document (position ids restart)",
+           switch=True),
+    Option("--extract-len", "extract_len", "with --pack: extraction reads a document's first N tokens (at most "
+           "--seq-len, the context trained on), the suffix being its last --suffix-len"),
+    Option("--min-doc-tokens", "min_doc_tokens", "with --pack: documents shorter than this are skipped"),
+    Option("--max-doc-tokens", "max_doc_tokens", "with --pack: documents longer than this are skipped (0: none)"),
+    Option("--background", "background", "a background corpus (any --data source) trained on but not measured: the "
+           "training documents become targets inserted into it --repeats times each (implies --pack); tokenized "
+           "once with datasets into a memory-mapped cache"),
+    Option("--background-text-field", "background_text_field", "record field holding the background's text"),
+    Option("--val-tokens", "val_tokens", "with --background: tokens of held-out background text for the validation "
+           "loss"),
+    Option("--tokenize-workers", "tokenize_workers", "processes tokenizing the background"),
     Option("--duplicates", "duplicates", "the extra copies of a training document: drop them, or keep them in "
            "training as counted repeats (a study of duplication); copies of held-out documents are always dropped",
            choices=DUPLICATE_POLICIES),
@@ -149,7 +165,7 @@ TRAINING = OptionGroup("training", (
     Option("--warmup-steps", "warmup_steps", "linear warm-up steps"),
     Option("--max-grad-norm", "max_grad_norm", "gradient clipping; 0 disables", parse=float),
     Option("--precision", "precision", "bf16 uses autocast (weights and optimizer stay fp32)",
-           choices=("fp32", "bf16")),
+           choices=tuple(PRECISIONS)),
     Option("--seed", "seed", "seed of the data order"),
     Option("--save-every", "save_every", "checkpoint every N optimizer steps (0: only at the end)"),
     Option("--zero", "zero", "ZeRO stage over the data axis (needs data >= 2): 0 off, 1 AdamW state partitioned, 2 + "
@@ -162,6 +178,9 @@ TRAINING = OptionGroup("training", (
     Option("--activation-checkpointing", "activation_checkpointing", "recompute each decoder layer's activations "
            "in backward instead of keeping them (less memory, one more forward per step; same gradients)",
            switch=True),
+    Option("--max-steps", "max_steps", "stop after N optimizer steps (0: every epoch)"),
+    Option("--eval-every", "eval_every", "validation loss every N optimizer steps (with --background; 0: at the end "
+           "only)"),
     Option("--rows", "rows", "rows layout on a tensor-parallel grid: own (every rank reads its own rows, so the batch "
            "must be a multiple of the world size) or shared (every rank of an x*y group reads the same rows, as in "
            "AxoNN: the batch need only be a multiple of data*z); same losses and gradients", choices=("own", "shared")),
@@ -172,6 +191,8 @@ EXTRACTION = OptionGroup("extraction", (
     Option("--prefix-len", "prefix_len", "fixed prefix length, e.g. 32 with --suffix-len 32 for Pythia's protocol "
            "(default: every token before the suffix)", parse=int),
     Option("--eval-batch-size", "batch_size", "documents decoded at once"),
+    Option("--bootstrap", "bootstrap", "resamples of the 95%% percentile bootstrap intervals over documents of exact "
+           "match, RougeL and every membership AUC (seeded; 0: no intervals)"),
 ))
 
 INSTRUMENTS = OptionGroup("instruments (besides greedy extraction, divergence and probabilistic extraction, which "
@@ -201,6 +222,8 @@ RUNTIME = OptionGroup("runtime", (
     Option("--no-progress", "progress", "no progress bars", switch=True),
     Option("--grid", "grid", "4D grid under torchrun as AXIS=SIZE pairs, e.g. data=2,x=2 (axes data, x, y, z; product "
            "= world size; default under torchrun: data=WORLD_SIZE)"),
+    Option("--report-to", "report_to", "also write the training scalars of metrics.jsonl for a tracker: tensorboard "
+           "(OUT/<run>/tensorboard; pip install -e \".[tensorboard]\")", choices=("none", "tensorboard")),
     Option("--nproc", "nproc", "launch N local processes with torchrun (gloo on CPU, NCCL on GPUs) and run this "
            "command", parse=int),
 ))

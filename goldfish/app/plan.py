@@ -11,6 +11,7 @@ from typing import Any
 from engine.planner.cost_model import NAMED_SHAPES
 from engine.planner.plan import CHECKPOINTING, PRECISIONS, PlanRequest, format_table, rank_grids, resolve_shape
 from engine.planner.profiles import PROFILES, load_profile
+from engine.spec import PLAN_PRECISION
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +32,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpointing", choices=CHECKPOINTING, default="auto",
                         help="activation checkpointing of decoder layers; auto: per grid, whichever is faster "
                              "among the settings that fit (default: %(default)s)")
-    parser.add_argument("--precision", choices=sorted(PRECISIONS), default="bf16",
+    parser.add_argument("--precision", choices=sorted(PRECISIONS), default=PLAN_PRECISION,
                         help="as goldfish train --precision: bf16 = autocast (bf16 matrix products over fp32 "
                              "weights and AdamW state), fp32 (default: %(default)s)")
     parser.add_argument("--compute-efficiency", type=float, default=0.5,

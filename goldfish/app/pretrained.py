@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from engine.checkpoint import check_model_folder
+from engine.training.checkpoint import check_model_folder
 
 
 class PretrainedModelError(ValueError):

@@ -21,6 +21,8 @@ matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+PARTS = ("train", "heldout")  # the evaluated parts of a compare model entry (beside e.g. "validation")
+
 # Breakdown kind -> (row key written by eval.breakdown.group_means, column header format, axis label, plot file).
 BREAKDOWNS: dict[str, tuple[str, str, str, str]] = {
     "prefix_length": ("prefix_len", "P={}", "prefix length (tokens)", "breakdown_prefix.png"),
@@ -79,6 +81,13 @@ def _fmt(value: Any) -> str:
             return "inf" if value > 0 else "-inf"
         return f"{value:.3f}"
     return str(value)
+
+
+def _fmt_ci(value: Any, ci: Sequence[float] | None) -> str:
+    """A value with its 95% bootstrap interval, "0.620 [0.550, 0.700]" (the value alone without an interval)."""
+    if not ci:
+        return _fmt(value)
+    return f"{_fmt(value)} [{_fmt(ci[0])}, {_fmt(ci[1])}]"
 
 
 def _fmt_count(value: Any) -> str:
@@ -174,6 +183,33 @@ def rouge_hist_series(paths: Mapping[str, Path]) -> dict[str, list[float]]:
     return series
 
 
+def bar_errors(models: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> dict[str, dict[str, list[list[float]]]]:
+    """{metric: {part: [[below per model], [above per model]]}}: matplotlib's yerr from each mean's bootstrap interval
+    (`<metric>_ci`; 0 where a model has none), for exact match and RougeL."""
+    parts = [p for p in ("train", "heldout") if any(p in m for m in models.values())]
+    out: dict[str, dict[str, list[list[float]]]] = {}
+    for metric in ("exact_match", "rouge_l"):
+        out[metric] = {}
+        for part in parts:
+            below, above = [], []
+            for m in models.values():
+                s = m.get(part, {})
+                value, ci = float(s.get(metric) or 0.0), s.get(f"{metric}_ci")
+                below.append(max(value - ci[0], 0.0) if ci else 0.0)
+                above.append(max(ci[1] - value, 0.0) if ci else 0.0)
+            out[metric][part] = [below, above]
+    return out
+
+
+def auc_series(membership: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """{attack: {label: {"auc": float, "ci": [low, high] or None}}} for every attack of every label's result."""
+    attacks = _attack_order({a for result in membership.values() for a in result.get("attacks", {})})
+    return {attack: {label: {"auc": result["attacks"][attack]["auc"],
+                             "ci": result["attacks"][attack].get("auc_ci")}
+                     for label, result in membership.items() if attack in result.get("attacks", {})}
+            for attack in attacks}
+
+
 def bar_series(models: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> dict[str, dict[str, list[float]]]:
     """{metric: {part: [value per model, in model order]}} for exact match and RougeL (missing = 0)."""
     parts = [p for p in ("train", "heldout") if any(p in m for m in models.values())]
@@ -198,15 +234,18 @@ def _as_float(values: Sequence[Any]) -> list[float]:
     return [math.nan if v is None else float(v) for v in values]  # NaN breaks the line where a value is missing
 
 
-def draw_bars(labels: Sequence[str], series: Mapping[str, Mapping[str, list[float]]], path: Path) -> None:
-    """Exact match and RougeL per model, one bar per part."""
+def draw_bars(labels: Sequence[str], series: Mapping[str, Mapping[str, list[float]]], path: Path,
+              errors: Mapping[str, Mapping[str, list[list[float]]]] | None = None) -> None:
+    """Exact match and RougeL per model, one bar per part; ``errors`` (see `bar_errors`): the bootstrap intervals as
+    error bars."""
     figure, axes = plt.subplots(1, 2, figsize=(11, 4))
     titles = {"exact_match": "Exact match (fraction of documents)", "rouge_l": "RougeL F-measure (mean)"}
     for axis, (metric, by_part) in zip(axes, series.items()):
         width = 0.8 / max(len(by_part), 1)
         for i, (part, values) in enumerate(by_part.items()):
             offset = (i - (len(by_part) - 1) / 2) * width
-            axis.bar([j + offset for j in range(len(labels))], values, width, label=part)
+            yerr = (errors or {}).get(metric, {}).get(part)
+            axis.bar([j + offset for j in range(len(labels))], values, width, label=part, yerr=yerr, capsize=3)
         axis.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
         axis.set_ylim(0, 1.05)
         axis.set_title(titles[metric])
@@ -282,26 +321,59 @@ def draw_roc(series: Mapping[str, Mapping[str, Mapping[str, Any]]], path: Path,
     _save_figure(figure, path)
 
 
+def draw_auc(series: Mapping[str, Mapping[str, Mapping[str, Any]]], path: Path,
+             colors: Mapping[str, str] | None = None) -> None:
+    """AUC of every attack, one bar per label, with its 95% bootstrap interval as an error bar."""
+    attacks = [a for a, by_label in series.items() if by_label]
+    labels = list(dict.fromkeys(label for a in attacks for label in series[a]))
+    colors = _colors(labels, colors)
+    figure, axis = plt.subplots(figsize=(max(6.0, 1.1 * len(attacks) * max(1, len(labels)) ** 0.5), 4))
+    width = 0.8 / max(len(labels), 1)
+    for i, label in enumerate(labels):
+        offset = (i - (len(labels) - 1) / 2) * width
+        xs, values, below, above = [], [], [], []
+        for j, attack in enumerate(attacks):
+            point = series[attack].get(label)
+            if point is None:
+                continue
+            ci = point.get("ci") or [point["auc"], point["auc"]]
+            xs.append(j + offset)
+            values.append(point["auc"])
+            below.append(max(point["auc"] - ci[0], 0.0))
+            above.append(max(ci[1] - point["auc"], 0.0))
+        axis.bar(xs, values, width, yerr=[below, above], capsize=3, label=label, color=colors[label])
+    axis.axhline(0.5, color="grey", linestyle=":", linewidth=1)
+    axis.set_xticks(range(len(attacks)), attacks, rotation=20, ha="right", fontsize=8)
+    axis.set_ylim(0, 1.05)
+    axis.set_ylabel("AUC (95% bootstrap interval)")
+    axis.set_title("Membership inference AUC per attack")
+    axis.legend(fontsize=7)
+    _save_figure(figure, path)
+
+
 def draw_breakdown(series: Mapping[str, Mapping[str, list[Any]]], path: Path, xlabel: str,
                    colors: Mapping[str, str] | None = None) -> None:
-    """Exact match against a per-document attribute (prefix length, times repeated), one line per label."""
+    """Exact match (left) and RougeL (right) against a per-document attribute (prefix length, times repeated), one
+    line per label."""
     colors = _colors(list(series), colors)
-    figure, axis = plt.subplots(figsize=(6, 4))
-    for label, s in series.items():
-        axis.plot(s["x"], _as_float(s["exact_match"]), marker="o", label=label, color=colors[label])
-    axis.set_xlabel(xlabel)
-    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axis.set_ylabel("exact match (fraction of documents)")
-    axis.set_ylim(-0.02, 1.05)
-    axis.set_title(f"Exact match by {xlabel}")
-    axis.legend(fontsize=8)
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for axis, metric, name, title in ((axes[0], "exact_match", "exact match (fraction of documents)", "Exact match"),
+                                      (axes[1], "rouge_l", "RougeL F-measure (mean)", "RougeL")):
+        for label, s in series.items():
+            axis.plot(s["x"], _as_float(s[metric]), marker="o", label=label, color=colors[label])
+        axis.set_xlabel(xlabel)
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axis.set_ylabel(name)
+        axis.set_ylim(-0.02, 1.05)
+        axis.set_title(f"{title} by {xlabel}")
+        axis.legend(fontsize=8)
     _save_figure(figure, path)
 
 
 # --------------------------------------------------------------------------------------------------------- sections
 
 def _headline_section(key_header: list[str], entries: Sequence[Entry]) -> list[str]:
-    rows = [keys + [_fmt(s.get(k)) for _, k in HEADLINE_COLUMNS] for keys, s in entries]
+    rows = [keys + [_fmt_ci(s.get(k), s.get(f"{k}_ci")) for _, k in HEADLINE_COLUMNS] for keys, s in entries]
     return _table(key_header + [name for name, _ in HEADLINE_COLUMNS], rows)
 
 
@@ -409,17 +481,21 @@ def _membership_section(key_header: list[str], entries: Sequence[Entry], figures
             if metrics is None:
                 continue
             resolutions.add(metrics.get("fpr_resolution"))
-            rows.append(keys + [attack, _fmt(metrics.get("auc"))]
+            rows.append(keys + [attack, _fmt_ci(metrics.get("auc"), metrics.get("auc_ci"))]
                         + [_fmt(metrics.get("tpr_at_fpr", {}).get(f)) for f in fprs]
                         + [f"{metrics.get('n_members', 'n/a')}/{metrics.get('n_nonmembers', 'n/a')}"])
     resolution = ", ".join(_fmt(r) for r in sorted(r for r in resolutions if r is not None)) or "n/a"
     return ["## Membership inference", "",
             "Members: training documents; non-members: held-out documents; scores oriented so higher = member. "
             f"With n held-out documents the FPR moves in steps of 1/n (here {resolution}): a TPR at a smaller FPR "
-            "is interpolated from the point with no false positive and says little.", "",
-            *_table(key_header + ["attack", "AUC"] + [f"TPR @ {float(f) * 100:g}% FPR" for f in fprs]
+            "is interpolated from the point with no false positive and says little. In brackets: the 95% percentile "
+            "bootstrap interval over documents (members and non-members resampled separately"
+            + (f", {present[0][1]['bootstrap']['n_resamples']} resamples" if present[0][1].get("bootstrap") else "")
+            + "); exact match and RougeL carry theirs likewise.", "",
+            *_table(key_header + ["attack", "AUC [95% CI]"] + [f"TPR @ {float(f) * 100:g}% FPR" for f in fprs]
                     + ["members/non-members"], rows),
-            *_figure("roc.png", "membership inference ROC, every attack", figures)]
+            *_figure("roc.png", "membership inference ROC, every attack", figures),
+            *_figure("auc.png", "membership inference AUC per attack with 95% bootstrap intervals", figures)]
 
 
 def _group_key(kind: str, rows: Sequence[Mapping[str, Any]]) -> str:
@@ -525,7 +601,7 @@ def compare_figures(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
     written = []
     labels = list(summary["models"])
     colors = palette(labels)
-    draw_bars(labels, bar_series(summary["models"]), out_dir / "compare.png")
+    draw_bars(labels, bar_series(summary["models"]), out_dir / "compare.png", bar_errors(summary["models"]))
     written.append("compare.png")
     hist = rouge_hist_series({label: out_dir / label / "eval" / "train" / "extraction.jsonl" for label in labels})
     if hist:
@@ -541,6 +617,10 @@ def compare_figures(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
         draw_divergence(divergence_series(divergences, suffix_len), out_dir / "divergence.png",
                         "First divergence from the true suffix (training documents)", colors)
         written.append("divergence.png")
+    if summary.get("validation_curves"):
+        control = ((summary["models"].get("control") or {}).get("validation") or {}).get("loss")
+        draw_validation(summary["validation_curves"], out_dir / "val_loss.png", colors, control)
+        written.append("val_loss.png")
     written += _membership_figures(summary.get("membership") or {}, out_dir, True, colors)
     written += _breakdown_figures(summary.get("breakdowns") or {}, out_dir, colors)
     return written
@@ -552,7 +632,8 @@ def _membership_figures(membership: Mapping[str, Mapping[str, Any]], out_dir: Pa
     if not any(series.values()):
         return []
     draw_roc(series, out_dir / "roc.png", colors)
-    written = ["roc.png"]
+    draw_auc(auc_series(membership), out_dir / "auc.png", colors)
+    written = ["roc.png", "auc.png"]
     if keep_loss_figure and series.get("loss"):
         draw_roc({"loss": series["loss"]}, out_dir / "roc_loss.png", colors)  # the file name older reports linked
         written.append("roc_loss.png")
@@ -580,9 +661,10 @@ def _documents_section(docs: Mapping[str, Any]) -> list[str]:
     if dedup.get("mode") == "off":
         lines += ["Deduplication off (`--dedup off`): copies of a document may sit on both sides of the split.", ""]
     else:
-        near = (f", near-duplicates at Jaccard >= {dedup['threshold']} ({dedup['similarity']})"
+        near = (f", near-duplicates at threshold {dedup['threshold']} ({dedup['similarity']})"
                 if dedup.get("mode") == "near" else "")
-        lines += [f"Deduplication `{dedup['mode']}`: exact text (whitespace-normalized), same selected token "
+        normalized = dedup.get("normalization", "whitespace-normalized")  # records before it say nothing
+        lines += [f"Deduplication `{dedup['mode']}`: exact text ({normalized}), same selected token "
                   f"window{near}; copies are clustered and every cluster is placed on one side of the split; extra "
                   f"copies of a training document: `{dedup['duplicates']}`. Every document was examined.", ""]
         removed = docs.get("removed") or []
@@ -620,7 +702,8 @@ def render_markdown(summary: Mapping[str, Any], figures: Sequence[str] | None = 
     """report.md of `goldfish compare`. figures: names of the PNGs written (None: every plot the summary has data
     for); files: per-document files to list (None: those the summary says were written)."""
     if figures is None:
-        figures = ["compare.png", "rouge_hist.png", "em_vs_epochs.png", "divergence.png", "roc.png",
+        figures = ["compare.png", "rouge_hist.png", "em_vs_epochs.png", "val_loss.png", "divergence.png", "roc.png",
+                   "auc.png",
                    *(v[3] for v in BREAKDOWNS.values())]
     if files is None:
         files = compare_per_document_files(summary)
@@ -647,7 +730,8 @@ def render_markdown(summary: Mapping[str, Any], figures: Sequence[str] | None = 
         *(f"**Warning:** {warning}." for warning in summary.get("warnings") or []),
         *([""] if summary.get("warnings") else []),
         *_headline_section(key_header, [([label, part], s) for label, parts in summary["models"].items()
-                                        for part, s in parts.items()]),
+                                        for part, s in parts.items() if part in PARTS]),
+        *_validation_section(summary, figures),
         "TF acc: teacher-forced next-token accuracy; kept/dropped split by the model's own goldfish mask (standard "
         "and control models: by the first goldfish mask).", "",
         f"Documents: {len(docs.get('train', []))} train, {len(docs.get('heldout', []))} held-out; ids and SHA-256 of "
@@ -668,6 +752,38 @@ def render_markdown(summary: Mapping[str, Any], figures: Sequence[str] | None = 
     if timings:
         lines += ["Timings (s): " + ", ".join(f"{k} {_fmt_seconds(v)}" for k, v in timings.items()), ""]
     return "\n".join(lines)
+
+
+def _validation_section(summary: Mapping[str, Any], figures: Sequence[str]) -> list[str]:
+    """Validation loss on the held-out background (--background runs): utility beside memorization."""
+    rows = [[label, _fmt(parts["validation"]["loss"]), _fmt(parts["validation"]["perplexity"])]
+            for label, parts in summary["models"].items() if "validation" in parts]
+    if not rows:
+        return []
+    corpus = summary.get("corpus") or {}
+    validation = corpus.get("validation") or {}
+    lines = ["## Validation (held-out background)", "",
+             f"Mean next-token loss on {validation.get('n_rows', '?')} rows ({validation.get('n_tokens', '?')} "
+             f"tokens) of background documents never trained on, every model with the standard loss over every "
+             "token.", "", *_table(["model", "validation loss", "perplexity"], rows), ""]
+    return lines + _figure("val_loss.png", "validation loss against steps", figures)
+
+
+def draw_validation(curves: Mapping[str, Sequence[Mapping[str, Any]]], path: Path,
+                    colors: Mapping[str, str] | None = None, control: float | None = None) -> None:
+    """Validation loss against optimizer steps, one line per model (the control as a horizontal line)."""
+    colors = _colors(list(curves), colors)
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for label, points in curves.items():
+        axis.plot([p["step"] for p in points], [p["loss"] for p in points], marker="o", markersize=3, label=label,
+                  color=colors[label])
+    if control is not None:
+        axis.axhline(control, color="grey", linestyle=":", label="control (untrained)")
+    axis.set_xlabel("optimizer step")
+    axis.set_ylabel("validation loss (nats per token)")
+    axis.set_title("Validation loss on the held-out background")
+    axis.legend(fontsize=8)
+    _save_figure(figure, path)
 
 
 def _fmt_seconds(value: Any) -> str:
@@ -727,6 +843,9 @@ def eval_figures(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
         draw_divergence(divergence_series(divergences, suffix_len), out_dir / "divergence.png",
                         "First divergence from the true suffix")
         written.append("divergence.png")
+    models = {"model": dict(parts)}
+    draw_bars(["model"], bar_series(models), out_dir / "headline.png", bar_errors(models))
+    written.append("headline.png")
     if summary.get("membership"):
         written += _membership_figures({"model": summary["membership"]}, out_dir, False)
     written += _breakdown_figures(_eval_breakdowns(parts), out_dir)
@@ -739,7 +858,8 @@ def render_eval_markdown(summary: Mapping[str, Any], figures: Sequence[str] | No
     "beam", "sampling", "breakdowns"), "membership": one model's membership result (optional)}."""
     parts = _eval_parts(summary)
     if figures is None:
-        figures = ["rouge_hist.png", "divergence.png", "roc.png", *(v[3] for v in BREAKDOWNS.values())]
+        figures = ["headline.png", "rouge_hist.png", "divergence.png", "roc.png", "auc.png",
+                   *(v[3] for v in BREAKDOWNS.values())]
     if files is None:
         files = eval_per_document_files(summary)
     entries = [([part], s) for part, s in parts.items()]
@@ -751,7 +871,8 @@ def render_eval_markdown(summary: Mapping[str, Any], figures: Sequence[str] | No
                      f"{config.get('prefix_len') or 'all tokens before the suffix'}.")
     lines += ["", *_headline_section(["part"], entries),
               "TF acc: teacher-forced next-token accuracy; kept/dropped split by the goldfish mask the model is "
-              "evaluated with (n/a without one).", "",
+              "evaluated with (n/a without one). In brackets: 95% percentile bootstrap intervals over documents.", "",
+              *_figure("headline.png", "exact match and RougeL with 95% bootstrap intervals", figures),
               *_figure("rouge_hist.png", "RougeL histograms", figures),
               *_divergence_section(["part"], entries, figures, "the mask the model was evaluated with; n/a without "
                                    "one"),

@@ -2,7 +2,7 @@
 
 Built on torch's composable, non-reentrant `torch.distributed._composable.checkpoint`: it installs hooks on the
 layer (no wrapper module, so parameter names, state dicts, engine checkpoints and the engine's layer detection are
-unchanged) and composes with FSDP2's `fully_shard` (engine/zero.py) when applied first. The collectives inside a
+unchanged) and composes with FSDP2's `fully_shard` (engine/memory/zero.py) when applied first. The collectives inside a
 parallelized decoder layer (ParallelLinear's gathers and reductions) simply run again during the recomputation, in
 the same order on every rank, so gradients are those of the run without checkpointing (tests compare them on every
 grid). `early_stop` is off: the recomputation runs each layer to its end on every rank, so no rank leaves a
@@ -18,8 +18,8 @@ import torch
 from torch import nn
 from torch.distributed._composable import checkpoint
 
-from engine.linear import ShardingError
-from engine.parallelize import decoder_stacks
+from engine.core.linear import ShardingError
+from engine.models.parallelize import decoder_stacks
 
 CHECKPOINTED_ATTR = "_engine_activation_checkpointed"
 
@@ -27,16 +27,18 @@ CHECKPOINTED_ATTR = "_engine_activation_checkpointed"
 def checkpoint_decoder_layers(model: nn.Module) -> int:
     """Recompute the activations of every decoder layer of `model` in backward instead of keeping them.
 
-    Works on a plain or a parallelized HF Llama-family / GPT-2 model (the layers `engine.parallelize` knows), in
-    place; applying it twice changes nothing. Saved activations per layer drop to its input hidden states (plus
-    what the layer's callers keep); each layer's forward runs twice per step. Random ops (dropout) draw the same
-    numbers in the recomputation (the RNG state is saved). Returns how many layers are checkpointed. Raises
+    Works on a plain or a parallelized transformers model whose plan names its decoder layers (engine/models/plans.py:
+    the declared tensor-parallel or pipeline plan, or the engine's own for GPT-2), in place; applying it twice
+    changes nothing. Saved activations per layer drop to its input hidden states (plus what the layer's callers
+    keep); each layer's forward runs twice per step. Random ops (dropout) draw the same numbers in the
+    recomputation (the RNG state is saved). Returns how many layers are checkpointed. Raises
     ShardingError for a model without known decoder layers.
     """
     stacks = decoder_stacks(model)
     if not stacks:
-        raise ShardingError(f"activation checkpointing found no decoder layers in {type(model).__name__} (it knows "
-                            "HF Llama-family and GPT-2 models); train without --activation-checkpointing")
+        raise ShardingError(f"activation checkpointing found no decoder layers in {type(model).__name__} (it finds "
+                            "them through the tensor-parallel or pipeline plan of transformers models); train without "
+                            "--activation-checkpointing")
     count = 0
     for *_, layers in stacks:
         for layer in layers:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import traceback
 from typing import Any, Callable, Sequence
 
-from engine import comm
-from engine.grid import AXES, Grid
+from engine.core import comm
+from engine.core.grid import AXES, Grid
 
 TENSOR_AXES = ("x", "y", "z")  # the axes whose ranks share one data shard and run the same forward passes
 

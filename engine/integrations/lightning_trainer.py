@@ -1,4 +1,4 @@
-"""A Lightning Trainer strategy on the engine's data x X x Y x Z grid (the Fabric one is engine.lightning).
+"""A Lightning Trainer strategy on the engine's data x X x Y x Z grid (the Fabric one is engine.integrations.lightning).
 
     trainer = L.Trainer(accelerator="cpu", devices=4, strategy=EngineTrainerStrategy(x=2), gradient_clip_val=1.0)
     trainer.fit(module)          # the LightningModule holds an HF causal LM (any attribute name)
@@ -18,9 +18,9 @@ What it does to the Trainer's steps:
                      schedulers, callbacks) as its extra state; fit(ckpt_path=...) restores it at any grid.
                      The weights are in the shards, so the dict's "state_dict" / "optimizer_states" stay empty.
 
-Limits: one optimizer. The engine checkpoint holds the whole LightningModule; engine.checkpoint.consolidate_checkpoint
-writes the HF model inside it (its one child with an HF config) as an HF folder under the HF model's own key names,
-when no other tensor sits beside it.
+Limits: one optimizer. The engine checkpoint holds the whole LightningModule;
+engine.training.checkpoint.consolidate_checkpoint writes the HF model inside it (its one child with an HF config) as an
+HF folder under the HF model's own key names, when no other tensor sits beside it.
 """
 
 from __future__ import annotations
@@ -40,20 +40,21 @@ try:
     from lightning.pytorch.strategies.parallel import ParallelStrategy
     from lightning.pytorch.utilities.rank_zero import rank_zero_only
 except ImportError as error:  # pragma: no cover - depends on the environment
-    raise ImportError("engine.lightning_trainer needs Lightning: pip install -e \".[lightning]\"") from error
+    raise ImportError("engine.integrations.lightning_trainer needs Lightning: "
+                      "pip install -e \".[lightning]\"") from error
 
-from engine import checkpoint as engine_checkpoint
-from engine import comm
-from engine.grid import AXES, Grid, GridShape, init
-from engine.lightning import resolve_grid
-from engine.parallelize import parallelize
-from engine.state import clip_grad_norm_, sync_gradients
+from engine.core import comm
+from engine.core.grid import AXES, Grid, GridShape, init
+from engine.integrations.lightning import resolve_grid
+from engine.models.parallelize import parallelize
+from engine.training import checkpoint as engine_checkpoint
+from engine.training.state import clip_grad_norm_, sync_gradients
 
 
 class EngineTrainerStrategy(ParallelStrategy):
     """Lightning Trainer strategy: the engine grid, parallel model, gradient sync, clipping and checkpoints.
 
-    Args as engine.lightning.EngineStrategy: data (None: world / (x*y*z)), x, y, z, gradient_reduction
+    Args as engine.integrations.lightning.EngineStrategy: data (None: world / (x*y*z)), x, y, z, gradient_reduction
     ("mean" like DDP, or "sum"), overlap, process_group_backend, timeout.
     """
 

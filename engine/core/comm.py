@@ -1,6 +1,6 @@
 """Raw collectives on an explicit AxisGroup: the one place that moves data with torch.distributed.
 
-Two other modules call torch.distributed, for jobs that are not collectives on a grid group: engine/grid.py
+Two other modules call torch.distributed, for jobs that are not collectives on a grid group: engine/core/grid.py
 creates and destroys the process groups, and engine/planner/measure.py times raw collectives on ad-hoc groups to fit a
 machine profile. Everything else (layers, gradient sync, checkpoints, the training loop, sharded evaluation)
 goes through the functions here.
@@ -22,16 +22,18 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from engine.grid import AxisGroup
-from engine.spec import BUCKET_ELEMENTS  # noqa: F401 - engine.state and engine.zero read comm.BUCKET_ELEMENTS
+from engine.core.grid import AxisGroup
+# engine.training.state and engine.memory.zero read comm.BUCKET_ELEMENTS
+from engine.spec import BUCKET_ELEMENTS  # noqa: F401
 
 # torch 2.13 renamed the single-tensor collectives; older releases only have the old names.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-# Gradient sums are coalesced into flat buckets of at most BUCKET_ELEMENTS elements (engine.state's sync, ZeRO-1's
-# reduce-scatter in engine.zero; the cost model counts the same buckets: engine.spec defines it for both).
+# Gradient sums are coalesced into flat buckets of at most BUCKET_ELEMENTS elements (engine.training.state's sync,
+# ZeRO-1's reduce-scatter in engine.memory.zero; the cost model counts the same buckets: engine.spec defines it for
+# both).
 
 
 @dataclass
@@ -207,7 +209,7 @@ def barrier(group: AxisGroup) -> None:
         dist.barrier(group=group.group)
 
 
-# ----- FSDP2's collectives, counted (engine/zero.py plugs these into torch.distributed.fsdp.fully_shard) -----
+# ----- FSDP2's collectives, counted (engine/memory/zero.py plugs these into torch.distributed.fsdp.fully_shard) -----
 
 def _fsdp_api():
     from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter  # FSDP2's comm hooks

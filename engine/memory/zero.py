@@ -27,7 +27,7 @@ ZeRO splits those again over the data axis. What each stage partitions over the 
               once per forward and kept until its backward.
 
 Hierarchical partitioning (`node_size` = data ranks per node, > 1; stages 2 and 3): gradients are
-reduce-scattered inside each node first, then across nodes (engine.comm.fsdp_comms), and in stage 3 each
+reduce-scattered inside each node first, then across nodes (engine.core.comm.fsdp_comms), and in stage 3 each
 layer keeps after its forward a secondary copy of its parameters sharded over the node only
 (fully_shard(reshard_after_forward=node_size), ZeRO++'s hpZ), so the backward all-gathers stay inside a
 node. The primary partition (what the optimizer updates, and its moments) stays over all D ranks. (An HSDP
@@ -57,12 +57,12 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from engine import comm
-from engine.grid import AxisGroup, Grid, GridShape
-from engine.linear import ParallelLinear
-from engine.parallelize import decoder_stacks
+from engine.core import comm
+from engine.core.grid import AxisGroup, Grid, GridShape
+from engine.core.linear import ParallelLinear
+from engine.core.vocab_parallel import own_class
+from engine.models.parallelize import decoder_stacks
 from engine.spec import STAGES, ZeroConfig, ZeroError, data_ranks_per_node  # noqa: F401 - re-exported
-from engine.vocab_parallel import own_class
 
 ZERO_ATTR = "_engine_zero"  # the ZeroState on a model that shard_data_axis prepared
 
@@ -281,7 +281,7 @@ def _secondary_mesh_from_grid(grid: Grid, config: ZeroConfig, device_type: str) 
 def shard_data_axis(model: nn.Module, grid: Grid, config: ZeroConfig) -> nn.Module:
     """Partition `model` (already parallelized for `grid`) over the data axis as `config` says; return it.
 
-    Call it before building the optimizer (engine.train does both). Stage 0 returns the model untouched.
+    Call it before building the optimizer (engine.training.train does both). Stage 0 returns the model untouched.
     Stages 2 and 3 apply torch.distributed.fsdp.fully_shard to every decoder layer and to the root, over a
     DeviceMesh made from the grid's data group; stage 1 only records the parameters whose moments and
     updates ZeroAdamW partitions. Raises ZeroError for a setting the grid cannot carry (stage > 0 with

@@ -12,14 +12,14 @@ What a parameter's gradient holds after backward, and the axes sync_gradients su
     embeddings, lm_head, ...)
                                        -> summed over all axes
 
-In the "shared" rows layout (engine/parallelize.py) every rank of an x*y group reads the group's rows, so the
+In the "shared" rows layout (engine/models/parallelize.py) every rank of an x*y group reads the group's rows, so the
 embeddings, lm_head and everything else outside the decoder see the rows of their x*y group, replicated over x and
 y, like the decoder's norms: they are summed over z and data only (not X*Y times); the other regions keep their axes.
 
 Afterwards every rank holds the gradient of the SUM of all ranks' local losses, and every copy of a
 replicated parameter holds the same gradient.
 
-Under ZeRO (engine/zero.py) the data axis belongs to the partitioning: FSDP-managed parameters (stages 2, 3)
+Under ZeRO (engine/memory/zero.py) the data axis belongs to the partitioning: FSDP-managed parameters (stages 2, 3)
 arrive with their gradient chunk already summed over data (a DTensor), and stage 1 reduce-scatters its
 gradients here; either way only the chunk is summed over the remaining axes, and clip_grad_norm_ adds the
 chunks' squares over the data axis.
@@ -32,28 +32,24 @@ import math
 import torch
 from torch import nn
 
-from engine import comm
-from engine.grid import AXES, Grid
-from engine.linear import ParallelLinear, ShardingError, current_rows_layout
-from engine.parallelize import REGION_ATTR
-from engine.vocab_parallel import is_vocab_parallel
-from engine.zero import full, is_dtensor, like, local, zero_state
-
-# "tensor": vocabulary-parallel shards (engine/vocab_parallel.py), whose gradients cover the rows of x*y*z
-_REGION_AXES = {None: AXES, "rows": AXES, "layer": ("z", "data"), "heads": ("y", "z", "data"), "tensor": ("data",)}
-# the shared rows layout: what saw "own rows" saw the rows of its x*y group, replicated over x and y
-_SHARED_REGION_AXES = {**_REGION_AXES, None: ("z", "data"), "rows": ("z", "data")}
+from engine.core import comm
+from engine.core.grid import Grid
+from engine.core.linear import ParallelLinear, ShardingError, current_rows_layout
+from engine.core.vocab_parallel import is_vocab_parallel
+from engine.memory.zero import full, is_dtensor, like, local, zero_state
+from engine.models.parallelize import REGION_ATTR
+from engine.spec import gradient_axes
 
 
 def _reduction_axes(model: nn.Module) -> list[tuple[nn.Parameter, tuple[str, ...]]]:
     """Each distinct parameter of `model` with the grid axes its gradient must be summed over."""
     found: dict[int, tuple[nn.Parameter, tuple[str, ...]]] = {}
-    region_axes = _SHARED_REGION_AXES if current_rows_layout(model) == "shared" else _REGION_AXES
+    layout = current_rows_layout(model)
 
     def visit(module: nn.Module, region: str | None, prefix: str) -> None:
         region = getattr(module, REGION_ATTR, region)
         for name, param in module.named_parameters(recurse=False):
-            axes = ("data",) if isinstance(module, ParallelLinear) else region_axes[region]
+            axes = ("data",) if isinstance(module, ParallelLinear) else gradient_axes(layout, region)
             seen = found.get(id(param))
             if seen is not None and seen[1] != axes:
                 raise ShardingError(f"parameter {prefix}{name} is shared between parts of the model whose "

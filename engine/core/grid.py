@@ -21,14 +21,13 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from engine.spec import AXES, GridError, GridShape, _check_axis  # noqa: F401 - re-exported: engine.grid names them
-
+from engine.spec import AXES, GridError, GridShape, _check_axis  # noqa: F401 - re-exported: engine.core.grid names them
 
 # The axis combinations a grid builds process groups for. Single axes serve the parallel Linear;
 # ("x", "y") gathers a decoder layer's rows; ("x", "y", "z") is the tensor-parallel group (full
 # weights, norm of sharded gradients); the combinations ending in "data" reduce gradients of
 # parameters whose batch is split over those axes; ("y", "z") reduces per-head norms' gradient chunks when
-# ZeRO has taken over the data axis (engine/zero.py).
+# ZeRO has taken over the data axis (engine/memory/zero.py).
 GROUP_AXES: tuple[tuple[str, ...], ...] = (
     ("x",), ("y",), ("z",), ("data",),
     ("x", "y"), ("y", "z"), ("x", "y", "z"),

@@ -22,10 +22,10 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from engine.checkpoint import _describe
-from engine.grid import Grid
-from engine.linear import ShardingError
-from engine.parallelize import parallelize
+from engine.core.grid import Grid
+from engine.core.linear import ShardingError
+from engine.models.parallelize import parallelize
+from engine.training.checkpoint import _describe
 
 
 class LoadingError(ValueError):

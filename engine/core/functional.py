@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from engine import comm
-from engine.grid import AxisGroup
+from engine.core import comm
+from engine.core.grid import AxisGroup
 
 
 class _CopyToGroup(torch.autograd.Function):

@@ -40,11 +40,11 @@ from safetensors.torch import save_file
 from torch import nn
 
 from data.atomic import replace_directory, staging_directory, write_atomic, write_text_atomic
-from engine import comm
-from engine.grid import AXES, Grid, GridShape
-from engine.linear import ParallelLinear, mode_axes
-from engine.vocab_parallel import is_vocab_parallel
-from engine.zero import full, like, model_class_name, optimizer_value
+from engine.core import comm
+from engine.core.grid import AXES, Grid, GridShape
+from engine.core.linear import ParallelLinear, mode_axes
+from engine.core.vocab_parallel import is_vocab_parallel
+from engine.memory.zero import full, like, model_class_name, optimizer_value
 
 FORMAT = "goldfish-engine-checkpoint"
 VERSION = 1
@@ -71,7 +71,7 @@ class _Entry:
 
     kind: "replicated" (one full tensor, written by rank 0), "weight" or "bias" (ParallelLinear pieces),
         "vocab" (a vocabulary-parallel embedding or lm_head: rows split evenly over x*y*z in the group order
-        x + X*y + X*Y*z, see engine/vocab_parallel.py), or "alias" (the same tensor as key `alias_of`, e.g. a
+        x + X*y + X*Y*z, see engine/core/vocab_parallel.py), or "alias" (the same tensor as key `alias_of`, e.g. a
         tied lm_head; its shape is the full one).
     shape: the tensor's full shape in the SERIAL model (GPT-2 Conv1D weights are (in, out)).
     mode, out_order, layout: the ParallelLinear's mode, output order (None = natural) and serial layout
@@ -607,7 +607,7 @@ def load_serial_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimiz
     the optimizer of the parallelized `model`: each rank keeps its shard of every per-element state.
 
     The optimizer must be built over the parallelized model's parameters in the serial model's order
-    (engine.train.make_optimizer does so: parallelize keeps the parameter order). No communication.
+    (engine.training.train.make_optimizer does so: parallelize keeps the parameter order). No communication.
     """
     entries, _, layers = _describe(model)
     names = _param_names(model)

@@ -15,13 +15,13 @@ Layout of a parallelized transformer (U = the rows of this rank's x*y group):
     leaving                  each rank keeps its own rows of the final hidden states
 
 That is the "own" rows layout, the default: every rank reads its own rows of a step. In the "shared" layout (after
-AxoNN), selected at run time by `rows_layout(model, "shared")` (engine.train does it for TrainConfig.rows), every
-rank of an x*y group reads the SAME rows U: the stack neither gathers on entry nor splits on exit, and embeddings,
+AxoNN), selected at run time by `rows_layout(model, "shared")` (engine.training.train does it for TrainConfig.rows),
+every rank of an x*y group reads the SAME rows U: the stack neither gathers on entry nor splits on exit, and embeddings,
 lm_head and loss run on U replicated over x and y (a vocabulary-parallel embedding and lm_head then exchange rows
-over z only, engine/vocab_parallel.py). Rows are split over data and z only. A default-mode ParallelLinear skips its
-row gather likewise. Models are parallelized the same way for both layouts; only the hooks' behaviour changes.
+over z only, engine/core/vocab_parallel.py). Rows are split over data and z only. A default-mode ParallelLinear skips
+its row gather likewise. Models are parallelized the same way for both layouts; only the hooks' behaviour changes.
 
-Gradients of parameters therefore mean different things (see engine.state.sync_gradients): ParallelLinear
+Gradients of parameters therefore mean different things (see engine.training.state.sync_gradients): ParallelLinear
 shards sum the rows of their x*y*z group, modules inside the decoder the rows of their x*y group, and
 the embeddings and everything outside the rows of one rank (in the shared layout: the rows of its x*y group,
 replicated over x and y, like the decoder modules).
@@ -29,7 +29,9 @@ replicated over x and y, like the decoder modules).
 
 from __future__ import annotations
 
+import functools
 import inspect
+import types
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -37,18 +39,15 @@ import torch
 from torch import nn
 from torch.nn.modules.linear import Linear as _TorchLinear  # the real class, even while auto_parallelize runs
 
-from engine import comm
-from engine.functional import gather_from_group, split_to_group
-from engine.grid import Grid
-from engine.linear import ROWS_ATTR, ROWS_LAYOUTS, ParallelLinear, ShardingError, current_rows_layout
-from engine.vocab_parallel import can_shard_vocab, is_vocab_parallel, shard_vocab
+from engine.core import comm
+from engine.core.functional import copy_to_group, gather_from_group, reduce_from_group, split_to_group
+from engine.core.grid import Grid
+from engine.core.linear import ROWS_ATTR, ParallelLinear, ShardingError, current_rows_layout
+from engine.core.vocab_parallel import can_shard_vocab, is_vocab_parallel, shard_vocab
+from engine.models.plans import ModelPlan, check_supported, find_planned, head_counts
+from engine.spec import check_rows_layout, row_gather_axes
 
-# Attention classes whose forward works with a local (per-y-slice) number of heads: they reshape with
-# view(*input_shape, -1, head_dim) and take the grouping from num_key_value_groups (checked by tests for
-# Llama, Mistral, Qwen2 and Qwen3).
-LLAMA_FAMILY_ATTENTION = ("LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention")
-
-# On module objects: which rows a module's parameters see (engine.state.sync_gradients reads it):
+# On module objects: which rows a module's parameters see (engine.training.state.sync_gradients reads it):
 # "layer" = the rows of its x*y group, replicated over x and y; "heads" = the same rows but this y rank's
 # heads only; "rows" = this rank's own rows. Modules without it inherit their parent's.
 REGION_ATTR = "_engine_region"
@@ -58,8 +57,7 @@ def rows_layout(model: nn.Module, layout: str) -> Iterator[None]:
     """Run a parallelized `model` in the rows `layout` ("own" or "shared", see the module doc) inside the block,
     then restore the layout it had. Every rank must use the same layout. Nothing else changes (parameters, state
     dicts, checkpoints). Raises ValueError for an unknown layout."""
-    if layout not in ROWS_LAYOUTS:
-        raise ValueError(f"rows layout must be one of {ROWS_LAYOUTS}, got {layout!r}")
+    check_rows_layout(layout)
     touched = [m for m in model.modules() if m is model or hasattr(m, "_engine_stack_grid")
                or isinstance(m, ParallelLinear) or is_vocab_parallel(m)]
     before = [m.__dict__.get(ROWS_ATTR) for m in touched]
@@ -75,17 +73,32 @@ def rows_layout(model: nn.Module, layout: str) -> Iterator[None]:
                 setattr(module, ROWS_ATTR, old)
 
 
-# ----- decoder layers ---------------------------------------------------------------------------------
+# ----- decoder layers, through the model's plan (engine/models/plans.py) --------------------------------------
 
-def _is_llama_layer(module: nn.Module) -> bool:
-    attn, mlp = getattr(module, "self_attn", None), getattr(module, "mlp", None)
-    return (attn is not None and mlp is not None
-            and all(isinstance(getattr(attn, n, None), nn.Linear) for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
-            and all(isinstance(getattr(mlp, n, None), nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")))
+# Attributes of an attention module holding a head count (or, for GPT-2, the width of one of q, k, v) that its
+# forward reads: on a y rank they must hold that rank's share.
+_HEAD_COUNT_ATTRS = ("num_heads", "num_attention_heads", "num_key_value_heads", "num_kv_heads", "split_size")
 
 
-def _is_gpt2_layer(module: nn.Module) -> bool:
-    return type(module).__name__ == "GPT2Block"
+class _LocalHeadsConfig:
+    """A view of a model config in which the head counts are one y rank's share (for attention modules that read
+    config.num_attention_heads in their forward, e.g. Phi-3); every other attribute is read from, and written to,
+    the model's own config, so later changes to it (e.g. the attention implementation) still reach the module."""
+
+    def __init__(self, base: Any, **local: int) -> None:
+        self.__dict__["_engine_base"] = base
+        self.__dict__.update(local)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_engine_base":
+            raise AttributeError(name)
+        return getattr(self.__dict__["_engine_base"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.__dict__:
+            self.__dict__[name] = value
+        else:
+            setattr(self.__dict__["_engine_base"], name, value)
 
 
 def _fresh_param(old: nn.Parameter, data: torch.Tensor) -> nn.Parameter:
@@ -132,60 +145,185 @@ def _to_parallel(parent: nn.Module, attr: str, mode: str, grid: Grid, overlap: b
     return layer
 
 
+def _out_features(module: nn.Module) -> int:
+    if isinstance(module, nn.Linear):
+        return module.out_features
+    return int(module.weight.shape[-1])  # GPT-2 Conv1D: (in, out)
+
+
+def _grouped_order(sizes: list[int], n_y: int, name: str) -> torch.Tensor | None:
+    """Output order of a fused projection whose features are the blocks `sizes` in turn, regrouped so that y slice
+    i holds slice i of every block ([q_i | k_i | v_i], [gate_i | up_i]); None when y is 1."""
+    if n_y == 1:
+        return None
+    if any(size % n_y for size in sizes):
+        raise ShardingError(f"{name}: its fused blocks of {sizes} features are not divisible by y={n_y}; choose y "
+                            "dividing each of them")
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return torch.cat([torch.arange(start + i * (size // n_y), start + (i + 1) * (size // n_y))
+                      for i in range(n_y) for start, size in zip(starts, sizes)])
+
+
+def _fused_order(module: nn.Module, fused: str, config: Any, n_y: int, name: str) -> torch.Tensor | None:
+    """The out_order of a fused projection (layouts in engine.models.plans.FUSED_LAYOUTS), its shape checked."""
+    out = _out_features(module)
+    heads, kv_heads, head_dim = head_counts(config)
+    if fused == "blocks":
+        sizes = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
+    elif fused == "halves":
+        sizes = [out // 2, out // 2]
+    else:  # per_head: [q_h k_h v_h] head after head, contiguous slices are whole heads
+        sizes = [3 * heads * head_dim]
+    if sum(sizes) != out or (fused == "per_head" and kv_heads != heads):
+        raise ShardingError(f"{name}: {out} output features do not match a fused {fused} projection of {heads} "
+                            f"heads, {kv_heads} key/value heads of {head_dim}")
+    return None if fused == "per_head" else _grouped_order(sizes, n_y, name)
+
+
+def _y_sharded_rms_norm(norm: nn.Module, hidden: torch.Tensor, *, grid: Grid) -> torch.Tensor:
+    """An RMSNorm over a projection's whole width, run on this y rank's slice of it (B, T, width/Y): the mean
+    square is summed over y (its gradient too: every y rank's slice depends on it), the weight is the rank's slice
+    of the full, replicated weight (whose gradient is therefore partial over y, the "heads" region)."""
+    group = grid.group("y")
+    local = hidden.shape[-1]
+    start = grid.coord("y") * local
+    dtype = hidden.dtype
+    hidden = hidden.to(torch.float32)
+    square_sum = reduce_from_group(copy_to_group(hidden.pow(2).sum(-1, keepdim=True), group), group)
+    hidden = hidden * torch.rsqrt(square_sum / norm.weight.shape[0] + norm._engine_eps)
+    return (norm.weight[start:start + local] * hidden).to(dtype)
+
+
+def _head_rows_norm(norm: nn.Module, hidden: torch.Tensor, *, grid: Grid) -> torch.Tensor:
+    """Run `norm`, whose weight holds one row per head (heads, head_dim), on this y rank's heads (..., heads/Y,
+    head_dim): its own forward with the rows of those heads (a slice of the full, replicated weight, whose gradient
+    is therefore partial over y, the "heads" region)."""
+    full = norm._parameters["weight"]
+    rows = full.shape[0] // grid.size("y")
+    norm._parameters["weight"] = full[grid.coord("y") * rows:(grid.coord("y") + 1) * rows]
+    try:
+        return type(norm).forward(norm, hidden)
+    finally:
+        norm._parameters["weight"] = full
+
+
+@torch.no_grad()
+def _normalizes_each_head(norm: nn.Module, n_y: int) -> bool:
+    """True when `norm` (weight (heads, head_dim)) treats each head on its own, as _head_rows_norm assumes: checked
+    on random input, full against each y share of the heads with its rows of the weight."""
+    full = norm._parameters["weight"]
+    heads, head_dim = full.shape
+    if heads % n_y:
+        return False
+    sample = torch.randn(1, 2, heads, head_dim, generator=torch.Generator().manual_seed(0)).to(full)
+    try:
+        expected = type(norm).forward(norm, sample)
+        rows = heads // n_y
+        for i in range(n_y):
+            norm._parameters["weight"] = full[i * rows:(i + 1) * rows]
+            part = type(norm).forward(norm, sample[:, :, i * rows:(i + 1) * rows])
+            if part.shape != expected[:, :, i * rows:(i + 1) * rows].shape or \
+                    not torch.allclose(part, expected[:, :, i * rows:(i + 1) * rows]):
+                return False
+    except RuntimeError:  # shapes the norm does not accept
+        return False
+    finally:
+        norm._parameters["weight"] = full
+    return True
+
+
+def _plan_block_children(parent: nn.Module, planned: set[str], widths: set[int], head_dim: int, grid: Grid,
+                         name: str) -> None:
+    """Handle the modules with parameters beside the sharded projections of `parent` (an attention or an MLP),
+    which run on this y rank's heads: norms per head (weight of head_dim) and RMSNorms over a whole projection
+    (OLMo2's q_norm/k_norm). Raise ShardingError for anything else."""
+    if list(parent.parameters(recurse=False)):
+        raise ShardingError(f"{name}: {type(parent).__name__} holds its own parameters; the engine cannot shard them")
+    for child_name, child in parent.named_children():
+        if child_name in planned:
+            continue
+        params = dict(child.named_parameters())
+        if not params:
+            continue
+        weight = params.get("weight")
+        if set(params) == {"weight"} and weight.dim() == 1 and weight.numel() == head_dim:
+            setattr(child, REGION_ATTR, "heads")  # per-head norm: runs on this rank's heads only
+            continue
+        eps = getattr(child, "variance_epsilon", getattr(child, "eps", None))
+        if set(params) == {"weight"} and weight.dim() == 1 and weight.numel() in widths and \
+                isinstance(eps, float) and "RMSNorm" in type(child).__name__:
+            if grid.size("y") > 1:
+                child._engine_eps = eps
+                child.forward = types.MethodType(functools.partial(_y_sharded_rms_norm, grid=grid), child)
+            setattr(child, REGION_ATTR, "heads")
+            continue
+        if set(params) == {"weight"} and weight.dim() == 2 and weight.shape[1] == head_dim and \
+                _normalizes_each_head(child, grid.size("y")):
+            if grid.size("y") > 1:  # a weight per head (Cohere's q_norm/k_norm): each rank uses its heads' rows
+                child.forward = types.MethodType(functools.partial(_head_rows_norm, grid=grid), child)
+            setattr(child, REGION_ATTR, "heads")
+            continue
+        raise ShardingError(f"{name}.{child_name} ({type(child).__name__}) has parameters the engine cannot shard "
+                            "by heads")
+
+
+def _localize_heads(parent: nn.Module, config: Any, n_y: int, name: str) -> None:
+    """Give an attention module this y rank's share of its head counts (attributes and config reads)."""
+    if n_y == 1:
+        return
+    for attr in _HEAD_COUNT_ATTRS:
+        value = parent.__dict__.get(attr)
+        if isinstance(value, int) and not isinstance(value, bool):
+            if value % n_y:
+                raise ShardingError(f"{name}.{attr} = {value} is not divisible by y={n_y}; choose y dividing it")
+            setattr(parent, attr, value // n_y)
+    if "config" in parent.__dict__ and parent.__dict__["config"] is config:
+        heads, kv_heads, _ = head_counts(config)
+        parent.config = _LocalHeadsConfig(config, num_attention_heads=heads // n_y,
+                                          num_key_value_heads=kv_heads // n_y)
+
+
 def _check_heads(name: str, heads: int, kind: str, grid: Grid) -> None:
     if heads % grid.size("y"):
         raise ShardingError(f"{name}: {heads} {kind} are not divisible by y={grid.size('y')} (each y rank runs "
                             f"an equal share of the heads); choose y dividing {heads}")
 
 
-def _plan_llama_layer(layer: nn.Module, name: str, grid: Grid, overlap: bool) -> None:
-    attn, mlp = layer.self_attn, layer.mlp
-    if type(attn).__name__ not in LLAMA_FAMILY_ATTENTION:
-        raise ShardingError(f"{name}.self_attn: {type(attn).__name__} is not an attention the engine knows how to "
-                            f"split by heads (supported: {', '.join(LLAMA_FAMILY_ATTENTION)})")
-    head_dim = attn.head_dim
-    _check_heads(name, attn.q_proj.out_features // head_dim, "attention heads", grid)
-    _check_heads(name, attn.k_proj.out_features // head_dim, "key/value heads", grid)
-    for child_name, child in attn.named_children():
-        if child_name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            continue
-        params = list(child.parameters())
-        if child_name in ("q_norm", "k_norm") and all(p.numel() == head_dim for p in params):
-            setattr(child, REGION_ATTR, "heads")  # per-head norm: runs on this rank's heads only
-        elif params:
-            raise ShardingError(f"{name}.self_attn.{child_name} ({type(child).__name__}) has parameters the engine "
-                                "cannot shard by heads")
-    if list(attn.parameters(recurse=False)) or list(mlp.parameters(recurse=False)):
-        raise ShardingError(f"{name}: attention or MLP holds its own parameters; the engine cannot shard them")
-    for child_name, child in mlp.named_children():
-        if child_name not in ("gate_proj", "up_proj", "down_proj") and list(child.parameters()):
-            raise ShardingError(f"{name}.mlp.{child_name} has parameters the engine cannot shard")
-    for proj in ("q_proj", "k_proj", "v_proj"):
-        _to_parallel(attn, proj, "normal", grid, overlap, f"{name}.self_attn.{proj}")
-    _to_parallel(attn, "o_proj", "transposed", grid, overlap, f"{name}.self_attn.o_proj")
-    _to_parallel(mlp, "gate_proj", "normal", grid, overlap, f"{name}.mlp.gate_proj")
-    _to_parallel(mlp, "up_proj", "normal", grid, overlap, f"{name}.mlp.up_proj")
-    _to_parallel(mlp, "down_proj", "transposed", grid, overlap, f"{name}.mlp.down_proj")
-
-
-def _plan_gpt2_layer(layer: nn.Module, name: str, grid: Grid, overlap: bool) -> None:
-    if hasattr(layer, "crossattention"):
-        raise ShardingError(f"{name}: GPT-2 cross-attention is not supported by the engine")
-    attn, mlp = layer.attn, layer.mlp
+def _plan_layer(layer: nn.Module, name: str, plan: ModelPlan, config: Any, grid: Grid,
+                overlap: bool) -> list[ParallelLinear]:
+    """Shard one decoder layer's projections as `plan` says; the ParallelLinears in forward order."""
     n_y = grid.size("y")
-    hidden = attn.embed_dim
-    heads = attn.num_heads
-    _check_heads(name, heads, "attention heads", grid)
-    # c_attn's outputs are [q | k | v]; regroup them so that y-slice i holds [q_i | k_i | v_i]
-    share = hidden // n_y
-    order = torch.cat([torch.arange(part * hidden + i * share, part * hidden + (i + 1) * share)
-                       for i in range(n_y) for part in range(3)])
-    _to_parallel(attn, "c_attn", "normal", grid, overlap, f"{name}.attn.c_attn", None if n_y == 1 else order)
-    _to_parallel(attn, "c_proj", "transposed", grid, overlap, f"{name}.attn.c_proj")
-    _to_parallel(mlp, "c_fc", "normal", grid, overlap, f"{name}.mlp.c_fc")
-    _to_parallel(mlp, "c_proj", "transposed", grid, overlap, f"{name}.mlp.c_proj")
-    attn.num_heads = heads // n_y
-    attn.split_size = hidden // n_y
+    heads, kv_heads, head_dim = head_counts(config)
+    if n_y > 1 and any(p.mode == "normal" for p in plan.projections):
+        _check_heads(name, heads, "attention heads", grid)
+        _check_heads(name, kv_heads, "key/value heads", grid)
+    built: list[ParallelLinear] = []
+    parents: dict[int, tuple[nn.Module, str, set[str], set[int]]] = {}
+    for projection in plan.projections:
+        parent_path, _, attr = projection.path.rpartition(".")
+        parent = layer.get_submodule(parent_path) if parent_path else layer
+        full_name = f"{name}.{projection.path}"
+        module = getattr(parent, attr, None)
+        if module is None:
+            raise ShardingError(f"{full_name}: named in {plan.family}'s tensor-parallel plan but not in the model")
+        order = None
+        if projection.fused is not None and projection.mode == "normal":
+            order = _fused_order(module, projection.fused, config, n_y, full_name)
+        _, planned, widths = parents.setdefault(id(parent), (parent, f"{name}.{parent_path}", set(), set()))[1:]
+        planned.add(attr)
+        if projection.mode == "normal":
+            widths.add(_out_features(module))
+        built.append(_to_parallel(parent, attr, projection.mode, grid, overlap, full_name, order))
+    for parent, parent_name, planned, widths in parents.values():
+        _plan_block_children(parent, planned, widths, head_dim, grid, parent_name)
+        _localize_heads(parent, config, n_y, parent_name)
+    return built
+
+
+def decoder_stacks(model: nn.Module) -> list[tuple[str, nn.Module, str, nn.ModuleList]]:
+    """(name, base model, list name, list) for every base model inside `model` whose plan names its ModuleList of
+    decoder layers (engine/models/plans.py)."""
+    return [(name, base, plan.layers, getattr(base, plan.layers)) for name, base, plan in find_planned(model)]
 
 
 def _rows_of(value: Any, n_rows: int, name: str, group) -> Any:
@@ -269,7 +407,7 @@ def _install_stack_hooks(stack: nn.Module, grid: Grid) -> None:
     signature = inspect.signature(stack.forward)
 
     def enter(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-        if current_rows_layout(module) == "shared":
+        if not row_gather_axes(current_rows_layout(module)):
             return None  # the inputs already hold the group's rows, the same on every rank of x*y
         bound = signature.bind(*args, **kwargs)
         arguments = bound.arguments
@@ -303,7 +441,7 @@ def _install_stack_hooks(stack: nn.Module, grid: Grid) -> None:
         return (), {**arguments, **extra}
 
     def leave(module: nn.Module, args: tuple, output: Any) -> Any:
-        if current_rows_layout(module) == "shared":
+        if not row_gather_axes(current_rows_layout(module)):
             return None
         n_rows = module._engine_rows
         if isinstance(output, torch.Tensor):
@@ -319,38 +457,24 @@ def _install_stack_hooks(stack: nn.Module, grid: Grid) -> None:
                            stack.register_forward_hook(leave))
 
 
-def decoder_stacks(model: nn.Module) -> list[tuple[str, nn.Module, str, nn.ModuleList]]:
-    """(name, module, list name, list) for every module holding a ModuleList of known decoder layers."""
-    stacks = []
-    for name, module in model.named_modules():
-        for child_name, child in module.named_children():
-            if isinstance(child, nn.ModuleList) and len(child) and \
-                    all(_is_llama_layer(m) or _is_gpt2_layer(m) for m in child):
-                stacks.append((name, module, child_name, child))
-    return stacks
-
-
 def parallelize(model: nn.Module, grid: Grid, *, overlap: bool = True, vocab_parallel: bool | None = None) -> nn.Module:
     """Shard `model` in place for `grid` and return it; the weights are kept exactly.
 
-    Decoder layers of HF Llama-family models (Llama, Mistral, Qwen2, Qwen3) and GPT-2 get chained
-    ParallelLinears (attention heads and MLP split over y); the module owning them (LlamaModel,
-    GPT2Model) runs on the rows of the x*y group (see the module doc); lm_head stays unsharded and sees
-    each rank's own rows, as do the input embeddings. A model built under auto_parallelize is re-planned
-    the same way. `vocab_parallel` splits the input embeddings and lm_head by vocabulary rows over x*y*z
-    (engine/vocab_parallel.py); None (default) does so whenever the grid has tensor parallelism and the split is
+    Every transformers base model inside `model` (LlamaModel, GPTNeoXModel, GPT2Model, ...) is sharded through its
+    plan (engine/models/plans.py: the tensor-parallel plan its config declares, or the engine's explicit one for
+    GPT-2): the projections named there become chained ParallelLinears (attention heads and MLP split over y), the
+    base model runs on the rows of the x*y group (see the module doc); lm_head stays unsharded and sees each rank's
+    own rows, as do the input embeddings. A model built under auto_parallelize is re-planned the same way.
+    `vocab_parallel` splits the input embeddings and lm_head by vocabulary rows over x*y*z
+    (engine/core/vocab_parallel.py); None (default) does so whenever the grid has tensor parallelism and the split is
     exact (vocabulary divisible by x*y*z, plain nn.Embedding and bias-free lm_head), True insists (ShardingError
     with the reason otherwise), False keeps them whole on every rank. Raises ShardingError for dimensions that do
-    not divide, for modules the engine cannot shard, and for a model without decoder layers when the grid has
-    tensor-parallel axes.
+    not divide, for modules or plan entries the engine cannot shard (e.g. mixture-of-experts layers), and for a
+    model without a plan when the grid has tensor-parallel axes.
     """
-    stacks = decoder_stacks(model)
-    in_stacks = {id(layer) for *_, layers in stacks for layer in layers}
-    for name, module in model.named_modules():
-        if (_is_llama_layer(module) or _is_gpt2_layer(module)) and id(module) not in in_stacks:
-            raise ShardingError(f"{name}: a decoder layer outside a model the engine recognises (a module "
-                                "holding a ModuleList of decoder layers, such as LlamaModel or GPT2Model)")
-    for stack_name, stack, list_name, layers in stacks:
+    tensor_parallel = grid.size("x", "y", "z") > 1
+    found = find_planned(model)
+    for stack_name, stack, plan in found:
         planned = getattr(stack, "_engine_stack_grid", None)
         if planned is grid:
             continue
@@ -358,17 +482,18 @@ def parallelize(model: nn.Module, grid: Grid, *, overlap: bool = True, vocab_par
             raise ShardingError(f"{stack_name or type(stack).__name__} is already parallelized on another grid")
         if not hasattr(stack, "get_input_embeddings"):
             raise ShardingError(f"{stack_name}: {type(stack).__name__} has no get_input_embeddings()")
-        prefix = f"{stack_name}.{list_name}" if stack_name else list_name
+        check_supported(plan, tensor_parallel)
+        if tensor_parallel and not plan.projections:
+            raise ShardingError(f"{plan.family}: the model declares no tensor-parallel plan the engine can use; use a "
+                                "grid without x, y and z (data parallelism, optionally with ZeRO)")
+        if tensor_parallel and plan.family == "gpt2" and getattr(stack.config, "add_cross_attention", False):
+            raise ShardingError("GPT-2 with cross-attention: the engine's GPT-2 plan does not cover it; use a grid "
+                                "without x, y and z")
+        prefix = f"{stack_name}.{plan.layers}" if stack_name else plan.layers
         order: list[ParallelLinear] = []  # the sharded linears in the order a forward calls them
-        for index, layer in enumerate(layers):
-            if _is_llama_layer(layer):
-                _plan_llama_layer(layer, f"{prefix}.{index}", grid, overlap)
-                attn, mlp = layer.self_attn, layer.mlp
-                order += [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj,
-                          mlp.down_proj]
-            else:
-                _plan_gpt2_layer(layer, f"{prefix}.{index}", grid, overlap)
-                order += [layer.attn.c_attn, layer.attn.c_proj, layer.mlp.c_fc, layer.mlp.c_proj]
+        for index, layer in enumerate(getattr(stack, plan.layers)):
+            if not plan.unsupported:  # else a grid without tensor parallelism (checked above): nothing to shard
+                order += _plan_layer(layer, f"{prefix}.{index}", plan, stack.config, grid, overlap)
             layer._engine_grid = grid
         for current, following in zip(order, order[1:]):
             current.prefetch_before(following)
@@ -377,9 +502,11 @@ def parallelize(model: nn.Module, grid: Grid, *, overlap: bool = True, vocab_par
         stack._engine_stack_grid = grid
         if grid.size("x", "y") > 1:
             _install_stack_hooks(stack, grid)
-    if not stacks and grid.size("x", "y", "z") > 1:
-        raise ShardingError(f"parallelize found no decoder layers it can shard in {type(model).__name__} (it knows "
-                            "HF Llama-family and GPT-2 models); build other models from engine.ParallelLinear")
+    if not found and tensor_parallel:
+        raise ShardingError(f"parallelize found no decoder layers it can shard in {type(model).__name__} (it reads "
+                            "the tensor-parallel plan of transformers models); build other models from "
+                            "engine.ParallelLinear")
+    stacks = found
     _unshard_outside_layers(model)
     already = hasattr(model, "get_input_embeddings") and is_vocab_parallel(model.get_input_embeddings())
     if stacks and vocab_parallel is not False and not already:  # a wrapper (e.g. a LightningModule): can_shard_vocab says why not

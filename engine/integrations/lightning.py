@@ -1,14 +1,14 @@
 """A Lightning Fabric strategy that trains on the engine's data x X x Y x Z grid.
 
     from lightning.fabric import Fabric
-    from engine.lightning import EngineStrategy
+    from engine.integrations.lightning import EngineStrategy
 
     fabric = Fabric(accelerator="cpu", devices=4, strategy=EngineStrategy(x=2))   # data = 4 / 2 = 2
     fabric.launch()                                    # or run the script under torchrun / SLURM
     model, optimizer = fabric.setup(model, optimizer)  # engine.parallelize(model, grid), in place
     fabric.backward(loss)                              # then engine.sync_gradients (mean over ranks, like DDP)
     fabric.clip_gradients(model, optimizer, max_norm=1.0)   # engine.clip_grad_norm_: norm of the full model
-    fabric.save("ckpt", {"model": model, "optimizer": optimizer, "step": 3})  # engine.checkpoint, sharded
+    fabric.save("ckpt", {"model": model, "optimizer": optimizer, "step": 3})  # engine.training.checkpoint, sharded
     fabric.load("ckpt", state)                         # any grid: re-sharded when it differs
     consolidate_checkpoint("ckpt", "hf_folder")        # one process: an ordinary HF folder
 
@@ -22,7 +22,7 @@ engine.parallelize), so seen from the training script the world does data parall
 after `fabric.backward(loss)` every gradient is the MEAN over ranks of the gradients of their local
 losses, as with DDP (`gradient_reduction="sum"` gives the sum instead).
 
-The Lightning Trainer's strategy is engine.lightning_trainer.EngineTrainerStrategy. Lightning is imported
+The Lightning Trainer's strategy is engine.integrations.lightning_trainer.EngineTrainerStrategy. Lightning is imported
 here, never by `import engine`: install it with the `lightning` extra.
 """
 
@@ -45,13 +45,14 @@ try:
     from lightning.fabric.utilities.distributed import _init_dist_connection, _sync_ddp_if_available
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 except ImportError as error:  # pragma: no cover - depends on the environment
-    raise ImportError("engine.lightning needs Lightning: pip install -e \".[lightning]\" (lightning 2.6)") from error
+    raise ImportError("engine.integrations.lightning needs Lightning: pip install -e \".[lightning]\" "
+                      "(lightning 2.6)") from error
 
-from engine import checkpoint as engine_checkpoint
-from engine import comm
-from engine.grid import AXES, Grid, GridError, GridShape, init
-from engine.parallelize import parallelize
-from engine.state import clip_grad_norm_, sync_gradients
+from engine.core import comm
+from engine.core.grid import AXES, Grid, GridError, GridShape, init
+from engine.models.parallelize import parallelize
+from engine.training import checkpoint as engine_checkpoint
+from engine.training.state import clip_grad_norm_, sync_gradients
 
 # extra_state key under which save_checkpoint records which entries of Fabric's state were the model and optimizer
 _KEYS = "_engine_lightning_keys"
@@ -195,9 +196,9 @@ class EngineStrategy(ParallelStrategy):
         for optimizer in optimizers:
             stale = sum(1 for g in optimizer.param_groups for p in g["params"] if id(p) not in current)
             if stale:
-                raise ValueError(f"the optimizer holds {stale} parameters that engine.parallelize replaced by their "
-                                 "shards; call model = fabric.setup_module(model) first, build the optimizer from "
-                                 "model.parameters(), then optimizer = fabric.setup_optimizers(optimizer)")
+                raise ValueError(f"the optimizer holds {stale} parameters that engine.parallelize replaced by "
+                                 "their shards; call model = fabric.setup_module(model) first, build the optimizer "
+                                 "from model.parameters(), then optimizer = fabric.setup_optimizers(optimizer)")
         return module, optimizers, scheduler
 
     def module_to_device(self, module: nn.Module) -> None:
@@ -245,7 +246,8 @@ class EngineStrategy(ParallelStrategy):
 
     @property
     def checkpoint_io(self) -> Any:
-        raise NotImplementedError("EngineStrategy writes engine checkpoints (engine.checkpoint), not CheckpointIO files")
+        raise NotImplementedError("EngineStrategy writes engine checkpoints (engine.training.checkpoint), not "
+                                  "CheckpointIO files")
 
     @checkpoint_io.setter
     def checkpoint_io(self, io: Any) -> None:

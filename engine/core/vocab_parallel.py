@@ -2,9 +2,9 @@
 
 Layout. The vocabulary rows of the input embedding and of the lm_head (both (V, H)) are split evenly over the
 tensor-parallel group T = x*y*z (P ranks): the rank at position b of T (b = x + X*y + X*Y*z, the group order of
-engine.grid) holds rows [b V/P, (b+1) V/P). Shards are replicated over `data`. A tied lm_head shares the embedding's
-shard. Every rank of T feeds its own rows (same shapes on every rank of T, as in training and in engine.sharding's
-evaluation blocks):
+engine.core.grid) holds rows [b V/P, (b+1) V/P). Shards are replicated over `data`. A tied lm_head shares the
+embedding's shard. Every rank of T feeds its own rows (same shapes on every rank of T, as in training and in
+engine.core.sharding's evaluation blocks):
 
     embedding      token ids of T's rows are gathered (integers, no autograd); each rank looks up the ids of its
                    vocabulary slice (zeros elsewhere) and the partial embeddings are reduce-scattered back to the
@@ -18,37 +18,44 @@ evaluation blocks):
                    chunk's logits are dropped and recomputed in backward. Peak extra memory: one chunk of logits,
                    (chunk, V/P), instead of (tokens, V). With P = 1 it is the chunked loss of a serial model.
 
-In the "shared" rows layout (engine/parallelize.py) the x*y ranks of T hold the SAME rows, so only the z ranks of T hold
-different ones: ids and hidden states are gathered over z only (the row group), the embedding's partial lookups are
-reduce-scattered over z and summed over x*y (the replica group), and the hidden states' gradient is summed over x*y
+In the "shared" rows layout (engine/models/parallelize.py) the x*y ranks of T hold the SAME rows, so only the z ranks of
+T hold different ones: ids and hidden states are gathered over z only (the row group), the embedding's partial lookups
+are reduce-scattered over z and summed over x*y (the replica group), and the hidden states' gradient is summed over x*y
 as well (copy_to_group) so that every replica gets the full one. The vocabulary split itself is unchanged.
 
-Gradients of the vocabulary shards cover the rows of the whole T group, so engine.state.sync_gradients sums them
-over `data` only (region "tensor").
+Gradients of the vocabulary shards cover the rows of the whole T group, so engine.training.state.sync_gradients sums
+them over `data` only (region "tensor").
 """
 
 from __future__ import annotations
 
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import comm
-from engine.functional import (copy_to_group, gather_from_group, gather_sharded, reduce_from_group,
-                               reduce_scatter_to_group, split_to_group)
-from engine.grid import AxisGroup, Grid
-from engine.linear import ShardingError, current_rows_layout
+from engine.core import comm
+from engine.core.functional import (
+    copy_to_group,
+    gather_from_group,
+    gather_sharded,
+    reduce_from_group,
+    reduce_scatter_to_group,
+    split_to_group,
+)
+from engine.core.grid import AxisGroup, Grid
+from engine.core.linear import ShardingError, current_rows_layout
+from engine.spec import row_replica_axes, vocab_row_axes
 
 IGNORE_INDEX = -100  # torch's cross-entropy convention: targets equal to it give no loss
 DEFAULT_CHUNK_TOKENS = 1024
 VOCAB_AXES = ("x", "y", "z")
 VOCAB_ATTR = "_engine_vocab_parallel"
 
-# HF causal LMs whose logits are exactly lm_head(final hidden states): no scaling, soft-capping or bias, so the loss
-# can start from the hidden states.
-PLAIN_HEAD_MODELS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                     "GPT2LMHeadModel")
+# On an lm_head: False once its model was seen to change the logits after the head (a logit scale, soft-capping),
+# so that causal_lm_token_losses takes the logits path for it from then on without trying the fused one again.
+TRANSFORMED_LOGITS_ATTR = "_engine_transformed_logits"
 
 
 # ----- the loss -------------------------------------------------------------------------------------------------
@@ -194,12 +201,13 @@ class _VocabShard:
     @property
     def row_group(self) -> AxisGroup:
         """The ranks of `group` that hold different rows: all of them, or z only in the "shared" rows layout."""
-        return self.grid.group("z") if current_rows_layout(self) == "shared" else self.group
+        return self.grid.group(*vocab_row_axes(current_rows_layout(self)))
 
     @property
     def replica_group(self) -> AxisGroup | None:
         """The ranks of `group` that hold this rank's rows too: x*y in the "shared" rows layout, else None."""
-        return self.grid.group("x", "y") if current_rows_layout(self) == "shared" else None
+        axes = row_replica_axes(current_rows_layout(self))
+        return self.grid.group(*axes) if axes else None
 
     def shard_rows(self, full: torch.Tensor) -> torch.Tensor:
         """This rank's rows of a full (V, ...) tensor (e.g. the serial weight)."""
@@ -346,21 +354,42 @@ def own_class(model: nn.Module) -> type:
 
 def causal_lm_token_losses(model: nn.Module, input_ids: torch.Tensor, targets: torch.Tensor, *,
                            attention_mask: torch.Tensor | None = None,
+                           position_ids: torch.Tensor | None = None,
                            chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
     """Per-token cross-entropy (B, T) of a causal LM on this rank's rows, float32, 0 where targets are IGNORE_INDEX.
 
-    For HF models whose logits are lm_head(final hidden states) (PLAIN_HEAD_MODELS, plain, parallelized or
-    partitioned by engine.zero), the loss runs from the hidden states through `token_losses`: full-vocabulary logits
-    are never built (vocabulary-parallel over x*y*z when the lm_head is). Other models fall back to
-    model(...).logits and F.cross_entropy.
+    For HF models whose logits are lm_head(final hidden states) (plain, parallelized or partitioned by
+    engine.memory.zero), the loss runs from the hidden states through `token_losses`: full-vocabulary logits are never
+    built (vocabulary-parallel over x*y*z when the lm_head is). A model that changes the logits after its head (Gemma
+    2's soft-capping, Cohere's and Granite's logit scales) is recognised on its first call, because the tensor its
+    forward returns is not the one the head produced; that call and every later one take model(...).logits and
+    F.cross_entropy instead, as does a model whose head has a bias.
+
+    position_ids: (B, T) passed to the model, e.g. restarting at each packed document (transformers then makes the
+    attention block-causal when no attention_mask is given); None: 0..T-1.
     """
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
+    if position_ids is not None:  # only when given: models without the argument still work without it
+        inputs["position_ids"] = position_ids
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    fused = own_class(model).__name__ in PLAIN_HEAD_MODELS and head is not None and head.bias is None and \
+    fused = head is not None and head.bias is None and not getattr(head, TRANSFORMED_LOGITS_ATTR, False) and \
         (type(head) is nn.Linear or isinstance(head, VocabParallelLMHead))
-    if not fused:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=IGNORE_INDEX,
-                               reduction="none").reshape(targets.shape)
+    if fused:
+        losses = _fused_token_losses(model, head, inputs, targets, chunk_tokens)
+        if losses is not None:
+            return losses
+        setattr(head, TRANSFORMED_LOGITS_ATTR, True)
+    logits = model(**inputs).logits
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=IGNORE_INDEX,
+                           reduction="none").reshape(targets.shape)
+
+
+def _fused_token_losses(model: nn.Module, head: nn.Module, inputs: dict[str, Any], targets: torch.Tensor,
+                        chunk_tokens: int) -> torch.Tensor | None:
+    """The per-token losses computed as the model's lm_head (see causal_lm_token_losses), or None when the model's
+    forward returned something other than what the head produced (it transforms its logits). inputs: the model's
+    keyword arguments."""
+    produced: list[torch.Tensor] = []
 
     def head_losses(hidden: torch.Tensor) -> torch.Tensor:
         weight = head.weight
@@ -371,11 +400,12 @@ def causal_lm_token_losses(model: nn.Module, input_ids: torch.Tensor, targets: t
         else:
             losses = token_losses(hidden, weight, targets, chunk_tokens=chunk_tokens)
         # a fresh tensor, not a view: FSDP hooks the root's outputs for backward and warns on views
-        return losses.float().clone() if losses._base is not None else losses.float()
+        produced.append(losses.float().clone() if losses._base is not None else losses.float())
+        return produced[-1]
 
     # The loss runs INSIDE the model's own forward, as its lm_head: the head's forward is swapped for one that
-    # returns the per-token losses. Under ZeRO 2/3 (engine.zero: FSDP2 over the data axis, the model the root unit
-    # holding embeddings, final norm and lm_head), only the root's forward pre-hook all-gathers those parameters
+    # returns the per-token losses. Under ZeRO 2/3 (engine.memory.zero: FSDP2 over the data axis, the model the root
+    # unit holding embeddings, final norm and lm_head), only the root's forward pre-hook all-gathers those parameters
     # (calling model.base_model directly leaves them data-sharded DTensors), and head.weight is the unsharded
     # parameter exactly while that forward runs; the losses are then the root's output, on which FSDP registers its
     # pre-backward hook, so its backward (root unshard check, prefetch of the last layer) and the post-backward
@@ -385,14 +415,11 @@ def causal_lm_token_losses(model: nn.Module, input_ids: torch.Tensor, targets: t
     own_forward = head.__dict__.get("forward")
     head.forward = head_losses
     try:
-        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        out = model(**inputs)
     finally:
         if had_own:
             head.forward = own_forward
         else:
             del head.forward
     losses = out.logits if hasattr(out, "logits") else out[0]  # out[0]: a model configured with return_dict=False
-    if losses.shape != targets.shape:
-        raise ValueError(f"{own_class(model).__name__}'s forward changed the lm_head's output to shape "
-                         f"{tuple(losses.shape)}; expected the targets' {tuple(targets.shape)}")
-    return losses
+    return losses if len(produced) == 1 and losses is produced[0] else None

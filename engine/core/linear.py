@@ -36,21 +36,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import comm
-from engine.functional import (
+from engine.core import comm
+from engine.core.functional import (
     gather_from_group,
     gather_sharded,
     reduce_from_group,
     split_to_group,
     tensor_parallel_matmul,
 )
-from engine.grid import Grid
-from engine.spec import ROWS_LAYOUTS
+from engine.core.grid import Grid
+from engine.spec import ROWS_LAYOUTS, row_gather_axes  # noqa: F401 (ROWS_LAYOUTS: re-exported)
 
 MODES = ("default", "normal", "transposed")
 
-# The rows layouts of a parallelized model (engine/parallelize.py: "own" rows per rank, or rows "shared" by every
-# rank of an x*y group) and the attribute, set by engine.parallelize.rows_layout on the root model and on every
+# The rows layouts of a parallelized model (engine/models/parallelize.py: "own" rows per rank, or rows "shared" by every
+# rank of an x*y group) and the attribute, set by engine.models.parallelize.rows_layout on the root model and on every
 # module whose forward depends on it, that holds the current one (absent = "own").
 ROWS_ATTR = "_engine_rows_layout"
 
@@ -321,7 +321,7 @@ class ParallelLinear(nn.Linear):
             return self._core(split_to_group(x, grid.group("x"), -1), "normal")
         if self.mode == "transposed":
             return gather_from_group(self._core(x, "transposed"), grid.group("x"), -1)
-        if current_rows_layout(self) == "shared":  # the rows of the x*y group already, on every rank of it
+        if not row_gather_axes(current_rows_layout(self)):  # the rows of the x*y group already, on every rank of it
             return gather_from_group(self._core(split_to_group(x, grid.group("x"), -1), "normal"), grid.group("y"), -1)
         # default: gather the rows of the x*y group, run the normal layout, hand back own rows, all features
         unbatched = x.dim() == 1

@@ -5,10 +5,10 @@ a loss function that returns the SUM of its per-token losses and the number of t
 the token count of the whole optimizer step (all micro-batches, all ranks), so a run's gradient is the gradient of
 the mean token loss over the global batch whatever the accumulation or the grid.
 
-Rows layouts (TrainConfig.rows, engine/parallelize.py): "own" gives every rank its own rows of a step, so a step's
-rows must divide by the world size; "shared" gives every rank of an x*y tensor-parallel group the same rows (after
-AxoNN), split over data and z only, so they need only divide by data*z. Loss sums and token counts are then summed
-over data and z only: each x*y group counts its rows once.
+Rows layouts (TrainConfig.rows, engine/models/parallelize.py): "own" gives every rank its own rows of a step, so a
+step's rows must divide by the world size; "shared" gives every rank of an x*y tensor-parallel group the same rows
+(after AxoNN), split over data and z only, so they need only divide by data*z. Loss sums and token counts are then
+summed over data and z only: each x*y group counts its rows once.
 """
 
 from __future__ import annotations
@@ -24,15 +24,26 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from engine import comm
-from engine.activation import checkpoint_decoder_layers
-from engine.checkpoint import (is_engine_checkpoint, load_checkpoint, load_serial_optimizer_state, read_trainer_state,
-                               save_checkpoint)
-from engine.grid import AXES, Grid, GridShape, is_main_process
-from engine.linear import ROWS_LAYOUTS
-from engine.parallelize import rows_layout
-from engine.state import clip_grad_norm_, sync_gradients
-from engine.zero import ZeroConfig, ZeroError, make_adamw, shard_data_axis, zero_state
+from engine.core import comm
+from engine.core.grid import Grid, GridShape, is_main_process
+from engine.memory.activation import checkpoint_decoder_layers
+from engine.memory.zero import ZeroConfig, ZeroError, make_adamw, shard_data_axis, zero_state
+from engine.models.parallelize import rows_layout
+from engine.spec import (
+    TRAIN_PRECISION,
+    ParallelLayout,
+    check_precision,
+    check_rows_layout,
+    row_split_axes,
+)
+from engine.training.checkpoint import (
+    is_engine_checkpoint,
+    load_checkpoint,
+    load_serial_optimizer_state,
+    read_trainer_state,
+    save_checkpoint,
+)
+from engine.training.state import clip_grad_norm_, sync_gradients
 
 METRICS_FILE = "metrics.jsonl"
 OPTIMIZERS = ("adamw", "sgd")
@@ -53,16 +64,19 @@ class TrainConfig:
     warmup_steps: int = 0
     min_lr_ratio: float = 0.1  # cosine floor, as a fraction of lr
     max_grad_norm: float | None = 1.0  # None disables clipping
-    precision: str = "fp32"  # "fp32" or "bf16" (autocast; weights and optimizer stay fp32)
+    precision: str = TRAIN_PRECISION  # a key of engine.spec.PRECISIONS: "fp32", or "bf16" (autocast, fp32 weights)
     seed: int = 0
     save_every: int = 0  # optimizer steps between checkpoints; 0 = only at the end
     progress: bool = True
-    zero: int = 0  # ZeRO stage over the data axis (engine/zero.py): 0 off, 1 optimizer state, 2 + gradients, 3 + params
+    zero: int = 0  # ZeRO stage over the data axis (engine/memory/zero.py): 0 off, 1 optimizer state, 2 + grads, 3 + params
     zero_node_size: int = 1  # data-axis ranks per node; > 1: hierarchical partitioning (stages 2 and 3)
     offload_optimizer: bool = False  # AdamW state and update in host memory (stages 2 and 3)
-    activation_checkpointing: bool = False  # recompute decoder layers in backward (engine/activation.py)
+    activation_checkpointing: bool = False  # recompute decoder layers in backward (engine/memory/activation.py)
     rows: str = "own"  # rows layout: "own" rows per rank (batch % world), or "shared" per x*y group (batch % data*z)
     optimizer: str = "adamw"  # "adamw", or "sgd" (plain SGD without momentum: updates proportional to the gradient)
+    max_steps: int = 0  # stop after this many optimizer steps (0: run every epoch to the end)
+    shuffle: bool = True  # a seeded new order of the examples each epoch; False: the examples' own order
+    eval_every: int = 0  # optimizer steps between validation losses (0: only at the end, when validation is given)
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "grad_accum"):
@@ -75,17 +89,15 @@ class TrainConfig:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.schedule not in ("constant", "cosine"):
             raise ValueError(f"schedule must be 'constant' or 'cosine', got {self.schedule!r}")
-        if self.precision not in ("fp32", "bf16"):
-            raise ValueError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
-        if self.warmup_steps < 0 or self.save_every < 0:
-            raise ValueError("warmup_steps and save_every must be >= 0")
+        check_precision(self.precision)
+        if self.warmup_steps < 0 or self.save_every < 0 or self.max_steps < 0 or self.eval_every < 0:
+            raise ValueError("warmup_steps, save_every, max_steps and eval_every must be >= 0")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if self.optimizer == "sgd" and self.zero == 1:
             raise ValueError("ZeRO stage 1 partitions AdamW's moments and SGD keeps none. Fix: use --zero 2 or 3 with "
                              "SGD (they partition gradients and parameters), or --optimizer adamw")
-        if self.rows not in ROWS_LAYOUTS:
-            raise ValueError(f"rows must be one of {ROWS_LAYOUTS}, got {self.rows!r}")
+        check_rows_layout(self.rows)
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
         self.zero_config  # validates the ZeRO fields
@@ -94,6 +106,11 @@ class TrainConfig:
     def zero_config(self) -> ZeroConfig:
         """The ZeRO setting of the zero, zero_node_size and offload_optimizer fields."""
         return ZeroConfig(stage=self.zero, node_size=self.zero_node_size, offload=self.offload_optimizer)
+
+    def layout(self, shape: GridShape, vocab_parallel: bool | None = None) -> ParallelLayout:
+        """The parallel run these settings describe on a grid of `shape` (validated: ZeroError or ValueError)."""
+        return ParallelLayout(shape=shape, rows=self.rows, vocab_parallel=vocab_parallel, zero=self.zero_config,
+                              precision=self.precision)
 
 
 @dataclass
@@ -123,8 +140,17 @@ def steps_per_epoch(n_examples: int, batch_size: int) -> int:
     return math.ceil(n_examples / batch_size)
 
 
-def epoch_order(n_examples: int, seed: int, epoch: int) -> torch.Tensor:
-    """The example order of one epoch: a function of (seed, epoch) only, so a resumed run sees the same data."""
+def total_steps_of(n_examples: int, config: TrainConfig) -> int:
+    """Optimizer steps of a run: every epoch, or config.max_steps when that is fewer."""
+    total = config.epochs * steps_per_epoch(n_examples, config.batch_size)
+    return min(total, config.max_steps) if config.max_steps else total
+
+
+def epoch_order(n_examples: int, seed: int, epoch: int, shuffle: bool = True) -> torch.Tensor:
+    """The example order of one epoch: a function of (seed, epoch) only, so a resumed run sees the same data.
+    shuffle False: 0, 1, 2, ... (the examples' own order, e.g. a stream that is shuffled already)."""
+    if not shuffle:
+        return torch.arange(n_examples)
     generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     return torch.randperm(n_examples, generator=generator)
 
@@ -142,7 +168,7 @@ def lr_factor(step: int, total_steps: int, config: TrainConfig) -> float:
 
 def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
     """AdamW (or SGD); no weight decay on biases and norm weights (1-D parameters), as is standard for transformers.
-    A model partitioned with ZeRO stage 1 gets engine.zero.ZeroAdamW (the same update on this rank's chunks).
+    A model partitioned with ZeRO stage 1 gets engine.memory.zero.ZeroAdamW (the same update on this rank's chunks).
 
     SGD's update is lr * gradient, so two runs' weights differ exactly as much as their gradients (times lr): the
     optimizer to prove a parallel run equal to a serial one. AdamW divides by the gradient's own running scale, so its
@@ -156,7 +182,7 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimiz
 
 
 def prepare_zero(model: nn.Module, config: TrainConfig, grid: Grid | None) -> None:
-    """Partition `model` over the data axis as config.zero_config says (engine.zero.shard_data_axis), unless it
+    """Partition `model` over the data axis as config.zero_config says (engine.memory.zero.shard_data_axis), unless it
     is partitioned that way already. Raises ZeroError for a setting the grid cannot carry."""
     zero = config.zero_config
     current = zero_state(model)
@@ -167,8 +193,7 @@ def prepare_zero(model: nn.Module, config: TrainConfig, grid: Grid | None) -> No
         return
     if zero.stage == 0:
         return
-    if grid is None:
-        zero.check(GridShape())  # data=1: the clear error
+    config.layout(grid.shape if grid is not None else GridShape())  # validated once: ZeroError when it cannot carry it
     shard_data_axis(model, grid, zero)
 
 
@@ -176,30 +201,15 @@ def _is_distributed(grid: Grid | None) -> bool:
     return grid is not None and grid.world_size > 1
 
 
-ROW_SPLIT_AXES = {"own": AXES, "shared": ("z", "data")}  # the axes a step's rows are split over, per rows layout
-
-
 def _row_group(grid: Grid, layout: str):
     """The ranks that read different rows in `layout` (all of them, or data x z when x*y groups share rows)."""
-    return grid.group(*ROW_SPLIT_AXES[layout])
+    return grid.group(*row_split_axes(layout))
 
 
 def check_step_rows(n_rows: int, shape: GridShape, layout: str = "own") -> None:
     """Refuse (ValueError, naming the other layout when it would split them) a step of `n_rows` sequences that the
     grid `shape` cannot split evenly in rows layout `layout`. Needs no process group: launchers call it too."""
-    splits = shape.size(*ROW_SPLIT_AXES[layout])
-    if n_rows % splits == 0:
-        return
-    data_z = shape.size("z", "data")
-    if layout == "own":
-        hint = (f"; or share rows within each x*y group (--rows shared), which needs only multiples of "
-                f"data*z={data_z}" if data_z < shape.world_size and n_rows % data_z == 0 else "")
-        raise ValueError(f"a step holds {n_rows} sequences, not divisible by the world size {shape.world_size}: "
-                         f"choose a batch size and a document count that are multiples of {shape.world_size}{hint}")
-    # (the own layout needs multiples of the world size, a multiple of data*z: it is never the fix here)
-    raise ValueError(f"a step holds {n_rows} sequences, not divisible by data*z={data_z} (the rows layout "
-                     f"'shared' splits them over data and z): choose a batch size and a document count that are "
-                     f"multiples of {data_z}")
+    ParallelLayout(shape=shape, rows=layout).check_step_rows(n_rows)
 
 
 def _rank_rows(rows: torch.Tensor, grid: Grid | None, layout: str = "own") -> torch.Tensor:
@@ -274,7 +284,7 @@ class _StepSums:
 def _step_rows(n_examples: int, config: TrainConfig, epoch: int, index_in_epoch: int,
                grid: Grid | None) -> torch.Tensor:
     """The example indices this rank processes in one optimizer step (the epoch's order, sliced by step and rank)."""
-    order = epoch_order(n_examples, config.seed, epoch)
+    order = epoch_order(n_examples, config.seed, epoch, config.shuffle)
     return _rank_rows(order[index_in_epoch * config.batch_size:(index_in_epoch + 1) * config.batch_size], grid,
                       config.rows)
 
@@ -305,7 +315,9 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
           out_dir: str | Path | None = None, grid: Grid | None = None, resume_from: str | Path | None = None,
           save_model: Callable[[nn.Module, Path], None] | None = None,
           on_log: Callable[[dict[str, Any]], None] | None = None,
-          on_epoch_end: Callable[[nn.Module, int, int], None] | None = None) -> TrainResult:
+          on_epoch_end: Callable[[nn.Module, int, int], None] | None = None,
+          validation: Sequence[dict[str, torch.Tensor]] | None = None,
+          validation_loss_fn: LossFn | None = None) -> TrainResult:
     """Train `model` in place for config.epochs over `examples`.
 
     examples: one dict of equal-length 1-D tensors per sequence (e.g. input_ids, targets, masks). The loss function
@@ -318,6 +330,13 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
     on_epoch_end: called on every rank as on_epoch_end(model, epoch, step) after each completed epoch (epoch counts
         from 1; step = optimizer steps done), with the model in eval mode (training mode is restored after), e.g. to
         measure extraction during training. Not called for epochs finished before a resume.
+    validation: examples whose mean token loss under `validation_loss_fn` (default: loss_fn) is logged as
+        "val_loss" every config.eval_every steps and after the last step (evaluate_loss: split over the ranks like
+        the training rows, config.batch_size rows at a time).
+
+    examples may be any sequence (rows built when indexed: only this rank's rows of each step are read). When it
+    has state_dict() / load_state_dict(state) (a resumable data source), its state is saved in every checkpoint
+    and handed back on resume, so the source can check (or restore) that it yields the same rows.
     """
     if not examples:
         raise ValueError("no training examples: give at least one document")
@@ -327,7 +346,7 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
     prepare_zero(model, config, grid)
     optimizer = make_optimizer(model, config)
     per_epoch = steps_per_epoch(len(examples), config.batch_size)
-    total_steps = config.epochs * per_epoch
+    total_steps = total_steps_of(len(examples), config)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, config))
     is_main = is_main_process(grid)
     out_path = Path(out_dir) if out_dir is not None else None
@@ -336,7 +355,7 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
 
     start_step = 0
     if resume_from is not None:
-        start_step = _resume(Path(resume_from), model, optimizer, scheduler, config, total_steps, grid)
+        start_step = _resume(Path(resume_from), model, optimizer, scheduler, config, total_steps, grid, examples)
 
     metrics_file = None
     if out_path is not None and is_main:
@@ -372,6 +391,13 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
             record.update(lr=lr, grad_norm=grad_norm, tokens_per_s=sums.n_input_tokens * readers / elapsed)
             if step_bytes is not None:
                 record["bytes_sent"] = step_bytes  # this rank (rank 0 in the log), per process group of the grid
+            done = step + 1
+            evaluate_now = done == total_steps or (config.eval_every and done % config.eval_every == 0)
+            if validation is not None and evaluate_now:
+                record["val_loss"] = evaluate_loss(model, validation, validation_loss_fn or loss_fn, config, grid,
+                                                   step=done)
+                if _is_distributed(grid):
+                    grid.traffic.reset()  # the evaluation's bytes are not the next step's
             history.append(record)
             if metrics_file is not None:
                 metrics_file.write(json.dumps(record) + "\n")
@@ -381,10 +407,9 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
             bar.set_postfix(loss=f"{record['loss']:.4f}")
             bar.update(1)
 
-            done = step + 1
             if out_path is not None and (done == total_steps or (config.save_every and done % config.save_every == 0)):
                 save_checkpoint(out_path / "checkpoint", model, optimizer, grid if _is_distributed(grid) else None,
-                                extra_state=_trainer_state(scheduler, done, config), save_model=save_model)
+                                extra_state=_trainer_state(scheduler, done, config, examples), save_model=save_model)
             if on_epoch_end is not None and done % per_epoch == 0:
                 model.eval()
                 with torch.no_grad():
@@ -411,25 +436,54 @@ def _open_metrics(path: Path, start_step: int):
     return handle
 
 
-def _trainer_state(scheduler: torch.optim.lr_scheduler.LRScheduler, step: int, config: TrainConfig) -> dict[str, Any]:
+def evaluate_loss(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn: LossFn,
+                  config: TrainConfig, grid: Grid | None = None, *, step: int = 0) -> float:
+    """The mean token loss of `examples` under loss_fn (loss sum over token count), without gradients, in eval mode
+    (training mode is restored after). Rows are read config.batch_size at a time and split over the ranks as
+    training rows are (config.rows), so every rank calls this with the same arguments; a batch must split evenly."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16")
+    totals = torch.zeros(2, dtype=torch.float64)
+    try:
+        with torch.no_grad(), rows_layout(model, config.rows):
+            for first in range(0, len(examples), config.batch_size):
+                rows = _rank_rows(torch.arange(first, min(first + config.batch_size, len(examples))), grid,
+                                  config.rows)
+                batch = _stack(examples, rows, step, device)
+                with autocast:
+                    out = loss_fn(model, batch)
+                totals += torch.tensor([float(out.loss_sum.float()), float(out.n_tokens)], dtype=torch.float64)
+        totals = _all_reduce_sums(totals, grid, config.rows)
+    finally:
+        model.train(was_training)
+    return float(totals[0] / max(float(totals[1]), 1.0))
+
+
+def _trainer_state(scheduler: torch.optim.lr_scheduler.LRScheduler, step: int, config: TrainConfig,
+                   examples: Any = None) -> dict[str, Any]:
     state: dict[str, Any] = {
         "step": step,
         "scheduler": scheduler.state_dict(),
         "config": asdict(config),
         "torch_rng": torch.random.get_rng_state(),
     }
+    if hasattr(examples, "state_dict"):  # a resumable data source: where it stands, to continue exactly
+        state["data"] = examples.state_dict()
     if torch.cuda.is_available():
         state["cuda_rng"] = torch.cuda.get_rng_state_all()
     return state
 
 
 _RESUME_MUST_MATCH = ("epochs", "batch_size", "grad_accum", "lr", "schedule", "warmup_steps", "min_lr_ratio", "seed",
-                      "weight_decay", "beta1", "beta2", "max_grad_norm", "precision", "optimizer")
+                      "weight_decay", "beta1", "beta2", "max_grad_norm", "precision", "optimizer", "max_steps",
+                      "shuffle")
 
 
 def _resume(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
             scheduler: torch.optim.lr_scheduler.LRScheduler, config: TrainConfig, total_steps: int,
-            grid: Grid | None) -> int:
+            grid: Grid | None, examples: Any = None) -> int:
     """Restore a checkpoint and return the step to continue from.
 
     A serial checkpoint (written by a run with no grid or a grid of one rank) restores optimizer, schedule
@@ -439,10 +493,15 @@ def _resume(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
     into a serial model.
     """
     sharded = is_engine_checkpoint(directory)
-    if not _is_distributed(grid) and not sharded:
-        return _load_trainer_state(directory, optimizer, scheduler, config, total_steps)
     state = read_trainer_state(directory)
     _check_trainer_state(state, config, total_steps)
+    if hasattr(examples, "load_state_dict"):
+        if "data" not in state:
+            raise ValueError(f"{directory} holds no data-source state: it was written by a run on other data; resume "
+                             "with the settings of the original run")
+        examples.load_state_dict(state["data"])
+    if not _is_distributed(grid) and not sharded:
+        return _load_trainer_state(directory, optimizer, scheduler, config, total_steps)
     if sharded:
         state = load_checkpoint(directory, model, optimizer, grid if _is_distributed(grid) else None)
     else:  # a single-process run's checkpoint, continued in parallel: shard its full optimizer state
@@ -460,9 +519,6 @@ def _load_trainer_state(directory: Path, optimizer: torch.optim.Optimizer,
     return int(state["step"])
 
 
-_FIELD_DEFAULTS = {"optimizer": "adamw"}
-
-
 def check_resume(directory: str | Path, config: TrainConfig, n_examples: int | None = None) -> int:
     """Refuse (ValueError) a resume that would not continue the saved run exactly; return the saved step.
 
@@ -476,9 +532,10 @@ def check_resume(directory: str | Path, config: TrainConfig, n_examples: int | N
 
 def _check_trainer_state(state: dict[str, Any], config: TrainConfig, total_steps: int | None) -> None:
     """Refuse to resume with settings that would not reproduce the saved run's loss trajectory."""
-    saved = {**_FIELD_DEFAULTS, **state["config"]}  # a field newer than the checkpoint had its default then
-    changed = [f"{key}: {saved.get(key)!r} -> {getattr(config, key)!r}" for key in _RESUME_MUST_MATCH
-               if saved.get(key) != getattr(config, key)]
+    saved = state["config"]
+    default = TrainConfig()  # a checkpoint older than a setting ran with its default
+    changed = [f"{key}: {saved.get(key, getattr(default, key))!r} -> {getattr(config, key)!r}"
+               for key in _RESUME_MUST_MATCH if saved.get(key, getattr(default, key)) != getattr(config, key)]
     if changed:
         raise ValueError("cannot resume with different optimisation settings (the loss trajectory would not be "
                          "reproduced): " + "; ".join(changed) + ". Use the settings of the original run.")

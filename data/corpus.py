@@ -1,0 +1,177 @@
+"""A background corpus tokenized once into a memory-mapped Arrow cache, read a document at a time.
+
+`tokenize_corpus(source, tokenizer)` loads any source `load_documents` accepts (plus the built-in
+"python-stdlib": the Python standard library's own source files) as a `datasets.Dataset` backed by Arrow files on
+disk (memory-mapped: reading it does not bring it into memory), and tokenizes it with a batched `map` over
+`workers` processes, cached next to the data, so a second run with the same corpus and tokenizer reads the cache.
+Each document becomes its ids (bos first when the tokenizer has one, no EOS: the stream adds it), its length, and
+a 64-bit key of its whitespace-normalized text (for removing copies of target documents).
+
+Memory: the corpus holds only its (N,) int64 lengths; `ids(i)` reads one document from the mapped file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sysconfig
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from data.dedup import normalized_text
+from data.documents import DEFAULT_CORPUS, _is_saved_dataset, _looks_like_path, default_corpus
+from data.errors import DataError
+
+PYTHON_STDLIB = "python-stdlib"
+# Left out of "python-stdlib": tests, vendored packages, and pydoc_data, which holds the default corpus' text (the
+# targets of the embedded corpus study must not be in its background).
+_STDLIB_SKIP = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages", "pydoc_data", "lib2to3",
+                          "__pycache__"})
+
+
+def text_key(text: str) -> int:
+    """A 63-bit key of the whitespace-normalized text: equal keys mean the same text (up to whitespace)."""
+    return int.from_bytes(hashlib.sha256(normalized_text(text).encode("utf-8")).digest()[:8], "little") >> 1
+
+
+def stdlib_files() -> list[Path]:
+    """The .py files of this Python's standard library (sorted; tests, vendored code and pydoc_data left out)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return sorted(p for p in root.rglob("*.py") if not _STDLIB_SKIP.intersection(p.relative_to(root).parts))
+
+
+class TokenizedCorpus:
+    """The tokenized documents of a corpus: (N,) lengths in memory, ids read one document at a time from Arrow.
+
+    dataset: a datasets.Dataset with columns "ids" (list of int), "n_tokens" (int) and "key" (int64).
+    """
+
+    def __init__(self, dataset: Any, source: str) -> None:
+        self.dataset = dataset
+        self.source = source
+        self.lengths = dataset.data.column("n_tokens").to_numpy().astype(np.int64)  # (N,)
+        self._ids = dataset.select_columns(["ids"])
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.lengths.sum())
+
+    def ids(self, index: int) -> list[int]:
+        """Document `index`'s token ids (bos first when the tokenizer has one)."""
+        return self._ids[int(index)]["ids"]
+
+    def keys(self) -> np.ndarray:
+        """(N,) int64 text keys (`text_key`), read from the mapped file."""
+        return self.dataset.data.column("key").to_numpy().astype(np.int64)
+
+    def fingerprint(self) -> str:
+        """The dataset's fingerprint: it changes with the corpus and the tokenizer."""
+        return str(self.dataset._fingerprint)
+
+
+def load_raw_corpus(source: str, *, text_field: str = "text", split: str = "train",
+                    cache_dir: str | os.PathLike | None = None) -> Any:
+    """The corpus as a disk-backed datasets.Dataset with one column "text" (its documents, in the source's order).
+
+    Files are converted to Arrow by datasets' builders (json, parquet, text) or written from a generator, so the
+    text never has to fit in memory. Raises DataError naming the source and the fix.
+    """
+    import datasets
+
+    cache = None if cache_dir is None else str(cache_dir)
+    path = Path(os.path.expanduser(source))
+    try:
+        if source == PYTHON_STDLIB:
+            files = [str(p) for p in stdlib_files()]
+            loaded = datasets.Dataset.from_generator(_files_text, gen_kwargs={"files": files}, cache_dir=cache)
+        elif source == DEFAULT_CORPUS:
+            loaded = datasets.Dataset.from_dict({"text": [d.text for d in default_corpus()]})
+        elif path.is_dir() and _is_saved_dataset(path):
+            loaded = datasets.load_from_disk(str(path))
+            if isinstance(loaded, datasets.DatasetDict):
+                if split not in loaded:
+                    raise DataError(f"{path}: has no split {split!r}; available: {sorted(loaded)}. Fix: choose one "
+                                    "with --split")
+                loaded = loaded[split]
+        elif path.is_dir():
+            files = sorted(str(p) for p in path.rglob("*") if p.is_file() and p.suffix.lower() == ".txt")
+            if not files:
+                raise DataError(f"{path}: folder holds no .txt files. Fix: pass a folder of .txt files, a .jsonl, "
+                                f".txt or .parquet file, or {PYTHON_STDLIB!r}")
+            loaded = datasets.Dataset.from_generator(_files_text, gen_kwargs={"files": files}, cache_dir=cache)
+        elif path.is_file():
+            suffix = path.suffix.lower()
+            builder = {".jsonl": "json", ".parquet": "parquet"}.get(suffix)
+            if suffix == ".txt":
+                loaded = datasets.Dataset.from_generator(_files_text, gen_kwargs={"files": [str(path)]},
+                                                         cache_dir=cache)
+            elif builder is None:
+                raise DataError(f"{path}: unsupported file type {path.suffix!r} for a background corpus. Fix: use a "
+                                ".jsonl, .txt or .parquet file, a folder of .txt files or a save_to_disk folder")
+            else:
+                loaded = datasets.load_dataset(builder, data_files=str(path), split="train", cache_dir=cache)
+        elif _looks_like_path(source):
+            raise DataError(f"{source}: no such file or folder. Fix: check the --background path")
+        else:
+            loaded = datasets.load_dataset(source, split=split, cache_dir=cache)
+    except DataError:
+        raise
+    except Exception as error:  # datasets raises many types for unreadable or unreachable data
+        raise DataError(f"background {source!r} cannot be loaded ({type(error).__name__}: {error}). Fix: pass a local "
+                        f"file or folder, {PYTHON_STDLIB!r}, or a dataset saved with save_to_disk") from None
+    if text_field not in loaded.column_names and "text" not in loaded.column_names:
+        raise DataError(f"background {source!r} has no field {text_field!r}; available: {loaded.column_names}. "
+                        "Fix: choose it with --background-text-field")
+    field = text_field if text_field in loaded.column_names else "text"
+    return loaded.select_columns([field]).rename_column(field, "text") if field != "text" else \
+        loaded.select_columns(["text"])
+
+
+def _files_text(files: list[str]) -> Iterator[dict[str, str]]:
+    for name in files:
+        yield {"text": Path(name).read_text(encoding="utf-8", errors="replace")}
+
+
+def tokenize_corpus(source: str, tokenizer: Any, *, text_field: str = "text", split: str = "train",
+                    workers: int = 1, cache_dir: str | os.PathLike | None = None,
+                    progress: bool = True) -> TokenizedCorpus:
+    """Tokenize a corpus once (batched map over `workers` processes, cached as Arrow) and map it for reading.
+
+    Empty documents are kept with 0 tokens (streams skip them). Raises DataError for a source that cannot be loaded
+    or holds no text.
+    """
+    import datasets
+
+    raw = load_raw_corpus(source, text_field=text_field, split=split, cache_dir=cache_dir)
+    bos = getattr(tokenizer, "bos_token_id", None)
+
+    def encode(batch: dict[str, list[str]]) -> dict[str, list[Any]]:
+        texts = [t if isinstance(t, str) else "" for t in batch["text"]]
+        encoded = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
+        ids = [([bos] if bos is not None else []) + list(e) if e else [] for e in encoded]
+        return {"ids": ids, "n_tokens": [len(i) for i in ids], "key": [text_key(t) for t in texts]}
+
+    enabled = datasets.is_progress_bar_enabled()
+    if not progress:
+        datasets.disable_progress_bar()
+    try:
+        in_memory = not raw.cache_files  # e.g. the default corpus: give map a file of its own to cache to
+        kwargs: dict[str, Any] = {}
+        if in_memory and cache_dir is not None:
+            Path(cache_dir).mkdir(parents=True, exist_ok=True)
+            kwargs["cache_file_name"] = str(Path(cache_dir) / f"tokenized-{raw._fingerprint}.arrow")
+        tokenized = raw.map(encode, batched=True, batch_size=256, num_proc=workers if workers > 1 else None,
+                            remove_columns=["text"], desc=f"tokenizing {source}", **kwargs)
+    finally:
+        if enabled and not progress:
+            datasets.enable_progress_bar()
+    if len(tokenized) == 0 or not any(tokenized.data.column("n_tokens").to_numpy()):
+        raise DataError(f"background {source!r} holds no text. Fix: choose the text field with "
+                        "--background-text-field, or another corpus")
+    return TokenizedCorpus(tokenized, source)

@@ -1,0 +1,1 @@
+"""Memory: ZeRO over the data axis (FSDP2) and activation checkpointing of decoder layers."""

@@ -1,0 +1,150 @@
+"""Model plans: which Linears of a transformer's decoder layers the engine shards, read from the model's own plan.
+
+transformers declares a tensor-parallel plan for most causal LMs (`config.base_model_tp_plan`): module patterns
+relative to the base model (e.g. LlamaModel), each with a style. The engine maps the styles onto its grid:
+
+    colwise, colwise_gather_output     -> a "normal" ParallelLinear: output features (heads, MLP width) split over y
+    rowwise, rowwise_split_input       -> a "transposed" ParallelLinear: brings back all features
+    embedding_colwise/_rowwise         -> ignored: the engine splits the vocabulary itself (engine/vocab_parallel.py)
+    replicated_with_grad_allreduce     -> ignored: per-head norms, whose gradients engine.state sums over y
+    anything else (MoE experts, ...)   -> refused on a grid with tensor parallelism (ShardingError naming it)
+
+The `*_gather_output` / `*_split_input` variants exist in transformers because some module between the pair needs
+all features: OLMo2's q_norm/k_norm (an RMSNorm over the whole projection width) and Phi-3's fused projections.
+The engine keeps the pair sharded and handles those modules instead (engine.parallelize): the norm reduces its
+statistics over y, and fused projections are regrouped so that each y rank holds whole heads ([q_i | k_i | v_i])
+or matching gate and up halves ([gate_i | up_i]).
+
+GPT-2 declares no plan; the engine keeps a small explicit one for it (EXPLICIT_PLANS). A base model without a
+tensor-parallel plan whose pipeline plan names its ModuleList of layers still has known decoder layers (used by
+ZeRO and activation checkpointing), with nothing to shard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from engine.core.linear import ShardingError
+
+# transformers' style names -> the ParallelLinear mode the engine uses for them
+STYLE_MODES = {"colwise": "normal", "colwise_gather_output": "normal", "rowwise": "transposed",
+               "rowwise_split_input": "transposed"}
+# Ignored: the engine splits the vocabulary itself (engine/vocab_parallel.py), and modules beside the sharded
+# projections (per-head q/k norms) are handled by engine.parallelize, which refuses those it cannot handle.
+IGNORED_STYLES = ("embedding_colwise", "embedding_rowwise", "replicated_with_grad_allreduce")
+
+# Families that declare no tensor-parallel plan, by config.model_type (same pattern syntax as transformers').
+EXPLICIT_PLANS: dict[str, dict[str, str]] = {
+    "gpt2": {"h.*.attn.c_attn": "colwise", "h.*.attn.c_proj": "rowwise", "h.*.mlp.c_fc": "colwise",
+             "h.*.mlp.c_proj": "rowwise"},
+}
+
+# How a fused projection's output features are grouped, by its attribute name: "blocks" = [q | k | v] (GPT-2 c_attn,
+# Phi-3 qkv_proj), "per_head" = [q_h k_h v_h] for each head in turn (GPT-NeoX: already whole heads per slice),
+# "halves" = [gate | up] (Phi-3 gate_up_proj). Shapes are checked against the config before sharding.
+FUSED_LAYOUTS = {"c_attn": "blocks", "qkv_proj": "blocks", "query_key_value": "per_head", "gate_up_proj": "halves"}
+
+
+@dataclass(frozen=True)
+class Projection:
+    """One sharded Linear of a decoder layer: its dotted `path` inside the layer, the ParallelLinear `mode` and, for a
+    fused projection, how its output features are grouped (see FUSED_LAYOUTS)."""
+
+    path: str
+    mode: str
+    fused: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """What the engine knows of one base model (e.g. LlamaModel, GPT2Model).
+
+    `layers`: the attribute holding its ModuleList of decoder layers; `projections`: the Linears to shard, in the
+    order a layer's forward calls them; `unsupported`: (pattern, style) entries of the declared plan the engine cannot
+    map (e.g. mixture-of-experts), refused on grids with tensor parallelism; `declared`: the plan came from the config.
+    """
+
+    family: str
+    layers: str
+    projections: tuple[Projection, ...]
+    unsupported: tuple[tuple[str, str], ...] = ()
+    declared: bool = True
+
+
+def is_base_model(module: nn.Module) -> bool:
+    """True for a transformers base model (the module that owns the decoder layers, e.g. LlamaModel)."""
+    return hasattr(module, "config") and getattr(module, "base_model", None) is module
+
+
+def declared_tp_plan(config: Any) -> dict[str, str]:
+    """The model's declared tensor-parallel plan (pattern -> style), or the engine's explicit one; {} if none."""
+    plan = getattr(config, "base_model_tp_plan", None) or {}
+    return dict(plan) if plan else dict(EXPLICIT_PLANS.get(getattr(config, "model_type", ""), {}))
+
+
+def model_plan(base: nn.Module) -> ModelPlan | None:
+    """The plan of base model `base`, or None when it has no known ModuleList of decoder layers."""
+    config = base.config
+    family = getattr(config, "model_type", type(base).__name__)
+    declared = getattr(config, "base_model_tp_plan", None)
+    layer_lists: list[str] = []
+    projections: list[Projection] = []
+    unsupported: list[tuple[str, str]] = []
+    for pattern, style in declared_tp_plan(config).items():
+        parts = pattern.split(".")
+        if style in IGNORED_STYLES:
+            continue
+        if len(parts) < 3 or parts[1] != "*" or style not in STYLE_MODES:
+            unsupported.append((pattern, style))
+            continue
+        if parts[0] not in layer_lists:
+            layer_lists.append(parts[0])
+        path = ".".join(parts[2:])
+        projections.append(Projection(path, STYLE_MODES[style], FUSED_LAYOUTS.get(parts[-1])))
+    if not layer_lists:  # no tensor-parallel plan: the pipeline plan may still name the layers
+        for name in getattr(config, "base_model_pp_plan", None) or {}:
+            if isinstance(getattr(base, name, None), nn.ModuleList):
+                layer_lists.append(name)
+    if len(layer_lists) != 1 or not isinstance(getattr(base, layer_lists[0], None), nn.ModuleList):
+        return None
+    return ModelPlan(family, layer_lists[0], tuple(projections), tuple(unsupported), declared=bool(declared))
+
+
+def find_planned(model: nn.Module) -> list[tuple[str, nn.Module, ModelPlan]]:
+    """(name, base model, plan) for every base model inside `model` with known decoder layers (outermost first;
+    a base model nested in another one's layers is not searched)."""
+    found: list[tuple[str, nn.Module, ModelPlan]] = []
+
+    def visit(module: nn.Module, name: str) -> None:
+        if is_base_model(module):
+            plan = model_plan(module)
+            if plan is not None:
+                found.append((name, module, plan))
+                return
+        for child_name, child in module.named_children():
+            visit(child, f"{name}.{child_name}" if name else child_name)
+
+    visit(model, "")
+    return found
+
+
+def head_counts(config: Any) -> tuple[int, int, int]:
+    """(query heads, key/value heads, head dim) of a model config."""
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return heads, kv_heads, int(head_dim)
+
+
+def check_supported(plan: ModelPlan, tensor_parallel: bool) -> None:
+    """Raise ShardingError when `plan` holds entries the engine cannot map and the grid has tensor parallelism."""
+    if plan.unsupported and tensor_parallel:
+        entries = ", ".join(f"{p} ({s})" for p, s in plan.unsupported)
+        moe = any("moe" in s or "expert" in p or "packed" in s for p, s in plan.unsupported)
+        why = ("its mixture-of-experts layers hold their experts as fused 3-D parameters, not Linears"
+               if moe else "these styles have no engine equivalent")
+        raise ShardingError(f"{plan.family}: the engine cannot shard {entries}: {why}; use a grid without x, y and z "
+                            "(data parallelism, optionally with ZeRO)")

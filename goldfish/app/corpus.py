@@ -1,0 +1,122 @@
+"""Packed training rows: whole documents laid end to end, with per-document goldfish masks.
+
+A row is a dict of (T,) tensors, what engine.training.train stacks into a batch:
+
+    input_ids      token ids, the pad id after the stream's last token
+    targets        the next token of the same document; IGNORE_INDEX at a document's last token (its EOS: nothing
+                   of the next document is ever predicted from it) and on padding
+    position_ids   restart at 0 where each document's part in the row begins, so the model's attention is
+                   block-causal within the row (transformers builds a packed-sequence mask from restarting
+                   position ids when no attention mask is given) and a part is computed exactly as if alone
+    dropped        the goldfish mask of the document's own targets: a function of the document's tokens only,
+                   so a document drops the same targets wherever it lands in a row, in every repetition
+
+Every token of every document but its first is a target exactly once per pass: where a document continues in the
+next row, the last position of the row predicts the first token of the continuation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from data.packing import PackedLayout, Segment
+from goldfish.app.config import MaskSpec
+from goldfish.masks import IGNORE_INDEX
+
+
+def piece_ids(full_ids: Sequence[int], eos_id: int | None) -> list[int]:
+    """A document as a stream piece: its ids (bos first, as selected) and the EOS that separates it from the next."""
+    return list(full_ids) + ([eos_id] if eos_id is not None else [])
+
+
+def segment_dropped(mask: MaskSpec, piece: Sequence[int], start: int, end: int,
+                    special_token_ids: Sequence[int]) -> torch.Tensor:
+    """(end - start,) bool: the goldfish mask of a piece's targets [start, end), as computed on the whole piece.
+
+    The hashed strategies decide position j from the h targets ending at j, the static one from j mod k, so the
+    mask of a slice is computed on the slice plus the h - 1 targets before it (or from a multiple of k) and its
+    head cut off: O(end - start + h) whatever the document's length. The random strategy is drawn per row and step
+    by the loss (make_step_loss); here it gives zeros.
+    """
+    if mask.strategy is None or mask.strategy == "random":
+        return torch.zeros(end - start, dtype=torch.bool)
+    context = start % mask.k if mask.strategy == "static" else min(start, mask.h - 1)
+    targets = torch.tensor(piece_targets(piece, start - context, end), dtype=torch.long)
+    return mask.dropped(targets.unsqueeze(0), special_token_ids)[0, context:]
+
+
+def piece_targets(piece: Sequence[int], start: int, end: int) -> list[int]:
+    """The targets of a piece's positions [start, end): the next token, IGNORE_INDEX after its last."""
+    targets = list(piece[start + 1:end + 1])
+    return targets + [IGNORE_INDEX] if end == len(piece) else targets
+
+
+class PackedRows(Sequence[dict[str, torch.Tensor]]):
+    """The rows of a packed stream, built when asked for (engine.training.train reads only this rank's rows of each step).
+
+    layout: the pieces' lengths cut into rows. piece: piece index -> its token ids (ending with EOS).
+    mask: the goldfish mask (strategy None: nothing dropped). pad_id: fills the last row.
+    multiple: rows of padding only (no targets: they change no loss or gradient) are added up to a multiple of it,
+        e.g. the batch size, so that every step's rows split evenly over the ranks.
+    """
+
+    def __init__(self, layout: PackedLayout, piece: Callable[[int], Sequence[int]], mask: MaskSpec,
+                 special_token_ids: Sequence[int], pad_id: int, multiple: int = 1) -> None:
+        self.layout, self.piece, self.mask, self.pad_id = layout, piece, mask, pad_id
+        self.special_token_ids = list(special_token_ids)
+        self.n_rows = -(-layout.n_rows // multiple) * multiple
+
+    def __len__(self) -> int:
+        return self.n_rows
+
+    def __getitem__(self, row: int) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        if isinstance(row, slice):
+            raise TypeError("PackedRows takes one row index at a time")
+        if row < 0:
+            row += len(self)
+        if not 0 <= row < len(self):
+            raise IndexError(f"row {row} out of range: there are {len(self)} rows")
+        return self.build(self.layout.segments(row) if row < self.layout.n_rows else [])
+
+    def build(self, segments: Sequence[Segment]) -> dict[str, torch.Tensor]:
+        """One row from its segments."""
+        length = self.layout.seq_len
+        input_ids = torch.full((length,), self.pad_id, dtype=torch.long)
+        targets = torch.full((length,), IGNORE_INDEX, dtype=torch.long)
+        position_ids = torch.zeros(length, dtype=torch.long)
+        dropped = torch.zeros(length, dtype=torch.bool)
+        used = 0
+        for segment in segments:
+            ids = self.piece(segment.piece)
+            span = slice(segment.at, segment.at + segment.end - segment.start)
+            input_ids[span] = torch.tensor(ids[segment.start:segment.end], dtype=torch.long)
+            targets[span] = torch.tensor(piece_targets(ids, segment.start, segment.end), dtype=torch.long)
+            position_ids[span] = torch.arange(segment.end - segment.start)
+            dropped[span] = segment_dropped(self.mask, ids, segment.start, segment.end, self.special_token_ids)
+            used = span.stop
+        position_ids[used:] = torch.arange(length - used)  # padding: a sequence of its own, never a target
+        return {"input_ids": input_ids, "targets": targets, "position_ids": position_ids, "dropped": dropped}
+
+
+def stream_order(copies: Sequence[int], seed: int) -> list[int]:
+    """The pieces of an in-memory packed run: document d `copies[d]` times, in an order shuffled by `seed` (so the
+    copies of a document land at different offsets and in different rows)."""
+    order = [d for d, n in enumerate(copies) for _ in range(n)]
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + 17)
+    return [order[i] for i in torch.randperm(len(order), generator=generator).tolist()]
+
+
+def pack_documents(documents: Sequence[Any], copies: Sequence[int], seq_len: int, mask: MaskSpec,
+                   special_token_ids: Sequence[int], *, eos_id: int | None, pad_id: int, seed: int,
+                   multiple: int = 1) -> tuple[PackedRows, list[int]]:
+    """Rows of whole documents (data.TokenizedDocument with full_ids), document d repeated copies[d] times, padded
+    with empty rows to a multiple of `multiple`.
+
+    Returns the rows and the stream's pieces as document indices (piece p is document order[p])."""
+    pieces = [piece_ids(doc.full_ids, eos_id) for doc in documents]
+    order = stream_order(copies, seed)
+    layout = PackedLayout([len(pieces[d]) for d in order], seq_len)
+    return PackedRows(layout, lambda p: pieces[order[p]], mask, special_token_ids, pad_id, multiple), order

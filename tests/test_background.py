@@ -1,0 +1,182 @@
+"""Targets at controlled repetitions inside a background corpus: the stream, exposures, validation, exact resume."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+import data
+from data.corpus import tokenize_corpus
+from engine.training import train as engine_train
+from goldfish.app.background import build_background
+from goldfish.app.config import DataSpec, MaskSpec
+from goldfish.app.experiment import Prepared, make_step_loss, validation_loss_fn
+from goldfish.app.models import build_tiny_model
+from goldfish.masks import IGNORE_INDEX
+
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
+
+
+def _text(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory):
+    rng = random.Random(0)
+    folder = tmp_path_factory.mktemp("bg")
+    targets = [data.Document(id=f"t{i}", text=f"target {i}: " + _text(rng, 60), source="t") for i in range(8)]
+    background = [_text(rng, rng.randrange(5, 200)) for _ in range(300)]
+    background[17] = targets[2].text  # a copy of a training target and one of a held-out target: removed
+    background[40] = "  " + targets[7].text.replace(" ", "  ")
+    with (folder / "bg.jsonl").open("w") as handle:
+        handle.writelines(json.dumps({"text": t}) + "\n" for t in background)
+    tokenizer = data.train_bpe_tokenizer([d.text for d in targets] + background, vocab_size=400)
+    split = data.select_documents(targets, tokenizer, n_train=6, n_heldout=2, seq_len=20, dedup=None,
+                                  whole_documents=64)
+    corpus = tokenize_corpus(str(folder / "bg.jsonl"), tokenizer, cache_dir=folder / "cache", progress=False)
+    return folder, tokenizer, split, corpus
+
+
+def _background(setup, *, max_steps: int = 0, repeats=(1, 4, 16), mask=MaskSpec("hashed", 4, 13), epochs: int = 1):
+    folder, tokenizer, split, corpus = setup
+    spec = DataSpec(source="x", background=str(folder / "bg.jsonl"), seq_len=32, repeats=repeats, val_tokens=256)
+    train = engine_train.TrainConfig(epochs=epochs, batch_size=4, max_steps=max_steps, shuffle=False, progress=False)
+    special = sorted(set(tokenizer.all_special_ids))
+    return build_background(spec, corpus, split.train, split.heldout, tokenizer, mask, special, train,
+                            tokenizer.pad_token_id), train
+
+
+def test_corpus_is_tokenized_once_and_read_lazily(setup) -> None:
+    folder, tokenizer, _, corpus = setup
+    assert len(corpus) == 300
+    ids = tokenizer(json.loads((folder / "bg.jsonl").read_text().splitlines()[5])["text"],
+                    add_special_tokens=False)["input_ids"]
+    assert corpus.ids(5) == [tokenizer.bos_token_id] + ids
+    again = tokenize_corpus(str(folder / "bg.jsonl"), tokenizer, cache_dir=folder / "cache", progress=False)
+    assert again.fingerprint() == corpus.fingerprint()  # the cached map, not a second tokenization
+
+
+def test_targets_inserted_as_scheduled_and_heldout_never(setup) -> None:
+    background, train = _background(setup)
+    _, tokenizer, split, _ = setup
+    record = background.record
+    assert record["n_removed_as_target_copies"] == 2  # the target copies in the background (whitespace aside)
+    inserted = [t["inserted"] for t in record["targets"]]
+    assert inserted == [1, 4, 16, 1, 4, 16]
+    # every copy of every target lies in the stream where the record says, and nothing of a held-out target does
+    pieces = {str(d.id): d.full_ids + [tokenizer.eos_token_id] for d in split.train}
+    stream = [int(t) for r in background.rows for t, p in zip(r["input_ids"], r["position_ids"])]
+    stream = stream[:background.rows.layout.n_tokens]
+    for target in record["targets"]:
+        piece = pieces[target["id"]]
+        assert len(target["stream_offsets"]) == target["inserted"]
+        for offset in target["stream_offsets"]:
+            assert stream[offset:offset + len(piece)] == piece
+    text = tokenizer.decode(stream)
+    for doc in split.heldout:
+        assert doc.text not in text
+    # an uninterrupted run of every row trains every copy: exposures equal insertions, held-out 0
+    assert [background.exposures[str(d.id)] for d in split.train] == inserted
+    assert all(background.exposures[str(d.id)] == 0 for d in split.heldout)
+
+
+def test_exposures_count_the_copies_max_steps_trains(setup) -> None:
+    background, train = _background(setup, max_steps=30)
+    rows_trained = 30 * train.batch_size
+    assert background.record["rows_trained"] == rows_trained
+    ends = {}
+    for row in range(rows_trained):  # count, from the rows themselves, the copies whose last token is trained
+        for segment in background.rows.layout.segments(row):
+            code = int(background.rows.codes[segment.piece])
+            if code < 0 and segment.end == len(background.rows.piece(segment.piece)):
+                ends[-code - 1] = ends.get(-code - 1, 0) + 1
+    counted = [t["trained"] for t in background.record["targets"]]
+    assert counted == [ends.get(t, 0) for t in range(len(counted))]
+    assert sum(counted) > 0  # insertions are drawn within the part of the stream the run trains
+
+
+def test_validation_rows_are_held_out_background(setup) -> None:
+    background, train = _background(setup)
+    assert len(background.validation) % train.batch_size == 0 and len(background.validation) >= train.batch_size
+    row = background.validation[0]
+    assert not row["dropped"].any()  # validation is the standard loss over every target
+    assert (row["targets"] != IGNORE_INDEX).any()
+
+
+def test_resume_mid_epoch_equals_uninterrupted_run(setup, tmp_path: Path) -> None:
+    """Kill after step 5 (checkpoint at step 4), resume: same rows in the same order, same weights and losses."""
+    _, tokenizer, split, _ = setup
+    background, train = _background(setup, max_steps=8)
+    train = replace(train, save_every=4, lr=3e-3)
+    special = sorted(set(tokenizer.all_special_ids))
+    loss = make_step_loss(MaskSpec("hashed", 4, 13), special)
+    prepared = Prepared(tokenizer=tokenizer, split=split, n_loaded=0, context=32)
+
+    def model():
+        return build_tiny_model("micro-llama", vocab_size=len(tokenizer), max_positions=64, seed=0,
+                                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                                pad_token_id=tokenizer.pad_token_id)
+
+    def save(m, d):
+        d.mkdir(parents=True, exist_ok=True)
+        torch.save(m.state_dict(), d / "weights.pt")
+
+    whole = model()
+    full = engine_train.train(whole, background.rows, loss, train, out_dir=tmp_path / "a", save_model=save,
+                              validation=background.validation, validation_loss_fn=validation_loss_fn(prepared))
+
+    class Killed(Exception):
+        pass
+
+    def kill(record):
+        if record["step"] == 5:
+            raise Killed
+
+    interrupted = model()
+    with pytest.raises(Killed):
+        engine_train.train(interrupted, background.rows, loss, train, out_dir=tmp_path / "b", save_model=save,
+                           on_log=kill)
+    resumed = model()
+    resumed.load_state_dict(torch.load(tmp_path / "b" / "checkpoint" / "weights.pt"))
+    rest = engine_train.train(resumed, background.rows, loss, train, out_dir=tmp_path / "b", save_model=save,
+                              resume_from=tmp_path / "b" / "checkpoint", validation=background.validation,
+                              validation_loss_fn=validation_loss_fn(prepared))
+    assert [r["loss"] for r in rest.history] == [r["loss"] for r in full.history[4:]]
+    assert rest.history[-1]["val_loss"] == full.history[-1]["val_loss"]
+    for a, b in zip(whole.state_dict().values(), resumed.state_dict().values()):
+        assert torch.equal(a, b)
+    # the same stream again (same exposures); a different schedule is refused
+    again, _ = _background(setup, max_steps=8)
+    assert again.exposures == background.exposures
+    other, _ = _background(setup, max_steps=8, repeats=(1, 2))
+    with pytest.raises(ValueError, match="training stream differs"):
+        other.rows.load_state_dict(background.rows.state_dict())
+
+
+def test_corpus_preset_resolves_to_a_background_run() -> None:
+    from goldfish.app.cli import _explicit_options, apply_preset, build_parser, data_of, train_config_of
+    from goldfish.app.config import COMPARE_PRESETS, CompareSpec
+
+    parser = build_parser()
+    argv = ["compare", "--preset", "corpus", "--max-steps", "50"]
+    args = parser.parse_args(argv)
+    apply_preset(args, COMPARE_PRESETS["corpus"], _explicit_options(args.parser, argv))
+    spec = data_of(args)
+    assert spec.background == "python-stdlib" and spec.pack and spec.repeats == (1, 16, 64, 256)
+    assert spec.extraction_window == 256
+    train = train_config_of(args, CompareSpec().train, None)
+    assert train.max_steps == 50 and train.epochs == 1  # an explicit option beats the preset
+
+
+def test_stdlib_background_leaves_out_the_default_corpus_text() -> None:
+    from data.corpus import stdlib_files
+
+    files = stdlib_files()
+    assert len(files) > 100
+    assert not any("pydoc_data" in f.parts or "test" in f.parts for f in files)
