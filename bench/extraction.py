@@ -4,10 +4,12 @@ A small random Llama decodes the last ``--suffix-len`` tokens of ``--n-docs`` ra
 ``--doc-len`` tokens from the rest (the goldfish split), three ways, timed side by side in one run:
   * HF ``generate(do_sample=False)`` one document at a time (the paper's protocol, batch size 1);
   * ``greedy_decode`` at batch size 1 (our loop, no batching);
-  * ``greedy_decode`` at ``--batch-size``.
-It prints documents per second for each, the speed-up of batched over HF batch-1, and checks that all
-three produce identical ids (exit status 1 if not). Also times a full ``extract()`` (decode + teacher-
-forced pass + ROUGE) at the batch size.
+  * ``greedy_decode`` at ``--batch-size``;
+and, beside them, the prompt pass alone (one forward over the batch's prefixes, which every contender makes and no
+batching makes cheaper: the same tokens through the same weights), so the printed bound HF time / prompt-pass time
+is the speed-up that batching the decoding steps could reach at most. It prints documents per second for each,
+the speed-up of batched over HF batch-1, and checks that all three decoders produce identical ids (exit status 1 if
+not). Also times a full ``extract()`` (decode + teacher-forced pass + ROUGE) at the batch size.
 
     python bench/extraction.py                      # defaults: hidden 256, 4 layers, vocab 2048, 64 x 256
     python bench/extraction.py --device cuda --n-docs 256
@@ -24,6 +26,7 @@ import torch
 from transformers import GenerationConfig
 
 import common
+from eval.batching import evaluating, left_pad
 from eval.extraction import ExtractionConfig, extract, greedy_decode
 
 
@@ -89,10 +92,18 @@ def race(model: torch.nn.Module, prefixes: list[list[int]], args: argparse.Names
                                           generation_config=gc)[0, len(p):].tolist())
         return out
 
+    def prompt_pass(chunk: list[list[int]]) -> list[list[int]]:
+        with evaluating(model):
+            for start in range(0, len(chunk), args.batch_size):
+                ids, mask, positions = left_pad(chunk[start : start + args.batch_size], 0, torch.device(args.device))
+                model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+        return []
+
     contenders = {"hf": hf_single,
                   "single": lambda chunk: greedy_decode(model, chunk, n_new, pad_token_id=0, batch_size=1),
                   "batched": lambda chunk: greedy_decode(model, chunk, n_new, pad_token_id=0,
-                                                         batch_size=args.batch_size)}
+                                                         batch_size=args.batch_size),
+                  "prompt": prompt_pass}
     # Warm-up (allocator, kernels) on two documents so no contender pays first-call costs.
     greedy_decode(model, prefixes[:2], 4, pad_token_id=0, batch_size=2)
     hf_single(prefixes[:1])
@@ -125,7 +136,9 @@ def summarize(args: argparse.Namespace, model: torch.nn.Module, seconds: dict[st
         "greedy_decode_batched_docs_per_s": n / seconds["batched"],
         "extract_batched_docs_per_s": n / seconds["extract"],
         "speedup_batched_vs_hf_bs1": seconds["hf"] / seconds["batched"],
-        "identical_ids": ids["hf"] == ids["single"] == ids["batched"],
+        "prompt_pass_docs_per_s": n / seconds["prompt"],
+        "speedup_bound_hf_bs1_vs_prompt_pass": seconds["hf"] / seconds["prompt"],
+        "identical_ids": ids["hf"] == ids["single"] == ids["batched"],  # the prompt pass returns no ids
         "distinct_generated_ids": len({t for row in ids["batched"] for t in row}),
         "exact_match_vs_random_suffix": summary["exact_match"],
         "load_average_1min_at_end": os.getloadavg()[0],
@@ -144,6 +157,9 @@ def print_figures(args: argparse.Namespace, figures: dict, seconds: dict[str, fl
     print(f"  greedy_decode, batch {args.batch_size:<3}     : {n / t_batched:8.2f} docs/s  ({t_batched:.2f} s)")
     print(f"  extract(), batch {args.batch_size:<3}         : {n / t_extract:8.2f} docs/s  ({t_extract:.2f} s)"
           "  [decode + teacher-forced pass + ROUGE]")
+    t_prompt = seconds["prompt"]
+    print(f"  prompt pass alone, batch {args.batch_size:<3}: {n / t_prompt:8.2f} docs/s  ({t_prompt:.2f} s)"
+          f"  [bound on the speed-up: HF / prompt pass = {t_hf / t_prompt:.2f}x]")
     print(f"  speed-up batched vs HF batch 1: {t_hf / t_batched:.2f}x")
     print(f"  generated ids identical (HF bs1 == ours bs1 == ours batched): {figures['identical_ids']}")
 

@@ -266,6 +266,7 @@ def test_bench_script_runs_and_agrees(tmp_path, monkeypatch):
     assert bench["main"](argv) == 0
     figures = json.loads(out.read_text())
     assert figures["identical_ids"] is True and figures["n_docs"] == 3
+    assert figures["speedup_bound_hf_bs1_vs_prompt_pass"] > 0 and figures["prompt_pass_docs_per_s"] > 0
 
 
 def test_result_files_hold_infinities_as_valid_json(tmp_path):
