@@ -11,7 +11,8 @@ Usage (no GPU needed: it only runs the planner; a few minutes on one core):
 
 For every run it plans the GPT model on that machine's profile (engine.planner.profiles) at `--compute-efficiency` and
 takes the fastest grid (rows layout, ZeRO stage, activation checkpointing and micro-batches as the planner picks them:
-options of `goldfish train`). Sustained flop/s = model FLOPs of the step (engine.planner.cost_model.model_flops_per_token: 6 x matmul
+options of `goldfish train`). Sustained flop/s = model FLOPs of the step
+(engine.planner.cost_model.model_flops_per_token: 6 x matmul
 weights + attention, no recomputation) / predicted step time.
 
 Assumptions, stated because the published figures do not pin them here:
@@ -34,6 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
+
 from engine.planner.cost_model import NAMED_SHAPES, model_flops_per_token  # noqa: E402
 from engine.planner.plan import PlanRequest, rank_grids  # noqa: E402
 from engine.planner.profiles import PROFILES  # noqa: E402
@@ -54,11 +56,18 @@ PUBLISHED_WEAK = {"frontier": (8192, 0.883), "alps": (6144, 0.765)}
 def predict(machine: str, gpus: int, model: str, efficiency: float) -> dict[str, Any]:
     """The fastest feasible plan of `model` on `gpus` GPUs of `machine` with AxoNN's batch (either rows layout)."""
     shape, profile = NAMED_SHAPES[model], PROFILES[machine]
-    out: dict[str, Any] = {"machine": machine, "gpus": gpus, "model": shape.name, "params": shape.n_params,
-                           "seq": SEQ, "axonn_batch": AXONN_BATCH}
+    out: dict[str, Any] = {
+        "machine": machine,
+        "gpus": gpus,
+        "model": shape.name,
+        "params": shape.n_params,
+        "seq": SEQ,
+        "axonn_batch": AXONN_BATCH,
+    }
     batch = AXONN_BATCH
-    request = PlanRequest(shape=shape, gpus=gpus, global_batch=batch, seq=SEQ, profile=profile,
-                          compute_efficiency=efficiency)
+    request = PlanRequest(
+        shape=shape, gpus=gpus, global_batch=batch, seq=SEQ, profile=profile, compute_efficiency=efficiency
+    )
     plans = rank_grids(request)
     out["batch"] = batch
     best = plans[0]
@@ -70,8 +79,13 @@ def predict(machine: str, gpus: int, model: str, efficiency: float) -> dict[str,
     # what the engine's step would sustain if every collective hid behind compute (AxoNN overlaps most of them;
     # the planner sums them): a bound that shows how much of the gap overlap could explain
     hidden = max(best.compute_s + best.memory_s, best.comm_s)
-    out.update(feasible=True, flops=useful / best.step_s, flops_per_gpu=useful / best.step_s / gpus,
-               flops_comm_hidden=useful / hidden, plan=best.to_json())
+    out.update(
+        feasible=True,
+        flops=useful / best.step_s,
+        flops_per_gpu=useful / best.step_s / gpus,
+        flops_comm_hidden=useful / hidden,
+        plan=best.to_json(),
+    )
     return out
 
 
@@ -79,8 +93,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="bench/results/axonn_runs.json")
     parser.add_argument("--plot", default="bench/results/axonn_weak_scaling.png")
-    parser.add_argument("--compute-efficiency", type=float, default=0.5,
-                        help="fraction of peak the matrix products reach (the planner's default: %(default)s)")
+    parser.add_argument(
+        "--compute-efficiency",
+        type=float,
+        default=0.5,
+        help="fraction of peak the matrix products reach (the planner's default: %(default)s)",
+    )
     args = parser.parse_args()
     series: dict[str, list[dict[str, Any]]] = {}
     for machine, runs in WEAK_SCALING.items():
@@ -98,30 +116,59 @@ def main() -> None:
     for machine, (gpus, published) in PUBLISHED_FLOPS.items():
         run = next(r for r in series[machine] if r["gpus"] == gpus)
         predicted = run.get("flops")
-        table.append({"machine": machine, "gpus": gpus, "model": run["model"], "published_flops": published,
-                      "predicted_flops": predicted, "batch": run["batch"],
-                      "predicted_flops_comm_hidden": run.get("flops_comm_hidden"),
-                      "error": None if predicted is None else predicted / published - 1})
+        table.append(
+            {
+                "machine": machine,
+                "gpus": gpus,
+                "model": run["model"],
+                "published_flops": published,
+                "predicted_flops": predicted,
+                "batch": run["batch"],
+                "predicted_flops_comm_hidden": run.get("flops_comm_hidden"),
+                "error": None if predicted is None else predicted / published - 1,
+            }
+        )
     weak = []
     for machine, (gpus, published) in PUBLISHED_WEAK.items():
         run = next(r for r in series[machine] if r["gpus"] == gpus)
         predicted = run.get("weak_scaling_efficiency")
-        weak.append({"machine": machine, "gpus": gpus, "published": published, "predicted": predicted,
-                     "error": None if predicted is None else predicted - published})
+        weak.append(
+            {
+                "machine": machine,
+                "gpus": gpus,
+                "published": published,
+                "predicted": predicted,
+                "error": None if predicted is None else predicted - published,
+            }
+        )
     for row in table:
         plan = next(r for r in series[row["machine"]] if r["gpus"] == row["gpus"])["plan"]
         grid = ",".join(f"{a}={v}" for a, v in plan["grid"].items() if v > 1)
-        print(f"{row['machine']:>10} {row['gpus']:>6}: grid {grid}, rows {plan['rows']}, zero {plan['zero']}, "
-              f"accum {plan['grad_accum']}, ckpt {plan['checkpointing']}")
-        print(f"{row['machine']:>10} {row['gpus']:>6}: published {row['published_flops'] / 1e15:8.1f} Pflop/s, "
-              f"predicted {row['predicted_flops'] / 1e15:8.1f} Pflop/s ({row['error']:+.1%}); communication hidden: "
-              f"{row['predicted_flops_comm_hidden'] / 1e15:8.1f} Pflop/s")
+        print(
+            f"{row['machine']:>10} {row['gpus']:>6}: grid {grid}, rows {plan['rows']}, zero {plan['zero']}, "
+            f"accum {plan['grad_accum']}, ckpt {plan['checkpointing']}"
+        )
+        print(
+            f"{row['machine']:>10} {row['gpus']:>6}: published {row['published_flops'] / 1e15:8.1f} Pflop/s, "
+            f"predicted {row['predicted_flops'] / 1e15:8.1f} Pflop/s ({row['error']:+.1%}); communication hidden: "
+            f"{row['predicted_flops_comm_hidden'] / 1e15:8.1f} Pflop/s"
+        )
     for row in weak:
-        print(f"{row['machine']:>10} {row['gpus']:>6}: weak scaling published {row['published']:.1%}, "
-              f"predicted {row['predicted']:.1%}")
-    common.write_result(args.out, {"compute_efficiency": args.compute_efficiency, "seq": SEQ,
-                                   "axonn_batch": AXONN_BATCH, "flops": table, "weak_scaling": weak,
-                                   "series": series})
+        print(
+            f"{row['machine']:>10} {row['gpus']:>6}: weak scaling published {row['published']:.1%}, "
+            f"predicted {row['predicted']:.1%}"
+        )
+    common.write_result(
+        args.out,
+        {
+            "compute_efficiency": args.compute_efficiency,
+            "seq": SEQ,
+            "axonn_batch": AXONN_BATCH,
+            "flops": table,
+            "weak_scaling": weak,
+            "series": series,
+        },
+    )
     print(f"wrote {args.out}")
     if args.plot:
         plot(series, args.plot)
@@ -130,6 +177,7 @@ def main() -> None:
 
 def plot(series: dict[str, list[dict[str, Any]]], path: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -137,8 +185,12 @@ def plot(series: dict[str, list[dict[str, Any]]], path: str) -> None:
     for machine, runs in series.items():
         runs = [r for r in runs if r["feasible"]]
         gpus = [r["gpus"] for r in runs]
-        line, = left.plot(gpus, [100 * r["weak_scaling_efficiency"] for r in runs], "o-", label=f"{machine} (predicted)")
-        right.plot(gpus, [r["flops"] / 1e15 for r in runs], "o-", color=line.get_color(), label=f"{machine} (predicted)")
+        (line,) = left.plot(
+            gpus, [100 * r["weak_scaling_efficiency"] for r in runs], "o-", label=f"{machine} (predicted)"
+        )
+        right.plot(
+            gpus, [r["flops"] / 1e15 for r in runs], "o-", color=line.get_color(), label=f"{machine} (predicted)"
+        )
         if machine in PUBLISHED_WEAK:
             n, value = PUBLISHED_WEAK[machine]
             left.plot([n], [100 * value], "*", ms=14, color=line.get_color(), label=f"{machine} (published)")

@@ -93,8 +93,18 @@ def model_shape(args: argparse.Namespace) -> dict[str, int]:
     return {name: getattr(args, name) for name in SHAPE if getattr(args, name, None) is not None}
 
 
-def build_llama(*, vocab: int, hidden: int, layers: int, heads: int, seq: int, intermediate: int | None = None,
-                kv_heads: int | None = None, seed: int = 0, **hf_config: Any) -> torch.nn.Module:
+def build_llama(
+    *,
+    vocab: int,
+    hidden: int,
+    layers: int,
+    heads: int,
+    seq: int,
+    intermediate: int | None = None,
+    kv_heads: int | None = None,
+    seed: int = 0,
+    **hf_config: Any,
+) -> torch.nn.Module:
     """A randomly initialised HF LlamaForCausalLM (fp32, CPU), the same weights for the same arguments and seed.
 
     intermediate defaults to 4 x hidden and kv_heads to heads; `hf_config` goes to LlamaConfig as it is
@@ -103,16 +113,29 @@ def build_llama(*, vocab: int, hidden: int, layers: int, heads: int, seq: int, i
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                         num_key_value_heads=heads if kv_heads is None else kv_heads,
-                         intermediate_size=4 * hidden if intermediate is None else intermediate,
-                         max_position_embeddings=seq, **hf_config)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads if kv_heads is None else kv_heads,
+        intermediate_size=4 * hidden if intermediate is None else intermediate,
+        max_position_embeddings=seq,
+        **hf_config,
+    )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config)
 
 
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: torch.Tensor, grid: Any = None, *,
-               max_norm: float = 1.0, autocast: bool = False) -> torch.Tensor:
+def train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    ids: torch.Tensor,
+    grid: Any = None,
+    *,
+    max_norm: float = 1.0,
+    autocast: bool = False,
+) -> torch.Tensor:
     """One next-token training step on `ids` (batch, seq): forward, mean cross-entropy, backward, gradient sync
     and clipping (the engine's on `grid`, torch's without one), optimizer step. Returns the loss (detached).
 

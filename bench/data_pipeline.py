@@ -44,8 +44,9 @@ def write_corpus(path: Path, n_docs: int, chars: int = 2000) -> int:
                 text = file.read_text(encoding="utf-8", errors="replace")
                 for start in range(0, len(text) - chars + 1, chars):
                     # the cycle number keeps repeated passes distinct texts
-                    handle.write(json.dumps({"text": f"# pass {written // 10**6}\n" + text[start:start + chars]})
-                                 + "\n")
+                    handle.write(
+                        json.dumps({"text": f"# pass {written // 10**6}\n" + text[start : start + chars]}) + "\n"
+                    )
                     written += 1
                     if written == n_docs:
                         return written
@@ -54,11 +55,35 @@ def write_corpus(path: Path, n_docs: int, chars: int = 2000) -> int:
 
 def peak_memory_mib(corpus: Path, out: Path) -> float:
     """Peak RSS of a 3-step `goldfish train --background` run in a child process (it reports its own peak)."""
-    code = ("import resource, sys; from goldfish.app.cli import main; code = main(sys.argv[1:]); "
-            "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024); sys.exit(code)")
-    command = [sys.executable, "-c", code, "train", "--background", str(corpus), "--max-steps", "3", "--seq-len",
-               "256", "--batch-size", "8", "--n-train", "4", "--n-heldout", "2", "--pack", "--max-doc-tokens", "400",
-               "--no-progress", "--out", str(out), "--overwrite"]
+    code = (
+        "import resource, sys; from goldfish.app.cli import main; code = main(sys.argv[1:]); "
+        "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024); sys.exit(code)"
+    )
+    command = [
+        sys.executable,
+        "-c",
+        code,
+        "train",
+        "--background",
+        str(corpus),
+        "--max-steps",
+        "3",
+        "--seq-len",
+        "256",
+        "--batch-size",
+        "8",
+        "--n-train",
+        "4",
+        "--n-heldout",
+        "2",
+        "--pack",
+        "--max-doc-tokens",
+        "400",
+        "--no-progress",
+        "--out",
+        str(out),
+        "--overwrite",
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     result = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     return float(next(line.split()[1] for line in result.stdout.splitlines() if line.startswith("PEAK")))
@@ -82,17 +107,19 @@ def measure(corpus: Path, workers: int, tokenizer, steps: int | None) -> dict:
         train = engine_train.TrainConfig(batch_size=8, shuffle=False, progress=False, max_steps=steps or 0)
         special = sorted(set(tokenizer.all_special_ids))
         mask = MaskSpec("hashed", 4, 13)
-        background = build_background(spec, tokenized, [], [], tokenizer, mask, special, train,
-                                      tokenizer.pad_token_id)
+        background = build_background(spec, tokenized, [], [], tokenizer, mask, special, train, tokenizer.pad_token_id)
         rows = background.rows
         n_rows = min(400, len(rows))
         started = time.perf_counter()
         for row in range(n_rows):
             rows[row]
         rows_s = time.perf_counter() - started
-        result = {"n_documents": len(tokenized), "n_tokens": tokenized.n_tokens,
-                  "tokenize_tokens_per_s": round(tokenized.n_tokens / tokenize_s),
-                  "rows_tokens_per_s": round(n_rows * spec.seq_len / rows_s)}
+        result = {
+            "n_documents": len(tokenized),
+            "n_tokens": tokenized.n_tokens,
+            "tokenize_tokens_per_s": round(tokenized.n_tokens / tokenize_s),
+            "rows_tokens_per_s": round(n_rows * spec.seq_len / rows_s),
+        }
         if steps:
             waited = [0.0]
 
@@ -107,14 +134,24 @@ def measure(corpus: Path, workers: int, tokenizer, steps: int | None) -> dict:
                     finally:
                         waited[0] += time.perf_counter() - t0
 
-            model = build_tiny_model("tiny-llama", vocab_size=len(tokenizer), max_positions=256, seed=0,
-                                     bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                                     pad_token_id=tokenizer.pad_token_id)
+            model = build_tiny_model(
+                "tiny-llama",
+                vocab_size=len(tokenizer),
+                max_positions=256,
+                seed=0,
+                bos_token_id=tokenizer.bos_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+            )
             started = time.perf_counter()
             engine_train.train(model, Timed(), make_step_loss(mask, special), train)
             total = time.perf_counter() - started
-            result |= {"train_steps": steps, "train_s": round(total, 2), "data_wait_s": round(waited[0], 3),
-                       "data_wait_share": round(waited[0] / total, 4)}
+            result |= {
+                "train_steps": steps,
+                "train_s": round(total, 2),
+                "data_wait_s": round(waited[0], 3),
+                "data_wait_share": round(waited[0] / total, 4),
+            }
     return result
 
 
@@ -138,11 +175,15 @@ def main() -> None:
             results[name]["peak_rss_mib"] = round(peak_memory_mib(corpus, Path(folder) / f"run-{name}"), 1)
             results[name]["corpus_mib"] = round(corpus.stat().st_size / 2**20, 2)
             print(name, json.dumps(results[name]), flush=True)
-    results["peak_ratio_large_over_small"] = round(results["large"]["peak_rss_mib"] / results["small"]["peak_rss_mib"],
-                                                   3)
+    results["peak_ratio_large_over_small"] = round(
+        results["large"]["peak_rss_mib"] / results["small"]["peak_rss_mib"], 3
+    )
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    results["machine"] = {"cpus": os.cpu_count(), "threads": __import__("torch").get_num_threads(),
-                          "max_rss_of_this_script_mib": round(peak)}
+    results["machine"] = {
+        "cpus": os.cpu_count(),
+        "threads": __import__("torch").get_num_threads(),
+        "max_rss_of_this_script_mib": round(peak),
+    }
     print(json.dumps(results, indent=2))
     if args.out:
         common.write_result(args.out, results)

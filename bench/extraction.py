@@ -22,10 +22,10 @@ import os
 import sys
 from dataclasses import dataclass
 
+import common
 import torch
 from transformers import GenerationConfig
 
-import common
 from eval.batching import evaluating, left_pad
 from eval.extraction import ExtractionConfig, extract, greedy_decode
 
@@ -43,12 +43,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--suffix-len", type=int, default=50, help="tokens generated per document")
     p.add_argument("--batch-size", type=int, default=32)
     common.add_options(p, hidden=256, layers=4, heads=4, vocab=2048)
-    p.add_argument("--init-range", type=float, default=0.2,
-                   help="weight init std; HF's 0.02 gives near-flat logits and degenerate repeated tokens")
-    common.add_options(p, help={"threads": "torch CPU threads; 1 by default because OpenMP threads spinning on a "
-                                           "shared, busy CPU slow small matmuls down by 10x or more (0: torch's "
-                                           "default)"},
-                       device="cpu", threads=1)
+    p.add_argument(
+        "--init-range",
+        type=float,
+        default=0.2,
+        help="weight init std; HF's 0.02 gives near-flat logits and degenerate repeated tokens",
+    )
+    common.add_options(
+        p,
+        help={
+            "threads": "torch CPU threads; 1 by default because OpenMP threads spinning on a "
+            "shared, busy CPU slow small matmuls down by 10x or more (0: torch's "
+            "default)"
+        },
+        device="cpu",
+        threads=1,
+    )
     p.add_argument("--seed", type=int, default=0)
     common.add_options(p, json=None)
     args = common.parse(p, argv)
@@ -59,16 +69,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    model = common.build_llama(**common.model_shape(args), seq=max(2048, args.doc_len),
-                               initializer_range=args.init_range, seed=args.seed).to(args.device).eval()
+    model = (
+        common.build_llama(
+            **common.model_shape(args), seq=max(2048, args.doc_len), initializer_range=args.init_range, seed=args.seed
+        )
+        .to(args.device)
+        .eval()
+    )
     gen = torch.Generator().manual_seed(args.seed + 1)
-    docs = [Doc(f"doc{i}", torch.randint(0, args.vocab, (args.doc_len,), generator=gen).tolist())
-            for i in range(args.n_docs)]
+    docs = [
+        Doc(f"doc{i}", torch.randint(0, args.vocab, (args.doc_len,), generator=gen).tolist())
+        for i in range(args.n_docs)
+    ]
     config = ExtractionConfig(suffix_len=args.suffix_len, batch_size=args.batch_size)
     seconds, ids = race(model, [config.split(d.token_ids)[0] for d in docs], args)
     (_, summary), seconds["extract"] = common.timed(
-        lambda: extract(model, docs, config, decode=lambda ids: " ".join(map(str, ids)), pad_token_id=0,
-                        progress=False), args.device)
+        lambda: extract(
+            model, docs, config, decode=lambda ids: " ".join(map(str, ids)), pad_token_id=0, progress=False
+        ),
+        args.device,
+    )
     figures = summarize(args, model, seconds, ids, summary)
     print_figures(args, figures, seconds)
     if args.json:
@@ -76,8 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if figures["identical_ids"] else 1
 
 
-def race(model: torch.nn.Module, prefixes: list[list[int]], args: argparse.Namespace
-         ) -> tuple[dict[str, float], dict[str, list[list[int]]]]:
+def race(
+    model: torch.nn.Module, prefixes: list[list[int]], args: argparse.Namespace
+) -> tuple[dict[str, float], dict[str, list[list[int]]]]:
     """Decode `args.suffix_len` tokens after each prefix three ways: HF generate one prefix at a time, greedy_decode
     at batch 1, greedy_decode at args.batch_size. Returns each contender's total seconds and generated ids."""
     n_new = args.suffix_len
@@ -88,8 +109,9 @@ def race(model: torch.nn.Module, prefixes: list[list[int]], args: argparse.Names
         with torch.no_grad():
             for p in chunk:
                 ids = torch.tensor([p], device=args.device)
-                out.append(model.generate(ids, attention_mask=torch.ones_like(ids),
-                                          generation_config=gc)[0, len(p):].tolist())
+                out.append(
+                    model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gc)[0, len(p) :].tolist()
+                )
         return out
 
     def prompt_pass(chunk: list[list[int]]) -> list[list[int]]:
@@ -99,11 +121,12 @@ def race(model: torch.nn.Module, prefixes: list[list[int]], args: argparse.Names
                 model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
         return []
 
-    contenders = {"hf": hf_single,
-                  "single": lambda chunk: greedy_decode(model, chunk, n_new, pad_token_id=0, batch_size=1),
-                  "batched": lambda chunk: greedy_decode(model, chunk, n_new, pad_token_id=0,
-                                                         batch_size=args.batch_size),
-                  "prompt": prompt_pass}
+    contenders = {
+        "hf": hf_single,
+        "single": lambda chunk: greedy_decode(model, chunk, n_new, pad_token_id=0, batch_size=1),
+        "batched": lambda chunk: greedy_decode(model, chunk, n_new, pad_token_id=0, batch_size=args.batch_size),
+        "prompt": prompt_pass,
+    }
     # Warm-up (allocator, kernels) on two documents so no contender pays first-call costs.
     greedy_decode(model, prefixes[:2], 4, pad_token_id=0, batch_size=2)
     hf_single(prefixes[:1])
@@ -121,16 +144,29 @@ def race(model: torch.nn.Module, prefixes: list[list[int]], args: argparse.Names
     return seconds, ids
 
 
-def summarize(args: argparse.Namespace, model: torch.nn.Module, seconds: dict[str, float],
-              ids: dict[str, list[list[int]]], summary: dict) -> dict:
+def summarize(
+    args: argparse.Namespace,
+    model: torch.nn.Module,
+    seconds: dict[str, float],
+    ids: dict[str, list[list[int]]],
+    summary: dict,
+) -> dict:
     """The figures written to --json."""
     n = args.n_docs
     return {
         "device": args.device,
         "threads": torch.get_num_threads(),
-        "model": {"hidden": args.hidden, "layers": args.layers, "heads": args.heads, "vocab": args.vocab,
-                  "params": sum(p.numel() for p in model.parameters())},
-        "n_docs": n, "doc_len": args.doc_len, "suffix_len": args.suffix_len, "batch_size": args.batch_size,
+        "model": {
+            "hidden": args.hidden,
+            "layers": args.layers,
+            "heads": args.heads,
+            "vocab": args.vocab,
+            "params": sum(p.numel() for p in model.parameters()),
+        },
+        "n_docs": n,
+        "doc_len": args.doc_len,
+        "suffix_len": args.suffix_len,
+        "batch_size": args.batch_size,
         "hf_generate_bs1_docs_per_s": n / seconds["hf"],
         "greedy_decode_bs1_docs_per_s": n / seconds["single"],
         "greedy_decode_batched_docs_per_s": n / seconds["batched"],
@@ -148,18 +184,24 @@ def summarize(args: argparse.Namespace, model: torch.nn.Module, seconds: dict[st
 def print_figures(args: argparse.Namespace, figures: dict, seconds: dict[str, float]) -> None:
     n, n_new = args.n_docs, args.suffix_len
     t_hf, t_single, t_batched, t_extract = (seconds[k] for k in ("hf", "single", "batched", "extract"))
-    print(f"model: Llama hidden {args.hidden}, {args.layers} layers, vocab {args.vocab} "
-          f"({figures['model']['params'] / 1e6:.1f} M params), {args.device}, {figures['threads']} threads")
+    print(
+        f"model: Llama hidden {args.hidden}, {args.layers} layers, vocab {args.vocab} "
+        f"({figures['model']['params'] / 1e6:.1f} M params), {args.device}, {figures['threads']} threads"
+    )
     print(f"load average (1 min) at the end: {figures['load_average_1min_at_end']:.2f} on {os.cpu_count()} CPUs")
     print(f"{n} documents x {args.doc_len} tokens, prefix {args.doc_len - n_new}, generate {n_new}")
     print(f"  HF generate, batch 1         : {n / t_hf:8.2f} docs/s  ({t_hf:.2f} s)")
     print(f"  greedy_decode, batch 1       : {n / t_single:8.2f} docs/s  ({t_single:.2f} s)")
     print(f"  greedy_decode, batch {args.batch_size:<3}     : {n / t_batched:8.2f} docs/s  ({t_batched:.2f} s)")
-    print(f"  extract(), batch {args.batch_size:<3}         : {n / t_extract:8.2f} docs/s  ({t_extract:.2f} s)"
-          "  [decode + teacher-forced pass + ROUGE]")
+    print(
+        f"  extract(), batch {args.batch_size:<3}         : {n / t_extract:8.2f} docs/s  ({t_extract:.2f} s)"
+        "  [decode + teacher-forced pass + ROUGE]"
+    )
     t_prompt = seconds["prompt"]
-    print(f"  prompt pass alone, batch {args.batch_size:<3}: {n / t_prompt:8.2f} docs/s  ({t_prompt:.2f} s)"
-          f"  [bound on the speed-up: HF / prompt pass = {t_hf / t_prompt:.2f}x]")
+    print(
+        f"  prompt pass alone, batch {args.batch_size:<3}: {n / t_prompt:8.2f} docs/s  ({t_prompt:.2f} s)"
+        f"  [bound on the speed-up: HF / prompt pass = {t_hf / t_prompt:.2f}x]"
+    )
     print(f"  speed-up batched vs HF batch 1: {t_hf / t_batched:.2f}x")
     print(f"  generated ids identical (HF bs1 == ours bs1 == ours batched): {figures['identical_ids']}")
 

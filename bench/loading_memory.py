@@ -12,7 +12,8 @@ processes on a grid x=2, y=2 and loads in bf16:
     sharded  engine.training.loading.load_sharded(folder, grid): meta-device build, each rank reads its own slices
 
 Reported per rank: resident memory (/proc/self/status VmRSS, which counts touched pages of the memory-mapped file
-too) before loading (torch and transformers imported), and its peak while loading (VmHWM, reset just before), and the bytes of parameters the rank holds afterwards.
+too) before loading (torch and transformers imported), and its peak while loading (VmHWM, reset just before), and
+the bytes of parameters the rank holds afterwards.
 The paths run one after the other, the sharded one first.
 """
 
@@ -27,8 +28,16 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-CONFIG = dict(hidden_size=2048, num_hidden_layers=16, intermediate_size=8192, num_attention_heads=32,
-              num_key_value_heads=32, vocab_size=32000, tie_word_embeddings=False, max_position_embeddings=2048)
+CONFIG = dict(
+    hidden_size=2048,
+    num_hidden_layers=16,
+    intermediate_size=8192,
+    num_attention_heads=32,
+    num_key_value_heads=32,
+    vocab_size=32000,
+    tie_word_embeddings=False,
+    max_position_embeddings=2048,
+)
 
 
 def make_checkpoint(folder: Path) -> int:
@@ -65,6 +74,7 @@ class _Sampler:
 
     def __init__(self) -> None:
         import threading
+
         self.peak = {"RssAnon": 0, "RssFile": 0}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -107,8 +117,18 @@ def _rank(rank: int, path: str, folder: str, init_file: str, results, dtype_name
     held = sum(p.numel() * p.element_size() for p in model.parameters())
     peak = _status("VmHWM")
     sampled = sampler.finish()
-    results.put({"path": path, "rank": rank, "rss_before": before, "rss_peak": peak, "param_bytes": held,
-                 "anon_before": anon_before, "anon_peak": sampled["RssAnon"], "file_peak": sampled["RssFile"]})
+    results.put(
+        {
+            "path": path,
+            "rank": rank,
+            "rss_before": before,
+            "rss_peak": peak,
+            "param_bytes": held,
+            "anon_before": anon_before,
+            "anon_peak": sampled["RssAnon"],
+            "file_peak": sampled["RssFile"],
+        }
+    )
     grid.close()
     dist.destroy_process_group()
 
@@ -117,9 +137,10 @@ def measure(path: str, folder: Path, dtype_name: str = "bfloat16") -> list[dict]
     context = mp.get_context("spawn")
     results = context.Queue()
     with tempfile.TemporaryDirectory() as tmp:
-        procs = [context.Process(target=_rank, args=(r, path, str(folder), os.path.join(tmp, "rdv"), results,
-                                                            dtype_name))
-                 for r in range(4)]
+        procs = [
+            context.Process(target=_rank, args=(r, path, str(folder), os.path.join(tmp, "rdv"), results, dtype_name))
+            for r in range(4)
+        ]
         for p in procs:
             p.start()
         rows = [results.get(timeout=1800) for _ in procs]
@@ -137,23 +158,40 @@ def main() -> None:
     args = parser.parse_args()
     if not (args.folder / "model.safetensors").is_file():
         n = make_checkpoint(args.folder)
-        print(f"wrote {args.folder}: {n / 1e9:.2f}B parameters, "
-              f"{(args.folder / 'model.safetensors').stat().st_size / 2**30:.2f} GiB")
+        print(
+            f"wrote {args.folder}: {n / 1e9:.2f}B parameters, "
+            f"{(args.folder / 'model.safetensors').stat().st_size / 2**30:.2f} GiB"
+        )
     size = (args.folder / "model.safetensors").stat().st_size
     rows = []
     for path in args.paths.split(","):
         rows += measure(path, args.folder, args.dtype)
     gib = 2**30
     print(f"checkpoint {size / gib:.2f} GiB (bf16), loaded as {args.dtype}; grid x=2, y=2")
-    print(f"{'path':<8} {'rank':>4} {'RSS before':>10} {'RSS peak':>9} {'anon peak - before':>19} "
-          f"{'file-backed peak':>17} {'params held':>12}   (GiB)")
+    print(
+        f"{'path':<8} {'rank':>4} {'RSS before':>10} {'RSS peak':>9} {'anon peak - before':>19} "
+        f"{'file-backed peak':>17} {'params held':>12}   (GiB)"
+    )
     for row in rows:
-        print(f"{row['path']:<8} {row['rank']:>4} {row['rss_before'] / gib:>10.2f} {row['rss_peak'] / gib:>9.2f} "
-              f"{(row['anon_peak'] - row['anon_before']) / gib:>19.2f} {row['file_peak'] / gib:>17.2f} "
-              f"{row['param_bytes'] / gib:>12.2f}")
+        print(
+            f"{row['path']:<8} {row['rank']:>4} {row['rss_before'] / gib:>10.2f} {row['rss_peak'] / gib:>9.2f} "
+            f"{(row['anon_peak'] - row['anon_before']) / gib:>19.2f} {row['file_peak'] / gib:>17.2f} "
+            f"{row['param_bytes'] / gib:>12.2f}"
+        )
     if args.json:
-        args.json.write_text(json.dumps({"checkpoint_bytes": size, "config": CONFIG, "dtype": args.dtype, "grid": {"x": 2, "y": 2},
-                                         "rows": rows}, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "checkpoint_bytes": size,
+                    "config": CONFIG,
+                    "dtype": args.dtype,
+                    "grid": {"x": 2, "y": 2},
+                    "rows": rows,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -47,8 +47,15 @@ def _measure(variant: str, tokens: int, hidden: int, vocab: int, chunk: int, que
     losses.sum().backward()
     seconds = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    queue.put({"variant": variant, "chunk": chunk, "peak_extra_bytes": after - before, "seconds": seconds,
-               "losses": losses.detach()[:64].tolist()})
+    queue.put(
+        {
+            "variant": variant,
+            "chunk": chunk,
+            "peak_extra_bytes": after - before,
+            "seconds": seconds,
+            "losses": losses.detach()[:64].tolist(),
+        }
+    )
 
 
 def run(tokens: int, hidden: int, vocab: int, chunks: list[int]) -> list[dict]:
@@ -77,16 +84,31 @@ def main() -> None:
     chunks = [int(c) for c in args.chunks.split(",")]
     rows = run(args.tokens, args.hidden, args.vocab, chunks)
     logits_bytes = args.tokens * args.vocab * 4
-    print(f"tokens {args.tokens}, hidden {args.hidden}, vocabulary {args.vocab}: one float32 logits tensor = "
-          f"{logits_bytes / 2**20:.0f} MiB")
+    print(
+        f"tokens {args.tokens}, hidden {args.hidden}, vocabulary {args.vocab}: one float32 logits tensor = "
+        f"{logits_bytes / 2**20:.0f} MiB"
+    )
     print(f"{'variant':<12} {'chunk':>6} {'peak extra MiB':>15} {'x logits':>9} {'seconds':>8} {'max |dloss|':>12}")
     for row in rows:
-        print(f"{row['variant']:<12} {row['chunk']:>6} {row['peak_extra_bytes'] / 2**20:>15.0f} "
-              f"{row['peak_extra_bytes'] / logits_bytes:>9.2f} {row['seconds']:>8.1f} {row['max_loss_difference']:>12.2e}")
+        print(
+            f"{row['variant']:<12} {row['chunk']:>6} {row['peak_extra_bytes'] / 2**20:>15.0f} "
+            f"{row['peak_extra_bytes'] / logits_bytes:>9.2f} {row['seconds']:>8.1f} {row['max_loss_difference']:>12.2e}"
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"tokens": args.tokens, "hidden": args.hidden, "vocab": args.vocab,
-                                         "logits_bytes": logits_bytes, "rows": rows}, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "tokens": args.tokens,
+                    "hidden": args.hidden,
+                    "vocab": args.vocab,
+                    "logits_bytes": logits_bytes,
+                    "rows": rows,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import argparse
 
+import common
 import torch
 
-import common
 from goldfish.loss import goldfish_loss
 from goldfish.masks import STRATEGIES, causal_targets, drop_mask
 
@@ -36,20 +36,28 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="training batch rows")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--step-repeats", type=int, default=10)
-    common.add_options(parser, help={"vocab": "Llama vocabulary (also the mask benchmark's)",
-                                     "seq": "training sequence length"},
-                       vocab=2048, hidden=256, layers=4, seq=256, threads=None)
+    common.add_options(
+        parser,
+        help={"vocab": "Llama vocabulary (also the mask benchmark's)", "seq": "training sequence length"},
+        vocab=2048,
+        hidden=256,
+        layers=4,
+        seq=256,
+        threads=None,
+    )
     args = common.parse(parser)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, k={args.k}, h={args.h}")
 
     generator = torch.Generator().manual_seed(0)
     print_mask_throughput(args, generator)
-    model = common.build_llama(**common.model_shape(args), heads=args.hidden // 64, bos_token_id=1, eos_token_id=2,
-                               pad_token_id=0)
+    model = common.build_llama(
+        **common.model_shape(args), heads=args.hidden // 64, bos_token_id=1, eos_token_id=2, pad_token_id=0
+    )
     input_ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=generator)
     targets = causal_targets(input_ids)
-    step_seconds = common.median_seconds(goldfish_step(model, input_ids, drop_mask(targets, "hashed", args.k, args.h)),
-                                         args.step_repeats)
+    step_seconds = common.median_seconds(
+        goldfish_step(model, input_ids, drop_mask(targets, "hashed", args.k, args.h)), args.step_repeats
+    )
     n_params = sum(p.numel() for p in model.parameters())
     print(
         f"\ntraining step: Llama {n_params / 1e6:.1f}M params (hidden {args.hidden}, {args.layers} layers, "

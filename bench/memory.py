@@ -22,7 +22,8 @@ profiler records them (profile_memory=True; CPU tensors have no allocator statis
 max_memory_allocated, and a saved_tensors_hooks count would miss what activation checkpointing keeps outside
 autograd's saved tensors and the loss's transient chunks). Relative to the bytes alive when the step starts
 (weights, gradients kept allocated, AdamW state): "saved" = alive when backward starts (what the forward keeps for
-backward), "peak" = the most alive at any moment of forward + backward. Beside them engine.planner.cost_model.memory_per_rank:
+backward), "peak" = the most alive at any moment of forward + backward. Beside them
+engine.planner.cost_model.memory_per_rank:
 vocab_params x 4/4/8 bytes, detail "kept" (for saved) and `activations + transient` (for peak); the largest rank.
 """
 
@@ -58,8 +59,15 @@ ROWS, SEQ = 2, 64  # per rank
 
 
 def _config() -> LlamaConfig:
-    return LlamaConfig(vocab_size=2048, hidden_size=256, num_hidden_layers=4, num_attention_heads=8,
-                       num_key_value_heads=4, intermediate_size=768, max_position_embeddings=128)
+    return LlamaConfig(
+        vocab_size=2048,
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        intermediate_size=768,
+        max_position_embeddings=128,
+    )
 
 
 def settings(world: int) -> list[tuple[tuple[int, int, int, int], dict]]:
@@ -70,8 +78,11 @@ def settings(world: int) -> list[tuple[tuple[int, int, int, int], dict]]:
         if g.data >= 2:
             out += [(dims, {"stage": s}) for s in (1, 2, 3)]
         if g.data >= 4:
-            out += [(dims, {"stage": 3, "node_size": 2}), (dims, {"stage": 2, "offload": True}),
-                    (dims, {"stage": 3, "offload": True})]
+            out += [
+                (dims, {"stage": 3, "node_size": 2}),
+                (dims, {"stage": 2, "offload": True}),
+                (dims, {"stage": 3, "offload": True}),
+            ]
     return out
 
 
@@ -92,8 +103,9 @@ def _step(model, optimizer, rows, grid) -> None:
 
 def _worker(rank: int, world: int, port: int, cases: list, steps: int, queue) -> None:
     torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                      LOCAL_RANK=str(rank))
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank)
+    )
     for dims, zero_args in cases:
         data, x, y, z = dims
         grid = engine.init(data=data, x=x, y=y, z=z)
@@ -112,8 +124,9 @@ def _worker(rank: int, world: int, port: int, cases: list, steps: int, queue) ->
                 times.append(time.perf_counter() - started)
             grid.traffic.enabled = False
             sent = grid.traffic.reset()
-        queue.put((dims, zero_args, rank, grid.coord("data"), held_bytes(model, optimizer), sent,
-                   statistics.median(times)))
+        queue.put(
+            (dims, zero_args, rank, grid.coord("data"), held_bytes(model, optimizer), sent, statistics.median(times))
+        )
         grid.close()
 
 
@@ -142,16 +155,21 @@ def _vocab_bytes(model, optimizer) -> dict[str, int]:
         seen.add(id(p))
         out["params"] += p.numel() * p.element_size()
         out["grads"] += p.grad.numel() * p.grad.element_size()
-        out["optimizer"] += sum(v.numel() * v.element_size() for v in optimizer.state[p].values()
-                                if isinstance(v, torch.Tensor) and v.dim() > 0)
+        out["optimizer"] += sum(
+            v.numel() * v.element_size()
+            for v in optimizer.state[p].values()
+            if isinstance(v, torch.Tensor) and v.dim() > 0
+        )
     return out
 
 
 def _allocator_figures(step) -> dict[str, int]:
     """Run `step(mark)` (a forward and backward) under torch's profiler with profile_memory; `mark` is
-    torch.profiler.record_function, which the step opens as "backward" where backward starts. Returns the bytes alive (relative to the start) when backward
+    torch.profiler.record_function, which the step opens as "backward" where backward starts. Returns the bytes alive
+    (relative to the start) when backward
     starts and the most alive at any moment, from the CPU allocator's allocation (+) and free (-) events."""
     from torch.profiler import ProfilerActivity, profile, record_function
+
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step(record_function)
     events = list(prof.profiler.kineto_results.events())
@@ -168,8 +186,9 @@ def _allocator_figures(step) -> dict[str, int]:
 
 def _options_worker(rank: int, world: int, port: int, cases: list, queue) -> None:
     torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                      LOCAL_RANK=str(rank))
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank)
+    )
     for dims, split, ckpt in cases:
         data, x, y, z = dims
         grid = engine.init(data=data, x=x, y=y, z=z)
@@ -201,10 +220,17 @@ def _options_worker(rank: int, world: int, port: int, cases: list, queue) -> Non
 
 def run_options(json_path: str | None) -> None:
     config = _options_config()
-    shape = TransformerShape.from_hf_config(LlamaConfig(
-        vocab_size=config["vocab"], hidden_size=config["hidden"], num_hidden_layers=config["layers"],
-        num_attention_heads=config["heads"], num_key_value_heads=config["kv_heads"],
-        intermediate_size=config["intermediate"], max_position_embeddings=config["seq"]))
+    shape = TransformerShape.from_hf_config(
+        LlamaConfig(
+            vocab_size=config["vocab"],
+            hidden_size=config["hidden"],
+            num_hidden_layers=config["layers"],
+            num_attention_heads=config["heads"],
+            num_key_value_heads=config["kv_heads"],
+            intermediate_size=config["intermediate"],
+            max_position_embeddings=config["seq"],
+        )
+    )
     cases, world = option_settings(), 4
     port = common.free_port()
     context = mp.get_context("spawn")
@@ -221,39 +247,65 @@ def run_options(json_path: str | None) -> None:
     rows_out = []
     for dims, split, ckpt in cases:
         per_rank = results[(dims, split, ckpt)]
-        estimate = memory_per_rank(shape, GridShape(*dims), rows_per_rank=OPTION_ROWS, seq=OPTION_SEQ,
-                                   act_bytes=4, param_bytes=4, recompute=ckpt, vocab_parallel=split)
+        estimate = memory_per_rank(
+            shape,
+            GridShape(*dims),
+            rows_per_rank=OPTION_ROWS,
+            seq=OPTION_SEQ,
+            act_bytes=4,
+            param_bytes=4,
+            recompute=ckpt,
+            vocab_parallel=split,
+        )
         vocab_elements = estimate.detail["vocab_params"] if estimate.detail["vocab_parts"] > 1 else shape.vocab_params
-        rows_out.append({
-            "grid": dict(zip(("data", "x", "y", "z"), dims)), "vocab_parallel": split, "activation_checkpointing": ckpt,
-            "vocab_bytes": {k: max(r[0][k] for r in per_rank) for k in ("params", "grads", "optimizer")},
-            "predicted_vocab_bytes": {"params": vocab_elements * 4, "grads": vocab_elements * 4,
-                                      "optimizer": vocab_elements * 8},
-            "saved_bytes": max(r[1]["saved"] for r in per_rank), "predicted_saved_bytes": estimate.detail["kept"],
-            "peak_bytes": max(r[1]["peak"] for r in per_rank),
-            "predicted_peak_bytes": estimate.activations + estimate.transient,
-            "estimate_detail": {"activations": estimate.activations, "transient": estimate.transient,
-                                **{k: estimate.detail[k] for k in ("kept", "loss_chunk", "head_grad",
-                                                                   "layer_activations")}}})
-    mib = 1 / 2 ** 20
-    print(f"Llama vocabulary {shape.vocab}, hidden {shape.hidden}, {shape.layers} layers, {OPTION_ROWS} x {OPTION_SEQ} "
-          f"tokens per rank, world 4, fp32; per rank (largest rank), MiB measured / predicted (ratio)")
-    print(f"{'grid (data,x,y,z)':<18} {'vocab split':<11} {'ckpt':<5} {'emb+head W':>22} {'grad':>7} {'AdamW':>7} "
-          f"{'saved for backward':>24} {'peak in fwd+bwd':>24}")
+        rows_out.append(
+            {
+                "grid": dict(zip(("data", "x", "y", "z"), dims)),
+                "vocab_parallel": split,
+                "activation_checkpointing": ckpt,
+                "vocab_bytes": {k: max(r[0][k] for r in per_rank) for k in ("params", "grads", "optimizer")},
+                "predicted_vocab_bytes": {
+                    "params": vocab_elements * 4,
+                    "grads": vocab_elements * 4,
+                    "optimizer": vocab_elements * 8,
+                },
+                "saved_bytes": max(r[1]["saved"] for r in per_rank),
+                "predicted_saved_bytes": estimate.detail["kept"],
+                "peak_bytes": max(r[1]["peak"] for r in per_rank),
+                "predicted_peak_bytes": estimate.activations + estimate.transient,
+                "estimate_detail": {
+                    "activations": estimate.activations,
+                    "transient": estimate.transient,
+                    **{k: estimate.detail[k] for k in ("kept", "loss_chunk", "head_grad", "layer_activations")},
+                },
+            }
+        )
+    mib = 1 / 2**20
+    print(
+        f"Llama vocabulary {shape.vocab}, hidden {shape.hidden}, {shape.layers} layers, {OPTION_ROWS} x {OPTION_SEQ} "
+        f"tokens per rank, world 4, fp32; per rank (largest rank), MiB measured / predicted (ratio)"
+    )
+    print(
+        f"{'grid (data,x,y,z)':<18} {'vocab split':<11} {'ckpt':<5} {'emb+head W':>22} {'grad':>7} {'AdamW':>7} "
+        f"{'saved for backward':>24} {'peak in fwd+bwd':>24}"
+    )
 
     def pair(measured: float, predicted: float) -> str:
         return f"{measured * mib:7.2f} / {predicted * mib:7.2f} ({measured / predicted:4.2f})"
 
     for row in rows_out:
         v, pv = row["vocab_bytes"], row["predicted_vocab_bytes"]
-        print(f"{str(tuple(row['grid'].values())):<18} {'on' if row['vocab_parallel'] else 'off':<11} "
-              f"{'on' if row['activation_checkpointing'] else 'off':<5} {pair(v['params'], pv['params']):>22} "
-              f"{'=' if v['grads'] == pv['grads'] else 'NO':>7} {'=' if v['optimizer'] == pv['optimizer'] else 'NO':>7} "
-              f"{pair(row['saved_bytes'], row['predicted_saved_bytes']):>24} "
-              f"{pair(row['peak_bytes'], row['predicted_peak_bytes']):>24}")
+        print(
+            f"{str(tuple(row['grid'].values())):<18} {'on' if row['vocab_parallel'] else 'off':<11} "
+            f"{'on' if row['activation_checkpointing'] else 'off':<5} {pair(v['params'], pv['params']):>22} "
+            f"{'=' if v['grads'] == pv['grads'] else 'NO':>7} {'=' if v['optimizer'] == pv['optimizer'] else 'NO':>7} "
+            f"{pair(row['saved_bytes'], row['predicted_saved_bytes']):>24} "
+            f"{pair(row['peak_bytes'], row['predicted_peak_bytes']):>24}"
+        )
     if json_path:
-        written = common.write_result(json_path, {"model": shape.__dict__, "rows_per_rank": OPTION_ROWS,
-                                                  "seq": OPTION_SEQ, "rows": rows_out})
+        written = common.write_result(
+            json_path, {"model": shape.__dict__, "rows_per_rank": OPTION_ROWS, "seq": OPTION_SEQ, "rows": rows_out}
+        )
         print(f"wrote {written}")
 
 
@@ -262,10 +314,14 @@ def main() -> None:
     parser.add_argument("--world", type=int, nargs="+", default=[4])
     parser.add_argument("--steps", type=int, default=3, help="timed steps per setting (default: %(default)s)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write every row as JSON")
-    parser.add_argument("--table", choices=("zero", "options"), default="zero",
-                        help="zero: held and sent bytes per grid and ZeRO stage; options: embeddings/lm_head bytes "
-                             "and activations with and without the vocabulary split and activation checkpointing "
-                             "(world 4; --world and --steps do not apply) (default: %(default)s)")
+    parser.add_argument(
+        "--table",
+        choices=("zero", "options"),
+        default="zero",
+        help="zero: held and sent bytes per grid and ZeRO stage; options: embeddings/lm_head bytes "
+        "and activations with and without the vocabulary split and activation checkpointing "
+        "(world 4; --world and --steps do not apply) (default: %(default)s)",
+    )
     args = parser.parse_args()
     if args.table == "options":
         run_options(args.json)
@@ -279,51 +335,83 @@ def main() -> None:
             port = s.getsockname()[1]
         context = mp.get_context("spawn")
         queue = context.Queue()
-        procs = [context.Process(target=_worker, args=(r, world, port, cases, args.steps, queue))
-                 for r in range(world)]
+        procs = [context.Process(target=_worker, args=(r, world, port, cases, args.steps, queue)) for r in range(world)]
         for p in procs:
             p.start()
         results: dict[tuple, list] = {}
         for _ in range(world * len(cases)):
             dims, zero_args, rank, data_rank, held, sent, seconds = queue.get(timeout=3600)
             results.setdefault((dims, tuple(sorted(zero_args.items()))), []).append(
-                (rank, data_rank, held, sent, seconds))
+                (rank, data_rank, held, sent, seconds)
+            )
         for p in procs:
             p.join()
         for dims, zero_args in cases:
             per_rank = results[(dims, tuple(sorted(zero_args.items())))]
             grid, zero = GridShape(*dims), ZeroConfig(**zero_args)
             held = {k: max(r[2][k] for r in per_rank) for k in ("params", "grads", "optimizer")}
-            predicted = {k: max(zero_held_bytes(shape, grid, zero, data_rank=r[1])[k] for r in per_rank)
-                         for k in held}
+            predicted = {k: max(zero_held_bytes(shape, grid, zero, data_rank=r[1])[k] for r in per_rank) for k in held}
             sent = max(sum(r[3].values()) for r in per_rank)
-            predicted_sent = max(sum(bytes_by_group(llama_step_collectives(
-                shape, grid, rows_per_rank=ROWS, seq=SEQ, param_bytes=4, act_bytes=4, stream_bytes=4,
-                zero=zero if zero.stage else None, data_rank=r[1])).values()) for r in per_rank)
-            rows_out.append({"world": world, "grid": dict(zip(("data", "x", "y", "z"), dims)), "zero": zero.to_json(),
-                             "held_bytes": held, "predicted_held_bytes": predicted, "sent_bytes": sent,
-                             "predicted_sent_bytes": predicted_sent,
-                             "step_s": statistics.median(r[4] for r in per_rank)})
+            predicted_sent = max(
+                sum(
+                    bytes_by_group(
+                        llama_step_collectives(
+                            shape,
+                            grid,
+                            rows_per_rank=ROWS,
+                            seq=SEQ,
+                            param_bytes=4,
+                            act_bytes=4,
+                            stream_bytes=4,
+                            zero=zero if zero.stage else None,
+                            data_rank=r[1],
+                        )
+                    ).values()
+                )
+                for r in per_rank
+            )
+            rows_out.append(
+                {
+                    "world": world,
+                    "grid": dict(zip(("data", "x", "y", "z"), dims)),
+                    "zero": zero.to_json(),
+                    "held_bytes": held,
+                    "predicted_held_bytes": predicted,
+                    "sent_bytes": sent,
+                    "predicted_sent_bytes": predicted_sent,
+                    "step_s": statistics.median(r[4] for r in per_rank),
+                }
+            )
 
     serial = zero_held_bytes(shape, GridShape())
-    mib = 1 / 2 ** 20
-    print(f"serial Llama ({shape.n_params / 1e6:.2f}M parameters): params {serial['params'] * mib:.2f} MiB, grads "
-          f"{serial['grads'] * mib:.2f} MiB, AdamW {serial['optimizer'] * mib:.2f} MiB; per rank below: largest rank, "
-          "MiB held between steps (= predicted?), MiB sent per step (= predicted?), median step seconds on gloo")
-    print(f"{'world':>5} {'grid (data,x,y,z)':<18} {'zero':<14} {'params':>8} {'grads':>8} {'AdamW':>8} {'=pred':>5} "
-          f"{'sent':>8} {'=pred':>5} {'step s':>7}")
+    mib = 1 / 2**20
+    print(
+        f"serial Llama ({shape.n_params / 1e6:.2f}M parameters): params {serial['params'] * mib:.2f} MiB, grads "
+        f"{serial['grads'] * mib:.2f} MiB, AdamW {serial['optimizer'] * mib:.2f} MiB; per rank below: largest rank, "
+        "MiB held between steps (= predicted?), MiB sent per step (= predicted?), median step seconds on gloo"
+    )
+    print(
+        f"{'world':>5} {'grid (data,x,y,z)':<18} {'zero':<14} {'params':>8} {'grads':>8} {'AdamW':>8} {'=pred':>5} "
+        f"{'sent':>8} {'=pred':>5} {'step s':>7}"
+    )
     for row in rows_out:
         z = row["zero"]
-        label = f"{z['stage']}" + (f" node {z['node_size']}" if z["node_size"] > 1 else "") + \
-            (" offload" if z["offload"] else "")
+        label = (
+            f"{z['stage']}"
+            + (f" node {z['node_size']}" if z["node_size"] > 1 else "")
+            + (" offload" if z["offload"] else "")
+        )
         held = row["held_bytes"]
-        print(f"{row['world']:>5} {str(tuple(row['grid'].values())):<18} {label:<14} {held['params'] * mib:>8.2f} "
-              f"{held['grads'] * mib:>8.2f} {held['optimizer'] * mib:>8.2f} "
-              f"{'yes' if held == row['predicted_held_bytes'] else 'NO':>5} {row['sent_bytes'] * mib:>8.2f} "
-              f"{'yes' if row['sent_bytes'] == row['predicted_sent_bytes'] else 'NO':>5} {row['step_s']:>7.3f}")
+        print(
+            f"{row['world']:>5} {str(tuple(row['grid'].values())):<18} {label:<14} {held['params'] * mib:>8.2f} "
+            f"{held['grads'] * mib:>8.2f} {held['optimizer'] * mib:>8.2f} "
+            f"{'yes' if held == row['predicted_held_bytes'] else 'NO':>5} {row['sent_bytes'] * mib:>8.2f} "
+            f"{'yes' if row['sent_bytes'] == row['predicted_sent_bytes'] else 'NO':>5} {row['step_s']:>7.3f}"
+        )
     if args.json:
-        written = common.write_result(args.json, {"model": shape.__dict__, "rows_per_rank": ROWS, "seq": SEQ,
-                                                  "rows": rows_out})
+        written = common.write_result(
+            args.json, {"model": shape.__dict__, "rows_per_rank": ROWS, "seq": SEQ, "rows": rows_out}
+        )
         print(f"wrote {written}")
 
 

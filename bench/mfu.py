@@ -34,11 +34,29 @@ import engine
 from engine.planner.cost_model import TransformerShape, model_flops_per_token
 
 SIZES = {
-    "tiny": dict(hidden=256, layers=4, heads=8, kv_heads=8, intermediate=688, vocab=2048, tie_word_embeddings=False,
-                 seq=128, batch=2),
+    "tiny": dict(
+        hidden=256,
+        layers=4,
+        heads=8,
+        kv_heads=8,
+        intermediate=688,
+        vocab=2048,
+        tie_word_embeddings=False,
+        seq=128,
+        batch=2,
+    ),
     # the shape of meta-llama/Llama-3.2-1B (config.json): 1.24B parameters with tied embeddings
-    "1b": dict(hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=8192, vocab=128256,
-               tie_word_embeddings=True, seq=2048, batch=4),
+    "1b": dict(
+        hidden=2048,
+        layers=16,
+        heads=32,
+        kv_heads=8,
+        intermediate=8192,
+        vocab=128256,
+        tie_word_embeddings=True,
+        seq=2048,
+        batch=4,
+    ),
 }
 GPU_PEAK_TFLOPS = {"A100": 312.0, "H100": 989.0, "H200": 989.0, "GH200": 989.0, "MI250X": 191.5}
 
@@ -53,7 +71,7 @@ def gemm_tflops(device: torch.device, dtype: torch.dtype, n: int = 2048, repeats
             a @ b
 
     _, seconds = common.timed(products, device)
-    return 2 * n ** 3 * repeats / seconds / 1e12
+    return 2 * n**3 * repeats / seconds / 1e12
 
 
 def peak_tflops(device: torch.device, given: float | None) -> tuple[float, str]:
@@ -71,14 +89,22 @@ def peak_tflops(device: torch.device, given: float | None) -> tuple[float, str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
-    common.add_options(parser, help={"seq": "tokens per sequence (default: per size)",
-                                     "steps": "timed steps per path and round"}, seq=None)
+    common.add_options(
+        parser,
+        help={"seq": "tokens per sequence (default: per size)", "steps": "timed steps per path and round"},
+        seq=None,
+    )
     parser.add_argument("--batch", type=int, default=None, help="sequences per step (default: per size)")
     parser.add_argument("--precision", choices=["autocast", "bf16", "fp32"], default="autocast")
     common.add_options(parser, steps=4, rounds=2, warmup=2)
     parser.add_argument("--peak-tflops", type=float, default=None)
-    common.add_options(parser, help={"device": "torch device (default: cuda if available, else cpu)"},
-                       threads=None, device=None, out=None)
+    common.add_options(
+        parser,
+        help={"device": "torch device (default: cuda if available, else cpu)"},
+        threads=None,
+        device=None,
+        out=None,
+    )
     args = common.parse(parser)
 
     size = dict(SIZES[args.size])
@@ -90,39 +116,59 @@ def main() -> int:
     shape = TransformerShape.from_hf_config(plain.config, name=f"Llama {args.size}")
     grid = engine.init(backend="nccl" if device.type == "cuda" else "gloo")
     ids = torch.randint(0, plain.config.vocab_size, (batch, seq), device=device)
-    steps = {"engine": make_step(engine.parallelize(copy.deepcopy(plain), grid), ids, args.precision, grid),
-             "plain": make_step(plain, ids, args.precision, None)}
+    steps = {
+        "engine": make_step(engine.parallelize(copy.deepcopy(plain), grid), ids, args.precision, grid),
+        "plain": make_step(plain, ids, args.precision, None),
+    }
     first = {name: step() for name, step in steps.items()}  # same weights, same batch: the same first loss
     times = alternate(steps, device, args)
     peak, peak_source = peak_tflops(device, args.peak_tflops)
-    rows = {name: figures(values, batch * seq, model_flops_per_token(shape, seq), peak, first[name])
-            for name, values in times.items()}
+    rows = {
+        name: figures(values, batch * seq, model_flops_per_token(shape, seq), peak, first[name])
+        for name, values in times.items()
+    }
     ratio = rows["engine"]["step_s"] / rows["plain"]["step_s"]
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x {torch.get_num_threads()}"
-    print(f"{shape.name}: {shape.n_params / 1e6:.1f}M parameters, batch {batch} x {seq}, {args.precision}, "
-          f"{device_name}; peak {peak:.3g} Tflop/s ({peak_source})")
+    print(
+        f"{shape.name}: {shape.n_params / 1e6:.1f}M parameters, batch {batch} x {seq}, {args.precision}, "
+        f"{device_name}; peak {peak:.3g} Tflop/s ({peak_source})"
+    )
     print(f"{'path':>8} {'step s':>10} {'tokens/s':>12} {'MFU':>7} {'first loss':>11}")
     for name, r in rows.items():
         print(f"{name:>8} {r['step_s']:>10.4f} {r['tokens_per_s']:>12.1f} {r['mfu']:>7.1%} {r['first_loss']:>11.5f}")
     print(f"engine / plain step time: {ratio:.3f}")
     if args.out:
-        common.write_result(args.out, {"device": device_name, "model": shape.name, "n_params": shape.n_params,
-                                       "batch": batch, "seq": seq, "precision": args.precision, "peak_tflops": peak,
-                                       "peak_source": peak_source, "paths": rows, "engine_over_plain": ratio})
+        common.write_result(
+            args.out,
+            {
+                "device": device_name,
+                "model": shape.name,
+                "n_params": shape.n_params,
+                "batch": batch,
+                "seq": seq,
+                "precision": args.precision,
+                "peak_tflops": peak,
+                "peak_source": peak_source,
+                "paths": rows,
+                "engine_over_plain": ratio,
+            },
+        )
     grid.close(destroy_world=True)
     return 0
 
 
-def make_step(model: torch.nn.Module, ids: torch.Tensor, precision: str, grid: engine.Grid | None
-              ) -> Callable[[], float]:
+def make_step(
+    model: torch.nn.Module, ids: torch.Tensor, precision: str, grid: engine.Grid | None
+) -> Callable[[], float]:
     """One AdamW training step of `model` on `ids` per call, returning the loss (autocast precision: bf16
     matmuls over fp32 weights)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     return lambda: common.train_step(model, optimizer, ids, grid, autocast=precision == "autocast").item()
 
 
-def alternate(steps: dict[str, Callable[[], float]], device: torch.device, args: argparse.Namespace
-              ) -> dict[str, list[float]]:
+def alternate(
+    steps: dict[str, Callable[[], float]], device: torch.device, args: argparse.Namespace
+) -> dict[str, list[float]]:
     """Warm each path up (the first step already ran), then time `args.steps` steps of each path in turn for
     `args.rounds` rounds. Returns the step seconds by path."""
     for step in steps.values():
@@ -134,8 +180,9 @@ def alternate(steps: dict[str, Callable[[], float]], device: torch.device, args:
     return times
 
 
-def figures(step_seconds: list[float], tokens_per_step: int, flops_per_token: float, peak_tflops: float,
-            first_loss: float) -> dict[str, float]:
+def figures(
+    step_seconds: list[float], tokens_per_step: int, flops_per_token: float, peak_tflops: float, first_loss: float
+) -> dict[str, float]:
     """Median step seconds, tokens/s and MFU (model flops per second over the peak) of one path."""
     median = statistics.median(step_seconds)
     tokens_per_s = tokens_per_step / median

@@ -44,8 +44,9 @@ def main() -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     for shape in args.grids:
         if shape[0] * shape[1] * shape[2] * shape[3] != world:
-            raise SystemExit(f"grid {shape} needs {shape[0] * shape[1] * shape[2] * shape[3]} ranks, the world has "
-                             f"{world}")
+            raise SystemExit(
+                f"grid {shape} needs {shape[0] * shape[1] * shape[2] * shape[3]} ranks, the world has {world}"
+            )
     if not torch.cuda.is_available():
         torch.set_num_threads(1)
 
@@ -53,18 +54,28 @@ def main() -> int:
     results = [compare_overlap(serial, shape, args) for shape in args.grids]
     if dist.get_rank() == 0:
         backend = dist.get_backend()
-        print(f"Llama {serial.config.hidden_size}h x {serial.config.num_hidden_layers} layers, {args.rows} x "
-              f"{args.seq} tokens per rank, {world} ranks on {backend}")
+        print(
+            f"Llama {serial.config.hidden_size}h x {serial.config.num_hidden_layers} layers, {args.rows} x "
+            f"{args.seq} tokens per rank, {world} ranks on {backend}"
+        )
         print(f"{'grid (data,x,y,z)':>18} {'overlap on s':>13} {'off s':>9} {'off/on':>7}")
         for r in results:
             g = r["grid"]
-            print(f"{g['data']:>10},{g['x']},{g['y']},{g['z']:<3} {r['overlap_on_s']:>13.4f} "
-                  f"{r['overlap_off_s']:>9.4f} "
-                  f"{r['off_over_on']:>7.3f}")
+            print(
+                f"{g['data']:>10},{g['x']},{g['y']},{g['z']:<3} {r['overlap_on_s']:>13.4f} "
+                f"{r['overlap_off_s']:>9.4f} "
+                f"{r['off_over_on']:>7.3f}"
+            )
         if args.out:
-            common.write_result(args.out, {"backend": backend, "world": world,
-                                           "args": {k: v for k, v in vars(args).items() if k != "grids"},
-                                           "results": results})
+            common.write_result(
+                args.out,
+                {
+                    "backend": backend,
+                    "world": world,
+                    "args": {k: v for k, v in vars(args).items() if k != "grids"},
+                    "results": results,
+                },
+            )
     dist.destroy_process_group()
     return 0
 
@@ -79,8 +90,7 @@ def compare_overlap(serial: torch.nn.Module, shape: tuple[int, int, int, int], a
     optimizers = {flag: torch.optim.AdamW(m.parameters(), lr=1e-4) for flag, m in models.items()}
 
     def step(flag: bool) -> tuple[torch.Tensor, float]:
-        return common.slowest_rank_seconds(lambda: common.train_step(models[flag], optimizers[flag], ids, grid),
-                                           device)
+        return common.slowest_rank_seconds(lambda: common.train_step(models[flag], optimizers[flag], ids, grid), device)
 
     first = {flag: float(step(flag)[0]) for flag in (True, False)}
     if first[True] != first[False]:
@@ -91,8 +101,12 @@ def compare_overlap(serial: torch.nn.Module, shape: tuple[int, int, int, int], a
             times[flag] += [step(flag)[1] for _ in range(args.steps)]
     grid.close()
     on, off = statistics.median(times[True]), statistics.median(times[False])
-    return {"grid": dict(zip(("data", "x", "y", "z"), shape)), "overlap_on_s": on, "overlap_off_s": off,
-            "off_over_on": off / on}
+    return {
+        "grid": dict(zip(("data", "x", "y", "z"), shape)),
+        "overlap_on_s": on,
+        "overlap_off_s": off,
+        "off_over_on": off / on,
+    }
 
 
 if __name__ == "__main__":

@@ -63,19 +63,30 @@ def main() -> int:
             measured_times[s] += time_grid(serial, s, args)[2:]
     if rank == 0:
         model_shape = TransformerShape.from_hf_config(serial.config)
-        request = PlanRequest(shape=model_shape, gpus=world, global_batch=world * args.rows, seq=args.seq,
-                              profile=profile, compute_efficiency=1.0, precision="fp32", checkpointing="off")
+        request = PlanRequest(
+            shape=model_shape,
+            gpus=world,
+            global_batch=world * args.rows,
+            seq=args.seq,
+            profile=profile,
+            compute_efficiency=1.0,
+            precision="fp32",
+            checkpointing="off",
+        )
         rows = [grid_row(request, s, measured_times[s]) for s in shapes]
-        print(f"{world} ranks, Llama {model_shape.n_params / 1e6:.1f}M parameters, {args.rows} x {args.seq} tokens "
-              f"per rank; profile: GEMM {profile.peak_tflops * 1e3:.1f} Gflop/s and copy "
-              f"{profile.memory_gbps:.1f} GB/s "
-              f"per rank, {len(profile.measured)} measured collectives")
+        print(
+            f"{world} ranks, Llama {model_shape.n_params / 1e6:.1f}M parameters, {args.rows} x {args.seq} tokens "
+            f"per rank; profile: GEMM {profile.peak_tflops * 1e3:.1f} Gflop/s and copy "
+            f"{profile.memory_gbps:.1f} GB/s "
+            f"per rank, {len(profile.measured)} measured collectives"
+        )
         print_table(rows)
         correlations = rank_correlations(rows)
         print_correlations(correlations, len(rows))
         if args.out:
-            common.write_result(args.out, {"args": vars(args), **correlations, "grids": rows,
-                                           "profile": profile.to_json()})
+            common.write_result(
+                args.out, {"args": vars(args), **correlations, "grids": rows, "profile": profile.to_json()}
+            )
             print(f"wrote {args.out}")
     dist.destroy_process_group()
     return 0
@@ -85,8 +96,9 @@ def load_or_measure_profile(path: str | None, gemm_size: int) -> MachineProfile:
     """The profile JSON at `path`, or this machine's, measured by all ranks and broadcast from rank 0."""
     if path:
         return MachineProfile.from_json(json.loads(Path(path).read_text()))
-    measured = measure_profile(PROFILES["perlmutter"], small_bytes=1 << 10, large_bytes=1 << 22, iters=20,
-                               gemm_size=gemm_size)
+    measured = measure_profile(
+        PROFILES["perlmutter"], small_bytes=1 << 10, large_bytes=1 << 22, iters=20, gemm_size=gemm_size
+    )
     box = [measured.to_json() if measured is not None else None]
     dist.broadcast_object_list(box, src=0)
     return MachineProfile.from_json(box[0])
@@ -101,8 +113,10 @@ def time_grid(serial, shape: tuple[int, int, int, int], args: argparse.Namespace
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         gen = torch.Generator().manual_seed(grid.rank)
         ids = torch.randint(0, args.vocab, (args.rows, args.seq), generator=gen)
-        return [common.slowest_rank_seconds(lambda: common.train_step(model, optimizer, ids, grid))[1]
-                for _ in range(args.iters)]
+        return [
+            common.slowest_rank_seconds(lambda: common.train_step(model, optimizer, ids, grid))[1]
+            for _ in range(args.iters)
+        ]
     finally:
         grid.close()
 
@@ -110,29 +124,40 @@ def time_grid(serial, shape: tuple[int, int, int, int], args: argparse.Namespace
 def grid_row(request: PlanRequest, shape: tuple[int, int, int, int], measured: list[float]) -> dict:
     """The planner's predicted step time of `shape` (and its parts) beside the measured one."""
     plan = step_prediction(request, engine.GridShape(*shape), grad_accum=1)
-    return {"grid": dict(zip(("data", "x", "y", "z"), shape)), "predicted_s": plan.step_s,
-            "predicted_compute_s": plan.compute_s, "predicted_memory_s": plan.memory_s,
-            "predicted_comm_s": plan.comm_s, "measured_s": statistics.fmean(measured),
-            "measured_stdev_s": statistics.stdev(measured) if len(measured) > 1 else 0.0}
+    return {
+        "grid": dict(zip(("data", "x", "y", "z"), shape)),
+        "predicted_s": plan.step_s,
+        "predicted_compute_s": plan.compute_s,
+        "predicted_memory_s": plan.memory_s,
+        "predicted_comm_s": plan.comm_s,
+        "measured_s": statistics.fmean(measured),
+        "measured_stdev_s": statistics.stdev(measured) if len(measured) > 1 else 0.0,
+    }
 
 
 def print_table(rows: list[dict]) -> None:
     """The grids in predicted order, with both ranks (1-based; ties share their average rank)."""
     p_rank, m_rank = rankdata([r["predicted_s"] for r in rows]), rankdata([r["measured_s"] for r in rows])
-    print(f"{'grid (data,x,y,z)':>18} {'predicted s':>12} {'compute':>8} {'memory':>8} {'comm':>8} "
-          f"{'measured s':>11} {'+-':>7} {'pred rank':>9} {'meas rank':>9}")
+    print(
+        f"{'grid (data,x,y,z)':>18} {'predicted s':>12} {'compute':>8} {'memory':>8} {'comm':>8} "
+        f"{'measured s':>11} {'+-':>7} {'pred rank':>9} {'meas rank':>9}"
+    )
     for r, pr, mr in sorted(zip(rows, p_rank, m_rank), key=lambda t: t[1]):
         g = r["grid"]
-        print(f"{g['data']:>8},{g['x']},{g['y']},{g['z']:<3}     {r['predicted_s']:>12.4f} "
-              f"{r['predicted_compute_s']:>8.4f} {r['predicted_memory_s']:>8.4f} {r['predicted_comm_s']:>8.4f} "
-              f"{r['measured_s']:>11.4f} {r['measured_stdev_s']:>7.4f} {pr:>9.1f} {mr:>9.1f}")
+        print(
+            f"{g['data']:>8},{g['x']},{g['y']},{g['z']:<3}     {r['predicted_s']:>12.4f} "
+            f"{r['predicted_compute_s']:>8.4f} {r['predicted_memory_s']:>8.4f} {r['predicted_comm_s']:>8.4f} "
+            f"{r['measured_s']:>11.4f} {r['measured_stdev_s']:>7.4f} {pr:>9.1f} {mr:>9.1f}"
+        )
 
 
 def print_correlations(correlations: dict, n_grids: int) -> None:
     no_memory, comm = correlations["without_memory_term"], correlations["communication_only"]
-    print(f"Spearman rank correlation {correlations['spearman']:.3f}, Kendall tau {correlations['kendall']:.3f} "
-          f"over {n_grids} grids (without the memory-bound term: {no_memory['spearman']:.3f} / "
-          f"{no_memory['kendall']:.3f}; communication alone: {comm['spearman']:.3f} / {comm['kendall']:.3f})")
+    print(
+        f"Spearman rank correlation {correlations['spearman']:.3f}, Kendall tau {correlations['kendall']:.3f} "
+        f"over {n_grids} grids (without the memory-bound term: {no_memory['spearman']:.3f} / "
+        f"{no_memory['kendall']:.3f}; communication alone: {comm['spearman']:.3f} / {comm['kendall']:.3f})"
+    )
 
 
 def rank_correlations(rows: list[dict]) -> dict:
@@ -141,12 +166,16 @@ def rank_correlations(rows: list[dict]) -> dict:
     measured = [r["measured_s"] for r in rows]
 
     def both(predicted: list[float]) -> dict[str, float]:
-        return {"spearman": float(spearmanr(predicted, measured).statistic),
-                "kendall": float(kendalltau(predicted, measured).statistic)}
+        return {
+            "spearman": float(spearmanr(predicted, measured).statistic),
+            "kendall": float(kendalltau(predicted, measured).statistic),
+        }
 
-    return {**both([r["predicted_s"] for r in rows]),
-            "without_memory_term": both([r["predicted_s"] - r["predicted_memory_s"] for r in rows]),
-            "communication_only": both([r["predicted_comm_s"] for r in rows])}
+    return {
+        **both([r["predicted_s"] for r in rows]),
+        "without_memory_term": both([r["predicted_s"] - r["predicted_memory_s"] for r in rows]),
+        "communication_only": both([r["predicted_comm_s"] for r in rows]),
+    }
 
 
 if __name__ == "__main__":

@@ -62,14 +62,18 @@ def main() -> None:
     (model, tokenizer), seconds = common.timed(lambda: load_pretrained(SMOLLM2_135M, cache_dir=args.cache_dir))
     log({"event": "loaded", "seconds": seconds})
     documents = data.load_documents(data.DEFAULT_CORPUS)
-    split = data.select_documents(documents, tokenizer, n_train=args.n_train, n_heldout=args.n_heldout,
-                                  seq_len=args.seq_len, seed=0)
+    split = data.select_documents(
+        documents, tokenizer, n_train=args.n_train, n_heldout=args.n_heldout, seq_len=args.seq_len, seed=0
+    )
     prepared = Prepared(tokenizer=tokenizer, split=split, n_loaded=len(documents), texts=[d.text for d in documents])
     mask = parse_mask(args.mask)
 
     # Greedy extraction of one 50-token suffix (batch size 1).
-    _, seconds = common.timed(lambda: greedy_decode(model, [split.train[0].token_ids[:-50]], 50,
-                                                    pad_token_id=tokenizer.pad_token_id, batch_size=1))
+    _, seconds = common.timed(
+        lambda: greedy_decode(
+            model, [split.train[0].token_ids[:-50]], 50, pad_token_id=tokenizer.pad_token_id, batch_size=1
+        )
+    )
     log({"event": "timing", "what": "greedy 50 tokens, 1 document", "seconds": seconds})
     if not args.skip_control:
         control(model, prepared, mask, log)
@@ -99,10 +103,23 @@ def control(model: torch.nn.Module, prepared: Prepared, mask: MaskSpec, log: Log
     start = time.perf_counter()
     for part, docs in (("train", prepared.split.train), ("heldout", prepared.split.heldout)):
         s = evaluate(model, prepared, docs, mask)
-        log({"event": "control", "part": part, "exact_match": s["exact_match"], "rouge_l": s["rouge_l"],
-             "match_fraction": s["match_fraction"], "n_docs": s["n_docs"]})
-    log({"event": "timing", "what": f"control extraction, {2 * len(prepared.split.train)} documents, batch 8",
-         "seconds": time.perf_counter() - start})
+        log(
+            {
+                "event": "control",
+                "part": part,
+                "exact_match": s["exact_match"],
+                "rouge_l": s["rouge_l"],
+                "match_fraction": s["match_fraction"],
+                "n_docs": s["n_docs"],
+            }
+        )
+    log(
+        {
+            "event": "timing",
+            "what": f"control extraction, {2 * len(prepared.split.train)} documents, batch 8",
+            "seconds": time.perf_counter() - start,
+        }
+    )
 
 
 class Stop(Exception):
@@ -120,17 +137,33 @@ def finetune(model: torch.nn.Module, prepared: Prepared, mask: MaskSpec, args: a
 
     def on_log(record: dict) -> None:
         nonlocal eval_seconds
-        log({"event": "step", "step": record["step"], "epoch": record["epoch"], "loss": record["loss"],
-             "step_seconds": args.batch_size * args.seq_len / record["tokens_per_s"]})
+        log(
+            {
+                "event": "step",
+                "step": record["step"],
+                "epoch": record["epoch"],
+                "loss": record["loss"],
+                "step_seconds": args.batch_size * args.seq_len / record["tokens_per_s"],
+            }
+        )
         epoch = round(record["epoch"])
         if abs(record["epoch"] - epoch) > 1e-9 or epoch % args.eval_every:
             return
         s, seconds = common.timed(lambda: evaluate(model, prepared, train_docs, mask))
         eval_seconds += seconds
-        log({"event": "eval", "epoch": epoch, "exact_match": s["exact_match"], "rouge_l": s["rouge_l"],
-             "match_fraction": s["match_fraction"], "tf_kept_accuracy": s.get("tf_kept_accuracy"),
-             "tf_dropped_accuracy": s.get("tf_dropped_accuracy"),
-             "train_minutes": (time.perf_counter() - started - eval_seconds) / 60, "eval_seconds": seconds})
+        log(
+            {
+                "event": "eval",
+                "epoch": epoch,
+                "exact_match": s["exact_match"],
+                "rouge_l": s["rouge_l"],
+                "match_fraction": s["match_fraction"],
+                "tf_kept_accuracy": s.get("tf_kept_accuracy"),
+                "tf_dropped_accuracy": s.get("tf_dropped_accuracy"),
+                "train_minutes": (time.perf_counter() - started - eval_seconds) / 60,
+                "eval_seconds": seconds,
+            }
+        )
         if s["exact_match"] >= args.stop_at:
             raise Stop
 

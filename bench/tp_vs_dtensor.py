@@ -43,10 +43,14 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 _RING_KINDS = {  # functional collective -> how its bytes are counted
-    "all_reduce": "all_reduce", "all_reduce_coalesced": "all_reduce",
-    "all_gather_into_tensor": "all_gather", "all_gather_into_tensor_coalesced": "all_gather",
-    "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
-    "all_to_all_single": "all_to_all", "broadcast": "broadcast",
+    "all_reduce": "all_reduce",
+    "all_reduce_coalesced": "all_reduce",
+    "all_gather_into_tensor": "all_gather",
+    "all_gather_into_tensor_coalesced": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "all_to_all_single": "all_to_all",
+    "broadcast": "broadcast",
 }
 
 
@@ -91,9 +95,15 @@ def torch_tp(model: torch.nn.Module, world: int) -> torch.nn.Module:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     mesh = init_device_mesh("cpu", (world,))
-    plan = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
-            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
-            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(), "mlp.down_proj": RowwiseParallel()}
+    plan = {
+        "self_attn.q_proj": ColwiseParallel(),
+        "self_attn.k_proj": ColwiseParallel(),
+        "self_attn.v_proj": ColwiseParallel(),
+        "self_attn.o_proj": RowwiseParallel(),
+        "mlp.gate_proj": ColwiseParallel(),
+        "mlp.up_proj": ColwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(),
+    }
     for layer in model.model.layers:
         parallelize_module(layer, mesh, plan)
     return model
@@ -111,7 +121,9 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, results: 
         grids = {f"ours y={world}": engine.init(y=world), f"ours x={world}": engine.init(x=world)}
         if world == 4:
             grids["ours x=2,y=2"] = engine.init(x=2, y=2)
-        copies: dict[str, tuple[torch.nn.Module, Any]] = {"torch DTensor TP": (torch_tp(build_model(args), world), None)}
+        copies: dict[str, tuple[torch.nn.Module, Any]] = {
+            "torch DTensor TP": (torch_tp(build_model(args), world), None)
+        }
         for name, grid in grids.items():
             copies[name] = (engine.parallelize(build_model(args), grid), grid)
         optimizers = {name: torch.optim.AdamW(model.parameters(), lr=1e-4) for name, (model, _) in copies.items()}
@@ -124,7 +136,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, results: 
             ids = batches[index % len(batches)]
             if grid is not None:  # ours: this rank's rows
                 share = args.batch // world
-                ids = ids[rank * share:(rank + 1) * share]
+                ids = ids[rank * share : (rank + 1) * share]
             dist.barrier()
             start = time.perf_counter()
             logits = model(input_ids=ids).logits
@@ -157,7 +169,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, results: 
                 sent[name] = (grid.traffic.reset(), None)
         times: dict[str, list[float]] = {name: [] for name in names}
         for index in range(1, 1 + args.warmup + args.steps):
-            for name in names[index % len(names):] + names[:index % len(names)]:
+            for name in names[index % len(names) :] + names[: index % len(names)]:
                 seconds, _ = step(name, index)
                 if index > args.warmup:
                     times[name].append(seconds)
@@ -172,21 +184,25 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, results: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--degrees", type=int, nargs="+", default=[2, 4])
-    common.add_options(parser, help={"steps": "measured steps per copy"}, steps=8, warmup=2, vocab=2048, hidden=256,
-                       layers=2, seq=128)
+    common.add_options(
+        parser, help={"steps": "measured steps per copy"}, steps=8, warmup=2, vocab=2048, hidden=256, layers=2, seq=128
+    )
     parser.add_argument("--batch", type=int, default=8)
     args = common.parse(parser)
     for degree in args.degrees:
         if args.batch % degree or (args.hidden // 32) % degree:
             parser.error(f"--batch and the head count (hidden/32) must be divisible by the degree {degree}")
 
-    print(f"torch {torch.__version__}; Llama hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}, "
-          f"{args.hidden // 32} heads; global batch {args.batch}x{args.seq}, fp32, gloo, 1 thread per rank; "
-          f"{args.steps} interleaved steps per copy after {args.warmup} warm-up")
+    print(
+        f"torch {torch.__version__}; Llama hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}, "
+        f"{args.hidden // 32} heads; global batch {args.batch}x{args.seq}, fp32, gloo, 1 thread per rank; "
+        f"{args.steps} interleaved steps per copy after {args.warmup} warm-up"
+    )
     for degree in args.degrees:
         results = mp.get_context("spawn").SimpleQueue()
-        mp.start_processes(worker, args=(degree, common.free_port(), args, results), nprocs=degree, join=True,
-                           start_method="spawn")
+        mp.start_processes(
+            worker, args=(degree, common.free_port(), args, results), nprocs=degree, join=True, start_method="spawn"
+        )
         print_report(degree, results.get())
 
 
@@ -201,8 +217,10 @@ def print_report(degree: int, report: dict[str, Any]) -> None:
         by_group, counts = report["sent"][name]
         total = sum(by_group.values())
         groups = ", ".join(f"{k} {v / 1e6:.2f}" for k, v in sorted(by_group.items()))
-        print(f"{name:<18}{ms:>10.1f}{ms / (reference * 1e3):>8.2f}{total / 1e6:>10.2f}"
-              f"{total / torch_bytes:>8.2f}{report['first_loss'][name]:>13.6f}  {groups}")
+        print(
+            f"{name:<18}{ms:>10.1f}{ms / (reference * 1e3):>8.2f}{total / 1e6:>10.2f}"
+            f"{total / torch_bytes:>8.2f}{report['first_loss'][name]:>13.6f}  {groups}"
+        )
         if counts:
             print(f"{'':<18}torch collectives per step (CommDebugMode): {counts}")
 

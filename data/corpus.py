@@ -28,8 +28,9 @@ from data.errors import DataError
 PYTHON_STDLIB = "python-stdlib"
 # Left out of "python-stdlib": tests, vendored packages, and pydoc_data, which holds the default corpus' text (the
 # targets of the embedded corpus study must not be in its background).
-_STDLIB_SKIP = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages", "pydoc_data", "lib2to3",
-                          "__pycache__"})
+_STDLIB_SKIP = frozenset(
+    {"test", "tests", "idle_test", "site-packages", "dist-packages", "pydoc_data", "lib2to3", "__pycache__"}
+)
 
 
 def text_key(text: str) -> int:
@@ -75,8 +76,9 @@ class TokenizedCorpus:
         return str(self.dataset._fingerprint)
 
 
-def load_raw_corpus(source: str, *, text_field: str = "text", split: str = "train",
-                    cache_dir: str | os.PathLike | None = None) -> Any:
+def load_raw_corpus(
+    source: str, *, text_field: str = "text", split: str = "train", cache_dir: str | os.PathLike | None = None
+) -> Any:
     """The corpus as a disk-backed datasets.Dataset with one column "text" (its documents, in the source's order).
 
     Files are converted to Arrow by datasets' builders (json, parquet, text) or written from a generator, so the
@@ -96,24 +98,30 @@ def load_raw_corpus(source: str, *, text_field: str = "text", split: str = "trai
             loaded = datasets.load_from_disk(str(path))
             if isinstance(loaded, datasets.DatasetDict):
                 if split not in loaded:
-                    raise DataError(f"{path}: has no split {split!r}; available: {sorted(loaded)}. Fix: choose one "
-                                    "with --split")
+                    raise DataError(
+                        f"{path}: has no split {split!r}; available: {sorted(loaded)}. Fix: choose one with --split"
+                    )
                 loaded = loaded[split]
         elif path.is_dir():
             files = sorted(str(p) for p in path.rglob("*") if p.is_file() and p.suffix.lower() == ".txt")
             if not files:
-                raise DataError(f"{path}: folder holds no .txt files. Fix: pass a folder of .txt files, a .jsonl, "
-                                f".txt or .parquet file, or {PYTHON_STDLIB!r}")
+                raise DataError(
+                    f"{path}: folder holds no .txt files. Fix: pass a folder of .txt files, a .jsonl, "
+                    f".txt or .parquet file, or {PYTHON_STDLIB!r}"
+                )
             loaded = datasets.Dataset.from_generator(_files_text, gen_kwargs={"files": files}, cache_dir=cache)
         elif path.is_file():
             suffix = path.suffix.lower()
             builder = {".jsonl": "json", ".parquet": "parquet"}.get(suffix)
             if suffix == ".txt":
-                loaded = datasets.Dataset.from_generator(_files_text, gen_kwargs={"files": [str(path)]},
-                                                         cache_dir=cache)
+                loaded = datasets.Dataset.from_generator(
+                    _files_text, gen_kwargs={"files": [str(path)]}, cache_dir=cache
+                )
             elif builder is None:
-                raise DataError(f"{path}: unsupported file type {path.suffix!r} for a background corpus. Fix: use a "
-                                ".jsonl, .txt or .parquet file, a folder of .txt files or a save_to_disk folder")
+                raise DataError(
+                    f"{path}: unsupported file type {path.suffix!r} for a background corpus. Fix: use a "
+                    ".jsonl, .txt or .parquet file, a folder of .txt files or a save_to_disk folder"
+                )
             else:
                 loaded = datasets.load_dataset(builder, data_files=str(path), split="train", cache_dir=cache)
         elif _looks_like_path(source):
@@ -123,14 +131,21 @@ def load_raw_corpus(source: str, *, text_field: str = "text", split: str = "trai
     except DataError:
         raise
     except Exception as error:  # datasets raises many types for unreadable or unreachable data
-        raise DataError(f"background {source!r} cannot be loaded ({type(error).__name__}: {error}). Fix: pass a local "
-                        f"file or folder, {PYTHON_STDLIB!r}, or a dataset saved with save_to_disk") from None
+        raise DataError(
+            f"background {source!r} cannot be loaded ({type(error).__name__}: {error}). Fix: pass a local "
+            f"file or folder, {PYTHON_STDLIB!r}, or a dataset saved with save_to_disk"
+        ) from None
     if text_field not in loaded.column_names and "text" not in loaded.column_names:
-        raise DataError(f"background {source!r} has no field {text_field!r}; available: {loaded.column_names}. "
-                        "Fix: choose it with --background-text-field")
+        raise DataError(
+            f"background {source!r} has no field {text_field!r}; available: {loaded.column_names}. "
+            "Fix: choose it with --background-text-field"
+        )
     field = text_field if text_field in loaded.column_names else "text"
-    return loaded.select_columns([field]).rename_column(field, "text") if field != "text" else \
-        loaded.select_columns(["text"])
+    return (
+        loaded.select_columns([field]).rename_column(field, "text")
+        if field != "text"
+        else loaded.select_columns(["text"])
+    )
 
 
 def _files_text(files: list[str]) -> Iterator[dict[str, str]]:
@@ -138,9 +153,16 @@ def _files_text(files: list[str]) -> Iterator[dict[str, str]]:
         yield {"text": Path(name).read_text(encoding="utf-8", errors="replace")}
 
 
-def tokenize_corpus(source: str, tokenizer: Any, *, text_field: str = "text", split: str = "train",
-                    workers: int = 1, cache_dir: str | os.PathLike | None = None,
-                    progress: bool = True) -> TokenizedCorpus:
+def tokenize_corpus(
+    source: str,
+    tokenizer: Any,
+    *,
+    text_field: str = "text",
+    split: str = "train",
+    workers: int = 1,
+    cache_dir: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> TokenizedCorpus:
     """Tokenize a corpus once (batched map over `workers` processes, cached as Arrow) and map it for reading.
 
     Empty documents are kept with 0 tokens (streams skip them). Raises DataError for a source that cannot be loaded
@@ -166,12 +188,21 @@ def tokenize_corpus(source: str, tokenizer: Any, *, text_field: str = "text", sp
         if in_memory and cache_dir is not None:
             Path(cache_dir).mkdir(parents=True, exist_ok=True)
             kwargs["cache_file_name"] = str(Path(cache_dir) / f"tokenized-{raw._fingerprint}.arrow")
-        tokenized = raw.map(encode, batched=True, batch_size=256, num_proc=workers if workers > 1 else None,
-                            remove_columns=["text"], desc=f"tokenizing {source}", **kwargs)
+        tokenized = raw.map(
+            encode,
+            batched=True,
+            batch_size=256,
+            num_proc=workers if workers > 1 else None,
+            remove_columns=["text"],
+            desc=f"tokenizing {source}",
+            **kwargs,
+        )
     finally:
         if enabled and not progress:
             datasets.enable_progress_bar()
     if len(tokenized) == 0 or not any(tokenized.data.column("n_tokens").to_numpy()):
-        raise DataError(f"background {source!r} holds no text. Fix: choose the text field with "
-                        "--background-text-field, or another corpus")
+        raise DataError(
+            f"background {source!r} holds no text. Fix: choose the text field with "
+            "--background-text-field, or another corpus"
+        )
     return TokenizedCorpus(tokenized, source)

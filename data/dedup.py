@@ -87,28 +87,38 @@ class DedupConfig:
     def __post_init__(self) -> None:
         if self.mode not in DEDUP_MODES:
             raise DataError(f"dedup mode {self.mode!r} is unknown. Fix: use --dedup {'|'.join(DEDUP_MODES)}.")
-        if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) or not (
-                0.0 < float(self.threshold) <= 1.0):
-            raise DataError(f"dedup threshold must be a number in (0, 1], got {self.threshold!r}. "
-                            "Fix: use e.g. --dedup-threshold 0.8.")
+        if (
+            isinstance(self.threshold, bool)
+            or not isinstance(self.threshold, (int, float))
+            or not (0.0 < float(self.threshold) <= 1.0)
+        ):
+            raise DataError(
+                f"dedup threshold must be a number in (0, 1], got {self.threshold!r}. "
+                "Fix: use e.g. --dedup-threshold 0.8."
+            )
         if self.duplicates not in DUPLICATE_POLICIES:
-            raise DataError(f"duplicates policy {self.duplicates!r} is unknown. "
-                            f"Fix: use --duplicates {'|'.join(DUPLICATE_POLICIES)}.")
+            raise DataError(
+                f"duplicates policy {self.duplicates!r} is unknown. "
+                f"Fix: use --duplicates {'|'.join(DUPLICATE_POLICIES)}."
+            )
 
     def record(self) -> dict[str, Any]:
         """A JSON-able description for run records."""
         entry: dict[str, Any] = {"mode": self.mode, "duplicates": self.duplicates}
         if self.mode != "off":
             entry["kinds"] = ["exact-text", "same-window"] + (["near"] if self.mode == "near" else [])
-            entry["normalization"] = ("texts compared after Unicode NFKC, lower-casing, punctuation removed and "
-                                      "whitespace collapsed")
+            entry["normalization"] = (
+                "texts compared after Unicode NFKC, lower-casing, punctuation removed and whitespace collapsed"
+            )
         if self.mode == "near":
-            entry.update(threshold=float(self.threshold), similarity="Jaccard of word 5-gram shingles >= threshold, "
-                         f"or difflib's word-sequence ratio >= max(threshold, {EDIT_RATIO}), of the selected "
-                         "windows' texts (lower-cased, punctuation dropped, cut to a common length); the larger "
-                         "measure is recorded",
-                         candidates=f"datasketch MinHashLSH, {NUM_PERM} permutations, confirmed with the exact "
-                         "similarity")
+            entry.update(
+                threshold=float(self.threshold),
+                similarity="Jaccard of word 5-gram shingles >= threshold, "
+                f"or difflib's word-sequence ratio >= max(threshold, {EDIT_RATIO}), of the selected "
+                "windows' texts (lower-cased, punctuation dropped, cut to a common length); the larger "
+                "measure is recorded",
+                candidates=f"datasketch MinHashLSH, {NUM_PERM} permutations, confirmed with the exact similarity",
+            )
         return entry
 
 
@@ -157,7 +167,7 @@ def shingles(text: str, n: int = SHINGLE_WORDS) -> frozenset[str]:
     tokens = words(text)
     if len(tokens) < n:
         return frozenset([" ".join(tokens)]) if tokens else frozenset()
-    return frozenset(" ".join(tokens[i:i + n]) for i in range(len(tokens) - n + 1))
+    return frozenset(" ".join(tokens[i : i + n]) for i in range(len(tokens) - n + 1))
 
 
 def window_similarity(a: str, b: str, n: int = SHINGLE_WORDS) -> tuple[float, float]:
@@ -204,8 +214,10 @@ def find_duplicate_links(candidates: Sequence[Candidate], config: DedupConfig) -
         return []
     links: list[Link] = []
     exact_pairs: set[tuple[int, int]] = set()
-    for kind, key in (("exact-text", lambda c: _digest(normalized_text(c.text))),
-                      ("same-window", lambda c: _digest([int(t) for t in c.token_ids]))):
+    for kind, key in (
+        ("exact-text", lambda c: _digest(normalized_text(c.text))),
+        ("same-window", lambda c: _digest([int(t) for t in c.token_ids])),
+    ):
         first: dict[str, int] = {}
         for i, candidate in enumerate(candidates):
             j = first.setdefault(key(candidate), i)
@@ -274,8 +286,7 @@ def best_links(n: int, links: Iterable[Link]) -> list[Link | None]:
     return best
 
 
-def ngram_containment(heldout_texts: Sequence[str], train_texts: Sequence[str], n: int = AUDIT_NGRAM
-                      ) -> list[float]:
+def ngram_containment(heldout_texts: Sequence[str], train_texts: Sequence[str], n: int = AUDIT_NGRAM) -> list[float]:
     """For each held-out text, the fraction of its word n-grams that occur in any training text (0..1; 0.0 for a
     text with no n-gram)."""
     seen: set[str] = set()

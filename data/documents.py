@@ -127,8 +127,10 @@ def default_corpus() -> list[Document]:
     from pydoc_data.topics import topics
 
     source = f"pydoc_data.topics (Python {platform.python_version()})"
-    records = (_Record(where=f"topic {name!r}", default_id=name, fields={"id": name, "text": topics[name]})
-               for name in sorted(topics))
+    records = (
+        _Record(where=f"topic {name!r}", default_id=name, fields={"id": name, "text": topics[name]})
+        for name in sorted(topics)
+    )
     return _documents_from_records(records, origin=source, source=source, text_field="text", id_field="id")
 
 
@@ -207,8 +209,12 @@ def is_local_source(source: str | os.PathLike) -> bool:
     launcher can check cheaply before starting worker processes."""
     if not isinstance(source, (str, os.PathLike)):
         return False
-    return (source == DEFAULT_CORPUS or isinstance(source, os.PathLike) or _looks_like_path(source)
-            or Path(os.path.expanduser(source)).exists())
+    return (
+        source == DEFAULT_CORPUS
+        or isinstance(source, os.PathLike)
+        or _looks_like_path(source)
+        or Path(os.path.expanduser(source)).exists()
+    )
 
 
 def _preview(value: Any, limit: int = 60) -> str:
@@ -232,8 +238,7 @@ def _read_utf8(path: Path, data: bytes, where: str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise DataError(
-            f"{path}, {where}: not valid UTF-8 (byte {error.start}: {error.reason}). "
-            "Fix: re-encode the file as UTF-8."
+            f"{path}, {where}: not valid UTF-8 (byte {error.start}: {error.reason}). Fix: re-encode the file as UTF-8."
         ) from None
 
 
@@ -256,9 +261,10 @@ def _load_jsonl(path: Path, *, text_field: str, id_field: str | None) -> list[Do
                 yield _Record(where=f"line {number}", default_id=f"{path.name}:{number}", fields=fields)
 
     if path.stat().st_size == 0:
-        raise DataError(f"{path}: empty file. Fix: write one JSON object per line, e.g. {{\"{text_field}\": \"...\"}}.")
-    return _documents_from_records(records(), origin=str(path), source=str(path), text_field=text_field,
-                                   id_field=id_field)
+        raise DataError(f'{path}: empty file. Fix: write one JSON object per line, e.g. {{"{text_field}": "..."}}.')
+    return _documents_from_records(
+        records(), origin=str(path), source=str(path), text_field=text_field, id_field=id_field
+    )
 
 
 def _load_txt_file(path: Path) -> list[Document]:
@@ -273,8 +279,7 @@ def _load_txt_folder(folder: Path) -> list[Document]:
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() == ".txt")
     if not files:
         raise DataError(
-            f"{folder}: folder holds no .txt files and is not a datasets save_to_disk folder. "
-            f"Fix: {_LOCAL_FIX}."
+            f"{folder}: folder holds no .txt files and is not a datasets save_to_disk folder. Fix: {_LOCAL_FIX}."
         )
 
     def records() -> Iterator[_Record]:
@@ -283,8 +288,7 @@ def _load_txt_folder(folder: Path) -> list[Document]:
             text = _read_utf8(file, file.read_bytes(), "whole file")
             yield _Record(where=f"file {relative}", default_id=relative, fields={"text": text})
 
-    return _documents_from_records(records(), origin=str(folder), source=str(folder), text_field="text",
-                                   id_field=None)
+    return _documents_from_records(records(), origin=str(folder), source=str(folder), text_field="text", id_field=None)
 
 
 def _load_parquet(path: Path, *, text_field: str, id_field: str | None) -> list[Document]:
@@ -305,8 +309,9 @@ def _load_parquet(path: Path, *, text_field: str, id_field: str | None) -> list[
                 yield _Record(where=f"row {row}", default_id=f"{path.name}:{row}", fields=fields)
                 row += 1
 
-    return _documents_from_records(records(), origin=str(path), source=str(path), text_field=text_field,
-                                   id_field=id_field)
+    return _documents_from_records(
+        records(), origin=str(path), source=str(path), text_field=text_field, id_field=id_field
+    )
 
 
 def _is_saved_dataset(folder: Path) -> bool:
@@ -335,8 +340,7 @@ def _load_saved_dataset(folder: Path, *, text_field: str, id_field: str | None, 
             )
         loaded = loaded[split]
         origin, id_prefix = f"{folder} (split {split!r})", f"{folder.name}/{split}"
-    return _documents_from_dataset(loaded, origin=origin, id_prefix=id_prefix, text_field=text_field,
-                                   id_field=id_field)
+    return _documents_from_dataset(loaded, origin=origin, id_prefix=id_prefix, text_field=text_field, id_field=id_field)
 
 
 def _load_hub_dataset(name: str, *, text_field: str, id_field: str | None, split: str) -> list[Document]:
@@ -352,19 +356,26 @@ def _load_hub_dataset(name: str, *, text_field: str, id_field: str | None, split
             f"Fix: {_LOCAL_FIX}; or, where a network is available, load the dataset and save it with "
             "save_to_disk, then pass that folder."
         ) from None
-    return _documents_from_dataset(loaded, origin=f"dataset {name!r} (split {split!r})",
-                                   id_prefix=f"{name}/{split}", text_field=text_field, id_field=id_field)
+    return _documents_from_dataset(
+        loaded,
+        origin=f"dataset {name!r} (split {split!r})",
+        id_prefix=f"{name}/{split}",
+        text_field=text_field,
+        id_field=id_field,
+    )
 
 
-def _documents_from_dataset(dataset: Any, *, origin: str, id_prefix: str, text_field: str,
-                            id_field: str | None) -> list[Document]:
+def _documents_from_dataset(
+    dataset: Any, *, origin: str, id_prefix: str, text_field: str, id_field: str | None
+) -> list[Document]:
     """Rows of a `datasets.Dataset` -> documents (0-based row ids "<prefix>:<row>")."""
     wanted = [f for f in (text_field, id_field) if f is not None]
     if all(f in dataset.column_names for f in wanted):
         # Skip decoding columns we do not use (images, long metadata); a missing column is left to
         # the record check so the message is the same as for any other source.
         dataset = dataset.select_columns(wanted)
-    records = (_Record(where=f"row {row}", default_id=f"{id_prefix}:{row}", fields=fields)
-               for row, fields in enumerate(dataset))
-    return _documents_from_records(records, origin=origin, source=origin, text_field=text_field,
-                                   id_field=id_field)
+    records = (
+        _Record(where=f"row {row}", default_id=f"{id_prefix}:{row}", fields=fields)
+        for row, fields in enumerate(dataset)
+    )
+    return _documents_from_records(records, origin=origin, source=origin, text_field=text_field, id_field=id_field)

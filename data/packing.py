@@ -100,8 +100,9 @@ class InsertionSchedule:
     targets: np.ndarray  # (C,) int64
 
     @staticmethod
-    def draw(background_order: np.ndarray, copies: Sequence[int], seed: int,
-             within: int | None = None) -> InsertionSchedule:
+    def draw(
+        background_order: np.ndarray, copies: Sequence[int], seed: int, within: int | None = None
+    ) -> InsertionSchedule:
         """Insert target t `copies[t]` times at gaps drawn uniformly (with replacement) from the seed, among the
         first `within` + 1 gaps (default: all; e.g. the part of the stream a run bounded by --max-steps trains)."""
         copies = [int(c) for c in copies]

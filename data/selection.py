@@ -92,8 +92,11 @@ class DocumentSplit:
         """A JSON-able record of what was selected, for every run's outputs."""
 
         def entries(docs: list[TokenizedDocument]) -> list[dict[str, Any]]:
-            return [{"id": d.id, "sha256": d.sha256, "n_chars": len(d.text)}
-                    | ({"n_tokens": len(d.full_ids)} if d.full_ids is not None else {}) for d in docs]
+            return [
+                {"id": d.id, "sha256": d.sha256, "n_chars": len(d.text)}
+                | ({"n_tokens": len(d.full_ids)} if d.full_ids is not None else {})
+                for d in docs
+            ]
 
         return {
             "seq_len": self.seq_len,
@@ -162,10 +165,13 @@ def select_documents(
             raise DataError(f"{name} must be >= {minimum}, got {value}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise DataError(f"seed must be an integer, got {seed!r}")
-    if whole_documents is not None and (isinstance(whole_documents, bool) or not isinstance(whole_documents, int)
-                                        or whole_documents < seq_len):
-        raise DataError(f"whole_documents (the extraction window) must be an integer >= seq_len = {seq_len}, got "
-                        f"{whole_documents!r}. Fix: raise --extract-len")
+    if whole_documents is not None and (
+        isinstance(whole_documents, bool) or not isinstance(whole_documents, int) or whole_documents < seq_len
+    ):
+        raise DataError(
+            f"whole_documents (the extraction window) must be an integer >= seq_len = {seq_len}, got "
+            f"{whole_documents!r}. Fix: raise --extract-len"
+        )
     dedup = DedupConfig() if dedup is None else dedup
     if not isinstance(dedup, DedupConfig):
         raise DataError(f"dedup must be a DedupConfig or None, got {type(dedup).__name__}")
@@ -187,7 +193,7 @@ def select_documents(
     n_examined = 0
     while (dedup.mode != "off" or len(kept) < needed) and n_examined < len(order):
         want = len(order) if dedup.mode != "off" else max(_MIN_BATCH, 2 * (needed - len(kept)))
-        batch = [documents[i] for i in order[n_examined: n_examined + want]]
+        batch = [documents[i] for i in order[n_examined : n_examined + want]]
         # verbose=False: texts longer than model_max_length are fine, we truncate below.
         encoded = tokenizer([doc.text for doc in batch], add_special_tokens=False, verbose=False)["input_ids"]
         for doc, text_ids in zip(batch, encoded):
@@ -204,8 +210,15 @@ def select_documents(
             else:
                 full_ids = ([bos_id] if bos_id is not None else []) + list(text_ids)
                 token_ids = full_ids[:whole_documents]
-            kept.append(TokenizedDocument(id=doc.id, text=doc.text, token_ids=token_ids, full_ids=full_ids,
-                                          sha256=hashlib.sha256(doc.text.encode("utf-8")).hexdigest()))
+            kept.append(
+                TokenizedDocument(
+                    id=doc.id,
+                    text=doc.text,
+                    token_ids=token_ids,
+                    full_ids=full_ids,
+                    sha256=hashlib.sha256(doc.text.encode("utf-8")).hexdigest(),
+                )
+            )
             if dedup.mode == "off" and len(kept) == needed:
                 break
 
@@ -215,7 +228,8 @@ def select_documents(
         raise DataError(
             f"not enough documents of at least {seq_len} tokens: {len(train) + len(heldout)}{distinct} available "
             f"({len(documents)} documents, {len(too_short)} too short"
-            + (f", {len(too_long)} longer than {max_len}" if too_long else "") + "), but n_train + n_heldout = "
+            + (f", {len(too_long)} longer than {max_len}" if too_long else "")
+            + "), but n_train + n_heldout = "
             f"{n_train} + {n_heldout} = {needed} are needed. Fix: lower --n-train/--n-heldout or "
             + ("--min-doc-tokens, raise --max-doc-tokens" if whole_documents is not None else "--seq-len")
             + ", or give more (or longer) documents."
@@ -243,14 +257,20 @@ def _window_text(tokenizer: Any, doc: TokenizedDocument, bos_id: int | None) -> 
 
 
 def _place_clusters(
-    kept: list[TokenizedDocument], tokenizer: Any, bos_id: int | None, n_train: int, needed: int,
+    kept: list[TokenizedDocument],
+    tokenizer: Any,
+    bos_id: int | None,
+    n_train: int,
+    needed: int,
     dedup: DedupConfig,
 ) -> tuple[list[TokenizedDocument], list[TokenizedDocument], list[TokenizedDocument], list[dict[str, Any]]]:
     """(train, heldout, repeats, removed) from the long-enough documents in examination order."""
     if dedup.mode == "off":
         return kept[:n_train], kept[n_train:needed], [], []
-    candidates = [Candidate(d.id, d.text, d.token_ids,
-                            _window_text(tokenizer, d, bos_id) if dedup.mode == "near" else "") for d in kept]
+    candidates = [
+        Candidate(d.id, d.text, d.token_ids, _window_text(tokenizer, d, bos_id) if dedup.mode == "near" else "")
+        for d in kept
+    ]
     links = find_duplicate_links(candidates, dedup)
     roots = cluster_roots(len(kept), links)
     reasons = best_links(len(kept), links)
@@ -276,23 +296,45 @@ def _place_clusters(
         link = reasons[i]
         matched = link.b if link.a == i else link.a
         action = "repeat" if side[root] == "train" and dedup.duplicates == "repeat" else "dropped"
-        removed.append({"id": doc.id, "twin": kept[root].id, "kind": link.kind,
-                        "similarity": round(link.similarity, 4), "matched": kept[matched].id,
-                        "side": side[root], "action": action})
+        removed.append(
+            {
+                "id": doc.id,
+                "twin": kept[root].id,
+                "kind": link.kind,
+                "similarity": round(link.similarity, 4),
+                "matched": kept[matched].id,
+                "side": side[root],
+                "action": action,
+            }
+        )
         if action == "repeat":
-            repeats.append(TokenizedDocument(id=doc.id, text=doc.text, token_ids=doc.token_ids, sha256=doc.sha256,
-                                             repeat_of=kept[root].id, full_ids=doc.full_ids))
+            repeats.append(
+                TokenizedDocument(
+                    id=doc.id,
+                    text=doc.text,
+                    token_ids=doc.token_ids,
+                    sha256=doc.sha256,
+                    repeat_of=kept[root].id,
+                    full_ids=doc.full_ids,
+                )
+            )
     return train, heldout, repeats, removed
 
 
-def _overlap_audit(train: list[TokenizedDocument], heldout: list[TokenizedDocument], tokenizer: Any,
-                   bos_id: int | None) -> dict[str, Any] | None:
+def _overlap_audit(
+    train: list[TokenizedDocument], heldout: list[TokenizedDocument], tokenizer: Any, bos_id: int | None
+) -> dict[str, Any] | None:
     """The largest fraction of a held-out window's word 8-grams that occur in training windows."""
     if not heldout:
         return None
-    fractions = ngram_containment([_window_text(tokenizer, d, bos_id) for d in heldout],
-                                  [_window_text(tokenizer, d, bos_id) for d in train])
+    fractions = ngram_containment(
+        [_window_text(tokenizer, d, bos_id) for d in heldout], [_window_text(tokenizer, d, bos_id) for d in train]
+    )
     worst = max(range(len(heldout)), key=lambda i: fractions[i])
-    return {"ngram_words": AUDIT_NGRAM, "max_fraction": round(fractions[worst], 4), "heldout_id": heldout[worst].id,
-            "mean_fraction": round(sum(fractions) / len(fractions), 4),
-            "what": "fraction of a held-out window's word 8-grams found in any training window"}
+    return {
+        "ngram_words": AUDIT_NGRAM,
+        "max_fraction": round(fractions[worst], 4),
+        "heldout_id": heldout[worst].id,
+        "mean_fraction": round(sum(fractions) / len(fractions), 4),
+        "what": "fraction of a held-out window's word 8-grams found in any training window",
+    }

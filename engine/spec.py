@@ -121,21 +121,29 @@ class ZeroConfig:
         if isinstance(self.node_size, bool) or not isinstance(self.node_size, int) or self.node_size < 1:
             raise ZeroError(f"node size must be an integer >= 1 (data-axis ranks per node), got {self.node_size!r}")
         if self.node_size > 1 and self.stage < 2:
-            raise ZeroError(f"hierarchical partitioning needs ZeRO stage 2 or 3 (it splits the gradient reduce-"
-                            f"scatter and stage 3's parameter gathers by node), got stage {self.stage}; use --zero 2 "
-                            "or 3, or drop the hierarchy")
+            raise ZeroError(
+                f"hierarchical partitioning needs ZeRO stage 2 or 3 (it splits the gradient reduce-"
+                f"scatter and stage 3's parameter gathers by node), got stage {self.stage}; use --zero 2 "
+                "or 3, or drop the hierarchy"
+            )
         if self.offload and self.stage < 2:
-            raise ZeroError(f"optimizer offload needs ZeRO stage 2 or 3 (the host updates the partitioned state "
-                            f"FSDP keeps there), got stage {self.stage}; use --zero 2 or 3 with --offload-optimizer")
+            raise ZeroError(
+                f"optimizer offload needs ZeRO stage 2 or 3 (the host updates the partitioned state "
+                f"FSDP keeps there), got stage {self.stage}; use --zero 2 or 3 with --offload-optimizer"
+            )
 
     def check(self, shape: GridShape) -> None:
         """Raise ZeroError when the grid cannot carry this setting."""
         if self.stage > 0 and shape.data == 1:
-            raise ZeroError(f"ZeRO stage {self.stage} partitions over the data axis, but the grid {shape} has data=1; "
-                            "use a grid with data >= 2 or --zero 0")
+            raise ZeroError(
+                f"ZeRO stage {self.stage} partitions over the data axis, but the grid {shape} has data=1; "
+                "use a grid with data >= 2 or --zero 0"
+            )
         if shape.data % self.node_size:
-            raise ZeroError(f"node size {self.node_size} (data ranks per node) does not divide the data axis of size "
-                            f"{shape.data} (grid {shape}); choose a node size dividing it or no hierarchy")
+            raise ZeroError(
+                f"node size {self.node_size} (data ranks per node) does not divide the data axis of size "
+                f"{shape.data} (grid {shape}); choose a node size dividing it or no hierarchy"
+            )
 
     @property
     def hierarchical(self) -> bool:
@@ -187,8 +195,13 @@ REGIONS: tuple[str | None, ...] = (None, "rows", "layer", "heads", "tensor")
 _GRADIENT_AXES: dict[str, dict[str | None, tuple[str, ...]]] = {
     OWN: {None: AXES, "rows": AXES, "layer": ("z", "data"), "heads": ("y", "z", "data"), "tensor": ("data",)},
     # shared rows: what saw "own rows" saw the rows of its x*y group, replicated over x and y
-    SHARED: {None: ("z", "data"), "rows": ("z", "data"), "layer": ("z", "data"), "heads": ("y", "z", "data"),
-             "tensor": ("data",)},
+    SHARED: {
+        None: ("z", "data"),
+        "rows": ("z", "data"),
+        "layer": ("z", "data"),
+        "heads": ("y", "z", "data"),
+        "tensor": ("data",),
+    },
 }
 
 
@@ -234,8 +247,9 @@ def parse_grid_sizes(text: str) -> dict[str, int]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, _, value = part.partition("=")
         if name not in AXES or not value.isdigit() or int(value) < 1:
-            raise ValueError(f"cannot parse grid {text!r}: use AXIS=SIZE pairs with axes {AXES} and sizes >= 1, "
-                             "e.g. data=2,x=2")
+            raise ValueError(
+                f"cannot parse grid {text!r}: use AXIS=SIZE pairs with axes {AXES} and sizes >= 1, e.g. data=2,x=2"
+            )
         if name in sizes:
             raise ValueError(f"grid {text!r} names axis {name!r} twice")
         sizes[name] = int(value)
@@ -310,15 +324,27 @@ class ParallelLayout:
             return
         shape, data_z = self.shape, self.shape.size(*row_split_axes(SHARED))
         if self.rows == OWN:
-            hint = (f"; or share rows within each x*y group (--rows shared), which needs only multiples of "
-                    f"data*z={data_z}" if data_z < shape.world_size and n_rows % data_z == 0 else "")
-            raise ValueError(f"a step holds {n_rows} sequences, not divisible by the world size {shape.world_size}: "
-                             f"choose a batch size and a document count that are multiples of {shape.world_size}{hint}")
+            hint = (
+                f"; or share rows within each x*y group (--rows shared), which needs only multiples of data*z={data_z}"
+                if data_z < shape.world_size and n_rows % data_z == 0
+                else ""
+            )
+            raise ValueError(
+                f"a step holds {n_rows} sequences, not divisible by the world size {shape.world_size}: "
+                f"choose a batch size and a document count that are multiples of {shape.world_size}{hint}"
+            )
         # (the own layout needs multiples of the world size, a multiple of data*z: it is never the fix here)
-        raise ValueError(f"a step holds {n_rows} sequences, not divisible by data*z={data_z} (the rows layout "
-                         f"'shared' splits them over data and z): choose a batch size and a document count that are "
-                         f"multiples of {data_z}")
+        raise ValueError(
+            f"a step holds {n_rows} sequences, not divisible by data*z={data_z} (the rows layout "
+            f"'shared' splits them over data and z): choose a batch size and a document count that are "
+            f"multiples of {data_z}"
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"grid": str(self.shape), "rows": self.rows, "vocab_parallel": self.vocab_parallel,
-                "zero": self.zero.to_json(), "precision": self.precision}
+        return {
+            "grid": str(self.shape),
+            "rows": self.rows,
+            "vocab_parallel": self.vocab_parallel,
+            "zero": self.zero.to_json(),
+            "precision": self.precision,
+        }

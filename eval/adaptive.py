@@ -57,8 +57,14 @@ def _generation_config(max_new_tokens: int, pad_token_id: int, **settings: Any) 
     # sampling; without sampling it is left out (generate warns about sampling flags in a search).
     if settings.get("do_sample"):
         settings = {"top_k": 0, **settings}
-    return GenerationConfig(max_new_tokens=max_new_tokens, min_new_tokens=0, eos_token_id=[], pad_token_id=pad_token_id,
-                            use_cache=True, **settings)
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=0,
+        eos_token_id=[],
+        pad_token_id=pad_token_id,
+        use_cache=True,
+        **settings,
+    )
 
 
 def beam_search_decode(
@@ -86,13 +92,14 @@ def beam_search_decode(
     # pad id only fills masked-out positions (attention mask 0) and is never generated here, so any other id gives
     # the same beams.
     pad_token_id = pad_token_id if pad_token_id != 0 else 1
-    config = _generation_config(max_new_tokens, pad_token_id, do_sample=False, num_beams=num_beams,
-                                num_return_sequences=1, early_stopping=True)
+    config = _generation_config(
+        max_new_tokens, pad_token_id, do_sample=False, num_beams=num_beams, num_return_sequences=1, early_stopping=True
+    )
 
     def search(rows: list[list[int]]) -> list[list[int]]:
         input_ids, mask, _ = left_pad(rows, pad_token_id, device)
         out = model.generate(input_ids=input_ids, attention_mask=mask, generation_config=config)
-        return out[:, input_ids.shape[1]:].tolist()
+        return out[:, input_ids.shape[1] :].tolist()
 
     with evaluating(model):
         return decode_longest_first(prefixes, batch_size, search)
@@ -108,9 +115,13 @@ class SamplingConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.temperature, (int, float)) and self.temperature > 0 and math.isfinite(self.temperature)):
-            raise ValueError(f"temperature must be a finite number > 0, got {self.temperature!r} "
-                             "(for temperature -> 0 use greedy extraction)")
+        if not (
+            isinstance(self.temperature, (int, float)) and self.temperature > 0 and math.isfinite(self.temperature)
+        ):
+            raise ValueError(
+                f"temperature must be a finite number > 0, got {self.temperature!r} "
+                "(for temperature -> 0 use greedy extraction)"
+            )
         if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
             raise ValueError(f"top_p must be in (0, 1] (1 disables the nucleus cut), got {self.top_p!r}")
         if isinstance(self.n_samples, bool) or not isinstance(self.n_samples, int) or self.n_samples < 1:
@@ -140,16 +151,24 @@ def sample_decode(
     """
     _check_prefixes([prefix], max_new_tokens)
     device = model_device(model)
-    config = _generation_config(max_new_tokens, pad_token_id, do_sample=True, num_beams=1,
-                                num_return_sequences=sampling.n_samples, temperature=float(sampling.temperature),
-                                top_p=float(sampling.top_p))
+    config = _generation_config(
+        max_new_tokens,
+        pad_token_id,
+        do_sample=True,
+        num_beams=1,
+        num_return_sequences=sampling.n_samples,
+        temperature=float(sampling.temperature),
+        top_p=float(sampling.top_p),
+    )
     input_ids = torch.tensor([[int(t) for t in prefix]], dtype=torch.long, device=device)
     mask = torch.ones_like(input_ids)
-    devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    devices = (
+        [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    )
     with evaluating(model), torch.random.fork_rng(devices=devices):
         torch.manual_seed(sampling.seed if seed is None else seed)
         out = model.generate(input_ids=input_ids, attention_mask=mask, generation_config=config)
-    return out[:, input_ids.shape[1]:].tolist()
+    return out[:, input_ids.shape[1] :].tolist()
 
 
 def nucleus_log_probs(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0) -> torch.Tensor:
@@ -173,8 +192,9 @@ def nucleus_log_probs(logits: torch.Tensor, temperature: float = 1.0, top_p: flo
     return kept - torch.logsumexp(kept, dim=-1, keepdim=True)
 
 
-def suffix_log_probability(logits: torch.Tensor, suffix: Sequence[int], temperature: float = 1.0,
-                           top_p: float = 1.0) -> float:
+def suffix_log_probability(
+    logits: torch.Tensor, suffix: Sequence[int], temperature: float = 1.0, top_p: float = 1.0
+) -> float:
     """log q: natural log of the probability that sampling emits exactly ``suffix`` (-inf if impossible).
 
     logits: (S, V) teacher-forced logits, row i predicting suffix[i] given the prefix and suffix[:i]. q is the
@@ -244,8 +264,9 @@ def extraction_probability(log_q: float, n_samples: int) -> float:
 _split_documents = split_documents  # the same split as greedy extraction
 
 
-def _decoded_metrics(generated: list[int], suffix: list[int], decode: Callable[[list[int]], str] | None
-                     ) -> dict[str, Any]:
+def _decoded_metrics(
+    generated: list[int], suffix: list[int], decode: Callable[[list[int]], str] | None
+) -> dict[str, Any]:
     row: dict[str, Any] = {
         "exact_match": exact_match(generated, suffix),
         "match_fraction": match_fraction(generated, suffix),
@@ -272,24 +293,43 @@ def beam_extract(
     are skipped and listed. ``config.batch_size`` documents are searched together.
     """
     kept, skipped = _split_documents(documents, config)
-    generated = beam_search_decode(model, [prefix for _, prefix, _ in kept], config.suffix_len, num_beams=num_beams,
-                                   pad_token_id=pad_token_id, batch_size=config.batch_size)
+    generated = beam_search_decode(
+        model,
+        [prefix for _, prefix, _ in kept],
+        config.suffix_len,
+        num_beams=num_beams,
+        pad_token_id=pad_token_id,
+        batch_size=config.batch_size,
+    )
     rows = []
     for (doc, prefix, suffix), gen in zip(kept, generated):
-        rows.append({"id": str(doc.id), "n_prefix_tokens": len(prefix), "num_beams": num_beams,
-                     **_decoded_metrics(gen, suffix, decode), "generated_ids": gen})
+        rows.append(
+            {
+                "id": str(doc.id),
+                "n_prefix_tokens": len(prefix),
+                "num_beams": num_beams,
+                **_decoded_metrics(gen, suffix, decode),
+                "generated_ids": gen,
+            }
+        )
     return rows, summarize_beam(rows, skipped, config, num_beams)
 
 
-def summarize_beam(rows: Sequence[dict[str, Any]], skipped_ids: Sequence[str], config: ExtractionConfig,
-                   num_beams: int) -> dict[str, Any]:
+def summarize_beam(
+    rows: Sequence[dict[str, Any]], skipped_ids: Sequence[str], config: ExtractionConfig, num_beams: int
+) -> dict[str, Any]:
     """The summary ``beam_extract`` returns, from its rows and the ids it skipped as too short: counts, settings
     and the mean of every per-document metric the rows carry (ROUGE only when the rows have it)."""
-    metric_names = [k for k in (rows[0] if rows else {}) if k not in ("id", "n_prefix_tokens", "num_beams",
-                                                                       "generated_ids")]
-    summary: dict[str, Any] = {"n_docs": len(rows), "n_skipped_too_short": len(skipped_ids),
-                               "skipped_ids": [str(i) for i in skipped_ids], "num_beams": num_beams,
-                               "config": asdict(config)}
+    metric_names = [
+        k for k in (rows[0] if rows else {}) if k not in ("id", "n_prefix_tokens", "num_beams", "generated_ids")
+    ]
+    summary: dict[str, Any] = {
+        "n_docs": len(rows),
+        "n_skipped_too_short": len(skipped_ids),
+        "skipped_ids": [str(i) for i in skipped_ids],
+        "num_beams": num_beams,
+        "config": asdict(config),
+    }
     for name in metric_names:
         summary[name] = mean_of_present([float(r[name]) for r in rows])
     return summary
@@ -314,8 +354,14 @@ def sampling_extract(
     kept, skipped = _split_documents(documents, config)
     rows = []
     for doc, prefix, suffix in kept:
-        samples = sample_decode(model, prefix, config.suffix_len, sampling, pad_token_id=pad_token_id,
-                                seed=document_seed(sampling.seed, str(doc.id)))
+        samples = sample_decode(
+            model,
+            prefix,
+            config.suffix_len,
+            sampling,
+            pad_token_id=pad_token_id,
+            seed=document_seed(sampling.seed, str(doc.id)),
+        )
         fractions = [match_fraction(s, suffix) for s in samples]
         n_exact = sum(exact_match(s, suffix) for s in samples)
         row: dict[str, Any] = {
@@ -334,17 +380,21 @@ def sampling_extract(
     return rows, summarize_sampling(rows, skipped, config, sampling)
 
 
-def summarize_sampling(rows: Sequence[dict[str, Any]], skipped_ids: Sequence[str], config: ExtractionConfig,
-                       sampling: SamplingConfig) -> dict[str, Any]:
+def summarize_sampling(
+    rows: Sequence[dict[str, Any]], skipped_ids: Sequence[str], config: ExtractionConfig, sampling: SamplingConfig
+) -> dict[str, Any]:
     """The summary ``sampling_extract`` returns, from its rows and the ids it skipped as too short: counts,
     settings, the fraction of documents with ``any_exact``, means, and the share of all samples that are exact."""
-    summary: dict[str, Any] = {"n_docs": len(rows), "n_skipped_too_short": len(skipped_ids),
-                               "skipped_ids": [str(i) for i in skipped_ids], "sampling": asdict(sampling),
-                               "config": asdict(config)}
+    summary: dict[str, Any] = {
+        "n_docs": len(rows),
+        "n_skipped_too_short": len(skipped_ids),
+        "skipped_ids": [str(i) for i in skipped_ids],
+        "sampling": asdict(sampling),
+        "config": asdict(config),
+    }
     for name in ("any_exact", "best_match_fraction", "best_longest_correct_prefix", "mean_match_fraction"):
         summary[name] = mean_of_present([float(r[name]) for r in rows])
-    summary["sample_exact_rate"] = (sum(r["n_exact"] for r in rows) / sum(r["n_samples"] for r in rows)
-                                    if rows else None)
+    summary["sample_exact_rate"] = sum(r["n_exact"] for r in rows) / sum(r["n_samples"] for r in rows) if rows else None
     return summary
 
 
@@ -375,34 +425,47 @@ def probabilistic_extract(
     logits_iter = iter_next_token_logits(model, sequences, pad_token_id=pad_token_id, batch_size=config.batch_size)
     for (doc, prefix, suffix), logits in zip(kept, logits_iter):
         # logits row j predicts token j + 1: the suffix tokens sit at len(prefix) .. len(prefix) + S - 1.
-        suffix_logits = logits[len(prefix) - 1: len(prefix) - 1 + len(suffix)]
+        suffix_logits = logits[len(prefix) - 1 : len(prefix) - 1 + len(suffix)]
         log_q = suffix_log_probability(suffix_logits, suffix, temperature, top_p)
-        rows.append({
-            "id": str(doc.id),
-            "n_prefix_tokens": len(prefix),
-            "log_q": log_q,
-            "log10_q": log_q / math.log(10),
-            "samples_needed": {f"{p:g}": samples_needed(log_q, p) for p in confidences},
-            "log10_samples_needed": {f"{p:g}": log10_samples_needed(log_q, p) for p in confidences},
-            "extraction_probability": {str(n): extraction_probability(log_q, n) for n in budgets},
-        })
+        rows.append(
+            {
+                "id": str(doc.id),
+                "n_prefix_tokens": len(prefix),
+                "log_q": log_q,
+                "log10_q": log_q / math.log(10),
+                "samples_needed": {f"{p:g}": samples_needed(log_q, p) for p in confidences},
+                "log10_samples_needed": {f"{p:g}": log10_samples_needed(log_q, p) for p in confidences},
+                "extraction_probability": {str(n): extraction_probability(log_q, n) for n in budgets},
+            }
+        )
     return rows, summarize_probabilistic(rows, skipped, config, temperature, top_p, confidences, budgets)
 
 
-def summarize_probabilistic(rows: Sequence[dict[str, Any]], skipped_ids: Sequence[str], config: ExtractionConfig,
-                            temperature: float = 1.0, top_p: float = 1.0,
-                            confidences: Sequence[float] = DEFAULT_CONFIDENCES,
-                            budgets: Sequence[int] = DEFAULT_BUDGETS) -> dict[str, Any]:
+def summarize_probabilistic(
+    rows: Sequence[dict[str, Any]],
+    skipped_ids: Sequence[str],
+    config: ExtractionConfig,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    confidences: Sequence[float] = DEFAULT_CONFIDENCES,
+    budgets: Sequence[int] = DEFAULT_BUDGETS,
+) -> dict[str, Any]:
     """The summary ``probabilistic_extract`` returns, from its rows (made with the same ``confidences`` and
     ``budgets``) and the ids it skipped as too short: per budget the expected fraction of documents extracted, per
     confidence the median samples needed, the fraction of documents with q >= 0.5 and the mean finite log10 q."""
     summary: dict[str, Any] = {
-        "n_docs": len(rows), "n_skipped_too_short": len(skipped_ids), "skipped_ids": [str(i) for i in skipped_ids],
-        "temperature": temperature, "top_p": top_p, "config": asdict(config),
-        "expected_fraction_extracted": {str(n): mean_of_present([r["extraction_probability"][str(n)] for r in rows])
-                                        for n in budgets},
-        "median_samples_needed": {f"{p:g}": _median([r["samples_needed"][f"{p:g}"] for r in rows])
-                                  for p in confidences},
+        "n_docs": len(rows),
+        "n_skipped_too_short": len(skipped_ids),
+        "skipped_ids": [str(i) for i in skipped_ids],
+        "temperature": temperature,
+        "top_p": top_p,
+        "config": asdict(config),
+        "expected_fraction_extracted": {
+            str(n): mean_of_present([r["extraction_probability"][str(n)] for r in rows]) for n in budgets
+        },
+        "median_samples_needed": {
+            f"{p:g}": _median([r["samples_needed"][f"{p:g}"] for r in rows]) for p in confidences
+        },
         "fraction_q_at_least_half": mean_of_present([float(r["log_q"] >= math.log(0.5)) for r in rows]),
         "mean_log10_q": mean_of_present([r["log10_q"] for r in rows if math.isfinite(r["log10_q"])]),
     }

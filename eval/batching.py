@@ -46,8 +46,9 @@ def pad_batch(rows: Sequence[Sequence[int]], pad_token_id: int, *, side: str) ->
     return input_ids, mask
 
 
-def left_pad(rows: Sequence[Sequence[int]], pad_token_id: int, device: torch.device
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def left_pad(
+    rows: Sequence[Sequence[int]], pad_token_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Left-padded (input_ids, attention_mask, position_ids), each (B, L) on `device` with L = the longest row.
 
     Position ids count real tokens only (0 at each row's first real token), which is what an unpadded run of that
@@ -58,8 +59,9 @@ def left_pad(rows: Sequence[Sequence[int]], pad_token_id: int, device: torch.dev
     return input_ids.to(device), mask.to(device), position_ids.to(device)
 
 
-def decode_longest_first(prefixes: Sequence[Sequence[int]], batch_size: int,
-                         decode_batch: Callable[[list[list[int]]], Sequence[T]]) -> list[T]:
+def decode_longest_first(
+    prefixes: Sequence[Sequence[int]], batch_size: int, decode_batch: Callable[[list[list[int]]], Sequence[T]]
+) -> list[T]:
     """Run ``decode_batch`` on batches of ``prefixes`` and return its outputs in the input order.
 
     Prefixes go longest first, so similar lengths share a batch (less padding) and the biggest batch runs first
@@ -71,7 +73,7 @@ def decode_longest_first(prefixes: Sequence[Sequence[int]], batch_size: int,
     order = sorted(range(len(prefixes)), key=lambda i: len(prefixes[i]), reverse=True)
     results: list[T] = [None] * len(prefixes)  # type: ignore[list-item]  # every slot is filled below
     for start in range(0, len(order), batch_size):
-        idx = order[start:start + batch_size]
+        idx = order[start : start + batch_size]
         for i, ids in zip(idx, decode_batch([[int(t) for t in prefixes[i]] for i in idx])):
             results[i] = ids
     return results

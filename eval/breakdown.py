@@ -11,8 +11,9 @@ from typing import Any, Callable, Mapping, Sequence
 from eval.extraction import ExtractionConfig, extract
 
 
-def tag_rows(rows: Sequence[dict[str, Any]], key: str, values: Mapping[str, Any], default: Any = None
-             ) -> list[dict[str, Any]]:
+def tag_rows(
+    rows: Sequence[dict[str, Any]], key: str, values: Mapping[str, Any], default: Any = None
+) -> list[dict[str, Any]]:
     """Copies of ``rows`` with ``row[key] = values[row["id"]]`` (``default`` for ids not in ``values``).
 
     E.g. key="repeats" with {document id: times it was repeated in training}.

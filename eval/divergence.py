@@ -32,25 +32,34 @@ def first_divergence(generated: Sequence[int], reference: Sequence[int]) -> int 
     return None
 
 
-def suffix_dropped_flags(dropped_targets: Sequence[bool] | torch.Tensor, prefix_len: int, suffix_len: int) -> list[bool]:
+def suffix_dropped_flags(
+    dropped_targets: Sequence[bool] | torch.Tensor, prefix_len: int, suffix_len: int
+) -> list[bool]:
     """Dropped flags of the suffix tokens, from the dropped flags of a document's targets: (T - 1,), or (T,) as
     goldfish's ``causal_targets`` lays them out (its last target is the ignore index, never dropped).
 
     prefix_len: P, the index of the first suffix token in the document (>= 1: the first token is never a target).
     Returns ``suffix_len`` flags; flag i says whether suffix token i (= target P + i - 1) was dropped.
     """
-    flags = [bool(x) for x in (dropped_targets.reshape(-1).tolist() if isinstance(dropped_targets, torch.Tensor)
-                               else dropped_targets)]
+    flags = [
+        bool(x)
+        for x in (
+            dropped_targets.reshape(-1).tolist() if isinstance(dropped_targets, torch.Tensor) else dropped_targets
+        )
+    ]
     if prefix_len < 1:
         raise ValueError(f"prefix_len must be >= 1 (the first token is never a target), got {prefix_len}")
     if prefix_len - 1 + suffix_len > len(flags):
-        raise ValueError(f"dropped flags cover {len(flags)} targets but the suffix needs targets "
-                         f"{prefix_len - 1}..{prefix_len + suffix_len - 2}: pass the flags of the whole document")
-    return flags[prefix_len - 1: prefix_len - 1 + suffix_len]
+        raise ValueError(
+            f"dropped flags cover {len(flags)} targets but the suffix needs targets "
+            f"{prefix_len - 1}..{prefix_len + suffix_len - 2}: pass the flags of the whole document"
+        )
+    return flags[prefix_len - 1 : prefix_len - 1 + suffix_len]
 
 
-def divergence_row(generated: Sequence[int], reference: Sequence[int],
-                   suffix_dropped: Sequence[bool] | None = None) -> dict[str, Any]:
+def divergence_row(
+    generated: Sequence[int], reference: Sequence[int], suffix_dropped: Sequence[bool] | None = None
+) -> dict[str, Any]:
     """Per-document divergence: ``first_divergence`` (index or None), and when the suffix's dropped flags are given,
     ``diverged_on_dropped`` (None when it never diverged) and ``suffix_drop_rate`` (share of dropped suffix tokens)."""
     index = first_divergence(generated, reference)
@@ -86,6 +95,7 @@ def divergence_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         on_dropped = sum(bool(r["diverged_on_dropped"]) for r in diverged)
         summary["n_on_dropped"] = on_dropped
         summary["share_on_dropped"] = on_dropped / len(diverged) if diverged else None
-        summary["share_expected_by_chance"] = (sum(r["suffix_drop_rate"] for r in diverged) / len(diverged)
-                                               if diverged else None)
+        summary["share_expected_by_chance"] = (
+            sum(r["suffix_drop_rate"] for r in diverged) / len(diverged) if diverged else None
+        )
     return summary

@@ -20,6 +20,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, StaticCache
 
+from data.atomic import write_json_atomic, write_jsonl_atomic
 from eval.batching import decode_longest_first, evaluating, left_pad, model_device, pad_batch
 from eval.intervals import DEFAULT_RESAMPLES, mean_interval
 from eval.metrics import (
@@ -33,7 +34,6 @@ from eval.metrics import (
     rouge_scores,
     teacher_forced_accuracy,
 )
-from data.atomic import write_json_atomic, write_jsonl_atomic
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +75,10 @@ class ExtractionConfig:
     def __post_init__(self) -> None:
         b = self.bootstrap
         if isinstance(b, bool) or not isinstance(b, int) or b < 0:
-            raise ValueError(f"ExtractionConfig.bootstrap must be a number of resamples >= 0 (e.g. --bootstrap 1000; "
-                             f"0: no intervals), got {b!r}")
+            raise ValueError(
+                f"ExtractionConfig.bootstrap must be a number of resamples >= 0 (e.g. --bootstrap 1000; "
+                f"0: no intervals), got {b!r}"
+            )
         for name in ("suffix_len", "batch_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -102,8 +104,9 @@ class ExtractionConfig:
         return ids[:p], ids[p : p + self.suffix_len]
 
 
-def split_documents(documents: Sequence[Any], config: ExtractionConfig
-                    ) -> tuple[list[tuple[Any, list[int], list[int]]], list[str]]:
+def split_documents(
+    documents: Sequence[Any], config: ExtractionConfig
+) -> tuple[list[tuple[Any, list[int], list[int]]], list[str]]:
     """(kept, skipped_ids): (document, prefix, suffix) for every document long enough for ``config``, in input
     order, and the ids (as str) of the documents too short for it. Documents have ``.id`` and ``.token_ids``."""
     kept: list[tuple[Any, list[int], list[int]]] = []
@@ -154,8 +157,9 @@ def _static_cache_fits(model: torch.nn.Module) -> bool:
     return not any(getattr(m, "_engine_stack_grid", None) is not None for m in model.modules())
 
 
-def _greedy_batch(model: torch.nn.Module, rows: list[list[int]], max_new_tokens: int, pad_token_id: int,
-                  device: torch.device) -> list[GreedyPath]:
+def _greedy_batch(
+    model: torch.nn.Module, rows: list[list[int]], max_new_tokens: int, pad_token_id: int, device: torch.device
+) -> list[GreedyPath]:
     """Greedy continuation of one batch of prompts: one GreedyPath per row (max_new_tokens ids each).
 
     A plain HF model gets a static KV cache of the prompt's length + max_new_tokens, allocated once: a dynamic cache
@@ -171,11 +175,14 @@ def _greedy_batch(model: torch.nn.Module, rows: list[list[int]], max_new_tokens:
     full_mask = torch.cat([mask, mask.new_ones((n_rows, max_new_tokens))], dim=1)
     static = {}
     if _static_cache_fits(model):
-        static = {"past_key_values": StaticCache(config=model.config, max_cache_len=prompt_len + max_new_tokens),
-                  "cache_position": torch.arange(prompt_len, device=device)}
+        static = {
+            "past_key_values": StaticCache(config=model.config, max_cache_len=prompt_len + max_new_tokens),
+            "cache_position": torch.arange(prompt_len, device=device),
+        }
     # logits_to_keep=1 avoids materialising (B, L, V) logits for the whole prompt.
-    out = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
-                logits_to_keep=1, **static)
+    out = model(
+        input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=True, logits_to_keep=1, **static
+    )
     for step in range(max_new_tokens):
         logits = out.logits[:, -1, :]  # (B, V)
         next_ids = logits.argmax(dim=-1)  # (B,)
@@ -188,15 +195,21 @@ def _greedy_batch(model: torch.nn.Module, rows: list[list[int]], max_new_tokens:
         position_ids = position_ids[:, -1:] + 1
         if static:
             static["cache_position"] = static["cache_position"][-1:] + 1
-        out = model(input_ids=next_ids[:, None], attention_mask=full_mask[:, : prompt_len + step + 1],
-                    position_ids=position_ids, past_key_values=static.get("past_key_values", out.past_key_values),
-                    use_cache=True, logits_to_keep=1,
-                    **({"cache_position": static["cache_position"]} if static else {}))
+        out = model(
+            input_ids=next_ids[:, None],
+            attention_mask=full_mask[:, : prompt_len + step + 1],
+            position_ids=position_ids,
+            past_key_values=static.get("past_key_values", out.past_key_values),
+            use_cache=True,
+            logits_to_keep=1,
+            **({"cache_position": static["cache_position"]} if static else {}),
+        )
     if out.logits.shape[-1] < 2:
         return [GreedyPath(ids, None, None) for ids in generated.tolist()]
     smallest, where = margins.min(dim=-1)  # (B,), first position on ties
-    return [GreedyPath(ids, float(m), int(p))
-            for ids, m, p in zip(generated.tolist(), smallest.tolist(), where.tolist())]
+    return [
+        GreedyPath(ids, float(m), int(p)) for ids, m, p in zip(generated.tolist(), smallest.tolist(), where.tolist())
+    ]
 
 
 def greedy_paths(
@@ -220,7 +233,8 @@ def greedy_paths(
 
     with evaluating(model):
         return decode_longest_first(
-            prefixes, batch_size, lambda rows: _greedy_batch(model, rows, max_new_tokens, pad_token_id, device))
+            prefixes, batch_size, lambda rows: _greedy_batch(model, rows, max_new_tokens, pad_token_id, device)
+        )
 
 
 def greedy_decode(
@@ -241,8 +255,12 @@ def greedy_decode(
     similar lengths share a batch (less padding) and the biggest batch runs first (an out-of-memory error
     shows up at once). ``device`` defaults to the model's.
     """
-    return [path.ids for path in greedy_paths(model, prefixes, max_new_tokens, pad_token_id=pad_token_id,
-                                              batch_size=batch_size, device=device)]
+    return [
+        path.ids
+        for path in greedy_paths(
+            model, prefixes, max_new_tokens, pad_token_id=pad_token_id, batch_size=batch_size, device=device
+        )
+    ]
 
 
 def _teacher_forced(
@@ -328,12 +346,20 @@ def extract(
         for start in range(0, len(kept), config.batch_size):
             chunk = kept[start : start + config.batch_size]
             paths = greedy_paths(
-                model, [prefix for _, prefix, _ in chunk], config.suffix_len,
-                pad_token_id=pad_token_id, batch_size=config.batch_size, device=device,
+                model,
+                [prefix for _, prefix, _ in chunk],
+                config.suffix_len,
+                pad_token_id=pad_token_id,
+                batch_size=config.batch_size,
+                device=device,
             )
             tf = _teacher_forced(
-                model, [[int(t) for t in doc.token_ids] for doc, _, _ in chunk],
-                pad_token_id, config.batch_size, drop_mask_fn, device,
+                model,
+                [[int(t) for t in doc.token_ids] for doc, _, _ in chunk],
+                pad_token_id,
+                config.batch_size,
+                drop_mask_fn,
+                device,
             )
             for (doc, prefix, suffix), path, acc in zip(chunk, paths, tf):
                 gen = path.ids
@@ -365,8 +391,9 @@ def extract(
     return rows, summarize_extraction(rows, skipped, config)
 
 
-def summarize_extraction(rows: Sequence[dict[str, Any]], skipped_ids: Sequence[str], config: ExtractionConfig
-                         ) -> dict[str, Any]:
+def summarize_extraction(
+    rows: Sequence[dict[str, Any]], skipped_ids: Sequence[str], config: ExtractionConfig
+) -> dict[str, Any]:
     """The summary ``extract`` returns, from its per-document ``rows`` and the ids of the documents it skipped as
     too short: lets a summary be recomputed from rows gathered from several processes (or filtered afterwards).
 
@@ -386,27 +413,39 @@ def summarize_extraction(rows: Sequence[dict[str, Any]], skipped_ids: Sequence[s
         summary[name] = mean_of_present([row.get(name) for row in rows])
     for name in INTERVAL_METRICS:  # 95% percentile bootstrap over documents (eval.intervals)
         values = [row[name] for row in rows if row.get(name) is not None]
-        summary[f"{name}_ci"] = (mean_interval(values, n_resamples=config.bootstrap)
-                                 if config.bootstrap and values else None)
+        summary[f"{name}_ci"] = (
+            mean_interval(values, n_resamples=config.bootstrap) if config.bootstrap and values else None
+        )
     summary["config"] = asdict(config)
-    discarded = [str(row["id"]) for row in rows
-                 if row.get("rouge_default_kept_chars", 1.0) < DEFAULT_TOKENIZER_MIN_KEPT]
+    discarded = [
+        str(row["id"]) for row in rows if row.get("rouge_default_kept_chars", 1.0) < DEFAULT_TOKENIZER_MIN_KEPT
+    ]
     if discarded:
-        log.warning("rouge-score's default tokenizer (the paper's setting, [a-z0-9] only) discards most characters "
-                    "of %d of %d reference texts (first: %r); their rouge_l is not meaningful, read rouge_l_unicode",
-                    len(discarded), len(rows), discarded[0])
+        log.warning(
+            "rouge-score's default tokenizer (the paper's setting, [a-z0-9] only) discards most characters "
+            "of %d of %d reference texts (first: %r); their rouge_l is not meaningful, read rouge_l_unicode",
+            len(discarded),
+            len(rows),
+            discarded[0],
+        )
     summary["rouge"] = {
         "package": "rouge-score",
         "version": _rouge_version(),
         "stemmer": False,
         "tokenizer": "default word tokenizer",
         "unicode_tokenizer": "rouge_l_unicode: eval.metrics.unicode_words (words of any script, CJK characters "
-                             "one word each)",
-        "default_tokenizer_discards_most": {"n_docs": len(discarded), "ids": discarded[:20],
-                                            "min_kept_fraction": DEFAULT_TOKENIZER_MIN_KEPT},
+        "one word each)",
+        "default_tokenizer_discards_most": {
+            "n_docs": len(discarded),
+            "ids": discarded[:20],
+            "min_kept_fraction": DEFAULT_TOKENIZER_MIN_KEPT,
+        },
     }
-    margins = [(row["min_logit_margin"], str(row["id"]), row.get("min_margin_position")) for row in rows
-               if row.get("min_logit_margin") is not None]
+    margins = [
+        (row["min_logit_margin"], str(row["id"]), row.get("min_margin_position"))
+        for row in rows
+        if row.get("min_logit_margin") is not None
+    ]
     if margins:
         margin, doc_id, position = min(margins)
         summary["near_tie"] = {"min_logit_margin": margin, "id": doc_id, "position": position}

@@ -25,8 +25,9 @@ BOOTSTRAP_SEED = 0
 
 def _check(n_resamples: int) -> None:
     if isinstance(n_resamples, bool) or not isinstance(n_resamples, int) or n_resamples < 1:
-        raise ValueError(f"the bootstrap needs a positive number of resamples (e.g. --bootstrap 1000), "
-                         f"got {n_resamples!r}")
+        raise ValueError(
+            f"the bootstrap needs a positive number of resamples (e.g. --bootstrap 1000), got {n_resamples!r}"
+        )
 
 
 def pairwise_auc(member_scores: np.ndarray, nonmember_scores: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -46,9 +47,14 @@ def _interval(result: object) -> list[float]:
     return [float(ci.low), float(ci.high)]
 
 
-def auc_interval(member_scores: Sequence[float], nonmember_scores: Sequence[float], *,
-                 n_resamples: int = DEFAULT_RESAMPLES, confidence: float = DEFAULT_CONFIDENCE,
-                 seed: int = BOOTSTRAP_SEED) -> list[float]:
+def auc_interval(
+    member_scores: Sequence[float],
+    nonmember_scores: Sequence[float],
+    *,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    confidence: float = DEFAULT_CONFIDENCE,
+    seed: int = BOOTSTRAP_SEED,
+) -> list[float]:
     """[low, high] of the percentile bootstrap interval of the AUC, members and non-members resampled separately.
 
     Scores are oriented higher = member. Each resample batch holds at most ~4e6 member/non-member comparisons, so
@@ -59,25 +65,42 @@ def auc_interval(member_scores: Sequence[float], nonmember_scores: Sequence[floa
     if members.size == 0 or nonmembers.size == 0:
         raise ValueError("an AUC interval needs members and non-members")
     batch = max(1, int(4e6 // max(1, members.size * nonmembers.size)))
-    options = dict(n_resamples=n_resamples, batch=batch, confidence_level=confidence, method="percentile",
-                   vectorized=True, rng=np.random.default_rng(seed))
+    options = dict(
+        n_resamples=n_resamples,
+        batch=batch,
+        confidence_level=confidence,
+        method="percentile",
+        vectorized=True,
+        rng=np.random.default_rng(seed),
+    )
     if members.size == 1 and nonmembers.size == 1:  # nothing to resample: every resample is the same pair
         auc = float(pairwise_auc(members, nonmembers))
         return [auc, auc]
     # A class of one document resamples to itself: scipy needs two observations per sample, so hold it fixed.
     if members.size == 1:
-        result = bootstrap((nonmembers,), lambda n, axis=-1: pairwise_auc(np.broadcast_to(
-            members, n.shape[:-1] + (1,)), n, axis), **options)
+        result = bootstrap(
+            (nonmembers,),
+            lambda n, axis=-1: pairwise_auc(np.broadcast_to(members, n.shape[:-1] + (1,)), n, axis),
+            **options,
+        )
     elif nonmembers.size == 1:
-        result = bootstrap((members,), lambda m, axis=-1: pairwise_auc(m, np.broadcast_to(
-            nonmembers, m.shape[:-1] + (1,)), axis), **options)
+        result = bootstrap(
+            (members,),
+            lambda m, axis=-1: pairwise_auc(m, np.broadcast_to(nonmembers, m.shape[:-1] + (1,)), axis),
+            **options,
+        )
     else:
         result = bootstrap((members, nonmembers), pairwise_auc, paired=False, **options)
     return _interval(result)
 
 
-def mean_interval(values: Sequence[float], *, n_resamples: int = DEFAULT_RESAMPLES,
-                  confidence: float = DEFAULT_CONFIDENCE, seed: int = BOOTSTRAP_SEED) -> list[float] | None:
+def mean_interval(
+    values: Sequence[float],
+    *,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    confidence: float = DEFAULT_CONFIDENCE,
+    seed: int = BOOTSTRAP_SEED,
+) -> list[float] | None:
     """[low, high] of the percentile bootstrap interval of the mean of ``values`` (one per document); None for no
     values. Booleans count as 0/1 (exact match: the interval of the fraction of documents extracted)."""
     _check(n_resamples)
@@ -86,6 +109,13 @@ def mean_interval(values: Sequence[float], *, n_resamples: int = DEFAULT_RESAMPL
         return None
     if np.all(data == data[0]):  # every resample has the same mean; scipy would warn about a degenerate sample
         return [float(data[0]), float(data[0])]
-    result = bootstrap((data,), np.mean, n_resamples=n_resamples, confidence_level=confidence,
-                       method="percentile", vectorized=True, rng=np.random.default_rng(seed))
+    result = bootstrap(
+        (data,),
+        np.mean,
+        n_resamples=n_resamples,
+        confidence_level=confidence,
+        method="percentile",
+        vectorized=True,
+        rng=np.random.default_rng(seed),
+    )
     return _interval(result)

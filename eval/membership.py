@@ -105,16 +105,19 @@ def recall_score(log_probs: np.ndarray, conditional_log_probs: np.ndarray) -> fl
     lp = np.asarray(log_probs, dtype=np.float64).reshape(-1)
     cond = np.asarray(conditional_log_probs, dtype=np.float64).reshape(-1)
     if lp.shape != cond.shape or lp.size == 0:
-        raise ValueError(f"ReCaLL compares the same tokens with and without the prefix: got {lp.size} and "
-                         f"{cond.size} log-probabilities")
+        raise ValueError(
+            f"ReCaLL compares the same tokens with and without the prefix: got {lp.size} and "
+            f"{cond.size} log-probabilities"
+        )
     unconditional = lp.mean()
     if unconditional == 0:
         raise ValueError("ReCaLL is undefined for a document of log-likelihood 0 (every token has probability 1)")
     return float(cond.mean() / unconditional)
 
 
-def dc_pdd_score(log_probs: np.ndarray, token_ids: Sequence[int], frequencies: np.ndarray,
-                 cap: float = DC_PDD_CAP) -> float:
+def dc_pdd_score(
+    log_probs: np.ndarray, token_ids: Sequence[int], frequencies: np.ndarray, cap: float = DC_PDD_CAP
+) -> float:
     """DC-PDD of one document: mean over the first occurrence of each distinct id in ``token_ids`` (the scored
     tokens, (n,)) of min(p_t * log(p_t / frequencies[id_t]), cap), with p_t = exp(log_probs[t]). ``frequencies``:
     (V,) reference-corpus token frequencies, all > 0 (`token_frequencies` smooths them)."""
@@ -124,8 +127,10 @@ def dc_pdd_score(log_probs: np.ndarray, token_ids: Sequence[int], frequencies: n
         raise ValueError(f"DC-PDD needs one token id per log-probability, got {ids.size} and {lp.size}")
     freq = np.asarray(frequencies, dtype=np.float64)
     if ids.max(initial=0) >= freq.size:
-        raise ValueError(f"token id {int(ids.max())} is beyond the {freq.size} reference frequencies: count the "
-                         "frequencies with the model's tokenizer")
+        raise ValueError(
+            f"token id {int(ids.max())} is beyond the {freq.size} reference frequencies: count the "
+            "frequencies with the model's tokenizer"
+        )
     _, first = np.unique(ids, return_index=True)  # positions of first occurrences
     p = np.exp(lp[first])
     alpha = p * (lp[first] - np.log(freq[ids[first]]))
@@ -148,8 +153,10 @@ def recall_prefix(nonmembers: Sequence[Any], n_docs: int = DEFAULT_RECALL_PREFIX
     """ReCaLL's non-member prefix: the token ids of the first ``n_docs`` held-out documents, concatenated, and
     those documents' ids (they are left out of the ReCaLL scores). Needs a held-out document left to score."""
     if n_docs < 1 or len(nonmembers) <= n_docs:
-        raise ValueError(f"ReCaLL takes its prefix from {n_docs} held-out document(s) and must score at least one "
-                         f"more; got {len(nonmembers)} held-out document(s): select more with --n-heldout")
+        raise ValueError(
+            f"ReCaLL takes its prefix from {n_docs} held-out document(s) and must score at least one "
+            f"more; got {len(nonmembers)} held-out document(s): select more with --n-heldout"
+        )
     docs = list(nonmembers)[:n_docs]
     return [int(t) for doc in docs for t in doc.token_ids], [str(doc.id) for doc in docs]
 
@@ -224,8 +231,10 @@ def membership_scores(
     if reference_log_probs is not None:
         ref = np.asarray(reference_log_probs, dtype=np.float64).reshape(-1)
         if ref.shape != lp.shape:
-            raise ValueError(f"reference_log_probs has {ref.size} entries but log_probs has {lp.size}: score the same "
-                             "tokens with both models (they must share the tokenizer)")
+            raise ValueError(
+                f"reference_log_probs has {ref.size} entries but log_probs has {lp.size}: score the same "
+                "tokens with both models (they must share the tokenizer)"
+            )
         reference_loss = float(-ref.mean())
         row["reference_loss"] = reference_loss
         row["score_reference"] = reference_loss - loss
@@ -286,8 +295,11 @@ def membership_rows(
     """
     sequences = [[int(t) for t in doc.token_ids] for doc in documents]
     target = next_token_stats(model, sequences, pad_token_id=pad_token_id, batch_size=batch_size)
-    reference = (token_log_probs(reference_model, sequences, pad_token_id=pad_token_id, batch_size=batch_size)
-                 if reference_model is not None else [None] * len(sequences))
+    reference = (
+        token_log_probs(reference_model, sequences, pad_token_id=pad_token_id, batch_size=batch_size)
+        if reference_model is not None
+        else [None] * len(sequences)
+    )
     conditional: list[Any] = [None] * len(sequences)
     if recall_prefix_ids is not None:
         context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
@@ -295,21 +307,31 @@ def membership_rows(
         joined, windows = [], []
         for seq in sequences:
             kept, n_doc = recall_window(len(seq), len(prefix), context)
-            joined.append(prefix[len(prefix) - kept:] + seq[:n_doc])
+            joined.append(prefix[len(prefix) - kept :] + seq[:n_doc])
             windows.append((kept, n_doc))
         with_prefix = token_log_probs(model, joined, pad_token_id=pad_token_id, batch_size=batch_size)
         # entry j scores token j + 1 of the joined ids: the document's tokens 1..n_doc-1 start at entry kept
-        conditional = [lp[kept:kept + n_doc - 1] for lp, (kept, n_doc) in zip(with_prefix, windows)]
+        conditional = [lp[kept : kept + n_doc - 1] for lp, (kept, n_doc) in zip(with_prefix, windows)]
     norm_of = grad_norm_fn or gradient_norm
     rows = []
     for doc, seq, (lp, mu, sigma), ref, cond in zip(documents, sequences, target, reference, conditional):
         row: dict[str, Any] = {"id": str(doc.id)}
         if member is not None:
             row["member"] = bool(member)
-        row.update(membership_scores(lp, decode(seq[1:]), min_k=min_k, reference_log_probs=ref,
-                                     mean_log_probs=mu, std_log_probs=sigma, conditional_log_probs=cond,
-                                     token_ids=seq[1:] if frequencies is not None else None, frequencies=frequencies,
-                                     grad_norm=norm_of(model, seq) if grad_norm else None))
+        row.update(
+            membership_scores(
+                lp,
+                decode(seq[1:]),
+                min_k=min_k,
+                reference_log_probs=ref,
+                mean_log_probs=mu,
+                std_log_probs=sigma,
+                conditional_log_probs=cond,
+                token_ids=seq[1:] if frequencies is not None else None,
+                frequencies=frequencies,
+                grad_norm=norm_of(model, seq) if grad_norm else None,
+            )
+        )
         rows.append(row)
     return rows
 
@@ -351,8 +373,10 @@ def attack_metrics(
     "fpr_resolution" (= 1 / n_nonmembers)}.
     """
     if len(member_scores) == 0 or len(nonmember_scores) == 0:
-        raise ValueError(f"an ROC needs members and non-members, got {len(member_scores)} and "
-                         f"{len(nonmember_scores)}: evaluate both training and held-out documents")
+        raise ValueError(
+            f"an ROC needs members and non-members, got {len(member_scores)} and "
+            f"{len(nonmember_scores)}: evaluate both training and held-out documents"
+        )
     scores = np.concatenate([np.asarray(member_scores, float), np.asarray(nonmember_scores, float)])
     if not np.all(np.isfinite(scores)):
         raise ValueError("attack scores must be finite numbers")
@@ -361,8 +385,7 @@ def attack_metrics(
     fpr, tpr, _ = roc_curve(labels, scores, drop_intermediate=False)
     return {
         "auc": float(roc_auc_score(labels, scores)),
-        "auc_ci": (auc_interval(member_scores, nonmember_scores, n_resamples=n_resamples)
-                   if n_resamples else None),
+        "auc_ci": (auc_interval(member_scores, nonmember_scores, n_resamples=n_resamples) if n_resamples else None),
         "tpr_at_fpr": {f"{t:g}": tpr_at_fpr(fpr, tpr, t) for t in target_fprs},
         "roc": {"fpr": fpr.tolist(), "tpr": tpr.tolist()},
         "n_members": len(member_scores),
@@ -397,8 +420,12 @@ def membership_summary(
         "attacks": attacks,
         "orientation": "higher score = member; members are training documents, non-members held-out documents",
         "min_k": min_k,
-        "bootstrap": {"n_resamples": n_resamples, "confidence": DEFAULT_CONFIDENCE, "method": "percentile",
-                      "seed": BOOTSTRAP_SEED, "resampled": "members and non-members separately (scipy.stats."
-                      "bootstrap, paired=False)"},
+        "bootstrap": {
+            "n_resamples": n_resamples,
+            "confidence": DEFAULT_CONFIDENCE,
+            "method": "percentile",
+            "seed": BOOTSTRAP_SEED,
+            "resampled": "members and non-members separately (scipy.stats.bootstrap, paired=False)",
+        },
         **dict(notes or {}),
     }

@@ -48,8 +48,11 @@ METRICS: Mapping[str, MetricInfo] = MappingProxyType(
             _info("rouge_l_recall", "ROUGE-L recall of generated vs true suffix text (0..1)"),
             _info("rouge_1", "ROUGE-1 F-measure of generated vs true suffix text (0..1)"),
             _info("rouge_2", "ROUGE-2 F-measure of generated vs true suffix text (0..1)"),
-            _info("rouge_l_unicode", "ROUGE-L F-measure with a Unicode word tokenizer (words of every script; "
-                  "CJK characters one word each), for text the default tokenizer discards (0..1)"),
+            _info(
+                "rouge_l_unicode",
+                "ROUGE-L F-measure with a Unicode word tokenizer (words of every script; "
+                "CJK characters one word each), for text the default tokenizer discards (0..1)",
+            ),
             _info("tf_accuracy", "teacher-forced next-token accuracy over all document targets"),
             _info("tf_kept_accuracy", "teacher-forced accuracy on targets the mask kept in the loss"),
             _info("tf_dropped_accuracy", "teacher-forced accuracy on targets the mask dropped"),
@@ -102,8 +105,14 @@ def longest_correct_prefix(generated: Sequence[int], reference: Sequence[int]) -
 # English, but it turns Japanese, Chinese, Hebrew, Arabic, Greek, Cyrillic... text into nothing (RougeL 0).
 _DEFAULT_KEPT = re.compile(r"[a-z0-9]")
 # Ideographs, kana and hangul are written without spaces between words: each character is a word of its own.
-_CJK_RANGES = ((0x3040, 0x30FF), (0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xAC00, 0xD7AF), (0xF900, 0xFAFF),
-               (0x20000, 0x2FA1F))
+_CJK_RANGES = (
+    (0x3040, 0x30FF),
+    (0x3400, 0x4DBF),
+    (0x4E00, 0x9FFF),
+    (0xAC00, 0xD7AF),
+    (0xF900, 0xFAFF),
+    (0x20000, 0x2FA1F),
+)
 # Below this fraction of kept characters a document's default-tokenizer ROUGE is flagged ("most discarded").
 DEFAULT_TOKENIZER_MIN_KEPT = 0.5
 
@@ -160,8 +169,10 @@ def _rouge_scorers() -> tuple[rouge_scorer.RougeScorer, rouge_scorer.RougeScorer
     # Built once: constructing a scorer (tokenizer set-up) dominates the cost of scoring 50 words.
     # Settings of the goldfish paper: default word tokenizer (lower-cases, splits on non-alphanumerics),
     # no stemmer. Beside it, RougeL with the Unicode word tokenizer (no stemmer either).
-    return (rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=False),
-            rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False, tokenizer=UnicodeWordTokenizer()))
+    return (
+        rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=False),
+        rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False, tokenizer=UnicodeWordTokenizer()),
+    )
 
 
 def rouge_scores(prediction: str, reference: str) -> dict[str, float]:

@@ -74,9 +74,8 @@ log = logging.getLogger(__name__)
 ROW_AXES = ("x", "y")  # the axes over which a parallelized decoder gathers its rows (engine/models/parallelize.py)
 
 
-
-
 # ----- the model as eval/ sees it ---------------------------------------------------------------------------------
+
 
 def _parallel_grid(model: nn.Module) -> Grid | None:
     """The grid `model`'s decoder stack was parallelized on, or None for a plain model."""
@@ -125,9 +124,11 @@ class ParallelEvalModel(nn.Module):
         super().__init__()
         planned = _parallel_grid(model)
         if planned is not grid and grid.size(*TENSOR_AXES) > 1:
-            raise ValueError("ParallelEvalModel needs a model parallelized on this grid (engine.parallelize(model, "
-                             "grid), or parallelize_for_eval); got " +
-                             ("a plain model" if planned is None else "a model parallelized on another grid"))
+            raise ValueError(
+                "ParallelEvalModel needs a model parallelized on this grid (engine.parallelize(model, "
+                "grid), or parallelize_for_eval); got "
+                + ("a plain model" if planned is None else "a model parallelized on another grid")
+            )
         self.model = model
         self.grid = grid
         self.train(model.training)  # a new Module starts in training mode; keep the model's
@@ -141,8 +142,13 @@ class ParallelEvalModel(nn.Module):
         return self.model.generation_config
 
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, **kwargs: Any) -> Any:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> Any:
         """input_ids (B, T), attention_mask (B, T_past + T), position_ids (B, T), all alike on every rank of the
         tensor-parallel group; other keywords go to the model. Returns the model's output with logits (B, T', V).
         Inference only (no gradients: the logits gather is not differentiable)."""
@@ -161,8 +167,9 @@ class ParallelEvalModel(nn.Module):
                 return t
             return t.index_select(0, rows.to(t.device))
 
-        out = self.model(input_ids=mine(input_ids), attention_mask=mine(attention_mask),
-                         position_ids=mine(position_ids), **kwargs)
+        out = self.model(
+            input_ids=mine(input_ids), attention_mask=mine(attention_mask), position_ids=mine(position_ids), **kwargs
+        )
         out.logits = comm.all_gather(out.logits.contiguous(), group, 0)[:n_rows]
         return out
 
@@ -172,14 +179,18 @@ class ParallelEvalModel(nn.Module):
             return self.model.generate(*args, **kwargs)
         config = kwargs.get("generation_config")
         if config is None or not (isinstance(config.eos_token_id, (list, tuple)) and len(config.eos_token_id) == 0):
-            raise ValueError("generation on a tensor-parallel model must have a fixed length: pass a "
-                             "generation_config with eos_token_id=[] (every rank of a tensor-parallel group has to "
-                             "take the same number of steps)")
+            raise ValueError(
+                "generation on a tensor-parallel model must have a fixed length: pass a "
+                "generation_config with eos_token_id=[] (every rank of a tensor-parallel group has to "
+                "take the same number of steps)"
+            )
         num_beams = kwargs.get("num_beams", config.num_beams) or 1
         if num_beams > 1 and self.grid.size(*ROW_AXES) > 1:
             if kwargs.get("past_key_values") is not None:
-                raise ValueError("beam search on a model whose rows are gathered over x*y needs the GroupBeamCache "
-                                 "that ParallelEvalModel.generate makes; do not pass past_key_values")
+                raise ValueError(
+                    "beam search on a model whose rows are gathered over x*y needs the GroupBeamCache "
+                    "that ParallelEvalModel.generate makes; do not pass past_key_values"
+                )
             kwargs["past_key_values"] = GroupBeamCache(self.grid.group(*ROW_AXES), config=self.model.config)
         return self.model.generate(*args, **kwargs)
 
@@ -205,8 +216,10 @@ def parallelize_for_eval(model: nn.Module, grid: Grid | None) -> nn.Module:
 
 # ----- the instruments, sharded -----------------------------------------------------------------------------------
 
-def _evaluable(documents: Sequence[Any], config: ExtractionConfig, model: nn.Module, grid: Grid | None
-               ) -> tuple[list[Any], list[str]]:
+
+def _evaluable(
+    documents: Sequence[Any], config: ExtractionConfig, model: nn.Module, grid: Grid | None
+) -> tuple[list[Any], list[str]]:
     """(documents long enough for `config`, ids of the too-short ones); raises for documents beyond the context.
     Runs identically on every rank before any communication, so a bad document fails everywhere at once."""
     kept, skipped = split_documents(documents, config)
@@ -217,10 +230,14 @@ def _evaluable(documents: Sequence[Any], config: ExtractionConfig, model: nn.Mod
     return evaluable, skipped
 
 
-def _sharded_instrument(model: nn.Module, documents: Sequence[Any], config: ExtractionConfig, grid: Grid | None,
-                        rows_of: Callable[[nn.Module, list[Any]], list[dict[str, Any]]],
-                        summarize: Callable[[list[dict[str, Any]], list[str]], dict[str, Any]]
-                        ) -> tuple[list[dict[str, Any]], dict[str, Any]] | tuple[None, None]:
+def _sharded_instrument(
+    model: nn.Module,
+    documents: Sequence[Any],
+    config: ExtractionConfig,
+    grid: Grid | None,
+    rows_of: Callable[[nn.Module, list[Any]], list[dict[str, Any]]],
+    summarize: Callable[[list[dict[str, Any]], list[str]], dict[str, Any]],
+) -> tuple[list[dict[str, Any]], dict[str, Any]] | tuple[None, None]:
     """The pattern of every per-document instrument: keep the evaluable documents, let each tensor-parallel group
     compute `rows_of(model_for_this_rank, block)` on its block, gather on rank 0, summarize from the rows there."""
     evaluable, skipped = _evaluable(documents, config, model, grid)
@@ -249,10 +266,21 @@ def evaluate_parallel(
     bar (its own block only).
     """
     return _sharded_instrument(
-        model, documents, config, grid,
-        lambda runner, block: extract(runner, block, config, decode=decode, pad_token_id=pad_token_id,
-                                      drop_mask_fn=drop_mask_fn, progress=progress and is_main_process(grid))[0],
-        lambda rows, skipped: summarize_extraction(rows, skipped, config))
+        model,
+        documents,
+        config,
+        grid,
+        lambda runner, block: extract(
+            runner,
+            block,
+            config,
+            decode=decode,
+            pad_token_id=pad_token_id,
+            drop_mask_fn=drop_mask_fn,
+            progress=progress and is_main_process(grid),
+        )[0],
+        lambda rows, skipped: summarize_extraction(rows, skipped, config),
+    )
 
 
 def prefix_length_parallel(
@@ -293,11 +321,22 @@ def probabilistic_parallel(
     (None, None) elsewhere."""
     SamplingConfig(temperature=temperature, top_p=top_p)  # validates on every rank before any communication
     return _sharded_instrument(
-        model, documents, config, grid,
-        lambda runner, block: probabilistic_extract(runner, block, config, temperature=temperature, top_p=top_p,
-                                                    pad_token_id=pad_token_id, confidences=confidences,
-                                                    budgets=budgets)[0],
-        lambda rows, skipped: summarize_probabilistic(rows, skipped, config, temperature, top_p, confidences, budgets))
+        model,
+        documents,
+        config,
+        grid,
+        lambda runner, block: probabilistic_extract(
+            runner,
+            block,
+            config,
+            temperature=temperature,
+            top_p=top_p,
+            pad_token_id=pad_token_id,
+            confidences=confidences,
+            budgets=budgets,
+        )[0],
+        lambda rows, skipped: summarize_probabilistic(rows, skipped, config, temperature, top_p, confidences, budgets),
+    )
 
 
 def beam_parallel(
@@ -315,10 +354,15 @@ def beam_parallel(
     if num_beams < 1:
         raise ValueError(f"num_beams must be >= 1, got {num_beams}")
     return _sharded_instrument(
-        model, documents, config, grid,
-        lambda runner, block: beam_extract(runner, block, config, num_beams=num_beams, pad_token_id=pad_token_id,
-                                           decode=decode)[0],
-        lambda rows, skipped: summarize_beam(rows, skipped, config, num_beams))
+        model,
+        documents,
+        config,
+        grid,
+        lambda runner, block: beam_extract(
+            runner, block, config, num_beams=num_beams, pad_token_id=pad_token_id, decode=decode
+        )[0],
+        lambda rows, skipped: summarize_beam(rows, skipped, config, num_beams),
+    )
 
 
 def sampling_parallel(
@@ -334,10 +378,15 @@ def sampling_parallel(
     """eval.adaptive.sampling_extract with documents sharded over the data axis: (rows, summary) on rank 0, (None,
     None) elsewhere. Samples are seeded per document (document_seed), so they do not depend on the sharding."""
     return _sharded_instrument(
-        model, documents, config, grid,
-        lambda runner, block: sampling_extract(runner, block, config, sampling, pad_token_id=pad_token_id,
-                                               keep_samples=keep_samples)[0],
-        lambda rows, skipped: summarize_sampling(rows, skipped, config, sampling))
+        model,
+        documents,
+        config,
+        grid,
+        lambda runner, block: sampling_extract(
+            runner, block, config, sampling, pad_token_id=pad_token_id, keep_samples=keep_samples
+        )[0],
+        lambda rows, skipped: summarize_sampling(rows, skipped, config, sampling),
+    )
 
 
 def membership_rows_parallel(
@@ -358,10 +407,19 @@ def membership_rows_parallel(
     """eval.membership.membership_rows with documents sharded over the data axis: the rows on rank 0 (document
     order), None elsewhere. ``reference_model`` may be parallelized on the same grid or a plain model. The
     gradient-norm attack is left out on a grid with tensor-parallel axes (see `grad_norm_available`)."""
-    return _membership_rows(model, [(doc, member) for doc in documents], grid, decode=decode,
-                            pad_token_id=pad_token_id, reference_model=reference_model, min_k=min_k,
-                            batch_size=batch_size, recall_prefix_ids=recall_prefix_ids, frequencies=frequencies,
-                            grad_norm=grad_norm)
+    return _membership_rows(
+        model,
+        [(doc, member) for doc in documents],
+        grid,
+        decode=decode,
+        pad_token_id=pad_token_id,
+        reference_model=reference_model,
+        min_k=min_k,
+        batch_size=batch_size,
+        recall_prefix_ids=recall_prefix_ids,
+        frequencies=frequencies,
+        grad_norm=grad_norm,
+    )
 
 
 def grad_norm_available(model: nn.Module, grid: Grid | None) -> bool:
@@ -400,9 +458,19 @@ def membership_parallel(
     prefix, prefix_ids = recall_prefix(nonmembers, recall_prefix_docs) if recall_prefix_docs else (None, [])
     with_grad_norm = grad_norm and grad_norm_available(model, grid)
     items = [(doc, True) for doc in members] + [(doc, False) for doc in nonmembers]
-    rows = _membership_rows(model, items, grid, decode=decode, pad_token_id=pad_token_id,
-                            reference_model=reference_model, min_k=min_k, batch_size=batch_size,
-                            recall_prefix_ids=prefix, frequencies=frequencies, grad_norm=with_grad_norm)
+    rows = _membership_rows(
+        model,
+        items,
+        grid,
+        decode=decode,
+        pad_token_id=pad_token_id,
+        reference_model=reference_model,
+        min_k=min_k,
+        batch_size=batch_size,
+        recall_prefix_ids=prefix,
+        frequencies=frequencies,
+        grad_norm=with_grad_norm,
+    )
     if rows is None:
         return None, None
     for row in rows:
@@ -413,28 +481,51 @@ def membership_parallel(
     nonmember_rows = [r for r in rows if not r["member"]]
     notes = dict(notes or {})
     if prefix is not None:
-        notes["recall"] = {"prefix_documents": prefix_ids, "prefix_tokens": len(prefix),
-                           "note": "the non-member prefix is these held-out documents' tokens, concatenated; they "
-                                   "are not scored by ReCaLL"}
+        notes["recall"] = {
+            "prefix_documents": prefix_ids,
+            "prefix_tokens": len(prefix),
+            "note": "the non-member prefix is these held-out documents' tokens, concatenated; they "
+            "are not scored by ReCaLL",
+        }
     if grad_norm and not with_grad_norm:
         notes["grad_norm"] = "not computed: the model is sharded over tensor-parallel axes"
-    return rows, membership_summary(member_rows, nonmember_rows, target_fprs, min_k=min_k, n_resamples=n_resamples,
-                                    notes=notes)
+    return rows, membership_summary(
+        member_rows, nonmember_rows, target_fprs, min_k=min_k, n_resamples=n_resamples, notes=notes
+    )
 
 
-def _membership_rows(model: nn.Module, items: list[tuple[Any, bool | None]], grid: Grid | None, *,
-                     decode: Callable[[list[int]], str], pad_token_id: int, reference_model: nn.Module | None,
-                     min_k: float, batch_size: int, recall_prefix_ids: Sequence[int] | None,
-                     frequencies: np.ndarray | None, grad_norm: bool) -> list[dict[str, Any]] | None:
+def _membership_rows(
+    model: nn.Module,
+    items: list[tuple[Any, bool | None]],
+    grid: Grid | None,
+    *,
+    decode: Callable[[list[int]], str],
+    pad_token_id: int,
+    reference_model: nn.Module | None,
+    min_k: float,
+    batch_size: int,
+    recall_prefix_ids: Sequence[int] | None,
+    frequencies: np.ndarray | None,
+    grad_norm: bool,
+) -> list[dict[str, Any]] | None:
     """Rows of (document, member flag or None) items, sharded; each row laid out as membership_rows makes it."""
     runner = eval_model(model, grid)
     reference = eval_model(reference_model, grid) if reference_model is not None else None
     grad_norm = grad_norm and grad_norm_available(model, grid)
 
     def work(block: list[tuple[Any, bool | None]]) -> list[dict[str, Any]]:
-        scored = membership_rows(runner, [doc for doc, _ in block], decode=decode, pad_token_id=pad_token_id,
-                                 reference_model=reference, min_k=min_k, batch_size=batch_size,
-                                 recall_prefix_ids=recall_prefix_ids, frequencies=frequencies, grad_norm=grad_norm)
+        scored = membership_rows(
+            runner,
+            [doc for doc, _ in block],
+            decode=decode,
+            pad_token_id=pad_token_id,
+            reference_model=reference,
+            min_k=min_k,
+            batch_size=batch_size,
+            recall_prefix_ids=recall_prefix_ids,
+            frequencies=frequencies,
+            grad_norm=grad_norm,
+        )
         out = []
         for (_, member), row in zip(block, scored):
             flag = {} if member is None else {"member": bool(member)}

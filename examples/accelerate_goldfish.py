@@ -58,8 +58,10 @@ def grid_from_launcher(text: str) -> engine.Grid:
     tensor = sizes.get("x", 1) * sizes.get("y", 1) * sizes.get("z", 1)
     if "data" not in sizes:
         if world % tensor:
-            raise SystemExit(f"--grid {text} needs a multiple of {tensor} processes, the launcher started {world}: "
-                             f"use --num_processes {tensor * max(1, world // tensor)} or another grid")
+            raise SystemExit(
+                f"--grid {text} needs a multiple of {tensor} processes, the launcher started {world}: "
+                f"use --num_processes {tensor * max(1, world // tensor)} or another grid"
+            )
         sizes["data"] = world // tensor
     return engine.init(**sizes)  # RANK / WORLD_SIZE / MASTER_* from accelerate launch (torchrun's environment)
 
@@ -70,8 +72,10 @@ def main(argv: list[str] | None = None) -> None:
     accelerator = Accelerator(cpu=grid.device.type == "cpu")  # joins the process group engine.init started
     config = train_config(args)
     if config.batch_size % (grid.world_size * config.grad_accum):
-        raise SystemExit(f"--batch-size {config.batch_size} must be a multiple of processes x grad-accum = "
-                         f"{grid.world_size * config.grad_accum}")
+        raise SystemExit(
+            f"--batch-size {config.batch_size} must be a multiple of processes x grad-accum = "
+            f"{grid.world_size * config.grad_accum}"
+        )
 
     prepared, mask = documents_and_mask(args, log=accelerator.print)
     examples = make_examples(prepared.split.train, mask, prepared.special_token_ids)
@@ -87,18 +91,28 @@ def main(argv: list[str] | None = None) -> None:
     for step in range(total_steps):
         epoch, index = divmod(step, per_epoch)
         rows = engine_train.epoch_order(len(examples), config.seed, epoch)[
-            index * config.batch_size:(index + 1) * config.batch_size]
+            index * config.batch_size : (index + 1) * config.batch_size
+        ]
         share = len(rows) // grid.world_size
-        rows = rows[grid.rank * share:(grid.rank + 1) * share]  # this process's own sequences
+        rows = rows[grid.rank * share : (grid.rank + 1) * share]  # this process's own sequences
         sums = torch.zeros(6, dtype=torch.float64)  # kept CE, kept n, all CE, all n, dropped CE, dropped n
         for micro in torch.tensor_split(rows, config.grad_accum):
-            batch = {key: torch.stack([examples[i][key] for i in micro.tolist()]).to(grid.device) for key in examples[0]}
+            batch = {
+                key: torch.stack([examples[i][key] for i in micro.tolist()]).to(grid.device) for key in examples[0]
+            }
             result = goldfish_loss(model(input_ids=batch["input_ids"]).logits, batch["targets"], batch["dropped"])
             result.loss_sum.backward()  # summed here, divided by the step's kept-target count below
-            sums += torch.tensor([float(result.loss_sum.detach()), result.n_kept,
-                                  float(result.all_loss) * result.n_all, result.n_all,
-                                  float(result.dropped_loss) * result.n_dropped if result.n_dropped else 0.0,
-                                  result.n_dropped], dtype=torch.float64)
+            sums += torch.tensor(
+                [
+                    float(result.loss_sum.detach()),
+                    result.n_kept,
+                    float(result.all_loss) * result.n_all,
+                    result.n_all,
+                    float(result.dropped_loss) * result.n_dropped if result.n_dropped else 0.0,
+                    result.n_dropped,
+                ],
+                dtype=torch.float64,
+            )
         sums = comm.sum_control(sums, grid.group(*AXES))  # the step's sums over every process
         engine.sync_gradients(model, grid)  # every gradient = gradient of the SUM of all processes' losses
         for param in model.parameters():
@@ -110,9 +124,16 @@ def main(argv: list[str] | None = None) -> None:
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        records.append({"step": step + 1, "loss": float(sums[0] / sums[1]), "all_loss": float(sums[2] / sums[3]),
-                        "dropped_loss": float(sums[4] / sums[5]) if sums[5] else None, "lr": lr,
-                        "grad_norm": float(grad_norm)})
+        records.append(
+            {
+                "step": step + 1,
+                "loss": float(sums[0] / sums[1]),
+                "all_loss": float(sums[2] / sums[3]),
+                "dropped_loss": float(sums[4] / sums[5]) if sums[5] else None,
+                "lr": lr,
+                "grad_norm": float(grad_norm),
+            }
+        )
         accelerator.print(f"step {step + 1}/{total_steps} loss {records[-1]['loss']:.4f}")
 
     if accelerator.is_main_process:

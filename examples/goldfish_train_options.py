@@ -27,8 +27,11 @@ def add_goldfish_train_options(parser: argparse.ArgumentParser) -> None:
     opt.MODEL.add_to(parser, defaults)
     opt.DATA.add_to(parser, defaults.data, skip=[f for f in asdict(defaults.data) if f not in DATA_FIELDS])
     opt.MASK.add_to(parser, MaskSpec())
-    opt.TRAINING.add_to(parser, replace(defaults.train, epochs=EPOCHS),
-                        skip=[f for f in asdict(defaults.train) if f not in TRAINING_FIELDS])
+    opt.TRAINING.add_to(
+        parser,
+        replace(defaults.train, epochs=EPOCHS),
+        skip=[f for f in asdict(defaults.train) if f not in TRAINING_FIELDS],
+    )
 
 
 def train_config(args: argparse.Namespace) -> TrainConfig:

@@ -46,8 +46,13 @@ class GoldfishTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self._sums = torch.zeros(4, dtype=torch.float64)  # all-target CE sum, count, dropped CE sum, count
 
-    def compute_loss(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], return_outputs: bool = False,
-                     num_items_in_batch: torch.Tensor | int | None = None) -> Any:
+    def compute_loss(
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, torch.Tensor],
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> Any:
         outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
         targets = causal_targets(inputs["input_ids"], inputs["attention_mask"])  # (B, T)
         kept_labels = torch.full_like(targets, IGNORE_INDEX)
@@ -55,9 +60,15 @@ class GoldfishTrainer(Trainer):
         dropped = (targets != IGNORE_INDEX) & (kept_labels == IGNORE_INDEX)
         result = goldfish_loss(outputs.logits, targets, dropped)
         if model.training:
-            self._sums += torch.tensor([float(result.all_loss) * result.n_all, result.n_all,
-                                        float(result.dropped_loss) * result.n_dropped if result.n_dropped else 0.0,
-                                        result.n_dropped], dtype=torch.float64)
+            self._sums += torch.tensor(
+                [
+                    float(result.all_loss) * result.n_all,
+                    result.n_all,
+                    float(result.dropped_loss) * result.n_dropped if result.n_dropped else 0.0,
+                    result.n_dropped,
+                ],
+                dtype=torch.float64,
+            )
         # The Trainer counts the kept targets of the whole optimizer step (all micro-batches) and passes them
         # in: dividing by it gives the step's mean over kept targets, as goldfish train does.
         loss = result.loss_sum / (num_items_in_batch if num_items_in_batch is not None else max(result.n_kept, 1))
@@ -91,29 +102,51 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     prepared, mask = documents_and_mask(args)
     tokenizer, documents = prepared.tokenizer, prepared.split.train
     if len(documents) % args.batch_size:
-        raise SystemExit(f"--n-train {len(documents)} must be a multiple of --batch-size {args.batch_size} for the "
-                         "sequential layout of goldfish train's batches")
+        raise SystemExit(
+            f"--n-train {len(documents)} must be a multiple of --batch-size {args.batch_size} for the "
+            "sequential layout of goldfish train's batches"
+        )
     order = goldfish_train_order(len(documents), args.epochs, args.batch_size, args.seed)
     dataset = Dataset.from_dict({"input_ids": [documents[i].token_ids for i in order]})
-    collator = GoldfishCollator(pad_token_id=tokenizer.pad_token_id,
-                                strategy=mask.strategy, k=mask.k, h=mask.h,
-                                special_token_ids=prepared.special_token_ids)
+    collator = GoldfishCollator(
+        pad_token_id=tokenizer.pad_token_id,
+        strategy=mask.strategy,
+        k=mask.k,
+        h=mask.h,
+        special_token_ids=prepared.special_token_ids,
+    )
     model = initial_model(args.model, prepared, args.init_seed)
     training = TrainingArguments(
-        output_dir=str(Path(args.out) / "trainer"), use_cpu=True, report_to=[], save_strategy="no",
-        logging_steps=1, disable_tqdm=True, seed=args.seed,
-        num_train_epochs=1, train_sampling_strategy="sequential",  # the epochs are laid out in the dataset
-        per_device_train_batch_size=args.batch_size // args.grad_accum, gradient_accumulation_steps=args.grad_accum,
+        output_dir=str(Path(args.out) / "trainer"),
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        seed=args.seed,
+        num_train_epochs=1,
+        train_sampling_strategy="sequential",  # the epochs are laid out in the dataset
+        per_device_train_batch_size=args.batch_size // args.grad_accum,
+        gradient_accumulation_steps=args.grad_accum,
         # goldfish train's optimizer: AdamW(0.9, 0.95) or plain SGD, constant lr, no weight decay, clipping at 1.0
-        learning_rate=args.lr, adam_beta1=0.9, adam_beta2=0.95, weight_decay=0.0, lr_scheduler_type="constant",
-        max_grad_norm=args.max_grad_norm, optim="sgd" if args.optimizer == "sgd" else "adamw_torch")
+        learning_rate=args.lr,
+        adam_beta1=0.9,
+        adam_beta2=0.95,
+        weight_decay=0.0,
+        lr_scheduler_type="constant",
+        max_grad_norm=args.max_grad_norm,
+        optim="sgd" if args.optimizer == "sgd" else "adamw_torch",
+    )
     trainer_class = GoldfishTrainer if args.loss == "compute-loss" else Trainer
     trainer = trainer_class(model=model, args=training, train_dataset=dataset, data_collator=collator)
     trainer.train()
 
     out = Path(args.out)
-    records = [{"step": r["step"], **{k: r[k] for k in ("loss", "all_loss", "dropped_loss", "grad_norm") if k in r}}
-               for r in trainer.state.log_history if "loss" in r]
+    records = [
+        {"step": r["step"], **{k: r[k] for k in ("loss", "all_loss", "dropped_loss", "grad_norm") if k in r}}
+        for r in trainer.state.log_history
+        if "loss" in r
+    ]
     (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     trainer.save_model(str(out / "hf"))
     tokenizer.save_pretrained(str(out / "hf"))

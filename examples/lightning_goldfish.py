@@ -35,8 +35,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--grid", default="", help="engine grid, e.g. x=2,y=2 (data fills the rest of the world)")
-    p.add_argument("--devices", type=int, default=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-                   help="processes per node (under torchrun: its --nproc-per-node)")
+    p.add_argument(
+        "--devices",
+        type=int,
+        default=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+        help="processes per node (under torchrun: its --nproc-per-node)",
+    )
     add_goldfish_train_options(p)
     p.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (and at the end)")
     p.add_argument("--resume", default=None, help="an OUT/checkpoints/step-N folder of a run with the same options")
@@ -60,32 +64,39 @@ def main(argv: list[str] | None = None) -> None:
     optimizer = fabric.setup_optimizers(engine_train.make_optimizer(model, config))
     per_epoch = engine_train.steps_per_epoch(len(examples), config.batch_size)
     total_steps = config.epochs * per_epoch
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: engine_train.lr_factor(s, total_steps, config))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: engine_train.lr_factor(s, total_steps, config))
     state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "step": 0}
     if args.resume:
         fabric.load(args.resume, state)
     world, rank = fabric.world_size, fabric.global_rank
     if config.batch_size % (world * config.grad_accum):
-        raise SystemExit(f"--batch-size {config.batch_size} must be a multiple of processes x grad-accum = "
-                         f"{world * config.grad_accum}")
+        raise SystemExit(
+            f"--batch-size {config.batch_size} must be a multiple of processes x grad-accum = "
+            f"{world * config.grad_accum}"
+        )
 
     metrics_path = out / "metrics.jsonl"
     if fabric.is_global_zero:
         out.mkdir(parents=True, exist_ok=True)
-        kept = [] if not metrics_path.exists() else \
-            [line for line in metrics_path.read_text().splitlines() if json.loads(line)["step"] <= state["step"]]
+        kept = (
+            []
+            if not metrics_path.exists()
+            else [line for line in metrics_path.read_text().splitlines() if json.loads(line)["step"] <= state["step"]]
+        )
         metrics_path.write_text("".join(line + "\n" for line in kept))
     model.train()
     for step in range(state["step"], total_steps):
         epoch, index = divmod(step, per_epoch)
         rows = engine_train.epoch_order(len(examples), config.seed, epoch)[
-            index * config.batch_size:(index + 1) * config.batch_size]
+            index * config.batch_size : (index + 1) * config.batch_size
+        ]
         share = len(rows) // world
-        rows = rows[rank * share:(rank + 1) * share]  # this process's own sequences of the step
+        rows = rows[rank * share : (rank + 1) * share]  # this process's own sequences of the step
         micro_batches = torch.tensor_split(rows, config.grad_accum)
-        batches = [{key: torch.stack([examples[i][key] for i in micro.tolist()]) for key in examples[0]}
-                   for micro in micro_batches]
+        batches = [
+            {key: torch.stack([examples[i][key] for i in micro.tolist()]) for key in examples[0]}
+            for micro in micro_batches
+        ]
         # The step's mean is over every kept target of every process: count them first (no gradient involved).
         counts = torch.tensor([float((~b["dropped"] & (b["targets"] != -100)).sum()) for b in batches]).sum()
         n_kept = float(fabric.all_reduce(counts, reduce_op="sum"))
@@ -96,9 +107,16 @@ def main(argv: list[str] | None = None) -> None:
                 result = goldfish_loss(logits, batch["targets"], batch["dropped"])
                 # gradients are averaged over processes (as DDP does): scale so the mean is the global token mean
                 fabric.backward(result.loss_sum * world / n_kept)
-            sums += torch.tensor([float(result.loss_sum.detach()), float(result.all_loss) * result.n_all, result.n_all,
-                                  float(result.dropped_loss) * result.n_dropped if result.n_dropped else 0.0,
-                                  result.n_dropped], dtype=torch.float64)
+            sums += torch.tensor(
+                [
+                    float(result.loss_sum.detach()),
+                    float(result.all_loss) * result.n_all,
+                    result.n_all,
+                    float(result.dropped_loss) * result.n_dropped if result.n_dropped else 0.0,
+                    result.n_dropped,
+                ],
+                dtype=torch.float64,
+            )
         sums = fabric.all_reduce(sums, reduce_op="sum")
         max_norm = config.max_grad_norm if config.max_grad_norm is not None else float("inf")
         grad_norm = fabric.clip_gradients(model, optimizer, max_norm=max_norm)
@@ -107,9 +125,14 @@ def main(argv: list[str] | None = None) -> None:
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         state["step"] = step + 1
-        record = {"step": step + 1, "loss": float(sums[0]) / n_kept, "all_loss": float(sums[1] / sums[2]),
-                  "dropped_loss": float(sums[3] / sums[4]) if sums[4] else None, "lr": lr,
-                  "grad_norm": float(grad_norm)}
+        record = {
+            "step": step + 1,
+            "loss": float(sums[0]) / n_kept,
+            "all_loss": float(sums[1] / sums[2]),
+            "dropped_loss": float(sums[3] / sums[4]) if sums[4] else None,
+            "lr": lr,
+            "grad_norm": float(grad_norm),
+        }
         if fabric.is_global_zero:
             with metrics_path.open("a") as handle:
                 handle.write(json.dumps(record) + "\n")

@@ -51,9 +51,9 @@ class GoldfishStepSampler(torch.utils.data.Sampler):
     def __iter__(self) -> Iterator[tuple[list[int], list[int]]]:
         order = engine_train.epoch_order(self.n, self.config.seed, self.epoch)
         for start in range(0, self.n, self.config.batch_size):
-            step_rows = order[start:start + self.config.batch_size]
+            step_rows = order[start : start + self.config.batch_size]
             share = len(step_rows) // self.world
-            mine = step_rows[self.rank * share:(self.rank + 1) * share]
+            mine = step_rows[self.rank * share : (self.rank + 1) * share]
             for micro in torch.tensor_split(mine, self.config.grad_accum):
                 yield micro.tolist(), step_rows.tolist()
 
@@ -70,14 +70,20 @@ class StepDataset(torch.utils.data.Dataset):
     def __getitem__(self, item: tuple[list[int], list[int]]) -> dict[str, torch.Tensor]:
         rows, step_rows = item
         batch = {key: torch.stack([self.examples[i][key] for i in rows]) for key in self.examples[0]}
-        batch["step_kept"] = torch.tensor(sum(int((~self.examples[i]["dropped"] & (self.examples[i]["targets"] != -100))
-                                                  .sum()) for i in step_rows))
+        batch["step_kept"] = torch.tensor(
+            sum(int((~self.examples[i]["dropped"] & (self.examples[i]["targets"] != -100)).sum()) for i in step_rows)
+        )
         return batch
 
 
 class GoldfishModule(L.LightningModule):
-    def __init__(self, model: torch.nn.Module, examples: list[dict[str, torch.Tensor]],
-                 config: engine_train.TrainConfig, final_checkpoint: Path) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        examples: list[dict[str, torch.Tensor]],
+        config: engine_train.TrainConfig,
+        final_checkpoint: Path,
+    ) -> None:
         super().__init__()
         self.model, self.examples, self.config = model, examples, config
         self.final_checkpoint = final_checkpoint
@@ -92,15 +98,23 @@ class GoldfishModule(L.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = engine_train.make_optimizer(self.model, self.config)  # runs after the strategy sharded the model
         total = self.config.epochs * engine_train.steps_per_epoch(len(self.examples), self.config.batch_size)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer,
-                                                      lambda s: engine_train.lr_factor(s, total, self.config))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: engine_train.lr_factor(s, total, self.config)
+        )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         result = goldfish_loss(self.model(input_ids=batch["input_ids"]).logits, batch["targets"], batch["dropped"])
-        self._sums += torch.tensor([float(result.loss_sum.detach()), float(result.all_loss) * result.n_all,
-                                    result.n_all, float(result.dropped_loss) * result.n_dropped if result.n_dropped
-                                    else 0.0, result.n_dropped], dtype=torch.float64)
+        self._sums += torch.tensor(
+            [
+                float(result.loss_sum.detach()),
+                float(result.all_loss) * result.n_all,
+                result.n_all,
+                float(result.dropped_loss) * result.n_dropped if result.n_dropped else 0.0,
+                result.n_dropped,
+            ],
+            dtype=torch.float64,
+        )
         # The Trainer divides by accumulate_grad_batches and the strategy averages over processes: scale so that
         # the step's gradient is that of the mean over every kept target of the step.
         scale = self.trainer.world_size * self.trainer.accumulate_grad_batches / float(batch["step_kept"])
@@ -120,10 +134,16 @@ class GoldfishModule(L.LightningModule):
             return  # a micro-batch before the last of its step
         sums, n_kept = self._pending["sums"], float(batch["step_kept"])
         norm = self.trainer.strategy.last_grad_norm
-        self.records.append({"step": self.trainer.global_step, "loss": float(sums[0]) / n_kept,
-                             "all_loss": float(sums[1] / sums[2]),
-                             "dropped_loss": float(sums[3] / sums[4]) if sums[4] else None,
-                             "lr": self._pending["lr"], "grad_norm": None if norm is None else float(norm)})
+        self.records.append(
+            {
+                "step": self.trainer.global_step,
+                "loss": float(sums[0]) / n_kept,
+                "all_loss": float(sums[1] / sums[2]),
+                "dropped_loss": float(sums[3] / sums[4]) if sums[4] else None,
+                "lr": self._pending["lr"],
+                "grad_norm": None if norm is None else float(norm),
+            }
+        )
         self._pending = None
 
 
@@ -144,15 +164,34 @@ def main(argv: list[str] | None = None) -> None:
     prepared, mask = documents_and_mask(args, log=lambda *a: None)
     examples = make_examples(prepared.split.train, mask, prepared.special_token_ids)
     out = Path(args.out)
-    module = GoldfishModule(initial_model(args.model, prepared, args.init_seed), examples, config,
-                            final_checkpoint=out / "checkpoints" / "final")
-    checkpoints = ModelCheckpoint(dirpath=out / "checkpoints", filename="{epoch}", every_n_epochs=args.save_every,
-                                  save_top_k=-1, save_on_train_epoch_end=True)
-    trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy=EngineTrainerStrategy(**parse_grid(args.grid)),
-                        max_epochs=args.epochs, accumulate_grad_batches=args.grad_accum,
-                        gradient_clip_val=args.max_grad_norm or None, gradient_clip_algorithm="norm",
-                        use_distributed_sampler=False, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, num_sanity_val_steps=0, callbacks=[checkpoints])
+    module = GoldfishModule(
+        initial_model(args.model, prepared, args.init_seed),
+        examples,
+        config,
+        final_checkpoint=out / "checkpoints" / "final",
+    )
+    checkpoints = ModelCheckpoint(
+        dirpath=out / "checkpoints",
+        filename="{epoch}",
+        every_n_epochs=args.save_every,
+        save_top_k=-1,
+        save_on_train_epoch_end=True,
+    )
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=args.devices,
+        strategy=EngineTrainerStrategy(**parse_grid(args.grid)),
+        max_epochs=args.epochs,
+        accumulate_grad_batches=args.grad_accum,
+        gradient_clip_val=args.max_grad_norm or None,
+        gradient_clip_algorithm="norm",
+        use_distributed_sampler=False,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[checkpoints],
+    )
     trainer.fit(module, ckpt_path=args.resume)
     if trainer.is_global_zero:
         (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in module.records))

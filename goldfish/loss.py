@@ -30,8 +30,10 @@ def check_token_shapes(logits: torch.Tensor, targets: torch.Tensor, dropped: tor
     if logits.dim() != 3:
         raise ValueError(f"logits must be (B, T, V), got shape {tuple(logits.shape)}")
     if targets.shape != logits.shape[:2]:
-        raise ValueError(f"targets must be (B, T) = {tuple(logits.shape[:2])} like the logits, but the targets shape "
-                         f"is {tuple(targets.shape)}")
+        raise ValueError(
+            f"targets must be (B, T) = {tuple(logits.shape[:2])} like the logits, but the targets shape "
+            f"is {tuple(targets.shape)}"
+        )
     if dropped is not None:
         if dropped.dtype != torch.bool:
             raise ValueError(f"dropped must be a bool mask, got dtype {dropped.dtype}")
@@ -61,8 +63,9 @@ def goldfish_loss(logits: torch.Tensor, targets: torch.Tensor, dropped: torch.Te
     return goldfish_loss_from_token_losses(token_ce, targets, dropped)
 
 
-def goldfish_loss_from_token_losses(token_ce: torch.Tensor, targets: torch.Tensor,
-                                    dropped: torch.Tensor | None) -> GoldfishLoss:
+def goldfish_loss_from_token_losses(
+    token_ce: torch.Tensor, targets: torch.Tensor, dropped: torch.Tensor | None
+) -> GoldfishLoss:
     """The goldfish loss from per-token cross-entropies that were computed elsewhere (e.g. by a chunked or
     vocabulary-parallel loss that never builds full logits): the same split into kept / dropped / all targets as
     :func:`goldfish_loss`.

@@ -19,19 +19,24 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-
 # Imported once in the fork server that every worker is forked from (missing ones are skipped): workers
 # then start without paying for these imports, which dominate a small test on a 2-core machine.
-PRELOAD = ("torch", "torch.distributed", "transformers.modeling_utils", "transformers.models.llama.modeling_llama",
-           "transformers.models.gpt2.modeling_gpt2")
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "transformers.modeling_utils",
+    "transformers.models.llama.modeling_llama",
+    "transformers.models.gpt2.modeling_gpt2",
+)
 
 
 class RankFailure(AssertionError):
     """One or more ranks raised; the message holds every failing rank's traceback."""
 
 
-def _worker(rank: int, world_size: int, init_file: str, results: Any, fn: Callable[..., Any],
-            args: tuple[Any, ...]) -> None:
+def _worker(
+    rank: int, world_size: int, init_file: str, results: Any, fn: Callable[..., Any], args: tuple[Any, ...]
+) -> None:
     torch.set_num_threads(1)
     try:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
@@ -50,8 +55,10 @@ def run_distributed(world_size: int, fn: Callable[..., Any], *args: Any, timeout
     results = context.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "rendezvous")
-        procs = [context.Process(target=_worker, args=(r, world_size, init_file, results, fn, args), daemon=True)
-                 for r in range(world_size)]
+        procs = [
+            context.Process(target=_worker, args=(r, world_size, init_file, results, fn, args), daemon=True)
+            for r in range(world_size)
+        ]
         for p in procs:
             p.start()
         outcomes: dict[int, tuple[bool, Any]] = {}
@@ -62,8 +69,10 @@ def run_distributed(world_size: int, fn: Callable[..., Any], *args: Any, timeout
                 except queue.Empty:
                     if any(not ok for ok, _ in outcomes.values()):
                         break
-                    raise RankFailure(f"ranks {sorted(set(range(world_size)) - set(outcomes))} gave no result "
-                                      f"within {timeout:.0f} s (deadlock or crash)") from None
+                    raise RankFailure(
+                        f"ranks {sorted(set(range(world_size)) - set(outcomes))} gave no result "
+                        f"within {timeout:.0f} s (deadlock or crash)"
+                    ) from None
                 outcomes[rank] = (ok, payload)
                 if not ok:  # a failed rank leaves its peers blocked in collectives: give them 2 s, then stop
                     timeout = 2.0

@@ -13,9 +13,34 @@ import pytest
 # lr 0.5 moves the weights by about 1 in norm per step (gradient norms 1.4-2.2), so a wrong gradient shows. The
 # clipping threshold 100 never engages (the norm is still computed and logged by every loop): an engaged clip
 # coefficient would carry the norm's rounding (2e-5 relative on x=2) into every weight.
-SETTINGS = ["--model", "micro-llama", "--n-train", "8", "--n-heldout", "4", "--seq-len", "32", "--epochs", "4",
-            "--batch-size", "8", "--grad-accum", "2", "--strategy", "hashed", "--k", "4", "--h", "13",
-            "--optimizer", "sgd", "--lr", "0.5", "--max-grad-norm", "100"]
+SETTINGS = [
+    "--model",
+    "micro-llama",
+    "--n-train",
+    "8",
+    "--n-heldout",
+    "4",
+    "--seq-len",
+    "32",
+    "--epochs",
+    "4",
+    "--batch-size",
+    "8",
+    "--grad-accum",
+    "2",
+    "--strategy",
+    "hashed",
+    "--k",
+    "4",
+    "--h",
+    "13",
+    "--optimizer",
+    "sgd",
+    "--lr",
+    "0.5",
+    "--max-grad-norm",
+    "100",
+]
 KEYS = ("loss", "all_loss", "dropped_loss", "grad_norm")
 
 
@@ -23,8 +48,9 @@ def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line]
 
 
-def assert_same_losses(run: list[dict], expected: list[dict], *, keys: tuple[str, ...] = KEYS,
-                       exact: bool = False) -> None:
+def assert_same_losses(
+    run: list[dict], expected: list[dict], *, keys: tuple[str, ...] = KEYS, exact: bool = False
+) -> None:
     """Equal per step: exactly, or to float32 rounding.
 
     The gradient norm drifts most on a tensor-parallel grid (3.5e-6 relative at step 1 on x=2, where

@@ -164,18 +164,46 @@ def test_goldfish_train_option_gives_the_same_losses_and_is_recorded(tmp_path) -
     import json
 
     from goldfish.app.cli import main
-    records = [{"id": f"doc{i}", "text": " ".join(f"word{(i * 7 + j) % 53} token{j % 11}" for j in range(80))}
-               for i in range(4)]
+
+    records = [
+        {"id": f"doc{i}", "text": " ".join(f"word{(i * 7 + j) % 53} token{j % 11}" for j in range(80))}
+        for i in range(4)
+    ]
     data_file = tmp_path / "docs.jsonl"
     data_file.write_text("\n".join(json.dumps(r) for r in records) + "\n")
-    common = ["--data", str(data_file), "--id-field", "id", "--model", "micro-llama", "--n-train", "4", "--n-heldout",
-              "0", "--seq-len", "32", "--vocab-size", "300", "--epochs", "2", "--batch-size", "2", "--strategy",
-              "hashed", "--k", "3", "--no-progress", "--threads", "1"]
+    common = [
+        "--data",
+        str(data_file),
+        "--id-field",
+        "id",
+        "--model",
+        "micro-llama",
+        "--n-train",
+        "4",
+        "--n-heldout",
+        "0",
+        "--seq-len",
+        "32",
+        "--vocab-size",
+        "300",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "2",
+        "--strategy",
+        "hashed",
+        "--k",
+        "3",
+        "--no-progress",
+        "--threads",
+        "1",
+    ]
     plain, checkpointed = tmp_path / "plain", tmp_path / "ckpt"
     assert main(["train", "--out", str(plain), *common]) == 0
     assert main(["train", "--out", str(checkpointed), "--activation-checkpointing", *common]) == 0
-    metrics = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-               for run in (plain, checkpointed)]
+    metrics = [
+        [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (plain, checkpointed)
+    ]
     for key in ("loss", "all_loss", "dropped_loss", "grad_norm"):
         assert [m[key] for m in metrics[0]] == [m[key] for m in metrics[1]], key
     record = json.loads((checkpointed / "checkpoint" / "goldfish_run.json").read_text())

@@ -22,7 +22,6 @@ from eval.adaptive import (
     sample_decode,
     samples_needed,
     sampling_extract,
-    suffix_log_probability,
 )
 from eval.extraction import ExtractionConfig, greedy_decode
 
@@ -32,9 +31,19 @@ PAD, EOS = 1, 2
 def tiny_llama(vocab: int, seed: int = 0, init_range: float = 0.5) -> LlamaForCausalLM:
     # A large init range makes the random model's next-token distributions far from uniform and its greedy output
     # varied (with the default 0.02 it repeats one token), and EOS (id 2) shows up in its continuations.
-    config = LlamaConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128, bos_token_id=0,
-                         eos_token_id=EOS, pad_token_id=PAD, initializer_range=init_range)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        bos_token_id=0,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        initializer_range=init_range,
+    )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).eval()
 
@@ -73,8 +82,12 @@ def test_wide_beam_finds_the_most_likely_continuation():
     found = beam_search_decode(model, prefixes, 3, num_beams=36, pad_token_id=PAD, batch_size=4)
     for prefix, best in zip(prefixes, found):
         candidates = [list(c) for c in itertools.product(range(6), repeat=3)]
-        rows, _ = probabilistic_extract(model, docs_from([prefix + c for c in candidates]),
-                                        ExtractionConfig(suffix_len=3, batch_size=216), pad_token_id=PAD)
+        rows, _ = probabilistic_extract(
+            model,
+            docs_from([prefix + c for c in candidates]),
+            ExtractionConfig(suffix_len=3, batch_size=216),
+            pad_token_id=PAD,
+        )
         log_q = [r["log_q"] for r in rows]
         assert best == candidates[max(range(len(candidates)), key=log_q.__getitem__)]
     assert found != greedy_decode(model, prefixes, 3, pad_token_id=PAD), "the optimum should beat greedy somewhere"
@@ -84,8 +97,14 @@ def test_beam_extract_rows():
     model = tiny_llama(vocab=8)
     greedy_suffix = greedy_decode(model, [[0, 3, 4, 5]], 6, pad_token_id=PAD)[0]
     docs = docs_from([[0, 3, 4, 5] + greedy_suffix, [0, 3, 4, 5] + [3] * 6, [0, 1]])
-    rows, summary = beam_extract(model, docs, ExtractionConfig(suffix_len=6), num_beams=1, pad_token_id=PAD,
-                                 decode=lambda ids: " ".join(f"w{t}" for t in ids))
+    rows, summary = beam_extract(
+        model,
+        docs,
+        ExtractionConfig(suffix_len=6),
+        num_beams=1,
+        pad_token_id=PAD,
+        decode=lambda ids: " ".join(f"w{t}" for t in ids),
+    )
     assert [r["id"] for r in rows] == ["doc0", "doc1"] and summary["skipped_ids"] == ["doc2"]
     assert rows[0]["exact_match"] is True and rows[0]["rouge_l"] == pytest.approx(1.0)
     assert summary["exact_match"] == pytest.approx(rows[1]["exact_match"] * 0.5 + 0.5)
@@ -119,8 +138,9 @@ def test_suffix_probability_is_product_of_softmax_probs():
     # by hand: p(s0 | prefix) * p(s1 | prefix, s0) * p(s2 | prefix, s0, s1), softmax at temperature 1
     probs = [torch.softmax(logits[len(prefix) - 1 + i].double(), dim=-1)[t].item() for i, t in enumerate(suffix)]
     q = probs[0] * probs[1] * probs[2]
-    rows, _ = probabilistic_extract(model, docs_from([prefix + suffix]), ExtractionConfig(suffix_len=3),
-                                    pad_token_id=PAD)
+    rows, _ = probabilistic_extract(
+        model, docs_from([prefix + suffix]), ExtractionConfig(suffix_len=3), pad_token_id=PAD
+    )
     assert math.exp(rows[0]["log_q"]) == pytest.approx(q, rel=1e-9)
     assert rows[0]["log10_q"] == pytest.approx(math.log10(q), rel=1e-9)
 
@@ -131,9 +151,14 @@ def test_suffix_probabilities_sum_to_one_over_all_suffixes(temperature, top_p):
     model = tiny_llama(vocab=5)
     prefix = [0, 3, 4]
     suffixes = [list(s) for s in itertools.product(range(5), repeat=3)]
-    rows, _ = probabilistic_extract(model, docs_from([prefix + s for s in suffixes]),
-                                    ExtractionConfig(suffix_len=3, batch_size=64), temperature=temperature,
-                                    top_p=top_p, pad_token_id=PAD)
+    rows, _ = probabilistic_extract(
+        model,
+        docs_from([prefix + s for s in suffixes]),
+        ExtractionConfig(suffix_len=3, batch_size=64),
+        temperature=temperature,
+        top_p=top_p,
+        pad_token_id=PAD,
+    )
     total = sum(math.exp(r["log_q"]) for r in rows)
     assert total == pytest.approx(1.0, abs=1e-9)  # float64 probabilities: rounding far below 1e-9
     if top_p < 1:
@@ -150,8 +175,9 @@ def test_sampling_frequencies_match_exact_probabilities(temperature, top_p, voca
     """
     model = tiny_llama(vocab=vocab, seed=1, init_range=0.2)
     prefix, length, n = [0, 3, 4], (2 if vocab == 5 else 1), 20_000
-    samples = sample_decode(model, prefix, length, SamplingConfig(temperature, top_p, n_samples=n, seed=7),
-                            pad_token_id=PAD)
+    samples = sample_decode(
+        model, prefix, length, SamplingConfig(temperature, top_p, n_samples=n, seed=7), pad_token_id=PAD
+    )
     # seeded: the same seed gives the same samples, another seed others
     small = SamplingConfig(temperature, top_p, n_samples=50, seed=7)
     again = sample_decode(model, prefix, length, small, pad_token_id=PAD)
@@ -161,9 +187,14 @@ def test_sampling_frequencies_match_exact_probabilities(temperature, top_p, voca
     for s in samples:
         counts[tuple(s)] = counts.get(tuple(s), 0) + 1
     suffixes = [list(s) for s in itertools.product(range(vocab), repeat=length)]
-    rows, _ = probabilistic_extract(model, docs_from([prefix + s for s in suffixes]),
-                                    ExtractionConfig(suffix_len=length, batch_size=64), temperature=temperature,
-                                    top_p=top_p, pad_token_id=PAD)
+    rows, _ = probabilistic_extract(
+        model,
+        docs_from([prefix + s for s in suffixes]),
+        ExtractionConfig(suffix_len=length, batch_size=64),
+        temperature=temperature,
+        top_p=top_p,
+        pad_token_id=PAD,
+    )
     for s, row in zip(suffixes, rows):
         q = math.exp(row["log_q"])
         freq = counts.get(tuple(s), 0) / n
@@ -190,7 +221,8 @@ def test_samples_needed_by_hand_and_by_definition():
             assert 1 - (1 - q) ** n >= p > 1 - (1 - q) ** (n - 1)
             assert extraction_probability(math.log(q), int(n)) == pytest.approx(1 - (1 - q) ** n, rel=1e-9)
             assert log10_samples_needed(math.log(q), p) == pytest.approx(
-                math.log10(math.log(1 - p) / math.log(1 - q)), abs=1e-9)
+                math.log10(math.log(1 - p) / math.log(1 - q)), abs=1e-9
+            )
     # tiny q: n ~ -log(1-p) / q; too large for a float, its log10 still finite
     assert samples_needed(-1000.0, 0.5) == math.inf
     assert log10_samples_needed(-1000.0, 0.5) == pytest.approx((math.log(math.log(2)) + 1000) / math.log(10))
@@ -231,8 +263,17 @@ def test_sampling_extract_rows_and_seed_independence_of_order():
 def test_beam_search_with_pad_id_zero_equals_any_other_pad_id():
     # transformers' beam search fails for pad id 0 without an EOS id; the pad value must not matter (masked out).
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=64,
+        )
+    )
     prefixes = [[5, 6, 7], [8, 9]]
     with_zero = beam_search_decode(model, prefixes, 4, num_beams=3, pad_token_id=0, batch_size=2)
     assert with_zero == beam_search_decode(model, prefixes, 4, num_beams=3, pad_token_id=7, batch_size=2)

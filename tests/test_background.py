@@ -37,8 +37,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory):
     with (folder / "bg.jsonl").open("w") as handle:
         handle.writelines(json.dumps({"text": t}) + "\n" for t in background)
     tokenizer = data.train_bpe_tokenizer([d.text for d in targets] + background, vocab_size=400)
-    split = data.select_documents(targets, tokenizer, n_train=6, n_heldout=2, seq_len=20, dedup=None,
-                                  whole_documents=64)
+    split = data.select_documents(
+        targets, tokenizer, n_train=6, n_heldout=2, seq_len=20, dedup=None, whole_documents=64
+    )
     corpus = tokenize_corpus(str(folder / "bg.jsonl"), tokenizer, cache_dir=folder / "cache", progress=False)
     return folder, tokenizer, split, corpus
 
@@ -48,15 +49,17 @@ def _background(setup, *, max_steps: int = 0, repeats=(1, 4, 16), mask=MaskSpec(
     spec = DataSpec(source="x", background=str(folder / "bg.jsonl"), seq_len=32, repeats=repeats, val_tokens=256)
     train = engine_train.TrainConfig(epochs=epochs, batch_size=4, max_steps=max_steps, shuffle=False, progress=False)
     special = sorted(set(tokenizer.all_special_ids))
-    return build_background(spec, corpus, split.train, split.heldout, tokenizer, mask, special, train,
-                            tokenizer.pad_token_id), train
+    return build_background(
+        spec, corpus, split.train, split.heldout, tokenizer, mask, special, train, tokenizer.pad_token_id
+    ), train
 
 
 def test_corpus_is_tokenized_once_and_read_lazily(setup) -> None:
     folder, tokenizer, _, corpus = setup
     assert len(corpus) == 300
-    ids = tokenizer(json.loads((folder / "bg.jsonl").read_text().splitlines()[5])["text"],
-                    add_special_tokens=False)["input_ids"]
+    ids = tokenizer(json.loads((folder / "bg.jsonl").read_text().splitlines()[5])["text"], add_special_tokens=False)[
+        "input_ids"
+    ]
     assert corpus.ids(5) == [tokenizer.bos_token_id] + ids
     again = tokenize_corpus(str(folder / "bg.jsonl"), tokenizer, cache_dir=folder / "cache", progress=False)
     assert again.fingerprint() == corpus.fingerprint()  # the cached map, not a second tokenization
@@ -72,12 +75,12 @@ def test_targets_inserted_as_scheduled_and_heldout_never(setup) -> None:
     # every copy of every target lies in the stream where the record says, and nothing of a held-out target does
     pieces = {str(d.id): d.full_ids + [tokenizer.eos_token_id] for d in split.train}
     stream = [int(t) for r in background.rows for t, p in zip(r["input_ids"], r["position_ids"])]
-    stream = stream[:background.rows.layout.n_tokens]
+    stream = stream[: background.rows.layout.n_tokens]
     for target in record["targets"]:
         piece = pieces[target["id"]]
         assert len(target["stream_offsets"]) == target["inserted"]
         for offset in target["stream_offsets"]:
-            assert stream[offset:offset + len(piece)] == piece
+            assert stream[offset : offset + len(piece)] == piece
     text = tokenizer.decode(stream)
     for doc in split.heldout:
         assert doc.text not in text
@@ -119,17 +122,31 @@ def test_resume_mid_epoch_equals_uninterrupted_run(setup, tmp_path: Path) -> Non
     prepared = Prepared(tokenizer=tokenizer, split=split, n_loaded=0, context=32)
 
     def model():
-        return build_tiny_model("micro-llama", vocab_size=len(tokenizer), max_positions=64, seed=0,
-                                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                                pad_token_id=tokenizer.pad_token_id)
+        return build_tiny_model(
+            "micro-llama",
+            vocab_size=len(tokenizer),
+            max_positions=64,
+            seed=0,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
 
     def save(m, d):
         d.mkdir(parents=True, exist_ok=True)
         torch.save(m.state_dict(), d / "weights.pt")
 
     whole = model()
-    full = engine_train.train(whole, background.rows, loss, train, out_dir=tmp_path / "a", save_model=save,
-                              validation=background.validation, validation_loss_fn=validation_loss_fn(prepared))
+    full = engine_train.train(
+        whole,
+        background.rows,
+        loss,
+        train,
+        out_dir=tmp_path / "a",
+        save_model=save,
+        validation=background.validation,
+        validation_loss_fn=validation_loss_fn(prepared),
+    )
 
     class Killed(Exception):
         pass
@@ -140,13 +157,22 @@ def test_resume_mid_epoch_equals_uninterrupted_run(setup, tmp_path: Path) -> Non
 
     interrupted = model()
     with pytest.raises(Killed):
-        engine_train.train(interrupted, background.rows, loss, train, out_dir=tmp_path / "b", save_model=save,
-                           on_log=kill)
+        engine_train.train(
+            interrupted, background.rows, loss, train, out_dir=tmp_path / "b", save_model=save, on_log=kill
+        )
     resumed = model()
     resumed.load_state_dict(torch.load(tmp_path / "b" / "checkpoint" / "weights.pt"))
-    rest = engine_train.train(resumed, background.rows, loss, train, out_dir=tmp_path / "b", save_model=save,
-                              resume_from=tmp_path / "b" / "checkpoint", validation=background.validation,
-                              validation_loss_fn=validation_loss_fn(prepared))
+    rest = engine_train.train(
+        resumed,
+        background.rows,
+        loss,
+        train,
+        out_dir=tmp_path / "b",
+        save_model=save,
+        resume_from=tmp_path / "b" / "checkpoint",
+        validation=background.validation,
+        validation_loss_fn=validation_loss_fn(prepared),
+    )
     assert [r["loss"] for r in rest.history] == [r["loss"] for r in full.history[4:]]
     assert rest.history[-1]["val_loss"] == full.history[-1]["val_loss"]
     for a, b in zip(whole.state_dict().values(), resumed.state_dict().values()):

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 # bench/ is not a package (its scripts run as `python bench/x.py`): load the file itself
-_spec = importlib.util.spec_from_file_location("bench_common", Path(__file__).resolve().parents[1] / "bench" / "common.py")
+_spec = importlib.util.spec_from_file_location(
+    "bench_common", Path(__file__).resolve().parents[1] / "bench" / "common.py"
+)
 common = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(common)
 
@@ -35,9 +37,16 @@ def test_build_llama_is_seeded_and_maps_the_shape() -> None:
     other = common.build_llama(**shape, seed=1)
     assert not torch.equal(a.lm_head.weight, other.lm_head.weight)
     config = common.build_llama(**shape, kv_heads=2, intermediate=48, pad_token_id=0).config
-    assert (config.vocab_size, config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
-            config.num_key_value_heads, config.intermediate_size, config.max_position_embeddings,
-            config.pad_token_id) == (64, 32, 1, 4, 2, 48, 16, 0)
+    assert (
+        config.vocab_size,
+        config.hidden_size,
+        config.num_hidden_layers,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.intermediate_size,
+        config.max_position_embeddings,
+        config.pad_token_id,
+    ) == (64, 32, 1, 4, 2, 48, 16, 0)
     assert a.config.num_key_value_heads == 4 and a.config.intermediate_size == 128
 
 
@@ -56,8 +65,9 @@ def test_train_step_is_one_sgd_step_on_the_mean_next_token_loss() -> None:
 
 
 def test_write_result_records_the_command_and_writes_strict_json(tmp_path) -> None:
-    path = common.write_result(tmp_path / "r" / "out.json", {"ratio": 1.5, "never": float("inf")},
-                               ["--steps", "2", "a b"])
+    path = common.write_result(
+        tmp_path / "r" / "out.json", {"ratio": 1.5, "never": float("inf")}, ["--steps", "2", "a b"]
+    )
     result = json.loads(path.read_text())
     assert result["command"].endswith("--steps 2 'a b'") and result["ratio"] == 1.5 and result["never"] == "inf"
     assert list(result) == ["command", "ratio", "never"]

@@ -19,16 +19,49 @@ from safetensors.torch import load_file
 from engine.training.checkpoint import METADATA_FILE, CheckpointError, load_checkpoint
 
 # 4 documents, batch 2 over data=2, 2 epochs: 4 steps, a checkpoint after each.
-RUN = ["--nproc", "2", "--grid", "data=2", "--zero", "3", "--model", "micro-llama", "--n-train", "4", "--n-heldout",
-       "0", "--seq-len", "32", "--vocab-size", "300", "--batch-size", "2", "--epochs", "2", "--save-every", "1",
-       "--optimizer", "sgd", "--lr", "0.5", "--max-grad-norm", "100", "--no-progress"]
+RUN = [
+    "--nproc",
+    "2",
+    "--grid",
+    "data=2",
+    "--zero",
+    "3",
+    "--model",
+    "micro-llama",
+    "--n-train",
+    "4",
+    "--n-heldout",
+    "0",
+    "--seq-len",
+    "32",
+    "--vocab-size",
+    "300",
+    "--batch-size",
+    "2",
+    "--epochs",
+    "2",
+    "--save-every",
+    "1",
+    "--optimizer",
+    "sgd",
+    "--lr",
+    "0.5",
+    "--max-grad-norm",
+    "100",
+    "--no-progress",
+]
 KILL_DURING_SAVE = 3  # the third checkpoint (after step 3): steps 1 and 2 are saved, 3 and 4 must be redone
 
 
 def _goldfish(*args: str) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "goldfish", "train", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "goldfish", "train", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def _worker_pid(out: Path, rank: int) -> int:
@@ -84,8 +117,10 @@ def test_sigkill_during_a_zero3_save_then_resume_equals_an_uninterrupted_run(tmp
     _, err = killed.communicate(timeout=300)
     assert killed.returncode == 1, err
     lines = [line for line in err.splitlines() if "error:" in line]
-    assert lines == ["goldfish train: error: worker rank 1 was killed by signal SIGKILL without an error message (out "
-                     "of memory, or killed from outside?); the other workers were stopped"], err
+    assert lines == [
+        "goldfish train: error: worker rank 1 was killed by signal SIGKILL without an error message (out "
+        "of memory, or killed from outside?); the other workers were stopped"
+    ], err
     assert "Traceback" not in err
 
     # The published checkpoint is a complete earlier one; a staging folder left by the kill never loads.

@@ -35,6 +35,7 @@ def test_every_compare_preset_parses():
 def test_preset_sets_only_what_the_user_left_at_default():
     from goldfish.app.cli import _explicit_options, apply_preset
     from goldfish.app.config import COMPARE_PRESETS
+
     COMPARE_SMOLLM2 = COMPARE_PRESETS["smollm2"]
 
     argv = ["compare", "--preset", "smollm2", "--epochs", "60", "--lr=1e-3"]
@@ -46,8 +47,10 @@ def test_preset_sets_only_what_the_user_left_at_default():
 
 
 def test_mask_command_reports_drop_rate(capsys):
-    text = ("The goldfish loss drops a pseudo-random subset of tokens from the next-token loss, so the model never "
-            "sees the whole passage supervised and cannot repeat it verbatim. ") * 3
+    text = (
+        "The goldfish loss drops a pseudo-random subset of tokens from the next-token loss, so the model never "
+        "sees the whole passage supervised and cannot repeat it verbatim. "
+    ) * 3
     assert main(["mask", "--text", text, "--strategy", "hashed", "--k", "4", "--no-color"]) == 0
     out = capsys.readouterr().out
     assert "[[" in out and "targets dropped" in out
@@ -65,27 +68,86 @@ def test_bad_input_gives_clear_errors(tmp_path, capsys):
 
 
 def test_train_then_eval_round_trip(tmp_path, capsys):
-    records = [{"id": f"doc{i}", "text": " ".join(f"word{(i * 7 + j) % 53} token{j % 11}" for j in range(80))}
-               for i in range(6)]
+    records = [
+        {"id": f"doc{i}", "text": " ".join(f"word{(i * 7 + j) % 53} token{j % 11}" for j in range(80))}
+        for i in range(6)
+    ]
     data_file = tmp_path / "docs.jsonl"
     data_file.write_text("\n".join(json.dumps(r) for r in records) + "\n")
     run = tmp_path / "run"
-    assert main(["train", "--out", str(run), "--data", str(data_file), "--id-field", "id", "--model", "micro-llama",
-                 "--n-train", "4", "--n-heldout", "2", "--seq-len", "48", "--vocab-size", "320", "--epochs", "2",
-                 "--batch-size", "2", "--strategy", "static", "--k", "3", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--out",
+                str(run),
+                "--data",
+                str(data_file),
+                "--id-field",
+                "id",
+                "--model",
+                "micro-llama",
+                "--n-train",
+                "4",
+                "--n-heldout",
+                "2",
+                "--seq-len",
+                "48",
+                "--vocab-size",
+                "320",
+                "--epochs",
+                "2",
+                "--batch-size",
+                "2",
+                "--strategy",
+                "static",
+                "--k",
+                "3",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert (run / "checkpoint" / "config.json").exists()
     assert (run / "checkpoint" / "goldfish_run.json").exists()
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 4  # 2 epochs x 2 steps
     out = tmp_path / "eval"
-    assert main(["eval", "--model", str(run / "checkpoint"), "--out", str(out), "--suffix-len", "16",
-                 "--no-progress", "--beams", "2", "--samples", "2", "--prefix-lengths", "8,16"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(run / "checkpoint"),
+                "--out",
+                str(out),
+                "--suffix-len",
+                "16",
+                "--no-progress",
+                "--beams",
+                "2",
+                "--samples",
+                "2",
+                "--prefix-lengths",
+                "8,16",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["train"]["n_docs"] == 4 and summary["heldout"]["n_docs"] == 2
     assert summary["train"]["beam"]["num_beams"] == 2 and summary["heldout"]["sampling"]["n_docs"] == 2
     assert summary["train"]["divergence"]["n_docs"] == 4 and "probabilistic" in summary["train"]
     # Membership: train vs held-out, with the run's initial weights as the reference model.
-    assert set(summary["membership"]["attacks"]) == {"loss", "zlib", "min_k", "reference", "min_k_pp", "grad_norm",
-                                                     "recall", "dc_pdd"}
+    assert set(summary["membership"]["attacks"]) == {
+        "loss",
+        "zlib",
+        "min_k",
+        "reference",
+        "min_k_pp",
+        "grad_norm",
+        "recall",
+        "dc_pdd",
+    }
     recall = summary["membership"]["attacks"]["recall"]  # its prefix: the first held-out document, not scored
     assert recall["n_nonmembers"] == 1 and summary["membership"]["recall"]["prefix_documents"]
     assert all(lo <= m["auc"] <= hi for m in summary["membership"]["attacks"].values() for lo, hi in [m["auc_ci"]])
@@ -94,17 +156,41 @@ def test_train_then_eval_round_trip(tmp_path, capsys):
     # The run's own static mask splits teacher-forced accuracy into kept and dropped positions.
     assert summary["train"]["tf_dropped_accuracy"] is not None
     rows = (out / "train" / "extraction.jsonl").read_text().splitlines()
-    assert {json.loads(r)["id"] for r in rows} == {d["id"] for d in json.loads(
-        (run / "run.json").read_text())["documents"]["train"]}
+    assert {json.loads(r)["id"] for r in rows} == {
+        d["id"] for d in json.loads((run / "run.json").read_text())["documents"]["train"]
+    }
 
 
 def test_compare_quick_standard_memorizes_more_than_goldfish(tmp_path):
     out = tmp_path / "compare"
     # One thread: immune to oversubscription when other processes share the 2 cores.
     # Every instrument on: beam search, sampling, a prefix-length breakdown, repeats and the per-epoch curve.
-    assert main(["compare", "--quick", "--out", str(out), "--no-progress", "--threads", "1", "--beams", "3",
-                 "--samples", "3", "--top-p", "0.9", "--prefix-lengths", "16,32", "--repeats", "1,2",
-                 "--curve-every", "25"]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                "--quick",
+                "--out",
+                str(out),
+                "--no-progress",
+                "--threads",
+                "1",
+                "--beams",
+                "3",
+                "--samples",
+                "3",
+                "--top-p",
+                "0.9",
+                "--prefix-lengths",
+                "16,32",
+                "--repeats",
+                "1,2",
+                "--curve-every",
+                "25",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((out / "summary.json").read_text())
     models = summary["models"]
     assert set(models) == {"control", "standard", "goldfish-hashed-k4-h13"}
@@ -123,7 +209,9 @@ def test_compare_quick_standard_memorizes_more_than_goldfish(tmp_path):
     assert divergence["n_diverged"] > 0 and divergence["share_on_dropped"] is not None
     assert (out / "report.md").exists() and (out / "compare.png").stat().st_size > 1000
     details = summary["details"]["standard"]["train"]
-    assert details["beam"]["num_beams"] == 3 and details["beam"]["exact_match"] >= standard["train"]["exact_match"] - 0.25
+    assert (
+        details["beam"]["num_beams"] == 3 and details["beam"]["exact_match"] >= standard["train"]["exact_match"] - 0.25
+    )
     assert details["sampling"]["sampling"]["n_samples"] == 3 and details["sampling"]["sampling"]["top_p"] == 0.9
     assert [p["epoch"] for p in summary["curves"]["standard"]] == [0, 25, 50]
     assert summary["curves"]["standard"][-1]["exact_match"] == standard["train"]["exact_match"]
@@ -145,15 +233,38 @@ def test_compare_quick_standard_memorizes_more_than_goldfish(tmp_path):
 
 def test_parallel_train_consolidates_into_a_checkpoint_that_eval_reads(tmp_path):
     """`goldfish train --nproc 2 --grid x=2` (torchrun, gloo) trains like one process and writes an HF checkpoint."""
-    common = ["--model", "micro-llama", "--strategy", "hashed", "--n-train", "4", "--n-heldout", "2", "--seq-len", "48",
-              "--vocab-size", "400", "--epochs", "2", "--batch-size", "2", "--no-progress"]
+    common = [
+        "--model",
+        "micro-llama",
+        "--strategy",
+        "hashed",
+        "--n-train",
+        "4",
+        "--n-heldout",
+        "2",
+        "--seq-len",
+        "48",
+        "--vocab-size",
+        "400",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "2",
+        "--no-progress",
+    ]
     parallel, serial = tmp_path / "parallel", tmp_path / "serial"
-    result = subprocess.run([sys.executable, "-m", "goldfish", "train", "--nproc", "2", "--grid", "x=2",
-                             "--out", str(parallel), *common], capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "goldfish", "train", "--nproc", "2", "--grid", "x=2", "--out", str(parallel), *common],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert main(["train", "--out", str(serial), *common]) == 0
-    losses = [[json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-              for run in (parallel, serial)]
+    losses = [
+        [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+        for run in (parallel, serial)
+    ]
     # Same math, different reduction order across 2 ranks: agreement to float32 rounding (observed ~1e-7 relative).
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
     record = json.loads((parallel / "checkpoint" / "goldfish_run.json").read_text())
@@ -169,22 +280,42 @@ def test_parallel_train_consolidates_into_a_checkpoint_that_eval_reads(tmp_path)
     # x=2 generates with the engine-parallel model (one shard).
     for grid in ("data=2", "x=2"):
         sharded = tmp_path / f"eval-{grid}"
-        result = subprocess.run([sys.executable, "-m", "goldfish", "eval", "--nproc", "2", "--grid", grid, "--model",
-                                 str(parallel / "checkpoint"), "--out", str(sharded), *instruments],
-                                capture_output=True, text=True, timeout=600)
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "goldfish",
+                "eval",
+                "--nproc",
+                "2",
+                "--grid",
+                grid,
+                "--model",
+                str(parallel / "checkpoint"),
+                "--out",
+                str(sharded),
+                *instruments,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         for name in ("extraction", "beam", "sampling", "prefix_length", "probabilistic", "divergence"):
             for part in ("train", "heldout"):
-                one, many = [[json.loads(line) for line in (run / part / f"{name}.jsonl").read_text().splitlines()]
-                             for run in (out, sharded)]
+                one, many = [
+                    [json.loads(line) for line in (run / part / f"{name}.jsonl").read_text().splitlines()]
+                    for run in (out, sharded)
+                ]
                 assert [r["id"] for r in one] == [r["id"] for r in many]
                 for a, b in zip(one, many):
                     for key in ("generated_ids", "exact_match", "first_divergence", "samples", "n_exact"):
                         assert a.get(key) == b.get(key), (name, part, key)
                     if "log_q" in a:  # float sums in another order: float32 rounding (observed ~1e-7 relative)
                         assert a["log_q"] == pytest.approx(b["log_q"], rel=1e-4)
-        one, many = [[json.loads(line) for line in (run / "membership.jsonl").read_text().splitlines()]
-                     for run in (out, sharded)]
+        one, many = [
+            [json.loads(line) for line in (run / "membership.jsonl").read_text().splitlines()] for run in (out, sharded)
+        ]
         assert [r["id"] for r in one] == [r["id"] for r in many]
         assert [r["loss"] for r in one] == pytest.approx([r["loss"] for r in many], rel=1e-4)
         assert json.loads((sharded / "summary.json").read_text())["grid"]["data" if grid == "data=2" else "x"] == 2
@@ -194,10 +325,42 @@ def test_parallel_compare_measures_the_curve_with_the_parallel_model(tmp_path):
     """`goldfish compare --nproc 2 --grid x=2`: the per-epoch extraction runs on the engine-parallel model being
     trained; its last point must equal the evaluation of the consolidated checkpoint (same weights)."""
     out = tmp_path / "compare"
-    result = subprocess.run([sys.executable, "-m", "goldfish", "compare", "--nproc", "2", "--grid", "x=2", "--out",
-                             str(out), "--model", "micro-llama", "--n-train", "4", "--n-heldout", "2", "--seq-len", "48",
-                             "--vocab-size", "400", "--epochs", "4", "--batch-size", "2", "--suffix-len", "16",
-                             "--curve-every", "2", "--no-progress"], capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "goldfish",
+            "compare",
+            "--nproc",
+            "2",
+            "--grid",
+            "x=2",
+            "--out",
+            str(out),
+            "--model",
+            "micro-llama",
+            "--n-train",
+            "4",
+            "--n-heldout",
+            "2",
+            "--seq-len",
+            "48",
+            "--vocab-size",
+            "400",
+            "--epochs",
+            "4",
+            "--batch-size",
+            "2",
+            "--suffix-len",
+            "16",
+            "--curve-every",
+            "2",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["grid"]["x"] == 2
@@ -214,26 +377,91 @@ def test_parallel_compare_measures_the_curve_with_the_parallel_model(tmp_path):
 def test_zero3_train_equals_one_process_and_is_recorded(tmp_path):
     """`goldfish train --nproc 2 --grid data=2 --zero 3 --offload-optimizer` trains like one process (FSDP2 over data,
     AdamW state on the host) and the run record says which partitioning ran."""
-    common = ["--model", "micro-llama", "--strategy", "hashed", "--n-train", "4", "--n-heldout", "2", "--seq-len", "48",
-              "--vocab-size", "400", "--epochs", "2", "--batch-size", "2", "--no-progress", "--threads", "1"]
+    common = [
+        "--model",
+        "micro-llama",
+        "--strategy",
+        "hashed",
+        "--n-train",
+        "4",
+        "--n-heldout",
+        "2",
+        "--seq-len",
+        "48",
+        "--vocab-size",
+        "400",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "2",
+        "--no-progress",
+        "--threads",
+        "1",
+    ]
     parallel, serial = tmp_path / "parallel", tmp_path / "serial"
-    result = subprocess.run([sys.executable, "-m", "goldfish", "train", "--nproc", "2", "--grid", "data=2", "--zero",
-                             "3", "--zero-hierarchy", "2", "--offload-optimizer", "--out", str(parallel), *common],
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "goldfish",
+            "train",
+            "--nproc",
+            "2",
+            "--grid",
+            "data=2",
+            "--zero",
+            "3",
+            "--zero-hierarchy",
+            "2",
+            "--offload-optimizer",
+            "--out",
+            str(parallel),
+            *common,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert main(["train", "--out", str(serial), *common]) == 0
-    losses = [[json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-              for run in (parallel, serial)]
+    losses = [
+        [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+        for run in (parallel, serial)
+    ]
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
     record = json.loads((parallel / "checkpoint" / "goldfish_run.json").read_text())
-    assert (record["train"]["zero"], record["train"]["zero_node_size"], record["train"]["offload_optimizer"]) == \
-        (3, 2, True)
+    assert (record["train"]["zero"], record["train"]["zero_node_size"], record["train"]["offload_optimizer"]) == (
+        3,
+        2,
+        True,
+    )
 
 
 def test_zero_without_a_data_axis_is_a_one_line_error(tmp_path, capsys):
-    code = main(["train", "--out", str(tmp_path / "z"), "--model", "micro-llama", "--n-train", "2", "--n-heldout",
-                 "0", "--seq-len", "48", "--vocab-size", "400", "--epochs", "1", "--batch-size", "2", "--zero", "2",
-                 "--no-progress"])
+    code = main(
+        [
+            "train",
+            "--out",
+            str(tmp_path / "z"),
+            "--model",
+            "micro-llama",
+            "--n-train",
+            "2",
+            "--n-heldout",
+            "0",
+            "--seq-len",
+            "48",
+            "--vocab-size",
+            "400",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "2",
+            "--zero",
+            "2",
+            "--no-progress",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "data" in err and "--zero" in err and "Traceback" not in err
 
@@ -242,19 +470,39 @@ def test_parallel_train_with_shared_rows_takes_a_batch_the_own_layout_refuses(tm
     """`goldfish train --nproc 4 --grid x=2,y=2 --rows shared --batch-size 2`: 2 rows cannot be split over 4 ranks
     (the own layout refuses with a one-line error naming --rows shared), but both x*y ranks can read the same 2 rows
     (AxoNN's layout): the losses are the single process's."""
-    common = ["--model", "micro-llama", "--strategy", "hashed", "--n-train", "4", "--n-heldout", "2", "--seq-len", "48",
-              "--vocab-size", "400", "--epochs", "2", "--batch-size", "2", "--no-progress"]
+    common = [
+        "--model",
+        "micro-llama",
+        "--strategy",
+        "hashed",
+        "--n-train",
+        "4",
+        "--n-heldout",
+        "2",
+        "--seq-len",
+        "48",
+        "--vocab-size",
+        "400",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "2",
+        "--no-progress",
+    ]
     launch = [sys.executable, "-m", "goldfish", "train", "--nproc", "4", "--grid", "x=2,y=2"]
     shared, own, serial = tmp_path / "shared", tmp_path / "own", tmp_path / "serial"
-    result = subprocess.run([*launch, "--rows", "shared", "--out", str(shared), *common], capture_output=True,
-                            text=True, timeout=600)
+    result = subprocess.run(
+        [*launch, "--rows", "shared", "--out", str(shared), *common], capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     refused = subprocess.run([*launch, "--out", str(own), *common], capture_output=True, text=True, timeout=600)
     assert refused.returncode != 0
     assert "not divisible by the world size 4" in refused.stderr and "--rows shared" in refused.stderr
     assert main(["train", "--out", str(serial), *common]) == 0
-    losses = [[json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-              for run in (shared, serial)]
+    losses = [
+        [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+        for run in (shared, serial)
+    ]
     assert len(losses[0]) == 4
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)  # float32 rounding across ranks (~1e-7 relative)
     record = json.loads((shared / "checkpoint" / "goldfish_run.json").read_text())

@@ -9,14 +9,36 @@ import pytest
 
 from goldfish.app.cli import main
 
-TINY = ["--model", "micro-llama", "--n-train", "4", "--n-heldout", "2", "--seq-len", "48", "--vocab-size", "320",
-        "--batch-size", "2", "--strategy", "static", "--k", "3", "--no-progress", "--threads", "1"]
+TINY = [
+    "--model",
+    "micro-llama",
+    "--n-train",
+    "4",
+    "--n-heldout",
+    "2",
+    "--seq-len",
+    "48",
+    "--vocab-size",
+    "320",
+    "--batch-size",
+    "2",
+    "--strategy",
+    "static",
+    "--k",
+    "3",
+    "--no-progress",
+    "--threads",
+    "1",
+]
 
 
 def _digest(folder: Path) -> dict[str, str]:
     """{relative path: SHA-256} of every file under `folder`."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _error(capsys) -> str:
@@ -29,8 +51,10 @@ def _error(capsys) -> str:
 def trained(tmp_path_factory) -> tuple[Path, Path]:
     """(data file, run folder) of one tiny training run on 6 documents plus a planted copy of doc0."""
     root = tmp_path_factory.mktemp("trust")
-    records = [{"id": f"doc{i}", "text": " ".join(f"word{(i * 7 + j) % 53} token{j % 11}" for j in range(80))}
-               for i in range(6)]
+    records = [
+        {"id": f"doc{i}", "text": " ".join(f"word{(i * 7 + j) % 53} token{j % 11}" for j in range(80))}
+        for i in range(6)
+    ]
     records.append({"id": "copy-of-doc0", "text": "  " + records[0]["text"].replace(" ", "\n", 5)})
     data_file = root / "docs.jsonl"
     data_file.write_text("\n".join(json.dumps(r) for r in records) + "\n")
@@ -50,8 +74,23 @@ def test_run_record_lists_duplicates_and_eval_report_shows_them(trained, tmp_pat
     selected = {d["id"] for d in documents["train"] + documents["heldout"]}
     assert removed["twin"] in selected and removed["id"] not in selected
     out = tmp_path / "eval"
-    assert main(["eval", "--model", str(run / "checkpoint"), "--out", str(out), "--suffix-len", "16", "--no-progress",
-                 "--threads", "1"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(run / "checkpoint"),
+                "--out",
+                str(out),
+                "--suffix-len",
+                "16",
+                "--no-progress",
+                "--threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     report = (out / "report.md").read_text()
     assert "## Duplicates" in report and f"| {removed['id']} | {removed['twin']} | exact-text |" in report
     assert json.loads((out / "summary.json").read_text())["documents"]["n_removed"] == 1
@@ -66,8 +105,26 @@ def test_second_train_into_the_same_out_is_refused_and_the_first_run_stays_byte_
     assert f"--out {run} is not empty" in err and "--resume" in err and "--overwrite" in err
     assert _digest(run) == before
     # --overwrite of a run that fails before it finishes: the old run is untouched and no staging folder is left.
-    assert main(["train", "--out", str(run), "--data", str(data_file), "--id-field", "id", *TINY, "--epochs", "2",
-                 "--n-train", "50", "--overwrite"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--out",
+                str(run),
+                "--data",
+                str(data_file),
+                "--id-field",
+                "id",
+                *TINY,
+                "--epochs",
+                "2",
+                "--n-train",
+                "50",
+                "--overwrite",
+            ]
+        )
+        == 2
+    )
     assert "not enough documents" in _error(capsys)
     assert _digest(run) == before and not list(run.parent.glob(f".{run.name}.*"))
 
@@ -76,8 +133,24 @@ def test_overwrite_replaces_the_run_only_when_the_new_one_has_finished(trained, 
     data_file, first = trained
     run = tmp_path / "run"
     shutil.copytree(first, run)
-    assert main(["train", "--out", str(run), "--data", str(data_file), "--id-field", "id", *TINY, "--epochs", "2",
-                 "--overwrite"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--out",
+                str(run),
+                "--data",
+                str(data_file),
+                "--id-field",
+                "id",
+                *TINY,
+                "--epochs",
+                "2",
+                "--overwrite",
+            ]
+        )
+        == 0
+    )
     assert json.loads((run / "run.json").read_text())["train"]["epochs"] == 2
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 4  # 2 epochs x 2 steps: only the new run's rows
     assert not list(tmp_path.glob(".run.*"))
@@ -97,8 +170,10 @@ def test_resume_of_a_missing_folder(tmp_path, capsys):
     missing = tmp_path / "nowhere" / "checkpoint"
     assert main(["train", "--out", str(tmp_path / "run"), "--resume", str(missing), "--no-progress"]) == 2
     err = _error(capsys)
-    assert err == (f"goldfish train: error: --resume {missing}: no such folder. Fix: give the checkpoint/ folder of an "
-                   "interrupted run (e.g. --resume runs/a/checkpoint), or leave --resume out to start a new run")
+    assert err == (
+        f"goldfish train: error: --resume {missing}: no such folder. Fix: give the checkpoint/ folder of an "
+        "interrupted run (e.g. --resume runs/a/checkpoint), or leave --resume out to start a new run"
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -131,8 +206,25 @@ def test_duplicates_repeat_trains_the_copy_as_a_counted_repeat(trained, tmp_path
     data_file, run = trained
     side = json.loads((run / "run.json").read_text())["documents"]["removed"][0]["side"]
     out = tmp_path / "repeat"
-    assert main(["train", "--out", str(out), "--data", str(data_file), "--id-field", "id", *TINY, "--epochs", "1",
-                 "--duplicates", "repeat"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--out",
+                str(out),
+                "--data",
+                str(data_file),
+                "--id-field",
+                "id",
+                *TINY,
+                "--epochs",
+                "1",
+                "--duplicates",
+                "repeat",
+            ]
+        )
+        == 0
+    )
     documents = json.loads((out / "run.json").read_text())["documents"]
     assert side == "train"  # with this file and seed doc0 is a training document, so its copy is trained on too
     n_copies = 1

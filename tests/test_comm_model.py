@@ -89,25 +89,38 @@ def _linear_worker(shapes: list[tuple[int, int, int, int]]) -> int:
                     layer = ParallelLinear(IN, OUT, bias, grid=grid, overlap=overlap)
                     inp = torch.randn(ROWS, POS, IN, requires_grad=True)
                     measured = _measure_step(grid, lambda: layer(inp).square().sum(), layer)
-                    predicted = (default_linear_collectives(IN, OUT, shape, tokens_per_rank=ROWS * POS, bias=bias)
-                                 + sync_collectives(_shard_sizes(layer), shape, 4) + clip_collectives(shape))
+                    predicted = (
+                        default_linear_collectives(IN, OUT, shape, tokens_per_rank=ROWS * POS, bias=bias)
+                        + sync_collectives(_shard_sizes(layer), shape, 4)
+                        + clip_collectives(shape)
+                    )
                     _compare(measured, predicted, f"default linear bias={bias} overlap={overlap} grid {shape}")
                     checked += 1
             # input without a gradient: the backward input collectives disappear
             layer = ParallelLinear(IN, OUT, True, grid=grid)
             measured = _measure_step(grid, lambda: layer(torch.randn(ROWS, POS, IN)).square().sum(), layer)
-            predicted = (default_linear_collectives(IN, OUT, shape, tokens_per_rank=ROWS * POS, input_grad=False)
-                         + sync_collectives(_shard_sizes(layer), shape, 4) + clip_collectives(shape))
+            predicted = (
+                default_linear_collectives(IN, OUT, shape, tokens_per_rank=ROWS * POS, input_grad=False)
+                + sync_collectives(_shard_sizes(layer), shape, 4)
+                + clip_collectives(shape)
+            )
             _compare(measured, predicted, f"default linear, input without grad, grid {shape}")
             # chained: normal (IN -> HID), tanh, transposed (HID -> OUT) on the rows of the x*y group
             torch.manual_seed(0)
-            chain = nn.ModuleList([ParallelLinear(IN, HID, True, grid=grid, mode="normal"),
-                                   ParallelLinear(HID, OUT, True, grid=grid, mode="transposed")])
+            chain = nn.ModuleList(
+                [
+                    ParallelLinear(IN, HID, True, grid=grid, mode="normal"),
+                    ParallelLinear(HID, OUT, True, grid=grid, mode="transposed"),
+                ]
+            )
             inp = torch.randn(ROWS, POS, IN, requires_grad=True)
             measured = _measure_step(grid, lambda: chain[1](torch.tanh(chain[0](inp))).square().sum(), chain)
             sizes = _shard_sizes(chain[0]) + _shard_sizes(chain[1])
-            predicted = (chained_linear_collectives(IN, HID, OUT, shape, tokens_per_group=ROWS * POS)
-                         + sync_collectives(sizes, shape, 4) + clip_collectives(shape))
+            predicted = (
+                chained_linear_collectives(IN, HID, OUT, shape, tokens_per_group=ROWS * POS)
+                + sync_collectives(sizes, shape, 4)
+                + clip_collectives(shape)
+            )
             _compare(measured, predicted, f"chained linears grid {shape}")
             checked += 1
         finally:
@@ -117,10 +130,19 @@ def _linear_worker(shapes: list[tuple[int, int, int, int]]) -> int:
 
 def tiny_llama_config():
     from transformers import LlamaConfig
+
     # 16 heads of 4 over 8 kv heads (grouped-query), biases on the attention projections
-    return LlamaConfig(hidden_size=64, num_attention_heads=16, num_key_value_heads=8, num_hidden_layers=2,
-                       vocab_size=VOCAB, intermediate_size=128, max_position_embeddings=64, attention_bias=True,
-                       attn_implementation="sdpa")
+    return LlamaConfig(
+        hidden_size=64,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        num_hidden_layers=2,
+        vocab_size=VOCAB,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        attention_bias=True,
+        attn_implementation="sdpa",
+    )
 
 
 # (rows per rank, bytes per attention-mask element (0 = no mask; the engine gathers masks as int64), per-row
@@ -128,8 +150,9 @@ def tiny_llama_config():
 LLAMA_CASES = ((2, 8, False, False), (1, 8, True, False), (2, 0, True, False), (2, 0, False, True))
 
 
-def _llama_worker(shapes: list[tuple[int, int, int, int]], every_case: bool, vocab_split: bool = False,
-                  rows_layout_name: str = "own") -> int:
+def _llama_worker(
+    shapes: list[tuple[int, int, int, int]], every_case: bool, vocab_split: bool = False, rows_layout_name: str = "own"
+) -> int:
     """every_case: run all LLAMA_CASES on each grid, else one case per grid in turn (keeps world 8 fast).
     vocab_split: embeddings and lm_head split by vocabulary (parallelize's default) and the loss of
     causal_lm_token_losses (which takes no position ids: those cases run without them); else whole
@@ -139,6 +162,7 @@ def _llama_worker(shapes: list[tuple[int, int, int, int]], every_case: bool, voc
 
     from engine.core.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses
     from engine.memory.activation import checkpoint_decoder_layers
+
     config = tiny_llama_config()
     model_shape = TransformerShape.from_hf_config(config)
     torch.manual_seed(0)
@@ -149,15 +173,18 @@ def _llama_worker(shapes: list[tuple[int, int, int, int]], every_case: bool, voc
         shape = GridShape(data=data, x=x, y=y, z=z)
         try:
             overlap = index % 2 == 0  # the schedule (and weight prefetch) must not change the bytes
-            model = parallelize(copy.deepcopy(serial), grid, overlap=overlap, vocab_parallel=None if vocab_split else False)
+            model = parallelize(
+                copy.deepcopy(serial), grid, overlap=overlap, vocab_parallel=None if vocab_split else False
+            )
             recompute = vocab_split and index % 2 == 1  # activation checkpointing: each layer's forward again
             if recompute:
                 checkpoint_decoder_layers(model)
             # the memory model's parameter count per rank is exactly what the rank holds
             memory = memory_per_rank(model_shape, shape, rows_per_rank=1, seq=SEQ, vocab_parallel=vocab_split)
             held = sum(p.numel() for p in model.parameters())
-            assert held == sum(memory.detail[k] for k in ("sharded_params", "replicated_params", "vocab_params")), \
+            assert held == sum(memory.detail[k] for k in ("sharded_params", "replicated_params", "vocab_params")), (
                 f"grid {shape}"
+            )
             reader = grid.rank if rows_layout_name == "own" else grid.coords["z"] + z * grid.coords["data"]
             gen = torch.Generator().manual_seed(reader)
             cases = LLAMA_CASES if every_case else [LLAMA_CASES[index % len(LLAMA_CASES)]]
@@ -169,7 +196,7 @@ def _llama_worker(shapes: list[tuple[int, int, int, int]], every_case: bool, voc
                 mask = None
                 if mask_bytes:
                     mask = torch.ones(rows, SEQ, dtype=torch.long)
-                    mask[0, SEQ - 3:] = 0
+                    mask[0, SEQ - 3 :] = 0
                     if rows == 1:
                         mask = mask.bool()  # gathered as int64 all the same
                 position_ids = torch.arange(SEQ).expand(rows, SEQ) if positions else None
@@ -186,14 +213,27 @@ def _llama_worker(shapes: list[tuple[int, int, int, int]], every_case: bool, voc
                 model.zero_grad(set_to_none=True)
                 # fp32 model: 4-byte elements everywhere; under autocast the matrix products are bf16 (2 bytes)
                 # while weights and the residual stream stay fp32
-                predicted = llama_step_collectives(model_shape, shape, rows_per_rank=rows, seq=SEQ, param_bytes=4,
-                                                   act_bytes=2 if autocast else 4, stream_bytes=4,
-                                                   mask_bytes=mask_bytes, position_ids=positions,
-                                                   vocab_parallel=vocab_split, recompute=recompute,
-                                                   rows=rows_layout_name)
-                _compare(measured, predicted, f"llama rows={rows} mask bytes={mask_bytes} autocast={autocast} "
-                                              f"overlap={overlap} vocab split={vocab_split} recompute={recompute} "
-                                              f"grid {shape}")
+                predicted = llama_step_collectives(
+                    model_shape,
+                    shape,
+                    rows_per_rank=rows,
+                    seq=SEQ,
+                    param_bytes=4,
+                    act_bytes=2 if autocast else 4,
+                    stream_bytes=4,
+                    mask_bytes=mask_bytes,
+                    position_ids=positions,
+                    vocab_parallel=vocab_split,
+                    recompute=recompute,
+                    rows=rows_layout_name,
+                )
+                _compare(
+                    measured,
+                    predicted,
+                    f"llama rows={rows} mask bytes={mask_bytes} autocast={autocast} "
+                    f"overlap={overlap} vocab split={vocab_split} recompute={recompute} "
+                    f"grid {shape}",
+                )
                 checked += 1
         finally:
             grid.close()

@@ -27,10 +27,35 @@ def test_background_run_under_data_and_tensor_parallel_grids_equals_one_process(
         for _ in range(200):
             text = " ".join(rng.choice(WORDS) for _ in range(rng.randrange(20, 300)))
             handle.write(json.dumps({"text": text}) + "\n")
-    common = ["--model", "micro-llama", "--background", str(background), "--seq-len", "64", "--n-train", "4",
-              "--n-heldout", "2", "--repeats", "1,3", "--min-doc-tokens", "40", "--max-doc-tokens", "1000",
-              "--max-steps", "4", "--eval-every", "2", "--val-tokens", "512", "--batch-size", "4",
-              "--vocab-size", "400", "--no-progress"]
+    common = [
+        "--model",
+        "micro-llama",
+        "--background",
+        str(background),
+        "--seq-len",
+        "64",
+        "--n-train",
+        "4",
+        "--n-heldout",
+        "2",
+        "--repeats",
+        "1,3",
+        "--min-doc-tokens",
+        "40",
+        "--max-doc-tokens",
+        "1000",
+        "--max-steps",
+        "4",
+        "--eval-every",
+        "2",
+        "--val-tokens",
+        "512",
+        "--batch-size",
+        "4",
+        "--vocab-size",
+        "400",
+        "--no-progress",
+    ]
     serial = tmp_path / "serial"
     assert main(["train", "--out", str(serial), *common]) == 0
     expected = _records(serial)
@@ -39,29 +64,69 @@ def test_background_run_under_data_and_tensor_parallel_grids_equals_one_process(
     assert run["train"]["shuffle"] is False and run["corpus"]["heldout_inserted"] == 0
     for grid in ("data=2", "x=2"):
         out = tmp_path / grid.replace("=", "")
-        result = subprocess.run([sys.executable, "-m", "goldfish", "train", "--nproc", "2", "--grid", grid,
-                                 "--out", str(out), *common], capture_output=True, text=True, timeout=600)
+        result = subprocess.run(
+            [sys.executable, "-m", "goldfish", "train", "--nproc", "2", "--grid", grid, "--out", str(out), *common],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         got = _records(out)
         # same rows, same math; sums in another order over 2 ranks: float32 rounding (observed ~1e-7 relative)
         assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in expected], rel=1e-5)
         assert [r["step"] for r in got if "val_loss" in r] == [2, 4]
-        assert [r["val_loss"] for r in got if "val_loss" in r] == \
-            pytest.approx([r["val_loss"] for r in expected if "val_loss" in r], rel=1e-5)
+        assert [r["val_loss"] for r in got if "val_loss" in r] == pytest.approx(
+            [r["val_loss"] for r in expected if "val_loss" in r], rel=1e-5
+        )
         assert json.loads((out / "run.json").read_text())["repeats"] == run["repeats"]
 
 
 @pytest.mark.slow  # a torchrun launch and a serial run
 def test_packed_run_under_data_parallel_grid_equals_one_process(tmp_path: Path, default_long_docs: Path) -> None:
-    common = ["--model", "micro-llama", "--data", str(default_long_docs), "--pack", "--seq-len", "64", "--n-train",
-              "4", "--n-heldout", "0", "--epochs", "1", "--batch-size", "4", "--vocab-size", "400", "--no-progress"]
+    common = [
+        "--model",
+        "micro-llama",
+        "--data",
+        str(default_long_docs),
+        "--pack",
+        "--seq-len",
+        "64",
+        "--n-train",
+        "4",
+        "--n-heldout",
+        "0",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "4",
+        "--vocab-size",
+        "400",
+        "--no-progress",
+    ]
     assert main(["train", "--out", str(tmp_path / "serial"), *common]) == 0
-    result = subprocess.run([sys.executable, "-m", "goldfish", "train", "--nproc", "2", "--grid", "data=2",
-                             "--out", str(tmp_path / "data2"), *common], capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "goldfish",
+            "train",
+            "--nproc",
+            "2",
+            "--grid",
+            "data=2",
+            "--out",
+            str(tmp_path / "data2"),
+            *common,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     # float32 rounding of sums over 2 ranks (observed ~1e-7 relative)
-    assert [r["loss"] for r in _records(tmp_path / "data2")] == \
-        pytest.approx([r["loss"] for r in _records(tmp_path / "serial")], rel=1e-5)
+    assert [r["loss"] for r in _records(tmp_path / "data2")] == pytest.approx(
+        [r["loss"] for r in _records(tmp_path / "serial")], rel=1e-5
+    )
 
 
 @pytest.fixture

@@ -56,10 +56,13 @@ def text_ids(corpus, tokenizer) -> dict[str, list[int]]:
 
 
 def test_jsonl_custom_text_and_id_fields(tmp_path):
-    path = write_jsonl(tmp_path / "docs.jsonl", [
-        {"body": "first text", "key": "a", "other": 1},
-        {"body": "second text", "key": 7},  # integer ids become strings
-    ])
+    path = write_jsonl(
+        tmp_path / "docs.jsonl",
+        [
+            {"body": "first text", "key": "a", "other": 1},
+            {"body": "second text", "key": 7},  # integer ids become strings
+        ],
+    )
     docs = load_documents(path, text_field="body", id_field="key")
     assert docs == [Document("a", "first text", str(path)), Document("7", "second text", str(path))]
 
@@ -92,9 +95,15 @@ def test_parquet(tmp_path):
     path = tmp_path / "docs.parquet"
     pq.write_table(pa.table({"content": ["alpha", "beta", "gamma"], "name": ["x", "y", "z"]}), path)
     assert [(d.id, d.text) for d in load_documents(path, text_field="content", id_field="name")] == [
-        ("x", "alpha"), ("y", "beta"), ("z", "gamma")]
+        ("x", "alpha"),
+        ("y", "beta"),
+        ("z", "gamma"),
+    ]
     assert [d.id for d in load_documents(path, text_field="content")] == [
-        "docs.parquet:0", "docs.parquet:1", "docs.parquet:2"]
+        "docs.parquet:0",
+        "docs.parquet:1",
+        "docs.parquet:2",
+    ]
 
 
 def test_save_to_disk_dataset_and_dataset_dict_split(tmp_path):
@@ -105,10 +114,12 @@ def test_save_to_disk_dataset_and_dataset_dict_split(tmp_path):
     docs = load_documents(tmp_path / "single")
     assert [(d.id, d.text) for d in docs] == [("single:0", "one"), ("single:1", "two")]
 
-    both = datasets.DatasetDict({
-        "train": datasets.Dataset.from_dict({"story": ["t0", "t1"], "sid": ["s0", "s1"]}),
-        "validation": datasets.Dataset.from_dict({"story": ["v0"], "sid": ["s9"]}),
-    })
+    both = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict({"story": ["t0", "t1"], "sid": ["s0", "s1"]}),
+            "validation": datasets.Dataset.from_dict({"story": ["v0"], "sid": ["s9"]}),
+        }
+    )
     both.save_to_disk(str(tmp_path / "dict"))
     docs = load_documents(tmp_path / "dict", text_field="story", id_field="sid", split="validation")
     assert [(d.id, d.text) for d in docs] == [("s9", "v0")]
@@ -204,11 +215,16 @@ def test_non_string_text(tmp_path, value, type_name):
 
 def test_bad_ids(tmp_path):
     path = write_jsonl(tmp_path / "ids.jsonl", [{"text": "a", "id": "x"}, {"text": "b"}])
-    with pytest.raises(DataError, match=r"ids\.jsonl, line 2: record has no id field 'id'; available keys: \['text'\]"
-                       r"\. Fix: choose the id field with --id-field <one of these>"):
+    with pytest.raises(
+        DataError,
+        match=r"ids\.jsonl, line 2: record has no id field 'id'; available keys: \['text'\]"
+        r"\. Fix: choose the id field with --id-field <one of these>",
+    ):
         load_documents(path, id_field="id")
     path = write_jsonl(tmp_path / "dup.jsonl", [{"text": "a", "id": "x"}, {"text": "b", "id": "x"}])
-    with pytest.raises(DataError, match=r"dup\.jsonl, line 2: duplicate id 'x' \(first at line 1\)\. Fix: .*--id-field"):
+    with pytest.raises(
+        DataError, match=r"dup\.jsonl, line 2: duplicate id 'x' \(first at line 1\)\. Fix: .*--id-field"
+    ):
         load_documents(path, id_field="id")
     path = write_jsonl(tmp_path / "float.jsonl", [{"text": "a", "id": 1.5}])
     with pytest.raises(DataError, match=r"float\.jsonl, line 1: id field 'id' holds a float"):
@@ -263,8 +279,9 @@ def test_hub_name_offline_fails_with_data_error():
         "    print('DATAERROR', e)\n"
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    result = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO_ROOT, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("DATAERROR 'someone/nonexistent-dataset-xyz' is not a local file or folder")
     assert "not found locally" in result.stdout
@@ -318,8 +335,9 @@ def test_tokenizer_bad_input(tmp_path):
 def test_load_tokenizer_uses_eos_as_pad_when_missing(tmp_path, tokenizer):
     from transformers import PreTrainedTokenizerFast
 
-    no_pad = PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend_tokenizer, bos_token="<|bos|>",
-                                     eos_token="<|eos|>")
+    no_pad = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer.backend_tokenizer, bos_token="<|bos|>", eos_token="<|eos|>"
+    )
     assert no_pad.pad_token is None
     no_pad.save_pretrained(tmp_path)
     loaded = load_tokenizer(tmp_path)
@@ -392,12 +410,15 @@ def test_not_enough_documents_error(corpus, tokenizer):
     assert "Fix: lower --n-train/--n-heldout or --seq-len, or give more" in message
 
 
-@pytest.mark.parametrize("kwargs, pattern", [
-    ({"seq_len": 1}, "seq_len must be >= 2"),
-    ({"n_train": 0}, "n_train must be >= 1"),
-    ({"n_heldout": -1}, "n_heldout must be >= 0"),
-    ({"seq_len": 8.0}, "seq_len must be an integer"),
-])
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        ({"seq_len": 1}, "seq_len must be >= 2"),
+        ({"n_train": 0}, "n_train must be >= 1"),
+        ({"n_heldout": -1}, "n_heldout must be >= 0"),
+        ({"seq_len": 8.0}, "seq_len must be an integer"),
+    ],
+)
 def test_selection_validates_sizes(corpus, tokenizer, kwargs, pattern):
     arguments = {"n_train": 2, "n_heldout": 1, "seq_len": 8, **kwargs}
     with pytest.raises(DataError, match=pattern):

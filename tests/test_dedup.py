@@ -21,9 +21,11 @@ from data.dedup import (
 )
 
 SEQ_LEN = 128
-WORDS = ("river stone cloud lamp window garden silver paper orange engine music forest candle bridge "
-         "harbor pencil violet thunder meadow copper lantern basket falcon marble ribbon saddle tunnel "
-         "walnut zephyr anchor beacon cactus dagger ember fossil glacier hammock igloo jigsaw kettle").split()
+WORDS = (
+    "river stone cloud lamp window garden silver paper orange engine music forest candle bridge "
+    "harbor pencil violet thunder meadow copper lantern basket falcon marble ribbon saddle tunnel "
+    "walnut zephyr anchor beacon cactus dagger ember fossil glacier hammock igloo jigsaw kettle"
+).split()
 
 
 def _text(rng: random.Random, n: int = 200) -> str:
@@ -116,8 +118,15 @@ def test_planted_copies_never_straddle_and_every_removal_is_recorded(planted, to
         assert manifest["n_removed"] == len(split.removed) == 8 and manifest["removed"] == split.removed
         n_removed.append(len(split.removed))
     # Without deduplication the same file does straddle for some seed (the test can fail).
-    assert any(_straddles(select_documents(docs, tokenizer, n_train=20, n_heldout=20, seq_len=SEQ_LEN, seed=seed,
-                                           dedup=DedupConfig("off")), tokenizer) for seed in range(6))
+    assert any(
+        _straddles(
+            select_documents(
+                docs, tokenizer, n_train=20, n_heldout=20, seq_len=SEQ_LEN, seed=seed, dedup=DedupConfig("off")
+            ),
+            tokenizer,
+        )
+        for seed in range(6)
+    )
 
 
 def _straddles(split, tokenizer) -> bool:
@@ -130,16 +139,22 @@ def _straddles(split, tokenizer) -> bool:
 
 def test_exact_mode_keeps_near_duplicates(planted, tokenizer):
     docs, _ = planted
-    split = select_documents(docs, tokenizer, n_train=20, n_heldout=20, seq_len=SEQ_LEN,
-                             dedup=DedupConfig("exact"))
+    split = select_documents(docs, tokenizer, n_train=20, n_heldout=20, seq_len=SEQ_LEN, dedup=DedupConfig("exact"))
     assert {r["kind"] for r in split.removed} == {"exact-text", "same-window"} and len(split.removed) == 5
 
 
 def test_repeat_policy_keeps_training_copies_as_counted_repeats(planted, tokenizer):
     docs, _ = planted
     for seed in range(3):
-        split = select_documents(docs, tokenizer, n_train=20, n_heldout=20, seq_len=SEQ_LEN, seed=seed,
-                                 dedup=DedupConfig(duplicates="repeat"))
+        split = select_documents(
+            docs,
+            tokenizer,
+            n_train=20,
+            n_heldout=20,
+            seq_len=SEQ_LEN,
+            seed=seed,
+            dedup=DedupConfig(duplicates="repeat"),
+        )
         train_ids = {d.id for d in split.train}
         repeated = [r for r in split.removed if r["action"] == "repeat"]
         assert [d.id for d in split.repeats] == [r["id"] for r in repeated]
@@ -177,8 +192,12 @@ def test_near_duplicate_links_match_brute_force():
     for threshold in (0.5, 0.8):
         links = find_duplicate_links(candidates, DedupConfig(threshold=threshold))
         found = {(link.a, link.b) for link in links}
-        expected = {(i, j) for i in range(len(texts)) for j in range(i + 1, len(texts))
-                    if is_near_duplicate(texts[i], texts[j], threshold)[0]}
+        expected = {
+            (i, j)
+            for i in range(len(texts))
+            for j in range(i + 1, len(texts))
+            if is_near_duplicate(texts[i], texts[j], threshold)[0]
+        }
         assert found == expected and expected  # MinHash LSH finds exactly the pairs above the threshold here
         roots = cluster_roots(len(texts), links)
         assert all(roots[b] == roots[a] for a, b in found)
@@ -190,12 +209,15 @@ def test_words_and_containment():
     assert ngram_containment(["a b c d e f g h i"], ["x a b c d e f g h y"]) == [0.5]
 
 
-@pytest.mark.parametrize("kwargs, pattern", [
-    ({"mode": "fuzzy"}, "Fix: use --dedup off|exact|near"),
-    ({"threshold": 0.0}, r"threshold must be a number in \(0, 1\]"),
-    ({"threshold": 1.5}, "--dedup-threshold"),
-    ({"duplicates": "keep"}, "Fix: use --duplicates drop|repeat"),
-])
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        ({"mode": "fuzzy"}, "Fix: use --dedup off|exact|near"),
+        ({"threshold": 0.0}, r"threshold must be a number in \(0, 1\]"),
+        ({"threshold": 1.5}, "--dedup-threshold"),
+        ({"duplicates": "keep"}, "Fix: use --duplicates drop|repeat"),
+    ],
+)
 def test_dedup_config_validation(kwargs, pattern):
     with pytest.raises(DataError, match=pattern):
         DedupConfig(**kwargs)

@@ -12,13 +12,16 @@ from goldfish.loss import goldfish_loss
 from goldfish.masks import causal_targets, drop_mask
 
 
-@pytest.mark.parametrize("generated,reference,expected", [
-    ([1, 2, 3], [1, 2, 3], None),
-    ([9, 2, 3], [1, 2, 3], 0),
-    ([1, 2, 9], [1, 2, 3], 2),
-    ([1, 2], [1, 2, 3], 2),  # stopped short: diverges where it stops
-    ([1, 2, 3, 4], [1, 2, 3], None),  # ids past the reference are ignored
-])
+@pytest.mark.parametrize(
+    "generated,reference,expected",
+    [
+        ([1, 2, 3], [1, 2, 3], None),
+        ([9, 2, 3], [1, 2, 3], 0),
+        ([1, 2, 9], [1, 2, 3], 2),
+        ([1, 2], [1, 2, 3], 2),  # stopped short: diverges where it stops
+        ([1, 2, 3, 4], [1, 2, 3], None),  # ids past the reference are ignored
+    ],
+)
 def test_first_divergence(generated, reference, expected):
     assert first_divergence(generated, reference) == expected
 
@@ -66,9 +69,18 @@ def test_summary_by_hand():
 def test_goldfish_model_diverges_on_dropped_tokens():
     """A tiny model trained with a hashed k=4 goldfish mask on random sequences predicts kept targets and guesses
     dropped ones, so greedy continuations leave the text at dropped positions far above the chance rate (~1/4)."""
-    config = LlamaConfig(vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=128, max_position_embeddings=64,
-                         bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     generator = torch.Generator().manual_seed(1)
@@ -83,8 +95,10 @@ def test_goldfish_model_diverges_on_dropped_tokens():
         optimizer.step()
     prefix_len, suffix_len = 20, 20
     generated = greedy_decode(model, docs[:, :prefix_len].tolist(), suffix_len, pad_token_id=1)
-    rows = [divergence_row(gen, doc[prefix_len:].tolist(), suffix_dropped_flags(mask, prefix_len, suffix_len))
-            for gen, doc, mask in zip(generated, docs, dropped)]
+    rows = [
+        divergence_row(gen, doc[prefix_len:].tolist(), suffix_dropped_flags(mask, prefix_len, suffix_len))
+        for gen, doc, mask in zip(generated, docs, dropped)
+    ]
     summary = divergence_summary(rows)
     assert summary["n_diverged"] >= 6  # goldfish: (almost) nothing is reproduced verbatim
     assert 0.1 < summary["share_expected_by_chance"] < 0.4  # the suffixes' drop rates, about 1/k

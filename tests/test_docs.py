@@ -26,8 +26,16 @@ DOCUMENTS = [README, *PAGES]
 # planner, results, and the layering.
 REQUIRED_PAGES = ["cli", "instruments", "engine", "memory", "integrations", "planner", "results", "architecture"]
 # Words of a lab notebook, not of a manual: docs describe what the software does now (history is for git log).
-NOTEBOOK_PHRASES = ["this session", "earlier version", "was wrong", "before deduplication existed",
-                    "another test job", "in the session that", "helper session", "no gpu was available"]
+NOTEBOOK_PHRASES = [
+    "this session",
+    "earlier version",
+    "was wrong",
+    "before deduplication existed",
+    "another test job",
+    "in the session that",
+    "helper session",
+    "no gpu was available",
+]
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^```(\w*)\s*$")
@@ -114,6 +122,7 @@ def test_no_lab_notebook_remarks(doc: Path) -> None:
 
 # ----- the goldfish commands of the bash blocks ---------------------------------------------------------------
 
+
 def _bash_blocks(path: Path) -> list[list[str]]:
     """The lines of each ```bash block of a Markdown file."""
     blocks: list[list[str]] = []
@@ -165,7 +174,7 @@ def _goldfish_invocation(words: list[str]) -> list[str] | None:
     if words[0] == "torchrun" and "-m" in words:
         module_at = words.index("-m") + 1
         if module_at < len(words) and words[module_at] == "goldfish":
-            return words[module_at + 1:]
+            return words[module_at + 1 :]
     return None
 
 

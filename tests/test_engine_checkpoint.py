@@ -47,8 +47,9 @@ from engine.training.state import full_state_dict, sync_gradients
 from engine.training.train import StepLoss, TrainConfig, make_optimizer, train
 
 VOCAB, SEQ, N_EXAMPLES = 128, 12, 16
-CONFIG = TrainConfig(epochs=2, batch_size=8, lr=1e-2, warmup_steps=1, schedule="cosine", save_every=2,
-                     progress=False)  # 4 steps; checkpoints after steps 2 and 4
+CONFIG = TrainConfig(
+    epochs=2, batch_size=8, lr=1e-2, warmup_steps=1, schedule="cosine", save_every=2, progress=False
+)  # 4 steps; checkpoints after steps 2 and 4
 RESHARD_TOL = 1e-6  # relative, see the module doc
 SAVE_GRID = {"x": 2, "y": 2}
 
@@ -85,22 +86,31 @@ def make_loss(crash_at_step: int | None = None):
         targets = batch["targets"]
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum")
         return StepLoss(loss_sum=loss, n_tokens=int((targets != -100).sum()))
+
     return loss_fn
 
 
 def save_hf(grid):
     """The lead's kind of save_model: gather the full weights (collective), rank 0 writes an HF model."""
+
     def save(model, directory: Path) -> None:
         state = full_state_dict(model, grid, rank0_only=True)
         if grid.rank == 0:
             plain = llama()  # the serial architecture; its weights are replaced below
             plain.load_state_dict(state)
             plain.save_pretrained(directory)
+
     return save
 
 
-def run(shape: dict[str, int], out: Path | None, resume: Path | None = None, crash_at: int | None = None,
-        seed: int = 0, serial_resume: bool = False) -> list[float]:
+def run(
+    shape: dict[str, int],
+    out: Path | None,
+    resume: Path | None = None,
+    crash_at: int | None = None,
+    seed: int = 0,
+    serial_resume: bool = False,
+) -> list[float]:
     """engine.training.train on a fresh tiny Llama parallelized for `shape`; the losses of the steps it ran.
 
     serial_resume: `resume` is a single-process run's checkpoint, whose weights the caller loads (as for a
@@ -114,8 +124,16 @@ def run(shape: dict[str, int], out: Path | None, resume: Path | None = None, cra
             model.load_state_dict(LlamaForCausalLM.from_pretrained(resume).state_dict())
         model = parallelize(model, grid)
         try:
-            result = train(model, examples(), make_loss(crash_at), CONFIG, out_dir=out, grid=grid,
-                           resume_from=resume, save_model=save_hf(grid))
+            result = train(
+                model,
+                examples(),
+                make_loss(crash_at),
+                CONFIG,
+                out_dir=out,
+                grid=grid,
+                resume_from=resume,
+                save_model=save_hf(grid),
+            )
         except _Crash:
             return []
         return [h["loss"] for h in result.history]
@@ -137,10 +155,13 @@ def world4_runs(tmp: str) -> dict[str, list[float]]:
 
 def world2_runs(tmp: str) -> dict[str, list[float]]:
     resume = Path(tmp) / "crashed" / "checkpoint"
-    return {"x=2": run({"x": 2}, None, resume=resume, seed=123),
-            "data=2": run({"data": 2}, None, resume=resume, seed=123),
-            "from serial, y=2": run({"y": 2}, None, resume=Path(tmp) / "serial" / "checkpoint", seed=123,
-                                    serial_resume=True)}
+    return {
+        "x=2": run({"x": 2}, None, resume=resume, seed=123),
+        "data=2": run({"data": 2}, None, resume=resume, seed=123),
+        "from serial, y=2": run(
+            {"y": 2}, None, resume=Path(tmp) / "serial" / "checkpoint", seed=123, serial_resume=True
+        ),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -166,8 +187,14 @@ def test_resume_at_other_grids_of_world_4(trained):
 def test_resume_at_world_2_and_from_a_serial_run(trained):
     root, losses = trained
     with pytest.raises(_Crash):  # a single-process run that saved at step 2, continued below at y=2
-        train(llama(), examples(), make_loss(crash_at_step=2), CONFIG, out_dir=root / "serial",
-              save_model=lambda model, directory: model.save_pretrained(directory))
+        train(
+            llama(),
+            examples(),
+            make_loss(crash_at_step=2),
+            CONFIG,
+            out_dir=root / "serial",
+            save_model=lambda model, directory: model.save_pretrained(directory),
+        )
     for name, resumed in run_distributed(2, world2_runs, str(root))[0].items():
         assert resumed == pytest.approx(losses["whole"][2:], rel=RESHARD_TOL), name
 
@@ -198,6 +225,7 @@ def test_consolidated_checkpoint_loads_in_plain_transformers(trained, tmp_path):
 
 
 # ----- exact re-sharding of weights and optimizer state ----------------------------------------------------
+
 
 def trained_state(make_name: str, grid, steps: int = 2):
     """A model parallelized for `grid` and its AdamW after `steps` steps (every state tensor non-trivial)."""
@@ -298,11 +326,15 @@ def test_resharding_is_exact(make_name, save_shape, tmp_path):
     merged = consolidate_checkpoint(tmp_path / f"roundtrip-{make_name}", tmp_path / "merged")
     plain = AutoModelForCausalLM.from_pretrained(merged)
     assert type(plain) is type(model)
-    assert_same_state({k: v for k, v in states["saved"].items() if k.startswith("model/")},
-                      {f"model/{k}": v for k, v in plain.state_dict().items()}, f"{make_name} consolidated")
+    assert_same_state(
+        {k: v for k, v in states["saved"].items() if k.startswith("model/")},
+        {f"model/{k}": v for k, v in plain.state_dict().items()},
+        f"{make_name} consolidated",
+    )
 
 
 # ----- atomicity ------------------------------------------------------------------------------------------
+
 
 class _FailWhenPickled:
     """Put into one rank's extra_state: that rank fails while writing its record, after its tensor shard."""
@@ -370,6 +402,7 @@ def test_crash_mid_save_keeps_previous_checkpoint(tmp_path):
 
 # ----- errors ---------------------------------------------------------------------------------------------
 
+
 def test_clear_errors(trained, tmp_path):
     root, _ = trained
     good = root / "crashed" / "checkpoint"
@@ -383,10 +416,21 @@ def test_clear_errors(trained, tmp_path):
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    other = LlamaForCausalLM(LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-                                         num_hidden_layers=2, vocab_size=VOCAB, intermediate_size=128))
-    with pytest.raises(CheckpointError, match=r"another model .*different shapes model\.embed_tokens\.weight.*same "
-                                              "config"):
+    other = LlamaForCausalLM(
+        LlamaConfig(
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            vocab_size=VOCAB,
+            intermediate_size=128,
+        )
+    )
+    with pytest.raises(
+        CheckpointError,
+        match=r"another model .*different shapes model\.embed_tokens\.weight.*same "
+        "config",
+    ):
         load_checkpoint(good, other)
     optimizer = make_optimizer(model, TrainConfig())
     optimizer.add_param_group({"params": [torch.nn.Parameter(torch.zeros(1))]})
@@ -408,6 +452,7 @@ def test_clear_errors(trained, tmp_path):
 
 
 # ----- a wrapper around an HF model (a LightningModule holds it as `self.model`) -------------------------------
+
 
 class _Wrapper(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, extra: bool) -> None:

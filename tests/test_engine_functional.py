@@ -57,30 +57,74 @@ def _all_pairs(world: int) -> list[tuple[str, float, float]]:
         ("copy_to_group", lambda t: copy_to_group(t, group), REPLICATED, SPLIT, (rows, feats), (rows, feats)),
         ("reduce_from_group", lambda t: reduce_from_group(t, group), SPLIT, REPLICATED, (rows, feats), (rows, feats)),
         ("split_to_group", lambda t: split_to_group(t, group, 0), REPLICATED, SPLIT, (rows, feats), (rows // p, feats)),
-        ("split_to_group dim -1", lambda t: split_to_group(t, group, -1), REPLICATED, SPLIT, (feats, rows),
-         (feats, rows // p)),
-        ("gather_from_group", lambda t: gather_from_group(t, group, 0), SPLIT, REPLICATED, (rows, feats),
-         (rows * p, feats)),
-        ("gather_from_group dim 1", lambda t: gather_from_group(t, group, 1), SPLIT, REPLICATED, (feats, rows, 2),
-         (feats, rows * p, 2)),
+        (
+            "split_to_group dim -1",
+            lambda t: split_to_group(t, group, -1),
+            REPLICATED,
+            SPLIT,
+            (feats, rows),
+            (feats, rows // p),
+        ),
+        (
+            "gather_from_group",
+            lambda t: gather_from_group(t, group, 0),
+            SPLIT,
+            REPLICATED,
+            (rows, feats),
+            (rows * p, feats),
+        ),
+        (
+            "gather_from_group dim 1",
+            lambda t: gather_from_group(t, group, 1),
+            SPLIT,
+            REPLICATED,
+            (feats, rows, 2),
+            (feats, rows * p, 2),
+        ),
         ("gather_sharded", lambda t: gather_sharded(t, group, 0), SPLIT, SPLIT, (rows, feats), (rows * p, feats)),
-        ("reduce_scatter_to_group", lambda t: reduce_scatter_to_group(t, group, 0), SPLIT, SPLIT, (rows, feats),
-         (rows // p, feats)),
-        ("reduce_scatter_to_group dim -1", lambda t: reduce_scatter_to_group(t, group, -1), SPLIT, SPLIT,
-         (feats, rows), (feats, rows // p)),
+        (
+            "reduce_scatter_to_group",
+            lambda t: reduce_scatter_to_group(t, group, 0),
+            SPLIT,
+            SPLIT,
+            (rows, feats),
+            (rows // p, feats),
+        ),
+        (
+            "reduce_scatter_to_group dim -1",
+            lambda t: reduce_scatter_to_group(t, group, -1),
+            SPLIT,
+            SPLIT,
+            (feats, rows),
+            (feats, rows // p),
+        ),
     ]
     one = grid.group("y")  # size 1: the matmul's other group is trivial in each of the two checks below
     weight = _random((4, rows), SPLIT, group, 99)
     x_fixed = _random((5, rows), SPLIT, group, 98)
     for overlap in (True, False):
         # as a map of x: x replicated over the ranks that produce other output slices (input_grad_group)
-        cases.append((f"tensor_parallel_matmul(x) overlap={overlap}",
-                      lambda t, o=overlap: tensor_parallel_matmul(t, weight, one, group, o),
-                      REPLICATED, SPLIT, (5, rows), (5, 4)))
+        cases.append(
+            (
+                f"tensor_parallel_matmul(x) overlap={overlap}",
+                lambda t, o=overlap: tensor_parallel_matmul(t, weight, one, group, o),
+                REPLICATED,
+                SPLIT,
+                (5, rows),
+                (5, 4),
+            )
+        )
         # as a map of the weight shard: the full weight is gathered over shard_group and used on own rows
-        cases.append((f"tensor_parallel_matmul(w) overlap={overlap}",
-                      lambda w, o=overlap: tensor_parallel_matmul(x_fixed, w, group, one, o),
-                      SPLIT, SPLIT, (4, rows), (5, 4 * p)))
+        cases.append(
+            (
+                f"tensor_parallel_matmul(w) overlap={overlap}",
+                lambda w, o=overlap: tensor_parallel_matmul(x_fixed, w, group, one, o),
+                SPLIT,
+                SPLIT,
+                (4, rows),
+                (5, 4 * p),
+            )
+        )
     results = []
     for i, (name, op, ik, ok, ishape, oshape) in enumerate(cases):
         lhs, rhs = _adjoint(op, ik, ok, ishape, oshape, group, seed=10 * i)
@@ -108,9 +152,9 @@ def _collectives() -> dict:
         "async": comm.all_gather_async(torch.tensor([r]), xy).wait().tolist(),
     }
     grid.traffic.enabled = True
-    comm.all_reduce(torch.zeros(100, dtype=torch.float32), x)   # 2 * 400 * (1/2) = 400 bytes
-    comm.all_gather(torch.zeros(10, dtype=torch.float64), xy)   # 320 * 3/4 = 240 bytes
-    comm.all_reduce(torch.zeros(10), grid.group("z"))          # size 1: free, not counted
+    comm.all_reduce(torch.zeros(100, dtype=torch.float32), x)  # 2 * 400 * (1/2) = 400 bytes
+    comm.all_gather(torch.zeros(10, dtype=torch.float64), xy)  # 320 * 3/4 = 240 bytes
+    comm.all_reduce(torch.zeros(10), grid.group("z"))  # size 1: free, not counted
     out["bytes"] = grid.traffic.reset()
     out["after_reset"] = dict(grid.traffic.sent)
     grid.traffic.enabled = False
@@ -129,7 +173,7 @@ def test_collectives_and_byte_counts() -> None:
         assert out["gather_dim1"] == [[float(x_pair[0]), float(x_pair[1])]] * 2
         # rows 0..3 plus each rank's id, summed over the pair, this rank keeps rows 2*(rank%2)...
         full = [2 * i + sum(x_pair) for i in range(4)]
-        assert out["reduce_scatter"] == full[2 * (rank % 2):2 * (rank % 2) + 2]
+        assert out["reduce_scatter"] == full[2 * (rank % 2) : 2 * (rank % 2) + 2]
         assert out["async"] == [0.0, 1.0, 2.0, 3.0]
         assert out["bytes"] == {"x": 400, "x+y": 240}
         assert out["after_reset"] == {} and out["disabled"] == {}

@@ -95,14 +95,18 @@ def test_product_must_match_world() -> None:
 
 
 def test_lone_process_becomes_world_of_one() -> None:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "SLURM_PROCID",
-                        "SLURM_NTASKS")}
-    code = ("import engine.core.grid as g, torch.distributed as dist\n"
-            "grid = g.init()\n"
-            "print(grid.world_size, grid.rank, grid.backend, dist.get_world_size())\n"
-            "try:\n    g.init(x=2)\nexcept g.GridError as e:\n    print('error:', e)\n"
-            "grid.close(destroy_world=True)\n")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")
+    }
+    code = (
+        "import engine.core.grid as g, torch.distributed as dist\n"
+        "grid = g.init()\n"
+        "print(grid.world_size, grid.rank, grid.backend, dist.get_world_size())\n"
+        "try:\n    g.init(x=2)\nexcept g.GridError as e:\n    print('error:', e)\n"
+        "grid.close(destroy_world=True)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()

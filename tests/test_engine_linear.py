@@ -157,9 +157,11 @@ def test_linear_matches_serial_on_every_grid(world: int) -> None:
 def _errors() -> list[str]:
     grid = init(x=2)
     messages = []
-    for make in (lambda: ParallelLinear(3, 4, grid=grid, name="model.layers.0.mlp.up_proj"),
-                 lambda: ParallelLinear(4, 3, grid=grid, mode="transposed", name="o_proj"),
-                 lambda: ParallelLinear(4, 4, grid=grid, mode="sideways")):
+    for make in (
+        lambda: ParallelLinear(3, 4, grid=grid, name="model.layers.0.mlp.up_proj"),
+        lambda: ParallelLinear(4, 3, grid=grid, mode="transposed", name="o_proj"),
+        lambda: ParallelLinear(4, 4, grid=grid, mode="sideways"),
+    ):
         try:
             make()
         except ValueError as error:

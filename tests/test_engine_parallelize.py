@@ -33,17 +33,35 @@ STEPS, LR, MAX_NORM = 5, 1e-2, 1.0
 
 def llama(seed: int = 0, heads: int = 8, kv_heads: int = 4, attn: str = "sdpa"):
     from transformers import LlamaConfig, LlamaForCausalLM
-    config = LlamaConfig(hidden_size=64, num_attention_heads=heads, num_key_value_heads=kv_heads, num_hidden_layers=2,
-                         vocab_size=VOCAB, intermediate_size=128, max_position_embeddings=64, attention_bias=True,
-                         attn_implementation=attn)
+
+    config = LlamaConfig(
+        hidden_size=64,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        num_hidden_layers=2,
+        vocab_size=VOCAB,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        attention_bias=True,
+        attn_implementation=attn,
+    )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config)
 
 
 def gpt2(seed: int = 0):
     from transformers import GPT2Config, GPT2LMHeadModel
-    config = GPT2Config(n_embd=64, n_head=4, n_layer=2, vocab_size=VOCAB, n_positions=32, resid_pdrop=0.0,
-                        embd_pdrop=0.0, attn_pdrop=0.0)
+
+    config = GPT2Config(
+        n_embd=64,
+        n_head=4,
+        n_layer=2,
+        vocab_size=VOCAB,
+        n_positions=32,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     torch.manual_seed(seed)
     return GPT2LMHeadModel(config)
 
@@ -87,8 +105,11 @@ def serial_reference(make, world: int) -> dict:
     ids, mask = batch(world)
     loss = loss_sum(model, ids, mask)
     loss.backward()
-    ref = {"state": {k: v.clone() for k, v in model.state_dict().items()}, "loss": loss.item(),
-           "grads": {n: p.grad.clone() for n, p in model.named_parameters()}}
+    ref = {
+        "state": {k: v.clone() for k, v in model.state_dict().items()},
+        "loss": loss.item(),
+        "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+    }
     model.zero_grad()
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     losses, norms = [], []
@@ -108,8 +129,9 @@ def _world_sum(value: torch.Tensor, grid) -> float:
     return comm.all_reduce(value.detach().reshape(1), grid.group(*AXES)).item()
 
 
-def check_grid(make, ref: dict, shape: tuple[int, int, int, int], tol: dict, train: bool = True,
-               auto: bool = False) -> None:
+def check_grid(
+    make, ref: dict, shape: tuple[int, int, int, int], tol: dict, train: bool = True, auto: bool = False
+) -> None:
     """Build the parallel model (parallelize a copy of the serial one, or build it under auto_parallelize
     from the same seed), then compare weights, loss, gradients and optionally STEPS AdamW steps."""
     data, x, y, z = shape
@@ -266,10 +288,14 @@ def _errors() -> dict[str, str]:
     other = init(x=4)
     catch("other grid", lambda: parallelize(model, other))
     serial = llama().state_dict()
-    catch("wrong shard shape", lambda: load_full_state_dict(
-        model, {**serial, "model.layers.0.mlp.up_proj.weight": torch.zeros(3, 3)}, grid))
-    catch("missing key", lambda: load_full_state_dict(
-        model, {k: v for k, v in serial.items() if k != "model.norm.weight"}, grid))
+    catch(
+        "wrong shard shape",
+        lambda: load_full_state_dict(model, {**serial, "model.layers.0.mlp.up_proj.weight": torch.zeros(3, 3)}, grid),
+    )
+    catch(
+        "missing key",
+        lambda: load_full_state_dict(model, {k: v for k, v in serial.items() if k != "model.norm.weight"}, grid),
+    )
     other.close()
     grid.close()
     return out
@@ -279,10 +305,14 @@ def test_clear_errors() -> None:
     out = run_distributed(4, _errors)[0]
     assert "ShardingError: model.layers.0: 1 key/value heads are not divisible by y=2" in out["kv heads"]
     assert "ShardingError: parallelize found no decoder layers it can shard in Sequential" in out["no layers"]
-    assert "model.layers.1.self_attn.rope_scale (Linear) has parameters the engine cannot shard" in out["unknown module"]
+    assert (
+        "model.layers.1.self_attn.rope_scale (Linear) has parameters the engine cannot shard" in out["unknown module"]
+    )
     assert "already parallelized on another grid" in out["other grid"]
-    assert "ShardingError: model.layers.0.mlp.up_proj.weight: expected a full weight of shape (128, 64)" in \
-        out["wrong shard shape"]
+    assert (
+        "ShardingError: model.layers.0.mlp.up_proj.weight: expected a full weight of shape (128, 64)"
+        in out["wrong shard shape"]
+    )
     assert "Missing key(s)" in out["missing key"] and "model.norm.weight" in out["missing key"]
 
 
@@ -294,7 +324,8 @@ def _load_roundtrip() -> bool:
     load_full_state_dict(model, serial.state_dict(), grid)
     state = full_state_dict(model, grid)
     same = state.keys() == serial.state_dict().keys() and all(
-        torch.equal(state[k], v) for k, v in serial.state_dict().items())
+        torch.equal(state[k], v) for k, v in serial.state_dict().items()
+    )
     grid.close()
     return same
 
@@ -361,7 +392,7 @@ def _mixed_inputs() -> str:
     model = parallelize(copy.deepcopy(serial), grid)
     ids, mask = batch(2)
     mask[:ROWS] = 1  # rank 0's rows: no padding, so rank 0 may pass no mask at all
-    expected = serial(input_ids=ids, attention_mask=mask).logits[grid.rank * ROWS:(grid.rank + 1) * ROWS]
+    expected = serial(input_ids=ids, attention_mask=mask).logits[grid.rank * ROWS : (grid.rank + 1) * ROWS]
     mine = slice(grid.rank * ROWS, (grid.rank + 1) * ROWS)
     logits = model(input_ids=ids[mine], attention_mask=None if grid.rank == 0 else mask[mine]).logits
     torch.testing.assert_close(logits, expected, **LLAMA_TOL)

@@ -12,9 +12,15 @@ from goldfish.masks import causal_targets, drop_mask
 
 def _docs(n=4, length=40):
     generator = torch.Generator().manual_seed(0)
-    return [TokenizedDocument(id=f"d{i}", text="", token_ids=[0] + torch.randint(3, 200, (length - 1,),
-                                                                                 generator=generator).tolist(),
-                              sha256="") for i in range(n)]
+    return [
+        TokenizedDocument(
+            id=f"d{i}",
+            text="",
+            token_ids=[0] + torch.randint(3, 200, (length - 1,), generator=generator).tolist(),
+            sha256="",
+        )
+        for i in range(n)
+    ]
 
 
 def test_parse_mask_and_labels():
@@ -44,8 +50,17 @@ def test_examples_carry_the_drop_mask_of_their_targets():
 
 def test_random_mask_is_redrawn_every_step_and_reproducible():
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=256,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=64,
+        )
+    )
     docs = _docs(n=2, length=400)
     mask = MaskSpec("random", 4)
     examples = make_examples(docs, mask, special_token_ids=[])
@@ -94,7 +109,12 @@ def test_instrument_settings_are_validated():
     from goldfish.app.config import Instruments
 
     assert Instruments(beams=30, samples=10, top_p=0.9).sampling().n_samples == 10
-    for bad, match in (({"beams": 1}, "beams"), ({"samples": -1}, "samples"), ({"temperature": 0}, "temperature"),
-                       ({"top_p": 1.5}, "top_p"), ({"prefix_lengths": (0,)}, "prefix")):
+    for bad, match in (
+        ({"beams": 1}, "beams"),
+        ({"samples": -1}, "samples"),
+        ({"temperature": 0}, "temperature"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"prefix_lengths": (0,)}, "prefix"),
+    ):
         with pytest.raises(ValueError, match=match):
             Instruments(**bad)

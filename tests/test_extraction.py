@@ -18,16 +18,33 @@ INIT = 0.2
 
 def tiny_llama() -> LlamaForCausalLM:
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      initializer_range=INIT, bos_token_id=1, eos_token_id=2)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=INIT,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
 def tiny_gpt2() -> GPT2LMHeadModel:
     torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=512,
-                     initializer_range=INIT, bos_token_id=1, eos_token_id=2)
+    cfg = GPT2Config(
+        vocab_size=VOCAB,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_positions=512,
+        initializer_range=INIT,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     return GPT2LMHeadModel(cfg).eval()
 
 
@@ -55,7 +72,7 @@ def hf_generate(model, prefix: list[int], n: int) -> list[int]:
     gc = GenerationConfig(do_sample=False, max_new_tokens=n, eos_token_id=None, pad_token_id=0)
     ids = torch.tensor([prefix])
     out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gc)
-    return out[0, len(prefix):].tolist()
+    return out[0, len(prefix) :].tolist()
 
 
 @pytest.mark.parametrize("make_model", [tiny_llama, tiny_gpt2], ids=["llama", "gpt2"])
@@ -84,11 +101,12 @@ def test_near_tie_record_matches_a_teacher_forced_pass(llama):
     n_new = 12
     batched = greedy_paths(llama, prefixes, n_new, pad_token_id=0, batch_size=3)
     assert [p.ids for p in batched] == greedy_decode(llama, prefixes, n_new, pad_token_id=0)
-    for prefix, path, single in zip(prefixes, batched, greedy_paths(llama, prefixes, n_new, pad_token_id=0,
-                                                                      batch_size=1)):
+    for prefix, path, single in zip(
+        prefixes, batched, greedy_paths(llama, prefixes, n_new, pad_token_id=0, batch_size=1)
+    ):
         with torch.no_grad():
             logits = llama(torch.tensor([prefix + path.ids])).logits[0]  # (P + n_new, V)
-        steps = logits[len(prefix) - 1: len(prefix) - 1 + n_new]  # the logits each generated id came from
+        steps = logits[len(prefix) - 1 : len(prefix) - 1 + n_new]  # the logits each generated id came from
         assert steps.argmax(-1).tolist() == path.ids
         top2 = steps.topk(2, dim=-1).values
         margins = top2[:, 0] - top2[:, 1]
@@ -117,7 +135,7 @@ def test_early_eos_is_just_another_id(llama):
     ours = greedy_decode(llama, [prefix], 20, pad_token_id=0)[0]
     eos = ours[3]  # pretend the 4th generated id is EOS: HF generate would stop there
     gc = GenerationConfig(do_sample=False, max_new_tokens=20, eos_token_id=eos, pad_token_id=0)
-    stopped = llama.generate(torch.tensor([prefix]), generation_config=gc)[0, len(prefix):].tolist()
+    stopped = llama.generate(torch.tensor([prefix]), generation_config=gc)[0, len(prefix) :].tolist()
     assert stopped[: ours.index(eos) + 1] == ours[: ours.index(eos) + 1]
     assert len(ours) == 20  # we keep going; exact match then fails on the rest unless it is right
 
@@ -175,8 +193,11 @@ def test_extract_both_protocols(llama, prefix_len, tmp_path):
     # Near-tie record: every row has one; the summary names the smallest.
     assert all(r["min_logit_margin"] > 0 and 0 <= r["min_margin_position"] < 16 for r in rows)
     smallest = min(rows, key=lambda r: r["min_logit_margin"])
-    assert summary["near_tie"] == {"min_logit_margin": smallest["min_logit_margin"], "id": smallest["id"],
-                                   "position": smallest["min_margin_position"]}
+    assert summary["near_tie"] == {
+        "min_logit_margin": smallest["min_logit_margin"],
+        "id": smallest["id"],
+        "position": smallest["min_margin_position"],
+    }
     assert summary["rouge"]["default_tokenizer_discards_most"]["n_docs"] == 0
     by_id = {r["id"]: r for r in rows}
     for doc_id in memorized:
@@ -224,8 +245,9 @@ def test_extract_teacher_forced_kept_vs_dropped(llama):
         dropped[:, -17:] = True  # the 16 suffix targets, and the ignored last position (must not count)
         return dropped
 
-    rows, summary = extract(llama, docs, config, decode=decode, pad_token_id=0, drop_mask_fn=suffix_dropped,
-                            progress=False)
+    rows, summary = extract(
+        llama, docs, config, decode=decode, pad_token_id=0, drop_mask_fn=suffix_dropped, progress=False
+    )
     for r, doc, targets in zip(rows, docs, seen):
         # Training's convention: targets[j] = token j+1, last position ignored.
         assert targets.tolist() == [doc.token_ids[1:] + [-100]]
@@ -235,19 +257,28 @@ def test_extract_teacher_forced_kept_vs_dropped(llama):
     assert summary["tf_dropped_accuracy"] == 1.0 and summary["tf_kept_accuracy"] < 0.5
 
     with pytest.raises(ValueError, match="drop_mask_fn must return"):
-        extract(llama, docs, config, decode=decode, pad_token_id=0, progress=False,
-                drop_mask_fn=lambda t: torch.zeros_like(t))
+        extract(
+            llama,
+            docs,
+            config,
+            decode=decode,
+            pad_token_id=0,
+            progress=False,
+            drop_mask_fn=lambda t: torch.zeros_like(t),
+        )
 
 
 def test_extract_rejects_documents_longer_than_the_context(llama):
     with pytest.raises(ValueError, match="longer than the model's context of 512 tokens; truncate"):
-        extract(llama, [Doc("long", random_ids(513, 1))], ExtractionConfig(), decode=decode, pad_token_id=0,
-                progress=False)
+        extract(
+            llama, [Doc("long", random_ids(513, 1))], ExtractionConfig(), decode=decode, pad_token_id=0, progress=False
+        )
 
 
 def test_extract_all_too_short(llama):
-    rows, summary = extract(llama, [Doc("a", [1, 2])], ExtractionConfig(suffix_len=4), decode=decode,
-                            pad_token_id=0, progress=False)
+    rows, summary = extract(
+        llama, [Doc("a", [1, 2])], ExtractionConfig(suffix_len=4), decode=decode, pad_token_id=0, progress=False
+    )
     assert rows == [] and summary["n_docs"] == 0 and summary["n_skipped_too_short"] == 1
     assert summary["exact_match"] is None
 
@@ -261,8 +292,24 @@ def test_bench_script_runs_and_agrees(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(bench_dir))  # as `python bench/extraction.py` does: bench/common.py importable
     bench = runpy.run_path(str(bench_dir / "extraction.py"))
     out = tmp_path / "bench.json"
-    argv = ["--n-docs", "3", "--doc-len", "24", "--suffix-len", "6", "--batch-size", "2", "--hidden", "32",
-            "--layers", "1", "--vocab", "128", "--json", str(out)]
+    argv = [
+        "--n-docs",
+        "3",
+        "--doc-len",
+        "24",
+        "--suffix-len",
+        "6",
+        "--batch-size",
+        "2",
+        "--hidden",
+        "32",
+        "--layers",
+        "1",
+        "--vocab",
+        "128",
+        "--json",
+        str(out),
+    ]
     assert bench["main"](argv) == 0
     figures = json.loads(out.read_text())
     assert figures["identical_ids"] is True and figures["n_docs"] == 3
@@ -294,8 +341,9 @@ def test_non_latin_text_is_scored_and_flagged(llama, caplog):
     prefix = random_ids(10, seed=7)
     doc = Doc("he", prefix + greedy_decode(llama, [prefix], 8, pad_token_id=0)[0])
     with caplog.at_level("WARNING", logger="eval.extraction"):
-        rows, summary = extract(llama, [doc], ExtractionConfig(suffix_len=8), decode=hebrew, pad_token_id=0,
-                                progress=False)
+        rows, summary = extract(
+            llama, [doc], ExtractionConfig(suffix_len=8), decode=hebrew, pad_token_id=0, progress=False
+        )
     assert rows[0]["exact_match"] and rows[0]["rouge_l"] == 0.0 and rows[0]["rouge_l_unicode"] == 1.0
     assert rows[0]["rouge_default_kept_chars"] == 0.0
     assert summary["rouge"]["default_tokenizer_discards_most"] == {"n_docs": 1, "ids": ["he"], "min_kept_fraction": 0.5}

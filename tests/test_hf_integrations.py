@@ -44,8 +44,9 @@ def test_trainer_with_goldfish_collator(trainer_example, goldfish_train_referenc
     assert_same_weights(tmp_path / "hf", goldfish_train_reference / "checkpoint")
 
 
-def test_trainer_compute_loss_logs_kept_dropped_and_all(trainer_example, goldfish_train_reference: Path,
-                                                        tmp_path: Path) -> None:
+def test_trainer_compute_loss_logs_kept_dropped_and_all(
+    trainer_example, goldfish_train_reference: Path, tmp_path: Path
+) -> None:
     records = trainer_example.main(["--out", str(tmp_path), "--loss", "compute-loss", *SETTINGS])
     assert_same_losses(records, read_metrics(goldfish_train_reference / "metrics.jsonl"))
 
@@ -64,11 +65,34 @@ def test_collator_names_bad_dataset_columns() -> None:
 
 def test_accelerate_launch_with_engine_grid(goldfish_train_reference: Path, tmp_path: Path) -> None:
     out = tmp_path / "accelerate"
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               str(ROOT / "examples" / "accelerate_goldfish.py"), "--grid", "x=2", "--out", str(out), *SETTINGS]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT,
-                            env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""))
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        str(ROOT / "examples" / "accelerate_goldfish.py"),
+        "--grid",
+        "x=2",
+        "--out",
+        str(out),
+        *SETTINGS,
+    ]
+    result = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""),
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert_same_losses(read_metrics(out / "metrics.jsonl"), read_metrics(goldfish_train_reference / "metrics.jsonl"))
     assert_same_weights(out / "hf", goldfish_train_reference / "checkpoint")

@@ -7,14 +7,30 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from goldfish.app.cli import main
 
-TINY = ["--model", "micro-llama", "--n-train", "4", "--n-heldout", "0", "--seq-len", "32", "--vocab-size", "300",
-        "--batch-size", "2", "--epochs", "2", "--no-progress", "--threads", "1"]
+TINY = [
+    "--model",
+    "micro-llama",
+    "--n-train",
+    "4",
+    "--n-heldout",
+    "0",
+    "--seq-len",
+    "32",
+    "--vocab-size",
+    "300",
+    "--batch-size",
+    "2",
+    "--epochs",
+    "2",
+    "--no-progress",
+    "--threads",
+    "1",
+]
 
 
 def _one_line_error(capsys) -> str:
@@ -26,13 +42,16 @@ def _one_line_error(capsys) -> str:
 
 
 @pytest.mark.parametrize("command", ["train", "compare"])
-@pytest.mark.parametrize("settings, expected", [
-    (["--grid", "data=2", "--zero", "1", "--offload-optimizer"], "optimizer offload needs ZeRO stage 2 or 3"),
-    (["--grid", "x=2", "--zero", "2"], "has data=1"),
-    (["--grid", "data=2", "--batch-size", "3"], "a step holds 3 sequences, not divisible by the world size 2"),
-    (["--grid", "x=2", "--batch-size", "3"], "or share rows within each x*y group (--rows shared)"),
-    (["--optimizer", "sgd", "--zero", "1"], "ZeRO stage 1 partitions AdamW's moments and SGD keeps none"),
-])
+@pytest.mark.parametrize(
+    "settings, expected",
+    [
+        (["--grid", "data=2", "--zero", "1", "--offload-optimizer"], "optimizer offload needs ZeRO stage 2 or 3"),
+        (["--grid", "x=2", "--zero", "2"], "has data=1"),
+        (["--grid", "data=2", "--batch-size", "3"], "a step holds 3 sequences, not divisible by the world size 2"),
+        (["--grid", "x=2", "--batch-size", "3"], "or share rows within each x*y group (--rows shared)"),
+        (["--optimizer", "sgd", "--zero", "1"], "ZeRO stage 1 partitions AdamW's moments and SGD keeps none"),
+    ],
+)
 def test_settings_the_workers_would_refuse_fail_in_the_launcher(command, settings, expected, tmp_path, capsys):
     argv = [command, "--out", str(tmp_path / "run"), "--nproc", "2", *TINY, *settings]
     assert main(argv) == 2
@@ -55,12 +74,29 @@ def test_resume_with_other_settings_fails_in_the_launcher(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", "--out", str(run), *TINY]) == 0  # a finished one-process run to continue
     capsys.readouterr()
-    assert main(["train", "--out", str(run), "--resume", str(run / "checkpoint"), "--nproc", "2", *TINY,
-                 "--epochs", "3"]) == 2
+    assert (
+        main(["train", "--out", str(run), "--resume", str(run / "checkpoint"), "--nproc", "2", *TINY, "--epochs", "3"])
+        == 2
+    )
     err = _one_line_error(capsys)
     assert "cannot resume with different optimisation settings" in err and "epochs: 2 -> 3" in err
-    assert main(["train", "--out", str(run), "--resume", str(run / "checkpoint"), "--nproc", "2", *TINY,
-                 "--optimizer", "sgd"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--out",
+                str(run),
+                "--resume",
+                str(run / "checkpoint"),
+                "--nproc",
+                "2",
+                *TINY,
+                "--optimizer",
+                "sgd",
+            ]
+        )
+        == 2
+    )
     assert "optimizer: 'adamw' -> 'sgd'" in _one_line_error(capsys)
 
 
@@ -68,13 +104,35 @@ def test_an_error_found_by_the_workers_is_printed_once(tmp_path):
     """3 documents at batch 2 over data=2: the launcher passes the full steps; the short last step (1 sequence) is
     refused by both workers. The user sees that error once, exit 2, and no traceback."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-m", "goldfish", "train", "--out", str(tmp_path / "run"), "--nproc",
-                             "2", "--grid", "data=2", *TINY, "--n-train", "3", "--epochs", "1"],
-                            capture_output=True, text=True, timeout=600, env=env)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "goldfish",
+            "train",
+            "--out",
+            str(tmp_path / "run"),
+            "--nproc",
+            "2",
+            "--grid",
+            "data=2",
+            *TINY,
+            "--n-train",
+            "3",
+            "--epochs",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
-    assert errors == ["goldfish train: error: a step holds 1 sequences, not divisible by the world size 2: choose a "
-                      "batch size and a document count that are multiples of 2"], result.stderr
+    assert errors == [
+        "goldfish train: error: a step holds 1 sequences, not divisible by the world size 2: choose a "
+        "batch size and a document count that are multiples of 2"
+    ], result.stderr
     assert "Traceback" not in result.stderr and "ChildFailedError" not in result.stderr
     assert not (tmp_path / "run" / "checkpoint").exists()
 

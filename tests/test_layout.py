@@ -14,10 +14,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_import_goldfish_needs_torch_alone() -> None:
-    code = ("import sys, goldfish; "
-            "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('engine', 'eval', 'data', 'transformers', 'matplotlib', 'datasets') or m.startswith('goldfish.app')); "
-            "print(bad)")
+    code = (
+        "import sys, goldfish; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('engine', 'eval', 'data', 'transformers', 'matplotlib', 'datasets') or m.startswith('goldfish.app')); "
+        "print(bad)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]", out.stdout
 
@@ -25,11 +27,13 @@ def test_import_goldfish_needs_torch_alone() -> None:
 def test_goldfish_plan_and_the_planner_run_without_torch() -> None:
     """`goldfish plan` and engine.planner are plain Python (engine.spec is all they take from the runtime): they run
     where torch is not installed, and `import engine` loads nothing until a name is used."""
-    code = ("import sys; from goldfish.app.entry import main; "
-            "rc = main(['plan', '--model', '7B', '--gpus', '8', '--top', '1']); "
-            "import engine, engine.spec, engine.planner.cost_model, engine.planner.plan, engine.planner.profiles; "
-            "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('torch', 'transformers', 'safetensors', 'datasets', 'numpy')); print(rc, bad)")
+    code = (
+        "import sys; from goldfish.app.entry import main; "
+        "rc = main(['plan', '--model', '7B', '--gpus', '8', '--top', '1']); "
+        "import engine, engine.spec, engine.planner.cost_model, engine.planner.plan, engine.planner.profiles; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('torch', 'transformers', 'safetensors', 'datasets', 'numpy')); print(rc, bad)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip().splitlines()[-1] == "0 []", out.stdout[-2000:]
 
@@ -44,8 +48,9 @@ def test_planner_imports_only_the_run_description_of_the_runtime() -> None:
         names = {alias.name for node in top if isinstance(node, ast.Import) for alias in node.names}
         names |= {node.module for node in top if isinstance(node, ast.ImportFrom) and node.module and not node.level}
         for name in names:
-            if name.split(".")[0] in ("torch", "transformers", "safetensors") or \
-                    (name.startswith("engine.") and not name.startswith(("engine.planner", "engine.spec"))):
+            if name.split(".")[0] in ("torch", "transformers", "safetensors") or (
+                name.startswith("engine.") and not name.startswith(("engine.planner", "engine.spec"))
+            ):
                 offenders.append(f"{path.relative_to(ROOT)} imports {name}")
     assert not offenders, offenders
 
@@ -71,8 +76,11 @@ def test_floors_import_only_downwards() -> None:
     for package, banned in forbidden.items():
         # goldfish/__main__.py is `python -m goldfish`, the command: it runs the app, and `import goldfish` never
         # loads it.
-        files = ([f for f in (ROOT / package).glob("*.py") if f.name != "__main__.py"] if package == "goldfish"
-                 else (ROOT / package).rglob("*.py"))
+        files = (
+            [f for f in (ROOT / package).glob("*.py") if f.name != "__main__.py"]
+            if package == "goldfish"
+            else (ROOT / package).rglob("*.py")
+        )
         for path in files:
             for name in _imports(path):
                 if any(name == b or name.startswith(b + ".") for b in banned):
@@ -91,8 +99,12 @@ def test_only_comm_grid_and_measure_call_torch_distributed() -> None:
             if relative in allowed:
                 continue
             source = path.read_text()
-            if "import torch.distributed as dist" in source or "from torch import distributed" in source \
-                    or "torch.distributed.barrier" in source or "torch.distributed.all_" in source:
+            if (
+                "import torch.distributed as dist" in source
+                or "from torch import distributed" in source
+                or "torch.distributed.barrier" in source
+                or "torch.distributed.all_" in source
+            ):
                 offenders.append(relative)
     assert not offenders, offenders
 
@@ -133,6 +145,10 @@ def test_rooms_import_only_downwards() -> None:
 
 
 def test_core_knows_no_transformers() -> None:
-    offenders = [f"{path.relative_to(ROOT)} imports {name}" for path in (ROOT / "engine" / "core").rglob("*.py")
-                 for name in _imports(path) if name.split(".")[0] in ("transformers", "safetensors")]
+    offenders = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in (ROOT / "engine" / "core").rglob("*.py")
+        for name in _imports(path)
+        if name.split(".")[0] in ("transformers", "safetensors")
+    ]
     assert not offenders, offenders

@@ -36,9 +36,24 @@ TRAINER_EXAMPLE = ROOT / "examples" / "lightning_trainer_goldfish.py"
 
 def torchrun(nproc: int, *args: str, example: Path = EXAMPLE) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                             str(nproc), str(example), *SETTINGS, *args], capture_output=True, text=True, env=env,
-                            timeout=600, cwd=ROOT)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+            str(example),
+            *SETTINGS,
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
@@ -68,8 +83,16 @@ def test_trainer_example_world2(goldfish_train_reference: Path, tmp_path: Path) 
     # ModelCheckpoint wrote engine checkpoints after epochs 2 and 4; fit(ckpt_path=...) from the first one
     # gives steps 3 and 4 bit-identical
     resumed = tmp_path / "resumed"
-    torchrun(2, "--out", str(resumed), "--grid", "x=2", "--resume", str(run / "checkpoints" / "epoch=1.ckpt"),
-             example=TRAINER_EXAMPLE)
+    torchrun(
+        2,
+        "--out",
+        str(resumed),
+        "--grid",
+        "x=2",
+        "--resume",
+        str(run / "checkpoints" / "epoch=1.ckpt"),
+        example=TRAINER_EXAMPLE,
+    )
     assert_same_losses(read_metrics(resumed / "metrics.jsonl"), got[2:], exact=True)
     # The final checkpoint consolidates to a plain HF folder (the LightningModule's `model.` prefix stripped)
     # holding goldfish train's final weights.
@@ -85,20 +108,41 @@ def test_fabric_example_world4(goldfish_train_reference: Path, tmp_path: Path) -
     assert_same_losses(got, read_metrics(reference / "metrics.jsonl"))
     # and `goldfish train` on the same grid: step 1 (same weights, same reductions) identical
     same_grid = tmp_path / "goldfish4"
-    result = subprocess.run([sys.executable, "-m", "goldfish", "train", "--nproc", "4", "--grid", "x=2,y=2", "--out",
-                             str(same_grid), "--no-progress", *SETTINGS], capture_output=True, text=True, timeout=600,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=ROOT)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "goldfish",
+            "train",
+            "--nproc",
+            "4",
+            "--grid",
+            "x=2,y=2",
+            "--out",
+            str(same_grid),
+            "--no-progress",
+            *SETTINGS,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     want = read_metrics(same_grid / "metrics.jsonl")
     assert_same_losses(got, want)
     assert got[0]["grad_norm"] == want[0]["grad_norm"]
 
 
-@pytest.mark.parametrize("sizes, message", [
-    ({"x": 3}, "needs a multiple of 3 processes but the world has 2"),
-    ({"data": 3}, "needs 3 processes but the world has 2"),
-    ({"data": 1, "x": 1}, "needs 1 processes but the world has 2"),
-])
+@pytest.mark.parametrize(
+    "sizes, message",
+    [
+        ({"x": 3}, "needs a multiple of 3 processes but the world has 2"),
+        ({"data": 3}, "needs 3 processes but the world has 2"),
+        ({"data": 1, "x": 1}, "needs 1 processes but the world has 2"),
+    ],
+)
 def test_grid_that_does_not_fit_the_world_fails_when_fabric_is_built(sizes: dict, message: str) -> None:
     with pytest.raises(GridError, match=message) as error:
         Fabric(accelerator="cpu", devices=2, strategy=EngineStrategy(**sizes))

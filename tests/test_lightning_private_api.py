@@ -31,8 +31,14 @@ def _private_lightning_imports() -> list[tuple[str, str, str]]:
 def test_the_engine_uses_only_the_known_private_lightning_names() -> None:
     names = {name for _, _, name in _private_lightning_imports()}
     # Review a new private name before adding it here: is there a public API for the job now?
-    assert names <= {"_SubprocessScriptLauncher", "_BackwardSyncControl", "_validate_keys_for_strict_loading",
-                     "_init_dist_connection", "_sync_ddp_if_available", "_optimizers_to_device"}, names
+    assert names <= {
+        "_SubprocessScriptLauncher",
+        "_BackwardSyncControl",
+        "_validate_keys_for_strict_loading",
+        "_init_dist_connection",
+        "_sync_ddp_if_available",
+        "_optimizers_to_device",
+    }, names
 
 
 @pytest.mark.parametrize("where, module, name", _private_lightning_imports())
@@ -43,6 +49,8 @@ def test_private_lightning_name_is_where_the_engine_imports_it(where: str, modul
         found = hasattr(importlib.import_module(module), name)
     except ImportError:
         found = False
-    assert found, (f"Lightning {lightning.__version__} has no {module}.{name}, which {where} imports (Lightning "
-                   f"offers no public API for it): find where this release moved it, or what replaced it, and "
-                   f"update {where}")
+    assert found, (
+        f"Lightning {lightning.__version__} has no {module}.{name}, which {where} imports (Lightning "
+        f"offers no public API for it): find where this release moved it, or what replaced it, and "
+        f"update {where}"
+    )

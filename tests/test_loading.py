@@ -34,13 +34,14 @@ def make_folders(tmp) -> dict[str, str]:
 
 def _worker(folders: dict[str, str]) -> int:
     from transformers import AutoModelForCausalLM
+
     checked = 0
     ids = torch.randint(0, VOCAB, (8, 6), generator=torch.Generator().manual_seed(1))
     for shape in SHAPES:
         data, x, y, z = shape
         grid = init(data=data, x=x, y=y, z=z)
         try:
-            mine = ids[grid.rank * 2:(grid.rank + 1) * 2]
+            mine = ids[grid.rank * 2 : (grid.rank + 1) * 2]
             for name, folder in folders.items():
                 serial = AutoModelForCausalLM.from_pretrained(folder)
                 reference = parallelize(copy.deepcopy(serial), grid)
@@ -53,8 +54,9 @@ def _worker(folders: dict[str, str]) -> int:
                 for key, value in serial.state_dict().items():
                     assert torch.equal(full[key], value), (shape, name, key)
                 with torch.no_grad():
-                    torch.testing.assert_close(model(input_ids=mine).logits, reference(input_ids=mine).logits,
-                                               rtol=0, atol=0)
+                    torch.testing.assert_close(
+                        model(input_ids=mine).logits, reference(input_ids=mine).logits, rtol=0, atol=0
+                    )
                 checked += 1
         finally:
             grid.close()

@@ -26,15 +26,25 @@ from goldfish.app.lora import (  # noqa: E402
 
 def tiny_llama() -> torch.nn.Module:
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
-                         tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=96,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
     return AutoModelForCausalLM.from_config(config)
 
 
 def test_unknown_targets_name_the_modules_that_exist() -> None:
-    with pytest.raises(ValueError, match="c_attn: LlamaForCausalLM has no Linear layer of that name; its Linear "
-                                         "layers are down_proj,gate_proj,k_proj,lm_head,o_proj,q_proj,up_proj,v_proj"):
+    with pytest.raises(
+        ValueError,
+        match="c_attn: LlamaForCausalLM has no Linear layer of that name; its Linear "
+        "layers are down_proj,gate_proj,k_proj,lm_head,o_proj,q_proj,up_proj,v_proj",
+    ):
         apply_lora(tiny_llama(), LoraSpec(rank=4, targets=("q_proj", "c_attn")))
     gpt2 = AutoModelForCausalLM.from_config(GPT2Config(vocab_size=96, n_embd=32, n_layer=1, n_head=2, n_positions=64))
     with pytest.raises(ValueError, match="its Linear layers are c_attn,c_fc,c_proj,lm_head"):
@@ -88,8 +98,10 @@ def test_lora_trains_adapters_only_and_the_merged_checkpoint_loads_in_plain_tran
     assert not any("lora" in k for k in plain.state_dict())
     with torch.no_grad():
         torch.testing.assert_close(plain(input_ids=ids).logits, adapted, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(merged_model(model).state_dict()["model.layers.0.self_attn.q_proj.weight"],
-                               plain.state_dict()["model.layers.0.self_attn.q_proj.weight"])
+    torch.testing.assert_close(
+        merged_model(model).state_dict()["model.layers.0.self_attn.q_proj.weight"],
+        plain.state_dict()["model.layers.0.self_attn.q_proj.weight"],
+    )
 
     # the adapter reloads into a fresh LoRA model of the same spec (what --resume does)
     again = apply_lora(tiny_llama(), LoraSpec(rank=4, alpha=8, targets=("q_proj", "v_proj")), seed=5)
@@ -100,8 +112,23 @@ def test_lora_trains_adapters_only_and_the_merged_checkpoint_loads_in_plain_tran
 
 # ----- the application: goldfish train / compare --lora-rank ------------------------------------------------------
 
-SMALL = ["--model", "micro-llama", "--n-train", "8", "--n-heldout", "4", "--seq-len", "32", "--batch-size", "8",
-         "--lr", "1e-2", "--no-progress", "--threads", "1"]
+SMALL = [
+    "--model",
+    "micro-llama",
+    "--n-train",
+    "8",
+    "--n-heldout",
+    "4",
+    "--seq-len",
+    "32",
+    "--batch-size",
+    "8",
+    "--lr",
+    "1e-2",
+    "--no-progress",
+    "--threads",
+    "1",
+]
 
 
 def test_goldfish_train_lora_checkpoint_is_merged_and_resumes_exactly(tmp_path: Path) -> None:
@@ -116,8 +143,12 @@ def test_goldfish_train_lora_checkpoint_is_merged_and_resumes_exactly(tmp_path: 
     from goldfish.app.experiment import train_model
 
     out = tmp_path / "full"
-    assert main(["train", "--out", str(out), "--epochs", "4", "--lora-rank", "4", "--lora-targets", "q_proj,v_proj",
-                 *SMALL]) == 0
+    assert (
+        main(
+            ["train", "--out", str(out), "--epochs", "4", "--lora-rank", "4", "--lora-targets", "q_proj,v_proj", *SMALL]
+        )
+        == 0
+    )
     expected = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert expected[-1]["loss"] < expected[0]["loss"]
     record = json.loads((out / "checkpoint" / "goldfish_run.json").read_text())
@@ -126,10 +157,13 @@ def test_goldfish_train_lora_checkpoint_is_merged_and_resumes_exactly(tmp_path: 
     plain = AutoModelForCausalLM.from_pretrained(out / "checkpoint")
     assert not any("lora" in key for key in plain.state_dict())
 
-    spec = TrainSpec(model="micro-llama", data=DataSpec(n_train=8, n_heldout=4, seq_len=32),
-                     mask=MaskSpec("hashed", 4, 13),
-                     train=engine_train.TrainConfig(epochs=4, batch_size=8, lr=1e-2, save_every=2, progress=False),
-                     lora=LoraSpec(rank=4, targets=("q_proj", "v_proj")))
+    spec = TrainSpec(
+        model="micro-llama",
+        data=DataSpec(n_train=8, n_heldout=4, seq_len=32),
+        mask=MaskSpec("hashed", 4, 13),
+        train=engine_train.TrainConfig(epochs=4, batch_size=8, lr=1e-2, save_every=2, progress=False),
+        lora=LoraSpec(rank=4, targets=("q_proj", "v_proj")),
+    )
 
     class Interrupted(Exception):
         pass
@@ -140,28 +174,51 @@ def test_goldfish_train_lora_checkpoint_is_merged_and_resumes_exactly(tmp_path: 
 
     with pytest.raises(Interrupted):
         train_model(spec, tmp_path / "cut", log=lambda *a: None, on_epoch_end=stop_after_two)
-    merged, prepared = train_model(spec, tmp_path / "cut", log=lambda *a: None,
-                                   resume_from=tmp_path / "cut" / "checkpoint")
+    merged, prepared = train_model(
+        spec, tmp_path / "cut", log=lambda *a: None, resume_from=tmp_path / "cut" / "checkpoint"
+    )
     resumed = [json.loads(line) for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
     assert [r["loss"] for r in resumed] == [r["loss"] for r in expected]
     ids = torch.tensor([prepared.split.train[0].token_ids])
     with torch.no_grad():  # the merged model returned for evaluation = the checkpoint plain transformers loads
-        torch.testing.assert_close(merged(input_ids=ids).logits, plain.eval()(input_ids=ids).logits,
-                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            merged(input_ids=ids).logits, plain.eval()(input_ids=ids).logits, rtol=1e-5, atol=1e-5
+        )
 
 
-def test_lora_bad_targets_and_tensor_parallel_grid_fail_before_training(tmp_path: Path,
-                                                                        capsys: pytest.CaptureFixture) -> None:
+def test_lora_bad_targets_and_tensor_parallel_grid_fail_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     from goldfish.app.cli import main
 
     assert main(["train", "--out", str(tmp_path / "a"), "--lora-rank", "4", "--lora-targets", "c_attn", *SMALL]) == 2
-    assert "its Linear layers are down_proj,gate_proj,k_proj,lm_head,o_proj,q_proj,up_proj,v_proj" in \
-        capsys.readouterr().err
-    assert main(["train", "--out", str(tmp_path / "b"), "--lora-rank", "4", "--nproc", "2", "--grid", "x=2",
-                 *SMALL]) == 2
+    assert (
+        "its Linear layers are down_proj,gate_proj,k_proj,lm_head,o_proj,q_proj,up_proj,v_proj"
+        in capsys.readouterr().err
+    )
+    assert (
+        main(["train", "--out", str(tmp_path / "b"), "--lora-rank", "4", "--nproc", "2", "--grid", "x=2", *SMALL]) == 2
+    )
     assert "LoRA runs on the data axis only" in capsys.readouterr().err
-    assert main(["train", "--out", str(tmp_path / "c"), "--lora-rank", "4", "--zero", "1", "--nproc", "2", "--grid",
-                 "data=2", *SMALL]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--out",
+                str(tmp_path / "c"),
+                "--lora-rank",
+                "4",
+                "--zero",
+                "1",
+                "--nproc",
+                "2",
+                "--grid",
+                "data=2",
+                *SMALL,
+            ]
+        )
+        == 2
+    )
     assert "--lora-rank with --zero 1 is not supported" in capsys.readouterr().err
     assert not (tmp_path / "a" / "checkpoint").exists() and not (tmp_path / "b").exists()
     assert not (tmp_path / "c").exists()
@@ -175,12 +232,46 @@ def test_compare_full_vs_lora(tmp_path: Path) -> None:
     from goldfish.app.cli import main
 
     out = tmp_path / "cmp"
-    assert main(["compare", "--out", str(out), "--model", "micro-llama", "--n-train", "4", "--n-heldout", "4",
-                 "--seq-len", "32", "--epochs", "2", "--batch-size", "4", "--suffix-len", "8", "--curve-every", "0",
-                 "--lora-rank", "4", "--with-full", "--no-progress", "--threads", "1"]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                "--out",
+                str(out),
+                "--model",
+                "micro-llama",
+                "--n-train",
+                "4",
+                "--n-heldout",
+                "4",
+                "--seq-len",
+                "32",
+                "--epochs",
+                "2",
+                "--batch-size",
+                "4",
+                "--suffix-len",
+                "8",
+                "--curve-every",
+                "0",
+                "--lora-rank",
+                "4",
+                "--with-full",
+                "--no-progress",
+                "--threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((out / "summary.json").read_text())
-    assert list(summary["models"]) == ["control", "standard", "goldfish-hashed-k4-h13", "lora-r4-standard",
-                                       "lora-r4-goldfish-hashed-k4-h13"]
+    assert list(summary["models"]) == [
+        "control",
+        "standard",
+        "goldfish-hashed-k4-h13",
+        "lora-r4-standard",
+        "lora-r4-goldfish-hashed-k4-h13",
+    ]
     assert [r["lora"] is not None for r in summary["config"]["runs"]] == [False, False, True, True]
     assert set(summary["membership"]) >= {"lora-r4-standard", "lora-r4-goldfish-hashed-k4-h13"}
     AutoModelForCausalLM.from_pretrained(out / "lora-r4-goldfish-hashed-k4-h13" / "checkpoint")

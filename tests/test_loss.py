@@ -178,8 +178,16 @@ def test_hf_model_loss_with_collator_labels_equals_goldfish_loss() -> None:
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
     )
     model = LlamaForCausalLM(config).eval()
     collated = GoldfishCollator(0, "hashed", k=3, h=4)(features())

@@ -32,17 +32,28 @@ from eval.membership import (
 
 
 def tiny_llama(seed: int = 0, vocab: int = 64) -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
-                         bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+    )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).eval()
 
 
 def random_docs(n: int, length: int, seed: int, vocab: int = 64) -> list[SimpleNamespace]:
     generator = torch.Generator().manual_seed(seed)
-    return [SimpleNamespace(id=f"d{seed}-{i}", token_ids=torch.randint(2, vocab, (length,), generator=generator).tolist())
-            for i in range(n)]
+    return [
+        SimpleNamespace(id=f"d{seed}-{i}", token_ids=torch.randint(2, vocab, (length,), generator=generator).tolist())
+        for i in range(n)
+    ]
 
 
 # ---------------------------------------------------------------- per-document scores
@@ -72,16 +83,23 @@ def test_zlib_length_is_of_the_utf8_text():
     assert zlib_bytes("a" * 1000) < zlib_bytes("".join(chr(97 + (i * 7919) % 26) for i in range(1000)))
 
 
-@pytest.mark.parametrize("n,k,expected", [(5, 0.2, 1), (5, 0.4, 2), (100, 0.29, 29), (3, 0.2, 1), (10, 1.0, 10),
-                                          (127, 0.2, 25)])
+@pytest.mark.parametrize(
+    "n,k,expected", [(5, 0.2, 1), (5, 0.4, 2), (100, 0.29, 29), (3, 0.2, 1), (10, 1.0, 10), (127, 0.2, 25)]
+)
 def test_min_k_count(n, k, expected):
     assert min_k_count(n, k) == expected
 
 
-@pytest.mark.parametrize("kwargs", [dict(log_probs=[], text="x"), dict(log_probs=[0.5], text="x"),
-                                    dict(log_probs=[-1.0], text="x", min_k=0.0),
-                                    dict(log_probs=[-1.0], text="x", min_k=1.5),
-                                    dict(log_probs=[-1.0, -2.0], text="x", reference_log_probs=[-1.0])])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(log_probs=[], text="x"),
+        dict(log_probs=[0.5], text="x"),
+        dict(log_probs=[-1.0], text="x", min_k=0.0),
+        dict(log_probs=[-1.0], text="x", min_k=1.5),
+        dict(log_probs=[-1.0, -2.0], text="x", reference_log_probs=[-1.0]),
+    ],
+)
 def test_bad_score_input(kwargs):
     with pytest.raises(ValueError):
         membership_scores(**kwargs)
@@ -208,8 +226,9 @@ def test_attacks_separate_memorized_documents():
     decode = lambda ids: " ".join(map(str, ids))  # noqa: E731
     prefix, prefix_ids = recall_prefix(nonmembers, 1)
     frequencies = token_frequencies([d.token_ids for d in members + nonmembers], 64)
-    options = dict(decode=decode, pad_token_id=1, reference_model=reference, recall_prefix_ids=prefix,
-                   frequencies=frequencies)
+    options = dict(
+        decode=decode, pad_token_id=1, reference_model=reference, recall_prefix_ids=prefix, frequencies=frequencies
+    )
     rows_in = membership_rows(model, members, member=True, **options)
     rows_out = membership_rows(model, nonmembers, member=False, **options)
     rows_out[0].pop("score_recall")  # the prefix document is not scored by ReCaLL
@@ -239,15 +258,20 @@ def test_attacks_separate_memorized_documents():
 
 def test_min_k_pp_by_hand():
     # z = (lp - mu) / sigma: (-1 - -2) / 1 = 1, (-3 - -2) / 0.5 = -2, (-2 - -1) / 2 = -0.5, sigma 0 -> 0
-    z = membership_scores([-1.0, -3.0, -2.0, -0.5], "t", min_k=0.5, mean_log_probs=[-2.0, -2.0, -1.0, -0.5],
-                          std_log_probs=[1.0, 0.5, 2.0, 0.0])["score_min_k_pp"]
+    z = membership_scores(
+        [-1.0, -3.0, -2.0, -0.5],
+        "t",
+        min_k=0.5,
+        mean_log_probs=[-2.0, -2.0, -1.0, -0.5],
+        std_log_probs=[1.0, 0.5, 2.0, 0.0],
+    )["score_min_k_pp"]
     assert z == pytest.approx((-2.0 + -0.5) / 2, abs=1e-12)  # the 2 lowest of (1, -2, -0.5, 0)
 
 
 def test_next_token_stats_are_the_mean_and_std_of_log_p():
     model = tiny_llama()
     seq = random_docs(1, 9, seed=4)[0].token_ids
-    (lp, mu, sigma), = next_token_stats(model, [seq], pad_token_id=1)
+    ((lp, mu, sigma),) = next_token_stats(model, [seq], pad_token_id=1)
     with torch.no_grad():
         logp = torch.log_softmax(model(input_ids=torch.tensor([seq])).logits[0, :-1].double(), -1).numpy()
     for t in range(len(seq) - 1):
@@ -278,12 +302,11 @@ def test_recall_rows_use_the_prefix():
     prefix, used = recall_prefix(docs, 1)
     assert prefix == docs[0].token_ids and used == [docs[0].id]
     decode = lambda ids: " ".join(map(str, ids))  # noqa: E731
-    rows = membership_rows(model, docs[1:], decode=decode, pad_token_id=1, recall_prefix_ids=prefix,
-                           grad_norm=False)
+    rows = membership_rows(model, docs[1:], decode=decode, pad_token_id=1, recall_prefix_ids=prefix, grad_norm=False)
     for doc, row in zip(docs[1:], rows):
         joined = token_log_probs(model, [prefix + doc.token_ids], pad_token_id=1)[0].numpy()
         plain = token_log_probs(model, [doc.token_ids], pad_token_id=1)[0].numpy()
-        cond = joined[len(prefix):]  # the document's tokens 1.. with the prefix in front
+        cond = joined[len(prefix) :]  # the document's tokens 1.. with the prefix in front
         assert row["score_recall"] == pytest.approx(cond.mean() / plain.mean(), rel=1e-6)  # float32 batch padding
     with pytest.raises(ValueError, match="--n-heldout"):
         recall_prefix(docs[:1], 1)
@@ -298,7 +321,8 @@ def test_dc_pdd_by_hand():
     a1 = min(0.01 * math.log(0.01 / (2 / 8)), 0.01)  # -0.0322
     assert dc_pdd_score(lp, [3, 1, 3], frequencies) == pytest.approx((a0 + a1) / 2, abs=1e-12)
     assert dc_pdd_score(lp, [3, 1, 3], frequencies, cap=10.0) == pytest.approx(
-        (0.5 * math.log(4) + 0.01 * math.log(0.04)) / 2, abs=1e-12)
+        (0.5 * math.log(4) + 0.01 * math.log(0.04)) / 2, abs=1e-12
+    )
     row = membership_scores(lp, "t", token_ids=[3, 1, 3], frequencies=frequencies)
     assert row["score_dc_pdd"] == pytest.approx((a0 + a1) / 2, abs=1e-12)
 

@@ -6,15 +6,15 @@ from rouge_score import rouge_scorer
 
 from eval.metrics import (
     METRICS,
+    UnicodeWordTokenizer,
+    default_tokenizer_kept_fraction,
     exact_match,
     longest_correct_prefix,
     match_fraction,
-    UnicodeWordTokenizer,
-    default_tokenizer_kept_fraction,
     metric_info,
     rouge_scores,
-    unicode_words,
     teacher_forced_accuracy,
+    unicode_words,
 )
 
 REF = [5, 6, 7, 8]
@@ -67,8 +67,9 @@ def test_rouge_matches_rouge_score_directly(prediction, reference):
         "rouge_l_recall": expected["rougeL"].recall,
         "rouge_1": expected["rouge1"].fmeasure,
         "rouge_2": expected["rouge2"].fmeasure,
-        "rouge_l_unicode": rouge_scorer.RougeScorer(["rougeL"], tokenizer=UnicodeWordTokenizer()).score(
-            reference, prediction)["rougeL"].fmeasure,
+        "rouge_l_unicode": rouge_scorer.RougeScorer(["rougeL"], tokenizer=UnicodeWordTokenizer())
+        .score(reference, prediction)["rougeL"]
+        .fmeasure,
     }
     if prediction and reference.isascii():  # on English text both tokenizers give the same words
         assert got["rouge_l_unicode"] == pytest.approx(got["rouge_l"])
@@ -103,8 +104,11 @@ NON_LATIN = [
 @pytest.mark.parametrize("prediction, reference", NON_LATIN, ids=["japanese", "chinese", "hebrew", "arabic"])
 def test_rouge_unicode_equals_rouge_score_with_the_same_tokenizer(prediction, reference):
     got = rouge_scores(prediction, reference)
-    expected = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False, tokenizer=UnicodeWordTokenizer()).score(
-        reference, prediction)["rougeL"].fmeasure
+    expected = (
+        rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False, tokenizer=UnicodeWordTokenizer())
+        .score(reference, prediction)["rougeL"]
+        .fmeasure
+    )
     assert got["rouge_l_unicode"] == expected
     assert got["rouge_l"] == 0.0 and got["rouge_l_unicode"] > 0.5  # the default tokenizer sees no word at all
     assert default_tokenizer_kept_fraction(reference) == 0.0
@@ -165,8 +169,18 @@ def test_teacher_forced_accuracy_rejects_bad_shapes():
 
 
 def test_metric_registry():
-    for name in ("exact_match", "match_fraction", "longest_correct_prefix", "rouge_l", "rouge_l_recall",
-                 "rouge_1", "rouge_2", "tf_accuracy", "tf_kept_accuracy", "tf_dropped_accuracy"):
+    for name in (
+        "exact_match",
+        "match_fraction",
+        "longest_correct_prefix",
+        "rouge_l",
+        "rouge_l_recall",
+        "rouge_1",
+        "rouge_2",
+        "tf_accuracy",
+        "tf_kept_accuracy",
+        "tf_dropped_accuracy",
+    ):
         info = metric_info(name)
         assert info.name == name and info.aggregation == "mean" and info.higher_is_better
     with pytest.raises(ValueError, match="known metrics: .*rouge_l"):

@@ -25,10 +25,10 @@ from tiny_models import MOE_FAMILIES, PLANNED_FAMILIES, tiny_family
 from engine.core import comm
 from engine.core.grid import AXES, init
 from engine.core.linear import ParallelLinear, ShardingError
-from engine.models.plans import check_supported, model_plan
-from engine.models.parallelize import parallelize
-from engine.training.state import full_state_dict, sync_gradients
 from engine.core.vocab_parallel import is_vocab_parallel
+from engine.models.parallelize import parallelize
+from engine.models.plans import check_supported, model_plan
+from engine.training.state import full_state_dict, sync_gradients
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 ROWS, SEQ, VOCAB, LR = 2, 8, 64, 0.1
@@ -174,18 +174,44 @@ def test_goldfish_train_on_a_tensor_parallel_grid(family: str, tmp_path) -> None
     folder = tmp_path / "model"
     tiny_family(family, vocab=len(tokenizer)).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    common = ["--model", str(folder), "--strategy", "hashed", "--n-train", "4", "--n-heldout", "2", "--seq-len", "32",
-              "--epochs", "2", "--batch-size", "2", "--optimizer", "sgd", "--lr", "0.1", "--no-progress"]
+    common = [
+        "--model",
+        str(folder),
+        "--strategy",
+        "hashed",
+        "--n-train",
+        "4",
+        "--n-heldout",
+        "2",
+        "--seq-len",
+        "32",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "2",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "0.1",
+        "--no-progress",
+    ]
     parallel, serial = tmp_path / "parallel", tmp_path / "serial"
-    result = subprocess.run([sys.executable, "-m", "goldfish", "train", "--nproc", "2", "--grid", "x=2",
-                             "--out", str(parallel), *common], capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "goldfish", "train", "--nproc", "2", "--grid", "x=2", "--out", str(parallel), *common],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert main(["train", "--out", str(serial), *common]) == 0
-    losses = [[json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-              for run in (parallel, serial)]
+    losses = [
+        [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+        for run in (parallel, serial)
+    ]
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
-    ours, reference = [AutoModelForCausalLM.from_pretrained(run / "checkpoint").state_dict()
-                       for run in (parallel, serial)]
+    ours, reference = [
+        AutoModelForCausalLM.from_pretrained(run / "checkpoint").state_dict() for run in (parallel, serial)
+    ]
     assert ours.keys() == reference.keys()
     for key, value in reference.items():
         torch.testing.assert_close(ours[key], value, rtol=1e-4, atol=1e-4, msg=lambda m, k=key: f"{k}: {m}")

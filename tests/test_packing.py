@@ -62,22 +62,23 @@ def test_rows_train_every_target_once() -> None:
 def test_packed_rows_equal_each_document_alone(name: str) -> None:
     """Position ids restarting per document make the attention block-causal: each token's loss in a packed row equals
     its loss when the document (or its part in the row) runs alone."""
-    model = build_tiny_model(name, vocab_size=300, max_positions=64, seed=0, bos_token_id=BOS, eos_token_id=EOS,
-                             pad_token_id=PAD).eval()
+    model = build_tiny_model(
+        name, vocab_size=300, max_positions=64, seed=0, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD
+    ).eval()
     pieces = _pieces([11, 5, 23, 9, 40, 3])
     rows = _rows(pieces, 32, MaskSpec(None))
     batch = {key: torch.stack([r[key] for r in rows]) for key in ("input_ids", "targets", "position_ids")}
     with torch.no_grad():
-        packed = causal_lm_token_losses(model, batch["input_ids"], batch["targets"],
-                                        position_ids=batch["position_ids"])
+        packed = causal_lm_token_losses(model, batch["input_ids"], batch["targets"], position_ids=batch["position_ids"])
         for row in range(len(rows)):
             for segment in rows.layout.segments(row):
-                ids = torch.tensor([pieces[segment.piece][segment.start:segment.end]])
-                targets = batch["targets"][row:row + 1, segment.at:segment.at + ids.shape[1]]
+                ids = torch.tensor([pieces[segment.piece][segment.start : segment.end]])
+                targets = batch["targets"][row : row + 1, segment.at : segment.at + ids.shape[1]]
                 alone = causal_lm_token_losses(model, ids, targets)
                 # float32 attention over different key counts: reductions in another order, a few ulps of logits
-                torch.testing.assert_close(packed[row:row + 1, segment.at:segment.at + ids.shape[1]], alone,
-                                           rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(
+                    packed[row : row + 1, segment.at : segment.at + ids.shape[1]], alone, rtol=1e-5, atol=1e-5
+                )
         plain = causal_lm_token_losses(model, batch["input_ids"], batch["targets"])
     assert (plain - packed).abs().max() > 1e-3  # without the restarts the documents would see each other
 
@@ -97,7 +98,7 @@ def test_document_drops_the_same_targets_wherever_it_lands(strategy: str) -> Non
             built = rows[row]
             for segment in rows.layout.segments(row):
                 if segment.piece == index:
-                    got.extend(built["dropped"][segment.at:segment.at + segment.end - segment.start].tolist())
+                    got.extend(built["dropped"][segment.at : segment.at + segment.end - segment.start].tolist())
         assert got == alone.tolist(), before
 
 
@@ -168,9 +169,36 @@ def test_train_pack_trains_every_token_of_long_documents(tmp_path) -> None:
     texts = sorted((t for t in topics.values() if 2000 < len(t) < 6000), key=len)[:5]
     long.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     out = tmp_path / "run"
-    assert main(["train", "--data", str(long), "--pack", "--seq-len", "128", "--epochs", "1", "--model", "micro-llama",
-                 "--strategy", "standard", "--n-train", "3", "--n-heldout", "1", "--batch-size", "4",
-                 "--vocab-size", "400", "--no-progress", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(long),
+                "--pack",
+                "--seq-len",
+                "128",
+                "--epochs",
+                "1",
+                "--model",
+                "micro-llama",
+                "--strategy",
+                "standard",
+                "--n-train",
+                "3",
+                "--n-heldout",
+                "1",
+                "--batch-size",
+                "4",
+                "--vocab-size",
+                "400",
+                "--no-progress",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     trained = sum(json.loads(line)["n_tokens"] for line in (out / "metrics.jsonl").read_text().splitlines())
     documents = json.loads((out / "run.json").read_text())["documents"]["train"]
     assert trained == sum(d["n_tokens"] for d in documents)  # n_tokens counts bos + text; targets: text + EOS

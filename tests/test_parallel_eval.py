@@ -55,8 +55,16 @@ class Doc:
 
 def llama(seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
-    config = LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-                         vocab_size=VOCAB, intermediate_size=128, max_position_embeddings=64)
+
+    config = LlamaConfig(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+        vocab_size=VOCAB,
+        intermediate_size=128,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).double().eval()
 
@@ -81,24 +89,38 @@ def serial_results(docs: list[Doc]) -> dict[str, Any]:
     model, reference = llama(0), llama(1)
     members, nonmembers = docs[:4], docs[4:]
     prefix, prefix_ids = recall_prefix(nonmembers, 1)
-    options = dict(decode=decode, pad_token_id=PAD, reference_model=reference, batch_size=2, recall_prefix_ids=prefix,
-                   frequencies=FREQUENCIES)
+    options = dict(
+        decode=decode,
+        pad_token_id=PAD,
+        reference_model=reference,
+        batch_size=2,
+        recall_prefix_ids=prefix,
+        frequencies=FREQUENCIES,
+    )
     member_rows = membership_rows(model, members, member=True, **options)
     nonmember_rows = membership_rows(model, nonmembers, member=False, **options)
     for key in ("score_recall", "recall_loss", "recall_n_scored"):  # the prefix document is not scored by ReCaLL
         nonmember_rows[0].pop(key)
     nonmember_rows[0]["recall_prefix"] = True
-    notes = {"recall": {"prefix_documents": prefix_ids, "prefix_tokens": len(prefix),
-                        "note": "the non-member prefix is these held-out documents' tokens, concatenated; they are "
-                                "not scored by ReCaLL"}}
+    notes = {
+        "recall": {
+            "prefix_documents": prefix_ids,
+            "prefix_tokens": len(prefix),
+            "note": "the non-member prefix is these held-out documents' tokens, concatenated; they are "
+            "not scored by ReCaLL",
+        }
+    }
     return {
-        "extract": extract(model, docs, CONFIG, decode=decode, pad_token_id=PAD, drop_mask_fn=every_third_dropped,
-                           progress=False),
+        "extract": extract(
+            model, docs, CONFIG, decode=decode, pad_token_id=PAD, drop_mask_fn=every_third_dropped, progress=False
+        ),
         "probabilistic": probabilistic_extract(model, docs, CONFIG, temperature=0.8, top_p=0.9, pad_token_id=PAD),
         "beam": beam_extract(model, docs, CONFIG, num_beams=3, pad_token_id=PAD, decode=decode),
         "sampling": sampling_extract(model, docs, CONFIG, SAMPLING, pad_token_id=PAD, keep_samples=True),
-        "membership": (member_rows + nonmember_rows, membership_summary(member_rows, nonmember_rows, min_k=0.2,
-                                                                        notes=notes)),
+        "membership": (
+            member_rows + nonmember_rows,
+            membership_summary(member_rows, nonmember_rows, min_k=0.2, notes=notes),
+        ),
     }
 
 
@@ -113,20 +135,32 @@ def parallel_results(shape: tuple[int, int, int, int], docs: list[Doc]) -> dict[
         probabilistic_parallel,
         sampling_parallel,
     )
+
     grid = init(*shape)
     try:
         model = parallelize_for_eval(llama(0), grid)
         reference = parallelize_for_eval(llama(1), grid)
         out = {
-            "extract": evaluate_parallel(model, docs, CONFIG, grid, decode=decode, pad_token_id=PAD,
-                                         drop_mask_fn=every_third_dropped),
-            "probabilistic": probabilistic_parallel(model, docs, CONFIG, grid, temperature=0.8, top_p=0.9,
-                                                    pad_token_id=PAD),
+            "extract": evaluate_parallel(
+                model, docs, CONFIG, grid, decode=decode, pad_token_id=PAD, drop_mask_fn=every_third_dropped
+            ),
+            "probabilistic": probabilistic_parallel(
+                model, docs, CONFIG, grid, temperature=0.8, top_p=0.9, pad_token_id=PAD
+            ),
             "beam": beam_parallel(model, docs, CONFIG, grid, num_beams=3, pad_token_id=PAD, decode=decode),
             "sampling": sampling_parallel(model, docs, CONFIG, SAMPLING, grid, pad_token_id=PAD, keep_samples=True),
-            "membership": membership_parallel(model, docs[:4], docs[4:], grid, decode=decode, pad_token_id=PAD,
-                                              reference_model=reference, batch_size=2, min_k=0.2,
-                                              frequencies=FREQUENCIES),
+            "membership": membership_parallel(
+                model,
+                docs[:4],
+                docs[4:],
+                grid,
+                decode=decode,
+                pad_token_id=PAD,
+                reference_model=reference,
+                batch_size=2,
+                min_k=0.2,
+                frequencies=FREQUENCIES,
+            ),
         }
     finally:
         grid.close()
@@ -159,8 +193,11 @@ def without_grad_norm(rows: list[dict[str, Any]], summary: dict[str, Any]) -> tu
     """The serial membership results as a tensor-parallel grid gives them: no gradient-norm attack, and a note."""
     rows = [{k: v for k, v in row.items() if k not in ("grad_norm", "score_grad_norm")} for row in rows]
     attacks = {k: v for k, v in summary["attacks"].items() if k != "grad_norm"}
-    return rows, {**summary, "attacks": attacks,
-                  "grad_norm": "not computed: the model is sharded over tensor-parallel axes"}
+    return rows, {
+        **summary,
+        "attacks": attacks,
+        "grad_norm": "not computed: the model is sharded over tensor-parallel axes",
+    }
 
 
 def check_against_serial(got: dict[str, Any], expected: dict[str, Any], shape: tuple[int, ...]) -> None:
@@ -173,13 +210,15 @@ def check_against_serial(got: dict[str, Any], expected: dict[str, Any], shape: t
 
 # ----- one process: summaries from rows, shards ---------------------------------------------------------------------
 
+
 def test_summaries_recomputed_from_rows_equal_the_functions_summaries() -> None:
     model, docs = llama(0), documents()
     rows, summary = extract(model, docs, CONFIG, decode=decode, pad_token_id=PAD, progress=False)
     assert summary["skipped_ids"] == ["doc2"] and summary["n_docs"] == 6
     assert summarize_extraction(rows, ["doc2"], CONFIG) == summary
-    rows, summary = probabilistic_extract(model, docs, CONFIG, temperature=0.8, pad_token_id=PAD,
-                                          confidences=(0.5,), budgets=(1, 7))
+    rows, summary = probabilistic_extract(
+        model, docs, CONFIG, temperature=0.8, pad_token_id=PAD, confidences=(0.5,), budgets=(1, 7)
+    )
     assert summarize_probabilistic(rows, ["doc2"], CONFIG, 0.8, 1.0, (0.5,), (1, 7)) == summary
     rows, summary = beam_extract(model, docs[:3], CONFIG, num_beams=2, pad_token_id=PAD, decode=decode)
     assert summarize_beam(rows, ["doc2"], CONFIG, 2) == summary
@@ -216,6 +255,7 @@ def test_one_process_without_a_grid() -> None:
 
 # ----- several processes ----------------------------------------------------------------------------------------------
 
+
 def _fails_on_data_rank_1(block: list[int]) -> list[int]:
     if block and block[0] >= 2:  # items [0, 1, 2, 3] on data=2: the block [2, 3] is data rank 1's
         raise KeyError("document 2 is broken")
@@ -229,6 +269,7 @@ def _world_2(expected: dict[str, Any], docs: list[Doc], folder: str) -> dict[str
     from engine import init
     from engine.core.sharding import ShardedRunError as ParallelEvalError
     from eval.parallel import ParallelEvalModel, eval_model, evaluate_parallel, parallelize_for_eval
+
     for shape in ((2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 1), (1, 1, 1, 2)):
         got = parallel_results(shape, docs)
         if got is not None:
@@ -291,8 +332,9 @@ def test_world_2_grids_equal_one_process(tmp_path: Path) -> None:
     assert rank0["rows fed"] == [2]  # 3 rows over x=2: ceil(3/2) rows per rank
     serial_logits = llama(0)(input_ids=torch.tensor([docs[i].token_ids[:9] for i in (0, 1, 3)])).logits
     for rank in (0, 1):  # the full batch's logits on every rank of the group
-        torch.testing.assert_close(torch.tensor(notes[rank]["logits"], dtype=torch.float64), serial_logits,
-                                   rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            torch.tensor(notes[rank]["logits"], dtype=torch.float64), serial_logits, rtol=1e-5, atol=1e-6
+        )
     assert "fixed length" in rank0["generate"] and "eos_token_id=[]" in rank0["generate"]
     assert rank0["plain model used as is"]
     assert all(notes[r]["loaded in eval mode"] and notes[r]["rank 0 first"] for r in (0, 1))

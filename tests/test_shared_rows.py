@@ -98,8 +98,9 @@ def sgd_run(model, examples, loss_fn, config: TrainConfig, grid, steps: int = ST
         optimizer.zero_grad(set_to_none=True)
         with rows_layout(model, config.rows):
             rows = _step_rows(len(examples), config, epoch, index, grid)
-            sums = _forward_backward(model, examples, rows, step, loss_fn, config, torch.device("cpu"),
-                                     contextlib.nullcontext())
+            sums = _forward_backward(
+                model, examples, rows, step, loss_fn, config, torch.device("cpu"), contextlib.nullcontext()
+            )
             sums.totals = _all_reduce_sums(sums.totals, grid, config.rows)
             norms.append(_sync_and_clip(model, sums.n_tokens, config, grid))
         optimizer.step()
@@ -119,17 +120,29 @@ def serial(name: str, loss: str, batch: int, grad_accum: int = 1) -> dict:
     if key not in _SERIAL:
         model = MODELS[name]()
         losses, norms = sgd_run(model, _examples(2 * batch), LOSSES[loss], _config(batch, grad_accum=grad_accum), None)
-        _SERIAL[key] = {"losses": losses, "norms": norms,
-                        "weights": {k: v.clone() for k, v in model.state_dict().items()}}
+        _SERIAL[key] = {
+            "losses": losses,
+            "norms": norms,
+            "weights": {k: v.clone() for k, v in model.state_dict().items()},
+        }
     return _SERIAL[key]
 
 
-def check_case(dims: tuple[int, int, int, int], name: str, loss: str, vocab_parallel: bool | None = None,
-               zero: int = 0, checkpointing: bool = False, grad_accum: int = 1) -> None:
+def check_case(
+    dims: tuple[int, int, int, int],
+    name: str,
+    loss: str,
+    vocab_parallel: bool | None = None,
+    zero: int = 0,
+    checkpointing: bool = False,
+    grad_accum: int = 1,
+) -> None:
     data, x, y, z = dims
     batch = 2 * data * z  # 2 rows per x*y group: a multiple of the world size (own layout) only when x*y <= 2
-    what = f"{name} {loss} grid data={data},x={x},y={y},z={z} vocab_parallel={vocab_parallel} zero={zero} " \
-           f"ckpt={checkpointing} accum={grad_accum}"
+    what = (
+        f"{name} {loss} grid data={data},x={x},y={y},z={z} vocab_parallel={vocab_parallel} zero={zero} "
+        f"ckpt={checkpointing} accum={grad_accum}"
+    )
     reference = serial(name, loss, batch, grad_accum)
     grid = init(data=data, x=x, y=y, z=z)
     try:
@@ -151,13 +164,14 @@ def check_train(dims: tuple[int, int, int, int], name: str, **extra) -> None:
     norms."""
     data, x, y, z = dims
     batch = 2 * data * z
-    config = TrainConfig(epochs=1, batch_size=batch, lr=1e-2, max_grad_norm=1.0, progress=False, rows="shared",
-                         **extra)
+    config = TrainConfig(epochs=1, batch_size=batch, lr=1e-2, max_grad_norm=1.0, progress=False, rows="shared", **extra)
     serial_config = TrainConfig(epochs=1, batch_size=batch, lr=1e-2, max_grad_norm=1.0, progress=False)
     reference = train(MODELS[name](), _examples(2 * batch), _logits_loss, serial_config).history
     grid = init(data=data, x=x, y=y, z=z)
     try:
-        history = train(parallelize(MODELS[name](), grid), _examples(2 * batch), _logits_loss, config, grid=grid).history
+        history = train(
+            parallelize(MODELS[name](), grid), _examples(2 * batch), _logits_loss, config, grid=grid
+        ).history
         for mine, theirs in zip(history, reference, strict=True):
             assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-5), (dims, extra)
             assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-4), (dims, extra)
@@ -169,6 +183,7 @@ def check_train(dims: tuple[int, int, int, int], name: str, **extra) -> None:
 def _plain(grid=None) -> torch.nn.Module:
     """Two Linears (ParallelLinears in their default mode on a grid): no decoder stack, rows gathered by the layers."""
     from engine.core.linear import ParallelLinear
+
     torch.manual_seed(0)
     if grid is None:
         return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
@@ -182,8 +197,10 @@ def _plain_loss(model, batch) -> StepLoss:
 def check_plain(dims: tuple[int, int, int, int]) -> None:
     """Default-mode ParallelLinears skip their row gather in the shared layout: SGD steps equal the serial ones."""
     generator = torch.Generator().manual_seed(2)
-    examples = [{"x": torch.randn(3, 8, generator=generator), "y": torch.randn(3, 4, generator=generator)}
-                for _ in range(2 * dims[0] * dims[3])]
+    examples = [
+        {"x": torch.randn(3, 8, generator=generator), "y": torch.randn(3, 4, generator=generator)}
+        for _ in range(2 * dims[0] * dims[3])
+    ]
     config = _config(dims[0] * dims[3])
     serial_model = _plain()
     reference = sum(sgd_run(serial_model, examples, _plain_loss, config, None), [])  # losses, then norms
@@ -236,11 +253,13 @@ def test_shared_rows_match_serial_on_every_world4_grid() -> None:
 
 @pytest.mark.slow
 def test_shared_rows_match_serial_on_a_sample_of_world8() -> None:
-    cases = [("sgd", ((1, 2, 2, 2), "llama", "fused"), {}),
-             ("sgd", ((2, 2, 2, 1), "llama", "logits"), {"vocab_parallel": False}),
-             ("sgd", ((1, 2, 4, 1), "gpt2", "logits"), {}),
-             ("sgd", ((2, 4, 1, 1), "llama", "fused"), {"zero": 2}),
-             ("train", ((1, 4, 2, 1), "llama"), {})]
+    cases = [
+        ("sgd", ((1, 2, 2, 2), "llama", "fused"), {}),
+        ("sgd", ((2, 2, 2, 1), "llama", "logits"), {"vocab_parallel": False}),
+        ("sgd", ((1, 2, 4, 1), "gpt2", "logits"), {}),
+        ("sgd", ((2, 4, 1, 1), "llama", "fused"), {"zero": 2}),
+        ("train", ((1, 4, 2, 1), "llama"), {}),
+    ]
     assert run_distributed(8, _worker, cases, timeout=900) == [len(cases)] * 8
 
 
@@ -250,8 +269,13 @@ def _errors_worker() -> list[str]:
     try:
         for rows, batch in (("own", 2), ("shared", 3), ("own", 3)):
             try:
-                train(parallelize(llama(), grid), _examples(6), _logits_loss,
-                      TrainConfig(epochs=1, batch_size=batch, progress=False, rows=rows), grid=grid)
+                train(
+                    parallelize(llama(), grid),
+                    _examples(6),
+                    _logits_loss,
+                    TrainConfig(epochs=1, batch_size=batch, progress=False, rows=rows),
+                    grid=grid,
+                )
                 messages.append("")
             except ValueError as error:
                 messages.append(str(error))

@@ -27,10 +27,35 @@ def test_tensorboard_holds_the_metrics(tmp_path: Path) -> None:
 
     out = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), OMP_NUM_THREADS="1")
-    result = subprocess.run([sys.executable, "-m", "goldfish", "train", "--model", "micro-llama", "--n-train", "4",
-                             "--n-heldout", "0", "--seq-len", "32", "--epochs", "2", "--batch-size", "2",
-                             "--no-progress", "--report-to", "tensorboard", "--out", str(out)],
-                            env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "goldfish",
+            "train",
+            "--model",
+            "micro-llama",
+            "--n-train",
+            "4",
+            "--n-heldout",
+            "0",
+            "--seq-len",
+            "32",
+            "--epochs",
+            "2",
+            "--batch-size",
+            "2",
+            "--no-progress",
+            "--report-to",
+            "tensorboard",
+            "--out",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     events = EventAccumulator(str(out / "tensorboard"))

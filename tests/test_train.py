@@ -13,8 +13,15 @@ from engine.training.train import StepLoss, TrainConfig, lr_factor, train
 
 def _model(seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=32)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+    )
     return LlamaForCausalLM(config)
 
 
@@ -71,8 +78,9 @@ class _Crash(Exception):
 
 def test_resume_continues_bit_exactly(tmp_path):
     examples = _examples()
-    config = TrainConfig(epochs=3, batch_size=4, lr=5e-3, warmup_steps=2, schedule="cosine", save_every=2,
-                         progress=False)
+    config = TrainConfig(
+        epochs=3, batch_size=4, lr=5e-3, warmup_steps=2, schedule="cosine", save_every=2, progress=False
+    )
     whole = train(_model(), examples, _loss, config, out_dir=tmp_path / "whole", save_model=_save)
     losses = [h["loss"] for h in whole.history]
     assert len(losses) == 6
@@ -105,16 +113,23 @@ def test_resume_refuses_changed_settings(tmp_path):
     train(_model(), examples, _loss, config, out_dir=tmp_path, save_model=_save)
     changed = TrainConfig(epochs=1, batch_size=4, lr=1e-2, progress=False)
     with pytest.raises(ValueError, match="lr"):
-        train(_model(), examples, _loss, changed, out_dir=tmp_path, resume_from=tmp_path / "checkpoint",
-              save_model=_save)
+        train(
+            _model(), examples, _loss, changed, out_dir=tmp_path, resume_from=tmp_path / "checkpoint", save_model=_save
+        )
     with pytest.raises(FileNotFoundError, match="trainer_state"):
         train(_model(), examples, _loss, config, resume_from=tmp_path / "nowhere")
 
 
 def test_checkpoint_is_atomic_and_hf_loadable(tmp_path):
     model = _model()
-    train(model, _examples(), _loss, TrainConfig(epochs=1, batch_size=4, progress=False), out_dir=tmp_path,
-          save_model=_save)
+    train(
+        model,
+        _examples(),
+        _loss,
+        TrainConfig(epochs=1, batch_size=4, progress=False),
+        out_dir=tmp_path,
+        save_model=_save,
+    )
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["checkpoint", "metrics.jsonl"]  # no staging or .old folders left behind
     loaded = LlamaForCausalLM.from_pretrained(tmp_path / "checkpoint")
@@ -122,10 +137,17 @@ def test_checkpoint_is_atomic_and_hf_loadable(tmp_path):
         assert torch.equal(a, b), name
 
 
-@pytest.mark.parametrize("bad, match", [
-    (dict(epochs=0), "epochs"), (dict(batch_size=6, grad_accum=4), "divisible"), (dict(lr=0.0), "lr"),
-    (dict(schedule="linear"), "schedule"), (dict(precision="fp16"), "precision"), (dict(max_grad_norm=-1.0), "max_grad_norm"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(epochs=0), "epochs"),
+        (dict(batch_size=6, grad_accum=4), "divisible"),
+        (dict(lr=0.0), "lr"),
+        (dict(schedule="linear"), "schedule"),
+        (dict(precision="fp16"), "precision"),
+        (dict(max_grad_norm=-1.0), "max_grad_norm"),
+    ],
+)
 def test_config_validation(bad, match):
     with pytest.raises(ValueError, match=match):
         TrainConfig(**bad)
@@ -133,8 +155,9 @@ def test_config_validation(bad, match):
 
 def test_bf16_autocast_trains():
     model = _model()
-    result = train(model, _examples(), _loss, TrainConfig(epochs=3, batch_size=8, lr=1e-2, precision="bf16",
-                                                           progress=False))
+    result = train(
+        model, _examples(), _loss, TrainConfig(epochs=3, batch_size=8, lr=1e-2, precision="bf16", progress=False)
+    )
     assert result.history[-1]["loss"] < result.history[0]["loss"]
     assert all(p.dtype == torch.float32 for p in model.parameters())
 
@@ -147,8 +170,9 @@ def test_on_epoch_end_sees_each_finished_epoch_in_eval_mode(tmp_path):
     def on_epoch_end(m, epoch, step):
         calls.append((epoch, step, m.training, torch.is_grad_enabled()))
 
-    result = train(model, _examples(n=6), _loss, TrainConfig(epochs=3, batch_size=4, progress=False),
-                   on_epoch_end=on_epoch_end)
+    result = train(
+        model, _examples(n=6), _loss, TrainConfig(epochs=3, batch_size=4, progress=False), on_epoch_end=on_epoch_end
+    )
     assert calls == [(1, 2, False, False), (2, 4, False, False), (3, 6, False, False)]
     assert model.training  # training mode restored after the hook
     assert len(result.history) == 6

@@ -31,17 +31,36 @@ TOL = {"llama": {"rtol": 1e-5, "atol": 1e-6}, "gpt2": {"rtol": 1e-9, "atol": 1e-
 
 def llama(seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
-    config = LlamaConfig(hidden_size=64, num_attention_heads=8, num_key_value_heads=4, num_hidden_layers=2,
-                         vocab_size=VOCAB, intermediate_size=128, max_position_embeddings=64, attention_bias=True,
-                         tie_word_embeddings=True, pad_token_id=3)
+
+    config = LlamaConfig(
+        hidden_size=64,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        num_hidden_layers=2,
+        vocab_size=VOCAB,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        attention_bias=True,
+        tie_word_embeddings=True,
+        pad_token_id=3,
+    )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).double()
 
 
 def gpt2(seed: int = 0):
     from transformers import GPT2Config, GPT2LMHeadModel
-    config = GPT2Config(n_embd=64, n_head=4, n_layer=2, vocab_size=VOCAB, n_positions=32, resid_pdrop=0.0,
-                        embd_pdrop=0.0, attn_pdrop=0.0)
+
+    config = GPT2Config(
+        n_embd=64,
+        n_head=4,
+        n_layer=2,
+        vocab_size=VOCAB,
+        n_positions=32,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     torch.manual_seed(seed)
     return GPT2LMHeadModel(config).double()
 
@@ -50,6 +69,7 @@ MODELS = {"llama": llama, "gpt2": gpt2}
 
 
 # ----- the loss function alone ---------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("chunk", [1, 3, 7, 1000])
 def test_token_losses_equal_cross_entropy(chunk: int) -> None:
@@ -93,6 +113,7 @@ def test_token_losses_bad_input() -> None:
 
 # ----- the goldfish loss of a model -----------------------------------------------------------------------------
 
+
 def goldfish_batch(world: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(ids, targets, dropped) of world*ROWS rows, hashed goldfish mask with k=3, a few ignored targets."""
     gen = torch.Generator().manual_seed(5)
@@ -116,8 +137,9 @@ def test_serial_goldfish_losses_unchanged(name: str) -> None:
     model = copy.deepcopy(reference_model)
     ref = goldfish_loss(reference_model(input_ids=ids).logits, targets, dropped)
     ref.loss_sum.backward()
-    mine = goldfish_loss_from_token_losses(causal_lm_token_losses(model, ids, targets, chunk_tokens=5), targets,
-                                           dropped)
+    mine = goldfish_loss_from_token_losses(
+        causal_lm_token_losses(model, ids, targets, chunk_tokens=5), targets, dropped
+    )
     mine.loss_sum.backward()
     assert mine.n_dropped > 0
     _check_goldfish(mine, ref, {"rtol": 1e-6, "atol": 1e-6})  # goldfish_loss computes CE in float32
@@ -138,12 +160,14 @@ def test_other_models_fall_back_to_logits() -> None:
     ids, targets, dropped = goldfish_batch(1)
     model = Wrapped()
     losses = causal_lm_token_losses(model, ids, targets)
-    reference = F.cross_entropy(model(input_ids=ids).logits.float().flatten(0, 1), targets.flatten(),
-                                reduction="none").view(targets.shape)
+    reference = F.cross_entropy(
+        model(input_ids=ids).logits.float().flatten(0, 1), targets.flatten(), reduction="none"
+    ).view(targets.shape)
     torch.testing.assert_close(losses, reference)
 
 
 # ----- every grid --------------------------------------------------------------------------------------------
+
 
 def serial_reference(world: int) -> dict:
     ids, targets, dropped = goldfish_batch(world)
@@ -157,13 +181,21 @@ def serial_reference(world: int) -> dict:
         token_ce64 = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)
         kept = (targets != -100) & ~dropped
         torch.where(kept, token_ce64, torch.zeros_like(token_ce64)).sum().backward()
-        summary = {"loss_sum": result.loss_sum.item(), "all_loss": result.all_loss.item(),
-                   "dropped_loss": result.dropped_loss.item(), "n_kept": result.n_kept, "n_all": result.n_all,
-                   "n_dropped": result.n_dropped}
-        out[name] = {"logits": logits.detach(), "result": summary,
-                     "grads": {k: p.grad.clone() for k, p in model.named_parameters()},
-                     "norm": torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9).item(),
-                     "token_ce": token_ce64.detach()}
+        summary = {
+            "loss_sum": result.loss_sum.item(),
+            "all_loss": result.all_loss.item(),
+            "dropped_loss": result.dropped_loss.item(),
+            "n_kept": result.n_kept,
+            "n_all": result.n_all,
+            "n_dropped": result.n_dropped,
+        }
+        out[name] = {
+            "logits": logits.detach(),
+            "result": summary,
+            "grads": {k: p.grad.clone() for k, p in model.named_parameters()},
+            "norm": torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9).item(),
+            "token_ce": token_ce64.detach(),
+        }
     return out
 
 
@@ -209,14 +241,21 @@ def _worker(shapes: list[tuple[int, int, int, int]], ref: dict) -> int:
                 # the training path: per-token losses without full logits, split by the goldfish mask
                 token_ce = causal_lm_token_losses(model, ids[mine], targets[mine], chunk_tokens=5)
                 # float32 losses (as goldfish_loss computes them)
-                torch.testing.assert_close(token_ce.double(), expected["token_ce"][mine].double(), rtol=1e-6,
-                                           atol=1e-6)
+                torch.testing.assert_close(token_ce.double(), expected["token_ce"][mine].double(), rtol=1e-6, atol=1e-6)
                 result = goldfish_loss_from_token_losses(token_ce, targets[mine], dropped[mine])
                 result.loss_sum.backward()
                 reference = expected["result"]
-                sums = _world_sum([result.loss_sum.item(), float(result.all_loss.nan_to_num()) * result.n_all,
-                                   float(result.dropped_loss.nan_to_num()) * result.n_dropped, result.n_kept,
-                                   result.n_all, result.n_dropped], grid)
+                sums = _world_sum(
+                    [
+                        result.loss_sum.item(),
+                        float(result.all_loss.nan_to_num()) * result.n_all,
+                        float(result.dropped_loss.nan_to_num()) * result.n_dropped,
+                        result.n_kept,
+                        result.n_all,
+                        result.n_dropped,
+                    ],
+                    grid,
+                )
                 assert sums[3:] == [reference["n_kept"], reference["n_all"], reference["n_dropped"]]
                 assert sums[0] == pytest.approx(reference["loss_sum"], rel=1e-6)
                 assert sums[1] / sums[4] == pytest.approx(reference["all_loss"], rel=1e-6)
@@ -254,6 +293,7 @@ def _refusals() -> list[str]:
     except ShardingError as error:
         messages.append(str(error))
     from transformers import GPT2Config, GPT2LMHeadModel
+
     odd = GPT2LMHeadModel(GPT2Config(n_embd=64, n_head=4, n_layer=1, vocab_size=VOCAB + 1, n_positions=32))
     model = parallelize(copy.deepcopy(odd), grid)  # default: kept whole, since 129 does not divide by 2
     messages.append(str(is_vocab_parallel(model.get_input_embeddings())))

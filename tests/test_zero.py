@@ -82,22 +82,41 @@ def _serial_reference(name: str) -> dict:
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model = MODELS[name]()
     history = train(model, _examples(), _loss, _config(0)).history
-    return {"loss": float(loss.detach()), "norm": norm, "grads": grads, "history": history,
-            "weights": {k: v.clone() for k, v in model.state_dict().items()}}
+    return {
+        "loss": float(loss.detach()),
+        "norm": norm,
+        "grads": grads,
+        "history": history,
+        "weights": {k: v.clone() for k, v in model.state_dict().items()},
+    }
 
 
 def _config(stage: int, node: int = 1, offload: bool = False) -> TrainConfig:
-    return TrainConfig(epochs=1, batch_size=ROWS, lr=1e-2, max_grad_norm=1.0, progress=False, zero=stage,
-                       zero_node_size=node, offload_optimizer=offload)
+    return TrainConfig(
+        epochs=1,
+        batch_size=ROWS,
+        lr=1e-2,
+        max_grad_norm=1.0,
+        progress=False,
+        zero=stage,
+        zero_node_size=node,
+        offload_optimizer=offload,
+    )
 
 
 def _full_gradients(model, grid) -> dict[str, torch.Tensor]:
     """Every parameter's gradient after sync_gradients, whole and in the serial layout (test-side gathering)."""
     from engine.core.linear import ParallelLinear
+
     zero = zero_state(model)
     from engine.core.vocab_parallel import is_vocab_parallel
-    owners = {id(p): (m, n) for m in model.modules() if isinstance(m, ParallelLinear)
-              for n, p in m.named_parameters(recurse=False)}
+
+    owners = {
+        id(p): (m, n)
+        for m in model.modules()
+        if isinstance(m, ParallelLinear)
+        for n, p in m.named_parameters(recurse=False)
+    }
     vocab = {id(m.weight): m for m in model.modules() if is_vocab_parallel(m)}  # split by vocabulary over x*y*z
     out = {}
     for name, p in model.named_parameters():
@@ -147,8 +166,7 @@ def _check_grid(shape: GridShape, zero: ZeroConfig, name: str, reference: dict) 
             # AdamW divides by the gradient's own scale: an element whose gradient is ~0 can move by a fraction of
             # lr in a direction float rounding picks (2.3e-4 seen on one GPT-2 element, with stage 0 too). A chunk
             # updated wrongly or not gathered moves by ~lr = 1e-2; the gradient check above is the strict one.
-            torch.testing.assert_close(weights[key], value, rtol=1e-4, atol=1e-3,
-                                       msg=lambda m: f"{what} {key}: {m}")
+            torch.testing.assert_close(weights[key], value, rtol=1e-4, atol=1e-3, msg=lambda m: f"{what} {key}: {m}")
         assert not any(is_dtensor(v) for v in weights.values())
     finally:
         grid.close()
@@ -184,9 +202,11 @@ def test_every_stage_matches_serial_on_every_world4_grid() -> None:
 
 
 def test_world8_sample_with_hierarchy() -> None:
-    cases = [((4, 2, 1, 1), {"stage": 3, "node_size": 2}, "llama"),
-             ((2, 1, 2, 2), {"stage": 3}, "gpt2"),
-             ((8, 1, 1, 1), {"stage": 2, "node_size": 4, "offload": True}, "llama")]
+    cases = [
+        ((4, 2, 1, 1), {"stage": 3, "node_size": 2}, "llama"),
+        ((2, 1, 2, 2), {"stage": 3}, "gpt2"),
+        ((8, 1, 1, 1), {"stage": 2, "node_size": 4, "offload": True}, "llama"),
+    ]
     assert run_distributed(8, _worker, cases, timeout=900) == [len(cases)] * 8
 
 
@@ -255,9 +275,12 @@ def _sgd_reference(name: str, batches: list[tuple[torch.Tensor, torch.Tensor]]) 
 def _chunked_loss_worker(cases: list[tuple[tuple[int, int, int, int], int, bool | None, str]]) -> list[int]:
     from engine.core.vocab_parallel import causal_lm_token_losses, is_vocab_parallel
     from engine.memory.zero import model_class_name
+
     examples = _examples(SGD_STEPS * ROWS)
-    batches = [(torch.stack([e["input_ids"] for e in chunk]), torch.stack([e["targets"] for e in chunk]))
-               for chunk in (examples[i:i + ROWS] for i in range(0, len(examples), ROWS))]
+    batches = [
+        (torch.stack([e["input_ids"] for e in chunk]), torch.stack([e["targets"] for e in chunk]))
+        for chunk in (examples[i : i + ROWS] for i in range(0, len(examples), ROWS))
+    ]
     references = {name: _sgd_reference(name, batches) for name in {case[-1] for case in cases}}
     largest = []
     for dims, stage, vocab_parallel, name in cases:
@@ -265,8 +288,9 @@ def _chunked_loss_worker(cases: list[tuple[tuple[int, int, int, int], int, bool 
         grid = init(data=shape.data, x=shape.x, y=shape.y, z=shape.z)
         what = f"{name} grid {shape} zero {stage} vocab_parallel {vocab_parallel}"
         try:
-            model = shard_data_axis(parallelize(MODELS[name](), grid, vocab_parallel=vocab_parallel), grid,
-                                    ZeroConfig(stage=stage))
+            model = shard_data_axis(
+                parallelize(MODELS[name](), grid, vocab_parallel=vocab_parallel), grid, ZeroConfig(stage=stage)
+            )
             assert model_class_name(model) == type(MODELS[name]()).__name__, what  # not FSDP's "FSDP<class>"
             parts = grid.size("x", "y", "z") if is_vocab_parallel(model.get_output_embeddings()) else 1
             share = ROWS // grid.world_size
@@ -288,8 +312,9 @@ def _chunked_loss_worker(cases: list[tuple[tuple[int, int, int, int], int, bool 
             largest.append(spy.largest)
             weights = full_state_dict(model, grid)
             for key, value in references[name]["weights"].items():
-                torch.testing.assert_close(weights[key], value, rtol=1e-5, atol=1e-6,
-                                           msg=lambda m, k=key: f"{what} {k}: {m}")
+                torch.testing.assert_close(
+                    weights[key], value, rtol=1e-5, atol=1e-6, msg=lambda m, k=key: f"{what} {k}: {m}"
+                )
         finally:
             grid.close()
     return largest
@@ -299,18 +324,30 @@ def test_chunked_loss_under_zero2_and_zero3_builds_no_full_logits() -> None:
     """causal_lm_token_losses on an FSDP2-partitioned model (ZeRO 2 and 3) takes the chunked path (the largest
     vocabulary-wide tensor in forward and backward is one chunk's logits, not the (rows, seq, V) logits a fallback
     to model(...).logits builds) and its losses and weights after SGD steps equal the serial model's."""
-    cases = [((4, 1, 1, 1), 2, None, "llama"), ((4, 1, 1, 1), 3, None, "llama"),
-             ((2, 2, 1, 1), 2, None, "llama"), ((2, 2, 1, 1), 3, None, "llama"),
-             ((2, 1, 2, 1), 3, False, "llama"), ((2, 1, 1, 2), 2, None, "llama")]  # (GPT-2's c_attn has 96 outputs too)
+    cases = [
+        ((4, 1, 1, 1), 2, None, "llama"),
+        ((4, 1, 1, 1), 3, None, "llama"),
+        ((2, 2, 1, 1), 2, None, "llama"),
+        ((2, 2, 1, 1), 3, None, "llama"),
+        ((2, 1, 2, 1), 3, False, "llama"),
+        ((2, 1, 1, 2), 2, None, "llama"),
+    ]  # (GPT-2's c_attn has 96 outputs too)
     results = run_distributed(4, _chunked_loss_worker, cases, timeout=600)
-    assert results[0] == [CHUNK * VOCAB, CHUNK * VOCAB, CHUNK * VOCAB // 2, CHUNK * VOCAB // 2, CHUNK * VOCAB,
-                          CHUNK * VOCAB // 2]
+    assert results[0] == [
+        CHUNK * VOCAB,
+        CHUNK * VOCAB,
+        CHUNK * VOCAB // 2,
+        CHUNK * VOCAB // 2,
+        CHUNK * VOCAB,
+        CHUNK * VOCAB // 2,
+    ]
 
 
 # ----- checkpoints: exact resume at the same grid and stage, resume at others, consolidation -------------------
 
-CKPT_CONFIG = dict(epochs=2, batch_size=ROWS, lr=1e-2, warmup_steps=1, schedule="cosine", save_every=2,
-                   progress=False)  # 4 steps of ROWS sequences; checkpoints after steps 2 and 4
+CKPT_CONFIG = dict(
+    epochs=2, batch_size=ROWS, lr=1e-2, warmup_steps=1, schedule="cosine", save_every=2, progress=False
+)  # 4 steps of ROWS sequences; checkpoints after steps 2 and 4
 SAVE_SHAPE, SAVE_ZERO = {"data": 2, "x": 2}, {"zero": 3}
 
 
@@ -323,6 +360,7 @@ def _crashing_loss(crash_at_step: int | None):
         if crash_at_step is not None and int(batch["step"]) == crash_at_step:
             raise _Crash  # on every rank, before any collective of that step
         return _loss(model, batch)
+
     return loss_fn
 
 
@@ -333,6 +371,7 @@ def _save_hf(grid):
             plain = llama()
             plain.load_state_dict(state)
             plain.save_pretrained(directory)
+
     return save
 
 
@@ -342,8 +381,16 @@ def _run(shape: dict, zero: dict, out, resume=None, crash_at: int | None = None,
         torch.manual_seed(seed)
         model = parallelize(llama() if seed == 0 else MODELS["llama"]().apply(_reinit), grid)
         try:
-            result = train(model, _examples(), _crashing_loss(crash_at), TrainConfig(**CKPT_CONFIG, **zero),
-                           out_dir=out, grid=grid, resume_from=resume, save_model=_save_hf(grid))
+            result = train(
+                model,
+                _examples(),
+                _crashing_loss(crash_at),
+                TrainConfig(**CKPT_CONFIG, **zero),
+                out_dir=out,
+                grid=grid,
+                resume_from=resume,
+                save_model=_save_hf(grid),
+            )
         except _Crash:
             return []
         return [h["loss"] for h in result.history]
@@ -359,6 +406,7 @@ def _reinit(module) -> None:
 
 def _checkpoint_runs(tmp: str) -> dict[str, list[float]]:
     from pathlib import Path
+
     root = Path(tmp)
     out = {"whole": _run(SAVE_SHAPE, SAVE_ZERO, root / "whole")}
     assert _run(SAVE_SHAPE, SAVE_ZERO, root / "crashed", crash_at=2) == []
@@ -366,8 +414,9 @@ def _checkpoint_runs(tmp: str) -> dict[str, list[float]]:
     out["same"] = _run(SAVE_SHAPE, SAVE_ZERO, root / "resumed", resume=resume, seed=1)
     out["data=4 stage 1"] = _run({"data": 4}, {"zero": 1}, None, resume=resume, seed=1)
     out["data=2,y=2 stage 0"] = _run({"data": 2, "y": 2}, {}, None, resume=resume, seed=1)
-    out["data=4 stage 2 hierarchy offload"] = _run({"data": 4}, {"zero": 2, "zero_node_size": 2,
-                                                                 "offload_optimizer": True}, None, resume=resume, seed=1)
+    out["data=4 stage 2 hierarchy offload"] = _run(
+        {"data": 4}, {"zero": 2, "zero_node_size": 2, "offload_optimizer": True}, None, resume=resume, seed=1
+    )
     return out
 
 
@@ -382,8 +431,13 @@ def test_checkpoint_resume_and_consolidation(tmp_path) -> None:
     for name in ("data=4 stage 1", "data=2,y=2 stage 0", "data=4 stage 2 hierarchy offload"):
         assert losses[name] == pytest.approx(losses["whole"][2:], rel=1e-6), name
     # one process, no ZeRO, from the ZeRO-3 checkpoint
-    serial = train(MODELS["llama"]().apply(_reinit), _examples(), _crashing_loss(None), TrainConfig(**CKPT_CONFIG),
-                   resume_from=tmp_path / "crashed" / "checkpoint")
+    serial = train(
+        MODELS["llama"]().apply(_reinit),
+        _examples(),
+        _crashing_loss(None),
+        TrainConfig(**CKPT_CONFIG),
+        resume_from=tmp_path / "crashed" / "checkpoint",
+    )
     assert [h["loss"] for h in serial.history] == pytest.approx(losses["whole"][2:], rel=1e-6)
     # consolidation: the shards written through DTensor.full_tensor() equal what full_state_dict gathered
     checkpoint = tmp_path / "whole" / "checkpoint"
@@ -395,6 +449,7 @@ def test_checkpoint_resume_and_consolidation(tmp_path) -> None:
 
 
 # ----- bytes: counted equal to engine.planner.cost_model's prediction; memory held equal to zero_held_bytes -----
+
 
 def _bytes_worker(cases: list[tuple[tuple[int, int, int, int], dict]]) -> int:
     from test_comm_model import tiny_llama_config
@@ -421,8 +476,9 @@ def _bytes_worker(cases: list[tuple[tuple[int, int, int, int], dict]]) -> int:
         # loss `goldfish train` runs; else whole embeddings and the loss from model(...).logits
         split = index % 2 == 0 and shape.size("x", "y", "z") > 1
         try:
-            model = shard_data_axis(parallelize(copy.deepcopy(serial), grid, vocab_parallel=None if split else False),
-                                    grid, zero)
+            model = shard_data_axis(
+                parallelize(copy.deepcopy(serial), grid, vocab_parallel=None if split else False), grid, zero
+            )
             optimizer = make_adamw(model, [{"params": list(model.parameters())}], lr=1e-3)
             ids = torch.randint(0, config.vocab_size, (1, SEQ), generator=torch.Generator().manual_seed(grid.rank))
             traffic = grid.traffic
@@ -449,22 +505,38 @@ def _bytes_worker(cases: list[tuple[tuple[int, int, int, int], dict]]) -> int:
             finally:
                 traffic.enabled = False
             measured = {phase: {k: v for k, v in counts.items() if v} for phase, counts in measured.items()}
-            predicted = llama_step_collectives(model_shape, shape, rows_per_rank=1, seq=SEQ, param_bytes=4,
-                                               act_bytes=4, stream_bytes=4, zero=zero, data_rank=grid.coord("data"),
-                                               vocab_parallel=split)
+            predicted = llama_step_collectives(
+                model_shape,
+                shape,
+                rows_per_rank=1,
+                seq=SEQ,
+                param_bytes=4,
+                act_bytes=4,
+                stream_bytes=4,
+                zero=zero,
+                data_rank=grid.coord("data"),
+                vocab_parallel=split,
+            )
             expected = {phase: bytes_by_group(predicted, phase) for phase in PHASES}
-            assert measured == expected, f"grid {shape} {zero} vocab split {split}: measured {measured} != predicted {expected}"
+            assert measured == expected, (
+                f"grid {shape} {zero} vocab split {split}: measured {measured} != predicted {expected}"
+            )
             held = held_bytes(model, optimizer)
-            assert held == zero_held_bytes(model_shape, shape, zero, data_rank=grid.coord("data"),
-                                           vocab_parallel=split), f"grid {shape} {zero} vocab split {split}: held {held}"
+            assert held == zero_held_bytes(
+                model_shape, shape, zero, data_rank=grid.coord("data"), vocab_parallel=split
+            ), f"grid {shape} {zero} vocab split {split}: held {held}"
         finally:
             grid.close()
     return len(cases)
 
 
 def test_bytes_and_memory_equal_prediction_on_world4_grids() -> None:
-    cases = [((g.data, g.x, g.y, g.z), {"stage": stage}) for g in ordered_grids(4) if g.data >= 2
-             for stage in (1, 2, 3)]
-    cases += [((4, 1, 1, 1), {"stage": 3, "node_size": 2}), ((4, 1, 1, 1), {"stage": 2, "node_size": 2}),
-              ((2, 2, 1, 1), {"stage": 3, "offload": True})]
+    cases = [
+        ((g.data, g.x, g.y, g.z), {"stage": stage}) for g in ordered_grids(4) if g.data >= 2 for stage in (1, 2, 3)
+    ]
+    cases += [
+        ((4, 1, 1, 1), {"stage": 3, "node_size": 2}),
+        ((4, 1, 1, 1), {"stage": 2, "node_size": 2}),
+        ((2, 2, 1, 1), {"stage": 3, "offload": True}),
+    ]
     assert run_distributed(4, _bytes_worker, cases) == [len(cases)] * 4

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from engine.core.grid import AxisGroup
+
 # engine.training.state and engine.memory.zero read comm.BUCKET_ELEMENTS
 from engine.spec import BUCKET_ELEMENTS  # noqa: F401
 
@@ -100,8 +101,10 @@ def reduce_scatter_async(t: torch.Tensor, group: AxisGroup, dim: int = 0) -> Pen
     if group.size == 1:
         return _done(t)
     if t.dim() == 0 or t.shape[dim] % group.size:
-        raise ValueError(f"reduce_scatter over {group.name} ({group.size} ranks) needs dim {dim} of shape "
-                         f"{tuple(t.shape)} to be divisible by {group.size}")
+        raise ValueError(
+            f"reduce_scatter over {group.name} ({group.size} ranks) needs dim {dim} of shape "
+            f"{tuple(t.shape)} to be divisible by {group.size}"
+        )
     dim = dim % t.dim()
     front = t.movedim(dim, 0).contiguous()
     out = torch.empty((front.shape[0] // group.size, *front.shape[1:]), dtype=t.dtype, device=t.device)
@@ -120,8 +123,9 @@ def chunk(t: torch.Tensor, group: AxisGroup, dim: int = 0) -> torch.Tensor:
     if group.size == 1:
         return t
     if t.shape[dim] % group.size:
-        raise ValueError(f"cannot split dim {dim} of shape {tuple(t.shape)} over {group.name} "
-                         f"({group.size} ranks): not divisible")
+        raise ValueError(
+            f"cannot split dim {dim} of shape {tuple(t.shape)} over {group.name} ({group.size} ranks): not divisible"
+        )
     return t.chunk(group.size, dim=dim)[group.rank]
 
 
@@ -152,7 +156,7 @@ def all_reduce_coalesced(tensors: list[torch.Tensor], group: AxisGroup) -> None:
         dist.all_reduce(flat, group=group.group)
         offset = 0
         for t in same:
-            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            t.copy_(flat[offset : offset + t.numel()].view_as(t))
             offset += t.numel()
 
 
@@ -211,8 +215,10 @@ def barrier(group: AxisGroup) -> None:
 
 # ----- FSDP2's collectives, counted (engine/memory/zero.py plugs these into torch.distributed.fsdp.fully_shard) -----
 
+
 def _fsdp_api():
     from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter  # FSDP2's comm hooks
+
     return AllGather, ReduceScatter
 
 
@@ -229,8 +235,10 @@ class _NamedGroups:
         if found is None:
             ranks = tuple(dist.get_process_group_ranks(group))
             if ranks not in self._by_ranks:
-                raise RuntimeError(f"FSDP issued a collective on ranks {ranks}, not a data-axis group of the grid "
-                                   f"({', '.join(g.name for g in self._by_ranks.values())})")
+                raise RuntimeError(
+                    f"FSDP issued a collective on ranks {ranks}, not a data-axis group of the grid "
+                    f"({', '.join(g.name for g in self._by_ranks.values())})"
+                )
             found = self._cache[id(group)] = self._by_ranks[ranks]
         return found
 
@@ -263,8 +271,10 @@ def fsdp_comms(groups: list[AxisGroup], hierarchy: tuple[AxisGroup, AxisGroup] |
 
         def __call__(self, output_tensor, input_tensor, group, op, async_op=False):  # noqa: ANN001
             if op != dist.ReduceOp.SUM:
-                raise RuntimeError(f"the engine's FSDP reduce-scatter sums gradients; FSDP asked for {op} (set "
-                                   "set_force_sum_reduction_for_comms(True) on every fully_shard'ed module)")
+                raise RuntimeError(
+                    f"the engine's FSDP reduce-scatter sums gradients; FSDP asked for {op} (set "
+                    "set_force_sum_reduction_for_comms(True) on every fully_shard'ed module)"
+                )
             axis = named(group)
             if hierarchy is None or axis.name != "data":
                 axis.counter.add(axis.name, _nbytes(input_tensor) * (axis.size - 1) / axis.size)

@@ -137,8 +137,15 @@ class _TensorParallelMatmul(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, shard_group: AxisGroup,
-                input_grad_group: AxisGroup, overlap: bool, gathered: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        ctx,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        shard_group: AxisGroup,
+        input_grad_group: AxisGroup,
+        overlap: bool,
+        gathered: torch.Tensor | None,
+    ) -> torch.Tensor:
         full = gathered if gathered is not None else comm.all_gather(weight, shard_group, 0)
         # Under autocast, multiply in the autocast dtype like F.linear would (a custom Function is not
         # cast automatically); gradients leave in the dtypes of x and the weight.
@@ -182,9 +189,14 @@ class _TensorParallelMatmul(torch.autograd.Function):
         return grad_x, grad_w, None, None, None, None
 
 
-def tensor_parallel_matmul(x: torch.Tensor, weight: torch.Tensor, shard_group: AxisGroup,
-                           input_grad_group: AxisGroup, overlap: bool = True,
-                           gathered: torch.Tensor | None = None) -> torch.Tensor:
+def tensor_parallel_matmul(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    shard_group: AxisGroup,
+    input_grad_group: AxisGroup,
+    overlap: bool = True,
+    gathered: torch.Tensor | None = None,
+) -> torch.Tensor:
     """x @ W.T with W gathered from `weight` shards over `shard_group`; see _TensorParallelMatmul.
 
     Shapes: x (..., k), weight (m / shard_group.size, k) -> (..., m). `gathered`: W already gathered
@@ -192,5 +204,6 @@ def tensor_parallel_matmul(x: torch.Tensor, weight: torch.Tensor, shard_group: A
     """
     if shard_group.size == 1 and input_grad_group.size == 1:
         return torch.matmul(x, weight.t())
-    return _TensorParallelMatmul.apply(x, weight, shard_group, input_grad_group, overlap,
-                                       None if gathered is None else gathered.detach())
+    return _TensorParallelMatmul.apply(
+        x, weight, shard_group, input_grad_group, overlap, None if gathered is None else gathered.detach()
+    )

@@ -12,7 +12,6 @@ module-level state, so `init` may be called again with another shape and returns
 
 from __future__ import annotations
 
-import itertools
 import os
 import socket
 from dataclasses import dataclass, field
@@ -29,9 +28,16 @@ from engine.spec import AXES, GridError, GridShape, _check_axis  # noqa: F401 - 
 # parameters whose batch is split over those axes; ("y", "z") reduces per-head norms' gradient chunks when
 # ZeRO has taken over the data axis (engine/memory/zero.py).
 GROUP_AXES: tuple[tuple[str, ...], ...] = (
-    ("x",), ("y",), ("z",), ("data",),
-    ("x", "y"), ("y", "z"), ("x", "y", "z"),
-    ("z", "data"), ("y", "z", "data"), ("x", "y", "z", "data"),
+    ("x",),
+    ("y",),
+    ("z",),
+    ("data",),
+    ("x", "y"),
+    ("y", "z"),
+    ("x", "y", "z"),
+    ("z", "data"),
+    ("y", "z", "data"),
+    ("x", "y", "z", "data"),
 )
 
 
@@ -90,7 +96,8 @@ class Grid:
             raise GridError(
                 f"grid data={shape.data} x={shape.x} y={shape.y} z={shape.z} needs "
                 f"{shape.world_size} ranks but the world has {world}; choose sizes whose product is {world} "
-                f"(or launch {shape.world_size} processes)")
+                f"(or launch {shape.world_size} processes)"
+            )
         self.shape = shape
         self.backend = backend
         self.device = device
@@ -109,8 +116,9 @@ class Grid:
                 handles[effective] = self._build_group(effective)
             ranks, handle = handles[effective]
             name = "+".join(axes) if axes != AXES else "world"
-            self._groups[axes] = AxisGroup(name, axes, len(ranks), ranks.index(self.rank), tuple(ranks), handle,
-                                           self.traffic)
+            self._groups[axes] = AxisGroup(
+                name, axes, len(ranks), ranks.index(self.rank), tuple(ranks), handle, self.traffic
+            )
 
     def _build_group(self, axes: tuple[str, ...]) -> tuple[list[int], dist.ProcessGroup | None]:
         """Create the groups of `axes` (all ranks take part) and return this rank's members and handle."""
@@ -134,8 +142,9 @@ class Grid:
         if len(key) != len(axes) or key not in self._groups:
             for a in axes:
                 _check_axis(a)
-            raise GridError(f"the grid has no group for axes {axes}; available: "
-                            f"{', '.join('+'.join(k) for k in self._groups)}")
+            raise GridError(
+                f"the grid has no group for axes {axes}; available: {', '.join('+'.join(k) for k in self._groups)}"
+            )
         return self._groups[key]
 
     def size(self, *axes: str) -> int:
@@ -153,15 +162,21 @@ class Grid:
         """
         data = self.shape.data
         if node_size < 1 or data % node_size:
-            raise GridError(f"a node of {node_size} data ranks does not divide the data axis of size {data}; "
-                            "choose a node size that divides it")
+            raise GridError(
+                f"a node of {node_size} data ranks does not divide the data axis of size {data}; "
+                "choose a node size that divides it"
+            )
         key = ("data.intra", node_size)
         if key not in self._node_groups:
             built = []
             data_groups = self.shape.group_ranks(("data",))  # each sorted by data index; same order everywhere
-            layouts = (("data.intra", [g[n * node_size:(n + 1) * node_size] for g in data_groups
-                                       for n in range(data // node_size)]),
-                       ("data.inter", [g[i::node_size] for g in data_groups for i in range(node_size)]))
+            layouts = (
+                (
+                    "data.intra",
+                    [g[n * node_size : (n + 1) * node_size] for g in data_groups for n in range(data // node_size)],
+                ),
+                ("data.inter", [g[i::node_size] for g in data_groups for i in range(node_size)]),
+            )
             for name, all_ranks in layouts:
                 mine: tuple[list[int], dist.ProcessGroup | None] | None = None
                 for ranks in all_ranks:
@@ -176,8 +191,9 @@ class Grid:
                         mine = (ranks, handle)
                 assert mine is not None
                 ranks, handle = mine
-                built.append(AxisGroup(name, ("data",), len(ranks), ranks.index(self.rank), tuple(ranks), handle,
-                                       self.traffic))
+                built.append(
+                    AxisGroup(name, ("data",), len(ranks), ranks.index(self.rank), tuple(ranks), handle, self.traffic)
+                )
             self._node_groups[key] = tuple(built)
         return self._node_groups[key]
 
@@ -229,12 +245,17 @@ def _launcher_environment() -> dict[str, str] | None:
     """RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* from SLURM, or None when torchrun (env://) or nothing launched us."""
     env = os.environ
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
-        out = {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_NTASKS"],
-               "LOCAL_RANK": env.get("SLURM_LOCALID", "0")}
+        out = {
+            "RANK": env["SLURM_PROCID"],
+            "WORLD_SIZE": env["SLURM_NTASKS"],
+            "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
+        }
         missing = [n for n in ("MASTER_ADDR", "MASTER_PORT") if n not in env]
         if missing and int(out["WORLD_SIZE"]) > 1:
-            raise GridError(f"cannot start torch.distributed under SLURM: {', '.join(missing)} not set; export "
-                            "MASTER_ADDR (the first node's host name) and MASTER_PORT (a free port) in the job script")
+            raise GridError(
+                f"cannot start torch.distributed under SLURM: {', '.join(missing)} not set; export "
+                "MASTER_ADDR (the first node's host name) and MASTER_PORT (a free port) in the job script"
+            )
         out["MASTER_ADDR"] = env.get("MASTER_ADDR", "127.0.0.1")
         out["MASTER_PORT"] = env.get("MASTER_PORT", str(_free_port()))
         return out
@@ -254,11 +275,20 @@ def _init_world(backend: str) -> None:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun, or a launcher that sets the same names
         dist.init_process_group(backend=backend, init_method="env://", timeout=timeout, device_id=device_id)
         return
-    env = _launcher_environment() or {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                                      "MASTER_PORT": str(_free_port())}  # a lone process: a world of one
-    dist.init_process_group(backend=backend, init_method=f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}",
-                            rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]), timeout=timeout,
-                            device_id=device_id)
+    env = _launcher_environment() or {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+    }  # a lone process: a world of one
+    dist.init_process_group(
+        backend=backend,
+        init_method=f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}",
+        rank=int(env["RANK"]),
+        world_size=int(env["WORLD_SIZE"]),
+        timeout=timeout,
+        device_id=device_id,
+    )
 
 
 def init(data: int = 1, x: int = 1, y: int = 1, z: int = 1, *, backend: str | None = None) -> Grid:

@@ -90,7 +90,6 @@ class _Prefetch:
         return full if valid else None
 
 
-
 def mode_axes(mode: str) -> tuple[str, str]:
     """(axis splitting a layer's input features, axis splitting its output features) in sharding `mode`: the
     transposed mode swaps the roles of x and y so consecutive layers chain without moving activations."""
@@ -105,15 +104,45 @@ class ParallelLinear(nn.Linear):
     either way). `name` appears in error messages.
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, grid: Grid,
-                 mode: str = "default", overlap: bool = True, name: str = "", device: torch.device | str | None = None,
-                 dtype: torch.dtype | None = None) -> None:
-        self._setup(in_features, out_features, bias, grid=grid, mode=mode, overlap=overlap, name=name,
-                    device=device, dtype=dtype)
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        grid: Grid,
+        mode: str = "default",
+        overlap: bool = True,
+        name: str = "",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        self._setup(
+            in_features,
+            out_features,
+            bias,
+            grid=grid,
+            mode=mode,
+            overlap=overlap,
+            name=name,
+            device=device,
+            dtype=dtype,
+        )
         self.reset_parameters()
 
-    def _setup(self, in_features: int, out_features: int, bias: bool, *, grid: Grid, mode: str, overlap: bool,
-               name: str, device: torch.device | str | None, dtype: torch.dtype | None) -> None:
+    def _setup(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        *,
+        grid: Grid,
+        mode: str,
+        overlap: bool,
+        name: str,
+        device: torch.device | str | None,
+        dtype: torch.dtype | None,
+    ) -> None:
         nn.Module.__init__(self)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -150,17 +179,21 @@ class ParallelLinear(nn.Linear):
         if self.in_features % n_in:
             raise ShardingError(
                 f"{self.name}: in_features {self.in_features} is not divisible by {in_axis}={n_in} "
-                f"(its input features are split over {in_axis}); choose {in_axis} dividing {self.in_features}")
+                f"(its input features are split over {in_axis}); choose {in_axis} dividing {self.in_features}"
+            )
         if self.out_features % (n_out * n_z):
             raise ShardingError(
                 f"{self.name}: out_features {self.out_features} is not divisible by {out_axis}*z={n_out}*{n_z} "
                 f"(its output features are split over {out_axis}, each block's rows over z); choose "
-                f"{out_axis}*z dividing {self.out_features}")
+                f"{out_axis}*z dividing {self.out_features}"
+            )
 
     def _shard_shape(self, mode: str) -> tuple[int, int]:
         in_axis, out_axis = self._axes(mode)
-        return (self.out_features // (self.grid.size(out_axis) * self.grid.size("z")),
-                self.in_features // self.grid.size(in_axis))
+        return (
+            self.out_features // (self.grid.size(out_axis) * self.grid.size("z")),
+            self.in_features // self.grid.size(in_axis),
+        )
 
     def _shard_slices(self, mode: str) -> tuple[slice, slice]:
         """(rows, columns) of the full weight (in stored output order) that this rank holds."""
@@ -233,16 +266,21 @@ class ParallelLinear(nn.Linear):
     def load_full_(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "ParallelLinear":
         """Copy this rank's shards out of the full (out, in) weight and (out,) bias (no communication)."""
         if tuple(weight.shape) != (self.out_features, self.in_features):
-            raise ShardingError(f"{self.name}: full weight must have shape {(self.out_features, self.in_features)}, "
-                                f"got {tuple(weight.shape)}")
+            raise ShardingError(
+                f"{self.name}: full weight must have shape {(self.out_features, self.in_features)}, "
+                f"got {tuple(weight.shape)}"
+            )
         self.weight.copy_(self.shard_weight(weight))
         if (bias is None) != (self.bias is None):
-            raise ShardingError(f"{self.name}: bias {'missing' if bias is None else 'given'} but the layer "
-                                f"{'has' if self.bias is not None else 'has no'} bias")
+            raise ShardingError(
+                f"{self.name}: bias {'missing' if bias is None else 'given'} but the layer "
+                f"{'has' if self.bias is not None else 'has no'} bias"
+            )
         if bias is not None:
             if tuple(bias.shape) != (self.out_features,):
-                raise ShardingError(f"{self.name}: full bias must have shape {(self.out_features,)}, "
-                                    f"got {tuple(bias.shape)}")
+                raise ShardingError(
+                    f"{self.name}: full bias must have shape {(self.out_features,)}, got {tuple(bias.shape)}"
+                )
             self.bias.copy_(self.shard_bias(bias))
         return self
 
@@ -280,12 +318,22 @@ class ParallelLinear(nn.Linear):
         return self
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, grid: Grid, *, mode: str = "default", overlap: bool = True,
-                    name: str = "") -> "ParallelLinear":
+    def from_linear(
+        cls, linear: nn.Linear, grid: Grid, *, mode: str = "default", overlap: bool = True, name: str = ""
+    ) -> "ParallelLinear":
         """A ParallelLinear holding this rank's shards of `linear`'s weights exactly (no random init)."""
         layer = cls.__new__(cls)
-        layer._setup(linear.in_features, linear.out_features, linear.bias is not None, grid=grid, mode=mode,
-                     overlap=overlap, name=name, device=linear.weight.device, dtype=linear.weight.dtype)
+        layer._setup(
+            linear.in_features,
+            linear.out_features,
+            linear.bias is not None,
+            grid=grid,
+            mode=mode,
+            overlap=overlap,
+            name=name,
+            device=linear.weight.device,
+            dtype=linear.weight.dtype,
+        )
         layer.weight.requires_grad_(linear.weight.requires_grad)
         if layer.bias is not None:
             layer.bias.requires_grad_(linear.bias.requires_grad)
@@ -344,5 +392,7 @@ class ParallelLinear(nn.Linear):
         return self
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"mode={self.mode}, shard={tuple(self.weight.shape)}, overlap={self.overlap}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+            f"mode={self.mode}, shard={tuple(self.weight.shape)}, overlap={self.overlap}"
+        )

@@ -59,13 +59,15 @@ def gather_rows(rows: Sequence[Any], grid: Grid | None) -> list[Any] | None:
         return None
     blocks = sorted(item for item in received if item is not None)
     if [index for index, _ in blocks] != list(range(grid.size("data"))):
-        raise ShardedRunError(f"expected one block per data index 0..{grid.size('data') - 1}, got "
-                                f"{[index for index, _ in blocks]}")
+        raise ShardedRunError(
+            f"expected one block per data index 0..{grid.size('data') - 1}, got {[index for index, _ in blocks]}"
+        )
     return [row for _, block in blocks for row in block]
 
 
-def run_sharded(fn: Callable[[list[Any]], Sequence[Any]], documents: Sequence[Any], grid: Grid | None
-                ) -> list[Any] | None:
+def run_sharded(
+    fn: Callable[[list[Any]], Sequence[Any]], documents: Sequence[Any], grid: Grid | None
+) -> list[Any] | None:
     """Run ``fn(block)`` on this rank's block of `documents` (see `shard`) and return all blocks' rows on rank 0 in
     document order, None elsewhere (grid None: ``fn(documents)``).
 

@@ -60,6 +60,7 @@ TRANSFORMED_LOGITS_ATTR = "_engine_transformed_logits"
 
 # ----- the loss -------------------------------------------------------------------------------------------------
 
+
 def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     device_type = hidden.device.type
     if torch.is_autocast_enabled(device_type):
@@ -77,8 +78,15 @@ class _ChunkedVocabCE(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab_start: int, chunk: int,
-                group: AxisGroup | None) -> torch.Tensor:
+    def forward(
+        ctx,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        targets: torch.Tensor,
+        vocab_start: int,
+        chunk: int,
+        group: AxisGroup | None,
+    ) -> torch.Tensor:
         compute = _compute_dtype(hidden, weight)
         stats_dtype = torch.promote_types(compute, torch.float32)
         n, local_vocab = hidden.shape[0], weight.shape[0]
@@ -118,8 +126,11 @@ class _ChunkedVocabCE(torch.autograd.Function):
         scale = torch.where(targets != IGNORE_INDEX, grad_losses.to(lse.dtype), torch.zeros_like(lse))
         w = weight.to(compute)
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.promote_types(weight.dtype, torch.float32),
-                                  device=weight.device) if need_weight else None
+        grad_weight = (
+            torch.zeros(weight.shape, dtype=torch.promote_types(weight.dtype, torch.float32), device=weight.device)
+            if need_weight
+            else None
+        )
         rows = torch.arange(n, device=hidden.device)
         with torch.autocast(hidden.device.type, enabled=False):
             for start in range(0, n, chunk):
@@ -129,7 +140,7 @@ class _ChunkedVocabCE(torch.autograd.Function):
                 # in place, so that one (C, V_local) tensor is alive at a time
                 grad_logits = torch.matmul(h, w.t()).to(lse.dtype).sub_(lse[start:end, None]).exp_()
                 hit = mine[start:end]
-                grad_logits[rows[:end - start][hit], local_targets[start:end][hit]] -= 1
+                grad_logits[rows[: end - start][hit], local_targets[start:end][hit]] -= 1
                 grad_logits = grad_logits.mul_(scale[start:end, None]).to(compute)
                 if need_hidden:
                     grad_hidden[start:end] = torch.matmul(grad_logits, w).to(hidden.dtype)
@@ -142,9 +153,17 @@ class _ChunkedVocabCE(torch.autograd.Function):
         return (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None, None)
 
 
-def token_losses(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, group: AxisGroup | None = None,
-                 vocab_start: int = 0, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, row_group: AxisGroup | None = None,
-                 replica_group: AxisGroup | None = None) -> torch.Tensor:
+def token_losses(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    group: AxisGroup | None = None,
+    vocab_start: int = 0,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    row_group: AxisGroup | None = None,
+    replica_group: AxisGroup | None = None,
+) -> torch.Tensor:
     """Per-token cross-entropy of `logits = hidden @ weight.T` without materialising the logits.
 
     hidden: (..., H) this rank's rows of final hidden states. weight: (V_local, H), the lm_head rows
@@ -159,14 +178,17 @@ def token_losses(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tens
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     if hidden.shape[:-1] != targets.shape:
-        raise ValueError(f"hidden states {tuple(hidden.shape)} and targets {tuple(targets.shape)} must agree on every "
-                         "dimension but the last")
+        raise ValueError(
+            f"hidden states {tuple(hidden.shape)} and targets {tuple(targets.shape)} must agree on every "
+            "dimension but the last"
+        )
     if hidden.shape[-1] != weight.shape[-1]:
         raise ValueError(f"hidden size {hidden.shape[-1]} differs from the lm_head's {weight.shape[-1]}")
     flat_hidden, flat_targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
     if group is None or group.size == 1:
         return _ChunkedVocabCE.apply(flat_hidden, weight, flat_targets, vocab_start, chunk_tokens, None).reshape(
-            targets.shape)
+            targets.shape
+        )
     rows = group if row_group is None else row_group
     if replica_group is not None:  # replicas hold the same rows: their partial input gradients are summed too
         flat_hidden = copy_to_group(flat_hidden, replica_group)
@@ -178,6 +200,7 @@ def token_losses(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tens
 
 # ----- modules --------------------------------------------------------------------------------------------------
 
+
 class _VocabShard:
     """What the vocabulary-parallel embedding and lm_head share: the group, the slice, the full size."""
 
@@ -188,8 +211,10 @@ class _VocabShard:
     def _init_shard(self, grid: Grid, full_vocab: int) -> None:
         group = grid.group(*VOCAB_AXES)
         if full_vocab % group.size:
-            raise ShardingError(f"vocabulary {full_vocab} is not divisible by x*y*z={group.size}; keep the embeddings "
-                                "replicated (vocab_parallel=False) or choose x*y*z dividing it")
+            raise ShardingError(
+                f"vocabulary {full_vocab} is not divisible by x*y*z={group.size}; keep the embeddings "
+                "replicated (vocab_parallel=False) or choose x*y*z dividing it"
+            )
         self.grid, self.full_vocab = grid, full_vocab
         self.vocab_start = group.rank * (full_vocab // group.size)
         setattr(self, VOCAB_ATTR, True)
@@ -212,7 +237,7 @@ class _VocabShard:
     def shard_rows(self, full: torch.Tensor) -> torch.Tensor:
         """This rank's rows of a full (V, ...) tensor (e.g. the serial weight)."""
         rows = self.full_vocab // self.group.size
-        return full[self.vocab_start:self.vocab_start + rows]
+        return full[self.vocab_start : self.vocab_start + rows]
 
     def gather_rows(self, shard: torch.Tensor) -> torch.Tensor:
         """The full (V, ...) tensor from every rank's shard-shaped `shard` (collective over x*y*z)."""
@@ -235,8 +260,9 @@ class VocabParallelEmbedding(nn.Embedding, _VocabShard):
     @classmethod
     def from_embedding(cls, embedding: nn.Embedding, grid: Grid) -> "VocabParallelEmbedding":
         if embedding.max_norm is not None or embedding.scale_grad_by_freq or embedding.sparse:
-            raise ShardingError("a vocabulary-parallel embedding supports neither max_norm, scale_grad_by_freq nor "
-                                "sparse gradients")
+            raise ShardingError(
+                "a vocabulary-parallel embedding supports neither max_norm, scale_grad_by_freq nor sparse gradients"
+            )
         module = cls.__new__(cls)
         nn.Module.__init__(module)
         module.num_embeddings, module.embedding_dim = embedding.num_embeddings, embedding.embedding_dim
@@ -248,7 +274,7 @@ class VocabParallelEmbedding(nn.Embedding, _VocabShard):
         return module
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        group, rows, replicas = self.group, self.row_group, self.replica_group
+        rows, replicas = self.row_group, self.replica_group
         all_ids = comm.all_gather(ids.contiguous(), rows, 0)
         local = all_ids - self.vocab_start
         inside = (local >= 0) & (local < self.weight.shape[0])
@@ -345,17 +371,24 @@ def shard_vocab(model: nn.Module, grid: Grid) -> list[nn.Module]:
 
 # ----- the loss of a causal LM -----------------------------------------------------------------------------------
 
+
 def own_class(model: nn.Module) -> type:
     """The model's own class: FSDP2's fully_shard (ZeRO 2 and 3) swaps in a dynamic subclass FSDP<class> whose MRO
     is (FSDP<class>, FSDPModule, <class>, ...); the first class that is no FSDPModule is the model's."""
     from torch.distributed.fsdp import FSDPModule
+
     return next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
 
 
-def causal_lm_token_losses(model: nn.Module, input_ids: torch.Tensor, targets: torch.Tensor, *,
-                           attention_mask: torch.Tensor | None = None,
-                           position_ids: torch.Tensor | None = None,
-                           chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
+def causal_lm_token_losses(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+) -> torch.Tensor:
     """Per-token cross-entropy (B, T) of a causal LM on this rank's rows, float32, 0 where targets are IGNORE_INDEX.
 
     For HF models whose logits are lm_head(final hidden states) (plain, parallelized or partitioned by
@@ -372,20 +405,26 @@ def causal_lm_token_losses(model: nn.Module, input_ids: torch.Tensor, targets: t
     if position_ids is not None:  # only when given: models without the argument still work without it
         inputs["position_ids"] = position_ids
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    fused = head is not None and head.bias is None and not getattr(head, TRANSFORMED_LOGITS_ATTR, False) and \
-        (type(head) is nn.Linear or isinstance(head, VocabParallelLMHead))
+    fused = (
+        head is not None
+        and head.bias is None
+        and not getattr(head, TRANSFORMED_LOGITS_ATTR, False)
+        and (type(head) is nn.Linear or isinstance(head, VocabParallelLMHead))
+    )
     if fused:
         losses = _fused_token_losses(model, head, inputs, targets, chunk_tokens)
         if losses is not None:
             return losses
         setattr(head, TRANSFORMED_LOGITS_ATTR, True)
     logits = model(**inputs).logits
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=IGNORE_INDEX,
-                           reduction="none").reshape(targets.shape)
+    return F.cross_entropy(
+        logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none"
+    ).reshape(targets.shape)
 
 
-def _fused_token_losses(model: nn.Module, head: nn.Module, inputs: dict[str, Any], targets: torch.Tensor,
-                        chunk_tokens: int) -> torch.Tensor | None:
+def _fused_token_losses(
+    model: nn.Module, head: nn.Module, inputs: dict[str, Any], targets: torch.Tensor, chunk_tokens: int
+) -> torch.Tensor | None:
     """The per-token losses computed as the model's lm_head (see causal_lm_token_losses), or None when the model's
     forward returned something other than what the head produced (it transforms its logits). inputs: the model's
     keyword arguments."""
@@ -394,9 +433,16 @@ def _fused_token_losses(model: nn.Module, head: nn.Module, inputs: dict[str, Any
     def head_losses(hidden: torch.Tensor) -> torch.Tensor:
         weight = head.weight
         if isinstance(head, VocabParallelLMHead):
-            losses = token_losses(hidden, weight, targets, group=head.group, vocab_start=head.vocab_start,
-                                  chunk_tokens=chunk_tokens, row_group=head.row_group,
-                                  replica_group=head.replica_group)
+            losses = token_losses(
+                hidden,
+                weight,
+                targets,
+                group=head.group,
+                vocab_start=head.vocab_start,
+                chunk_tokens=chunk_tokens,
+                row_group=head.row_group,
+                replica_group=head.replica_group,
+            )
         else:
             losses = token_losses(hidden, weight, targets, chunk_tokens=chunk_tokens)
         # a fresh tensor, not a view: FSDP hooks the root's outputs for backward and warns on views

@@ -45,8 +45,9 @@ try:
     from lightning.fabric.utilities.distributed import _init_dist_connection, _sync_ddp_if_available
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 except ImportError as error:  # pragma: no cover - depends on the environment
-    raise ImportError("engine.integrations.lightning needs Lightning: pip install -e \".[lightning]\" "
-                      "(lightning 2.6)") from error
+    raise ImportError(
+        'engine.integrations.lightning needs Lightning: pip install -e ".[lightning]" (lightning 2.6)'
+    ) from error
 
 from engine.core import comm
 from engine.core.grid import AXES, Grid, GridError, GridShape, init
@@ -66,15 +67,19 @@ def resolve_grid(world_size: int, data: int | None, x: int, y: int, z: int) -> G
             raise GridError(f"EngineStrategy: {axis} must be an integer >= 1, got {value!r}")
     if data is None:
         if world_size % tensor:
-            raise GridError(f"EngineStrategy(x={x}, y={y}, z={z}) needs a multiple of {tensor} processes but the world "
-                            f"has {world_size}; launch a multiple of {tensor} processes (devices x num_nodes) or choose "
-                            f"x*y*z dividing {world_size}")
+            raise GridError(
+                f"EngineStrategy(x={x}, y={y}, z={z}) needs a multiple of {tensor} processes but the world "
+                f"has {world_size}; launch a multiple of {tensor} processes (devices x num_nodes) or choose "
+                f"x*y*z dividing {world_size}"
+            )
         data = world_size // tensor
     shape = GridShape(data=data, x=x, y=y, z=z)
     if shape.world_size != world_size:
-        raise GridError(f"EngineStrategy grid {shape} needs {shape.world_size} processes but the world has {world_size} "
-                        f"(devices x num_nodes, or the launcher's WORLD_SIZE); launch {shape.world_size} processes, "
-                        f"or choose sizes whose product is {world_size} (data=None fills the data axis)")
+        raise GridError(
+            f"EngineStrategy grid {shape} needs {shape.world_size} processes but the world has {world_size} "
+            f"(devices x num_nodes, or the launcher's WORLD_SIZE); launch {shape.world_size} processes, "
+            f"or choose sizes whose product is {world_size} (data=None fills the data axis)"
+        )
     return shape
 
 
@@ -91,13 +96,28 @@ class EngineStrategy(ParallelStrategy):
         process_group_backend: "gloo" or "nccl"; default nccl for CUDA devices, gloo otherwise.
     """
 
-    def __init__(self, data: int | None = None, x: int = 1, y: int = 1, z: int = 1, *,
-                 gradient_reduction: str = "mean", overlap: bool = True, process_group_backend: str | None = None,
-                 timeout: timedelta = timedelta(minutes=10), accelerator: Any = None,
-                 parallel_devices: list[torch.device] | None = None,
-                 cluster_environment: ClusterEnvironment | None = None, precision: Any = None) -> None:
-        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
-                         cluster_environment=cluster_environment, precision=precision)
+    def __init__(
+        self,
+        data: int | None = None,
+        x: int = 1,
+        y: int = 1,
+        z: int = 1,
+        *,
+        gradient_reduction: str = "mean",
+        overlap: bool = True,
+        process_group_backend: str | None = None,
+        timeout: timedelta = timedelta(minutes=10),
+        accelerator: Any = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        precision: Any = None,
+    ) -> None:
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            precision=precision,
+        )
         if gradient_reduction not in ("mean", "sum"):
             raise ValueError(f"gradient_reduction must be 'mean' or 'sum', got {gradient_reduction!r}")
         if data is not None:
@@ -182,13 +202,16 @@ class EngineStrategy(ParallelStrategy):
     def setup_module(self, module: nn.Module) -> nn.Module:
         """Shard `module` in place for the grid (engine.parallelize; weights kept exactly) and return it."""
         if self._module is not None and self._module is not module:
-            raise ValueError("EngineStrategy trains one model: fabric.setup was already called with another module; "
-                             "put both in one nn.Module")
+            raise ValueError(
+                "EngineStrategy trains one model: fabric.setup was already called with another module; "
+                "put both in one nn.Module"
+            )
         self._module = parallelize(module, self.grid, overlap=self._overlap)
         return self._module
 
-    def setup_module_and_optimizers(self, module: nn.Module, optimizers: list[Optimizer],
-                                    scheduler: Any = None) -> tuple[nn.Module, list[Optimizer], Any]:
+    def setup_module_and_optimizers(
+        self, module: nn.Module, optimizers: list[Optimizer], scheduler: Any = None
+    ) -> tuple[nn.Module, list[Optimizer], Any]:
         """Parallelize the module; the optimizers must hold the PARALLEL model's parameters, so they can only be
         built after it: fabric.setup_module(model), then the optimizer, then fabric.setup_optimizers(optimizer)."""
         module = self.setup_module(module)
@@ -196,9 +219,11 @@ class EngineStrategy(ParallelStrategy):
         for optimizer in optimizers:
             stale = sum(1 for g in optimizer.param_groups for p in g["params"] if id(p) not in current)
             if stale:
-                raise ValueError(f"the optimizer holds {stale} parameters that engine.parallelize replaced by "
-                                 "their shards; call model = fabric.setup_module(model) first, build the optimizer "
-                                 "from model.parameters(), then optimizer = fabric.setup_optimizers(optimizer)")
+                raise ValueError(
+                    f"the optimizer holds {stale} parameters that engine.parallelize replaced by "
+                    "their shards; call model = fabric.setup_module(model) first, build the optimizer "
+                    "from model.parameters(), then optimizer = fabric.setup_optimizers(optimizer)"
+                )
         return module, optimizers, scheduler
 
     def module_to_device(self, module: nn.Module) -> None:
@@ -216,14 +241,22 @@ class EngineStrategy(ParallelStrategy):
                 if param.grad is not None:
                     param.grad.mul_(scale)
 
-    def clip_gradients_norm(self, module: nn.Module, optimizer: Optimizer, max_norm: float | int,
-                            norm_type: float | int = 2.0, error_if_nonfinite: bool = True) -> torch.Tensor:
+    def clip_gradients_norm(
+        self,
+        module: nn.Module,
+        optimizer: Optimizer,
+        max_norm: float | int,
+        norm_type: float | int = 2.0,
+        error_if_nonfinite: bool = True,
+    ) -> torch.Tensor:
         """Clip by the 2-norm of the FULL model's gradient (shards summed over the tensor axes, replicas once)."""
         self.precision.unscale_gradients(optimizer)
         norm = clip_grad_norm_(module, float(max_norm), self.grid, norm_type=float(norm_type))
         if error_if_nonfinite and not torch.isfinite(norm):
-            raise RuntimeError(f"the total gradient norm is {float(norm)}; the gradients cannot be clipped (pass "
-                               "error_if_nonfinite=False to clip anyway)")
+            raise RuntimeError(
+                f"the total gradient norm is {float(norm)}; the gradients cannot be clipped (pass "
+                "error_if_nonfinite=False to clip anyway)"
+            )
         return norm
 
     # ----- collectives -------------------------------------------------------------------------------------
@@ -246,50 +279,73 @@ class EngineStrategy(ParallelStrategy):
 
     @property
     def checkpoint_io(self) -> Any:
-        raise NotImplementedError("EngineStrategy writes engine checkpoints (engine.training.checkpoint), not "
-                                  "CheckpointIO files")
+        raise NotImplementedError(
+            "EngineStrategy writes engine checkpoints (engine.training.checkpoint), not CheckpointIO files"
+        )
 
     @checkpoint_io.setter
     def checkpoint_io(self, io: Any) -> None:
         if io is not None:
-            raise NotImplementedError("EngineStrategy does not take a CheckpointIO plugin; it writes engine checkpoints")
+            raise NotImplementedError(
+                "EngineStrategy does not take a CheckpointIO plugin; it writes engine checkpoints"
+            )
 
-    def save_checkpoint(self, path: str | Path, state: dict[str, Any], storage_options: Any | None = None,
-                        filter: dict[str, Callable[[str, Any], bool]] | None = None) -> None:
+    def save_checkpoint(
+        self,
+        path: str | Path,
+        state: dict[str, Any],
+        storage_options: Any | None = None,
+        filter: dict[str, Callable[[str, Any], bool]] | None = None,
+    ) -> None:
         """Write `state` as an engine checkpoint FOLDER at `path` (sharded weights and AdamW state, atomic).
 
         state: the model set up by this strategy, at most one optimizer, and any other entries (ints, dicts,
             objects with state_dict(), e.g. an LR scheduler), which are pickled as the checkpoint's extra state.
         """
         if storage_options is not None or filter is not None:
-            raise TypeError("EngineStrategy.save_checkpoint takes no storage_options or filter: the engine writes the "
-                            "whole model and optimizer")
+            raise TypeError(
+                "EngineStrategy.save_checkpoint takes no storage_options or filter: the engine writes the "
+                "whole model and optimizer"
+            )
         model_key, optimizer_key, extra = self._split_state(state)
         extra[_KEYS] = {"model": model_key, "optimizer": optimizer_key}
         path = Path(self.broadcast(str(path)))
-        engine_checkpoint.save_checkpoint(path, state[model_key], state[optimizer_key] if optimizer_key else None,
-                                          self.grid, extra_state=extra)
+        engine_checkpoint.save_checkpoint(
+            path, state[model_key], state[optimizer_key] if optimizer_key else None, self.grid, extra_state=extra
+        )
 
-    def load_checkpoint(self, path: str | Path, state: nn.Module | Optimizer | dict[str, Any] | None = None,
-                        strict: bool = True, weights_only: bool | None = None) -> dict[str, Any]:
+    def load_checkpoint(
+        self,
+        path: str | Path,
+        state: nn.Module | Optimizer | dict[str, Any] | None = None,
+        strict: bool = True,
+        weights_only: bool | None = None,
+    ) -> dict[str, Any]:
         """Restore an engine checkpoint into `state` in place (at any grid); return the entries not restored.
 
         state: {"model": model, "optimizer": optimizer, ...} (other keys are filled from the extra state, objects
             with load_state_dict() loaded), or the model alone (weights only).
         """
         if not state:
-            raise ValueError("EngineStrategy.load_checkpoint needs the model to load into: "
-                             "fabric.load(path, {'model': model, 'optimizer': optimizer, ...})")
+            raise ValueError(
+                "EngineStrategy.load_checkpoint needs the model to load into: "
+                "fabric.load(path, {'model': model, 'optimizer': optimizer, ...})"
+            )
         path = Path(self.broadcast(str(path)))
         if isinstance(state, nn.Module):
             engine_checkpoint.load_checkpoint(path, state, None, self.grid)
             return {}
         if isinstance(state, Optimizer):
-            raise NotImplementedError("EngineStrategy loads an optimizer together with its model: "
-                                      "fabric.load(path, {'model': model, 'optimizer': optimizer})")
+            raise NotImplementedError(
+                "EngineStrategy loads an optimizer together with its model: "
+                "fabric.load(path, {'model': model, 'optimizer': optimizer})"
+            )
         model_key, optimizer_key, _ = self._split_state(state)
-        extra = dict(engine_checkpoint.load_checkpoint(path, state[model_key],
-                                                       state[optimizer_key] if optimizer_key else None, self.grid))
+        extra = dict(
+            engine_checkpoint.load_checkpoint(
+                path, state[model_key], state[optimizer_key] if optimizer_key else None, self.grid
+            )
+        )
         saved_keys = extra.pop(_KEYS, {})
         if optimizer_key is not None and saved_keys.get("optimizer") is None:
             raise ValueError(f"checkpoint {path} holds no optimizer state; load it without the optimizer")
@@ -311,11 +367,15 @@ class EngineStrategy(ParallelStrategy):
         models = [k for k, v in state.items() if isinstance(v, nn.Module)]
         optimizers = [k for k, v in state.items() if isinstance(v, Optimizer)]
         if len(models) != 1:
-            raise ValueError(f"EngineStrategy checkpoints hold exactly one model, the state has {len(models)} "
-                             f"({models}); save each model with its own fabric.save call")
+            raise ValueError(
+                f"EngineStrategy checkpoints hold exactly one model, the state has {len(models)} "
+                f"({models}); save each model with its own fabric.save call"
+            )
         if self._module is not None and state[models[0]] is not self._module:
-            raise ValueError(f"state[{models[0]!r}] is not the model set up by this strategy; pass the model that "
-                             "fabric.setup returned")
+            raise ValueError(
+                f"state[{models[0]!r}] is not the model set up by this strategy; pass the model that "
+                "fabric.setup returned"
+            )
         if len(optimizers) > 1:
             raise ValueError(f"EngineStrategy checkpoints hold at most one optimizer, the state has {optimizers}")
         extra = {}

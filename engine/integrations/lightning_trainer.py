@@ -40,8 +40,7 @@ try:
     from lightning.pytorch.strategies.parallel import ParallelStrategy
     from lightning.pytorch.utilities.rank_zero import rank_zero_only
 except ImportError as error:  # pragma: no cover - depends on the environment
-    raise ImportError("engine.integrations.lightning_trainer needs Lightning: "
-                      "pip install -e \".[lightning]\"") from error
+    raise ImportError('engine.integrations.lightning_trainer needs Lightning: pip install -e ".[lightning]"') from error
 
 from engine.core import comm
 from engine.core.grid import AXES, Grid, GridShape, init
@@ -58,9 +57,18 @@ class EngineTrainerStrategy(ParallelStrategy):
     ("mean" like DDP, or "sum"), overlap, process_group_backend, timeout.
     """
 
-    def __init__(self, data: int | None = None, x: int = 1, y: int = 1, z: int = 1, *,
-                 gradient_reduction: str = "mean", overlap: bool = True, process_group_backend: str | None = None,
-                 timeout: timedelta = timedelta(minutes=10)) -> None:
+    def __init__(
+        self,
+        data: int | None = None,
+        x: int = 1,
+        y: int = 1,
+        z: int = 1,
+        *,
+        gradient_reduction: str = "mean",
+        overlap: bool = True,
+        process_group_backend: str | None = None,
+        timeout: timedelta = timedelta(minutes=10),
+    ) -> None:
         super().__init__()
         if gradient_reduction not in ("mean", "sum"):
             raise ValueError(f"gradient_reduction must be 'mean' or 'sum', got {gradient_reduction!r}")
@@ -134,8 +142,10 @@ class EngineTrainerStrategy(ParallelStrategy):
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
             if len(self.optimizers) > 1:
-                raise ValueError("EngineTrainerStrategy trains with one optimizer; configure_optimizers returned "
-                                 f"{len(self.optimizers)}")
+                raise ValueError(
+                    "EngineTrainerStrategy trains with one optimizer; configure_optimizers returned "
+                    f"{len(self.optimizers)}"
+                )
         self.setup_precision_plugin()
         if trainer.state.fn == TrainerFn.FITTING:
             _optimizers_to_device(self.optimizers, self.root_device)
@@ -191,8 +201,9 @@ class EngineTrainerStrategy(ParallelStrategy):
     def load_optimizer_state_dict(self, checkpoint: Any) -> None:
         pass  # load_checkpoint already restored the optimizer
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: str | Path,
-                        storage_options: Any | None = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: str | Path, storage_options: Any | None = None
+    ) -> None:
         if storage_options is not None:
             raise TypeError("EngineTrainerStrategy.save_checkpoint takes no storage_options")
         path = Path(self.broadcast(str(filepath)))
@@ -237,5 +248,6 @@ def _clip_with_engine(strategy: EngineTrainerStrategy) -> None:
     def clip_grad_by_norm(self: Any, optimizer: Optimizer, clip_val: float) -> None:
         strategy.last_grad_norm = clip_grad_norm_(strategy.model, float(clip_val), strategy.grid)
 
-    plugin.__class__ = type(f"Engine{base.__name__}", (base,),
-                            {"clip_grad_by_norm": clip_grad_by_norm, "_engine_clipping": True})
+    plugin.__class__ = type(
+        f"Engine{base.__name__}", (base,), {"clip_grad_by_norm": clip_grad_by_norm, "_engine_clipping": True}
+    )

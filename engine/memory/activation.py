@@ -36,9 +36,11 @@ def checkpoint_decoder_layers(model: nn.Module) -> int:
     """
     stacks = decoder_stacks(model)
     if not stacks:
-        raise ShardingError(f"activation checkpointing found no decoder layers in {type(model).__name__} (it finds "
-                            "them through the tensor-parallel or pipeline plan of transformers models); train without "
-                            "--activation-checkpointing")
+        raise ShardingError(
+            f"activation checkpointing found no decoder layers in {type(model).__name__} (it finds "
+            "them through the tensor-parallel or pipeline plan of transformers models); train without "
+            "--activation-checkpointing"
+        )
     count = 0
     for *_, layers in stacks:
         for layer in layers:

@@ -49,16 +49,14 @@ format (any stage reads any other's).
 
 from __future__ import annotations
 
-import math
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
 from typing import Any, Iterator
 
 import torch
 from torch import nn
 
 from engine.core import comm
-from engine.core.grid import AxisGroup, Grid, GridShape
+from engine.core.grid import AxisGroup, Grid
 from engine.core.linear import ParallelLinear
 from engine.core.vocab_parallel import own_class
 from engine.models.parallelize import decoder_stacks
@@ -127,14 +125,14 @@ class ZeroState:
                 for p, size in zip(same, sizes):
                     flat = p.grad.reshape(p.shape[0], -1)
                     padded = flat.new_zeros(D * -(-p.shape[0] // D), flat.shape[1])
-                    padded[:p.shape[0]] = flat
-                    buffer[:, offset:offset + size] = padded.reshape(D, size)
+                    padded[: p.shape[0]] = flat
+                    buffer[:, offset : offset + size] = padded.reshape(D, size)
                     offset += size
                 mine = comm.reduce_scatter(buffer.reshape(-1), self.data)
                 offset = 0
                 for p, size in zip(same, sizes):
                     rows = self.rows(p)
-                    own = mine[offset:offset + size].reshape(-1, *p.shape[1:])[:rows.stop - rows.start]
+                    own = mine[offset : offset + size].reshape(-1, *p.shape[1:])[: rows.stop - rows.start]
                     p.grad.zero_()
                     p.grad[rows] = own
                     offset += size
@@ -154,12 +152,12 @@ class ZeroState:
                 offset = 0
                 for p, size in zip(same, sizes):
                     own = p.detach()[self.rows(p)].reshape(-1)
-                    buffer[offset:offset + own.numel()] = own
+                    buffer[offset : offset + own.numel()] = own
                     offset += size
                 gathered = comm.all_gather(buffer.unsqueeze(0), self.data, 0)  # (D, sum sizes)
                 offset = 0
                 for p, size in zip(same, sizes):
-                    full = gathered[:, offset:offset + size].reshape(-1, *p.shape[1:])[:p.shape[0]]
+                    full = gathered[:, offset : offset + size].reshape(-1, *p.shape[1:])[: p.shape[0]]
                     p.detach().copy_(full)
                     offset += size
 
@@ -184,10 +182,19 @@ class ZeroAdamW(torch.optim.AdamW):
         self._zero = zero
         super().__init__(params, **kwargs)
 
-    def _init_group(self, group, params_with_grad, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,  # noqa: ANN001
-                    state_steps):  # noqa: ANN001 - torch.optim.Adam's private hook, same signature
+    def _init_group(
+        self,
+        group,
+        params_with_grad,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        max_exp_avg_sqs,  # noqa: ANN001
+        state_steps,
+    ):  # noqa: ANN001 - torch.optim.Adam's private hook, same signature
         from torch.distributed.tensor import DTensor, Shard
         from torch.optim.optimizer import _get_scalar_dtype
+
         for p in group["params"]:
             if p.grad is None:
                 continue
@@ -201,8 +208,9 @@ class ZeroAdamW(torch.optim.AdamW):
                 state["step"] = torch.tensor(0.0, dtype=_get_scalar_dtype())
                 for key in ("exp_avg", "exp_avg_sq"):
                     local = torch.zeros_like(p.detach()[rows], memory_format=torch.preserve_format)
-                    state[key] = DTensor.from_local(local, self._zero.mesh, [Shard(0)], run_check=False,
-                                                    shape=p.shape, stride=p.stride())
+                    state[key] = DTensor.from_local(
+                        local, self._zero.mesh, [Shard(0)], run_check=False, shape=p.shape, stride=p.stride()
+                    )
             exp_avgs.append(state["exp_avg"].to_local())
             exp_avg_sqs.append(state["exp_avg_sq"].to_local())
             state_steps.append(state["step"])
@@ -259,11 +267,16 @@ def _secondary_mesh_from_grid(grid: Grid, config: ZeroConfig, device_type: str) 
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp._fully_shard import _fully_shard as fsdp_module
     from torch.distributed.fsdp._fully_shard._fsdp_common import HSDPMeshInfo
+
     intra, inter = grid.data_node_groups(config.node_size)
     data = grid.group("data")
     ranks = torch.tensor(data.ranks, dtype=torch.int).view(inter.size, intra.size)
-    mesh = DeviceMesh.from_group([inter.group, intra.group], device_type, mesh=ranks,
-                                 mesh_dim_names=(f"node_{inter.group.group_name}", f"in_node_{intra.group.group_name}"))
+    mesh = DeviceMesh.from_group(
+        [inter.group, intra.group],
+        device_type,
+        mesh=ranks,
+        mesh_dim_names=(f"node_{inter.group.group_name}", f"in_node_{intra.group.group_name}"),
+    )
     original = fsdp_module._get_post_forward_mesh_info
 
     def post_forward_mesh_info(reshard_after_forward: Any, mesh_info: Any) -> Any:
@@ -293,6 +306,7 @@ def shard_data_axis(model: nn.Module, grid: Grid, config: ZeroConfig) -> nn.Modu
     if config.stage == 0:
         return model
     from torch.distributed.device_mesh import DeviceMesh
+
     device_type = grid.device.type
     data = grid.group("data")
     # DTensor caches layouts by mesh, and meshes compare by ranks and dimension names, not by process group: a
@@ -309,6 +323,7 @@ def shard_data_axis(model: nn.Module, grid: Grid, config: ZeroConfig) -> nn.Modu
         return model
 
     from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
+
     layers = _decoder_layers(model)
     _keep_prefetch_inside(layers)
     policy = CPUOffloadPolicy(pin_memory=False) if config.offload else OffloadPolicy()
@@ -335,8 +350,10 @@ def shard_data_axis(model: nn.Module, grid: Grid, config: ZeroConfig) -> nn.Modu
 
 # ----- helpers for state, checkpoints and measurements -----------------------------------------------------
 
+
 def is_dtensor(t: Any) -> bool:
     from torch.distributed.tensor import DTensor
+
     return isinstance(t, DTensor)
 
 
@@ -357,6 +374,7 @@ def like(template: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     if not is_dtensor(template):
         return value
     from torch.distributed.tensor import distribute_tensor
+
     return distribute_tensor(value.to(template.dtype), template.device_mesh, template.placements, src_data_rank=None)
 
 
@@ -374,6 +392,7 @@ def optimizer_value(model: nn.Module, param: torch.Tensor, value: torch.Tensor) 
     state = zero_state(model)
     if state is not None and state.is_chunked(param):
         from torch.distributed.tensor import Shard, distribute_tensor
+
         return distribute_tensor(value.to(param.dtype), state.mesh, [Shard(0)], src_data_rank=None)
     return value
 

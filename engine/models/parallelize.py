@@ -52,14 +52,18 @@ from engine.spec import check_rows_layout, row_gather_axes
 # heads only; "rows" = this rank's own rows. Modules without it inherit their parent's.
 REGION_ATTR = "_engine_region"
 
+
 @contextmanager
 def rows_layout(model: nn.Module, layout: str) -> Iterator[None]:
     """Run a parallelized `model` in the rows `layout` ("own" or "shared", see the module doc) inside the block,
     then restore the layout it had. Every rank must use the same layout. Nothing else changes (parameters, state
     dicts, checkpoints). Raises ValueError for an unknown layout."""
     check_rows_layout(layout)
-    touched = [m for m in model.modules() if m is model or hasattr(m, "_engine_stack_grid")
-               or isinstance(m, ParallelLinear) or is_vocab_parallel(m)]
+    touched = [
+        m
+        for m in model.modules()
+        if m is model or hasattr(m, "_engine_stack_grid") or isinstance(m, ParallelLinear) or is_vocab_parallel(m)
+    ]
     before = [m.__dict__.get(ROWS_ATTR) for m in touched]
     for module in touched:
         setattr(module, ROWS_ATTR, layout)
@@ -107,8 +111,9 @@ def _fresh_param(old: nn.Parameter, data: torch.Tensor) -> nn.Parameter:
     return new
 
 
-def _to_parallel(parent: nn.Module, attr: str, mode: str, grid: Grid, overlap: bool, name: str,
-                 out_order: torch.Tensor | None = None) -> ParallelLinear:
+def _to_parallel(
+    parent: nn.Module, attr: str, mode: str, grid: Grid, overlap: bool, name: str, out_order: torch.Tensor | None = None
+) -> ParallelLinear:
     """Replace parent.<attr> (nn.Linear, GPT-2 Conv1D or ParallelLinear) by a ParallelLinear in `mode`.
 
     `out_order` regroups the output features of a fused projection before sharding (see ParallelLinear).
@@ -133,8 +138,17 @@ def _to_parallel(parent: nn.Module, attr: str, mode: str, grid: Grid, overlap: b
         raise ShardingError(f"{name}: cannot shard a {type(module).__name__}; expected nn.Linear or Conv1D")
     bias = module.bias
     layer = ParallelLinear.__new__(ParallelLinear)
-    layer._setup(weight.shape[1], weight.shape[0], bias is not None, grid=grid, mode=mode, overlap=overlap,
-                 name=name, device=weight.device, dtype=weight.dtype)
+    layer._setup(
+        weight.shape[1],
+        weight.shape[0],
+        bias is not None,
+        grid=grid,
+        mode=mode,
+        overlap=overlap,
+        name=name,
+        device=weight.device,
+        dtype=weight.dtype,
+    )
     layer.serial_layout, layer.out_order = layout, out_order
     layer.load_full_(weight.detach(), None if bias is None else bias.detach())
     layer.weight.requires_grad_(module.weight.requires_grad)
@@ -157,11 +171,17 @@ def _grouped_order(sizes: list[int], n_y: int, name: str) -> torch.Tensor | None
     if n_y == 1:
         return None
     if any(size % n_y for size in sizes):
-        raise ShardingError(f"{name}: its fused blocks of {sizes} features are not divisible by y={n_y}; choose y "
-                            "dividing each of them")
+        raise ShardingError(
+            f"{name}: its fused blocks of {sizes} features are not divisible by y={n_y}; choose y dividing each of them"
+        )
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
-    return torch.cat([torch.arange(start + i * (size // n_y), start + (i + 1) * (size // n_y))
-                      for i in range(n_y) for start, size in zip(starts, sizes)])
+    return torch.cat(
+        [
+            torch.arange(start + i * (size // n_y), start + (i + 1) * (size // n_y))
+            for i in range(n_y)
+            for start, size in zip(starts, sizes)
+        ]
+    )
 
 
 def _fused_order(module: nn.Module, fused: str, config: Any, n_y: int, name: str) -> torch.Tensor | None:
@@ -175,8 +195,10 @@ def _fused_order(module: nn.Module, fused: str, config: Any, n_y: int, name: str
     else:  # per_head: [q_h k_h v_h] head after head, contiguous slices are whole heads
         sizes = [3 * heads * head_dim]
     if sum(sizes) != out or (fused == "per_head" and kv_heads != heads):
-        raise ShardingError(f"{name}: {out} output features do not match a fused {fused} projection of {heads} "
-                            f"heads, {kv_heads} key/value heads of {head_dim}")
+        raise ShardingError(
+            f"{name}: {out} output features do not match a fused {fused} projection of {heads} "
+            f"heads, {kv_heads} key/value heads of {head_dim}"
+        )
     return None if fused == "per_head" else _grouped_order(sizes, n_y, name)
 
 
@@ -191,7 +213,7 @@ def _y_sharded_rms_norm(norm: nn.Module, hidden: torch.Tensor, *, grid: Grid) ->
     hidden = hidden.to(torch.float32)
     square_sum = reduce_from_group(copy_to_group(hidden.pow(2).sum(-1, keepdim=True), group), group)
     hidden = hidden * torch.rsqrt(square_sum / norm.weight.shape[0] + norm._engine_eps)
-    return (norm.weight[start:start + local] * hidden).to(dtype)
+    return (norm.weight[start : start + local] * hidden).to(dtype)
 
 
 def _head_rows_norm(norm: nn.Module, hidden: torch.Tensor, *, grid: Grid) -> torch.Tensor:
@@ -200,7 +222,7 @@ def _head_rows_norm(norm: nn.Module, hidden: torch.Tensor, *, grid: Grid) -> tor
     is therefore partial over y, the "heads" region)."""
     full = norm._parameters["weight"]
     rows = full.shape[0] // grid.size("y")
-    norm._parameters["weight"] = full[grid.coord("y") * rows:(grid.coord("y") + 1) * rows]
+    norm._parameters["weight"] = full[grid.coord("y") * rows : (grid.coord("y") + 1) * rows]
     try:
         return type(norm).forward(norm, hidden)
     finally:
@@ -220,10 +242,11 @@ def _normalizes_each_head(norm: nn.Module, n_y: int) -> bool:
         expected = type(norm).forward(norm, sample)
         rows = heads // n_y
         for i in range(n_y):
-            norm._parameters["weight"] = full[i * rows:(i + 1) * rows]
-            part = type(norm).forward(norm, sample[:, :, i * rows:(i + 1) * rows])
-            if part.shape != expected[:, :, i * rows:(i + 1) * rows].shape or \
-                    not torch.allclose(part, expected[:, :, i * rows:(i + 1) * rows]):
+            norm._parameters["weight"] = full[i * rows : (i + 1) * rows]
+            part = type(norm).forward(norm, sample[:, :, i * rows : (i + 1) * rows])
+            if part.shape != expected[:, :, i * rows : (i + 1) * rows].shape or not torch.allclose(
+                part, expected[:, :, i * rows : (i + 1) * rows]
+            ):
                 return False
     except RuntimeError:  # shapes the norm does not accept
         return False
@@ -232,8 +255,9 @@ def _normalizes_each_head(norm: nn.Module, n_y: int) -> bool:
     return True
 
 
-def _plan_block_children(parent: nn.Module, planned: set[str], widths: set[int], head_dim: int, grid: Grid,
-                         name: str) -> None:
+def _plan_block_children(
+    parent: nn.Module, planned: set[str], widths: set[int], head_dim: int, grid: Grid, name: str
+) -> None:
     """Handle the modules with parameters beside the sharded projections of `parent` (an attention or an MLP),
     which run on this y rank's heads: norms per head (weight of head_dim) and RMSNorms over a whole projection
     (OLMo2's q_norm/k_norm). Raise ShardingError for anything else."""
@@ -250,21 +274,31 @@ def _plan_block_children(parent: nn.Module, planned: set[str], widths: set[int],
             setattr(child, REGION_ATTR, "heads")  # per-head norm: runs on this rank's heads only
             continue
         eps = getattr(child, "variance_epsilon", getattr(child, "eps", None))
-        if set(params) == {"weight"} and weight.dim() == 1 and weight.numel() in widths and \
-                isinstance(eps, float) and "RMSNorm" in type(child).__name__:
+        if (
+            set(params) == {"weight"}
+            and weight.dim() == 1
+            and weight.numel() in widths
+            and isinstance(eps, float)
+            and "RMSNorm" in type(child).__name__
+        ):
             if grid.size("y") > 1:
                 child._engine_eps = eps
                 child.forward = types.MethodType(functools.partial(_y_sharded_rms_norm, grid=grid), child)
             setattr(child, REGION_ATTR, "heads")
             continue
-        if set(params) == {"weight"} and weight.dim() == 2 and weight.shape[1] == head_dim and \
-                _normalizes_each_head(child, grid.size("y")):
+        if (
+            set(params) == {"weight"}
+            and weight.dim() == 2
+            and weight.shape[1] == head_dim
+            and _normalizes_each_head(child, grid.size("y"))
+        ):
             if grid.size("y") > 1:  # a weight per head (Cohere's q_norm/k_norm): each rank uses its heads' rows
                 child.forward = types.MethodType(functools.partial(_head_rows_norm, grid=grid), child)
             setattr(child, REGION_ATTR, "heads")
             continue
-        raise ShardingError(f"{name}.{child_name} ({type(child).__name__}) has parameters the engine cannot shard "
-                            "by heads")
+        raise ShardingError(
+            f"{name}.{child_name} ({type(child).__name__}) has parameters the engine cannot shard by heads"
+        )
 
 
 def _localize_heads(parent: nn.Module, config: Any, n_y: int, name: str) -> None:
@@ -279,18 +313,20 @@ def _localize_heads(parent: nn.Module, config: Any, n_y: int, name: str) -> None
             setattr(parent, attr, value // n_y)
     if "config" in parent.__dict__ and parent.__dict__["config"] is config:
         heads, kv_heads, _ = head_counts(config)
-        parent.config = _LocalHeadsConfig(config, num_attention_heads=heads // n_y,
-                                          num_key_value_heads=kv_heads // n_y)
+        parent.config = _LocalHeadsConfig(config, num_attention_heads=heads // n_y, num_key_value_heads=kv_heads // n_y)
 
 
 def _check_heads(name: str, heads: int, kind: str, grid: Grid) -> None:
     if heads % grid.size("y"):
-        raise ShardingError(f"{name}: {heads} {kind} are not divisible by y={grid.size('y')} (each y rank runs "
-                            f"an equal share of the heads); choose y dividing {heads}")
+        raise ShardingError(
+            f"{name}: {heads} {kind} are not divisible by y={grid.size('y')} (each y rank runs "
+            f"an equal share of the heads); choose y dividing {heads}"
+        )
 
 
-def _plan_layer(layer: nn.Module, name: str, plan: ModelPlan, config: Any, grid: Grid,
-                overlap: bool) -> list[ParallelLinear]:
+def _plan_layer(
+    layer: nn.Module, name: str, plan: ModelPlan, config: Any, grid: Grid, overlap: bool
+) -> list[ParallelLinear]:
     """Shard one decoder layer's projections as `plan` says; the ParallelLinears in forward order."""
     n_y = grid.size("y")
     heads, kv_heads, head_dim = head_counts(config)
@@ -332,8 +368,9 @@ def _rows_of(value: Any, n_rows: int, name: str, group) -> Any:
     if value is None:
         return None
     if not isinstance(value, torch.Tensor):
-        raise ShardingError(f"input {name} of a parallelized model is a {type(value).__name__}; the engine "
-                            "only distributes tensors")
+        raise ShardingError(
+            f"input {name} of a parallelized model is a {type(value).__name__}; the engine only distributes tensors"
+        )
     if value.dim() == 0 or (value.shape[0] == 1 and n_rows != 1):
         return value
     if value.shape[0] != n_rows:
@@ -361,17 +398,27 @@ def _agree_on_row_inputs(arguments: dict, n_rows: int, seq_len: int, group, devi
     mask, positions = arguments.get("attention_mask"), arguments.get("position_ids")
     cache = arguments.get("past_key_values")
     past = cache.get_seq_length() if cache is not None and hasattr(cache, "get_seq_length") else 0
-    mine = [n_rows, seq_len, int(mask is not None), mask.dim() if mask is not None else 0,
-            mask.shape[-1] if mask is not None else 0, mask.shape[0] if mask is not None else 0,
-            int(positions is not None), positions.shape[0] if positions is not None else 0]
+    mine = [
+        n_rows,
+        seq_len,
+        int(mask is not None),
+        mask.dim() if mask is not None else 0,
+        mask.shape[-1] if mask is not None else 0,
+        mask.shape[0] if mask is not None else 0,
+        int(positions is not None),
+        positions.shape[0] if positions is not None else 0,
+    ]
     everyone = comm.exchange_ints(mine, group, device)
     if any(r[:2] != [n_rows, seq_len] for r in everyone):
-        raise ShardingError(f"every rank of an x*y group must feed the same number of rows and tokens; got "
-                            f"(rows, tokens) {[tuple(r[:2]) for r in everyone]} on ranks {list(group.ranks)}")
+        raise ShardingError(
+            f"every rank of an x*y group must feed the same number of rows and tokens; got "
+            f"(rows, tokens) {[tuple(r[:2]) for r in everyone]} on ranks {list(group.ranks)}"
+        )
     if any(r[2] for r in everyone):
         if not all(r[2] for r in everyone) and any(r[2] and r[3] != 2 for r in everyone):
-            raise ShardingError("some ranks of an x*y group pass a 4-D attention mask and others none; pass "
-                                "masks on every rank")
+            raise ShardingError(
+                "some ranks of an x*y group pass a 4-D attention mask and others none; pass masks on every rank"
+            )
         if mask is None:
             mask = torch.ones(n_rows, max(r[4] for r in everyone), dtype=torch.long, device=device)
         elif mask.dim() == 2:
@@ -391,8 +438,15 @@ def _broadcast_everywhere(everyone: list[list[int]], present: int, first_dim: in
 
 
 _STACK_ROW_INPUTS = ("attention_mask", "position_ids")
-_STACK_PASS_THROUGH = ("past_key_values", "use_cache", "cache_position", "kwargs", "return_dict",
-                       "output_attentions", "output_hidden_states")
+_STACK_PASS_THROUGH = (
+    "past_key_values",
+    "use_cache",
+    "cache_position",
+    "kwargs",
+    "return_dict",
+    "output_attentions",
+    "output_hidden_states",
+)
 
 
 def _install_stack_hooks(stack: nn.Module, grid: Grid) -> None:
@@ -431,11 +485,13 @@ def _install_stack_hooks(stack: nn.Module, grid: Grid) -> None:
             elif key == "kwargs":
                 for k, v in value.items():
                     if isinstance(v, torch.Tensor) and k not in _STACK_PASS_THROUGH:
-                        raise ShardingError(f"input {k} of a parallelized model is a tensor the engine does "
-                                            "not know how to distribute")
+                        raise ShardingError(
+                            f"input {k} of a parallelized model is a tensor the engine does not know how to distribute"
+                        )
             elif isinstance(value, torch.Tensor) and key not in _STACK_PASS_THROUGH:
-                raise ShardingError(f"input {key} of a parallelized model is a tensor the engine does not "
-                                    "know how to distribute")
+                raise ShardingError(
+                    f"input {key} of a parallelized model is a tensor the engine does not know how to distribute"
+                )
         # call by keyword: decorators around HF forwards may add keywords of their own
         extra = arguments.pop("kwargs", {})
         return (), {**arguments, **extra}
@@ -453,8 +509,7 @@ def _install_stack_hooks(stack: nn.Module, grid: Grid) -> None:
                 output[key] = _own_rows(output[key], n_rows, group)
         return output
 
-    stack._engine_hooks = (stack.register_forward_pre_hook(enter, with_kwargs=True),
-                           stack.register_forward_hook(leave))
+    stack._engine_hooks = (stack.register_forward_pre_hook(enter, with_kwargs=True), stack.register_forward_hook(leave))
 
 
 def parallelize(model: nn.Module, grid: Grid, *, overlap: bool = True, vocab_parallel: bool | None = None) -> nn.Module:
@@ -484,11 +539,14 @@ def parallelize(model: nn.Module, grid: Grid, *, overlap: bool = True, vocab_par
             raise ShardingError(f"{stack_name}: {type(stack).__name__} has no get_input_embeddings()")
         check_supported(plan, tensor_parallel)
         if tensor_parallel and not plan.projections:
-            raise ShardingError(f"{plan.family}: the model declares no tensor-parallel plan the engine can use; use a "
-                                "grid without x, y and z (data parallelism, optionally with ZeRO)")
+            raise ShardingError(
+                f"{plan.family}: the model declares no tensor-parallel plan the engine can use; use a "
+                "grid without x, y and z (data parallelism, optionally with ZeRO)"
+            )
         if tensor_parallel and plan.family == "gpt2" and getattr(stack.config, "add_cross_attention", False):
-            raise ShardingError("GPT-2 with cross-attention: the engine's GPT-2 plan does not cover it; use a grid "
-                                "without x, y and z")
+            raise ShardingError(
+                "GPT-2 with cross-attention: the engine's GPT-2 plan does not cover it; use a grid without x, y and z"
+            )
         prefix = f"{stack_name}.{plan.layers}" if stack_name else plan.layers
         order: list[ParallelLinear] = []  # the sharded linears in the order a forward calls them
         for index, layer in enumerate(getattr(stack, plan.layers)):
@@ -503,13 +561,17 @@ def parallelize(model: nn.Module, grid: Grid, *, overlap: bool = True, vocab_par
         if grid.size("x", "y") > 1:
             _install_stack_hooks(stack, grid)
     if not found and tensor_parallel:
-        raise ShardingError(f"parallelize found no decoder layers it can shard in {type(model).__name__} (it reads "
-                            "the tensor-parallel plan of transformers models); build other models from "
-                            "engine.ParallelLinear")
+        raise ShardingError(
+            f"parallelize found no decoder layers it can shard in {type(model).__name__} (it reads "
+            "the tensor-parallel plan of transformers models); build other models from "
+            "engine.ParallelLinear"
+        )
     stacks = found
     _unshard_outside_layers(model)
     already = hasattr(model, "get_input_embeddings") and is_vocab_parallel(model.get_input_embeddings())
-    if stacks and vocab_parallel is not False and not already:  # a wrapper (e.g. a LightningModule): can_shard_vocab says why not
+    if (
+        stacks and vocab_parallel is not False and not already
+    ):  # a wrapper (e.g. a LightningModule): can_shard_vocab says why not
         if vocab_parallel or can_shard_vocab(model, grid) is None:
             for module in shard_vocab(model, grid):
                 setattr(module, REGION_ATTR, "tensor")  # gradients cover the rows of x*y*z: summed over data only
@@ -518,6 +580,7 @@ def parallelize(model: nn.Module, grid: Grid, *, overlap: bool = True, vocab_par
 
 def _unshard_outside_layers(model: nn.Module) -> None:
     """Turn the ParallelLinears that auto_parallelize made outside decoder layers back into plain Linears."""
+
     def visit(module: nn.Module) -> None:
         for child_name, child in module.named_children():
             if getattr(child, "_engine_grid", None) is not None:
@@ -526,14 +589,20 @@ def _unshard_outside_layers(model: nn.Module) -> None:
                 setattr(module, child_name, _plain_linear(child))
             else:
                 visit(child)
+
     visit(model)
 
 
 def _plain_linear(layer: ParallelLinear) -> nn.Linear:
     """A torch.nn.Linear with the layer's full weights (collective over x*y*z unless already full)."""
-    plain = torch.nn.utils.skip_init(_TorchLinear, layer.in_features, layer.out_features,
-                                     bias=layer.bias is not None, device=layer.weight.device,
-                                     dtype=layer.weight.dtype)
+    plain = torch.nn.utils.skip_init(
+        _TorchLinear,
+        layer.in_features,
+        layer.out_features,
+        bias=layer.bias is not None,
+        device=layer.weight.device,
+        dtype=layer.weight.dtype,
+    )
     if tuple(layer.weight.shape) == (layer.out_features, layer.in_features):
         plain.weight = layer.weight  # nothing was sharded, or tied to a full tensor (e.g. input embeddings)
     else:
@@ -547,11 +616,24 @@ def _plain_linear(layer: ParallelLinear) -> nn.Linear:
 
 # ----- auto_parallelize ---------------------------------------------------------------------------------
 
-_INIT_FUNCTIONS = ("uniform_", "normal_", "trunc_normal_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
-                   "kaiming_normal_", "orthogonal_", "sparse_", "eye_", "dirac_")
+_INIT_FUNCTIONS = (
+    "uniform_",
+    "normal_",
+    "trunc_normal_",
+    "xavier_uniform_",
+    "xavier_normal_",
+    "kaiming_uniform_",
+    "kaiming_normal_",
+    "orthogonal_",
+    "sparse_",
+    "eye_",
+    "dirac_",
+)
 _INIT_MODULES = ("torch.nn.init", "transformers.initialization")
-_RANDOM_FILLS = tuple(getattr(torch.Tensor, n) for n in ("normal_", "uniform_", "random_", "bernoulli_",
-                                                          "exponential_", "log_normal_", "cauchy_", "geometric_"))
+_RANDOM_FILLS = tuple(
+    getattr(torch.Tensor, n)
+    for n in ("normal_", "uniform_", "random_", "bernoulli_", "exponential_", "log_normal_", "cauchy_", "geometric_")
+)
 
 
 class _FullInitShard(nn.Parameter):
@@ -567,7 +649,9 @@ class _FullInitShard(nn.Parameter):
         kwargs = dict(kwargs or {})
         # torch.nn.init functions, or wrappers with the same names (transformers swaps its guarded
         # versions into torch.nn.init while it initialises a model)
-        is_init = getattr(func, "__module__", None) in _INIT_MODULES and getattr(func, "__name__", "") in _INIT_FUNCTIONS
+        is_init = (
+            getattr(func, "__module__", None) in _INIT_MODULES and getattr(func, "__name__", "") in _INIT_FUNCTIONS
+        )
         if is_init or func in _RANDOM_FILLS:
             target = kwargs.get("tensor", args[0] if args else None)
             if getattr(target, "_is_hf_initialized", False):
@@ -588,8 +672,10 @@ class _FullInitShard(nn.Parameter):
 
 
 def _wrap_for_full_init(layer: ParallelLinear) -> None:
-    for attr, full_shape, take in (("weight", (layer.out_features, layer.in_features), layer.shard_weight),
-                                   ("bias", (layer.out_features,), layer.shard_bias)):
+    for attr, full_shape, take in (
+        ("weight", (layer.out_features, layer.in_features), layer.shard_weight),
+        ("bias", (layer.out_features,), layer.shard_bias),
+    ):
         param = getattr(layer, attr)
         if param is None:
             continue
@@ -623,10 +709,12 @@ def auto_parallelize(grid: Grid, *, overlap: bool = True) -> Iterator[None]:
     built: list[ParallelLinear] = []
 
     class AutoParallelLinear(ParallelLinear):
-        def __init__(self, in_features: int, out_features: int, bias: bool = True, device: Any = None,
-                     dtype: Any = None) -> None:
-            super().__init__(in_features, out_features, bias, grid=grid, mode="default", overlap=overlap,
-                             device=device, dtype=dtype)
+        def __init__(
+            self, in_features: int, out_features: int, bias: bool = True, device: Any = None, dtype: Any = None
+        ) -> None:
+            super().__init__(
+                in_features, out_features, bias, grid=grid, mode="default", overlap=overlap, device=device, dtype=dtype
+            )
             _wrap_for_full_init(self)
             self._engine_auto = True
             built.append(self)

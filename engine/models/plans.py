@@ -30,16 +30,24 @@ from torch import nn
 from engine.core.linear import ShardingError
 
 # transformers' style names -> the ParallelLinear mode the engine uses for them
-STYLE_MODES = {"colwise": "normal", "colwise_gather_output": "normal", "rowwise": "transposed",
-               "rowwise_split_input": "transposed"}
+STYLE_MODES = {
+    "colwise": "normal",
+    "colwise_gather_output": "normal",
+    "rowwise": "transposed",
+    "rowwise_split_input": "transposed",
+}
 # Ignored: the engine splits the vocabulary itself (engine/vocab_parallel.py), and modules beside the sharded
 # projections (per-head q/k norms) are handled by engine.parallelize, which refuses those it cannot handle.
 IGNORED_STYLES = ("embedding_colwise", "embedding_rowwise", "replicated_with_grad_allreduce")
 
 # Families that declare no tensor-parallel plan, by config.model_type (same pattern syntax as transformers').
 EXPLICIT_PLANS: dict[str, dict[str, str]] = {
-    "gpt2": {"h.*.attn.c_attn": "colwise", "h.*.attn.c_proj": "rowwise", "h.*.mlp.c_fc": "colwise",
-             "h.*.mlp.c_proj": "rowwise"},
+    "gpt2": {
+        "h.*.attn.c_attn": "colwise",
+        "h.*.attn.c_proj": "rowwise",
+        "h.*.mlp.c_fc": "colwise",
+        "h.*.mlp.c_proj": "rowwise",
+    },
 }
 
 # How a fused projection's output features are grouped, by its attribute name: "blocks" = [q | k | v] (GPT-2 c_attn,
@@ -144,7 +152,12 @@ def check_supported(plan: ModelPlan, tensor_parallel: bool) -> None:
     if plan.unsupported and tensor_parallel:
         entries = ", ".join(f"{p} ({s})" for p, s in plan.unsupported)
         moe = any("moe" in s or "expert" in p or "packed" in s for p, s in plan.unsupported)
-        why = ("its mixture-of-experts layers hold their experts as fused 3-D parameters, not Linears"
-               if moe else "these styles have no engine equivalent")
-        raise ShardingError(f"{plan.family}: the engine cannot shard {entries}: {why}; use a grid without x, y and z "
-                            "(data parallelism, optionally with ZeRO)")
+        why = (
+            "its mixture-of-experts layers hold their experts as fused 3-D parameters, not Linears"
+            if moe
+            else "these styles have no engine equivalent"
+        )
+        raise ShardingError(
+            f"{plan.family}: the engine cannot shard {entries}: {why}; use a grid without x, y and z "
+            "(data parallelism, optionally with ZeRO)"
+        )

@@ -147,12 +147,9 @@ class _Builder:
     def add(self, axes: tuple[str, ...], kind: str, n_bytes: int, phase: str, what: str, count: int = 1) -> None:
         self.add_group(group_name(axes), self.grid.size(*axes), kind, n_bytes, phase, what, count)
 
-    def add_group(self, name: str, ranks: int, kind: str, n_bytes: int, phase: str, what: str,
-                  count: int = 1) -> None:
+    def add_group(self, name: str, ranks: int, kind: str, n_bytes: int, phase: str, what: str, count: int = 1) -> None:
         if ranks > 1 and count > 0:
             self.items.append(Collective(name, kind, ranks, int(n_bytes), phase, what, count))
-
-
 
 
 def group_rows(grid: GridShape, rows_per_rank: int, rows: str = "own") -> int:
@@ -167,8 +164,20 @@ def _check_divides(what: str, value: int, by: int, hint: str) -> int:
     return value // by
 
 
-def _tp_linear(b: _Builder, name: str, k: int, n: int, *, transposed: bool, bias: bool, tokens: int,
-               param_bytes: int, act_bytes: int, input_grad: bool, in_bytes: int | None = None) -> None:
+def _tp_linear(
+    b: _Builder,
+    name: str,
+    k: int,
+    n: int,
+    *,
+    transposed: bool,
+    bias: bool,
+    tokens: int,
+    param_bytes: int,
+    act_bytes: int,
+    input_grad: bool,
+    in_bytes: int | None = None,
+) -> None:
     """A normal or transposed ParallelLinear (k -> n) on `tokens` tokens of its x*y group.
 
     param_bytes: weights, biases and their gradients; act_bytes: what the matrix product produces (its
@@ -201,49 +210,115 @@ def _tp_linear(b: _Builder, name: str, k: int, n: int, *, transposed: bool, bias
         b.add(("x",), "all_gather", tokens * k * in_bytes, "backward", f"{name} input grad features")
 
 
-def _default_linear(b: _Builder, name: str, k: int, n: int, *, bias: bool, tokens_per_rank: int,
-                    param_bytes: int, act_bytes: int, input_grad: bool) -> None:
+def _default_linear(
+    b: _Builder,
+    name: str,
+    k: int,
+    n: int,
+    *,
+    bias: bool,
+    tokens_per_rank: int,
+    param_bytes: int,
+    act_bytes: int,
+    input_grad: bool,
+) -> None:
     g = b.grid
     if g.size("x", "y", "z") == 1:
         return  # plain F.linear
     rows = g.size("x", "y")
     tokens = rows * tokens_per_rank
     b.add(("x", "y"), "all_gather", tokens * k * act_bytes, "forward", f"{name} rows in")
-    _tp_linear(b, name, k, n, transposed=False, bias=bias, tokens=tokens, param_bytes=param_bytes,
-               act_bytes=act_bytes, input_grad=input_grad)
+    _tp_linear(
+        b,
+        name,
+        k,
+        n,
+        transposed=False,
+        bias=bias,
+        tokens=tokens,
+        param_bytes=param_bytes,
+        act_bytes=act_bytes,
+        input_grad=input_grad,
+    )
     b.add(("y",), "all_gather", tokens * n * act_bytes, "forward", f"{name} output features")
     b.add(("x", "y"), "all_gather", tokens * n * act_bytes, "backward", f"{name} output grad rows")
 
 
-def default_linear_collectives(in_features: int, out_features: int, grid: GridShape, *, tokens_per_rank: int,
-                               bias: bool = True, dtype_bytes: int = 4, input_grad: bool = True,
-                               name: str = "linear") -> list[Collective]:
+def default_linear_collectives(
+    in_features: int,
+    out_features: int,
+    grid: GridShape,
+    *,
+    tokens_per_rank: int,
+    bias: bool = True,
+    dtype_bytes: int = 4,
+    input_grad: bool = True,
+    name: str = "linear",
+) -> list[Collective]:
     """Forward and backward of one default-mode ParallelLinear (nn.Linear semantics on each rank's rows).
 
     tokens_per_rank: rows x positions of the input each rank feeds, e.g. 2 x 3 for an input (2, 3, in).
     input_grad: whether the input requires a gradient (False skips the backward input collectives).
     """
     b = _Builder(grid)
-    _default_linear(b, name, in_features, out_features, bias=bias, tokens_per_rank=tokens_per_rank,
-                    param_bytes=dtype_bytes, act_bytes=dtype_bytes, input_grad=input_grad)
+    _default_linear(
+        b,
+        name,
+        in_features,
+        out_features,
+        bias=bias,
+        tokens_per_rank=tokens_per_rank,
+        param_bytes=dtype_bytes,
+        act_bytes=dtype_bytes,
+        input_grad=input_grad,
+    )
     return b.items
 
 
-def chained_linear_collectives(in_features: int, hidden: int, out_features: int, grid: GridShape, *,
-                               tokens_per_group: int, bias: bool = True, dtype_bytes: int = 4,
-                               input_grad: bool = True) -> list[Collective]:
+def chained_linear_collectives(
+    in_features: int,
+    hidden: int,
+    out_features: int,
+    grid: GridShape,
+    *,
+    tokens_per_group: int,
+    bias: bool = True,
+    dtype_bytes: int = 4,
+    input_grad: bool = True,
+) -> list[Collective]:
     """Forward and backward of a normal ParallelLinear (in -> hidden) followed by a transposed one
     (hidden -> out), with elementwise work in between; tokens_per_group = tokens of the x*y group's rows."""
     b = _Builder(grid)
     if grid.size("x", "y", "z") > 1:
-        _tp_linear(b, "first", in_features, hidden, transposed=False, bias=bias, tokens=tokens_per_group,
-                   param_bytes=dtype_bytes, act_bytes=dtype_bytes, input_grad=input_grad)
-        _tp_linear(b, "second", hidden, out_features, transposed=True, bias=bias, tokens=tokens_per_group,
-                   param_bytes=dtype_bytes, act_bytes=dtype_bytes, input_grad=True)
+        _tp_linear(
+            b,
+            "first",
+            in_features,
+            hidden,
+            transposed=False,
+            bias=bias,
+            tokens=tokens_per_group,
+            param_bytes=dtype_bytes,
+            act_bytes=dtype_bytes,
+            input_grad=input_grad,
+        )
+        _tp_linear(
+            b,
+            "second",
+            hidden,
+            out_features,
+            transposed=True,
+            bias=bias,
+            tokens=tokens_per_group,
+            param_bytes=dtype_bytes,
+            act_bytes=dtype_bytes,
+            input_grad=True,
+        )
     return b.items
 
 
 # ----- model shapes ---------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class TransformerShape:
@@ -293,9 +368,15 @@ class TransformerShape:
         """(name, in, out, transposed, bias) of each decoder layer's linear, in module order."""
         h, i = self.hidden, self.intermediate
         gate = [("gate_proj", h, i, False, self.mlp_bias)] if self.gated_mlp else []
-        return [("q_proj", h, self.q_out, False, self.qkv_bias), ("k_proj", h, self.kv_out, False, self.qkv_bias),
-                ("v_proj", h, self.kv_out, False, self.qkv_bias), ("o_proj", self.q_out, h, True, self.o_bias),
-                *gate, ("up_proj", h, i, False, self.mlp_bias), ("down_proj", i, h, True, self.mlp_bias)]
+        return [
+            ("q_proj", h, self.q_out, False, self.qkv_bias),
+            ("k_proj", h, self.kv_out, False, self.qkv_bias),
+            ("v_proj", h, self.kv_out, False, self.qkv_bias),
+            ("o_proj", self.q_out, h, True, self.o_bias),
+            *gate,
+            ("up_proj", h, i, False, self.mlp_bias),
+            ("down_proj", i, h, True, self.mlp_bias),
+        ]
 
     @property
     def layer_linear_params(self) -> int:
@@ -331,35 +412,50 @@ class TransformerShape:
         """From a transformers config of model_type llama, mistral, qwen2 or qwen3."""
         kind = getattr(config, "model_type", None)
         if kind not in ("llama", "mistral", "qwen2", "qwen3"):
-            raise ValueError(f"the cost model knows Llama-family configs (llama, mistral, qwen2, qwen3), got "
-                             f"model_type {kind!r}")
+            raise ValueError(
+                f"the cost model knows Llama-family configs (llama, mistral, qwen2, qwen3), got model_type {kind!r}"
+            )
         heads = config.num_attention_heads
         kv = getattr(config, "num_key_value_heads", None) or heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         attention_bias = bool(getattr(config, "attention_bias", False))
         qkv_bias = True if kind == "qwen2" else attention_bias  # Qwen2: bias on q, k, v only
         o_bias = False if kind == "qwen2" else attention_bias
-        return cls(hidden=config.hidden_size, layers=config.num_hidden_layers, heads=heads, kv_heads=kv,
-                   intermediate=config.intermediate_size, vocab=config.vocab_size, head_dim=head_dim,
-                   qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=bool(getattr(config, "mlp_bias", False)),
-                   qk_norm=kind == "qwen3", tie_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-                   name=name or kind)
+        return cls(
+            hidden=config.hidden_size,
+            layers=config.num_hidden_layers,
+            heads=heads,
+            kv_heads=kv,
+            intermediate=config.intermediate_size,
+            vocab=config.vocab_size,
+            head_dim=head_dim,
+            qkv_bias=qkv_bias,
+            o_bias=o_bias,
+            mlp_bias=bool(getattr(config, "mlp_bias", False)),
+            qk_norm=kind == "qwen3",
+            tie_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            name=name or kind,
+        )
 
 
 # Named sizes (shapes from the models' published config.json files on the Hugging Face hub).
 NAMED_SHAPES: dict[str, TransformerShape] = {
     # meta-llama/Llama-2-7b-hf config.json
-    "7B": TransformerShape(hidden=4096, layers=32, heads=32, kv_heads=32, intermediate=11008, vocab=32000,
-                           name="Llama-2-7B"),
+    "7B": TransformerShape(
+        hidden=4096, layers=32, heads=32, kv_heads=32, intermediate=11008, vocab=32000, name="Llama-2-7B"
+    ),
     # meta-llama/Llama-3.1-8B config.json
-    "8B": TransformerShape(hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336, vocab=128256,
-                           name="Llama-3.1-8B"),
+    "8B": TransformerShape(
+        hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336, vocab=128256, name="Llama-3.1-8B"
+    ),
     # meta-llama/Llama-2-70b-hf config.json
-    "70B": TransformerShape(hidden=8192, layers=80, heads=64, kv_heads=8, intermediate=28672, vocab=32000,
-                            name="Llama-2-70B"),
+    "70B": TransformerShape(
+        hidden=8192, layers=80, heads=64, kv_heads=8, intermediate=28672, vocab=32000, name="Llama-2-70B"
+    ),
     # meta-llama/Llama-3.1-405B config.json
-    "405B": TransformerShape(hidden=16384, layers=126, heads=128, kv_heads=8, intermediate=53248, vocab=128256,
-                             name="Llama-3.1-405B"),
+    "405B": TransformerShape(
+        hidden=16384, layers=126, heads=128, kv_heads=8, intermediate=53248, vocab=128256, name="Llama-3.1-405B"
+    ),
 }
 
 
@@ -369,25 +465,39 @@ def _axonn_gpt(layers: int, hidden: int, heads: int, name: str) -> TransformerSh
     attention, a 4 x hidden GELU MLP (no gate), biases on every linear, LayerNorm, the GPT-2 vocabulary
     (50,257 padded to 50,304, a multiple of 128, as Megatron pads it) and an lm_head tied to the embeddings.
     Learned position embeddings (seq x hidden, < 0.03% of any of these models) are left out."""
-    return TransformerShape(hidden=hidden, layers=layers, heads=heads, kv_heads=heads, intermediate=4 * hidden,
-                            vocab=50304, qkv_bias=True, o_bias=True, mlp_bias=True, tie_embeddings=True,
-                            gated_mlp=False, norm_bias=True, name=name)
+    return TransformerShape(
+        hidden=hidden,
+        layers=layers,
+        heads=heads,
+        kv_heads=heads,
+        intermediate=4 * hidden,
+        vocab=50304,
+        qkv_bias=True,
+        o_bias=True,
+        mlp_bias=True,
+        tie_embeddings=True,
+        gated_mlp=False,
+        norm_bias=True,
+        name=name,
+    )
 
 
 # Layers, hidden size and heads of the paper's GPT models as its authors list them in their Megatron-AxoNN
 # repository (github.com/axonn-ai/Megatron-AxoNN: model-table.md, and the same numbers in
 # examples/run_axonn_amd.sh). The nominal size names the model; n_params counts what the shape holds.
-NAMED_SHAPES.update({
-    "5B": _axonn_gpt(24, 4096, 32, "GPT-5B"),
-    "10B": _axonn_gpt(32, 5120, 40, "GPT-10B"),
-    "20B": _axonn_gpt(32, 7168, 56, "GPT-20B"),
-    "40B": _axonn_gpt(38, 9216, 72, "GPT-40B"),
-    "60B": _axonn_gpt(56, 9216, 72, "GPT-60B"),
-    "80B": _axonn_gpt(42, 12288, 96, "GPT-80B"),
-    "160B": _axonn_gpt(84, 12288, 96, "GPT-160B"),
-    "320B": _axonn_gpt(96, 16384, 128, "GPT-320B"),
-    "640B": _axonn_gpt(192, 16384, 128, "GPT-640B"),
-})
+NAMED_SHAPES.update(
+    {
+        "5B": _axonn_gpt(24, 4096, 32, "GPT-5B"),
+        "10B": _axonn_gpt(32, 5120, 40, "GPT-10B"),
+        "20B": _axonn_gpt(32, 7168, 56, "GPT-20B"),
+        "40B": _axonn_gpt(38, 9216, 72, "GPT-40B"),
+        "60B": _axonn_gpt(56, 9216, 72, "GPT-60B"),
+        "80B": _axonn_gpt(42, 12288, 96, "GPT-80B"),
+        "160B": _axonn_gpt(84, 12288, 96, "GPT-160B"),
+        "320B": _axonn_gpt(96, 16384, 128, "GPT-320B"),
+        "640B": _axonn_gpt(192, 16384, 128, "GPT-640B"),
+    }
+)
 
 
 def vocab_parts(shape: TransformerShape, grid: GridShape, vocab_parallel: bool | None = None) -> int:
@@ -433,6 +543,7 @@ def grid_fits_shape(shape: TransformerShape, grid: GridShape) -> str | None:
 
 # ----- a whole training step ------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class LocalParam:
     """One parameter as a rank holds it after engine.parallelize: its tensor-parallel shard has `rows` rows
@@ -458,8 +569,9 @@ class LocalParam:
         return max(0, min(self.rows, (index + 1) * size) - min(self.rows, index * size)) * self.row_elements
 
 
-def llama_local_params(shape: TransformerShape, grid: GridShape,
-                       vocab_parallel: bool | None = None, rows: str = "own") -> list[LocalParam]:
+def llama_local_params(
+    shape: TransformerShape, grid: GridShape, vocab_parallel: bool | None = None, rows: str = "own"
+) -> list[LocalParam]:
     """Every distinct parameter of a parallelized Llama-family model, in module order. The embeddings and
     lm_head are whole and summed over every axis (over z and data in the shared rows layout), or (vocab_parts > 1)
     V/P rows each whose gradients already cover the rows of x*y*z and are summed over data only."""
@@ -485,9 +597,14 @@ def llama_local_params(shape: TransformerShape, grid: GridShape,
     return out
 
 
-def llama_param_sync_list(shape: TransformerShape, grid: GridShape, zero: ZeroConfig | None = None,
-                          data_rank: int = 0, vocab_parallel: bool | None = None,
-                          rows: str = "own") -> list[tuple[int, tuple[str, ...]]]:
+def llama_param_sync_list(
+    shape: TransformerShape,
+    grid: GridShape,
+    zero: ZeroConfig | None = None,
+    data_rank: int = 0,
+    vocab_parallel: bool | None = None,
+    rows: str = "own",
+) -> list[tuple[int, tuple[str, ...]]]:
     """(local gradient elements, axes sync_gradients sums it over) of each parameter, in module order. Under
     ZeRO (stage >= 1) the data axis belongs to the partitioning: each rank sums its own chunk (the rank at
     data index `data_rank`) over the remaining axes."""
@@ -497,8 +614,15 @@ def llama_param_sync_list(shape: TransformerShape, grid: GridShape, zero: ZeroCo
     return [(p.chunk(grid.data, data_rank), tuple(a for a in p.axes if a != "data")) for p in params]
 
 
-def zero_collectives(shape: TransformerShape, grid: GridShape, zero: ZeroConfig, *, param_bytes: int,
-                     grad_accum: int = 1, vocab_parallel: bool | None = None) -> list[Collective]:
+def zero_collectives(
+    shape: TransformerShape,
+    grid: GridShape,
+    zero: ZeroConfig,
+    *,
+    param_bytes: int,
+    grad_accum: int = 1,
+    vocab_parallel: bool | None = None,
+) -> list[Collective]:
     """The data-axis collectives of ZeRO (engine/memory/zero.py) for one optimizer step, per rank.
 
     Stage 1 (ZeroAdamW): after backward, the gradients are reduce-scattered over data in buckets (each
@@ -525,8 +649,10 @@ def zero_collectives(shape: TransformerShape, grid: GridShape, zero: ZeroConfig,
                 count = 0
         return b.items
     node = zero.node_size
-    for unit_params, units, is_layer in (([p for p in params if p.unit == 0], 1, False),
-                                         ([p for p in params if p.unit == 1], shape.layers, True)):
+    for unit_params, units, is_layer in (
+        ([p for p in params if p.unit == 0], 1, False),
+        ([p for p in params if p.unit == 1], shape.layers, True),
+    ):
         if not unit_params:
             continue
         n = D * sum(p.padded_chunk(D) for p in unit_params) * param_bytes
@@ -541,15 +667,26 @@ def zero_collectives(shape: TransformerShape, grid: GridShape, zero: ZeroConfig,
                 b.add(("data",), "all_gather", n, "backward", f"FSDP re-gather {what}", calls)
         if node > 1:
             b.add_group("data.intra", node, "reduce_scatter", n, "backward", f"FSDP gradients {what}, in node", calls)
-            b.add_group("data.inter", D // node, "reduce_scatter", n // node, "backward",
-                        f"FSDP gradients {what}, across nodes", calls)
+            b.add_group(
+                "data.inter",
+                D // node,
+                "reduce_scatter",
+                n // node,
+                "backward",
+                f"FSDP gradients {what}, across nodes",
+                calls,
+            )
         else:
             b.add(("data",), "reduce_scatter", n, "backward", f"FSDP gradients {what}", calls)
     return b.items
 
 
-def sync_collectives(params: list[tuple[int, tuple[str, ...]]], grid: GridShape, grad_bytes: int,
-                     bucket_elements: int = SYNC_BUCKET_ELEMENTS) -> list[Collective]:
+def sync_collectives(
+    params: list[tuple[int, tuple[str, ...]]],
+    grid: GridShape,
+    grad_bytes: int,
+    bucket_elements: int = SYNC_BUCKET_ELEMENTS,
+) -> list[Collective]:
     """The all-reduces of engine.training.state.sync_gradients for parameters given as (elements, axes) in order:
     one flat buffer per group, flushed whenever it reaches `bucket_elements`."""
     b = _Builder(grid)
@@ -582,9 +719,17 @@ def clip_collectives(grid: GridShape, zero_stage: int = 0) -> list[Collective]:
     return b.items
 
 
-def llama_stack_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
-                            stream_bytes: int, mask_bytes: int = 0, position_ids: bool = False,
-                            rows: str = "own") -> list[Collective]:
+def llama_stack_collectives(
+    shape: TransformerShape,
+    grid: GridShape,
+    *,
+    rows_per_rank: int,
+    seq: int,
+    stream_bytes: int,
+    mask_bytes: int = 0,
+    position_ids: bool = False,
+    rows: str = "own",
+) -> list[Collective]:
     """Rows moving into and out of the grid for one micro-batch: the module owning the decoder layers
     (LlamaModel) runs on the U = X*Y*R rows of the x*y group, so on entry it all-gathers the input embeddings
     (R, S, hidden), the caller's (R, S) attention mask and position ids if given, and on exit the gradient
@@ -610,9 +755,19 @@ def llama_stack_collectives(shape: TransformerShape, grid: GridShape, *, rows_pe
     return b.items
 
 
-def vocab_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int, param_bytes: int,
-                      stream_bytes: int, vocab_parallel: bool | None = None, chunked_loss: bool = True,
-                      act_bytes: int | None = None, rows: str = "own") -> list[Collective]:
+def vocab_collectives(
+    shape: TransformerShape,
+    grid: GridShape,
+    *,
+    rows_per_rank: int,
+    seq: int,
+    param_bytes: int,
+    stream_bytes: int,
+    vocab_parallel: bool | None = None,
+    chunked_loss: bool = True,
+    act_bytes: int | None = None,
+    rows: str = "own",
+) -> list[Collective]:
     """Collectives of the vocabulary-parallel embedding and training loss (engine/core/vocab_parallel.py) for one
     micro-batch, over the P = x*y*z ranks the vocabulary is split over (none when vocab_parts is 1: the
     replicated embedding is a local lookup and the chunked loss a local product). N = R S tokens per rank.
@@ -647,8 +802,13 @@ def vocab_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank
     replicas = row_replica_axes(rows)
     if replicas:
         b.add(replicas, "all_reduce", rows_per_rank * seq * h * param_bytes, "forward", "embeddings of the replicas")
-        b.add(replicas, "all_reduce", rows_per_rank * seq * h * stream_bytes, "backward",
-              "loss hidden-state grad of the replicas")
+        b.add(
+            replicas,
+            "all_reduce",
+            rows_per_rank * seq * h * stream_bytes,
+            "backward",
+            "loss hidden-state grad of the replicas",
+        )
     b.add(row_axes, "all_gather", tokens * h * param_bytes, "backward", "embedding output grad")
     b.add(row_axes, "all_gather", tokens * h * stream_bytes, "forward", "loss hidden states")
     b.add(row_axes, "reduce_scatter", tokens * h * stream_bytes, "backward", "loss hidden-state grad")
@@ -663,9 +823,17 @@ def vocab_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank
     return b.items
 
 
-def llama_layer_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
-                            param_bytes: int, act_bytes: int, stream_bytes: int | None = None,
-                            rows: str = "own") -> list[Collective]:
+def llama_layer_collectives(
+    shape: TransformerShape,
+    grid: GridShape,
+    *,
+    rows_per_rank: int,
+    seq: int,
+    param_bytes: int,
+    act_bytes: int,
+    stream_bytes: int | None = None,
+    rows: str = "own",
+) -> list[Collective]:
     """Forward and backward collectives of ONE parallelized decoder layer on one micro-batch: q/k/v/gate/up
     as normal and o/down as transposed ParallelLinears on the X*Y*R*S tokens of the x*y group. The normal
     layers read the residual stream (stream_bytes, default act_bytes); o/down read products (act_bytes)."""
@@ -673,17 +841,40 @@ def llama_layer_collectives(shape: TransformerShape, grid: GridShape, *, rows_pe
     if grid.size("x", "y", "z") > 1:
         tokens = group_rows(grid, rows_per_rank, rows) * seq
         for name, k, n, transposed, bias in shape.projections():
-            _tp_linear(b, name, k, n, transposed=transposed, bias=bias, tokens=tokens, param_bytes=param_bytes,
-                       act_bytes=act_bytes, input_grad=True, in_bytes=act_bytes if transposed else stream_bytes)
+            _tp_linear(
+                b,
+                name,
+                k,
+                n,
+                transposed=transposed,
+                bias=bias,
+                tokens=tokens,
+                param_bytes=param_bytes,
+                act_bytes=act_bytes,
+                input_grad=True,
+                in_bytes=act_bytes if transposed else stream_bytes,
+            )
     return b.items
 
 
-def llama_step_collectives(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
-                           param_bytes: int = 2, act_bytes: int = 2, grad_accum: int = 1,
-                           mask_bytes: int = 0, recompute: bool = False,
-                           stream_bytes: int | None = None, position_ids: bool = False,
-                           zero: ZeroConfig | None = None, data_rank: int = 0,
-                           vocab_parallel: bool | None = None, rows: str = "own") -> list[Collective]:
+def llama_step_collectives(
+    shape: TransformerShape,
+    grid: GridShape,
+    *,
+    rows_per_rank: int,
+    seq: int,
+    param_bytes: int = 2,
+    act_bytes: int = 2,
+    grad_accum: int = 1,
+    mask_bytes: int = 0,
+    recompute: bool = False,
+    stream_bytes: int | None = None,
+    position_ids: bool = False,
+    zero: ZeroConfig | None = None,
+    data_rank: int = 0,
+    vocab_parallel: bool | None = None,
+    rows: str = "own",
+) -> list[Collective]:
     """Every collective of one optimizer step: `grad_accum` forward/backward passes of `rows_per_rank` rows
     of `seq` tokens on each rank, then sync_gradients and clip_grad_norm_. Bytes are per rank.
 
@@ -703,28 +894,56 @@ def llama_step_collectives(shape: TransformerShape, grid: GridShape, *, rows_per
     rows: the rows layout ("own" or "shared", see the module doc); rows_per_rank counts the rows a rank reads.
     """
     stream_bytes = act_bytes if stream_bytes is None else stream_bytes
-    layer = llama_layer_collectives(shape, grid, rows_per_rank=rows_per_rank, seq=seq, param_bytes=param_bytes,
-                                    act_bytes=act_bytes, stream_bytes=stream_bytes, rows=rows)
+    layer = llama_layer_collectives(
+        shape,
+        grid,
+        rows_per_rank=rows_per_rank,
+        seq=seq,
+        param_bytes=param_bytes,
+        act_bytes=act_bytes,
+        stream_bytes=stream_bytes,
+        rows=rows,
+    )
     if recompute:
-        layer = layer + [replace(c, phase="backward", what=f"{c.what} (recomputed)")
-                         for c in layer if c.phase == "forward"]
-    stack = llama_stack_collectives(shape, grid, rows_per_rank=rows_per_rank, seq=seq, stream_bytes=stream_bytes,
-                                    mask_bytes=mask_bytes, position_ids=position_ids, rows=rows)
-    vocab = vocab_collectives(shape, grid, rows_per_rank=rows_per_rank, seq=seq, param_bytes=param_bytes,
-                              stream_bytes=stream_bytes, vocab_parallel=vocab_parallel, act_bytes=act_bytes,
-                              rows=rows)
+        layer = layer + [
+            replace(c, phase="backward", what=f"{c.what} (recomputed)") for c in layer if c.phase == "forward"
+        ]
+    stack = llama_stack_collectives(
+        shape,
+        grid,
+        rows_per_rank=rows_per_rank,
+        seq=seq,
+        stream_bytes=stream_bytes,
+        mask_bytes=mask_bytes,
+        position_ids=position_ids,
+        rows=rows,
+    )
+    vocab = vocab_collectives(
+        shape,
+        grid,
+        rows_per_rank=rows_per_rank,
+        seq=seq,
+        param_bytes=param_bytes,
+        stream_bytes=stream_bytes,
+        vocab_parallel=vocab_parallel,
+        act_bytes=act_bytes,
+        rows=rows,
+    )
     out = scale_count(layer, shape.layers * grad_accum) + scale_count(stack + vocab, grad_accum)
-    out += sync_collectives(llama_param_sync_list(shape, grid, zero, data_rank, vocab_parallel, rows), grid,
-                            param_bytes)
+    out += sync_collectives(
+        llama_param_sync_list(shape, grid, zero, data_rank, vocab_parallel, rows), grid, param_bytes
+    )
     stage = 0 if zero is None or grid.data == 1 else zero.stage
     if stage:
-        out += zero_collectives(shape, grid, zero, param_bytes=param_bytes, grad_accum=grad_accum,
-                                vocab_parallel=vocab_parallel)
+        out += zero_collectives(
+            shape, grid, zero, param_bytes=param_bytes, grad_accum=grad_accum, vocab_parallel=vocab_parallel
+        )
     out += clip_collectives(grid, stage)
     return out
 
 
 # ----- compute and memory ---------------------------------------------------------------------------------
+
 
 def model_flops_per_token(shape: TransformerShape, seq: int) -> float:
     """Training FLOPs per token that MFU counts (no recomputation, no redundancy): 6 x matmul weights
@@ -734,9 +953,18 @@ def model_flops_per_token(shape: TransformerShape, seq: int) -> float:
     return 6.0 * matmul + 12.0 * shape.layers * seq * shape.q_out
 
 
-def rank_flops_per_step(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
-                        grad_accum: int = 1, recompute: bool = False, chunked_loss: bool = True,
-                        rows: str = "own", vocab_parallel: bool | None = None) -> float:
+def rank_flops_per_step(
+    shape: TransformerShape,
+    grid: GridShape,
+    *,
+    rows_per_rank: int,
+    seq: int,
+    grad_accum: int = 1,
+    recompute: bool = False,
+    chunked_loss: bool = True,
+    rows: str = "own",
+    vocab_parallel: bool | None = None,
+) -> float:
     """FLOPs one rank executes per step. Linear work divides evenly over the grid (each rank multiplies
     the X*Y*R rows of its group by a 1/(X*Y) block: the work of its own R rows); attention runs on those
     rows for the rank's y-share of heads, i.e. X times its fair share (the engine replicates it over x).
@@ -790,8 +1018,16 @@ def layer_activation_bytes(shape: TransformerShape, grid: GridShape, *, tokens: 
     return tokens * (norms + inputs + attention + mlp)
 
 
-def zero_held_bytes(shape: TransformerShape, grid: GridShape, zero: ZeroConfig | None = None, *, data_rank: int = 0,
-                    param_bytes: int = 4, state_bytes: int = 8, vocab_parallel: bool | None = None) -> dict[str, int]:
+def zero_held_bytes(
+    shape: TransformerShape,
+    grid: GridShape,
+    zero: ZeroConfig | None = None,
+    *,
+    data_rank: int = 0,
+    param_bytes: int = 4,
+    state_bytes: int = 8,
+    vocab_parallel: bool | None = None,
+) -> dict[str, int]:
     """Bytes the rank at data index `data_rank` holds between steps (after a step, gradients still allocated):
     parameters, gradients and optimizer state (`state_bytes` per element: AdamW's two fp32 moments = 8),
     exactly as engine.memory.zero.held_bytes counts them on a parallelized Llama.
@@ -804,15 +1040,28 @@ def zero_held_bytes(shape: TransformerShape, grid: GridShape, zero: ZeroConfig |
     full = sum(p.numel for p in params)
     stage = 0 if zero is None or grid.data == 1 else zero.stage
     chunks = sum(p.chunk(grid.data, data_rank) for p in params) if stage else full
-    return {"params": (chunks if stage >= 2 else full) * param_bytes,
-            "grads": (chunks if stage >= 2 else full) * param_bytes,
-            "optimizer": chunks * state_bytes}
+    return {
+        "params": (chunks if stage >= 2 else full) * param_bytes,
+        "grads": (chunks if stage >= 2 else full) * param_bytes,
+        "optimizer": chunks * state_bytes,
+    }
 
 
-def memory_per_rank(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
-                    bytes_per_param: float = 16.0, act_bytes: int = 2, param_bytes: int = 2,
-                    recompute: bool = False, zero: ZeroConfig | None = None, vocab_parallel: bool | None = None,
-                    stream_bytes: int | None = None, rows: str = "own") -> MemoryEstimate:
+def memory_per_rank(
+    shape: TransformerShape,
+    grid: GridShape,
+    *,
+    rows_per_rank: int,
+    seq: int,
+    bytes_per_param: float = 16.0,
+    act_bytes: int = 2,
+    param_bytes: int = 2,
+    recompute: bool = False,
+    zero: ZeroConfig | None = None,
+    vocab_parallel: bool | None = None,
+    stream_bytes: int | None = None,
+    rows: str = "own",
+) -> MemoryEstimate:
     """Estimated peak memory of one rank for one micro-batch of `rows_per_rank` rows.
 
     Parameters: each ParallelLinear weight shard is 1/(X Y Z) of the full weight (layer_shard_params);
@@ -889,16 +1138,37 @@ def memory_per_rank(shape: TransformerShape, grid: GridShape, *, rows_per_rank: 
         in_axis, out_axis = ("y", "x") if transposed else ("x", "y")
         blocks.append((n // grid.size(out_axis)) * (k // grid.size(in_axis)))
     transient = max(head_grad, 2 * max(blocks) * param_bytes + 2 * t * h * act_bytes)
-    return MemoryEstimate(params, activations, transient,
-                          {"sharded_params": sharded, "replicated_params": replicated, "vocab_params": vocab,
-                           "vocab_parts": parts, "layer_activations": per_layer, "kept": kept,
-                           "loss_chunk": loss_chunk, "head_grad": head_grad, "host": host})
+    return MemoryEstimate(
+        params,
+        activations,
+        transient,
+        {
+            "sharded_params": sharded,
+            "replicated_params": replicated,
+            "vocab_params": vocab,
+            "vocab_parts": parts,
+            "layer_activations": per_layer,
+            "kept": kept,
+            "loss_chunk": loss_chunk,
+            "head_grad": head_grad,
+            "host": host,
+        },
+    )
 
 
-def rank_memory_traffic_per_step(shape: TransformerShape, grid: GridShape, *, rows_per_rank: int, seq: int,
-                                 act_bytes: int = 2, bytes_per_param: float = 16.0, grad_accum: int = 1,
-                                 recompute: bool = False, vocab_parallel: bool | None = None,
-                                 rows: str = "own") -> float:
+def rank_memory_traffic_per_step(
+    shape: TransformerShape,
+    grid: GridShape,
+    *,
+    rows_per_rank: int,
+    seq: int,
+    act_bytes: int = 2,
+    bytes_per_param: float = 16.0,
+    grad_accum: int = 1,
+    recompute: bool = False,
+    vocab_parallel: bool | None = None,
+    rows: str = "own",
+) -> float:
     """Bytes one rank moves through device memory per step in memory-bound (non-matmul) work: norms,
     rotary, softmax, SiLU, residual adds, the loss, and the optimizer.
 
@@ -917,8 +1187,11 @@ def rank_memory_traffic_per_step(shape: TransformerShape, grid: GridShape, *, ro
     logits = logit_rows * seq * shape.vocab * (act_bytes + 8)
     passes = 7 if recompute else 5
     activations = grad_accum * passes * (shape.layers * per_layer + logits)
-    held = shape.layers * (layer_shard_params(shape, grid) + shape.layer_norm_params) + shape.norm_params \
+    held = (
+        shape.layers * (layer_shard_params(shape, grid) + shape.layer_norm_params)
+        + shape.norm_params
         + shape.vocab_params // parts
+    )
     return activations + 1.75 * bytes_per_param * held
 
 

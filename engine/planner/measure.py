@@ -30,7 +30,7 @@ from engine.core.grid import AxisGroup, ByteCounter, init
 from engine.planner.cost_model import KINDS, Collective
 from engine.planner.profiles import MachineProfile, MeasuredCollective
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def placements(world: int) -> list[tuple[int, int]]:
@@ -41,8 +41,9 @@ def placements(world: int) -> list[tuple[int, int]]:
 def partition(world: int, ranks: int, stride: int) -> list[list[int]]:
     """The groups of `ranks` members `stride` apart that cover 0..world-1."""
     span = ranks * stride
-    return [[base + offset + k * stride for k in range(ranks)] for base in range(0, world, span)
-            for offset in range(stride)]
+    return [
+        [base + offset + k * stride for k in range(ranks)] for base in range(0, world, span) for offset in range(stride)
+    ]
 
 
 def _sync(device: torch.device) -> None:
@@ -50,8 +51,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _time_collective(kind: str, group: AxisGroup, n_bytes: int, dtype: torch.dtype, device: torch.device,
-                     iters: int) -> float:
+def _time_collective(
+    kind: str, group: AxisGroup, n_bytes: int, dtype: torch.dtype, device: torch.device, iters: int
+) -> float:
     """Seconds per call (slowest rank) of `kind` whose full tensor has about n_bytes; every rank calls."""
     size = torch.tensor([], dtype=dtype).element_size()
     elements = max(group.size, n_bytes // size // group.size * group.size)
@@ -88,7 +90,7 @@ def _gemm_tflops(dtype: torch.dtype, device: torch.device, n: int, iters: int) -
     a = torch.randn(n, n, dtype=dtype, device=device)
     b = torch.randn(n, n, dtype=dtype, device=device)
     a @ b
-    return 2 * n ** 3 / _median_call(lambda: a @ b, device, iters) / 1e12
+    return 2 * n**3 / _median_call(lambda: a @ b, device, iters) / 1e12
 
 
 def _memory_gbps(device: torch.device, n_bytes: int, iters: int) -> float:
@@ -99,8 +101,14 @@ def _memory_gbps(device: torch.device, n_bytes: int, iters: int) -> float:
     return 2 * a.numel() * 4 / _median_call(lambda: b.copy_(a), device, iters) / 1e9
 
 
-def measure_profile(base: MachineProfile, *, small_bytes: int = 1 << 16, large_bytes: int = 1 << 26,
-                    iters: int = 10, gemm_size: int | None = None) -> MachineProfile | None:
+def measure_profile(
+    base: MachineProfile,
+    *,
+    small_bytes: int = 1 << 16,
+    large_bytes: int = 1 << 26,
+    iters: int = 10,
+    gemm_size: int | None = None,
+) -> MachineProfile | None:
     """Measure this torchrun world (every rank must call); rank 0 gets the profile, the others None.
 
     Figures the measurement cannot give (GPU memory on CPU, the inter-node bandwidth on one node) come
@@ -114,8 +122,9 @@ def measure_profile(base: MachineProfile, *, small_bytes: int = 1 << 16, large_b
     grid = init(data=world)  # starts torch.distributed from the torchrun/SLURM environment if needed
     device, rank = grid.device, grid.rank
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or (base.gpus_per_node if world % base.gpus_per_node == 0
-                                                              else world)
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or (
+        base.gpus_per_node if world % base.gpus_per_node == 0 else world
+    )
     created: list[dist.ProcessGroup] = []
     entries: list[MeasuredCollective] = []
     try:
@@ -126,8 +135,9 @@ def measure_profile(base: MachineProfile, *, small_bytes: int = 1 << 16, large_b
                 if handle is not dist.group.WORLD:
                     created.append(handle)
                 if rank in members:
-                    mine = AxisGroup(f"p{ranks}s{stride}", (), ranks, members.index(rank), tuple(members), handle,
-                                     ByteCounter())
+                    mine = AxisGroup(
+                        f"p{ranks}s{stride}", (), ranks, members.index(rank), tuple(members), handle, ByteCounter()
+                    )
             assert mine is not None
             for kind in KINDS:
                 seconds = {}
@@ -137,8 +147,11 @@ def measure_profile(base: MachineProfile, *, small_bytes: int = 1 << 16, large_b
                     sent[n_bytes] = Collective("probe", kind, ranks, n_bytes, "forward", "probe").sent_per_call
                 probe = Collective("probe", kind, ranks, large_bytes, "forward", "probe")
                 extra = seconds[large_bytes] - seconds[small_bytes]
-                gbps = ((sent[large_bytes] - sent[small_bytes]) / extra if extra > 0
-                        else sent[large_bytes] / seconds[large_bytes]) / 1e9
+                gbps = (
+                    (sent[large_bytes] - sent[small_bytes]) / extra
+                    if extra > 0
+                    else sent[large_bytes] / seconds[large_bytes]
+                ) / 1e9
                 entries.append(MeasuredCollective(kind, ranks, stride, seconds[small_bytes] / probe.ring_steps, gbps))
         n = gemm_size or (4096 if device.type == "cuda" else 512)
         tflops = _gemm_tflops(dtype, device, n, max(2, iters))
@@ -149,8 +162,15 @@ def measure_profile(base: MachineProfile, *, small_bytes: int = 1 << 16, large_b
         grid.close()
     if rank != 0:
         return None
-    return fit_profile(base, entries, world=world, gpus_per_node=per_node, peak_tflops=tflops,
-                       memory_gib=_device_memory_gib(device, per_node, base), memory_gbps=memory_gbps)
+    return fit_profile(
+        base,
+        entries,
+        world=world,
+        gpus_per_node=per_node,
+        peak_tflops=tflops,
+        memory_gib=_device_memory_gib(device, per_node, base),
+        memory_gbps=memory_gbps,
+    )
 
 
 def _device_memory_gib(device: torch.device, per_node: int, base: MachineProfile) -> float:
@@ -162,8 +182,16 @@ def _device_memory_gib(device: torch.device, per_node: int, base: MachineProfile
         return base.gpu_memory_gib
 
 
-def fit_profile(base: MachineProfile, entries: list[MeasuredCollective], *, world: int, gpus_per_node: int,
-                peak_tflops: float, memory_gib: float, memory_gbps: float) -> MachineProfile:
+def fit_profile(
+    base: MachineProfile,
+    entries: list[MeasuredCollective],
+    *,
+    world: int,
+    gpus_per_node: int,
+    peak_tflops: float,
+    memory_gib: float,
+    memory_gbps: float,
+) -> MachineProfile:
     """A profile holding the measured entries, with link figures fitted from them (median over placements):
     intra-node GB/s from groups inside a node, inter-node GB/s of a whole node from groups that cross nodes
     (each measured figure times the number of groups sharing the node's NICs). Unmeasured kinds of link keep
@@ -182,12 +210,18 @@ def fit_profile(base: MachineProfile, entries: list[MeasuredCollective], *, worl
     inter_gbps = statistics.median(inter) if inter else base.inter_node_gbps
     nodes = max(1, world // gpus_per_node)
     return replace(
-        probe, name=f"measured-{socket.gethostname()}",
+        probe,
+        name=f"measured-{socket.gethostname()}",
         description=f"measured on {nodes} node(s) x {gpus_per_node} ranks; peak_tflops and memory_gbps are the "
-                    f"measured GEMM and copy rates with every rank busy; link figures not measured come from "
-                    f"{base.name}",
-        gpu_memory_gib=memory_gib, peak_tflops=peak_tflops, memory_gbps=memory_gbps,
-        intra_node_gbps=intra_gbps, inter_node_gbps=inter_gbps,
+        f"measured GEMM and copy rates with every rank busy; link figures not measured come from "
+        f"{base.name}",
+        gpu_memory_gib=memory_gib,
+        peak_tflops=peak_tflops,
+        memory_gbps=memory_gbps,
+        intra_node_gbps=intra_gbps,
+        inter_node_gbps=inter_gbps,
         intra_latency_s=statistics.median(intra_lat) if intra_lat else base.intra_latency_s,
         inter_latency_s=statistics.median(inter_lat) if inter_lat else base.inter_latency_s,
-        sources=(f"engine.planner.measure on {world} ranks", *base.sources), measured=tuple(entries))
+        sources=(f"engine.planner.measure on {world} ranks", *base.sources),
+        measured=tuple(entries),
+    )

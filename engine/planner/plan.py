@@ -60,7 +60,7 @@ from engine.spec import (
     row_split_axes,
 )
 
-GIB = 1024 ** 3
+GIB = 1024**3
 # PRECISIONS (engine.spec): element bytes of each `goldfish train --precision`. The engine has no pure-bf16
 # weights, so neither does the planner.
 CHECKPOINTING = ("auto", "on", "off")
@@ -111,7 +111,6 @@ class PlanRequest:
         node = data_ranks_per_node(self.profile.gpus_per_node, grid) if self.hierarchy and stage >= 2 else 1
         return ZeroConfig(stage=stage, node_size=node, offload=self.offload and stage >= 2)
 
-
     @property
     def element_bytes(self) -> tuple[int, int, int]:
         """(weights and gradients, matmul products, residual stream) bytes per element."""
@@ -141,16 +140,30 @@ class GridPlan:
 
     def to_json(self) -> dict[str, Any]:
         g = self.grid
-        out = {"grid": {"data": g.data, "x": g.x, "y": g.y, "z": g.z}, "feasible": self.feasible,
-               "reason": self.reason, "grad_accum": self.grad_accum, "checkpointing": self.recompute,
-               "rows_per_micro_batch": self.rows_per_micro_batch,
-               "step_s": self.step_s if self.feasible else None, "compute_s": self.compute_s,
-               "memory_s": self.memory_s, "comm_s": self.comm_s,
-               "comm_s_by_group": self.comm_s_by_group, "bytes_by_group": self.bytes_by_group, "mfu": self.mfu,
-               "zero": None if self.zero is None else self.zero.to_json(), "rows": self.rows}
+        out = {
+            "grid": {"data": g.data, "x": g.x, "y": g.y, "z": g.z},
+            "feasible": self.feasible,
+            "reason": self.reason,
+            "grad_accum": self.grad_accum,
+            "checkpointing": self.recompute,
+            "rows_per_micro_batch": self.rows_per_micro_batch,
+            "step_s": self.step_s if self.feasible else None,
+            "compute_s": self.compute_s,
+            "memory_s": self.memory_s,
+            "comm_s": self.comm_s,
+            "comm_s_by_group": self.comm_s_by_group,
+            "bytes_by_group": self.bytes_by_group,
+            "mfu": self.mfu,
+            "zero": None if self.zero is None else self.zero.to_json(),
+            "rows": self.rows,
+        }
         if self.memory is not None:
-            out["memory_gib"] = {"params": self.memory.params / GIB, "activations": self.memory.activations / GIB,
-                                 "transient": self.memory.transient / GIB, "total": self.memory.total / GIB}
+            out["memory_gib"] = {
+                "params": self.memory.params / GIB,
+                "activations": self.memory.activations / GIB,
+                "transient": self.memory.transient / GIB,
+                "total": self.memory.total / GIB,
+            }
         return out
 
 
@@ -159,17 +172,33 @@ def readers(grid: GridShape, rows: str) -> int:
     return grid.size(*row_split_axes(rows))
 
 
-def step_prediction(request: PlanRequest, grid: GridShape, grad_accum: int, recompute: bool = False,
-                    zero: ZeroConfig | None = None, rows_layout: str = "own") -> GridPlan:
+def step_prediction(
+    request: PlanRequest,
+    grid: GridShape,
+    grad_accum: int,
+    recompute: bool = False,
+    zero: ZeroConfig | None = None,
+    rows_layout: str = "own",
+) -> GridPlan:
     """Predicted time and traffic of one step on `grid` with `grad_accum` micro-batches, optional activation
     checkpointing, ZeRO setting and rows layout (no feasibility checks: see plan_grid)."""
     profile = request.profile
     rows = request.global_batch // (readers(grid, rows_layout) * grad_accum)  # rows each GPU reads per micro-batch
     param_bytes, act_bytes, stream_bytes = request.element_bytes
-    collectives = llama_step_collectives(request.shape, grid, rows_per_rank=rows, seq=request.seq,
-                                         param_bytes=param_bytes, act_bytes=act_bytes, stream_bytes=stream_bytes,
-                                         grad_accum=grad_accum, mask_bytes=request.mask_bytes, recompute=recompute,
-                                         zero=zero, rows=rows_layout)  # embeddings split by vocabulary as parallelize does
+    collectives = llama_step_collectives(
+        request.shape,
+        grid,
+        rows_per_rank=rows,
+        seq=request.seq,
+        param_bytes=param_bytes,
+        act_bytes=act_bytes,
+        stream_bytes=stream_bytes,
+        grad_accum=grad_accum,
+        mask_bytes=request.mask_bytes,
+        recompute=recompute,
+        zero=zero,
+        rows=rows_layout,
+    )  # embeddings split by vocabulary as parallelize does
     sizes = {"data": grid.data, "x": grid.x, "y": grid.y, "z": grid.z}
     totals: dict[tuple[str, str, int], list[int]] = {}
     for c in collectives:
@@ -183,19 +212,50 @@ def step_prediction(request: PlanRequest, grid: GridShape, grad_accum: int, reco
             stride *= zero.node_size if zero is not None else 1
         seconds = profile.collective_seconds(kind, ranks, stride, sent, calls)
         comm_by_group[group] = comm_by_group.get(group, 0.0) + seconds
-    flops = rank_flops_per_step(request.shape, grid, rows_per_rank=rows, seq=request.seq, grad_accum=grad_accum,
-                                recompute=recompute, rows=rows_layout)
+    flops = rank_flops_per_step(
+        request.shape,
+        grid,
+        rows_per_rank=rows,
+        seq=request.seq,
+        grad_accum=grad_accum,
+        recompute=recompute,
+        rows=rows_layout,
+    )
     compute = flops / (profile.peak_tflops * 1e12 * request.compute_efficiency)
-    traffic = rank_memory_traffic_per_step(request.shape, grid, rows_per_rank=rows, seq=request.seq,
-                                           act_bytes=act_bytes, bytes_per_param=request.bytes_per_param,
-                                           grad_accum=grad_accum, recompute=recompute, rows=rows_layout)
+    traffic = rank_memory_traffic_per_step(
+        request.shape,
+        grid,
+        rows_per_rank=rows,
+        seq=request.seq,
+        act_bytes=act_bytes,
+        bytes_per_param=request.bytes_per_param,
+        grad_accum=grad_accum,
+        recompute=recompute,
+        rows=rows_layout,
+    )
     memory_s = traffic / (profile.memory_gbps * 1e9)
     comm = sum(comm_by_group.values())
     step = compute + memory_s + comm
     useful = model_flops_per_token(request.shape, request.seq) * request.global_batch * request.seq
     mfu = useful / (step * request.gpus * profile.peak_tflops * 1e12)
-    return GridPlan(grid, True, "", grad_accum, recompute, rows, step, compute, memory_s, comm, comm_by_group,
-                    bytes_by_group(collectives), None, mfu, zero, rows_layout)
+    return GridPlan(
+        grid,
+        True,
+        "",
+        grad_accum,
+        recompute,
+        rows,
+        step,
+        compute,
+        memory_s,
+        comm,
+        comm_by_group,
+        bytes_by_group(collectives),
+        None,
+        mfu,
+        zero,
+        rows_layout,
+    )
 
 
 def plan_grid(request: PlanRequest, grid: GridShape) -> GridPlan:
@@ -204,15 +264,20 @@ def plan_grid(request: PlanRequest, grid: GridShape) -> GridPlan:
     if reason is not None:
         return GridPlan(grid, False, f"cannot shard: {reason}")
     # without x or y parallelism both layouts are the same: plan it once, as the default "own"
-    layouts = [r for r in request.rows_layouts if not row_replica_axes(r) or grid.size(*row_replica_axes(r)) > 1
-               ] or [OWN]
+    layouts = [r for r in request.rows_layouts if not row_replica_axes(r) or grid.size(*row_replica_axes(r)) > 1] or [
+        OWN
+    ]
     splits = [r for r in layouts if request.global_batch % readers(grid, r) == 0]
     if not splits:
-        need = " or ".join(f"{readers(grid, r)} ({'shared rows: data*z' if r == 'shared' else 'the world size'})"
-                           for r in layouts)
+        need = " or ".join(
+            f"{readers(grid, r)} ({'shared rows: data*z' if r == 'shared' else 'the world size'})" for r in layouts
+        )
         hint = "" if "shared" in layouts else "; goldfish train --rows shared needs only a multiple of data*z"
-        return GridPlan(grid, False, f"global batch {request.global_batch} is not divisible by {need}: not a "
-                        f"multiple of the world size{hint}")
+        return GridPlan(
+            grid,
+            False,
+            f"global batch {request.global_batch} is not divisible by {need}: not a multiple of the world size{hint}",
+        )
     param_bytes, act_bytes, stream_bytes = request.element_bytes
     limit = request.profile.gpu_memory_gib * GIB * request.memory_fraction
     settings = {"auto": (False, True), "on": (True,), "off": (False,)}[request.checkpointing]
@@ -223,8 +288,9 @@ def plan_grid(request: PlanRequest, grid: GridShape) -> GridPlan:
         rows_total = request.global_batch // readers(grid, layout)  # rows each GPU reads per step
         if request.grad_accum is not None:
             if rows_total % request.grad_accum:
-                accum_refused.append(f"{rows_total} rows per GPU ({layout} rows) do not split into "
-                                     f"{request.grad_accum} micro-batches")
+                accum_refused.append(
+                    f"{rows_total} rows per GPU ({layout} rows) do not split into {request.grad_accum} micro-batches"
+                )
                 continue
             choices = [request.grad_accum]
         else:
@@ -233,10 +299,19 @@ def plan_grid(request: PlanRequest, grid: GridShape) -> GridPlan:
             zero = request.zero_config(grid, stage) if stage else None
             for recompute in settings:
                 for accum in choices:
-                    memory = memory_per_rank(request.shape, grid, rows_per_rank=rows_total // accum, seq=request.seq,
-                                             bytes_per_param=request.bytes_per_param, act_bytes=act_bytes,
-                                             param_bytes=param_bytes, recompute=recompute, zero=zero,
-                                             stream_bytes=stream_bytes, rows=layout)
+                    memory = memory_per_rank(
+                        request.shape,
+                        grid,
+                        rows_per_rank=rows_total // accum,
+                        seq=request.seq,
+                        bytes_per_param=request.bytes_per_param,
+                        act_bytes=act_bytes,
+                        param_bytes=param_bytes,
+                        recompute=recompute,
+                        zero=zero,
+                        stream_bytes=stream_bytes,
+                        rows=layout,
+                    )
                     if smallest is None or memory.total < smallest.total:
                         smallest, tried = memory, (accum, zero, layout)
                     if memory.total <= limit:
@@ -251,10 +326,18 @@ def plan_grid(request: PlanRequest, grid: GridShape) -> GridPlan:
         return GridPlan(grid, False, "; ".join(accum_refused))
     accum, zero, layout = tried
     setting = f", ZeRO stage {zero.stage}" if zero is not None else ""
-    return GridPlan(grid, False, f"needs {smallest.total / GIB:.1f} GiB per GPU (params {smallest.params / GIB:.1f}, "
-                    f"activations {smallest.activations / GIB:.1f}) even with {accum} micro-batches"
-                    f"{' and checkpointing' if settings[-1] else ''}{setting}; {limit / GIB:.1f} GiB usable",
-                    grad_accum=accum, recompute=settings[-1], memory=smallest, zero=zero, rows=layout)
+    return GridPlan(
+        grid,
+        False,
+        f"needs {smallest.total / GIB:.1f} GiB per GPU (params {smallest.params / GIB:.1f}, "
+        f"activations {smallest.activations / GIB:.1f}) even with {accum} micro-batches"
+        f"{' and checkpointing' if settings[-1] else ''}{setting}; {limit / GIB:.1f} GiB usable",
+        grad_accum=accum,
+        recompute=settings[-1],
+        memory=smallest,
+        zero=zero,
+        rows=layout,
+    )
 
 
 def rank_grids(request: PlanRequest) -> list[GridPlan]:
@@ -278,26 +361,32 @@ def format_table(request: PlanRequest, plans: list[GridPlan], top: int = 20) -> 
     feasible = [p for p in plans if p.feasible]
     rejected = [p for p in plans if not p.feasible]
     shape, profile = request.shape, request.profile
-    lines = [f"{shape.name or 'model'}: {shape.n_params / 1e9:.2f}B parameters, {request.gpus} GPUs on "
-             f"{profile.name} ({profile.gpus_per_node} per node, {profile.gpu_memory_gib:g} GiB, "
-             f"{profile.peak_tflops:g} Tflop/s at {request.compute_efficiency:.0%}), global batch "
-             f"{request.global_batch} x {request.seq} tokens",
-             f"{len(plans)} grids: {len(feasible)} feasible, {len(rejected)} rejected",
-             ""]
-    header = (f"{'rank':>4} {'data':>5} {'x':>4} {'y':>4} {'z':>4} {'rows':>6} {'zero':>4} {'accum':>5} {'ckpt':>4} "
-              f"{'step s':>9} "
-              f"{'compute':>9} "
-              f"{'memory':>9} {'comm':>9} {'mem GiB':>8} {'MFU':>6}  bytes sent per GPU by group")
+    lines = [
+        f"{shape.name or 'model'}: {shape.n_params / 1e9:.2f}B parameters, {request.gpus} GPUs on "
+        f"{profile.name} ({profile.gpus_per_node} per node, {profile.gpu_memory_gib:g} GiB, "
+        f"{profile.peak_tflops:g} Tflop/s at {request.compute_efficiency:.0%}), global batch "
+        f"{request.global_batch} x {request.seq} tokens",
+        f"{len(plans)} grids: {len(feasible)} feasible, {len(rejected)} rejected",
+        "",
+    ]
+    header = (
+        f"{'rank':>4} {'data':>5} {'x':>4} {'y':>4} {'z':>4} {'rows':>6} {'zero':>4} {'accum':>5} {'ckpt':>4} "
+        f"{'step s':>9} "
+        f"{'compute':>9} "
+        f"{'memory':>9} {'comm':>9} {'mem GiB':>8} {'MFU':>6}  bytes sent per GPU by group"
+    )
     lines.append(header)
     for i, p in enumerate(feasible[:top], 1):
         g = p.grid
         traffic = ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in sorted(p.bytes_by_group.items(), key=lambda kv: -kv[1]))
         ckpt = "yes" if p.recompute else "no"
         stage = p.zero.stage if p.zero is not None else 0
-        lines.append(f"{i:>4} {g.data:>5} {g.x:>4} {g.y:>4} {g.z:>4} {p.rows:>6} {stage:>4} {p.grad_accum:>5} {ckpt:>4} "
-                     f"{p.step_s:>9.4g} "
-                     f"{p.compute_s:>9.4g} {p.memory_s:>9.4g} {p.comm_s:>9.4g} {p.memory.total / GIB:>8.1f} "
-                     f"{p.mfu:>6.1%}  {traffic}")
+        lines.append(
+            f"{i:>4} {g.data:>5} {g.x:>4} {g.y:>4} {g.z:>4} {p.rows:>6} {stage:>4} {p.grad_accum:>5} {ckpt:>4} "
+            f"{p.step_s:>9.4g} "
+            f"{p.compute_s:>9.4g} {p.memory_s:>9.4g} {p.comm_s:>9.4g} {p.memory.total / GIB:>8.1f} "
+            f"{p.mfu:>6.1%}  {traffic}"
+        )
     if not feasible:
         lines.append("(no grid fits)")
         best = min((p for p in rejected if p.memory is not None), key=lambda p: p.memory.total, default=None)
@@ -305,20 +394,32 @@ def format_table(request: PlanRequest, plans: list[GridPlan], top: int = 20) -> 
             lines.append(f"smallest memory need: grid {best.grid}: {best.reason}")
             replicated = best.memory.detail["replicated_params"] * request.bytes_per_param / GIB
             if best.zero is None and best.memory.detail["vocab_parts"] == 1:
-                lines.append(f"of which {replicated:.1f} GiB are the replicated embeddings, lm_head and norms (split "
-                             "by vocabulary only when x*y*z > 1 divides the vocabulary, else only by ZeRO)")
+                lines.append(
+                    f"of which {replicated:.1f} GiB are the replicated embeddings, lm_head and norms (split "
+                    "by vocabulary only when x*y*z > 1 divides the vocabulary, else only by ZeRO)"
+                )
     reasons: dict[str, int] = {}
     for p in rejected:
-        key = p.reason.split(":")[0] if p.reason.startswith("cannot shard") else (
-            "out of memory" if p.reason.startswith("needs") else
-            "batch not divisible by the GPUs reading different rows" if p.reason.startswith("global batch") else p.reason)
+        key = (
+            p.reason.split(":")[0]
+            if p.reason.startswith("cannot shard")
+            else (
+                "out of memory"
+                if p.reason.startswith("needs")
+                else "batch not divisible by the GPUs reading different rows"
+                if p.reason.startswith("global batch")
+                else p.reason
+            )
+        )
         reasons[key] = reasons.get(key, 0) + 1
     if reasons:
         lines.append("rejected: " + "; ".join(f"{n} {k}" for k, n in reasons.items()))
     if any(p.reason.startswith("global batch") for p in rejected):
-        lines.append("(rows: 'own' = every GPU reads its own rows, the batch a multiple of the world size; 'shared' = "
-                     "the GPUs of an x*y group read the same rows (goldfish train --rows shared, as AxoNN), the batch "
-                     "a multiple of data*z)")
+        lines.append(
+            "(rows: 'own' = every GPU reads its own rows, the batch a multiple of the world size; 'shared' = "
+            "the GPUs of an x*y group read the same rows (goldfish train --rows shared, as AxoNN), the batch "
+            "a multiple of data*z)"
+        )
     if feasible:
         lines.append(f"fastest, as goldfish train runs it: {train_command(request, feasible[0])}")
     return "\n".join(lines)
@@ -330,9 +431,16 @@ def train_command(request: PlanRequest, plan: GridPlan) -> str:
     by default whenever the planner assumed so."""
     g = plan.grid
     axes = ",".join(f"{a}={v}" for a, v in (("data", g.data), ("x", g.x), ("y", g.y), ("z", g.z)) if v > 1) or "data=1"
-    parts = [f"torchrun --nproc-per-node ... ({request.gpus} processes) -m goldfish train" if request.gpus > 1
-             else "goldfish train", f"--grid {axes}" if request.gpus > 1 else "", f"--batch-size {request.global_batch}", f"--grad-accum {plan.grad_accum}",
-             f"--seq-len {request.seq}", f"--precision {request.precision}"]
+    parts = [
+        f"torchrun --nproc-per-node ... ({request.gpus} processes) -m goldfish train"
+        if request.gpus > 1
+        else "goldfish train",
+        f"--grid {axes}" if request.gpus > 1 else "",
+        f"--batch-size {request.global_batch}",
+        f"--grad-accum {plan.grad_accum}",
+        f"--seq-len {request.seq}",
+        f"--precision {request.precision}",
+    ]
     if plan.rows != "own":
         parts.append(f"--rows {plan.rows}")
     if plan.recompute:
@@ -348,6 +456,7 @@ def train_command(request: PlanRequest, plan: GridPlan) -> str:
 
 # ----- model shapes by name ---------------------------------------------------------------------------------------
 
+
 def resolve_shape(model: str) -> TransformerShape:
     """A named size (7B, 8B, 70B, 405B, the AxoNN paper's GPT 5B ... 640B) or a transformers config name/folder
     (read offline when cached)."""
@@ -356,8 +465,11 @@ def resolve_shape(model: str) -> TransformerShape:
         return NAMED_SHAPES[key]
     try:
         from transformers import AutoConfig
+
         config = AutoConfig.from_pretrained(model)
     except (OSError, ValueError) as error:
-        raise ValueError(f"cannot read a model config from {model!r} ({error}); give a named size "
-                         f"({', '.join(NAMED_SHAPES)}) or a folder holding config.json") from error
+        raise ValueError(
+            f"cannot read a model config from {model!r} ({error}); give a named size "
+            f"({', '.join(NAMED_SHAPES)}) or a folder holding config.json"
+        ) from error
     return TransformerShape.from_hf_config(config, name=Path(model).name or model)

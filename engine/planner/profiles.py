@@ -22,7 +22,7 @@ figures, which take precedence over the link model.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +64,10 @@ class MachineProfile:
 
     def __post_init__(self) -> None:
         if self.gpus_per_node < 1 or self.package_size < 1 or self.gpus_per_node % self.package_size:
-            raise ValueError(f"profile {self.name}: gpus_per_node ({self.gpus_per_node}) must be a positive "
-                             f"multiple of package_size ({self.package_size})")
+            raise ValueError(
+                f"profile {self.name}: gpus_per_node ({self.gpus_per_node}) must be a positive "
+                f"multiple of package_size ({self.package_size})"
+            )
         for f in ("gpu_memory_gib", "peak_tflops", "intra_node_gbps", "inter_node_gbps", "memory_gbps"):
             if not getattr(self, f) > 0:
                 raise ValueError(f"profile {self.name}: {f} must be > 0, got {getattr(self, f)!r}")
@@ -118,42 +120,82 @@ class MachineProfile:
 # NICs per node at 25 GB/s each, and gives the GPU memories and the A100's 312 Tflop/s bf16 peak.
 PROFILES: dict[str, MachineProfile] = {
     "perlmutter": MachineProfile(
-        name="perlmutter", description="NERSC Perlmutter GPU node: 4 x NVIDIA A100-SXM4 40GB",
-        gpus_per_node=4, gpu_memory_gib=40.0, peak_tflops=312.0, memory_gbps=1555.0,
+        name="perlmutter",
+        description="NERSC Perlmutter GPU node: 4 x NVIDIA A100-SXM4 40GB",
+        gpus_per_node=4,
+        gpu_memory_gib=40.0,
+        peak_tflops=312.0,
+        memory_gbps=1555.0,
         # NVLink 3: 12 links of 25 GB/s per direction per A100; on Perlmutter every pair of the 4 GPUs is joined
         # by 4 links, so a ring edge gets 4 x 25 = 100 GB/s
-        intra_node_gbps=100.0, inter_node_gbps=100.0, intra_latency_s=5e-6, inter_latency_s=1e-5,
-        sources=("AxoNN paper summary (seed 000): 4 Slingshot 11 NICs x 25 GB/s, A100 40GB, 312 Tflop/s bf16",
-                 "NERSC Perlmutter architecture docs: 4 NVLink 3 links between each pair of A100s",
-                 "NVIDIA A100 datasheet: NVLink 3 at 25 GB/s per link per direction, 1555 GB/s HBM2 (40GB)")),
+        intra_node_gbps=100.0,
+        inter_node_gbps=100.0,
+        intra_latency_s=5e-6,
+        inter_latency_s=1e-5,
+        sources=(
+            "AxoNN paper summary (seed 000): 4 Slingshot 11 NICs x 25 GB/s, A100 40GB, 312 Tflop/s bf16",
+            "NERSC Perlmutter architecture docs: 4 NVLink 3 links between each pair of A100s",
+            "NVIDIA A100 datasheet: NVLink 3 at 25 GB/s per link per direction, 1555 GB/s HBM2 (40GB)",
+        ),
+    ),
     "frontier": MachineProfile(
-        name="frontier", description="OLCF Frontier node: 4 x AMD MI250X = 8 GCDs of 64 GB",
-        gpus_per_node=8, gpu_memory_gib=64.0, peak_tflops=191.5, memory_gbps=1638.0,
+        name="frontier",
+        description="OLCF Frontier node: 4 x AMD MI250X = 8 GCDs of 64 GB",
+        gpus_per_node=8,
+        gpu_memory_gib=64.0,
+        peak_tflops=191.5,
+        memory_gbps=1638.0,
         # the two GCDs of one MI250X: 4 Infinity Fabric links, 200 GB/s per direction; GCDs of different
         # MI250X: 1 or 2 links, 50-100 GB/s: a ring over the node is held to the 50 GB/s edges
-        intra_node_gbps=50.0, inter_node_gbps=100.0, package_size=2, package_gbps=200.0,
-        intra_latency_s=1e-5, inter_latency_s=2e-5,
-        sources=("AxoNN paper summary (seed 000): MI250X 128 GB as two 64 GB GCDs, 4 Slingshot 11 NICs x 25 GB/s",
-                 "OLCF Frontier user guide: GCD-GCD in-package 200 GB/s, across packages 50-100 GB/s",
-                 "AMD MI250X datasheet: 383 Tflop/s dense bf16 and 3.2768 TB/s HBM2e per MI250X, half per GCD")),
+        intra_node_gbps=50.0,
+        inter_node_gbps=100.0,
+        package_size=2,
+        package_gbps=200.0,
+        intra_latency_s=1e-5,
+        inter_latency_s=2e-5,
+        sources=(
+            "AxoNN paper summary (seed 000): MI250X 128 GB as two 64 GB GCDs, 4 Slingshot 11 NICs x 25 GB/s",
+            "OLCF Frontier user guide: GCD-GCD in-package 200 GB/s, across packages 50-100 GB/s",
+            "AMD MI250X datasheet: 383 Tflop/s dense bf16 and 3.2768 TB/s HBM2e per MI250X, half per GCD",
+        ),
+    ),
     "alps": MachineProfile(
-        name="alps", description="CSCS Alps node: 4 x NVIDIA GH200 (H100 with 96 GB HBM3)",
-        gpus_per_node=4, gpu_memory_gib=96.0, peak_tflops=989.0, memory_gbps=4000.0,
+        name="alps",
+        description="CSCS Alps node: 4 x NVIDIA GH200 (H100 with 96 GB HBM3)",
+        gpus_per_node=4,
+        gpu_memory_gib=96.0,
+        peak_tflops=989.0,
+        memory_gbps=4000.0,
         # NVLink 4: 18 links of 25 GB/s per direction per H100; the 4 GH200 of a node are fully connected,
         # 6 links per pair = 150 GB/s per ring edge
-        intra_node_gbps=150.0, inter_node_gbps=100.0, intra_latency_s=5e-6, inter_latency_s=1e-5,
-        sources=("AxoNN paper summary (seed 000): GH200 with 96 GB per H100, 4 Slingshot 11 NICs x 25 GB/s",
-                 "NVIDIA H100 SXM datasheet: 989 Tflop/s dense bf16, 18 NVLink 4 links (450 GB/s per direction)",
-                 "CSCS Alps docs: 4 GH200 per node, all-to-all NVLink",
-                 "NVIDIA GH200 datasheet: 96 GB HBM3 at 4 TB/s")),
+        intra_node_gbps=150.0,
+        inter_node_gbps=100.0,
+        intra_latency_s=5e-6,
+        inter_latency_s=1e-5,
+        sources=(
+            "AxoNN paper summary (seed 000): GH200 with 96 GB per H100, 4 Slingshot 11 NICs x 25 GB/s",
+            "NVIDIA H100 SXM datasheet: 989 Tflop/s dense bf16, 18 NVLink 4 links (450 GB/s per direction)",
+            "CSCS Alps docs: 4 GH200 per node, all-to-all NVLink",
+            "NVIDIA GH200 datasheet: 96 GB HBM3 at 4 TB/s",
+        ),
+    ),
     "dgx-h100": MachineProfile(
-        name="dgx-h100", description="NVIDIA DGX H100: 8 x H100-SXM5 80GB on NVSwitch, 8 x 400 Gb/s NICs",
-        gpus_per_node=8, gpu_memory_gib=80.0, peak_tflops=989.0, memory_gbps=3350.0,
+        name="dgx-h100",
+        description="NVIDIA DGX H100: 8 x H100-SXM5 80GB on NVSwitch, 8 x 400 Gb/s NICs",
+        gpus_per_node=8,
+        gpu_memory_gib=80.0,
+        peak_tflops=989.0,
+        memory_gbps=3350.0,
         # NVSwitch gives every GPU its full 450 GB/s per direction; 8 ConnectX-7 at 400 Gb/s = 50 GB/s each
-        intra_node_gbps=450.0, inter_node_gbps=400.0, intra_latency_s=5e-6, inter_latency_s=1e-5,
-        sources=("NVIDIA DGX H100 datasheet: 8 H100 80GB, 900 GB/s bidirectional NVLink per GPU, "
-                 "8 x 400 Gb/s ConnectX-7",
-                 "NVIDIA H100 SXM datasheet: 989 Tflop/s dense bf16, 3.35 TB/s HBM3")),
+        intra_node_gbps=450.0,
+        inter_node_gbps=400.0,
+        intra_latency_s=5e-6,
+        inter_latency_s=1e-5,
+        sources=(
+            "NVIDIA DGX H100 datasheet: 8 H100 80GB, 900 GB/s bidirectional NVLink per GPU, 8 x 400 Gb/s ConnectX-7",
+            "NVIDIA H100 SXM datasheet: 989 Tflop/s dense bf16, 3.35 TB/s HBM3",
+        ),
+    ),
 }
 
 
@@ -167,8 +209,10 @@ def load_profile(name_or_path: str) -> MachineProfile:
         if not path.exists():
             raise ValueError(f"profile file {path} does not exist")
         return MachineProfile.from_json(json.loads(path.read_text()))
-    raise ValueError(f"unknown machine profile {name_or_path!r}: use one of {', '.join(PROFILES)} or the path of "
-                     "a profile JSON written by `goldfish plan --measure`")
+    raise ValueError(
+        f"unknown machine profile {name_or_path!r}: use one of {', '.join(PROFILES)} or the path of "
+        "a profile JSON written by `goldfish plan --measure`"
+    )
 
 
 def group_stride(axes: tuple[str, ...], sizes: dict[str, int]) -> int:
@@ -179,7 +223,7 @@ def group_stride(axes: tuple[str, ...], sizes: dict[str, int]) -> int:
     if not real:
         return 1
     first, last = order.index(real[0]), order.index(real[-1])
-    if any(sizes[a] > 1 and a not in axes for a in order[first:last + 1]):
+    if any(sizes[a] > 1 and a not in axes for a in order[first : last + 1]):
         raise ValueError(f"group {axes} is not contiguous in the rank order: its members are not evenly spaced")
     stride = 1
     for a in order[:first]:

@@ -53,8 +53,14 @@ SHARDS_DIR = "engine_shards"
 TRAINER_STATE_FILE = "trainer_state.pt"  # step, schedule, RNG (and, in the serial layout, the optimizer)
 
 # Files of an HF model folder that consolidation writes itself rather than copying.
-_MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json", "generation_config.json")
+_MODEL_FILES = (
+    "config.json",
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+    "generation_config.json",
+)
 
 
 class CheckpointError(ValueError):
@@ -95,16 +101,28 @@ class _Entry:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "_Entry":
         order = data.get("out_order")
-        return cls(kind=data["kind"], shape=tuple(data["shape"]), dtype=data["dtype"], mode=data.get("mode", ""),
-                   out_order=None if order is None else tuple(order), layout=data.get("layout", "linear"),
-                   alias_of=data.get("alias_of", ""))
+        return cls(
+            kind=data["kind"],
+            shape=tuple(data["shape"]),
+            dtype=data["dtype"],
+            mode=data.get("mode", ""),
+            out_order=None if order is None else tuple(order),
+            layout=data.get("layout", "linear"),
+            alias_of=data.get("alias_of", ""),
+        )
 
     def same_layout(self, other: "_Entry") -> bool:
-        return (self.kind, self.shape, self.mode, self.out_order, self.layout) == \
-            (other.kind, other.shape, other.mode, other.out_order, other.layout)
+        return (self.kind, self.shape, self.mode, self.out_order, self.layout) == (
+            other.kind,
+            other.shape,
+            other.mode,
+            other.out_order,
+            other.layout,
+        )
 
 
 # ----- describing a model -------------------------------------------------------------------------------
+
 
 def _describe(model: nn.Module) -> tuple[dict[str, _Entry], dict[str, torch.Tensor], dict[str, Any]]:
     """Every state-dict key of `model` with its _Entry, its local tensor, and its ParallelLinear or
@@ -165,6 +183,7 @@ def _param_names(model: nn.Module) -> dict[int, str]:
 
 # ----- saving -------------------------------------------------------------------------------------------
 
+
 def _shard_file(rank: int, suffix: str) -> str:
     return f"{SHARDS_DIR}/rank-{rank:05d}.{suffix}"
 
@@ -174,8 +193,9 @@ def _all_ok(ok: bool, grid: Grid) -> bool:
     return comm.all_agree(ok, grid.group(*AXES), grid.device)
 
 
-def _optimizer_layout(optimizer: torch.optim.Optimizer | None, model: nn.Module,
-                      entries: dict[str, _Entry]) -> tuple[dict[str, dict[str, str]], list[dict[str, Any]]]:
+def _optimizer_layout(
+    optimizer: torch.optim.Optimizer | None, model: nn.Module, entries: dict[str, _Entry]
+) -> tuple[dict[str, dict[str, str]], list[dict[str, Any]]]:
     """Per parameter name, how each optimizer state value is stored ("like_param" = sharded exactly as the
     parameter, "replicated" = one copy written by rank 0, "value" = a non-tensor kept in the .pt file), and
     the optimizer's groups with parameter names instead of indices."""
@@ -188,8 +208,10 @@ def _optimizer_layout(optimizer: torch.optim.Optimizer | None, model: nn.Module,
         group_names = []
         for param in group["params"]:
             if id(param) not in names:
-                raise CheckpointError("the optimizer holds a parameter that is not part of the model; build the "
-                                      "optimizer from model.parameters()")
+                raise CheckpointError(
+                    "the optimizer holds a parameter that is not part of the model; build the "
+                    "optimizer from model.parameters()"
+                )
             name = names[id(param)]
             group_names.append(name)
             layout = {}
@@ -199,10 +221,12 @@ def _optimizer_layout(optimizer: torch.optim.Optimizer | None, model: nn.Module,
                 elif isinstance(value, torch.Tensor) and (value.dim() == 0 or entries[name].kind == "replicated"):
                     layout[key] = "replicated"  # a scalar (AdamW's step) or the state of a replicated parameter
                 elif isinstance(value, torch.Tensor):
-                    raise CheckpointError(f"optimizer state {key!r} of {name} has shape {list(value.shape)}, neither "
-                                          f"the parameter's shard shape {list(param.shape)} nor a scalar: the engine "
-                                          "cannot shard it (optimizers with per-element state such as AdamW or SGD "
-                                          "are supported)")
+                    raise CheckpointError(
+                        f"optimizer state {key!r} of {name} has shape {list(value.shape)}, neither "
+                        f"the parameter's shard shape {list(param.shape)} nor a scalar: the engine "
+                        "cannot shard it (optimizers with per-element state such as AdamW or SGD "
+                        "are supported)"
+                    )
                 else:
                     layout[key] = "value"
             if layout:
@@ -254,15 +278,17 @@ def _expected_files(entries: dict[str, _Entry], shape: GridShape) -> list[str]:
     return files
 
 
-def _write_own_files(staging: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, grid: Grid,
-                     extra_state: dict[str, Any]) -> dict[str, Any] | None:
+def _write_own_files(
+    staging: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, grid: Grid, extra_state: dict[str, Any]
+) -> dict[str, Any] | None:
     """This rank's shard files, and on rank 0 the trainer state; rank 0 returns the metadata, which it writes
     once every rank has written its files."""
     entries, tensors, layers = _describe(model)
     for key, layer in layers.items():
         if layer.grid.shape != grid.shape:
-            raise CheckpointError(f"{key} is sharded on grid {layer.grid.shape}, not on the grid {grid.shape} given "
-                                  "to save_checkpoint")
+            raise CheckpointError(
+                f"{key} is sharded on grid {layer.grid.shape}, not on the grid {grid.shape} given to save_checkpoint"
+            )
     state_layout, groups = _optimizer_layout(optimizer, model, entries)
     owned: dict[str, torch.Tensor] = {}
     values: dict[str, dict[str, Any]] = {}
@@ -289,10 +315,15 @@ def _write_own_files(staging: Path, model: nn.Module, optimizer: torch.optim.Opt
                     owned[f"optim/{name}/{state_key}"] = value.contiguous().cpu()
     (staging / SHARDS_DIR).mkdir(exist_ok=True)
     if owned:
-        save_file(owned, str(staging / _shard_file(grid.rank, "safetensors")),
-                  metadata={"format": "pt", "rank": str(grid.rank)})
-    torch.save({"extra_state": extra_state, "optimizer_groups": groups, "optimizer_values": values},
-               staging / _shard_file(grid.rank, "pt"))
+        save_file(
+            owned,
+            str(staging / _shard_file(grid.rank, "safetensors")),
+            metadata={"format": "pt", "rank": str(grid.rank)},
+        )
+    torch.save(
+        {"extra_state": extra_state, "optimizer_groups": groups, "optimizer_values": values},
+        staging / _shard_file(grid.rank, "pt"),
+    )
     if grid.rank != 0:
         return None
     torch.save(extra_state, staging / TRAINER_STATE_FILE)
@@ -310,9 +341,16 @@ def _write_own_files(staging: Path, model: nn.Module, optimizer: torch.optim.Opt
         "files": _expected_files(entries, grid.shape),
     }
 
-def save_checkpoint(directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                    grid: Grid | None, *, extra_state: dict[str, Any] | None = None,
-                    save_model: Callable[[nn.Module, Path], None] | None = None) -> Path:
+
+def save_checkpoint(
+    directory: str | Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    grid: Grid | None,
+    *,
+    extra_state: dict[str, Any] | None = None,
+    save_model: Callable[[nn.Module, Path], None] | None = None,
+) -> Path:
     """Write a checkpoint of `model` and `optimizer` to `directory`, atomically.
 
     grid None (one process, plain model): the serial layout, i.e. `save_model`'s files plus trainer_state.pt with
@@ -354,8 +392,9 @@ def save_checkpoint(directory: str | Path, model: nn.Module, optimizer: torch.op
     if not _all_ok(failure is None, grid):
         if failure is not None:
             raise failure
-        raise CheckpointError(f"another rank failed while writing the checkpoint {directory}; the previous "
-                              "checkpoint (if any) is intact")
+        raise CheckpointError(
+            f"another rank failed while writing the checkpoint {directory}; the previous checkpoint (if any) is intact"
+        )
 
     published: BaseException | None = None
     if grid.rank == 0:
@@ -366,7 +405,8 @@ def save_checkpoint(directory: str | Path, model: nn.Module, optimizer: torch.op
                 raise CheckpointError(
                     f"rank 0 does not see the shard files {missing[:4]} that other ranks wrote into {staging}: the "
                     "checkpoint directory must be on a filesystem shared by all ranks (e.g. the cluster's shared "
-                    "disk, not a node-local /tmp)")
+                    "disk, not a node-local /tmp)"
+                )
             # written last: a folder without it is no checkpoint, so a staging folder never loads
             write_text_atomic(staging / METADATA_FILE, json.dumps(metadata, indent=1))
             replace_directory(staging, directory)
@@ -379,8 +419,13 @@ def save_checkpoint(directory: str | Path, model: nn.Module, optimizer: torch.op
     return directory
 
 
-def _save_serial(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                 extra_state: dict[str, Any], save_model: Callable[[nn.Module, Path], None] | None) -> Path:
+def _save_serial(
+    directory: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    extra_state: dict[str, Any],
+    save_model: Callable[[nn.Module, Path], None] | None,
+) -> Path:
     """The serial layout: save_model's files and trainer_state.pt (extra_state + optimizer state dict), published
     with one rename so a crash leaves either the previous checkpoint or the new one."""
     staging = staging_directory(directory)
@@ -399,17 +444,22 @@ def _save_serial(directory: Path, model: nn.Module, optimizer: torch.optim.Optim
 
 # ----- reading ------------------------------------------------------------------------------------------
 
+
 def read_trainer_state(directory: str | Path) -> dict[str, Any]:
     """The trainer_state.pt of a checkpoint folder (either layout): rank 0's extra_state, and in the serial layout
     the optimizer state dict under "optimizer"."""
     directory = Path(directory)
     if not directory.is_dir():
-        raise CheckpointNotFoundError(f"checkpoint {directory} does not exist (no {TRAINER_STATE_FILE} to resume "
-                                      "from); give the checkpoint folder a training run wrote (OUT/checkpoint)")
+        raise CheckpointNotFoundError(
+            f"checkpoint {directory} does not exist (no {TRAINER_STATE_FILE} to resume "
+            "from); give the checkpoint folder a training run wrote (OUT/checkpoint)"
+        )
     path = directory / TRAINER_STATE_FILE
     if not path.exists():
-        raise CheckpointNotFoundError(f"{directory} is not a resumable checkpoint: {TRAINER_STATE_FILE} is missing "
-                              "(give the checkpoint/ folder that a training run wrote)")
+        raise CheckpointNotFoundError(
+            f"{directory} is not a resumable checkpoint: {TRAINER_STATE_FILE} is missing "
+            "(give the checkpoint/ folder that a training run wrote)"
+        )
     return _load_pickle(path)
 
 
@@ -420,13 +470,16 @@ def is_engine_checkpoint(directory: str | Path) -> bool:
 
 def _read_metadata(directory: Path) -> dict[str, Any]:
     if not directory.is_dir():
-        raise CheckpointError(f"checkpoint {directory} does not exist; give the checkpoint folder a training run "
-                              "wrote (OUT/checkpoint)")
+        raise CheckpointError(
+            f"checkpoint {directory} does not exist; give the checkpoint folder a training run wrote (OUT/checkpoint)"
+        )
     path = directory / METADATA_FILE
     if not path.is_file():
-        raise CheckpointError(f"{directory} is not a sharded engine checkpoint: {METADATA_FILE} is missing (an "
-                              "unfinished save leaves only a hidden .partial folder; give the last complete "
-                              "checkpoint folder)")
+        raise CheckpointError(
+            f"{directory} is not a sharded engine checkpoint: {METADATA_FILE} is missing (an "
+            "unfinished save leaves only a hidden .partial folder; give the last complete "
+            "checkpoint folder)"
+        )
     try:
         metadata = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
@@ -434,12 +487,16 @@ def _read_metadata(directory: Path) -> dict[str, Any]:
     if metadata.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not an engine checkpoint (format {metadata.get('format')!r})")
     if metadata.get("version") != VERSION:
-        raise CheckpointError(f"{path} has format version {metadata.get('version')}, this engine reads version "
-                              f"{VERSION}; load it with the engine release that wrote it")
+        raise CheckpointError(
+            f"{path} has format version {metadata.get('version')}, this engine reads version "
+            f"{VERSION}; load it with the engine release that wrote it"
+        )
     missing = [f for f in metadata["files"] if not (directory / f).is_file()]
     if missing:
-        raise CheckpointError(f"checkpoint {directory} is incomplete: {', '.join(missing[:4])} missing; restore "
-                              "the missing shard files or use an earlier checkpoint")
+        raise CheckpointError(
+            f"checkpoint {directory} is incomplete: {', '.join(missing[:4])} missing; restore "
+            "the missing shard files or use an earlier checkpoint"
+        )
     for name in metadata["files"]:
         if name.endswith(".safetensors"):
             check_safetensors(directory / name, "restore the shard file or use an earlier checkpoint")
@@ -460,8 +517,10 @@ class _Shards:
                 self.handles[rank] = self.stack.enter_context(safe_open(str(path), framework="pt"))
             return self.handles[rank].get_tensor(key)
         except (SafetensorError, OSError) as error:
-            raise CheckpointError(f"cannot read tensor {key} from {path}: {error}; the shard file is corrupt or "
-                                  "incomplete, restore it or use an earlier checkpoint") from None
+            raise CheckpointError(
+                f"cannot read tensor {key} from {path}: {error}; the shard file is corrupt or "
+                "incomplete, restore it or use an earlier checkpoint"
+            ) from None
 
     def full(self, entry: _Entry, key: str) -> torch.Tensor:
         """The full tensor of `key` (a "model/..." or "optim/..." name) in the serial model's layout."""
@@ -481,16 +540,18 @@ class _Shards:
                     piece = self.get(self.shape.rank({in_axis: a, out_axis: b, "z": z}), key)
                     expected = (rows, cols) if entry.kind == "weight" else (rows,)
                     if tuple(piece.shape) != expected:
-                        raise CheckpointError(f"{key} in the shard of {in_axis}={a}, {out_axis}={b}, z={z} has shape "
-                                              f"{list(piece.shape)}, the metadata implies {list(expected)}; the "
-                                              "checkpoint is corrupt")
+                        raise CheckpointError(
+                            f"{key} in the shard of {in_axis}={a}, {out_axis}={b}, z={z} has shape "
+                            f"{list(piece.shape)}, the metadata implies {list(expected)}; the "
+                            "checkpoint is corrupt"
+                        )
                     if stored is None:
                         stored = piece.new_empty(natural_shape)
                     block = b * n_z + z
                     if entry.kind == "weight":
-                        stored[block * rows:(block + 1) * rows, a * cols:(a + 1) * cols] = piece
+                        stored[block * rows : (block + 1) * rows, a * cols : (a + 1) * cols] = piece
                     else:
-                        stored[block * rows:(block + 1) * rows] = piece
+                        stored[block * rows : (block + 1) * rows] = piece
         assert stored is not None
         natural = stored
         if entry.out_order is not None:  # stored[i] = natural[out_order[i]]
@@ -499,7 +560,6 @@ class _Shards:
         if entry.kind == "weight" and entry.layout == "conv1d":
             natural = natural.t().contiguous()
         return natural
-
 
     def _full_vocab(self, entry: _Entry, key: str) -> torch.Tensor:
         """Rows of a vocabulary-parallel tensor, concatenated in x*y*z group order (x fastest)."""
@@ -512,9 +572,11 @@ class _Shards:
                     piece = self.get(shape.rank({"x": x, "y": y, "z": z}), key)
                     expected = (entry.shape[0] // parts, *entry.shape[1:])
                     if tuple(piece.shape) != expected:
-                        raise CheckpointError(f"{key} in the shard of x={x}, y={y}, z={z} has shape "
-                                              f"{list(piece.shape)}, the metadata implies {list(expected)}; the "
-                                              "checkpoint is corrupt")
+                        raise CheckpointError(
+                            f"{key} in the shard of x={x}, y={y}, z={z} has shape "
+                            f"{list(piece.shape)}, the metadata implies {list(expected)}; the "
+                            "checkpoint is corrupt"
+                        )
                     pieces.append(piece)
         return torch.cat(pieces, 0)
 
@@ -534,8 +596,11 @@ def _local_piece(full: torch.Tensor, entry: _Entry, layer: Any) -> torch.Tensor:
 def _check_compatible(saved: dict[str, _Entry], current: dict[str, _Entry], directory: Path) -> None:
     missing = sorted(set(current) - set(saved))
     unexpected = sorted(set(saved) - set(current))
-    mismatched = [f"{k}: checkpoint {list(saved[k].shape)} vs model {list(current[k].shape)}"
-                  for k in current if k in saved and saved[k].shape != current[k].shape]
+    mismatched = [
+        f"{k}: checkpoint {list(saved[k].shape)} vs model {list(current[k].shape)}"
+        for k in current
+        if k in saved and saved[k].shape != current[k].shape
+    ]
     if missing or unexpected or mismatched:
         parts = []
         if missing:
@@ -544,13 +609,16 @@ def _check_compatible(saved: dict[str, _Entry], current: dict[str, _Entry], dire
             parts.append(f"unexpected keys {unexpected[:5]}")
         if mismatched:
             parts.append("different shapes " + "; ".join(mismatched[:5]))
-        raise CheckpointError(f"checkpoint {directory} was written for another model ({', '.join(parts)}); build "
-                              "the model from the same config as the run that wrote it")
+        raise CheckpointError(
+            f"checkpoint {directory} was written for another model ({', '.join(parts)}); build "
+            "the model from the same config as the run that wrote it"
+        )
 
 
 @torch.no_grad()
-def load_checkpoint(directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                    grid: Grid | None = None) -> dict[str, Any]:
+def load_checkpoint(
+    directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, grid: Grid | None = None
+) -> dict[str, Any]:
     """Load a checkpoint written by save_checkpoint into `model` (and `optimizer`) in place; return extra_state.
 
     model: built and parallelized for `grid` (any grid: the saved shards are re-sharded when it differs from
@@ -593,8 +661,10 @@ def load_checkpoint(directory: str | Path, model: nn.Module, optimizer: torch.op
                 continue
             value = local(key, f"model/{saved[key].alias_of or key}")
             if value.shape != target.shape:
-                raise CheckpointError(f"{key}: the piece read has shape {list(value.shape)}, the model expects "
-                                      f"{list(target.shape)}; the checkpoint is inconsistent with its metadata")
+                raise CheckpointError(
+                    f"{key}: the piece read has shape {list(value.shape)}, the model expects "
+                    f"{list(target.shape)}; the checkpoint is inconsistent with its metadata"
+                )
             target.copy_(like(target, value))  # a ZeRO DTensor keeps its data-axis chunk
         if optimizer is not None:
             _load_optimizer(directory, metadata, optimizer, model, local, rank)
@@ -613,21 +683,27 @@ def load_serial_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimiz
     names = _param_names(model)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if len(state.get("param_groups", [])) != len(optimizer.param_groups):
-        raise CheckpointError(f"the optimizer has {len(optimizer.param_groups)} parameter groups, the saved state "
-                              f"{len(state.get('param_groups', []))}; build the optimizer as the run that wrote it did")
+        raise CheckpointError(
+            f"the optimizer has {len(optimizer.param_groups)} parameter groups, the saved state "
+            f"{len(state.get('param_groups', []))}; build the optimizer as the run that wrote it did"
+        )
     local: dict[int, dict[str, Any]] = {}
     for index, param_state in state["state"].items():
         if not 0 <= int(index) < len(params):
-            raise CheckpointError(f"the saved optimizer state has parameter index {index}, the optimizer only "
-                                  f"{len(params)} parameters; build the optimizer as the run that wrote it did")
+            raise CheckpointError(
+                f"the saved optimizer state has parameter index {index}, the optimizer only "
+                f"{len(params)} parameters; build the optimizer as the run that wrote it did"
+            )
         name = names[id(params[int(index)])]
         entry = entries[name]
         local[int(index)] = {}
         for key, value in param_state.items():
             if isinstance(value, torch.Tensor) and value.dim() > 0:
                 if tuple(value.shape) != entry.shape:
-                    raise CheckpointError(f"optimizer state {key!r} of {name} has shape {list(value.shape)}, the "
-                                          f"model's parameter {list(entry.shape)}; the state belongs to another model")
+                    raise CheckpointError(
+                        f"optimizer state {key!r} of {name} has shape {list(value.shape)}, the "
+                        f"model's parameter {list(entry.shape)}; the state belongs to another model"
+                    )
                 value = optimizer_value(model, params[int(index)], _local_piece(value, entry, layers.get(name)))
             local[int(index)][key] = value
     optimizer.load_state_dict({"state": local, "param_groups": state["param_groups"]})
@@ -639,16 +715,24 @@ def _load_pickle(path: Path) -> Any:
     except FileNotFoundError:
         raise CheckpointError(f"{path} is missing; the checkpoint is incomplete") from None
     except Exception as error:  # noqa: BLE001 - unpickling raises many types on a damaged file
-        raise CheckpointError(f"cannot read {path} ({type(error).__name__}: {error}); the file is corrupt, restore "
-                              "it or use an earlier checkpoint") from None
+        raise CheckpointError(
+            f"cannot read {path} ({type(error).__name__}: {error}); the file is corrupt, restore "
+            "it or use an earlier checkpoint"
+        ) from None
 
 
 def _read_rank_record(directory: Path, rank: int) -> dict[str, Any]:
     return _load_pickle(directory / _shard_file(rank, "pt"))
 
 
-def _load_optimizer(directory: Path, metadata: dict[str, Any], optimizer: torch.optim.Optimizer, model: nn.Module,
-                    local: Callable[..., torch.Tensor], rank: int) -> None:
+def _load_optimizer(
+    directory: Path,
+    metadata: dict[str, Any],
+    optimizer: torch.optim.Optimizer,
+    model: nn.Module,
+    local: Callable[..., torch.Tensor],
+    rank: int,
+) -> None:
     saved = metadata.get("optimizer")
     if saved is None:
         raise CheckpointError(f"checkpoint {directory} holds no optimizer state; load it with optimizer=None")
@@ -660,14 +744,18 @@ def _load_optimizer(directory: Path, metadata: dict[str, Any], optimizer: torch.
     params = dict(model.named_parameters())
     groups, state = [], {}
     if len(saved_groups) != len(optimizer.param_groups):
-        raise CheckpointError(f"the optimizer has {len(optimizer.param_groups)} parameter groups, the checkpoint "
-                              f"{len(saved_groups)}; build the optimizer as the run that wrote it did")
+        raise CheckpointError(
+            f"the optimizer has {len(optimizer.param_groups)} parameter groups, the checkpoint "
+            f"{len(saved_groups)}; build the optimizer as the run that wrote it did"
+        )
     index = 0
     for number, (group, saved_group) in enumerate(zip(optimizer.param_groups, saved_groups)):
         group_names = [names.get(id(p)) for p in group["params"]]
         if group_names != saved_group["params"]:
-            raise CheckpointError(f"parameter group {number} of the optimizer holds other parameters than the "
-                                  "checkpoint's; build the optimizer as the run that wrote it did")
+            raise CheckpointError(
+                f"parameter group {number} of the optimizer holds other parameters than the "
+                "checkpoint's; build the optimizer as the run that wrote it did"
+            )
         ids = []
         for name in group_names:
             layout = saved["state"].get(name, {})
@@ -676,8 +764,9 @@ def _load_optimizer(directory: Path, metadata: dict[str, Any], optimizer: torch.
                 if how == "value":
                     param_state[state_key] = values[name][state_key]
                 elif how == "like_param":
-                    param_state[state_key] = optimizer_value(model, params[name],
-                                                             local(name, f"optim/{name}/{state_key}"))
+                    param_state[state_key] = optimizer_value(
+                        model, params[name], local(name, f"optim/{name}/{state_key}")
+                    )
                 else:
                     param_state[state_key] = local(name, f"optim/{name}/{state_key}", replicated=True)
             if param_state:
@@ -688,8 +777,8 @@ def _load_optimizer(directory: Path, metadata: dict[str, Any], optimizer: torch.
     optimizer.load_state_dict({"state": state, "param_groups": groups})
 
 
-
 # ----- consolidation ------------------------------------------------------------------------------------
+
 
 def consolidate_checkpoint(directory: str | Path, out_dir: str | Path) -> Path:
     """Merge a sharded checkpoint into an ordinary HF checkpoint folder and return it.
@@ -717,13 +806,14 @@ def consolidate_checkpoint(directory: str | Path, out_dir: str | Path) -> Path:
     # A wrapper's HF model (a LightningModule's `self.model`) is written under the HF model's own key names;
     # the save recorded the prefix only when every tensor lies inside it.
     prefix = metadata.get("hf_prefix") or ""
-    state = {key[len(prefix):]: value for key, value in state.items()}
+    state = {key[len(prefix) :]: value for key, value in state.items()}
     staging = staging_directory(out_dir)
     for item in directory.iterdir():
         if item.is_file() and item.name not in _MODEL_FILES and item.name not in (METADATA_FILE, TRAINER_STATE_FILE):
             shutil.copy2(item, staging / item.name)
-    save_file({k: v.contiguous() for k, v in state.items()}, str(staging / "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous() for k, v in state.items()}, str(staging / "model.safetensors"), metadata={"format": "pt"}
+    )
     config = metadata.get("hf_config")
     if config is not None:
         write_text_atomic(staging / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
@@ -752,8 +842,9 @@ def check_safetensors(path: str | Path, fix: str = "copy the file again, or re-s
             raise CheckpointError(f"{path} is truncated ({size} bytes, not even a safetensors header). Fix: {fix}.")
         (n,) = struct.unpack("<Q", head)
         if n > _MAX_HEADER or 8 + n > size:
-            raise CheckpointError(f"{path} is truncated or not a safetensors file ({size} bytes, header claims "
-                                  f"{n} bytes). Fix: {fix}.")
+            raise CheckpointError(
+                f"{path} is truncated or not a safetensors file ({size} bytes, header claims {n} bytes). Fix: {fix}."
+            )
         try:
             header = json.loads(handle.read(n))
         except (UnicodeDecodeError, json.JSONDecodeError):
@@ -764,8 +855,10 @@ def check_safetensors(path: str | Path, fix: str = "copy the file again, or re-s
         raise CheckpointError(f"{path} has a corrupt safetensors header (bad tensor entries). Fix: {fix}.") from None
     expected = 8 + n + data_end
     if size < expected:
-        raise CheckpointError(f"{path} is truncated: {size} bytes, its header describes {expected} bytes "
-                              f"({expected - size} missing). Fix: {fix}.")
+        raise CheckpointError(
+            f"{path} is truncated: {size} bytes, its header describes {expected} bytes "
+            f"({expected - size} missing). Fix: {fix}."
+        )
 
 
 def check_model_folder(folder: str | Path, fix: str = "copy the file again, or re-save the model") -> None:

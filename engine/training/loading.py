@@ -41,8 +41,10 @@ def safetensors_files(folder: str | Path) -> dict[str, Path]:
         return {name: folder / file for name, file in weight_map.items()}
     single = folder / "model.safetensors"
     if not single.is_file():
-        raise LoadingError(f"{folder} has no model.safetensors or model.safetensors.index.json; sharded loading reads "
-                           "safetensors only (save the model with save_pretrained(safe_serialization=True))")
+        raise LoadingError(
+            f"{folder} has no model.safetensors or model.safetensors.index.json; sharded loading reads "
+            "safetensors only (save the model with save_pretrained(safe_serialization=True))"
+        )
     with safe_open(str(single), framework="pt") as handle:
         return {name: single for name in handle.keys()}
 
@@ -50,8 +52,11 @@ def safetensors_files(folder: str | Path) -> dict[str, Path]:
 def can_load_sharded(folder: str | Path) -> bool:
     """True for a local HF folder with a config and safetensors weights."""
     folder = Path(folder)
-    return folder.is_dir() and (folder / "config.json").is_file() and (
-        (folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file())
+    return (
+        folder.is_dir()
+        and (folder / "config.json").is_file()
+        and ((folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file())
+    )
 
 
 def _runs(indices: list[int]) -> list[tuple[int, int]]:
@@ -71,7 +76,7 @@ def _read_piece(sliced: Any, entry: Any, layer: Any) -> torch.Tensor:
         return sliced[:]
     if entry.kind == "vocab":
         rows = layer.full_vocab // layer.group.size
-        return sliced[layer.vocab_start:layer.vocab_start + rows]
+        return sliced[layer.vocab_start : layer.vocab_start + rows]
     row_slice, col_slice = layer._shard_slices(layer.mode)  # in stored output order
     rows = list(range(layer.out_features))[row_slice]
     if layer.out_order is not None:  # stored row i is natural row out_order[i]
@@ -79,9 +84,9 @@ def _read_piece(sliced: Any, entry: Any, layer: Any) -> torch.Tensor:
     if entry.kind == "bias":
         return torch.cat([sliced[a:b] for a, b in _runs(rows)])
     if entry.layout == "conv1d":  # the file holds (in, out)
-        parts = [sliced[col_slice.start:col_slice.stop, a:b] for a, b in _runs(rows)]
+        parts = [sliced[col_slice.start : col_slice.stop, a:b] for a, b in _runs(rows)]
         return torch.cat(parts, 1).t()
-    return torch.cat([sliced[a:b, col_slice.start:col_slice.stop] for a, b in _runs(rows)])
+    return torch.cat([sliced[a:b, col_slice.start : col_slice.stop] for a, b in _runs(rows)])
 
 
 def _restore_buffers(model: nn.Module) -> None:
@@ -92,13 +97,21 @@ def _restore_buffers(model: nn.Module) -> None:
                 with torch.no_grad():
                     model._init_weights(module)
                 break
-            raise LoadingError(f"buffer {name}.{buffer_name} is not stored in the checkpoint and the engine cannot "
-                               "compute it; load this model with from_pretrained and engine.parallelize instead")
+            raise LoadingError(
+                f"buffer {name}.{buffer_name} is not stored in the checkpoint and the engine cannot "
+                "compute it; load this model with from_pretrained and engine.parallelize instead"
+            )
 
 
 @torch.no_grad()
-def load_sharded(folder: str | Path, grid: Grid, *, dtype: torch.dtype = torch.float32, overlap: bool = True,
-                 vocab_parallel: bool | None = None) -> nn.Module:
+def load_sharded(
+    folder: str | Path,
+    grid: Grid,
+    *,
+    dtype: torch.dtype = torch.float32,
+    overlap: bool = True,
+    vocab_parallel: bool | None = None,
+) -> nn.Module:
     """An HF causal LM from `folder` (config.json + safetensors), parallelized for `grid`, reading only this rank's
     slices. Equal to `parallelize(AutoModelForCausalLM.from_pretrained(folder, dtype=dtype), grid, ...)`; returned in
     eval mode. Raises LoadingError for missing files or tensors and ShardingError for a model the grid cannot split.
@@ -142,17 +155,22 @@ def load_sharded(folder: str | Path, grid: Grid, *, dtype: torch.dtype = torch.f
                 handles[path] = stack.enter_context(safe_open(str(path), framework="pt", device="cpu"))
             sliced = handles[path].get_slice(stored)
             if tuple(sliced.get_shape()) != tuple(entry.shape):
-                raise LoadingError(f"{stored} in {path.name} has shape {sliced.get_shape()}, the model built from "
-                                   f"config.json expects {list(entry.shape)}")
+                raise LoadingError(
+                    f"{stored} in {path.name} has shape {sliced.get_shape()}, the model built from "
+                    f"config.json expects {list(entry.shape)}"
+                )
             piece = _read_piece(sliced, entry, layers.get(key))
             target = tensors[key]
             if piece.shape != target.shape:
-                raise ShardingError(f"{key}: read a piece of shape {list(piece.shape)} for a shard of "
-                                    f"{list(target.shape)}")
+                raise ShardingError(
+                    f"{key}: read a piece of shape {list(piece.shape)} for a shard of {list(target.shape)}"
+                )
             target.copy_(piece)
     if missing:
-        raise LoadingError(f"{folder}: the safetensors files lack {len(missing)} tensors of the model, e.g. "
-                           f"{missing[:5]}; the folder holds another model than its config.json describes")
+        raise LoadingError(
+            f"{folder}: the safetensors files lack {len(missing)} tensors of the model, e.g. "
+            f"{missing[:5]}; the folder holds another model than its config.json describes"
+        )
     _restore_buffers(model)
     if (folder / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(folder)

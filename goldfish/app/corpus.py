@@ -32,8 +32,9 @@ def piece_ids(full_ids: Sequence[int], eos_id: int | None) -> list[int]:
     return list(full_ids) + ([eos_id] if eos_id is not None else [])
 
 
-def segment_dropped(mask: MaskSpec, piece: Sequence[int], start: int, end: int,
-                    special_token_ids: Sequence[int]) -> torch.Tensor:
+def segment_dropped(
+    mask: MaskSpec, piece: Sequence[int], start: int, end: int, special_token_ids: Sequence[int]
+) -> torch.Tensor:
     """(end - start,) bool: the goldfish mask of a piece's targets [start, end), as computed on the whole piece.
 
     The hashed strategies decide position j from the h targets ending at j, the static one from j mod k, so the
@@ -50,12 +51,13 @@ def segment_dropped(mask: MaskSpec, piece: Sequence[int], start: int, end: int,
 
 def piece_targets(piece: Sequence[int], start: int, end: int) -> list[int]:
     """The targets of a piece's positions [start, end): the next token, IGNORE_INDEX after its last."""
-    targets = list(piece[start + 1:end + 1])
+    targets = list(piece[start + 1 : end + 1])
     return targets + [IGNORE_INDEX] if end == len(piece) else targets
 
 
 class PackedRows(Sequence[dict[str, torch.Tensor]]):
-    """The rows of a packed stream, built when asked for (engine.training.train reads only this rank's rows of each step).
+    """The rows of a packed stream, built when asked for (engine.training.train reads only this rank's rows of each
+    step).
 
     layout: the pieces' lengths cut into rows. piece: piece index -> its token ids (ending with EOS).
     mask: the goldfish mask (strategy None: nothing dropped). pad_id: fills the last row.
@@ -63,8 +65,15 @@ class PackedRows(Sequence[dict[str, torch.Tensor]]):
         e.g. the batch size, so that every step's rows split evenly over the ranks.
     """
 
-    def __init__(self, layout: PackedLayout, piece: Callable[[int], Sequence[int]], mask: MaskSpec,
-                 special_token_ids: Sequence[int], pad_id: int, multiple: int = 1) -> None:
+    def __init__(
+        self,
+        layout: PackedLayout,
+        piece: Callable[[int], Sequence[int]],
+        mask: MaskSpec,
+        special_token_ids: Sequence[int],
+        pad_id: int,
+        multiple: int = 1,
+    ) -> None:
         self.layout, self.piece, self.mask, self.pad_id = layout, piece, mask, pad_id
         self.special_token_ids = list(special_token_ids)
         self.n_rows = -(-layout.n_rows // multiple) * multiple
@@ -92,7 +101,7 @@ class PackedRows(Sequence[dict[str, torch.Tensor]]):
         for segment in segments:
             ids = self.piece(segment.piece)
             span = slice(segment.at, segment.at + segment.end - segment.start)
-            input_ids[span] = torch.tensor(ids[segment.start:segment.end], dtype=torch.long)
+            input_ids[span] = torch.tensor(ids[segment.start : segment.end], dtype=torch.long)
             targets[span] = torch.tensor(piece_targets(ids, segment.start, segment.end), dtype=torch.long)
             position_ids[span] = torch.arange(segment.end - segment.start)
             dropped[span] = segment_dropped(self.mask, ids, segment.start, segment.end, self.special_token_ids)
@@ -109,9 +118,18 @@ def stream_order(copies: Sequence[int], seed: int) -> list[int]:
     return [order[i] for i in torch.randperm(len(order), generator=generator).tolist()]
 
 
-def pack_documents(documents: Sequence[Any], copies: Sequence[int], seq_len: int, mask: MaskSpec,
-                   special_token_ids: Sequence[int], *, eos_id: int | None, pad_id: int, seed: int,
-                   multiple: int = 1) -> tuple[PackedRows, list[int]]:
+def pack_documents(
+    documents: Sequence[Any],
+    copies: Sequence[int],
+    seq_len: int,
+    mask: MaskSpec,
+    special_token_ids: Sequence[int],
+    *,
+    eos_id: int | None,
+    pad_id: int,
+    seed: int,
+    multiple: int = 1,
+) -> tuple[PackedRows, list[int]]:
     """Rows of whole documents (data.TokenizedDocument with full_ids), document d repeated copies[d] times, padded
     with empty rows to a multiple of `multiple`.
 

@@ -31,10 +31,9 @@ from eval.extraction import ExtractionConfig, write_extraction
 from eval.intervals import DEFAULT_RESAMPLES
 from eval.membership import DC_PDD_CAP, DEFAULT_RECALL_PREFIX_DOCS
 from goldfish.app import lora
-from goldfish.app.config import DataSpec, Instruments, MaskSpec, TrainSpec, parse_grid
 from goldfish.app.background import Background, background_sample, build_background, load_background
+from goldfish.app.config import DataSpec, Instruments, MaskSpec, TrainSpec, parse_grid
 from goldfish.app.corpus import pack_documents
-from goldfish.app.tracking import tracker
 from goldfish.app.models import build_tiny_model, is_tiny_model
 from goldfish.app.pretrained import (
     DEFAULT_MODEL_CACHE,
@@ -43,6 +42,7 @@ from goldfish.app.pretrained import (
     load_pretrained_model,
     resolve_gguf,
 )
+from goldfish.app.tracking import tracker
 from goldfish.loss import goldfish_loss_from_token_losses
 from goldfish.masks import causal_targets, drop_mask
 
@@ -94,9 +94,11 @@ class Prepared:
 
         ids = self.tokenizer(list(self.texts), add_special_tokens=False)["input_ids"] if self.texts else []
         frequencies = token_frequencies(ids, len(self.tokenizer))
-        note = {"frequencies": f"token counts of the {len(self.texts)} documents loaded from {self.source!r} "
-                f"({sum(map(len, ids))} tokens), add-one smoothed over {len(self.tokenizer)} tokenizer ids",
-                "cap": DC_PDD_CAP}
+        note = {
+            "frequencies": f"token counts of the {len(self.texts)} documents loaded from {self.source!r} "
+            f"({sum(map(len, ids))} tokens), add-one smoothed over {len(self.tokenizer)} tokenizer ids",
+            "cap": DC_PDD_CAP,
+        }
         return frequencies, note
 
 
@@ -114,17 +116,32 @@ def prepare_data(spec: DataSpec, model_name: str, log=print) -> Prepared:
     else:
         tokenizer = data.load_tokenizer(model_name)
     least = spec.min_doc_tokens if spec.pack else spec.seq_len
-    split = data.select_documents(documents, tokenizer, n_train=spec.n_train, n_heldout=spec.n_heldout,
-                                  seq_len=least, seed=spec.seed, dedup=spec.dedup_config(),
-                                  whole_documents=max(spec.extraction_window, least) if spec.pack else None,
-                                  max_len=spec.max_doc_tokens if spec.pack else None)
+    split = data.select_documents(
+        documents,
+        tokenizer,
+        n_train=spec.n_train,
+        n_heldout=spec.n_heldout,
+        seq_len=least,
+        seed=spec.seed,
+        dedup=spec.dedup_config(),
+        whole_documents=max(spec.extraction_window, least) if spec.pack else None,
+        max_len=spec.max_doc_tokens if spec.pack else None,
+    )
     shape = f"whole documents (rows of {spec.seq_len} tokens)" if spec.pack else f"{spec.seq_len} tokens"
-    log(f"data: {len(documents)} documents from {spec.source!r}; {len(split.train)} train, {len(split.heldout)} "
+    log(
+        f"data: {len(documents)} documents from {spec.source!r}; {len(split.train)} train, {len(split.heldout)} "
         f"held-out of {shape}; {len(split.too_short)} skipped as shorter than {least} tokens"
         + (f", {len(split.too_long)} as longer than {spec.max_doc_tokens}" if split.too_long else "")
-        + _dedup_note(split))
-    return Prepared(tokenizer=tokenizer, split=split, n_loaded=len(documents), context=spec.seq_len,
-                    texts=[d.text for d in documents], source=str(spec.source))
+        + _dedup_note(split)
+    )
+    return Prepared(
+        tokenizer=tokenizer,
+        split=split,
+        n_loaded=len(documents),
+        context=spec.seq_len,
+        texts=[d.text for d in documents],
+        source=str(spec.source),
+    )
 
 
 def _dedup_note(split: data.DocumentSplit) -> str:
@@ -142,9 +159,15 @@ def initial_model(model_name: str, prepared: Prepared, seed: int) -> nn.Module:
     """The starting weights: a named tiny model at random init (seeded) or a pretrained HF model."""
     tokenizer = prepared.tokenizer
     if is_tiny_model(model_name):
-        return build_tiny_model(model_name, vocab_size=len(tokenizer), max_positions=max(prepared.max_positions, 64),
-                                seed=seed, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                                pad_token_id=tokenizer.pad_token_id)
+        return build_tiny_model(
+            model_name,
+            vocab_size=len(tokenizer),
+            max_positions=max(prepared.max_positions, 64),
+            seed=seed,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
     if resolve_gguf(model_name) is not None:
         # Exported once to an ordinary HF folder in the user cache: later runs load in about a second.
         model, _ = load_pretrained(model_name, cache_dir=DEFAULT_MODEL_CACHE)
@@ -158,13 +181,18 @@ def check_vocabulary(model: nn.Module, prepared: Prepared, model_name: str) -> N
     """Refuse a tokenizer with more tokens than the model embeds."""
     vocab = model.get_input_embeddings().num_embeddings
     if vocab < len(prepared.tokenizer):
-        raise ValueError(f"tokenizer has {len(prepared.tokenizer)} tokens but model {model_name!r} embeds only "
-                         f"{vocab}: use the model's own tokenizer")
+        raise ValueError(
+            f"tokenizer has {len(prepared.tokenizer)} tokens but model {model_name!r} embeds only "
+            f"{vocab}: use the model's own tokenizer"
+        )
 
 
-def make_examples(documents: Sequence[data.TokenizedDocument], mask: MaskSpec,
-                  special_token_ids: Sequence[int],
-                  repeats: dict[str, int] | None = None) -> list[dict[str, torch.Tensor]]:
+def make_examples(
+    documents: Sequence[data.TokenizedDocument],
+    mask: MaskSpec,
+    special_token_ids: Sequence[int],
+    repeats: dict[str, int] | None = None,
+) -> list[dict[str, torch.Tensor]]:
     """Training examples: input ids, next-token targets and the goldfish drop mask, all (T,); one per document, or
     `repeats[id]` copies of it. Hashed and static masks are functions of the tokens, so every copy drops the same
     positions (the point of the hashed mask).
@@ -179,14 +207,18 @@ def make_examples(documents: Sequence[data.TokenizedDocument], mask: MaskSpec,
         copies = 1 if repeats is None else repeats[str(document.id)]
         for _ in range(copies):
             index = len(examples)
-            dropped = mask.dropped(targets, special_token_ids) if mask.strategy != "random" else \
-                _random_draw(mask, targets, special_token_ids, step=0, example_index=index)
+            dropped = (
+                mask.dropped(targets, special_token_ids)
+                if mask.strategy != "random"
+                else _random_draw(mask, targets, special_token_ids, step=0, example_index=index)
+            )
             examples.append({"input_ids": input_ids, "targets": targets[0], "dropped": dropped[0]})
     return examples
 
 
-def _random_draw(mask: MaskSpec, targets: torch.Tensor, special_token_ids: Sequence[int], *, step: int,
-                 example_index: int) -> torch.Tensor:
+def _random_draw(
+    mask: MaskSpec, targets: torch.Tensor, special_token_ids: Sequence[int], *, step: int, example_index: int
+) -> torch.Tensor:
     """A fresh Bernoulli(1/k) mask for one (1, T) row, seeded by (mask seed, step, example): reproducible on resume,
     different on every occurrence of the sequence, and independent of which rank holds the row."""
     seed = (mask.seed * 1_000_003 + step) * 1_000_003 + example_index
@@ -200,18 +232,34 @@ def make_step_loss(mask: MaskSpec, special_token_ids: Sequence[int]) -> engine_t
         dropped = batch["dropped"]
         if mask.strategy == "random":
             step = int(batch["step"])
-            dropped = torch.cat([
-                _random_draw(mask, batch["targets"][row:row + 1].cpu(), special_token_ids, step=step,
-                             example_index=int(index))
-                for row, index in enumerate(batch["example_index"])]).to(dropped.device)
+            dropped = torch.cat(
+                [
+                    _random_draw(
+                        mask,
+                        batch["targets"][row : row + 1].cpu(),
+                        special_token_ids,
+                        step=step,
+                        example_index=int(index),
+                    )
+                    for row, index in enumerate(batch["example_index"])
+                ]
+            ).to(dropped.device)
         # per-token losses from the hidden states: full-vocabulary logits are never built (vocabulary-parallel
         # over the tensor-parallel ranks when the lm_head is split), the mask splits them as goldfish_loss does
-        token_ce = causal_lm_token_losses(model, batch["input_ids"], batch["targets"],  # (B, T) float32
-                                          position_ids=batch.get("position_ids"))
+        token_ce = causal_lm_token_losses(
+            model,
+            batch["input_ids"],
+            batch["targets"],  # (B, T) float32
+            position_ids=batch.get("position_ids"),
+        )
         result = goldfish_loss_from_token_losses(token_ce, batch["targets"], dropped)
-        extras = {"all_loss": (float(result.all_loss) * result.n_all, result.n_all),
-                  "dropped_loss": (float(result.dropped_loss) * result.n_dropped if result.n_dropped else 0.0,
-                                   result.n_dropped)}
+        extras = {
+            "all_loss": (float(result.all_loss) * result.n_all, result.n_all),
+            "dropped_loss": (
+                float(result.dropped_loss) * result.n_dropped if result.n_dropped else 0.0,
+                result.n_dropped,
+            ),
+        }
         return engine_train.StepLoss(loss_sum=result.loss_sum, n_tokens=result.n_kept, extras=extras)
 
     return step_loss
@@ -229,8 +277,9 @@ def save_hf_model(model: nn.Module, tokenizer: Any, run_record: dict[str, Any], 
     write_json_atomic(directory / RUN_FILE, run_record)
 
 
-def save_parallel_hf_model(model: nn.Module, grid: Grid, tokenizer: Any, run_record: dict[str, Any],
-                           directory: Path) -> None:
+def save_parallel_hf_model(
+    model: nn.Module, grid: Grid, tokenizer: Any, run_record: dict[str, Any], directory: Path
+) -> None:
     """Consolidate a parallel model into an ordinary HF checkpoint. Called on every rank (the gather is collective);
     rank 0 writes the files."""
     from transformers import AutoModelForCausalLM
@@ -280,9 +329,17 @@ def prepare_background(spec: TrainSpec, prepared: Prepared, grid: Grid | None = 
         comm.barrier(grid.group(*AXES))
     if corpus is None:
         corpus = load_background(spec.data, prepared.tokenizer, progress=False, log=lambda *a: None)
-    return build_background(spec.data, corpus, prepared.split.train, prepared.split.heldout, prepared.tokenizer,
-                            spec.mask, prepared.special_token_ids, background_train_config(spec.train),
-                            pad_token_id(prepared.tokenizer))
+    return build_background(
+        spec.data,
+        corpus,
+        prepared.split.train,
+        prepared.split.heldout,
+        prepared.tokenizer,
+        spec.mask,
+        prepared.special_token_ids,
+        background_train_config(spec.train),
+        pad_token_id(prepared.tokenizer),
+    )
 
 
 def background_train_config(train: engine_train.TrainConfig) -> engine_train.TrainConfig:
@@ -290,10 +347,19 @@ def background_train_config(train: engine_train.TrainConfig) -> engine_train.Tra
     return replace(train, shuffle=False)
 
 
-def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = None, model: nn.Module | None = None,
-                resume_from: Path | None = None, grid: Grid | None = None, log=print,
-                on_epoch_end: Callable[[nn.Module, int, int], None] | None = None,
-                background: Background | None = None, report_to: str = "none") -> tuple[nn.Module, Prepared]:
+def train_model(
+    spec: TrainSpec,
+    out_dir: Path,
+    *,
+    prepared: Prepared | None = None,
+    model: nn.Module | None = None,
+    resume_from: Path | None = None,
+    grid: Grid | None = None,
+    log=print,
+    on_epoch_end: Callable[[nn.Module, int, int], None] | None = None,
+    background: Background | None = None,
+    report_to: str = "none",
+) -> tuple[nn.Module, Prepared]:
     """Train one model and write OUT/checkpoint (an HF checkpoint + tokenizer + trainer state) and OUT/metrics.jsonl.
 
     on_epoch_end(model, epoch, step) runs after each epoch on every rank (see engine.training.train.train).
@@ -325,28 +391,40 @@ def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = N
     train_config, validation = spec.train, None
     if spec.data.background is not None:
         background = background or prepare_background(spec, prepared, grid, log)
-        examples, validation, train_config = background.rows, background.validation, \
-            background_train_config(spec.train)
+        examples, validation, train_config = background.rows, background.validation, background_train_config(spec.train)
     elif spec.data.pack:
-        examples, _ = pack_documents(documents, [repeats[str(d.id)] for d in documents], spec.data.seq_len, spec.mask,
-                                     prepared.special_token_ids, eos_id=prepared.tokenizer.eos_token_id,
-                                     pad_id=pad_token_id(prepared.tokenizer), seed=spec.train.seed,
-                                     multiple=spec.train.batch_size)
+        examples, _ = pack_documents(
+            documents,
+            [repeats[str(d.id)] for d in documents],
+            spec.data.seq_len,
+            spec.mask,
+            prepared.special_token_ids,
+            eos_id=prepared.tokenizer.eos_token_id,
+            pad_id=pad_token_id(prepared.tokenizer),
+            seed=spec.train.seed,
+            multiple=spec.train.batch_size,
+        )
     else:
         examples = make_examples(documents, spec.mask, prepared.special_token_ids, repeats)
     n_dropped, n_targets = 0, 0
     for example in examples if background is None else ():  # a background stream is not read ahead of training
         n_dropped += int(example["dropped"].sum())
         n_targets += int((example["targets"] != -100).sum())
-    repeated = "" if set(repeats.values()) == {1} else \
-        f" ({len(prepared.split.train)} documents repeated {'/'.join(map(str, spec.data.repeats))} times per epoch)"
+    counts = "/".join(map(str, spec.data.repeats))
+    repeated = (
+        ""
+        if set(repeats.values()) == {1}
+        else f" ({len(prepared.split.train)} documents repeated {counts} times per epoch)"
+    )
     if background is not None:
         steps = engine_train.total_steps_of(len(examples), train_config)
         trained = sorted(set(background.exposures[str(d.id)] for d in prepared.split.train))
-        log(f"train {spec.mask.label}: {len(examples)} rows of {spec.data.seq_len} tokens in the stream, {steps} "
+        log(
+            f"train {spec.mask.label}: {len(examples)} rows of {spec.data.seq_len} tokens in the stream, {steps} "
             f"steps; "
             f"{len(prepared.split.train)} targets trained on {'/'.join(map(str, trained))} times, "
-            f"{len(prepared.split.heldout)} held out; validation {len(validation) if validation else 0} rows")
+            f"{len(prepared.split.heldout)} held out; validation {len(validation) if validation else 0} rows"
+        )
         for warning in background.record["warnings"]:
             log("warning: " + warning)
     elif spec.data.pack:
@@ -354,12 +432,17 @@ def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = N
     adapters = ""
     if spec.lora.enabled:
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        adapters = (f", LoRA rank {spec.lora.rank} alpha {spec.lora.scale_alpha:g} on {','.join(spec.lora.targets)}: "
-                    f"{trainable} of {sum(p.numel() for p in model.parameters())} parameters train")
+        adapters = (
+            f", LoRA rank {spec.lora.rank} alpha {spec.lora.scale_alpha:g} on {','.join(spec.lora.targets)}: "
+            f"{trainable} of {sum(p.numel() for p in model.parameters())} parameters train"
+        )
     if background is None:
-        log(f"train {spec.mask.label}: {len(examples)} sequences{repeated}, {n_dropped}/{n_targets} targets dropped "
+        log(
+            f"train {spec.mask.label}: {len(examples)} sequences{repeated}, {n_dropped}/{n_targets} targets dropped "
             f"({n_dropped / max(n_targets, 1):.3f}), {spec.train.epochs} epochs"
-            + (f", grid {grid.shape}" if grid is not None else "") + adapters)
+            + (f", grid {grid.shape}" if grid is not None else "")
+            + adapters
+        )
     record = run_record(spec, prepared)
     if background is not None:
         record["train"] = asdict(train_config)
@@ -372,6 +455,7 @@ def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = N
         # the vocabulary divides)
         record["vocab_parallel"] = is_vocab_parallel(model.get_input_embeddings())
     if spec.lora.enabled:  # data-parallel at most: every rank holds the whole model; rank 0 writes it
+
         def save(m: nn.Module, d: Path) -> None:
             if is_main_process(grid):
                 lora.save_lora(m, d, lambda plain, folder: save_hf_model(plain, prepared.tokenizer, record, folder))
@@ -383,25 +467,49 @@ def train_model(spec: TrainSpec, out_dir: Path, *, prepared: Prepared | None = N
         out_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out_dir / "run.json", record)
     with tracker(report_to, out_dir if is_main_process(grid) else None) as on_log:
-        engine_train.train(model, examples, make_step_loss(spec.mask, prepared.special_token_ids), train_config,
-                           out_dir=out_dir, grid=grid, resume_from=resume_from, save_model=save,
-                           on_epoch_end=on_epoch_end, validation=validation,
-                           validation_loss_fn=validation_loss_fn(prepared), on_log=on_log)
+        engine_train.train(
+            model,
+            examples,
+            make_step_loss(spec.mask, prepared.special_token_ids),
+            train_config,
+            out_dir=out_dir,
+            grid=grid,
+            resume_from=resume_from,
+            save_model=save,
+            on_epoch_end=on_epoch_end,
+            validation=validation,
+            validation_loss_fn=validation_loss_fn(prepared),
+            on_log=on_log,
+        )
     if spec.lora.enabled:
         model = lora.merged_model(model).eval()
     return model, prepared
 
 
 # What the per-document rows of each instrument are saved as, next to extraction.jsonl.
-ROW_FILES = {"divergence": "divergence.jsonl", "probabilistic": "probabilistic.jsonl", "beam": "beam.jsonl",
-             "sampling": "sampling.jsonl", "prefix_length": "prefix_length.jsonl"}
+ROW_FILES = {
+    "divergence": "divergence.jsonl",
+    "probabilistic": "probabilistic.jsonl",
+    "beam": "beam.jsonl",
+    "sampling": "sampling.jsonl",
+    "prefix_length": "prefix_length.jsonl",
+}
 REPEAT_METRICS = ("exact_match", "rouge_l")
 
 
-def evaluate_model(model: nn.Module, prepared: Prepared, documents: Sequence[data.TokenizedDocument],
-                   extraction: ExtractionConfig, out_dir: Path | None, mask: MaskSpec | None = None,
-                   progress: bool = True, *, instruments: Instruments | None = None,
-                   repeats: dict[str, int] | None = None, grid: Grid | None = None) -> dict[str, Any] | None:
+def evaluate_model(
+    model: nn.Module,
+    prepared: Prepared,
+    documents: Sequence[data.TokenizedDocument],
+    extraction: ExtractionConfig,
+    out_dir: Path | None,
+    mask: MaskSpec | None = None,
+    progress: bool = True,
+    *,
+    instruments: Instruments | None = None,
+    repeats: dict[str, int] | None = None,
+    grid: Grid | None = None,
+) -> dict[str, Any] | None:
     """Greedy extraction on `documents` plus the chosen `instruments`; returns the summary.
 
     Writes OUT/extraction.jsonl, OUT/summary.json and one JSON-lines file of per-document rows per instrument
@@ -413,14 +521,24 @@ def evaluate_model(model: nn.Module, prepared: Prepared, documents: Sequence[dat
         (eval.parallel.load_parallel_model); documents are sharded over the data axis and rank 0 gets the
         summary and writes the files (other ranks get None). The rows equal a single process's.
     """
-    summary, _ = evaluate_with_rows(model, prepared, documents, extraction, out_dir, mask, progress, instruments, repeats, grid)
+    summary, _ = evaluate_with_rows(
+        model, prepared, documents, extraction, out_dir, mask, progress, instruments, repeats, grid
+    )
     return summary
 
 
-def evaluate_with_rows(model: nn.Module, prepared: Prepared, documents: Sequence[data.TokenizedDocument],
-              extraction: ExtractionConfig, out_dir: Path | None, mask: MaskSpec | None, progress: bool,
-              instruments: Instruments | None, repeats: dict[str, int] | None, grid: Grid | None = None
-              ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]] | tuple[None, None]:
+def evaluate_with_rows(
+    model: nn.Module,
+    prepared: Prepared,
+    documents: Sequence[data.TokenizedDocument],
+    extraction: ExtractionConfig,
+    out_dir: Path | None,
+    mask: MaskSpec | None,
+    progress: bool,
+    instruments: Instruments | None,
+    repeats: dict[str, int] | None,
+    grid: Grid | None = None,
+) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]] | tuple[None, None]:
     """evaluate_model, also returning the per-document rows: {"extraction": rows, instrument: rows, ...}.
 
     Every instrument runs through eval.parallel, which is the plain single-process function for grid None
@@ -443,29 +561,45 @@ def evaluate_with_rows(model: nn.Module, prepared: Prepared, documents: Sequence
         timings[name] = round(now - clock, 3)
         clock = now
 
-    rows, summary = parallel_eval.evaluate_parallel(model, documents, extraction, grid, decode=decode,
-                                                    pad_token_id=pad_id, drop_mask_fn=mask_fn,
-                                                    progress=progress and main)
+    rows, summary = parallel_eval.evaluate_parallel(
+        model,
+        documents,
+        extraction,
+        grid,
+        decode=decode,
+        pad_token_id=pad_id,
+        drop_mask_fn=mask_fn,
+        progress=progress and main,
+    )
     lap("greedy")
     results: dict[str, Any] = {}  # instrument -> (rows, summary); None on ranks other than 0
     if instruments is not None:
         if instruments.probabilistic:
-            results["probabilistic"] = parallel_eval.probabilistic_parallel(model, documents, extraction, grid,
-                                                                            pad_token_id=pad_id)
+            results["probabilistic"] = parallel_eval.probabilistic_parallel(
+                model, documents, extraction, grid, pad_token_id=pad_id
+            )
             lap("probabilistic")
         if instruments.beams:
-            results["beam"] = parallel_eval.beam_parallel(model, documents, extraction, grid,
-                                                          num_beams=instruments.beams, pad_token_id=pad_id,
-                                                          decode=decode)
+            results["beam"] = parallel_eval.beam_parallel(
+                model, documents, extraction, grid, num_beams=instruments.beams, pad_token_id=pad_id, decode=decode
+            )
             lap("beam")
         if instruments.samples:
-            results["sampling"] = parallel_eval.sampling_parallel(model, documents, extraction,
-                                                                  instruments.sampling(), grid, pad_token_id=pad_id)
+            results["sampling"] = parallel_eval.sampling_parallel(
+                model, documents, extraction, instruments.sampling(), grid, pad_token_id=pad_id
+            )
             lap("sampling")
         if instruments.prefix_lengths:
             prefix_rows = parallel_eval.prefix_length_parallel(
-                model, documents, instruments.prefix_lengths, grid, suffix_len=extraction.suffix_len,
-                batch_size=extraction.batch_size, decode=decode, pad_token_id=pad_id)
+                model,
+                documents,
+                instruments.prefix_lengths,
+                grid,
+                suffix_len=extraction.suffix_len,
+                batch_size=extraction.batch_size,
+                decode=decode,
+                pad_token_id=pad_id,
+            )
             results["prefix_length"] = (prefix_rows, None)
             lap("prefix_length")
     if not main:
@@ -500,8 +634,9 @@ def pad_token_id(tokenizer: Any) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
-def _divergence_rows(rows: list[dict[str, Any]], documents: Sequence[data.TokenizedDocument],
-                     extraction: ExtractionConfig, mask_fn: Any) -> list[dict[str, Any]]:
+def _divergence_rows(
+    rows: list[dict[str, Any]], documents: Sequence[data.TokenizedDocument], extraction: ExtractionConfig, mask_fn: Any
+) -> list[dict[str, Any]]:
     """Per-document divergence rows (id, n_prefix_tokens, first_divergence, and the mask's flags when given)."""
     by_id = {d.id: d for d in documents}
     divergence_rows = []
@@ -512,14 +647,25 @@ def _divergence_rows(rows: list[dict[str, Any]], documents: Sequence[data.Tokeni
         if mask_fn is not None:
             dropped = mask_fn(causal_targets(torch.tensor([ids])))[0]
             flags = suffix_dropped_flags(dropped, prefix_len, suffix_len)
-        divergence_rows.append({"id": row["id"], "n_prefix_tokens": prefix_len,
-                                **divergence_row(row["generated_ids"], ids[prefix_len:prefix_len + suffix_len], flags)})
+        divergence_rows.append(
+            {
+                "id": row["id"],
+                "n_prefix_tokens": prefix_len,
+                **divergence_row(row["generated_ids"], ids[prefix_len : prefix_len + suffix_len], flags),
+            }
+        )
     return divergence_rows
 
 
-def membership(model: nn.Module, prepared: Prepared, reference: nn.Module | None,
-               out_file: Path | None = None, grid: Grid | None = None, *,
-               n_resamples: int = DEFAULT_RESAMPLES) -> dict[str, Any] | None:
+def membership(
+    model: nn.Module,
+    prepared: Prepared,
+    reference: nn.Module | None,
+    out_file: Path | None = None,
+    grid: Grid | None = None,
+    *,
+    n_resamples: int = DEFAULT_RESAMPLES,
+) -> dict[str, Any] | None:
     """Membership inference (loss, zlib, Min-K%, Min-K%++, gradient norm, ReCaLL, DC-PDD, and the reference-model
     ratio when `reference` is given): members are the training documents, non-members the held-out ones; AUC with its
     bootstrap interval (`n_resamples`, 0: none) and TPR at 1% and 0.1% FPR. ReCaLL's prefix is the first held-out
@@ -531,11 +677,18 @@ def membership(model: nn.Module, prepared: Prepared, reference: nn.Module | None
         raise ValueError("membership inference needs both training (members) and held-out (non-member) documents")
     frequencies, note = prepared.token_frequencies()
     rows, summary = parallel_eval.membership_parallel(
-        model, prepared.split.train, prepared.split.heldout, grid,
-        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), pad_token_id=pad_token_id(tokenizer),
-        reference_model=reference, frequencies=frequencies, n_resamples=n_resamples,
+        model,
+        prepared.split.train,
+        prepared.split.heldout,
+        grid,
+        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+        pad_token_id=pad_token_id(tokenizer),
+        reference_model=reference,
+        frequencies=frequencies,
+        n_resamples=n_resamples,
         recall_prefix_docs=DEFAULT_RECALL_PREFIX_DOCS if len(prepared.split.heldout) > 1 else 0,
-        notes={"dc_pdd": note})
+        notes={"dc_pdd": note},
+    )
     if rows is None:
         return None
     if out_file is not None:

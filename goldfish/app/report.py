@@ -14,8 +14,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import matplotlib
 
-from eval.membership import ATTACKS
 from data.atomic import json_safe, write_atomic, write_text_atomic
+from eval.membership import ATTACKS
 
 matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
@@ -41,16 +41,25 @@ PREFIX_LENGTH_FILE = ("prefix_length", "prefix_length.jsonl", "greedy extraction
 MEMBERSHIP_FILE = "membership.jsonl"
 CURVE_FILE = "curve.jsonl"  # compare: OUT/<label>/curve.jsonl, one row per document and measured epoch
 
-HEADLINE_COLUMNS = (("docs", "n_docs"), ("exact match", "exact_match"), ("RougeL F", "rouge_l"),
-                    ("RougeL recall", "rouge_l_recall"), ("Rouge1", "rouge_1"), ("Rouge2", "rouge_2"),
-                    ("match fraction", "match_fraction"), ("longest correct prefix", "longest_correct_prefix"),
-                    ("TF acc", "tf_accuracy"), ("TF acc kept", "tf_kept_accuracy"),
-                    ("TF acc dropped", "tf_dropped_accuracy"))
+HEADLINE_COLUMNS = (
+    ("docs", "n_docs"),
+    ("exact match", "exact_match"),
+    ("RougeL F", "rouge_l"),
+    ("RougeL recall", "rouge_l_recall"),
+    ("Rouge1", "rouge_1"),
+    ("Rouge2", "rouge_2"),
+    ("match fraction", "match_fraction"),
+    ("longest correct prefix", "longest_correct_prefix"),
+    ("TF acc", "tf_accuracy"),
+    ("TF acc kept", "tf_kept_accuracy"),
+    ("TF acc dropped", "tf_dropped_accuracy"),
+)
 
 Entry = tuple[list[str], Mapping[str, Any]]  # (key cells of a table row, e.g. [model, part]; that row's summary)
 
 
 # ---------------------------------------------------------------------------------------------------------- writing
+
 
 def _save_figure(figure: Any, path: Path) -> None:
     """Save a matplotlib figure as PNG atomically, so a reader never sees half a PNG."""
@@ -108,8 +117,12 @@ def _key_order(keys: Sequence[str]) -> list[str]:
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *("| " + " | ".join(row) + " |" for row in rows), ""]
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(row) + " |" for row in rows),
+        "",
+    ]
 
 
 def _figure(name: str, alt: str, figures: Sequence[str]) -> list[str]:
@@ -117,6 +130,7 @@ def _figure(name: str, alt: str, figures: Sequence[str]) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------------------------- series
+
 
 def curve_series(curves: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, dict[str, list[Any]]]:
     """{label: {"epoch": [...], "step": [...], "exact_match": [...], "rouge_l": [...]}} sorted by epoch."""
@@ -127,8 +141,9 @@ def curve_series(curves: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str,
     return series
 
 
-def divergence_series(divergences: Mapping[str, Mapping[str, Any]], suffix_len: int | None = None
-                      ) -> dict[str, dict[str, Any]]:
+def divergence_series(
+    divergences: Mapping[str, Mapping[str, Any]], suffix_len: int | None = None
+) -> dict[str, dict[str, Any]]:
     """Per label: "positions" 0..L-1 (suffix token index; L = suffix_len, or past the last divergence), "counts" of
     documents whose greedy continuation first left the true suffix there, "n_docs" and "n_never" (never diverged)."""
     series = {}
@@ -136,8 +151,12 @@ def divergence_series(divergences: Mapping[str, Mapping[str, Any]], suffix_len: 
         histogram = {int(k): int(v) for k, v in (div.get("first_divergence_histogram") or {}).items()}
         length = max(suffix_len or 0, max(histogram) + 1 if histogram else 1)
         positions = list(range(length))
-        series[label] = {"positions": positions, "counts": [histogram.get(i, 0) for i in positions],
-                         "n_docs": int(div["n_docs"]), "n_never": int(div["n_docs"]) - int(div["n_diverged"])}
+        series[label] = {
+            "positions": positions,
+            "counts": [histogram.get(i, 0) for i in positions],
+            "n_docs": int(div["n_docs"]),
+            "n_never": int(div["n_docs"]) - int(div["n_diverged"]),
+        }
     return series
 
 
@@ -155,8 +174,11 @@ def roc_series(membership: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[st
         for label, result in membership.items():
             metrics = result.get("attacks", {}).get(attack)
             if metrics is not None and "roc" in metrics:
-                series[attack][label] = {"fpr": list(metrics["roc"]["fpr"]), "tpr": list(metrics["roc"]["tpr"]),
-                                         "auc": metrics.get("auc")}
+                series[attack][label] = {
+                    "fpr": list(metrics["roc"]["fpr"]),
+                    "tpr": list(metrics["roc"]["tpr"]),
+                    "auc": metrics.get("auc"),
+                }
     return series
 
 
@@ -166,8 +188,12 @@ def breakdown_series(tables: Mapping[str, Sequence[Mapping[str, Any]]], key: str
     series = {}
     for label, rows in tables.items():
         kept = sorted((r for r in rows if r.get(key) is not None), key=lambda r: r[key])
-        series[label] = {"x": [r[key] for r in kept], "exact_match": [r.get("exact_match") for r in kept],
-                         "rouge_l": [r.get("rouge_l") for r in kept], "n_docs": [r.get("n_docs") for r in kept]}
+        series[label] = {
+            "x": [r[key] for r in kept],
+            "exact_match": [r.get("exact_match") for r in kept],
+            "rouge_l": [r.get("rouge_l") for r in kept],
+            "n_docs": [r.get("n_docs") for r in kept],
+        }
     return series
 
 
@@ -204,20 +230,27 @@ def bar_errors(models: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> dict[st
 def auc_series(membership: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
     """{attack: {label: {"auc": float, "ci": [low, high] or None}}} for every attack of every label's result."""
     attacks = _attack_order({a for result in membership.values() for a in result.get("attacks", {})})
-    return {attack: {label: {"auc": result["attacks"][attack]["auc"],
-                             "ci": result["attacks"][attack].get("auc_ci")}
-                     for label, result in membership.items() if attack in result.get("attacks", {})}
-            for attack in attacks}
+    return {
+        attack: {
+            label: {"auc": result["attacks"][attack]["auc"], "ci": result["attacks"][attack].get("auc_ci")}
+            for label, result in membership.items()
+            if attack in result.get("attacks", {})
+        }
+        for attack in attacks
+    }
 
 
 def bar_series(models: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> dict[str, dict[str, list[float]]]:
     """{metric: {part: [value per model, in model order]}} for exact match and RougeL (missing = 0)."""
     parts = [p for p in ("train", "heldout") if any(p in m for m in models.values())]
-    return {metric: {part: [float(m.get(part, {}).get(metric) or 0.0) for m in models.values()] for part in parts}
-            for metric in ("exact_match", "rouge_l")}
+    return {
+        metric: {part: [float(m.get(part, {}).get(metric) or 0.0) for m in models.values()] for part in parts}
+        for metric in ("exact_match", "rouge_l")
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------- drawing
+
 
 def palette(labels: Sequence[str]) -> dict[str, str]:
     """One matplotlib colour per label, in label order, so a model keeps its colour in every plot."""
@@ -234,8 +267,12 @@ def _as_float(values: Sequence[Any]) -> list[float]:
     return [math.nan if v is None else float(v) for v in values]  # NaN breaks the line where a value is missing
 
 
-def draw_bars(labels: Sequence[str], series: Mapping[str, Mapping[str, list[float]]], path: Path,
-              errors: Mapping[str, Mapping[str, list[list[float]]]] | None = None) -> None:
+def draw_bars(
+    labels: Sequence[str],
+    series: Mapping[str, Mapping[str, list[float]]],
+    path: Path,
+    errors: Mapping[str, Mapping[str, list[list[float]]]] | None = None,
+) -> None:
     """Exact match and RougeL per model, one bar per part; ``errors`` (see `bar_errors`): the bootstrap intervals as
     error bars."""
     figure, axes = plt.subplots(1, 2, figsize=(11, 4))
@@ -253,8 +290,9 @@ def draw_bars(labels: Sequence[str], series: Mapping[str, Mapping[str, list[floa
     _save_figure(figure, path)
 
 
-def draw_rouge_histograms(series: Mapping[str, list[float]], path: Path, title: str,
-                          colors: Mapping[str, str] | None = None) -> None:
+def draw_rouge_histograms(
+    series: Mapping[str, list[float]], path: Path, title: str, colors: Mapping[str, str] | None = None
+) -> None:
     """RougeL histogram per label (the goldfish paper's Fig. 2)."""
     colors = _colors(list(series), colors)
     figure, axis = plt.subplots(figsize=(7, 4))
@@ -268,13 +306,16 @@ def draw_rouge_histograms(series: Mapping[str, list[float]], path: Path, title: 
     _save_figure(figure, path)
 
 
-def draw_curves(series: Mapping[str, Mapping[str, list[Any]]], path: Path,
-                colors: Mapping[str, str] | None = None) -> None:
+def draw_curves(
+    series: Mapping[str, Mapping[str, list[Any]]], path: Path, colors: Mapping[str, str] | None = None
+) -> None:
     """Exact match (left) and RougeL (right) of greedy extraction of the training documents against epoch."""
     colors = _colors(list(series), colors)
     figure, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for axis, metric, title in ((axes[0], "exact_match", "Exact match (fraction of training documents)"),
-                                (axes[1], "rouge_l", "RougeL F-measure (mean)")):
+    for axis, metric, title in (
+        (axes[0], "exact_match", "Exact match (fraction of training documents)"),
+        (axes[1], "rouge_l", "RougeL F-measure (mean)"),
+    ):
         for label, s in series.items():
             axis.plot(s["epoch"], _as_float(s[metric]), marker="o", markersize=3, label=label, color=colors[label])
         axis.set_xlabel("epoch (0 = before training)")
@@ -285,14 +326,20 @@ def draw_curves(series: Mapping[str, Mapping[str, list[Any]]], path: Path,
     _save_figure(figure, path)
 
 
-def draw_divergence(series: Mapping[str, Mapping[str, Any]], path: Path, title: str,
-                    colors: Mapping[str, str] | None = None) -> None:
+def draw_divergence(
+    series: Mapping[str, Mapping[str, Any]], path: Path, title: str, colors: Mapping[str, str] | None = None
+) -> None:
     """Where greedy decoding first leaves the true suffix, one step histogram per label (the paper's Fig. 4)."""
     colors = _colors(list(series), colors)
     figure, axis = plt.subplots(figsize=(8, 4))
     for label, s in series.items():
-        axis.step(s["positions"], s["counts"], where="mid", color=colors[label],
-                  label=f"{label} ({s['n_never']}/{s['n_docs']} never diverged)")
+        axis.step(
+            s["positions"],
+            s["counts"],
+            where="mid",
+            color=colors[label],
+            label=f"{label} ({s['n_never']}/{s['n_docs']} never diverged)",
+        )
     axis.set_xlabel("suffix token index of the first divergence")
     axis.set_ylabel("documents")
     axis.set_title(title)
@@ -300,8 +347,9 @@ def draw_divergence(series: Mapping[str, Mapping[str, Any]], path: Path, title: 
     _save_figure(figure, path)
 
 
-def draw_roc(series: Mapping[str, Mapping[str, Mapping[str, Any]]], path: Path,
-             colors: Mapping[str, str] | None = None) -> None:
+def draw_roc(
+    series: Mapping[str, Mapping[str, Mapping[str, Any]]], path: Path, colors: Mapping[str, str] | None = None
+) -> None:
     """One ROC panel per attack, one curve per label."""
     attacks = [a for a, curves in series.items() if curves]
     colors = _colors(list(dict.fromkeys(label for a in attacks for label in series[a])), colors)
@@ -311,8 +359,9 @@ def draw_roc(series: Mapping[str, Mapping[str, Mapping[str, Any]]], path: Path,
     for axis, attack in zip(axes[0], attacks):
         for label, curve in series[attack].items():
             color, dash = styles[label]
-            axis.plot(curve["fpr"], curve["tpr"], color=color, linestyle=dash,
-                      label=f"{label} (AUC {_fmt(curve['auc'])})")
+            axis.plot(
+                curve["fpr"], curve["tpr"], color=color, linestyle=dash, label=f"{label} (AUC {_fmt(curve['auc'])})"
+            )
         axis.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1)
         axis.set_xlabel("false positive rate (held-out documents)")
         axis.set_ylabel("true positive rate (training documents)")
@@ -321,8 +370,9 @@ def draw_roc(series: Mapping[str, Mapping[str, Mapping[str, Any]]], path: Path,
     _save_figure(figure, path)
 
 
-def draw_auc(series: Mapping[str, Mapping[str, Mapping[str, Any]]], path: Path,
-             colors: Mapping[str, str] | None = None) -> None:
+def draw_auc(
+    series: Mapping[str, Mapping[str, Mapping[str, Any]]], path: Path, colors: Mapping[str, str] | None = None
+) -> None:
     """AUC of every attack, one bar per label, with its 95% bootstrap interval as an error bar."""
     attacks = [a for a, by_label in series.items() if by_label]
     labels = list(dict.fromkeys(label for a in attacks for label in series[a]))
@@ -351,14 +401,17 @@ def draw_auc(series: Mapping[str, Mapping[str, Mapping[str, Any]]], path: Path,
     _save_figure(figure, path)
 
 
-def draw_breakdown(series: Mapping[str, Mapping[str, list[Any]]], path: Path, xlabel: str,
-                   colors: Mapping[str, str] | None = None) -> None:
+def draw_breakdown(
+    series: Mapping[str, Mapping[str, list[Any]]], path: Path, xlabel: str, colors: Mapping[str, str] | None = None
+) -> None:
     """Exact match (left) and RougeL (right) against a per-document attribute (prefix length, times repeated), one
     line per label."""
     colors = _colors(list(series), colors)
     figure, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for axis, metric, name, title in ((axes[0], "exact_match", "exact match (fraction of documents)", "Exact match"),
-                                      (axes[1], "rouge_l", "RougeL F-measure (mean)", "RougeL")):
+    for axis, metric, name, title in (
+        (axes[0], "exact_match", "exact match (fraction of documents)", "Exact match"),
+        (axes[1], "rouge_l", "RougeL F-measure (mean)", "RougeL"),
+    ):
         for label, s in series.items():
             axis.plot(s["x"], _as_float(s[metric]), marker="o", label=label, color=colors[label])
         axis.set_xlabel(xlabel)
@@ -371,6 +424,7 @@ def draw_breakdown(series: Mapping[str, Mapping[str, list[Any]]], path: Path, xl
 
 
 # --------------------------------------------------------------------------------------------------------- sections
+
 
 def _headline_section(key_header: list[str], entries: Sequence[Entry]) -> list[str]:
     rows = [keys + [_fmt_ci(s.get(k), s.get(f"{k}_ci")) for _, k in HEADLINE_COLUMNS] for keys, s in entries]
@@ -386,38 +440,74 @@ def _curves_section(curves: Mapping[str, Sequence[Mapping[str, Any]]], figures: 
         present = [i for i, v in enumerate(em) if not math.isnan(v)]
         peak = max(present, key=lambda i: em[i]) if present else None
         first_hit = next((s["epoch"][i] for i in present if em[i] > 0), None)
-        rows.append([label, f"{s['epoch'][0]}-{s['epoch'][-1]} ({len(s['epoch'])})", _fmt(s["exact_match"][0]),
-                     _fmt(s["exact_match"][-1]),
-                     "n/a" if peak is None else f"{_fmt(em[peak])} (epoch {s['epoch'][peak]})",
-                     _fmt(s["rouge_l"][0]), _fmt(s["rouge_l"][-1]), _fmt(first_hit)])
+        rows.append(
+            [
+                label,
+                f"{s['epoch'][0]}-{s['epoch'][-1]} ({len(s['epoch'])})",
+                _fmt(s["exact_match"][0]),
+                _fmt(s["exact_match"][-1]),
+                "n/a" if peak is None else f"{_fmt(em[peak])} (epoch {s['epoch'][peak]})",
+                _fmt(s["rouge_l"][0]),
+                _fmt(s["rouge_l"][-1]),
+                _fmt(first_hit),
+            ]
+        )
     if not rows:
         return []
-    return ["## Extraction over training", "",
-            "Greedy extraction of the training documents after each epoch (epoch 0: before training).", "",
-            *_table(["model", "epochs (points)", "EM first", "EM last", "EM peak", "RougeL first", "RougeL last",
-                     "first epoch with EM > 0"], rows),
-            *_figure("em_vs_epochs.png", "exact match and RougeL against epochs", figures)]
+    return [
+        "## Extraction over training",
+        "",
+        "Greedy extraction of the training documents after each epoch (epoch 0: before training).",
+        "",
+        *_table(
+            [
+                "model",
+                "epochs (points)",
+                "EM first",
+                "EM last",
+                "EM peak",
+                "RougeL first",
+                "RougeL last",
+                "first epoch with EM > 0",
+            ],
+            rows,
+        ),
+        *_figure("em_vs_epochs.png", "exact match and RougeL against epochs", figures),
+    ]
 
 
-def _divergence_section(key_header: list[str], entries: Sequence[Entry], figures: Sequence[str],
-                        mask_note: str) -> list[str]:
+def _divergence_section(
+    key_header: list[str], entries: Sequence[Entry], figures: Sequence[str], mask_note: str
+) -> list[str]:
     rows = []
     for keys, s in entries:
         div = s.get("divergence")
         if div is None:
             continue
-        rows.append(keys + [f"{div['n_diverged']}/{div['n_docs']}", str(div["n_docs"] - div["n_diverged"]),
-                            _fmt(div.get("mean_first_divergence")), _fmt(div.get("share_on_dropped")),
-                            _fmt(div.get("share_expected_by_chance"))])
+        rows.append(
+            keys
+            + [
+                f"{div['n_diverged']}/{div['n_docs']}",
+                str(div["n_docs"] - div["n_diverged"]),
+                _fmt(div.get("mean_first_divergence")),
+                _fmt(div.get("share_on_dropped")),
+                _fmt(div.get("share_expected_by_chance")),
+            ]
+        )
     if not rows:
         return []
-    return ["## Divergence", "",
-            "Where greedy decoding first leaves the true suffix (suffix token index), and the share of those first "
-            f"divergences that fall on a position the goldfish mask drops ({mask_note}) against the share expected "
-            "by chance (the drop rate of the diverged suffixes).", "",
-            *_table(key_header + ["diverged", "never diverged", "mean first divergence", "share on dropped",
-                                  "by chance"], rows),
-            *_figure("divergence.png", "first divergence positions", figures)]
+    return [
+        "## Divergence",
+        "",
+        "Where greedy decoding first leaves the true suffix (suffix token index), and the share of those first "
+        f"divergences that fall on a position the goldfish mask drops ({mask_note}) against the share expected "
+        "by chance (the drop rate of the diverged suffixes).",
+        "",
+        *_table(
+            key_header + ["diverged", "never diverged", "mean first divergence", "share on dropped", "by chance"], rows
+        ),
+        *_figure("divergence.png", "first divergence positions", figures),
+    ]
 
 
 def _adaptive_section(key_header: list[str], entries: Sequence[Entry]) -> list[str]:
@@ -432,18 +522,27 @@ def _adaptive_section(key_header: list[str], entries: Sequence[Entry]) -> list[s
             beam_rouge = _fmt(beam.get("rouge_l"))
         if sampling is not None:
             settings = sampling.get("sampling", {})
-            any_exact = (f"{_fmt(sampling.get('any_exact'))} ({settings.get('n_samples', 'n/a')} samples, "
-                         f"T={settings.get('temperature', 'n/a')}, top-p={settings.get('top_p', 'n/a')})")
+            any_exact = (
+                f"{_fmt(sampling.get('any_exact'))} ({settings.get('n_samples', 'n/a')} samples, "
+                f"T={settings.get('temperature', 'n/a')}, top-p={settings.get('top_p', 'n/a')})"
+            )
             rate, best = _fmt(sampling.get("sample_exact_rate")), _fmt(sampling.get("best_match_fraction"))
         rows.append(keys + [_fmt(s.get("exact_match")), beam_em, beam_rouge, any_exact, rate, best])
     if not rows:
         return []
-    return ["## Adaptive extraction", "",
-            "Exact match (fraction of documents) by greedy decoding and by the best beam of a beam search; by "
-            "sampling: any exact = documents with at least one exact sample, sample exact rate = exact samples / "
-            "all samples, best match fraction = mean over documents of the best sample's match fraction.", "",
-            *_table(key_header + ["greedy EM", "beam EM", "beam RougeL", "sampling any exact", "sample exact rate",
-                                  "best match fraction"], rows)]
+    return [
+        "## Adaptive extraction",
+        "",
+        "Exact match (fraction of documents) by greedy decoding and by the best beam of a beam search; by "
+        "sampling: any exact = documents with at least one exact sample, sample exact rate = exact samples / "
+        "all samples, best match fraction = mean over documents of the best sample's match fraction.",
+        "",
+        *_table(
+            key_header
+            + ["greedy EM", "beam EM", "beam RougeL", "sampling any exact", "sample exact rate", "best match fraction"],
+            rows,
+        ),
+    ]
 
 
 def _probabilistic_section(key_header: list[str], entries: Sequence[Entry]) -> list[str]:
@@ -454,17 +553,30 @@ def _probabilistic_section(key_header: list[str], entries: Sequence[Entry]) -> l
     confidences = _key_order(list({k for _, p in present for k in p.get("median_samples_needed", {})}))
     rows = []
     for keys, p in present:
-        rows.append(keys + [f"T={p.get('temperature', 'n/a')}, top-p={p.get('top_p', 'n/a')}"]
-                    + [_fmt(p.get("expected_fraction_extracted", {}).get(n)) for n in budgets]
-                    + [_fmt_count(p.get("median_samples_needed", {}).get(c)) for c in confidences]
-                    + [_fmt(p.get("fraction_q_at_least_half")), _fmt(p.get("mean_log10_q"))])
-    return ["## Probabilistic extraction", "",
-            "q: the exact probability that sampling emits a document's true suffix (product of its token "
-            "probabilities). Expected fraction of documents extracted with n samples (mean of 1 - (1 - q)^n), "
-            "median number of samples needed to extract a document with probability p, fraction of documents with "
-            "q >= 0.5, and mean log10 q over documents with q > 0.", "",
-            *_table(key_header + ["sampling"] + [f"extracted, n={n}" for n in budgets]
-                    + [f"samples for p={c}" for c in confidences] + ["q >= 0.5", "mean log10 q"], rows)]
+        rows.append(
+            keys
+            + [f"T={p.get('temperature', 'n/a')}, top-p={p.get('top_p', 'n/a')}"]
+            + [_fmt(p.get("expected_fraction_extracted", {}).get(n)) for n in budgets]
+            + [_fmt_count(p.get("median_samples_needed", {}).get(c)) for c in confidences]
+            + [_fmt(p.get("fraction_q_at_least_half")), _fmt(p.get("mean_log10_q"))]
+        )
+    return [
+        "## Probabilistic extraction",
+        "",
+        "q: the exact probability that sampling emits a document's true suffix (product of its token "
+        "probabilities). Expected fraction of documents extracted with n samples (mean of 1 - (1 - q)^n), "
+        "median number of samples needed to extract a document with probability p, fraction of documents with "
+        "q >= 0.5, and mean log10 q over documents with q > 0.",
+        "",
+        *_table(
+            key_header
+            + ["sampling"]
+            + [f"extracted, n={n}" for n in budgets]
+            + [f"samples for p={c}" for c in confidences]
+            + ["q >= 0.5", "mean log10 q"],
+            rows,
+        ),
+    ]
 
 
 def _membership_section(key_header: list[str], entries: Sequence[Entry], figures: Sequence[str]) -> list[str]:
@@ -472,8 +584,9 @@ def _membership_section(key_header: list[str], entries: Sequence[Entry], figures
     if not present:
         return []
     attacks = _attack_order({a for _, result in present for a in result["attacks"]})
-    fprs = sorted({k for _, r in present for m in r["attacks"].values() for k in m.get("tpr_at_fpr", {})},
-                  key=float, reverse=True)
+    fprs = sorted(
+        {k for _, r in present for m in r["attacks"].values() for k in m.get("tpr_at_fpr", {})}, key=float, reverse=True
+    )
     rows, resolutions = [], set()
     for keys, result in present:
         for attack in attacks:
@@ -481,21 +594,33 @@ def _membership_section(key_header: list[str], entries: Sequence[Entry], figures
             if metrics is None:
                 continue
             resolutions.add(metrics.get("fpr_resolution"))
-            rows.append(keys + [attack, _fmt_ci(metrics.get("auc"), metrics.get("auc_ci"))]
-                        + [_fmt(metrics.get("tpr_at_fpr", {}).get(f)) for f in fprs]
-                        + [f"{metrics.get('n_members', 'n/a')}/{metrics.get('n_nonmembers', 'n/a')}"])
+            rows.append(
+                keys
+                + [attack, _fmt_ci(metrics.get("auc"), metrics.get("auc_ci"))]
+                + [_fmt(metrics.get("tpr_at_fpr", {}).get(f)) for f in fprs]
+                + [f"{metrics.get('n_members', 'n/a')}/{metrics.get('n_nonmembers', 'n/a')}"]
+            )
     resolution = ", ".join(_fmt(r) for r in sorted(r for r in resolutions if r is not None)) or "n/a"
-    return ["## Membership inference", "",
-            "Members: training documents; non-members: held-out documents; scores oriented so higher = member. "
-            f"With n held-out documents the FPR moves in steps of 1/n (here {resolution}): a TPR at a smaller FPR "
-            "is interpolated from the point with no false positive and says little. In brackets: the 95% percentile "
-            "bootstrap interval over documents (members and non-members resampled separately"
-            + (f", {present[0][1]['bootstrap']['n_resamples']} resamples" if present[0][1].get("bootstrap") else "")
-            + "); exact match and RougeL carry theirs likewise.", "",
-            *_table(key_header + ["attack", "AUC [95% CI]"] + [f"TPR @ {float(f) * 100:g}% FPR" for f in fprs]
-                    + ["members/non-members"], rows),
-            *_figure("roc.png", "membership inference ROC, every attack", figures),
-            *_figure("auc.png", "membership inference AUC per attack with 95% bootstrap intervals", figures)]
+    return [
+        "## Membership inference",
+        "",
+        "Members: training documents; non-members: held-out documents; scores oriented so higher = member. "
+        f"With n held-out documents the FPR moves in steps of 1/n (here {resolution}): a TPR at a smaller FPR "
+        "is interpolated from the point with no false positive and says little. In brackets: the 95% percentile "
+        "bootstrap interval over documents (members and non-members resampled separately"
+        + (f", {present[0][1]['bootstrap']['n_resamples']} resamples" if present[0][1].get("bootstrap") else "")
+        + "); exact match and RougeL carry theirs likewise.",
+        "",
+        *_table(
+            key_header
+            + ["attack", "AUC [95% CI]"]
+            + [f"TPR @ {float(f) * 100:g}% FPR" for f in fprs]
+            + ["members/non-members"],
+            rows,
+        ),
+        *_figure("roc.png", "membership inference ROC, every attack", figures),
+        *_figure("auc.png", "membership inference AUC per attack with 95% bootstrap intervals", figures),
+    ]
 
 
 def _group_key(kind: str, rows: Sequence[Mapping[str, Any]]) -> str:
@@ -508,8 +633,9 @@ def _group_key(kind: str, rows: Sequence[Mapping[str, Any]]) -> str:
     raise ValueError(f"breakdown {kind!r} has no group field in its rows")
 
 
-def _breakdown_sections(key_header: list[str], breakdowns: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]],
-                        figures: Sequence[str]) -> list[str]:
+def _breakdown_sections(
+    key_header: list[str], breakdowns: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]], figures: Sequence[str]
+) -> list[str]:
     lines: list[str] = []
     for kind, tables in breakdowns.items():
         all_rows = [r for rows in tables.values() for r in rows]
@@ -519,8 +645,11 @@ def _breakdown_sections(key_header: list[str], breakdowns: Mapping[str, Mapping[
         header_format = BREAKDOWNS[kind][1] if kind in BREAKDOWNS else f"{key}={{}}"
         values = sorted({r[key] for r in all_rows}, key=lambda v: (v is None, v))
         counts = {v: {r.get("n_docs") for r in all_rows if r[key] == v} for v in values}
-        header = [("n/a" if v is None else header_format.format(v))
-                  + (f" (n={next(iter(counts[v]))})" if len(counts[v]) == 1 else "") for v in values]
+        header = [
+            ("n/a" if v is None else header_format.format(v))
+            + (f" (n={next(iter(counts[v]))})" if len(counts[v]) == 1 else "")
+            for v in values
+        ]
         rows = []
         for label, table in tables.items():
             by_value = {r[key]: r for r in table}
@@ -534,10 +663,15 @@ def _breakdown_sections(key_header: list[str], breakdowns: Mapping[str, Mapping[
             rows.append([label] + cells)
         title = BREAKDOWNS[kind][2] if kind in BREAKDOWNS else key
         plot = BREAKDOWNS[kind][3] if kind in BREAKDOWNS else ""
-        lines += [f"## Breakdown by {title}", "",
-                  "Cells: exact match / RougeL F, means over the documents of each group (n documents; n/a: "
-                  "documents without the attribute).", "",
-                  *_table(key_header + header, rows), *_figure(plot, f"exact match by {title}", figures)]
+        lines += [
+            f"## Breakdown by {title}",
+            "",
+            "Cells: exact match / RougeL F, means over the documents of each group (n documents; n/a: "
+            "documents without the attribute).",
+            "",
+            *_table(key_header + header, rows),
+            *_figure(plot, f"exact match by {title}", figures),
+        ]
     return lines
 
 
@@ -552,18 +686,28 @@ def _files_section(files: Sequence[str]) -> list[str]:
     folders_by_names: dict[tuple[str, ...], list[str]] = {}
     for folder, names in names_by_folder.items():
         folders_by_names.setdefault(tuple(names), []).append(folder)
-    descriptions = ({name: text for _, name, text in (*PART_FILES, PREFIX_LENGTH_FILE)}
-                    | {MEMBERSHIP_FILE: "membership-inference scores",
-                       CURVE_FILE: "greedy extraction of each training document at each measured epoch"})
-    return ["## Per-document rows", "",
-            "One JSON object per document per line, behind the tables and plots above (paths relative to this "
-            "folder):", "",
-            *("- " + ", ".join(f"`{f}`" for f in folders) + ": "
-              + ", ".join(f"`{n}` ({descriptions.get(n, 'per-document rows')})" for n in names)
-              for names, folders in folders_by_names.items()), ""]
+    descriptions = {name: text for _, name, text in (*PART_FILES, PREFIX_LENGTH_FILE)} | {
+        MEMBERSHIP_FILE: "membership-inference scores",
+        CURVE_FILE: "greedy extraction of each training document at each measured epoch",
+    }
+    return [
+        "## Per-document rows",
+        "",
+        "One JSON object per document per line, behind the tables and plots above (paths relative to this folder):",
+        "",
+        *(
+            "- "
+            + ", ".join(f"`{f}`" for f in folders)
+            + ": "
+            + ", ".join(f"`{n}` ({descriptions.get(n, 'per-document rows')})" for n in names)
+            for names, folders in folders_by_names.items()
+        ),
+        "",
+    ]
 
 
 # ----------------------------------------------------------------------------------------------------- compare view
+
 
 def _details(summary: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Per model and part the full summary: details when present, else the headline numbers."""
@@ -610,12 +754,19 @@ def compare_figures(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
     if summary.get("curves"):
         draw_curves(curve_series(summary["curves"]), out_dir / "em_vs_epochs.png", colors)
         written.append("em_vs_epochs.png")
-    divergences = {label: parts["train"]["divergence"] for label, parts in _details(summary).items()
-                   if (parts.get("train") or {}).get("divergence")}
+    divergences = {
+        label: parts["train"]["divergence"]
+        for label, parts in _details(summary).items()
+        if (parts.get("train") or {}).get("divergence")
+    }
     if divergences:
         suffix_len = ((summary.get("config") or {}).get("extraction") or {}).get("suffix_len")
-        draw_divergence(divergence_series(divergences, suffix_len), out_dir / "divergence.png",
-                        "First divergence from the true suffix (training documents)", colors)
+        draw_divergence(
+            divergence_series(divergences, suffix_len),
+            out_dir / "divergence.png",
+            "First divergence from the true suffix (training documents)",
+            colors,
+        )
         written.append("divergence.png")
     if summary.get("validation_curves"):
         control = ((summary["models"].get("control") or {}).get("validation") or {}).get("loss")
@@ -626,8 +777,12 @@ def compare_figures(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
     return written
 
 
-def _membership_figures(membership: Mapping[str, Mapping[str, Any]], out_dir: Path, keep_loss_figure: bool,
-                        colors: Mapping[str, str] | None = None) -> list[str]:
+def _membership_figures(
+    membership: Mapping[str, Mapping[str, Any]],
+    out_dir: Path,
+    keep_loss_figure: bool,
+    colors: Mapping[str, str] | None = None,
+) -> list[str]:
     series = roc_series(membership)
     if not any(series.values()):
         return []
@@ -640,8 +795,9 @@ def _membership_figures(membership: Mapping[str, Mapping[str, Any]], out_dir: Pa
     return written
 
 
-def _breakdown_figures(breakdowns: Mapping[str, Mapping[str, Any]], out_dir: Path,
-                       colors: Mapping[str, str] | None = None) -> list[str]:
+def _breakdown_figures(
+    breakdowns: Mapping[str, Mapping[str, Any]], out_dir: Path, colors: Mapping[str, str] | None = None
+) -> list[str]:
     written = []
     for kind, (key, _, xlabel, name) in BREAKDOWNS.items():
         series = breakdown_series(breakdowns.get(kind) or {}, key)
@@ -661,50 +817,77 @@ def _documents_section(docs: Mapping[str, Any]) -> list[str]:
     if dedup.get("mode") == "off":
         lines += ["Deduplication off (`--dedup off`): copies of a document may sit on both sides of the split.", ""]
     else:
-        near = (f", near-duplicates at threshold {dedup['threshold']} ({dedup['similarity']})"
-                if dedup.get("mode") == "near" else "")
+        near = (
+            f", near-duplicates at threshold {dedup['threshold']} ({dedup['similarity']})"
+            if dedup.get("mode") == "near"
+            else ""
+        )
         normalized = dedup.get("normalization", "whitespace-normalized")  # records before it say nothing
-        lines += [f"Deduplication `{dedup['mode']}`: exact text ({normalized}), same selected token "
-                  f"window{near}; copies are clustered and every cluster is placed on one side of the split; extra "
-                  f"copies of a training document: `{dedup['duplicates']}`. Every document was examined.", ""]
+        lines += [
+            f"Deduplication `{dedup['mode']}`: exact text ({normalized}), same selected token "
+            f"window{near}; copies are clustered and every cluster is placed on one side of the split; extra "
+            f"copies of a training document: `{dedup['duplicates']}`. Every document was examined.",
+            "",
+        ]
         removed = docs.get("removed") or []
         if removed:
-            lines += [f"{docs.get('n_removed', 0)} dropped, {docs.get('n_repeats', 0)} kept in training as counted "
-                      "repeats:", "",
-                      "| document | twin (selected) | kind | similarity | side | action |", "|---|---|---|---|---|---|"]
-            lines += [f"| {r['id']} | {r['twin']} | {r['kind']}"
-                      f"{'' if r.get('matched') in (None, r['twin']) else ' (via ' + str(r['matched']) + ')'} | "
-                      f"{r['similarity']:.3f} | {r['side']} | {r['action']} |" for r in removed]
+            lines += [
+                f"{docs.get('n_removed', 0)} dropped, {docs.get('n_repeats', 0)} kept in training as counted repeats:",
+                "",
+                "| document | twin (selected) | kind | similarity | side | action |",
+                "|---|---|---|---|---|---|",
+            ]
+            lines += [
+                f"| {r['id']} | {r['twin']} | {r['kind']}"
+                f"{'' if r.get('matched') in (None, r['twin']) else ' (via ' + str(r['matched']) + ')'} | "
+                f"{r['similarity']:.3f} | {r['side']} | {r['action']} |"
+                for r in removed
+            ]
             lines.append("")
         else:
             lines += ["No duplicates among the documents.", ""]
     audit = docs.get("heldout_train_overlap")
     if audit:
-        lines += [f"Overlap audit: at most {audit['max_fraction']:.3f} (mean {audit['mean_fraction']:.3f}) of a "
-                  f"held-out window's word {audit['ngram_words']}-grams occur in training windows (largest: "
-                  f"`{audit['heldout_id']}`).", ""]
+        lines += [
+            f"Overlap audit: at most {audit['max_fraction']:.3f} (mean {audit['mean_fraction']:.3f}) of a "
+            f"held-out window's word {audit['ngram_words']}-grams occur in training windows (largest: "
+            f"`{audit['heldout_id']}`).",
+            "",
+        ]
     return lines
 
 
 def _rouge_notes(parts: Iterable[Mapping[str, Any]]) -> list[str]:
     """A warning when rouge-score's default tokenizer (the paper's setting) discards most of some references."""
-    flagged = sorted({i for s in parts for i in
-                      ((s.get("rouge") or {}).get("default_tokenizer_discards_most") or {}).get("ids", [])})
+    flagged = sorted(
+        {i for s in parts for i in ((s.get("rouge") or {}).get("default_tokenizer_discards_most") or {}).get("ids", [])}
+    )
     if not flagged:
         return []
-    return [f"**Warning:** rouge-score's default tokenizer keeps only [a-z0-9]: it discards most characters of "
-            f"{len(flagged)} reference text(s) (first: `{flagged[0]}`), whose RougeL is then meaningless; read "
-            "`rouge_l_unicode` (Unicode word tokenizer) in the rows and summaries.", ""]
+    return [
+        f"**Warning:** rouge-score's default tokenizer keeps only [a-z0-9]: it discards most characters of "
+        f"{len(flagged)} reference text(s) (first: `{flagged[0]}`), whose RougeL is then meaningless; read "
+        "`rouge_l_unicode` (Unicode word tokenizer) in the rows and summaries.",
+        "",
+    ]
 
 
-def render_markdown(summary: Mapping[str, Any], figures: Sequence[str] | None = None,
-                    files: Sequence[str] | None = None) -> str:
+def render_markdown(
+    summary: Mapping[str, Any], figures: Sequence[str] | None = None, files: Sequence[str] | None = None
+) -> str:
     """report.md of `goldfish compare`. figures: names of the PNGs written (None: every plot the summary has data
     for); files: per-document files to list (None: those the summary says were written)."""
     if figures is None:
-        figures = ["compare.png", "rouge_hist.png", "em_vs_epochs.png", "val_loss.png", "divergence.png", "roc.png",
-                   "auc.png",
-                   *(v[3] for v in BREAKDOWNS.values())]
+        figures = [
+            "compare.png",
+            "rouge_hist.png",
+            "em_vs_epochs.png",
+            "val_loss.png",
+            "divergence.png",
+            "roc.png",
+            "auc.png",
+            *(v[3] for v in BREAKDOWNS.values()),
+        ]
     if files is None:
         files = compare_per_document_files(summary)
     config = summary["config"]
@@ -718,7 +901,8 @@ def render_markdown(summary: Mapping[str, Any], figures: Sequence[str] | None = 
     breakdowns = summary.get("breakdowns") or {}
     timings = summary.get("timings_s") or {}
     lines = [
-        "# goldfish compare", "",
+        "# goldfish compare",
+        "",
         f"Model `{config['model']}` (init seed {config['init_seed']}), data `{data['source']}`: {data['n_train']} "
         f"training and {data['n_heldout']} held-out documents of {data['seq_len']} tokens (selection seed "
         f"{data['seed']}).",
@@ -726,19 +910,30 @@ def render_markdown(summary: Mapping[str, Any], figures: Sequence[str] | None = 
         f"schedule, {train['precision']}.",
         f"Extraction: greedy, suffix {extraction['suffix_len']} tokens, prefix "
         f"{extraction['prefix_len'] or 'all tokens before the suffix'}.",
-        f"Control: {summary.get('control', 'n/a')}.", "",
+        f"Control: {summary.get('control', 'n/a')}.",
+        "",
         *(f"**Warning:** {warning}." for warning in summary.get("warnings") or []),
         *([""] if summary.get("warnings") else []),
-        *_headline_section(key_header, [([label, part], s) for label, parts in summary["models"].items()
-                                        for part, s in parts.items() if part in PARTS]),
+        *_headline_section(
+            key_header,
+            [
+                ([label, part], s)
+                for label, parts in summary["models"].items()
+                for part, s in parts.items()
+                if part in PARTS
+            ],
+        ),
         *_validation_section(summary, figures),
         "TF acc: teacher-forced next-token accuracy; kept/dropped split by the model's own goldfish mask (standard "
-        "and control models: by the first goldfish mask).", "",
+        "and control models: by the first goldfish mask).",
+        "",
         f"Documents: {len(docs.get('train', []))} train, {len(docs.get('heldout', []))} held-out; ids and SHA-256 of "
-        "each are in summary.json under `documents`.", "",
+        "each are in summary.json under `documents`.",
+        "",
         *_documents_section(docs),
-        *_rouge_notes(s for parts in (summary.get("details") or {}).values() for s in parts.values()
-                      if isinstance(s, Mapping)),
+        *_rouge_notes(
+            s for parts in (summary.get("details") or {}).values() for s in parts.values() if isinstance(s, Mapping)
+        ),
         *_figure("compare.png", "exact match and RougeL", figures),
         *_figure("rouge_hist.png", "RougeL histograms", figures),
         *_curves_section(summary.get("curves") or {}, figures),
@@ -756,27 +951,46 @@ def render_markdown(summary: Mapping[str, Any], figures: Sequence[str] | None = 
 
 def _validation_section(summary: Mapping[str, Any], figures: Sequence[str]) -> list[str]:
     """Validation loss on the held-out background (--background runs): utility beside memorization."""
-    rows = [[label, _fmt(parts["validation"]["loss"]), _fmt(parts["validation"]["perplexity"])]
-            for label, parts in summary["models"].items() if "validation" in parts]
+    rows = [
+        [label, _fmt(parts["validation"]["loss"]), _fmt(parts["validation"]["perplexity"])]
+        for label, parts in summary["models"].items()
+        if "validation" in parts
+    ]
     if not rows:
         return []
     corpus = summary.get("corpus") or {}
     validation = corpus.get("validation") or {}
-    lines = ["## Validation (held-out background)", "",
-             f"Mean next-token loss on {validation.get('n_rows', '?')} rows ({validation.get('n_tokens', '?')} "
-             f"tokens) of background documents never trained on, every model with the standard loss over every "
-             "token.", "", *_table(["model", "validation loss", "perplexity"], rows), ""]
+    lines = [
+        "## Validation (held-out background)",
+        "",
+        f"Mean next-token loss on {validation.get('n_rows', '?')} rows ({validation.get('n_tokens', '?')} "
+        f"tokens) of background documents never trained on, every model with the standard loss over every "
+        "token.",
+        "",
+        *_table(["model", "validation loss", "perplexity"], rows),
+        "",
+    ]
     return lines + _figure("val_loss.png", "validation loss against steps", figures)
 
 
-def draw_validation(curves: Mapping[str, Sequence[Mapping[str, Any]]], path: Path,
-                    colors: Mapping[str, str] | None = None, control: float | None = None) -> None:
+def draw_validation(
+    curves: Mapping[str, Sequence[Mapping[str, Any]]],
+    path: Path,
+    colors: Mapping[str, str] | None = None,
+    control: float | None = None,
+) -> None:
     """Validation loss against optimizer steps, one line per model (the control as a horizontal line)."""
     colors = _colors(list(curves), colors)
     figure, axis = plt.subplots(figsize=(6, 4))
     for label, points in curves.items():
-        axis.plot([p["step"] for p in points], [p["loss"] for p in points], marker="o", markersize=3, label=label,
-                  color=colors[label])
+        axis.plot(
+            [p["step"] for p in points],
+            [p["loss"] for p in points],
+            marker="o",
+            markersize=3,
+            label=label,
+            color=colors[label],
+        )
     if control is not None:
         axis.axhline(control, color="grey", linestyle=":", label="control (untrained)")
     axis.set_xlabel("optimizer step")
@@ -803,12 +1017,15 @@ def write_compare_report(summary: Mapping[str, Any], out_dir: Path) -> list[str]
 
 # -------------------------------------------------------------------------------------------------------- eval view
 
+
 def _eval_parts(summary: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     """The part summaries of an eval summary: every value that is an extraction summary (has n_docs)."""
     parts = {k: v for k, v in summary.items() if k != "membership" and isinstance(v, Mapping) and "n_docs" in v}
     if not parts:
-        raise ValueError("the eval summary has no part summary (a dict with n_docs, e.g. under 'train'); pass the "
-                         "summary that `goldfish eval` builds: {part: extraction summary, 'membership': ...}")
+        raise ValueError(
+            "the eval summary has no part summary (a dict with n_docs, e.g. under 'train'); pass the "
+            "summary that `goldfish eval` builds: {part: extraction summary, 'membership': ...}"
+        )
     return parts
 
 
@@ -840,8 +1057,11 @@ def eval_figures(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
     divergences = {part: s["divergence"] for part, s in parts.items() if s.get("divergence")}
     if divergences:
         suffix_len = next((s.get("config", {}).get("suffix_len") for s in parts.values() if s.get("config")), None)
-        draw_divergence(divergence_series(divergences, suffix_len), out_dir / "divergence.png",
-                        "First divergence from the true suffix")
+        draw_divergence(
+            divergence_series(divergences, suffix_len),
+            out_dir / "divergence.png",
+            "First divergence from the true suffix",
+        )
         written.append("divergence.png")
     models = {"model": dict(parts)}
     draw_bars(["model"], bar_series(models), out_dir / "headline.png", bar_errors(models))
@@ -852,35 +1072,50 @@ def eval_figures(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
     return written
 
 
-def render_eval_markdown(summary: Mapping[str, Any], figures: Sequence[str] | None = None,
-                         files: Sequence[str] | None = None) -> str:
+def render_eval_markdown(
+    summary: Mapping[str, Any], figures: Sequence[str] | None = None, files: Sequence[str] | None = None
+) -> str:
     """report.md of `goldfish eval`: summary = {part: extraction summary (+ optional "divergence", "probabilistic",
     "beam", "sampling", "breakdowns"), "membership": one model's membership result (optional)}."""
     parts = _eval_parts(summary)
     if figures is None:
-        figures = ["headline.png", "rouge_hist.png", "divergence.png", "roc.png", "auc.png",
-                   *(v[3] for v in BREAKDOWNS.values())]
+        figures = [
+            "headline.png",
+            "rouge_hist.png",
+            "divergence.png",
+            "roc.png",
+            "auc.png",
+            *(v[3] for v in BREAKDOWNS.values()),
+        ]
     if files is None:
         files = eval_per_document_files(summary)
     entries = [([part], s) for part, s in parts.items()]
     config = next((s["config"] for s in parts.values() if s.get("config")), None)
-    lines = ["# goldfish eval", "",
-             "Documents: " + ", ".join(f"{part} {s['n_docs']}" for part, s in parts.items()) + "."]
+    lines = [
+        "# goldfish eval",
+        "",
+        "Documents: " + ", ".join(f"{part} {s['n_docs']}" for part, s in parts.items()) + ".",
+    ]
     if config is not None:
-        lines.append(f"Extraction: greedy, suffix {config.get('suffix_len')} tokens, prefix "
-                     f"{config.get('prefix_len') or 'all tokens before the suffix'}.")
-    lines += ["", *_headline_section(["part"], entries),
-              "TF acc: teacher-forced next-token accuracy; kept/dropped split by the goldfish mask the model is "
-              "evaluated with (n/a without one). In brackets: 95% percentile bootstrap intervals over documents.", "",
-              *_figure("headline.png", "exact match and RougeL with 95% bootstrap intervals", figures),
-              *_figure("rouge_hist.png", "RougeL histograms", figures),
-              *_divergence_section(["part"], entries, figures, "the mask the model was evaluated with; n/a without "
-                                   "one"),
-              *_adaptive_section(["part"], entries),
-              *_probabilistic_section(["part"], entries),
-              *_breakdown_sections(["part"], _eval_breakdowns(parts), figures),
-              *_rouge_notes(parts.values()),
-              *_documents_section(summary.get("documents") or {})]
+        lines.append(
+            f"Extraction: greedy, suffix {config.get('suffix_len')} tokens, prefix "
+            f"{config.get('prefix_len') or 'all tokens before the suffix'}."
+        )
+    lines += [
+        "",
+        *_headline_section(["part"], entries),
+        "TF acc: teacher-forced next-token accuracy; kept/dropped split by the goldfish mask the model is "
+        "evaluated with (n/a without one). In brackets: 95% percentile bootstrap intervals over documents.",
+        "",
+        *_figure("headline.png", "exact match and RougeL with 95% bootstrap intervals", figures),
+        *_figure("rouge_hist.png", "RougeL histograms", figures),
+        *_divergence_section(["part"], entries, figures, "the mask the model was evaluated with; n/a without one"),
+        *_adaptive_section(["part"], entries),
+        *_probabilistic_section(["part"], entries),
+        *_breakdown_sections(["part"], _eval_breakdowns(parts), figures),
+        *_rouge_notes(parts.values()),
+        *_documents_section(summary.get("documents") or {}),
+    ]
     if summary.get("membership"):
         lines += _membership_section([], [([], summary["membership"])], figures)
     lines += _files_section(files)

@@ -22,14 +22,19 @@ def check_report_to(kind: str) -> None:
         try:
             import tensorboard  # noqa: F401
         except ImportError:
-            raise ValueError("--report-to tensorboard needs the tensorboard package. Fix: pip install -e "
-                             "\".[tensorboard]\" (or pip install tensorboard)") from None
+            raise ValueError(
+                "--report-to tensorboard needs the tensorboard package. Fix: pip install -e "
+                '".[tensorboard]" (or pip install tensorboard)'
+            ) from None
 
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:
     """The numeric fields of a metrics record (step aside), as floats."""
-    return {key: float(value) for key, value in record.items()
-            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)}
+    return {
+        key: float(value)
+        for key, value in record.items()
+        if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)
+    }
 
 
 @contextlib.contextmanager
