@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     # collective: every process gathers its shards; the main process writes an ordinary HF folder
     save_parallel_hf_model(model, grid, prepared.tokenizer, {"example": "accelerate_goldfish"}, out / "hf")
     accelerator.wait_for_everyone()
-    grid.close()
+    grid.close(destroy_world=True)  # gloo aborts at exit when a live process group outlives Python
 
 
 if __name__ == "__main__":

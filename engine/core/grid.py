@@ -12,6 +12,7 @@ module-level state, so `init` may be called again with another shape and returns
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 from dataclasses import dataclass, field
@@ -266,7 +267,19 @@ def _local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")))
 
 
+def _destroy_world_at_exit() -> None:
+    """Destroy the world group the engine started, if the program has not, while Python is still alive."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def _init_world(backend: str) -> None:
+    if backend == "gloo":
+        # A gloo group still alive at interpreter exit can abort the process ("terminate called without an
+        # active exception", SIGABRT) when its worker threads are torn down after Python: a script that ends
+        # without grid.close(destroy_world=True) would fail at random. Lightning registers the same handler.
+        # Not for NCCL: destroying a communicator whose peers crashed can hang instead of exiting.
+        atexit.register(_destroy_world_at_exit)
     device_id = None
     if backend == "nccl":
         device_id = torch.device("cuda", _local_rank())
