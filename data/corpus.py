@@ -5,7 +5,8 @@
 disk (memory-mapped: reading it does not bring it into memory), and tokenizes it with a batched `map` over
 `workers` processes, cached next to the data, so a second run with the same corpus and tokenizer reads the cache.
 Each document becomes its ids (bos first when the tokenizer has one, no EOS: the stream adds it), its length, and
-a 64-bit key of its whitespace-normalized text (for removing copies of target documents).
+a 64-bit key of its normalized text and a sample of its word-shingle hashes (for removing exact and near copies of
+target documents, data.dedup.sampled_shingles).
 
 Memory: the corpus holds only its (N,) int64 lengths; `ids(i)` reads one document from the mapped file.
 """
@@ -15,13 +16,13 @@ from __future__ import annotations
 import hashlib
 import os
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from data.dedup import normalized_text
+from data.dedup import normalized_text, sampled_shingles
 from data.documents import DEFAULT_CORPUS, _is_saved_dataset, _looks_like_path, default_corpus
 from data.errors import DataError
 
@@ -34,7 +35,8 @@ _STDLIB_SKIP = frozenset(
 
 
 def text_key(text: str) -> int:
-    """A 63-bit key of the whitespace-normalized text: equal keys mean the same text (up to whitespace)."""
+    """A 63-bit key of the normalized text (data.dedup.normalized_text): equal keys mean the same text up to case,
+    punctuation and whitespace."""
     return int.from_bytes(hashlib.sha256(normalized_text(text).encode("utf-8")).digest()[:8], "little") >> 1
 
 
@@ -47,7 +49,8 @@ def stdlib_files() -> list[Path]:
 class TokenizedCorpus:
     """The tokenized documents of a corpus: (N,) lengths in memory, ids read one document at a time from Arrow.
 
-    dataset: a datasets.Dataset with columns "ids" (list of int), "n_tokens" (int) and "key" (int64).
+    dataset: a datasets.Dataset with columns "ids" (list of int), "n_tokens" (int), "key" (int64) and "shingles"
+    (list of int64).
     """
 
     def __init__(self, dataset: Any, source: str) -> None:
@@ -70,6 +73,39 @@ class TokenizedCorpus:
     def keys(self) -> np.ndarray:
         """(N,) int64 text keys (`text_key`), read from the mapped file."""
         return self.dataset.data.column("key").to_numpy().astype(np.int64)
+
+    def containing(
+        self, samples: Sequence[Sequence[int]], threshold: float, chunk: int = 4096
+    ) -> list[tuple[int, int, float]]:
+        """The documents that hold a target's text: (document, target, containment) for every pair whose
+        containment (the fraction of target t's sampled shingle hashes `samples[t]` found among the document's,
+        data.dedup.sampled_shingles) is >= threshold. Reads `chunk` documents' hashes at a time from the mapped
+        file, so memory does not grow with the corpus. Targets with an empty sample are never matched."""
+        import pyarrow.compute as pc
+
+        owners: dict[int, list[int]] = {}
+        for target, sample in enumerate(samples):
+            for value in set(sample):
+                owners.setdefault(int(value), []).append(target)
+        if not owners:
+            return []
+        wanted = np.fromiter(owners, dtype=np.int64, count=len(owners))
+        column = self.dataset.data.column("shingles")
+        hits: dict[tuple[int, int], int] = {}
+        for offset in range(0, len(self), chunk):
+            part = column.slice(offset, chunk).combine_chunks()
+            values = pc.list_flatten(part).to_numpy(zero_copy_only=False)
+            parents = pc.list_parent_indices(part).to_numpy(zero_copy_only=False)
+            found = np.isin(values, wanted)
+            for value, parent in zip(values[found].tolist(), parents[found].tolist()):
+                for target in owners[value]:
+                    hits[(offset + parent, target)] = hits.get((offset + parent, target), 0) + 1
+        sizes = [len(set(sample)) for sample in samples]
+        return sorted(
+            (document, target, count / sizes[target])
+            for (document, target), count in hits.items()
+            if count / sizes[target] >= threshold
+        )
 
     def fingerprint(self) -> str:
         """The dataset's fingerprint: it changes with the corpus and the tokenizer."""
@@ -177,7 +213,12 @@ def tokenize_corpus(
         texts = [t if isinstance(t, str) else "" for t in batch["text"]]
         encoded = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
         ids = [([bos] if bos is not None else []) + list(e) if e else [] for e in encoded]
-        return {"ids": ids, "n_tokens": [len(i) for i in ids], "key": [text_key(t) for t in texts]}
+        return {
+            "ids": ids,
+            "n_tokens": [len(i) for i in ids],
+            "key": [text_key(t) for t in texts],
+            "shingles": [sampled_shingles(t) for t in texts],
+        }
 
     enabled = datasets.is_progress_bar_enabled()
     if not progress:

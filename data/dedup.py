@@ -170,6 +170,27 @@ def shingles(text: str, n: int = SHINGLE_WORDS) -> frozenset[str]:
     return frozenset(" ".join(tokens[i : i + n]) for i in range(len(tokens) - n + 1))
 
 
+CONTAINMENT_SAMPLE = 4  # a background document keeps the hashes of 1 in 4 of its shingles (see sampled_shingles)
+CONTAINMENT_THRESHOLD = 0.5  # a background document holding half of a target's shingles trains on that target
+
+
+def sampled_shingles(text: str, n: int = SHINGLE_WORDS, modulus: int = CONTAINMENT_SAMPLE) -> list[int]:
+    """Sorted unique 63-bit hashes of the word n-gram shingles of `normalized_text(text)`, keeping only the hashes
+    that are 0 mod `modulus`.
+
+    Keeping a hash by its value (Broder 1997, "On the resemblance and containment of documents": the mod-m sample)
+    keeps the same shingles in every text that has them, so the fraction of a target's sample found in a
+    document's sample estimates the fraction of the target's shingles the document contains, at 1/modulus of the
+    storage of all shingles. A text with fewer than n words is one shingle of all its words.
+    """
+    tokens = words(normalized_text(text))
+    if not tokens:
+        return []
+    grams = [" ".join(tokens)] if len(tokens) < n else [" ".join(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+    hashes = {int.from_bytes(hashlib.blake2b(g.encode("utf-8"), digest_size=8).digest(), "little") >> 1 for g in grams}
+    return sorted(h for h in hashes if h % modulus == 0)
+
+
 def window_similarity(a: str, b: str, n: int = SHINGLE_WORDS) -> tuple[float, float]:
     """How alike two window texts are: (Jaccard of their word n-gram shingles, difflib's matching ratio of their
     word sequences), both over the words (`words`: lower-cased, punctuation dropped) cut to the shorter text's

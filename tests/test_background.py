@@ -34,6 +34,11 @@ def setup(tmp_path_factory: pytest.TempPathFactory):
     background = [_text(rng, rng.randrange(5, 200)) for _ in range(300)]
     background[17] = targets[2].text  # a copy of a training target and one of a held-out target: removed
     background[40] = "  " + targets[7].text.replace(" ", "  ")
+    edited = targets[3].text.upper().split()  # near copies: an upper-cased copy with 2 of its 62 words edited ...
+    edited[10], edited[40] = "EDITED", "WORDS"
+    background[60] = " ".join(edited)
+    background[80] = _text(rng, 150) + " " + targets[5].text + " " + _text(rng, 150)  # ... and one inside a page
+    background[90] = " ".join(targets[4].text.split()[:18]) + " " + _text(rng, 40)  # 14 of 58 shingles: kept
     with (folder / "bg.jsonl").open("w") as handle:
         handle.writelines(json.dumps({"text": t}) + "\n" for t in background)
     tokenizer = data.train_bpe_tokenizer([d.text for d in targets] + background, vocab_size=400)
@@ -69,7 +74,13 @@ def test_targets_inserted_as_scheduled_and_heldout_never(setup) -> None:
     background, train = _background(setup)
     _, tokenizer, split, _ = setup
     record = background.record
-    assert record["n_removed_as_target_copies"] == 2  # the target copies in the background (whitespace aside)
+    assert record["n_removed_as_target_copies"] == 4  # the target copies in the background
+    removed = record["removed_copies"]
+    assert removed["exact_text"] == 2 and removed["near"] == 2  # whitespace aside; edited and inside a page
+    assert {(d["document"], d["target"]) for d in removed["near_documents"]} == {(60, "t3"), (80, "t5")}
+    assert all(0.5 <= d["containment"] <= 1.0 for d in removed["near_documents"])
+    assert 90 not in {d["document"] for d in removed["near_documents"]}  # a quarter of a target's text stays
+    assert not {17, 40, 60, 80} & set(background.schedule.background_order.tolist())
     inserted = [t["inserted"] for t in record["targets"]]
     assert inserted == [1, 4, 16, 1, 4, 16]
     # every copy of every target lies in the stream where the record says, and nothing of a held-out target does

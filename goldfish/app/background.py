@@ -1,12 +1,13 @@
 """Targets at controlled repetitions inside a background corpus (`--background`).
 
 The background (data.corpus: tokenized once, memory-mapped) is trained on but not measured. Its documents are
-put in an order drawn from the seed; a held-out slice of them (--val-tokens) is the validation set; copies of the
-background documents whose text equals a target's (train or held-out, up to whitespace) are removed. The
-training documents (targets) are inserted `--repeats` times each at gaps of that order drawn from the seed (only
-within the part of the stream a --max-steps run trains); held-out targets are never inserted. The stream is packed
-into rows (goldfish.app.corpus) read in order, one optimizer step after the other: `exposures` then says exactly
-how many copies of each target the run trains on.
+put in an order drawn from the seed; a held-out slice of them (--val-tokens) is the validation set; background
+documents whose normalized text equals a target's (train or held-out), or that contain at least half of a target's
+word shingles (a near copy: edited, or inside a longer document), are removed. The training documents (targets)
+are inserted `--repeats` times each at gaps of that order drawn from the seed (only within the part of the stream a
+--max-steps run trains); held-out targets are never inserted. The stream is packed into rows (goldfish.app.corpus)
+read in order, one optimizer step after the other: `exposures` then says exactly how many copies of each target
+the run trains on.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 
 import data
 from data.corpus import TokenizedCorpus, text_key, tokenize_corpus
+from data.dedup import CONTAINMENT_SAMPLE, CONTAINMENT_THRESHOLD, SHINGLE_WORDS, sampled_shingles
 from data.packing import InsertionSchedule, PackedLayout
 from engine.training.train import TrainConfig, steps_per_epoch, total_steps_of
 from goldfish.app.config import DataSpec, MaskSpec
@@ -139,9 +141,21 @@ def build_background(
     copies_per_target = [spec.repeats[i % len(spec.repeats)] for i in range(len(targets))]
 
     lengths = corpus.lengths
-    target_keys = {text_key(doc.text) for doc in [*targets, *heldout]}
+    every_target = [*targets, *heldout]
+    target_keys = {text_key(doc.text) for doc in every_target}
     keys = corpus.keys()
-    duplicate = np.isin(keys, np.fromiter(target_keys, dtype=np.int64, count=len(target_keys)))
+    exact = np.isin(keys, np.fromiter(target_keys, dtype=np.int64, count=len(target_keys)))
+    # Near copies: a background document holding most of a target's text (edited, or inside a longer page) would
+    # train on the target outside the controlled repetitions, and on a held-out target at all.
+    near = [
+        (document, target, containment)
+        for document, target, containment in corpus.containing(
+            [sampled_shingles(doc.text) for doc in every_target], CONTAINMENT_THRESHOLD
+        )
+        if not exact[document]
+    ]
+    duplicate = exact.copy()
+    duplicate[[document for document, _, _ in near]] = True
     usable = np.flatnonzero((lengths > 0) & ~duplicate)
     order = np.random.default_rng([train.seed, 104_729]).permutation(usable)
     piece_lengths = lengths[order] + (1 if eos is not None else 0)
@@ -221,6 +235,17 @@ def build_background(
         "n_documents": len(corpus),
         "n_tokens": corpus.n_tokens,
         "n_removed_as_target_copies": int(duplicate.sum()),
+        "removed_copies": {
+            "exact_text": int(exact.sum()),
+            "near": len({document for document, _, _ in near}),
+            "rule": "background documents whose normalized text equals a target's (train or held-out), or that "
+            f"contain >= {CONTAINMENT_THRESHOLD} of a target's word {SHINGLE_WORDS}-gram shingles (estimated on "
+            f"a 1-in-{CONTAINMENT_SAMPLE} hash sample), are removed",
+            "near_documents": [
+                {"document": document, "target": str(every_target[target].id), "containment": round(containment, 4)}
+                for document, target, containment in near
+            ],
+        },
         "n_stream_documents": len(order),
         "n_stream_tokens": layout.n_tokens,
         "n_rows": layout.n_rows,

@@ -423,7 +423,9 @@ def train_model(
             f"train {spec.mask.label}: {len(examples)} rows of {spec.data.seq_len} tokens in the stream, {steps} "
             f"steps; "
             f"{len(prepared.split.train)} targets trained on {'/'.join(map(str, trained))} times, "
-            f"{len(prepared.split.heldout)} held out; validation {len(validation) if validation else 0} rows"
+            f"{len(prepared.split.heldout)} held out; validation {len(validation) if validation else 0} rows; "
+            f"{background.record['n_removed_as_target_copies']} background documents removed as copies of targets "
+            f"({background.record['removed_copies']['near']} near copies)"
         )
         for warning in background.record["warnings"]:
             log("warning: " + warning)
