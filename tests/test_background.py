@@ -217,3 +217,27 @@ def test_stdlib_background_leaves_out_the_default_corpus_text() -> None:
     files = stdlib_files()
     assert len(files) > 100
     assert not any("pydoc_data" in f.parts or "test" in f.parts for f in files)
+
+
+def test_compare_with_background_reports_validation_and_repetitions(tmp_path: Path, capsys) -> None:
+    from goldfish.app.cli import main
+
+    rng = random.Random(1)
+    source = tmp_path / "background.jsonl"
+    with source.open("w") as handle:
+        handle.writelines(json.dumps({"text": _text(rng, rng.randrange(20, 200))}) + "\n" for _ in range(120))
+    out = tmp_path / "cmp"
+    argv = ["compare", "--out", str(out), "--model", "micro-llama", "--background", str(source), "--seq-len", "64"]
+    argv += ["--n-train", "4", "--n-heldout", "2", "--repeats", "1,3", "--min-doc-tokens", "40"]
+    argv += ["--max-doc-tokens", "1000", "--max-steps", "4", "--eval-every", "2", "--val-tokens", "512"]
+    argv += ["--batch-size", "4", "--vocab-size", "400", "--masks", "hashed:4:13", "--bootstrap", "0", "--no-progress"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("background: 120 documents") == 1  # loaded once, reused by every model
+    summary = json.loads((out / "summary.json").read_text())
+    for model in ("control", "standard", "goldfish-hashed-k4-h13"):
+        assert summary["models"][model]["validation"]["loss"] > 0
+        repetitions = [row["repeats"] for row in summary["breakdowns"]["repeats"][model]]
+        assert repetitions[0] == 0 and len(repetitions) >= 2  # held-out targets first: repetition 0
+    assert summary["corpus"]["heldout_inserted"] == 0
+    assert {"val_loss.png", "breakdown_repeats.png"} <= {p.name for p in out.iterdir()}

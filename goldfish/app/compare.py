@@ -224,6 +224,7 @@ class Comparison:
             grid=self.grid,
             log=self.log,
             on_epoch_end=None if curve is None else self._curve_hook(curve),
+            background_corpus=None if self.background is None else self.background.corpus,
             report_to=self.report_to,
         )
         if curve is not None and self.main:

@@ -389,7 +389,7 @@ COMPARE_PRESETS: dict[str, dict[str, Any]] = {
         lora_targets="all-linear",
         with_full=True,
     ),
-    # Memorization at corpus scale (docs/corpus.md): 8 default-corpus documents inserted 1, 16, 64 or 256 times into
+    # Memorization at corpus scale (docs/corpus.md): 8 default-corpus documents inserted 1, 32, 128 or 512 times into
     # the Python standard library's source (about 4M tokens, of which the first --max-steps x 4 x 256 are trained),
     # 6 held out; a standard and a goldfish tiny-llama from scratch, the control, validation loss on held-out source.
     "corpus": dict(
@@ -401,9 +401,9 @@ COMPARE_PRESETS: dict[str, dict[str, Any]] = {
         extract_len=256,
         min_doc_tokens=100,
         max_doc_tokens=300,
-        repeats=(1, 16, 64, 256),
+        repeats=(1, 32, 128, 512),
         epochs=1,
-        max_steps=400,
+        max_steps=800,
         batch_size=4,
         lr=3e-3,
         warmup_steps=20,

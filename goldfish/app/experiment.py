@@ -20,6 +20,7 @@ import data
 import engine
 import engine.training.train as engine_train
 from data.atomic import write_json_atomic, write_jsonl_atomic
+from data.corpus import TokenizedCorpus
 from engine.core import comm
 from engine.core.grid import AXES, Grid, is_main_process
 from engine.core.vocab_parallel import causal_lm_token_losses, is_vocab_parallel
@@ -318,17 +319,25 @@ def run_record(spec: TrainSpec, prepared: Prepared) -> dict[str, Any]:
     return record
 
 
-def prepare_background(spec: TrainSpec, prepared: Prepared, grid: Grid | None = None, log=print) -> Background:
+def prepare_background(
+    spec: TrainSpec, prepared: Prepared, grid: Grid | None = None, log=print, corpus: TokenizedCorpus | None = None
+) -> Background:
     """The background stream of a --background run (goldfish.app.background). Under a grid, rank 0 tokenizes the
-    corpus into the cache first and the other ranks then read that cache."""
+    corpus into the cache first and the other ranks then read that cache. A `corpus` already loaded (e.g. by
+    goldfish compare for its first model) is used as it is."""
     main = is_main_process(grid)
-    corpus = None
+    if corpus is not None:
+        return _build_background(spec, prepared, corpus)
     if main:
         corpus = load_background(spec.data, prepared.tokenizer, progress=spec.train.progress, log=log)
     if grid is not None:
         comm.barrier(grid.group(*AXES))
     if corpus is None:
         corpus = load_background(spec.data, prepared.tokenizer, progress=False, log=lambda *a: None)
+    return _build_background(spec, prepared, corpus)
+
+
+def _build_background(spec: TrainSpec, prepared: Prepared, corpus: TokenizedCorpus) -> Background:
     return build_background(
         spec.data,
         corpus,
@@ -358,14 +367,16 @@ def train_model(
     log=print,
     on_epoch_end: Callable[[nn.Module, int, int], None] | None = None,
     background: Background | None = None,
+    background_corpus: TokenizedCorpus | None = None,
     report_to: str = "none",
 ) -> tuple[nn.Module, Prepared]:
     """Train one model and write OUT/checkpoint (an HF checkpoint + tokenizer + trainer state) and OUT/metrics.jsonl.
 
     on_epoch_end(model, epoch, step) runs after each epoch on every rank (see engine.training.train.train).
     With spec.data.background, the training documents are targets inside the background stream (built here, or
-    `background` when the caller built it already), and the validation loss on the held-out background is logged
-    every --eval-every steps and at the end (val_loss in metrics.jsonl).
+    `background` when the caller built it already, from `background_corpus` when the caller loaded that), and the
+    validation loss on the held-out background is logged every --eval-every steps and at the end (val_loss in
+    metrics.jsonl).
     With spec.lora enabled, only LoRA adapters train (peft; data-parallel grids only): OUT/checkpoint holds the
     merged model (an ordinary HF checkpoint) and the adapter in OUT/checkpoint/adapter, and the model returned is
     the merged one (what evaluation measures).
@@ -390,7 +401,8 @@ def train_model(
     documents = prepared.split.training_documents
     train_config, validation = spec.train, None
     if spec.data.background is not None:
-        background = background or prepare_background(spec, prepared, grid, log)
+        if background is None:
+            background = prepare_background(spec, prepared, grid, log, corpus=background_corpus)
         examples, validation, train_config = background.rows, background.validation, background_train_config(spec.train)
     elif spec.data.pack:
         examples, _ = pack_documents(
