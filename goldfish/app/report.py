@@ -415,7 +415,14 @@ def draw_breakdown(
         for label, s in series.items():
             axis.plot(s["x"], _as_float(s[metric]), marker="o", label=label, color=colors[label])
         axis.set_xlabel(xlabel)
-        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        values = sorted({float(x) for s in series.values() for x in s["x"] if x is not None and float(x) >= 0})
+        if len(values) >= 3 and values[-1] >= 20 * max(values[1], 1.0):
+            # geometric counts (1, 32, 128, 512 repetitions): a symmetric log axis keeps 0 and spreads the small ones
+            axis.set_xscale("symlog", linthresh=1.0)
+            axis.set_xticks(values)
+            axis.set_xticklabels([f"{v:g}" for v in values])
+        else:
+            axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.set_ylabel(name)
         axis.set_ylim(-0.02, 1.05)
         axis.set_title(f"{title} by {xlabel}")
