@@ -47,6 +47,8 @@ import engine
 from engine.core import comm
 from engine.core.grid import AxisGroup, Grid, is_main_process
 from engine.core.sharding import TENSOR_AXES, run_sharded
+from engine.core.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses
+from engine.memory.zero import zero_state
 from eval.adaptive import (
     DEFAULT_BUDGETS,
     DEFAULT_CONFIDENCES,
@@ -58,6 +60,7 @@ from eval.adaptive import (
     summarize_probabilistic,
     summarize_sampling,
 )
+from eval.batching import evaluating
 from eval.extraction import ExtractionConfig, check_fits_context, extract, split_documents, summarize_extraction
 from eval.intervals import DEFAULT_RESAMPLES
 from eval.membership import (
@@ -405,8 +408,8 @@ def membership_rows_parallel(
     grad_norm: bool = True,
 ) -> list[dict[str, Any]] | None:
     """eval.membership.membership_rows with documents sharded over the data axis: the rows on rank 0 (document
-    order), None elsewhere. ``reference_model`` may be parallelized on the same grid or a plain model. The
-    gradient-norm attack is left out on a grid with tensor-parallel axes (see `grad_norm_available`)."""
+    order), None elsewhere. ``reference_model`` may be parallelized on the same grid or a plain model. On a grid
+    with tensor-parallel axes the gradient norm is `tensor_parallel_gradient_norm` (see `grad_norm_available`)."""
     return _membership_rows(
         model,
         [(doc, member) for doc in documents],
@@ -423,10 +426,44 @@ def membership_rows_parallel(
 
 
 def grad_norm_available(model: nn.Module, grid: Grid | None) -> bool:
-    """Whether the gradient-norm attack runs on this rank's model: one process, or a grid whose models are whole on
-    every rank (data parallelism only). A model sharded over x, y or z would need its gradient norm summed over the
-    shards of one tensor-parallel group only (not over data, whose groups score other documents): not built yet."""
-    return not isinstance(eval_model(model, grid), ParallelEvalModel)
+    """Whether the gradient-norm attack runs on this rank's model: always, except for a model partitioned by ZeRO
+    over a grid with tensor-parallel axes (its gradient chunks are summed over data, whose groups score other
+    documents)."""
+    if not isinstance(eval_model(model, grid), ParallelEvalModel):
+        return True
+    return zero_state(model) is None
+
+
+def tensor_parallel_gradient_norm(model: nn.Module, grid: Grid, token_ids: Sequence[int]) -> float:
+    """eval.membership.gradient_norm for a model sharded over x, y or z: ||grad_theta L||_2 of the serial model's mean
+    next-token loss L of one sequence, over every floating-point parameter.
+
+    Collective over this rank's tensor-parallel group: every rank of it passes the same ids. Each rank feeds the
+    sequence (ranks read their own rows), only the group's first rank with its targets, the others with every
+    target ignored, so the gradients summed within the group (not over data: data groups score other documents)
+    are those of this sequence's loss alone; the norm counts shards and replicated parameters as
+    engine.clip_grad_norm_ does. The model's ``.grad`` fields and requires_grad flags are restored.
+    """
+    params = [p for p in model.parameters() if p.is_floating_point()]
+    flags, saved = [p.requires_grad for p in params], [p.grad for p in params]
+    ids = torch.tensor([[int(t) for t in token_ids]], device=grid.device)  # (1, T)
+    targets = torch.full_like(ids, IGNORE_INDEX)
+    if all(grid.coord(axis) == 0 for axis in TENSOR_AXES):
+        targets[0, :-1] = ids[0, 1:]  # position t predicts token t + 1
+    try:
+        for p in params:
+            p.requires_grad_(True)
+            p.grad = None
+        with evaluating(model), torch.enable_grad():
+            losses = causal_lm_token_losses(model, ids, targets)  # (1, T), 0 at ignored targets
+            (losses.sum() / max(ids.shape[1] - 1, 1)).backward()
+        engine.sync_gradients(model, grid, over=TENSOR_AXES)
+        norm = float(engine.clip_grad_norm_(model, math.inf, grid))  # max_norm inf: the norm, nothing scaled
+    finally:
+        for p, flag, grad in zip(params, flags, saved):
+            p.requires_grad_(flag)
+            p.grad = grad
+    return norm
 
 
 def membership_parallel(
@@ -488,7 +525,7 @@ def membership_parallel(
             "are not scored by ReCaLL",
         }
     if grad_norm and not with_grad_norm:
-        notes["grad_norm"] = "not computed: the model is sharded over tensor-parallel axes"
+        notes["grad_norm"] = "not computed: the model is partitioned by ZeRO over a tensor-parallel grid"
     return rows, membership_summary(
         member_rows, nonmember_rows, target_fprs, min_k=min_k, n_resamples=n_resamples, notes=notes
     )
@@ -512,6 +549,9 @@ def _membership_rows(
     runner = eval_model(model, grid)
     reference = eval_model(reference_model, grid) if reference_model is not None else None
     grad_norm = grad_norm and grad_norm_available(model, grid)
+    norm_of = None
+    if isinstance(runner, ParallelEvalModel):
+        norm_of = lambda _runner, ids: tensor_parallel_gradient_norm(model, grid, ids)  # noqa: E731
 
     def work(block: list[tuple[Any, bool | None]]) -> list[dict[str, Any]]:
         scored = membership_rows(
@@ -525,6 +565,7 @@ def _membership_rows(
             recall_prefix_ids=recall_prefix_ids,
             frequencies=frequencies,
             grad_norm=grad_norm,
+            grad_norm_fn=norm_of,
         )
         out = []
         for (_, member), row in zip(block, scored):
@@ -541,6 +582,7 @@ __all__ = [
     "beam_parallel",
     "eval_model",
     "grad_norm_available",
+    "tensor_parallel_gradient_norm",
     "evaluate_parallel",
     "membership_parallel",
     "membership_rows_parallel",

@@ -28,6 +28,7 @@ chunks' squares over the data axis.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -38,7 +39,7 @@ from engine.core.linear import ParallelLinear, ShardingError, current_rows_layou
 from engine.core.vocab_parallel import is_vocab_parallel
 from engine.memory.zero import full, is_dtensor, like, local, zero_state
 from engine.models.parallelize import REGION_ATTR
-from engine.spec import gradient_axes
+from engine.spec import AXES, gradient_axes
 
 
 def _reduction_axes(model: nn.Module) -> list[tuple[nn.Parameter, tuple[str, ...]]]:
@@ -65,15 +66,19 @@ def _reduction_axes(model: nn.Module) -> list[tuple[nn.Parameter, tuple[str, ...
 
 
 @torch.no_grad()
-def sync_gradients(model: nn.Module, grid: Grid) -> None:
+def sync_gradients(model: nn.Module, grid: Grid, *, over: Sequence[str] = AXES) -> None:
     """After backward: make every gradient the gradient of the sum of all ranks' local losses (in place).
 
     Call it once per optimizer step, after the last micro-batch's backward, on every rank. Free on a grid
     of one rank. Parameters without a gradient are skipped (they must be the same on every rank).
+    over: the axes summed over. ("x", "y", "z") sums within each tensor-parallel group only, leaving each data
+    group with the gradient of its own loss (per-sample gradients in evaluation); not with ZeRO.
     """
     if grid.world_size == 1:
         return
     zero = zero_state(model)
+    if tuple(over) != AXES and zero is not None:
+        raise ValueError("sync_gradients(over=...) is for models without ZeRO: ZeRO's chunks are summed over data")
     if zero is not None and zero.config.stage == 1:
         zero.reduce_scatter_gradients()  # the data axis: each rank keeps its summed chunk
     buckets: dict[tuple[str, ...], list[torch.Tensor]] = {}
@@ -85,6 +90,7 @@ def sync_gradients(model: nn.Module, grid: Grid) -> None:
             axes, grad = tuple(a for a in axes if a != "data"), local(grad)
         elif zero is not None and zero.is_chunked(param):
             axes, grad = tuple(a for a in axes if a != "data"), grad[zero.rows(param)]
+        axes = tuple(a for a in axes if a in over)
         if grid.size(*axes) > 1:
             buckets.setdefault(axes, []).append(grad)
     for axes, grads in buckets.items():
