@@ -279,6 +279,7 @@ def _init_world(backend: str) -> None:
         # active exception", SIGABRT) when its worker threads are torn down after Python: a script that ends
         # without grid.close(destroy_world=True) would fail at random. Lightning registers the same handler.
         # Not for NCCL: destroying a communicator whose peers crashed can hang instead of exiting.
+        atexit.unregister(_destroy_world_at_exit)  # once, however many worlds this process starts
         atexit.register(_destroy_world_at_exit)
     device_id = None
     if backend == "nccl":
