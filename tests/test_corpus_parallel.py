@@ -19,15 +19,18 @@ def _records(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.slow  # three torchrun launches and a serial run (about a minute on 2 cores)
-def test_background_run_under_data_and_tensor_parallel_grids_equals_one_process(tmp_path: Path) -> None:
-    rng = random.Random(0)
-    background = tmp_path / "background.jsonl"
-    with background.open("w") as handle:
+def _background_file(path: Path, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    with path.open("w") as handle:
         for _ in range(200):
-            text = " ".join(rng.choice(WORDS) for _ in range(rng.randrange(20, 300)))
-            handle.write(json.dumps({"text": text}) + "\n")
-    common = [
+            handle.write(
+                json.dumps({"text": " ".join(rng.choice(WORDS) for _ in range(rng.randrange(20, 300)))}) + "\n"
+            )
+    return path
+
+
+def _background_args(background: Path) -> list[str]:
+    return [
         "--model",
         "micro-llama",
         "--background",
@@ -54,8 +57,26 @@ def test_background_run_under_data_and_tensor_parallel_grids_equals_one_process(
         "4",
         "--vocab-size",
         "400",
+        "--optimizer",
+        "sgd",  # SGD: a gradient off by a constant shows in the losses and norms (AdamW would hide it)
+        "--lr",
+        "0.05",
         "--no-progress",
     ]
+
+
+def _launch(nproc: int, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "goldfish", "train", "--nproc", str(nproc), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.slow  # two torchrun launches and a serial run (about a minute on 2 cores)
+def test_background_run_under_data_and_tensor_parallel_grids_equals_one_process(tmp_path: Path) -> None:
+    common = _background_args(_background_file(tmp_path / "background.jsonl"))
     serial = tmp_path / "serial"
     assert main(["train", "--out", str(serial), *common]) == 0
     expected = _records(serial)
@@ -64,12 +85,7 @@ def test_background_run_under_data_and_tensor_parallel_grids_equals_one_process(
     assert run["train"]["shuffle"] is False and run["corpus"]["heldout_inserted"] == 0
     for grid in ("data=2", "x=2"):
         out = tmp_path / grid.replace("=", "")
-        result = subprocess.run(
-            [sys.executable, "-m", "goldfish", "train", "--nproc", "2", "--grid", grid, "--out", str(out), *common],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+        result = _launch(2, "--grid", grid, "--out", str(out), *common)
         assert result.returncode == 0, result.stderr[-3000:]
         got = _records(out)
         # same rows, same math; sums in another order over 2 ranks: float32 rounding (observed ~1e-7 relative)
@@ -81,8 +97,10 @@ def test_background_run_under_data_and_tensor_parallel_grids_equals_one_process(
         assert json.loads((out / "run.json").read_text())["repeats"] == run["repeats"]
 
 
-@pytest.mark.slow  # a torchrun launch and a serial run
-def test_packed_run_under_data_parallel_grid_equals_one_process(tmp_path: Path, default_long_docs: Path) -> None:
+@pytest.mark.slow  # two torchrun launches and a serial run
+def test_packed_run_under_data_and_tensor_parallel_grids_equals_one_process(
+    tmp_path: Path, default_long_docs: Path
+) -> None:
     common = [
         "--model",
         "micro-llama",
@@ -104,29 +122,14 @@ def test_packed_run_under_data_parallel_grid_equals_one_process(tmp_path: Path, 
         "--no-progress",
     ]
     assert main(["train", "--out", str(tmp_path / "serial"), *common]) == 0
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "goldfish",
-            "train",
-            "--nproc",
-            "2",
-            "--grid",
-            "data=2",
-            "--out",
-            str(tmp_path / "data2"),
-            *common,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    # float32 rounding of sums over 2 ranks (observed ~1e-7 relative)
-    assert [r["loss"] for r in _records(tmp_path / "data2")] == pytest.approx(
-        [r["loss"] for r in _records(tmp_path / "serial")], rel=1e-5
-    )
+    for grid in ("data=2", "x=2"):
+        out = tmp_path / grid.replace("=", "")
+        result = _launch(2, "--grid", grid, "--out", str(out), *common)
+        assert result.returncode == 0, result.stderr[-3000:]
+        # float32 rounding of sums over 2 ranks (observed ~1e-7 relative)
+        assert [r["loss"] for r in _records(out)] == pytest.approx(
+            [r["loss"] for r in _records(tmp_path / "serial")], rel=1e-5
+        ), grid
 
 
 @pytest.fixture
@@ -137,3 +140,31 @@ def default_long_docs(tmp_path: Path) -> Path:
     texts = sorted((t for t in topics.values() if 800 < len(t) < 3000), key=len)[:6]
     path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     return path
+
+
+@pytest.mark.slow  # five torchrun launches and a serial run (about two minutes on 2 cores)
+def test_background_run_with_zero_accumulation_and_shared_rows_equals_one_process(tmp_path: Path) -> None:
+    common = _background_args(_background_file(tmp_path / "background.jsonl"))
+    serial = tmp_path / "serial"
+    assert main(["train", "--out", str(serial), *common]) == 0
+    expected = _records(serial)
+    for grid, extra in (
+        ("data=2", ["--zero", "2"]),
+        ("data=2", ["--zero", "3"]),
+        ("data=2", ["--grad-accum", "2"]),
+        ("x=2", ["--rows", "shared"]),
+        ("x=2", ["--grad-accum", "2"]),
+    ):
+        out = tmp_path / (grid.replace("=", "") + "".join(extra).replace("-", ""))
+        result = _launch(2, "--grid", grid, "--out", str(out), *extra, *common)
+        assert result.returncode == 0, f"{grid} {extra}: {result.stderr[-3000:]}"
+        got = _records(out)
+        where = f"{grid} {' '.join(extra)}"
+        # same rows, same math; float32 sums in another order over 2 ranks (observed ~1e-7 relative)
+        assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in expected], rel=1e-5), where
+        assert [r["grad_norm"] for r in got] == pytest.approx([r["grad_norm"] for r in expected], rel=1e-5), where
+        assert [r["val_loss"] for r in got if "val_loss" in r] == pytest.approx(
+            [r["val_loss"] for r in expected if "val_loss" in r], rel=1e-5
+        ), where
+        record = json.loads((out / "run.json").read_text())
+        assert record["repeats"] == json.loads((serial / "run.json").read_text())["repeats"], where
