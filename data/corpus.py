@@ -56,6 +56,7 @@ class TokenizedCorpus:
     def __init__(self, dataset: Any, source: str) -> None:
         self.dataset = dataset
         self.source = source
+        self.budget: int | None = None  # a streamed corpus: the tokens it was read up to (stream_corpus)
         self.lengths = dataset.data.column("n_tokens").to_numpy().astype(np.int64)  # (N,)
         self._ids = dataset.select_columns(["ids"])
 
@@ -182,6 +183,152 @@ def load_raw_corpus(
         if field != "text"
         else loaded.select_columns(["text"])
     )
+
+
+def open_stream(source: str, *, split: str = "train") -> Any:
+    """The corpus as a `datasets.IterableDataset`, read lazily in the source's order: a hub dataset is streamed
+    (`load_dataset(..., streaming=True)`: nothing is downloaded beyond what is read), local files are read as they
+    are iterated. The same sources as `load_raw_corpus`. Raises DataError naming the source and the fix."""
+    import datasets
+
+    path = Path(os.path.expanduser(source))
+    try:
+        if source == PYTHON_STDLIB:
+            files = [str(p) for p in stdlib_files()]
+            return datasets.IterableDataset.from_generator(_files_text, gen_kwargs={"files": files})
+        if source == DEFAULT_CORPUS:
+            return datasets.Dataset.from_dict({"text": [d.text for d in default_corpus()]}).to_iterable_dataset()
+        if path.is_dir() and _is_saved_dataset(path):
+            return load_raw_corpus(source, split=split).to_iterable_dataset()  # on disk already: read it in order
+        if path.is_dir():
+            files = sorted(str(p) for p in path.rglob("*") if p.is_file() and p.suffix.lower() == ".txt")
+            if not files:
+                raise DataError(f"{path}: folder holds no .txt files. Fix: pass a folder of .txt files or a file")
+            return datasets.IterableDataset.from_generator(_files_text, gen_kwargs={"files": files})
+        if path.is_file():
+            suffix = path.suffix.lower()
+            if suffix == ".txt":
+                return datasets.IterableDataset.from_generator(_files_text, gen_kwargs={"files": [str(path)]})
+            builder = {".jsonl": "json", ".parquet": "parquet"}.get(suffix)
+            if builder is None:
+                raise DataError(
+                    f"{path}: unsupported file type {path.suffix!r} for a background corpus. Fix: use a "
+                    ".jsonl, .txt or .parquet file, a folder of .txt files or a save_to_disk folder"
+                )
+            return datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True)
+        if _looks_like_path(source):
+            raise DataError(f"{source}: no such file or folder. Fix: check the --background path")
+        return datasets.load_dataset(source, split=split, streaming=True)
+    except DataError:
+        raise
+    except Exception as error:  # datasets raises many types for unreadable or unreachable data
+        raise DataError(
+            f"background {source!r} cannot be streamed ({type(error).__name__}: {error}). Fix: check the dataset "
+            "name and split (and the network), or pass a local file or folder"
+        ) from None
+
+
+def stream_corpus(
+    source: str,
+    tokenizer: Any,
+    token_budget: int,
+    *,
+    text_field: str = "text",
+    split: str = "train",
+    cache_dir: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> TokenizedCorpus:
+    """Tokenize the first documents of a streamed corpus, in the stream's order, until they hold `token_budget`
+    tokens (or the stream ends), into the memory-mapped form `tokenize_corpus` makes.
+
+    Only those documents are read: the rest of a hub dataset is never downloaded. Documents are tokenized in
+    batches as they arrive and written to Arrow in batches (`datasets.Dataset.from_generator`), so memory holds
+    one batch, not the prefix. The result is cached under `cache_dir`, keyed by the source, split, field,
+    tokenizer and budget. `corpus.budget` is the budget; `corpus.n_tokens` what was read (less when the stream
+    ended first). Raises DataError for a source that cannot be streamed, lacks the field, or holds no text.
+    """
+    import datasets
+
+    if isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget < 1:
+        raise DataError(f"a streamed corpus needs a token budget >= 1, got {token_budget!r}")
+    open_stream(source, split=split)  # fail here, with one line, before the cache's generator runs
+    enabled = datasets.is_progress_bar_enabled()
+    if not progress:
+        datasets.disable_progress_bar()
+    try:
+        tokenized = datasets.Dataset.from_generator(
+            _stream_rows,
+            gen_kwargs={
+                "source": source,
+                "split": split,
+                "text_field": text_field,
+                "tokenizer": tokenizer,
+                "token_budget": token_budget,
+                "progress": progress,
+            },
+            cache_dir=None if cache_dir is None else str(cache_dir),
+            features=datasets.Features(
+                {
+                    "ids": datasets.List(datasets.Value("int64")),
+                    "n_tokens": datasets.Value("int64"),
+                    "key": datasets.Value("int64"),
+                    "shingles": datasets.List(datasets.Value("int64")),
+                }
+            ),
+        )
+    except DataError:
+        raise
+    except datasets.exceptions.DatasetGenerationError as error:
+        cause = error.__cause__ or error.__context__
+        if isinstance(cause, DataError):
+            raise cause from None
+        raise
+    finally:
+        if enabled and not progress:
+            datasets.enable_progress_bar()
+    if len(tokenized) == 0 or not any(tokenized.data.column("n_tokens").to_numpy()):
+        raise DataError(f"background {source!r} holds no text. Fix: choose the field with --background-text-field")
+    corpus = TokenizedCorpus(tokenized, source)
+    corpus.budget = token_budget
+    return corpus
+
+
+def _stream_rows(
+    source: str, split: str, text_field: str, tokenizer: Any, token_budget: int, progress: bool, batch: int = 64
+) -> Iterator[dict[str, Any]]:
+    """Rows of `stream_corpus`: read and tokenize `batch` documents at a time until the budget is met."""
+    from tqdm.auto import tqdm
+
+    stream = open_stream(source, split=split)
+    bos = getattr(tokenizer, "bos_token_id", None)
+    total, texts = 0, []
+    bar = tqdm(total=token_budget, unit="tok", desc=f"streaming {source}", disable=not progress)
+    try:
+        rows = iter(stream)
+        while total < token_budget:
+            texts = []
+            for row in rows:
+                if text_field not in row and "text" not in row:
+                    raise DataError(
+                        f"background {source!r} has no field {text_field!r}; available: {sorted(row)}. "
+                        "Fix: choose it with --background-text-field"
+                    )
+                value = row.get(text_field, row.get("text"))
+                texts.append(value if isinstance(value, str) else "")
+                if len(texts) == batch:
+                    break
+            if not texts:
+                break  # the stream ended before the budget
+            encoded = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
+            for text, tokens in zip(texts, encoded):
+                ids = ([bos] if bos is not None else []) + list(tokens) if tokens else []
+                yield {"ids": ids, "n_tokens": len(ids), "key": text_key(text), "shingles": sampled_shingles(text)}
+                total += len(ids)
+                bar.update(len(ids))
+                if total >= token_budget:
+                    break
+    finally:
+        bar.close()
 
 
 def _files_text(files: list[str]) -> Iterator[dict[str, str]]:

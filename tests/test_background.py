@@ -205,7 +205,7 @@ def test_corpus_preset_resolves_to_a_background_run() -> None:
     args = parser.parse_args(argv)
     apply_preset(args, COMPARE_PRESETS["corpus"], _explicit_options(args.parser, argv))
     spec = data_of(args)
-    assert spec.background == "python-stdlib" and spec.pack and spec.repeats == (1, 16, 64, 256)
+    assert spec.background == "python-stdlib" and spec.pack and spec.repeats == (1, 32, 128, 512)
     assert spec.extraction_window == 256
     train = train_config_of(args, CompareSpec().train, None)
     assert train.max_steps == 50 and train.epochs == 1  # an explicit option beats the preset

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 import data
-from data.corpus import TokenizedCorpus, text_key, tokenize_corpus
+from data.corpus import TokenizedCorpus, load_raw_corpus, open_stream, stream_corpus, text_key, tokenize_corpus
 from data.dedup import CONTAINMENT_SAMPLE, CONTAINMENT_THRESHOLD, SHINGLE_WORDS, sampled_shingles
 from data.packing import InsertionSchedule, PackedLayout
 from engine.training.train import TrainConfig, steps_per_epoch, total_steps_of
@@ -31,8 +31,38 @@ from goldfish.app.corpus import PackedRows, piece_ids
 DEFAULT_CACHE = Path.home() / ".cache" / "goldfish" / "datasets"
 
 
-def load_background(spec: DataSpec, tokenizer: Any, *, progress: bool = True, log=print) -> TokenizedCorpus:
-    """The tokenized background corpus of `spec` (tokenized on the first call, read from the cache after)."""
+STREAM_MARGIN = 1.1  # a streamed background reads 10% more than the rows need: copies of targets are removed
+
+
+def stream_budget(spec: DataSpec, train: TrainConfig) -> int:
+    """Background tokens a --background-streaming run reads: its --max-steps x --batch-size rows of --seq-len tokens
+    (an upper bound: target copies fill part of them) plus --val-tokens, with STREAM_MARGIN."""
+    return int(STREAM_MARGIN * (train.max_steps * train.batch_size * spec.seq_len + spec.val_tokens)) + 1
+
+
+def load_background(
+    spec: DataSpec, tokenizer: Any, *, token_budget: int | None = None, progress: bool = True, log=print
+) -> TokenizedCorpus:
+    """The tokenized background corpus of `spec` (tokenized on the first call, read from the cache after). With
+    spec.background_streaming, only the stream's first `token_budget` tokens (see `stream_budget`)."""
+    if spec.background_streaming:
+        if token_budget is None:
+            raise ValueError("a streamed background needs its token budget (stream_budget)")
+        corpus = stream_corpus(
+            spec.background,
+            tokenizer,
+            token_budget,
+            text_field=spec.background_text_field,
+            split=spec.split,
+            cache_dir=DEFAULT_CACHE,
+            progress=progress,
+        )
+        ended = " (the stream ended first)" if corpus.n_tokens < token_budget else ""
+        log(
+            f"background: {len(corpus)} documents, {corpus.n_tokens} tokens streamed from {spec.background!r} "
+            f"(budget {token_budget}){ended}"
+        )
+        return corpus
     corpus = tokenize_corpus(
         spec.background,
         tokenizer,
@@ -48,16 +78,19 @@ def load_background(spec: DataSpec, tokenizer: Any, *, progress: bool = True, lo
 
 def background_sample(spec: DataSpec, max_chars: int = 2_000_000) -> list[str]:
     """The first documents of the background, up to `max_chars` characters (to train a tiny model's tokenizer)."""
-    from data.corpus import load_raw_corpus
-
-    raw = load_raw_corpus(
-        spec.background, text_field=spec.background_text_field, split=spec.split, cache_dir=DEFAULT_CACHE
-    )
+    if spec.background_streaming:
+        rows = open_stream(spec.background, split=spec.split)
+        field = spec.background_text_field
+    else:
+        rows = load_raw_corpus(
+            spec.background, text_field=spec.background_text_field, split=spec.split, cache_dir=DEFAULT_CACHE
+        )
+        field = "text"
     texts, size = [], 0
-    for row in raw:
+    for row in rows:
         if size >= max_chars:
             break
-        text = row["text"] or ""
+        text = row.get(field, row.get("text")) or ""
         texts.append(text[: max_chars - size])
         size += len(texts[-1])
     return texts
@@ -232,6 +265,8 @@ def build_background(
     exposures, positions = exposure_counts(layout, codes, len(targets), train)
     record = {
         "background": spec.background,
+        "streaming": spec.background_streaming,
+        "stream_token_budget": corpus.budget,
         "n_documents": len(corpus),
         "n_tokens": corpus.n_tokens,
         "n_removed_as_target_copies": int(duplicate.sum()),

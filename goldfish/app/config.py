@@ -69,10 +69,17 @@ class DataSpec:
     # validation set).
     background: str | None = None
     background_text_field: str = "text"
+    # Read the background as a stream (a hub dataset is never downloaded whole): only the tokens a --max-steps run
+    # trains and validates on are read and tokenized (goldfish.app.background.stream_budget).
+    background_streaming: bool = False
     val_tokens: int = 16384
     tokenize_workers: int = 1
 
     def __post_init__(self) -> None:
+        if self.background_streaming and self.background is None:
+            raise ValueError(
+                "--background-streaming streams the background corpus, and there is none: add --background SOURCE"
+            )
         if self.background is not None:
             self.pack = True
         for name, least in (
@@ -246,6 +253,16 @@ class TrainSpec:
     def __post_init__(self) -> None:
         if self.lora.enabled:
             check_lora_zero(self.train.zero)
+        check_streaming_bound(self.data, self.train)
+
+
+def check_streaming_bound(data: DataSpec, train: TrainConfig) -> None:
+    """A streamed background has no end to train to: the run needs --max-steps (ValueError otherwise)."""
+    if data.background_streaming and not train.max_steps:
+        raise ValueError(
+            "--background-streaming reads only what the run trains on, and an endless stream has no epoch to "
+            "end: add --max-steps N (e.g. --max-steps 1000)"
+        )
 
 
 @dataclass
@@ -275,6 +292,7 @@ class CompareSpec:
             raise ValueError("--with-full compares full fine-tuning with LoRA: give --lora-rank too")
         if self.lora.enabled:
             check_lora_zero(self.train.zero)
+        check_streaming_bound(self.data, self.train)
 
 
 @dataclass

@@ -32,7 +32,13 @@ from eval.extraction import ExtractionConfig, write_extraction
 from eval.intervals import DEFAULT_RESAMPLES
 from eval.membership import DC_PDD_CAP, DEFAULT_RECALL_PREFIX_DOCS
 from goldfish.app import lora
-from goldfish.app.background import Background, background_sample, build_background, load_background
+from goldfish.app.background import (
+    Background,
+    background_sample,
+    build_background,
+    load_background,
+    stream_budget,
+)
 from goldfish.app.config import DataSpec, Instruments, MaskSpec, TrainSpec, parse_grid
 from goldfish.app.corpus import pack_documents
 from goldfish.app.models import build_tiny_model, is_tiny_model
@@ -328,12 +334,17 @@ def prepare_background(
     main = is_main_process(grid)
     if corpus is not None:
         return _build_background(spec, prepared, corpus)
+    budget = stream_budget(spec.data, spec.train) if spec.data.background_streaming else None
     if main:
-        corpus = load_background(spec.data, prepared.tokenizer, progress=spec.train.progress, log=log)
+        corpus = load_background(
+            spec.data, prepared.tokenizer, token_budget=budget, progress=spec.train.progress, log=log
+        )
     if grid is not None:
         comm.barrier(grid.group(*AXES))
     if corpus is None:
-        corpus = load_background(spec.data, prepared.tokenizer, progress=False, log=lambda *a: None)
+        corpus = load_background(
+            spec.data, prepared.tokenizer, token_budget=budget, progress=False, log=lambda *a: None
+        )
     return _build_background(spec, prepared, corpus)
 
 

@@ -179,6 +179,13 @@ DATA = OptionGroup(
         ),
         Option("--background-text-field", "background_text_field", "record field holding the background's text"),
         Option(
+            "--background-streaming",
+            "background_streaming",
+            "read the background as a stream (a hub dataset is not downloaded whole): only the tokens the "
+            "run trains and validates on are read, tokenized and cached (needs --max-steps)",
+            switch=True,
+        ),
+        Option(
             "--val-tokens",
             "val_tokens",
             "with --background: tokens of held-out background text for the validation loss",
