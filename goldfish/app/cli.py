@@ -113,10 +113,15 @@ def _check_documents(spec: DataSpec) -> None:
         data.load_documents(spec.source, text_field=spec.text_field, id_field=spec.id_field, split=spec.split)
 
 
-def _check_training_on_grid(train: TrainConfig, shape: GridShape, resume: Path | None) -> None:
+def _check_training_on_grid(train: TrainConfig, shape: GridShape, resume: Path | None, data: DataSpec) -> None:
     """What every worker of a parallel run would refuse in its training settings, checked once before they start:
-    ZeRO against the grid, a step's rows against the rows layout, and the settings of the run to resume."""
+    ZeRO against the grid, a step's rows against the rows layout, and the settings of the run to resume (as the
+    workers train: a background run reads its stream in order)."""
     from engine.training.train import check_resume
+    from goldfish.app.experiment import background_train_config
+
+    if data.background is not None:
+        train = background_train_config(train)
 
     layout = train.layout(shape)  # ZeRO, rows layout and precision against the grid
     layout.check_step_rows(train.batch_size)  # every full step; a short last step is checked by workers
@@ -230,7 +235,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if runtime.nproc:
         shape = _launch_shape(runtime)
         spec = _train_spec(args, shape)
-        _check_training_on_grid(spec.train, shape, resume)
+        _check_training_on_grid(spec.train, shape, resume, spec.data)
         _check_documents(spec.data)
         return _launch(args, runtime)
     grid = start_grid(runtime.grid)
@@ -476,7 +481,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if runtime.nproc:
         shape = _launch_shape(runtime)
         spec = _compare_spec(args, shape)
-        _check_training_on_grid(spec.train, shape, None)
+        _check_training_on_grid(spec.train, shape, None, spec.data)
         _check_documents(spec.data)
         return _launch(args, runtime)
     grid = start_grid(runtime.grid)
