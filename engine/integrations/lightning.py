@@ -29,6 +29,7 @@ here, never by `import engine`: install it with the `lightning` extra.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
@@ -83,6 +84,47 @@ def resolve_grid(world_size: int, data: int | None, x: int, y: int, z: int) -> G
     return shape
 
 
+@dataclass(frozen=True)
+class StrategySettings:
+    """What the Fabric and the Trainer strategies are told about their grid and process group, validated when the
+    strategy is built (see EngineStrategy's arguments)."""
+
+    data: int | None
+    x: int
+    y: int
+    z: int
+    gradient_reduction: str = "mean"
+    overlap: bool = True
+    process_group_backend: str | None = None
+    timeout: timedelta = timedelta(minutes=10)
+
+    def __post_init__(self) -> None:
+        if self.gradient_reduction not in ("mean", "sum"):
+            raise ValueError(f"gradient_reduction must be 'mean' or 'sum', got {self.gradient_reduction!r}")
+        GridShape(data=1 if self.data is None else self.data, x=self.x, y=self.y, z=self.z)  # each size, now
+        if self.process_group_backend not in (None, "gloo", "nccl"):
+            raise ValueError(f"process_group_backend must be 'gloo' or 'nccl', got {self.process_group_backend!r}")
+
+    def shape(self, world_size: int) -> GridShape:
+        """The grid over `world_size` ranks (see `resolve_grid`)."""
+        return resolve_grid(world_size, self.data, self.x, self.y, self.z)
+
+    def start_grid(self, cluster_environment: Any, device: torch.device) -> Grid:
+        """Start torch.distributed from Lightning's cluster environment, then this rank's engine grid."""
+        backend = self.process_group_backend or ("nccl" if device.type == "cuda" else "gloo")
+        _init_dist_connection(cluster_environment, backend, timeout=self.timeout)
+        shape = self.shape(torch.distributed.get_world_size())
+        return init(data=shape.data, x=shape.x, y=shape.y, z=shape.z, backend=backend)
+
+
+def set_world_ranks(strategy: Any) -> None:
+    """A strategy's global rank and world size into its cluster environment, and Lightning's rank_zero_only."""
+    if strategy.cluster_environment is not None:
+        strategy.cluster_environment.set_global_rank(strategy.node_rank * strategy.num_processes + strategy.local_rank)
+        strategy.cluster_environment.set_world_size(strategy.num_nodes * strategy.num_processes)
+    rank_zero_only.rank = strategy.global_rank
+
+
 class EngineStrategy(ParallelStrategy):
     """Fabric strategy: the engine's 4-D grid, parallel model, gradient sync, clipping and checkpoints.
 
@@ -118,19 +160,7 @@ class EngineStrategy(ParallelStrategy):
             cluster_environment=cluster_environment,
             precision=precision,
         )
-        if gradient_reduction not in ("mean", "sum"):
-            raise ValueError(f"gradient_reduction must be 'mean' or 'sum', got {gradient_reduction!r}")
-        if data is not None:
-            GridShape(data=data, x=x, y=y, z=z)  # validates each size now
-        else:
-            GridShape(x=x, y=y, z=z)
-        if process_group_backend not in (None, "gloo", "nccl"):
-            raise ValueError(f"process_group_backend must be 'gloo' or 'nccl', got {process_group_backend!r}")
-        self._sizes = {"data": data, "x": x, "y": y, "z": z}
-        self._gradient_reduction = gradient_reduction
-        self._overlap = overlap
-        self._process_group_backend = process_group_backend
-        self._timeout = timeout
+        self._settings = StrategySettings(data, x, y, z, gradient_reduction, overlap, process_group_backend, timeout)
         self._grid: Grid | None = None
         self._module: nn.Module | None = None
         self._skip_sync = False
@@ -173,24 +203,15 @@ class EngineStrategy(ParallelStrategy):
 
     def _configure_launcher(self) -> None:
         # Called while Fabric is built: the world is known, so a grid that cannot fit fails here, at once.
-        self._shape = resolve_grid(self._world_size_to_be(), **self._sizes)
+        self._shape = self._settings.shape(self._world_size_to_be())
         assert self.cluster_environment is not None
         if not self.cluster_environment.creates_processes_externally:
             self._launcher = _SubprocessScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
 
     def setup_environment(self) -> None:
         super().setup_environment()
-        self._set_world_ranks()
-        backend = self._process_group_backend or ("nccl" if self.root_device.type == "cuda" else "gloo")
-        _init_dist_connection(self.cluster_environment, backend, timeout=self._timeout)
-        shape = resolve_grid(torch.distributed.get_world_size(), **self._sizes)
-        self._grid = init(data=shape.data, x=shape.x, y=shape.y, z=shape.z, backend=backend)
-
-    def _set_world_ranks(self) -> None:
-        if self.cluster_environment is not None:
-            self.cluster_environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
-            self.cluster_environment.set_world_size(self.num_nodes * self.num_processes)
-        rank_zero_only.rank = self.global_rank
+        set_world_ranks(self)
+        self._grid = self._settings.start_grid(self.cluster_environment, self.root_device)
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
@@ -206,7 +227,7 @@ class EngineStrategy(ParallelStrategy):
                 "EngineStrategy trains one model: fabric.setup was already called with another module; "
                 "put both in one nn.Module"
             )
-        self._module = parallelize(module, self.grid, overlap=self._overlap)
+        self._module = parallelize(module, self.grid, overlap=self._settings.overlap)
         return self._module
 
     def setup_module_and_optimizers(
@@ -235,7 +256,7 @@ class EngineStrategy(ParallelStrategy):
         if self._skip_sync or self._module is None:
             return
         sync_gradients(self._module, self.grid)
-        if self._gradient_reduction == "mean" and self.grid.world_size > 1:
+        if self._settings.gradient_reduction == "mean" and self.grid.world_size > 1:
             scale = 1.0 / self.grid.world_size
             for param in self._module.parameters():
                 if param.grad is not None:

@@ -35,16 +35,15 @@ import torch
 from torch.optim import Optimizer
 
 try:
-    from lightning.fabric.utilities.distributed import _init_dist_connection, _sync_ddp_if_available
+    from lightning.fabric.utilities.distributed import _sync_ddp_if_available
     from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
     from lightning.pytorch.strategies.parallel import ParallelStrategy
-    from lightning.pytorch.utilities.rank_zero import rank_zero_only
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError('engine.integrations.lightning_trainer needs Lightning: pip install -e ".[lightning]"') from error
 
 from engine.core import comm
-from engine.core.grid import AXES, Grid, GridShape, init
-from engine.integrations.lightning import resolve_grid
+from engine.core.grid import AXES, Grid
+from engine.integrations.lightning import StrategySettings, set_world_ranks
 from engine.models.parallelize import parallelize
 from engine.training import checkpoint as engine_checkpoint
 from engine.training.state import clip_grad_norm_, sync_gradients
@@ -70,14 +69,7 @@ class EngineTrainerStrategy(ParallelStrategy):
         timeout: timedelta = timedelta(minutes=10),
     ) -> None:
         super().__init__()
-        if gradient_reduction not in ("mean", "sum"):
-            raise ValueError(f"gradient_reduction must be 'mean' or 'sum', got {gradient_reduction!r}")
-        GridShape(data=data or 1, x=x, y=y, z=z)  # validates each size now
-        self._sizes = {"data": data, "x": x, "y": y, "z": z}
-        self._gradient_reduction = gradient_reduction
-        self._overlap = overlap
-        self._process_group_backend = process_group_backend
-        self._timeout = timeout
+        self._settings = StrategySettings(data, x, y, z, gradient_reduction, overlap, process_group_backend, timeout)
         self._grid: Grid | None = None
         self._skip_sync = False
         self.num_nodes = 1
@@ -110,24 +102,18 @@ class EngineTrainerStrategy(ParallelStrategy):
         env = self.cluster_environment
         assert env is not None
         world = env.world_size() if env.creates_processes_externally else self.num_processes * self.num_nodes
-        resolve_grid(world, **self._sizes)  # a grid that cannot fit fails when the Trainer is built
+        self._settings.shape(world)  # a grid that cannot fit fails when the Trainer is built
         if not env.creates_processes_externally:
             self._launcher = _SubprocessScriptLauncher(env, self.num_processes, self.num_nodes)
 
     def set_world_ranks(self) -> None:
-        if self.cluster_environment is not None:
-            self.cluster_environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
-            self.cluster_environment.set_world_size(self.num_nodes * self.num_processes)
-        rank_zero_only.rank = self.global_rank
+        set_world_ranks(self)
 
     def setup_environment(self) -> None:
         super().setup_environment()
         self.set_world_ranks()
-        backend = self._process_group_backend or ("nccl" if self.root_device.type == "cuda" else "gloo")
         assert self.cluster_environment is not None
-        _init_dist_connection(self.cluster_environment, backend, timeout=self._timeout)
-        shape = resolve_grid(torch.distributed.get_world_size(), **self._sizes)
-        self._grid = init(data=shape.data, x=shape.x, y=shape.y, z=shape.z, backend=backend)
+        self._grid = self._settings.start_grid(self.cluster_environment, self.root_device)
 
     def setup(self, trainer: Any) -> None:
         from lightning.fabric.utilities.optimizer import _optimizers_to_device
@@ -137,7 +123,7 @@ class EngineTrainerStrategy(ParallelStrategy):
         self.accelerator.setup(trainer)
         self.model = self.precision_plugin.convert_module(self.model)
         self.model_to_device()
-        parallelize(self.model, self.grid, overlap=self._overlap)
+        parallelize(self.model, self.grid, overlap=self._settings.overlap)
         _clip_with_engine(self)
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
@@ -159,7 +145,7 @@ class EngineTrainerStrategy(ParallelStrategy):
             return
         assert self.model is not None
         sync_gradients(self.model, self.grid)
-        if self._gradient_reduction == "mean" and self.grid.world_size > 1:
+        if self._settings.gradient_reduction == "mean" and self.grid.world_size > 1:
             for param in self.model.parameters():
                 if param.grad is not None:
                     param.grad.div_(self.grid.world_size)
