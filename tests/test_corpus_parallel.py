@@ -168,3 +168,22 @@ def test_background_run_with_zero_accumulation_and_shared_rows_equals_one_proces
         ), where
         record = json.loads((out / "run.json").read_text())
         assert record["repeats"] == json.loads((serial / "run.json").read_text())["repeats"], where
+
+
+@pytest.mark.slow  # two torchrun launches and a serial run
+def test_streamed_background_under_data_and_tensor_parallel_grids_equals_one_process(tmp_path: Path) -> None:
+    """--background-streaming under --nproc: rank 0 streams the budget into the cache, the others read it."""
+    common = _background_args(_background_file(tmp_path / "background.jsonl", seed=3))
+    common += ["--background-streaming"]
+    serial = tmp_path / "serial"
+    assert main(["train", "--out", str(serial), *common]) == 0
+    expected = _records(serial)
+    budget = json.loads((serial / "run.json").read_text())["corpus"]["stream_token_budget"]
+    for grid in ("data=2", "x=2"):
+        out = tmp_path / grid.replace("=", "")
+        result = _launch(2, "--grid", grid, "--out", str(out), *common)
+        assert result.returncode == 0, result.stderr[-3000:]
+        # float32 sums in another order over 2 ranks (observed ~1e-7 relative)
+        assert [r["loss"] for r in _records(out)] == pytest.approx([r["loss"] for r in expected], rel=1e-5), grid
+        corpus = json.loads((out / "run.json").read_text())["corpus"]
+        assert corpus["streaming"] is True and corpus["stream_token_budget"] == budget
