@@ -49,6 +49,7 @@ from engine.core.grid import AxisGroup, Grid, is_main_process
 from engine.core.sharding import TENSOR_AXES, run_sharded
 from engine.core.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses
 from engine.memory.zero import zero_state
+from engine.models.parallelize import rows_layout
 from eval.adaptive import (
     DEFAULT_BUDGETS,
     DEFAULT_CONFIDENCES,
@@ -454,7 +455,8 @@ def tensor_parallel_gradient_norm(model: nn.Module, grid: Grid, token_ids: Seque
         for p in params:
             p.requires_grad_(True)
             p.grad = None
-        with evaluating(model), torch.enable_grad():
+        # "own" rows (the layout eval runs in): each rank's row is its own, so only the first rank's loss counts
+        with evaluating(model), rows_layout(model, "own"), torch.enable_grad():
             losses = causal_lm_token_losses(model, ids, targets)  # (1, T), 0 at ignored targets
             (losses.sum() / max(ids.shape[1] - 1, 1)).backward()
         engine.sync_gradients(model, grid, over=TENSOR_AXES)
