@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, StaticCache
 
 from data.atomic import write_json_atomic, write_jsonl_atomic
-from eval.batching import decode_longest_first, evaluating, left_pad, model_device, pad_batch
+from eval.batching import decode_longest_first, evaluating, left_pad, model_device
 from eval.intervals import DEFAULT_RESAMPLES, mean_interval
 from eval.metrics import (
     DEFAULT_TOKENIZER_MIN_KEPT,
@@ -157,6 +157,17 @@ def _static_cache_fits(model: torch.nn.Module) -> bool:
     return not any(getattr(m, "_engine_stack_grid", None) is not None for m in model.modules())
 
 
+def _paths(generated: torch.Tensor, margins: torch.Tensor, vocab: int) -> list[GreedyPath]:
+    """One GreedyPath per row of generated ids (B, N) and their top-2 margins (B, N); no margin record for a
+    vocabulary of one entry."""
+    if vocab < 2:
+        return [GreedyPath(ids, None, None) for ids in generated.tolist()]
+    smallest, where = margins.min(dim=-1)  # (B,), first position on ties
+    return [
+        GreedyPath(ids, float(m), int(p)) for ids, m, p in zip(generated.tolist(), smallest.tolist(), where.tolist())
+    ]
+
+
 def _greedy_batch(
     model: torch.nn.Module, rows: list[list[int]], max_new_tokens: int, pad_token_id: int, device: torch.device
 ) -> list[GreedyPath]:
@@ -187,9 +198,7 @@ def _greedy_batch(
         logits = out.logits[:, -1, :]  # (B, V)
         next_ids = logits.argmax(dim=-1)  # (B,)
         generated[:, step] = next_ids
-        if logits.shape[-1] > 1:
-            top2 = logits.float().topk(2, dim=-1).values  # (B, 2)
-            margins[:, step] = top2[:, 0] - top2[:, 1]
+        margins[:, step] = _top2_margins(logits)
         if step == max_new_tokens - 1:
             break
         position_ids = position_ids[:, -1:] + 1
@@ -204,12 +213,7 @@ def _greedy_batch(
             logits_to_keep=1,
             **({"cache_position": static["cache_position"]} if static else {}),
         )
-    if out.logits.shape[-1] < 2:
-        return [GreedyPath(ids, None, None) for ids in generated.tolist()]
-    smallest, where = margins.min(dim=-1)  # (B,), first position on ties
-    return [
-        GreedyPath(ids, float(m), int(p)) for ids, m, p in zip(generated.tolist(), smallest.tolist(), where.tolist())
-    ]
+    return _paths(generated, margins, out.logits.shape[-1])
 
 
 def greedy_paths(
@@ -263,41 +267,130 @@ def greedy_decode(
     ]
 
 
-def _teacher_forced(
+def _document_accuracy(
+    logits: torch.Tensor,
+    doc: list[int],
+    drop_mask_fn: Callable[[torch.Tensor], torch.Tensor] | None,
+) -> dict[str, float | int | None]:
+    """Teacher-forced accuracy of one document from its (1, T, V) logits (position j predicts token j+1).
+
+    Targets have shape (1, T), the training convention: position j holds token j+1 and the last position holds
+    -100 (nothing follows). So ``drop_mask_fn`` sees exactly the targets training built its mask from and returns
+    the same (1, T) bool mask.
+    """
+    targets = torch.full((1, len(doc)), IGNORE_INDEX, dtype=torch.long, device=logits.device)  # (1, T)
+    targets[0, :-1] = torch.tensor(doc[1:], dtype=torch.long)
+    dropped = None
+    if drop_mask_fn is not None:
+        dropped = drop_mask_fn(targets)
+        if dropped.shape != targets.shape or dropped.dtype != torch.bool:
+            raise ValueError(
+                f"drop_mask_fn must return a bool tensor of the targets' shape "
+                f"{tuple(targets.shape)}, got {dropped.dtype} {tuple(dropped.shape)}"
+            )
+    return teacher_forced_accuracy(logits, targets, dropped)
+
+
+def _top2_margins(logits: torch.Tensor) -> torch.Tensor:
+    """Top-1 minus top-2 logit along the last axis, in float32: (..., V) -> (...); zeros for a 1-entry vocabulary."""
+    if logits.shape[-1] < 2:
+        return logits.new_zeros(logits.shape[:-1], dtype=torch.float32)
+    top2 = logits.float().topk(2, dim=-1).values
+    return top2[..., 0] - top2[..., 1]
+
+
+def _forced_then_greedy(
     model: torch.nn.Module,
     docs: list[list[int]],
+    prefix_lens: list[int],
+    suffix_len: int,
     pad_token_id: int,
-    batch_size: int,
     drop_mask_fn: Callable[[torch.Tensor], torch.Tensor] | None,
     device: torch.device,
-) -> list[dict[str, float | int | None]]:
-    """Teacher-forced accuracy per document: one forward pass over all its tokens.
+) -> tuple[list[GreedyPath], list[dict[str, float | int | None]]]:
+    """Greedy continuation of each document's prefix AND its teacher-forced accuracy, from one shared pass.
 
-    Targets of a document of T tokens have shape (1, T), the training convention: position j holds
-    token j+1 (the token predicted at j) and the last position holds -100 (nothing follows). So
-    ``drop_mask_fn`` sees exactly the targets training built its mask from and returns the same (1, T)
-    bool mask. Documents are right-padded into batches; causal attention means padding after a document
-    does not change its logits.
+    One forward over the whole documents (B, W) gives the teacher-forced logits every metric needs, and with them
+    the greedy path as far as it follows the true suffix: while the greedy id equals the true next token, the
+    greedy context IS the document, so the id at step j is argmax of the teacher-forced logits at the prefix's end
+    + j. Row i's path is read off up to and including its first mismatch m_i; only the steps after the smallest m_i
+    of the batch are decoded, one token at a time, on the KV cache of that same pass (its columns past the smallest
+    m_i masked out; a memorized batch decodes nothing). Rows decode in lockstep; a row whose id at a step is already
+    known from the forced pass keeps it. So the ids equal greedy decoding from the prefix (`greedy_paths`), up to
+    float rounding on a near-tie (the margins record it), and the prompt tokens go through the model once instead
+    of twice (decode, then teacher forcing).
+
+    Layout: rows are left-padded so every prefix ends at column Lp (prefix_lens[i] = P_i, the suffix is
+    docs[i][P_i : P_i + suffix_len]); tokens after the suffix (Pythia split) follow, right-padded.
     """
-    results: list[dict[str, float | int | None]] = []
-    with evaluating(model):
-        for start in range(0, len(docs), batch_size):
-            batch = docs[start : start + batch_size]
-            input_ids, mask = pad_batch(batch, pad_token_id, side="right")
-            logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits  # (B, W, V)
-            for i, d in enumerate(batch):
-                targets = torch.full((1, len(d)), IGNORE_INDEX, dtype=torch.long, device=device)  # (1, T)
-                targets[0, :-1] = torch.tensor(d[1:], dtype=torch.long)
-                dropped = None
-                if drop_mask_fn is not None:
-                    dropped = drop_mask_fn(targets)
-                    if dropped.shape != targets.shape or dropped.dtype != torch.bool:
-                        raise ValueError(
-                            f"drop_mask_fn must return a bool tensor of the targets' shape "
-                            f"{tuple(targets.shape)}, got {dropped.dtype} {tuple(dropped.shape)}"
-                        )
-                results.append(teacher_forced_accuracy(logits[i : i + 1, : len(d)], targets, dropped))
-    return results
+    n_rows, s = len(docs), suffix_len
+    lp = max(prefix_lens)
+    width = lp + max(len(d) - p for d, p in zip(docs, prefix_lens))
+    input_ids = torch.full((n_rows, width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((n_rows, width), dtype=torch.long)
+    starts = [lp - p for p in prefix_lens]
+    for i, (d, start) in enumerate(zip(docs, starts)):
+        input_ids[i, start : start + len(d)] = torch.tensor(d, dtype=torch.long)
+        mask[i, start : start + len(d)] = 1
+    input_ids, mask = input_ids.to(device), mask.to(device)
+    position_ids = (mask.cumsum(dim=-1) - 1).clamp(min=0)  # (B, W): 0 at each row's first real token
+    suffix = input_ids[:, lp : lp + s]  # (B, S)
+
+    static = _static_cache_fits(model)
+    # Room for the document and the at most S - 1 decoded tokens appended after it.
+    cache = StaticCache(config=model.config, max_cache_len=width + s - 1) if static else None
+    out = model(
+        input_ids=input_ids,
+        attention_mask=mask,
+        position_ids=position_ids,
+        use_cache=True,
+        **({"past_key_values": cache, "cache_position": torch.arange(width, device=device)} if static else {}),
+    )
+    logits = out.logits  # (B, W, V)
+    accuracies = [
+        _document_accuracy(logits[i : i + 1, start : start + len(d)], d, drop_mask_fn)
+        for i, (d, start) in enumerate(zip(docs, starts))
+    ]
+
+    forced = logits[:, lp - 1 : lp - 1 + s]  # (B, S, V): step j's logits given the true prefix + suffix[:j]
+    generated = forced.argmax(dim=-1)  # (B, S)
+    margins = _top2_margins(forced)  # (B, S)
+    mismatch = generated != suffix
+    first_miss = torch.where(mismatch.any(dim=1), mismatch.int().argmax(dim=1), s)  # (B,): m_i, s when none
+    steps = torch.arange(s, device=device)
+    generated = torch.where(steps[None, :] < first_miss[:, None], suffix, generated)  # true ids before m_i
+    start_step = int(first_miss.min()) + 1  # the first step some row still has to decode
+    vocab = logits.shape[-1]
+    cache = cache if static else out.past_key_values
+    del out, logits, forced  # the (B, W, V) logits are not needed while decoding
+
+    if start_step < s:
+        # Decoded tokens are appended after the document's W columns. The cache's columns from the first
+        # mismatching suffix token on (lp + start_step - 1 .. W - 1) hold tokens that are not on every row's greedy
+        # path: the attention mask hides them (no cache surgery, which HF caches do not offer alike across
+        # versions), and explicit position ids give each token the position it has in the greedy sequence.
+        n_decode = s - start_step
+        decode_mask = torch.cat([mask, mask.new_ones((n_rows, n_decode))], dim=1)  # (B, W + n_decode)
+        decode_mask[:, lp + start_step - 1 : width] = 0
+        next_position = position_ids[:, lp - 1 : lp] + 1  # (B, 1): the position of suffix step 0
+        for k, step in enumerate(range(start_step, s)):
+            column = width + k
+            out = model(
+                input_ids=generated[:, step - 1 : step],
+                attention_mask=decode_mask[:, : column + 1],
+                position_ids=next_position + step - 1,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+                **({"cache_position": torch.tensor([column], device=device)} if static else {}),
+            )
+            cache = cache if static else out.past_key_values
+            step_logits = out.logits[:, -1, :]  # (B, V)
+            fresh = first_miss < step  # rows whose id at this step the forced pass does not know
+            generated[:, step] = torch.where(fresh, step_logits.argmax(dim=-1), generated[:, step])
+            margins[:, step] = torch.where(fresh, _top2_margins(step_logits), margins[:, step])
+
+    return _paths(generated, margins, vocab), accuracies
 
 
 def _rouge_version() -> str:
@@ -343,48 +436,48 @@ def extract(
     rows: list[dict[str, Any]] = []
     bar = tqdm(total=len(kept), desc="extract", unit="doc", disable=not progress)
     try:
-        for start in range(0, len(kept), config.batch_size):
-            chunk = kept[start : start + config.batch_size]
-            paths = greedy_paths(
-                model,
-                [prefix for _, prefix, _ in chunk],
-                config.suffix_len,
-                pad_token_id=pad_token_id,
-                batch_size=config.batch_size,
-                device=device,
-            )
-            tf = _teacher_forced(
-                model,
-                [[int(t) for t in doc.token_ids] for doc, _, _ in chunk],
-                pad_token_id,
-                config.batch_size,
-                drop_mask_fn,
-                device,
-            )
-            for (doc, prefix, suffix), path, acc in zip(chunk, paths, tf):
-                gen = path.ids
-                generated_text, reference_text = decode(gen), decode(suffix)
-                rows.append(
-                    {
-                        "id": str(doc.id),
-                        "n_tokens": len(doc.token_ids),
-                        "n_prefix_tokens": len(prefix),
-                        "exact_match": exact_match(gen, suffix),
-                        "match_fraction": match_fraction(gen, suffix),
-                        "longest_correct_prefix": longest_correct_prefix(gen, suffix),
-                        **rouge_scores(generated_text, reference_text),
-                        "rouge_default_kept_chars": default_tokenizer_kept_fraction(reference_text),
-                        "tf_accuracy": acc["accuracy"],
-                        "tf_kept_accuracy": acc.get("kept_accuracy"),
-                        "tf_dropped_accuracy": acc.get("dropped_accuracy"),
-                        "min_logit_margin": path.min_margin,
-                        "min_margin_position": path.min_margin_position,
-                        "generated_ids": gen,
-                        "generated_text": generated_text,
-                        "reference_text": reference_text,
-                    }
+        # Longest documents first: similar lengths share a batch (less padding) and the biggest batch runs first
+        # (an out-of-memory error shows up at once); rows are put back in input order below.
+        order = sorted(range(len(kept)), key=lambda i: len(kept[i][0].token_ids), reverse=True)
+        results: list[tuple[GreedyPath, dict[str, float | int | None]]] = [None] * len(kept)  # type: ignore[list-item]
+        with evaluating(model):
+            for start in range(0, len(order), config.batch_size):
+                batch = order[start : start + config.batch_size]
+                paths, accuracies = _forced_then_greedy(
+                    model,
+                    [[int(t) for t in kept[i][0].token_ids] for i in batch],
+                    [len(kept[i][1]) for i in batch],
+                    config.suffix_len,
+                    pad_token_id,
+                    drop_mask_fn,
+                    device,
                 )
-            bar.update(len(chunk))
+                for i, path, acc in zip(batch, paths, accuracies):
+                    results[i] = (path, acc)
+                bar.update(len(batch))
+        for (doc, prefix, suffix), (path, acc) in zip(kept, results):
+            gen = path.ids
+            generated_text, reference_text = decode(gen), decode(suffix)
+            rows.append(
+                {
+                    "id": str(doc.id),
+                    "n_tokens": len(doc.token_ids),
+                    "n_prefix_tokens": len(prefix),
+                    "exact_match": exact_match(gen, suffix),
+                    "match_fraction": match_fraction(gen, suffix),
+                    "longest_correct_prefix": longest_correct_prefix(gen, suffix),
+                    **rouge_scores(generated_text, reference_text),
+                    "rouge_default_kept_chars": default_tokenizer_kept_fraction(reference_text),
+                    "tf_accuracy": acc["accuracy"],
+                    "tf_kept_accuracy": acc.get("kept_accuracy"),
+                    "tf_dropped_accuracy": acc.get("dropped_accuracy"),
+                    "min_logit_margin": path.min_margin,
+                    "min_margin_position": path.min_margin_position,
+                    "generated_ids": gen,
+                    "generated_text": generated_text,
+                    "reference_text": reference_text,
+                }
+            )
     finally:
         bar.close()
 

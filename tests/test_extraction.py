@@ -230,6 +230,66 @@ def test_extract_both_protocols(llama, prefix_len, tmp_path):
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["extraction.jsonl", "summary.json"]
 
 
+class CountingWrapper(torch.nn.Module):
+    """A model behind a plain wrapper, as eval/ sees a ParallelEvalModel: not a PreTrainedModel, so extraction
+    leaves the KV cache to the model (HF's dynamic cache) instead of giving it a static one. Counts forward calls."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.calls = 0
+
+    @property
+    def config(self):
+        return self.model.config
+
+    def forward(self, **kwargs):
+        self.calls += 1
+        return self.model(**kwargs)
+
+
+@pytest.mark.parametrize("cache", ["static", "dynamic"])
+@pytest.mark.parametrize("prefix_len", [None, 9], ids=["goldfish-split", "pythia-split"])
+def test_extract_shares_one_pass_and_decodes_only_after_the_first_mismatch(llama, prefix_len, cache):
+    """extract() reads the greedy path off its teacher-forced pass while the path follows the true suffix and
+    decodes only the steps after a batch's first mismatch. Documents follow the model's own greedy continuation
+    for k of the S suffix tokens and then leave it (k = 0 .. S, mixed within batches, prefixes of different
+    lengths, Pythia tails of different lengths): every row's ids must equal greedy decoding from its prefix
+    at batch 1 (equal to HF generate: test_batched_equals_single_equals_hf_generate), its near-tie record the
+    decoding's, on HF's static and dynamic cache alike."""
+    s = 10
+    model = llama if cache == "static" else CountingWrapper(llama)
+    follow = [0, 3, s, 7, 1, s, 9, s - 1]  # greedy tokens each document's suffix keeps before it leaves the path
+    docs, prefixes = [], []
+    for i, k in enumerate(follow):
+        prefix = random_ids(prefix_len or 6 + 2 * i, seed=500 + i)
+        greedy = greedy_decode(llama, [prefix], s, pad_token_id=0)[0]
+        suffix = greedy[:k] + [(t + 1) % VOCAB for t in greedy[k:]]  # leaves the greedy path at k (if k < s)
+        tail = random_ids(3 * i, seed=600 + i) if prefix_len else []
+        docs.append(Doc(f"d{i}", prefix + suffix + tail))
+        prefixes.append(prefix)
+    expected = greedy_paths(llama, prefixes, s, pad_token_id=0, batch_size=1)
+    for batch_size in (3, 8):
+        config = ExtractionConfig(suffix_len=s, prefix_len=prefix_len, batch_size=batch_size, bootstrap=0)
+        rows, _ = extract(model, docs, config, decode=decode, pad_token_id=0, progress=False)
+        assert [r["generated_ids"] for r in rows] == [p.ids for p in expected]
+        assert [r["longest_correct_prefix"] for r in rows] == follow
+        # Margins come from the forced pass (up to the first mismatch) or from a decoding step: the same logits
+        # up to float32 rounding of differently shaped matmuls (~1e-6 of logits of order 10).
+        assert [r["min_logit_margin"] for r in rows] == pytest.approx([p.min_margin for p in expected], abs=1e-4)
+        assert [r["min_margin_position"] for r in rows] == [p.min_margin_position for p in expected]
+
+    if cache == "dynamic":  # a batch of memorized documents is read off its one forced pass: nothing to decode
+        memorized = [d for d, k in zip(docs, follow) if k == s]
+        model.calls = 0
+        config = ExtractionConfig(suffix_len=s, prefix_len=prefix_len, batch_size=len(memorized), bootstrap=0)
+        rows, _ = extract(model, memorized, config, decode=decode, pad_token_id=0, progress=False)
+        assert model.calls == 1 and all(r["exact_match"] for r in rows)
+        model.calls = 0  # one mismatch at step 7 (the k = 7 document) leaves s - 8 steps to decode
+        extract(model, memorized + [docs[3]], ExtractionConfig(s, prefix_len, 8, 0), decode=decode, pad_token_id=0)
+        assert model.calls == 1 + (s - 8)
+
+
 def test_extract_teacher_forced_kept_vs_dropped(llama):
     """Mark the suffix targets of a self-generated document as dropped: the model predicts each of them
     (they are its own greedy choices), so dropped accuracy is exactly 1 and the counts add up."""
@@ -248,9 +308,9 @@ def test_extract_teacher_forced_kept_vs_dropped(llama):
     rows, summary = extract(
         llama, docs, config, decode=decode, pad_token_id=0, drop_mask_fn=suffix_dropped, progress=False
     )
-    for r, doc, targets in zip(rows, docs, seen):
-        # Training's convention: targets[j] = token j+1, last position ignored.
-        assert targets.tolist() == [doc.token_ids[1:] + [-100]]
+    # Training's convention: targets[j] = token j+1, last position ignored; one call per document (in batch order).
+    assert sorted(t.tolist() for t in seen) == sorted([doc.token_ids[1:] + [-100]] for doc in docs)
+    for r, doc in zip(rows, docs):
         assert r["tf_dropped_accuracy"] == 1.0
         n = len(doc.token_ids) - 1  # targets per document
         assert r["tf_accuracy"] == pytest.approx((r["tf_kept_accuracy"] * (n - 16) + 16) / n)
