@@ -27,7 +27,8 @@ import torch
 from transformers import GenerationConfig
 
 from eval.batching import evaluating, left_pad
-from eval.extraction import ExtractionConfig, extract, greedy_decode
+from eval.decoding import greedy_decode
+from eval.extraction import ExtractionConfig, extract
 
 
 @dataclass

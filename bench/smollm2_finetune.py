@@ -33,7 +33,8 @@ import torch
 import data
 from data.atomic import write_jsonl_atomic
 from engine.training.train import TrainConfig, train
-from eval.extraction import ExtractionConfig, greedy_decode
+from eval.decoding import greedy_decode
+from eval.extraction import ExtractionConfig
 from goldfish.app.config import MaskSpec, parse_mask
 from goldfish.app.experiment import Prepared, evaluate_model, make_examples, make_step_loss
 from goldfish.app.pretrained import SMOLLM2_135M, load_pretrained

@@ -4,7 +4,8 @@ Takes plain inputs (a model, objects with ``.id`` and ``.token_ids``, a decode f
 of goldfish/. Result files are written with data.atomic (the project's one atomic writer).
 """
 
-from eval.extraction import ExtractionConfig, extract, greedy_decode, write_extraction
+from eval.decoding import greedy_decode
+from eval.extraction import ExtractionConfig, extract, write_extraction
 from eval.metrics import (
     METRICS,
     MetricInfo,

@@ -4,8 +4,9 @@ Two split protocols (``ExtractionConfig``):
   * ``prefix_len=None`` (goldfish paper): suffix = the last ``suffix_len`` tokens, prefix = everything before;
   * ``prefix_len=P`` (Pythia 32/32): prefix = the first P tokens, suffix = the next ``suffix_len`` tokens.
 
-Decoding is batched greedy search with a KV cache and left padding; explicit position ids make every padded
-row see exactly the positions an unpadded run sees, so results equal batch-size-1 decoding.
+Each batch of documents goes through the model once (`eval.decoding.forced_greedy`): that teacher-forced pass
+gives the teacher-forced accuracies and the greedy continuation as far as it follows the true suffix; the steps
+after are decoded greedily with a KV cache and left padding, equal to batch-size-1 decoding.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 from tqdm.auto import tqdm
-from transformers import PreTrainedModel, StaticCache
 
 from data.atomic import write_json_atomic, write_jsonl_atomic
-from eval.batching import decode_longest_first, evaluating, left_pad, model_device
+from eval.batching import evaluating, model_device
+from eval.decoding import GreedyPath, forced_greedy
 from eval.intervals import DEFAULT_RESAMPLES, mean_interval
 from eval.metrics import (
     DEFAULT_TOKENIZER_MIN_KEPT,
@@ -31,8 +32,8 @@ from eval.metrics import (
     longest_correct_prefix,
     match_fraction,
     mean_of_present,
+    prediction_accuracy,
     rouge_scores,
-    teacher_forced_accuracy,
 )
 
 log = logging.getLogger(__name__)
@@ -132,153 +133,18 @@ def check_fits_context(model: torch.nn.Module, documents: Sequence[Any]) -> None
         )
 
 
-@dataclass(frozen=True)
-class GreedyPath:
-    """One greedy continuation and how close it came to a tie.
-
-    ids: the generated ids. min_margin: the smallest top-1 minus top-2 logit (in the model's logit units,
-    computed in float32) over the generated positions; None when the vocabulary has a single entry.
-    min_margin_position: the 0-based generated position where it occurs (the first, on equal margins).
-    A greedy id whose margin is within float rounding of 0 can flip between batch sizes, devices or
-    kernels without any real difference in the model.
-    """
-
-    ids: list[int]
-    min_margin: float | None
-    min_margin_position: int | None
-
-
-def _static_cache_fits(model: torch.nn.Module) -> bool:
-    """Whether greedy decoding may give `model` a preallocated (static) KV cache: a plain Hugging Face model. A model
-    whose decoder the engine parallelized (its layers hold a slice of the heads, modules marked with
-    ``_engine_stack_grid``) or a wrapper around one keeps the dynamic cache it creates itself."""
-    if not isinstance(model, PreTrainedModel) or not getattr(model, "_supports_static_cache", True):
-        return False
-    return not any(getattr(m, "_engine_stack_grid", None) is not None for m in model.modules())
-
-
-def _paths(generated: torch.Tensor, margins: torch.Tensor, vocab: int) -> list[GreedyPath]:
-    """One GreedyPath per row of generated ids (B, N) and their top-2 margins (B, N); no margin record for a
-    vocabulary of one entry."""
-    if vocab < 2:
-        return [GreedyPath(ids, None, None) for ids in generated.tolist()]
-    smallest, where = margins.min(dim=-1)  # (B,), first position on ties
-    return [
-        GreedyPath(ids, float(m), int(p)) for ids, m, p in zip(generated.tolist(), smallest.tolist(), where.tolist())
-    ]
-
-
-def _greedy_batch(
-    model: torch.nn.Module, rows: list[list[int]], max_new_tokens: int, pad_token_id: int, device: torch.device
-) -> list[GreedyPath]:
-    """Greedy continuation of one batch of prompts: one GreedyPath per row (max_new_tokens ids each).
-
-    A plain HF model gets a static KV cache of the prompt's length + max_new_tokens, allocated once: a dynamic cache
-    concatenates every layer's keys and values at every step (copying the whole cache, B x heads x L x head_dim per
-    layer and step). Masked cache slots get zero attention weight, so the ids equal the dynamic cache's (checked
-    against HF generate by tests/test_extraction.py and bench/extraction.py). Other models create their own cache.
-    """
-    input_ids, mask, position_ids = left_pad(rows, pad_token_id, device)
-    n_rows, prompt_len = input_ids.shape
-    generated = torch.empty((n_rows, max_new_tokens), dtype=torch.long, device=device)
-    margins = torch.empty((n_rows, max_new_tokens), dtype=torch.float32, device=device)
-    # The attention mask of every step is a prefix of one (B, L + new) mask built once.
-    full_mask = torch.cat([mask, mask.new_ones((n_rows, max_new_tokens))], dim=1)
-    static = {}
-    if _static_cache_fits(model):
-        static = {
-            "past_key_values": StaticCache(config=model.config, max_cache_len=prompt_len + max_new_tokens),
-            "cache_position": torch.arange(prompt_len, device=device),
-        }
-    # logits_to_keep=1 avoids materialising (B, L, V) logits for the whole prompt.
-    out = model(
-        input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=True, logits_to_keep=1, **static
-    )
-    for step in range(max_new_tokens):
-        logits = out.logits[:, -1, :]  # (B, V)
-        next_ids = logits.argmax(dim=-1)  # (B,)
-        generated[:, step] = next_ids
-        margins[:, step] = _top2_margins(logits)
-        if step == max_new_tokens - 1:
-            break
-        position_ids = position_ids[:, -1:] + 1
-        if static:
-            static["cache_position"] = static["cache_position"][-1:] + 1
-        out = model(
-            input_ids=next_ids[:, None],
-            attention_mask=full_mask[:, : prompt_len + step + 1],
-            position_ids=position_ids,
-            past_key_values=static.get("past_key_values", out.past_key_values),
-            use_cache=True,
-            logits_to_keep=1,
-            **({"cache_position": static["cache_position"]} if static else {}),
-        )
-    return _paths(generated, margins, out.logits.shape[-1])
-
-
-def greedy_paths(
-    model: torch.nn.Module,
-    prefixes: list[list[int]],
-    max_new_tokens: int,
-    *,
-    pad_token_id: int,
-    batch_size: int = 32,
-    device: torch.device | str | None = None,
-) -> list[GreedyPath]:
-    """`greedy_decode`, with each continuation's near-tie record (`GreedyPath`), in the input order."""
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    for i, p in enumerate(prefixes):
-        if len(p) == 0:
-            raise ValueError(f"prefix {i} is empty; greedy decoding needs at least one prompt token")
-    device = torch.device(device) if device is not None else model_device(model)
-
-    with evaluating(model):
-        return decode_longest_first(
-            prefixes, batch_size, lambda rows: _greedy_batch(model, rows, max_new_tokens, pad_token_id, device)
-        )
-
-
-def greedy_decode(
-    model: torch.nn.Module,
-    prefixes: list[list[int]],
-    max_new_tokens: int,
-    *,
-    pad_token_id: int,
-    batch_size: int = 32,
-    device: torch.device | str | None = None,
-) -> list[list[int]]:
-    """Greedy continuations of ``prefixes``, exactly ``max_new_tokens`` ids each, in the input order.
-
-    Batched with a KV cache and left padding; on CPU equal to batch-size-1 decoding and to HF
-    ``generate(do_sample=False)`` without an EOS stop (an early EOS is just another generated id). On GPUs,
-    float rounding depends on the batch's shape, so an id whose top-2 logits are within rounding can differ
-    (`greedy_paths` records each continuation's smallest margin). Prefixes are decoded longest first so
-    similar lengths share a batch (less padding) and the biggest batch runs first (an out-of-memory error
-    shows up at once). ``device`` defaults to the model's.
-    """
-    return [
-        path.ids
-        for path in greedy_paths(
-            model, prefixes, max_new_tokens, pad_token_id=pad_token_id, batch_size=batch_size, device=device
-        )
-    ]
-
-
 def _document_accuracy(
-    logits: torch.Tensor,
+    predicted: torch.Tensor,
     doc: list[int],
     drop_mask_fn: Callable[[torch.Tensor], torch.Tensor] | None,
 ) -> dict[str, float | int | None]:
-    """Teacher-forced accuracy of one document from its (1, T, V) logits (position j predicts token j+1).
+    """Teacher-forced accuracy of one document from its (T,) predicted ids (entry j predicts token j+1).
 
     Targets have shape (1, T), the training convention: position j holds token j+1 and the last position holds
     -100 (nothing follows). So ``drop_mask_fn`` sees exactly the targets training built its mask from and returns
     the same (1, T) bool mask.
     """
-    targets = torch.full((1, len(doc)), IGNORE_INDEX, dtype=torch.long, device=logits.device)  # (1, T)
+    targets = torch.full((1, len(doc)), IGNORE_INDEX, dtype=torch.long, device=predicted.device)  # (1, T)
     targets[0, :-1] = torch.tensor(doc[1:], dtype=torch.long)
     dropped = None
     if drop_mask_fn is not None:
@@ -288,109 +154,7 @@ def _document_accuracy(
                 f"drop_mask_fn must return a bool tensor of the targets' shape "
                 f"{tuple(targets.shape)}, got {dropped.dtype} {tuple(dropped.shape)}"
             )
-    return teacher_forced_accuracy(logits, targets, dropped)
-
-
-def _top2_margins(logits: torch.Tensor) -> torch.Tensor:
-    """Top-1 minus top-2 logit along the last axis, in float32: (..., V) -> (...); zeros for a 1-entry vocabulary."""
-    if logits.shape[-1] < 2:
-        return logits.new_zeros(logits.shape[:-1], dtype=torch.float32)
-    top2 = logits.float().topk(2, dim=-1).values
-    return top2[..., 0] - top2[..., 1]
-
-
-def _forced_then_greedy(
-    model: torch.nn.Module,
-    docs: list[list[int]],
-    prefix_lens: list[int],
-    suffix_len: int,
-    pad_token_id: int,
-    drop_mask_fn: Callable[[torch.Tensor], torch.Tensor] | None,
-    device: torch.device,
-) -> tuple[list[GreedyPath], list[dict[str, float | int | None]]]:
-    """Greedy continuation of each document's prefix AND its teacher-forced accuracy, from one shared pass.
-
-    One forward over the whole documents (B, W) gives the teacher-forced logits every metric needs, and with them
-    the greedy path as far as it follows the true suffix: while the greedy id equals the true next token, the
-    greedy context IS the document, so the id at step j is argmax of the teacher-forced logits at the prefix's end
-    + j. Row i's path is read off up to and including its first mismatch m_i; only the steps after the smallest m_i
-    of the batch are decoded, one token at a time, on the KV cache of that same pass (its columns past the smallest
-    m_i masked out; a memorized batch decodes nothing). Rows decode in lockstep; a row whose id at a step is already
-    known from the forced pass keeps it. So the ids equal greedy decoding from the prefix (`greedy_paths`), up to
-    float rounding on a near-tie (the margins record it), and the prompt tokens go through the model once instead
-    of twice (decode, then teacher forcing).
-
-    Layout: rows are left-padded so every prefix ends at column Lp (prefix_lens[i] = P_i, the suffix is
-    docs[i][P_i : P_i + suffix_len]); tokens after the suffix (Pythia split) follow, right-padded.
-    """
-    n_rows, s = len(docs), suffix_len
-    lp = max(prefix_lens)
-    width = lp + max(len(d) - p for d, p in zip(docs, prefix_lens))
-    input_ids = torch.full((n_rows, width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((n_rows, width), dtype=torch.long)
-    starts = [lp - p for p in prefix_lens]
-    for i, (d, start) in enumerate(zip(docs, starts)):
-        input_ids[i, start : start + len(d)] = torch.tensor(d, dtype=torch.long)
-        mask[i, start : start + len(d)] = 1
-    input_ids, mask = input_ids.to(device), mask.to(device)
-    position_ids = (mask.cumsum(dim=-1) - 1).clamp(min=0)  # (B, W): 0 at each row's first real token
-    suffix = input_ids[:, lp : lp + s]  # (B, S)
-
-    static = _static_cache_fits(model)
-    # Room for the document and the at most S - 1 decoded tokens appended after it.
-    cache = StaticCache(config=model.config, max_cache_len=width + s - 1) if static else None
-    out = model(
-        input_ids=input_ids,
-        attention_mask=mask,
-        position_ids=position_ids,
-        use_cache=True,
-        **({"past_key_values": cache, "cache_position": torch.arange(width, device=device)} if static else {}),
-    )
-    logits = out.logits  # (B, W, V)
-    accuracies = [
-        _document_accuracy(logits[i : i + 1, start : start + len(d)], d, drop_mask_fn)
-        for i, (d, start) in enumerate(zip(docs, starts))
-    ]
-
-    forced = logits[:, lp - 1 : lp - 1 + s]  # (B, S, V): step j's logits given the true prefix + suffix[:j]
-    generated = forced.argmax(dim=-1)  # (B, S)
-    margins = _top2_margins(forced)  # (B, S)
-    mismatch = generated != suffix
-    first_miss = torch.where(mismatch.any(dim=1), mismatch.int().argmax(dim=1), s)  # (B,): m_i, s when none
-    steps = torch.arange(s, device=device)
-    generated = torch.where(steps[None, :] < first_miss[:, None], suffix, generated)  # true ids before m_i
-    start_step = int(first_miss.min()) + 1  # the first step some row still has to decode
-    vocab = logits.shape[-1]
-    cache = cache if static else out.past_key_values
-    del out, logits, forced  # the (B, W, V) logits are not needed while decoding
-
-    if start_step < s:
-        # Decoded tokens are appended after the document's W columns. The cache's columns from the first
-        # mismatching suffix token on (lp + start_step - 1 .. W - 1) hold tokens that are not on every row's greedy
-        # path: the attention mask hides them (no cache surgery, which HF caches do not offer alike across
-        # versions), and explicit position ids give each token the position it has in the greedy sequence.
-        n_decode = s - start_step
-        decode_mask = torch.cat([mask, mask.new_ones((n_rows, n_decode))], dim=1)  # (B, W + n_decode)
-        decode_mask[:, lp + start_step - 1 : width] = 0
-        next_position = position_ids[:, lp - 1 : lp] + 1  # (B, 1): the position of suffix step 0
-        for k, step in enumerate(range(start_step, s)):
-            column = width + k
-            out = model(
-                input_ids=generated[:, step - 1 : step],
-                attention_mask=decode_mask[:, : column + 1],
-                position_ids=next_position + step - 1,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-                **({"cache_position": torch.tensor([column], device=device)} if static else {}),
-            )
-            cache = cache if static else out.past_key_values
-            step_logits = out.logits[:, -1, :]  # (B, V)
-            fresh = first_miss < step  # rows whose id at this step the forced pass does not know
-            generated[:, step] = torch.where(fresh, step_logits.argmax(dim=-1), generated[:, step])
-            margins[:, step] = torch.where(fresh, _top2_margins(step_logits), margins[:, step])
-
-    return _paths(generated, margins, vocab), accuracies
+    return prediction_accuracy(predicted[None, :], targets, dropped)
 
 
 def _rouge_version() -> str:
@@ -443,17 +207,17 @@ def extract(
         with evaluating(model):
             for start in range(0, len(order), config.batch_size):
                 batch = order[start : start + config.batch_size]
-                paths, accuracies = _forced_then_greedy(
+                docs = [[int(t) for t in kept[i][0].token_ids] for i in batch]
+                paths, predicted = forced_greedy(
                     model,
-                    [[int(t) for t in kept[i][0].token_ids] for i in batch],
+                    docs,
                     [len(kept[i][1]) for i in batch],
                     config.suffix_len,
-                    pad_token_id,
-                    drop_mask_fn,
-                    device,
+                    pad_token_id=pad_token_id,
+                    device=device,
                 )
-                for i, path, acc in zip(batch, paths, accuracies):
-                    results[i] = (path, acc)
+                for i, doc, path, ids in zip(batch, docs, paths, predicted):
+                    results[i] = (path, _document_accuracy(ids, doc, drop_mask_fn))
                 bar.update(len(batch))
         for (doc, prefix, suffix), (path, acc) in zip(kept, results):
             gen = path.ids

@@ -219,8 +219,21 @@ def teacher_forced_accuracy(
         has no position to average over.
     """
     check_token_shapes(logits, targets, dropped)
+    return prediction_accuracy(logits.argmax(dim=-1), targets, dropped)
+
+
+def prediction_accuracy(
+    predicted: torch.Tensor, targets: torch.Tensor, dropped: torch.Tensor | None = None
+) -> dict[str, float | int | None]:
+    """`teacher_forced_accuracy` from the predicted ids (B, T) (argmax of the logits) instead of the logits."""
+    if predicted.shape != targets.shape or (dropped is not None and dropped.shape != targets.shape):
+        raise ValueError(
+            f"predicted ids, targets and dropped mask must have one shape, got {tuple(predicted.shape)}, "
+            f"{tuple(targets.shape)}" + ("" if dropped is None else f", {tuple(dropped.shape)}")
+        )
+    targets = targets.to(predicted.device)
     valid = targets != IGNORE_INDEX  # (B, T)
-    correct = (logits.argmax(dim=-1) == targets) & valid  # (B, T)
+    correct = (predicted == targets) & valid  # (B, T)
     n_tokens = int(valid.sum())
     result: dict[str, float | int | None] = {
         "accuracy": _ratio(int(correct.sum()), n_tokens),

@@ -23,7 +23,8 @@ from eval.adaptive import (
     samples_needed,
     sampling_extract,
 )
-from eval.extraction import ExtractionConfig, greedy_decode
+from eval.decoding import greedy_decode
+from eval.extraction import ExtractionConfig
 
 PAD, EOS = 1, 2
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from eval.decoding import greedy_decode
 from eval.divergence import divergence_row, divergence_summary, first_divergence, suffix_dropped_flags
-from eval.extraction import greedy_decode
 from goldfish.loss import goldfish_loss
 from goldfish.masks import causal_targets, drop_mask
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 from transformers import GenerationConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from eval.extraction import ExtractionConfig, extract, greedy_decode, greedy_paths, write_extraction
+from eval.decoding import greedy_decode, greedy_paths
+from eval.extraction import ExtractionConfig, extract, write_extraction
 from eval.intervals import mean_interval
 
 VOCAB = 256
@@ -288,6 +289,28 @@ def test_extract_shares_one_pass_and_decodes_only_after_the_first_mismatch(llama
         model.calls = 0  # one mismatch at step 7 (the k = 7 document) leaves s - 8 steps to decode
         extract(model, memorized + [docs[3]], ExtractionConfig(s, prefix_len, 8, 0), decode=decode, pad_token_id=0)
         assert model.calls == 1 + (s - 8)
+
+
+@pytest.mark.parametrize("prefill_tokens", [1, 7, 40])
+def test_prompts_fed_through_the_cache_in_chunks_decode_alike(llama, monkeypatch, prefill_tokens):
+    """PREFILL_TOKENS bounds the tokens of one forward while prompts go through the KV cache: chunks of one column,
+    chunks that end inside the left padding and chunks of several columns give the ids, near-tie records and
+    teacher-forced accuracies of a single forward (rows of 4 documents: 1 token = 1 column per chunk at 1 and 7)."""
+    import eval.decoding
+
+    prefixes = [random_ids(n, 70 + n) for n in (4, 11, 7, 20, 2, 15)]
+    config = ExtractionConfig(suffix_len=8, batch_size=4, bootstrap=0)
+    docs, _ = make_docs(llama, config)
+    whole = greedy_paths(llama, prefixes, 9, pad_token_id=0, batch_size=4)
+    whole_rows, _ = extract(llama, docs, config, decode=decode, pad_token_id=0, progress=False)
+    monkeypatch.setattr(eval.decoding, "PREFILL_TOKENS", prefill_tokens)
+    chunked = greedy_paths(llama, prefixes, 9, pad_token_id=0, batch_size=4)
+    rows, _ = extract(llama, docs, config, decode=decode, pad_token_id=0, progress=False)
+    assert [p.ids for p in chunked] == [p.ids for p in whole]
+    # Float32 rounding of differently shaped matmuls only (~1e-6 of logits of order 10).
+    assert [p.min_margin for p in chunked] == pytest.approx([p.min_margin for p in whole], abs=1e-4)
+    for name in ("generated_ids", "tf_accuracy", "min_margin_position", "exact_match"):
+        assert [r[name] for r in rows] == [r[name] for r in whole_rows]
 
 
 def test_extract_teacher_forced_kept_vs_dropped(llama):
