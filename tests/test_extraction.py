@@ -287,7 +287,8 @@ def test_extract_shares_one_pass_and_decodes_only_after_the_first_mismatch(llama
         rows, _ = extract(model, memorized, config, decode=decode, pad_token_id=0, progress=False)
         assert model.calls == 1 and all(r["exact_match"] for r in rows)
         model.calls = 0  # one mismatch at step 7 (the k = 7 document) leaves s - 8 steps to decode
-        extract(model, memorized + [docs[3]], ExtractionConfig(s, prefix_len, 8, 0), decode=decode, pad_token_id=0)
+        config = ExtractionConfig(suffix_len=s, prefix_len=prefix_len, batch_size=8, bootstrap=0)
+        extract(model, memorized + [docs[3]], config, decode=decode, pad_token_id=0, progress=False)
         assert model.calls == 1 + (s - 8)
 
 
@@ -295,7 +296,7 @@ def test_extract_shares_one_pass_and_decodes_only_after_the_first_mismatch(llama
 def test_prompts_fed_through_the_cache_in_chunks_decode_alike(llama, monkeypatch, prefill_tokens):
     """PREFILL_TOKENS bounds the tokens of one forward while prompts go through the KV cache: chunks of one column,
     chunks that end inside the left padding and chunks of several columns give the ids, near-tie records and
-    teacher-forced accuracies of a single forward (rows of 4 documents: 1 token = 1 column per chunk at 1 and 7)."""
+    teacher-forced accuracies of a single forward (batches of 4 rows: chunks of 1, 1 and 10 columns)."""
     import eval.decoding
 
     prefixes = [random_ids(n, 70 + n) for n in (4, 11, 7, 20, 2, 15)]

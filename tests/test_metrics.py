@@ -12,6 +12,7 @@ from eval.metrics import (
     longest_correct_prefix,
     match_fraction,
     metric_info,
+    prediction_accuracy,
     rouge_scores,
     teacher_forced_accuracy,
     unicode_words,
@@ -166,6 +167,18 @@ def test_teacher_forced_accuracy_rejects_bad_shapes():
         teacher_forced_accuracy(logits, torch.tensor([[1, 2, 3]]))
     with pytest.raises(ValueError, match="bool"):
         teacher_forced_accuracy(logits, torch.tensor([[1, 2]]), torch.tensor([[0, 1]]))
+
+
+def test_prediction_accuracy_equals_the_logits_version():
+    """extract() counts teacher-forced accuracy from predicted ids (the logits are not kept): the same figures as
+    from the logits, on the hand-built case above."""
+    logits = _one_hot_logits([[1, 2, 3, 4], [0, 0, 0, 0]])
+    targets = torch.tensor([[1, 2, 0, -100], [0, 1, -100, -100]])
+    dropped = torch.tensor([[False, True, True, True], [True, False, False, False]])
+    for mask in (None, dropped):
+        assert prediction_accuracy(logits.argmax(-1), targets, mask) == teacher_forced_accuracy(logits, targets, mask)
+    with pytest.raises(ValueError, match="one shape"):
+        prediction_accuracy(torch.tensor([[1, 2, 3]]), targets[:1])
 
 
 def test_metric_registry():
