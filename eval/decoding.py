@@ -236,6 +236,24 @@ def greedy_decode(
     ]
 
 
+def _aligned(
+    docs: list[list[int]], prefix_lens: list[int], pad_token_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    """(input_ids, mask, position_ids), each (B, W), and each row's first column: rows left-padded so that every
+    prefix (the first prefix_lens[i] tokens of docs[i]) ends at column max(prefix_lens) - 1, the rest of each
+    document after it, right-padded. Position ids count real tokens (0 at each row's first)."""
+    lp = max(prefix_lens)
+    width = lp + max(len(d) - p for d, p in zip(docs, prefix_lens))
+    input_ids = torch.full((len(docs), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(docs), width), dtype=torch.long)
+    starts = [lp - p for p in prefix_lens]
+    for i, (d, start) in enumerate(zip(docs, starts)):
+        input_ids[i, start : start + len(d)] = torch.tensor(d, dtype=torch.long)
+        mask[i, start : start + len(d)] = 1
+    input_ids, mask = input_ids.to(device), mask.to(device)
+    return input_ids, mask, (mask.cumsum(dim=-1) - 1).clamp(min=0), starts
+
+
 def forced_greedy(
     model: torch.nn.Module,
     docs: list[list[int]],
@@ -252,29 +270,24 @@ def forced_greedy(
     prefix, and each document's teacher-forced argmax predictions, a (T_i,) int64 tensor whose entry j is the
     model's prediction for token j + 1 given tokens 0..j.
 
-    One pass over the whole documents gives the teacher-forced logits, and with them the greedy path as far as it
+    One pass over prefix + suffix gives the teacher-forced logits, and with them the greedy path as far as it
     follows the true suffix: while the greedy id equals the true next token, the greedy context IS the document, so
     the id at step j is the argmax of the forced logits at the prefix's end + j. Row i's path is read off up to and
     including its first mismatch m_i; only the steps after the batch's smallest m_i are decoded, on the KV cache of
     that same pass (its columns from there on masked out, not cut: HF caches do not offer cutting alike across
-    versions). A batch of memorized documents decodes nothing, and prompts go through the model once instead of
+    versions). A batch of memorized documents decodes nothing, and the tokens go through the model once instead of
     twice (decoding, then teacher forcing). The ids equal `greedy_paths` from the prefixes up to float rounding on a
     near-tie (the margins record it).
 
-    Layout: rows are left-padded so every prefix ends at the same column; tokens after the suffix (the Pythia split)
-    follow, right-padded. Runs on the model as it is (call inside `evaluating`).
+    Documents longer than prefix + suffix (the Pythia split) get their predictions from a second pass over the
+    whole documents instead, so that decoding attends over prefix + suffix + S columns, not the whole documents.
+    Runs on the model as it is (call inside `evaluating`).
     """
-    n_rows, s = len(docs), suffix_len
+    s = suffix_len
     lp = max(prefix_lens)  # every prefix ends at column lp - 1
-    width = lp + max(len(d) - p for d, p in zip(docs, prefix_lens))
-    input_ids = torch.full((n_rows, width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((n_rows, width), dtype=torch.long)
-    starts = [lp - p for p in prefix_lens]
-    for i, (d, start) in enumerate(zip(docs, starts)):
-        input_ids[i, start : start + len(d)] = torch.tensor(d, dtype=torch.long)
-        mask[i, start : start + len(d)] = 1
-    input_ids, mask = input_ids.to(device), mask.to(device)
-    position_ids = (mask.cumsum(dim=-1) - 1).clamp(min=0)  # (B, W): 0 at each row's first real token
+    windows = [d[: p + s] for d, p in zip(docs, prefix_lens)]
+    input_ids, mask, position_ids, starts = _aligned(windows, prefix_lens, pad_token_id, device)
+    n_rows, width = input_ids.shape  # width = lp + S
 
     predicted = torch.zeros((n_rows, width), dtype=torch.long, device=device)  # argmax at every column
     margins = torch.zeros((n_rows, s), dtype=torch.float32, device=device)  # at the suffix steps
@@ -299,5 +312,16 @@ def forced_greedy(
     path_mask = mask.clone()
     path_mask[:, lp + int(first_miss.min()) :] = 0  # columns past the batch's first mismatch are off some path
     _decode(model, cache, generated, margins, first_miss, path_mask, position_ids[:, lp - 1 : lp] + 1)
-    per_doc = [predicted[i, start : start + len(d)] for i, (d, start) in enumerate(zip(docs, starts))]
-    return _paths(generated, margins, vocab[-1]), per_doc
+    del cache
+    paths = _paths(generated, margins, vocab[-1])
+
+    if any(len(d) > len(w) for d, w in zip(docs, windows)):
+        input_ids, mask, position_ids, starts = _aligned(docs, prefix_lens, pad_token_id, device)
+        predicted = torch.zeros_like(input_ids)
+
+        def keep_ids(start: int, logits: torch.Tensor) -> None:
+            predicted[:, start : start + logits.shape[1]] = logits.argmax(dim=-1)
+
+        full_width = input_ids.shape[1]
+        _prefill(model, input_ids, mask, position_ids, _new_cache(model, full_width), keep_ids, all_logits=True)
+    return paths, [predicted[i, start : start + len(d)] for i, (d, start) in enumerate(zip(docs, starts))]

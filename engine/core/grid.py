@@ -13,6 +13,7 @@ module-level state, so `init` may be called again with another shape and returns
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import socket
 from dataclasses import dataclass, field
@@ -215,6 +216,7 @@ class Grid:
         self._groups = {}
         self._node_groups = {}
         if destroy_world and dist.is_initialized():
+            _release_groups()
             dist.destroy_process_group()
 
     def __deepcopy__(self, memo: dict) -> "Grid":
@@ -267,8 +269,21 @@ def _local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")))
 
 
+def _release_groups() -> None:
+    """Free the Python objects that still hold process groups before the groups are destroyed.
+
+    A model sharded with ZeRO 2/3 (FSDP2) keeps its DeviceMesh, and through it the data group, inside reference
+    cycles (modules <-> hooks) that only the cycle collector frees. Left to interpreter shutdown, a gloo group can
+    then be freed after Python, its worker thread still joinable: "terminate called without an active exception",
+    SIGABRT after a finished run. `goldfish train --nproc 2 --zero 3` aborted so in 5 of 42 runs on a 2-core CPU,
+    and in none of 36 with this collection first.
+    """
+    gc.collect()
+
+
 def _destroy_world_at_exit() -> None:
     """Destroy the world group the engine started, if the program has not, while Python is still alive."""
+    _release_groups()
     if dist.is_initialized():
         dist.destroy_process_group()
 
