@@ -252,10 +252,14 @@ def _fails_on_data_rank_1(block: list[int]) -> list[int]:
 
 def _world_2(expected: dict[str, Any], docs: list[Doc], folder: str) -> dict[str, Any]:
     """Every world-2 grid against the serial results, plus the edge cases: fewer documents than data ranks, no
-    documents, an error on one rank, the row split inside ParallelEvalModel, generate's fixed-length rule, and a
-    plain (not parallelized) model on a grid with tensor-parallel axes."""
+    documents, extraction with prompts fed one column per forward on x=2, an error on one rank, the row split
+    inside ParallelEvalModel, generate's fixed-length rule, and a plain (not parallelized) model on a grid with
+    tensor-parallel axes."""
+    from unittest import mock
+
     from engine import init
     from engine.core.sharding import ShardedRunError as ParallelEvalError
+    from eval import decoding
     from eval.parallel import ParallelEvalModel, eval_model, evaluate_parallel, parallelize_for_eval
 
     for shape in ((2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 1), (1, 1, 1, 2)):
@@ -277,6 +281,12 @@ def _world_2(expected: dict[str, Any], docs: list[Doc], folder: str) -> dict[str
     grid = init(x=2)
     model = ParallelEvalModel(load_parallel_model(folder, grid, dtype=torch.float64), grid)
     notes["loaded in eval mode"] = not model.training
+    with mock.patch.object(decoding, "PREFILL_TOKENS", 3):  # batches of 2 rows: prompts go 1 column per forward
+        chunked = evaluate_parallel(
+            model, docs, CONFIG, grid, decode=decode, pad_token_id=PAD, drop_mask_fn=every_third_dropped
+        )
+    if grid.rank == 0:
+        notes["chunked prefill"] = chunked
     marker = Path(folder) / "rank0.txt"
     notes["rank 0 first"] = _rank0_first(grid, lambda: marker.write_text("0") if grid.rank == 0 else marker.read_text())
     try:
@@ -313,6 +323,8 @@ def test_world_2_grids_equal_one_process(tmp_path: Path) -> None:
     rank0 = notes[0]
     one_doc = extract(llama(0), docs[:1], CONFIG, decode=decode, pad_token_id=PAD, progress=False)
     assert_close(rank0["1 docs"], one_doc, "one document on two data ranks")
+    # Prompts fed through the KV cache one column per forward on a tensor-parallel model: the one-process results.
+    assert_close(rank0["chunked prefill"], expected["extract"], "x=2 with chunked prefill")
     rows, summary = rank0["0 docs"]
     assert rows == [] and summary["n_docs"] == 0 and summary["exact_match"] is None
     for message in (rank0["error"], notes[1]["error"]):
