@@ -25,7 +25,7 @@ from eval.batching import decode_longest_first, evaluating, left_pad, model_devi
 # a forward's activations and logits whatever the batch and the document length (the (B, W, V) logits of a whole
 # batch of 2048-token documents over a 50k vocabulary would be 13 GB at 32 rows). On CPU it is also faster: the
 # tensors of a chunk are reused by the allocator instead of being mapped afresh for every op. Measured with the
-# model of bench/extraction.py at one thread: a 206-token prompt costs 24-25 ms per row in chunks of 4096 tokens
+# model of bench/extraction.py at one thread: a 206-token prompt costs 24-26 ms per row in chunks of 4096 tokens
 # at 32 and 64 rows, against 27 and 36 ms in one forward.
 PREFILL_TOKENS = 4096
 
