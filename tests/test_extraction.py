@@ -247,8 +247,9 @@ class CountingWrapper(torch.nn.Module):
 
     def forward(self, **kwargs):
         self.calls += 1
-        if kwargs["input_ids"].shape[1] == 1 and kwargs.get("past_key_values") is not None:  # a decoding step
-            self.decode_cache_columns = max(self.decode_cache_columns, kwargs["past_key_values"].get_seq_length())
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))  # renamed `cache` in transformers 5.24
+        if kwargs["input_ids"].shape[1] == 1 and cache is not None:  # a decoding step
+            self.decode_cache_columns = max(self.decode_cache_columns, cache.get_seq_length())
         return self.model(**kwargs)
 
 

@@ -52,7 +52,9 @@ def checkpoint_decoder_layers(model: nn.Module) -> int:
     return count
 
 
-_CACHE_ARGUMENTS = {"past_key_values": None, "layer_past": None, "use_cache": False}
+# The KV-cache arguments of decoder layers: `past_key_values` (renamed `cache` in transformers 5.24), GPT-2's
+# `layer_past`, and the flag that asks for one.
+_CACHE_ARGUMENTS = {"past_key_values": None, "cache": None, "layer_past": None, "use_cache": False}
 
 
 def _drop_cache_while_training(layer: nn.Module) -> None:

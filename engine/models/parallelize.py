@@ -396,7 +396,7 @@ def _agree_on_row_inputs(arguments: dict, n_rows: int, seq_len: int, group, devi
     positions after the cache; broadcast (1, ...) tensors are expanded when another rank has per-row ones.
     """
     mask, positions = arguments.get("attention_mask"), arguments.get("position_ids")
-    cache = arguments.get("past_key_values")
+    cache = arguments.get("cache", arguments.get("past_key_values"))  # renamed `cache` in transformers 5.24
     past = cache.get_seq_length() if cache is not None and hasattr(cache, "get_seq_length") else 0
     mine = [
         n_rows,
@@ -440,6 +440,7 @@ def _broadcast_everywhere(everyone: list[list[int]], present: int, first_dim: in
 _STACK_ROW_INPUTS = ("attention_mask", "position_ids")
 _STACK_PASS_THROUGH = (
     "past_key_values",
+    "cache",
     "use_cache",
     "cache_position",
     "kwargs",
