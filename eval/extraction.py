@@ -21,7 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from data.atomic import write_json_atomic, write_jsonl_atomic
-from eval.batching import evaluating, model_device
+from eval.batching import decode_longest_first, evaluating, model_device
 from eval.decoding import GreedyPath, forced_greedy
 from eval.intervals import DEFAULT_RESAMPLES, mean_interval
 from eval.metrics import (
@@ -200,25 +200,17 @@ def extract(
     rows: list[dict[str, Any]] = []
     bar = tqdm(total=len(kept), desc="extract", unit="doc", disable=not progress)
     try:
-        # Longest documents first: similar lengths share a batch (less padding) and the biggest batch runs first
-        # (an out-of-memory error shows up at once); rows are put back in input order below.
-        order = sorted(range(len(kept)), key=lambda i: len(kept[i][0].token_ids), reverse=True)
-        results: list[tuple[GreedyPath, dict[str, float | int | None]]] = [None] * len(kept)  # type: ignore[list-item]
-        with evaluating(model):
-            for start in range(0, len(order), config.batch_size):
-                batch = order[start : start + config.batch_size]
-                docs = [[int(t) for t in kept[i][0].token_ids] for i in batch]
-                paths, predicted = forced_greedy(
-                    model,
-                    docs,
-                    [len(kept[i][1]) for i in batch],
-                    config.suffix_len,
-                    pad_token_id=pad_token_id,
-                    device=device,
-                )
-                for i, doc, path, ids in zip(batch, docs, paths, predicted):
-                    results[i] = (path, _document_accuracy(ids, doc, drop_mask_fn))
-                bar.update(len(batch))
+
+        def run_batch(docs: list[list[int]]) -> list[tuple[GreedyPath, dict[str, float | int | None]]]:
+            prefix_lens = [len(config.split(d)[0]) for d in docs]  # type: ignore[index]  # long enough: kept
+            paths, predicted = forced_greedy(
+                model, docs, prefix_lens, config.suffix_len, pad_token_id=pad_token_id, device=device
+            )
+            bar.update(len(docs))
+            return [(path, _document_accuracy(ids, d, drop_mask_fn)) for d, path, ids in zip(docs, paths, predicted)]
+
+        with evaluating(model):  # longest documents first, results in input order
+            results = decode_longest_first([doc.token_ids for doc, _, _ in kept], config.batch_size, run_batch)
         for (doc, prefix, suffix), (path, acc) in zip(kept, results):
             gen = path.ids
             generated_text, reference_text = decode(gen), decode(suffix)
