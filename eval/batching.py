@@ -46,6 +46,24 @@ def pad_batch(rows: Sequence[Sequence[int]], pad_token_id: int, *, side: str) ->
     return input_ids, mask
 
 
+def prefix_aligned(
+    docs: list[list[int]], prefix_lens: list[int], pad_token_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    """(input_ids, mask, position_ids), each (B, W), and each row's first column: rows left-padded so that every
+    prefix (the first prefix_lens[i] tokens of docs[i]) ends at column max(prefix_lens) - 1, the rest of each
+    document after it, right-padded. Position ids count real tokens (0 at each row's first)."""
+    lp = max(prefix_lens)
+    width = lp + max(len(d) - p for d, p in zip(docs, prefix_lens))
+    input_ids = torch.full((len(docs), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(docs), width), dtype=torch.long)
+    starts = [lp - p for p in prefix_lens]
+    for i, (d, start) in enumerate(zip(docs, starts)):
+        input_ids[i, start : start + len(d)] = torch.tensor(d, dtype=torch.long)
+        mask[i, start : start + len(d)] = 1
+    input_ids, mask = input_ids.to(device), mask.to(device)
+    return input_ids, mask, (mask.cumsum(dim=-1) - 1).clamp(min=0), starts
+
+
 def left_pad(
     rows: Sequence[Sequence[int]], pad_token_id: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -54,9 +72,10 @@ def left_pad(
     Position ids count real tokens only (0 at each row's first real token), which is what an unpadded run of that
     row uses; padded slots get 0 and are masked out anyway. (HF generate derives the same ids from the mask.)
     """
-    input_ids, mask = pad_batch(rows, pad_token_id, side="left")
-    position_ids = (mask.cumsum(dim=-1) - 1).clamp(min=0)
-    return input_ids.to(device), mask.to(device), position_ids.to(device)
+    input_ids, mask, position_ids, _ = prefix_aligned(
+        [list(r) for r in rows], [len(r) for r in rows], pad_token_id, device
+    )
+    return input_ids, mask, position_ids
 
 
 def decode_longest_first(

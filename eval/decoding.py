@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 from transformers import PreTrainedModel, StaticCache
 
-from eval.batching import decode_longest_first, evaluating, left_pad, model_device
+from eval.batching import decode_longest_first, evaluating, left_pad, model_device, prefix_aligned
 
 # Tokens (rows x columns) per forward while a prompt goes through the KV cache. Feeding it in column chunks bounds
 # a forward's activations and logits whatever the batch and the document length (the (B, W, V) logits of a whole
@@ -253,24 +253,6 @@ def greedy_decode(
     ]
 
 
-def _aligned(
-    docs: list[list[int]], prefix_lens: list[int], pad_token_id: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
-    """(input_ids, mask, position_ids), each (B, W), and each row's first column: rows left-padded so that every
-    prefix (the first prefix_lens[i] tokens of docs[i]) ends at column max(prefix_lens) - 1, the rest of each
-    document after it, right-padded. Position ids count real tokens (0 at each row's first)."""
-    lp = max(prefix_lens)
-    width = lp + max(len(d) - p for d, p in zip(docs, prefix_lens))
-    input_ids = torch.full((len(docs), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(docs), width), dtype=torch.long)
-    starts = [lp - p for p in prefix_lens]
-    for i, (d, start) in enumerate(zip(docs, starts)):
-        input_ids[i, start : start + len(d)] = torch.tensor(d, dtype=torch.long)
-        mask[i, start : start + len(d)] = 1
-    input_ids, mask = input_ids.to(device), mask.to(device)
-    return input_ids, mask, (mask.cumsum(dim=-1) - 1).clamp(min=0), starts
-
-
 def forced_greedy(
     model: torch.nn.Module,
     docs: list[list[int]],
@@ -303,7 +285,7 @@ def forced_greedy(
     s = suffix_len
     lp = max(prefix_lens)  # every prefix ends at column lp - 1
     windows = [d[: p + s] for d, p in zip(docs, prefix_lens)]
-    input_ids, mask, position_ids, starts = _aligned(windows, prefix_lens, pad_token_id, device)
+    input_ids, mask, position_ids, starts = prefix_aligned(windows, prefix_lens, pad_token_id, device)
     n_rows, width = input_ids.shape  # width = lp + S
 
     predicted = torch.zeros((n_rows, width), dtype=torch.long, device=device)  # argmax at every column
@@ -333,7 +315,7 @@ def forced_greedy(
     paths = _paths(generated, margins, vocab[-1])
 
     if any(len(d) > len(w) for d, w in zip(docs, windows)):
-        input_ids, mask, position_ids, starts = _aligned(docs, prefix_lens, pad_token_id, device)
+        input_ids, mask, position_ids, starts = prefix_aligned(docs, prefix_lens, pad_token_id, device)
         predicted = torch.zeros_like(input_ids)
 
         def keep_ids(start: int, logits: torch.Tensor) -> None:
