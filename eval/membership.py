@@ -40,12 +40,13 @@ document is conditioned on, never scored):
                    the ratio is larger for members. P is built from held-out documents (`recall_prefix`) whose own
                    rows then carry no ReCaLL score: the attack is not scored on the documents it uses.
   * ``dc_pdd``:    DC-PDD (Zhang et al. 2024, "Pretraining data detection for large language models: a
-                   divergence-based calibration method"). For the first occurrence of every distinct token id of x,
-                   alpha_t = p_t * log(p_t / f(x_t)) with p_t = p(x_t | x_<t) the model's probability and f the
-                   token's frequency in a reference corpus (add-one smoothed counts over the tokenizer's
-                   vocabulary, `token_frequencies`); alpha_t is capped at ``DC_PDD_CAP`` and the score is the mean
-                   of the capped alpha_t. Tokens the model finds far likelier than their corpus frequency point to
-                   a member.
+                   divergence-based calibration method"), as its authors' code and mimir compute it: for the first
+                   occurrence of every distinct token id of x, alpha_t = p_t * log(1 / f(x_t)) with p_t = p(x_t |
+                   x_<t) the model's probability and f the token's frequency in a reference corpus (add-one smoothed
+                   counts over the tokenizer's vocabulary, `token_frequencies`): the token's term of the cross-entropy
+                   between the model's probabilities and the corpus frequencies, always >= 0. alpha_t is capped at
+                   ``DC_PDD_CAP`` and the score is the mean of the capped alpha_t. A member's tokens are likely to
+                   the model, and the rare ones (large log(1 / f)) weigh most.
 """
 
 from __future__ import annotations
@@ -119,8 +120,9 @@ def dc_pdd_score(
     log_probs: np.ndarray, token_ids: Sequence[int], frequencies: np.ndarray, cap: float = DC_PDD_CAP
 ) -> float:
     """DC-PDD of one document: mean over the first occurrence of each distinct id in ``token_ids`` (the scored
-    tokens, (n,)) of min(p_t * log(p_t / frequencies[id_t]), cap), with p_t = exp(log_probs[t]). ``frequencies``:
-    (V,) reference-corpus token frequencies, all > 0 (`token_frequencies` smooths them)."""
+    tokens, (n,)) of min(p_t * log(1 / frequencies[id_t]), cap), with p_t = exp(log_probs[t]): the published form
+    (Zhang et al. 2024's code, ``ce = x_pro * np.log(1 / x_fre)``, and mimir's). ``frequencies``: (V,)
+    reference-corpus token frequencies, all in (0, 1] (`token_frequencies` smooths them)."""
     lp = np.asarray(log_probs, dtype=np.float64).reshape(-1)
     ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
     if ids.shape != lp.shape:
@@ -132,8 +134,7 @@ def dc_pdd_score(
             "frequencies with the model's tokenizer"
         )
     _, first = np.unique(ids, return_index=True)  # positions of first occurrences
-    p = np.exp(lp[first])
-    alpha = p * (lp[first] - np.log(freq[ids[first]]))
+    alpha = np.exp(lp[first]) * -np.log(freq[ids[first]])
     return float(np.minimum(alpha, cap).mean())
 
 

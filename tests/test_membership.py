@@ -313,18 +313,21 @@ def test_recall_rows_use_the_prefix():
 
 
 def test_dc_pdd_by_hand():
+    """The published DC-PDD (Zhang et al. 2024's code and mimir): alpha_t = p_t * log(1 / f(x_t)) over first
+    occurrences, capped at a = 0.01, averaged. The figures are worked out by hand, not by the function."""
     frequencies = token_frequencies([[0, 0, 1, 2]], 4)  # counts 2, 1, 1, 0 -> (c + 1) / (4 + 4)
     assert frequencies.tolist() == [3 / 8, 2 / 8, 2 / 8, 1 / 8]
-    lp = [math.log(0.5), math.log(0.01), math.log(0.9)]
-    # ids 3, 1, 3: first occurrences of 3 (position 0) and 1 (position 1); the second 3 is not counted
-    a0 = min(0.5 * math.log(0.5 / (1 / 8)), 0.01)  # 0.693 capped at 0.01
-    a1 = min(0.01 * math.log(0.01 / (2 / 8)), 0.01)  # -0.0322
-    assert dc_pdd_score(lp, [3, 1, 3], frequencies) == pytest.approx((a0 + a1) / 2, abs=1e-12)
-    assert dc_pdd_score(lp, [3, 1, 3], frequencies, cap=10.0) == pytest.approx(
-        (0.5 * math.log(4) + 0.01 * math.log(0.04)) / 2, abs=1e-12
-    )
+    lp = [math.log(0.5), math.log(0.001), math.log(0.9)]
+    # ids 3, 1, 3: first occurrences of 3 (position 0) and 1 (position 1); the second 3 (p = 0.9) is not counted.
+    # alpha_0 = 0.5 * log(8) = 1.03972077 -> capped at 0.01; alpha_1 = 0.001 * log(4) = 0.00138629 (under the cap)
+    assert dc_pdd_score(lp, [3, 1, 3], frequencies) == pytest.approx(0.0056931472, abs=1e-10)
+    assert dc_pdd_score(lp, [3, 1, 3], frequencies, cap=10.0) == pytest.approx(0.5205535326, abs=1e-10)
     row = membership_scores(lp, "t", token_ids=[3, 1, 3], frequencies=frequencies)
-    assert row["score_dc_pdd"] == pytest.approx((a0 + a1) / 2, abs=1e-12)
+    assert row["score_dc_pdd"] == pytest.approx(0.0056931472, abs=1e-10)
+    # p_t <= 1 and f <= 1, so no term of the published form is negative: the score is >= 0 for any document
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 4, size=50)
+    assert dc_pdd_score(np.log(rng.uniform(1e-6, 1, size=50)), ids, frequencies, cap=np.inf) >= 0
 
 
 def test_grad_norm_matches_backward():
