@@ -33,10 +33,28 @@ def fsync_directory(directory: str | Path) -> None:
         os.close(fd)
 
 
+def current_umask() -> int:
+    """The process's umask, the permission bits a new file must not have.
+
+    Linux reports it in /proc/self/status, read without touching the process. Elsewhere the only way to read it is
+    to set it: os.umask(0) returns the old value, which is put back at once (a moment in which another thread
+    creating a file would not be masked)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0)
+    os.umask(old)
+    return old
+
+
 def write_atomic(path: str | Path, write: Callable[[Path], None]) -> Path:
     """Call `write(tmp)` to fill a temporary sibling of `path`, then move it over `path` atomically.
 
     For writers that want a file name (torch.save, safetensors' save_file, matplotlib's savefig). Returns `path`.
+    The file gets the permissions of any new file (0666 less the umask), not mkstemp's private 0600.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -45,6 +63,8 @@ def write_atomic(path: str | Path, write: Callable[[Path], None]) -> Path:
     tmp = Path(tmp_name)
     try:
         write(tmp)
+        # after the writer: some (safetensors) replace the file they are given with one of their own
+        os.chmod(tmp, 0o666 & ~current_umask())
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -122,13 +142,16 @@ def replace_directory(staging: str | Path, directory: str | Path) -> Path:
 
     The old folder is first renamed aside, then the staging folder renamed into place, then the old one removed:
     at every instant `directory` is either the complete old folder, absent for the moment between two renames
-    (the old one still complete beside it), or the complete new folder.
+    (the old one still complete beside it), or the complete new folder. Its files get the permissions of any new
+    file (0666 less the umask): some writers (safetensors) create theirs private (0600) whatever the umask.
     """
     staging, directory = Path(staging), Path(directory)
+    mode = 0o666 & ~current_umask()
     for root, _, files in os.walk(staging):  # the contents must be on disk before the rename makes them visible
         for name in files:
             with open(os.path.join(root, name), "rb") as handle:
                 os.fsync(handle.fileno())
+                os.chmod(os.path.join(root, name), mode)
         fsync_directory(root)
     old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
     if directory.exists():

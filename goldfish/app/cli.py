@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from goldfish.app import options as opt
+from goldfish.app.argparsing import OneLineParser
 from goldfish.app.config import (
     COMPARE_PRESETS,
     CompareSpec,
@@ -705,7 +706,7 @@ def progress_bars(enabled: bool) -> Iterator[None]:
 def build_parser() -> argparse.ArgumentParser:
     from goldfish.app.plan import add_plan_arguments, run_plan
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(  # its subcommands' parsers are of its class: every error is one line
         prog="goldfish",
         description="Goldfish loss: train without verbatim memorization, and measure memorization by extraction.",
     )
@@ -725,6 +726,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from goldfish.app.launch import CRASH_EXIT, SETTINGS_ERROR_EXIT, die_with_launcher, report_worker_error
+
+    die_with_launcher()  # a worker of --nproc: never outlive the launcher
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
@@ -733,7 +737,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    from goldfish.app.launch import CRASH_EXIT, SETTINGS_ERROR_EXIT, report_worker_error
 
     try:
         # --no-progress's dest holds the value of the field it fills, Runtime.progress (False when given)

@@ -1,54 +1,95 @@
 """`--nproc N`: run a goldfish command again in N local worker processes, and report a failure in one line.
 
-The workers are started by torch's elastic launcher (what `torchrun --standalone` runs), called as a library so
-that a failed run ends with the failing worker's own one-line error, printed once, instead of one copy per rank
-plus the launcher's traceback. A worker started here writes its error line (and, for an unexpected exception, its
-traceback) into a folder named by GOLDFISH_ERROR_DIR and exits without printing it; the launcher reads it back.
+The launcher starts the workers itself (the environment torchrun gives them: RANK, WORLD_SIZE, MASTER_ADDR, ...)
+and hosts the store they meet in, a torch TCPStore served from a socket bound to 127.0.0.1: nothing outside this
+machine can reach it (torch's own rendezvous listens on every interface, unauthenticated). When one worker fails,
+the others are stopped (SIGTERM, SIGKILL after STOP_GRACE_SECONDS) and the failing worker's own one-line error is
+printed once, instead of one copy per rank plus a launcher traceback: a worker started here writes its error line
+(and, for an unexpected exception, its traceback) into a folder named by GOLDFISH_ERROR_DIR and exits without
+printing it; the launcher reads it back.
+
+Workers die with their launcher (`die_with_launcher`): a launcher killed with SIGKILL, with its process group, or by
+the OOM killer leaves no worker training and publishing checkpoints on its own.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
+import signal
+import socket
+import subprocess
 import sys
 import tempfile
+import threading
+import time
 import traceback
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Iterator, Sequence
 
 ERROR_DIR_VARIABLE = "GOLDFISH_ERROR_DIR"
+LAUNCHER_VARIABLE = "GOLDFISH_LAUNCHER_PID"  # in a worker: the pid of the launcher it must not outlive
 SETTINGS_ERROR_EXIT = 2  # bad input (a ValueError): the launcher also exits with 2
 CRASH_EXIT = 1
+LOOPBACK = "127.0.0.1"
+MONITOR_SECONDS = 0.1  # how often the launcher looks at its workers
+STOP_GRACE_SECONDS = 10.0  # a stopped worker's time to exit after SIGTERM, before SIGKILL
+WATCH_SECONDS = 0.5  # how often a worker checks that its launcher is alive (where the kernel cannot tell it)
+STORE_TIMEOUT = timedelta(minutes=10)
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @contextmanager
-def _environment(**values: str) -> Iterator[None]:
-    """Set environment variables for the worker processes started inside, and restore the old values after."""
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
+def _loopback_store() -> Iterator[int]:
+    """A TCPStore server for the workers on 127.0.0.1 only; yields its port. The socket is bound here and handed to
+    the store, which otherwise binds every interface whatever host it is given."""
+    from torch.distributed import TCPStore
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        yield
+        listener.bind((LOOPBACK, 0))
+        listener.listen(128)
+        port = listener.getsockname()[1]
+    except BaseException:
+        listener.close()
+        raise
+    fd = listener.detach()  # the store owns the descriptor from here and closes it
+    try:
+        store = TCPStore(
+            LOOPBACK, port, is_master=True, wait_for_workers=False, timeout=STORE_TIMEOUT, master_listen_fd=fd
+        )
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        yield port
     finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        del store  # the server stops with its last reference
 
 
-@contextmanager
-def _quiet_elastic_logs() -> Iterator[None]:
-    """The elastic agent logs every worker failure with its own traceback at ERROR level; the launcher reports the
-    failure itself, so those records are held back while it runs (the logger's level is restored after)."""
-    logger = logging.getLogger("torch.distributed.elastic")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
+def worker_environment(nproc: int, port: int, error_dir: Path) -> dict[str, str]:
+    """The environment every worker of a `launch_local` shares (RANK, LOCAL_RANK and ROLE_RANK are added per
+    worker): torchrun's variables, with the store on 127.0.0.1:`port` hosted by the launcher
+    (TORCHELASTIC_USE_AGENT_STORE: every rank connects to it, none serves another)."""
+    return os.environ | {
+        "MASTER_ADDR": LOOPBACK,
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(nproc),
+        "LOCAL_WORLD_SIZE": str(nproc),
+        "ROLE_WORLD_SIZE": str(nproc),
+        "GROUP_RANK": "0",
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RUN_ID": f"goldfish-{os.getpid()}",
+        # One thread per worker unless the user chose (torchrun's default too): N workers on N cores otherwise
+        # oversubscribe them.
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        ERROR_DIR_VARIABLE: str(error_dir),
+        LAUNCHER_VARIABLE: str(os.getpid()),
+    }
 
 
 def launch_local(argv: Sequence[str], nproc: int, command: str) -> int:
@@ -56,49 +97,75 @@ def launch_local(argv: Sequence[str], nproc: int, command: str) -> int:
 
     Returns 0 when every worker succeeded; otherwise prints `goldfish <command>: error: <the failing worker's
     error>` once on stderr and returns 2 for a settings error, 1 for a crash."""
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
     error_dir = Path(tempfile.mkdtemp(prefix="goldfish-workers-"))
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        run_id=f"goldfish-{os.getpid()}",
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
-        max_restarts=0,
-        monitor_interval=0.1,
-    )
-    # One thread per worker unless the user chose (torchrun's default too): N workers on N cores otherwise
-    # oversubscribe them.
-    threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     print(f"launching {nproc} processes: {sys.executable} -m goldfish {' '.join(argv)}", file=sys.stderr)
-    try:
-        with _environment(**{ERROR_DIR_VARIABLE: str(error_dir)}, **threads), _quiet_elastic_logs():
-            elastic_launch(config, sys.executable)("-m", "goldfish", *argv)
-    except ChildFailedError as failed:
-        message, code = _failure_report(failed, error_dir)
-        print(f"goldfish {command}: error: {message}", file=sys.stderr)
-        return code
-    else:
+    workers: list[subprocess.Popen] = []
+    with _loopback_store() as port:
+        shared = worker_environment(nproc, port, error_dir)
+        try:
+            for rank in range(nproc):
+                environment = shared | {"RANK": str(rank), "LOCAL_RANK": str(rank), "ROLE_RANK": str(rank)}
+                # Own session, as torchrun does: Ctrl-C reaches the launcher alone, which stops the workers.
+                workers.append(
+                    subprocess.Popen([sys.executable, "-m", "goldfish", *argv], env=environment, start_new_session=True)
+                )
+            codes, stopped = _wait(workers)
+        finally:
+            _stop(workers)  # after an interrupt of the launcher: no worker outlives it
+    failures = {rank: code for rank, code in codes.items() if code != 0}
+    if not failures:
         shutil.rmtree(error_dir, ignore_errors=True)
-    return 0
+        return 0
+    message, code = _failure_report(failures, stopped, error_dir)
+    print(f"goldfish {command}: error: {message}", file=sys.stderr)
+    return code
 
 
-def _failure_report(failed, error_dir: Path) -> tuple[str, int]:
-    """The one line that explains a failed launch, and the exit code.
+def _wait(workers: Sequence[subprocess.Popen]) -> tuple[dict[int, int], set[int]]:
+    """Wait until every worker succeeded or one failed; then stop the others. Returns ({rank: exit code}, the ranks
+    this stopped)."""
+    while True:
+        codes = {rank: worker.poll() for rank, worker in enumerate(workers)}
+        if any(code not in (None, 0) for code in codes.values()):
+            stopped = {rank for rank, code in codes.items() if code is None}
+            _stop(workers)
+            return {rank: worker.returncode for rank, worker in enumerate(workers)}, stopped
+        if all(code == 0 for code in codes.values()):
+            return codes, set()  # type: ignore[return-value]
+        time.sleep(MONITOR_SECONDS)
 
-    A worker killed by a signal (not the launcher's own SIGTERM) is the cause whatever its peers wrote after it
-    vanished. Otherwise a settings error (every rank usually finds the same) is reported from the lowest rank that
-    found it, and any other error from the rank that wrote first: a crash on one rank makes its peers fail
-    afterwards on a closed connection."""
+
+def _stop(workers: Sequence[subprocess.Popen]) -> None:
+    """SIGTERM every running worker, SIGKILL those still running STOP_GRACE_SECONDS later, and reap them all."""
+    running = [worker for worker in workers if worker.poll() is None]
+    for worker in running:
+        worker.terminate()
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    for worker in running:
+        try:
+            worker.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _failure_report(failures: dict[int, int], stopped: set[int], error_dir: Path) -> tuple[str, int]:
+    """The one line that explains a failed launch, and the exit code. `failures`: {rank: non-zero exit code} (a
+    negative code is the signal that ended the worker); `stopped`: the ranks the launcher stopped after the failure.
+
+    A worker killed by a signal from outside is the cause whatever its peers wrote after it vanished. Otherwise a
+    settings error (every rank usually finds the same) is reported from the lowest rank that found it, and any other
+    error from the rank that wrote first: a crash on one rank makes its peers fail afterwards on a closed
+    connection."""
     lines = {int(path.stem.removeprefix("rank")): path for path in error_dir.glob("rank*.txt")}
-    killed = [
-        rank
-        for rank, failure in failed.failures.items()
-        if failure.exitcode < 0 and failure.signal_name() != "SIGTERM" and rank not in lines
-    ]
+    killed = [rank for rank, code in failures.items() if code < 0 and rank not in stopped and rank not in lines]
     if lines and not killed:
         settings = [rank for rank in lines if (error_dir / f"rank{rank}.settings").exists()]
         rank = min(settings) if settings else min(lines, key=lambda r: (lines[r].stat().st_mtime_ns, r))
@@ -111,23 +178,43 @@ def _failure_report(failed, error_dir: Path) -> tuple[str, int]:
             shutil.rmtree(error_dir, ignore_errors=True)
         return message, SETTINGS_ERROR_EXIT if settings else CRASH_EXIT
     shutil.rmtree(error_dir, ignore_errors=True)
-    # The agent stops the surviving workers with SIGTERM: a worker that ended by another signal was the cause.
-    signalled = sorted(
-        (rank, failure)
-        for rank, failure in failed.failures.items()
-        if failure.exitcode < 0 and failure.signal_name() != "SIGTERM"
-    )
-    rank, failure = signalled[0] if signalled else min(failed.failures.items())
-    how = (
-        f"was killed by signal {failure.signal_name()}"
-        if failure.exitcode < 0
-        else f"exited with code {failure.exitcode}"
-    )
+    ended = {rank: code for rank, code in failures.items() if rank not in stopped} or failures
+    signalled = sorted(rank for rank, code in ended.items() if code < 0)
+    rank = signalled[0] if signalled else min(ended)
+    code = ended[rank]
+    how = f"was killed by signal {_signal_name(code)}" if code < 0 else f"exited with code {code}"
     return (
         f"worker rank {rank} {how} without an error message (out of memory, or killed from outside?); the "
         "other workers were stopped",
         CRASH_EXIT,
     )
+
+
+def die_with_launcher() -> None:
+    """In a worker started by `launch_local`: end this process as soon as its launcher is gone (killed with SIGKILL,
+    with its process group, by the OOM killer), so that no worker trains and publishes checkpoints on its own and a
+    `--resume` never runs beside one. Anywhere else a no-op.
+
+    On Linux the kernel kills the worker when its parent dies (prctl PR_SET_PDEATHSIG); everywhere a daemon thread
+    checks every WATCH_SECONDS that the parent is still the launcher (an orphan is adopted by another process)."""
+    launcher = os.environ.get(LAUNCHER_VARIABLE)
+    if not launcher or ERROR_DIR_VARIABLE not in os.environ:
+        return
+    launcher_pid = int(launcher)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != launcher_pid:  # the launcher died before this process asked to die with it
+        os._exit(CRASH_EXIT)
+    watch = threading.Thread(target=_watch_launcher, args=(launcher_pid,), name="goldfish-launcher-watch", daemon=True)
+    watch.start()
+
+
+def _watch_launcher(launcher_pid: int) -> None:
+    while os.getppid() == launcher_pid:
+        time.sleep(WATCH_SECONDS)
+    os._exit(CRASH_EXIT)  # the launcher is gone: nobody waits for this worker's result
 
 
 def report_worker_error(error: BaseException, settings_error: bool) -> bool:

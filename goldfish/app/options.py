@@ -27,6 +27,7 @@ from typing import Any, Callable, Collection
 
 from data.dedup import DEDUP_MODES, DUPLICATE_POLICIES
 from engine.spec import PRECISIONS
+from goldfish.app.argparsing import argument_type, positive_int
 from goldfish.app.config import parse_int_list, parse_node_size, parse_repeats
 from goldfish.app.lora import parse_targets
 from goldfish.masks import STRATEGIES
@@ -95,7 +96,7 @@ class OptionGroup:
                     dest=option.dest,
                     required=True,
                     help=text,
-                    type=option.parse or str,
+                    type=argument_type(option.parse or str),
                     choices=option.choices,
                 )
                 continue
@@ -104,7 +105,12 @@ class OptionGroup:
             )
             shown = "" if default is None else f" (default: {_show(default)})"
             group.add_argument(
-                option.flag, dest=option.dest, default=default, type=parse, choices=option.choices, help=text + shown
+                option.flag,
+                dest=option.dest,
+                default=default,
+                type=argument_type(parse),  # a parse error reads as the option's own message
+                choices=option.choices,
+                help=text + shown,
             )
 
     def values(self, args: argparse.Namespace, *, skip: Collection[str] = ()) -> dict[str, Any]:
@@ -371,7 +377,7 @@ RUNTIME = OptionGroup(
             "--threads",
             "threads",
             "CPU threads for torch (default: torch's choice; 1 avoids oversubscription on busy machines)",
-            parse=int,
+            parse=positive_int,
         ),
         Option("--no-progress", "progress", "no progress bars", switch=True),
         Option(
@@ -390,8 +396,8 @@ RUNTIME = OptionGroup(
         Option(
             "--nproc",
             "nproc",
-            "launch N local processes with torchrun (gloo on CPU, NCCL on GPUs) and run this command",
-            parse=int,
+            "launch N local processes (gloo on CPU, NCCL on GPUs) and run this command in them",
+            parse=positive_int,
         ),
     ),
 )

@@ -13,6 +13,7 @@ from engine.planner.cost_model import NAMED_SHAPES
 from engine.planner.plan import CHECKPOINTING, PRECISIONS, PlanRequest, format_table, rank_grids, resolve_shape
 from engine.planner.profiles import PROFILES, load_profile
 from engine.spec import PLAN_PRECISION
+from goldfish.app.argparsing import OneLineParser
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -181,7 +182,7 @@ def run_plan(args: argparse.Namespace) -> int:
 def main(argv: list[str]) -> int:
     """`goldfish plan ARGS` on its own: the planner is plain Python, so this path imports neither torch nor the
     rest of the application (goldfish.app.entry sends `plan` here)."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="goldfish plan",
         description="rank the 4D grids (data x X x Y x Z) for a "
         "model on a cluster by predicted step time, with memory per GPU",

@@ -1,0 +1,64 @@
+"""Command-line errors in one line: `goldfish train: error: --k: expected an integer, got 'x' (...--help...)`.
+
+argparse prints the whole usage (dozens of lines for `goldfish train`) before its error, and names the Python
+function that failed to convert a value ("invalid parse_repeats value"). `OneLineParser` prints only the error,
+naming the option, with a pointer to --help, and exits 2; `argument_type` turns a parse function's own ValueError
+message into the error text. Torch-free: `goldfish plan` uses it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from typing import Any, Callable, NoReturn
+
+_EXPECTED = {"int": "an integer", "float": "a number"}
+_INVALID_VALUE = re.compile(r"invalid (?P<type>\S+) value: (?P<value>.*)$")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line on stderr (exit 2), naming the option and the fix."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {_plain(message)} (see {self.prog} --help)\n")
+
+
+def _plain(message: str) -> str:
+    """argparse's message without its wording for programmers: "argument --k: invalid int value: 'x'" becomes
+    "--k: expected an integer, got 'x'"; a conversion error of another type no longer names a Python function."""
+    option, separator, text = message.partition(": ")
+    if not (option.startswith("argument ") and separator):
+        return message
+    option = option.removeprefix("argument ").split("/")[0]
+    invalid = _INVALID_VALUE.match(text)
+    if invalid:
+        expected = _EXPECTED.get(invalid["type"])
+        text = f"expected {expected}, got {invalid['value']}" if expected else f"invalid value {invalid['value']}"
+    return f"{option}: {text}"
+
+
+def argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """`parse` as an argparse `type=`: a ValueError it raises becomes the option's error text (argparse would
+    replace it by "invalid <function name> value"); int and float say what they expect."""
+    expected = _EXPECTED.get(getattr(parse, "__name__", ""))
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as error:
+            reason = f"expected {expected}, got {text!r}" if expected else str(error) or f"invalid value {text!r}"
+            raise argparse.ArgumentTypeError(reason) from None
+
+    convert.__name__ = getattr(parse, "__name__", "value")  # argparse's fallback wording names it
+    return convert
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (a count of threads or processes)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise ValueError(f"must be >= 1, got {value}")
+    return value
