@@ -10,6 +10,7 @@ Every floor uses it: data (manifests), engine (checkpoints, profiles), eval (res
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
@@ -121,20 +122,62 @@ def staging_directory(directory: str | Path) -> Path:
     return staging
 
 
+def _owner_pid(sibling: Path) -> int | None:
+    """The process id at the end of a staging or set-aside folder's name (".NAME.partial-PID", ".NAME.old-PID")."""
+    tail = sibling.name.rpartition("-")[2]
+    return int(tail) if tail.isdigit() else None
+
+
+def process_gone(pid: int | None) -> bool:
+    """True when no process `pid` runs on this machine (None, a name without a pid, counts as gone)."""
+    if pid is None:
+        return True
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # it exists, under another user
+        return False
+    return False
+
+
+def _siblings(directory: Path, kind: str) -> list[Path]:
+    """The ".NAME.<kind>-PID" folders beside `directory`, oldest first."""
+    found = [p for p in directory.parent.glob(f".{glob.escape(directory.name)}.{kind}-*") if p.is_dir()]
+    return sorted(found, key=lambda p: p.stat().st_mtime_ns)
+
+
 def recover_directory(directory: str | Path) -> bool:
     """Undo a replace_directory cut off between its two renames: when `directory` is absent and the complete old
-    folder it renamed aside is there, rename that back. Returns True when it did.
+    folder it renamed aside is there, rename that back. Returns True when it did. Safe for any reader to call:
+    a folder set aside by a process that still runs (in the middle of its replace) is left alone.
 
     Staging folders (".NAME.partial-PID") are never recovered: nothing vouches for their being complete."""
     directory = Path(directory)
     if directory.exists():
         return False
-    aside = sorted(directory.parent.glob(f".{directory.name}.old-*"), key=lambda p: p.stat().st_mtime_ns)
+    aside = [p for p in _siblings(directory, "old") if _owner_pid(p) == os.getpid() or process_gone(_owner_pid(p))]
     if not aside:
         return False
-    os.replace(aside[-1], directory)
+    try:
+        os.replace(aside[-1], directory)
+    except OSError:  # another reader recovered it first
+        return directory.exists()
     fsync_directory(directory.parent)
     return True
+
+
+def remove_leftovers(directory: str | Path) -> list[Path]:
+    """Remove what killed replace_directory calls for `directory` left beside it: staging folders
+    (".NAME.partial-PID") and, once `directory` exists, old folders set aside (".NAME.old-PID"), of processes that
+    are gone. Returns the folders removed."""
+    directory = Path(directory)
+    stale = [p for p in _siblings(directory, "partial") if process_gone(_owner_pid(p))]
+    if directory.exists():
+        stale += [p for p in _siblings(directory, "old") if process_gone(_owner_pid(p))]
+    for folder in stale:
+        shutil.rmtree(folder, ignore_errors=True)
+    return stale
 
 
 def replace_directory(staging: str | Path, directory: str | Path) -> Path:

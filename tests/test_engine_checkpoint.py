@@ -21,7 +21,6 @@ from scratch on the loaded weights already changes the next loss by 4e-3 relativ
 from __future__ import annotations
 
 import io
-import os
 import shutil
 from pathlib import Path
 
@@ -336,22 +335,19 @@ def test_resharding_is_exact(make_name, save_shape, tmp_path):
 # ----- atomicity ------------------------------------------------------------------------------------------
 
 
-class _FailWhenPickled:
-    """Put into one rank's extra_state: that rank fails while writing its record, after its tensor shard."""
+def _limit_file_size(killed: bool) -> None:
+    """Make this process's writes past 4 KiB fail, as on a full disk: with `killed`, SIGXFSZ ends the process in the
+    middle of the write (as a node failure would); else the write fails with EFBIG (Python ignores SIGXFSZ)."""
+    import resource
+    import signal
 
-    def __reduce__(self):
-        raise OSError("no space left on device (simulated)")
-
-
-class _DieWhenPickled:
-    """Put into one rank's extra_state: that rank's process dies mid-save, as in a node failure."""
-
-    def __reduce__(self):
-        os._exit(17)
+    signal.signal(signal.SIGXFSZ, signal.SIG_DFL if killed else signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 
 
 def failing_saves(tmp: str, hard: bool) -> str:
-    """Save at step 1, change the weights, then a save at step 2 in which rank 1 fails (or dies)."""
+    """Save at step 1, change the weights, then a save at step 2 in which rank 1 cannot write its shard file (its
+    file size limit is 4 KiB) and fails, or with `hard` is killed while writing it."""
     directory = Path(tmp) / "atomic" / "checkpoint"
     with init(x=2) as grid:
         model, optimizer = trained_state("llama", grid, steps=1)
@@ -360,17 +356,17 @@ def failing_saves(tmp: str, hard: bool) -> str:
         with torch.no_grad():
             for param in model.parameters():
                 param.add_(1.0)
-        culprit = _DieWhenPickled() if hard else _FailWhenPickled()
-        extra = {"step": 2, "payload": culprit if grid.rank == 1 else None}
+        if grid.rank == 1:
+            _limit_file_size(killed=hard)
         try:
-            save_checkpoint(directory, model, optimizer, grid, extra_state=extra, save_model=save_hf(grid))
-        except (CheckpointError, OSError) as error:  # every rank learns of the failure: no hang
+            save_checkpoint(directory, model, optimizer, grid, extra_state={"step": 2}, save_model=save_hf(grid))
+        except CheckpointError as error:  # every rank learns of the failure: no hang
             return f"{type(error).__name__}: {error}"
         return "saved"
 
 
-def check_old_checkpoint(directory: Path) -> None:
-    """The step-1 checkpoint is intact and loads (serially); the half-written staging folder does not."""
+def check_old_checkpoint(directory: Path, staging_left: int) -> None:
+    """The step-1 checkpoint is intact and loads (serially); a staging folder left by a killed save does not."""
     model = llama(seed=123)
     optimizer = make_optimizer(model, TrainConfig(lr=1e-2, weight_decay=0.1))
     assert load_checkpoint(directory, model, optimizer)["step"] == 1
@@ -380,24 +376,27 @@ def check_old_checkpoint(directory: Path) -> None:
     for key, value in hf.state_dict().items():
         assert torch.equal(value, model.state_dict()[key]), key
     staging = [p for p in directory.parent.iterdir() if p.name.startswith(".checkpoint.partial")]
-    assert len(staging) == 1
-    with pytest.raises(CheckpointError, match="incomplete|missing"):
-        load_checkpoint(staging[0], llama(seed=123), None)
+    assert len(staging) == staging_left
+    for folder in staging:
+        with pytest.raises(CheckpointError, match="incomplete|missing"):
+            load_checkpoint(folder, llama(seed=123), None)
 
 
 def test_failed_save_keeps_previous_checkpoint(tmp_path):
     outcome = run_distributed(2, failing_saves, str(tmp_path), False)
     assert outcome[0].startswith("CheckpointError: another rank failed")
-    assert outcome[1].startswith("OSError: no space left")
-    check_old_checkpoint(tmp_path / "atomic" / "checkpoint")
+    # one line: what failed and what to fix
+    assert outcome[1].startswith(f"CheckpointError: cannot write the checkpoint {tmp_path / 'atomic' / 'checkpoint'}")
+    assert "File too large" in outcome[1] and "Fix: raise the file size limit" in outcome[1], outcome[1]
+    assert "\n" not in outcome[1]
+    check_old_checkpoint(tmp_path / "atomic" / "checkpoint", staging_left=0)  # the failed save cleaned up
 
 
 def test_crash_mid_save_keeps_previous_checkpoint(tmp_path):
     run_distributed(2, failing_saves, str(tmp_path), False)  # the step-1 checkpoint (and a failed save)
-    shutil.rmtree(next(p for p in (tmp_path / "atomic").iterdir() if p.name.startswith(".checkpoint.partial")))
     with pytest.raises(RankFailure):
         run_distributed(2, failing_saves, str(tmp_path), True, timeout=60)
-    check_old_checkpoint(tmp_path / "atomic" / "checkpoint")
+    check_old_checkpoint(tmp_path / "atomic" / "checkpoint", staging_left=1)
 
 
 # ----- errors ---------------------------------------------------------------------------------------------

@@ -7,11 +7,17 @@ Layout of a checkpoint folder (next to whatever the caller's `save_model` writes
     engine_shards/rank-NNNNN.safetensors
                                       the tensor pieces rank NNNNN owns: "model/<key>" and
                                       "optim/<param name>/<state key>" (AdamW exp_avg, exp_avg_sq, step)
-    engine_shards/rank-NNNNN.pt       every rank: its extra_state (e.g. its RNG) and the optimizer's groups
-    trainer_state.pt                  rank 0's extra_state (step, schedule, RNG: what the training loop resumes)
+    engine_shards/rank-NNNNN.state.json, .state.safetensors
+                                      every rank: its extra_state (e.g. its RNG) and the optimizer's groups
+    trainer_state.json, trainer_state.safetensors
+                                      rank 0's extra_state (step, schedule, RNG: what the training loop resumes)
 
 A run without a grid (one process) writes the simpler serial layout instead: what `save_model` writes (an
-ordinary HF folder) plus trainer_state.pt holding extra_state and the optimizer's own state dict.
+ordinary HF folder) plus trainer_state.json/.safetensors holding extra_state and the optimizer's own state dict.
+
+Nothing in a checkpoint is pickled: tensors are safetensors, everything else JSON (engine/training/state_files.py),
+so reading a checkpoint from someone else can never run code. A folder of the older pickle format (trainer_state.pt,
+rank-NNNNN.pt) is refused without opening those files.
 
 Every tensor piece is written once: a ParallelLinear weight shard by the rank at data=0 with the same
 (x, y, z); a bias shard (replicated over the axis that splits the layer's input) by the rank at index 0 of
@@ -19,14 +25,19 @@ that axis and data=0; replicated tensors (norms, embeddings, lm_head, AdamW's st
 
 Atomicity: everything goes to a staging sibling folder; rank 0 renames it to the target only after
 every rank reported its files written, so a crash at any point leaves the previous checkpoint (the
-staging folder is never read). Loading at the same grid reads each rank's own pieces; at another grid
+staging folder is never read; the next save removes the staging folders of processes that are gone). A
+kill between the two renames that replace an older checkpoint leaves it set aside complete; every reader
+renames it back first. Loading at the same grid reads each rank's own pieces; at another grid
 (or into a plain serial model) each full tensor is rebuilt from the saved pieces and sharded again, one
 tensor at a time. `consolidate_checkpoint` merges the pieces into an ordinary HF checkpoint.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import re
 import shutil
 import struct
 from contextlib import ExitStack
@@ -39,18 +50,21 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from data.atomic import replace_directory, staging_directory, write_atomic, write_text_atomic
+from data.atomic import recover_directory, remove_leftovers, replace_directory, staging_directory, write_text_atomic
 from engine.core import comm
 from engine.core.grid import AXES, Grid, GridShape
 from engine.core.linear import ParallelLinear, mode_axes
 from engine.core.vocab_parallel import is_vocab_parallel
 from engine.memory.zero import full, like, model_class_name, optimizer_value
+from engine.training.state_files import StateFileError, load_state, save_state, state_files
 
 FORMAT = "goldfish-engine-checkpoint"
-VERSION = 1
+VERSION = 2  # 1: rank records and trainer state were pickles (never read: unpickling can run code)
 METADATA_FILE = "engine_checkpoint.json"
 SHARDS_DIR = "engine_shards"
-TRAINER_STATE_FILE = "trainer_state.pt"  # step, schedule, RNG (and, in the serial layout, the optimizer)
+TRAINER_STATE = "trainer_state"  # step, schedule, RNG (and, in the serial layout, the optimizer)
+TRAINER_STATE_FILE = f"{TRAINER_STATE}.json"  # with trainer_state.safetensors beside it (state_files)
+PICKLED_TRAINER_STATE_FILE = "trainer_state.pt"  # the older pickle format, refused unread
 
 # Files of an HF model folder that consolidation writes itself rather than copying.
 _MODEL_FILES = (
@@ -61,6 +75,8 @@ _MODEL_FILES = (
     "pytorch_model.bin.index.json",
     "generation_config.json",
 )
+# Files of a checkpoint folder that are the engine's own, not part of an HF folder.
+_ENGINE_FILES = (METADATA_FILE, f"{TRAINER_STATE}.json", f"{TRAINER_STATE}.safetensors", PICKLED_TRAINER_STATE_FILE)
 
 
 class CheckpointError(ValueError):
@@ -188,6 +204,15 @@ def _shard_file(rank: int, suffix: str) -> str:
     return f"{SHARDS_DIR}/rank-{rank:05d}.{suffix}"
 
 
+def _rank_state(rank: int) -> str:
+    """The stem of rank `rank`'s record (extra_state, optimizer groups): STEM.json and STEM.safetensors."""
+    return _shard_file(rank, "state")
+
+
+def _state_file_names(stem: str) -> list[str]:
+    return [f"{stem}.json", f"{stem}.safetensors"]
+
+
 def _all_ok(ok: bool, grid: Grid) -> bool:
     """True when every rank's `ok` is True (a collective over the whole world; free for one rank)."""
     return comm.all_agree(ok, grid.group(*AXES), grid.device)
@@ -197,7 +222,7 @@ def _optimizer_layout(
     optimizer: torch.optim.Optimizer | None, model: nn.Module, entries: dict[str, _Entry]
 ) -> tuple[dict[str, dict[str, str]], list[dict[str, Any]]]:
     """Per parameter name, how each optimizer state value is stored ("like_param" = sharded exactly as the
-    parameter, "replicated" = one copy written by rank 0, "value" = a non-tensor kept in the .pt file), and
+    parameter, "replicated" = one copy written by rank 0, "value" = a non-tensor kept in the rank's record), and
     the optimizer's groups with parameter names instead of indices."""
     if optimizer is None:
         return {}, []
@@ -274,7 +299,7 @@ def _expected_files(entries: dict[str, _Entry], shape: GridShape) -> list[str]:
         coords = shape.coords(rank)
         if any(e.kind != "alias" and _owner(e, coords, shape) == rank for e in entries.values()):
             files.append(_shard_file(rank, "safetensors"))
-        files.append(_shard_file(rank, "pt"))
+        files.extend(_state_file_names(_rank_state(rank)))
     return files
 
 
@@ -320,13 +345,13 @@ def _write_own_files(
             str(staging / _shard_file(grid.rank, "safetensors")),
             metadata={"format": "pt", "rank": str(grid.rank)},
         )
-    torch.save(
+    _save_state(
+        staging / _rank_state(grid.rank),
         {"extra_state": extra_state, "optimizer_groups": groups, "optimizer_values": values},
-        staging / _shard_file(grid.rank, "pt"),
     )
     if grid.rank != 0:
         return None
-    torch.save(extra_state, staging / TRAINER_STATE_FILE)
+    _save_state(staging / TRAINER_STATE, extra_state)
     hf_part = _hf_part(model, entries)
     return {
         "format": FORMAT,
@@ -353,16 +378,18 @@ def save_checkpoint(
 ) -> Path:
     """Write a checkpoint of `model` and `optimizer` to `directory`, atomically.
 
-    grid None (one process, plain model): the serial layout, i.e. `save_model`'s files plus trainer_state.pt with
-    extra_state and the optimizer's state dict. With a grid: the sharded layout; collective, every rank of the grid
-    calls it with the same directory, and the filesystem must be shared by all ranks.
+    grid None (one process, plain model): the serial layout, i.e. `save_model`'s files plus trainer_state.json and
+    .safetensors with extra_state and the optimizer's state dict. With a grid: the sharded layout; collective,
+    every rank of the grid calls it with the same directory, and the filesystem must be shared by all ranks.
 
     save_model(model, folder) runs on EVERY rank with the staging folder (it may run collectives, e.g.
     engine.full_state_dict; typically rank 0 then writes an ordinary HF model there). extra_state is each
-    rank's own small picklable state (step, scheduler, RNG; none by default); rank 0's also goes to
-    trainer_state.pt and load_checkpoint returns it. An
-    existing checkpoint at `directory` is replaced only once the new one is complete. Returns `directory`.
-    Raises CheckpointError on every rank when any rank fails to write its files.
+    rank's own small state (step, scheduler, RNG; none by default) made of tensors, numbers, strings, None and
+    lists, tuples or dicts of them (it is stored as JSON plus safetensors, never pickled); rank 0's also goes to
+    trainer_state.json and load_checkpoint returns it. An existing checkpoint at `directory` is replaced only
+    once the new one is complete; staging folders that killed saves left beside it are removed. Returns
+    `directory`. Raises CheckpointError on every rank when any rank fails to write its files (a full disk, a
+    read-only folder: one line saying what to free or fix; the previous checkpoint stays intact).
     """
     directory = Path(directory)
     extra_state = {} if extra_state is None else extra_state
@@ -373,9 +400,9 @@ def save_checkpoint(
     staging_name: str | None = None
     if grid.rank == 0:
         try:
-            staging_name = str(staging_directory(directory))
+            staging_name = str(_new_staging(directory))
         except OSError as error:
-            staging_name = f"error: {error}"
+            staging_name = f"error: {_write_error(error, directory)}"
     staging_name = comm.broadcast_object(staging_name, grid.group(*AXES), grid.device)
     if staging_name is None or staging_name.startswith("error: "):
         raise CheckpointError(f"rank 0 could not create a staging folder next to {directory}: {staging_name}")
@@ -388,8 +415,10 @@ def save_checkpoint(
             save_model(model, staging)
         metadata = _write_own_files(staging, model, optimizer, grid, extra_state)
     except Exception as error:  # noqa: BLE001 - every rank must learn that the save failed, then it re-raises
-        failure = error
+        failure = _write_error(error, directory)
     if not _all_ok(failure is None, grid):
+        if grid.rank == 0:  # every rank has stopped writing into it
+            shutil.rmtree(staging, ignore_errors=True)
         if failure is not None:
             raise failure
         raise CheckpointError(
@@ -411,7 +440,10 @@ def save_checkpoint(
             write_text_atomic(staging / METADATA_FILE, json.dumps(metadata, indent=1))
             replace_directory(staging, directory)
         except Exception as error:  # noqa: BLE001
-            published = error
+            published = _write_error(error, directory)
+            if not directory.exists():  # cut off between the two renames: the previous checkpoint goes back
+                recover_directory(directory)
+            shutil.rmtree(staging, ignore_errors=True)
     if not _all_ok(published is None, grid):
         if published is not None:
             raise published
@@ -426,41 +458,102 @@ def _save_serial(
     extra_state: dict[str, Any],
     save_model: Callable[[nn.Module, Path], None] | None,
 ) -> Path:
-    """The serial layout: save_model's files and trainer_state.pt (extra_state + optimizer state dict), published
-    with one rename so a crash leaves either the previous checkpoint or the new one."""
-    staging = staging_directory(directory)
+    """The serial layout: save_model's files and trainer_state.json/.safetensors (extra_state + the optimizer's
+    state dict), published by replace_directory so a crash leaves either the previous checkpoint or the new one."""
+    staging: Path | None = None
     try:
+        staging = _new_staging(directory)
         if save_model is not None:
             save_model(model, staging)
         state = dict(extra_state)
         if optimizer is not None:
             state["optimizer"] = optimizer.state_dict()
-        write_atomic(staging / TRAINER_STATE_FILE, lambda tmp: torch.save(state, tmp))
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        _save_state(staging / TRAINER_STATE, state)
+        return replace_directory(staging, directory)
+    except BaseException as error:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        if not directory.exists():  # cut off between the two renames: the previous checkpoint goes back
+            recover_directory(directory)
+        failure = _write_error(error, directory)
+        if failure is not error:
+            raise failure from None
         raise
-    return replace_directory(staging, directory)
+
+
+def _new_staging(directory: Path) -> Path:
+    """A fresh staging folder for `directory`, after removing those that killed saves left beside it."""
+    remove_leftovers(directory)
+    return staging_directory(directory)
+
+
+def _save_state(stem: Path, state: dict[str, Any]) -> None:
+    try:
+        save_state(stem, state, name="extra_state" if stem.name == TRAINER_STATE else "the rank's checkpoint record")
+    except StateFileError as error:
+        raise CheckpointError(str(error)) from None
+
+
+# What to free or fix when a write fails, by errno (the rest: the system's own words).
+_WRITE_FIXES = {
+    errno.ENOSPC: "free disk space there",
+    errno.EDQUOT: "free space within your disk quota there",
+    errno.EFBIG: "raise the file size limit (ulimit -f) or write the checkpoint elsewhere",
+    errno.EROFS: "write the checkpoint to a writable filesystem",
+    errno.EACCES: "make the folder writable for this user or write the checkpoint elsewhere",
+    errno.EPERM: "make the folder writable for this user or write the checkpoint elsewhere",
+}
+
+
+def _write_error(error: BaseException, directory: Path) -> BaseException:
+    """A failed write (an OSError, or safetensors' error for one: "I/O error: ... (os error N)") as one line: what
+    failed, what to free or fix, and that the previous checkpoint is intact. Any other error comes back as it is."""
+    code, filename = None, None
+    if isinstance(error, OSError):
+        code, filename = error.errno, error.filename
+    elif isinstance(error, SafetensorError):
+        found = re.search(r"os error (\d+)", str(error))
+        code = int(found.group(1)) if found else None
+    if code is None:
+        return error
+    fix = _WRITE_FIXES.get(code, "check the disk and the folder's permissions there")
+    return CheckpointError(
+        f"cannot write the checkpoint {directory}: {os.strerror(code)} (errno {code}"
+        + (f", {filename}" if filename else "")
+        + f"). Fix: {fix} ({directory.parent}); the previous checkpoint there (if any) is intact"
+    )
 
 
 # ----- reading ------------------------------------------------------------------------------------------
 
 
 def read_trainer_state(directory: str | Path) -> dict[str, Any]:
-    """The trainer_state.pt of a checkpoint folder (either layout): rank 0's extra_state, and in the serial layout
-    the optimizer state dict under "optimizer"."""
+    """The trainer state of a checkpoint folder (either layout): rank 0's extra_state, and in the serial layout
+    the optimizer state dict under "optimizer". Reads JSON and safetensors only."""
     directory = Path(directory)
+    recover_directory(directory)  # a save killed between its two renames set the complete checkpoint aside
     if not directory.is_dir():
         raise CheckpointNotFoundError(
             f"checkpoint {directory} does not exist (no {TRAINER_STATE_FILE} to resume "
             "from); give the checkpoint folder a training run wrote (OUT/checkpoint)"
         )
-    path = directory / TRAINER_STATE_FILE
-    if not path.exists():
+    if not (directory / TRAINER_STATE_FILE).exists():
+        _refuse_pickled(directory, PICKLED_TRAINER_STATE_FILE)
         raise CheckpointNotFoundError(
             f"{directory} is not a resumable checkpoint: {TRAINER_STATE_FILE} is missing "
             "(give the checkpoint/ folder that a training run wrote)"
         )
-    return _load_pickle(path)
+    return _read_state(directory / TRAINER_STATE)
+
+
+def _refuse_pickled(directory: Path, name: str) -> None:
+    """Refuse a checkpoint of the older pickle format, without opening the pickle."""
+    if (directory / name).exists():
+        raise CheckpointError(
+            f"{directory / name} is a pickle (the older checkpoint format), which can run code when read; it is "
+            f"never opened. Fix: train again from the start (the model weights of that folder still load as an "
+            "HF model: they are safetensors)"
+        )
 
 
 def is_engine_checkpoint(directory: str | Path) -> bool:
@@ -469,6 +562,7 @@ def is_engine_checkpoint(directory: str | Path) -> bool:
 
 
 def _read_metadata(directory: Path) -> dict[str, Any]:
+    recover_directory(directory)  # a save killed between its two renames set the complete checkpoint aside
     if not directory.is_dir():
         raise CheckpointError(
             f"checkpoint {directory} does not exist; give the checkpoint folder a training run wrote (OUT/checkpoint)"
@@ -486,6 +580,11 @@ def _read_metadata(directory: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} is corrupt ({error}); restore the checkpoint from a copy") from None
     if metadata.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not an engine checkpoint (format {metadata.get('format')!r})")
+    if metadata.get("version") == 1:
+        raise CheckpointError(
+            f"{path} is a version 1 engine checkpoint, whose per-rank records are pickles (they can run code "
+            "when read, so they are never opened). Fix: train again from the start"
+        )
     if metadata.get("version") != VERSION:
         raise CheckpointError(
             f"{path} has format version {metadata.get('version')}, this engine reads version "
@@ -709,20 +808,18 @@ def load_serial_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimiz
     optimizer.load_state_dict({"state": local, "param_groups": state["param_groups"]})
 
 
-def _load_pickle(path: Path) -> Any:
+def _read_state(stem: Path) -> Any:
+    """A state file pair of a checkpoint (state_files: JSON + safetensors, never a pickle)."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        return load_state(stem)
     except FileNotFoundError:
-        raise CheckpointError(f"{path} is missing; the checkpoint is incomplete") from None
-    except Exception as error:  # noqa: BLE001 - unpickling raises many types on a damaged file
-        raise CheckpointError(
-            f"cannot read {path} ({type(error).__name__}: {error}); the file is corrupt, restore "
-            "it or use an earlier checkpoint"
-        ) from None
+        raise CheckpointError(f"{state_files(stem)[0]} is missing; the checkpoint is incomplete") from None
+    except StateFileError as error:
+        raise CheckpointError(f"{error}; restore the checkpoint from a copy or use an earlier one") from None
 
 
 def _read_rank_record(directory: Path, rank: int) -> dict[str, Any]:
-    return _load_pickle(directory / _shard_file(rank, "pt"))
+    return _read_state(directory / _rank_state(rank))
 
 
 def _load_optimizer(
@@ -809,7 +906,7 @@ def consolidate_checkpoint(directory: str | Path, out_dir: str | Path) -> Path:
     state = {key[len(prefix) :]: value for key, value in state.items()}
     staging = staging_directory(out_dir)
     for item in directory.iterdir():
-        if item.is_file() and item.name not in _MODEL_FILES and item.name not in (METADATA_FILE, TRAINER_STATE_FILE):
+        if item.is_file() and item.name not in _MODEL_FILES and item.name not in _ENGINE_FILES:
             shutil.copy2(item, staging / item.name)
     save_file(
         {k: v.contiguous() for k, v in state.items()}, str(staging / "model.safetensors"), metadata={"format": "pt"}
@@ -862,6 +959,8 @@ def check_safetensors(path: str | Path, fix: str = "copy the file again, or re-s
 
 
 def check_model_folder(folder: str | Path, fix: str = "copy the file again, or re-save the model") -> None:
-    """`check_safetensors` on every *.safetensors file directly in `folder` (sorted; none is fine)."""
+    """`check_safetensors` on every *.safetensors file directly in `folder` (sorted; none is fine) but the trainer
+    state of a checkpoint, which loading the model does not read."""
     for path in sorted(Path(folder).glob("*.safetensors")):
-        check_safetensors(path, fix)
+        if path.name != f"{TRAINER_STATE}.safetensors":
+            check_safetensors(path, fix)

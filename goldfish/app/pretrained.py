@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
+import pickle
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -227,7 +228,18 @@ def load_pretrained_model(name_or_path: str | Path, *, dtype: torch.dtype = torc
             "(goldfish train writes it as OUT/checkpoint)",
         )
     try:
-        return AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=dtype)
+        # weights_only (transformers' default, stated here because it is what keeps a model folder from running
+        # code): a pytorch_model.bin is read with torch.load(weights_only=True), which refuses any pickled object
+        # other than tensors. trust_remote_code stays off: a folder's own Python files are never run.
+        return AutoModelForCausalLM.from_pretrained(
+            str(name_or_path), dtype=dtype, weights_only=True, trust_remote_code=False
+        )
+    except pickle.UnpicklingError:
+        raise ValueError(
+            f"cannot load model {str(name_or_path)!r}: its pickled weights file (pytorch_model.bin) holds objects "
+            "other than tensors, which are never loaded (unpickling them could run code). Fix: use a copy of the "
+            "model saved as safetensors (model.safetensors) from a source you trust"
+        ) from None
     except (OSError, ValueError) as error:
         hint = (
             "the folder has no config.json/weights"
@@ -237,5 +249,5 @@ def load_pretrained_model(name_or_path: str | Path, *, dtype: torch.dtype = torc
         raise ValueError(
             f"cannot load model {str(name_or_path)!r}: {hint}. Give a folder written by save_pretrained "
             f"(e.g. a goldfish run's model/ folder) or a tiny model name (tiny-llama, tiny-gpt2, ...). "
-            f"Cause: {error}"
+            f"Cause: {str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}"
         ) from error

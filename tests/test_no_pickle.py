@@ -1,0 +1,245 @@
+"""Nothing in a checkpoint or a model folder is unpickled as code.
+
+A crafted pickle (an object whose __reduce__ calls exec, which writes a marker file) is planted in each file of a
+goldfish checkpoint and of a model folder, and beside them under the names pickle-based tools use; `goldfish train
+--resume`, `goldfish eval --model` and `eval --reference` either ignore it or refuse it in one line (exit 2). The
+marker file is never written. The state files themselves round-trip exactly and refuse what they cannot hold.
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.training.state_files import StateFileError, load_state, save_state
+from goldfish.app.cli import main
+
+TINY = [
+    "--model",
+    "micro-llama",
+    "--n-train",
+    "4",
+    "--n-heldout",
+    "2",
+    "--seq-len",
+    "48",
+    "--vocab-size",
+    "320",
+    "--batch-size",
+    "2",
+    "--no-progress",
+    "--threads",
+    "1",
+]
+EVAL = ["--suffix-len", "16", "--bootstrap", "0", "--no-progress", "--threads", "1"]
+
+# What `goldfish train` writes into OUT/checkpoint (checked below, so a new file cannot escape the test).
+CHECKPOINT_FILES = [
+    "config.json",
+    "generation_config.json",
+    "goldfish_run.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "trainer_state.json",
+    "trainer_state.safetensors",
+]
+# Names under which pickle-based tools keep state: planted beside a complete checkpoint, they are never opened.
+BESIDE = ["trainer_state.pt", "pytorch_model.bin", "optimizer.pt", "training_args.bin", "rng_state.pth"]
+
+
+class _Payload:
+    """Unpickling this runs exec, which writes the marker file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (builtins.exec, (f"open({self.marker!r}, 'w').write('unpickled')",))
+
+
+def crafted_pickle(marker: Path) -> bytes:
+    """A torch.save file (what torch.load and transformers' .bin loader read) whose unpickling writes `marker`."""
+    buffer = io.BytesIO()
+    torch.save({"model": _Payload(marker)}, buffer)
+    return buffer.getvalue()
+
+
+def _one_line_or_success(code: int, capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err.strip()
+    assert code in (0, 2), err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+    if code == 2:
+        lines = [line for line in err.splitlines() if "error:" in line]
+        assert len(lines) == 1 and err.endswith(lines[0]), err[-2000:]
+    return err
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished tiny training run (1 epoch, 2 steps)."""
+    out = tmp_path_factory.mktemp("run") / "run"
+    assert main(["train", "--out", str(out), *TINY, "--epochs", "1"]) == 0
+    assert sorted(p.name for p in (out / "checkpoint").iterdir()) == CHECKPOINT_FILES
+    return out
+
+
+def _planted(run: Path, tmp_path: Path, name: str, marker: Path) -> Path:
+    """A copy of `run` whose checkpoint file `name` is the crafted pickle."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    (copy / "checkpoint" / name).write_bytes(crafted_pickle(marker))
+    return copy
+
+
+@pytest.mark.parametrize("name", CHECKPOINT_FILES + BESIDE)
+def test_planted_pickle_never_runs_on_resume(run: Path, tmp_path: Path, name: str, capsys) -> None:
+    marker = tmp_path / "MARKER"
+    copy = _planted(run, tmp_path, name, marker)
+    capsys.readouterr()
+    code = main(["train", "--out", str(copy), "--resume", str(copy / "checkpoint"), *TINY, "--epochs", "1"])
+    _one_line_or_success(code, capsys)
+    assert not marker.exists()
+    if name in BESIDE:  # never opened: the checkpoint beside it resumes as if it were not there
+        assert code == 0
+
+
+@pytest.mark.parametrize("name", CHECKPOINT_FILES + BESIDE)
+def test_planted_pickle_never_runs_on_eval_model(run: Path, tmp_path: Path, name: str, capsys) -> None:
+    marker = tmp_path / "MARKER"
+    copy = _planted(run, tmp_path, name, marker)
+    capsys.readouterr()
+    code = main(["eval", "--model", str(copy / "checkpoint"), "--out", str(tmp_path / "eval"), *EVAL])
+    _one_line_or_success(code, capsys)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "pytorch_model.bin"])
+def test_planted_pickle_never_runs_on_eval_reference(run: Path, tmp_path: Path, name: str, capsys) -> None:
+    """The reference model's folder gets the pickle (its weights, its config, or a .bin beside its safetensors)."""
+    marker = tmp_path / "MARKER"
+    copy = _planted(run, tmp_path, name, marker)
+    capsys.readouterr()
+    code = main(
+        [
+            "eval",
+            "--model",
+            str(run / "checkpoint"),
+            "--reference",
+            str(copy / "checkpoint"),
+            "--out",
+            str(tmp_path / "eval"),
+            *EVAL,
+        ]
+    )
+    _one_line_or_success(code, capsys)
+    assert not marker.exists()
+
+
+def _bin_only_folder(run: Path, tmp_path: Path, marker: Path) -> Path:
+    """A model folder whose only weights are a crafted pytorch_model.bin."""
+    folder = tmp_path / "bin-model"
+    shutil.copytree(run / "checkpoint", folder)
+    for name in ("model.safetensors", "trainer_state.json", "trainer_state.safetensors"):
+        (folder / name).unlink()
+    (folder / "pytorch_model.bin").write_bytes(crafted_pickle(marker))
+    return folder
+
+
+def test_a_folder_with_only_a_crafted_bin_is_refused_in_one_line(run: Path, tmp_path: Path, capsys) -> None:
+    marker = tmp_path / "MARKER"
+    folder = _bin_only_folder(run, tmp_path, marker)
+    capsys.readouterr()
+    commands = {
+        "eval --model": ["eval", "--model", str(folder), "--out", str(tmp_path / "e1"), *EVAL],
+        "eval --reference": [
+            "eval",
+            *["--model", str(run / "checkpoint"), "--reference", str(folder), "--out", str(tmp_path / "e2"), *EVAL],
+        ],
+        "train --model": ["train", "--out", str(tmp_path / "t"), *TINY, "--model", str(folder), "--epochs", "1"],
+    }
+    for label, argv in commands.items():
+        err = _one_line_or_success(main(argv), capsys)
+        assert "pytorch_model.bin" in err and "never loaded" in err and "safetensors" in err, (label, err)
+        assert not marker.exists(), label
+
+
+def test_a_checkpoint_of_the_pickle_format_is_refused_unread(run: Path, tmp_path: Path, capsys) -> None:
+    """A checkpoint of the older format (trainer_state.pt, no trainer_state.json): refused without opening it."""
+    marker = tmp_path / "MARKER"
+    copy = _planted(run, tmp_path, "trainer_state.pt", marker)
+    for name in ("trainer_state.json", "trainer_state.safetensors"):
+        (copy / "checkpoint" / name).unlink()
+    capsys.readouterr()
+    code = main(["train", "--out", str(copy), "--resume", str(copy / "checkpoint"), *TINY, "--epochs", "1"])
+    err = _one_line_or_success(code, capsys)
+    assert code == 2 and "trainer_state.pt is a pickle" in err and "never opened" in err, err
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_planted_pickle_in_a_rank_record_never_runs_on_an_nproc_resume(tmp_path: Path, capsys) -> None:
+    """A sharded checkpoint (--nproc 2, data=2): rank 1's record, which only its worker reads, holds the pickle."""
+    marker = tmp_path / "MARKER"
+    out = tmp_path / "run"
+    argv = ["train", "--nproc", "2", "--out", str(out), *TINY, "--epochs", "1"]
+    assert main(argv) == 0
+    shards = out / "checkpoint" / "engine_shards"
+    assert sorted(p.name for p in shards.iterdir() if p.name.startswith("rank-00001.state"))
+    for record in shards.glob("rank-00001.state.*"):
+        record.write_bytes(crafted_pickle(marker))
+    capsys.readouterr()
+    code = main([*argv, "--resume", str(out / "checkpoint")])
+    err = _one_line_or_success(code, capsys)
+    assert code == 2 and "rank-00001.state" in err, err
+    assert not marker.exists()
+
+
+# ----- the state files themselves ------------------------------------------------------------------------------
+
+
+def test_state_files_round_trip_exactly(tmp_path: Path) -> None:
+    shared = torch.arange(6.0)
+    state = {
+        "step": 3,
+        "flag": True,
+        "none": None,
+        "lr": 1e-3,
+        "inf": math.inf,
+        "rng": torch.random.get_rng_state(),  # uint8
+        "bf16": torch.randn(2, 3).to(torch.bfloat16),
+        "scalar": torch.tensor(7.0),
+        "view": shared[2:4],  # a view: stored as its own values
+        "same": [shared, shared],  # one tensor twice: stored once
+        "betas": (0.9, 0.95),
+        "optimizer": {"state": {0: {"exp_avg": torch.ones(2)}}, "param_groups": [{"params": [0], "lr": 0.1}]},
+        "$odd": {"$tensor": "not a tag"},  # keys that look like tags stay data
+    }
+    save_state(tmp_path / "s", state)
+    back = load_state(tmp_path / "s")
+    assert back.keys() == state.keys()
+    for key in ("step", "flag", "none", "lr", "inf", "betas", "$odd"):
+        assert back[key] == state[key] and type(back[key]) is type(state[key]), key
+    for key in ("rng", "bf16", "scalar", "view"):
+        assert back[key].dtype == state[key].dtype and torch.equal(back[key], state[key]), key
+    assert torch.equal(back["same"][0], shared) and back["same"][0] is back["same"][1]
+    assert list(back["optimizer"]["state"]) == [0]  # an int key stays an int
+    assert torch.equal(back["optimizer"]["state"][0]["exp_avg"], torch.ones(2))
+    nan = load_state(save_state(tmp_path / "n", {"x": math.nan})[0].with_suffix(""))["x"]
+    assert math.isnan(nan)
+
+
+def test_state_files_refuse_objects(tmp_path: Path) -> None:
+    with pytest.raises(StateFileError, match=r"extra_state\['scheduler'\]\[0\] is a .*_Payload.*never pickled"):
+        save_state(tmp_path / "s", {"scheduler": [_Payload(tmp_path / "m")]}, name="extra_state")
+    (tmp_path / "t.json").write_text('{"format": "goldfish-state", "version": 1, "state": {"$tensor": "0"}}')
+    (tmp_path / "t.safetensors").write_bytes(crafted_pickle(tmp_path / "MARKER"))
+    with pytest.raises(StateFileError, match="corrupt or truncated"):
+        load_state(tmp_path / "t")
+    assert not (tmp_path / "MARKER").exists()
