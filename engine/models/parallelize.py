@@ -44,7 +44,7 @@ from engine.core.functional import copy_to_group, gather_from_group, reduce_from
 from engine.core.grid import Grid
 from engine.core.linear import ROWS_ATTR, ParallelLinear, ShardingError, current_rows_layout
 from engine.core.vocab_parallel import can_shard_vocab, is_vocab_parallel, shard_vocab
-from engine.models.plans import ModelPlan, check_supported, find_planned, head_counts
+from engine.models.plans import FUSED_NAMES, ModelPlan, check_supported, find_planned, head_counts
 from engine.spec import check_rows_layout, row_gather_axes
 
 # On module objects: which rows a module's parameters see (engine.training.state.sync_gradients reads it):
@@ -324,6 +324,26 @@ def _check_heads(name: str, heads: int, kind: str, grid: Grid) -> None:
         )
 
 
+def _refuse_unconfirmed_fusion(module: nn.Module, attr: str, family: str, config: Any, name: str) -> None:
+    """Raise ShardingError when a column-split projection looks fused ([q | k | v] or [gate | up] in one Linear, by
+    its name or its width) but its family's feature order is not confirmed in engine.models.plans.FUSED_LAYOUTS:
+    splitting it by contiguous slices would hand each y rank a mix of q, k and v features."""
+    out = _out_features(module)
+    heads, kv_heads, head_dim = head_counts(config)
+    fused_widths = {heads * head_dim + 2 * kv_heads * head_dim, 3 * heads * head_dim} - {heads * head_dim}
+    intermediate = getattr(config, "intermediate_size", None)
+    if isinstance(intermediate, int) and intermediate > 0:
+        fused_widths.add(2 * intermediate)
+    fused_widths -= {heads * head_dim, kv_heads * head_dim, intermediate}
+    named = any(part in attr.lower() for part in FUSED_NAMES)
+    if named or out in fused_widths:
+        raise ShardingError(
+            f"{family}: {name} looks like a fused projection ({out} output features) whose feature order the "
+            "engine has not confirmed for this family, so it cannot split its heads over y; use a grid with y=1 "
+            "(x, z and data do not split heads)"
+        )
+
+
 def _plan_layer(
     layer: nn.Module, name: str, plan: ModelPlan, config: Any, grid: Grid, overlap: bool
 ) -> list[ParallelLinear]:
@@ -337,7 +357,14 @@ def _plan_layer(
     parents: dict[int, tuple[nn.Module, str, set[str], set[int]]] = {}
     for projection in plan.projections:
         parent_path, _, attr = projection.path.rpartition(".")
-        parent = layer.get_submodule(parent_path) if parent_path else layer
+        try:
+            parent = layer.get_submodule(parent_path) if parent_path else layer
+        except AttributeError:
+            raise ShardingError(
+                f"{plan.family}: {name} ({type(layer).__name__}) has no {parent_path} named in the family's "
+                "tensor-parallel plan (its layers are not all of one kind); use a grid without x, y and z (data "
+                "parallelism, optionally with ZeRO)"
+            ) from None
         full_name = f"{name}.{projection.path}"
         module = getattr(parent, attr, None)
         if module is None:
@@ -345,6 +372,8 @@ def _plan_layer(
         order = None
         if projection.fused is not None and projection.mode == "normal":
             order = _fused_order(module, projection.fused, config, n_y, full_name)
+        elif projection.mode == "normal" and n_y > 1:
+            _refuse_unconfirmed_fusion(module, attr, plan.family, config, full_name)
         _, planned, widths = parents.setdefault(id(parent), (parent, f"{name}.{parent_path}", set(), set()))[1:]
         planned.add(attr)
         if projection.mode == "normal":
@@ -513,6 +542,68 @@ def _install_stack_hooks(stack: nn.Module, grid: Grid) -> None:
     stack._engine_hooks = (stack.register_forward_pre_hook(enter, with_kwargs=True), stack.register_forward_hook(leave))
 
 
+def _refuse_other_lookups(stack: nn.Module, plan: ModelPlan, stack_name: str) -> None:
+    """Raise ShardingError when the base model `stack` holds an embedding table, outside its decoder layers, other than
+    its input embeddings and a table of positions: the stack hooks hand the base model looked-up embeddings of the
+    x*y group's rows and no token ids, so a second lookup of the ids (Gemma 3n's per-layer embeddings) would be
+    skipped or run on other rows."""
+    layers = getattr(stack, plan.layers)
+    inside_layers = {id(m) for m in layers.modules()}
+    positions = {getattr(stack.config, key, None) for key in ("max_position_embeddings", "n_positions", "n_ctx")} - {
+        None
+    }
+    own = stack.get_input_embeddings()
+    for name, module in stack.named_modules():
+        if id(module) in inside_layers or module is own or not isinstance(module, nn.Embedding):
+            continue
+        if module.num_embeddings in positions and module.num_embeddings != getattr(stack.config, "vocab_size", None):
+            continue  # read by position ids, which the hooks gather with the rows
+        where = f"{stack_name}.{name}" if stack_name else name
+        raise ShardingError(
+            f"{plan.family}: {where} ({type(module).__name__}) is a second embedding table outside the decoder layers, "
+            "which the engine's row exchange does not cover; use a grid with x=1 and y=1 (z and data only)"
+        )
+
+
+def _first_line(error: BaseException, limit: int = 160) -> str:
+    """The start of an exception's message, on one line, for a refusal that must stay one line."""
+    text = " ".join(str(error).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _plan_stack(stack_name: str, stack: nn.Module, plan: ModelPlan, grid: Grid, overlap: bool) -> None:
+    """Shard the decoder layers of base model `stack` (named `stack_name` in the model) as `plan` says and install
+    its row hooks; raises ShardingError for what the engine cannot shard."""
+    tensor_parallel = grid.size("x", "y", "z") > 1
+    if not hasattr(stack, "get_input_embeddings"):
+        raise ShardingError(f"{stack_name}: {type(stack).__name__} has no get_input_embeddings()")
+    check_supported(plan, tensor_parallel)
+    if tensor_parallel and not plan.projections:
+        raise ShardingError(
+            f"{plan.family}: the model declares no tensor-parallel plan the engine can use; use a "
+            "grid without x, y and z (data parallelism, optionally with ZeRO)"
+        )
+    if tensor_parallel and plan.family == "gpt2" and getattr(stack.config, "add_cross_attention", False):
+        raise ShardingError(
+            "GPT-2 with cross-attention: the engine's GPT-2 plan does not cover it; use a grid without x, y and z"
+        )
+    if grid.size("x", "y") > 1:
+        _refuse_other_lookups(stack, plan, stack_name)
+    prefix = f"{stack_name}.{plan.layers}" if stack_name else plan.layers
+    order: list[ParallelLinear] = []  # the sharded linears in the order a forward calls them
+    for index, layer in enumerate(getattr(stack, plan.layers)):
+        if not plan.unsupported:  # else a grid without tensor parallelism (checked above): nothing to shard
+            order += _plan_layer(layer, f"{prefix}.{index}", plan, stack.config, grid, overlap)
+        layer._engine_grid = grid
+    for current, following in zip(order, order[1:]):
+        current.prefetch_before(following)
+    setattr(stack, REGION_ATTR, "layer")
+    setattr(stack.get_input_embeddings(), REGION_ATTR, "rows")
+    stack._engine_stack_grid = grid
+    if grid.size("x", "y") > 1:
+        _install_stack_hooks(stack, grid)
+
+
 def parallelize(model: nn.Module, grid: Grid, *, overlap: bool = True, vocab_parallel: bool | None = None) -> nn.Module:
     """Shard `model` in place for `grid` and return it; the weights are kept exactly.
 
@@ -536,31 +627,17 @@ def parallelize(model: nn.Module, grid: Grid, *, overlap: bool = True, vocab_par
             continue
         if planned is not None:
             raise ShardingError(f"{stack_name or type(stack).__name__} is already parallelized on another grid")
-        if not hasattr(stack, "get_input_embeddings"):
-            raise ShardingError(f"{stack_name}: {type(stack).__name__} has no get_input_embeddings()")
-        check_supported(plan, tensor_parallel)
-        if tensor_parallel and not plan.projections:
+        try:
+            _plan_stack(stack_name, stack, plan, grid, overlap)
+        except ShardingError:
+            raise
+        except Exception as error:  # noqa: BLE001 - the family's code did something the plan did not foresee
+            where = stack_name or type(stack).__name__
             raise ShardingError(
-                f"{plan.family}: the model declares no tensor-parallel plan the engine can use; use a "
-                "grid without x, y and z (data parallelism, optionally with ZeRO)"
-            )
-        if tensor_parallel and plan.family == "gpt2" and getattr(stack.config, "add_cross_attention", False):
-            raise ShardingError(
-                "GPT-2 with cross-attention: the engine's GPT-2 plan does not cover it; use a grid without x, y and z"
-            )
-        prefix = f"{stack_name}.{plan.layers}" if stack_name else plan.layers
-        order: list[ParallelLinear] = []  # the sharded linears in the order a forward calls them
-        for index, layer in enumerate(getattr(stack, plan.layers)):
-            if not plan.unsupported:  # else a grid without tensor parallelism (checked above): nothing to shard
-                order += _plan_layer(layer, f"{prefix}.{index}", plan, stack.config, grid, overlap)
-            layer._engine_grid = grid
-        for current, following in zip(order, order[1:]):
-            current.prefetch_before(following)
-        setattr(stack, REGION_ATTR, "layer")
-        setattr(stack.get_input_embeddings(), REGION_ATTR, "rows")
-        stack._engine_stack_grid = grid
-        if grid.size("x", "y") > 1:
-            _install_stack_hooks(stack, grid)
+                f"{plan.family}: the engine cannot shard {where} ({type(error).__name__} while planning it: "
+                f"{_first_line(error)}); "
+                "use a grid without x, y and z (data parallelism, optionally with ZeRO)"
+            ) from error
     if not found and tensor_parallel:
         raise ShardingError(
             f"parallelize found no decoder layers it can shard in {type(model).__name__} (it reads "

@@ -50,10 +50,25 @@ EXPLICIT_PLANS: dict[str, dict[str, str]] = {
     },
 }
 
-# How a fused projection's output features are grouped, by its attribute name: "blocks" = [q | k | v] (GPT-2 c_attn,
-# Phi-3 qkv_proj), "per_head" = [q_h k_h v_h] for each head in turn (GPT-NeoX: already whole heads per slice),
-# "halves" = [gate | up] (Phi-3 gate_up_proj). Shapes are checked against the config before sharding.
-FUSED_LAYOUTS = {"c_attn": "blocks", "qkv_proj": "blocks", "query_key_value": "per_head", "gate_up_proj": "halves"}
+# How a fused projection's output features are grouped, by family (config.model_type) and attribute name: "blocks" =
+# [q | k | v] (GPT-2 c_attn, Phi-3 qkv_proj), "per_head" = [q_h k_h v_h] for each head in turn (GPT-NeoX: already
+# whole heads per slice), "halves" = [gate | up] (Phi-3 and GLM gate_up_proj). Each entry was read off the family's
+# modeling code and is confirmed by the family check in tests/test_every_family.py; the same attribute name means
+# another order in other families (CodeGen's qkv_proj interleaves groups of [q | v | k]), so a fused projection of a
+# family not listed here is refused (engine.parallelize), never guessed from its name. Shapes are checked against the
+# config before sharding.
+FUSED_LAYOUTS: dict[tuple[str, str], str] = {
+    ("gpt2", "c_attn"): "blocks",
+    ("phi3", "qkv_proj"): "blocks",
+    ("phi4_multimodal", "qkv_proj"): "blocks",
+    ("gpt_neox", "query_key_value"): "per_head",
+    ("phi3", "gate_up_proj"): "halves",
+    ("phi4_multimodal", "gate_up_proj"): "halves",
+    ("glm", "gate_up_proj"): "halves",
+    ("glm4", "gate_up_proj"): "halves",
+}
+# Attribute names that mean a fused projection in some family: outside FUSED_LAYOUTS they are refused.
+FUSED_NAMES = ("c_attn", "qkv", "query_key_value", "gate_up", "wqkv", "w1w3", "qkv_proj", "in_proj")
 
 
 @dataclass(frozen=True)
@@ -111,7 +126,7 @@ def model_plan(base: nn.Module) -> ModelPlan | None:
         if parts[0] not in layer_lists:
             layer_lists.append(parts[0])
         path = ".".join(parts[2:])
-        projections.append(Projection(path, STYLE_MODES[style], FUSED_LAYOUTS.get(parts[-1])))
+        projections.append(Projection(path, STYLE_MODES[style], FUSED_LAYOUTS.get((family, parts[-1]))))
     if not layer_lists:  # no tensor-parallel plan: the pipeline plan may still name the layers
         for name in getattr(config, "base_model_pp_plan", None) or {}:
             if isinstance(getattr(base, name, None), nn.ModuleList):
