@@ -271,6 +271,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     runtime = runtime_of(args)
     if runtime.nproc:
         _launch_shape(runtime)
+    from goldfish.app.pretrained import recover_folder
+
+    for folder in (args.model, args.reference):  # a checkpoint a killed save set aside is complete: put it back
+        recover_folder(folder)
     record = _run_record(args)
     if runtime.nproc:
         extraction_of(args), instruments_of(args)  # validated before the workers start

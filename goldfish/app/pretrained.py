@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from data.atomic import recover_directory
 from engine.training.checkpoint import check_model_folder
 
 
@@ -217,9 +218,17 @@ def load_pretrained(
     return model, tokenizer
 
 
+def recover_folder(name_or_path: str | os.PathLike) -> bool:
+    """Put back a model folder that a save killed between its two renames left set aside (a goldfish checkpoint
+    replaced while a run was killed: OUT/.checkpoint.old-PID holds the complete previous one); True when it did.
+    A no-op for hub names and for folders that are there."""
+    return recover_directory(Path(os.path.expanduser(os.fspath(name_or_path))))
+
+
 def load_pretrained_model(name_or_path: str | Path, *, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
     """Load an HF causal LM from a hub name or a local folder, with a clear error when it cannot be found or a
-    weights file is truncated."""
+    weights file is truncated. Weights are read as safetensors or weights-only: nothing in the folder runs."""
+    recover_folder(name_or_path)
     if Path(name_or_path).is_dir():
         # A truncated safetensors file would otherwise fail deep inside from_pretrained with a SafetensorError.
         check_model_folder(
