@@ -15,11 +15,10 @@ non-member. `find_duplicate_links` finds three kinds of relation between candida
                  length, match at max(threshold, 0.95) (difflib's ratio, 2 * matched words / total words: 0.95
                  is about 5% of the words edited). Each edited word breaks up to 5 shingles, so a copy with 2% of
                  its words edited can fall under a Jaccard of 0.8 while its word sequence still matches 98%.
-                 Candidate pairs come from datasketch's MinHashLSH (tuned for recall); each is confirmed with the
-                 exact measures, and the larger of the two is the similarity recorded (MinHash only proposes
-                 pairs; a pair at the Jaccard threshold is proposed with probability >= 0.996 for thresholds
-                 0.1..1, more similar ones more surely, and a copy with 5% of its words edited, Jaccard about 0.6,
-                 with probability >= 0.99 because the bands are set at 0.5 at most).
+                 Candidate pairs come from an inverted index of the windows' shingles, searched from each pair's
+                 shorter window with counts that every pair meeting either measure on the cut windows passes
+                 (`_near_links`), so no such pair is missed; each candidate is confirmed with the exact measures,
+                 and the larger of the two is the similarity recorded.
 
 Near-duplicates are judged on the window's text because only the window is trained on or extracted; text beyond
 it cannot leak into a run. Links are merged into clusters by union-find (the connected components of the links,
@@ -36,8 +35,10 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import math
 import re
 import unicodedata
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,16 +50,6 @@ DUPLICATE_POLICIES = ("drop", "repeat")
 DEFAULT_THRESHOLD = 0.8  # Jaccard of word 5-gram shingles (Lee et al. 2022)
 SHINGLE_WORDS = 5
 AUDIT_NGRAM = 8
-NUM_PERM = 128  # MinHash permutations (datasketch's default)
-_MINHASH_SEED = 1
-_LSH_WEIGHTS = (0.1, 0.9)
-
-
-def _lsh_threshold(threshold: float) -> float:
-    # at most 0.5: a 5%-edited copy (5-gram Jaccard about 0.6) must be proposed to be confirmed by its word sequence
-    return min(max(float(threshold) - 0.1, 0.05), 0.5)
-
-
 EDIT_RATIO = 0.95  # word-sequence match (difflib ratio) at or above which a window is a near-duplicate
 KIND_RANK = {"exact-text": 0, "same-window": 1, "near": 2}  # strongest first
 
@@ -72,8 +63,8 @@ _WORD = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+", re.UNICODE)
 class DedupConfig:
     """How duplicates are found and what becomes of the extra copies.
 
-    mode: "off" (no check), "exact" (exact-text and same-window), "near" (both exact kinds and MinHash
-        near-duplicates).
+    mode: "off" (no check), "exact" (exact-text and same-window), "near" (both exact kinds and
+        near-duplicates of the windows).
     threshold: Jaccard similarity of word 5-gram shingles at or above which two windows are near-duplicates
         (0 < threshold <= 1; used by mode "near").
     duplicates: "drop" removes the extra copies of a training document; "repeat" keeps them in training as
@@ -117,7 +108,8 @@ class DedupConfig:
                 f"or difflib's word-sequence ratio >= max(threshold, {EDIT_RATIO}), of the selected "
                 "windows' texts (lower-cased, punctuation dropped, cut to a common length); the larger "
                 "measure is recorded",
-                candidates=f"datasketch MinHashLSH, {NUM_PERM} permutations, confirmed with the exact similarity",
+                candidates="every pair meeting either measure (an inverted index of the windows' shingles, searched "
+                "from the shorter window), confirmed with the exact similarity",
             )
         return entry
 
@@ -251,27 +243,77 @@ def find_duplicate_links(candidates: Sequence[Candidate], config: DedupConfig) -
 
 
 def _near_links(candidates: Sequence[Candidate], threshold: float, skip: set[tuple[int, int]]) -> list[Link]:
-    from datasketch import MinHash, MinHashLSH
+    """Every pair of windows that `is_near_duplicate` accepts, found without comparing every pair.
 
-    sets = [shingles(c.window_text) for c in candidates]
-    # LSH only proposes candidates, each confirmed with the exact Jaccard below, so it is tuned for recall:
-    # banded at 0.1 under the threshold and weighted against false negatives (datasketch's weights =
-    # (false positive, false negative)). With 128 permutations a pair at the threshold is then proposed with
-    # probability >= 0.996 for thresholds 0.1..1 (at 0.8: 20 bands of 6 rows, 0.998); banded at 0.8 with the
-    # default weights it would be about 0.4.
-    lsh = MinHashLSH(threshold=_lsh_threshold(threshold), num_perm=NUM_PERM, weights=_LSH_WEIGHTS)
+    The rule cuts both windows to the shorter one's L words, so a pair is searched for from its shorter window a
+    (la <= lb) against the other window b whole (a superset of what the rule compares). Necessary conditions:
+
+    * Jaccard >= t on the cut windows: at least t |S(a)| of a's shingles S(a) are in S(b);
+    * word-sequence ratio M / L >= r (M matched words): at most floor((1 - r) L) unmatched words on each side, so
+      (1) at least ceil(r L) of a's L words occur in b (matched words pair equal words), and (2) of a's floor(L / 5)
+      disjoint 5-word chunks at least floor(L / 5) - 2 floor((1 - r) L) are in S(b): a chunk not inside one of
+      difflib's matching blocks holds an unmatched word of a or a block boundary, and each boundary has an
+      unmatched word of b (difflib merges blocks adjacent on both sides).
+
+    At least c of n items in b means any n - c + 1 of them include one in b (pigeonhole), so only a's rarest
+    n - c + 1 shingles, words and chunks are looked up in inverted indexes of every window (prefix filtering,
+    Bayardo et al. 2007, "Scaling up all pairs similarity search"); a sequence candidate must be found by both its
+    words and its chunks. Each candidate then passes the full counts (the words counted with multiplicity on the
+    cut windows) before the exact rule confirms it. A window of fewer than 5 words is near only to a window whose
+    first words are the same words, looked up by those words.
+    """
+    sequences = [words(c.window_text) for c in candidates]
+    grams = [[" ".join(ws[k : k + SHINGLE_WORDS]) for k in range(len(ws) - SHINGLE_WORDS + 1)] for ws in sequences]
+    sets = [frozenset(g) for g in grams]
+    counts = [Counter(ws) for ws in sequences]
+    by_shingle: dict[str, set[int]] = {}
+    by_word: dict[str, set[int]] = {}
+    by_start: dict[tuple[str, ...], set[int]] = {}  # the first n < 5 words
+    for i, ws in enumerate(sequences):
+        for key in sets[i]:
+            by_shingle.setdefault(key, set()).add(i)
+        for word in counts[i]:
+            by_word.setdefault(word, set()).add(i)
+        for n in range(1, min(len(ws) + 1, SHINGLE_WORDS)):
+            by_start.setdefault(tuple(ws[:n]), set()).add(i)
+
+    def holders(index: dict[str, set[int]], keys: Sequence[str], need: int) -> set[int]:
+        """The windows holding one of the len(keys) - need + 1 rarest keys."""
+        rarest = sorted(keys, key=lambda k: (len(index[k]), k))[: len(keys) - need + 1]
+        return set().union(*(index[k] for k in rarest))
+
+    ratio = max(float(threshold), EDIT_RATIO)
+    compared: set[tuple[int, int]] = set(skip)
     links: list[Link] = []
-    for i, shingle_set in enumerate(sets):
-        if not shingle_set:
+    for a, ws in enumerate(sequences):
+        length = len(ws)
+        if length == 0:
             continue
-        sketch = MinHash(num_perm=NUM_PERM, seed=_MINHASH_SEED)
-        sketch.update_batch([s.encode("utf-8") for s in sorted(shingle_set)])
-        for j in sorted(lsh.query(sketch)):  # earlier candidates whose sketches share a band
-            near, similarity = is_near_duplicate(candidates[j].window_text, candidates[i].window_text, threshold)
-            if near and (j, i) not in skip:
-                links.append(Link(j, i, "near", similarity))
-        lsh.insert(i, sketch)
-    return links
+        if length < SHINGLE_WORDS:
+            partners = by_start.get(tuple(ws), set())  # the lookup is the whole condition
+        else:
+            chunks = grams[a][::SHINGLE_WORDS]
+            need_shared = math.ceil(threshold * len(sets[a]) - 1e-9)
+            need_words = math.ceil(ratio * length - 1e-9)
+            need_chunks = len(chunks) - 2 * math.floor((1 - ratio) * length + 1e-9)  # >= 1 for r >= 0.95
+            partners = holders(by_shingle, list(sets[a]), need_shared) | (
+                holders(by_word, ws, need_words) & holders(by_shingle, chunks, need_chunks)
+            )
+        for b in sorted(partners):
+            pair = (min(a, b), max(a, b))
+            if b == a or len(sequences[b]) < length or pair in compared:
+                continue
+            if length >= SHINGLE_WORDS and len(sets[a] & sets[b]) < need_shared:
+                cut = counts[b] if len(sequences[b]) == length else Counter(sequences[b][:length])
+                shared_words = sum(min(n, cut[word]) for word, n in counts[a].items())
+                if shared_words < need_words or sum(chunk in sets[b] for chunk in chunks) < need_chunks:
+                    continue  # neither measure can reach its threshold
+            compared.add(pair)
+            first, second = candidates[pair[0]].window_text, candidates[pair[1]].window_text
+            near, similarity = is_near_duplicate(first, second, threshold)  # earlier window first, as documented
+            if near:
+                links.append(Link(pair[0], pair[1], "near", similarity))
+    return sorted(links, key=lambda link: (link.b, link.a))
 
 
 def cluster_roots(n: int, links: Iterable[Link]) -> list[int]:

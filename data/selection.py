@@ -10,6 +10,7 @@ from typing import Any
 
 from data.dedup import (
     AUDIT_NGRAM,
+    KIND_RANK,
     Candidate,
     DedupConfig,
     best_links,
@@ -113,6 +114,7 @@ class DocumentSplit:
             "dedup": self.dedup.record(),
             "n_removed": sum(r["action"] == "dropped" for r in self.removed),
             "n_repeats": len(self.repeats),
+            "removed_by_kind": {kind: sum(r["kind"] == kind for r in self.removed) for kind in KIND_RANK},
             "removed": [dict(r) for r in self.removed],
             "repeats": [{**e, "repeat_of": d.repeat_of} for e, d in zip(entries(self.repeats), self.repeats)],
             "heldout_train_overlap": self.heldout_train_overlap,

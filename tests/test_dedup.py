@@ -9,6 +9,7 @@ import pytest
 
 from data import DataError, DedupConfig, Document, default_corpus, load_documents, select_documents, train_bpe_tokenizer
 from data.dedup import (
+    Candidate,
     cluster_roots,
     find_duplicate_links,
     is_near_duplicate,
@@ -186,8 +187,6 @@ def test_near_duplicate_links_match_brute_force():
     rng = random.Random(3)
     base = [_text(rng, 60) for _ in range(12)]
     texts = base + [_near_copy(base[0], rng, 1), _near_copy(base[1], rng, 6), _near_copy(base[2], rng, 12)]
-    from data.dedup import Candidate
-
     candidates = [Candidate(str(i), t, [i], t) for i, t in enumerate(texts)]
     for threshold in (0.5, 0.8):
         links = find_duplicate_links(candidates, DedupConfig(threshold=threshold))
@@ -198,9 +197,77 @@ def test_near_duplicate_links_match_brute_force():
             for j in range(i + 1, len(texts))
             if is_near_duplicate(texts[i], texts[j], threshold)[0]
         }
-        assert found == expected and expected  # MinHash LSH finds exactly the pairs above the threshold here
+        assert found == expected and expected
         roots = cluster_roots(len(texts), links)
         assert all(roots[b] == roots[a] for a, b in found)
+
+
+def test_two_percent_edit_with_a_shorter_window_lands_on_one_side():
+    """A copy with 2% of its words changed, one of them to a long hex string (a hash, an identifier): the copy's
+    128-token window then ends ~70 words before the original's. On the words the rule compares (both windows cut
+    to the shorter one) the pair matches at 0.98 >= 0.95; the uncut windows' shingles have a Jaccard of only 0.38,
+    which a search over uncut windows misses. The pair is linked, lands on one side in every seed, and the run
+    record counts the removal."""
+    rng = random.Random(5)
+    texts = [_text(rng) for _ in range(40)]
+    tokens = texts[0].split()
+    hex_rng = random.Random(9)
+    for position in (20, 90, 140, 180):  # 4 of 200 words
+        tokens[position] = "".join(hex_rng.choice("0123456789abcdef") for _ in range(160))
+    docs = [Document(id=f"doc{i}", text=t, source="t") for i, t in enumerate(texts)]
+    docs.append(Document(id="copy", text=" ".join(tokens), source="t"))
+    tokenizer = train_bpe_tokenizer([d.text for d in docs], vocab_size=1000)
+    window = lambda text: tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"][: SEQ_LEN - 1])  # noqa: E731
+    original, copy = window(texts[0]), window(docs[-1].text)
+    assert len(words(copy)) < 0.5 * len(words(original))  # the copy's window covers far fewer words
+    assert window_similarity(original, copy)[1] >= 0.95 and is_near_duplicate(original, copy, 0.8)[0]
+    assert jaccard(shingles(original), shingles(copy)) < 0.4  # uncut: far below any candidate band
+    for seed in range(4):
+        split = select_documents(docs, tokenizer, n_train=20, n_heldout=20, seq_len=SEQ_LEN, seed=seed)
+        selected = {d.id for d in split.train + split.heldout}
+        assert len({"doc0", "copy"} & selected) == 1, seed
+        (removal,) = [r for r in split.removed if r["id"] in ("doc0", "copy")]
+        assert removal["kind"] == "near" and removal["similarity"] >= 0.95 and removal["action"] == "dropped"
+        assert {removal["id"], removal["twin"]} == {"doc0", "copy"}
+        manifest = split.manifest()
+        assert manifest["n_removed"] == len(split.removed) == 1
+        assert manifest["removed_by_kind"] == {"exact-text": 0, "same-window": 0, "near": 1}
+        _assert_no_straddle(split, tokenizer, 0.8)
+
+
+def test_near_links_find_every_pair_the_rule_accepts():
+    """Every pair `is_near_duplicate` accepts (earlier window first, as selection compares them) is linked, and no
+    other: windows edited by substitution, insertion and deletion, cut short (a window covering fewer words, as a
+    long token makes it), and windows of under 5 words."""
+    rng = random.Random(21)
+    base = [_text(rng, 80) for _ in range(14)]
+    texts = list(base)
+    for i, text in enumerate(base[:10]):
+        tokens = text.split()
+        for _ in range(i % 5 + 1):  # 1..5 edits of a mixed kind
+            position = rng.randrange(len(tokens))
+            kind = rng.choice(("substitute", "insert", "delete"))
+            if kind == "substitute":
+                tokens[position] = "edit" + tokens[position]
+            elif kind == "insert":
+                tokens.insert(position, rng.choice(WORDS))
+            else:
+                del tokens[position]
+        keep = rng.choice((len(tokens), 60, 35, 20))  # a window that ends earlier
+        texts.append(" ".join(tokens[:keep]))
+    texts += [" ".join(base[11].split()[:3]), " ".join(base[12].split()[:4]), "river stone", "river"]
+    candidates = [Candidate(str(i), t, [i], t) for i, t in enumerate(texts)]
+    for threshold in (0.5, 0.8, 0.97):
+        found = {(link.a, link.b) for link in find_duplicate_links(candidates, DedupConfig(threshold=threshold))}
+        expected = {
+            (i, j)
+            for i in range(len(texts))
+            for j in range(i + 1, len(texts))
+            if is_near_duplicate(texts[i], texts[j], threshold)[0]
+        }
+        assert found == expected, (threshold, sorted(expected - found), sorted(found - expected))
+        # the cut-short copies are among them: pairs whose uncut windows share few shingles
+        assert any(jaccard(shingles(texts[i]), shingles(texts[j])) < 0.4 for i, j in expected), threshold
 
 
 def test_words_and_containment():
