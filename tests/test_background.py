@@ -143,7 +143,7 @@ def test_resume_mid_epoch_equals_uninterrupted_run(setup, tmp_path: Path) -> Non
             pad_token_id=tokenizer.pad_token_id,
         )
 
-    def save(m, d):
+    def save(m, d, step):
         d.mkdir(parents=True, exist_ok=True)
         torch.save(m.state_dict(), d / "weights.pt")
 

@@ -365,7 +365,7 @@ def _crashing_loss(crash_at_step: int | None):
 
 
 def _save_hf(grid):
-    def save(model, directory) -> None:
+    def save(model, directory, step) -> None:
         state = full_state_dict(model, grid, rank0_only=True)
         if grid.rank == 0:
             plain = llama()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from data.atomic import write_text_atomic
 from engine.core import comm
 from engine.core.grid import Grid, GridShape, is_main_process
 from engine.memory.activation import checkpoint_decoder_layers
@@ -89,6 +91,9 @@ class TrainConfig:
                 f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}: "
                 "each micro-batch must hold the same number of sequences"
             )
+        for name in ("lr", "weight_decay", "beta1", "beta2", "min_lr_ratio"):
+            if not math.isfinite(getattr(self, name)):  # an inf or NaN setting trains to an all-NaN model
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)!r}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.schedule not in ("constant", "cosine"):
@@ -104,8 +109,8 @@ class TrainConfig:
                 "SGD (they partition gradients and parameters), or --optimizer adamw"
             )
         check_rows_layout(self.rows)
-        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
-            raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
+        if self.max_grad_norm is not None and not (self.max_grad_norm > 0 and math.isfinite(self.max_grad_norm)):
+            raise ValueError(f"max_grad_norm must be a finite number > 0 or None, got {self.max_grad_norm}")
         self.zero_config  # validates the ZeRO fields
 
     @property
@@ -160,6 +165,27 @@ def epoch_order(n_examples: int, seed: int, epoch: int, shuffle: bool = True) ->
         return torch.arange(n_examples)
     generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     return torch.randperm(n_examples, generator=generator)
+
+
+def step_rows(n_examples: int, config: TrainConfig, step: int) -> torch.Tensor:
+    """The example indices optimizer step `step` (0-based) reads over all ranks: the epoch's order, sliced by step.
+    The training loop reads exactly these (each rank its share), so what a run has trained is a function of its
+    settings and step count, the same across resumes."""
+    epoch, index_in_epoch = divmod(step, steps_per_epoch(n_examples, config.batch_size))
+    order = epoch_order(n_examples, config.seed, epoch, config.shuffle)
+    return order[index_in_epoch * config.batch_size : (index_in_epoch + 1) * config.batch_size]
+
+
+def rows_consumed(n_examples: int, config: TrainConfig, steps: int) -> list[torch.Tensor]:
+    """The example indices the first `steps` optimizer steps read, one tensor per epoch begun (each index at most
+    once per epoch): what a checkpoint written after `steps` steps has trained on."""
+    per_epoch = steps_per_epoch(n_examples, config.batch_size)
+    epochs = []
+    for epoch in range(-(-steps // per_epoch)):
+        n_steps = min(per_epoch, steps - epoch * per_epoch)
+        order = epoch_order(n_examples, config.seed, epoch, config.shuffle)
+        epochs.append(order[: min(n_steps * config.batch_size, n_examples)])
+    return epochs
 
 
 def lr_factor(step: int, total_steps: int, config: TrainConfig) -> float:
@@ -298,11 +324,9 @@ class _StepSums:
 def _step_rows(
     n_examples: int, config: TrainConfig, epoch: int, index_in_epoch: int, grid: Grid | None
 ) -> torch.Tensor:
-    """The example indices this rank processes in one optimizer step (the epoch's order, sliced by step and rank)."""
-    order = epoch_order(n_examples, config.seed, epoch, config.shuffle)
-    return _rank_rows(
-        order[index_in_epoch * config.batch_size : (index_in_epoch + 1) * config.batch_size], grid, config.rows
-    )
+    """The example indices this rank processes in one optimizer step (step_rows, sliced by rank)."""
+    step = epoch * steps_per_epoch(n_examples, config.batch_size) + index_in_epoch
+    return _rank_rows(step_rows(n_examples, config, step), grid, config.rows)
 
 
 def _forward_backward(
@@ -347,7 +371,7 @@ def train(
     out_dir: str | Path | None = None,
     grid: Grid | None = None,
     resume_from: str | Path | None = None,
-    save_model: Callable[[nn.Module, Path], None] | None = None,
+    save_model: Callable[[nn.Module, Path, int], None] | None = None,
     on_log: Callable[[dict[str, Any]], None] | None = None,
     on_epoch_end: Callable[[nn.Module, int, int], None] | None = None,
     validation: Sequence[dict[str, torch.Tensor]] | None = None,
@@ -360,8 +384,11 @@ def train(
     out_dir: where checkpoints (out_dir/checkpoint) and metrics (out_dir/metrics.jsonl) go; None keeps nothing.
     grid: an engine Grid for parallel runs (every rank calls train with the same arguments), or None.
     resume_from: a checkpoint folder written by an earlier run with the same examples and config.
-    save_model: writes the model (and anything else the caller wants in a checkpoint) into a folder; required when
+    save_model: save_model(model, folder, step) writes the model (and anything else the caller wants in a
+        checkpoint, e.g. what the first `step` optimizer steps trained: rows_consumed) into a folder; required when
         out_dir is given. The loop adds its own trainer state next to it.
+    A step whose loss or gradient norm is not finite stops the run with NonFiniteLossError (a ValueError naming the
+    step) before the optimizer applies it, so no checkpoint holds the diverged weights.
     on_epoch_end: called on every rank as on_epoch_end(model, epoch, step) after each completed epoch (epoch counts
         from 1; step = optimizer steps done), with the model in eval mode (training mode is restored after), e.g. to
         measure extraction during training. Not called for epochs finished before a resume.
@@ -424,6 +451,8 @@ def train(
                 )
                 sums.totals = _all_reduce_sums(sums.totals, grid, config.rows)
                 grad_norm = _sync_and_clip(model, sums.n_tokens, config, grid)
+            # every rank holds the same reduced sums and global norm, so all stop together, before the update
+            _check_finite(sums, grad_norm, step + 1, scheduler.get_last_lr()[0])
             lr = scheduler.get_last_lr()[0]
             optimizer.step()
             scheduler.step()
@@ -459,7 +488,7 @@ def train(
                     optimizer,
                     grid if _is_distributed(grid) else None,
                     extra_state=_trainer_state(scheduler, done, config, examples),
-                    save_model=save_model,
+                    save_model=lambda m, folder: save_model(m, folder, done),  # called before `done` changes
                 )
             if on_epoch_end is not None and done % per_epoch == 0:
                 model.eval()
@@ -475,16 +504,55 @@ def train(
     return TrainResult(steps=total_steps, history=history)
 
 
+class NonFiniteLossError(ValueError):
+    """A training step whose loss or gradient norm is inf or NaN: the run diverged (or its data or settings are
+    broken), and every later step would train on NaN weights."""
+
+
+def _check_finite(sums: _StepSums, grad_norm: float, step: int, lr: float) -> None:
+    """Raise NonFiniteLossError for a step (1-based) whose loss or gradient norm is not finite."""
+    loss = float(sums.totals[0])
+    if math.isfinite(loss) and math.isfinite(grad_norm):
+        return
+    raise NonFiniteLossError(
+        f"the loss is {loss} and the gradient norm {grad_norm} at step {step} (learning rate {lr:g}): the run "
+        "diverged and was stopped before this step's update; no checkpoint of it was written. Fix: lower the "
+        "learning rate or raise the warm-up, then resume from the last checkpoint or start again"
+    )
+
+
 def _open_metrics(path: Path, start_step: int):
-    """Open metrics.jsonl for appending; on resume, keep only the records of steps already done."""
+    """Open metrics.jsonl for appending one record per step.
+
+    A new run starts it empty. A resumed run keeps the records of the steps its checkpoint holds: when the file
+    has more (steps after the checkpoint) or a torn last line (a run killed while writing it), the kept records are
+    written to a new file that replaces the old one atomically, so a kill at any moment leaves the history whole."""
     if start_step == 0:
         return path.open("w")
+    if not path.exists():
+        return path.open("a")
+    text = path.read_text()
+    lines = text.splitlines()
+    torn = bool(lines) and not text.endswith("\n")  # the last record was cut short by a kill
+    if torn:
+        lines = lines[:-1]
+        print(f"{path}: removed its torn last line (a run killed while writing it)", file=sys.stderr)
     kept = []
-    if path.exists():
-        kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= start_step]
-    handle = path.open("w")
-    handle.writelines(line + "\n" for line in kept)
-    return handle
+    for number, line in enumerate(lines, 1):
+        if not line:
+            continue
+        try:
+            step = json.loads(line)["step"]
+        except (json.JSONDecodeError, KeyError, TypeError) as error:
+            raise ValueError(
+                f"{path} line {number} is not a metrics record ({error}): it was edited or damaged. Fix: delete "
+                "that line (or the file, losing the loss history) and resume again"
+            ) from None
+        if step <= start_step:
+            kept.append(line)
+    if torn or len(kept) != sum(1 for line in lines if line):
+        write_text_atomic(path, "".join(line + "\n" for line in kept))
+    return path.open("a")
 
 
 def evaluate_loss(

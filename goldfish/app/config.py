@@ -15,6 +15,7 @@ outputs (the run record, summary.json). Presets of `goldfish compare` are named 
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -133,6 +134,18 @@ class DataSpec:
     def has_repeats(self, split: data.DocumentSplit) -> bool:
         """Whether training sees some document more than once per epoch (--repeats, or kept duplicates)."""
         return self.repeats != (1,) or bool(split.repeats)
+
+
+def parse_finite_float(text: str) -> float:
+    """A float option's value: inf and nan are refused (an infinite learning rate or a NaN weight decay would train
+    to an all-NaN model)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"expected a finite number, got {text!r}")
+    return value
 
 
 def parse_repeats(text: str) -> tuple[int, ...]:
@@ -254,6 +267,20 @@ class TrainSpec:
         if self.lora.enabled:
             check_lora_zero(self.train.zero)
         check_streaming_bound(self.data, self.train)
+        check_mask_window(self.mask, self.data)
+
+
+def check_mask_window(mask: MaskSpec, data: DataSpec) -> None:
+    """Refuse a hashed mask that can never drop a target (ValueError): rows of --seq-len tokens hold seq_len - 1
+    targets, and a hashed mask decides only where h targets end, so h >= seq_len drops nothing while the run is
+    labelled goldfish. (Whole documents (--pack) are masked over the document, which may be longer: the run checks
+    the mask it built, goldfish.app.experiment.check_mask_drops.)"""
+    if mask.strategy is not None and mask.strategy.startswith("hashed") and not data.pack and mask.h >= data.seq_len:
+        raise ValueError(
+            f"--h {mask.h} with --seq-len {data.seq_len}: the hashed mask decides only where {mask.h} targets end, "
+            f"and a row has {data.seq_len - 1}, so it would drop nothing. Fix: --h at most {data.seq_len - 1} "
+            "(13 is usual), or a longer --seq-len"
+        )
 
 
 def check_streaming_bound(data: DataSpec, train: TrainConfig) -> None:
@@ -293,6 +320,8 @@ class CompareSpec:
         if self.lora.enabled:
             check_lora_zero(self.train.zero)
         check_streaming_bound(self.data, self.train)
+        for mask in self.masks:
+            check_mask_window(mask, self.data)
 
 
 @dataclass

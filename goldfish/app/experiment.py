@@ -40,7 +40,7 @@ from goldfish.app.background import (
     stream_budget,
 )
 from goldfish.app.config import DataSpec, Instruments, MaskSpec, TrainSpec, parse_grid
-from goldfish.app.corpus import pack_documents
+from goldfish.app.corpus import pack_documents, piece_ids, segment_dropped
 from goldfish.app.models import build_tiny_model, is_tiny_model
 from goldfish.app.pretrained import (
     DEFAULT_MODEL_CACHE,
@@ -325,6 +325,103 @@ def run_record(spec: TrainSpec, prepared: Prepared) -> dict[str, Any]:
     return record
 
 
+@dataclass(frozen=True)
+class TrainedCopies:
+    """Where each copy of a training document lies in a run's rows, to count the copies a checkpoint has trained.
+
+    Copy i is of training document documents[i] (a kept duplicate counts for its twin: the same text) and its
+    tokens fill rows first[i]..last[i]; it counts as trained once per epoch in which every one of those rows was read.
+    """
+
+    documents: tuple[str, ...]
+    first: torch.Tensor  # (C,) int64
+    last: torch.Tensor  # (C,) int64
+    ids: tuple[str, ...]  # every training document, copies trained or not
+
+    def counts(self, n_rows: int, config: engine_train.TrainConfig, steps: int) -> dict[str, int]:
+        """{training document id: copies trained by the first `steps` optimizer steps}, counted from the rows those
+        steps read (engine.training.train.rows_consumed, the rows the training loop reads)."""
+        counts = dict.fromkeys(self.ids, 0)
+        for rows in engine_train.rows_consumed(n_rows, config, steps):
+            read = torch.zeros(n_rows + 1, dtype=torch.long)
+            read[rows + 1] = 1
+            read = read.cumsum(0)  # read[r]: rows below r read in this epoch
+            whole = (read[self.last + 1] - read[self.first]) == (self.last - self.first + 1)
+            for document, trained in zip(self.documents, whole.tolist()):
+                counts[document] += trained
+        return counts
+
+
+def trained_copies(
+    prepared: Prepared,
+    examples: Any,
+    repeats: dict[str, int],
+    *,
+    pack_order: Sequence[int] | None = None,
+    background: Background | None = None,
+) -> TrainedCopies:
+    """The TrainedCopies of a run's training rows: one example per copy (make_examples), whole documents packed in
+    `pack_order` (pack_documents), or targets inside a background stream."""
+    split = prepared.split
+    twin = {str(d.id): str(d.repeat_of) for d in split.repeats}
+    documents = split.training_documents
+    if background is not None:
+        codes = torch.as_tensor(background.rows.codes)
+        pieces = torch.nonzero(codes < 0).flatten().tolist()
+        names = [str(split.train[-int(codes[p]) - 1].id) for p in pieces]
+        spans = [background.rows.layout.rows_of(p) for p in pieces]
+    elif pack_order is not None:
+        names = [str(documents[d].id) for d in pack_order]
+        spans = [examples.layout.rows_of(p) for p in range(len(pack_order))]
+    else:
+        names = [str(d.id) for d in documents for _ in range(repeats[str(d.id)])]
+        spans = [(i, i) for i in range(len(names))]
+    first, last = (torch.tensor([span[j] for span in spans], dtype=torch.long) for j in (0, 1))
+    return TrainedCopies(
+        tuple(twin.get(name, name) for name in names), first, last, tuple(str(d.id) for d in split.train)
+    )
+
+
+def checkpoint_record(
+    record: dict[str, Any], copies: TrainedCopies, n_rows: int, train: engine_train.TrainConfig, step: int
+) -> dict[str, Any]:
+    """The run record of the checkpoint written after `step` optimizer steps: the run's record plus its step and
+    the copies of each training document trained so far ("exposures"; a background run's "repeats" and per-target
+    "trained" too, which goldfish eval reads), not the whole run's plan."""
+    exposures = copies.counts(n_rows, train, step)
+    out = dict(record, step=step, exposures=exposures)
+    if record.get("corpus"):
+        out["repeats"] = exposures
+        out["corpus"] = dict(
+            record["corpus"],
+            targets=[dict(t, trained=exposures[t["id"]]) for t in record["corpus"]["targets"]],
+            rows_trained=min(step * train.batch_size, n_rows * train.epochs),
+        )
+    return out
+
+
+def check_mask_drops(mask: MaskSpec, n_dropped: int, spec: DataSpec) -> None:
+    """Refuse (ValueError) a goldfish run whose mask drops no target of its training documents: it would train as
+    the standard loss while labelled goldfish. The random strategy is drawn per step, so it is not checked here."""
+    if mask.strategy is None or mask.strategy == "random" or n_dropped:
+        return
+    window = f" --h {mask.h}" if mask.strategy.startswith("hashed") else ""
+    raise ValueError(
+        f"the {mask.label} mask drops no target of the training documents (--k {mask.k}{window}, --seq-len "
+        f"{spec.seq_len}): the run would train as the standard loss. Fix: a smaller --k or --h, longer documents, "
+        "or --strategy standard for an unmasked run"
+    )
+
+
+def _target_drops(mask: MaskSpec, prepared: Prepared) -> int:
+    """Targets the mask drops in the training documents as a background run trains them (whole, with EOS)."""
+    eos = prepared.tokenizer.eos_token_id
+    return sum(
+        int(segment_dropped(mask, piece, 0, len(piece), prepared.special_token_ids).sum())
+        for piece in (piece_ids(d.full_ids, eos) for d in prepared.split.train)
+    )
+
+
 def prepare_background(
     spec: TrainSpec, prepared: Prepared, grid: Grid | None = None, log=print, corpus: TokenizedCorpus | None = None
 ) -> Background:
@@ -411,12 +508,13 @@ def train_model(
     repeats = spec.data.example_repeats(prepared.split)
     documents = prepared.split.training_documents
     train_config, validation = spec.train, None
+    pack_order: list[int] | None = None  # pack: the documents in stream order
     if spec.data.background is not None:
         if background is None:
             background = prepare_background(spec, prepared, grid, log, corpus=background_corpus)
         examples, validation, train_config = background.rows, background.validation, background_train_config(spec.train)
     elif spec.data.pack:
-        examples, _ = pack_documents(
+        examples, pack_order = pack_documents(
             documents,
             [repeats[str(d.id)] for d in documents],
             spec.data.seq_len,
@@ -429,6 +527,13 @@ def train_model(
         )
     else:
         examples = make_examples(documents, spec.mask, prepared.special_token_ids, repeats)
+    copies = trained_copies(
+        prepared,
+        examples,
+        repeats,
+        pack_order=pack_order,
+        background=background,
+    )
     n_dropped, n_targets = 0, 0
     for example in examples if background is None else ():  # a background stream is not read ahead of training
         n_dropped += int(example["dropped"].sum())
@@ -468,6 +573,7 @@ def train_model(
             + (f", grid {grid.shape}" if grid is not None else "")
             + adapters
         )
+    check_mask_drops(spec.mask, n_dropped if background is None else _target_drops(spec.mask, prepared), spec.data)
     record = run_record(spec, prepared)
     if background is not None:
         record["train"] = asdict(train_config)
@@ -479,15 +585,20 @@ def train_model(
         # embeddings and lm_head split by vocabulary over x*y*z (on whenever the grid has tensor parallelism and
         # the vocabulary divides)
         record["vocab_parallel"] = is_vocab_parallel(model.get_input_embeddings())
-    if spec.lora.enabled:  # data-parallel at most: every rank holds the whole model; rank 0 writes it
 
-        def save(m: nn.Module, d: Path) -> None:
+    def save(m: nn.Module, d: Path, step: int) -> None:
+        """Write the checkpoint's model with the record of what its first `step` steps trained."""
+        at_step = checkpoint_record(record, copies, len(examples), train_config, step)
+        if spec.lora.enabled:  # data-parallel at most: every rank holds the whole model; rank 0 writes it
             if is_main_process(grid):
-                lora.save_lora(m, d, lambda plain, folder: save_hf_model(plain, prepared.tokenizer, record, folder))
-    elif grid is not None:
-        save = lambda m, d: save_parallel_hf_model(m, grid, prepared.tokenizer, record, d)  # noqa: E731
-    else:
-        save = lambda m, d: save_hf_model(m, prepared.tokenizer, record, d)  # noqa: E731
+                lora.save_lora(m, d, lambda plain, folder: save_hf_model(plain, prepared.tokenizer, at_step, folder))
+        elif grid is not None:
+            save_parallel_hf_model(m, grid, prepared.tokenizer, at_step, d)
+        else:
+            save_hf_model(m, prepared.tokenizer, at_step, d)
+
+    if resume_from is not None:  # refused before run.json is rewritten (the engine checks it again on resume)
+        engine_train.check_resume(resume_from, train_config)
     if is_main_process(grid):
         out_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out_dir / "run.json", record)
