@@ -173,7 +173,9 @@ def _run_folder(out: Path, *, overwrite: bool, resuming: bool) -> Path:
             "--overwrite and --resume exclude each other: --resume continues the run in --out, "
             "--overwrite replaces it. Fix: give only one of them"
         )
-    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    from goldfish.app.runlock import LOCK_FILE
+
+    held = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE) if out.is_dir() else []
     if not held or resuming:
         return out
     if not overwrite:
@@ -227,42 +229,92 @@ def _train_spec(args: argparse.Namespace, shape: GridShape | None) -> TrainSpec:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from goldfish.app.experiment import initial_model, prepare_data, start_grid, train_model
+    from goldfish.app.runlock import holds_lock_here, out_lock
 
     runtime = runtime_of(args)
-    lora_of(args)  # bad --lora-* options fail before processes start
     resume = _check_resume(args.resume)
-    out = Path(args.out)
-    folder = _run_folder(out, overwrite=args.overwrite, resuming=resume is not None)
+    # Every setting is validated before anything is written to --out: the grid the workers or this process will
+    # run on, the spec, ZeRO and rows against it, and the run to resume.
+    shape = _launch_shape(runtime) if runtime.nproc else _process_shape(runtime)
+    if resume is not None:
+        _continue_with_checkpoint_settings(args, resume, shape)
+    lora_of(args)  # bad --lora-* options fail before processes start
+    out = _train_out(args, resume)
+    spec = _train_spec(args, shape)
+    _check_training_on_grid(spec.train, shape or _one_process(), resume, spec.data)
     if runtime.nproc:
-        shape = _launch_shape(runtime)
-        spec = _train_spec(args, shape)
-        _check_training_on_grid(spec.train, shape, resume, spec.data)
         _check_documents(spec.data)
-        return _launch(args, runtime)
-    grid = start_grid(runtime.grid)
-    spec = _train_spec(args, grid.shape if grid is not None else None)
-    log = _logger(grid)
-    try:
-        prepared = prepare_data(spec.data, spec.model, log=log)
-        model = initial_model(spec.model, prepared, spec.init_seed)
-        if grid is None:
-            model = model.to(runtime.torch_device())
-        train_model(
-            spec,
-            folder,
-            prepared=prepared,
-            model=model,
-            grid=grid,
-            log=log,
-            resume_from=resume,
-            report_to=runtime.report_to,
-        )
-    except BaseException:
-        _discard(folder, out, grid)
-        raise
-    _publish(folder, out, grid)
+    with out_lock(out, enabled=holds_lock_here()):  # one run per --out; the --nproc launcher holds it for workers
+        folder = _run_folder(out, overwrite=args.overwrite, resuming=resume is not None)
+        if runtime.nproc:
+            return _launch(args, runtime)
+        grid = start_grid(runtime.grid)
+        spec = _train_spec(args, grid.shape if grid is not None else None)
+        log = _logger(grid)
+        try:
+            prepared = prepare_data(spec.data, spec.model, log=log)
+            model = initial_model(spec.model, prepared, spec.init_seed)
+            if grid is None:
+                model = model.to(runtime.torch_device())
+            train_model(
+                spec,
+                folder,
+                prepared=prepared,
+                model=model,
+                grid=grid,
+                log=log,
+                resume_from=resume,
+                report_to=runtime.report_to,
+            )
+        except BaseException:
+            _discard(folder, out, grid)
+            raise
+        _publish(folder, out, grid)
     log(f"wrote {out / 'checkpoint'} (HF checkpoint + tokenizer) and {out / 'metrics.jsonl'}")
     return 0
+
+
+def _continue_with_checkpoint_settings(args: argparse.Namespace, resume: Path, shape: GridShape | None) -> None:
+    """--resume: take every option not typed from the checkpoint's run record, and refuse (one line naming every
+    difference) a typed option that changes a setting shaping the experiment (goldfish.app.resume)."""
+    from goldfish.app import resume as resuming
+
+    saved = resuming.recorded_spec(resuming.read_run_record(resume))
+    resuming.fill_from_record(args, saved, resuming.typed_options(_subparser("train"), args.argv[1:]))
+    resuming.check_unchanged(resume, saved, _train_spec(args, shape))
+
+
+def _subparser(command: str) -> argparse.ArgumentParser:
+    """The parser of one subcommand."""
+    for action in build_parser()._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[command]
+    raise KeyError(command)
+
+
+def _train_out(args: argparse.Namespace, resume: Path | None) -> Path:
+    """--out, or with --resume alone the run folder the checkpoint is in (a run writes OUT/checkpoint)."""
+    if args.out is not None:
+        return Path(args.out)
+    if resume is None:
+        raise ValueError("--out is missing: give the run folder to write, e.g. --out runs/a")
+    return resume.resolve().parent
+
+
+def _process_shape(runtime: Runtime) -> GridShape | None:
+    """The grid this process will join (--grid, or data=WORLD_SIZE under torchrun), None for a single process."""
+    from engine.core.grid import GridShape
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if runtime.grid is None and world == 1:
+        return None
+    return GridShape(**parse_grid(runtime.grid)) if runtime.grid else GridShape(data=world)
+
+
+def _one_process() -> GridShape:
+    from engine.core.grid import GridShape
+
+    return GridShape()
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -276,6 +328,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for folder in (args.model, args.reference):  # a checkpoint a killed save set aside is complete: put it back
         recover_folder(folder)
     record = _run_record(args)
+    _check_reference(args.reference)  # it is loaded after the whole extraction: check it before any
     if runtime.nproc:
         extraction_of(args), instruments_of(args)  # validated before the workers start
         if args.data is not None:
@@ -328,6 +381,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             "--part both with --n-train and --n-heldout > 0"
         )
     results["documents"] = prepared.split.manifest()  # what was selected and what deduplication removed
+    if record is not None and "step" in record:  # what the checkpoint had trained when it was written
+        results["checkpoint"] = {"step": record["step"], "exposures": record["exposures"]}
     if grid is not None:
         results["grid"] = grid_sizes(grid)
         main = grid.rank == 0
@@ -425,6 +480,31 @@ def _reference_model(
     return initial_model(choice, prepared, init_seed)
 
 
+def _check_reference(choice: str) -> None:
+    """Refuse (one line) an --eval --reference that names no model: a tiny model, a .gguf file or alias, or an HF
+    folder or name whose config loads."""
+    from goldfish.app.models import is_tiny_model
+    from goldfish.app.pretrained import resolve_gguf
+
+    if choice in ("auto", "none") or is_tiny_model(choice):
+        return
+    gguf = resolve_gguf(choice)
+    if gguf is not None:
+        if not gguf.is_file():
+            raise ValueError(f"--reference {choice}: no such file. Fix: give an existing .gguf file, auto or none")
+        return
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(choice)
+    except (OSError, ValueError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(
+            f"--reference {choice}: not a model folder or name ({reason}). Fix: give a model folder or HF name, "
+            "auto (the initial weights of the run that trained --model) or none"
+        ) from None
+
+
 def _check_same_documents(saved: dict[str, Any], current: dict[str, Any]) -> None:
     for part in ("train", "heldout"):
         before = [(d["id"], d["sha256"]) for d in saved.get(part, [])]
@@ -475,6 +555,7 @@ def _compare_spec(args: argparse.Namespace, shape: GridShape | None) -> CompareS
 def cmd_compare(args: argparse.Namespace) -> int:
     from goldfish.app.compare import compare
     from goldfish.app.experiment import start_grid
+    from goldfish.app.runlock import holds_lock_here, out_lock
 
     preset = "quick" if args.quick else args.preset
     if preset is not None:
@@ -482,21 +563,23 @@ def cmd_compare(args: argparse.Namespace) -> int:
     runtime = runtime_of(args)
     lora_of(args)  # bad --lora-* options fail before processes start
     out = Path(args.out)
-    folder = _run_folder(out, overwrite=args.overwrite, resuming=False)
+    shape = _launch_shape(runtime) if runtime.nproc else _process_shape(runtime)
+    spec = _compare_spec(args, shape)  # every setting validated before anything is written to --out
+    _check_training_on_grid(spec.train, shape or _one_process(), None, spec.data)
     if runtime.nproc:
-        shape = _launch_shape(runtime)
-        spec = _compare_spec(args, shape)
-        _check_training_on_grid(spec.train, shape, None, spec.data)
         _check_documents(spec.data)
-        return _launch(args, runtime)
-    grid = start_grid(runtime.grid)
-    spec = _compare_spec(args, grid.shape if grid is not None else None)
-    try:
-        compare(spec, folder, grid=grid, device=runtime.device, report_to=runtime.report_to)
-    except BaseException:
-        _discard(folder, out, grid)
-        raise
-    _publish(folder, out, grid)
+    with out_lock(out, enabled=holds_lock_here()):  # one run per --out; the --nproc launcher holds it for workers
+        folder = _run_folder(out, overwrite=args.overwrite, resuming=False)
+        if runtime.nproc:
+            return _launch(args, runtime)
+        grid = start_grid(runtime.grid)
+        spec = _compare_spec(args, grid.shape if grid is not None else None)
+        try:
+            compare(spec, folder, grid=grid, device=runtime.device, report_to=runtime.report_to)
+        except BaseException:
+            _discard(folder, out, grid)
+            raise
+        _publish(folder, out, grid)
     if folder != out:
         print(f"replaced {out} with the new run")
     return 0
@@ -542,9 +625,16 @@ def cmd_mask(args: argparse.Namespace) -> int:
 
 def _add_train_parser(sub: Any) -> None:
     train = sub.add_parser("train", help="fine-tune a causal LM with the standard or a goldfish loss")
-    train.add_argument("--out", required=True, help="run folder: checkpoint/, metrics.jsonl, run.json")
     train.add_argument(
-        "--resume", default=None, help="a checkpoint/ folder of an interrupted run with the same settings"
+        "--out",
+        default=None,
+        help="run folder: checkpoint/, metrics.jsonl, run.json (with --resume: default the checkpoint's run folder)",
+    )
+    train.add_argument(
+        "--resume",
+        default=None,
+        help="a checkpoint/ folder of an interrupted run: continues it with the checkpoint's own settings (options "
+        "that change the experiment are refused; see docs/cli.md)",
     )
     train.add_argument(
         "--overwrite",

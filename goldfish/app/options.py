@@ -28,7 +28,7 @@ from typing import Any, Callable, Collection
 from data.dedup import DEDUP_MODES, DUPLICATE_POLICIES
 from engine.spec import PRECISIONS
 from goldfish.app.argparsing import argument_type, positive_int
-from goldfish.app.config import parse_int_list, parse_node_size, parse_repeats
+from goldfish.app.config import parse_finite_float, parse_int_list, parse_node_size, parse_repeats
 from goldfish.app.lora import parse_targets
 from goldfish.masks import STRATEGIES
 
@@ -49,6 +49,11 @@ class Option:
     @property
     def dest(self) -> str:
         return self.flag.lstrip("-").replace("-", "_")
+
+
+def _number_parser(default: int | float) -> Callable[[str], Any]:
+    """The parser of a numeric option: int, or a float that must be finite (no inf or nan)."""
+    return parse_finite_float if isinstance(default, float) else int
 
 
 def _show(value: Any) -> str:
@@ -101,7 +106,7 @@ class OptionGroup:
                 )
                 continue
             parse = option.parse or (
-                type(default) if isinstance(default, (int, float)) and not isinstance(default, bool) else str
+                _number_parser(default) if isinstance(default, (int, float)) and not isinstance(default, bool) else str
             )
             shown = "" if default is None else f" (default: {_show(default)})"
             group.add_argument(
@@ -254,7 +259,7 @@ TRAINING = OptionGroup(
         ),
         Option("--schedule", "schedule", "learning-rate schedule after warm-up", choices=("constant", "cosine")),
         Option("--warmup-steps", "warmup_steps", "linear warm-up steps"),
-        Option("--max-grad-norm", "max_grad_norm", "gradient clipping; 0 disables", parse=float),
+        Option("--max-grad-norm", "max_grad_norm", "gradient clipping; 0 disables", parse=parse_finite_float),
         Option(
             "--precision",
             "precision",
@@ -358,7 +363,12 @@ LORA = OptionGroup(
             "rank r of the adapters (0: no LoRA, train every weight); the checkpoint is the "
             "merged model (an ordinary HF folder) with the adapter in checkpoint/adapter",
         ),
-        Option("--lora-alpha", "alpha", "the adapters' update is scaled by alpha / r (default: 2 * rank)", parse=float),
+        Option(
+            "--lora-alpha",
+            "alpha",
+            "the adapters' update is scaled by alpha / r (default: 2 * rank)",
+            parse=parse_finite_float,
+        ),
         Option(
             "--lora-targets",
             "targets",
