@@ -7,8 +7,9 @@ parameter already has its shard's shape), given empty storage for its shards onl
 the files with safetensors' `get_slice`: a ParallelLinear shard reads its rows and columns (GPT-2 Conv1D weights
 transposed, fused projections regrouped by `out_order` read as contiguous runs), a vocabulary-parallel embedding or
 lm_head its vocabulary rows, everything else (norms, position embeddings) whole. No rank ever holds more than its
-shards plus one replicated tensor. Non-persistent buffers (rotary frequencies) are computed again by HF's own
-initialisation. No communication.
+shards plus one replicated tensor. Stored names are renamed as transformers renames them for the model (GPT-NeoX's
+`embed_out` is its `lm_head`). Non-persistent buffers (rotary frequencies, Gemma's embedding scale) are computed
+again by HF's own initialisation. No communication.
 """
 
 from __future__ import annotations
@@ -90,17 +91,58 @@ def _read_piece(sliced: Any, entry: Any, layer: Any) -> torch.Tensor:
 
 
 def _restore_buffers(model: nn.Module) -> None:
-    """Compute non-persistent buffers (not in the files) again: HF rotary embeddings re-derive their frequencies."""
+    """Compute non-persistent buffers (not in the files: rotary frequencies, Gemma's embedding scale) again with HF's
+    own initialisation of their modules, before the weights are read (it may draw weights too). Each buffer is
+    filled with NaN first, so one that the initialisation does not compute is refused rather than left as whatever
+    the fresh storage held."""
+    owners = []
     for name, module in model.named_modules():
-        for buffer_name in list(getattr(module, "_non_persistent_buffers_set", ())):
-            if "RotaryEmbedding" in type(module).__name__ and hasattr(model, "_init_weights"):
-                with torch.no_grad():
-                    model._init_weights(module)
-                break
-            raise LoadingError(
-                f"buffer {name}.{buffer_name} is not stored in the checkpoint and the engine cannot "
-                "compute it; load this model with from_pretrained and engine.parallelize instead"
-            )
+        buffers = [b for b in getattr(module, "_non_persistent_buffers_set", ()) if getattr(module, b) is not None]
+        for buffer_name in buffers:
+            buffer = getattr(module, buffer_name)
+            if buffer.is_floating_point():
+                buffer.fill_(float("nan"))
+        if buffers:
+            owners.append((name, module, buffers))
+    for name, module, buffers in owners:
+        if hasattr(model, "_init_weights"):
+            with torch.no_grad():
+                model._init_weights(module)
+        for buffer_name in buffers:
+            buffer = getattr(module, buffer_name)
+            if not buffer.is_floating_point() or torch.isnan(buffer).any():
+                raise LoadingError(
+                    f"buffer {name}.{buffer_name} is not stored in the checkpoint and the engine cannot compute it; "
+                    "load this model with from_pretrained and engine.parallelize instead"
+                )
+
+
+def stored_names(model: nn.Module, files: dict[str, Path]) -> dict[str, tuple[str, Path]]:
+    """{model key: (stored key, file)}: the names the files use, renamed as transformers renames them when it loads
+    this model (e.g. GPT-NeoX's head, saved as embed_out.weight, is the model's lm_head.weight). Raises LoadingError
+    for a stored tensor that transformers would convert rather than rename (merged experts): sharded loading reads
+    tensors as they are stored."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming
+    except ImportError:  # an older transformers: names are stored as the model uses them
+        return {key: (key, path) for key, path in files.items()}
+    transforms = get_model_conversion_mapping(model)
+    out: dict[str, tuple[str, Path]] = {}
+    for stored, path in files.items():
+        key = stored
+        for transform in transforms:
+            renamed, matched = transform.rename_source_key(key)
+            if matched is None:
+                continue
+            if not isinstance(transform, WeightRenaming):
+                raise LoadingError(
+                    f"{stored} in {path.name} is stored in a layout transformers converts when it loads this model; "
+                    "load it with from_pretrained and engine.parallelize instead"
+                )
+            key = renamed
+        out[key] = (stored, path)
+    return out
 
 
 @torch.no_grad()
@@ -134,6 +176,8 @@ def load_sharded(
         for other in names[1:]:
             owner, _, attr = other.rpartition(".")
             setattr(model.get_submodule(owner), attr, first)
+    _restore_buffers(model)
+    names = stored_names(model, files)
 
     entries, tensors, layers = _describe(model)
     aliases: dict[str, list[str]] = {}
@@ -146,11 +190,11 @@ def load_sharded(
         for key, entry in entries.items():
             if entry.kind == "alias":
                 continue
-            stored = next((k for k in [key, *aliases.get(key, [])] if k in files), None)  # tied: either name
-            if stored is None:
+            found = next((k for k in [key, *aliases.get(key, [])] if k in names), None)  # tied: either name
+            if found is None:
                 missing.append(key)
                 continue
-            path = files[stored]
+            stored, path = names[found]
             if path not in handles:
                 handles[path] = stack.enter_context(safe_open(str(path), framework="pt", device="cpu"))
             sliced = handles[path].get_slice(stored)
@@ -171,7 +215,6 @@ def load_sharded(
             f"{folder}: the safetensors files lack {len(missing)} tensors of the model, e.g. "
             f"{missing[:5]}; the folder holds another model than its config.json describes"
         )
-    _restore_buffers(model)
     if (folder / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(folder)
     return model.eval()
