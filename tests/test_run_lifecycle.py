@@ -275,6 +275,10 @@ def test_a_second_run_into_a_locked_out_is_refused(interrupted, tmp_path, capsys
         before = _digest(interrupted)
         assert main(["train", "--resume", str(interrupted / "checkpoint"), *QUIET]) == 2
         assert f"--out {interrupted} is in use by another goldfish run" in _error(capsys)
+        argv = ["train", "--resume", str(interrupted / "checkpoint"), "--nproc", "2", *QUIET]
+        assert main(argv) == 2  # refused by the launcher, before any worker starts
+        err = _error(capsys)
+        assert "in use by another goldfish run" in err and "launching" not in err
         fresh = tmp_path / "fresh"
         with out_lock(fresh):
             assert main(["train", "--out", str(fresh), *TINY, "--epochs", "1"]) == 2

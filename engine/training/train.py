@@ -517,7 +517,7 @@ def _check_finite(sums: _StepSums, grad_norm: float, step: int, lr: float) -> No
     raise NonFiniteLossError(
         f"the loss is {loss} and the gradient norm {grad_norm} at step {step} (learning rate {lr:g}): the run "
         "diverged and was stopped before this step's update; no checkpoint of it was written. Fix: lower the "
-        "learning rate or raise the warm-up, then resume from the last checkpoint or start again"
+        "learning rate or lengthen the warm-up and start again"
     )
 
 
