@@ -9,6 +9,7 @@ message into the error text. Torch-free: `goldfish plan` uses it too.
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 from typing import Any, Callable, NoReturn
 
@@ -17,10 +18,35 @@ _INVALID_VALUE = re.compile(r"invalid (?P<type>\S+) value: (?P<value>.*)$")
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line on stderr (exit 2), naming the option and the fix."""
+    """An ArgumentParser whose errors are one line on stderr (exit 2), naming the option and the fix.
+
+    Options must be spelled out (allow_abbrev=False, inherited by the subcommands' parsers, which are of this
+    class): an abbreviation such as `--epoch` for `--epochs` is an error naming the option meant, not a second
+    spelling that code reading the command line (the --nproc relaunch) would have to recognise too."""
+
+    def __init__(self, *args: Any, allow_abbrev: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, allow_abbrev=allow_abbrev, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {_plain(message)} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {_plain(message)}{self._suggestion(message)} (see {self.prog} --help)\n")
+
+    def _suggestion(self, message: str) -> str:
+        """For an unrecognized option, the closest option of this parser or its subcommands ("did you mean")."""
+        if not message.startswith("unrecognized arguments: "):
+            return ""
+        typed = next((w for w in message.split()[2:] if w.startswith("--")), None)
+        known = [o for p in [self, *_subcommand_parsers(self)] for a in p._actions for o in a.option_strings]
+        close = difflib.get_close_matches(typed.split("=")[0], known, n=1, cutoff=0.7) if typed else []
+        return f"; did you mean {close[0]}?" if close else ""
+
+
+def _subcommand_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    return [
+        choice
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for choice in action.choices.values()
+    ]
 
 
 def _plain(message: str) -> str:

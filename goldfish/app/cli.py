@@ -517,21 +517,18 @@ def _check_same_documents(saved: dict[str, Any], current: dict[str, Any]) -> Non
             )
 
 
-def _explicit_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
-    """The dests of the options the user typed (so a preset changes only what was left at its default)."""
-    given = set()
-    for action in parser._actions:
-        for option in action.option_strings:
-            if any(item == option or item.startswith(option + "=") for item in argv):
-                given.add(action.dest)
-    return given
-
-
-def apply_preset(args: argparse.Namespace, preset: dict[str, Any], explicit: set[str]) -> None:
-    """Set each preset value on `args` unless the user gave that option on the command line."""
-    for key, value in preset.items():
-        if key not in explicit:
-            setattr(args, key, value)
+def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
+    """The parsed command line, with `compare --preset NAME` (or --quick) applied: the preset's values become the
+    compare parser's defaults and the command line is parsed again, so every option the user typed wins over the
+    preset (argparse sets only what was typed over a default). ``args.argv`` keeps the arguments."""
+    parser = build_parser()
+    args = parser.parse_args(list(argv))
+    preset = "quick" if getattr(args, "quick", False) else getattr(args, "preset", None)
+    if args.command == "compare" and preset is not None:
+        args.parser.set_defaults(**COMPARE_PRESETS[preset])
+        args = parser.parse_args(list(argv))
+    args.argv = list(argv)
+    return args
 
 
 def _compare_spec(args: argparse.Namespace, shape: GridShape | None) -> CompareSpec:
@@ -557,10 +554,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from goldfish.app.experiment import start_grid
     from goldfish.app.runlock import holds_lock_here, out_lock
 
-    preset = "quick" if args.quick else args.preset
-    if preset is not None:
-        apply_preset(args, COMPARE_PRESETS[preset], _explicit_options(args.parser, args.argv))
-    runtime = runtime_of(args)
+    runtime = runtime_of(args)  # a --preset is already applied, as defaults (`parse_command_line`)
     lora_of(args)  # bad --lora-* options fail before processes start
     out = Path(args.out)
     shape = _launch_shape(runtime) if runtime.nproc else _process_shape(runtime)
@@ -823,10 +817,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from goldfish.app.launch import CRASH_EXIT, SETTINGS_ERROR_EXIT, die_with_launcher, report_worker_error
 
     die_with_launcher()  # a worker of --nproc: never outlive the launcher
-    parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
-    args.argv = argv
+    args = parse_command_line(list(sys.argv[1:] if argv is None else argv))
     if getattr(args, "threads", None):
         import torch
 

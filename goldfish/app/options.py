@@ -157,8 +157,8 @@ DATA = OptionGroup(
             "dedup",
             "duplicates removed before the split, so none straddles train and held-out: off, exact "
             "(same text once lower-cased with punctuation and whitespace normalized, or same selected token window) or "
-            "near (exact, plus MinHash near-duplicates: Jaccard of word 5-gram shingles of the window >= "
-            "--dedup-threshold, or the window's words matching at >= 95%%, e.g. a few words edited)",
+            "near (exact, plus every near-duplicate window: Jaccard of word 5-gram shingles of the windows >= "
+            "--dedup-threshold, or the windows' words matching at >= 95%%, e.g. a few words edited)",
             choices=DEDUP_MODES,
         ),
         Option(
