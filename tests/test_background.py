@@ -197,13 +197,10 @@ def test_resume_mid_epoch_equals_uninterrupted_run(setup, tmp_path: Path) -> Non
 
 
 def test_corpus_preset_resolves_to_a_background_run() -> None:
-    from goldfish.app.cli import _explicit_options, apply_preset, build_parser, data_of, train_config_of
-    from goldfish.app.config import COMPARE_PRESETS, CompareSpec
+    from goldfish.app.cli import data_of, parse_command_line, train_config_of
+    from goldfish.app.config import CompareSpec
 
-    parser = build_parser()
-    argv = ["compare", "--preset", "corpus", "--max-steps", "50"]
-    args = parser.parse_args(argv)
-    apply_preset(args, COMPARE_PRESETS["corpus"], _explicit_options(args.parser, argv))
+    args = parse_command_line(["compare", "--preset", "corpus", "--max-steps", "50"])
     spec = data_of(args)
     assert spec.background == "python-stdlib" and spec.pack and spec.repeats == (1, 32, 128, 512)
     assert spec.extraction_window == 256

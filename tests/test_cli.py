@@ -1,5 +1,6 @@
 """The command line: --help of every subcommand, train -> eval round trip, mask, bad input, and compare --quick."""
 
+import argparse
 import json
 import subprocess
 import sys
@@ -33,17 +34,44 @@ def test_every_compare_preset_parses():
 
 
 def test_preset_sets_only_what_the_user_left_at_default():
-    from goldfish.app.cli import _explicit_options, apply_preset
-    from goldfish.app.config import COMPARE_PRESETS
+    from goldfish.app.cli import _compare_spec, parse_command_line
 
-    COMPARE_SMOLLM2 = COMPARE_PRESETS["smollm2"]
-
-    argv = ["compare", "--preset", "smollm2", "--epochs", "60", "--lr=1e-3"]
-    args = build_parser().parse_args(argv)
-    apply_preset(args, COMPARE_SMOLLM2, _explicit_options(args.parser, argv))
+    args = parse_command_line(["compare", "--preset", "smollm2", "--epochs", "3", "--lr=1e-3", "--batch-size", "2"])
     assert args.model == "smollm2-135m" and args.masks == ["hashed:3:13", "hashed:4:13"]
-    assert args.n_train == 8 and args.batch_size == 4 and args.schedule == "constant"
-    assert args.epochs == 60 and args.lr == 1e-3  # typed by the user: kept, even where it equals a default
+    assert args.n_train == 8 and args.schedule == "constant"
+    assert args.epochs == 3 and args.lr == 1e-3 and args.batch_size == 2  # typed by the user: kept
+    spec = _compare_spec(args, None)  # the configuration compare would run, resolved without training
+    assert (spec.train.epochs, spec.train.lr, spec.train.batch_size, spec.data.n_train) == (3, 1e-3, 2, 8)
+    # a typed value equal to the parser's default still wins over the preset (smollm2 sets lr 3e-4, warmup 0)
+    default_warmup = build_parser().parse_args(["compare"]).warmup_steps
+    args = parse_command_line(["compare", "--preset", "smollm2", f"--warmup-steps={default_warmup}"])
+    assert args.warmup_steps == default_warmup != 0 and args.lr == 3e-4
+    assert parse_command_line(["compare", "--quick", "--epochs", "7"]).epochs == 7
+
+
+@pytest.mark.parametrize(
+    "argv, meant",
+    [
+        (["compare", "--preset", "smollm2", "--epoch", "3"], "--epochs"),  # was read as --epochs, then overridden
+        (["compare", "--quick", "--lr-sched", "constant"], None),
+        (["train", "--out", "x", "--epoch", "3"], "--epochs"),
+        (["eval", "--out", "o", "--model", "m", "--suffix", "32"], "--suffix-len"),
+    ],
+)
+def test_abbreviated_options_are_refused(argv, meant, capsys):
+    """No subcommand accepts an abbreviation: one line, exit 2, naming the option meant where one is close."""
+    from goldfish.app.cli import parse_command_line
+
+    with pytest.raises(SystemExit) as exit_info:
+        parse_command_line(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "unrecognized arguments: " + argv[-2] in err
+    if meant:
+        assert f"did you mean {meant}?" in err
+    parser = build_parser()
+    subcommands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)][0].choices.values()
+    assert not parser.allow_abbrev and not any(p.allow_abbrev for p in subcommands)
 
 
 def test_mask_command_reports_drop_rate(capsys):

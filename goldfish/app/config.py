@@ -53,8 +53,8 @@ class DataSpec:
     # (1, 4) repeats the 1st, 3rd, 5th ... document once and the 2nd, 4th ... four times per epoch.
     repeats: tuple[int, ...] = (1,)
     # Duplicates before the split (data.dedup): "off", "exact" (same text / same token window) or "near" (those and
-    # MinHash near-duplicates of the window at Jaccard >= dedup_threshold); extra copies of a training document are
-    # dropped or kept as counted repeats ("repeat"). Copies never straddle the train / held-out split.
+    # near-duplicate windows, data.dedup.is_near_duplicate at dedup_threshold); extra copies of a training document
+    # are dropped or kept as counted repeats ("repeat"). Copies never straddle the train / held-out split.
     dedup: str = "near"
     dedup_threshold: float = data.dedup.DEFAULT_THRESHOLD
     duplicates: str = "drop"
@@ -335,6 +335,7 @@ class Runtime:
     grid: str | None = None  # under torchrun: AXIS=SIZE pairs, e.g. data=2,x=2
     nproc: int | None = None  # launch this many local processes with torchrun
     report_to: str = "none"  # "tensorboard": the training scalars as event files too (goldfish.app.tracking)
+    verify: bool = True  # on a tensor-parallel grid, check the sharding on a miniature first (engine.training.verify)
 
     def __post_init__(self) -> None:
         if self.threads is not None and self.threads < 1:
