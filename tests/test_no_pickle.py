@@ -183,6 +183,22 @@ def test_a_checkpoint_of_the_pickle_format_is_refused_unread(run: Path, tmp_path
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("name", ["trainer_state.json", "trainer_state.safetensors", "trainer_state.pt"])
+def test_planted_pickle_never_runs_in_the_nproc_launcher(run: Path, tmp_path: Path, name: str, capsys) -> None:
+    """`--nproc 2 --resume` reads the trainer state in the launcher before any worker starts."""
+    marker = tmp_path / "MARKER"
+    copy = _planted(run, tmp_path, name, marker)
+    if name == "trainer_state.pt":  # the older format alone
+        for old in ("trainer_state.json", "trainer_state.safetensors"):
+            (copy / "checkpoint" / old).unlink()
+    capsys.readouterr()
+    argv = ["train", "--nproc", "2", "--out", str(copy), "--resume", str(copy / "checkpoint"), *TINY, "--epochs", "1"]
+    code = main(argv)
+    err = _one_line_or_success(code, capsys)
+    assert code == 2 and "trainer_state" in err, err
+    assert not marker.exists()
+
+
 @pytest.mark.slow
 def test_planted_pickle_in_a_rank_record_never_runs_on_an_nproc_resume(tmp_path: Path, capsys) -> None:
     """A sharded checkpoint (--nproc 2, data=2): rank 1's record, which only its worker reads, holds the pickle."""
