@@ -25,8 +25,8 @@ from torch import nn
 
 from engine.core.grid import Grid
 from engine.core.linear import ShardingError
-from engine.models.parallelize import parallelize
 from engine.training.checkpoint import _describe
+from engine.training.verify import parallelize
 
 
 class LoadingError(ValueError):
@@ -153,19 +153,22 @@ def load_sharded(
     dtype: torch.dtype = torch.float32,
     overlap: bool = True,
     vocab_parallel: bool | None = None,
+    verify: bool = False,
+    report: Any = None,
 ) -> nn.Module:
     """An HF causal LM from `folder` (config.json + safetensors), parallelized for `grid`, reading only this rank's
     slices. Equal to `parallelize(AutoModelForCausalLM.from_pretrained(folder, dtype=dtype), grid, ...)`; returned in
     eval mode. Raises LoadingError for missing files or tensors and ShardingError for a model the grid cannot split.
+    `verify` and `report`: as engine.parallelize (engine.training.verify), before any tensor is read.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     folder = Path(folder)
     files = safetensors_files(folder)
-    config = AutoConfig.from_pretrained(folder)
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=False)  # a folder's own Python never runs
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    parallelize(model, grid, overlap=overlap, vocab_parallel=vocab_parallel)
+    parallelize(model, grid, overlap=overlap, vocab_parallel=vocab_parallel, verify=verify, report=report)
     # to_empty gives each parameter new storage (its shard's size) and would untie shared ones: tie them again
     names_by_param: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):

@@ -111,7 +111,10 @@ def _check_documents(spec: DataSpec) -> None:
     import data
 
     if spec.source is not None and data.is_local_source(spec.source):
-        data.load_documents(spec.source, text_field=spec.text_field, id_field=spec.id_field, split=spec.split)
+        documents = data.load_documents(
+            spec.source, text_field=spec.text_field, id_field=spec.id_field, split=spec.split
+        )
+        data.check_document_count(len(documents), spec.n_train, spec.n_heldout)
 
 
 def _check_training_on_grid(train: TrainConfig, shape: GridShape, resume: Path | None, data: DataSpec) -> None:
@@ -265,6 +268,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 log=log,
                 resume_from=resume,
                 report_to=runtime.report_to,
+                verify=runtime.verify,
             )
         except BaseException:
             _discard(folder, out, grid)
@@ -318,9 +322,18 @@ def _one_process() -> GridShape:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from goldfish.app.checks import check_eval_out, check_extraction_fits, clear_eval_outputs
     from goldfish.app.experiment import evaluate_model, grid_sizes, membership, start_grid
+    from goldfish.app.launch import ERROR_DIR_VARIABLE
 
     runtime = runtime_of(args)
+    out = Path(args.out)
+    # One process clears an earlier eval's files (--overwrite), once every check has passed: the --nproc launcher,
+    # rank 0 under torchrun, or the only process. A worker of --nproc leaves --out to its launcher.
+    launched = ERROR_DIR_VARIABLE in os.environ
+    if not launched:
+        check_eval_out(out, overwrite=args.overwrite)
+    clears = args.overwrite and not launched and os.environ.get("RANK", "0") == "0"
     if runtime.nproc:
         _launch_shape(runtime)
     from goldfish.app.pretrained import recover_folder
@@ -333,15 +346,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
         extraction_of(args), instruments_of(args)  # validated before the workers start
         if args.data is not None:
             _check_documents(data_of(args))
+        if clears:
+            clear_eval_outputs(out)
         return _launch(args, runtime)
     grid = start_grid(runtime.grid)
     log = _logger(grid)
     prepared, mask, repeats = _eval_documents(args, record, log)
-    model = _eval_model(args, prepared, grid, runtime, log)
     parts = {"train": prepared.split.train, "heldout": prepared.split.heldout}
-    out = Path(args.out)
+    chosen = list(parts) if args.part == "both" else [args.part]
+    check_extraction_fits({part: parts[part] for part in chosen}, extraction_of(args))  # before any output
+    if clears:
+        clear_eval_outputs(out)
+    model = _eval_model(args, prepared, grid, runtime, log)
     results: dict[str, Any] = {}
-    for part in list(parts) if args.part == "both" else [args.part]:
+    for part in chosen:
         part_repeats = None if repeats is None else repeats if part == "train" else {}
         summary = evaluate_model(
             model,
@@ -357,10 +375,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         )
         if summary is not None:
             results[part] = summary
-            log(
-                f"{part}: {summary['n_docs']} documents, exact match {summary['exact_match']:.3f}, "
-                f"RougeL {summary['rouge_l']:.3f}"
+            scores = (
+                f", exact match {summary['exact_match']:.3f}, RougeL {summary['rouge_l']:.3f}"
+                if summary["n_docs"]  # a part without documents (e.g. --n-heldout 0) has no means
+                else ""
             )
+            log(f"{part}: {summary['n_docs']} documents{scores}")
     if args.part == "both" and parts["train"] and parts["heldout"]:
         reference = _reference_model(args.reference, record, prepared, args.init_seed)
         if reference is not None:
@@ -496,7 +516,7 @@ def _check_reference(choice: str) -> None:
     from transformers import AutoConfig
 
     try:
-        AutoConfig.from_pretrained(choice)
+        AutoConfig.from_pretrained(choice, trust_remote_code=False)
     except (OSError, ValueError) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ValueError(
@@ -569,7 +589,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         grid = start_grid(runtime.grid)
         spec = _compare_spec(args, grid.shape if grid is not None else None)
         try:
-            compare(spec, folder, grid=grid, device=runtime.device, report_to=runtime.report_to)
+            compare(
+                spec, folder, grid=grid, device=runtime.device, report_to=runtime.report_to, verify=runtime.verify
+            )
         except BaseException:
             _discard(folder, out, grid)
             raise
@@ -648,7 +670,13 @@ def _add_train_parser(sub: Any) -> None:
 
 def _add_eval_parser(sub: Any) -> None:
     evaluate = sub.add_parser("eval", help="measure memorization of a model by extraction")
-    evaluate.add_argument("--out", required=True, help="output folder")
+    evaluate.add_argument("--out", required=True, help="output folder (new or empty, unless --overwrite)")
+    evaluate.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="evaluate into a non-empty --out: the files of an earlier eval there are removed first (other files "
+        "are kept); without it a non-empty --out is refused",
+    )
     evaluate.add_argument(
         "--part",
         choices=["train", "heldout", "both"],

@@ -113,9 +113,10 @@ class Comparison:
         device: str | None = None,
         log: Callable[..., None] = print,
         report_to: str = "none",
+        verify: bool = True,
     ) -> None:
         self.spec, self.out_dir, self.grid, self.device = spec, Path(out_dir), grid, device
-        self.report_to = report_to
+        self.report_to, self.verify = report_to, verify
         self.main = is_main_process(grid)
         self.log = log if self.main else (lambda *a, **k: None)
         self.started = time.perf_counter()
@@ -226,6 +227,7 @@ class Comparison:
             on_epoch_end=None if curve is None else self._curve_hook(curve),
             background_corpus=None if self.background is None else self.background.corpus,
             report_to=self.report_to,
+            verify=self.verify,
         )
         if curve is not None and self.main:
             self.curves[label] = curve.points
@@ -369,11 +371,12 @@ def compare(
     device: str | None = None,
     log: Callable[..., None] = print,
     report_to: str = "none",
+    verify: bool = True,
 ) -> dict[str, Any]:
     """Train a standard model and one goldfish model per mask from the same initial weights on the same documents,
     evaluate each and an untrained control on training and held-out documents, write summary.json and report.md.
     Returns the summary (an empty dict on ranks other than 0)."""
-    return Comparison(spec, out_dir, grid=grid, device=device, log=log, report_to=report_to).run()
+    return Comparison(spec, out_dir, grid=grid, device=device, log=log, report_to=report_to, verify=verify).run()
 
 
 def headline(summary: dict[str, Any]) -> dict[str, Any]:

@@ -112,6 +112,7 @@ class Prepared:
 def prepare_data(spec: DataSpec, model_name: str, log=print) -> Prepared:
     """Load the documents, get a tokenizer and select the training and held-out documents."""
     documents = data.load_documents(spec.source, text_field=spec.text_field, id_field=spec.id_field, split=spec.split)
+    data.check_document_count(len(documents), spec.n_train, spec.n_heldout)  # before any tokenizing
     if spec.tokenizer is not None:
         tokenizer = data.load_tokenizer(spec.tokenizer)
     elif is_tiny_model(model_name):
@@ -464,6 +465,18 @@ def background_train_config(train: engine_train.TrainConfig) -> engine_train.Tra
     return replace(train, shuffle=False)
 
 
+def _verification_logger(log: Callable[[str], None]) -> Callable[[Any], None]:
+    """A report callback for engine.parallelize(verify=True): one line with what the check ran and cost."""
+
+    def report(result: Any) -> None:
+        log(
+            f"sharding of {result.family} verified against one process on a miniature ({result.parameters / 1e6:.2f}M "
+            f"parameters, 2 layers) in {result.seconds:.1f} s"
+        )
+
+    return report
+
+
 def train_model(
     spec: TrainSpec,
     out_dir: Path,
@@ -477,6 +490,7 @@ def train_model(
     background: Background | None = None,
     background_corpus: TokenizedCorpus | None = None,
     report_to: str = "none",
+    verify: bool = True,
 ) -> tuple[nn.Module, Prepared]:
     """Train one model and write OUT/checkpoint (an HF checkpoint + tokenizer + trainer state) and OUT/metrics.jsonl.
 
@@ -485,6 +499,8 @@ def train_model(
     `background` when the caller built it already, from `background_corpus` when the caller loaded that), and the
     validation loss on the held-out background is logged every --eval-every steps and at the end (val_loss in
     metrics.jsonl).
+    On a tensor-parallel grid the model's sharding is first verified on a miniature of its class unless `verify` is
+    False (engine.training.verify; a ShardingError refuses the run before training).
     With spec.lora enabled, only LoRA adapters train (peft; data-parallel grids only): OUT/checkpoint holds the
     merged model (an ordinary HF checkpoint) and the adapter in OUT/checkpoint/adapter, and the model returned is
     the merged one (what evaluation measures).
@@ -492,7 +508,7 @@ def train_model(
     prepared = prepared or prepare_data(spec.data, spec.model, log=log)
     if model is None and grid is not None and resume_from is None and can_load_sharded(spec.model):
         # an HF folder under a grid: built on the meta device, each rank reads only its own slices
-        model = load_sharded(spec.model, grid)
+        model = load_sharded(spec.model, grid, verify=verify, report=_verification_logger(log))
         check_vocabulary(model, prepared, spec.model)
     model = model if model is not None else initial_model(spec.model, prepared, spec.init_seed)
     if spec.lora.enabled:
@@ -581,7 +597,7 @@ def train_model(
         record["repeats"] = {k: v for k, v in background.exposures.items() if k in {str(d.id) for d in documents}}
     if grid is not None:
         record["grid"] = grid_sizes(grid)
-        model = engine.parallelize(model.to(grid.device), grid)
+        model = engine.parallelize(model.to(grid.device), grid, verify=verify, report=_verification_logger(log))
         # embeddings and lm_head split by vocabulary over x*y*z (on whenever the grid has tensor parallelism and
         # the vocabulary divides)
         record["vocab_parallel"] = is_vocab_parallel(model.get_input_embeddings())

@@ -27,7 +27,7 @@ from typing import Any, Callable, Collection
 
 from data.dedup import DEDUP_MODES, DUPLICATE_POLICIES
 from engine.spec import PRECISIONS
-from goldfish.app.argparsing import argument_type, positive_int
+from goldfish.app.argparsing import argument_type, parse_device, positive_int
 from goldfish.app.config import parse_finite_float, parse_int_list, parse_node_size, parse_repeats
 from goldfish.app.lora import parse_targets
 from goldfish.masks import STRATEGIES
@@ -382,7 +382,7 @@ LORA = OptionGroup(
 RUNTIME = OptionGroup(
     "runtime",
     (
-        Option("--device", "device", "cpu, cuda, cuda:1 ... (default: cuda if available)"),
+        Option("--device", "device", "cpu, cuda, cuda:1 ... (default: cuda if available)", parse=parse_device),
         Option(
             "--threads",
             "threads",
@@ -395,6 +395,13 @@ RUNTIME = OptionGroup(
             "grid",
             "4D grid under torchrun as AXIS=SIZE pairs, e.g. data=2,x=2 (axes data, x, y, z; product "
             "= world size; default under torchrun: data=WORLD_SIZE)",
+        ),
+        Option(
+            "--no-verify",
+            "verify",
+            "on a grid with x, y or z, skip the check that shards a miniature of the model (2 layers, narrow) on "
+            "the grid and compares its loss and gradients with one process before training",
+            switch=True,
         ),
         Option(
             "--report-to",
