@@ -79,7 +79,7 @@ def test_resume_with_other_settings_fails_in_the_launcher(tmp_path, capsys):
         == 2
     )
     err = _one_line_error(capsys)
-    assert "cannot resume with different optimisation settings" in err and "epochs: 2 -> 3" in err
+    assert "other settings that shape the experiment" in err and "--epochs 2 -> 3" in err
     assert (
         main(
             [
@@ -97,7 +97,7 @@ def test_resume_with_other_settings_fails_in_the_launcher(tmp_path, capsys):
         )
         == 2
     )
-    assert "optimizer: 'adamw' -> 'sgd'" in _one_line_error(capsys)
+    assert "--optimizer adamw -> sgd" in _one_line_error(capsys)
 
 
 def test_an_error_found_by_the_workers_is_printed_once(tmp_path):
