@@ -33,6 +33,8 @@ def out_lock(out: Path, enabled: bool = True) -> Iterator[None]:
     if not enabled:
         yield
         return
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder. Fix: choose a folder for --out")
     created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
