@@ -88,7 +88,7 @@ def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
     elif isinstance(name_or_path, os.PathLike) or name.startswith((".", "/", "~")) or "\\" in name:
         raise DataError(f"{path}: no such tokenizer folder. Fix: check the path.")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name)
+        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)  # a folder's own Python never runs
     except Exception as error:  # OSError, ValueError, hub errors: all mean "cannot load this"
         where = "folder" if path.is_dir() else "name (not a local folder; the hub may be unreachable)"
         raise DataError(

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import builtins
 import io
+import json
 import math
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -215,6 +219,35 @@ def test_planted_pickle_in_a_rank_record_never_runs_on_an_nproc_resume(tmp_path:
     err = _one_line_or_success(code, capsys)
     assert code == 2 and "rank-00001.state" in err, err
     assert not marker.exists()
+
+
+def test_a_folder_with_remote_code_never_runs_it(run: Path, tmp_path: Path) -> None:
+    """A model folder whose config points at its own Python file (auto_map, an unknown model type): transformers
+    would ask whether to run it and run it on "y"; goldfish never asks (trust_remote_code=False) and refuses."""
+    marker = tmp_path / "MARKER"
+    folder = tmp_path / "remote-code"
+    shutil.copytree(run / "checkpoint", folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(model_type="planted", auto_map={"AutoConfig": "planted.C", "AutoModelForCausalLM": "planted.M"})
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "planted.py").write_text(f"open({str(marker)!r}, 'w').write('imported')\n")
+    for argv in (
+        ["eval", "--model", str(folder), "--out", str(tmp_path / "e1"), *EVAL],
+        ["eval", "--model", str(run / "checkpoint"), "--reference", str(folder), "--out", str(tmp_path / "e2"), *EVAL],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "goldfish", *argv],
+            input="y\ny\ny\n",  # what a user would answer to transformers' question
+            capture_output=True,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            timeout=300,
+        )
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+        errors = [line for line in done.stderr.splitlines() if line.startswith("goldfish eval: error: ")]
+        assert len(errors) == 1 and ("never runs" in errors[0] or "custom code" in errors[0]), done.stderr[-3000:]
+        assert "Do you wish to run" not in done.stdout + done.stderr  # never asked
+        assert not marker.exists()
 
 
 # ----- the state files themselves ------------------------------------------------------------------------------

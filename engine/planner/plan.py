@@ -466,7 +466,7 @@ def resolve_shape(model: str) -> TransformerShape:
     try:
         from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(model)
+        config = AutoConfig.from_pretrained(model, trust_remote_code=False)
     except (OSError, ValueError) as error:
         raise ValueError(
             f"cannot read a model config from {model!r} ({error}); give a named size "

@@ -250,6 +250,11 @@ def load_pretrained_model(name_or_path: str | Path, *, dtype: torch.dtype = torc
             "model saved as safetensors (model.safetensors) from a source you trust"
         ) from None
     except (OSError, ValueError) as error:
+        if "custom code" in str(error) or "trust_remote_code" in str(error):
+            raise ValueError(
+                f"cannot load model {str(name_or_path)!r}: it needs Python code of its own (its config's auto_map), "
+                "which goldfish never runs. Fix: use a model whose architecture transformers includes"
+            ) from None
         hint = (
             "the folder has no config.json/weights"
             if Path(name_or_path).exists()
