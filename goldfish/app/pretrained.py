@@ -119,7 +119,7 @@ def load_gguf_tokenizer(path: str | os.PathLike) -> Any:
     path = Path(path)
     _check_gguf_file(path)
     _require_gguf_support()
-    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
 
 
 def to_plain_model(model: PreTrainedModel) -> PreTrainedModel:
@@ -149,7 +149,9 @@ def load_gguf_model(
     _check_gguf_file(path)
     _require_gguf_support()
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=dtype, trust_remote_code=False
+        )
     except (OSError, ValueError, RuntimeError) as error:
         raise PretrainedModelError(
             f"{path}: transformers cannot load this GGUF file ({error}). Check that it is a "
@@ -209,8 +211,8 @@ def load_pretrained(
     if cache_dir is not None:
         folder = Path(cache_dir) / _export_key(gguf)
         if (folder / "config.json").is_file():
-            model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
-            return model, AutoTokenizer.from_pretrained(str(folder))
+            model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, trust_remote_code=False)
+            return model, AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
     tokenizer = load_gguf_tokenizer(gguf)
     model = load_gguf_model(gguf, dtype=dtype, plain=True)
     if cache_dir is not None:
