@@ -3,18 +3,27 @@
 `tokenize_corpus(source, tokenizer)` loads any source `load_documents` accepts (plus the built-in
 "python-stdlib": the Python standard library's own source files) as a `datasets.Dataset` backed by Arrow files on
 disk (memory-mapped: reading it does not bring it into memory), and tokenizes it with a batched `map` over
-`workers` processes, cached next to the data, so a second run with the same corpus and tokenizer reads the cache.
+`workers` processes, cached, so a second run with the same corpus and tokenizer reads the cache.
 Each document becomes its ids (bos first when the tokenizer has one, no EOS: the stream adds it), its length, and
 a 64-bit key of its normalized text and a sample of its word-shingle hashes (for removing exact and near copies of
 target documents, data.dedup.sampled_shingles).
 
 Memory: the corpus holds only its (N,) int64 lengths; `ids(i)` reads one document from the mapped file.
+
+The cache is keyed by content: the sha256 of the source files' bytes (local files, a folder, "python-stdlib"; a hub
+or save_to_disk dataset by datasets' own fingerprint), the tokenizer (datasets' hash of it) and the text field. A
+rewritten file is tokenized again, never read from an older entry. An entry is used only after its integrity is
+checked: the text read back from a local source's cached Arrow equals the files' bytes, and every tokenized Arrow
+file has the sha256 its manifest (written last, once the entry is complete) records; anything else (a half-written,
+edited or planted entry) is removed and rebuilt.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import shutil
 import sysconfig
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -22,8 +31,9 @@ from typing import Any
 
 import numpy as np
 
+from data.atomic import write_json_atomic
 from data.dedup import normalized_text, sampled_shingles
-from data.documents import DEFAULT_CORPUS, _is_saved_dataset, _looks_like_path, default_corpus
+from data.documents import DEFAULT_CORPUS, _is_saved_dataset, _looks_like_path, default_corpus, read_utf8, txt_files
 from data.errors import DataError
 
 PYTHON_STDLIB = "python-stdlib"
@@ -32,6 +42,12 @@ PYTHON_STDLIB = "python-stdlib"
 _STDLIB_SKIP = frozenset(
     {"test", "tests", "idle_test", "site-packages", "dist-packages", "pydoc_data", "lib2to3", "__pycache__"}
 )
+
+
+# Bump when the tokenized columns or the code computing them (encode in tokenize_corpus, text_key,
+# data.dedup.sampled_shingles) change: entries of another format are never read.
+CACHE_FORMAT = 1
+_HASH_CHUNK = 1 << 20
 
 
 def text_key(text: str) -> int:
@@ -53,9 +69,10 @@ class TokenizedCorpus:
     (list of int64).
     """
 
-    def __init__(self, dataset: Any, source: str) -> None:
+    def __init__(self, dataset: Any, source: str, fingerprint: str | None = None) -> None:
         self.dataset = dataset
         self.source = source
+        self._fingerprint = fingerprint if fingerprint is not None else str(dataset._fingerprint)
         self.budget: int | None = None  # a streamed corpus: the tokens it was read up to (stream_corpus)
         self.lengths = dataset.data.column("n_tokens").to_numpy().astype(np.int64)  # (N,)
         self._ids = dataset.select_columns(["ids"])
@@ -109,8 +126,9 @@ class TokenizedCorpus:
         )
 
     def fingerprint(self) -> str:
-        """The dataset's fingerprint: it changes with the corpus and the tokenizer."""
-        return str(self.dataset._fingerprint)
+        """The corpus' cache key (datasets' fingerprint for a streamed one): it changes with the corpus' content and
+        the tokenizer."""
+        return self._fingerprint
 
 
 def load_raw_corpus(
@@ -126,9 +144,9 @@ def load_raw_corpus(
     cache = None if cache_dir is None else str(cache_dir)
     path = Path(os.path.expanduser(source))
     try:
-        if source == PYTHON_STDLIB:
-            files = [str(p) for p in stdlib_files()]
-            loaded = datasets.Dataset.from_generator(_files_text, gen_kwargs={"files": files}, cache_dir=cache)
+        files = text_source_files(source)
+        if files is not None:
+            loaded = _text_files_dataset(source, files, cache)
         elif source == DEFAULT_CORPUS:
             loaded = datasets.Dataset.from_dict({"text": [d.text for d in default_corpus()]})
         elif path.is_dir() and _is_saved_dataset(path):
@@ -139,22 +157,9 @@ def load_raw_corpus(
                         f"{path}: has no split {split!r}; available: {sorted(loaded)}. Fix: choose one with --split"
                     )
                 loaded = loaded[split]
-        elif path.is_dir():
-            files = sorted(str(p) for p in path.rglob("*") if p.is_file() and p.suffix.lower() == ".txt")
-            if not files:
-                raise DataError(
-                    f"{path}: folder holds no .txt files. Fix: pass a folder of .txt files, a .jsonl, "
-                    f".txt or .parquet file, or {PYTHON_STDLIB!r}"
-                )
-            loaded = datasets.Dataset.from_generator(_files_text, gen_kwargs={"files": files}, cache_dir=cache)
         elif path.is_file():
-            suffix = path.suffix.lower()
-            builder = {".jsonl": "json", ".parquet": "parquet"}.get(suffix)
-            if suffix == ".txt":
-                loaded = datasets.Dataset.from_generator(
-                    _files_text, gen_kwargs={"files": [str(path)]}, cache_dir=cache
-                )
-            elif builder is None:
+            builder = {".jsonl": "json", ".parquet": "parquet"}.get(path.suffix.lower())
+            if builder is None:
                 raise DataError(
                     f"{path}: unsupported file type {path.suffix!r} for a background corpus. Fix: use a "
                     ".jsonl, .txt or .parquet file, a folder of .txt files or a save_to_disk folder"
@@ -193,23 +198,15 @@ def open_stream(source: str, *, split: str = "train") -> Any:
 
     path = Path(os.path.expanduser(source))
     try:
-        if source == PYTHON_STDLIB:
-            files = [str(p) for p in stdlib_files()]
-            return datasets.IterableDataset.from_generator(_files_text, gen_kwargs={"files": files})
+        files = text_source_files(source)
+        if files is not None:
+            return datasets.IterableDataset.from_generator(_files_text, gen_kwargs={"files": [str(f) for f in files]})
         if source == DEFAULT_CORPUS:
             return datasets.Dataset.from_dict({"text": [d.text for d in default_corpus()]}).to_iterable_dataset()
         if path.is_dir() and _is_saved_dataset(path):
             return load_raw_corpus(source, split=split).to_iterable_dataset()  # on disk already: read it in order
-        if path.is_dir():
-            files = sorted(str(p) for p in path.rglob("*") if p.is_file() and p.suffix.lower() == ".txt")
-            if not files:
-                raise DataError(f"{path}: folder holds no .txt files. Fix: pass a folder of .txt files or a file")
-            return datasets.IterableDataset.from_generator(_files_text, gen_kwargs={"files": files})
         if path.is_file():
-            suffix = path.suffix.lower()
-            if suffix == ".txt":
-                return datasets.IterableDataset.from_generator(_files_text, gen_kwargs={"files": [str(path)]})
-            builder = {".jsonl": "json", ".parquet": "parquet"}.get(suffix)
+            builder = {".jsonl": "json", ".parquet": "parquet"}.get(path.suffix.lower())
             if builder is None:
                 raise DataError(
                     f"{path}: unsupported file type {path.suffix!r} for a background corpus. Fix: use a "
@@ -252,6 +249,7 @@ def stream_corpus(
     if isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget < 1:
         raise DataError(f"a streamed corpus needs a token budget >= 1, got {token_budget!r}")
     open_stream(source, split=split)  # fail here, with one line, before the cache's generator runs
+    files = text_source_files(source)
     enabled = datasets.is_progress_bar_enabled()
     if not progress:
         datasets.disable_progress_bar()
@@ -265,6 +263,7 @@ def stream_corpus(
                 "tokenizer": tokenizer,
                 "token_budget": token_budget,
                 "progress": progress,
+                "content": None if files is None else files_digest(files),  # keys the cache by the files' bytes
             },
             cache_dir=None if cache_dir is None else str(cache_dir),
             features=datasets.Features(
@@ -294,9 +293,17 @@ def stream_corpus(
 
 
 def _stream_rows(
-    source: str, split: str, text_field: str, tokenizer: Any, token_budget: int, progress: bool, batch: int = 64
+    source: str,
+    split: str,
+    text_field: str,
+    tokenizer: Any,
+    token_budget: int,
+    progress: bool,
+    content: str | None = None,
+    batch: int = 64,
 ) -> Iterator[dict[str, Any]]:
-    """Rows of `stream_corpus`: read and tokenize `batch` documents at a time until the budget is met."""
+    """Rows of `stream_corpus`: read and tokenize `batch` documents at a time until the budget is met. `content` (the
+    files' digest of a local source) is not read: it keys datasets' cache of the rows."""
     from tqdm.auto import tqdm
 
     stream = open_stream(source, split=split)
@@ -331,9 +338,125 @@ def _stream_rows(
         bar.close()
 
 
-def _files_text(files: list[str]) -> Iterator[dict[str, str]]:
+def _files_text(files: list[str], digest: str | None = None) -> Iterator[dict[str, str]]:
+    """One row per file, its text. `digest` (files_digest) is not read: being among the generator's arguments, it
+    keys datasets' cache of the rows by the files' content, not only their names."""
     for name in files:
-        yield {"text": Path(name).read_text(encoding="utf-8", errors="replace")}
+        yield {"text": read_utf8(Path(name), Path(name).read_bytes(), "whole file")}
+
+
+def text_source_files(source: str) -> list[Path] | None:
+    """The files of a source made of text files, one document each: "python-stdlib", a folder of .txt files, a .txt
+    file; None for any other source. A folder holding other files or broken links, or no .txt file, is refused."""
+    path = Path(os.path.expanduser(source))
+    if source == PYTHON_STDLIB:
+        return stdlib_files()
+    if source == DEFAULT_CORPUS or not path.exists():
+        return None
+    if path.is_dir() and not _is_saved_dataset(path):
+        files = txt_files(path)
+        if not files:
+            raise DataError(
+                f"{path}: folder holds no .txt files. Fix: pass a folder of .txt files, a .jsonl, .txt or .parquet "
+                f"file, or {PYTHON_STDLIB!r}"
+            )
+        return files
+    if path.is_file() and path.suffix.lower() == ".txt":
+        return [path]
+    return None
+
+
+def files_digest(files: Sequence[Path]) -> str:
+    """sha256 of the files' bytes, in order, each after its length. Each file must be UTF-8: DataError naming the
+    file and the byte offset otherwise (as for --data; nothing is replaced)."""
+    digest = hashlib.sha256()
+    for path in files:
+        content = path.read_bytes()
+        read_utf8(path, content, "whole file")
+        digest.update(len(content).to_bytes(8, "little"))
+        digest.update(content)
+    return digest.hexdigest()
+
+
+def _texts_digest(dataset: Any) -> str:
+    """files_digest of the texts a dataset holds in its "text" column (UTF-8 decoding and encoding round-trip)."""
+    digest = hashlib.sha256()
+    for chunk in dataset.data.column("text").chunks:
+        for text in chunk.to_pylist():
+            content = text.encode("utf-8")
+            digest.update(len(content).to_bytes(8, "little"))
+            digest.update(content)
+    return digest.hexdigest()
+
+
+def _text_files_dataset(source: str, files: Sequence[Path], cache: str | None) -> Any:
+    """The files as a disk-backed dataset (one row per file), cached under their content's digest. The cached rows
+    are checked against the files before use: an entry holding other text (edited or planted) is removed and the
+    files read again."""
+    import datasets
+
+    digest = files_digest(files)
+    for _ in range(2):
+        loaded = datasets.Dataset.from_generator(
+            _files_text,
+            gen_kwargs={"files": [str(f) for f in files], "digest": digest},
+            cache_dir=cache,
+            fingerprint=f"goldfish-text-{CACHE_FORMAT}-{digest}",
+        )
+        if _texts_digest(loaded) == digest:
+            return loaded
+        for entry in {Path(f["filename"]).parent for f in loaded.cache_files}:
+            shutil.rmtree(entry, ignore_errors=True)
+        del loaded
+    raise DataError(f"background {source!r}: its files changed while they were read. Fix: run again once they are")
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(_HASH_CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _content_identity(source: str, raw: Any) -> dict[str, Any]:
+    """What a tokenized cache entry of `raw` is keyed by besides the tokenizer: datasets' fingerprint of the rows (for
+    text files: their content digest), and for a local .jsonl or .parquet file the sha256 of its bytes too."""
+    path = Path(os.path.expanduser(source))
+    local = path.is_file() and path.suffix.lower() in (".jsonl", ".parquet")
+    return {"rows": str(raw._fingerprint), "file_sha256": _file_sha256(path) if local else None}
+
+
+_MANIFEST = "manifest.json"
+
+
+def _read_entry(entry: Path, key: str) -> Any | None:
+    """The tokenized dataset of cache entry `entry`, or None unless its manifest (written last) is there, names
+    this key and format, and every Arrow file it lists has the recorded sha256 (and the rows their count)."""
+    import datasets
+
+    try:
+        manifest = json.loads((entry / _MANIFEST).read_text())
+        if manifest.get("format") != CACHE_FORMAT or manifest.get("key") != key or not manifest["files"]:
+            return None
+        for item in manifest["files"]:
+            if _file_sha256(entry / Path(item["name"]).name) != item["sha256"]:
+                return None
+        parts = [datasets.Dataset.from_file(str(entry / Path(item["name"]).name)) for item in manifest["files"]]
+        dataset = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return dataset if len(dataset) == manifest.get("rows") else None
+
+
+def _write_entry_manifest(entry: Path, key: str, dataset: Any) -> None:
+    """Record the sha256 of every Arrow file of a freshly tokenized entry; written last, so its presence says the
+    entry is complete."""
+    files = [Path(f["filename"]) for f in dataset.cache_files]
+    if not files or any(f.parent.resolve() != entry.resolve() for f in files):
+        return  # not written into the entry (kept in memory): nothing to reuse
+    items = [{"name": f.name, "sha256": _file_sha256(f)} for f in files]
+    write_json_atomic(entry / _MANIFEST, {"format": CACHE_FORMAT, "key": key, "rows": len(dataset), "files": items})
 
 
 def tokenize_corpus(
@@ -367,30 +490,46 @@ def tokenize_corpus(
             "shingles": [sampled_shingles(t) for t in texts],
         }
 
-    enabled = datasets.is_progress_bar_enabled()
-    if not progress:
-        datasets.disable_progress_bar()
-    try:
-        in_memory = not raw.cache_files  # e.g. the default corpus: give map a file of its own to cache to
+    from datasets.fingerprint import Hasher
+
+    identity = {
+        "format": CACHE_FORMAT,
+        "content": _content_identity(source, raw),
+        "tokenizer": Hasher.hash(tokenizer),
+        "text_field": text_field,
+    }
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode("utf-8")).hexdigest()[:40]
+    entry = None if cache_dir is None else Path(cache_dir) / "tokenized" / key
+    tokenized = None if entry is None else _read_entry(entry, key)
+    if tokenized is None:
         kwargs: dict[str, Any] = {}
-        if in_memory and cache_dir is not None:
-            Path(cache_dir).mkdir(parents=True, exist_ok=True)
-            kwargs["cache_file_name"] = str(Path(cache_dir) / f"tokenized-{raw._fingerprint}.arrow")
-        tokenized = raw.map(
-            encode,
-            batched=True,
-            batch_size=256,
-            num_proc=workers if workers > 1 else None,
-            remove_columns=["text"],
-            desc=f"tokenizing {source}",
-            **kwargs,
-        )
-    finally:
-        if enabled and not progress:
-            datasets.enable_progress_bar()
+        if entry is not None:  # a fresh entry: whatever was there did not pass _read_entry
+            shutil.rmtree(entry, ignore_errors=True)
+            entry.mkdir(parents=True)
+            kwargs["cache_file_name"] = str(entry / "tokens.arrow")
+        enabled = datasets.is_progress_bar_enabled()
+        if not progress:
+            datasets.disable_progress_bar()
+        try:
+            tokenized = raw.map(
+                encode,
+                batched=True,
+                batch_size=256,
+                num_proc=workers if workers > 1 else None,
+                remove_columns=["text"],
+                desc=f"tokenizing {source}",
+                load_from_cache_file=False,  # reuse goes through _read_entry, which checks the files first
+                new_fingerprint=key,
+                **kwargs,
+            )
+        finally:
+            if enabled and not progress:
+                datasets.enable_progress_bar()
+        if entry is not None:
+            _write_entry_manifest(entry, key, tokenized)
     if len(tokenized) == 0 or not any(tokenized.data.column("n_tokens").to_numpy()):
         raise DataError(
             f"background {source!r} holds no text. Fix: choose the text field with "
             "--background-text-field, or another corpus"
         )
-    return TokenizedCorpus(tokenized, source)
+    return TokenizedCorpus(tokenized, source, key)

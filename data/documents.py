@@ -233,7 +233,8 @@ def _looks_like_path(source: str) -> bool:
     )
 
 
-def _read_utf8(path: Path, data: bytes, where: str) -> str:
+def read_utf8(path: Path, data: bytes, where: str) -> str:
+    """`data` (read from `path`) as UTF-8 text; DataError naming the file, `where` in it and the byte offset."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -246,7 +247,7 @@ def _load_jsonl(path: Path, *, text_field: str, id_field: str | None) -> list[Do
     def records() -> Iterator[_Record]:
         with path.open("rb") as handle:
             for number, raw in enumerate(handle, start=1):
-                line = _read_utf8(path, raw, f"line {number}")
+                line = read_utf8(path, raw, f"line {number}")
                 if number == 1:
                     line = line.removeprefix("\ufeff")  # a UTF-8 byte-order mark is not JSON
                 if not line.strip():
@@ -268,15 +269,38 @@ def _load_jsonl(path: Path, *, text_field: str, id_field: str | None) -> list[Do
 
 
 def _load_txt_file(path: Path) -> list[Document]:
-    text = _read_utf8(path, path.read_bytes(), "whole file")
+    text = read_utf8(path, path.read_bytes(), "whole file")
     if not text.strip():
         raise DataError(f"{path}: empty file (no text). Fix: pass a file that holds the document's text.")
     record = _Record(where="whole file", default_id=path.name, fields={"text": text})
     return _documents_from_records([record], origin=str(path), source=str(path), text_field="text", id_field=None)
 
 
+def txt_files(folder: Path) -> list[Path]:
+    """The .txt files of a folder source (searched recursively, in sorted path order). Anything else in it is
+    refused, named: a file of another type or a broken link would otherwise be left out without a word."""
+    files, other, broken = [], [], []
+    for path in sorted(folder.rglob("*")):
+        if path.is_symlink() and not path.exists():
+            broken.append(path)
+        elif path.is_file():
+            (files if path.suffix.lower() == ".txt" else other).append(path)
+    if broken:
+        raise DataError(
+            f"{folder}: {len(broken)} broken link(s), e.g. {broken[0].relative_to(folder)} (its target is "
+            "missing), would be left out. Fix: restore the target or remove the link"
+        )
+    if other:
+        shown = ", ".join(p.relative_to(folder).as_posix() for p in other[:3]) + (", ..." if len(other) > 3 else "")
+        raise DataError(
+            f"{folder}: {len(other)} file(s) that are not .txt ({shown}) would be left out: a folder source reads "
+            ".txt files only. Fix: move them out of the folder, or convert them to .txt"
+        )
+    return files
+
+
 def _load_txt_folder(folder: Path) -> list[Document]:
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() == ".txt")
+    files = txt_files(folder)
     if not files:
         raise DataError(
             f"{folder}: folder holds no .txt files and is not a datasets save_to_disk folder. Fix: {_LOCAL_FIX}."
@@ -285,7 +309,7 @@ def _load_txt_folder(folder: Path) -> list[Document]:
     def records() -> Iterator[_Record]:
         for file in files:
             relative = file.relative_to(folder).as_posix()
-            text = _read_utf8(file, file.read_bytes(), "whole file")
+            text = read_utf8(file, file.read_bytes(), "whole file")
             yield _Record(where=f"file {relative}", default_id=relative, fields={"text": text})
 
     return _documents_from_records(records(), origin=str(folder), source=str(folder), text_field="text", id_field=None)

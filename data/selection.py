@@ -124,6 +124,18 @@ class DocumentSplit:
         }
 
 
+def check_document_count(n_documents: int, n_train: int, n_heldout: int) -> None:
+    """Refuse at once a source with fewer documents than n_train + n_heldout, before a tokenizer is trained on it or
+    a document tokenized (one 50 MB document took minutes and gigabytes of tokenizing before this was found)."""
+    if n_documents < n_train + n_heldout:
+        raise DataError(
+            f"not enough documents: the source holds {n_documents}, but n_train + n_heldout = {n_train} + "
+            f"{n_heldout} = {n_train + n_heldout} are needed. Fix: lower --n-train/--n-heldout, or give more "
+            "documents (a .txt file is one document: give a folder of .txt files, or a .jsonl file with one "
+            "document per line)"
+        )
+
+
 def select_documents(
     documents: Sequence[Document],
     tokenizer: Any,
@@ -185,6 +197,7 @@ def select_documents(
     bos_id = getattr(tokenizer, "bos_token_id", None)
     n_text_ids = seq_len - (1 if bos_id is not None else 0)  # ids taken from the text itself
     needed = n_train + n_heldout
+    check_document_count(len(documents), n_train, n_heldout)
     order = list(range(len(documents)))
     random.Random(seed).shuffle(order)
 

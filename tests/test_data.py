@@ -86,9 +86,11 @@ def test_txt_folder_one_document_per_file_sorted(tmp_path):
     (tmp_path / "b.txt").write_text("bee", encoding="utf-8")
     (tmp_path / "a.txt").write_text("ay", encoding="utf-8")
     (tmp_path / "sub" / "c.txt").write_text("sea", encoding="utf-8")
-    (tmp_path / "notes.md").write_text("ignored: not .txt", encoding="utf-8")
     docs = load_documents(tmp_path)
     assert [(d.id, d.text) for d in docs] == [("a.txt", "ay"), ("b.txt", "bee"), ("sub/c.txt", "sea")]
+    (tmp_path / "sub" / "notes.md").write_text("not .txt", encoding="utf-8")  # never left out without a word
+    with pytest.raises(DataError, match=r"1 file\(s\) that are not \.txt \(sub/notes\.md\) would be left out"):
+        load_documents(tmp_path)
 
 
 def test_parquet(tmp_path):
@@ -251,8 +253,11 @@ def test_unsupported_suffix_and_folder_without_text(tmp_path):
     (tmp_path / "table.csv").write_text("text\nhello\n", encoding="utf-8")
     with pytest.raises(DataError, match=r"table\.csv: unsupported file type '\.csv'.*\.jsonl, \.txt, \.parquet"):
         load_documents(tmp_path / "table.csv")
-    with pytest.raises(DataError, match=r"folder holds no \.txt files and is not a datasets save_to_disk folder"):
+    with pytest.raises(DataError, match=r"1 file\(s\) that are not \.txt \(table\.csv\)"):
         load_documents(tmp_path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match=r"folder holds no \.txt files and is not a datasets save_to_disk folder"):
+        load_documents(tmp_path / "empty")
 
 
 def test_parquet_bad_columns_and_values(tmp_path):
@@ -404,9 +409,13 @@ def test_tokenizer_without_bos_starts_with_text_ids(tokenizer):
 def test_not_enough_documents_error(corpus, tokenizer):
     with pytest.raises(DataError) as info:
         select_documents(corpus, tokenizer, n_train=70, n_heldout=20, seq_len=256)
-    message = str(info.value)
+    message = str(info.value)  # found from the count alone, before any document is tokenized
+    assert f"the source holds {len(corpus)}, but n_train + n_heldout = 70 + 20 = 90 are needed" in message
+    assert "Fix: lower --n-train/--n-heldout, or give more documents" in message
+    with pytest.raises(DataError) as info:
+        select_documents(corpus, tokenizer, n_train=50, n_heldout=20, seq_len=4096)
+    message = str(info.value)  # enough documents, too few of them long enough
     assert f"({len(corpus)} documents," in message and "too short)" in message
-    assert "70 + 20 = 90 are needed" in message
     assert "Fix: lower --n-train/--n-heldout or --seq-len, or give more" in message
 
 

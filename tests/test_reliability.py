@@ -5,7 +5,9 @@ caches, and `goldfish eval` into a used folder. Each case is refused in one line
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -177,3 +179,246 @@ def test_outputs_take_the_users_umask(tmp_path):
     modes = {str(p.relative_to(tmp_path)): p.stat().st_mode & 0o777 for p in tmp_path.rglob("*") if p.is_file()}
     assert "run/run.json" in modes and "run/checkpoint/model.safetensors" in modes, sorted(modes)
     assert set(modes.values()) == {0o640}, {name: oct(mode) for name, mode in modes.items()}
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["train", "--out", "o", "--device", "foo"], "goldfish train: error: --device: unknown device 'foo'"),
+        (["eval", "--model", "m", "--out", "o", "--device", "meta"], "goldfish eval: error: --device: goldfish cannot"),
+        pytest.param(
+            ["train", "--out", "o", "--device", "cuda"],
+            "goldfish train: error: --device: cuda is not available on this machine",
+            marks=pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is there"),
+        ),
+    ],
+)
+def test_a_device_this_machine_lacks_is_one_line(argv, expected, capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(argv)
+    assert exit.value.code == 2
+    assert _one_line(capsys).startswith(expected)
+
+
+# ----- goldfish eval: its --out, its protocol against the documents, a model whose config does not fit -----------
+
+EVAL = ["--suffix-len", "8", "--no-progress", "--threads", "1", "--bootstrap", "0"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("reliability") / "run"
+    assert main(["train", "--out", str(out), *TINY, "--n-heldout", "2", "--epochs", "1", "--dedup", "off"]) == 0
+    return out
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_eval_into_a_non_empty_out_is_refused_before_any_work(run, capsys):
+    before = _files(run)
+    assert main(["eval", "--model", str(run / "checkpoint"), "--out", str(run), *EVAL]) == 2
+    err = _one_line(capsys)
+    assert f"--out {run} is not empty" in err and "--overwrite" in err, err
+    assert _files(run) == before  # nothing written into the training run's folder
+
+
+def test_eval_overwrite_clears_an_earlier_evals_files_and_keeps_the_rest(run, tmp_path, capsys):
+    out, fresh = tmp_path / "eval", tmp_path / "fresh"
+    model = ["--model", str(run / "checkpoint")]
+    assert main(["eval", *model, "--out", str(out), *EVAL, "--beams", "2"]) == 0
+    assert (out / "train" / "beam.jsonl").exists()
+    (out / "notes.txt").write_text("the user's own file")
+    assert main(["eval", *model, "--out", str(out), *EVAL]) == 2
+    assert "is not empty" in capsys.readouterr().err
+    assert main(["eval", *model, "--out", str(out), *EVAL, "--overwrite"]) == 0
+    assert not (out / "train" / "beam.jsonl").exists()  # no stale file of the earlier eval
+    assert (out / "notes.txt").read_text() == "the user's own file"
+    assert main(["eval", *model, "--out", str(fresh), *EVAL]) == 0
+    assert set(_files(out)) - {"notes.txt"} == set(_files(fresh))
+
+
+@pytest.mark.parametrize(
+    "protocol, expected",
+    [
+        (["--suffix-len", "100"], "--suffix-len 100 needs documents of at least 101 tokens"),
+        (
+            ["--prefix-len", "30", "--suffix-len", "8"],
+            "--prefix-len 30 with --suffix-len 8 needs documents",
+        ),
+    ],
+)
+def test_an_extraction_protocol_longer_than_the_documents_is_refused_before_any_output(
+    run, tmp_path, capsys, protocol, expected
+):
+    out = tmp_path / "eval"
+    argv = ["eval", "--model", str(run / "checkpoint"), "--out", str(out), *EVAL, *protocol]
+    assert main(argv) == 2
+    err = _one_line(capsys)
+    assert expected in err and "have at most 32" in err, err
+    assert not out.exists()
+
+
+def test_eval_out_that_is_a_file_or_cannot_be_written(run, tmp_path, capsys):
+    model = ["--model", str(run / "checkpoint")]
+    assert main(["eval", *model, "--out", str(run / "run.json"), *EVAL]) == 2
+    assert "is a file, not a folder" in _one_line(capsys)
+    assert main(["eval", *model, "--out", str(run / "run.json" / "eval"), *EVAL]) == 2
+    assert f"({run / 'run.json'} is a file)" in _one_line(capsys)
+    if LINUX:  # nothing can be created in /proc, even by root
+        assert main(["eval", *model, "--out", "/proc/goldfish-eval", *EVAL]) == 2
+        assert "cannot write in /proc" in _one_line(capsys)
+
+
+@pytest.mark.parametrize("where", ["under a file", "in /proc"])
+def test_train_out_that_cannot_be_written_is_one_line(tmp_path, capsys, where):
+    if where == "in /proc" and not LINUX:
+        pytest.skip("Linux's /proc")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    out = blocker / "run" if where == "under a file" else Path("/proc/goldfish-run")
+    assert main(["train", "--out", str(out), *TINY, "--epochs", "1", "--dedup", "off"]) == 2
+    err = _one_line(capsys)
+    assert err.startswith("goldfish train: error: --out ") and "Fix:" in err, err
+
+
+@pytest.mark.parametrize("change", ["other shapes", "a layer more"])
+def test_a_model_whose_config_does_not_match_its_weights_is_refused(run, tmp_path, capsys, change):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for path in (run / "checkpoint").iterdir():
+        if path.is_file():
+            (folder / path.name).write_bytes(path.read_bytes())
+    config = json.loads((folder / "config.json").read_text())
+    if change == "other shapes":
+        config["intermediate_size"] *= 2
+    else:
+        config["num_hidden_layers"] += 1  # transformers would fill the missing layer with random weights
+    (folder / "config.json").write_text(json.dumps(config))
+    assert main(["eval", "--model", str(folder), "--out", str(tmp_path / "eval"), *EVAL]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"goldfish eval: error: cannot load model '{folder}'"), last
+    assert ("does not match its weights" if change == "other shapes" else "which would be random") in last
+    assert not (tmp_path / "eval" / "summary.json").exists()
+
+
+# ----- data: a single huge document, silent skips, background caches --------------------------------------------
+
+
+def test_a_huge_single_document_is_refused_before_any_tokenizing(tmp_path, capsys):
+    """One 8 MB line: the count of documents says at once that 4 + 2 cannot be selected; before, the tokenizer was
+    trained on it and it was tokenized first (minutes and gigabytes for 50 MB)."""
+    big = tmp_path / "one.txt"
+    big.write_text(" ".join(f"word{i % 5000}" for i in range(1_000_000)))
+    started = time.monotonic()
+    argv = ["train", "--out", str(tmp_path / "run"), *TINY, "--n-heldout", "2", "--data", str(big)]
+    assert main(argv) == 2
+    err = _one_line(capsys)
+    assert "not enough documents: the source holds 1, but n_train + n_heldout = 4 + 2 = 6 are needed" in err, err
+    assert time.monotonic() - started < 60
+
+
+def test_a_data_folder_with_other_files_or_broken_links_is_refused_naming_them(tmp_path, capsys):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for i in range(8):
+        (folder / f"{i}.txt").write_text(f"document {i} " * 40)
+    (folder / "notes.md").write_text("not a .txt file")
+    argv = ["train", "--out", str(tmp_path / "run"), *TINY, "--data", str(folder)]
+    assert main(argv) == 2
+    err = _one_line(capsys)
+    assert "1 file(s) that are not .txt (notes.md) would be left out" in err, err
+    (folder / "notes.md").unlink()
+    (folder / "gone.txt").symlink_to(tmp_path / "missing.txt")
+    assert main(argv) == 2
+    err = _one_line(capsys)
+    assert "1 broken link(s), e.g. gone.txt" in err, err
+
+
+def _tokenizer():
+    import data
+
+    return data.train_bpe_tokenizer([f"word{i} text{i % 7}" for i in range(300)], vocab_size=300)
+
+
+def test_background_with_invalid_utf8_is_refused_with_file_and_byte_as_data_is(tmp_path):
+    import data
+    from data.corpus import tokenize_corpus
+
+    folder = tmp_path / "bg"
+    folder.mkdir()
+    (folder / "a.txt").write_text("fine text " * 10)
+    (folder / "b.txt").write_bytes(b"good start \xff\xfe then bad")
+    with pytest.raises(data.DataError, match=r"b\.txt, whole file: not valid UTF-8 \(byte 11"):
+        tokenize_corpus(str(folder), _tokenizer(), cache_dir=tmp_path / "cache", progress=False)
+    with pytest.raises(data.DataError, match=r"b\.txt, whole file: not valid UTF-8 \(byte 11"):
+        data.load_documents(folder)
+
+
+def _ids(corpus) -> list[list[int]]:
+    return [corpus.ids(i) for i in range(len(corpus))]
+
+
+def test_background_cache_is_keyed_by_content_and_checked_before_use(tmp_path):
+    from data.corpus import files_digest, text_source_files, tokenize_corpus
+
+    def rows_file(digest: str) -> Path:  # the cached text of the files whose content has this digest
+        (found,) = (cache / "generator").glob(f"*{digest}/**/*.arrow")
+        return found
+
+    tokenizer = _tokenizer()
+    folder, cache = tmp_path / "bg", tmp_path / "cache"
+    folder.mkdir()
+    (folder / "a.txt").write_text("word1 word2 word3 " * 20)
+    (folder / "b.txt").write_text("text1 text2 text3 " * 20)
+    first = tokenize_corpus(str(folder), tokenizer, cache_dir=cache, progress=False)
+    first_digest = files_digest(text_source_files(str(folder)))
+    assert tokenize_corpus(str(folder), tokenizer, cache_dir=cache, progress=False).fingerprint() == first.fingerprint()
+
+    # a rewritten file (same name, same size, same modification time) is tokenized again, not read from the cache
+    stat = (folder / "b.txt").stat()
+    (folder / "b.txt").write_text("text4 text5 text6 " * 20)
+    os.utime(folder / "b.txt", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    rewritten = tokenize_corpus(str(folder), tokenizer, cache_dir=cache, progress=False)
+    assert rewritten.fingerprint() != first.fingerprint()
+    truth = tokenizer("text4 text5 text6 " * 20, add_special_tokens=False)["input_ids"]
+    assert rewritten.ids(1)[-len(truth) :] == truth
+    expected = _ids(rewritten)  # read now: the corpus maps its file, which is tampered with below
+
+    # an entry that does not hold what its manifest says (tampered, or planted under this key) is not used
+    entry = cache / "tokenized" / rewritten.fingerprint()
+    (entry / "tokens.arrow").write_bytes((cache / "tokenized" / first.fingerprint() / "tokens.arrow").read_bytes())
+    again = tokenize_corpus(str(folder), tokenizer, cache_dir=cache, progress=False)
+    assert _ids(again) == expected
+
+    # the cached text of the files is checked against the files too: a planted one is read again from the files
+    rows_file(files_digest(text_source_files(str(folder)))).write_bytes(rows_file(first_digest).read_bytes())
+    shutil.rmtree(entry)  # so the tokens are made from the cached text again
+    rebuilt = tokenize_corpus(str(folder), tokenizer, cache_dir=cache, progress=False)
+    assert _ids(rebuilt) == expected
+
+
+def test_a_single_document_background_names_the_real_cause(tmp_path):
+    import data
+    from data.corpus import tokenize_corpus
+    from engine.training.train import TrainConfig
+    from goldfish.app.background import build_background
+    from goldfish.app.config import DataSpec, MaskSpec
+
+    tokenizer = _tokenizer()
+    background = tmp_path / "bg.txt"
+    background.write_text(" ".join(f"word{i % 50}" for i in range(20_000)))
+    corpus = tokenize_corpus(str(background), tokenizer, cache_dir=tmp_path / "cache", progress=False)
+    targets = [data.Document(id=f"t{i}", text=f"text{i} " * 40, source="t") for i in range(4)]
+    split = data.select_documents(targets, tokenizer, n_train=2, n_heldout=2, seq_len=16, whole_documents=32)
+    spec = DataSpec(source="x", background=str(background), seq_len=32, val_tokens=16384)
+    train = TrainConfig(epochs=1, batch_size=4, shuffle=False, progress=False)
+    special = sorted(set(tokenizer.all_special_ids))
+    with pytest.raises(data.DataError, match="is a single document") as refused:
+        build_background(
+            spec, corpus, split.train, split.heldout, tokenizer, MaskSpec(None), special, train, tokenizer.pad_token_id
+        )
+    assert "raise --val-tokens" not in str(refused.value)

@@ -88,3 +88,25 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise ValueError(f"must be >= 1, got {value}")
     return value
+
+
+def parse_device(text: str) -> str:
+    """A torch device this machine has: cpu, or cuda / cuda:N (mps, xpu ...) where torch can use it."""
+    import torch  # here, not at import: `goldfish plan` stays torch-free
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"unknown device {text!r}: use cpu, cuda or cuda:N") from None
+    if device.type == "cpu":
+        return text
+    backend = getattr(torch, device.type, None)
+    if backend is None or not hasattr(backend, "is_available"):
+        raise ValueError(f"goldfish cannot run on device {text!r}: use cpu, cuda or cuda:N")
+    if not backend.is_available():
+        build = " (this torch is a CPU build)" if device.type == "cuda" and torch.version.cuda is None else ""
+        raise ValueError(f"{device.type} is not available on this machine{build}: use --device cpu")
+    count = backend.device_count() if hasattr(backend, "device_count") else 1
+    if device.index is not None and device.index >= count:
+        raise ValueError(f"{text} does not exist: this machine has {count} {device.type} device(s), 0 to {count - 1}")
+    return text

@@ -243,6 +243,18 @@ def build_background(
     # --val-tokens rounded up to whole batches, at most the rows the held-out documents fill
     wanted = -(-spec.val_tokens // (spec.seq_len * train.batch_size)) * train.batch_size
     n_val_rows = 0 if val_layout is None else min(wanted, val_layout.n_rows - val_layout.n_rows % train.batch_size)
+    if spec.val_tokens and n_val_rows == 0 and len(usable) == 1:
+        raise data.DataError(
+            f"--background {spec.background} is a single document (a .txt file is one), so no held-out part of it "
+            "can be the validation set of --val-tokens. Fix: give a folder of .txt files or a .jsonl file with one "
+            "document per line, or --val-tokens 0 for no validation"
+        )
+    if spec.val_tokens and n_val_rows == 0 and n_val == len(usable) - 1:
+        raise data.DataError(
+            f"--background {spec.background} has {len(usable)} documents (besides copies of targets); the "
+            f"{n_val} held out for validation fill fewer than --batch-size {train.batch_size} rows of "
+            f"{spec.seq_len} tokens. Fix: give a background with more documents, or --val-tokens 0 for no validation"
+        )
     if spec.val_tokens and n_val_rows == 0:
         raise data.DataError(
             f"--val-tokens {spec.val_tokens} gives fewer than --batch-size {train.batch_size} rows "

@@ -242,9 +242,16 @@ def load_pretrained_model(name_or_path: str | Path, *, dtype: torch.dtype = torc
         # weights_only (transformers' default, stated here because it is what keeps a model folder from running
         # code): a pytorch_model.bin is read with torch.load(weights_only=True), which refuses any pickled object
         # other than tensors. trust_remote_code stays off: a folder's own Python files are never run.
-        return AutoModelForCausalLM.from_pretrained(
-            str(name_or_path), dtype=dtype, weights_only=True, trust_remote_code=False
+        model, loading = AutoModelForCausalLM.from_pretrained(
+            str(name_or_path), dtype=dtype, weights_only=True, trust_remote_code=False, output_loading_info=True
         )
+    except RuntimeError as error:
+        if "ignore_mismatched_sizes" not in str(error):
+            raise
+        raise ValueError(
+            f"cannot load model {str(name_or_path)!r}: its config.json does not match its weights (tensors of "
+            "other shapes than the config gives). Fix: use the config.json saved with these weights"
+        ) from None
     except pickle.UnpicklingError:
         raise ValueError(
             f"cannot load model {str(name_or_path)!r}: its pickled weights file (pytorch_model.bin) holds objects "
@@ -267,3 +274,11 @@ def load_pretrained_model(name_or_path: str | Path, *, dtype: torch.dtype = torc
             f"(e.g. a goldfish run's model/ folder) or a tiny model name (tiny-llama, tiny-gpt2, ...). "
             f"Cause: {str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}"
         ) from error
+    # Weights the config asks for but the files lack would be random (transformers only warns): refused.
+    missing = sorted(loading["missing_keys"])
+    if missing:
+        raise ValueError(
+            f"cannot load model {str(name_or_path)!r}: its weights lack {len(missing)} tensor(s) its config.json "
+            f"asks for (e.g. {missing[0]}), which would be random. Fix: use the config.json saved with these weights"
+        )
+    return model
