@@ -92,7 +92,7 @@ def make_loss(crash_at_step: int | None = None):
 def save_hf(grid):
     """The lead's kind of save_model: gather the full weights (collective), rank 0 writes an HF model."""
 
-    def save(model, directory: Path) -> None:
+    def save(model, directory: Path, step: int | None = None) -> None:  # train() passes the step, save_checkpoint not
         state = full_state_dict(model, grid, rank0_only=True)
         if grid.rank == 0:
             plain = llama()  # the serial architecture; its weights are replaced below
@@ -192,7 +192,7 @@ def test_resume_at_world_2_and_from_a_serial_run(trained):
             make_loss(crash_at_step=2),
             CONFIG,
             out_dir=root / "serial",
-            save_model=lambda model, directory: model.save_pretrained(directory),
+            save_model=lambda model, directory, step: model.save_pretrained(directory),
         )
     for name, resumed in run_distributed(2, world2_runs, str(root))[0].items():
         assert resumed == pytest.approx(losses["whole"][2:], rel=RESHARD_TOL), name
