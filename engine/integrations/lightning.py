@@ -321,7 +321,9 @@ class EngineStrategy(ParallelStrategy):
         """Write `state` as an engine checkpoint FOLDER at `path` (sharded weights and AdamW state, atomic).
 
         state: the model set up by this strategy, at most one optimizer, and any other entries (ints, dicts,
-            objects with state_dict(), e.g. an LR scheduler), which are pickled as the checkpoint's extra state.
+            objects with state_dict(), e.g. an LR scheduler), stored as the checkpoint's extra state: JSON and
+            safetensors, never pickled, so it may hold tensors, numbers, strings, None and lists, tuples or dicts of
+            them (anything else is refused with CheckpointError).
         """
         if storage_options is not None or filter is not None:
             raise TypeError(
