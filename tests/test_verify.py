@@ -72,3 +72,44 @@ def test_miniature_keeps_heads_and_switches_and_shrinks_the_rest() -> None:
     gemma = Gemma3TextConfig(num_hidden_layers=12, sliding_window_pattern=6)
     kinds = miniature_config(gemma).layer_types
     assert len(kinds) == 2 and set(kinds) == set(gemma.layer_types)  # one layer of each kind
+
+
+@pytest.mark.slow
+def test_goldfish_train_on_a_tiny_codegen_equals_one_process_or_refuses(tmp_path) -> None:
+    """x=2 splits no heads, so CodeGen's fused qkv_proj is exact there (losses within float32 reordering, ~1e-7
+    relative per step: rel=1e-5); y=2 would split it by an unconfirmed order and is refused in one line, exit 2."""
+    import json
+    import subprocess
+    import sys
+
+    from data.documents import default_corpus
+    from data.tokenizer import train_bpe_tokenizer
+    from goldfish.app.cli import main
+
+    tokenizer = train_bpe_tokenizer((d.text for d in default_corpus()), vocab_size=400)
+    from transformers import CodeGenConfig, CodeGenForCausalLM
+
+    config = CodeGenConfig(vocab_size=len(tokenizer), n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=64)
+    torch.manual_seed(0)
+    CodeGenForCausalLM(config).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    common = ["--model", str(tmp_path / "model"), "--n-train", "4", "--n-heldout", "2", "--seq-len", "32"]
+    common += ["--epochs", "2", "--batch-size", "2", "--optimizer", "sgd", "--lr", "0.1", "--no-progress"]
+
+    def launch(grid: str, out: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "goldfish", "train", "--nproc", "2", "--grid", grid, "--out", out, *common]
+        return subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+    refused = launch("y=2", str(tmp_path / "y2"))
+    assert refused.returncode == 2
+    errors = [line for line in refused.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and "codegen" in errors[0] and "qkv_proj" in errors[0], refused.stderr[-2000:]
+    done = launch("x=2", str(tmp_path / "x2"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "sharding of codegen verified" in done.stdout + done.stderr
+    assert main(["train", "--out", str(tmp_path / "serial"), *common]) == 0
+    losses = [
+        [json.loads(line)["loss"] for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+        for run in ("x2", "serial")
+    ]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
