@@ -363,11 +363,7 @@ def _ids(corpus) -> list[list[int]]:
 
 
 def test_background_cache_is_keyed_by_content_and_checked_before_use(tmp_path):
-    from data.corpus import files_digest, text_source_files, tokenize_corpus
-
-    def rows_file(digest: str) -> Path:  # the cached text of the files whose content has this digest
-        (found,) = (cache / "generator").glob(f"*{digest}/**/*.arrow")
-        return found
+    from data.corpus import tokenize_corpus
 
     tokenizer = _tokenizer()
     folder, cache = tmp_path / "bg", tmp_path / "cache"
@@ -375,7 +371,7 @@ def test_background_cache_is_keyed_by_content_and_checked_before_use(tmp_path):
     (folder / "a.txt").write_text("word1 word2 word3 " * 20)
     (folder / "b.txt").write_text("text1 text2 text3 " * 20)
     first = tokenize_corpus(str(folder), tokenizer, cache_dir=cache, progress=False)
-    first_digest = files_digest(text_source_files(str(folder)))
+    first_text = {name: (folder / name).read_bytes() for name in ("a.txt", "b.txt")}
     assert tokenize_corpus(str(folder), tokenizer, cache_dir=cache, progress=False).fingerprint() == first.fingerprint()
 
     # a rewritten file (same name, same size, same modification time) is tokenized again, not read from the cache
@@ -395,7 +391,18 @@ def test_background_cache_is_keyed_by_content_and_checked_before_use(tmp_path):
     assert _ids(again) == expected
 
     # the cached text of the files is checked against the files too: a planted one is read again from the files
-    rows_file(files_digest(text_source_files(str(folder)))).write_bytes(rows_file(first_digest).read_bytes())
+    from data.corpus import files_digest, text_source_files
+
+    def rows_file(digest: str) -> Path:  # the cached text of the files whose content has this digest
+        (found,) = (cache / "generator").glob(f"*{digest}/**/*.arrow")
+        return found
+
+    now = files_digest(text_source_files(str(folder)))
+    for name, content in first_text.items():  # the digest of the first version, to find its cached text
+        (tmp_path / "first").mkdir(exist_ok=True)
+        (tmp_path / "first" / name).write_bytes(content)
+    before = files_digest(text_source_files(str(tmp_path / "first")))
+    rows_file(now).write_bytes(rows_file(before).read_bytes())
     shutil.rmtree(entry)  # so the tokens are made from the cached text again
     rebuilt = tokenize_corpus(str(folder), tokenizer, cache_dir=cache, progress=False)
     assert _ids(rebuilt) == expected
