@@ -2,7 +2,7 @@
 
 Two synthetic sets of windows: distinct texts (random words of a 5,000-word vocabulary), and texts that share a
 60-word header and differ in their 40-word tails (boilerplate, where every pair shares shingles and the candidate
-counts must turn the pairs away). One thread; writes a JSON result with ``--out``.
+counts must turn the pairs away). Pure Python, one thread; writes a JSON result with ``--out``.
 
     python bench/dedup_candidates.py --out bench/results/dedup_candidates.json
 """
@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import common
-import torch
 
 from data.dedup import Candidate, DedupConfig, find_duplicate_links
 
@@ -34,7 +33,6 @@ def main() -> None:
     parser.add_argument("--boilerplate", type=int, default=1500, help="windows of the shared-header set")
     parser.add_argument("--out", type=Path, default=None, help="JSON result file")
     args = parser.parse_args()
-    torch.set_num_threads(1)
     rng = random.Random(0)
     vocabulary = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(6)) for _ in range(5000)]
     words = lambda n: " ".join(rng.choice(vocabulary) for _ in range(n))  # noqa: E731
