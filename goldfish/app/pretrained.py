@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import logging
 import os
 import pickle
 import shutil
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
@@ -227,6 +229,19 @@ def recover_folder(name_or_path: str | os.PathLike) -> bool:
     return recover_directory(Path(os.path.expanduser(os.fspath(name_or_path))))
 
 
+@contextmanager
+def _quiet_load_report() -> Iterator[None]:
+    """Hold back transformers' load report (a warning of many lines) while a model loads; the logger's level is
+    restored after. load_pretrained_model refuses what the report would show in one line of its own."""
+    logger = logging.getLogger("transformers.modeling_utils")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def load_pretrained_model(name_or_path: str | Path, *, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
     """Load an HF causal LM from a hub name or a local folder, with a clear error when it cannot be found or a
     weights file is truncated. Weights are read as safetensors or weights-only: nothing in the folder runs."""
@@ -242,16 +257,17 @@ def load_pretrained_model(name_or_path: str | Path, *, dtype: torch.dtype = torc
         # weights_only (transformers' default, stated here because it is what keeps a model folder from running
         # code): a pytorch_model.bin is read with torch.load(weights_only=True), which refuses any pickled object
         # other than tensors. trust_remote_code stays off: a folder's own Python files are never run.
-        model, loading = AutoModelForCausalLM.from_pretrained(
-            str(name_or_path), dtype=dtype, weights_only=True, trust_remote_code=False, output_loading_info=True
-        )
-    except RuntimeError as error:
-        if "ignore_mismatched_sizes" not in str(error):
-            raise
-        raise ValueError(
-            f"cannot load model {str(name_or_path)!r}: its config.json does not match its weights (tensors of "
-            "other shapes than the config gives). Fix: use the config.json saved with these weights"
-        ) from None
+        # Tensors of other shapes, or missing, are refused below in one line, instead of transformers' multi-line
+        # load report (and its exception for a shape mismatch).
+        with _quiet_load_report():
+            model, loading = AutoModelForCausalLM.from_pretrained(
+                str(name_or_path),
+                dtype=dtype,
+                weights_only=True,
+                trust_remote_code=False,
+                output_loading_info=True,
+                ignore_mismatched_sizes=True,
+            )
     except pickle.UnpicklingError:
         raise ValueError(
             f"cannot load model {str(name_or_path)!r}: its pickled weights file (pytorch_model.bin) holds objects "
@@ -274,6 +290,14 @@ def load_pretrained_model(name_or_path: str | Path, *, dtype: torch.dtype = torc
             f"(e.g. a goldfish run's model/ folder) or a tiny model name (tiny-llama, tiny-gpt2, ...). "
             f"Cause: {str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}"
         ) from error
+    mismatched = sorted(loading["mismatched_keys"])
+    if mismatched:
+        key, saved, expected = mismatched[0]
+        raise ValueError(
+            f"cannot load model {str(name_or_path)!r}: its config.json does not match its weights: "
+            f"{len(mismatched)} tensor(s) of other shapes (e.g. {key}: {tuple(saved)} in the files, "
+            f"{tuple(expected)} by the config). Fix: use the config.json saved with these weights"
+        )
     # Weights the config asks for but the files lack would be random (transformers only warns): refused.
     missing = sorted(loading["missing_keys"])
     if missing:
