@@ -134,6 +134,7 @@ def test_sigkill_during_a_zero3_save_then_resume_equals_an_uninterrupted_run(tmp
     resumed = _goldfish("--out", str(cut), "--resume", str(cut / "checkpoint"), *RUN)
     _, err = resumed.communicate(timeout=900)
     assert resumed.returncode == 0, err[-3000:]
+    assert not list(cut.glob(".checkpoint.*"))  # the killed save's staging folder: removed by the next save
     assert _losses(cut) == _losses(whole)  # the same rows in the same order, the same steps
     want, got = _weights(whole), _weights(cut)
     assert got.keys() == want.keys()
