@@ -727,7 +727,7 @@ def load_checkpoint(
     optimizer: built over model.parameters() with the same parameter groups as when saving; receives the
         saved state (AdamW exp_avg, exp_avg_sq, step, and the group settings such as the current lr).
     Returns this rank's own extra_state when the grid is the saving grid, else rank 0's (as in
-    trainer_state.pt). Raises CheckpointError for a missing, incomplete or corrupt checkpoint and for
+    trainer_state.json). Raises CheckpointError for a missing, incomplete or corrupt checkpoint and for
     another model's (checked before anything is loaded; a shard found corrupt while loading can leave the
     model partly loaded: build it again before retrying).
     """
