@@ -172,7 +172,7 @@ def test_resume_mid_epoch_equals_uninterrupted_run(setup, tmp_path: Path) -> Non
             interrupted, background.rows, loss, train, out_dir=tmp_path / "b", save_model=save, on_log=kill
         )
     resumed = model()
-    resumed.load_state_dict(torch.load(tmp_path / "b" / "checkpoint" / "weights.pt"))
+    resumed.load_state_dict(torch.load(tmp_path / "b" / "checkpoint" / "weights.pt", weights_only=True))
     rest = engine_train.train(
         resumed,
         background.rows,
