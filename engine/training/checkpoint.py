@@ -405,7 +405,8 @@ def save_checkpoint(
             staging_name = f"error: {_write_error(error, directory)}"
     staging_name = comm.broadcast_object(staging_name, grid.group(*AXES), grid.device)
     if staging_name is None or staging_name.startswith("error: "):
-        raise CheckpointError(f"rank 0 could not create a staging folder next to {directory}: {staging_name}")
+        reason = str(staging_name).removeprefix("error: ")
+        raise CheckpointError(f"rank 0 could not create a staging folder next to {directory}: {reason}")
     staging = Path(staging_name)
 
     failure: BaseException | None = None
