@@ -174,6 +174,21 @@ def test_a_folder_with_only_a_crafted_bin_is_refused_in_one_line(run: Path, tmp_
         assert not marker.exists(), label
 
 
+def test_a_folder_with_a_tensors_only_bin_loads_through_the_weights_only_reader(tmp_path: Path) -> None:
+    """The refusal above is of what the .bin holds, not of the format: plain tensors load (torch's weights-only
+    unpickler, which transformers uses by default)."""
+    from tiny_models import tiny_llama
+
+    from goldfish.app.pretrained import load_pretrained_model
+
+    model = tiny_llama(vocab=64, seed=3)
+    model.config.save_pretrained(tmp_path / "bin")
+    torch.save(model.state_dict(), tmp_path / "bin" / "pytorch_model.bin")
+    loaded = load_pretrained_model(tmp_path / "bin").state_dict()
+    for key, value in model.state_dict().items():
+        assert torch.equal(loaded[key], value), key
+
+
 def test_a_checkpoint_of_the_pickle_format_is_refused_unread(run: Path, tmp_path: Path, capsys) -> None:
     """A checkpoint of the older format (trainer_state.pt, no trainer_state.json): refused without opening it."""
     marker = tmp_path / "MARKER"
