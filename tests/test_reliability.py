@@ -138,6 +138,18 @@ def test_a_launcher_whose_process_group_is_killed_takes_its_workers(tmp_path):
     _assert_workers_die(workers)
 
 
+@pytest.mark.skipif(not LINUX, reason="reads /proc")
+def test_ctrl_c_on_the_launcher_stops_its_workers_with_one_line(tmp_path):
+    launcher = _start_long_run(tmp_path / "run")
+    workers = _children(launcher.pid)
+    os.kill(launcher.pid, signal.SIGINT)  # what Ctrl-C sends to the terminal's foreground job
+    assert launcher.wait(timeout=60) == 130
+    err = launcher.stderr.read().decode().strip().splitlines()
+    assert err[-1] == "goldfish train: interrupted; the workers were stopped", err[-3:]
+    assert "Traceback" not in "\n".join(err)
+    _assert_workers_die(workers, seconds=1.0)  # reaped by the launcher before it exited
+
+
 def _one_line(capsys) -> str:
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "Traceback" not in err, err

@@ -33,6 +33,7 @@ ERROR_DIR_VARIABLE = "GOLDFISH_ERROR_DIR"
 LAUNCHER_VARIABLE = "GOLDFISH_LAUNCHER_PID"  # in a worker: the pid of the launcher it must not outlive
 SETTINGS_ERROR_EXIT = 2  # bad input (a ValueError): the launcher also exits with 2
 CRASH_EXIT = 1
+INTERRUPTED_EXIT = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 LOOPBACK = "127.0.0.1"
 MONITOR_SECONDS = 0.1  # how often the launcher looks at its workers
 STOP_GRACE_SECONDS = 10.0  # a stopped worker's time to exit after SIGTERM, before SIGKILL
@@ -110,8 +111,13 @@ def launch_local(argv: Sequence[str], nproc: int, command: str) -> int:
                     subprocess.Popen([sys.executable, "-m", "goldfish", *argv], env=environment, start_new_session=True)
                 )
             codes, stopped = _wait(workers)
+        except KeyboardInterrupt:  # Ctrl-C reaches the launcher alone (the workers have their own sessions)
+            _stop(workers)
+            shutil.rmtree(error_dir, ignore_errors=True)
+            print(f"goldfish {command}: interrupted; the workers were stopped", file=sys.stderr)
+            return INTERRUPTED_EXIT
         finally:
-            _stop(workers)  # after an interrupt of the launcher: no worker outlives it
+            _stop(workers)  # whatever ended the launcher's wait: no worker outlives it
     failures = {rank: code for rank, code in codes.items() if code != 0}
     if not failures:
         shutil.rmtree(error_dir, ignore_errors=True)
