@@ -281,6 +281,7 @@ def test_state_files_round_trip_exactly(tmp_path: Path) -> None:
         "scalar": torch.tensor(7.0),
         "view": shared[2:4],  # a view: stored as its own values
         "same": [shared, shared],  # one tensor twice: stored once
+        "reshaped": shared.view(2, 3),  # another tensor over the same storage: stored as a copy
         "betas": (0.9, 0.95),
         "optimizer": {"state": {0: {"exp_avg": torch.ones(2)}}, "param_groups": [{"params": [0], "lr": 0.1}]},
         "$odd": {"$tensor": "not a tag"},  # keys that look like tags stay data
@@ -290,7 +291,7 @@ def test_state_files_round_trip_exactly(tmp_path: Path) -> None:
     assert back.keys() == state.keys()
     for key in ("step", "flag", "none", "lr", "inf", "betas", "$odd"):
         assert back[key] == state[key] and type(back[key]) is type(state[key]), key
-    for key in ("rng", "bf16", "scalar", "view"):
+    for key in ("rng", "bf16", "scalar", "view", "reshaped"):
         assert back[key].dtype == state[key].dtype and torch.equal(back[key], state[key]), key
     assert torch.equal(back["same"][0], shared) and back["same"][0] is back["same"][1]
     assert list(back["optimizer"]["state"]) == [0]  # an int key stays an int

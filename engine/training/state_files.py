@@ -49,7 +49,35 @@ def state_files(stem: str | Path) -> tuple[Path, Path]:
     return _json_path(stem), _tensors_path(stem)
 
 
-def _encode(value: Any, where: str, tensors: dict[str, torch.Tensor], seen: dict[int, str]) -> Any:
+class _TensorStore:
+    """The tensors of a state being encoded, named "0", "1", ... in the order met."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, torch.Tensor] = {}
+        self._names: dict[int, str] = {}  # id of a tensor of the state -> its name (one tensor met twice: stored once)
+        self._storages: set[int] = set()
+
+    def add(self, value: torch.Tensor, where: str) -> str:
+        if id(value) in self._names:
+            return self._names[id(value)]
+        tensor = value.detach().cpu()
+        if tensor.layout != torch.strided:
+            raise StateFileError(f"{where} is a {tensor.layout} tensor; only dense tensors can be stored")
+        # safetensors stores each tensor's whole storage, once: a view of a larger storage, a non-contiguous tensor
+        # and a second tensor over a storage already stored are copied
+        storage = tensor.untyped_storage()
+        whole = storage.nbytes() == tensor.numel() * tensor.element_size()
+        if not tensor.is_contiguous() or not whole or storage.data_ptr() in self._storages:
+            tensor = tensor.clone(memory_format=torch.contiguous_format)
+        if tensor.numel():
+            self._storages.add(tensor.untyped_storage().data_ptr())
+        name = str(len(self.tensors))
+        self.tensors[name] = tensor
+        self._names[id(value)] = name
+        return name
+
+
+def _encode(value: Any, where: str, store: _TensorStore) -> Any:
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
@@ -57,29 +85,17 @@ def _encode(value: Any, where: str, tensors: dict[str, torch.Tensor], seen: dict
             return value
         return {"$float": "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")}
     if isinstance(value, torch.Tensor):
-        if id(value) not in seen:  # the same tensor twice is stored once (safetensors refuses shared storage)
-            name = str(len(tensors))
-            tensor = value.detach().cpu()
-            if tensor.layout != torch.strided:
-                raise StateFileError(f"{where} is a {tensor.layout} tensor; only dense tensors can be stored")
-            # a view of a larger storage (or a non-contiguous one) is copied: safetensors stores whole storages
-            whole = tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
-            if not tensor.is_contiguous() or not whole:
-                tensor = tensor.clone(memory_format=torch.contiguous_format)
-            tensors[name] = tensor
-            seen[id(value)] = name
-        return {"$tensor": seen[id(value)]}
+        return {"$tensor": store.add(value, where)}
     if isinstance(value, tuple):
-        return {"$tuple": [_encode(v, f"{where}[{i}]", tensors, seen) for i, v in enumerate(value)]}
+        return {"$tuple": [_encode(v, f"{where}[{i}]", store) for i, v in enumerate(value)]}
     if isinstance(value, list):
-        return [_encode(v, f"{where}[{i}]", tensors, seen) for i, v in enumerate(value)]
+        return [_encode(v, f"{where}[{i}]", store) for i, v in enumerate(value)]
     if isinstance(value, dict):
         if all(isinstance(k, str) and not k.startswith("$") for k in value):
-            return {k: _encode(v, f"{where}[{k!r}]", tensors, seen) for k, v in value.items()}
+            return {k: _encode(v, f"{where}[{k!r}]", store) for k, v in value.items()}
         return {
             "$dict": [
-                [_encode(k, f"{where} key {k!r}", tensors, seen), _encode(v, f"{where}[{k!r}]", tensors, seen)]
-                for k, v in value.items()
+                [_encode(k, f"{where} key", store), _encode(v, f"{where}[{k!r}]", store)] for k, v in value.items()
             ]
         }
     raise StateFileError(
@@ -117,8 +133,9 @@ def save_state(stem: str | Path, state: Any, name: str = "state") -> tuple[Path,
     """Write `state` as STEM.json + STEM.safetensors (each atomically); return both paths.
 
     name: how the state is called in the error for a value that cannot be stored (e.g. "extra_state")."""
-    tensors: dict[str, torch.Tensor] = {}
-    structure = _encode(state, name, tensors, {})
+    store = _TensorStore()
+    structure = _encode(state, name, store)
+    tensors = store.tensors
     json_path, tensors_path = state_files(stem)
     # tensors first: a JSON file that exists refers to tensors already on disk
     write_atomic(tensors_path, lambda tmp: save_file(tensors, str(tmp), metadata={"format": FORMAT}))
