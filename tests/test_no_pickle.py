@@ -120,8 +120,10 @@ def test_planted_pickle_never_runs_on_eval_model(run: Path, tmp_path: Path, name
     copy = _planted(run, tmp_path, name, marker)
     capsys.readouterr()
     code = main(["eval", "--model", str(copy / "checkpoint"), "--out", str(tmp_path / "eval"), *EVAL])
-    _one_line_or_success(code, capsys)
+    err = _one_line_or_success(code, capsys)
     assert not marker.exists()
+    if name == "goldfish_run.json":  # the line names the file that is not a run record
+        assert code == 2 and "goldfish_run.json is not a run record" in err, err
 
 
 @pytest.mark.parametrize("name", ["config.json", "model.safetensors", "pytorch_model.bin"])

@@ -425,7 +425,16 @@ def _run_record(args: argparse.Namespace) -> dict[str, Any] | None:
             f"{args.model} has no {RUN_FILE} (it was not written by goldfish train): give --data and the "
             "selection options to say which documents to evaluate"
         )
-    return json.loads(record_path.read_text())
+    try:
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(
+            f"{record_path} is not a run record (not UTF-8 JSON: {error}); restore the file from the run, or give "
+            "--data and the selection options to say which documents to evaluate"
+        ) from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{record_path} is not a run record (a JSON {type(record).__name__}, not an object)")
+    return record
 
 
 def _eval_documents(
@@ -589,9 +598,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         grid = start_grid(runtime.grid)
         spec = _compare_spec(args, grid.shape if grid is not None else None)
         try:
-            compare(
-                spec, folder, grid=grid, device=runtime.device, report_to=runtime.report_to, verify=runtime.verify
-            )
+            compare(spec, folder, grid=grid, device=runtime.device, report_to=runtime.report_to, verify=runtime.verify)
         except BaseException:
             _discard(folder, out, grid)
             raise
