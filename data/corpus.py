@@ -241,20 +241,33 @@ def stream_corpus(
     Only those documents are read: the rest of a hub dataset is never downloaded. Documents are tokenized in
     batches as they arrive and written to Arrow in batches (`datasets.Dataset.from_generator`), so memory holds
     one batch, not the prefix. The result is cached under `cache_dir`, keyed by the source, split, field,
-    tokenizer and budget. `corpus.budget` is the budget; `corpus.n_tokens` what was read (less when the stream
-    ended first). Raises DataError for a source that cannot be streamed, lacks the field, or holds no text.
+    tokenizer and budget (and a local text source's content). A cached entry is used only when its Arrow files have
+    the sha256 its manifest (cache_dir/streamed/KEY.json, written last) records; otherwise the stream is read
+    again into an entry of a fresh name (`_stream_manifest`). `corpus.budget` is the budget; `corpus.n_tokens` what
+    was read (less when the stream ended first). Raises DataError for a source that cannot be streamed, lacks the
+    field, or holds no text.
     """
     import datasets
+    from datasets.fingerprint import Hasher
 
     if isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget < 1:
         raise DataError(f"a streamed corpus needs a token budget >= 1, got {token_budget!r}")
     open_stream(source, split=split)  # fail here, with one line, before the cache's generator runs
     files = text_source_files(source)
-    enabled = datasets.is_progress_bar_enabled()
-    if not progress:
-        datasets.disable_progress_bar()
-    try:
-        tokenized = datasets.Dataset.from_generator(
+    identity = {
+        "format": CACHE_FORMAT,
+        "source": source,
+        "split": split,
+        "text_field": text_field,
+        "tokenizer": Hasher.hash(tokenizer),
+        "budget": token_budget,
+        "content": None if files is None else files_digest(files),
+    }
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode("utf-8")).hexdigest()[:40]
+
+    def build(name: str) -> Any:
+        """The entry named `name` (read from the cache when it is there, else streamed into it)."""
+        return datasets.Dataset.from_generator(
             _stream_rows,
             gen_kwargs={
                 "source": source,
@@ -263,9 +276,10 @@ def stream_corpus(
                 "tokenizer": tokenizer,
                 "token_budget": token_budget,
                 "progress": progress,
-                "content": None if files is None else files_digest(files),  # keys the cache by the files' bytes
+                "content": identity["content"],
             },
             cache_dir=None if cache_dir is None else str(cache_dir),
+            fingerprint=name,
             features=datasets.Features(
                 {
                     "ids": datasets.List(datasets.Value("int64")),
@@ -275,6 +289,12 @@ def stream_corpus(
                 }
             ),
         )
+
+    enabled = datasets.is_progress_bar_enabled()
+    if not progress:
+        datasets.disable_progress_bar()
+    try:
+        tokenized = _stream_manifest(build, key, None if cache_dir is None else Path(cache_dir) / "streamed")
     except DataError:
         raise
     except datasets.exceptions.DatasetGenerationError as error:
@@ -287,9 +307,38 @@ def stream_corpus(
             datasets.enable_progress_bar()
     if len(tokenized) == 0 or not any(tokenized.data.column("n_tokens").to_numpy()):
         raise DataError(f"background {source!r} holds no text. Fix: choose the field with --background-text-field")
-    corpus = TokenizedCorpus(tokenized, source)
+    corpus = TokenizedCorpus(tokenized, source, key)
     corpus.budget = token_budget
     return corpus
+
+
+def _stream_manifest(build: Any, key: str, folder: Path | None) -> Any:
+    """The streamed entry of `key`: the one its manifest (folder/KEY.json) names, when its Arrow files still have the
+    recorded sha256; else a fresh one, streamed under a name no earlier entry has (KEY-NONCE, so nothing planted
+    or left over under a predictable name is ever read), whose manifest is then written."""
+    import secrets
+
+    if folder is None:  # no cache folder of ours: datasets' default cache, unchecked
+        return build(key)
+    manifest_path = folder / f"{key}.json"
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        recorded = manifest.get("format") == CACHE_FORMAT and manifest.get("key") == key
+        if recorded and all(Path(f["name"]).is_file() for f in manifest["files"]):  # else it would stream again
+            dataset = build(f"{key}-{manifest['nonce']}")
+            found = [{"name": f["filename"], "sha256": _file_sha256(Path(f["filename"]))} for f in dataset.cache_files]
+            if found == manifest["files"] and len(dataset) == manifest["rows"]:
+                return dataset
+            for entry in {Path(f["filename"]).parent for f in dataset.cache_files}:  # not what was written
+                shutil.rmtree(entry, ignore_errors=True)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    nonce = secrets.token_hex(8)
+    dataset = build(f"{key}-{nonce}")
+    files = [{"name": f["filename"], "sha256": _file_sha256(Path(f["filename"]))} for f in dataset.cache_files]
+    manifest = {"format": CACHE_FORMAT, "key": key, "nonce": nonce, "rows": len(dataset), "files": files}
+    write_json_atomic(manifest_path, manifest)
+    return dataset
 
 
 def _stream_rows(

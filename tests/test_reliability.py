@@ -439,3 +439,35 @@ def test_a_single_document_background_names_the_real_cause(tmp_path):
             spec, corpus, split.train, split.heldout, tokenizer, MaskSpec(None), special, train, tokenizer.pad_token_id
         )
     assert "raise --val-tokens" not in str(refused.value)
+
+
+def test_streamed_background_cache_is_keyed_by_content_and_checked_before_use(tmp_path):
+    from data.corpus import stream_corpus
+
+    tokenizer = _tokenizer()
+    folder, cache = tmp_path / "bg", tmp_path / "cache"
+    folder.mkdir()
+    for name, words in (("a.txt", "word1 word2 "), ("b.txt", "text1 text2 ")):
+        (folder / name).write_text(words * 30)
+
+    def stream():
+        return stream_corpus(str(folder), tokenizer, 10_000, cache_dir=cache, progress=False)
+
+    first = stream()
+    expected = _ids(first)
+    (manifest,) = (cache / "streamed").glob("*.json")
+    nonce = json.loads(manifest.read_text())["nonce"]
+    again = stream()
+    assert again.fingerprint() == first.fingerprint() and json.loads(manifest.read_text())["nonce"] == nonce
+
+    # a tampered entry is not used: the stream is read again into an entry of another name
+    (arrow,) = json.loads(manifest.read_text())["files"]
+    Path(arrow["name"]).write_bytes(Path(arrow["name"]).read_bytes()[:-64] + bytes(64))
+    checked = stream()
+    assert _ids(checked) == expected and json.loads(manifest.read_text())["nonce"] != nonce
+
+    # a rewritten file is streamed again
+    (folder / "b.txt").write_text("text4 text5 " * 30)
+    rewritten = stream()
+    assert rewritten.fingerprint() != first.fingerprint()
+    assert rewritten.ids(1)[1:] == tokenizer("text4 text5 " * 30, add_special_tokens=False)["input_ids"]
