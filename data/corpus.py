@@ -165,7 +165,15 @@ def load_raw_corpus(
                     ".jsonl, .txt or .parquet file, a folder of .txt files or a save_to_disk folder"
                 )
             else:
-                loaded = datasets.load_dataset(builder, data_files=str(path), split="train", cache_dir=cache)
+                # named by the file's sha256: datasets keys its cache of a local file by path and modification
+                # time, so a file rewritten with its old time would be read from the old rows
+                loaded = datasets.load_dataset(
+                    builder,
+                    name=f"goldfish-{_file_sha256(path)}",
+                    data_files=str(path),
+                    split="train",
+                    cache_dir=cache,
+                )
         elif _looks_like_path(source):
             raise DataError(f"{source}: no such file or folder. Fix: check the --background path")
         else:
@@ -261,7 +269,7 @@ def stream_corpus(
         "text_field": text_field,
         "tokenizer": Hasher.hash(tokenizer),
         "budget": token_budget,
-        "content": None if files is None else files_digest(files),
+        "content": files_digest(files) if files is not None else _local_file_sha256(source),
     }
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode("utf-8")).hexdigest()[:40]
 
@@ -468,12 +476,16 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _local_file_sha256(source: str) -> str | None:
+    """The sha256 of a local .jsonl or .parquet source's bytes; None for any other source."""
+    path = Path(os.path.expanduser(source))
+    return _file_sha256(path) if path.is_file() and path.suffix.lower() in (".jsonl", ".parquet") else None
+
+
 def _content_identity(source: str, raw: Any) -> dict[str, Any]:
     """What a tokenized cache entry of `raw` is keyed by besides the tokenizer: datasets' fingerprint of the rows (for
     text files: their content digest), and for a local .jsonl or .parquet file the sha256 of its bytes too."""
-    path = Path(os.path.expanduser(source))
-    local = path.is_file() and path.suffix.lower() in (".jsonl", ".parquet")
-    return {"rows": str(raw._fingerprint), "file_sha256": _file_sha256(path) if local else None}
+    return {"rows": str(raw._fingerprint), "file_sha256": _local_file_sha256(source)}
 
 
 _MANIFEST = "manifest.json"

@@ -471,3 +471,19 @@ def test_streamed_background_cache_is_keyed_by_content_and_checked_before_use(tm
     rewritten = stream()
     assert rewritten.fingerprint() != first.fingerprint()
     assert rewritten.ids(1)[1:] == tokenizer("text4 text5 " * 30, add_special_tokens=False)["input_ids"]
+
+
+def test_a_jsonl_background_rewritten_with_its_old_size_and_time_is_read_again(tmp_path):
+    """datasets keys its cache of a local file by path and modification time: the rows are keyed by content."""
+    from data.corpus import tokenize_corpus
+
+    tokenizer = _tokenizer()
+    path, cache = tmp_path / "bg.jsonl", tmp_path / "cache"
+    path.write_text(json.dumps({"text": "word1 word2 " * 20}) + "\n")
+    stat = path.stat()
+    first = tokenize_corpus(str(path), tokenizer, cache_dir=cache, progress=False)
+    path.write_text(json.dumps({"text": "text1 text2 " * 20}) + "\n")  # the same size
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    again = tokenize_corpus(str(path), tokenizer, cache_dir=cache, progress=False)
+    assert again.fingerprint() != first.fingerprint()
+    assert again.ids(0)[1:] == tokenizer("text1 text2 " * 20, add_special_tokens=False)["input_ids"]
