@@ -97,7 +97,8 @@ def launch_local(argv: Sequence[str], nproc: int, command: str) -> int:
     """Run `python -m goldfish <argv>` in `nproc` local processes (gloo on CPU, NCCL on GPUs) and wait for them.
 
     Returns 0 when every worker succeeded; otherwise prints `goldfish <command>: error: <the failing worker's
-    error>` once on stderr and returns 2 for a settings error, 1 for a crash."""
+    error>` once on stderr and returns 2 for a settings error, 1 for a crash; 130 after Ctrl-C (the workers
+    stopped)."""
     error_dir = Path(tempfile.mkdtemp(prefix="goldfish-workers-"))
     print(f"launching {nproc} processes: {sys.executable} -m goldfish {' '.join(argv)}", file=sys.stderr)
     workers: list[subprocess.Popen] = []
