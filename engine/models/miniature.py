@@ -11,7 +11,8 @@ where a list says which layers are of which kind), every width (hidden size, MLP
 ranks, rotary dims) by one factor that brings the head dim to about MINI_HEAD_DIM, and the vocabulary (to a few
 hundred ids, divisible by the tensor-parallel shards when the real one is, so the same vocabulary split is taken).
 What stays: head counts (so divisibility by the grid's y is the real model's), every switch, norm, scale and
-mask setting. Token ids beyond the small vocabulary are folded into it.
+mask setting, except dropout probabilities, set to 0 so that two runs of the miniature compare exactly. Token ids
+beyond the small vocabulary are folded into it.
 """
 
 from __future__ import annotations
@@ -140,6 +141,8 @@ def miniature_config(config: Any, *, shards: int = 1) -> Any:
             changes[key] = [_scaled(v, factor) for v in value]
         elif isinstance(value, list) and layers and len(value) == layers and layers > len(kept):
             changes[key] = [value[i] for i in kept]
+        elif isinstance(value, float) and ("dropout" in key or "pdrop" in key):
+            changes[key] = 0.0  # both sides of a comparison must draw no random masks
         elif "layers" in key and isinstance(value, int) and layers and len(kept) <= value < layers:
             changes[key] = 0  # e.g. how many of the last layers share an earlier layer's cache: none of two
     real_vocab = settings.get("vocab_size")

@@ -425,6 +425,12 @@ def _agree_on_row_inputs(arguments: dict, n_rows: int, seq_len: int, group, devi
     positions after the cache; broadcast (1, ...) tensors are expanded when another rank has per-row ones.
     """
     mask, positions = arguments.get("attention_mask"), arguments.get("position_ids")
+    for key, value in (("attention_mask", mask), ("position_ids", positions)):
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise ShardingError(
+                f"input {key} of a parallelized model is a {type(value).__name__} (e.g. a multimodal wrapper's masks "
+                "by layer type); the engine distributes tensors only: use a grid with x=1 and y=1"
+            )
     cache = arguments.get("cache", arguments.get("past_key_values"))  # renamed `cache` in transformers 5.24
     past = cache.get_seq_length() if cache is not None and hasattr(cache, "get_seq_length") else 0
     mine = [
