@@ -81,9 +81,10 @@ def _summed_loss(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> tor
 def _build_miniature(hf_model: nn.Module, shards: int, device: torch.device, dtype: torch.dtype) -> nn.Module:
     config = miniature_config(hf_model.config, shards=shards)
     with torch.device("meta"):  # a shrinker that missed a width must not allocate a real-size model
-        size = parameter_count(type(hf_model)(config))
+        meta = type(hf_model)(config)
+    size = parameter_count(meta) + sum(buffer.numel() for buffer in meta.buffers())
     if size > MAX_PARAMETERS:
-        raise ValueError(f"its miniature would still hold {size / 1e6:.0f}M parameters")
+        raise ValueError(f"its miniature would still hold {size / 1e6:.0f}M parameter and buffer elements")
     with torch.random.fork_rng(devices=[]):  # the caller's random stream (data order, dropout) stays untouched
         torch.manual_seed(0)
         mini = type(hf_model)(config).to(device=device, dtype=dtype)
