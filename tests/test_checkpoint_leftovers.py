@@ -15,30 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 from tiny_models import tiny_llama
+from tiny_runs import TINY_RUN
 
 from engine.training.checkpoint import read_trainer_state, save_checkpoint
 from engine.training.train import TrainConfig, make_optimizer
 from goldfish.app.cli import main
 
-TINY = [
-    "--model",
-    "micro-llama",
-    "--n-train",
-    "4",
-    "--n-heldout",
-    "2",
-    "--seq-len",
-    "48",
-    "--vocab-size",
-    "320",
-    "--batch-size",
-    "2",
-    "--epochs",
-    "1",
-    "--no-progress",
-    "--threads",
-    "1",
-]
+TINY = [*TINY_RUN, "--epochs", "1"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 

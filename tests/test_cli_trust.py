@@ -6,30 +6,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from tiny_runs import TINY_RUN
 
 from goldfish.app.cli import main
 
-TINY = [
-    "--model",
-    "micro-llama",
-    "--n-train",
-    "4",
-    "--n-heldout",
-    "2",
-    "--seq-len",
-    "48",
-    "--vocab-size",
-    "320",
-    "--batch-size",
-    "2",
-    "--strategy",
-    "static",
-    "--k",
-    "3",
-    "--no-progress",
-    "--threads",
-    "1",
-]
+TINY = [*TINY_RUN, "--strategy", "static", "--k", "3"]
 
 
 def _digest(folder: Path) -> dict[str, str]:

@@ -20,27 +20,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_runs import TINY_RUN
 
 from engine.training.state_files import StateFileError, load_state, save_state
 from goldfish.app.cli import main
 
-TINY = [
-    "--model",
-    "micro-llama",
-    "--n-train",
-    "4",
-    "--n-heldout",
-    "2",
-    "--seq-len",
-    "48",
-    "--vocab-size",
-    "320",
-    "--batch-size",
-    "2",
-    "--no-progress",
-    "--threads",
-    "1",
-]
+TINY = TINY_RUN
 EVAL = ["--suffix-len", "16", "--bootstrap", "0", "--no-progress", "--threads", "1"]
 
 # What `goldfish train` writes into OUT/checkpoint (checked below, so a new file cannot escape the test).

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from tiny_runs import TINY_RUN
 
 from engine.training.train import METRICS_FILE, TrainConfig, _open_metrics
 from goldfish.app import cli
@@ -25,27 +26,7 @@ from goldfish.app.experiment import RUN_FILE, initial_model, prepare_data, train
 from goldfish.app.launch import ERROR_DIR_VARIABLE
 from goldfish.app.runlock import holds_lock_here, out_lock
 
-TINY = [
-    "--model",
-    "micro-llama",
-    "--n-train",
-    "4",
-    "--n-heldout",
-    "2",
-    "--seq-len",
-    "48",
-    "--vocab-size",
-    "320",
-    "--batch-size",
-    "2",
-    "--strategy",
-    "static",
-    "--k",
-    "3",
-    "--no-progress",
-    "--threads",
-    "1",
-]
+TINY = [*TINY_RUN, "--strategy", "static", "--k", "3"]
 QUIET = ["--no-progress", "--threads", "1"]
 
 
