@@ -40,11 +40,17 @@ class GreedyPath:
     min_margin_position: the 0-based generated position where it occurs (the first, on equal margins).
     A greedy id whose margin is within float rounding of 0 can flip between batch sizes, devices or
     kernels without any real difference in the model.
+    logprob_mean: the mean natural-log probability the model gave its own generated ids (log-softmax of the logits
+    at temperature 1, float32): how confident the model is in the continuation.
+    reference_logprob_mean: the mean log-probability of the TRUE continuation's ids, teacher-forced after the
+    prefix (``forced_greedy`` only, which knows the true continuation; None elsewhere).
     """
 
     ids: list[int]
     min_margin: float | None
     min_margin_position: int | None
+    logprob_mean: float | None = None
+    reference_logprob_mean: float | None = None
 
 
 def static_cache_fits(model: torch.nn.Module) -> bool:
@@ -86,14 +92,29 @@ def _top2_margins(logits: torch.Tensor) -> torch.Tensor:
     return top2[..., 0] - top2[..., 1]
 
 
-def _paths(generated: torch.Tensor, margins: torch.Tensor, vocab: int) -> list[GreedyPath]:
-    """One GreedyPath per row of generated ids (B, N) and their top-2 margins (B, N); no margin record for a
-    vocabulary of one entry."""
+def _top_log_probs(logits: torch.Tensor) -> torch.Tensor:
+    """Log-probability of the argmax id along the last axis, in float32: (..., V) -> (...) (max - logsumexp)."""
+    logits = logits.float()
+    return logits.max(dim=-1).values - torch.logsumexp(logits, dim=-1)
+
+
+def _paths(
+    generated: torch.Tensor,
+    margins: torch.Tensor,
+    log_probs: torch.Tensor,
+    vocab: int,
+    reference_log_probs: torch.Tensor | None = None,
+) -> list[GreedyPath]:
+    """One GreedyPath per row of generated ids (B, N), their top-2 margins (B, N) and log-probabilities (B, N), and
+    optionally the true continuation's log-probabilities (B, N); no margin record for a vocabulary of one entry."""
+    means = log_probs.double().mean(dim=-1).tolist()
+    refs = [None] * len(means) if reference_log_probs is None else reference_log_probs.double().mean(dim=-1).tolist()
     if vocab < 2:
-        return [GreedyPath(ids, None, None) for ids in generated.tolist()]
+        return [GreedyPath(ids, None, None, lp, ref) for ids, lp, ref in zip(generated.tolist(), means, refs)]
     smallest, where = margins.min(dim=-1)  # (B,), first position on ties
     return [
-        GreedyPath(ids, float(m), int(p)) for ids, m, p in zip(generated.tolist(), smallest.tolist(), where.tolist())
+        GreedyPath(ids, float(m), int(p), lp, ref)
+        for ids, m, p, lp, ref in zip(generated.tolist(), smallest.tolist(), where.tolist(), means, refs)
     ]
 
 
@@ -138,17 +159,19 @@ def _decode(
     cache: Any,
     generated: torch.Tensor,
     margins: torch.Tensor,
+    log_probs: torch.Tensor,
     known_through: torch.Tensor,
     mask: torch.Tensor,
     first_position: torch.Tensor,
 ) -> None:
     """Extend greedy paths one token per step, in place, on a cache holding W columns.
 
-    generated, margins: (B, S) ids and top-2 margins; row i's entries at steps <= known_through[i] (B,) are known
-    and kept, the others are filled in. mask: (B, W), the columns of the cache on each row's path (0 elsewhere: left
-    padding, tokens off the path). first_position: (B, 1), the position id of step 0. Every row is fed its own
-    previous id at each step (rows decode in lockstep from the smallest known_through + 1); tokens are appended
-    after the W columns, with the position ids they have in the greedy sequence.
+    generated, margins, log_probs: (B, S) ids, top-2 margins and the ids' log-probabilities; row i's entries at
+    steps <= known_through[i] (B,) are known and kept, the others are filled in. mask: (B, W), the columns of the
+    cache on each row's path (0 elsewhere: left padding, tokens off the path). first_position: (B, 1), the position
+    id of step 0. Every row is fed its own previous id at each step (rows decode in lockstep from the smallest
+    known_through + 1); tokens are appended after the W columns, with the position ids they have in the greedy
+    sequence.
     """
     n_rows, n_steps = generated.shape
     width = mask.shape[1]
@@ -175,6 +198,7 @@ def _decode(
         fresh = known_through < step  # rows whose id at this step is not known yet
         generated[:, step] = torch.where(fresh, logits.argmax(dim=-1), generated[:, step])
         margins[:, step] = torch.where(fresh, _top2_margins(logits), margins[:, step])
+        log_probs[:, step] = torch.where(fresh, _top_log_probs(logits), log_probs[:, step])
 
 
 def _greedy_batch(
@@ -196,10 +220,11 @@ def _greedy_batch(
     logits = last[-1]  # (B, V): the prediction after each whole prompt
     generated = torch.zeros((n_rows, max_new_tokens), dtype=torch.long, device=device)
     margins = torch.zeros((n_rows, max_new_tokens), dtype=torch.float32, device=device)
-    generated[:, 0], margins[:, 0] = logits.argmax(dim=-1), _top2_margins(logits)
+    log_probs = torch.zeros((n_rows, max_new_tokens), dtype=torch.float32, device=device)
+    generated[:, 0], margins[:, 0], log_probs[:, 0] = logits.argmax(-1), _top2_margins(logits), _top_log_probs(logits)
     known = torch.zeros(n_rows, dtype=torch.long, device=device)  # step 0 is known for every row
-    _decode(model, cache, generated, margins, known, mask, position_ids[:, -1:] + 1)
-    return _paths(generated, margins, logits.shape[-1])
+    _decode(model, cache, generated, margins, log_probs, known, mask, position_ids[:, -1:] + 1)
+    return _paths(generated, margins, log_probs, logits.shape[-1])
 
 
 def greedy_paths(
@@ -266,8 +291,9 @@ def forced_greedy(
 
     docs[i] is a document of T_i tokens; its prefix is the first prefix_lens[i] = P_i tokens and its true suffix
     the next `suffix_len` = S (T_i >= P_i + S). Returns (paths, predicted): the greedy path of S ids after each
-    prefix, and each document's teacher-forced argmax predictions, a (T_i,) int64 tensor whose entry j is the
-    model's prediction for token j + 1 given tokens 0..j.
+    prefix (with the mean log-probability of its own ids and of the true suffix's ids, the latter read off the
+    teacher-forced logits at the suffix positions), and each document's teacher-forced argmax predictions, a (T_i,)
+    int64 tensor whose entry j is the model's prediction for token j + 1 given tokens 0..j.
 
     One pass over prefix + suffix gives the teacher-forced logits, and with them the greedy path as far as it
     follows the true suffix: while the greedy id equals the true next token, the greedy context IS the document, so
@@ -290,6 +316,8 @@ def forced_greedy(
 
     predicted = torch.zeros((n_rows, width), dtype=torch.long, device=device)  # argmax at every column
     margins = torch.zeros((n_rows, s), dtype=torch.float32, device=device)  # at the suffix steps
+    top_log_probs = torch.zeros((n_rows, s), dtype=torch.float32, device=device)  # of the forced argmax ids
+    true_log_probs = torch.zeros((n_rows, s), dtype=torch.float32, device=device)  # of the true suffix ids
     vocab: list[int] = []
 
     def keep(start: int, logits: torch.Tensor) -> None:  # logits (B, c, V) of columns start .. start + c - 1
@@ -297,7 +325,13 @@ def forced_greedy(
         predicted[:, start:end] = logits.argmax(dim=-1)
         low, high = max(start, lp - 1), min(end, lp - 1 + s)  # suffix steps j sit at columns lp - 1 + j
         if low < high:
-            margins[:, low - lp + 1 : high - lp + 1] = _top2_margins(logits[:, low - start : high - start])
+            steps = slice(low - lp + 1, high - lp + 1)
+            at_suffix = logits[:, low - start : high - start].float()  # (B, h, V)
+            margins[:, steps] = _top2_margins(at_suffix)
+            norm = torch.logsumexp(at_suffix, dim=-1)  # (B, h)
+            top_log_probs[:, steps] = at_suffix.max(dim=-1).values - norm
+            true_ids = input_ids[:, low + 1 : high + 1]  # column c predicts the token at column c + 1
+            true_log_probs[:, steps] = at_suffix.gather(-1, true_ids[..., None])[..., 0] - norm
         vocab.append(logits.shape[-1])
 
     cache = _prefill(model, input_ids, mask, position_ids, _new_cache(model, width + s - 1), keep, all_logits=True)
@@ -308,11 +342,13 @@ def forced_greedy(
     first_miss = torch.where(mismatch.any(dim=1), mismatch.int().argmax(dim=1), s)  # (B,): m_i, S when none
     steps = torch.arange(s, device=device)
     generated = torch.where(steps[None, :] < first_miss[:, None], suffix, generated)  # true ids before m_i
+    # Up to and including m_i the greedy id is the forced argmax, so its log-probability is the forced pass's.
+    log_probs = top_log_probs
     path_mask = mask.clone()
     path_mask[:, lp + int(first_miss.min()) :] = 0  # columns past the batch's first mismatch are off some path
-    _decode(model, cache, generated, margins, first_miss, path_mask, position_ids[:, lp - 1 : lp] + 1)
+    _decode(model, cache, generated, margins, log_probs, first_miss, path_mask, position_ids[:, lp - 1 : lp] + 1)
     del cache
-    paths = _paths(generated, margins, vocab[-1])
+    paths = _paths(generated, margins, log_probs, vocab[-1], true_log_probs)
 
     if any(len(d) > len(w) for d, w in zip(docs, windows)):
         input_ids, mask, position_ids, starts = prefix_aligned(docs, prefix_lens, pad_token_id, device)

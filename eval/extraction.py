@@ -51,6 +51,8 @@ _SUMMARY_METRICS = (
     "tf_accuracy",
     "tf_kept_accuracy",
     "tf_dropped_accuracy",
+    "generated_logprob_mean",
+    "suffix_logprob_mean",
 )
 # Summary means that also get a bootstrap interval (`<name>_ci`): the headline figures of a part.
 INTERVAL_METRICS = ("exact_match", "rouge_l")
@@ -186,7 +188,16 @@ def extract(
         fraction of the reference's word characters rouge-score's default tokenizer keeps); tf_accuracy,
         tf_kept_accuracy, tf_dropped_accuracy (teacher-forced over the whole document; kept/dropped are None without
         ``drop_mask_fn``, or when no target falls in the group); min_logit_margin, min_margin_position
-        (the near-tie record of the greedy path, `GreedyPath`); generated_ids, generated_text, reference_text.
+        (the near-tie record of the greedy path, `GreedyPath`); generated_logprob_mean (the mean natural-log
+        probability the model gave its own greedy suffix ids: its confidence in the guess, by which the
+        lm-extraction-benchmark ranks guesses, eval.field_scores.recall_at_incorrect); suffix_logprob_mean (the
+        mean log-probability of the TRUE suffix ids, teacher-forced after the prefix: log p(s_1..s_S | prefix) / S,
+        the length-normalised log-likelihood, higher = more memorized. Hubble (Wei et al. 2025) reports the
+        per-token log-likelihood of a whole inserted passage (lm-evaluation-harness loglikelihood_rolling); this is
+        the same quantity on the suffix conditioned on its prefix, the part extraction asks for; the whole
+        document's is the membership rows' -loss); generated_ids,
+        generated_text, reference_text. Both log-probabilities come from the logits the greedy pass computes
+        anyway (log-softmax at temperature 1, float32).
       summary: see `summarize_extraction`.
     ``drop_mask_fn`` maps a document's (1, T) targets (token j+1 at j, -100 last) to its (1, T) bool
     goldfish mask, True = dropped from the training loss.
@@ -229,6 +240,8 @@ def extract(
                     "tf_dropped_accuracy": acc.get("dropped_accuracy"),
                     "min_logit_margin": path.min_margin,
                     "min_margin_position": path.min_margin_position,
+                    "generated_logprob_mean": path.logprob_mean,
+                    "suffix_logprob_mean": path.reference_logprob_mean,
                     "generated_ids": gen,
                     "generated_text": generated_text,
                     "reference_text": reference_text,

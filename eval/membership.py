@@ -62,6 +62,7 @@ from sklearn.metrics import roc_auc_score, roc_curve
 from eval.batching import evaluating, model_device
 from eval.intervals import BOOTSTRAP_SEED, DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, auc_interval
 from eval.logprobs import next_token_stats, token_log_probs
+from eval.roc import tpr_at_fpr
 
 ATTACKS = ("loss", "zlib", "min_k", "reference", "min_k_pp", "grad_norm", "recall", "dc_pdd")
 DEFAULT_MIN_K = 0.2
@@ -335,27 +336,6 @@ def membership_rows(
         )
         rows.append(row)
     return rows
-
-
-def tpr_at_fpr(fpr: np.ndarray, tpr: np.ndarray, target_fpr: float) -> float:
-    """TPR of the ROC curve at ``target_fpr``, by linear interpolation between the curve's vertices.
-
-    ``fpr``/``tpr`` are sklearn's ``roc_curve`` output (non-decreasing, starting at (0, 0), ending at (1, 1)). At
-    an FPR the curve reaches exactly, the value is the highest TPR there (top of a vertical step). Between two
-    vertices it is the straight line from the last vertex with fpr <= target to the first with fpr > target:
-    the TPR a randomised mix of the two neighbouring thresholds achieves, and the same interpolation sklearn's
-    ``roc_auc_score(max_fpr=...)`` applies. With n non-members the curve has a vertex only every 1/n in FPR, so
-    below 1/n the value interpolates from the (0, TPR at no false positive) vertex and says little.
-    """
-    if not 0 <= target_fpr <= 1:
-        raise ValueError(f"target FPR must be in [0, 1], got {target_fpr}")
-    fpr = np.asarray(fpr, dtype=np.float64)
-    tpr = np.asarray(tpr, dtype=np.float64)
-    last = int(np.searchsorted(fpr, target_fpr, side="right")) - 1  # last vertex with fpr <= target
-    if fpr[last] == target_fpr or last == len(fpr) - 1:
-        return float(tpr[last])
-    x0, x1, y0, y1 = fpr[last], fpr[last + 1], tpr[last], tpr[last + 1]
-    return float(y0 + (y1 - y0) * (target_fpr - x0) / (x1 - x0))
 
 
 def attack_metrics(

@@ -56,6 +56,15 @@ METRICS: Mapping[str, MetricInfo] = MappingProxyType(
             _info("tf_accuracy", "teacher-forced next-token accuracy over all document targets"),
             _info("tf_kept_accuracy", "teacher-forced accuracy on targets the mask kept in the loss"),
             _info("tf_dropped_accuracy", "teacher-forced accuracy on targets the mask dropped"),
+            _info(
+                "generated_logprob_mean",
+                "mean log-probability the model gave its own greedy suffix ids (its confidence in the guess)",
+            ),
+            _info(
+                "suffix_logprob_mean",
+                "mean log-probability of the true suffix ids given the prefix, teacher-forced (normalised "
+                "log-likelihood; higher = more memorized)",
+            ),
         ]
     )
 )

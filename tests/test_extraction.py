@@ -10,6 +10,7 @@ from transformers import GenerationConfig, GPT2Config, GPT2LMHeadModel, LlamaCon
 from eval.decoding import greedy_decode, greedy_paths
 from eval.extraction import ExtractionConfig, extract, write_extraction
 from eval.intervals import mean_interval
+from eval.logprobs import token_log_probs
 
 VOCAB = 256
 # initializer_range 0.2 (not HF's default 0.02): the default init gives near-flat logits, so greedy output
@@ -301,6 +302,45 @@ def test_extract_shares_one_pass_and_decodes_only_after_the_first_mismatch(llama
         assert model.calls == passes + (s - 8)
 
 
+@pytest.mark.parametrize("cache", ["static", "dynamic"])
+@pytest.mark.parametrize("prefix_len", [None, 9], ids=["goldfish-split", "pythia-split"])
+def test_extraction_log_probabilities_equal_a_direct_teacher_forced_pass(llama, prefix_len, cache):
+    """generated_logprob_mean and suffix_logprob_mean, read off the extraction's own passes (forced logits up to the
+    first mismatch, decoding steps after it), equal the mean log-probability of the generated ids and of the true
+    suffix ids in a separate right-padded forward over prefix + continuation (eval.logprobs.token_log_probs), for
+    documents that follow the greedy path for k = 0 .. S tokens, batched with others of different lengths."""
+    s = 8
+    model = llama if cache == "static" else CountingWrapper(llama)
+    follow = [0, 3, s, 5, 1, s - 1]
+    docs, prefixes, suffixes = [], [], []
+    for i, k in enumerate(follow):
+        prefix = random_ids(prefix_len or 5 + 3 * i, seed=700 + i)
+        greedy = greedy_decode(llama, [prefix], s, pad_token_id=0)[0]
+        suffix = greedy[:k] + [(t + 7) % VOCAB for t in greedy[k:]]
+        tail = random_ids(2 * i + 1, seed=800 + i) if prefix_len else []
+        docs.append(Doc(f"d{i}", prefix + suffix + tail))
+        prefixes.append(prefix)
+        suffixes.append(suffix)
+    config = ExtractionConfig(suffix_len=s, prefix_len=prefix_len, batch_size=4, bootstrap=0)
+    rows, summary = extract(model, docs, config, decode=decode, pad_token_id=0, progress=False)
+    generated = [prefix + r["generated_ids"] for prefix, r in zip(prefixes, rows)]
+    true = [prefix + suffix for prefix, suffix in zip(prefixes, suffixes)]
+    # entry j of token_log_probs scores token j + 1: the S continuation ids are the last S entries
+    direct_generated = [float(lp[-s:].mean()) for lp in token_log_probs(llama, generated, pad_token_id=0)]
+    direct_true = [float(lp[-s:].mean()) for lp in token_log_probs(llama, true, pad_token_id=0)]
+    assert [r["generated_logprob_mean"] for r in rows] == pytest.approx(direct_generated, abs=1e-4)
+    assert [r["suffix_logprob_mean"] for r in rows] == pytest.approx(direct_true, abs=1e-4)
+    for r, k in zip(rows, follow):
+        assert r["generated_logprob_mean"] <= 0 and r["suffix_logprob_mean"] <= 0
+        if k == s:  # a suffix that keeps to the greedy ids has their log-probabilities
+            assert r["generated_logprob_mean"] == pytest.approx(r["suffix_logprob_mean"], abs=1e-6)
+    assert summary["suffix_logprob_mean"] == pytest.approx(sum(direct_true) / len(rows), abs=1e-4)
+    # greedy_paths (no true suffix) carries the generated ids' log-probability and no reference one
+    paths = greedy_paths(llama, prefixes, s, pad_token_id=0, batch_size=3)
+    assert [p.logprob_mean for p in paths] == pytest.approx(direct_generated, abs=1e-4)
+    assert all(p.reference_logprob_mean is None for p in paths)
+
+
 @pytest.mark.parametrize("prefill_tokens", [1, 7, 40])
 def test_prompts_fed_through_the_cache_in_chunks_decode_alike(llama, monkeypatch, prefill_tokens):
     """PREFILL_TOKENS bounds the tokens of one forward while prompts go through the KV cache: chunks of one column,
@@ -321,6 +361,8 @@ def test_prompts_fed_through_the_cache_in_chunks_decode_alike(llama, monkeypatch
     assert [p.min_margin for p in chunked] == pytest.approx([p.min_margin for p in whole], abs=1e-4)
     for name in ("generated_ids", "tf_accuracy", "min_margin_position", "exact_match"):
         assert [r[name] for r in rows] == [r[name] for r in whole_rows]
+    for name in ("generated_logprob_mean", "suffix_logprob_mean"):  # read off chunks of the forced pass
+        assert [r[name] for r in rows] == pytest.approx([r[name] for r in whole_rows], abs=1e-5)
 
 
 def test_extract_teacher_forced_kept_vs_dropped(llama):
