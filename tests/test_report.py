@@ -12,10 +12,14 @@ import pytest
 
 from data.atomic import json_safe
 from goldfish.app.report import (
+    _bucket_tick_labels,
     bar_series,
     breakdown_series,
     curve_series,
     divergence_series,
+    draw_bars,
+    draw_breakdown,
+    exact_binomial_interval,
     render_eval_markdown,
     render_markdown,
     roc_series,
@@ -387,7 +391,14 @@ def test_roc_series_has_every_attack_in_order():
 
 def test_breakdown_series_sorts_groups_and_leaves_out_untagged_documents():
     series = breakdown_series(_full_summary()["breakdowns"]["repeats"], "repeats")
-    assert series["standard"] == {"x": [1, 4], "exact_match": [0.5, 1.0], "rouge_l": [0.75, 1.0], "n_docs": [2, 2]}
+    assert series["standard"] == {
+        "x": [1, 4],
+        "exact_match": [0.5, 1.0],
+        "rouge_l": [0.75, 1.0],
+        "n_docs": [2, 2],
+        "exact_match_ci": [None, None],  # rows without intervals: the plot draws no error bars
+        "rouge_l_ci": [None, None],
+    }
 
 
 def test_rouge_hist_and_bar_series(tmp_path):
@@ -396,6 +407,75 @@ def test_rouge_hist_and_bar_series(tmp_path):
     bars = bar_series(_old_summary()["models"])
     assert bars["exact_match"] == {"train": [0.0, 0.75, 0.0], "heldout": [0.0, 0.0, 0.0]}
     assert bars["rouge_l"]["train"] == [0.1, 0.9, 0.4]
+
+
+# ---------------------------------------------------------------------------------------------------- plot layout
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    """(width, height) in pixels, from the PNG's IHDR chunk."""
+    header = path.read_bytes()[:24]
+    return int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
+
+
+def test_plots_of_every_attack_fit_a_normal_width(tmp_path):
+    write_compare_report(_full_summary(), tmp_path)  # 8 attacks: one row of 8 ROC panels was 3,696 px wide
+    for name in ("roc.png", "auc.png", "compare.png", "divergence.png", "breakdown_repeats.png"):
+        width, height = _png_size(tmp_path / name)
+        assert width <= 1600, f"{name} is {width} px wide"
+    width, height = _png_size(tmp_path / "roc.png")
+    assert height > width / 3  # panels in a grid (2 rows of 4), not a strip
+
+
+def test_zero_bars_are_drawn(tmp_path):
+    """A zero exact match must show in compare.png: a bar of height 0 draws nothing, so the plot marks its value."""
+    import matplotlib.image
+
+    draw_bars(["goldfish"], {"exact_match": {"train": [0.0]}, "rouge_l": {"train": [0.0]}}, tmp_path / "b.png")
+    pixels = matplotlib.image.imread(tmp_path / "b.png")[..., :3]
+    lower = pixels[pixels.shape[0] // 2 :]  # the legend (also in the bar colour) sits in the upper half
+    bar_colour = [0x1F / 255, 0x77 / 255, 0xB4 / 255]  # matplotlib's C0, the first part's colour
+    assert (abs(lower - bar_colour).max(axis=-1) < 0.02).sum() > 100
+
+
+def test_divergence_series_has_the_share_on_dropped_against_chance():
+    divergence = _full_summary()["details"]["goldfish-k4"]["train"]["divergence"]
+    series = divergence_series({"goldfish-k4": divergence}, suffix_len=10)["goldfish-k4"]
+    assert series["n_on_dropped"] == 4 and series["n_diverged"] == 5
+    assert series["share_on_dropped"] == 0.8 and series["share_chance"] == 0.25
+    # Clopper-Pearson for 4 of 5: beta quantiles, 0.2836 and 0.9949 (e.g. R's binom.test(4, 5)$conf.int)
+    assert series["share_ci"] == pytest.approx([0.28358, 0.99495], abs=1e-5)
+    assert exact_binomial_interval(0, 5) == pytest.approx((0.0, 0.52182), abs=1e-5)
+    # a summary's own interval wins; summaries without the mask's flags have no share to plot
+    own = divergence_series({"m": dict(divergence, share_on_dropped_ci=[0.5, 0.9])})["m"]
+    assert own["share_ci"] == [0.5, 0.9]
+    bare = divergence_series({"m": {"n_docs": 2, "n_diverged": 1, "first_divergence_histogram": {0: 1}}})["m"]
+    assert bare["share_on_dropped"] is None and bare["share_ci"] is None and bare["share_chance"] is None
+
+
+def test_repeat_buckets_on_a_categorical_axis_with_intervals(tmp_path):
+    """Buckets 0 (held out), 1, 4, 16, 64 evenly spaced, each with its n; rows with `<metric>_ci` get error bars."""
+    rows = [
+        {"repeats": r, "n_docs": 32, "exact_match": em, "rouge_l": em, "exact_match_ci": [0.0, em + 0.1]}
+        for r, em in ((64, 0.9), (0, 0.0), (1, 0.0), (4, 0.1), (16, 0.4))
+    ]
+    plain = [{"repeats": r, "n_docs": 32 if r else 30, "exact_match": 0.0, "rouge_l": 0.1} for r in (0, 1, 4, 16, 64)]
+    series = breakdown_series({"standard": rows, "goldfish": plain}, "repeats")
+    assert series["standard"]["x"] == [0, 1, 4, 16, 64]
+    assert series["standard"]["exact_match_ci"][-1] == [0.0, 1.0]
+    assert series["standard"]["rouge_l_ci"] == [None] * 5 and series["goldfish"]["exact_match_ci"] == [None] * 5
+    # n printed under a bucket only where every model has the same n (bucket 0 has 32 and 30 here)
+    assert _bucket_tick_labels(series, [0.0, 1.0, 4.0, 16.0, 64.0]) == [
+        "0 (held out)",
+        "1\nn=32",
+        "4\nn=32",
+        "16\nn=32",
+        "64\nn=32",
+    ]
+    draw_breakdown(series, tmp_path / "r.png", "times repeated in training", categorical=True)
+    draw_breakdown(series, tmp_path / "n.png", "times repeated in training")  # numeric (symlog) axis
+    _assert_png(tmp_path / "r.png")
+    _assert_png(tmp_path / "n.png")
 
 
 # -------------------------------------------------------------------------------------------------------- eval view

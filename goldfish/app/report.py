@@ -21,6 +21,7 @@ matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+ROC_COLUMNS = 4  # roc.png: panels per row (8 attacks in 2 rows of about 1,600 px instead of one row of 3,700)
 PARTS = ("train", "heldout")  # the evaluated parts of a compare model entry (beside e.g. "validation")
 
 # Breakdown kind -> (row key written by eval.breakdown.group_means, column header format, axis label, plot file).
@@ -145,19 +146,42 @@ def divergence_series(
     divergences: Mapping[str, Mapping[str, Any]], suffix_len: int | None = None
 ) -> dict[str, dict[str, Any]]:
     """Per label: "positions" 0..L-1 (suffix token index; L = suffix_len, or past the last divergence), "counts" of
-    documents whose greedy continuation first left the true suffix there, "n_docs" and "n_never" (never diverged)."""
+    documents whose greedy continuation first left the true suffix there, "n_docs" and "n_never" (never diverged);
+    and, when the summary has the mask's dropped flags, "n_diverged", "n_on_dropped" (first divergences on a
+    dropped token), "share_on_dropped", its 95% "share_ci" (exact binomial unless the summary has one) and
+    "share_chance" (the drop rate of the diverged suffixes); None without them."""
     series = {}
     for label, div in divergences.items():
         histogram = {int(k): int(v) for k, v in (div.get("first_divergence_histogram") or {}).items()}
         length = max(suffix_len or 0, max(histogram) + 1 if histogram else 1)
         positions = list(range(length))
+        n_diverged, share = int(div["n_diverged"]), div.get("share_on_dropped")
+        # summaries before n_on_dropped existed: the count back from the share
+        on_dropped = div.get("n_on_dropped", None if share is None else round(float(share) * n_diverged))
+        interval = div.get("share_on_dropped_ci")
+        if interval is None and on_dropped is not None and n_diverged > 0:
+            interval = exact_binomial_interval(int(on_dropped), n_diverged)
         series[label] = {
             "positions": positions,
             "counts": [histogram.get(i, 0) for i in positions],
             "n_docs": int(div["n_docs"]),
-            "n_never": int(div["n_docs"]) - int(div["n_diverged"]),
+            "n_never": int(div["n_docs"]) - n_diverged,
+            "n_diverged": n_diverged,
+            "n_on_dropped": on_dropped,
+            "share_on_dropped": share,
+            "share_ci": None if interval is None else [float(interval[0]), float(interval[1])],
+            "share_chance": div.get("share_expected_by_chance"),
         }
     return series
+
+
+def exact_binomial_interval(successes: int, trials: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Clopper-Pearson interval of a proportion successes/trials: exact, so it stays honest at 0/5 or 5/5 where a
+    normal approximation collapses to a point."""
+    from scipy.stats import binomtest  # scipy is slow to import; only reports with divergence need it
+
+    low, high = binomtest(successes, trials).proportion_ci(confidence, method="exact")
+    return float(low), float(high)
 
 
 def _attack_order(attacks: set[str]) -> list[str]:
@@ -183,7 +207,8 @@ def roc_series(membership: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[st
 
 
 def breakdown_series(tables: Mapping[str, Sequence[Mapping[str, Any]]], key: str) -> dict[str, dict[str, list[Any]]]:
-    """{label: {"x": group values, "exact_match": [...], "rouge_l": [...], "n_docs": [...]}}, sorted by x; groups
+    """{label: {"x": group values, "exact_match": [...], "rouge_l": [...], "n_docs": [...], "exact_match_ci": [...],
+    "rouge_l_ci": [...]}}, sorted by x; a ci entry is the row's [low, high] interval (`<metric>_ci`) or None; groups
     whose value is None (documents without the attribute) are left out of the plot."""
     series = {}
     for label, rows in tables.items():
@@ -193,6 +218,8 @@ def breakdown_series(tables: Mapping[str, Sequence[Mapping[str, Any]]], key: str
             "exact_match": [r.get("exact_match") for r in kept],
             "rouge_l": [r.get("rouge_l") for r in kept],
             "n_docs": [r.get("n_docs") for r in kept],
+            "exact_match_ci": [r.get("exact_match_ci") for r in kept],
+            "rouge_l_ci": [r.get("rouge_l_ci") for r in kept],
         }
     return series
 
@@ -273,20 +300,42 @@ def draw_bars(
     path: Path,
     errors: Mapping[str, Mapping[str, list[list[float]]]] | None = None,
 ) -> None:
-    """Exact match and RougeL per model, one bar per part; ``errors`` (see `bar_errors`): the bootstrap intervals as
-    error bars."""
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    """Exact match and RougeL per model, one bar per part, its value printed above it (a 0 stays readable where its
+    bar has no height); ``errors`` (see `bar_errors`): the bootstrap intervals as error bars."""
+    n_bars = len(labels) * max((len(by_part) for by_part in series.values()), default=1)
+    # wider with more bars, capped so the figure stays readable at normal width (about 1,600 px at 110 dpi)
+    figure, axes = plt.subplots(1, 2, figsize=(min(14.5, max(11.0, 0.5 * n_bars + 3)), 4.4))
     titles = {"exact_match": "Exact match (fraction of documents)", "rouge_l": "RougeL F-measure (mean)"}
+    text_size, rotation = (7, 0) if n_bars <= 10 else (6, 90)
     for axis, (metric, by_part) in zip(axes, series.items()):
         width = 0.8 / max(len(by_part), 1)
+        with_errors = False
         for i, (part, values) in enumerate(by_part.items()):
             offset = (i - (len(by_part) - 1) / 2) * width
+            xs = [j + offset for j in range(len(labels))]
             yerr = (errors or {}).get(metric, {}).get(part)
-            axis.bar([j + offset for j in range(len(labels))], values, width, label=part, yerr=yerr, capsize=3)
+            with_errors = with_errors or bool(yerr and any(any(row) for row in yerr))
+            color = f"C{i}"
+            axis.bar(xs, values, width, label=part, color=color, yerr=yerr, capsize=3, ecolor="black")
+            # a zero-height bar draws nothing: a dash at the value marks every bar, 0 included
+            axis.hlines(values, [x - width / 2 for x in xs], [x + width / 2 for x in xs], colors=color, linewidth=2.5)
+            tops = [v + (yerr[1][j] if yerr else 0.0) for j, v in enumerate(values)]
+            for x, value, top in zip(xs, values, tops):
+                axis.annotate(
+                    f"{value:.2f}",
+                    (x, top),
+                    xytext=(0, 2),
+                    textcoords="offset points",
+                    ha="center",
+                    va="bottom",
+                    fontsize=text_size,
+                    rotation=rotation,
+                )
         axis.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
-        axis.set_ylim(0, 1.05)
-        axis.set_title(titles[metric])
-        axis.legend()
+        axis.set_ylim(-0.03, 1.2)  # room below for the dash at 0 and above for the printed values
+        axis.set_yticks([0, 0.25, 0.5, 0.75, 1.0])
+        axis.set_title(titles[metric] + ("\nbars: 95% bootstrap interval" if with_errors else ""), fontsize=10)
+        axis.legend(fontsize=8, loc="upper left")
     _save_figure(figure, path)
 
 
@@ -329,9 +378,17 @@ def draw_curves(
 def draw_divergence(
     series: Mapping[str, Mapping[str, Any]], path: Path, title: str, colors: Mapping[str, str] | None = None
 ) -> None:
-    """Where greedy decoding first leaves the true suffix, one step histogram per label (the paper's Fig. 4)."""
+    """Where greedy decoding first leaves the true suffix, one step histogram per label (the paper's Fig. 4); beside
+    it, when the series has the mask's flags, the share of first divergences on a dropped token per label with its
+    95% exact interval, against the share expected by chance (the drop rate, about 1/k)."""
     colors = _colors(list(series), colors)
-    figure, axis = plt.subplots(figsize=(8, 4))
+    shares = {label: s for label, s in series.items() if s.get("share_on_dropped") is not None}
+    if shares:
+        figure, (axis, share_axis) = plt.subplots(
+            1, 2, figsize=(12.5, 4.4), gridspec_kw={"width_ratios": [3, max(2, min(len(shares), 4))]}
+        )
+    else:
+        figure, axis = plt.subplots(figsize=(8, 4))
     for label, s in series.items():
         axis.step(
             s["positions"],
@@ -342,31 +399,81 @@ def draw_divergence(
         )
     axis.set_xlabel("suffix token index of the first divergence")
     axis.set_ylabel("documents")
-    axis.set_title(title)
-    axis.legend(fontsize=8)
+    axis.yaxis.set_major_locator(MaxNLocator(integer=True))
+    axis.set_title(title, fontsize=10)
+    axis.legend(fontsize=7)
+    if shares:
+        _draw_shares_on_dropped(share_axis, shares, colors)
     _save_figure(figure, path)
+
+
+def _draw_shares_on_dropped(axis: Any, shares: Mapping[str, Mapping[str, Any]], colors: Mapping[str, str]) -> None:
+    """One bar per label: share of first divergences on dropped tokens (k/n above it, the exact interval as an error
+    bar), and a dashed black line across the bar at the share expected by chance."""
+    for j, (label, s) in enumerate(shares.items()):
+        share, interval = float(s["share_on_dropped"]), s.get("share_ci")
+        yerr = [[share - interval[0]], [interval[1] - share]] if interval else None
+        axis.bar([j], [share], 0.6, color=colors[label], yerr=yerr, capsize=4, ecolor="black")
+        axis.hlines([share], [j - 0.3], [j + 0.3], colors=colors[label], linewidth=2.5)  # visible at a share of 0
+        top = interval[1] if interval else share
+        axis.annotate(
+            f"{s['n_on_dropped']}/{s['n_diverged']}",
+            (j, top),
+            xytext=(0, 2),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize=7,
+        )
+        if s.get("share_chance") is not None:
+            axis.hlines(
+                float(s["share_chance"]),
+                j - 0.4,
+                j + 0.4,
+                colors="black",
+                linestyles="--",
+                linewidth=1.5,
+                label="expected by chance (drop rate)" if j == 0 else None,
+            )
+    axis.set_xticks(range(len(shares)), list(shares), rotation=20, ha="right", fontsize=8)
+    axis.set_xlim(-0.6, len(shares) - 0.4)
+    axis.set_ylim(-0.02, 1.12)
+    axis.set_ylabel("share of first divergences")
+    axis.set_title("First divergences on a dropped token\n(bars: 95% exact interval)", fontsize=10)
+    axis.legend(fontsize=7, loc="upper left")
 
 
 def draw_roc(
     series: Mapping[str, Mapping[str, Mapping[str, Any]]], path: Path, colors: Mapping[str, str] | None = None
 ) -> None:
-    """One ROC panel per attack, one curve per label."""
+    """One ROC panel per attack, one curve per label; the panels in a grid of at most 4 columns, so 8 attacks fit
+    in about 1,600 px."""
     attacks = [a for a, curves in series.items() if curves]
     colors = _colors(list(dict.fromkeys(label for a in attacks for label in series[a])), colors)
     # The same colour and dash for a label in every panel; dashes keep identical curves (AUC 1.0) visible.
     styles = {label: (color, ("-", "--", "-.", ":")[i % 4]) for i, (label, color) in enumerate(colors.items())}
-    figure, axes = plt.subplots(1, len(attacks), figsize=(4.2 * len(attacks), 4.4), squeeze=False)
-    for axis, attack in zip(axes[0], attacks):
+    columns = max(1, min(ROC_COLUMNS, len(attacks)))
+    rows = max(1, math.ceil(len(attacks) / columns))
+    figure, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 3.5 * rows), squeeze=False)
+    panels = list(axes.flat)
+    for index, (axis, attack) in enumerate(zip(panels, attacks)):
         for label, curve in series[attack].items():
             color, dash = styles[label]
             axis.plot(
                 curve["fpr"], curve["tpr"], color=color, linestyle=dash, label=f"{label} (AUC {_fmt(curve['auc'])})"
             )
         axis.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1)
-        axis.set_xlabel("false positive rate (held-out documents)")
-        axis.set_ylabel("true positive rate (training documents)")
-        axis.set_title(f"{attack} attack")
-        axis.legend(fontsize=7, loc="lower right")
+        axis.set_xlim(-0.02, 1.02)
+        axis.set_ylim(-0.02, 1.02)
+        if index + columns >= len(attacks):  # the lowest panel of its column
+            axis.set_xlabel("false positive rate (held-out)", fontsize=8)
+        if index % columns == 0:
+            axis.set_ylabel("true positive rate (training)", fontsize=8)
+        axis.tick_params(labelsize=7)
+        axis.set_title(f"{attack} attack", fontsize=9)
+        axis.legend(fontsize=6, loc="lower right")
+    for axis in panels[len(attacks) :]:
+        axis.set_visible(False)
     _save_figure(figure, path)
 
 
@@ -377,7 +484,8 @@ def draw_auc(
     attacks = [a for a, by_label in series.items() if by_label]
     labels = list(dict.fromkeys(label for a in attacks for label in series[a]))
     colors = _colors(labels, colors)
-    figure, axis = plt.subplots(figsize=(max(6.0, 1.1 * len(attacks) * max(1, len(labels)) ** 0.5), 4))
+    # wider with more bars, capped at about 1,600 px (110 dpi) so it stays readable at normal width
+    figure, axis = plt.subplots(figsize=(min(14.5, max(6.0, 1.1 * len(attacks) * max(1, len(labels)) ** 0.5)), 4))
     width = 0.8 / max(len(labels), 1)
     for i, label in enumerate(labels):
         offset = (i - (len(labels) - 1) / 2) * width
@@ -402,21 +510,49 @@ def draw_auc(
 
 
 def draw_breakdown(
-    series: Mapping[str, Mapping[str, list[Any]]], path: Path, xlabel: str, colors: Mapping[str, str] | None = None
+    series: Mapping[str, Mapping[str, list[Any]]],
+    path: Path,
+    xlabel: str,
+    colors: Mapping[str, str] | None = None,
+    categorical: bool = False,
 ) -> None:
     """Exact match (left) and RougeL (right) against a per-document attribute (prefix length, times repeated), one
-    line per label."""
+    line per label, with error bars and a band where the series has intervals (`<metric>_ci`).
+
+    categorical: one evenly spaced tick per group value, each labelled with its n when every label has the same
+    (repetition buckets 0, 1, 4, 16, 64: 0 is written "0 (held out)", the targets never inserted); otherwise a
+    numeric axis, symmetric-log for geometric values."""
     colors = _colors(list(series), colors)
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    values = sorted({float(x) for s in series.values() for x in s["x"] if x is not None})
+    figure, axes = plt.subplots(1, 2, figsize=(12, 4.4))
     for axis, metric, name, title in (
         (axes[0], "exact_match", "exact match (fraction of documents)", "Exact match"),
         (axes[1], "rouge_l", "RougeL F-measure (mean)", "RougeL"),
     ):
-        for label, s in series.items():
-            axis.plot(s["x"], _as_float(s[metric]), marker="o", label=label, color=colors[label])
+        with_intervals = False
+        for i, (label, s) in enumerate(series.items()):
+            if categorical:  # side by side within a bucket, so the error bars of labels do not hide each other
+                jitter = 0.06 * (i - (len(series) - 1) / 2)
+                xs = [values.index(float(x)) + jitter for x in s["x"]]
+            else:
+                xs = [float(x) for x in s["x"]]
+            ys = _as_float(s[metric])
+            intervals = s.get(f"{metric}_ci") or [None] * len(ys)
+            low = [math.nan if ci is None else float(ci[0]) for ci in intervals]
+            high = [math.nan if ci is None else float(ci[1]) for ci in intervals]
+            yerr = [[y - lo for y, lo in zip(ys, low)], [hi - y for y, hi in zip(ys, high)]]
+            has_ci = any(ci is not None for ci in intervals)
+            with_intervals = with_intervals or has_ci
+            axis.errorbar(
+                xs, ys, yerr=yerr if has_ci else None, marker="o", capsize=3, label=label, color=colors[label]
+            )
+            if has_ci:
+                axis.fill_between(xs, low, high, color=colors[label], alpha=0.12, linewidth=0)
         axis.set_xlabel(xlabel)
-        values = sorted({float(x) for s in series.values() for x in s["x"] if x is not None and float(x) >= 0})
-        if len(values) >= 3 and values[-1] >= 20 * max(values[1], 1.0):
+        if categorical:
+            axis.set_xticks(range(len(values)), _bucket_tick_labels(series, values), fontsize=8)
+            axis.set_xlim(-0.5, len(values) - 0.5)
+        elif len(values) >= 3 and values[0] >= 0 and values[-1] >= 20 * max(values[1], 1.0):
             # geometric counts (1, 32, 128, 512 repetitions): a symmetric log axis keeps 0 and spreads the small ones
             axis.set_xscale("symlog", linthresh=1.0)
             axis.set_xticks(values)
@@ -425,9 +561,20 @@ def draw_breakdown(
             axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.set_ylabel(name)
         axis.set_ylim(-0.02, 1.05)
-        axis.set_title(f"{title} by {xlabel}")
+        axis.set_title(f"{title} by {xlabel}" + ("\n(bars and bands: 95% interval)" if with_intervals else ""))
         axis.legend(fontsize=8)
     _save_figure(figure, path)
+
+
+def _bucket_tick_labels(series: Mapping[str, Mapping[str, list[Any]]], values: Sequence[float]) -> list[str]:
+    """Tick labels of a categorical breakdown axis: the value ("0 (held out)" for 0), and "n=N" below it when every
+    label has N documents in that group."""
+    ticks = []
+    for value in values:
+        counts = {n for s in series.values() for x, n in zip(s["x"], s["n_docs"]) if float(x) == value}
+        tick = "0 (held out)" if value == 0 else f"{value:g}"
+        ticks.append(tick + (f"\nn={next(iter(counts))}" if len(counts) == 1 and None not in counts else ""))
+    return ticks
 
 
 # --------------------------------------------------------------------------------------------------------- sections
@@ -809,7 +956,7 @@ def _breakdown_figures(
     for kind, (key, _, xlabel, name) in BREAKDOWNS.items():
         series = breakdown_series(breakdowns.get(kind) or {}, key)
         if any(s["x"] for s in series.values()):
-            draw_breakdown(series, out_dir / name, xlabel, colors)
+            draw_breakdown(series, out_dir / name, xlabel, colors, categorical=kind == "repeats")
             written.append(name)
     return written
 
