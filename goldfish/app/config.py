@@ -30,6 +30,7 @@ from engine.spec import parse_grid_sizes
 from engine.training.train import TrainConfig
 from eval.adaptive import SamplingConfig
 from eval.extraction import ExtractionConfig
+from goldfish.app import paper
 from goldfish.app.lora import LoraSpec
 from goldfish.app.lora import check_zero as check_lora_zero
 from goldfish.masks import STRATEGIES, drop_mask
@@ -462,4 +463,7 @@ COMPARE_PRESETS: dict[str, dict[str, Any]] = {
         val_tokens=16384,
         tokenize_workers=2,
     ),
+    # The goldfish paper's main setting for a GPU cluster (goldfish.app.paper, docs/corpus.md): TinyLlama-1.1B from
+    # scratch on a streamed background, 2,000 Wikipedia canaries x 50, k in {3, 4, 8, 32, 128} at width 13.
+    "paper": paper.COMPARE_PRESET,
 }

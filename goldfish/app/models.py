@@ -1,5 +1,5 @@
-"""Models: named tiny configurations built at random init, any HF causal LM by name or folder, or a GGUF file;
-and loading one sharded for parallel evaluation."""
+"""Models: named configurations built at random init (tiny ones for a CPU, and the goldfish paper's TinyLlama-1.1B),
+any HF causal LM by name or folder, or a GGUF file; and loading one sharded for parallel evaluation."""
 
 from __future__ import annotations
 
@@ -15,12 +15,14 @@ from engine.core import comm
 from engine.core.grid import AXES, Grid
 from engine.core.sharding import ShardedRunError
 from eval.parallel import parallelize_for_eval
+from goldfish.app import paper
 from goldfish.app.pretrained import DEFAULT_MODEL_CACHE, load_pretrained, load_pretrained_model, resolve_gguf
 
 
 @dataclass(frozen=True)
 class TinyModel:
-    """A named architecture small enough to train on a laptop CPU in minutes."""
+    """A named architecture built at random init: small enough to train on a laptop CPU in minutes, except the
+    paper's TinyLlama-1.1B (a GPU cluster's model, named here so `--model` builds it from scratch the same way)."""
 
     description: str
     make_config: Callable[[int, int], PretrainedConfig]  # (vocab_size, max_positions) -> config
@@ -42,6 +44,23 @@ def _tiny_llama(
         )
 
     return make
+
+
+def _tinyllama_1b(vocab_size: int, max_positions: int) -> PretrainedConfig:
+    """TinyLlama-1.1B's sizes (goldfish.app.paper.TINYLLAMA) over the run's tokenizer; at least its 2,048 positions."""
+    sizes = paper.TINYLLAMA
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=sizes["hidden"],
+        num_hidden_layers=sizes["layers"],
+        num_attention_heads=sizes["heads"],
+        num_key_value_heads=sizes["kv_heads"],
+        intermediate_size=sizes["intermediate"],
+        max_position_embeddings=max(max_positions, sizes["max_positions"]),
+        rms_norm_eps=sizes["rms_norm_eps"],
+        rope_theta=sizes["rope_theta"],
+        tie_word_embeddings=False,
+    )
 
 
 def _tiny_gpt2(vocab_size: int, max_positions: int) -> PretrainedConfig:
@@ -66,6 +85,10 @@ TINY_MODELS: dict[str, TinyModel] = {
     ),
     "micro-llama": TinyModel("Llama, hidden 64, 2 layers, 4 heads, 2 kv heads (tests)", _tiny_llama(64, 2, 4, 2, 128)),
     "tiny-gpt2": TinyModel("GPT-2, hidden 256, 4 layers, 4 heads, no dropout", _tiny_gpt2),
+    paper.MODEL: TinyModel(
+        "TinyLlama-1.1B (the goldfish paper's model): hidden 2048, 22 layers, 32 heads, 4 kv heads, MLP 5632",
+        _tinyllama_1b,
+    ),
 }
 
 
