@@ -556,6 +556,11 @@ def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
     if args.command == "compare" and preset is not None:
         args.parser.set_defaults(**COMPARE_PRESETS[preset])
         args = parser.parse_args(list(argv))
+    if args.command == "plan" and args.preset is not None:  # as goldfish.app.plan.parse_plan_args
+        from goldfish.app.plan import PLAN_PRESETS
+
+        args.parser.set_defaults(**PLAN_PRESETS[args.preset])
+        args = parser.parse_args(list(argv))
     args.argv = list(argv)
     return args
 
@@ -584,10 +589,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from goldfish.app.runlock import holds_lock_here, out_lock
 
     runtime = runtime_of(args)  # a --preset is already applied, as defaults (`parse_command_line`)
+    if args.checkpoints is not None:  # nothing to train: evaluate checkpoints trained elsewhere
+        return cmd_compare_checkpoints(args)
     lora_of(args)  # bad --lora-* options fail before processes start
     out = Path(args.out)
     shape = _launch_shape(runtime) if runtime.nproc else _process_shape(runtime)
     spec = _compare_spec(args, shape)  # every setting validated before anything is written to --out
+    if args.preset == "paper":
+        _check_hub(spec, {})
     _check_training_on_grid(spec.train, shape or _one_process(), None, spec.data)
     if runtime.nproc:
         _check_documents(spec.data)
@@ -605,6 +614,53 @@ def cmd_compare(args: argparse.Namespace) -> int:
         _publish(folder, out, grid)
     if folder != out:
         print(f"replaced {out} with the new run")
+    return 0
+
+
+def _check_hub(spec: CompareSpec, checkpoints: dict[str, str]) -> None:
+    """Refuse in one line, before anything is written, a run whose hub sources (documents, background, tokenizer,
+    model or checkpoints that are not local) cannot be reached (goldfish.app.paper.check_hub)."""
+    import data
+    from data.corpus import PYTHON_STDLIB
+    from goldfish.app.models import is_tiny_model
+    from goldfish.app.paper import check_hub
+    from goldfish.app.pretrained import resolve_gguf
+
+    def remote(name: str | None) -> bool:
+        return bool(name) and name != PYTHON_STDLIB and not data.is_local_source(name)
+
+    models = list(checkpoints.values()) or [spec.model]
+    models = [m for m in models if not is_tiny_model(m) and resolve_gguf(m) is None]
+    sources = [spec.data.source, spec.data.tokenizer, *models]
+    if not checkpoints:
+        sources.append(spec.data.background)  # evaluating checkpoints reads no background
+    check_hub(list(dict.fromkeys(name for name in sources if remote(name))))
+
+
+def cmd_compare_checkpoints(args: argparse.Namespace) -> int:
+    """`goldfish compare --checkpoints ...`: evaluate models trained elsewhere (goldfish.app.released) on the --data
+    documents, into --out as a compare run writes it (summary.json, report.md, per-model eval folders)."""
+    from goldfish.app.released import evaluate_checkpoints, parse_checkpoints
+    from goldfish.app.runlock import out_lock
+
+    runtime = runtime_of(args)
+    if runtime.nproc or runtime.grid or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError(
+            "--checkpoints evaluates in one process (one device): leave out --nproc and --grid, and run it without "
+            "torchrun"
+        )
+    checkpoints = parse_checkpoints(args.checkpoints)
+    spec = _compare_spec(args, None)
+    _check_hub(spec, checkpoints)
+    out = Path(args.out)
+    with out_lock(out):
+        folder = _run_folder(out, overwrite=args.overwrite, resuming=False)
+        try:
+            evaluate_checkpoints(spec, checkpoints, folder, device=str(runtime.torch_device()))
+        except BaseException:
+            _discard(folder, out, None)
+            raise
+        _publish(folder, out, None)
     return 0
 
 
@@ -760,6 +816,15 @@ def _add_compare_parser(sub: Any) -> None:
         help="measure extraction of the training documents every N epochs for the exact-match-vs-epochs "
         "plot; 0 = off (default: epochs/10)",
     )
+    comp.add_argument(
+        "--checkpoints",
+        default=None,
+        metavar="LABEL=MODEL,...|paper",
+        help="evaluate models trained elsewhere instead of training: LABEL=MODEL pairs (an HF folder or hub name; "
+        "the label 'control' is also the reference model of the reference-ratio attack), or 'paper' for the goldfish "
+        "paper's released checkpoints (standard, control, k = 3, 4, 8, 32, 128; hub); on the --data documents, "
+        "with compare's instruments (goldfish.app.released)",
+    )
     defaults = CompareSpec()
     opt.MODEL.add_to(comp, defaults)
     opt.DATA.add_to(comp, defaults.data)
@@ -843,7 +908,7 @@ def build_parser() -> argparse.ArgumentParser:
         "step time, with memory per GPU",
     )
     add_plan_arguments(plan)
-    plan.set_defaults(func=run_plan)
+    plan.set_defaults(func=run_plan, parser=plan)
     _add_mask_parser(sub)
     return parser
 

@@ -9,20 +9,41 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from engine.planner.cost_model import NAMED_SHAPES
-from engine.planner.plan import CHECKPOINTING, PRECISIONS, PlanRequest, format_table, rank_grids, resolve_shape
+from engine.planner.cost_model import NAMED_SHAPES, TransformerShape
+from engine.planner.plan import (
+    CHECKPOINTING,
+    PRECISIONS,
+    GridPlan,
+    PlanRequest,
+    format_table,
+    rank_grids,
+    resolve_shape,
+)
 from engine.planner.profiles import PROFILES, load_profile
 from engine.spec import PLAN_PRECISION
+from goldfish.app import paper
 from goldfish.app.argparsing import OneLineParser
+
+# Presets of `goldfish plan`: the model, cluster and step of a documented run, as option values (by dest names).
+PLAN_PRESETS: dict[str, dict[str, Any]] = {"paper": paper.PLAN_PRESET}
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `goldfish plan`."""
     parser.add_argument(
+        "--preset",
+        choices=sorted(PLAN_PRESETS),
+        default=None,
+        help="the model, cluster and step of a documented run; options given explicitly override it. paper: the "
+        f"goldfish paper's TinyLlama-1.1B on {paper.PLAN_PRESET['gpus']} GPUs of {paper.PLAN_PRESET['profile']} "
+        f"({paper.BATCH} x {paper.SEQ_LEN} tokens per step), with the time of its {paper.PLAN_STEPS:,} steps "
+        "(docs/corpus.md)",
+    )
+    parser.add_argument(
         "--model",
         default=None,
-        help=f"named size ({', '.join(NAMED_SHAPES)}; 5B-640B: the AxoNN paper's GPT models) or an "
-        "HF config name/folder (Llama family)",
+        help=f"named size ({', '.join(NAMED_SHAPES)}; 5B-640B: the AxoNN paper's GPT models), {paper.MODEL} (the "
+        "goldfish paper's model) or an HF config name/folder (Llama family)",
     )
     parser.add_argument("--gpus", type=int, default=None, help="number of GPUs (world size)")
     parser.add_argument(
@@ -87,6 +108,42 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     measure.add_argument("--measure-iters", type=int, default=10, help="timed calls per size (default: %(default)s)")
 
 
+def parse_plan_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The parsed options with `--preset NAME` applied as the parser's defaults (parsed again, so every option typed
+    wins over the preset), as `goldfish compare --preset` does."""
+    args = parser.parse_args(argv)
+    if args.preset is not None:
+        parser.set_defaults(**PLAN_PRESETS[args.preset])
+        args = parser.parse_args(argv)
+    return args
+
+
+def paper_shape() -> TransformerShape:
+    """The goldfish paper's TinyLlama-1.1B (goldfish.app.paper.TINYLLAMA) as the planner's shape."""
+    sizes = paper.TINYLLAMA
+    return TransformerShape(
+        hidden=sizes["hidden"],
+        layers=sizes["layers"],
+        heads=sizes["heads"],
+        kv_heads=sizes["kv_heads"],
+        intermediate=sizes["intermediate"],
+        vocab=sizes["vocab"],
+        name="TinyLlama-1.1B",
+    )
+
+
+def run_time(plans: list[GridPlan], steps: int, models: int) -> str | None:
+    """One line: `steps` optimizer steps of each of `models` models at the fastest feasible grid's step time."""
+    best = min((p for p in plans if p.feasible), key=lambda p: p.step_s, default=None)
+    if best is None:
+        return None
+    hours = best.step_s * steps / 3600
+    return (
+        f"the paper's run: {steps:,} steps x {best.step_s:.3g} s on grid {best.grid} = {hours:.1f} h per model, "
+        f"{hours * models:.1f} h for the {models} models goldfish compare trains (standard + {models - 1} masks)"
+    )
+
+
 def request_from_args(args: argparse.Namespace) -> PlanRequest:
     if args.model is None or args.gpus is None:
         raise ValueError("goldfish plan needs --model and --gpus (or --measure OUT.json under torchrun)")
@@ -106,7 +163,7 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
     if batch is None:
         batch = args.gpus * math.ceil(1024 / args.gpus)
     return PlanRequest(
-        shape=resolve_shape(args.model),
+        shape=paper_shape() if args.model == paper.MODEL else resolve_shape(args.model),
         gpus=args.gpus,
         global_batch=batch,
         seq=args.seq_len,
@@ -141,6 +198,9 @@ def run_plan(args: argparse.Namespace) -> int:
     request = request_from_args(args)
     plans = rank_grids(request)
     print(format_table(request, plans, top=args.top))
+    estimate = run_time(plans, paper.PLAN_STEPS, paper.PLAN_MODELS) if args.preset == "paper" else None
+    if estimate is not None:
+        print(estimate)
     if args.json:
         payload = {
             "request": {
@@ -188,7 +248,7 @@ def main(argv: list[str]) -> int:
         "model on a cluster by predicted step time, with memory per GPU",
     )
     add_plan_arguments(parser)
-    args = parser.parse_args(argv)
+    args = parse_plan_args(parser, argv)
     try:
         return run_plan(args)
     except (ValueError, FileNotFoundError) as error:
