@@ -33,6 +33,43 @@ def test_every_compare_preset_parses():
     assert args.quick and args.masks == ["hashed:4:13"]
 
 
+def _help_of(argv: list[str], capsys) -> str:
+    """The --help text of a subcommand, its whitespace collapsed (argparse wraps lines at the terminal width)."""
+    with pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_preset_help_says_what_each_preset_sets(capsys):
+    """Every preset has a description whose numbers come from COMPARE_PRESETS (the corpus preset's help once said
+    1/4/16/64 copies while the preset inserted 1/32/128/512), and compare --help prints it."""
+    from goldfish.app.cli import PRESET_DESCRIPTIONS, preset_description
+    from goldfish.app.config import COMPARE_PRESETS
+
+    assert set(COMPARE_PRESETS) <= set(PRESET_DESCRIPTIONS), "write a description of the new preset in cli.py"
+    text = _help_of(["compare"], capsys)
+    for name, values in COMPARE_PRESETS.items():
+        description = preset_description(name)
+        assert not description.startswith("sets "), f"{name}: its description names a value the preset lacks"
+        assert f"{name}: {description}" in text
+        # the run's size: documents, their length, its length in steps (or epochs where steps are not capped)
+        keys = [k for k in ("n_train", "n_heldout", "seq_len", "max_steps", "lora_rank", "beams") if k in values]
+        keys += [] if "max_steps" in values else ["epochs"]
+        for key in keys:
+            assert str(values[key]) in description, f"{name}: {key} = {values[key]} not in {description!r}"
+        if "repeats" in values:
+            assert ",".join(str(r) for r in values["repeats"]) + " cop" in description
+        for mask in values.get("masks", []):
+            assert mask in description
+
+
+@pytest.mark.parametrize("command", ["train", "eval", "compare"])
+def test_model_help_says_what_smollm2_is(command, capsys):
+    """smollm2-135m is the Instruct model's Q4_1 GGUF, dequantized: --help says so, not "the pretrained SmolLM2"."""
+    text = _help_of([command], capsys)
+    assert "smollm2-135m (SmolLM2-135M-Instruct quantized to Q4_1" in text and "dequantized to float32" in text
+
+
 def test_preset_sets_only_what_the_user_left_at_default():
     from goldfish.app.cli import _compare_spec, parse_command_line
 

