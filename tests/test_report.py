@@ -19,7 +19,6 @@ from goldfish.app.report import (
     divergence_series,
     draw_bars,
     draw_breakdown,
-    exact_binomial_interval,
     render_eval_markdown,
     render_markdown,
     roc_series,
@@ -445,7 +444,8 @@ def test_divergence_series_has_the_share_on_dropped_against_chance():
     assert series["share_on_dropped"] == 0.8 and series["share_chance"] == 0.25
     # Clopper-Pearson for 4 of 5: beta quantiles, 0.2836 and 0.9949 (e.g. R's binom.test(4, 5)$conf.int)
     assert series["share_ci"] == pytest.approx([0.28358, 0.99495], abs=1e-5)
-    assert exact_binomial_interval(0, 5) == pytest.approx((0.0, 0.52182), abs=1e-5)
+    none = divergence_series({"m": dict(divergence, n_on_dropped=0, share_on_dropped=0.0)})["m"]
+    assert none["share_ci"] == pytest.approx([0.0, 0.52182], abs=1e-5)  # 0 of 5: 1 - 0.025 ** (1 / 5)
     # a summary's own interval wins; summaries without the mask's flags have no share to plot
     own = divergence_series({"m": dict(divergence, share_on_dropped_ci=[0.5, 0.9])})["m"]
     assert own["share_ci"] == [0.5, 0.9]

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import matplotlib
 
 from data.atomic import json_safe, write_atomic, write_text_atomic
+from eval.intervals import binomial_interval
 from eval.membership import ATTACKS
 
 matplotlib.use("Agg")  # no display on servers and CI
@@ -148,7 +149,7 @@ def divergence_series(
     """Per label: "positions" 0..L-1 (suffix token index; L = suffix_len, or past the last divergence), "counts" of
     documents whose greedy continuation first left the true suffix there, "n_docs" and "n_never" (never diverged);
     and, when the summary has the mask's dropped flags, "n_diverged", "n_on_dropped" (first divergences on a
-    dropped token), "share_on_dropped", its 95% "share_ci" (exact binomial unless the summary has one) and
+    dropped token), "share_on_dropped", its 95% "share_ci" (Clopper-Pearson unless the summary has one) and
     "share_chance" (the drop rate of the diverged suffixes); None without them."""
     series = {}
     for label, div in divergences.items():
@@ -159,8 +160,8 @@ def divergence_series(
         # summaries before n_on_dropped existed: the count back from the share
         on_dropped = div.get("n_on_dropped", None if share is None else round(float(share) * n_diverged))
         interval = div.get("share_on_dropped_ci")
-        if interval is None and on_dropped is not None and n_diverged > 0:
-            interval = exact_binomial_interval(int(on_dropped), n_diverged)
+        if interval is None and on_dropped is not None:
+            interval = binomial_interval(int(on_dropped), n_diverged)  # exact: honest at 0 of 5 or 5 of 5
         series[label] = {
             "positions": positions,
             "counts": [histogram.get(i, 0) for i in positions],
@@ -173,15 +174,6 @@ def divergence_series(
             "share_chance": div.get("share_expected_by_chance"),
         }
     return series
-
-
-def exact_binomial_interval(successes: int, trials: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Clopper-Pearson interval of a proportion successes/trials: exact, so it stays honest at 0/5 or 5/5 where a
-    normal approximation collapses to a point."""
-    from scipy.stats import binomtest  # scipy is slow to import; only reports with divergence need it
-
-    low, high = binomtest(successes, trials).proportion_ci(confidence, method="exact")
-    return float(low), float(high)
 
 
 def _attack_order(attacks: set[str]) -> list[str]:
