@@ -224,8 +224,8 @@ MODEL = OptionGroup(
         Option(
             "--model",
             "model",
-            "a tiny model built at random init (tiny-llama, tiny-llama-gqa, micro-llama, "
-            f"tiny-gpt2), smollm2-135m ({SMOLLM2_135M_IS}), a .gguf file, or an HF model name or folder",
+            "a model built at random init (tiny-llama, tiny-llama-gqa, micro-llama, tiny-gpt2; tinyllama-1.1b: "
+            f"the goldfish paper's), smollm2-135m ({SMOLLM2_135M_IS}), a .gguf file, or an HF model name or folder",
         ),
         Option("--init-seed", "init_seed", "seed of a tiny model's random init"),
     ),
