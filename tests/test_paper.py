@@ -162,4 +162,6 @@ def test_checkpoints_are_evaluated_as_compare_evaluated_them(miniature, tmp_path
     # the control is the reference model of the others' reference-ratio attack
     assert "reference" in after["membership"]["standard"]["attacks"]
     assert "reference" not in after["membership"]["control"]["attacks"]
-    assert (out / "report.md").exists() and after["repeats"] == dict.fromkeys(after["repeats"], 50)
+    assert after["repeats"] == dict.fromkeys(after["repeats"], 50)  # what --repeats says of the checkpoints
+    report = (out / "report.md").read_text()
+    assert f"Control: the checkpoint {tmp_path / 'control'}" in report and "nothing was trained by this run" in report

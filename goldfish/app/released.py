@@ -73,9 +73,23 @@ class CheckpointComparison(Comparison):
                 self.initial = model
             self.evaluate(label, model, recorded_mask(source))
             self.log(one_line(label, self.results[label]))
-        summary = self.summary() | {"checkpoints": self.checkpoints}
+        self.warnings.append(
+            "nothing was trained by this run: its models are the checkpoints named above, and the training line "
+            "gives this run's settings, not those the checkpoints were trained with"
+        )
+        summary = self.summary() | {"checkpoints": self.checkpoints, "control": self.control_note()}
+        summary["config"]["model"] = ", ".join(f"{label}={source}" for label, source in self.checkpoints.items())
         self.write(summary)
         return summary
+
+    def control_note(self) -> str:
+        """What the control is in this run (the report's "Control:" line)."""
+        if CONTROL not in self.checkpoints:
+            return "none (no checkpoint labelled control); the reference-ratio attack is not run"
+        return (
+            f"the checkpoint {self.checkpoints[CONTROL]}, the reference model of the other checkpoints' "
+            "reference-ratio attack"
+        )
 
     def prepare_documents(self) -> None:
         """The documents as a compare run selects them, tokenized with --tokenizer or the first checkpoint's."""
