@@ -4,14 +4,23 @@ Imports nothing of the other project packages.
 """
 
 from data.dedup import DEDUP_MODES, DUPLICATE_POLICIES, DedupConfig
-from data.documents import DEFAULT_CORPUS, Document, default_corpus, is_local_source, load_documents
+from data.documents import (
+    DEFAULT_CORPUS,
+    DEFAULT_PARAGRAPHS,
+    Document,
+    default_corpus,
+    default_paragraphs,
+    is_local_source,
+    load_documents,
+)
 from data.errors import DataError
-from data.selection import DocumentSplit, TokenizedDocument, check_document_count, select_documents
+from data.selection import DocumentSplit, TokenizedDocument, assign_buckets, check_document_count, select_documents
 from data.tokenizer import BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, load_tokenizer, train_bpe_tokenizer
 
 __all__ = [
     "BOS_TOKEN",
     "DEFAULT_CORPUS",
+    "DEFAULT_PARAGRAPHS",
     "DEDUP_MODES",
     "DUPLICATE_POLICIES",
     "DataError",
@@ -21,8 +30,10 @@ __all__ = [
     "EOS_TOKEN",
     "PAD_TOKEN",
     "TokenizedDocument",
+    "assign_buckets",
     "check_document_count",
     "default_corpus",
+    "default_paragraphs",
     "is_local_source",
     "load_documents",
     "load_tokenizer",

@@ -6,7 +6,9 @@ row (the last row is padded). Only the pieces' lengths are held here (two int64 
 tokens are read when a row is built, so a stream of any size costs no more memory than its piece table.
 
 `InsertionSchedule` places target documents into a background stream a chosen number of times each, at positions
-drawn from a seed: the run record can then state how often each target was seen.
+drawn from a seed and spread over the stream (no two copies share a gap while there are gaps enough): the run record
+can then state how often each target was seen. `BackgroundPieces` cuts long background documents into pieces, so
+that copies can land inside them too: a stream of a few long files still offers a gap every few hundred tokens.
 
 Imports nothing of the other project packages (numpy only).
 """
@@ -103,17 +105,32 @@ class InsertionSchedule:
     def draw(
         background_order: np.ndarray, copies: Sequence[int], seed: int, within: int | None = None
     ) -> InsertionSchedule:
-        """Insert target t `copies[t]` times at gaps drawn uniformly (with replacement) from the seed, among the
-        first `within` + 1 gaps (default: all; e.g. the part of the stream a run bounded by --max-steps trains)."""
+        """Insert target t `copies[t]` times among the first `within` + 1 gaps (default: all; e.g. the part of the
+        stream a run bounded by --max-steps trains), spread from the seed: with C copies and G gaps, every gap
+        gets C // G copies and C % G gaps drawn without replacement one more, so copies share a gap (arrive
+        back to back) only when there are more copies than gaps, and then at most ceil(C / G) in a row. The
+        copies' targets are shuffled, so the copies of one target do not cluster either."""
         copies = [int(c) for c in copies]
         if any(c < 0 for c in copies):
             raise DataError(f"target copies must be >= 0, got {copies}")
         targets = np.repeat(np.arange(len(copies), dtype=np.int64), copies)
         generator = np.random.default_rng([seed, 7_919])
-        targets = generator.permutation(targets)  # copies of one target do not cluster
+        targets = generator.permutation(targets)
         last = len(background_order) if within is None else max(0, min(within, len(background_order)))
-        gaps = np.sort(generator.integers(0, last + 1, size=len(targets), dtype=np.int64))
-        return InsertionSchedule(np.asarray(background_order, dtype=np.int64), gaps, targets)
+        n_gaps = last + 1
+        every, extra = divmod(len(targets), n_gaps)
+        gaps = np.concatenate(
+            [
+                np.repeat(np.arange(n_gaps, dtype=np.int64), every),
+                generator.choice(n_gaps, size=extra, replace=False).astype(np.int64),
+            ]
+        )
+        return InsertionSchedule(np.asarray(background_order, dtype=np.int64), np.sort(gaps), targets)
+
+    @property
+    def most_in_a_row(self) -> int:
+        """The most copies that share one gap: copies that follow each other with no background between them."""
+        return int(np.bincount(self.gaps).max()) if len(self.gaps) else 0
 
     def codes(self) -> np.ndarray:
         """(B + C,) int64: the stream's pieces, background index (>= 0) or -(target + 1)."""
@@ -134,3 +151,39 @@ class InsertionSchedule:
             digest.update(np.ascontiguousarray(array, dtype=np.int64).tobytes())
             digest.update(b"|")
         return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class BackgroundPieces:
+    """Background documents cut into pieces of at most `max_tokens` tokens, in stream order (a document's pieces
+    follow each other, so the stream reads it whole unless a target copy lands between two of its pieces).
+
+    Piece i is tokens [start[i], start[i] + length[i]) of document `document[i]`; `last[i]` says whether it ends
+    the document (it then gets the EOS; a piece cut off mid-document gets none, and its last token predicts
+    nothing, since the token after it may be a target copy's).
+    """
+
+    document: np.ndarray  # (P,) int64
+    start: np.ndarray  # (P,) int64
+    length: np.ndarray  # (P,) int64
+    last: np.ndarray  # (P,) bool
+
+    @staticmethod
+    def cut(order: np.ndarray, lengths: np.ndarray, max_tokens: int) -> BackgroundPieces:
+        """The pieces of documents `order` (indices into `lengths`, each >= 1 token), each cut into
+        ceil(length / max_tokens) pieces of max_tokens tokens, the last one shorter."""
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise DataError(f"background pieces need max_tokens >= 1, got {max_tokens!r}")
+        order = np.asarray(order, dtype=np.int64)
+        doc_lengths = np.asarray(lengths, dtype=np.int64)[order]
+        n_pieces = -(-doc_lengths // max_tokens)
+        document = np.repeat(order, n_pieces)
+        first_piece = np.repeat(np.cumsum(n_pieces) - n_pieces, n_pieces)
+        index_in_doc = np.arange(int(n_pieces.sum()), dtype=np.int64) - first_piece
+        start = index_in_doc * max_tokens
+        length = np.minimum(np.repeat(doc_lengths, n_pieces) - start, max_tokens)
+        last = index_in_doc == np.repeat(n_pieces, n_pieces) - 1
+        return BackgroundPieces(document, start, length, last)
+
+    def __len__(self) -> int:
+        return len(self.document)

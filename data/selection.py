@@ -124,6 +124,17 @@ class DocumentSplit:
         }
 
 
+def assign_buckets(n_documents: int, buckets: Sequence[int], seed: int) -> list[int]:
+    """The bucket of each of `n_documents` documents (e.g. how many times each is repeated): every bucket gets
+    n // len(buckets) documents and the first n % len(buckets) buckets one more, placed at random from `seed`, so no
+    property of the documents' order (their length, their source) goes with the bucket."""
+    if not buckets:
+        raise DataError("assign_buckets needs at least one bucket")
+    balanced = [buckets[i % len(buckets)] for i in range(n_documents)]
+    random.Random(f"buckets-{seed}").shuffle(balanced)
+    return balanced
+
+
 def check_document_count(n_documents: int, n_train: int, n_heldout: int) -> None:
     """Refuse at once a source with fewer documents than n_train + n_heldout, before a tokenizer is trained on it or
     a document tokenized (one 50 MB document took minutes and gigabytes of tokenizing before this was found)."""

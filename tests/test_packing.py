@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from data.documents import Document
-from data.packing import InsertionSchedule, PackedLayout
-from data.selection import select_documents
+from data.packing import BackgroundPieces, InsertionSchedule, PackedLayout
+from data.selection import assign_buckets, select_documents
 from engine.core.vocab_parallel import causal_lm_token_losses
 from goldfish.app.config import DataSpec, MaskSpec
 from goldfish.app.corpus import PackedRows, pack_documents, piece_ids, segment_dropped
@@ -155,6 +155,42 @@ def test_insertion_schedule_places_each_copy() -> None:
     again = InsertionSchedule.draw(background, [1, 4, 0, 16], seed=3)
     assert again.fingerprint() == schedule.fingerprint()
     assert InsertionSchedule.draw(background, [1, 4, 0, 16], seed=4).fingerprint() != schedule.fingerprint()
+
+
+def test_insertions_are_spread_one_per_gap_while_gaps_last() -> None:
+    """Copies share a gap (arrive back to back) only when there are more copies than gaps, and then evenly."""
+    spread = InsertionSchedule.draw(np.arange(1000), [1, 4, 16, 64] * 8, seed=0)
+    assert spread.most_in_a_row == 1 and len(np.unique(spread.gaps)) == 8 * 85
+    # the copies are not packed at the start: they cover the stream roughly uniformly
+    assert abs(np.median(spread.gaps) - 500) < 100
+    crowded = InsertionSchedule.draw(np.arange(9), [7, 14], seed=1)  # 21 copies, 10 gaps
+    assert np.bincount(crowded.gaps, minlength=10).tolist().count(3) == 1 and crowded.most_in_a_row == 3
+    assert sorted(np.bincount(crowded.gaps, minlength=10).tolist()) == [2] * 9 + [3]
+    within = InsertionSchedule.draw(np.arange(1000), [3] * 10, seed=2, within=100)
+    assert within.gaps.max() <= 100
+
+
+def test_background_pieces_cut_long_documents() -> None:
+    pieces = BackgroundPieces.cut(np.array([2, 0, 1]), np.array([5, 1, 10]), max_tokens=4)
+    assert pieces.document.tolist() == [2, 2, 2, 0, 0, 1]
+    assert pieces.start.tolist() == [0, 4, 8, 0, 4, 0]
+    assert pieces.length.tolist() == [4, 4, 2, 4, 1, 1]
+    assert pieces.last.tolist() == [False, False, True, False, True, True]
+    with pytest.raises(Exception, match="max_tokens"):
+        BackgroundPieces.cut(np.array([0]), np.array([3]), max_tokens=0)
+
+
+def test_buckets_are_balanced_and_random_from_the_seed() -> None:
+    first = assign_buckets(10, (1, 4, 16), seed=0)
+    assert sorted(first) == [1, 1, 1, 1, 4, 4, 4, 16, 16, 16]
+    assert assign_buckets(10, (1, 4, 16), seed=0) == first
+    draws = {tuple(assign_buckets(10, (1, 4, 16), seed=s)) for s in range(20)}
+    assert len(draws) > 15  # not the round-robin order
+    assert DataSpec(repeats=(0, 1, 4), n_heldout=3).train_buckets == (1, 4)
+    with pytest.raises(ValueError, match="--n-heldout"):
+        DataSpec(repeats=(0, 1), n_heldout=0)
+    with pytest.raises(ValueError, match="at least one >= 1"):
+        DataSpec(repeats=(0,))
 
 
 def test_train_pack_trains_every_token_of_long_documents(tmp_path) -> None:

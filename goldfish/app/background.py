@@ -4,8 +4,10 @@ The background (data.corpus: tokenized once, memory-mapped) is trained on but no
 put in an order drawn from the seed; a held-out slice of them (--val-tokens) is the validation set; background
 documents whose normalized text equals a target's (train or held-out), or that contain at least half of a target's
 word shingles (a near copy: edited, or inside a longer document), are removed. The training documents (targets)
-are inserted `--repeats` times each at gaps of that order drawn from the seed (only within the part of the stream a
---max-steps run trains); held-out targets are never inserted. The stream is packed into rows (goldfish.app.corpus)
+are assigned to the non-zero `--repeats` buckets at random from the data seed and inserted that many times each at
+gaps of that order drawn from the seed and spread over it (only within the part of the stream a --max-steps run
+trains; background documents are cut into pieces of at most --seq-len tokens, so a copy can land inside a long
+document); held-out targets (bucket 0) are never inserted. The stream is packed into rows (goldfish.app.corpus)
 read in order, one optimizer step after the other: `exposures` then says exactly how many copies of each target
 the run trains on.
 """
@@ -23,7 +25,7 @@ import torch
 import data
 from data.corpus import TokenizedCorpus, load_raw_corpus, open_stream, stream_corpus, text_key, tokenize_corpus
 from data.dedup import CONTAINMENT_SAMPLE, CONTAINMENT_THRESHOLD, SHINGLE_WORDS, sampled_shingles
-from data.packing import InsertionSchedule, PackedLayout
+from data.packing import BackgroundPieces, InsertionSchedule, PackedLayout
 from engine.training.train import TrainConfig, steps_per_epoch, total_steps_of
 from goldfish.app.config import DataSpec, MaskSpec
 from goldfish.app.corpus import PackedRows, piece_ids
@@ -152,6 +154,7 @@ class Background:
     corpus: TokenizedCorpus
     rows: CorpusStream
     validation: _Rows
+    pieces: BackgroundPieces  # the background documents cut into pieces: the schedule's background order indexes it
     schedule: InsertionSchedule
     exposures: dict[str, int]  # target id -> copies trained on (held-out targets: 0)
     record: dict[str, Any]
@@ -171,7 +174,8 @@ def build_background(
     """The stream of a background run: background order, validation slice, target insertions, rows, exposures."""
     eos = tokenizer.eos_token_id
     target_pieces = [piece_ids(doc.full_ids, eos) for doc in targets]
-    copies_per_target = [spec.repeats[i % len(spec.repeats)] for i in range(len(targets))]
+    assigned = spec.repeats_by_id(targets)
+    copies_per_target = [assigned[str(doc.id)] for doc in targets]
 
     lengths = corpus.lengths
     every_target = [*targets, *heldout]
@@ -191,7 +195,8 @@ def build_background(
     duplicate[[document for document, _, _ in near]] = True
     usable = np.flatnonzero((lengths > 0) & ~duplicate)
     order = np.random.default_rng([train.seed, 104_729]).permutation(usable)
-    piece_lengths = lengths[order] + (1 if eos is not None else 0)
+    eos_tokens = 1 if eos is not None else 0
+    piece_lengths = lengths[order] + eos_tokens
 
     # The validation set: background documents from the end of the order, until --val-tokens tokens.
     n_val = int(np.searchsorted(np.cumsum(piece_lengths[::-1]), spec.val_tokens)) + 1 if spec.val_tokens else 0
@@ -201,6 +206,11 @@ def build_background(
         order[: len(order) - n_val],
         piece_lengths[: len(order) - n_val],
     )
+
+    # The stream's background pieces: documents cut to at most --seq-len tokens, so copies spread over the stream
+    # even when the background is a few long files.
+    pieces = BackgroundPieces.cut(order, lengths, spec.seq_len)
+    piece_lengths = pieces.length + np.where(pieces.last, eos_tokens, 0)
 
     # Targets go only where the run will train: within the first --max-steps steps' tokens, less the targets' own.
     within, warnings = None, []
@@ -215,20 +225,34 @@ def build_background(
                 "trains: some copies are not trained (see the exposures); raise --max-steps or lower "
                 "--repeats or --n-train"
             )
-    schedule = InsertionSchedule.draw(order, copies_per_target, train.seed, within=within)
+    schedule = InsertionSchedule.draw(np.arange(len(pieces)), copies_per_target, train.seed, within=within)
+    if schedule.most_in_a_row > 1:
+        warnings.append(
+            f"{len(schedule.targets)} target copies go into {(len(pieces) if within is None else within) + 1} gaps of the "
+            f"background stream, so up to {schedule.most_in_a_row} arrive back to back: give a longer background "
+            "(or more --max-steps), or fewer copies"
+        )
     codes = schedule.codes()
     target_lengths = np.array([len(p) for p in target_pieces] or [0], dtype=np.int64)
     lengths_of_codes = np.where(
         codes >= 0,
-        lengths[np.maximum(codes, 0)] + (1 if eos is not None else 0),
+        piece_lengths[np.maximum(codes, 0)],
         target_lengths[np.maximum(-codes - 1, 0)],
     )
     layout = PackedLayout(lengths_of_codes, spec.seq_len)
 
-    @functools.lru_cache(maxsize=16)  # rows are read in stream order: a long document serves many rows in a row
+    @functools.lru_cache(maxsize=4)  # rows are read in stream order: a long document serves many pieces in a row
+    def document(d: int) -> list[int]:
+        return corpus.ids(d)
+
+    @functools.lru_cache(maxsize=16)
     def piece(p: int) -> list[int]:
         code = int(codes[p])
-        return piece_ids(corpus.ids(code), eos) if code >= 0 else target_pieces[-code - 1]
+        if code < 0:
+            return target_pieces[-code - 1]
+        start = int(pieces.start[code])
+        ids = document(int(pieces.document[code]))[start : start + int(pieces.length[code])]
+        return ids + [eos] if pieces.last[code] and eos is not None else ids
 
     identity = {
         "corpus": corpus.fingerprint(),
@@ -275,6 +299,9 @@ def build_background(
     validation = _Rows(val_rows, n_val_rows) if val_rows is not None else None
 
     exposures, positions = exposure_counts(layout, codes, len(targets), train)
+    rows_trained = min(total_steps_of(layout.n_rows, train) * train.batch_size, layout.n_rows * train.epochs)
+    copy_tokens_trained = sum(n * len(p) for n, p in zip(exposures, target_pieces))
+    tokens_trained = min(rows_trained * spec.seq_len, layout.n_tokens * train.epochs)
     record = {
         "background": spec.background,
         "streaming": spec.background_streaming,
@@ -294,12 +321,25 @@ def build_background(
             ],
         },
         "n_stream_documents": len(order),
+        "n_background_pieces": len(pieces),
+        "piece_tokens": spec.seq_len,
         "n_stream_tokens": layout.n_tokens,
         "n_rows": layout.n_rows,
-        "rows_trained": min(total_steps_of(layout.n_rows, train) * train.batch_size, layout.n_rows * train.epochs),
+        "rows_trained": rows_trained,
+        "tokens_trained": tokens_trained,
+        "target_tokens_trained": copy_tokens_trained,
+        "target_share": copy_tokens_trained / tokens_trained if tokens_trained else 0.0,
+        "buckets": {
+            "repeats": list(spec.repeats),
+            "assignment": "training targets assigned to the non-zero buckets at random from the data seed "
+            f"({spec.seed}), as evenly as possible; bucket 0 = the held-out targets, never inserted",
+            "n_per_bucket": {str(b): sum(1 for c in copies_per_target if c == b) for b in spec.train_buckets}
+            | ({"0": len(heldout)} if heldout else {}),
+        },
+        "most_copies_in_a_row": schedule.most_in_a_row,
         "validation": {"n_documents": int(n_val), "n_rows": n_val_rows, "n_tokens": n_val_rows * spec.seq_len},
         "schedule_sha256": schedule.fingerprint(),
-        "insertions_within_documents": within,
+        "insertions_within_pieces": within,
         "targets": [
             {
                 "id": str(doc.id),
@@ -313,7 +353,7 @@ def build_background(
         "warnings": warnings,
     }
     by_id = {str(doc.id): exposures[t] for t, doc in enumerate(targets)} | {str(doc.id): 0 for doc in heldout}
-    return Background(corpus, rows, validation, schedule, by_id, record)
+    return Background(corpus, rows, validation, pieces, schedule, by_id, record)
 
 
 def exposure_counts(

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from goldfish.app import options as opt
-from goldfish.app.argparsing import OneLineParser
+from goldfish.app.argparsing import OneLineParser, argument_type
 from goldfish.app.config import (
     COMPARE_PRESETS,
     CompareSpec,
@@ -28,6 +28,7 @@ from goldfish.app.config import (
     TrainSpec,
     mask_spec,
     parse_grid,
+    parse_int_list,
     parse_mask,
     resolve_node_size,
 )
@@ -580,6 +581,7 @@ def _compare_spec(args: argparse.Namespace, shape: GridShape | None) -> CompareS
         curve_every=curve_every,
         lora=lora_of(args),
         with_full=args.with_full,
+        seeds=tuple(args.seeds or ()),
     )
 
 
@@ -854,6 +856,15 @@ def _add_compare_parser(sub: Any) -> None:
         default=None,
         help="measure extraction of the training documents every N epochs for the exact-match-vs-epochs "
         "plot; 0 = off (default: epochs/10)",
+    )
+    comp.add_argument(
+        "--seeds",
+        default=None,
+        metavar="S,S,...",
+        type=argument_type(lambda text: parse_int_list(text, "--seeds")),
+        help="train and evaluate every model once per seed (the model's initialisation, the data order and the "
+        "insertion positions; the targets and their buckets stay those of --data-seed), each in OUT/seed-S, then "
+        "combine them: per bucket the mean over seeds and targets with its interval",
     )
     comp.add_argument(
         "--checkpoints",

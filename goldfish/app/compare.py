@@ -17,7 +17,7 @@ import copy
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,8 +28,11 @@ from engine.core import comm
 from engine.core.grid import AXES, Grid, is_main_process
 from engine.training.train import METRICS_FILE, evaluate_loss
 from eval import parallel as parallel_eval
-from eval.breakdown import group_means
+from eval.breakdown import group_means, tag_rows
+from eval.intervals import mean_interval
+from eval.seeds import combine_seeds
 from goldfish.app import lora
+from goldfish.app.buckets import bucket_results, bucket_tests
 from goldfish.app.config import CompareSpec, MaskSpec, TrainSpec
 from goldfish.app.experiment import (
     REPEAT_METRICS,
@@ -46,6 +49,7 @@ from goldfish.app.experiment import (
     validation_loss_fn,
 )
 from goldfish.app.pretrained import load_pretrained_model
+from goldfish.masks import IGNORE_INDEX
 
 # Per-document fields kept for every point of the exact-match-vs-epochs curve (OUT/<label>/curve.jsonl).
 CURVE_ROW_KEYS = ("id", "exact_match", "rouge_l", "longest_correct_prefix")
@@ -142,12 +146,17 @@ class Comparison:
         self.membership: dict[str, Any] = {}
         self.curves: dict[str, list[dict[str, Any]]] = {}
         self.breakdowns: dict[str, dict[str, Any]] = {}
+        # With repetition buckets: label -> the per-bucket tables (goldfish.app.buckets), and the extraction rows of
+        # every target behind them (for the tests between models).
+        self.buckets: dict[str, dict[str, Any]] = {}
+        self.target_rows: dict[str, list[dict[str, Any]]] = {}
         self.timings: dict[str, float] = {}
         self.warnings: list[str] = []
         self.control_rows: list[dict[str, Any]] = []  # the control's training-document rows: epoch 0 of every curve
         self.background = None  # with --background: the stream of the standard model (exposures, validation rows)
         self.validation: dict[str, float] = {}  # label -> validation loss at the end (with --background)
         self.validation_curves: dict[str, list[dict[str, Any]]] = {}  # label -> [{"step", "loss"}]
+        self.validation_rows: dict[str, list[float]] = {}  # label -> final validation loss of each validation row
 
     def run(self) -> dict[str, Any]:
         self.prepare()
@@ -193,12 +202,10 @@ class Comparison:
         rows = self.evaluate(CONTROL, self.initial, self.reference_mask)
         self.control_rows = rows["train"]
         if self.background is not None and self.background.validation is not None:
-            self.validation[CONTROL] = evaluate_loss(
-                self.initial,
-                self.background.validation,
-                validation_loss_fn(self.prepared),
-                background_train_config(self.spec.train),
-            )
+            self.validation_rows[CONTROL] = self.row_losses(self.initial)
+            weights = [int((row["targets"] != IGNORE_INDEX).sum()) for row in self.background.validation]
+            losses = self.validation_rows[CONTROL]
+            self.validation[CONTROL] = sum(w * x for w, x in zip(weights, losses)) / sum(weights)
         already = self.results[CONTROL]["train"]["exact_match"] or 0.0
         if already > 0:
             self.warnings.append(
@@ -243,6 +250,9 @@ class Comparison:
             comm.barrier(self.grid.group(*AXES))
         else:
             self.evaluate(label, model, eval_mask)  # with LoRA: the merged model
+        if self.background is not None and self.background.validation is not None and self.main:
+            evaluated = model if self.grid is None else load_pretrained_model(self.out_dir / label / "checkpoint")
+            self.validation_rows[label] = self.row_losses(evaluated)
         if self.main:
             self.log(one_line(label, self.results[label]))
 
@@ -253,6 +263,38 @@ class Comparison:
         if curve:
             self.validation_curves[label] = curve
             self.validation[label] = curve[-1]["loss"]
+
+    def row_losses(self, model: nn.Module) -> list[float]:
+        """The validation loss of each validation row (mean next-token loss over its targets, no mask), one process:
+        the units of the validation loss's interval and of the paired difference between models (the loss itself is
+        the token-weighted mean, as the training loop logs it; rows are full but the last, so the two agree closely)."""
+        config = replace(background_train_config(self.spec.train), batch_size=1)
+        loss_fn = validation_loss_fn(self.prepared)
+        rows = self.background.validation
+        return [evaluate_loss(model, [rows[i]], loss_fn, config) for i in range(len(rows))]
+
+    def validation_summary(self) -> dict[str, dict[str, Any]]:
+        """Per model: the final validation loss, its bootstrap interval over validation rows, and its difference to
+        the standard model's on the same rows (paired: the interval of the mean per-row difference)."""
+        n = self.spec.extraction.bootstrap
+        standard = self.validation_rows.get(MaskSpec(strategy=None).label)
+        out = {}
+        for label, loss in self.validation.items():
+            entry: dict[str, Any] = {"loss": loss, "perplexity": math.exp(min(loss, 700.0))}
+            rows = self.validation_rows.get(label)
+            if rows:
+                entry |= {"n_rows": len(rows), "loss_ci": mean_interval(rows, n_resamples=n) if n else None}
+                if standard is not None and label != MaskSpec(strategy=None).label:
+                    differences = [a - b for a, b in zip(rows, standard)]
+                    difference = sum(differences) / len(differences)
+                    base = sum(standard) / len(standard)
+                    entry |= {
+                        "difference_to_standard": difference,
+                        "difference_ci": mean_interval(differences, n_resamples=n) if n else None,
+                        "relative_difference": difference / base,
+                    }
+            out[label] = entry
+        return out
 
     def _curve_hook(self, curve: Curve) -> Callable[[nn.Module, int, int], None]:
         """engine.training.train's on_epoch_end: greedy extraction of the training documents on the model being trained
@@ -279,7 +321,7 @@ class Comparison:
         each part."""
         t0 = time.perf_counter()
         split, eval_dir = self.prepared.split, self.out_dir / label / "eval"
-        self.results[label], rows = {}, {}
+        self.results[label], rows, prefix_rows = {}, {}, []
         for part, docs in (("train", split.train), ("heldout", split.heldout)):
             part_repeats = None if self.repeats is None else self.repeats if part == "train" else {}
             self.results[label][part], per_document = evaluate_with_rows(
@@ -294,6 +336,7 @@ class Comparison:
                 part_repeats,
             )
             rows[part] = per_document["extraction"]
+            prefix_rows += per_document.get("prefix_length", [])
         if self.repeats is not None:
             # Held-out documents are the "trained on 0 times" group of the repeats breakdown.
             self.breakdowns.setdefault("repeats", {})[label] = group_means(
@@ -302,15 +345,34 @@ class Comparison:
         by_prefix = self.results[label]["train"].get("breakdowns", {}).get("prefix_length")
         if by_prefix is not None:
             self.breakdowns.setdefault("prefix_length", {})[label] = by_prefix
+        membership_rows: list[dict[str, Any]] = []
         if split.heldout:
             # The untrained control is the reference model of the reference-ratio attack (not of itself).
-            self.membership[label] = membership(
+            result = membership(
                 model,
                 self.prepared,
                 None if label == CONTROL else self.initial,
                 eval_dir / "membership.jsonl",
                 n_resamples=self.spec.extraction.bootstrap,
+                with_rows=True,
             )
+            membership_rows = result.pop("rows")
+            self.membership[label] = result
+        if self.repeats is not None:
+            self.target_rows[label] = rows["train"] + rows["heldout"]
+            self.buckets[label] = bucket_results(
+                self.target_rows[label],
+                self.repeats,
+                self.spec.extraction,
+                prefix_rows=prefix_rows,
+                membership_rows=membership_rows,
+                n_resamples=self.spec.extraction.bootstrap,
+            )
+            # the repeats breakdown (breakdown_repeats.png) gets the buckets' intervals
+            intervals = {e["repeats"]: e for e in self.buckets[label]["extraction"]}
+            for entry in self.breakdowns["repeats"][label]:
+                bucket = intervals.get(entry["repeats"], {})
+                entry |= {f"{m}_ci": bucket.get(f"{m}_ci") for m in REPEAT_METRICS}
         self.timings[f"eval {label}"] = time.perf_counter() - t0
         return rows
 
@@ -319,11 +381,19 @@ class Comparison:
     def summary(self) -> dict[str, Any]:
         spec = self.spec
         models = {label: {part: headline(s) for part, s in parts.items()} for label, parts in self.results.items()}
-        for label, loss in self.validation.items():
-            models[label]["validation"] = {"loss": loss, "perplexity": math.exp(min(loss, 700.0))}
-        extra = {}
+        for label, entry in self.validation_summary().items():
+            models[label]["validation"] = entry
+        extra: dict[str, Any] = {}
         if self.background is not None:
             extra = {"validation_curves": self.validation_curves, "corpus": self.background.record}
+        if self.buckets:
+            standard = MaskSpec(strategy=None).label
+            extra["buckets"] = self.buckets
+            extra["bucket_tests"] = {
+                "reference": standard,
+                "test": "two-sided Fisher exact test of exact-match counts per bucket",
+                "models": bucket_tests(self.target_rows, self.repeats, standard),
+            }
         return extra | {
             "models": models,
             "details": self.results,
@@ -375,8 +445,99 @@ def compare(
 ) -> dict[str, Any]:
     """Train a standard model and one goldfish model per mask from the same initial weights on the same documents,
     evaluate each and an untrained control on training and held-out documents, write summary.json and report.md.
-    Returns the summary (an empty dict on ranks other than 0)."""
-    return Comparison(spec, out_dir, grid=grid, device=device, log=log, report_to=report_to, verify=verify).run()
+    With spec.seeds, once per seed (OUT/seed-S) and then combined (`compare_seeds`). Returns the summary (an empty
+    dict on ranks other than 0)."""
+    options = dict(grid=grid, device=device, log=log, report_to=report_to, verify=verify)
+    if spec.seeds:
+        return compare_seeds(spec, Path(out_dir), **options)
+    return Comparison(spec, out_dir, **options).run()
+
+
+SEED_METRICS = ("exact_match", "rouge_l", "match_fraction")
+
+
+def compare_seeds(spec: CompareSpec, out_dir: Path, **options: Any) -> dict[str, Any]:
+    """One comparison per seed of spec.seeds (the model's init seed and the data order / insertion seed both set to
+    it; the targets and their buckets are the data seed's, the same for every seed) in OUT/seed-S, then
+    OUT/summary.json and OUT/report.md combining them: per model and bucket the mean over seeds and targets with
+    its interval (eval.seeds.combine_seeds), each seed's value, and the validation loss per seed."""
+    from goldfish.app.report_buckets import write_seeds_report  # matplotlib: only when a report is written
+
+    started = time.perf_counter()
+    log = options.get("log", print)
+    comparisons: dict[int, Comparison] = {}
+    summaries: dict[int, dict[str, Any]] = {}
+    for seed in spec.seeds:
+        seeded = replace(spec, seeds=(), init_seed=seed, train=replace(spec.train, seed=seed))
+        if is_main_process(options.get("grid")):
+            log(f"seed {seed} ({len(comparisons) + 1} of {len(spec.seeds)}): OUT/seed-{seed}")
+        comparisons[seed] = Comparison(seeded, out_dir / f"seed-{seed}", **options)
+        summaries[seed] = comparisons[seed].run()
+    if not is_main_process(options.get("grid")):
+        return {}
+    summary = combine_seed_runs(spec, comparisons, summaries)
+    summary["timings_s"] = {"total": time.perf_counter() - started}
+    write_seeds_report(summary, out_dir)
+    log(f"wrote {out_dir / 'summary.json'} and {out_dir / 'report.md'} (seeds {','.join(map(str, spec.seeds))})")
+    return summary
+
+
+def combine_seed_runs(
+    spec: CompareSpec, comparisons: dict[int, Comparison], summaries: dict[int, dict[str, Any]]
+) -> dict[str, Any]:
+    """The combined summary of several seeds' comparisons (see `compare_seeds`)."""
+    first = comparisons[spec.seeds[0]]
+    split = first.prepared.split
+    # Targets are grouped by the bucket they were assigned to; a seed whose run trained a copy fewer (e.g. cut by
+    # --max-steps) is reported, not silently regrouped.
+    assigned = spec.data.repeats_by_id(split.train) | {str(d.id): 0 for d in split.heldout}
+    warnings = []
+    for seed, comparison in comparisons.items():
+        if comparison.repeats is not None:
+            off = [i for i, n in comparison.repeats.items() if n != assigned[i]]
+            if off:
+                warnings.append(f"seed {seed}: {len(off)} targets trained on other counts than their bucket's")
+    labels = list(first.target_rows) or list(summaries[spec.seeds[0]]["models"])
+    combined: dict[str, Any] = {}
+    for label in labels:
+        entry: dict[str, Any] = {}
+        if all(label in c.target_rows for c in comparisons.values()):
+            entry["buckets"] = combine_seeds(
+                {seed: tag_rows(c.target_rows[label], "repeats", assigned) for seed, c in comparisons.items()},
+                SEED_METRICS,
+                n_resamples=spec.extraction.bootstrap,
+            )
+        validation = [summaries[seed]["models"][label].get("validation") for seed in spec.seeds]
+        if all(v is not None for v in validation):
+            losses = [v["loss"] for v in validation]
+            entry["validation"] = {"loss": sum(losses) / len(losses), "per_seed": losses}
+            differences = [v.get("difference_to_standard") for v in validation]
+            if all(d is not None for d in differences):
+                entry["validation"] |= {
+                    "difference_to_standard": sum(differences) / len(differences),
+                    "difference_per_seed": differences,
+                    "relative_difference_per_seed": [v["relative_difference"] for v in validation],
+                }
+        combined[label] = entry
+    return {
+        "seeds": list(spec.seeds),
+        "folders": {str(seed): f"seed-{seed}" for seed in spec.seeds},
+        "combined": combined,
+        "per_seed": {str(seed): summaries[seed]["models"] for seed in spec.seeds},
+        "combination": "per bucket: each target's mean over seeds, then the mean over targets with the 95% percentile "
+        "bootstrap interval over targets (eval.seeds.combine_seeds)",
+        "buckets": {"assignment": "by --data-seed, the same under every seed", "n_per_bucket": _bucket_sizes(assigned)},
+        "config": summaries[spec.seeds[0]]["config"] | {"seeds": list(spec.seeds)},
+        "documents": summaries[spec.seeds[0]]["documents"],
+        "warnings": warnings + [f"seed {seed}: {w}" for seed in spec.seeds for w in summaries[seed]["warnings"]],
+    }
+
+
+def _bucket_sizes(assigned: dict[str, int]) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    for bucket in sorted(assigned.values()):
+        sizes[str(bucket)] = sizes.get(str(bucket), 0) + 1
+    return sizes
 
 
 def headline(summary: dict[str, Any]) -> dict[str, Any]:

@@ -50,8 +50,9 @@ class DataSpec:
     seed: int = 0
     tokenizer: str | None = None  # HF name/folder; None: the model's own, or a BPE trained on the corpus
     vocab_size: int = 2048  # for the BPE trained for tiny models
-    # Times each training document occurs per epoch, assigned round-robin over the selected training documents:
-    # (1, 4) repeats the 1st, 3rd, 5th ... document once and the 2nd, 4th ... four times per epoch.
+    # Repetition buckets: times each training document occurs per epoch (with --background: copies inserted). The
+    # training documents are assigned to the non-zero buckets at random from `seed`, as evenly as possible
+    # (data.assign_buckets); 0 names the held-out documents, the never-trained bucket drawn from the same pool.
     repeats: tuple[int, ...] = (1,)
     # Duplicates before the split (data.dedup): "off", "exact" (same text / same token window) or "near" (those and
     # near-duplicate windows, data.dedup.is_near_duplicate at dedup_threshold); extra copies of a training document
@@ -100,9 +101,19 @@ class DataSpec:
                 f"vocab_size must be >= 300 (256 bytes plus merges and special tokens), got {self.vocab_size}"
             )
         self.repeats = tuple(self.repeats)
-        if not self.repeats or any(not isinstance(r, int) or r < 1 for r in self.repeats):
+        if (
+            not self.repeats
+            or any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in self.repeats)
+            or not self.train_buckets
+        ):
             raise ValueError(
-                f"repeats must be integers >= 1 (times a training document occurs per epoch), got {self.repeats!r}"
+                "--repeats must be integers >= 0 with at least one >= 1 (times a training document occurs per "
+                f"epoch; 0 = the held-out documents), got {','.join(map(str, self.repeats))}"
+            )
+        if 0 in self.repeats and self.n_heldout == 0:
+            raise ValueError(
+                "--repeats has bucket 0 (the held-out documents, never trained on) but --n-heldout is 0. Fix: give "
+                "--n-heldout the number of bucket-0 documents, or leave 0 out of --repeats"
             )
 
     @property
@@ -110,9 +121,16 @@ class DataSpec:
         """Tokens of a whole document that extraction reads (pack): --extract-len, at most --seq-len."""
         return min(self.extract_len, self.seq_len)
 
+    @property
+    def train_buckets(self) -> tuple[int, ...]:
+        """The repetition buckets of training documents: --repeats without 0 (the held-out bucket)."""
+        return tuple(r for r in self.repeats if r > 0)
+
     def repeats_by_id(self, documents: Sequence[data.TokenizedDocument]) -> dict[str, int]:
-        """{document id: times it occurs per training epoch}, round-robin over `documents` in selection order."""
-        return {str(doc.id): self.repeats[i % len(self.repeats)] for i, doc in enumerate(documents)}
+        """{document id: times it occurs per training epoch}: `documents` assigned to the non-zero buckets at
+        random from the data seed, as evenly as possible (data.assign_buckets)."""
+        buckets = data.assign_buckets(len(documents), self.train_buckets, self.seed)
+        return {str(doc.id): bucket for doc, bucket in zip(documents, buckets)}
 
     def dedup_config(self) -> data.DedupConfig:
         return data.DedupConfig(mode=self.dedup, threshold=self.dedup_threshold, duplicates=self.duplicates)
@@ -134,7 +152,7 @@ class DataSpec:
 
     def has_repeats(self, split: data.DocumentSplit) -> bool:
         """Whether training sees some document more than once per epoch (--repeats, or kept duplicates)."""
-        return self.repeats != (1,) or bool(split.repeats)
+        return self.train_buckets != (1,) or bool(split.repeats)
 
 
 def parse_finite_float(text: str) -> float:
@@ -150,13 +168,15 @@ def parse_finite_float(text: str) -> float:
 
 
 def parse_repeats(text: str) -> tuple[int, ...]:
-    """Parse '1,2,4,8' into (1, 2, 4, 8)."""
+    """Parse '0,1,4,16' into (0, 1, 4, 16) (0: the held-out bucket)."""
     try:
         values = tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise ValueError(f"cannot parse repeats {text!r}: use comma-separated integers >= 1, e.g. 1,4,16") from None
-    if any(v < 1 for v in values):
-        raise ValueError(f"repeats {text!r} must all be >= 1")
+        raise ValueError(
+            f"cannot parse repeats {text!r}: use comma-separated integers >= 0, e.g. 0,1,4,16 (0 = held out)"
+        ) from None
+    if any(v < 0 for v in values) or not any(v > 0 for v in values):
+        raise ValueError(f"repeats {text!r} must all be >= 0, at least one >= 1 (0 = the held-out documents)")
     return values
 
 
@@ -312,8 +332,13 @@ class CompareSpec:
     curve_every: int = 0
     lora: LoraSpec = field(default_factory=LoraSpec)
     with_full: bool = False
+    # Several seeds: every model trained once per seed (init_seed and train.seed both set to it), results combined.
+    seeds: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        self.seeds = tuple(self.seeds)
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"--seeds lists a seed twice: {','.join(map(str, self.seeds))}")
         if self.curve_every < 0:
             raise ValueError(f"curve_every must be >= 0 (0 = no curve), got {self.curve_every}")
         if self.with_full and not self.lora.enabled:

@@ -817,13 +817,15 @@ def membership(
     grid: Grid | None = None,
     *,
     n_resamples: int = DEFAULT_RESAMPLES,
+    with_rows: bool = False,
 ) -> dict[str, Any] | None:
     """Membership inference (loss, zlib, Min-K%, Min-K%++, gradient norm, ReCaLL, DC-PDD, and the reference-model
     ratio when `reference` is given): members are the training documents, non-members the held-out ones; AUC with its
     bootstrap interval (`n_resamples`, 0: none) and TPR at 1% and 0.1% FPR. ReCaLL's prefix is the first held-out
     document (left out of its scores); DC-PDD's frequencies come from every loaded document
     (`Prepared.token_frequencies`). The per-document scores go to `out_file` (JSON lines) when given. Under a grid,
-    documents are sharded over the data axis and rank 0 gets the result (other ranks None)."""
+    documents are sharded over the data axis and rank 0 gets the result (other ranks None). `with_rows`: the
+    per-document rows also come back, under "rows" (for per-bucket attacks)."""
     tokenizer = prepared.tokenizer
     if not prepared.split.train or not prepared.split.heldout:
         raise ValueError("membership inference needs both training (members) and held-out (non-member) documents")
@@ -845,4 +847,4 @@ def membership(
         return None
     if out_file is not None:
         write_jsonl_atomic(out_file, rows)
-    return summary
+    return summary | {"rows": rows} if with_rows else summary

@@ -920,6 +920,9 @@ def compare_figures(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
         written.append("val_loss.png")
     written += _membership_figures(summary.get("membership") or {}, out_dir, True, colors)
     written += _breakdown_figures(summary.get("breakdowns") or {}, out_dir, colors)
+    from goldfish.app.report_buckets import study_figures  # it builds on this module's helpers
+
+    written += study_figures(summary, out_dir)
     return written
 
 
@@ -1034,6 +1037,8 @@ def render_markdown(
             "auc.png",
             *(v[3] for v in BREAKDOWNS.values()),
         ]
+    from goldfish.app.report_buckets import study_section  # it builds on this module's helpers
+
     if files is None:
         files = compare_per_document_files(summary)
     config = summary["config"]
@@ -1070,6 +1075,7 @@ def render_markdown(
             ],
         ),
         *_validation_section(summary, figures),
+        *study_section(summary, figures),
         "TF acc: teacher-forced next-token accuracy; kept/dropped split by the model's own goldfish mask (standard "
         "and control models: by the first goldfish mask).",
         "",
@@ -1097,11 +1103,18 @@ def render_markdown(
 
 def _validation_section(summary: Mapping[str, Any], figures: Sequence[str]) -> list[str]:
     """Validation loss on the held-out background (--background runs): utility beside memorization."""
-    rows = [
-        [label, _fmt(parts["validation"]["loss"]), _fmt(parts["validation"]["perplexity"])]
-        for label, parts in summary["models"].items()
-        if "validation" in parts
-    ]
+    rows = []
+    for label, parts in summary["models"].items():
+        if "validation" not in parts:
+            continue
+        v = parts["validation"]
+        difference = ""
+        if v.get("difference_to_standard") is not None:
+            difference = (
+                f"{_fmt_ci(v['difference_to_standard'], v.get('difference_ci'))} "
+                f"({100 * v['relative_difference']:+.2f}%)"
+            )
+        rows.append([label, _fmt_ci(v["loss"], v.get("loss_ci")), _fmt(v["perplexity"]), difference])
     if not rows:
         return []
     corpus = summary.get("corpus") or {}
@@ -1111,9 +1124,11 @@ def _validation_section(summary: Mapping[str, Any], figures: Sequence[str]) -> l
         "",
         f"Mean next-token loss on {validation.get('n_rows', '?')} rows ({validation.get('n_tokens', '?')} "
         f"tokens) of background documents never trained on, every model with the standard loss over every "
-        "token.",
+        "token. Intervals: 95% percentile bootstrap over the validation rows; the difference to the standard "
+        "model is paired (the mean of the per-row differences, on the same rows), so it resolves gaps far smaller "
+        "than the two losses' own intervals.",
         "",
-        *_table(["model", "validation loss", "perplexity"], rows),
+        *_table(["model", "validation loss", "perplexity", "difference to standard"], rows),
         "",
     ]
     return lines + _figure("val_loss.png", "validation loss against steps", figures)

@@ -1,0 +1,106 @@
+"""Per-bucket results of a comparison: every measure of a model split by the number of copies each target was
+trained on (bucket 0: the held-out targets of the same pool), each with its interval, and the field's named scores.
+
+eval.buckets computes the tables from per-document rows; this module picks the rows of one evaluated model (greedy
+extraction of train and held-out targets, the fixed-prefix sweep, membership scores) and assembles them into the
+`buckets` entry of summary.json, which report.md and the plots render.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from eval.breakdown import tag_rows
+from eval.buckets import bucket_extraction, bucket_membership, compare_buckets
+from eval.extraction import ExtractionConfig
+from eval.field_scores import recall_at_incorrect
+
+# lm-extraction-benchmark reports recall at 100 incorrect guesses; the smaller budgets show the high-precision end.
+RECALL_BUDGETS = (1, 10, 100)
+# Pythia's memorization score is defined on a 32-token prefix and the 32 tokens after it.
+PYTHIA_SPLIT = (32, 32)
+
+
+def bucket_results(
+    extraction_rows: Sequence[Mapping[str, Any]],
+    repeats: Mapping[str, int],
+    extraction: ExtractionConfig,
+    *,
+    prefix_rows: Sequence[Mapping[str, Any]] = (),
+    membership_rows: Sequence[Mapping[str, Any]] = (),
+    n_resamples: int,
+) -> dict[str, Any]:
+    """The per-bucket entry of one model.
+
+    extraction_rows: greedy extraction rows of the training and held-out targets (held-out ids are absent from
+        `repeats` and form bucket 0). repeats: {training target id: copies trained on}.
+    prefix_rows: rows of the fixed-prefix sweep (each with `prefix_len`), training and held-out targets.
+    membership_rows: eval.membership rows with `member` set (held-out targets are the non-members).
+    Returns {"extraction": [...], "prefix_length": {P: [...]}, "membership": [...], "recall_at_incorrect": {...},
+    "pythia": {...} or None, "split": {...}}.
+    """
+    tagged = tag_rows(extraction_rows, "repeats", repeats, default=0)
+    result: dict[str, Any] = {
+        "split": {"prefix_len": extraction.prefix_len, "suffix_len": extraction.suffix_len},
+        "extraction": bucket_extraction(tagged, "repeats", n_resamples=n_resamples),
+    }
+    by_prefix: dict[str, Any] = {}
+    for prefix_len in sorted({int(r["prefix_len"]) for r in prefix_rows}):
+        rows = tag_rows([r for r in prefix_rows if int(r["prefix_len"]) == prefix_len], "repeats", repeats, default=0)
+        by_prefix[str(prefix_len)] = bucket_extraction(rows, "repeats", n_resamples=n_resamples)
+    result["prefix_length"] = by_prefix
+    members = [r for r in membership_rows if r.get("member")]
+    nonmembers = [r for r in membership_rows if r.get("member") is False]
+    result["membership"] = (
+        bucket_membership(members, nonmembers, dict(repeats), n_resamples=n_resamples) if members and nonmembers else []
+    )
+    result["recall_at_incorrect"] = _recall(tagged)
+    result["pythia"] = _pythia(tagged, extraction)
+    return result
+
+
+def _recall(tagged: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """lm-extraction-benchmark's recall of the trained targets (one greedy guess each, ranked by the model's mean
+    log-probability of its own guess) at each budget of incorrect guesses."""
+    trained = [r for r in tagged if r["repeats"] and r.get("generated_logprob_mean") is not None]
+    if not trained:
+        return {}
+    confidences = [float(r["generated_logprob_mean"]) for r in trained]
+    correct = [bool(r["exact_match"]) for r in trained]
+    return {str(n): recall_at_incorrect(confidences, correct, n) for n in RECALL_BUDGETS}
+
+
+def _pythia(tagged: Sequence[Mapping[str, Any]], extraction: ExtractionConfig) -> dict[str, Any] | None:
+    """Pythia's 32/32 memorization score per bucket (the mean share of the 32 suffix tokens greedy decoding gets
+    right, and the share of targets with all 32), when extraction used the 32/32 split; None otherwise."""
+    if (extraction.prefix_len, extraction.suffix_len) != PYTHIA_SPLIT:
+        return None
+    table = []
+    for bucket in sorted({int(r["repeats"]) for r in tagged}):
+        rows = [r for r in tagged if int(r["repeats"]) == bucket]
+        scores = [float(r["match_fraction"]) for r in rows]
+        table.append(
+            {
+                "repeats": bucket,
+                "n": len(rows),
+                "score": sum(scores) / len(scores),
+                "memorized": sum(1 for s in scores if s == 1.0) / len(scores),
+            }
+        )
+    return {"split": "32/32", "table": table}
+
+
+def bucket_tests(
+    rows_by_model: Mapping[str, Sequence[Mapping[str, Any]]], repeats: Mapping[str, int], reference: str
+) -> dict[str, list[dict[str, Any]]]:
+    """Per bucket, the two-sided Fisher exact test of every model's exact-match count against `reference`'s
+    (e.g. goldfish against standard)."""
+    if reference not in rows_by_model:
+        return {}
+    base = tag_rows(rows_by_model[reference], "repeats", repeats, default=0)
+    return {
+        label: compare_buckets(base, tag_rows(rows, "repeats", repeats, default=0), "repeats")
+        for label, rows in rows_by_model.items()
+        if label != reference
+    }

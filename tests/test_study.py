@@ -1,0 +1,170 @@
+"""The repetition-bucket study end to end: `goldfish compare` with bucket 0, a k sweep, a random-mask baseline and two
+seeds on a tiny model; the per-bucket tables, the tests between models, minimal pairs and the seed combination."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from goldfish.app.cli import main
+
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
+
+
+def _background_file(path: Path) -> Path:
+    rng = random.Random(0)
+    with path.open("w") as handle:
+        for _ in range(200):
+            handle.write(
+                json.dumps({"text": " ".join(rng.choice(WORDS) for _ in range(rng.randrange(20, 300)))}) + "\n"
+            )
+    return path
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("study")
+    out = folder / "out"
+    args = [
+        "compare",
+        "--model",
+        "micro-llama",
+        "--data",
+        "default-paragraphs",
+        "--background",
+        str(_background_file(folder / "bg.jsonl")),
+        "--repeats",
+        "0,1,4",
+        "--n-train",
+        "6",
+        "--n-heldout",
+        "3",
+        "--seq-len",
+        "64",
+        "--min-doc-tokens",
+        "40",
+        "--max-doc-tokens",
+        "300",
+        "--extract-len",
+        "64",
+        "--prefix-len",
+        "16",
+        "--suffix-len",
+        "16",
+        "--prefix-lengths",
+        "8,24",
+        "--max-steps",
+        "24",
+        "--eval-every",
+        "3",
+        "--val-tokens",
+        "512",
+        "--batch-size",
+        "4",
+        "--vocab-size",
+        "400",
+        "--bootstrap",
+        "50",
+        "--masks",
+        "hashed:2:4",
+        "hashed:4:4",
+        "random:4",
+        "--seeds",
+        "0,1",
+        "--no-progress",
+        "--threads",
+        "1",
+        "--out",
+        str(out),
+    ]
+    assert main(args) == 0
+    return out
+
+
+def test_every_bucket_has_its_targets_and_intervals(study: Path) -> None:
+    summary = json.loads((study / "seed-0" / "summary.json").read_text())
+    assert set(summary["buckets"]) == {
+        "control",
+        "standard",
+        "goldfish-hashed-k2-h4",
+        "goldfish-hashed-k4-h4",
+        "goldfish-random-k4",
+    }
+    for result in summary["buckets"].values():
+        table = result["extraction"]
+        assert [(e["repeats"], e["n"]) for e in table] == [(0, 3), (1, 3), (4, 3)]
+        for entry in table:
+            low, high = entry["exact_match_ci"]
+            assert 0 <= low <= entry["exact_match"] <= high <= 1
+            assert entry["rouge_l_ci"] is not None and entry["suffix_logprob_mean"] < 0
+        # membership per bucket: bucket-0 targets are the non-members of every trained bucket
+        assert [(m["repeats"], m["n_members"], m["n_nonmembers"]) for m in result["membership"]] == [
+            (1, 3, 3),
+            (4, 3, 3),
+        ]
+        assert set(result["prefix_length"]) == {"8", "24"}
+        assert set(result["recall_at_incorrect"]) == {"1", "10", "100"}
+        assert result["pythia"] is None  # the split is 16/16, not Pythia's 32/32
+    tests = summary["bucket_tests"]["models"]
+    assert set(tests) == {"control", "goldfish-hashed-k2-h4", "goldfish-hashed-k4-h4", "goldfish-random-k4"}
+    assert all(0 <= t["fisher_p"] <= 1 for table in tests.values() for t in table)
+
+
+def test_models_are_minimal_pairs_and_seeds_differ(study: Path) -> None:
+    """Within a seed every model trains on the same stream (schedule and positions); another seed moves them."""
+    schedules = {}
+    for seed in (0, 1):
+        for label in ("standard", "goldfish-hashed-k2-h4", "goldfish-random-k4"):
+            record = json.loads((study / f"seed-{seed}" / label / "run.json").read_text())
+            schedules[seed, label] = (
+                record["corpus"]["schedule_sha256"],
+                [t["stream_offsets"] for t in record["corpus"]["targets"]],
+                {t["id"]: t["inserted"] for t in record["corpus"]["targets"]},
+            )
+        assert (
+            schedules[seed, "standard"]
+            == schedules[seed, "goldfish-hashed-k2-h4"]
+            == schedules[seed, "goldfish-random-k4"]
+        )
+    assert schedules[0, "standard"][0] != schedules[1, "standard"][0]
+    assert schedules[0, "standard"][2] == schedules[1, "standard"][2]  # the buckets are the data seed's
+
+
+def test_protocol_is_recorded_and_reported(study: Path) -> None:
+    summary = json.loads((study / "seed-0" / "summary.json").read_text())
+    corpus = summary["corpus"]
+    assert corpus["buckets"]["n_per_bucket"] == {"1": 3, "4": 3, "0": 3}
+    assert corpus["most_copies_in_a_row"] == 1
+    assert 0 < corpus["target_share"] < 1
+    assert corpus["target_tokens_trained"] == round(corpus["target_share"] * corpus["tokens_trained"])
+    goldfish = summary["models"]["goldfish-hashed-k4-h4"]["validation"]
+    assert goldfish["n_rows"] == corpus["validation"]["n_rows"] and goldfish["loss_ci"][0] < goldfish["loss_ci"][1]
+    assert goldfish["difference_ci"] is not None and "relative_difference" in goldfish
+    report = (study / "seed-0" / "report.md").read_text()
+    assert "## Per repetition bucket" in report and "Clopper-Pearson" in report
+    assert "difference to standard" in report
+    for figure in ("buckets.png", "k_sweep.png", "breakdown_repeats.png"):
+        assert (study / "seed-0" / figure).stat().st_size > 0
+
+
+def test_seeds_are_combined(study: Path) -> None:
+    summary = json.loads((study / "summary.json").read_text())
+    assert summary["seeds"] == [0, 1]
+    standard = summary["combined"]["standard"]
+    assert [(e["repeats"], e["n_targets"], e["n_seeds"]) for e in standard["buckets"]] == [
+        (0, 3, 2),
+        (1, 3, 2),
+        (4, 3, 2),
+    ]
+    for entry in standard["buckets"]:
+        assert len(entry["exact_match_per_seed"]) == 2
+        # the combined mean is the mean of the per-seed means (every seed has the same targets per bucket)
+        assert entry["rouge_l"] == pytest.approx(sum(entry["rouge_l_per_seed"]) / 2)
+    assert len(standard["validation"]["per_seed"]) == 2
+    assert len(summary["combined"]["goldfish-hashed-k4-h4"]["validation"]["difference_per_seed"]) == 2
+    report = (study / "report.md").read_text()
+    assert "over seeds" in report and "seed-0/report.md" in report
+    assert (study / "buckets.png").stat().st_size > 0
