@@ -50,6 +50,7 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "300",
         "--extract-len",
         "64",
+        "--insert-window",
         "--prefix-len",
         "16",
         "--suffix-len",
@@ -140,9 +141,14 @@ def test_protocol_is_recorded_and_reported(study: Path) -> None:
     assert corpus["most_copies_in_a_row"] == 1
     assert 0 < corpus["target_share"] < 1
     assert corpus["target_tokens_trained"] == round(corpus["target_share"] * corpus["tokens_trained"])
+    # --insert-window: every copy is the 64-token extraction window and an EOS, whatever the paragraph's length
+    assert corpus["target_tokens_trained"] == 65 * sum(t["trained"] for t in corpus["targets"])
     goldfish = summary["models"]["goldfish-hashed-k4-h4"]["validation"]
     assert goldfish["n_rows"] == corpus["validation"]["n_rows"] and goldfish["loss_ci"][0] < goldfish["loss_ci"][1]
     assert goldfish["difference_ci"] is not None and "relative_difference" in goldfish
+    heldout = summary["models"]["goldfish-hashed-k4-h4"]["heldout_loss"]
+    assert heldout["n_docs"] == 3 and heldout["difference_ci"] is not None
+    assert "## Utility: loss on the held-out documents" in (study / "seed-0" / "report.md").read_text()
     report = (study / "seed-0" / "report.md").read_text()
     assert "## Per repetition bucket" in report and "Clopper-Pearson" in report
     assert "difference to standard" in report
@@ -161,6 +167,7 @@ def test_seeds_are_combined(study: Path) -> None:
     ]
     for entry in standard["buckets"]:
         assert len(entry["exact_match_per_seed"]) == 2
+        assert entry["exact_match_pooled"]["n"] == 6 and entry["exact_match_pooled"]["ci"][1] > 0
         # the combined mean is the mean of the per-seed means (every seed has the same targets per bucket)
         assert entry["rouge_l"] == pytest.approx(sum(entry["rouge_l_per_seed"]) / 2)
     assert len(standard["validation"]["per_seed"]) == 2
@@ -168,3 +175,21 @@ def test_seeds_are_combined(study: Path) -> None:
     report = (study / "report.md").read_text()
     assert "over seeds" in report and "seed-0/report.md" in report
     assert (study / "buckets.png").stat().st_size > 0
+
+
+def test_bad_study_settings_fail_in_one_line_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "never"
+    for args, says in (
+        (["--seeds", "1,1"], "--seeds lists a seed twice"),
+        (["--seeds", "a"], "--seeds"),
+        (["--repeats", "0,1", "--n-heldout", "0"], "--n-heldout"),
+        (["--repeats", "0"], "at least one >= 1"),
+    ):
+        try:
+            code = main(["compare", "--out", str(out), *args])
+        except SystemExit as stop:  # argparse's own errors (a value it cannot parse) exit from the parser
+            code = stop.code
+        assert code == 2
+        error = capsys.readouterr().err.strip().splitlines()
+        assert len(error) == 1 and says in error[0], error
+        assert not out.exists()

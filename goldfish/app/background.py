@@ -33,6 +33,7 @@ from goldfish.app.corpus import PackedRows, piece_ids
 DEFAULT_CACHE = Path.home() / ".cache" / "goldfish" / "datasets"
 
 
+MIN_PIECE_TOKENS = 16  # background pieces are never cut shorter (each cut costs the piece's last target)
 STREAM_MARGIN = 1.1  # a streamed background reads 10% more than the rows need: copies of targets are removed
 
 
@@ -173,7 +174,8 @@ def build_background(
 ) -> Background:
     """The stream of a background run: background order, validation slice, target insertions, rows, exposures."""
     eos = tokenizer.eos_token_id
-    target_pieces = [piece_ids(doc.full_ids, eos) for doc in targets]
+    # A target copy: the whole document, or with --insert-window its extraction window (what is measured).
+    target_pieces = [piece_ids(doc.token_ids if spec.insert_window else doc.full_ids, eos) for doc in targets]
     assigned = spec.repeats_by_id(targets)
     copies_per_target = [assigned[str(doc.id)] for doc in targets]
 
@@ -208,8 +210,15 @@ def build_background(
     )
 
     # The stream's background pieces: documents cut to at most --seq-len tokens, so copies spread over the stream
-    # even when the background is a few long files.
-    pieces = BackgroundPieces.cut(order, lengths, spec.seq_len)
+    # even when the background is a few long files; shorter pieces (down to MIN_PIECE_TOKENS) when a --max-steps
+    # run would otherwise have fewer than two gaps per copy.
+    piece_tokens = spec.seq_len
+    n_copies = sum(copies_per_target)
+    if train.max_steps and n_copies:
+        copy_tokens = sum(c * len(p) for c, p in zip(copies_per_target, target_pieces))
+        background_tokens = max(train.max_steps * train.batch_size * spec.seq_len - copy_tokens, 0)
+        piece_tokens = max(MIN_PIECE_TOKENS, min(spec.seq_len, background_tokens // (2 * n_copies)))
+    pieces = BackgroundPieces.cut(order, lengths, piece_tokens)
     piece_lengths = pieces.length + np.where(pieces.last, eos_tokens, 0)
 
     # Targets go only where the run will train: within the first --max-steps steps' tokens, less the targets' own.
@@ -228,9 +237,9 @@ def build_background(
     schedule = InsertionSchedule.draw(np.arange(len(pieces)), copies_per_target, train.seed, within=within)
     if schedule.most_in_a_row > 1:
         warnings.append(
-            f"{len(schedule.targets)} target copies go into {(len(pieces) if within is None else within) + 1} gaps of the "
-            f"background stream, so up to {schedule.most_in_a_row} arrive back to back: give a longer background "
-            "(or more --max-steps), or fewer copies"
+            f"{len(schedule.targets)} target copies go into {(len(pieces) if within is None else within) + 1} "
+            f"gaps of the background stream, so up to {schedule.most_in_a_row} arrive back to back: give a longer "
+            "background (or more --max-steps), or fewer copies"
         )
     codes = schedule.codes()
     target_lengths = np.array([len(p) for p in target_pieces] or [0], dtype=np.int64)
@@ -322,7 +331,7 @@ def build_background(
         },
         "n_stream_documents": len(order),
         "n_background_pieces": len(pieces),
-        "piece_tokens": spec.seq_len,
+        "piece_tokens": piece_tokens,
         "n_stream_tokens": layout.n_tokens,
         "n_rows": layout.n_rows,
         "rows_trained": rows_trained,

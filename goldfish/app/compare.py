@@ -29,7 +29,7 @@ from engine.core.grid import AXES, Grid, is_main_process
 from engine.training.train import METRICS_FILE, evaluate_loss
 from eval import parallel as parallel_eval
 from eval.breakdown import group_means, tag_rows
-from eval.intervals import mean_interval
+from eval.intervals import binomial_interval, mean_interval
 from eval.seeds import combine_seeds
 from goldfish.app import lora
 from goldfish.app.buckets import bucket_results, bucket_tests
@@ -157,6 +157,8 @@ class Comparison:
         self.validation: dict[str, float] = {}  # label -> validation loss at the end (with --background)
         self.validation_curves: dict[str, list[dict[str, Any]]] = {}  # label -> [{"step", "loss"}]
         self.validation_rows: dict[str, list[float]] = {}  # label -> final validation loss of each validation row
+        # label -> {held-out document id: its mean next-token loss}: the utility measure of every comparison
+        self.heldout_losses: dict[str, dict[str, float]] = {}
 
     def run(self) -> dict[str, Any]:
         self.prepare()
@@ -296,6 +298,31 @@ class Comparison:
             out[label] = entry
         return out
 
+    def heldout_loss_summary(self) -> dict[str, dict[str, Any]]:
+        """Per model: the mean next-token loss of the held-out documents (never trained on: what training did to
+        the model on unseen text of the same kind), its bootstrap interval over documents, and its difference to the
+        standard model's, paired over the same documents."""
+        n = self.spec.extraction.bootstrap
+        standard = self.heldout_losses.get(MaskSpec(strategy=None).label)
+        out = {}
+        for label, losses in self.heldout_losses.items():
+            values = list(losses.values())
+            entry: dict[str, Any] = {
+                "loss": sum(values) / len(values),
+                "loss_ci": mean_interval(values, n_resamples=n) if n else None,
+                "n_docs": len(values),
+            }
+            if standard is not None and label != MaskSpec(strategy=None).label:
+                differences = [losses[i] - standard[i] for i in losses]
+                base = sum(standard.values()) / len(standard)
+                entry |= {
+                    "difference_to_standard": sum(differences) / len(differences),
+                    "difference_ci": mean_interval(differences, n_resamples=n) if n else None,
+                    "relative_difference": sum(differences) / len(differences) / base,
+                }
+            out[label] = entry
+        return out
+
     def _curve_hook(self, curve: Curve) -> Callable[[nn.Module, int, int], None]:
         """engine.training.train's on_epoch_end: greedy extraction of the training documents on the model being trained
         (under a grid every rank takes part: documents sharded over data, the model's own shards)."""
@@ -358,6 +385,7 @@ class Comparison:
             )
             membership_rows = result.pop("rows")
             self.membership[label] = result
+            self.heldout_losses[label] = {str(r["id"]): r["loss"] for r in membership_rows if r.get("member") is False}
         if self.repeats is not None:
             self.target_rows[label] = rows["train"] + rows["heldout"]
             self.buckets[label] = bucket_results(
@@ -383,6 +411,8 @@ class Comparison:
         models = {label: {part: headline(s) for part, s in parts.items()} for label, parts in self.results.items()}
         for label, entry in self.validation_summary().items():
             models[label]["validation"] = entry
+        for label, entry in self.heldout_loss_summary().items():
+            models[label]["heldout_loss"] = entry
         extra: dict[str, Any] = {}
         if self.background is not None:
             extra = {"validation_curves": self.validation_curves, "corpus": self.background.record}
@@ -507,6 +537,10 @@ def combine_seed_runs(
                 SEED_METRICS,
                 n_resamples=spec.extraction.bootstrap,
             )
+            for bucket in entry["buckets"]:  # every target under every seed as one trial: k of n with its interval
+                k = round(sum(bucket["exact_match_per_seed"]) * bucket["n_targets"])
+                n = bucket["n_targets"] * bucket["n_seeds"]
+                bucket["exact_match_pooled"] = {"k": k, "n": n, "ci": binomial_interval(k, n)}
         validation = [summaries[seed]["models"][label].get("validation") for seed in spec.seeds]
         if all(v is not None for v in validation):
             losses = [v["loss"] for v in validation]
@@ -555,12 +589,16 @@ def one_line(label: str, parts: dict[str, Any]) -> str:
 
 def format_table(summary: dict[str, Any]) -> str:
     """A plain-text table of the headline metrics per model."""
-    header = f"{'model':<34} {'train EM':>9} {'train RougeL':>13} {'held-out EM':>12} {'held-out RougeL':>16}"
+    header = (
+        f"{'model':<34} {'train EM':>9} {'train RougeL':>13} {'held-out EM':>12} {'held-out RougeL':>16} "
+        f"{'held-out loss':>14}"
+    )
     lines = [header, "-" * len(header)]
     for label, parts in summary["models"].items():
         train, held = parts["train"], parts["heldout"]
+        loss = (parts.get("heldout_loss") or {}).get("loss")
         lines.append(
             f"{label:<34} {train['exact_match']:>9.3f} {train['rouge_l']:>13.3f} "
-            f"{held['exact_match']:>12.3f} {held['rouge_l']:>16.3f}"
+            f"{held['exact_match']:>12.3f} {held['rouge_l']:>16.3f} {'n/a' if loss is None else f'{loss:.3f}':>14}"
         )
     return "\n".join(lines)

@@ -71,6 +71,8 @@ class DataSpec:
     # inserted into it `repeats` times each. Implies pack. val_tokens: tokens of held-out background text (the
     # validation set).
     background: str | None = None
+    # Insert only each target's extraction window (its first extraction_window tokens) rather than the document.
+    insert_window: bool = False
     background_text_field: str = "text"
     # Read the background as a stream (a hub dataset is never downloaded whole): only the tokens a --max-steps run
     # trains and validates on are read and tokenized (goldfish.app.background.stream_budget).
@@ -82,6 +84,11 @@ class DataSpec:
         if self.background_streaming and self.background is None:
             raise ValueError(
                 "--background-streaming streams the background corpus, and there is none: add --background SOURCE"
+            )
+        if self.insert_window and self.background is None:
+            raise ValueError(
+                "--insert-window inserts the targets' extraction windows into a background corpus, and there is "
+                "none: add --background SOURCE"
             )
         if self.background is not None:
             self.pack = True

@@ -554,7 +554,7 @@ def train_model(
     for example in examples if background is None else ():  # a background stream is not read ahead of training
         n_dropped += int(example["dropped"].sum())
         n_targets += int((example["targets"] != -100).sum())
-    counts = "/".join(map(str, spec.data.repeats))
+    counts = "/".join(map(str, spec.data.train_buckets))
     repeated = (
         ""
         if set(repeats.values()) == {1}

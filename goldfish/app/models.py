@@ -83,6 +83,9 @@ TINY_MODELS: dict[str, TinyModel] = {
     "tiny-llama-gqa": TinyModel(
         "Llama with grouped-query attention, hidden 256, 4 layers, 8 heads, 4 kv heads", _tiny_llama(256, 4, 8, 4, 688)
     ),
+    "small-llama": TinyModel(
+        "Llama, hidden 512, 4 layers, 8 heads, MLP 1376 (about 12.6M + embeddings)", _tiny_llama(512, 4, 8, 8, 1376)
+    ),
     "micro-llama": TinyModel("Llama, hidden 64, 2 layers, 4 heads, 2 kv heads (tests)", _tiny_llama(64, 2, 4, 2, 128)),
     "tiny-gpt2": TinyModel("GPT-2, hidden 256, 4 layers, 4 heads, no dropout", _tiny_gpt2),
     paper.MODEL: TinyModel(

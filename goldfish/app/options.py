@@ -154,8 +154,10 @@ DATA = OptionGroup(
         Option(
             "--repeats",
             "repeats",
-            "times each training document occurs per epoch, assigned round-robin over the "
-            "documents: e.g. 1,4,16 repeats a third of them once, a third 4 times and a third 16 times",
+            "repetition buckets: times each training document occurs per epoch (with --background: copies "
+            "inserted), documents assigned to the buckets at random from --data-seed, as evenly as possible: e.g. "
+            "1,4,16 repeats a third of them once, a third 4 times and a third 16 times; 0 names the held-out "
+            "documents (never trained on) as a bucket",
             parse=parse_repeats,
         ),
         Option(
@@ -193,6 +195,13 @@ DATA = OptionGroup(
             "a background corpus (any --data source) trained on but not measured: the "
             "training documents become targets inserted into it --repeats times each (implies --pack); tokenized "
             "once with datasets into a memory-mapped cache",
+        ),
+        Option(
+            "--insert-window",
+            "insert_window",
+            "with --background: insert only each target's extraction window (its first --extract-len tokens, and "
+            "an EOS) instead of the whole document, so every copy is exactly what extraction measures",
+            switch=True,
         ),
         Option("--background-text-field", "background_text_field", "record field holding the background's text"),
         Option(

@@ -1074,6 +1074,7 @@ def render_markdown(
                 if part in PARTS
             ],
         ),
+        *_heldout_loss_section(summary),
         *_validation_section(summary, figures),
         *study_section(summary, figures),
         "TF acc: teacher-forced next-token accuracy; kept/dropped split by the model's own goldfish mask (standard "
@@ -1099,6 +1100,33 @@ def render_markdown(
     if timings:
         lines += ["Timings (s): " + ", ".join(f"{k} {_fmt_seconds(v)}" for k, v in timings.items()), ""]
     return "\n".join(lines)
+
+
+def _heldout_loss_section(summary: Mapping[str, Any]) -> list[str]:
+    """The cost side of every comparison: each model's loss on the held-out documents, never trained on."""
+    rows = []
+    for label, parts in summary["models"].items():
+        v = parts.get("heldout_loss")
+        if not v:
+            continue
+        difference = ""
+        if v.get("difference_to_standard") is not None:
+            difference = (
+                f"{_fmt_ci(v['difference_to_standard'], v.get('difference_ci'))} "
+                f"({100 * v['relative_difference']:+.2f}%)"
+            )
+        rows.append([label, _fmt_ci(v["loss"], v.get("loss_ci")), str(v["n_docs"]), difference])
+    if not rows:
+        return []
+    return [
+        "## Utility: loss on the held-out documents",
+        "",
+        "Mean next-token loss (nats per token, every token, no mask) of the held-out documents, which no model "
+        "trained on: what memorizing cost on unseen text of the same kind. Intervals: 95% percentile bootstrap "
+        "over documents; the difference to the standard model is paired over the same documents.",
+        "",
+        *_table(["model", "held-out loss", "documents", "difference to standard"], rows),
+    ]
 
 
 def _validation_section(summary: Mapping[str, Any], figures: Sequence[str]) -> list[str]:
