@@ -1,7 +1,8 @@
 """A background corpus tokenized once into a memory-mapped Arrow cache, read a document at a time.
 
 `tokenize_corpus(source, tokenizer)` loads any source `load_documents` accepts (plus the built-in
-"python-stdlib": the Python standard library's own source files) as a `datasets.Dataset` backed by Arrow files on
+"python-stdlib": the Python standard library's own source files, and "python-docstrings": their docstrings) as a
+`datasets.Dataset` backed by Arrow files on
 disk (memory-mapped: reading it does not bring it into memory), and tokenizes it with a batched `map` over
 `workers` processes, cached, so a second run with the same corpus and tokenizer reads the cache.
 Each document becomes its ids (bos first when the tokenizer has one, no EOS: the stream adds it), its length, and
@@ -20,6 +21,7 @@ edited or planted entry) is removed and rebuilt.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -37,6 +39,9 @@ from data.documents import DEFAULT_CORPUS, _is_saved_dataset, _looks_like_path, 
 from data.errors import DataError
 
 PYTHON_STDLIB = "python-stdlib"
+# English prose that ships with every Python: the docstrings of the same files, one document each.
+PYTHON_DOCSTRINGS = "python-docstrings"
+DOCSTRING_MIN_CHARS = 50
 # Left out of "python-stdlib": tests, vendored packages, and pydoc_data, which holds the default corpus' text (the
 # targets of the embedded corpus study must not be in its background).
 _STDLIB_SKIP = frozenset(
@@ -131,6 +136,57 @@ class TokenizedCorpus:
         return self._fingerprint
 
 
+def stdlib_docstrings(files: Sequence[Path] | None = None) -> list[str]:
+    """The docstrings of the standard library's files (`stdlib_files`) of at least DOCSTRING_MIN_CHARS characters, in
+    file order and, within a file, in the order `ast.walk` meets the module, classes and functions. Files are parsed,
+    never imported or run; one that does not parse (a Python 2 fixture) is skipped."""
+    texts = []
+    for path in stdlib_files() if files is None else files:
+        try:
+            tree = ast.parse(read_utf8(path, path.read_bytes(), "whole file"))
+        except (SyntaxError, ValueError, DataError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                text = ast.get_docstring(node)
+                if text is not None and len(text) >= DOCSTRING_MIN_CHARS:
+                    texts.append(text)
+    return texts
+
+
+def _docstrings_dataset(cache: str | None) -> Any:
+    """The "python-docstrings" source as a disk-backed dataset, cached under the digest of the files' bytes (and of the
+    docstrings' own text, so a cached entry holding other text is rebuilt)."""
+    import datasets
+
+    texts = stdlib_docstrings()
+    expected = hashlib.sha256()
+    for text in texts:
+        content = text.encode("utf-8")
+        expected.update(len(content).to_bytes(8, "little"))
+        expected.update(content)
+    digest = expected.hexdigest()
+    for _ in range(2):
+        loaded = datasets.Dataset.from_generator(
+            _listed_texts,
+            gen_kwargs={"texts": texts, "digest": digest},
+            cache_dir=cache,
+            fingerprint=f"goldfish-docstrings-{CACHE_FORMAT}-{digest}",
+        )
+        if _texts_digest(loaded) == digest:
+            return loaded
+        for entry in {Path(f["filename"]).parent for f in loaded.cache_files}:
+            shutil.rmtree(entry, ignore_errors=True)
+        del loaded
+    raise DataError(f"background {PYTHON_DOCSTRINGS!r}: its cached rows differ from the docstrings. Fix: run again")
+
+
+def _listed_texts(texts: list[str], digest: str) -> Iterator[dict[str, str]]:
+    """Rows of in-memory texts; `digest` (of the texts) keys datasets' cache of them."""
+    for text in texts:
+        yield {"text": text}
+
+
 def load_raw_corpus(
     source: str, *, text_field: str = "text", split: str = "train", cache_dir: str | os.PathLike | None = None
 ) -> Any:
@@ -149,6 +205,8 @@ def load_raw_corpus(
             loaded = _text_files_dataset(source, files, cache)
         elif source == DEFAULT_CORPUS:
             loaded = datasets.Dataset.from_dict({"text": [d.text for d in default_corpus()]})
+        elif source == PYTHON_DOCSTRINGS:
+            loaded = _docstrings_dataset(cache)
         elif path.is_dir() and _is_saved_dataset(path):
             loaded = datasets.load_from_disk(str(path))
             if isinstance(loaded, datasets.DatasetDict):
@@ -183,7 +241,7 @@ def load_raw_corpus(
     except Exception as error:  # datasets raises many types for unreadable or unreachable data
         raise DataError(
             f"background {source!r} cannot be loaded ({type(error).__name__}: {error}). Fix: pass a local "
-            f"file or folder, {PYTHON_STDLIB!r}, or a dataset saved with save_to_disk"
+            f"file or folder, {PYTHON_STDLIB!r}, {PYTHON_DOCSTRINGS!r}, or a dataset saved with save_to_disk"
         ) from None
     if text_field not in loaded.column_names and "text" not in loaded.column_names:
         raise DataError(
@@ -211,6 +269,8 @@ def open_stream(source: str, *, split: str = "train") -> Any:
             return datasets.IterableDataset.from_generator(_files_text, gen_kwargs={"files": [str(f) for f in files]})
         if source == DEFAULT_CORPUS:
             return datasets.Dataset.from_dict({"text": [d.text for d in default_corpus()]}).to_iterable_dataset()
+        if source == PYTHON_DOCSTRINGS:
+            return datasets.Dataset.from_dict({"text": stdlib_docstrings()}).to_iterable_dataset()
         if path.is_dir() and _is_saved_dataset(path):
             return load_raw_corpus(source, split=split).to_iterable_dataset()  # on disk already: read it in order
         if path.is_file():

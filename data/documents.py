@@ -144,7 +144,7 @@ def default_corpus() -> list[Document]:
 
 def default_paragraphs(min_chars: int = PARAGRAPH_MIN_CHARS) -> list[Document]:
     """The default corpus cut into paragraphs (runs of text between blank lines) of at least `min_chars`
-    characters, leading and trailing whitespace removed: about 590 in Python 3.11, about 480 distinct texts.
+    characters, leading and trailing whitespace removed, each text once: 628 in Python 3.11.
 
     A paragraph that occurs in several topics (the topics share sections) is kept once, at its first occurrence in
     topic order; id = "<topic>#<paragraph index in the topic>". Paragraphs of one topic are distinct texts, so

@@ -203,8 +203,10 @@ def test_corpus_preset_resolves_to_a_background_run() -> None:
 
     args = parse_command_line(["compare", "--preset", "corpus", "--max-steps", "50"])
     spec = data_of(args)
-    assert spec.background == "python-stdlib" and spec.pack and spec.repeats == (1, 32, 128, 512)
-    assert spec.extraction_window == 256
+    assert spec.background == "python-docstrings" and spec.pack and spec.insert_window
+    assert spec.source == "default-paragraphs" and spec.repeats == (0, 1, 4, 16, 64)
+    assert spec.extraction_window == 64 and (args.prefix_len, args.suffix_len) == (32, 32)
+    assert tuple(args.seeds) == (0, 1)
     train = train_config_of(args, CompareSpec().train, None)
     assert train.max_steps == 50 and train.epochs == 1  # an explicit option beats the preset
 
@@ -239,3 +241,28 @@ def test_compare_with_background_reports_validation_and_repetitions(tmp_path: Pa
         assert repetitions[0] == 0 and len(repetitions) >= 2  # held-out targets first: repetition 0
     assert summary["corpus"]["heldout_inserted"] == 0
     assert {"val_loss.png", "breakdown_repeats.png"} <= {p.name for p in out.iterdir()}
+
+
+def test_python_docstrings_background_is_the_stdlib_docstrings(tmp_path: Path) -> None:
+    """The "python-docstrings" background: the standard library's docstrings (parsed, never imported), one
+    document each, none from pydoc_data (the default corpus' text: the embedded study's targets)."""
+    import ast
+
+    from data.corpus import DOCSTRING_MIN_CHARS, PYTHON_DOCSTRINGS, load_raw_corpus, stdlib_docstrings, stdlib_files
+
+    files = stdlib_files()
+    assert not any("pydoc_data" in path.parts for path in files)
+    sample = files[:20]
+    expected = [
+        text
+        for path in sample
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and (text := ast.get_docstring(node)) is not None
+        and len(text) >= DOCSTRING_MIN_CHARS
+    ]
+    assert stdlib_docstrings(sample) == expected and expected
+    rows = load_raw_corpus(PYTHON_DOCSTRINGS, cache_dir=tmp_path / "cache")
+    texts = rows["text"]
+    assert texts == stdlib_docstrings() and len(texts) > 1000
+    assert all(len(text) >= DOCSTRING_MIN_CHARS for text in texts)

@@ -450,3 +450,16 @@ def test_manifest_is_json_and_complete(corpus, tokenizer):
     assert "examined" in manifest["too_short_scope"]
     assert manifest["train"] == [{"id": d.id, "sha256": d.sha256, "n_chars": len(d.text)} for d in split.train]
     assert [e["id"] for e in manifest["heldout"]] == [d.id for d in split.heldout]
+
+
+def test_default_paragraphs_are_distinct_paragraphs_of_the_default_corpus() -> None:
+    from data.documents import PARAGRAPH_MIN_CHARS
+
+    paragraphs = load_documents("default-paragraphs")
+    topics = {doc.id: doc.text for doc in load_documents("default")}
+    assert len(paragraphs) > 500  # enough targets for 32 per bucket in five buckets
+    assert len({p.text for p in paragraphs}) == len(paragraphs) == len({p.id for p in paragraphs})
+    for paragraph in paragraphs:
+        topic, _, index = paragraph.id.rpartition("#")
+        assert len(paragraph.text) >= PARAGRAPH_MIN_CHARS and index.isdigit()
+        assert paragraph.text in topics[topic] and "\n\n" not in paragraph.text

@@ -174,7 +174,7 @@ def test_seeds_are_combined(study: Path) -> None:
     assert len(summary["combined"]["goldfish-hashed-k4-h4"]["validation"]["difference_per_seed"]) == 2
     report = (study / "report.md").read_text()
     assert "over seeds" in report and "seed-0/report.md" in report
-    assert (study / "buckets.png").stat().st_size > 0
+    assert (study / "buckets.png").stat().st_size > 0 and (study / "k_sweep.png").stat().st_size > 0
 
 
 def test_bad_study_settings_fail_in_one_line_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

