@@ -14,9 +14,16 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import matplotlib
 
-from data.atomic import json_safe, write_atomic, write_text_atomic
+from data.atomic import json_safe, write_text_atomic
 from eval.intervals import binomial_interval
 from eval.membership import ATTACKS
+from goldfish.app.report_buckets import study_figures, study_section
+from goldfish.app.report_format import figure_link as _figure
+from goldfish.app.report_format import fmt as _fmt
+from goldfish.app.report_format import fmt_ci as _fmt_ci
+from goldfish.app.report_format import md_table as _table
+from goldfish.app.report_format import palette
+from goldfish.app.report_format import save_figure as _save_figure
 
 matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
@@ -63,42 +70,7 @@ Entry = tuple[list[str], Mapping[str, Any]]  # (key cells of a table row, e.g. [
 # ---------------------------------------------------------------------------------------------------------- writing
 
 
-def _save_figure(figure: Any, path: Path) -> None:
-    """Save a matplotlib figure as PNG atomically, so a reader never sees half a PNG."""
-    try:
-        figure.tight_layout()
-        write_atomic(path, lambda tmp: figure.savefig(tmp, dpi=110, format="png"))
-    finally:
-        plt.close(figure)
-
-
 # ------------------------------------------------------------------------------------------------------- formatting
-
-NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}  # how strict-JSON result files spell them
-
-
-def _fmt(value: Any) -> str:
-    """3 decimals for floats, n/a for missing or NaN, inf spelled out."""
-    if value is None:
-        return "n/a"
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, str) and value in NON_FINITE:
-        value = NON_FINITE[value]
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "n/a"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return f"{value:.3f}"
-    return str(value)
-
-
-def _fmt_ci(value: Any, ci: Sequence[float] | None) -> str:
-    """A value with its 95% bootstrap interval, "0.620 [0.550, 0.700]" (the value alone without an interval)."""
-    if not ci:
-        return _fmt(value)
-    return f"{_fmt(value)} [{_fmt(ci[0])}, {_fmt(ci[1])}]"
 
 
 def _fmt_count(value: Any) -> str:
@@ -116,19 +88,6 @@ def _fmt_count(value: Any) -> str:
 def _key_order(keys: Sequence[str]) -> list[str]:
     """Keys like "1", "10", "0.5" in numeric order (JSON turns numeric keys into strings)."""
     return sorted(keys, key=float)
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    return [
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
-        *("| " + " | ".join(row) + " |" for row in rows),
-        "",
-    ]
-
-
-def _figure(name: str, alt: str, figures: Sequence[str]) -> list[str]:
-    return [f"![{alt}]({name})", ""] if name in figures else []
 
 
 # ----------------------------------------------------------------------------------------------------------- series
@@ -269,11 +228,6 @@ def bar_series(models: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> dict[st
 
 
 # ---------------------------------------------------------------------------------------------------------- drawing
-
-
-def palette(labels: Sequence[str]) -> dict[str, str]:
-    """One matplotlib colour per label, in label order, so a model keeps its colour in every plot."""
-    return {label: f"C{i % 10}" for i, label in enumerate(labels)}
 
 
 def _colors(labels: Sequence[str], colors: Mapping[str, str] | None) -> dict[str, str]:
@@ -920,8 +874,6 @@ def compare_figures(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
         written.append("val_loss.png")
     written += _membership_figures(summary.get("membership") or {}, out_dir, True, colors)
     written += _breakdown_figures(summary.get("breakdowns") or {}, out_dir, colors)
-    from goldfish.app.report_buckets import study_figures  # it builds on this module's helpers
-
     written += study_figures(summary, out_dir)
     return written
 
@@ -1037,8 +989,6 @@ def render_markdown(
             "auc.png",
             *(v[3] for v in BREAKDOWNS.values()),
         ]
-    from goldfish.app.report_buckets import study_section  # it builds on this module's helpers
-
     if files is None:
         files = compare_per_document_files(summary)
     config = summary["config"]

@@ -19,7 +19,12 @@ matplotlib.use("Agg")  # noqa: E402  (files only, no display)
 import matplotlib.pyplot as plt  # noqa: E402
 
 from data.atomic import json_safe, write_text_atomic  # noqa: E402
-from goldfish.app.report import _figure, _fmt, _fmt_ci, _save_figure, _table, palette  # noqa: E402
+from goldfish.app.report_format import figure_link as _figure  # noqa: E402
+from goldfish.app.report_format import fmt as _fmt  # noqa: E402
+from goldfish.app.report_format import fmt_ci as _fmt_ci  # noqa: E402
+from goldfish.app.report_format import md_table as _table  # noqa: E402
+from goldfish.app.report_format import palette  # noqa: E402
+from goldfish.app.report_format import save_figure as _save_figure  # noqa: E402
 
 K_SWEEP_FILE = "k_sweep.png"
 BUCKETS_FILE = "buckets.png"

@@ -1,0 +1,68 @@
+"""Formatting shared by the report modules: numbers and intervals as text, Markdown tables and figure links, one
+colour per model, PNGs written atomically."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import matplotlib
+
+from data.atomic import write_atomic
+
+matplotlib.use("Agg")  # no display on servers and CI
+import matplotlib.pyplot as plt  # noqa: E402
+
+NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}  # how strict-JSON result files spell them
+
+
+def save_figure(figure: Any, path: Path) -> None:
+    """Save a matplotlib figure as PNG atomically, so a reader never sees half a PNG."""
+    try:
+        figure.tight_layout()
+        write_atomic(path, lambda tmp: figure.savefig(tmp, dpi=110, format="png"))
+    finally:
+        plt.close(figure)
+
+
+def fmt(value: Any) -> str:
+    """3 decimals for floats, n/a for missing or NaN, inf spelled out."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, str) and value in NON_FINITE:
+        value = NON_FINITE[value]
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "n/a"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return f"{value:.3f}"
+    return str(value)
+
+
+def fmt_ci(value: Any, ci: Sequence[float] | None) -> str:
+    """A value with its 95% bootstrap interval, "0.620 [0.550, 0.700]" (the value alone without an interval)."""
+    if not ci:
+        return fmt(value)
+    return f"{fmt(value)} [{fmt(ci[0])}, {fmt(ci[1])}]"
+
+
+def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(row) + " |" for row in rows),
+        "",
+    ]
+
+
+def figure_link(name: str, alt: str, figures: Sequence[str]) -> list[str]:
+    return [f"![{alt}]({name})", ""] if name in figures else []
+
+
+def palette(labels: Sequence[str]) -> dict[str, str]:
+    """One matplotlib colour per label, in label order, so a model keeps its colour in every plot."""
+    return {label: f"C{i % 10}" for i, label in enumerate(labels)}
