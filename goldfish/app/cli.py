@@ -275,8 +275,16 @@ def cmd_train(args: argparse.Namespace) -> int:
             _discard(folder, out, grid)
             raise
         _publish(folder, out, grid)
+        _close(grid)
     log(f"wrote {out / 'checkpoint'} (HF checkpoint + tokenizer) and {out / 'metrics.jsonl'}")
     return 0
+
+
+def _close(grid: Grid | None) -> None:
+    """Destroy a finished run's process groups while the interpreter is still whole: left to interpreter exit, gloo's
+    worker threads can still hold work with Python references and abort the process (SIGABRT) as it shuts down."""
+    if grid is not None:
+        grid.close(destroy_world=True)
 
 
 def _continue_with_checkpoint_settings(args: argparse.Namespace, resume: Path, shape: GridShape | None) -> None:
@@ -614,6 +622,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             _discard(folder, out, grid)
             raise
         _publish(folder, out, grid)
+        _close(grid)
     if folder != out:
         print(f"replaced {out} with the new run")
     return 0
