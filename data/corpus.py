@@ -27,7 +27,7 @@ import json
 import os
 import shutil
 import sysconfig
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -157,28 +157,45 @@ def stdlib_docstrings(files: Sequence[Path] | None = None) -> list[str]:
 def _docstrings_dataset(cache: str | None) -> Any:
     """The "python-docstrings" source as a disk-backed dataset, cached under the digest of the files' bytes (and of the
     docstrings' own text, so a cached entry holding other text is rebuilt)."""
-    import datasets
-
     texts = stdlib_docstrings()
-    expected = hashlib.sha256()
+    return _checked_text_dataset(
+        _listed_texts,
+        {"texts": texts},
+        _text_digest(texts),
+        f"goldfish-docstrings-{CACHE_FORMAT}",
+        cache,
+        f"background {PYTHON_DOCSTRINGS!r}: its cached rows differ from the docstrings. Fix: run again",
+    )
+
+
+def _text_digest(texts: Iterable[str]) -> str:
+    """sha256 of texts, each after its UTF-8 length: files_digest's scheme, for texts held in memory."""
+    digest = hashlib.sha256()
     for text in texts:
         content = text.encode("utf-8")
-        expected.update(len(content).to_bytes(8, "little"))
-        expected.update(content)
-    digest = expected.hexdigest()
+        digest.update(len(content).to_bytes(8, "little"))
+        digest.update(content)
+    return digest.hexdigest()
+
+
+def _checked_text_dataset(
+    generator: Any, gen_kwargs: dict[str, Any], digest: str, name: str, cache: str | None, changed: str
+) -> Any:
+    """A disk-backed dataset of the generator's rows, cached under `name` and `digest` (the digest of the texts it
+    yields), used only when its "text" column has that digest: an entry holding other text (edited or planted) is
+    removed and written again once; DataError(`changed`) if it still differs."""
+    import datasets
+
     for _ in range(2):
         loaded = datasets.Dataset.from_generator(
-            _listed_texts,
-            gen_kwargs={"texts": texts, "digest": digest},
-            cache_dir=cache,
-            fingerprint=f"goldfish-docstrings-{CACHE_FORMAT}-{digest}",
+            generator, gen_kwargs=gen_kwargs | {"digest": digest}, cache_dir=cache, fingerprint=f"{name}-{digest}"
         )
         if _texts_digest(loaded) == digest:
             return loaded
         for entry in {Path(f["filename"]).parent for f in loaded.cache_files}:
             shutil.rmtree(entry, ignore_errors=True)
         del loaded
-    raise DataError(f"background {PYTHON_DOCSTRINGS!r}: its cached rows differ from the docstrings. Fix: run again")
+    raise DataError(changed)
 
 
 def _listed_texts(texts: list[str], digest: str) -> Iterator[dict[str, str]]:
@@ -497,35 +514,21 @@ def files_digest(files: Sequence[Path]) -> str:
 
 def _texts_digest(dataset: Any) -> str:
     """files_digest of the texts a dataset holds in its "text" column (UTF-8 decoding and encoding round-trip)."""
-    digest = hashlib.sha256()
-    for chunk in dataset.data.column("text").chunks:
-        for text in chunk.to_pylist():
-            content = text.encode("utf-8")
-            digest.update(len(content).to_bytes(8, "little"))
-            digest.update(content)
-    return digest.hexdigest()
+    return _text_digest(text for chunk in dataset.data.column("text").chunks for text in chunk.to_pylist())
 
 
 def _text_files_dataset(source: str, files: Sequence[Path], cache: str | None) -> Any:
     """The files as a disk-backed dataset (one row per file), cached under their content's digest. The cached rows
     are checked against the files before use: an entry holding other text (edited or planted) is removed and the
     files read again."""
-    import datasets
-
-    digest = files_digest(files)
-    for _ in range(2):
-        loaded = datasets.Dataset.from_generator(
-            _files_text,
-            gen_kwargs={"files": [str(f) for f in files], "digest": digest},
-            cache_dir=cache,
-            fingerprint=f"goldfish-text-{CACHE_FORMAT}-{digest}",
-        )
-        if _texts_digest(loaded) == digest:
-            return loaded
-        for entry in {Path(f["filename"]).parent for f in loaded.cache_files}:
-            shutil.rmtree(entry, ignore_errors=True)
-        del loaded
-    raise DataError(f"background {source!r}: its files changed while they were read. Fix: run again once they are")
+    return _checked_text_dataset(
+        _files_text,
+        {"files": [str(f) for f in files]},
+        files_digest(files),
+        f"goldfish-text-{CACHE_FORMAT}",
+        cache,
+        f"background {source!r}: its files changed while they were read. Fix: run again once they are",
+    )
 
 
 def _file_sha256(path: Path) -> str:

@@ -285,16 +285,7 @@ class Comparison:
             entry: dict[str, Any] = {"loss": loss, "perplexity": math.exp(min(loss, 700.0))}
             rows = self.validation_rows.get(label)
             if rows:
-                entry |= {"n_rows": len(rows), "loss_ci": mean_interval(rows, n_resamples=n) if n else None}
-                if standard is not None and label != MaskSpec(strategy=None).label:
-                    differences = [a - b for a, b in zip(rows, standard)]
-                    difference = sum(differences) / len(differences)
-                    base = sum(standard) / len(standard)
-                    entry |= {
-                        "difference_to_standard": difference,
-                        "difference_ci": mean_interval(differences, n_resamples=n) if n else None,
-                        "relative_difference": difference / base,
-                    }
+                entry |= {"n_rows": len(rows)} | paired_losses(rows, standard, label, n)
             out[label] = entry
         return out
 
@@ -307,20 +298,10 @@ class Comparison:
         out = {}
         for label, losses in self.heldout_losses.items():
             values = list(losses.values())
-            entry: dict[str, Any] = {
-                "loss": sum(values) / len(values),
-                "loss_ci": mean_interval(values, n_resamples=n) if n else None,
-                "n_docs": len(values),
-            }
-            if standard is not None and label != MaskSpec(strategy=None).label:
-                differences = [losses[i] - standard[i] for i in losses]
-                base = sum(standard.values()) / len(standard)
-                entry |= {
-                    "difference_to_standard": sum(differences) / len(differences),
-                    "difference_ci": mean_interval(differences, n_resamples=n) if n else None,
-                    "relative_difference": sum(differences) / len(differences) / base,
-                }
-            out[label] = entry
+            aligned = None if standard is None else [standard[i] for i in losses]
+            out[label] = {"loss": sum(values) / len(values), "n_docs": len(values)} | paired_losses(
+                values, aligned, label, n
+            )
         return out
 
     def _curve_hook(self, curve: Curve) -> Callable[[nn.Module, int, int], None]:
@@ -461,6 +442,22 @@ class Comparison:
             f"wrote {self.out_dir / 'summary.json'}, {self.out_dir / 'report.md'} and plots in "
             f"{time.perf_counter() - self.started:.0f} s"
         )
+
+
+def paired_losses(losses: list[float], standard: list[float] | None, label: str, n_resamples: int) -> dict[str, Any]:
+    """The interval of a model's per-unit losses (rows or documents), and, beside the standard model's losses on the
+    same units in the same order (not for the standard model itself), the mean paired difference with its interval
+    and its size relative to the standard model's mean loss. Intervals: bootstrap, None for n_resamples 0."""
+    entry: dict[str, Any] = {"loss_ci": mean_interval(losses, n_resamples=n_resamples) if n_resamples else None}
+    if standard is not None and label != MaskSpec(strategy=None).label:
+        differences = [a - b for a, b in zip(losses, standard)]
+        difference = sum(differences) / len(differences)
+        entry |= {
+            "difference_to_standard": difference,
+            "difference_ci": mean_interval(differences, n_resamples=n_resamples) if n_resamples else None,
+            "relative_difference": difference / (sum(standard) / len(standard)),
+        }
+    return entry
 
 
 def compare(

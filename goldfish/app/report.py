@@ -1052,6 +1052,17 @@ def render_markdown(
     return "\n".join(lines)
 
 
+def _difference_cell(entry: Mapping[str, Any]) -> str:
+    """A loss entry's paired difference to the standard model with its interval and relative size ("" for the
+    standard model itself)."""
+    if entry.get("difference_to_standard") is None:
+        return ""
+    return (
+        f"{_fmt_ci(entry['difference_to_standard'], entry.get('difference_ci'))} "
+        f"({100 * entry['relative_difference']:+.2f}%)"
+    )
+
+
 def _heldout_loss_section(summary: Mapping[str, Any]) -> list[str]:
     """The cost side of every comparison: each model's loss on the held-out documents, never trained on."""
     rows = []
@@ -1059,13 +1070,7 @@ def _heldout_loss_section(summary: Mapping[str, Any]) -> list[str]:
         v = parts.get("heldout_loss")
         if not v:
             continue
-        difference = ""
-        if v.get("difference_to_standard") is not None:
-            difference = (
-                f"{_fmt_ci(v['difference_to_standard'], v.get('difference_ci'))} "
-                f"({100 * v['relative_difference']:+.2f}%)"
-            )
-        rows.append([label, _fmt_ci(v["loss"], v.get("loss_ci")), str(v["n_docs"]), difference])
+        rows.append([label, _fmt_ci(v["loss"], v.get("loss_ci")), str(v["n_docs"]), _difference_cell(v)])
     if not rows:
         return []
     return [
@@ -1086,13 +1091,7 @@ def _validation_section(summary: Mapping[str, Any], figures: Sequence[str]) -> l
         if "validation" not in parts:
             continue
         v = parts["validation"]
-        difference = ""
-        if v.get("difference_to_standard") is not None:
-            difference = (
-                f"{_fmt_ci(v['difference_to_standard'], v.get('difference_ci'))} "
-                f"({100 * v['relative_difference']:+.2f}%)"
-            )
-        rows.append([label, _fmt_ci(v["loss"], v.get("loss_ci")), _fmt(v["perplexity"]), difference])
+        rows.append([label, _fmt_ci(v["loss"], v.get("loss_ci")), _fmt(v["perplexity"]), _difference_cell(v)])
     if not rows:
         return []
     corpus = summary.get("corpus") or {}
