@@ -102,24 +102,76 @@ class ZeroError(ValueError):
     """A ZeRO setting that does not fit the grid or the model (named in the message, with the fix)."""
 
 
+QUANT_BITS = (8, 4)  # element formats of ZeRO++'s quantized collectives: int8 or int4 codes
+DEFAULT_QUANT_BLOCK = 256  # elements per float32 scale: the scales are 4 / 256 = 1.6% of an int8 payload
+
+
+@dataclass(frozen=True)
+class BlockFormat:
+    """How engine.core.quantize packs a flat tensor: `bits` per element (8 or 4) and `block` elements per
+    float32 scale (max|block| / qmax). Every element comes back within max|block| / (2 qmax)."""
+
+    bits: int = 8
+    block: int = DEFAULT_QUANT_BLOCK
+
+    def __post_init__(self) -> None:
+        if self.bits not in QUANT_BITS:
+            raise ZeroError(f"quantization bits must be one of {QUANT_BITS}, got {self.bits!r}")
+        if isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 2 or self.block % 2:
+            raise ZeroError(f"a quantization block must be an even number of elements >= 2, got {self.block!r}")
+
+    @property
+    def qmax(self) -> int:
+        """The largest code: 127 for int8, 7 for int4."""
+        return 2 ** (self.bits - 1) - 1
+
+    def blocks(self, numel: int) -> int:
+        """Blocks (scales) of a tensor of `numel` elements."""
+        return -(-numel // self.block)
+
+    def payload_bytes(self, numel: int) -> int:
+        """Bytes that travel for `numel` elements: the codes of the zero-padded blocks, then 4 per scale."""
+        n = self.blocks(numel)
+        return n * self.block * self.bits // 8 + 4 * n
+
+
 @dataclass(frozen=True)
 class ZeroConfig:
     """How to partition over the data axis.
 
-    stage: 0 (off), 1 (AdamW moments), 2 (+ gradients), 3 (+ parameters); see the module doc.
+    stage: 0 (off), 1 (AdamW moments), 2 (+ gradients), 3 (+ parameters); see engine/memory/zero.py.
     node_size: data-axis ranks per node; > 1 turns on hierarchical partitioning (stages 2 and 3).
+    inner_levels: sizes of the levels inside a node, innermost first, each dividing the next and node_size
+        (e.g. (2,) for the two GCDs of an MI250X in a node of 8): `--zero-hierarchy 2,8`.
     offload: AdamW moments, parameter and gradient chunks in host memory, update on the host (stages 2, 3).
+    quantize_weights: ZeRO++ qwZ: parameter all-gathers from the primary partition carry int8 blocks.
+    quantize_gradients: ZeRO++ qgZ: gradients reduced by all-to-alls of `gradient_bits` blocks, level by
+        level, dequantized and summed in float32 at each level.
+    quantize_block: elements per scale of both.
     """
 
     stage: int = 0
     node_size: int = 1
     offload: bool = False
+    inner_levels: tuple[int, ...] = ()
+    quantize_weights: bool = False
+    quantize_gradients: bool = False
+    gradient_bits: int = 8
+    quantize_block: int = DEFAULT_QUANT_BLOCK
 
     def __post_init__(self) -> None:
         if isinstance(self.stage, bool) or self.stage not in STAGES:
             raise ZeroError(f"ZeRO stage must be one of {STAGES}, got {self.stage!r}")
         if isinstance(self.node_size, bool) or not isinstance(self.node_size, int) or self.node_size < 1:
             raise ZeroError(f"node size must be an integer >= 1 (data-axis ranks per node), got {self.node_size!r}")
+        object.__setattr__(self, "inner_levels", tuple(self.inner_levels))
+        sizes = (*self.inner_levels, self.node_size)
+        for inner, outer in zip(sizes, sizes[1:]):
+            if isinstance(inner, bool) or not isinstance(inner, int) or inner < 2 or outer % inner or outer == inner:
+                raise ZeroError(
+                    f"hierarchy levels {','.join(map(str, sizes))}: each level must be an integer >= 2 that "
+                    "divides the next and is smaller (e.g. --zero-hierarchy 2,8 for GCD pairs in nodes of 8)"
+                )
         if self.node_size > 1 and self.stage < 2:
             raise ZeroError(
                 f"hierarchical partitioning needs ZeRO stage 2 or 3 (it splits the gradient reduce-"
@@ -131,6 +183,12 @@ class ZeroConfig:
                 f"optimizer offload needs ZeRO stage 2 or 3 (the host updates the partitioned state "
                 f"FSDP keeps there), got stage {self.stage}; use --zero 2 or 3 with --offload-optimizer"
             )
+        if (self.quantize_weights or self.quantize_gradients) and self.stage < 2:
+            raise ZeroError(
+                f"--zero-quantize needs ZeRO stage 2 or 3 (it quantizes FSDP's parameter gathers and gradient "
+                f"reductions), got stage {self.stage}; use --zero 3 (or 2)"
+            )
+        BlockFormat(self.gradient_bits, self.quantize_block)  # raises for bad bits or block
 
     def check(self, shape: GridShape) -> None:
         """Raise ZeroError when the grid cannot carry this setting."""
@@ -149,8 +207,48 @@ class ZeroConfig:
     def hierarchical(self) -> bool:
         return self.node_size > 1
 
+    @property
+    def quantized(self) -> bool:
+        return self.quantize_weights or self.quantize_gradients
+
+    def level_sizes(self, data: int) -> tuple[int, ...]:
+        """Group size of each level of the data axis, innermost first; their product is `data`.
+
+        No hierarchy: (data,). Nodes of n: (n, data/n). Levels (2,) in nodes of 8 on data=32: (2, 4, 4), the
+        GCD pair, the GPUs of a node, the nodes. A level of size 1 (a node holding the whole axis) is dropped.
+        """
+        bounds = (1, *self.inner_levels, self.node_size, data) if self.hierarchical else (1, data)
+        sizes = tuple(outer // inner for inner, outer in zip(bounds, bounds[1:]))
+        return tuple(s for s in sizes if s > 1) or (1,)
+
+    @property
+    def weight_format(self) -> BlockFormat:
+        """qwZ's format: int8 blocks, as ZeRO++ uses for the forward all-gather."""
+        return BlockFormat(8, self.quantize_block)
+
+    @property
+    def gradient_format(self) -> BlockFormat:
+        return BlockFormat(self.gradient_bits, self.quantize_block)
+
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["inner_levels"] = list(self.inner_levels)
+        return out
+
+
+QUANTIZE_PARTS = ("weights", "gradients")  # what --zero-quantize may name
+
+
+def parse_quantize(text: str) -> tuple[str, ...]:
+    """The parts of a --zero-quantize value ("weights", "gradients", both ","-joined, "" or "none" for neither),
+    in QUANTIZE_PARTS order; ZeroError naming the choices for anything else."""
+    parts = {p.strip() for p in text.split(",") if p.strip()} - {"none"}
+    unknown = sorted(parts - set(QUANTIZE_PARTS))
+    if unknown:
+        raise ZeroError(
+            f"--zero-quantize takes weights, gradients or weights,gradients (ZeRO++ qwZ and qgZ), got {text!r}"
+        )
+    return tuple(p for p in QUANTIZE_PARTS if p in parts)
 
 
 def data_ranks_per_node(gpus_per_node: int, shape: GridShape) -> int:

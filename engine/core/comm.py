@@ -16,6 +16,7 @@ a layer overlap communication with computation.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -23,9 +24,10 @@ import torch
 import torch.distributed as dist
 
 from engine.core.grid import AxisGroup
+from engine.core.quantize import dequantize, quantize
 
 # engine.training.state and engine.memory.zero read comm.BUCKET_ELEMENTS
-from engine.spec import BUCKET_ELEMENTS  # noqa: F401
+from engine.spec import BUCKET_ELEMENTS, BlockFormat  # noqa: F401
 
 # torch 2.13 renamed the single-tensor collectives; older releases only have the old names.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -116,6 +118,20 @@ def reduce_scatter_async(t: torch.Tensor, group: AxisGroup, dim: int = 0) -> Pen
 def reduce_scatter(t: torch.Tensor, group: AxisGroup, dim: int = 0) -> torch.Tensor:
     """Sum of `t` over the group, split along `dim`: this rank keeps chunk number group.rank."""
     return reduce_scatter_async(t, group, dim).wait()
+
+
+def all_to_all(t: torch.Tensor, group: AxisGroup) -> torch.Tensor:
+    """Row i of `t` (shape (group.size, ...)) goes to group rank i; row j of the result came from group rank j.
+    Counts the rows this rank sends to the others: (size - 1) / size of t's bytes."""
+    if group.size == 1:
+        return t
+    if t.dim() == 0 or t.shape[0] != group.size:
+        raise ValueError(f"all_to_all over {group.name} needs dim 0 of size {group.size}, got shape {tuple(t.shape)}")
+    front = t.contiguous()
+    out = torch.empty_like(front)
+    group.counter.add(group.name, _nbytes(front) * (group.size - 1) / group.size)
+    dist.all_to_all_single(out, front, group=group.group)
+    return out
 
 
 def chunk(t: torch.Tensor, group: AxisGroup, dim: int = 0) -> torch.Tensor:
@@ -243,18 +259,77 @@ class _NamedGroups:
         return found
 
 
-def fsdp_comms(groups: list[AxisGroup], hierarchy: tuple[AxisGroup, AxisGroup] | None = None) -> tuple[Any, Any]:
+def gather_levels(payload: torch.Tensor, levels: tuple[AxisGroup, ...]) -> torch.Tensor:
+    """Every rank's 1-D `payload` over the nested `levels` (innermost first, engine.core.grid.Grid.data_levels),
+    as rows in data-index order: shape (product of the level sizes, payload.numel()).
+
+    Outermost level first, so the slowest link carries only each rank's own payload and every level inward
+    carries what the levels outside it gathered (ring bytes per rank: p * (g_out - 1) at the outermost level,
+    p * g_out * (g_next - 1) at the next, ...; p * (D - 1) in all, as one flat all-gather)."""
+    rows = payload.reshape(1, -1)
+    for group in reversed(levels):
+        rows = all_gather(rows, group)  # leading index: this level's digit, then the outer digits gathered so far
+    sizes = [g.size for g in levels]
+    # rows are ordered (a1, a2, ..., ak) with a1 slowest; a data index has the innermost digit fastest
+    digits = rows.reshape(*sizes, -1).permute(*reversed(range(len(sizes))), len(sizes))
+    return digits.reshape(math.prod(sizes), -1)
+
+
+def reduce_levels(blocks: torch.Tensor, levels: tuple[AxisGroup, ...], fmt: BlockFormat | None = None) -> torch.Tensor:
+    """Sum `blocks` (shape (D, n): row d is what this rank sends to data index d) over the data axis, level by
+    level innermost first, and return this rank's row summed over all D ranks (shape (n,)).
+
+    At each level of g ranks the rows left are regrouped by that level's digit and reduce-scattered, so the
+    fastest link carries the most bytes and only 1/g of them go on outward. With `fmt` (ZeRO++'s qgZ) each
+    level instead quantizes every row it sends (engine.core.quantize), exchanges them with an all-to-all, and
+    dequantizes and sums the g rows it receives in float32: each level adds the rounding of one quantization
+    of partial sums, never of a running ring sum."""
+    n = blocks.shape[-1]
+    buf = blocks.reshape(-1, n)
+    for group in levels:
+        g = group.size
+        # remaining row r = digit + g * rest: put this level's digit first
+        by_digit = buf.reshape(-1, g, n).transpose(0, 1).reshape(g, -1)
+        if fmt is None:
+            buf = reduce_scatter(by_digit, group).reshape(-1, n)
+            continue
+        payloads = torch.stack([quantize(row, fmt) for row in by_digit])
+        received = all_to_all(payloads, group)
+        width = by_digit.shape[1]
+        total = sum(dequantize(p, width, fmt, torch.float32) for p in received.unbind(0))
+        buf = total.to(blocks.dtype).reshape(-1, n)
+    return buf.reshape(n)
+
+
+def fsdp_comms(
+    data: AxisGroup,
+    levels: tuple[AxisGroup, ...] = (),
+    *,
+    node: AxisGroup | None = None,
+    weights: BlockFormat | None = None,
+    gradients: BlockFormat | None = None,
+) -> tuple[Any, Any]:
     """(all-gather, reduce-scatter) hooks for FSDPModule.set_custom_all_gather / set_custom_reduce_scatter.
 
-    Both run the same collectives as FSDP2's defaults and add the bytes this rank sends (ring model, as the
-    rest of this module) to the grid's ByteCounter under the group's name ("data", "data.intra").
-    With `hierarchy` = (intra, inter) node groups of the data axis, the reduce-scatter runs in two steps
-    (ZeRO++'s hierarchical gradient reduction): a reduce-scatter inside each node, then one across nodes
-    between the ranks with the same position in their node, so only 1/node_size of the gradient bytes
-    leave a node. Same result as the flat reduce-scatter up to float summation order.
+    data: the data group. levels: the data axis as nested groups, innermost first (Grid.data_levels; empty or the
+    data group alone: flat). node: the
+    group of stage 3's secondary partition (hpZ), whose levels are all but the outermost. weights / gradients:
+    the block formats of ZeRO++'s qwZ and qgZ (None: full precision).
+
+    - A flat, unquantized collective is FSDP2's own (asynchronous), counted under the group's name.
+    - A parameter all-gather over the data axis runs level by level (gather_levels), outermost first; with
+      `weights` each rank's shard travels as int8 blocks and the gathered rows are dequantized into FSDP's
+      output. The secondary partition's backward all-gather (over `node`) runs over the node's levels in full
+      precision: it copies shards that the forward's dequantized gather produced.
+    - The gradient reduce-scatter runs level by level innermost first (reduce_levels), with `gradients` as
+      quantized all-to-alls.
+    Every level's bytes are counted under its own name ("data.level1", ...). Unquantized, the result equals the
+    flat collective up to float summation order.
     """
     AllGather, ReduceScatter = _fsdp_api()
-    named = _NamedGroups(list(groups) + (list(hierarchy) if hierarchy else []))
+    levels = tuple(levels) or (data,)
+    named = _NamedGroups([data, *levels] + ([node] if node is not None else []))
+    node_levels = levels[:-1]
 
     class CountedAllGather(AllGather):
         def allocate(self, size, *, dtype, device):  # noqa: ANN001 - FSDP2's protocol
@@ -262,8 +337,20 @@ def fsdp_comms(groups: list[AxisGroup], hierarchy: tuple[AxisGroup, AxisGroup] |
 
         def __call__(self, output_tensor, input_tensor, group, async_op=False):  # noqa: ANN001
             axis = named(group)
-            axis.counter.add(axis.name, _nbytes(output_tensor) * (axis.size - 1) / axis.size)
-            return _all_gather_single(output_tensor, input_tensor, group=group, async_op=async_op)
+            primary = axis is data
+            path = levels if primary else node_levels if node is not None and axis is node else (axis,)
+            fmt = weights if primary and input_tensor.is_floating_point() else None
+            if len(path) == 1 and fmt is None:
+                axis.counter.add(axis.name, _nbytes(output_tensor) * (axis.size - 1) / axis.size)
+                return _all_gather_single(output_tensor, input_tensor, group=group, async_op=async_op)
+            if fmt is None:
+                output_tensor.copy_(gather_levels(input_tensor, path).reshape(-1))
+                return None
+            rows = gather_levels(quantize(input_tensor, fmt), path)
+            out = output_tensor.view(rows.shape[0], -1)
+            for index, payload in enumerate(rows.unbind(0)):
+                out[index].copy_(dequantize(payload, out.shape[1], fmt, out.dtype))
+            return None
 
     class CountedReduceScatter(ReduceScatter):
         def allocate(self, size, *, dtype, device):  # noqa: ANN001
@@ -276,15 +363,13 @@ def fsdp_comms(groups: list[AxisGroup], hierarchy: tuple[AxisGroup, AxisGroup] |
                     "set_force_sum_reduction_for_comms(True) on every fully_shard'ed module)"
                 )
             axis = named(group)
-            if hierarchy is None or axis.name != "data":
+            if axis is not data:
+                raise RuntimeError(f"FSDP reduced gradients over {axis.name}; the engine's ZeRO reduces over data")
+            fmt = gradients if input_tensor.is_floating_point() else None
+            if len(levels) == 1 and fmt is None:
                 axis.counter.add(axis.name, _nbytes(input_tensor) * (axis.size - 1) / axis.size)
                 return _reduce_scatter_single(output_tensor, input_tensor, group=group, async_op=async_op)
-            intra, inter = hierarchy
-            # input: one block per data rank d = node * L + local; regroup to [local][node] so that the
-            # intra-node step leaves each local rank the blocks of its counterparts in every node
-            blocks = input_tensor.view(inter.size, intra.size, -1).transpose(0, 1).contiguous().view(-1)
-            partial = reduce_scatter(blocks, intra)  # [node] blocks of my local index, summed in my node
-            output_tensor.copy_(reduce_scatter(partial, inter))  # my own block, summed over the nodes
+            output_tensor.copy_(reduce_levels(input_tensor.view(data.size, -1), levels, fmt))
             return None
 
     return CountedAllGather(), CountedReduceScatter()

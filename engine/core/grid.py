@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import math
 import os
 import socket
 from dataclasses import dataclass, field
@@ -109,7 +110,7 @@ class Grid:
         self.traffic = ByteCounter()
         self._created: list[dist.ProcessGroup] = []
         self._groups: dict[tuple[str, ...], AxisGroup] = {}
-        self._node_groups: dict[tuple[str, int], tuple[AxisGroup, AxisGroup]] = {}
+        self._data_groups: dict[tuple, tuple[AxisGroup, ...]] = {}  # data_levels and data_node, by sizes
         # Combinations that differ only by axes of size 1 have the same members: build each group once.
         handles: dict[tuple[str, ...], tuple[list[int], dist.ProcessGroup | None]] = {}
         for axes in GROUP_AXES:
@@ -153,51 +154,75 @@ class Grid:
         """Product of the sizes of `axes`."""
         return self.shape.size(*axes)
 
-    def data_node_groups(self, node_size: int) -> tuple[AxisGroup, AxisGroup]:
-        """(intra, inter): the data axis split into nodes of `node_size` consecutive data indices.
+    def data_levels(self, sizes: tuple[int, ...]) -> tuple[AxisGroup, ...]:
+        """The data axis as nested levels of `sizes` ranks, innermost first (their product is the data size;
+        engine.spec.ZeroConfig.level_sizes gives them): one group per level, "data.level1", "data.level2", ...
 
-        intra ("data.intra"): the node_size ranks of this rank's data group in the same node (group rank =
-        data index % node_size); inter ("data.inter"): the data/node_size ranks of this data group with the
-        same index inside their node (group rank = data index // node_size). Built on first use (every rank
-        must call it with the same node_size), cached, destroyed by close(). Data ranks are the slowest
-        axis, so with the tensor-parallel group inside a node, consecutive data indices share a node.
+        A data index d is read as digits, innermost fastest: d = a1 + s1 * (a2 + s2 * (a3 + ...)). The level-i
+        group holds the ranks of this data group that differ only in digit ai, in that digit's order (so its
+        group rank is ai). With sizes (2, 4, 4) on data=32: level 1 pairs d and d^1 (two GCDs of a package),
+        level 2 the four packages of a node with the same GCD position, level 3 the four nodes. A single level
+        is the data group itself. Built on first use (every rank must call it with the same sizes), cached,
+        destroyed by close().
         """
+        data = self.shape.data
+        if math.prod(sizes) != data or any(s < 1 for s in sizes):
+            raise GridError(f"levels {sizes} do not multiply to the data axis of size {data}")
+        if len(sizes) == 1:
+            return (self.group("data"),)
+        key = ("levels", *sizes)
+        if key not in self._data_groups:
+            data_groups = self.shape.group_ranks(("data",))  # each sorted by data index; same order everywhere
+            built, inner = [], 1
+            for level, size in enumerate(sizes, start=1):
+                members = [
+                    [g[block * inner * size + digit * inner + low] for digit in range(size)]
+                    for g in data_groups
+                    for block in range(data // (inner * size))
+                    for low in range(inner)
+                ]
+                built.append(self._subgroup(f"data.level{level}", members))
+                inner *= size
+            self._data_groups[key] = tuple(built)
+        return self._data_groups[key]
+
+    def data_node(self, node_size: int) -> AxisGroup:
+        """ "data.node": the `node_size` ranks of this data group with consecutive data indices (one node when the
+        tensor-parallel group sits inside a node, data being the slowest axis); group rank = data index % node_size.
+        Stage 3's secondary partition (hpZ) lives on it. Cached like data_levels."""
         data = self.shape.data
         if node_size < 1 or data % node_size:
             raise GridError(
                 f"a node of {node_size} data ranks does not divide the data axis of size {data}; "
                 "choose a node size that divides it"
             )
-        key = ("data.intra", node_size)
-        if key not in self._node_groups:
-            built = []
-            data_groups = self.shape.group_ranks(("data",))  # each sorted by data index; same order everywhere
-            layouts = (
-                (
-                    "data.intra",
-                    [g[n * node_size : (n + 1) * node_size] for g in data_groups for n in range(data // node_size)],
-                ),
-                ("data.inter", [g[i::node_size] for g in data_groups for i in range(node_size)]),
-            )
-            for name, all_ranks in layouts:
-                mine: tuple[list[int], dist.ProcessGroup | None] | None = None
-                for ranks in all_ranks:
-                    if len(ranks) == 1:
-                        handle = None
-                    elif len(ranks) == self.world_size:
-                        handle = dist.group.WORLD
-                    else:
-                        handle = dist.new_group(ranks)
-                        self._created.append(handle)
-                    if self.rank in ranks:
-                        mine = (ranks, handle)
-                assert mine is not None
-                ranks, handle = mine
-                built.append(
-                    AxisGroup(name, ("data",), len(ranks), ranks.index(self.rank), tuple(ranks), handle, self.traffic)
-                )
-            self._node_groups[key] = tuple(built)
-        return self._node_groups[key]
+        key = ("node", node_size)
+        if key not in self._data_groups:
+            members = [
+                g[n * node_size : (n + 1) * node_size]
+                for g in self.shape.group_ranks(("data",))
+                for n in range(data // node_size)
+            ]
+            self._data_groups[key] = (self._subgroup("data.node", members),)
+        return self._data_groups[key][0]
+
+    def _subgroup(self, name: str, all_ranks: list[list[int]]) -> AxisGroup:
+        """Create a process group for each member list (every rank takes part, same order everywhere) and return
+        this rank's as an AxisGroup of the data axis named `name`."""
+        mine: tuple[list[int], dist.ProcessGroup | None] | None = None
+        for ranks in all_ranks:
+            if len(ranks) == 1:
+                handle = None
+            elif len(ranks) == self.world_size:
+                handle = dist.group.WORLD
+            else:
+                handle = dist.new_group(ranks)
+                self._created.append(handle)
+            if self.rank in ranks:
+                mine = (ranks, handle)
+        assert mine is not None
+        ranks, handle = mine
+        return AxisGroup(name, ("data",), len(ranks), ranks.index(self.rank), tuple(ranks), handle, self.traffic)
 
     def coord(self, axis: str) -> int:
         """This rank's index along `axis`."""
@@ -214,7 +239,7 @@ class Grid:
             dist.destroy_process_group(group)
         self._created = []
         self._groups = {}
-        self._node_groups = {}
+        self._data_groups = {}
         if destroy_world and dist.is_initialized():
             _release_groups()
             dist.destroy_process_group()

@@ -251,6 +251,14 @@ def _keep_prefetch_inside(layers: list[nn.Module]) -> None:
                 module._prefetch_next = tuple(m for m in module._prefetch_next if id(m) in inside)
 
 
+def data_node(grid: Grid, config: ZeroConfig) -> AxisGroup:
+    """The group of stage 3's secondary partition: the data ranks of one node. With one level inside the node it
+    is that level's group (same members); with more (--zero-hierarchy 2,8) a group of its own."""
+    if not config.inner_levels:
+        return grid.data_levels(config.level_sizes(grid.size("data")))[0]
+    return grid.data_node(config.node_size)
+
+
 @contextmanager
 def _secondary_mesh_from_grid(grid: Grid, config: ZeroConfig, device_type: str) -> Iterator[None]:
     """While fully_shard runs: build the hpZ secondary partition's mesh from the grid's node groups.
@@ -258,8 +266,9 @@ def _secondary_mesh_from_grid(grid: Grid, config: ZeroConfig, device_type: str) 
     For reshard_after_forward=<int>, torch 2.13's fully_shard builds that mesh itself with DeviceMesh(...) over
     this data group's ranks only, which creates process groups collectively: with several data groups (any
     tensor-parallel axis > 1) each creates other groups and the ranks wait on each other forever. The same
-    mesh is made here from the groups Grid.data_node_groups built on every rank (no group creation), through
-    fully_shard's own hook for it (a private function of the pinned torch, hence this narrow patch).
+    mesh is made here from the groups Grid.data_levels and Grid.data_node built on every rank (no group
+    creation), through fully_shard's own hook for it (a private function of the pinned torch, hence this
+    narrow patch).
     """
     if not config.hierarchical or config.stage != 3 or config.node_size >= grid.size("data"):
         yield
@@ -268,14 +277,14 @@ def _secondary_mesh_from_grid(grid: Grid, config: ZeroConfig, device_type: str) 
     from torch.distributed.fsdp._fully_shard import _fully_shard as fsdp_module
     from torch.distributed.fsdp._fully_shard._fsdp_common import HSDPMeshInfo
 
-    intra, inter = grid.data_node_groups(config.node_size)
+    node, inter = data_node(grid, config), grid.data_levels(config.level_sizes(grid.size("data")))[-1]
     data = grid.group("data")
-    ranks = torch.tensor(data.ranks, dtype=torch.int).view(inter.size, intra.size)
+    ranks = torch.tensor(data.ranks, dtype=torch.int).view(inter.size, node.size)
     mesh = DeviceMesh.from_group(
-        [inter.group, intra.group],
+        [inter.group, node.group],
         device_type,
         mesh=ranks,
-        mesh_dim_names=(f"node_{inter.group.group_name}", f"in_node_{intra.group.group_name}"),
+        mesh_dim_names=(f"node_{inter.group.group_name}", f"in_node_{node.group.group_name}"),
     )
     original = fsdp_module._get_post_forward_mesh_info
 
@@ -336,8 +345,13 @@ def shard_data_axis(model: nn.Module, grid: Grid, config: ZeroConfig) -> nn.Modu
             fully_shard(layer, mesh=mesh, reshard_after_forward=reshard, offload_policy=policy)
     # the root (embeddings, final norm, lm_head) is needed again right at the start of backward: keep it
     fully_shard(model, mesh=mesh, reshard_after_forward=False, offload_policy=policy)
-    hierarchy = grid.data_node_groups(config.node_size) if config.hierarchical else None
-    all_gather, reduce_scatter = comm.fsdp_comms([data], hierarchy)
+    all_gather, reduce_scatter = comm.fsdp_comms(
+        data,
+        grid.data_levels(config.level_sizes(data.size)),
+        node=data_node(grid, config) if config.stage == 3 and 1 < config.node_size < data.size else None,
+        weights=config.weight_format if config.quantize_weights else None,
+        gradients=config.gradient_format if config.quantize_gradients else None,
+    )
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)  # our gradients are of the SUM of all ranks' losses

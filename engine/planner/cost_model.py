@@ -61,7 +61,7 @@ from engine.spec import (
     vocab_row_axes,
 )
 
-KINDS = ("all_reduce", "all_gather", "reduce_scatter")
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 PHASES = ("forward", "backward", "sync", "clip", "optimizer")
 SYNC_BUCKET_ELEMENTS = BUCKET_ELEMENTS  # gradients are all-reduced in buckets this large (engine.core.comm)
 
@@ -74,10 +74,10 @@ def group_name(axes: Iterable[str]) -> str:
 
 def group_axes(name: str) -> tuple[str, ...]:
     """Inverse of group_name: "z+data" -> ("z", "data"), "world" -> AXES; ZeRO's node groups of the data axis
-    ("data.intra", "data.inter", engine.core.grid.Grid.data_node_groups) -> ("data",)."""
+    ("data.level1", ..., "data.node": engine.core.grid.Grid.data_levels and data_node) -> ("data",)."""
     if name == "world":
         return AXES
-    if name in ("data.intra", "data.inter"):
+    if name.startswith("data."):
         return ("data",)
     axes = tuple(name.split("+"))
     if any(a not in AXES for a in axes):
@@ -89,7 +89,7 @@ def group_axes(name: str) -> tuple[str, ...]:
 class Collective:
     """One collective (repeated `count` times, e.g. once per layer) as seen by one rank.
 
-    full_bytes: the all-reduce operand, the all-gather OUTPUT, or the reduce-scatter INPUT, in bytes.
+    full_bytes: the all-reduce operand, the all-gather OUTPUT, the reduce-scatter or all-to-all INPUT, in bytes.
     """
 
     group: str
@@ -628,11 +628,15 @@ def zero_collectives(
     Stage 1 (ZeroAdamW): after backward, the gradients are reduce-scattered over data in buckets (each
     parameter's dim 0 padded to a multiple of D, flushed at SYNC_BUCKET_ELEMENTS), and after the update the
     chunks are all-gathered in the same buckets (phase "optimizer").
-    Stages 2 and 3 (FSDP2, one unit per decoder layer plus the root): per micro-batch and unit, an
-    all-gather of the padded parameters in forward, again in backward for stage 3's layers (over the node's
-    "data.intra" group from the secondary partition when hierarchical, padded to a multiple of the node
-    size), and a reduce-scatter of the padded gradients in backward: over "data", or hierarchically over
-    "data.intra" (all of it) and "data.inter" (1/node_size of it).
+    Stages 2 and 3 (FSDP2, one unit per decoder layer plus the root), per micro-batch and unit
+    (engine.core.comm.fsdp_comms):
+    - an all-gather of the padded parameters in forward, again in backward for stage 3's layers; with a
+      hierarchy level by level, outermost first; with qwZ each rank's shard travels as int8 blocks
+      (BlockFormat.payload_bytes). Stage 3's backward gather comes from the secondary partition over the node
+      when the hierarchy has one (hpZ: over the node's levels, padded to a multiple of the node size, in full
+      precision);
+    - a reduce-scatter of the padded gradients in backward, level by level innermost first (each level passes
+      on 1/g of what it received); with qgZ an all-to-all of quantized rows at each level instead.
     """
     b = _Builder(grid)
     D = grid.data
@@ -648,37 +652,53 @@ def zero_collectives(
                 b.add(("data",), "all_gather", count * param_bytes, "optimizer", "ZeRO-1 updated chunks")
                 count = 0
         return b.items
-    node = zero.node_size
+    levels = zero_levels(zero, D)
+    node_levels = levels[:-1] if zero.stage == 3 and 1 < zero.node_size < D else None
+    weights = zero.weight_format if zero.quantize_weights else None
+    gradients = zero.gradient_format if zero.quantize_gradients else None
+
+    def gather(payload: int, path: list[tuple[str, int]], phase: str, what: str, calls: int) -> None:
+        for name, g in reversed(path):  # outermost level first (engine.core.comm.gather_levels)
+            b.add_group(name, g, "all_gather", payload * g, phase, what, calls)
+            payload *= g
+
     for unit_params, units, is_layer in (
         ([p for p in params if p.unit == 0], 1, False),
         ([p for p in params if p.unit == 1], shape.layers, True),
     ):
         if not unit_params:
             continue
-        n = D * sum(p.padded_chunk(D) for p in unit_params) * param_bytes
+        chunk = sum(p.padded_chunk(D) for p in unit_params)  # elements of this rank's shard of the unit
+        primary = weights.payload_bytes(chunk) if weights else chunk * param_bytes
         what = "decoder layer" if is_layer else "root (embeddings, final norm, lm_head)"
         calls = units * grad_accum
-        b.add(("data",), "all_gather", n, "forward", f"FSDP gather {what}", calls)
+        gather(primary, levels, "forward", f"FSDP gather {what}", calls)
         if zero.stage == 3 and is_layer:
-            if 1 < node < D:  # hpZ: the secondary partition over the node
-                secondary = node * sum(p.padded_chunk(node) for p in unit_params) * param_bytes
-                b.add_group("data.intra", node, "all_gather", secondary, "backward", f"FSDP re-gather {what}", calls)
+            if node_levels:  # hpZ: the secondary partition over the node, full precision
+                secondary = sum(p.padded_chunk(zero.node_size) for p in unit_params) * param_bytes
+                gather(secondary, node_levels, "backward", f"FSDP re-gather {what} in node", calls)
             else:
-                b.add(("data",), "all_gather", n, "backward", f"FSDP re-gather {what}", calls)
-        if node > 1:
-            b.add_group("data.intra", node, "reduce_scatter", n, "backward", f"FSDP gradients {what}, in node", calls)
-            b.add_group(
-                "data.inter",
-                D // node,
-                "reduce_scatter",
-                n // node,
-                "backward",
-                f"FSDP gradients {what}, across nodes",
-                calls,
-            )
-        else:
-            b.add(("data",), "reduce_scatter", n, "backward", f"FSDP gradients {what}", calls)
+                gather(primary, levels, "backward", f"FSDP re-gather {what}", calls)
+        elements = D * chunk  # the reduce-scatter's input, level by level innermost first
+        for name, g in levels:
+            if gradients:
+                sent = g * gradients.payload_bytes(elements // g)
+                b.add_group(name, g, "all_to_all", sent, "backward", f"qgZ gradients {what}", calls)
+            else:
+                b.add_group(
+                    name, g, "reduce_scatter", elements * param_bytes, "backward", f"FSDP gradients {what}", calls
+                )
+            elements //= g
     return b.items
+
+
+def zero_levels(zero: ZeroConfig, data: int) -> list[tuple[str, int]]:
+    """(group name, ranks) of each level of the data axis ZeRO's collectives run over, innermost first, as
+    engine.core.grid.Grid.data_levels names them: ("data", D) alone without a hierarchy."""
+    sizes = zero.level_sizes(data)
+    if len(sizes) == 1:
+        return [("data", data)]
+    return [(f"data.level{i}", g) for i, g in enumerate(sizes, start=1)]
 
 
 def sync_collectives(
@@ -1113,7 +1133,7 @@ def memory_per_rank(
                 device = P * w + layer * w  # whole parameters through forward and backward, one layer's gradient
             else:
                 device = 2 * max(layer, root) * w + layer * w
-                if zero.node_size > 1:
+                if 1 < zero.node_size < D:  # hpZ's secondary partition, kept from forward to backward
                     device += shape.layers * layer * w / zero.node_size
             if zero.offload:
                 host = chunks

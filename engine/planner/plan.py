@@ -208,8 +208,8 @@ def step_prediction(
     comm_by_group: dict[str, float] = {}
     for (group, kind, ranks), (sent, calls) in totals.items():
         stride = group_stride(group_axes(group), sizes)
-        if group == "data.inter":  # ZeRO's hierarchy: one rank per node, node_size data ranks apart
-            stride *= zero.node_size if zero is not None else 1
+        if group.startswith("data.level") and zero is not None:  # ZeRO's levels: members step over the inner ones
+            stride *= math.prod(zero.level_sizes(grid.data)[: int(group.removeprefix("data.level")) - 1])
         seconds = profile.collective_seconds(kind, ranks, stride, sent, calls)
         comm_by_group[group] = comm_by_group.get(group, 0.0) + seconds
     flops = rank_flops_per_step(

@@ -32,10 +32,12 @@ from engine.memory.activation import checkpoint_decoder_layers
 from engine.memory.zero import ZeroConfig, ZeroError, make_adamw, shard_data_axis, zero_state
 from engine.models.parallelize import rows_layout
 from engine.spec import (
+    DEFAULT_QUANT_BLOCK,
     TRAIN_PRECISION,
     ParallelLayout,
     check_precision,
     check_rows_layout,
+    parse_quantize,
     row_split_axes,
 )
 from engine.training.checkpoint import (
@@ -74,6 +76,10 @@ class TrainConfig:
         0  # ZeRO stage over the data axis (engine/memory/zero.py): 0 off, 1 optimizer state, 2 + grads, 3 + params
     )
     zero_node_size: int = 1  # data-axis ranks per node; > 1: hierarchical partitioning (stages 2 and 3)
+    zero_inner_levels: tuple[int, ...] = ()  # level sizes inside a node, innermost first (e.g. (2,): GCD pairs)
+    zero_quantize: str = ""  # ZeRO++ quantized collectives: "", "weights" (qwZ), "gradients" (qgZ) or both, ","-joined
+    zero_gradient_bits: int = 8  # qgZ's codes: 8 or 4 bits
+    zero_quantize_block: int = DEFAULT_QUANT_BLOCK  # elements per float32 scale of qwZ and qgZ
     offload_optimizer: bool = False  # AdamW state and update in host memory (stages 2 and 3)
     activation_checkpointing: bool = False  # recompute decoder layers in backward (engine/memory/activation.py)
     rows: str = "own"  # rows layout: "own" rows per rank (batch % world), or "shared" per x*y group (batch % data*z)
@@ -115,8 +121,18 @@ class TrainConfig:
 
     @property
     def zero_config(self) -> ZeroConfig:
-        """The ZeRO setting of the zero, zero_node_size and offload_optimizer fields."""
-        return ZeroConfig(stage=self.zero, node_size=self.zero_node_size, offload=self.offload_optimizer)
+        """The ZeRO setting of the zero_* and offload_optimizer fields."""
+        parts = parse_quantize(self.zero_quantize)
+        return ZeroConfig(
+            stage=self.zero,
+            node_size=self.zero_node_size,
+            offload=self.offload_optimizer,
+            inner_levels=tuple(self.zero_inner_levels),
+            quantize_weights="weights" in parts,
+            quantize_gradients="gradients" in parts,
+            gradient_bits=self.zero_gradient_bits,
+            quantize_block=self.zero_quantize_block,
+        )
 
     def layout(self, shape: GridShape, vocab_parallel: bool | None = None) -> ParallelLayout:
         """The parallel run these settings describe on a grid of `shape` (validated: ZeroError or ValueError)."""
