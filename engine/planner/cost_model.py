@@ -498,6 +498,11 @@ NAMED_SHAPES.update(
         "640B": _axonn_gpt(192, 16384, 128, "GPT-640B"),
     }
 )
+# EleutherAI's GPT-NeoX-20B (Black et al. 2022; the defaults of transformers' GPTNeoXConfig and the released
+# config.json): 44 layers, hidden 6,144, 64 heads, a 4 x hidden GELU MLP with biases, LayerNorm, rotary positions
+# (no parameters), untied 50,432-row embeddings and lm_head. The 20B GPT of the Frontier ZeRO++ study (seed 001),
+# whose exact shape we could not read, planned with these published sizes.
+NAMED_SHAPES["NEOX-20B"] = replace(_axonn_gpt(44, 6144, 64, "GPT-NeoX-20B"), vocab=50432, tie_embeddings=False)
 
 
 def vocab_parts(shape: TransformerShape, grid: GridShape, vocab_parallel: bool | None = None) -> int:

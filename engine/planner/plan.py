@@ -9,9 +9,12 @@ For each ordered factorisation of the GPU count it
    multiple of data*z (AxoNN's 4,096 x 4,096-token batches on 6,144 or 32,768 GPUs are expressible this way).
    A grid without x or y parallelism has one layout (both are the same); a grid is rejected when neither
    layout splits the batch. The faster layout is kept and reported (the "rows" column);
-2. picks activation checkpointing (on or off) and the number of micro-batches (gradient accumulation):
-   for each setting allowed, the fewest micro-batches that fit the memory estimate
-   (engine.planner.cost_model.memory_per_rank), keeping the faster of the two; grids that never fit are rejected;
+2. picks the ZeRO setting, activation checkpointing (on or off) and the number of micro-batches (gradient
+   accumulation): for each setting allowed, the fewest micro-batches that fit the memory estimate
+   (engine.planner.cost_model.memory_per_rank), keeping the fastest; grids that never fit are rejected. The ZeRO
+   settings are the request's stages, and for stages 2 and 3 each of its hierarchies (flat, the node, or the package
+   inside the node, sized from the machine profile: PlanRequest.hierarchy_levels) and ZeRO++ quantizations (qwZ
+   int8 weight gathers, qgZ int8/int4 gradient all-to-alls);
 3. predicts the step time = compute (FLOPs one GPU runs, at a stated fraction of the profile's peak)
    + memory-bound work (bytes of non-matmul work and optimizer over the device memory bandwidth, which
    charges the engine's replication of norms and elementwise work over x and y)
@@ -48,9 +51,12 @@ from engine.planner.cost_model import (
 )
 from engine.planner.profiles import MachineProfile, group_stride
 from engine.spec import (
+    DEFAULT_QUANT_BLOCK,
     OWN,
     PLAN_PRECISION,
     PRECISIONS,
+    QUANT_BITS,
+    QUANTIZE_PARTS,
     STAGES,
     GridShape,
     ZeroConfig,
@@ -64,6 +70,10 @@ GIB = 1024**3
 # PRECISIONS (engine.spec): element bytes of each `goldfish train --precision`. The engine has no pure-bf16
 # weights, so neither does the planner.
 CHECKPOINTING = ("auto", "on", "off")
+# ZeRO hierarchies the planner derives from a machine profile (stages 2 and 3): "off" (flat over the data axis),
+# "node" (two levels: the data ranks of one node, then the nodes) and "package,node" (three levels: the data ranks of
+# one package, such as the two GCDs of an MI250X, then the packages of a node, then the nodes).
+HIERARCHIES = ("off", "node", "package,node")
 
 
 @dataclass(frozen=True)
@@ -84,7 +94,12 @@ class PlanRequest:
     checkpointing: str = "auto"  # activation checkpointing of decoder layers: "auto", "on" or "off"
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)  # ZeRO stages to consider per grid (stages > 0 need data >= 2)
     offload: bool = False  # with stages 2 and 3: optimizer state and parameter/gradient chunks in host memory
-    hierarchy: bool = False  # with stages 2 and 3: hierarchical partitioning by node (the profile's node size)
+    # with stages 2 and 3, each considered per grid (the fastest kept): the levels of HIERARCHIES, sized from the
+    # profile's package and node, and the ZeRO++ quantizations (tuples of QUANTIZE_PARTS; () is none)
+    hierarchies: tuple[str, ...] = ("off",)
+    quantize: tuple[tuple[str, ...], ...] = ((),)
+    gradient_bits: int = 8  # qgZ's codes: 8 or 4 bits
+    quantize_block: int = DEFAULT_QUANT_BLOCK  # elements per scale of qwZ and qgZ
     rows_layouts: tuple[str, ...] = ROWS_LAYOUTS  # rows layouts of `goldfish train --rows` to consider per grid
 
     def __post_init__(self) -> None:
@@ -105,11 +120,90 @@ class PlanRequest:
             raise ValueError(f"zero_stages must be a non-empty subset of {STAGES}, got {self.zero_stages!r}")
         if not self.rows_layouts or any(r not in ROWS_LAYOUTS for r in self.rows_layouts):  # (a subset, not one)
             raise ValueError(f"rows_layouts must be a non-empty subset of {ROWS_LAYOUTS}, got {self.rows_layouts!r}")
+        self._check_zero_plus_plus()
 
-    def zero_config(self, grid: GridShape, stage: int) -> ZeroConfig:
-        """The ZeRO setting of `stage` on `grid` with this request's offload and hierarchy (stages 2, 3)."""
-        node = data_ranks_per_node(self.profile.gpus_per_node, grid) if self.hierarchy and stage >= 2 else 1
-        return ZeroConfig(stage=stage, node_size=node, offload=self.offload and stage >= 2)
+    def _check_zero_plus_plus(self) -> None:
+        """Refuse hierarchies and quantizations that no plan could use, each in one line naming the fix (the
+        messages name `goldfish plan`'s options, which set these fields)."""
+        if not self.hierarchies or any(h not in HIERARCHIES for h in self.hierarchies):
+            raise ValueError(f"--zero-hierarchy takes {', '.join(HIERARCHIES)}, got {' '.join(self.hierarchies)!r}")
+        if not self.quantize or any(not set(q) <= set(QUANTIZE_PARTS) for q in self.quantize):
+            raise ValueError(f"--zero-quantize takes none, weights, gradients or weights,gradients: {self.quantize}")
+        if self.gradient_bits not in QUANT_BITS:
+            raise ValueError(f"--zero-quantize-bits must be 8 or 4 (qgZ's int8 or int4), got {self.gradient_bits}")
+        block = self.quantize_block
+        if isinstance(block, bool) or not isinstance(block, int) or block < 2 or block % 2:
+            raise ValueError(f"--zero-quantize-block must be an even number of elements >= 2, got {block!r}")
+        stages = ", ".join(map(str, self.zero_stages))
+        if any(q for q in self.quantize) and max(self.zero_stages) < 2:
+            raise ValueError(
+                f"--zero-quantize quantizes the gathers and reductions of ZeRO stages 2 and 3, but --zero considers "
+                f"only {stages}; add --zero 3 (or 2), or drop --zero-quantize"
+            )
+        if any(h != "off" for h in self.hierarchies) and max(self.zero_stages) < 2:
+            raise ValueError(
+                f"--zero-hierarchy partitions ZeRO stages 2 and 3 by level, but --zero considers only {stages}; "
+                "add --zero 3 (or 2), or drop --zero-hierarchy"
+            )
+        if self.gradient_bits != 8 and not any("gradients" in q for q in self.quantize):
+            raise ValueError(
+                f"--zero-quantize-bits {self.gradient_bits} sets qgZ's gradient codes, but no --zero-quantize setting "
+                "quantizes gradients; add --zero-quantize gradients (or weights,gradients)"
+            )
+        profile = self.profile
+        if "node" in self.hierarchies and profile.gpus_per_node < 2:
+            raise ValueError(
+                f"--zero-hierarchy node needs nodes of 2 or more GPUs, but profile {profile.name} has "
+                f"{profile.gpus_per_node}; set --gpus-per-node or drop --zero-hierarchy"
+            )
+        if "package,node" in self.hierarchies and profile.package_size < 2:
+            raise ValueError(
+                f"--zero-hierarchy package,node needs GPUs that share a package, but profile {profile.name} has "
+                f"package_size {profile.package_size}; use --zero-hierarchy node, or a profile with packages "
+                "(frontier: the two GCDs of an MI250X)"
+            )
+
+    def hierarchy_levels(self, grid: GridShape, hierarchy: str) -> tuple[int, tuple[int, ...]]:
+        """(node_size, inner_levels) of ZeroConfig for `hierarchy` (a HIERARCHIES name) on `grid`: the data ranks
+        of one node and of one package, counted as the engine lays ranks out (engine.spec.data_ranks_per_node:
+        the data axis slowest, so a node or package holds whole tensor-parallel groups or no hierarchy level).
+        A level of one data rank is dropped: a tensor-parallel group filling the package leaves two levels."""
+        if hierarchy == "off":
+            return 1, ()
+        node = data_ranks_per_node(self.profile.gpus_per_node, grid)
+        if hierarchy == "node" or node < 2:
+            return node, ()
+        package = data_ranks_per_node(self.profile.package_size, grid)
+        return node, ((package,) if 1 < package < node else ())
+
+    def zero_configs(self, grid: GridShape, stage: int) -> list[ZeroConfig]:
+        """The ZeRO settings of `stage` on `grid` to consider: stage 1 alone, stages 2 and 3 with each of this
+        request's hierarchies and quantizations (with its offload), distinct ones only, in request order (so a tie
+        keeps the simpler setting)."""
+        if stage < 2:
+            return [ZeroConfig(stage=stage)]
+        out: list[ZeroConfig] = []
+        for hierarchy in self.hierarchies:
+            node, inner = self.hierarchy_levels(grid, hierarchy)
+            for parts in self.quantize:
+                zero = ZeroConfig(
+                    stage=stage,
+                    node_size=node,
+                    inner_levels=inner,
+                    offload=self.offload,
+                    quantize_weights="weights" in parts,
+                    quantize_gradients="gradients" in parts,
+                    gradient_bits=self.gradient_bits if "gradients" in parts else 8,
+                    quantize_block=self.quantize_block,
+                )
+                if zero not in out:
+                    out.append(zero)
+        return out
+
+    @property
+    def zero_plus_plus(self) -> bool:
+        """Whether this request considers a ZeRO hierarchy or quantization (the table then shows them)."""
+        return any(h != "off" for h in self.hierarchies) or any(q for q in self.quantize)
 
     @property
     def element_bytes(self) -> tuple[int, int, int]:
@@ -295,8 +389,7 @@ def plan_grid(request: PlanRequest, grid: GridShape) -> GridPlan:
             choices = [request.grad_accum]
         else:
             choices = [a for a in range(1, rows_total + 1) if rows_total % a == 0]
-        for stage in stages:
-            zero = request.zero_config(grid, stage) if stage else None
+        for zero in [z for s in stages for z in (request.zero_configs(grid, s) if s else [None])]:
             for recompute in settings:
                 for accum in choices:
                     memory = memory_per_rank(
@@ -369,8 +462,11 @@ def format_table(request: PlanRequest, plans: list[GridPlan], top: int = 20) -> 
         f"{len(plans)} grids: {len(feasible)} feasible, {len(rejected)} rejected",
         "",
     ]
+    extra = request.zero_plus_plus  # the levels and quantization columns, when the request considers them
     header = (
-        f"{'rank':>4} {'data':>5} {'x':>4} {'y':>4} {'z':>4} {'rows':>6} {'zero':>4} {'accum':>5} {'ckpt':>4} "
+        f"{'rank':>4} {'data':>5} {'x':>4} {'y':>4} {'z':>4} {'rows':>6} {'zero':>4} "
+        + (f"{'levels':>6} {'quant':>5} " if extra else "")
+        + f"{'accum':>5} {'ckpt':>4} "
         f"{'step s':>9} "
         f"{'compute':>9} "
         f"{'memory':>9} {'comm':>9} {'mem GiB':>8} {'MFU':>6}  bytes sent per GPU by group"
@@ -381,8 +477,11 @@ def format_table(request: PlanRequest, plans: list[GridPlan], top: int = 20) -> 
         traffic = ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in sorted(p.bytes_by_group.items(), key=lambda kv: -kv[1]))
         ckpt = "yes" if p.recompute else "no"
         stage = p.zero.stage if p.zero is not None else 0
+        levels, quant = zero_plus_plus_label(p.zero)
         lines.append(
-            f"{i:>4} {g.data:>5} {g.x:>4} {g.y:>4} {g.z:>4} {p.rows:>6} {stage:>4} {p.grad_accum:>5} {ckpt:>4} "
+            f"{i:>4} {g.data:>5} {g.x:>4} {g.y:>4} {g.z:>4} {p.rows:>6} {stage:>4} "
+            + (f"{levels:>6} {quant:>5} " if extra else "")
+            + f"{p.grad_accum:>5} {ckpt:>4} "
             f"{p.step_s:>9.4g} "
             f"{p.compute_s:>9.4g} {p.memory_s:>9.4g} {p.comm_s:>9.4g} {p.memory.total / GIB:>8.1f} "
             f"{p.mfu:>6.1%}  {traffic}"
@@ -445,13 +544,33 @@ def train_command(request: PlanRequest, plan: GridPlan) -> str:
         parts.append(f"--rows {plan.rows}")
     if plan.recompute:
         parts.append("--activation-checkpointing")
-    if plan.zero is not None and plan.zero.stage:
-        parts.append(f"--zero {plan.zero.stage}")
-        if plan.zero.node_size > 1:
-            parts.append(f"--zero-hierarchy {plan.zero.node_size}")
-        if plan.zero.offload:
+    zero = plan.zero
+    if zero is not None and zero.stage:
+        parts.append(f"--zero {zero.stage}")
+        if zero.node_size > 1:  # level sizes innermost first, ending with the node: 8, or 2,8
+            parts.append(f"--zero-hierarchy {','.join(map(str, (*zero.inner_levels, zero.node_size)))}")
+        if zero.quantized:
+            quantized = [p for p, on in zip(QUANTIZE_PARTS, (zero.quantize_weights, zero.quantize_gradients)) if on]
+            parts.append(f"--zero-quantize {','.join(quantized)}")
+            if zero.quantize_gradients and zero.gradient_bits != 8:
+                parts.append(f"--zero-quantize-bits {zero.gradient_bits}")
+            if zero.quantize_block != DEFAULT_QUANT_BLOCK:
+                parts.append(f"--zero-quantize-block {zero.quantize_block}")
+        if zero.offload:
             parts.append("--offload-optimizer")
     return " ".join(p for p in parts if p)
+
+
+def zero_plus_plus_label(zero: ZeroConfig | None) -> tuple[str, str]:
+    """The table's "levels" and "quant" cells of a ZeRO setting: level sizes innermost first ending with the node
+    ("2,8", "8", "-" when flat) and the quantized collectives ("w" qwZ, "g8"/"g4" qgZ and its bits, "-" none)."""
+    if zero is None or zero.stage < 2:
+        return "-", "-"
+    levels = ",".join(map(str, (*zero.inner_levels, zero.node_size))) if zero.node_size > 1 else "-"
+    quant = "+".join(
+        (["w"] if zero.quantize_weights else []) + ([f"g{zero.gradient_bits}"] if zero.quantize_gradients else [])
+    )
+    return levels, quant or "-"
 
 
 # ----- model shapes by name ---------------------------------------------------------------------------------------

@@ -14,9 +14,17 @@ and that has `ranks` members runs a ring:
                                                                never more than intra_node_gbps)
 
 A span that does not divide the node (or package) size straddles a boundary and counts as crossing it.
-All figures are GB/s in ONE direction (what a ring uses). Per call, time = ring_steps * latency +
-sent_bytes / bandwidth. A profile written by `--measure` also holds measured (kind, ranks, stride)
-figures, which take precedence over the link model.
+All figures are GB/s in ONE direction (what a ring uses). Per call, time = steps * latency +
+sent_bytes / bandwidth, with 2 (ranks - 1) steps for an all-reduce and ranks - 1 otherwise. A profile written by
+`--measure` also holds measured (kind, ranks, stride) figures, which take precedence over the link model.
+
+All-to-all (ZeRO++'s qgZ gradient reduction): each rank sends (ranks - 1) / ranks of its input, as many bytes as a
+ring reduce-scatter of the same input, in ranks - 1 exchanges (one per peer), over the same links inside a package
+or a node. Across nodes it is no ring: nearly all of every member's bytes leave the node, so all gpus_per_node ranks
+of a node send through its NICs at once and each gets inter_node_gbps / gpus_per_node, whatever the stride (for a
+ring of stride >= gpus_per_node, such as the outer level of a ZeRO hierarchy, this is the ring's share too; a flat
+all-to-all over consecutive ranks gets gpus_per_node times less than a ring there). `--measure` does not time
+all-to-alls: they always take the link model.
 """
 
 from __future__ import annotations
@@ -72,26 +80,28 @@ class MachineProfile:
             if not getattr(self, f) > 0:
                 raise ValueError(f"profile {self.name}: {f} must be > 0, got {getattr(self, f)!r}")
 
-    def link(self, ranks: int, stride: int) -> tuple[float, float, str]:
-        """(bytes per second, seconds per ring step, link name) that a ring of `ranks` members `stride`
-        apart gets while every group of its kind runs at once."""
+    def link(self, ranks: int, stride: int, kind: str = "ring") -> tuple[float, float, str]:
+        """(bytes per second, seconds per step, link name) that a group of `ranks` members `stride` apart gets
+        while every group of its kind runs at once: a ring, or (kind "all_to_all") an all-to-all, whose members
+        all send across the node boundary at once (see the module doc)."""
         span = ranks * stride
         if self.package_size > 1 and span <= self.package_size and self.package_size % span == 0:
             return self.package_gbps * GB, self.intra_latency_s, "package"
         if span <= self.gpus_per_node and self.gpus_per_node % span == 0:
             return self.intra_node_gbps * GB, self.intra_latency_s, "node"
-        sharing = min(stride, self.gpus_per_node)
+        sharing = self.gpus_per_node if kind == "all_to_all" else min(stride, self.gpus_per_node)
         return min(self.intra_node_gbps, self.inter_node_gbps / sharing) * GB, self.inter_latency_s, "network"
 
     def collective_seconds(self, kind: str, ranks: int, stride: int, sent_bytes: float, calls: int) -> float:
-        """Seconds for `calls` calls of a collective that together send `sent_bytes` per rank."""
+        """Seconds for `calls` calls of a collective that together send `sent_bytes` per rank: all-reduce,
+        all-gather and reduce-scatter as rings, all-to-all as ranks - 1 exchanges at link(..., "all_to_all")."""
         if ranks <= 1:
             return 0.0
         steps = (2 if kind == "all_reduce" else 1) * (ranks - 1)
         for m in self.measured:
             if m.kind == kind and m.ranks == ranks and m.stride == stride:
                 return calls * steps * m.latency_s + sent_bytes / (m.gbps * GB)
-        bandwidth, latency, _ = self.link(ranks, stride)
+        bandwidth, latency, _ = self.link(ranks, stride, kind)
         return calls * steps * latency + sent_bytes / bandwidth
 
     def to_json(self) -> dict[str, Any]:

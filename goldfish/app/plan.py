@@ -12,6 +12,7 @@ from typing import Any
 from engine.planner.cost_model import NAMED_SHAPES, TransformerShape
 from engine.planner.plan import (
     CHECKPOINTING,
+    HIERARCHIES,
     PRECISIONS,
     GridPlan,
     PlanRequest,
@@ -20,9 +21,9 @@ from engine.planner.plan import (
     resolve_shape,
 )
 from engine.planner.profiles import PROFILES, load_profile
-from engine.spec import PLAN_PRECISION
+from engine.spec import DEFAULT_QUANT_BLOCK, PLAN_PRECISION, QUANT_BITS, STAGES, parse_quantize
 from goldfish.app import paper
-from goldfish.app.argparsing import OneLineParser
+from goldfish.app.argparsing import OneLineParser, argument_type
 
 # Presets of `goldfish plan`: the model, cluster and step of a documented run, as option values (by dest names).
 PLAN_PRESETS: dict[str, dict[str, Any]] = {"paper": paper.PLAN_PRESET}
@@ -85,6 +86,51 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=0.5,
         help="fraction of peak the matrix products reach (default: %(default)s)",
+    )
+    zero = parser.add_argument_group("ZeRO (the settings considered per grid; the fastest is kept)")
+    zero.add_argument(
+        "--zero",
+        type=int,
+        nargs="+",
+        choices=STAGES,
+        default=list(STAGES),
+        metavar="STAGE",
+        help="ZeRO stages to consider, as goldfish train --zero (default: all, 0 1 2 3); --zero 3 pins stage 3",
+    )
+    zero.add_argument(
+        "--zero-hierarchy",
+        nargs="+",
+        choices=HIERARCHIES,
+        default=["off"],
+        metavar="LEVELS",
+        help="hierarchical partitioning of stages 2 and 3 to consider, sized from the profile: off (flat), node "
+        "(the data ranks of a node, then the nodes: ZeRO++'s hpZ), package,node (the data ranks of a package, such "
+        "as the two GCDs of an MI250X, then the node, then the nodes); several are weighed against each other, e.g. "
+        "--zero-hierarchy off node package,node (default: off)",
+    )
+    zero.add_argument(
+        "--zero-quantize",
+        type=argument_type(parse_quantize),
+        nargs="+",
+        default=[()],
+        metavar="PARTS",
+        help="ZeRO++ quantized collectives of stages 2 and 3 to consider: none, weights (qwZ: int8 weight gathers), "
+        "gradients (qgZ: quantized all-to-all reductions) or weights,gradients; several are weighed against each "
+        "other, e.g. --zero-quantize none weights,gradients (default: none)",
+    )
+    zero.add_argument(
+        "--zero-quantize-bits",
+        type=int,
+        choices=QUANT_BITS,
+        default=8,
+        help="bits of qgZ's gradient codes, as goldfish train --zero-quantize-bits (default: %(default)s)",
+    )
+    zero.add_argument(
+        "--zero-quantize-block",
+        type=int,
+        default=DEFAULT_QUANT_BLOCK,
+        help="elements per float32 scale of qwZ and qgZ, as goldfish train --zero-quantize-block "
+        "(default: %(default)s)",
     )
     parser.add_argument("--top", type=int, default=20, help="rows of the table (default: %(default)s)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write every grid's prediction as JSON")
@@ -172,6 +218,11 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
         grad_accum=args.grad_accum,
         precision=args.precision,
         checkpointing=args.checkpointing,
+        zero_stages=tuple(dict.fromkeys(args.zero)),
+        hierarchies=tuple(dict.fromkeys(args.zero_hierarchy)),
+        quantize=tuple(dict.fromkeys(args.zero_quantize)),
+        gradient_bits=args.zero_quantize_bits,
+        quantize_block=args.zero_quantize_block,
     )
 
 
