@@ -331,7 +331,9 @@ def test_measure_writes_a_usable_profile(tmp_path) -> None:
     profile = MachineProfile.from_json(results[0])
     shapes = {(m.kind, m.ranks, m.stride) for m in profile.measured}
     assert shapes == {
-        (k, p, s) for k in ("all_reduce", "all_gather", "reduce_scatter") for p, s in ((2, 1), (2, 2), (4, 1))
+        (k, p, s)
+        for k in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+        for p, s in ((2, 1), (2, 2), (4, 1))
     }
     assert all(m.gbps > 0 and m.latency_s > 0 for m in profile.measured)
     assert profile.gpus_per_node == 4 and profile.peak_tflops > 0

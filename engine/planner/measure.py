@@ -63,6 +63,9 @@ def _time_collective(
     elif kind == "reduce_scatter":
         t = torch.ones(elements, dtype=dtype, device=device)
         run = lambda: comm.reduce_scatter(t, group)  # noqa: E731
+    elif kind == "all_to_all":  # qgZ's exchange of quantized rows
+        t = torch.ones(group.size, elements // group.size, dtype=dtype, device=device)
+        run = lambda: comm.all_to_all(t, group)  # noqa: E731
     else:
         t = torch.ones(elements, dtype=dtype, device=device)
         run = lambda: comm.all_reduce(t, group)  # noqa: E731
