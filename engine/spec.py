@@ -116,9 +116,11 @@ class BlockFormat:
 
     def __post_init__(self) -> None:
         if self.bits not in QUANT_BITS:
-            raise ZeroError(f"quantization bits must be one of {QUANT_BITS}, got {self.bits!r}")
+            raise ZeroError(f"quantization bits (--zero-quantize-bits) must be one of {QUANT_BITS}, got {self.bits!r}")
         if isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 2 or self.block % 2:
-            raise ZeroError(f"a quantization block must be an even number of elements >= 2, got {self.block!r}")
+            raise ZeroError(
+                f"a quantization block (--zero-quantize-block) must be an even number of elements >= 2, got {self.block!r}"
+            )
 
     @property
     def qmax(self) -> int:
@@ -245,9 +247,7 @@ def parse_quantize(text: str) -> tuple[str, ...]:
     parts = {p.strip() for p in text.split(",") if p.strip()} - {"none"}
     unknown = sorted(parts - set(QUANTIZE_PARTS))
     if unknown:
-        raise ZeroError(
-            f"--zero-quantize takes weights, gradients or weights,gradients (ZeRO++ qwZ and qgZ), got {text!r}"
-        )
+        raise ZeroError(f"ZeRO++ quantization takes weights, gradients or weights,gradients (qwZ, qgZ), got {text!r}")
     return tuple(p for p in QUANTIZE_PARTS if p in parts)
 
 

@@ -201,13 +201,27 @@ def test_every_stage_matches_serial_on_every_world4_grid() -> None:
     assert run_distributed(4, _worker, cases, timeout=600) == [len(cases)] * 4
 
 
+def _world8_worker(cases: list, byte_cases: list) -> tuple[int, int]:
+    return _worker(cases), _bytes_worker(byte_cases)
+
+
 def test_world8_sample_with_hierarchy() -> None:
+    """Two and three levels (--zero-hierarchy 2,4: pairs inside nodes of 4 on data=8, and 2,2 beside x=2) equal one
+    process, and the bytes each level sends equal the cost model's prediction, with and without quantization."""
+    three_levels = {"stage": 3, "node_size": 4, "inner_levels": (2,)}
     cases = [
         ((4, 2, 1, 1), {"stage": 3, "node_size": 2}, "llama"),
         ((2, 1, 2, 2), {"stage": 3}, "gpt2"),
         ((8, 1, 1, 1), {"stage": 2, "node_size": 4, "offload": True}, "llama"),
+        ((8, 1, 1, 1), three_levels, "llama"),
+        ((4, 2, 1, 1), {"stage": 2, "node_size": 4, "inner_levels": (2,)}, "gpt2"),
     ]
-    assert run_distributed(8, _worker, cases, timeout=900) == [len(cases)] * 8
+    byte_cases = [
+        ((8, 1, 1, 1), three_levels),
+        ((8, 1, 1, 1), {**three_levels, "quantize_weights": True, "quantize_gradients": True}),
+        ((4, 2, 1, 1), {"stage": 2, "node_size": 4, "inner_levels": (2,), "quantize_gradients": True}),
+    ]
+    assert run_distributed(8, _world8_worker, cases, byte_cases, timeout=900) == [(5, 3)] * 8
 
 
 def test_bad_settings_are_clear_errors() -> None:
@@ -538,5 +552,9 @@ def test_bytes_and_memory_equal_prediction_on_world4_grids() -> None:
         ((4, 1, 1, 1), {"stage": 3, "node_size": 2}),
         ((4, 1, 1, 1), {"stage": 2, "node_size": 2}),
         ((2, 2, 1, 1), {"stage": 3, "offload": True}),
+        # ZeRO++'s quantized collectives: the payloads (codes and scales) are what is counted and predicted
+        ((4, 1, 1, 1), {"stage": 3, "quantize_weights": True, "quantize_gradients": True}),
+        ((4, 1, 1, 1), {"stage": 3, "node_size": 2, "quantize_weights": True, "quantize_gradients": True}),
+        ((2, 2, 1, 1), {"stage": 2, "quantize_gradients": True, "gradient_bits": 4, "quantize_block": 64}),
     ]
     assert run_distributed(4, _bytes_worker, cases) == [len(cases)] * 4

@@ -117,6 +117,7 @@ class TrainConfig:
         check_rows_layout(self.rows)
         if self.max_grad_norm is not None and not (self.max_grad_norm > 0 and math.isfinite(self.max_grad_norm)):
             raise ValueError(f"max_grad_norm must be a finite number > 0 or None, got {self.max_grad_norm}")
+        self.zero_inner_levels = tuple(self.zero_inner_levels)  # a run record stores a JSON list
         self.zero_config  # validates the ZeRO fields
 
     @property

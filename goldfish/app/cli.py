@@ -26,11 +26,11 @@ from goldfish.app.config import (
     MaskSpec,
     Runtime,
     TrainSpec,
+    hierarchy_fields,
     mask_spec,
     parse_grid,
     parse_int_list,
     parse_mask,
-    resolve_node_size,
 )
 from goldfish.app.lora import LoraSpec
 from goldfish.masks import STRATEGIES
@@ -62,7 +62,9 @@ def train_config_of(args: argparse.Namespace, base: Any, shape: GridShape | None
     """The training options as a validated TrainConfig; `shape`: the grid's sizes (None: one process)."""
     values = opt.TRAINING.values(args)
     values["max_grad_norm"] = values["max_grad_norm"] or None  # 0 disables clipping
-    values["zero_node_size"] = resolve_node_size(values["zero_node_size"], shape)
+    values["zero_node_size"], values["zero_inner_levels"] = hierarchy_fields(
+        values["zero_node_size"], base.zero_inner_levels, shape
+    )
     return replace(base, **values, progress=runtime_of(args).progress)
 
 

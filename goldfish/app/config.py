@@ -398,21 +398,36 @@ def parse_int_list(text: str, what: str) -> tuple[int, ...]:
 NODE = "node"  # --zero-hierarchy node: data ranks per node from the launcher, resolved once the grid exists
 
 
-def parse_node_size(text: str) -> int | str:
-    """--zero-hierarchy: "node" (resolved by `resolve_node_size`), "off" (1) or a number of data ranks per node."""
+def parse_node_size(text: str) -> str | tuple[int, ...]:
+    """--zero-hierarchy: "node" (resolved by `resolve_node_size`), "off" (no hierarchy: (1,)), a number of data ranks
+    per node ((n,)), or level sizes innermost first ending with the node ((2, 8): GCD pairs in nodes of 8)."""
     if text == NODE:
         return NODE
     if text == "off":
-        return 1
+        return (1,)
     try:
-        value = int(text)
+        sizes = tuple(int(part) for part in text.split(","))
     except ValueError:
         raise ValueError(
-            f"--zero-hierarchy takes 'node', 'off' or a number of data ranks per node, got {text!r}"
+            f"--zero-hierarchy takes 'node', 'off', a number of data ranks per node or level sizes such as 2,8, "
+            f"got {text!r}"
         ) from None
-    if value < 1:
-        raise ValueError(f"--zero-hierarchy must be >= 1 data ranks per node, got {value}")
-    return value
+    if any(size < 1 for size in sizes):
+        raise ValueError(f"--zero-hierarchy sizes must be >= 1 data ranks, got {text!r}")
+    return sizes
+
+
+def hierarchy_fields(
+    value: int | str | tuple[int, ...], inner_default: tuple[int, ...], shape: GridShape | None
+) -> tuple[int, tuple[int, ...]]:
+    """(zero_node_size, zero_inner_levels) of a parsed --zero-hierarchy value: a typed value sets both (levels
+    before the last are the inner ones); the untyped default (the config's own int node size) keeps the config's
+    inner levels."""
+    if isinstance(value, tuple):
+        return value[-1], tuple(value[:-1])
+    if value == NODE:
+        return resolve_node_size(value, shape), ()
+    return int(value), tuple(inner_default)
 
 
 def resolve_node_size(value: int | str, shape: GridShape | None) -> int:

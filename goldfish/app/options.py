@@ -26,7 +26,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Callable, Collection
 
 from data.dedup import DEDUP_MODES, DUPLICATE_POLICIES
-from engine.spec import PRECISIONS
+from engine.spec import PRECISIONS, parse_quantize
 from goldfish.app.argparsing import argument_type, parse_device, positive_int
 from goldfish.app.config import parse_finite_float, parse_int_list, parse_node_size, parse_repeats
 from goldfish.app.lora import parse_targets
@@ -55,6 +55,11 @@ class Option:
     @property
     def dest(self) -> str:
         return self.flag.lstrip("-").replace("-", "_")
+
+
+def quantize_setting(text: str) -> str:
+    """--zero-quantize's value in canonical form ("", "weights", "gradients", "weights,gradients")."""
+    return ",".join(parse_quantize(text))
 
 
 def _number_parser(default: int | float) -> Callable[[str], Any]:
@@ -295,8 +300,22 @@ TRAINING = OptionGroup(
             "--zero-hierarchy",
             "zero_node_size",
             "hierarchical partitioning for stages 2 and 3 (after ZeRO++): "
-            "'node' takes the data ranks per node from the launcher's LOCAL_WORLD_SIZE, a number sets them (1: flat)",
+            "'node' takes the data ranks per node from the launcher's LOCAL_WORLD_SIZE, a number sets them (1: flat), "
+            "sizes innermost first name more levels (2,8: the two GCDs of a package inside nodes of 8)",
             parse=parse_node_size,
+        ),
+        Option(
+            "--zero-quantize",
+            "zero_quantize",
+            "ZeRO++'s quantized collectives (stages 2 and 3): weights (qwZ: int8 parameter all-gathers), gradients "
+            "(qgZ: quantized all-to-all reduction, level by level), or weights,gradients; lossy, see docs/memory.md",
+            parse=quantize_setting,
+        ),
+        Option("--zero-quantize-bits", "zero_gradient_bits", "bits of qgZ's gradient codes: 8 or 4", parse=int),
+        Option(
+            "--zero-quantize-block",
+            "zero_quantize_block",
+            "elements per float32 scale of qwZ and qgZ (even, >= 2)",
         ),
         Option(
             "--offload-optimizer",

@@ -31,6 +31,7 @@ RESUMABLE_TRAINING = frozenset(
         "eval_every",
         "zero",
         "zero_node_size",
+        "zero_inner_levels",
         "offload_optimizer",
         "activation_checkpointing",
         "rows",
