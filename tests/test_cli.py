@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 
@@ -529,6 +530,45 @@ def test_zero_without_a_data_axis_is_a_one_line_error(tmp_path, capsys):
     )
     err = capsys.readouterr().err
     assert code == 2 and "data" in err and "--zero" in err and "Traceback" not in err
+
+
+def test_zero_quantize_runs_recorded_and_bad_settings_are_one_line(tmp_path, capsys):
+    """`goldfish train --nproc 2 --grid data=2 --zero 3 --zero-quantize weights,gradients` trains, records the setting
+    and sends under 0.3x the data-axis bytes of the same run unquantized; bad ZeRO++ settings are one line, exit 2."""
+    common = ["--model", "micro-llama", "--n-train", "4", "--n-heldout", "0", "--seq-len", "48", "--vocab-size", "400"]
+    common += ["--epochs", "2", "--batch-size", "2", "--no-progress", "--threads", "1", "--nproc", "2"]
+    common += ["--grid", "data=2", "--zero", "3"]
+    sent = {}
+    for name, extra in (("exact", []), ("quantized", ["--zero-quantize", "weights,gradients"])):
+        out = tmp_path / name
+        result = subprocess.run(
+            [sys.executable, "-m", "goldfish", "train", "--out", str(out), *common, *extra],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        assert all(math.isfinite(step["grad_norm"]) for step in steps)
+        sent[name] = steps[0]["bytes_sent"]["data"]
+        record = json.loads((out / "checkpoint" / "goldfish_run.json").read_text())
+        assert record["train"]["zero_quantize"] == ("weights,gradients" if extra else "")
+    assert sent["quantized"] <= 0.3 * sent["exact"], sent
+    bad = {
+        ("--zero", "1", "--zero-quantize", "weights"): "stage 2 or 3",
+        ("--zero", "3", "--zero-quantize", "weight"): "weights, gradients or weights,gradients",
+        ("--zero", "3", "--zero-quantize", "gradients", "--zero-quantize-bits", "5"): "--zero-quantize-bits",
+        ("--zero", "3", "--zero-quantize-block", "7"): "--zero-quantize-block",
+        ("--zero", "3", "--zero-hierarchy", "3,4"): "divides the next",
+    }
+    for flags, message in bad.items():
+        try:  # a flag's own parse error exits from argparse, a setting's check returns 2
+            code = main(["train", "--out", str(tmp_path / "bad"), "--grid", "data=4", "--nproc", "4", *flags])
+        except SystemExit as stop:
+            code = stop.code
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert not (tmp_path / "bad").exists()
 
 
 def test_parallel_train_with_shared_rows_takes_a_batch_the_own_layout_refuses(tmp_path):
