@@ -201,10 +201,10 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
         overrides["gpus_per_node"] = args.gpus_per_node
     if args.gpu_memory is not None:
         overrides["gpu_memory_gib"] = args.gpu_memory
+    if args.gpus_per_node is not None and args.gpus_per_node % profile.package_size:
+        overrides["package_size"] = 1  # nodes that hold no whole package: no package level
     if overrides:
         profile = replace(profile, **overrides)
-        if args.gpus_per_node is not None and profile.gpus_per_node % profile.package_size:
-            profile = replace(profile, package_size=1)
     batch = args.global_batch
     if batch is None:
         batch = args.gpus * math.ceil(1024 / args.gpus)
