@@ -2,6 +2,7 @@
 
     python bench/memory.py --world 4 --json bench/results/memory_world4.json
     python bench/memory.py --table options --json bench/results/memory_options_world4.json
+    python bench/memory.py --table zeropp --world 4 8 --steps 5 --json bench/results/zeropp_world4_8.json
 
 For each ordered grid of the world size and each ZeRO stage the grid allows (stages 1-3 need data >= 2; at
 data >= 4 also stage 3 with a hierarchy of node size 2, and stage 2 and 3 with optimizer offload), every rank
@@ -70,6 +71,28 @@ def _config() -> LlamaConfig:
     )
 
 
+def zeropp_settings(world: int) -> list[tuple[tuple[int, int, int, int], dict]]:
+    """--table zeropp: the data axis alone (data=world), ZeRO 3, flat and hierarchical, each without quantization and
+    with ZeRO++'s qwZ and qgZ; world 8 adds three levels (pairs inside nodes of 4)."""
+    dims = (world, 1, 1, 1)
+    both = {"quantize_weights": True, "quantize_gradients": True}
+    out = [
+        (dims, {"stage": 3}),
+        (dims, {"stage": 3, "quantize_weights": True}),
+        (dims, {"stage": 3, "quantize_gradients": True}),
+        (dims, {"stage": 3, "quantize_gradients": True, "gradient_bits": 4}),
+        (dims, {"stage": 3, **both}),
+        (dims, {"stage": 3, "node_size": world // 2}),
+        (dims, {"stage": 3, "node_size": world // 2, **both}),
+    ]
+    if world >= 8:
+        out += [
+            (dims, {"stage": 3, "node_size": world // 2, "inner_levels": (2,)}),
+            (dims, {"stage": 3, "node_size": world // 2, "inner_levels": (2,), **both}),
+        ]
+    return out
+
+
 def settings(world: int) -> list[tuple[tuple[int, int, int, int], dict]]:
     out = []
     for g in ordered_grids(world):
@@ -93,12 +116,15 @@ def _targets(rows: torch.Tensor) -> torch.Tensor:
     return targets
 
 
-def _step(model, optimizer, rows, grid) -> None:
+def _step(model, optimizer, rows, grid) -> float:
+    """One training step; returns this rank's loss (the sum over its tokens) before the update."""
     optimizer.zero_grad(set_to_none=True)
-    causal_lm_token_losses(model, rows, _targets(rows)).sum().backward()  # what `goldfish train` runs
+    loss = causal_lm_token_losses(model, rows, _targets(rows)).sum()  # what `goldfish train` runs
+    loss.backward()
     engine.sync_gradients(model, grid)
     engine.clip_grad_norm_(model, 1.0, grid)
     optimizer.step()
+    return float(loss.detach())
 
 
 def _worker(rank: int, world: int, port: int, cases: list, steps: int, queue) -> None:
@@ -114,19 +140,18 @@ def _worker(rank: int, world: int, port: int, cases: list, steps: int, queue) ->
         model = shard_data_axis(engine.parallelize(LlamaForCausalLM(_config()), grid), grid, zero)
         optimizer = make_adamw(model, [{"params": list(model.parameters())}], lr=1e-3)
         rows = torch.randint(0, 2048, (ROWS, SEQ), generator=torch.Generator().manual_seed(rank))
-        times, sent = [], {}
+        times, sent, losses = [], {}, []
         for i in range(steps + 1):  # the first step builds state (and FSDP's lazy init): not timed
             grid.traffic.reset()
             grid.traffic.enabled = True
             started = time.perf_counter()
-            _step(model, optimizer, rows, grid)
+            losses.append(_step(model, optimizer, rows, grid))
             if i:
                 times.append(time.perf_counter() - started)
             grid.traffic.enabled = False
             sent = grid.traffic.reset()
-        queue.put(
-            (dims, zero_args, rank, grid.coord("data"), held_bytes(model, optimizer), sent, statistics.median(times))
-        )
+        held = held_bytes(model, optimizer)
+        queue.put((dims, zero_args, rank, grid.coord("data"), held, sent, statistics.median(times), losses))
         grid.close()
 
 
@@ -316,9 +341,10 @@ def main() -> None:
     parser.add_argument("--json", default=None, metavar="PATH", help="also write every row as JSON")
     parser.add_argument(
         "--table",
-        choices=("zero", "options"),
+        choices=("zero", "zeropp", "options"),
         default="zero",
-        help="zero: held and sent bytes per grid and ZeRO stage; options: embeddings/lm_head bytes "
+        help="zero: held and sent bytes per grid and ZeRO stage; zeropp: bytes per level and the loss with ZeRO++'s "
+        "quantized collectives and hierarchies on data=world; options: embeddings/lm_head bytes "
         "and activations with and without the vocabulary split and activation checkpointing "
         "(world 4; --world and --steps do not apply) (default: %(default)s)",
     )
@@ -329,7 +355,7 @@ def main() -> None:
     shape = TransformerShape.from_hf_config(_config())
     rows_out = []
     for world in args.world:
-        cases = settings(world)
+        cases = zeropp_settings(world) if args.table == "zeropp" else settings(world)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -340,9 +366,9 @@ def main() -> None:
             p.start()
         results: dict[tuple, list] = {}
         for _ in range(world * len(cases)):
-            dims, zero_args, rank, data_rank, held, sent, seconds = queue.get(timeout=3600)
+            dims, zero_args, rank, data_rank, held, sent, seconds, losses = queue.get(timeout=3600)
             results.setdefault((dims, tuple(sorted(zero_args.items()))), []).append(
-                (rank, data_rank, held, sent, seconds)
+                (rank, data_rank, held, sent, seconds, losses)
             )
         for p in procs:
             p.join()
@@ -352,24 +378,24 @@ def main() -> None:
             held = {k: max(r[2][k] for r in per_rank) for k in ("params", "grads", "optimizer")}
             predicted = {k: max(zero_held_bytes(shape, grid, zero, data_rank=r[1])[k] for r in per_rank) for k in held}
             sent = max(sum(r[3].values()) for r in per_rank)
-            predicted_sent = max(
-                sum(
-                    bytes_by_group(
-                        llama_step_collectives(
-                            shape,
-                            grid,
-                            rows_per_rank=ROWS,
-                            seq=SEQ,
-                            param_bytes=4,
-                            act_bytes=4,
-                            stream_bytes=4,
-                            zero=zero if zero.stage else None,
-                            data_rank=r[1],
-                        )
-                    ).values()
+            predicted_by_rank = [
+                bytes_by_group(
+                    llama_step_collectives(
+                        shape,
+                        grid,
+                        rows_per_rank=ROWS,
+                        seq=SEQ,
+                        param_bytes=4,
+                        act_bytes=4,
+                        stream_bytes=4,
+                        zero=zero if zero.stage else None,
+                        data_rank=r[1],
+                    )
                 )
                 for r in per_rank
-            )
+            ]
+            predicted_sent = max(sum(p.values()) for p in predicted_by_rank)
+            rank0 = next(i for i, r in enumerate(per_rank) if r[0] == 0)
             rows_out.append(
                 {
                     "world": world,
@@ -380,9 +406,67 @@ def main() -> None:
                     "sent_bytes": sent,
                     "predicted_sent_bytes": predicted_sent,
                     "step_s": statistics.median(r[4] for r in per_rank),
+                    "sent_by_group": {k: v for k, v in per_rank[rank0][3].items() if v},  # rank 0, per step
+                    "predicted_sent_by_group": predicted_by_rank[rank0],
+                    "loss_sum": [sum(values) for values in zip(*(r[5] for r in per_rank))],  # all ranks, per step
                 }
             )
 
+    if args.table == "zeropp":
+        print_zeropp(rows_out)
+    else:
+        print_zero(shape, rows_out)
+    if args.json:
+        written = common.write_result(
+            args.json, {"model": shape.__dict__, "rows_per_rank": ROWS, "seq": SEQ, "rows": rows_out}
+        )
+        print(f"wrote {written}")
+
+
+def zero_label(z: dict) -> str:
+    """A short name of a ZeRO setting (its to_json form): "3 levels 2,4,8 qwZ qgZ-int4"."""
+    levels = [*z.get("inner_levels", []), z["node_size"]] if z["node_size"] > 1 else []
+    parts = [str(z["stage"])]
+    if levels:
+        parts.append("levels " + ",".join(map(str, levels)))
+    if z["offload"]:
+        parts.append("offload")
+    if z.get("quantize_weights"):
+        parts.append("qwZ")
+    if z.get("quantize_gradients"):
+        parts.append("qgZ" + ("-int4" if z.get("gradient_bits") == 4 else ""))
+    return " ".join(parts)
+
+
+def print_zeropp(rows_out: list[dict]) -> None:
+    """Per setting: KiB rank 0 sends per step at each level (measured = predicted?), the total against the flat
+    unquantized ZeRO 3 of the same world, and the summed loss at the last step against that run's."""
+    mib = 1 / 2**20
+    print(
+        "rank 0's MiB sent per step by group (= cost model?), total x flat unquantized ZeRO 3, loss at the last step "
+        "(sum over ranks' tokens) and its difference to the unquantized run of the same hierarchy"
+    )
+    baselines: dict[tuple, dict] = {}
+    for row in rows_out:
+        z = row["zero"]
+        key = (row["world"], z["node_size"], tuple(z.get("inner_levels", [])))
+        if not z["quantize_weights"] and not z["quantize_gradients"]:
+            baselines[key] = row
+    flat = {row["world"]: row for row in rows_out if zero_label(row["zero"]) == "3"}
+    for row in rows_out:
+        z = row["zero"]
+        key = (row["world"], z["node_size"], tuple(z.get("inner_levels", [])))
+        groups = ", ".join(f"{g} {b * mib:.3f}" for g, b in sorted(row["sent_by_group"].items()))
+        same = "yes" if row["sent_by_group"] == row["predicted_sent_by_group"] else "NO"
+        total = sum(row["sent_by_group"].values()) / sum(flat[row["world"]]["sent_by_group"].values())
+        loss, base = row["loss_sum"][-1], baselines[key]["loss_sum"][-1]
+        print(
+            f"data={row['world']:<3} {zero_label(z):<26} {groups:<62} {same:>3} x{total:5.3f} "
+            f"loss {loss:9.3f} ({loss - base:+.3f})"
+        )
+
+
+def print_zero(shape: TransformerShape, rows_out: list[dict]) -> None:
     serial = zero_held_bytes(shape, GridShape())
     mib = 1 / 2**20
     print(
@@ -408,11 +492,6 @@ def main() -> None:
             f"{'yes' if held == row['predicted_held_bytes'] else 'NO':>5} {row['sent_bytes'] * mib:>8.2f} "
             f"{'yes' if row['sent_bytes'] == row['predicted_sent_bytes'] else 'NO':>5} {row['step_s']:>7.3f}"
         )
-    if args.json:
-        written = common.write_result(
-            args.json, {"model": shape.__dict__, "rows_per_rank": ROWS, "seq": SEQ, "rows": rows_out}
-        )
-        print(f"wrote {written}")
 
 
 if __name__ == "__main__":
