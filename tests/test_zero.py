@@ -556,5 +556,6 @@ def test_bytes_and_memory_equal_prediction_on_world4_grids() -> None:
         ((4, 1, 1, 1), {"stage": 3, "quantize_weights": True, "quantize_gradients": True}),
         ((4, 1, 1, 1), {"stage": 3, "node_size": 2, "quantize_weights": True, "quantize_gradients": True}),
         ((2, 2, 1, 1), {"stage": 2, "quantize_gradients": True, "gradient_bits": 4, "quantize_block": 64}),
+        ((4, 1, 1, 1), {"stage": 2, "offload": True, "quantize_weights": True, "quantize_gradients": True}),
     ]
     assert run_distributed(4, _bytes_worker, cases) == [len(cases)] * 4

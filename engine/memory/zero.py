@@ -26,13 +26,21 @@ ZeRO splits those again over the data axis. What each stage partitions over the 
               prefetches the next layer's gather). The root (embeddings, final norm, lm_head) is gathered
               once per forward and kept until its backward.
 
-Hierarchical partitioning (`node_size` = data ranks per node, > 1; stages 2 and 3): gradients are
-reduce-scattered inside each node first, then across nodes (engine.core.comm.fsdp_comms), and in stage 3 each
+Hierarchical partitioning (`node_size` = data ranks per node, > 1, and optionally `inner_levels` inside the node,
+e.g. the two GCDs of an MI250X; stages 2 and 3): the data axis becomes nested levels (Grid.data_levels, innermost
+first). Gradients are reduce-scattered level by level innermost first, so each level passes on 1/g of what it
+received and only 1/node_size of the bytes leave a node; parameter all-gathers run outermost first; in stage 3 each
 layer keeps after its forward a secondary copy of its parameters sharded over the node only
-(fully_shard(reshard_after_forward=node_size), ZeRO++'s hpZ), so the backward all-gathers stay inside a
-node. The primary partition (what the optimizer updates, and its moments) stays over all D ranks. (An HSDP
-2-D mesh would instead replicate over nodes and partition only inside a node: D/node_size times more
-optimizer state per rank, which is what the hierarchy must avoid.)
+(fully_shard(reshard_after_forward=node_size), ZeRO++'s hpZ), so the backward all-gathers stay inside a node
+(over its inner levels). The primary partition (what the optimizer updates, and its moments) stays over all D
+ranks. (An HSDP 2-D mesh would instead replicate over nodes and partition only inside a node: D/node_size times
+more optimizer state per rank, which is what the hierarchy must avoid.)
+
+Quantized collectives (ZeRO++; stages 2 and 3): `quantize_weights` (qwZ) sends the parameter all-gathers from the
+primary partition as int8 blocks with a float32 scale each, dequantized into FSDP's full-precision buffer;
+`quantize_gradients` (qgZ) replaces each level's reduce-scatter with an all-to-all of quantized rows, dequantized
+and summed in float32 before the next level. engine.core.comm.fsdp_comms implements all of these as FSDP2's custom
+all-gather and reduce-scatter hooks; docs/memory.md has the placement and the bounds.
 
 Offload (`offload=True`; stages 2 and 3): FSDP2's CPUOffloadPolicy keeps the parameter and gradient chunks and
 the AdamW moments in host memory and runs the update there; FSDP copies the chunks to the device for the
