@@ -7,6 +7,7 @@ transformers' own model; the numbers of docs/planner.md recomputed from bench/ze
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from dataclasses import replace
@@ -122,6 +123,23 @@ def test_all_to_all_across_nodes_shares_the_nics_among_every_gpu() -> None:
     assert seconds == pytest.approx(2 * 15 * frontier.inter_latency_s + 1e9 / 12.5e9)
 
 
+def test_a_measured_all_to_all_across_nodes_counts_every_gpu_of_the_node() -> None:
+    """--measure fits the node's NIC bandwidth from groups that cross nodes: a ring of stride s shares it with s - 1
+    other rings, an all-to-all with every other GPU of the node."""
+    from engine.planner.measure import fit_profile
+    from engine.planner.profiles import MeasuredCollective
+
+    def inter(entry: MeasuredCollective) -> float:
+        fitted = fit_profile(
+            PROFILES["perlmutter"], [entry], world=8, gpus_per_node=4, peak_tflops=1.0, memory_gib=1.0, memory_gbps=1.0
+        )
+        return fitted.inter_node_gbps
+
+    assert inter(MeasuredCollective("all_to_all", 8, 1, 1e-5, 5.0)) == 20.0  # 4 GPUs x 5 GB/s each
+    assert inter(MeasuredCollective("all_gather", 8, 1, 1e-5, 5.0)) == 5.0  # one ring edge leaves the node
+    assert inter(MeasuredCollective("all_gather", 2, 4, 1e-5, 5.0)) == 20.0  # 4 rings of stride 4
+
+
 def test_the_planner_weighs_hierarchies_and_quantization_per_grid() -> None:
     """On a pinned grid the plan with every option offered is the fastest of the plans with one option each, and on
     Frontier at data=64 that is the three-level qwZ + qgZ setting."""
@@ -165,11 +183,21 @@ def test_zeropp_plans_are_goldfish_train_options() -> None:
         assert words[words.index("--zero-quantize-block") + 1] == "128"
 
 
-def test_goldfish_plan_prints_levels_and_quantization(capsys) -> None:
+def test_goldfish_plan_prints_levels_and_quantization(tmp_path, capsys) -> None:
     argv = "--model 7B --gpus 64 --profile frontier --global-batch 64 --seq-len 2048 --zero 3 "
     argv += "--zero-hierarchy off node package,node --zero-quantize none weights,gradients --zero-quantize-bits 4"
-    assert plan_main(argv.split()) == 0
+    assert plan_main([*argv.split(), "--json", str(tmp_path / "plan.json")]) == 0
     out = capsys.readouterr().out
+    payload = json.loads((tmp_path / "plan.json").read_text())
+    assert payload["request"]["zero"] == {
+        "stages": [3],
+        "hierarchies": ["off", "node", "package,node"],
+        "quantize": ["none", "weights,gradients"],
+        "gradient_bits": 4,
+        "quantize_block": 256,
+    }
+    data64 = next(g for g in payload["grids"] if g["grid"] == {"data": 64, "x": 1, "y": 1, "z": 1})
+    assert data64["zero"]["inner_levels"] == [2] and data64["zero"]["node_size"] == 8
     header = next(line for line in out.splitlines() if line.startswith("rank"))
     assert "levels quant" in header
     assert re.search(r"^\s+\d+\s+64\s+1\s+1\s+1\s+own\s+3\s+2,8\s+w\+g4\s", out, re.M)  # data=64: three levels

@@ -6,7 +6,7 @@ Run on every rank of a torchrun (or SLURM) world, e.g.
 
 For every group size p >= 2 and stride s (members s ranks apart) with p*s dividing the world, all groups of
 that shape run the collective AT ONCE, as the groups of one grid axis do in training, so links shared
-between groups show up in the timings. Each of all-reduce, all-gather and reduce-scatter is timed at a
+between groups show up in the timings. Each of all-reduce, all-gather, reduce-scatter and all-to-all is timed at a
 small message (latency) and a large one (bandwidth): each call starts after a barrier, the slowest rank
 counts, and the median call is kept (robust to a shared machine's noise). A GEMM is timed on every
 rank at once for the compute rate, and a large copy for the memory bandwidth. The result is a
@@ -202,9 +202,9 @@ def fit_profile(
     probe = replace(base, gpus_per_node=gpus_per_node, package_size=1, package_gbps=0.0, measured=())
     intra, inter, intra_lat, inter_lat = [], [], [], []
     for e in entries:
-        _, _, where = probe.link(e.ranks, e.stride)
-        if where == "network":
-            inter.append(e.gbps * min(e.stride, gpus_per_node))
+        _, _, where = probe.link(e.ranks, e.stride, e.kind)
+        if where == "network":  # the node's NICs carry every sharing group's bytes at once
+            inter.append(e.gbps * probe.nic_sharing(e.stride, e.kind))
             inter_lat.append(e.latency_s)
         else:
             intra.append(e.gbps)

@@ -23,8 +23,8 @@ ring reduce-scatter of the same input, in ranks - 1 exchanges (one per peer), ov
 or a node. Across nodes it is no ring: nearly all of every member's bytes leave the node, so all gpus_per_node ranks
 of a node send through its NICs at once and each gets inter_node_gbps / gpus_per_node, whatever the stride (for a
 ring of stride >= gpus_per_node, such as the outer level of a ZeRO hierarchy, this is the ring's share too; a flat
-all-to-all over consecutive ranks gets gpus_per_node times less than a ring there). `--measure` does not time
-all-to-alls: they always take the link model.
+all-to-all over consecutive ranks gets gpus_per_node times less than a ring there). `--measure` times all-to-alls
+like the other kinds; its measured entries take precedence here too.
 """
 
 from __future__ import annotations
@@ -89,8 +89,13 @@ class MachineProfile:
             return self.package_gbps * GB, self.intra_latency_s, "package"
         if span <= self.gpus_per_node and self.gpus_per_node % span == 0:
             return self.intra_node_gbps * GB, self.intra_latency_s, "node"
-        sharing = self.gpus_per_node if kind == "all_to_all" else min(stride, self.gpus_per_node)
+        sharing = self.nic_sharing(stride, kind)
         return min(self.intra_node_gbps, self.inter_node_gbps / sharing) * GB, self.inter_latency_s, "network"
+
+    def nic_sharing(self, stride: int, kind: str = "ring") -> int:
+        """How many of a node's GPUs send through its NICs at once when every group of `stride` crosses nodes: one
+        per ring crossing the boundary (min(stride, gpus_per_node)), or every GPU of the node for an all-to-all."""
+        return self.gpus_per_node if kind == "all_to_all" else min(stride, self.gpus_per_node)
 
     def collective_seconds(self, kind: str, ranks: int, stride: int, sent_bytes: float, calls: int) -> float:
         """Seconds for `calls` calls of a collective that together send `sent_bytes` per rank: all-reduce,

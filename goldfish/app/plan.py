@@ -139,7 +139,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         "--measure",
         default=None,
         metavar="OUT.json",
-        help="time all-reduce, all-gather and reduce-scatter for every group size and placement "
+        help="time all-reduce, all-gather, reduce-scatter and all-to-all for every group size and placement "
         "of this torchrun world and write a profile (figures not measured come from "
         "--profile)",
     )
@@ -262,6 +262,13 @@ def run_plan(args: argparse.Namespace) -> int:
                 "seq": request.seq,
                 "compute_efficiency": request.compute_efficiency,
                 "precision": request.precision,
+                "zero": {  # the settings weighed; each grid's chosen one is under grids[i]["zero"]
+                    "stages": list(request.zero_stages),
+                    "hierarchies": list(request.hierarchies),
+                    "quantize": [",".join(q) or "none" for q in request.quantize],
+                    "gradient_bits": request.gradient_bits,
+                    "quantize_block": request.quantize_block,
+                },
                 "profile": request.profile.to_json(),
             },
             "grids": [p.to_json() for p in plans],
