@@ -119,7 +119,8 @@ class BlockFormat:
             raise ZeroError(f"quantization bits (--zero-quantize-bits) must be one of {QUANT_BITS}, got {self.bits!r}")
         if isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 2 or self.block % 2:
             raise ZeroError(
-                f"a quantization block (--zero-quantize-block) must be an even number of elements >= 2, got {self.block!r}"
+                "a quantization block (--zero-quantize-block) must be an even number of elements >= 2, "
+                f"got {self.block!r}"
             )
 
     @property
@@ -171,8 +172,9 @@ class ZeroConfig:
         for inner, outer in zip(sizes, sizes[1:]):
             if isinstance(inner, bool) or not isinstance(inner, int) or inner < 2 or outer % inner or outer == inner:
                 raise ZeroError(
-                    f"hierarchy levels {','.join(map(str, sizes))}: each level must be an integer >= 2 that "
-                    "divides the next and is smaller (e.g. --zero-hierarchy 2,8 for GCD pairs in nodes of 8)"
+                    f"hierarchy levels {','.join(map(str, sizes))}: each size counts the data ranks of a level's "
+                    "group, innermost first, so each must be >= 2, smaller than the next and divide it (e.g. "
+                    "--zero-hierarchy 2,8 for GCD pairs in nodes of 8; 2,4 for three levels of 2 on data=8)"
                 )
         if self.node_size > 1 and self.stage < 2:
             raise ZeroError(

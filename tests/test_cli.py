@@ -612,3 +612,18 @@ def test_parallel_train_with_shared_rows_takes_a_batch_the_own_layout_refuses(tm
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)  # float32 rounding across ranks (~1e-7 relative)
     record = json.loads((shared / "checkpoint" / "goldfish_run.json").read_text())
     assert record["grid"] == {"data": 1, "x": 2, "y": 2, "z": 1}
+
+
+def test_zero_hierarchy_values_fill_the_node_and_its_inner_levels():
+    """--zero-hierarchy 2,8 sets nodes of 8 with GCD pairs inside; a typed number or 'off' clears inner levels, and the
+    untyped default (a resume's recorded node size) keeps the recorded ones."""
+    from goldfish.app.config import hierarchy_fields, parse_node_size
+
+    assert parse_node_size("2,8") == (2, 8) and parse_node_size("4") == (4,) and parse_node_size("off") == (1,)
+    assert hierarchy_fields(parse_node_size("2,8"), (), None) == (8, (2,))
+    assert hierarchy_fields(parse_node_size("4"), (2,), None) == (4, ())
+    assert hierarchy_fields(8, (2,), None) == (8, (2,))  # not typed: the config's own value
+    with pytest.raises(ValueError, match="level sizes such as 2,8"):
+        parse_node_size("2,x")
+    with pytest.raises(ValueError, match="needs a parallel run"):
+        hierarchy_fields(parse_node_size("node"), (), None)
