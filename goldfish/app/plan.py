@@ -129,6 +129,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         "--zero-quantize-block",
         type=int,
         default=DEFAULT_QUANT_BLOCK,
+        metavar="ELEMENTS",
         help="elements per float32 scale of qwZ and qgZ, as goldfish train --zero-quantize-block "
         "(default: %(default)s)",
     )
