@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-import matplotlib
+from matplotlib.ticker import MaxNLocator
 
 from data.atomic import json_safe, write_text_atomic
 from eval.intervals import binomial_interval
@@ -22,12 +22,8 @@ from goldfish.app.report_format import figure_link as _figure
 from goldfish.app.report_format import fmt as _fmt
 from goldfish.app.report_format import fmt_ci as _fmt_ci
 from goldfish.app.report_format import md_table as _table
-from goldfish.app.report_format import palette
+from goldfish.app.report_format import new_figure, palette
 from goldfish.app.report_format import save_figure as _save_figure
-
-matplotlib.use("Agg")  # no display on servers and CI
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 ROC_COLUMNS = 4  # roc.png: panels per row (8 attacks in 2 rows of about 1,600 px instead of one row of 3,700)
 PARTS = ("train", "heldout")  # the evaluated parts of a compare model entry (beside e.g. "validation")
@@ -250,7 +246,7 @@ def draw_bars(
     bar has no height); ``errors`` (see `bar_errors`): the bootstrap intervals as error bars."""
     n_bars = len(labels) * max((len(by_part) for by_part in series.values()), default=1)
     # wider with more bars, capped so the figure stays readable at normal width (about 1,600 px at 110 dpi)
-    figure, axes = plt.subplots(1, 2, figsize=(min(14.5, max(11.0, 0.5 * n_bars + 3)), 4.4))
+    figure, axes = new_figure(1, 2, figsize=(min(14.5, max(11.0, 0.5 * n_bars + 3)), 4.4))
     titles = {"exact_match": "Exact match (fraction of documents)", "rouge_l": "RougeL F-measure (mean)"}
     text_size, rotation = (7, 0) if n_bars <= 10 else (6, 90)
     for axis, (metric, by_part) in zip(axes, series.items()):
@@ -290,7 +286,7 @@ def draw_rouge_histograms(
 ) -> None:
     """RougeL histogram per label (the goldfish paper's Fig. 2)."""
     colors = _colors(list(series), colors)
-    figure, axis = plt.subplots(figsize=(7, 4))
+    figure, axis = new_figure(figsize=(7, 4))
     bins = [i / 20 for i in range(21)]
     for label, scores in series.items():
         axis.hist(scores, bins=bins, alpha=0.5, label=label, color=colors[label])
@@ -306,7 +302,7 @@ def draw_curves(
 ) -> None:
     """Exact match (left) and RougeL (right) of greedy extraction of the training documents against epoch."""
     colors = _colors(list(series), colors)
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    figure, axes = new_figure(1, 2, figsize=(11, 4))
     for axis, metric, title in (
         (axes[0], "exact_match", "Exact match (fraction of training documents)"),
         (axes[1], "rouge_l", "RougeL F-measure (mean)"),
@@ -330,11 +326,11 @@ def draw_divergence(
     colors = _colors(list(series), colors)
     shares = {label: s for label, s in series.items() if s.get("share_on_dropped") is not None}
     if shares:
-        figure, (axis, share_axis) = plt.subplots(
+        figure, (axis, share_axis) = new_figure(
             1, 2, figsize=(12.5, 4.4), gridspec_kw={"width_ratios": [3, max(2, min(len(shares), 4))]}
         )
     else:
-        figure, axis = plt.subplots(figsize=(8, 4))
+        figure, axis = new_figure(figsize=(8, 4))
     for label, s in series.items():
         axis.step(
             s["positions"],
@@ -400,7 +396,7 @@ def draw_roc(
     styles = {label: (color, ("-", "--", "-.", ":")[i % 4]) for i, (label, color) in enumerate(colors.items())}
     columns = max(1, min(ROC_COLUMNS, len(attacks)))
     rows = max(1, math.ceil(len(attacks) / columns))
-    figure, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 3.5 * rows), squeeze=False)
+    figure, axes = new_figure(rows, columns, figsize=(3.6 * columns, 3.5 * rows), squeeze=False)
     panels = list(axes.flat)
     for index, (axis, attack) in enumerate(zip(panels, attacks)):
         for label, curve in series[attack].items():
@@ -431,7 +427,7 @@ def draw_auc(
     labels = list(dict.fromkeys(label for a in attacks for label in series[a]))
     colors = _colors(labels, colors)
     # wider with more bars, capped at about 1,600 px (110 dpi) so it stays readable at normal width
-    figure, axis = plt.subplots(figsize=(min(14.5, max(6.0, 1.1 * len(attacks) * max(1, len(labels)) ** 0.5)), 4))
+    figure, axis = new_figure(figsize=(min(14.5, max(6.0, 1.1 * len(attacks) * max(1, len(labels)) ** 0.5)), 4))
     width = 0.8 / max(len(labels), 1)
     for i, label in enumerate(labels):
         offset = (i - (len(labels) - 1) / 2) * width
@@ -470,7 +466,7 @@ def draw_breakdown(
     numeric axis, symmetric-log for geometric values."""
     colors = _colors(list(series), colors)
     values = sorted({float(x) for s in series.values() for x in s["x"] if x is not None})
-    figure, axes = plt.subplots(1, 2, figsize=(12, 4.4))
+    figure, axes = new_figure(1, 2, figsize=(12, 4.4))
     for axis, metric, name, title in (
         (axes[0], "exact_match", "exact match (fraction of documents)", "Exact match"),
         (axes[1], "rouge_l", "RougeL F-measure (mean)", "RougeL"),
@@ -1119,7 +1115,7 @@ def draw_validation(
 ) -> None:
     """Validation loss against optimizer steps, one line per model (the control as a horizontal line)."""
     colors = _colors(list(curves), colors)
-    figure, axis = plt.subplots(figsize=(6, 4))
+    figure, axis = new_figure(figsize=(6, 4))
     for label, points in curves.items():
         axis.plot(
             [p["step"] for p in points],
@@ -1148,7 +1144,7 @@ def write_compare_report(summary: Mapping[str, Any], out_dir: Path) -> list[str]
     figures = compare_figures(summary, out_dir)
     files = [f for f in compare_per_document_files(summary) if (out_dir / f).exists()]
     write_text_atomic(out_dir / "report.md", render_markdown(summary, figures, files))
-    # Strict JSON: infinities (samples needed for a suffix sampling never emits) become "inf", as in eval/report.py.
+    # Strict JSON: infinities (samples needed for a suffix sampling never emits) become "inf" (data.atomic.json_safe).
     write_text_atomic(out_dir / "summary.json", json.dumps(json_safe(summary), indent=2, default=str, allow_nan=False))
     return figures
 

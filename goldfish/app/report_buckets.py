@@ -13,18 +13,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # noqa: E402  (files only, no display)
-import matplotlib.pyplot as plt  # noqa: E402
-
-from data.atomic import json_safe, write_text_atomic  # noqa: E402
-from goldfish.app.report_format import figure_link as _figure  # noqa: E402
-from goldfish.app.report_format import fmt as _fmt  # noqa: E402
-from goldfish.app.report_format import fmt_ci as _fmt_ci  # noqa: E402
-from goldfish.app.report_format import md_table as _table  # noqa: E402
-from goldfish.app.report_format import palette  # noqa: E402
-from goldfish.app.report_format import save_figure as _save_figure  # noqa: E402
+from data.atomic import json_safe, write_text_atomic
+from goldfish.app.report_format import figure_link as _figure
+from goldfish.app.report_format import fmt as _fmt
+from goldfish.app.report_format import fmt_ci as _fmt_ci
+from goldfish.app.report_format import md_table as _table
+from goldfish.app.report_format import new_figure, palette
+from goldfish.app.report_format import save_figure as _save_figure
 
 K_SWEEP_FILE = "k_sweep.png"
 BUCKETS_FILE = "buckets.png"
@@ -161,7 +156,7 @@ def draw_buckets(tables: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, 
     """Exact match and RougeL against the copies trained on (categorical axis, 0 = held out), one line per model,
     the intervals as bands."""
     colors = palette(list(tables))
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    figure, axes = new_figure(1, 2, figsize=(11, 4))
     for axis, metric, name in ((axes[0], "exact_match", "exact match"), (axes[1], "rouge_l", "RougeL")):
         for label, table in tables.items():
             x = list(range(len(table)))
@@ -216,7 +211,7 @@ def k_sweep_series(summary: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def draw_k_sweep(series: Mapping[str, Any], path: Path) -> None:
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    figure, (left, right) = new_figure(1, 2, figsize=(11, 4))
     k, points, standard = series["k"], series["points"], series["standard"]
     em = [p["exact_match"] for p in points]
     low = [p["exact_match"] - p["exact_match_ci"][0] if p["exact_match_ci"] else 0 for p in points]

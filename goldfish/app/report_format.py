@@ -1,5 +1,8 @@
 """Formatting shared by the report modules: numbers and intervals as text, Markdown tables and figure links, one
-colour per model, PNGs written atomically."""
+colour per model, PNGs written atomically.
+
+Figures are made with matplotlib's object API (`new_figure`): a Figure that renders to PNG with Agg and never
+touches pyplot's global backend or figure list, so importing the report modules changes nothing in the process."""
 
 from __future__ import annotations
 
@@ -7,23 +10,24 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-import matplotlib
+from matplotlib.figure import Figure
 
 from data.atomic import write_atomic
-
-matplotlib.use("Agg")  # no display on servers and CI
-import matplotlib.pyplot as plt  # noqa: E402
 
 NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}  # how strict-JSON result files spell them
 
 
-def save_figure(figure: Any, path: Path) -> None:
+def new_figure(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float], **subplots: Any) -> tuple[Figure, Any]:
+    """(figure, axes) as pyplot.subplots returns them (`subplots`: squeeze, gridspec_kw ...), from a plain Figure
+    that no display backend or pyplot state is involved in (savefig renders PNG with Agg)."""
+    figure = Figure(figsize=figsize)
+    return figure, figure.subplots(nrows, ncols, **subplots)
+
+
+def save_figure(figure: Figure, path: Path) -> None:
     """Save a matplotlib figure as PNG atomically, so a reader never sees half a PNG."""
-    try:
-        figure.tight_layout()
-        write_atomic(path, lambda tmp: figure.savefig(tmp, dpi=110, format="png"))
-    finally:
-        plt.close(figure)
+    figure.tight_layout()
+    write_atomic(path, lambda tmp: figure.savefig(tmp, dpi=110, format="png"))
 
 
 def fmt(value: Any) -> str:
