@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, Callable, Sequence
 
 import torch
 from transformers import GenerationConfig
 
 from eval.batching import decode_longest_first, evaluating, left_pad, model_device
+from eval.config import SamplingConfig  # noqa: F401 - re-exported: defined torch-free for the command line
 from eval.extraction import ExtractionConfig, split_documents
 from eval.logprobs import iter_next_token_logits
 from eval.metrics import exact_match, longest_correct_prefix, match_fraction, mean_of_present, rouge_scores
@@ -103,29 +104,6 @@ def beam_search_decode(
 
     with evaluating(model):
         return decode_longest_first(prefixes, batch_size, search)
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    """Sampling settings: temperature > 0, nucleus top_p in (0, 1] (1 = no cut), n_samples per document, seed."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    n_samples: int = 10
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not (
-            isinstance(self.temperature, (int, float)) and self.temperature > 0 and math.isfinite(self.temperature)
-        ):
-            raise ValueError(
-                f"temperature must be a finite number > 0, got {self.temperature!r} "
-                "(for temperature -> 0 use greedy extraction)"
-            )
-        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
-            raise ValueError(f"top_p must be in (0, 1] (1 disables the nucleus cut), got {self.top_p!r}")
-        if isinstance(self.n_samples, bool) or not isinstance(self.n_samples, int) or self.n_samples < 1:
-            raise ValueError(f"n_samples must be a positive int, got {self.n_samples!r}")
 
 
 def document_seed(seed: int, document_id: str) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -22,8 +22,9 @@ from tqdm.auto import tqdm
 
 from data.atomic import write_json_atomic, write_jsonl_atomic
 from eval.batching import decode_longest_first, evaluating, model_device
+from eval.config import ExtractionConfig  # noqa: F401 - re-exported: defined torch-free for the command line
 from eval.decoding import GreedyPath, forced_greedy
-from eval.intervals import DEFAULT_RESAMPLES, mean_interval
+from eval.intervals import mean_interval
 from eval.metrics import (
     DEFAULT_TOKENIZER_MIN_KEPT,
     IGNORE_INDEX,
@@ -56,55 +57,6 @@ _SUMMARY_METRICS = (
 )
 # Summary means that also get a bootstrap interval (`<name>_ci`): the headline figures of a part.
 INTERVAL_METRICS = ("exact_match", "rouge_l")
-
-
-@dataclass
-class ExtractionConfig:
-    """How each document is split into a prompt and a suffix to reproduce.
-
-    suffix_len: S, the number of tokens generated and compared with the true suffix.
-    prefix_len: None -> prefix = everything before the last S tokens (goldfish protocol; needs > S tokens);
-        an int P -> prefix = the first P tokens, suffix = the next S (Pythia protocol; needs >= P + S tokens).
-    batch_size: documents decoded (and teacher-forced) together.
-    bootstrap: resamples of the 95% percentile bootstrap intervals over documents of the summary's exact match and
-        RougeL (and of membership AUCs); 0 leaves the intervals out.
-    """
-
-    suffix_len: int = 50
-    prefix_len: int | None = None
-    batch_size: int = 32
-    bootstrap: int = DEFAULT_RESAMPLES
-
-    def __post_init__(self) -> None:
-        b = self.bootstrap
-        if isinstance(b, bool) or not isinstance(b, int) or b < 0:
-            raise ValueError(
-                f"ExtractionConfig.bootstrap must be a number of resamples >= 0 (e.g. --bootstrap 1000; "
-                f"0: no intervals), got {b!r}"
-            )
-        for name in ("suffix_len", "batch_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"ExtractionConfig.{name} must be a positive int, got {value!r}")
-        p = self.prefix_len
-        if p is not None and (isinstance(p, bool) or not isinstance(p, int) or p < 1):
-            raise ValueError(
-                f"ExtractionConfig.prefix_len must be None (prefix = all but the suffix) or a positive int, got {p!r}"
-            )
-
-    def min_tokens(self) -> int:
-        """Shortest document this split can evaluate."""
-        return self.suffix_len + 1 if self.prefix_len is None else self.prefix_len + self.suffix_len
-
-    def split(self, token_ids: Sequence[int]) -> tuple[list[int], list[int]] | None:
-        """(prefix, suffix) of a document, or None when it is too short for this split."""
-        if len(token_ids) < self.min_tokens():
-            return None
-        ids = [int(t) for t in token_ids]
-        if self.prefix_len is None:
-            return ids[: -self.suffix_len], ids[-self.suffix_len :]
-        p = self.prefix_len
-        return ids[:p], ids[p : p + self.suffix_len]
 
 
 def split_documents(

@@ -25,9 +25,9 @@ from typing import Sequence
 import numpy as np
 from scipy.stats import binomtest, bootstrap, fisher_exact
 
+from eval.config import DEFAULT_RESAMPLES
 from eval.roc import tpr_at_fpr_of_scores
 
-DEFAULT_RESAMPLES = 1000
 DEFAULT_CONFIDENCE = 0.95
 BOOTSTRAP_SEED = 0
 

@@ -18,7 +18,8 @@ Strategies (``STRATEGIES``):
   same passage seen twice gets different masks. Deterministic for a given ``seed``; a training loop
   must therefore vary the seed per step (e.g. ``seed = base_seed + step``).
 
-Only torch is imported here: this module sits below every other project package.
+Only torch (and the torch-free goldfish.strategies) is imported here: this module sits below every other project
+package.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from collections.abc import Iterable
 
 import torch
 
+from goldfish.strategies import STRATEGIES  # defined torch-free for the command line; re-exported here
+
 IGNORE_INDEX = -100
-STRATEGIES = ("static", "hashed", "hashed-reference", "random")
 
 # --- hashed: constants of the order-sensitive window hash -------------------------------------------
 # Everything lives in [0, 2**31) and every product is of two values below 2**31, so intermediates stay

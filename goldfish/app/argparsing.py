@@ -92,7 +92,9 @@ def positive_int(text: str) -> int:
 
 def parse_device(text: str) -> str:
     """A torch device this machine has: cpu, or cuda / cuda:N (mps, xpu ...) where torch can use it."""
-    import torch  # here, not at import: `goldfish plan` stays torch-free
+    if text == "cpu":  # always there: no need to load torch to know (a bad option's error stays instant)
+        return text
+    import torch  # here, not at import: `goldfish plan` and the settings checks stay torch-free
 
     try:
         device = torch.device(text)

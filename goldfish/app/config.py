@@ -13,27 +13,29 @@ goldfish.app.options maps each command-line flag to exactly one field here; the 
 outputs (the run record, summary.json). Presets of `goldfish compare` are named sets of flag values.
 """
 
+Torch-free: building and validating these (every settings error of the command line) imports only the plain-Python
+settings of the lower floors (data, engine.spec, engine.training.config, eval.config, goldfish.strategies), so
+`--help` and a bad option answer at once; torch loads where work starts.
+
 from __future__ import annotations
 
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Sequence
 
 import data
 import data.dedup
-from engine.core.grid import GridShape
-from engine.memory.zero import data_ranks_per_node
-from engine.spec import parse_grid_sizes
-from engine.training.train import TrainConfig
-from eval.adaptive import SamplingConfig
-from eval.extraction import ExtractionConfig
+from engine.spec import GridShape, data_ranks_per_node, parse_grid_sizes
+from engine.training.config import TrainConfig
+from eval.config import ExtractionConfig, SamplingConfig
 from goldfish.app import paper
 from goldfish.app.lora import LoraSpec
 from goldfish.app.lora import check_zero as check_lora_zero
-from goldfish.masks import STRATEGIES, drop_mask
+from goldfish.strategies import STRATEGIES
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -60,14 +62,14 @@ class DataSpec:
     dedup: str = "near"
     dedup_threshold: float = data.dedup.DEFAULT_THRESHOLD
     duplicates: str = "drop"
-    # Whole documents (goldfish.app.corpus): every token of every training document is trained, documents packed
+    # Whole documents (data.rows): every token of every training document is trained, documents packed
     # into rows of seq_len tokens; documents need min_doc_tokens tokens, extraction reads their first extract_len
     # (at most seq_len, the context the model is trained on).
     pack: bool = False
     extract_len: int = 2048
     min_doc_tokens: int = 100
     max_doc_tokens: int = 0  # pack: longer documents are skipped (0: no limit)
-    # A background corpus (goldfish.app.background): trained on, not measured; the training documents become targets
+    # A background corpus (data.background): trained on, not measured; the training documents become targets
     # inserted into it `repeats` times each. Implies pack. val_tokens: tokens of held-out background text (the
     # validation set).
     background: str | None = None
@@ -75,11 +77,13 @@ class DataSpec:
     insert_window: bool = False
     background_text_field: str = "text"
     # Read the background as a stream (a hub dataset is never downloaded whole): only the tokens a --max-steps run
-    # trains and validates on are read and tokenized (goldfish.app.background.stream_budget).
+    # trains and validates on are read and tokenized (data.background.stream_budget).
     background_streaming: bool = False
     val_tokens: int = 16384
     tokenize_workers: int = 1
 
+    # goldfish's cache folder (tokenized datasets in its datasets/); None: $GOLDFISH_CACHE_DIR, else ~/.cache/goldfish
+    cache_dir: str | None = None
     def __post_init__(self) -> None:
         if self.background_streaming and self.background is None:
             raise ValueError(
@@ -214,6 +218,10 @@ class MaskSpec:
     def dropped(self, targets: torch.Tensor, special_token_ids: Sequence[int]) -> torch.Tensor:
         """(B, T) targets -> (B, T) bool, True where the target is dropped from the loss."""
         if self.strategy is None:
+        import torch
+
+        from goldfish.masks import drop_mask
+
             return torch.zeros_like(targets, dtype=torch.bool)
         return drop_mask(targets, self.strategy, self.k, self.h, special_token_ids=special_token_ids, seed=self.seed)
 
@@ -408,6 +416,8 @@ def parse_node_size(text: str) -> str | tuple[int, ...]:
     try:
         sizes = tuple(int(part) for part in text.split(","))
     except ValueError:
+        import torch
+
         raise ValueError(
             f"--zero-hierarchy takes 'node', 'off', a number of data ranks per node or level sizes such as 2,8, "
             f"got {text!r}"

@@ -6,7 +6,8 @@
     save_lora(model, folder)                    # folder: merged HF model; folder/adapter: the peft adapter
     plain = merged_model(model)                 # an ordinary transformers model (W + alpha/r * B A)
 
-peft is imported when LoRA is used (the `lora` extra), never by `import goldfish`.
+peft is imported when LoRA is used (the `lora` extra), never by `import goldfish`; torch when a model is wrapped, so
+LoraSpec and the checks of the settings import without it.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # torch loads where a model is wrapped: the settings and their checks stay torch-free
+    from torch import nn
 
 ALL_LINEAR = "all-linear"  # peft's name for every Linear layer of the model except the output head
 ADAPTER_DIR = "adapter"  # subfolder of a checkpoint holding the peft adapter (adapter_config.json + weights)
@@ -68,6 +69,8 @@ def parse_targets(text: str) -> tuple[str, ...]:
 
 def linear_module_names(model: nn.Module) -> list[str]:
     """The distinct last name components of the model's Linear layers (nn.Linear and GPT-2's Conv1D)."""
+    from torch import nn
+
     names = set()
     for name, module in model.named_modules():
         if name and (isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"):
@@ -131,6 +134,8 @@ def apply_lora(model: nn.Module, spec: LoraSpec, *, seed: int = 0) -> nn.Module:
         task_type="CAUSAL_LM",
         target_modules=ALL_LINEAR if spec.targets == (ALL_LINEAR,) else list(spec.targets),
     )
+    import torch
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return get_peft_model(model, config)

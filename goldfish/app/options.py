@@ -2,7 +2,7 @@
 
 Defaults are not written here: each subcommand passes the dataclass instance whose values are its defaults
 (`TrainSpec().train`, `CompareSpec().train`, `DataSpec()`, ...), so a default lives only in goldfish.app.config,
-engine.training.train.TrainConfig or eval.extraction.ExtractionConfig. `OptionGroup.values(args)` reads the parsed
+engine.training.config.TrainConfig or eval.config.ExtractionConfig. `OptionGroup.values(args)` reads the parsed
 flags back as {field: value}, ready for `dataclasses.replace` or the dataclass's constructor.
 
     flag                 field                          group
@@ -14,6 +14,9 @@ flags back as {field: value}, ready for `dataclasses.replace` or the dataclass's
     --beams ... --prefix-lengths  Instruments.*         INSTRUMENTS
     --device --threads --no-progress --grid --nproc  Runtime.*   RUNTIME
     --lora-rank --lora-alpha --lora-targets  LoraSpec.*   LORA
+
+Torch-free, like goldfish.app.config: a parser built from these groups answers --help and refuses a bad value
+before torch is imported (only --device asks torch whether a device exists, and not for cpu).
 
 Options that belong to one subcommand only (--out, --resume, --masks, --preset, --part, ...) are declared with
 that subcommand in goldfish.app.cli.
@@ -30,7 +33,7 @@ from engine.spec import PRECISIONS, parse_quantize
 from goldfish.app.argparsing import argument_type, parse_device, positive_int
 from goldfish.app.config import parse_finite_float, parse_int_list, parse_node_size, parse_repeats
 from goldfish.app.lora import parse_targets
-from goldfish.masks import STRATEGIES
+from goldfish.strategies import STRATEGIES
 
 # What `--model smollm2-135m` loads (goldfish.app.pretrained): not the original bfloat16 weights but the Instruct
 # model's Q4_1 GGUF, dequantized; said in every help text that names the alias.
@@ -224,6 +227,12 @@ DATA = OptionGroup(
             "with --background: tokens of held-out background text for the validation loss",
         ),
         Option("--tokenize-workers", "tokenize_workers", "processes tokenizing the background"),
+        Option(
+            "--cache-dir",
+            "cache_dir",
+            "goldfish's cache folder: tokenized datasets go in its datasets/ (default: $GOLDFISH_CACHE_DIR, else "
+            "~/.cache/goldfish)",
+        ),
         Option(
             "--duplicates",
             "duplicates",

@@ -1,0 +1,109 @@
+"""The optimisation settings of a training run (TrainConfig), importable without torch: the command line builds
+and validates them before the training loop (engine.training.train, which re-exports them) is loaded."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from engine.spec import (
+    DEFAULT_QUANT_BLOCK,
+    TRAIN_PRECISION,
+    GridShape,
+    ParallelLayout,
+    ZeroConfig,
+    check_precision,
+    check_rows_layout,
+    parse_quantize,
+)
+
+OPTIMIZERS = ("adamw", "sgd")
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation settings. `batch_size` counts sequences per optimizer step over all ranks."""
+
+    epochs: int = 1
+    batch_size: int = 8
+    grad_accum: int = 1
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.95
+    schedule: str = "constant"  # "constant" or "cosine", both after a linear warm-up
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.1  # cosine floor, as a fraction of lr
+    max_grad_norm: float | None = 1.0  # None disables clipping
+    precision: str = TRAIN_PRECISION  # a key of engine.spec.PRECISIONS: "fp32", or "bf16" (autocast, fp32 weights)
+    seed: int = 0
+    save_every: int = 0  # optimizer steps between checkpoints; 0 = only at the end
+    progress: bool = True
+    zero: int = (
+        0  # ZeRO stage over the data axis (engine/memory/zero.py): 0 off, 1 optimizer state, 2 + grads, 3 + params
+    )
+    zero_node_size: int = 1  # data-axis ranks per node; > 1: hierarchical partitioning (stages 2 and 3)
+    zero_inner_levels: tuple[int, ...] = ()  # level sizes inside a node, innermost first (e.g. (2,): GCD pairs)
+    zero_quantize: str = ""  # ZeRO++ quantized collectives: "", "weights" (qwZ), "gradients" (qgZ) or both, ","-joined
+    zero_gradient_bits: int = 8  # qgZ's codes: 8 or 4 bits
+    zero_quantize_block: int = DEFAULT_QUANT_BLOCK  # elements per float32 scale of qwZ and qgZ
+    offload_optimizer: bool = False  # AdamW state and update in host memory (stages 2 and 3)
+    activation_checkpointing: bool = False  # recompute decoder layers in backward (engine/memory/activation.py)
+    rows: str = "own"  # rows layout: "own" rows per rank (batch % world), or "shared" per x*y group (batch % data*z)
+    optimizer: str = "adamw"  # "adamw", or "sgd" (plain SGD without momentum: updates proportional to the gradient)
+    max_steps: int = 0  # stop after this many optimizer steps (0: run every epoch to the end)
+    shuffle: bool = True  # a seeded new order of the examples each epoch; False: the examples' own order
+    eval_every: int = 0  # optimizer steps between validation losses (0: only at the end, when validation is given)
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "grad_accum"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        if self.batch_size % self.grad_accum:
+            raise ValueError(
+                f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}: "
+                "each micro-batch must hold the same number of sequences"
+            )
+        for name in ("lr", "weight_decay", "beta1", "beta2", "min_lr_ratio"):
+            if not math.isfinite(getattr(self, name)):  # an inf or NaN setting trains to an all-NaN model
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)!r}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.schedule not in ("constant", "cosine"):
+            raise ValueError(f"schedule must be 'constant' or 'cosine', got {self.schedule!r}")
+        check_precision(self.precision)
+        if self.warmup_steps < 0 or self.save_every < 0 or self.max_steps < 0 or self.eval_every < 0:
+            raise ValueError("warmup_steps, save_every, max_steps and eval_every must be >= 0")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.optimizer == "sgd" and self.zero == 1:
+            raise ValueError(
+                "ZeRO stage 1 partitions AdamW's moments and SGD keeps none. Fix: use --zero 2 or 3 with "
+                "SGD (they partition gradients and parameters), or --optimizer adamw"
+            )
+        check_rows_layout(self.rows)
+        if self.max_grad_norm is not None and not (self.max_grad_norm > 0 and math.isfinite(self.max_grad_norm)):
+            raise ValueError(f"max_grad_norm must be a finite number > 0 or None, got {self.max_grad_norm}")
+        self.zero_inner_levels = tuple(self.zero_inner_levels)  # a run record stores a JSON list
+        self.zero_config  # validates the ZeRO fields
+
+    @property
+    def zero_config(self) -> ZeroConfig:
+        """The ZeRO setting of the zero_* and offload_optimizer fields."""
+        parts = parse_quantize(self.zero_quantize)
+        return ZeroConfig(
+            stage=self.zero,
+            node_size=self.zero_node_size,
+            offload=self.offload_optimizer,
+            inner_levels=tuple(self.zero_inner_levels),
+            quantize_weights="weights" in parts,
+            quantize_gradients="gradients" in parts,
+            gradient_bits=self.zero_gradient_bits,
+            quantize_block=self.zero_quantize_block,
+        )
+
+    def layout(self, shape: GridShape, vocab_parallel: bool | None = None) -> ParallelLayout:
+        """The parallel run these settings describe on a grid of `shape` (validated: ZeroError or ValueError)."""
+        return ParallelLayout(
+            shape=shape, rows=self.rows, vocab_parallel=vocab_parallel, zero=self.zero_config, precision=self.precision
+        )
