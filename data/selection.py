@@ -49,6 +49,8 @@ class TokenizedDocument:
     # Whole-document selection only (select_documents(whole_documents=...)): every id of the document, bos first;
     # token_ids is then its extraction window (the first ids, at most whole_documents of them).
     full_ids: list[int] | None = None
+    # Truncated selection: the ids the whole text has (bos counted), so len(token_ids) < n_tokens when it was cut.
+    n_tokens: int | None = None
 
 
 @dataclass
@@ -83,6 +85,18 @@ class DocumentSplit:
     heldout_train_overlap: dict[str, Any] | None = None
     whole_documents: int | None = None  # the extraction window of whole-document selection; None: truncated
     too_long: list[str] = field(default_factory=list)  # whole-document selection with max_len: ids skipped as longer
+
+    @property
+    def cut(self) -> list[TokenizedDocument]:
+        """The selected documents (training, their repeats and held-out) cut to their first seq_len tokens: longer
+        than seq_len, so training and extraction see only their beginning (truncated selection only)."""
+        docs = self.training_documents + self.heldout
+        return [d for d in docs if d.full_ids is None and d.n_tokens is not None and d.n_tokens > len(d.token_ids)]
+
+    @property
+    def tokens_cut(self) -> int:
+        """Tokens of the selected documents beyond their first seq_len: never trained on nor extracted."""
+        return sum(d.n_tokens - len(d.token_ids) for d in self.cut if d.n_tokens is not None)
 
     @property
     def training_documents(self) -> list[TokenizedDocument]:
@@ -121,6 +135,8 @@ class DocumentSplit:
             "whole_documents": self.whole_documents,
             "n_too_long": len(self.too_long),
             "too_long": list(self.too_long),
+            "n_cut": len(self.cut),
+            "tokens_cut": self.tokens_cut,
         }
 
 
@@ -242,6 +258,7 @@ def select_documents(
                     text=doc.text,
                     token_ids=token_ids,
                     full_ids=full_ids,
+                    n_tokens=len(text_ids) + (bos_id is not None),
                     sha256=hashlib.sha256(doc.text.encode("utf-8")).hexdigest(),
                 )
             )
@@ -342,6 +359,7 @@ def _place_clusters(
                     sha256=doc.sha256,
                     repeat_of=kept[root].id,
                     full_ids=doc.full_ids,
+                    n_tokens=doc.n_tokens,
                 )
             )
     return train, heldout, repeats, removed

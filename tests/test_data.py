@@ -385,6 +385,20 @@ def test_too_short_counting_is_exact(corpus, tokenizer, text_ids):
     assert all(lengths[i] < seq_len for i in small.too_short)
 
 
+def test_cut_documents_and_their_dropped_tokens_are_counted(corpus, tokenizer, text_ids):
+    seq_len = 128
+    split = select_documents(corpus, tokenizer, n_train=20, n_heldout=10, seq_len=seq_len, seed=3)
+    lengths = {d.id: len(text_ids[d.id]) + 1 for d in split.train + split.heldout}  # + bos
+    longer = {i for i, n in lengths.items() if n > seq_len}
+    assert longer and {d.id for d in split.cut} == longer  # the default corpus holds documents longer than 128
+    assert split.tokens_cut == sum(lengths[i] - seq_len for i in longer)
+    manifest = split.manifest()
+    assert (manifest["n_cut"], manifest["tokens_cut"]) == (len(longer), split.tokens_cut)
+    # Whole documents are never cut: every token is kept in full_ids.
+    whole = select_documents(corpus, tokenizer, n_train=4, n_heldout=0, seq_len=64, whole_documents=64)
+    assert whole.cut == [] and whole.manifest()["tokens_cut"] == 0
+
+
 def test_empty_and_exact_length_documents(tokenizer):
     words = "one two three four five six seven eight nine ten"
     n_ids = len(tokenizer(words, add_special_tokens=False)["input_ids"])
