@@ -559,7 +559,7 @@ def test_zero_quantize_runs_recorded_and_bad_settings_are_one_line(tmp_path, cap
         ("--zero", "3", "--zero-quantize", "weight"): "weights, gradients or weights,gradients",
         ("--zero", "3", "--zero-quantize", "gradients", "--zero-quantize-bits", "5"): "--zero-quantize-bits",
         ("--zero", "3", "--zero-quantize-block", "7"): "--zero-quantize-block",
-        ("--zero", "3", "--zero-hierarchy", "3,4"): "divides the next",
+        ("--zero", "3", "--zero-hierarchy", "3,4"): "smaller than the next and divide it",
     }
     for flags, message in bad.items():
         try:  # a flag's own parse error exits from argparse, a setting's check returns 2

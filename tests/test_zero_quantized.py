@@ -64,7 +64,7 @@ def test_formats_and_settings_are_checked() -> None:
         BlockFormat(8, 7)
     with pytest.raises(ZeroError, match="stage 2 or 3"):
         ZeroConfig(stage=1, quantize_gradients=True)
-    with pytest.raises(ZeroError, match="divides the next"):
+    with pytest.raises(ZeroError, match="smaller than the next and divide it"):
         ZeroConfig(stage=3, node_size=8, inner_levels=(3,))
     assert ZeroConfig(stage=3, node_size=8, inner_levels=(2,)).level_sizes(32) == (2, 4, 4)
     assert ZeroConfig(stage=3, node_size=4).level_sizes(4) == (4,)  # one node holds the axis: one level

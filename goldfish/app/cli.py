@@ -22,6 +22,7 @@ from goldfish.app.config import (
     COMPARE_PRESETS,
     CompareSpec,
     DataSpec,
+    EvalSpec,
     Instruments,
     MaskSpec,
     Runtime,
@@ -33,7 +34,8 @@ from goldfish.app.config import (
     parse_mask,
 )
 from goldfish.app.lora import LoraSpec
-from goldfish.masks import STRATEGIES
+from goldfish.app.runfile import ResolvedRun
+from goldfish.strategies import STRATEGIES
 
 if TYPE_CHECKING:  # the commands import torch, the engine and eval only when they run
     from torch import nn
@@ -83,7 +85,7 @@ def lora_of(args: argparse.Namespace) -> LoraSpec:
 
 
 def extraction_of(args: argparse.Namespace) -> Any:
-    from eval.extraction import ExtractionConfig
+    from eval.config import ExtractionConfig
 
     return ExtractionConfig(**opt.EXTRACTION.values(args))
 
@@ -97,7 +99,7 @@ def instruments_of(args: argparse.Namespace) -> Instruments:
 
 def _launch_shape(runtime: Runtime) -> GridShape:
     """The grid that `--nproc N` workers will build (--grid, or data=N), checked against N before they start."""
-    from engine.core.grid import GridShape
+    from engine.spec import GridShape
 
     shape = GridShape(**parse_grid(runtime.grid)) if runtime.grid is not None else GridShape(data=runtime.nproc)
     if shape.world_size != runtime.nproc:
@@ -136,19 +138,16 @@ def _check_training_on_grid(train: TrainConfig, shape: GridShape, resume: Path |
         check_resume(resume, train)
 
 
-def _launch(args: argparse.Namespace, runtime: Runtime) -> int:
-    """Run this very command again in `runtime.nproc` local worker processes (without --nproc)."""
+def _launch(run: ResolvedRun, runtime: Runtime) -> int:
+    """Run the resolved `run` in `runtime.nproc` local worker processes (goldfish.app.launch)."""
     from goldfish.app.launch import launch_local
 
-    argv, skip = [], False
-    for item in args.argv:
-        if skip:
-            skip = False
-        elif item == "--nproc":
-            skip = True
-        elif not item.startswith("--nproc="):
-            argv.append(item)
-    return launch_local(argv, runtime.nproc, args.command)
+    return launch_local(run, runtime.nproc)
+
+
+def _resolved(command: str, spec: Any, runtime: Runtime, out: Path, folder: Path, **extra: Any) -> ResolvedRun:
+    """What a worker runs: the validated spec, the runtime without --nproc, the output folders."""
+    return ResolvedRun(command, spec, replace(runtime, nproc=None), str(out), str(folder), **extra)
 
 
 def _check_resume(resume: str | None) -> Path | None:
@@ -234,7 +233,6 @@ def _train_spec(args: argparse.Namespace, shape: GridShape | None) -> TrainSpec:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from goldfish.app.experiment import initial_model, prepare_data, start_grid, train_model
     from goldfish.app.runlock import holds_lock_here, out_lock
 
     runtime = runtime_of(args)
@@ -252,32 +250,40 @@ def cmd_train(args: argparse.Namespace) -> int:
         _check_documents(spec.data)
     with out_lock(out, enabled=holds_lock_here()):  # one run per --out; the --nproc launcher holds it for workers
         folder = _run_folder(out, overwrite=args.overwrite, resuming=resume is not None)
+        run = _resolved("train", spec, runtime, out, folder, resume=None if resume is None else str(resume))
         if runtime.nproc:
-            return _launch(args, runtime)
-        grid = start_grid(runtime.grid)
-        spec = _train_spec(args, grid.shape if grid is not None else None)
-        log = _logger(grid)
-        try:
-            prepared = prepare_data(spec.data, spec.model, log=log)
-            model = initial_model(spec.model, prepared, spec.init_seed)
-            if grid is None:
-                model = model.to(runtime.torch_device())
-            train_model(
-                spec,
-                folder,
-                prepared=prepared,
-                model=model,
-                grid=grid,
-                log=log,
-                resume_from=resume,
-                report_to=runtime.report_to,
-                verify=runtime.verify,
-            )
-        except BaseException:
-            _discard(folder, out, grid)
-            raise
-        _publish(folder, out, grid)
-        _close(grid)
+            return _launch(run, runtime)
+        return run_train(run)
+
+
+def run_train(run: ResolvedRun) -> int:
+    """Train the resolved run on this process's rank (one process, a torchrun rank or a --nproc worker)."""
+    from goldfish.app.experiment import initial_model, prepare_data, start_grid, train_model
+
+    spec, runtime, out, folder = run.spec, run.runtime, Path(run.out), Path(run.folder)
+    grid = start_grid(runtime.grid)
+    log = _logger(grid)
+    try:
+        prepared = prepare_data(spec.data, spec.model, log=log)
+        model = initial_model(spec.model, prepared, spec.init_seed)
+        if grid is None:
+            model = model.to(runtime.torch_device())
+        train_model(
+            spec,
+            folder,
+            prepared=prepared,
+            model=model,
+            grid=grid,
+            log=log,
+            resume_from=None if run.resume is None else Path(run.resume),
+            report_to=runtime.report_to,
+            verify=runtime.verify,
+        )
+    except BaseException:
+        _discard(folder, out, grid)
+        raise
+    _publish(folder, out, grid)
+    _close(grid)
     log(f"wrote {out / 'checkpoint'} (HF checkpoint + tokenizer) and {out / 'metrics.jsonl'}")
     return 0
 
@@ -318,7 +324,7 @@ def _train_out(args: argparse.Namespace, resume: Path | None) -> Path:
 
 def _process_shape(runtime: Runtime) -> GridShape | None:
     """The grid this process will join (--grid, or data=WORLD_SIZE under torchrun), None for a single process."""
-    from engine.core.grid import GridShape
+    from engine.spec import GridShape
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if runtime.grid is None and world == 1:
@@ -327,48 +333,70 @@ def _process_shape(runtime: Runtime) -> GridShape | None:
 
 
 def _one_process() -> GridShape:
-    from engine.core.grid import GridShape
+    from engine.spec import GridShape
 
     return GridShape()
 
 
+def _eval_spec(args: argparse.Namespace) -> EvalSpec:
+    """`goldfish eval`'s options as a validated EvalSpec."""
+    mask = mask_of(args) if args.strategy is not None else None
+    return EvalSpec(
+        model=str(args.model),
+        data=data_of(args) if args.data is not None else None,
+        mask=mask if mask is not None and mask.strategy is not None else None,
+        mask_from_record=args.strategy is None,
+        init_seed=opt.MODEL.values(args)["init_seed"],
+        reference=args.reference,
+        part=args.part,
+        extraction=extraction_of(args),
+        instruments=instruments_of(args),
+    )
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
-    from goldfish.app.checks import check_eval_out, check_extraction_fits, clear_eval_outputs
-    from goldfish.app.experiment import evaluate_model, grid_sizes, membership, start_grid
-    from goldfish.app.launch import ERROR_DIR_VARIABLE
+    from goldfish.app.checks import check_eval_out, clear_eval_outputs
 
     runtime = runtime_of(args)
     out = Path(args.out)
+    check_eval_out(out, overwrite=args.overwrite)
     # One process clears an earlier eval's files (--overwrite), once every check has passed: the --nproc launcher,
-    # rank 0 under torchrun, or the only process. A worker of --nproc leaves --out to its launcher.
-    launched = ERROR_DIR_VARIABLE in os.environ
-    if not launched:
-        check_eval_out(out, overwrite=args.overwrite)
-    clears = args.overwrite and not launched and os.environ.get("RANK", "0") == "0"
+    # rank 0 under torchrun, or the only process.
+    clears = args.overwrite and os.environ.get("RANK", "0") == "0"
     if runtime.nproc:
         _launch_shape(runtime)
     from goldfish.app.pretrained import recover_folder
 
     for folder in (args.model, args.reference):  # a checkpoint a killed save set aside is complete: put it back
         recover_folder(folder)
-    record = _run_record(args)
-    _check_reference(args.reference)  # it is loaded after the whole extraction: check it before any
+    spec = _eval_spec(args)
+    _run_record(spec)  # a model without a run record needs --data: said before anything starts
+    _check_reference(spec.reference)  # it is loaded after the whole extraction: check it before any
     if runtime.nproc:
-        extraction_of(args), instruments_of(args)  # validated before the workers start
-        if args.data is not None:
-            _check_documents(data_of(args))
+        if spec.data is not None:
+            _check_documents(spec.data)
         if clears:
             clear_eval_outputs(out)
-        return _launch(args, runtime)
+        return _launch(_resolved("eval", spec, runtime, out, out), runtime)
+    return run_eval(_resolved("eval", spec, runtime, out, out, options={"clear": clears}))
+
+
+def run_eval(run: ResolvedRun) -> int:
+    """Evaluate the resolved run's model on this process's rank (one process, a torchrun rank or a --nproc worker)."""
+    from goldfish.app.checks import check_extraction_fits, clear_eval_outputs
+    from goldfish.app.experiment import evaluate_model, grid_sizes, membership, start_grid
+
+    spec, runtime, out = run.spec, run.runtime, Path(run.out)
+    record = _run_record(spec)
     grid = start_grid(runtime.grid)
     log = _logger(grid)
-    prepared, mask, repeats = _eval_documents(args, record, log)
+    prepared, mask, repeats = _eval_documents(spec, record, log)
     parts = {"train": prepared.split.train, "heldout": prepared.split.heldout}
-    chosen = list(parts) if args.part == "both" else [args.part]
-    check_extraction_fits({part: parts[part] for part in chosen}, extraction_of(args))  # before any output
-    if clears:
+    chosen = list(parts) if spec.part == "both" else [spec.part]
+    check_extraction_fits({part: parts[part] for part in chosen}, spec.extraction)  # before any output
+    if run.options.get("clear"):
         clear_eval_outputs(out)
-    model = _eval_model(args, prepared, grid, runtime, log)
+    model = _eval_model(spec, prepared, grid, runtime, log)
     results: dict[str, Any] = {}
     for part in chosen:
         part_repeats = None if repeats is None else repeats if part == "train" else {}
@@ -376,11 +404,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
             model,
             prepared,
             parts[part],
-            extraction_of(args),
+            spec.extraction,
             out / part,
             mask,
             runtime.progress,
-            instruments=instruments_of(args),
+            instruments=spec.instruments,
             repeats=part_repeats,
             grid=grid,
         )
@@ -392,13 +420,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 else ""
             )
             log(f"{part}: {summary['n_docs']} documents{scores}")
-    if args.part == "both" and parts["train"] and parts["heldout"]:
-        reference = _reference_model(args.reference, record, prepared, args.init_seed)
+    if spec.part == "both" and parts["train"] and parts["heldout"]:
+        reference = _reference_model(spec.reference, record, prepared, spec.init_seed)
         if reference is not None:
             device = grid.device if grid is not None else runtime.torch_device()
             reference = reference.to(device).eval()  # a plain copy on every rank: it scores its own shard
         result = membership(
-            model, prepared, reference, out / "membership.jsonl", grid, n_resamples=extraction_of(args).bootstrap
+            model, prepared, reference, out / "membership.jsonl", grid, n_resamples=spec.extraction.bootstrap
         )
         if result is not None:
             results["membership"] = result
@@ -424,16 +452,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_record(args: argparse.Namespace) -> dict[str, Any] | None:
+def _run_record(spec: EvalSpec) -> dict[str, Any] | None:
     """The run record of a checkpoint written by goldfish train (None when --data chooses the documents)."""
     from goldfish.app.experiment import RUN_FILE
 
-    record_path = Path(args.model) / RUN_FILE
-    if args.data is not None:
+    record_path = Path(spec.model) / RUN_FILE
+    if spec.data is not None:
         return None
     if not record_path.exists():
         raise ValueError(
-            f"{args.model} has no {RUN_FILE} (it was not written by goldfish train): give --data and the "
+            f"{spec.model} has no {RUN_FILE} (it was not written by goldfish train): give --data and the "
             "selection options to say which documents to evaluate"
         )
     try:
@@ -449,7 +477,7 @@ def _run_record(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def _eval_documents(
-    args: argparse.Namespace, record: dict[str, Any] | None, log: Callable[..., None]
+    spec: EvalSpec, record: dict[str, Any] | None, log: Callable[..., None]
 ) -> tuple[Prepared, MaskSpec | None, dict[str, int] | None]:
     """(prepared documents, the mask for kept/dropped accuracy, repeats by id) of `goldfish eval`: the run's own
     documents and mask when the model has a run record, else those of the data options."""
@@ -459,40 +487,39 @@ def _eval_documents(
     if record is not None:
         # A record written before deduplication existed has no "dedup": its documents were selected without it.
         saved = {"dedup": "off"} | record["data"]
-        spec = replace(DataSpec(**saved), tokenizer=str(args.model))
+        data_spec = replace(DataSpec(**saved), tokenizer=str(spec.model))
         saved_mask = {k: v for k, v in record["mask"].items() if k != "label"}
         mask = MaskSpec(**saved_mask) if saved_mask.get("strategy") else None
     else:
-        spec = data_of(args)  # tokenizer None: the model's own (prepare_data finds it, GGUF files included)
-    if args.strategy is not None:
-        mask = mask_of(args)
-        mask = mask if mask.strategy is not None else None
-    prepared = prepare_data(spec, args.model, log=log)
+        data_spec = spec.data  # tokenizer None: the model's own (prepare_data finds it, GGUF files included)
+    if not spec.mask_from_record:
+        mask = spec.mask
+    prepared = prepare_data(data_spec, spec.model, log=log)
     if record is not None:
         _check_same_documents(record["documents"], prepared.split.manifest())
         if record.get("corpus"):  # a background run: the copies of each target it trained on, as recorded
             repeats = {str(k): int(v) for k, v in record["repeats"].items()}
-        elif spec.has_repeats(prepared.split):
-            repeats = spec.times_seen(prepared.split)
+        elif data_spec.has_repeats(prepared.split):
+            repeats = data_spec.times_seen(prepared.split)
     return prepared, mask, repeats
 
 
 def _eval_model(
-    args: argparse.Namespace, prepared: Prepared, grid: Grid | None, runtime: Runtime, log: Callable[..., None]
+    spec: EvalSpec, prepared: Prepared, grid: Grid | None, runtime: Runtime, log: Callable[..., None]
 ) -> nn.Module:
     """The model to evaluate: on one device, or sharded on the grid (documents are then split over its data axis)."""
     from eval.parallel import parallelize_for_eval
     from goldfish.app.experiment import initial_model
     from goldfish.app.models import is_tiny_model, load_parallel_model
 
-    tiny = is_tiny_model(args.model)
+    tiny = is_tiny_model(spec.model)
     if grid is None:
-        model = initial_model(args.model, prepared, args.init_seed) if tiny else load_parallel_model(args.model, None)
+        model = initial_model(spec.model, prepared, spec.init_seed) if tiny else load_parallel_model(spec.model, None)
         return model.to(runtime.torch_device())
     log(f"evaluating on grid {grid.shape}: documents sharded over data={grid.shape.data}")
     if tiny:
-        return parallelize_for_eval(initial_model(args.model, prepared, args.init_seed), grid)
-    return load_parallel_model(args.model, grid)
+        return parallelize_for_eval(initial_model(spec.model, prepared, spec.init_seed), grid)
+    return load_parallel_model(spec.model, grid)
 
 
 def _write_eval_outputs(results: dict[str, Any], out: Path) -> None:
@@ -596,8 +623,6 @@ def _compare_spec(args: argparse.Namespace, shape: GridShape | None) -> CompareS
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from goldfish.app.compare import compare
-    from goldfish.app.experiment import start_grid
     from goldfish.app.runlock import holds_lock_here, out_lock
 
     runtime = runtime_of(args)  # a --preset is already applied, as defaults (`parse_command_line`)
@@ -614,18 +639,30 @@ def cmd_compare(args: argparse.Namespace) -> int:
         _check_documents(spec.data)
     with out_lock(out, enabled=holds_lock_here()):  # one run per --out; the --nproc launcher holds it for workers
         folder = _run_folder(out, overwrite=args.overwrite, resuming=False)
+        run = _resolved("compare", spec, runtime, out, folder)
         if runtime.nproc:
-            return _launch(args, runtime)
-        grid = start_grid(runtime.grid)
-        spec = _compare_spec(args, grid.shape if grid is not None else None)
-        try:
-            compare(spec, folder, grid=grid, device=runtime.device, report_to=runtime.report_to, verify=runtime.verify)
-        except BaseException:
-            _discard(folder, out, grid)
-            raise
-        _publish(folder, out, grid)
-        _close(grid)
-    if folder != out:
+            return _launch(run, runtime)
+        return run_compare(run)
+
+
+def run_compare(run: ResolvedRun) -> int:
+    """Run the resolved comparison on this process's rank (one process, a torchrun rank or a --nproc worker)."""
+    from goldfish.app.compare import compare
+    from goldfish.app.experiment import start_grid
+
+    runtime, out, folder = run.runtime, Path(run.out), Path(run.folder)
+    grid = start_grid(runtime.grid)
+    from engine.core.grid import is_main_process
+
+    main_process = is_main_process(grid)
+    try:
+        compare(run.spec, folder, grid=grid, device=runtime.device, report_to=runtime.report_to, verify=runtime.verify)
+    except BaseException:
+        _discard(folder, out, grid)
+        raise
+    _publish(folder, out, grid)
+    _close(grid)
+    if folder != out and main_process:
         print(f"replaced {out} with the new run")
     return 0
 
@@ -927,7 +964,7 @@ def _mask_defaults(spec: MaskSpec) -> dict[str, Any]:
 
 
 def _default_extraction() -> Any:
-    from eval.extraction import ExtractionConfig
+    from eval.config import ExtractionConfig
 
     return ExtractionConfig()
 

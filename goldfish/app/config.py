@@ -1,21 +1,22 @@
 """The run configuration: one dataclass per option group, holding the one set of defaults.
 
-    DataSpec      which documents, how many, how long (--data, --n-train, ...)
-    MaskSpec      the goldfish mask (--strategy, --k, --h, --mask-seed; compare's --masks STRATEGY:K:H)
-    TrainConfig   optimisation (engine.training.train; --epochs, --lr, ...), defaults per command in
-    TrainSpec/CompareSpec Instruments   the memorization instruments besides greedy extraction (--beams, --samples, ...)
-    ExtractionConfig  prefix/suffix protocol (eval.extraction; --suffix-len, --prefix-len, --eval-batch-size)
-    Runtime       where and how a command runs (--device, --threads, --grid, --nproc, --no-progress)
-    LoraSpec      LoRA adapters through peft (goldfish.app.lora; --lora-rank, --lora-alpha, --lora-targets)
-    TrainSpec / CompareSpec  a whole `goldfish train` / `goldfish compare` run
+    DataSpec          which documents, how many, how long (--data, --n-train, --seq-len, ...)
+    MaskSpec          the goldfish mask (--strategy, --k, --h, --mask-seed; compare's --masks STRATEGY:K:H)
+    TrainConfig       optimisation (engine.training.config; --epochs, --lr, ...), defaults per command in TrainSpec
+                      and CompareSpec
+    Instruments       the memorization instruments besides greedy extraction (--beams, --samples, ...)
+    ExtractionConfig  prefix/suffix protocol (eval.config; --suffix-len, --prefix-len, --eval-batch-size)
+    Runtime           where and how a command runs (--device, --threads, --grid, --nproc, --no-progress)
+    LoraSpec          LoRA adapters through peft (goldfish.app.lora; --lora-rank, --lora-alpha, --lora-targets)
+    TrainSpec / CompareSpec / EvalSpec  a whole `goldfish train` / `compare` / `eval` run
 
 goldfish.app.options maps each command-line flag to exactly one field here; the resolved specs are saved with the
 outputs (the run record, summary.json). Presets of `goldfish compare` are named sets of flag values.
-"""
 
 Torch-free: building and validating these (every settings error of the command line) imports only the plain-Python
 settings of the lower floors (data, engine.spec, engine.training.config, eval.config, goldfish.strategies), so
 `--help` and a bad option answer at once; torch loads where work starts.
+"""
 
 from __future__ import annotations
 
@@ -81,9 +82,9 @@ class DataSpec:
     background_streaming: bool = False
     val_tokens: int = 16384
     tokenize_workers: int = 1
-
     # goldfish's cache folder (tokenized datasets in its datasets/); None: $GOLDFISH_CACHE_DIR, else ~/.cache/goldfish
     cache_dir: str | None = None
+
     def __post_init__(self) -> None:
         if self.background_streaming and self.background is None:
             raise ValueError(
@@ -217,11 +218,11 @@ class MaskSpec:
 
     def dropped(self, targets: torch.Tensor, special_token_ids: Sequence[int]) -> torch.Tensor:
         """(B, T) targets -> (B, T) bool, True where the target is dropped from the loss."""
-        if self.strategy is None:
         import torch
 
         from goldfish.masks import drop_mask
 
+        if self.strategy is None:
             return torch.zeros_like(targets, dtype=torch.bool)
         return drop_mask(targets, self.strategy, self.k, self.h, special_token_ids=special_token_ids, seed=self.seed)
 
@@ -365,6 +366,31 @@ class CompareSpec:
             check_mask_window(mask, self.data)
 
 
+EVAL_PARTS = ("train", "heldout", "both")
+
+
+@dataclass
+class EvalSpec:
+    """A `goldfish eval` run: the model (a goldfish train checkpoint, HF folder/name, GGUF file or tiny model) and what
+    to measure on it. data None: the documents of the model's run record; mask_from_record: score kept/dropped
+    accuracy with the record's mask, else with `mask` (None: none). reference: the reference-ratio attack's
+    reference ("auto", "none" or a model). part: "train", "heldout" or "both" (both also runs membership)."""
+
+    model: str
+    data: DataSpec | None = None
+    mask: MaskSpec | None = None
+    mask_from_record: bool = True
+    init_seed: int = 0
+    reference: str = "auto"
+    part: str = "both"
+    extraction: ExtractionConfig = field(default_factory=ExtractionConfig)
+    instruments: Instruments = field(default_factory=Instruments)
+
+    def __post_init__(self) -> None:
+        if self.part not in EVAL_PARTS:
+            raise ValueError(f"--part must be one of {', '.join(EVAL_PARTS)}, got {self.part!r}")
+
+
 @dataclass
 class Runtime:
     """Where and how a command runs; not part of what a run computes (a run's results do not depend on it, except
@@ -390,6 +416,8 @@ class Runtime:
         check_report_to(self.report_to)
 
     def torch_device(self) -> torch.device:
+        import torch
+
         if self.device:
             return torch.device(self.device)
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -416,8 +444,6 @@ def parse_node_size(text: str) -> str | tuple[int, ...]:
     try:
         sizes = tuple(int(part) for part in text.split(","))
     except ValueError:
-        import torch
-
         raise ValueError(
             f"--zero-hierarchy takes 'node', 'off', a number of data ranks per node or level sizes such as 2,8, "
             f"got {text!r}"

@@ -1,4 +1,7 @@
-"""`--nproc N`: run a goldfish command again in N local worker processes, and report a failure in one line.
+"""`--nproc N`: run a resolved goldfish command in N local worker processes, and report a failure in one line.
+
+The launcher has parsed and validated the command; it writes the result once (goldfish.app.runfile) and each worker
+runs it from that file (goldfish.app.worker), parsing no command line of its own.
 
 The launcher starts the workers itself (the environment torchrun gives them: RANK, WORLD_SIZE, MASTER_ADDR, ...)
 and hosts the store they meet in, a torch TCPStore served from a socket bound to 127.0.0.1: nothing outside this
@@ -28,6 +31,8 @@ from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Iterator, Sequence
+
+from goldfish.app.runfile import ResolvedRun, write_run
 
 ERROR_DIR_VARIABLE = "GOLDFISH_ERROR_DIR"
 LAUNCHER_VARIABLE = "GOLDFISH_LAUNCHER_PID"  # in a worker: the pid of the launcher it must not outlive
@@ -93,14 +98,18 @@ def worker_environment(nproc: int, port: int, error_dir: Path) -> dict[str, str]
     }
 
 
-def launch_local(argv: Sequence[str], nproc: int, command: str) -> int:
-    """Run `python -m goldfish <argv>` in `nproc` local processes (gloo on CPU, NCCL on GPUs) and wait for them.
+def launch_local(run: ResolvedRun, nproc: int) -> int:
+    """Run the resolved `run` in `nproc` local processes (gloo on CPU, NCCL on GPUs) and wait for them: each is
+    `python -m goldfish.app.worker RUN_FILE` (goldfish.app.runfile), the file written here once.
 
     Returns 0 when every worker succeeded; otherwise prints `goldfish <command>: error: <the failing worker's
     error>` once on stderr and returns 2 for a settings error, 1 for a crash; 130 after Ctrl-C (the workers
     stopped)."""
+    command = run.command
     error_dir = Path(tempfile.mkdtemp(prefix="goldfish-workers-"))
-    print(f"launching {nproc} processes: {sys.executable} -m goldfish {' '.join(argv)}", file=sys.stderr)
+    run_file = write_run(run, error_dir / "run.json")
+    argv = ["-m", "goldfish.app.worker", str(run_file)]
+    print(f"launching {nproc} processes: {sys.executable} {' '.join(argv)}", file=sys.stderr)
     workers: list[subprocess.Popen] = []
     with _loopback_store() as port:
         shared = worker_environment(nproc, port, error_dir)
@@ -108,9 +117,7 @@ def launch_local(argv: Sequence[str], nproc: int, command: str) -> int:
             for rank in range(nproc):
                 environment = shared | {"RANK": str(rank), "LOCAL_RANK": str(rank), "ROLE_RANK": str(rank)}
                 # Own session, as torchrun does: Ctrl-C reaches the launcher alone, which stops the workers.
-                workers.append(
-                    subprocess.Popen([sys.executable, "-m", "goldfish", *argv], env=environment, start_new_session=True)
-                )
+                workers.append(subprocess.Popen([sys.executable, *argv], env=environment, start_new_session=True))
             codes, stopped = _wait(workers)
         except KeyboardInterrupt:  # Ctrl-C reaches the launcher alone (the workers have their own sessions)
             _stop(workers)

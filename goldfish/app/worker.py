@@ -1,0 +1,46 @@
+"""A worker of `goldfish <command> --nproc N`: `python -m goldfish.app.worker RUN_FILE`.
+
+It reads the run its launcher resolved and validated (goldfish.app.runfile) and runs that command's work on its
+rank; it parses no command line. Its error goes back to the launcher in one line (goldfish.app.launch), and it never
+outlives the launcher.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from goldfish.app.launch import CRASH_EXIT, SETTINGS_ERROR_EXIT, die_with_launcher, report_worker_error
+
+    die_with_launcher()
+    paths = list(sys.argv[1:] if argv is None else argv)
+    if len(paths) != 1:
+        print("usage: python -m goldfish.app.worker RUN_FILE (started by goldfish ... --nproc N)", file=sys.stderr)
+        return SETTINGS_ERROR_EXIT
+    from goldfish.app import cli
+    from goldfish.app.runfile import read_run
+
+    try:
+        run = read_run(Path(paths[0]))
+        if run.runtime.threads:
+            import torch
+
+            torch.set_num_threads(run.runtime.threads)
+        work = {"train": cli.run_train, "compare": cli.run_compare, "eval": cli.run_eval}[run.command]
+        with cli.progress_bars(run.runtime.progress):
+            return work(run)
+    except (ValueError, FileNotFoundError) as error:
+        if not report_worker_error(error, settings_error=True):
+            print(f"goldfish worker: error: {error}", file=sys.stderr)
+        return SETTINGS_ERROR_EXIT
+    except Exception as error:
+        if report_worker_error(error, settings_error=False):
+            return CRASH_EXIT
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())
