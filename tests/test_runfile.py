@@ -1,0 +1,77 @@
+"""The resolved run a `--nproc` launcher hands its workers (goldfish.app.runfile): written once, read back equal.
+
+Every spec round-trips through the file exactly (nested dataclasses, tuples, lists of masks, optional parts), the file
+is plain JSON (no pickle), and presets are parser defaults the user's typed values override, so the run a worker
+executes is the one the launcher validated.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from goldfish.app.cli import _compare_spec, _eval_spec, _resolved, _train_spec, parse_command_line, runtime_of
+from goldfish.app.runfile import from_plain, read_run, to_plain, write_run
+
+
+def _args(*argv: str):
+    return parse_command_line(list(argv))
+
+
+def test_every_command_round_trips_through_the_file(tmp_path: Path) -> None:
+    from engine.core.grid import GridShape
+
+    train = _args("train", "--out", "o", "--grid", "data=4", "--nproc", "4", "--zero", "3")
+    train_args = [*train.argv, "--zero-hierarchy", "2,4", "--zero-quantize", "gradients", "--lora-rank", "0"]
+    train = _args(*train_args)
+    compare = _args("compare", "--out", "o", "--masks", "hashed:4:13", "static:3", "--seeds", "0,1", "--beams", "2")
+    evaluate = _args("eval", "--model", "runs/a/checkpoint", "--out", "e", "--strategy", "static", "--k", "3")
+    specs = {
+        "train": _train_spec(train, GridShape(data=4)),
+        "compare": _compare_spec(compare, None),
+        "eval": _eval_spec(evaluate),
+    }
+    assert specs["train"].train.zero_inner_levels == (2,) and specs["train"].train.zero_node_size == 4
+    for command, spec in specs.items():
+        runtime = runtime_of(train if command == "train" else compare if command == "compare" else evaluate)
+        run = _resolved(command, spec, runtime, Path("out"), Path(".out.staging"), options={"clear": False})
+        path = write_run(run, tmp_path / f"{command}.json")
+        json.loads(path.read_text())  # plain JSON
+        back = read_run(path)
+        assert back == run, command
+        assert back.runtime.nproc is None  # a worker launches nothing
+    assert specs["eval"].mask.k == 3 and not specs["eval"].mask_from_record
+
+
+def test_a_file_of_another_version_or_with_unknown_fields_is_refused(tmp_path: Path) -> None:
+    from goldfish.app.config import DataSpec
+
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"version": 0, "command": "train"}))
+    with pytest.raises(ValueError, match="not a run file of this goldfish version"):
+        read_run(path)
+    with pytest.raises(ValueError, match="no field surprise"):
+        from_plain(DataSpec, {**to_plain(DataSpec()), "surprise": 1})
+
+
+def test_a_preset_is_a_default_the_typed_value_overrides() -> None:
+    """`goldfish compare --preset smollm2 --epochs 3` trains 3 epochs (the preset's other values stay)."""
+    from goldfish.app.config import COMPARE_PRESETS
+
+    spec = _compare_spec(_args("compare", "--preset", "smollm2", "--epochs", "3", "--out", "o"), None)
+    assert spec.train.epochs == 3
+    assert spec.model == COMPARE_PRESETS["smollm2"]["model"]
+    assert spec.train.lr == COMPARE_PRESETS["smollm2"]["lr"]
+
+
+def test_the_worker_takes_only_a_run_file(tmp_path: Path, capsys) -> None:
+    """A worker reads one run file: a command line of options is not its input."""
+    from goldfish.app.worker import main
+
+    assert main(["--epochs", "3"]) == 2
+    assert main([]) == 2
+    assert "RUN_FILE" in capsys.readouterr().err
+    assert main([str(tmp_path / "missing.json")]) == 2
+    assert "missing.json" in capsys.readouterr().err
