@@ -272,7 +272,7 @@ def test_quantized_training_stays_within_the_derived_tolerance() -> None:
     cases = [
         {"zero_quantize": "weights"},
         {"zero_quantize": "gradients"},
-        {"zero_quantize": "gradients", "zero_gradient_bits": 4},
+        {"zero_quantize": "gradients", "zero_quantize_bits": 4},
         {"zero_quantize": "weights,gradients"},
         {"zero_quantize": "weights,gradients", "zero_node_size": 2},
     ]

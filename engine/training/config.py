@@ -45,7 +45,7 @@ class TrainConfig:
     zero_node_size: int = 1  # data-axis ranks per node; > 1: hierarchical partitioning (stages 2 and 3)
     zero_inner_levels: tuple[int, ...] = ()  # level sizes inside a node, innermost first (e.g. (2,): GCD pairs)
     zero_quantize: str = ""  # ZeRO++ quantized collectives: "", "weights" (qwZ), "gradients" (qgZ) or both, ","-joined
-    zero_gradient_bits: int = 8  # qgZ's codes: 8 or 4 bits
+    zero_quantize_bits: int = 8  # qgZ's codes: 8 or 4 bits
     zero_quantize_block: int = DEFAULT_QUANT_BLOCK  # elements per float32 scale of qwZ and qgZ
     offload_optimizer: bool = False  # AdamW state and update in host memory (stages 2 and 3)
     activation_checkpointing: bool = False  # recompute decoder layers in backward (engine/memory/activation.py)
@@ -98,7 +98,7 @@ class TrainConfig:
             inner_levels=tuple(self.zero_inner_levels),
             quantize_weights="weights" in parts,
             quantize_gradients="gradients" in parts,
-            gradient_bits=self.zero_gradient_bits,
+            gradient_bits=self.zero_quantize_bits,
             quantize_block=self.zero_quantize_block,
         )
 

@@ -320,7 +320,7 @@ TRAINING = OptionGroup(
             "(qgZ: quantized all-to-all reduction, level by level), or weights,gradients; lossy, see docs/memory.md",
             parse=quantize_setting,
         ),
-        Option("--zero-quantize-bits", "zero_gradient_bits", "bits of qgZ's gradient codes: 8 or 4", parse=int),
+        Option("--zero-quantize-bits", "zero_quantize_bits", "bits of qgZ's gradient codes: 8 or 4", parse=int),
         Option(
             "--zero-quantize-block",
             "zero_quantize_block",
