@@ -5,7 +5,7 @@ Two background corpora are written as JSON lines from the Python standard librar
 2,000 characters; the large one holds 10x the documents of the small one). For each:
 
     tokenize   tokens/s of `data.corpus.tokenize_corpus` into a fresh cache (batched map, --workers processes)
-    rows       tokens/s of building packed rows with goldfish masks (goldfish.app.background, hashed k=4 h=13)
+    rows       tokens/s of building packed rows with goldfish masks (data.background, hashed k=4 h=13)
     peak       peak resident memory (MiB) of `goldfish train --background FILE --max-steps 3` in its own process
                (tokenizer trained, corpus tokenized from the cache, 3 steps of tiny-llama)
 
@@ -83,6 +83,8 @@ def peak_memory_mib(corpus: Path, out: Path) -> float:
         "--out",
         str(out),
         "--overwrite",
+        "--cache-dir",
+        str(out.parent / "cache"),  # beside the run, never the user's cache
     ]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     result = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
@@ -92,10 +94,11 @@ def peak_memory_mib(corpus: Path, out: Path) -> float:
 def measure(corpus: Path, workers: int, tokenizer, steps: int | None) -> dict:
     import torch
 
+    from data.background import build_background
     from data.corpus import tokenize_corpus
     from engine.training import train as engine_train
-    from goldfish.app.background import build_background
     from goldfish.app.config import DataSpec, MaskSpec
+    from goldfish.app.data_settings import background_spec, row_mask
     from goldfish.app.experiment import make_step_loss
     from goldfish.app.models import build_tiny_model
 
@@ -107,7 +110,8 @@ def measure(corpus: Path, workers: int, tokenizer, steps: int | None) -> dict:
         train = engine_train.TrainConfig(batch_size=8, shuffle=False, progress=False, max_steps=steps or 0)
         special = sorted(set(tokenizer.all_special_ids))
         mask = MaskSpec("hashed", 4, 13)
-        background = build_background(spec, tokenized, [], [], tokenizer, mask, special, train, tokenizer.pad_token_id)
+        settings, rows_mask = background_spec(spec), row_mask(mask, special)
+        background = build_background(settings, tokenized, [], [], tokenizer, rows_mask, train, tokenizer.pad_token_id)
         rows = background.rows
         n_rows = min(400, len(rows))
         started = time.perf_counter()

@@ -1,13 +1,41 @@
 """Shared fixtures: the `goldfish train` run the integration examples are compared with (its settings and checks in
 tests/integration_reference.py). The tiny models the tests build come from tests/tiny_models.py: plain functions,
-because the multi-process tests build them inside spawned workers."""
+because the multi-process tests build them inside spawned workers.
+
+Every test session caches datasets and models in a temporary folder of its own (GOLDFISH_CACHE_DIR, inherited by
+the processes the tests start), never in the user's ~/.cache/goldfish."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 from integration_reference import SETTINGS
+
+CACHE_VARIABLE = "GOLDFISH_CACHE_DIR"  # goldfish.app.caches.CACHE_VARIABLE (imported only once the session runs)
+_SAVED = pytest.StashKey[str | None]()  # the variable's value before the session
+_FOLDER = pytest.StashKey[str]()  # the session's cache folder
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Point the cache at a fresh folder before any test module imports goldfish (the model cache is read once)."""
+    config.stash[_SAVED] = os.environ.get(CACHE_VARIABLE)
+    config.stash[_FOLDER] = tempfile.mkdtemp(prefix="goldfish-test-cache-")
+    os.environ[CACHE_VARIABLE] = config.stash[_FOLDER]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _FOLDER not in config.stash:
+        return
+    shutil.rmtree(config.stash[_FOLDER], ignore_errors=True)
+    saved = config.stash[_SAVED]
+    if saved is None:
+        os.environ.pop(CACHE_VARIABLE, None)
+    else:
+        os.environ[CACHE_VARIABLE] = saved
 
 
 @pytest.fixture(scope="session")

@@ -11,10 +11,11 @@ import pytest
 import torch
 
 import data
+from data.background import build_background
 from data.corpus import tokenize_corpus
 from engine.training import train as engine_train
-from goldfish.app.background import build_background
 from goldfish.app.config import DataSpec, MaskSpec
+from goldfish.app.data_settings import background_spec, row_mask
 from goldfish.app.experiment import Prepared, make_step_loss, validation_loss_fn
 from goldfish.app.models import build_tiny_model
 from goldfish.masks import IGNORE_INDEX
@@ -54,8 +55,9 @@ def _background(setup, *, max_steps: int = 0, repeats=(1, 4, 16), mask=MaskSpec(
     spec = DataSpec(source="x", background=str(folder / "bg.jsonl"), seq_len=32, repeats=repeats, val_tokens=256)
     train = engine_train.TrainConfig(epochs=epochs, batch_size=4, max_steps=max_steps, shuffle=False, progress=False)
     special = sorted(set(tokenizer.all_special_ids))
+    settings, rows_mask = background_spec(spec), row_mask(mask, special)
     return build_background(
-        spec, corpus, split.train, split.heldout, tokenizer, mask, special, train, tokenizer.pad_token_id
+        settings, corpus, split.train, split.heldout, tokenizer, rows_mask, train, tokenizer.pad_token_id
     ), train
 
 
@@ -266,3 +268,134 @@ def test_python_docstrings_background_is_the_stdlib_docstrings(tmp_path: Path) -
     texts = rows["text"]
     assert texts == stdlib_docstrings() and len(texts) > 1000
     assert all(len(text) >= DOCSTRING_MIN_CHARS for text in texts)
+
+
+def test_stream_steps_are_the_engines() -> None:
+    """data.background counts a run's optimizer steps itself (data/ imports nothing of the engine): the same counts
+    as engine.training.train, so exposures and rows_trained describe what the trainer reads."""
+    from data.background import steps_per_epoch, total_steps
+
+    for n_rows in (1, 2, 7, 8, 9, 33):
+        for batch_size in (1, 3, 4, 8):
+            for epochs in (1, 2, 3):
+                for max_steps in (0, 1, 5, 7, 100):
+                    train = engine_train.TrainConfig(
+                        epochs=epochs, batch_size=batch_size, max_steps=max_steps, shuffle=False, progress=False
+                    )
+                    assert total_steps(n_rows, train) == engine_train.total_steps_of(n_rows, train)
+                    assert steps_per_epoch(n_rows, batch_size) == engine_train.steps_per_epoch(n_rows, batch_size)
+
+
+def test_data_imports_nothing_of_the_other_packages() -> None:
+    """The data floor (documents, tokenizing, packing, background streams, exposures) imports no module of goldfish,
+    engine or eval: the application hands it the mask as a function."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    upward = []
+    for path in sorted((root / "data").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            upward += [f"{path.name}: {n}" for n in names if n.split(".")[0] in ("goldfish", "engine", "eval")]
+    assert upward == []
+
+
+# A background run's data, from the corpus on disk to the rows the trainer takes, built with data/ alone: the
+# modules loaded on the way are listed at the end.
+_DATA_FLOOR_WALK = """
+import json, random, sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import data
+from data.background import BackgroundSpec, build_background, load_background
+from data.rows import RowMask, pack_documents
+
+@dataclass
+class Reading:
+    batch_size: int = 4
+    epochs: int = 1
+    max_steps: int = 0
+    seed: int = 0
+
+folder = Path(sys.argv[1])
+rng = random.Random(0)
+words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+texts = [" ".join(rng.choice(words) for _ in range(50)) for _ in range(4)]
+documents = [data.Document(id=f"t{i}", text=text, source="t") for i, text in enumerate(texts)]
+(folder / "bg.jsonl").write_text("".join(json.dumps({"text": " ".join(rng.choice(words) for _ in range(80))}) + "\\n"
+                                         for _ in range(60)))
+tokenizer = data.train_bpe_tokenizer([d.text for d in documents], vocab_size=300)
+split = data.select_documents(documents, tokenizer, n_train=2, n_heldout=2, seq_len=16, whole_documents=32)
+spec = BackgroundSpec(source=str(folder / "bg.jsonl"), seq_len=32, repeats=(1, 3), data_seed=0, val_tokens=128,
+                      cache_dir=folder / "cache")
+mask = RowMask(drop=lambda targets: targets % 3 == 0, label="every-third-id")
+corpus = load_background(spec, tokenizer, progress=False, log=lambda line: None)
+stream = build_background(spec, corpus, split.train, split.heldout, tokenizer, mask, Reading(), tokenizer.pad_token_id)
+packed, _ = pack_documents(split.train, [1, 3], 32, mask, eos_id=tokenizer.eos_token_id,
+                           pad_id=tokenizer.pad_token_id, seed=0)
+rows = [*stream.rows, *stream.validation, *packed]
+print(json.dumps({
+    "rows": len(rows),
+    "dropped": int(sum(int(row["dropped"].sum()) for row in rows)),
+    "exposures": stream.exposures,
+    "loaded": sorted({name.split(".")[0] for name in sys.modules} & {"goldfish", "engine", "eval"}),
+}))
+"""
+
+
+def test_a_background_runs_data_stays_on_the_data_floor(tmp_path: Path) -> None:
+    """Corpus -> tokenized cache -> schedule -> rows with the mask -> exposures, in a fresh process with data/
+    alone: no module of goldfish, engine or eval is loaded until the engine takes the rows."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, "-c", _DATA_FLOOR_WALK, str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    walk = json.loads(done.stdout.strip().splitlines()[-1])
+    assert walk["loaded"] == []
+    assert walk["rows"] > 0 and walk["dropped"] > 0  # the mask handed in marked targets in the rows
+    assert sorted(walk["exposures"].values()) == [0, 0, 1, 3]  # held-out targets 0, the others as inserted
+    assert (tmp_path / "cache" / "tokenized").is_dir()
+
+
+def test_cache_folder_is_the_flag_else_the_variable_else_home(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from goldfish.app.caches import CACHE_VARIABLE, cache_root, dataset_cache
+
+    monkeypatch.delenv(CACHE_VARIABLE)
+    assert cache_root() == Path.home() / ".cache" / "goldfish"
+    monkeypatch.setenv(CACHE_VARIABLE, str(tmp_path / "variable"))
+    assert dataset_cache() == tmp_path / "variable" / "datasets"
+    assert dataset_cache(str(tmp_path / "flag")) == tmp_path / "flag" / "datasets"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="is a file, not a folder"):
+        dataset_cache(str(tmp_path / "file"))
+
+
+def test_cache_dir_and_the_variable_place_the_dataset_cache(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """`goldfish train --background` tokenizes the background into --cache-dir (over $GOLDFISH_CACHE_DIR), else
+    into $GOLDFISH_CACHE_DIR, under datasets/, keyed by content."""
+    from goldfish.app.caches import CACHE_VARIABLE
+    from goldfish.app.cli import main
+
+    rng = random.Random(2)
+    source = tmp_path / "background.jsonl"
+    source.write_text("".join(json.dumps({"text": _text(rng, rng.randrange(20, 120))}) + "\n" for _ in range(60)))
+    argv = ["train", "--model", "micro-llama", "--background", str(source), "--seq-len", "64", "--n-train", "2"]
+    argv += ["--n-heldout", "2", "--min-doc-tokens", "40", "--max-doc-tokens", "1000", "--max-steps", "2"]
+    argv += ["--val-tokens", "0", "--batch-size", "2", "--vocab-size", "400", "--no-progress", "--threads", "1"]
+    variable, flag = tmp_path / "variable", tmp_path / "flag"
+    monkeypatch.setenv(CACHE_VARIABLE, str(variable))
+    assert main([*argv, "--out", str(tmp_path / "a"), "--cache-dir", str(flag)]) == 0
+    entries = list((flag / "datasets" / "tokenized").iterdir())
+    assert len(entries) == 1 and (entries[0] / "manifest.json").is_file()
+    assert not variable.exists()  # the flag wins over the variable
+    assert main([*argv, "--out", str(tmp_path / "b")]) == 0
+    # the same corpus and tokenizer (a BPE trained from the same documents): the same entry, in the variable's folder
+    assert [p.name for p in (variable / "datasets" / "tokenized").iterdir()] == [entries[0].name]

@@ -10,10 +10,12 @@ import torch
 
 from data.documents import Document
 from data.packing import BackgroundPieces, InsertionSchedule, PackedLayout
+from data.rows import IGNORE_INDEX as ROWS_IGNORE_INDEX
+from data.rows import NO_MASK, PackedRows, pack_documents, piece_ids
 from data.selection import assign_buckets, select_documents
 from engine.core.vocab_parallel import causal_lm_token_losses
 from goldfish.app.config import DataSpec, MaskSpec
-from goldfish.app.corpus import PackedRows, pack_documents, piece_ids, segment_dropped
+from goldfish.app.data_settings import row_mask
 from goldfish.app.models import build_tiny_model
 from goldfish.masks import IGNORE_INDEX, causal_targets, drop_mask
 
@@ -27,7 +29,8 @@ def _pieces(lengths: list[int], seed: int = 0) -> list[list[int]]:
 
 
 def _rows(pieces: list[list[int]], seq_len: int, mask: MaskSpec) -> PackedRows:
-    return PackedRows(PackedLayout([len(p) for p in pieces], seq_len), lambda i: pieces[i], mask, SPECIAL, PAD)
+    layout = PackedLayout([len(p) for p in pieces], seq_len)
+    return PackedRows(layout, lambda i: pieces[i], row_mask(mask, SPECIAL), PAD)
 
 
 def test_layout_places_every_token_once() -> None:
@@ -105,10 +108,17 @@ def test_document_drops_the_same_targets_wherever_it_lands(strategy: str) -> Non
 def test_segment_mask_equals_whole_document_mask() -> None:
     piece = _pieces([200], seed=3)[0]
     for strategy in ("hashed", "static", "hashed-reference"):
-        mask = MaskSpec(strategy, 4, 13)
-        whole = segment_dropped(mask, piece, 0, len(piece), SPECIAL)
+        mask = row_mask(MaskSpec(strategy, 4, 13), SPECIAL)
+        whole = mask.dropped(piece, 0, len(piece))
+        alone = drop_mask(causal_targets(torch.tensor([piece])), strategy, 4, 13, special_token_ids=SPECIAL)[0]
+        assert whole.tolist() == alone.tolist()
         for start, end in ((0, 5), (3, 40), (12, 13), (13, 200), (150, 200)):
-            assert segment_dropped(mask, piece, start, end, SPECIAL).tolist() == whole[start:end].tolist()
+            assert mask.dropped(piece, start, end).tolist() == whole[start:end].tolist()
+
+
+def test_rows_ignore_the_targets_the_loss_ignores() -> None:
+    """data/ spells torch's ignore index itself (it imports nothing of goldfish): the loss must skip the same value."""
+    assert ROWS_IGNORE_INDEX == IGNORE_INDEX
 
 
 def test_pack_documents_repeats_documents_at_different_offsets() -> None:
@@ -117,7 +127,7 @@ def test_pack_documents_repeats_documents_at_different_offsets() -> None:
             self.full_ids = ids
 
     docs = [Doc(p[:-1]) for p in _pieces([20, 33, 9])]
-    rows, order = pack_documents(docs, [1, 3, 2], 16, MaskSpec(None), SPECIAL, eos_id=EOS, pad_id=PAD, seed=5)
+    rows, order = pack_documents(docs, [1, 3, 2], 16, NO_MASK, eos_id=EOS, pad_id=PAD, seed=5)
     assert sorted(order) == [0, 1, 1, 1, 2, 2]
     assert len(rows) == -(-(21 + 3 * 34 + 2 * 10) // 16)
     assert piece_ids([0, 5, 6], EOS) == [0, 5, 6, EOS]

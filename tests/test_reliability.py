@@ -420,10 +420,11 @@ def test_background_cache_is_keyed_by_content_and_checked_before_use(tmp_path):
 
 def test_a_single_document_background_names_the_real_cause(tmp_path):
     import data
+    from data.background import build_background
     from data.corpus import tokenize_corpus
     from engine.training.train import TrainConfig
-    from goldfish.app.background import build_background
     from goldfish.app.config import DataSpec, MaskSpec
+    from goldfish.app.data_settings import background_spec, row_mask
 
     tokenizer = _tokenizer()
     background = tmp_path / "bg.txt"
@@ -436,7 +437,14 @@ def test_a_single_document_background_names_the_real_cause(tmp_path):
     special = sorted(set(tokenizer.all_special_ids))
     with pytest.raises(data.DataError, match="is a single document") as refused:
         build_background(
-            spec, corpus, split.train, split.heldout, tokenizer, MaskSpec(None), special, train, tokenizer.pad_token_id
+            background_spec(spec),
+            corpus,
+            split.train,
+            split.heldout,
+            tokenizer,
+            row_mask(MaskSpec(None), special),
+            train,
+            tokenizer.pad_token_id,
         )
     assert "raise --val-tokens" not in str(refused.value)
 

@@ -132,8 +132,9 @@ def test_intermediate_checkpoints_record_the_copies_their_rows_trained_exactly_a
 def test_background_checkpoint_and_its_eval_use_the_copies_trained_by_its_step(tmp_path) -> None:
     import random
 
+    from data.background import build_background
     from data.corpus import tokenize_corpus
-    from goldfish.app.background import build_background
+    from goldfish.app.data_settings import background_spec, row_mask
     from goldfish.app.experiment import background_train_config, pad_token_id
 
     rng = random.Random(0)
@@ -165,13 +166,12 @@ def test_background_checkpoint_and_its_eval_use_the_copies_trained_by_its_step(t
     prepared = prepare_data(spec.data, spec.model, log=lambda *a: None)
     corpus = tokenize_corpus(spec.data.background, prepared.tokenizer, cache_dir=tmp_path / "cache", progress=False)
     stream = build_background(
-        spec.data,
+        background_spec(spec.data),
         corpus,
         prepared.split.train,
         prepared.split.heldout,
         prepared.tokenizer,
-        spec.mask,
-        prepared.special_token_ids,
+        row_mask(spec.mask, prepared.special_token_ids),
         background_train_config(spec.train),
         pad_token_id(prepared.tokenizer),
     )

@@ -20,7 +20,9 @@ import data
 import engine
 import engine.training.train as engine_train
 from data.atomic import write_json_atomic, write_jsonl_atomic
+from data.background import Background, background_sample, build_background, load_background, stream_budget
 from data.corpus import TokenizedCorpus
+from data.rows import pack_documents, piece_ids
 from engine.core import comm
 from engine.core.grid import AXES, Grid, is_main_process
 from engine.core.vocab_parallel import causal_lm_token_losses, is_vocab_parallel
@@ -32,15 +34,8 @@ from eval.extraction import ExtractionConfig, write_extraction
 from eval.intervals import DEFAULT_RESAMPLES
 from eval.membership import DC_PDD_CAP, DEFAULT_RECALL_PREFIX_DOCS
 from goldfish.app import lora
-from goldfish.app.background import (
-    Background,
-    background_sample,
-    build_background,
-    load_background,
-    stream_budget,
-)
 from goldfish.app.config import DataSpec, Instruments, MaskSpec, TrainSpec, parse_grid
-from goldfish.app.corpus import pack_documents, piece_ids, segment_dropped
+from goldfish.app.data_settings import background_spec, row_mask
 from goldfish.app.models import build_tiny_model, is_tiny_model
 from goldfish.app.pretrained import (
     DEFAULT_MODEL_CACHE,
@@ -117,7 +112,7 @@ def prepare_data(spec: DataSpec, model_name: str, log=print) -> Prepared:
         tokenizer = data.load_tokenizer(spec.tokenizer)
     elif is_tiny_model(model_name):
         # with a background, its first documents too: the tokenizer then fits the text most of training is on
-        sample = background_sample(spec) if spec.background is not None else []
+        sample = background_sample(background_spec(spec)) if spec.background is not None else []
         tokenizer = data.train_bpe_tokenizer([d.text for d in documents] + sample, vocab_size=spec.vocab_size)
     elif resolve_gguf(model_name) is not None:  # smollm2-135m or a .gguf file: the tokenizer inside the file
         tokenizer = load_gguf_tokenizer(resolve_gguf(model_name))
@@ -418,7 +413,7 @@ def _target_drops(mask: MaskSpec, prepared: Prepared) -> int:
     """Targets the mask drops in the training documents as a background run trains them (whole, with EOS)."""
     eos = prepared.tokenizer.eos_token_id
     return sum(
-        int(segment_dropped(mask, piece, 0, len(piece), prepared.special_token_ids).sum())
+        int(row_mask(mask, prepared.special_token_ids).dropped(piece, 0, len(piece)).sum())
         for piece in (piece_ids(d.full_ids, eos) for d in prepared.split.train)
     )
 
@@ -426,35 +421,34 @@ def _target_drops(mask: MaskSpec, prepared: Prepared) -> int:
 def prepare_background(
     spec: TrainSpec, prepared: Prepared, grid: Grid | None = None, log=print, corpus: TokenizedCorpus | None = None
 ) -> Background:
-    """The background stream of a --background run (goldfish.app.background). Under a grid, rank 0 tokenizes the
+    """The background stream of a --background run (data.background). Under a grid, rank 0 tokenizes the
     corpus into the cache first and the other ranks then read that cache. A `corpus` already loaded (e.g. by
     goldfish compare for its first model) is used as it is."""
     main = is_main_process(grid)
     if corpus is not None:
         return _build_background(spec, prepared, corpus)
-    budget = stream_budget(spec.data, spec.train) if spec.data.background_streaming else None
+    budget = stream_budget(background_spec(spec.data), spec.train) if spec.data.background_streaming else None
     if main:
         corpus = load_background(
-            spec.data, prepared.tokenizer, token_budget=budget, progress=spec.train.progress, log=log
+            background_spec(spec.data), prepared.tokenizer, token_budget=budget, progress=spec.train.progress, log=log
         )
     if grid is not None:
         comm.barrier(grid.group(*AXES))
     if corpus is None:
         corpus = load_background(
-            spec.data, prepared.tokenizer, token_budget=budget, progress=False, log=lambda *a: None
+            background_spec(spec.data), prepared.tokenizer, token_budget=budget, progress=False, log=lambda *a: None
         )
     return _build_background(spec, prepared, corpus)
 
 
 def _build_background(spec: TrainSpec, prepared: Prepared, corpus: TokenizedCorpus) -> Background:
     return build_background(
-        spec.data,
+        background_spec(spec.data),
         corpus,
         prepared.split.train,
         prepared.split.heldout,
         prepared.tokenizer,
-        spec.mask,
-        prepared.special_token_ids,
+        row_mask(spec.mask, prepared.special_token_ids),
         background_train_config(spec.train),
         pad_token_id(prepared.tokenizer),
     )
@@ -534,8 +528,7 @@ def train_model(
             documents,
             [repeats[str(d.id)] for d in documents],
             spec.data.seq_len,
-            spec.mask,
-            prepared.special_token_ids,
+            row_mask(spec.mask, prepared.special_token_ids),
             eos_id=prepared.tokenizer.eos_token_id,
             pad_id=pad_token_id(prepared.tokenizer),
             seed=spec.train.seed,

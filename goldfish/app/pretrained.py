@@ -32,6 +32,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from data.atomic import recover_directory
 from engine.training.checkpoint import check_model_folder
+from goldfish.app.caches import cache_root
 
 
 class PretrainedModelError(ValueError):
@@ -61,7 +62,7 @@ ALIASES: dict[str, PackagedGguf] = {
 
 
 # Where GGUF models are exported once as ordinary HF folders (later runs load them in about a second).
-DEFAULT_MODEL_CACHE = Path.home() / ".cache" / "goldfish" / "models"
+DEFAULT_MODEL_CACHE = cache_root() / "models"  # $GOLDFISH_CACHE_DIR/models, else ~/.cache/goldfish/models
 
 
 def is_alias(name: str | os.PathLike) -> bool:

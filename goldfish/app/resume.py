@@ -38,7 +38,7 @@ RESUMABLE_TRAINING = frozenset(
     }
 )
 # DataSpec fields of the same kind: tokenizing the background in more processes gives the same tokens.
-RESUMABLE_DATA = frozenset({"tokenize_workers"})
+RESUMABLE_DATA = frozenset({"tokenize_workers", "cache_dir"})
 
 _GROUPS = (("model", opt.MODEL), ("data", opt.DATA), ("mask", opt.MASK), ("train", opt.TRAINING), ("lora", opt.LORA))
 

@@ -1,4 +1,4 @@
-"""Packed training rows: whole documents laid end to end, with per-document goldfish masks.
+"""Packed training rows: whole documents laid end to end, with a loss mask computed per document.
 
 A row is a dict of (T,) tensors, what engine.training.train stacks into a batch:
 
@@ -8,45 +8,65 @@ A row is a dict of (T,) tensors, what engine.training.train stacks into a batch:
     position_ids   restart at 0 where each document's part in the row begins, so the model's attention is
                    block-causal within the row (transformers builds a packed-sequence mask from restarting
                    position ids when no attention mask is given) and a part is computed exactly as if alone
-    dropped        the goldfish mask of the document's own targets: a function of the document's tokens only,
-                   so a document drops the same targets wherever it lands in a row, in every repetition
+    dropped        the loss mask of the document's own targets: a function of the document's tokens only, so a
+                   document drops the same targets wherever it lands in a row, in every repetition
 
 Every token of every document but its first is a target exactly once per pass: where a document continues in the
 next row, the last position of the row predicts the first token of the continuation.
+
+The mask is handed in by the application as a `RowMask` (the goldfish mask as a function of a piece's targets):
+this module knows no mask strategy. Imports nothing of the other project packages (torch only).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from data.packing import PackedLayout, Segment
-from goldfish.app.config import MaskSpec
-from goldfish.masks import IGNORE_INDEX
+
+IGNORE_INDEX = -100  # torch's cross-entropy convention: a target equal to it gives no loss (goldfish.masks' too)
+
+
+def _no_lookback(start: int) -> int:
+    return 0
+
+
+@dataclass(frozen=True)
+class RowMask:
+    """The loss mask packed rows carry, handed in by the application.
+
+    drop: (T,) int64 targets of a piece's positions, in order (IGNORE_INDEX after its last token) -> (T,) bool, True
+        where the target is dropped from the loss; None drops nothing (the standard loss, or a mask the loss draws
+        per step itself).
+    lookback: start -> the targets before position `start` that decide the drops from `start` on: the drops of
+        positions [start, end) are drop(targets[start - lookback(start) : end]) with the first lookback(start) cut
+        off, exactly those of the whole piece, at O(end - start + lookback) whatever the piece's length.
+    label: names the mask in a stream's identity (a resume refuses a stream built with another mask).
+    """
+
+    drop: Callable[[torch.Tensor], torch.Tensor] | None = None
+    lookback: Callable[[int], int] = _no_lookback
+    label: str = "standard"
+
+    def dropped(self, piece: Sequence[int], start: int, end: int) -> torch.Tensor:
+        """(end - start,) bool: the drops of a piece's targets at positions [start, end), as on the whole piece."""
+        if self.drop is None:
+            return torch.zeros(end - start, dtype=torch.bool)
+        context = self.lookback(start)
+        targets = torch.tensor(piece_targets(piece, start - context, end), dtype=torch.long)
+        return self.drop(targets)[context:]
+
+
+NO_MASK = RowMask()
 
 
 def piece_ids(full_ids: Sequence[int], eos_id: int | None) -> list[int]:
     """A document as a stream piece: its ids (bos first, as selected) and the EOS that separates it from the next."""
     return list(full_ids) + ([eos_id] if eos_id is not None else [])
-
-
-def segment_dropped(
-    mask: MaskSpec, piece: Sequence[int], start: int, end: int, special_token_ids: Sequence[int]
-) -> torch.Tensor:
-    """(end - start,) bool: the goldfish mask of a piece's targets [start, end), as computed on the whole piece.
-
-    The hashed strategies decide position j from the h targets ending at j, the static one from j mod k, so the
-    mask of a slice is computed on the slice plus the h - 1 targets before it (or from a multiple of k) and its
-    head cut off: O(end - start + h) whatever the document's length. The random strategy is drawn per row and step
-    by the loss (make_step_loss); here it gives zeros.
-    """
-    if mask.strategy is None or mask.strategy == "random":
-        return torch.zeros(end - start, dtype=torch.bool)
-    context = start % mask.k if mask.strategy == "static" else min(start, mask.h - 1)
-    targets = torch.tensor(piece_targets(piece, start - context, end), dtype=torch.long)
-    return mask.dropped(targets.unsqueeze(0), special_token_ids)[0, context:]
 
 
 def piece_targets(piece: Sequence[int], start: int, end: int) -> list[int]:
@@ -60,7 +80,7 @@ class PackedRows(Sequence[dict[str, torch.Tensor]]):
     step).
 
     layout: the pieces' lengths cut into rows. piece: piece index -> its token ids (ending with EOS).
-    mask: the goldfish mask (strategy None: nothing dropped). pad_id: fills the last row.
+    mask: the loss mask (NO_MASK: nothing dropped). pad_id: fills the last row.
     multiple: rows of padding only (no targets: they change no loss or gradient) are added up to a multiple of it,
         e.g. the batch size, so that every step's rows split evenly over the ranks.
     """
@@ -69,13 +89,11 @@ class PackedRows(Sequence[dict[str, torch.Tensor]]):
         self,
         layout: PackedLayout,
         piece: Callable[[int], Sequence[int]],
-        mask: MaskSpec,
-        special_token_ids: Sequence[int],
+        mask: RowMask,
         pad_id: int,
         multiple: int = 1,
     ) -> None:
         self.layout, self.piece, self.mask, self.pad_id = layout, piece, mask, pad_id
-        self.special_token_ids = list(special_token_ids)
         self.n_rows = -(-layout.n_rows // multiple) * multiple
 
     def __len__(self) -> int:
@@ -104,7 +122,7 @@ class PackedRows(Sequence[dict[str, torch.Tensor]]):
             input_ids[span] = torch.tensor(ids[segment.start : segment.end], dtype=torch.long)
             targets[span] = torch.tensor(piece_targets(ids, segment.start, segment.end), dtype=torch.long)
             position_ids[span] = torch.arange(segment.end - segment.start)
-            dropped[span] = segment_dropped(self.mask, ids, segment.start, segment.end, self.special_token_ids)
+            dropped[span] = self.mask.dropped(ids, segment.start, segment.end)
             used = span.stop
         position_ids[used:] = torch.arange(length - used)  # padding: a sequence of its own, never a target
         return {"input_ids": input_ids, "targets": targets, "position_ids": position_ids, "dropped": dropped}
@@ -122,8 +140,7 @@ def pack_documents(
     documents: Sequence[Any],
     copies: Sequence[int],
     seq_len: int,
-    mask: MaskSpec,
-    special_token_ids: Sequence[int],
+    mask: RowMask,
     *,
     eos_id: int | None,
     pad_id: int,
@@ -137,4 +154,4 @@ def pack_documents(
     pieces = [piece_ids(doc.full_ids, eos_id) for doc in documents]
     order = stream_order(copies, seed)
     layout = PackedLayout([len(pieces[d]) for d in order], seq_len)
-    return PackedRows(layout, lambda p: pieces[order[p]], mask, special_token_ids, pad_id, multiple), order
+    return PackedRows(layout, lambda p: pieces[order[p]], mask, pad_id, multiple), order

@@ -1,4 +1,4 @@
-"""Targets at controlled repetitions inside a background corpus (`--background`).
+"""Targets at controlled repetitions inside a background corpus: the stream of a `--background` run.
 
 The background (data.corpus: tokenized once, memory-mapped) is trained on but not measured. Its documents are
 put in an order drawn from the seed; a held-out slice of them (--val-tokens) is the validation set; background
@@ -7,87 +7,143 @@ word shingles (a near copy: edited, or inside a longer document), are removed. T
 are assigned to the non-zero `--repeats` buckets at random from the data seed and inserted that many times each at
 gaps of that order drawn from the seed and spread over it (only within the part of the stream a --max-steps run
 trains; background documents are cut into pieces of at most --seq-len tokens, so a copy can land inside a long
-document); held-out targets (bucket 0) are never inserted. The stream is packed into rows (goldfish.app.corpus)
-read in order, one optimizer step after the other: `exposures` then says exactly how many copies of each target
-the run trains on.
+document); held-out targets (bucket 0) are never inserted (data.packing.InsertionSchedule). The stream is packed
+into rows (data.rows) read in order, one optimizer step after the other: `exposures` then says exactly how many
+copies of each target the run trains on.
+
+The application hands in the settings (`BackgroundSpec`), the loss mask as a function (data.rows.RowMask) and how
+the trainer reads the rows (`Reading`). Imports nothing of the other project packages.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-import data
 from data.corpus import TokenizedCorpus, load_raw_corpus, open_stream, stream_corpus, text_key, tokenize_corpus
 from data.dedup import CONTAINMENT_SAMPLE, CONTAINMENT_THRESHOLD, SHINGLE_WORDS, sampled_shingles
+from data.errors import DataError
 from data.packing import BackgroundPieces, InsertionSchedule, PackedLayout
-from engine.training.train import TrainConfig, steps_per_epoch, total_steps_of
-from goldfish.app.config import DataSpec, MaskSpec
-from goldfish.app.corpus import PackedRows, piece_ids
-
-DEFAULT_CACHE = Path.home() / ".cache" / "goldfish" / "datasets"
-
+from data.rows import NO_MASK, PackedRows, RowMask, piece_ids
+from data.selection import TokenizedDocument, assign_buckets
 
 MIN_PIECE_TOKENS = 16  # background pieces are never cut shorter (each cut costs the piece's last target)
 STREAM_MARGIN = 1.1  # a streamed background reads 10% more than the rows need: copies of targets are removed
 
 
-def stream_budget(spec: DataSpec, train: TrainConfig) -> int:
+@dataclass(frozen=True)
+class BackgroundSpec:
+    """The settings a background stream is built from (the application fills them from its data options).
+
+    source: the background corpus (--background). repeats: the --repeats buckets (0: the held-out targets);
+    data_seed assigns the training targets to them. val_tokens: held-out background tokens, the validation set.
+    insert_window: insert each target's first `extraction_window` tokens (what is measured), not the whole document.
+    text_field, split: where the background's text is. streaming: read only the stream's first tokens (`stream_budget`).
+    workers: processes tokenizing it. cache_dir: where tokenized corpora are cached (None: not cached).
+    """
+
+    source: str
+    seq_len: int
+    repeats: tuple[int, ...]
+    data_seed: int
+    val_tokens: int
+    insert_window: bool = False
+    text_field: str = "text"
+    split: str = "train"
+    streaming: bool = False
+    workers: int = 1
+    cache_dir: Path | None = None
+
+    @property
+    def train_buckets(self) -> tuple[int, ...]:
+        """The buckets of training targets: `repeats` without 0 (the held-out bucket)."""
+        return tuple(r for r in self.repeats if r > 0)
+
+
+class Reading(Protocol):
+    """How the trainer reads a stream's rows (engine.training.train.TrainConfig is one): in stream order,
+    `batch_size` rows an optimizer step, `epochs` passes, stopped after `max_steps` steps (0: every epoch); `seed`
+    draws the background order and the insertion schedule."""
+
+    batch_size: int
+    epochs: int
+    max_steps: int
+    seed: int
+
+
+def steps_per_epoch(n_rows: int, batch_size: int) -> int:
+    """Optimizer steps of one pass over `n_rows` rows (the last step may be short): the engine's count
+    (engine.training.train.steps_per_epoch; tests/test_background.py checks they agree)."""
+    return -(-n_rows // batch_size)
+
+
+def total_steps(n_rows: int, train: Reading) -> int:
+    """Optimizer steps of a run over `n_rows` rows: every epoch, or train.max_steps when that is fewer (the engine's
+    engine.training.train.total_steps_of)."""
+    total = train.epochs * steps_per_epoch(n_rows, train.batch_size)
+    return min(total, train.max_steps) if train.max_steps else total
+
+
+def stream_budget(spec: BackgroundSpec, train: Reading) -> int:
     """Background tokens a --background-streaming run reads: its --max-steps x --batch-size rows of --seq-len tokens
     (an upper bound: target copies fill part of them) plus --val-tokens, with STREAM_MARGIN."""
     return int(STREAM_MARGIN * (train.max_steps * train.batch_size * spec.seq_len + spec.val_tokens)) + 1
 
 
 def load_background(
-    spec: DataSpec, tokenizer: Any, *, token_budget: int | None = None, progress: bool = True, log=print
+    spec: BackgroundSpec,
+    tokenizer: Any,
+    *,
+    token_budget: int | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
 ) -> TokenizedCorpus:
     """The tokenized background corpus of `spec` (tokenized on the first call, read from the cache after). With
-    spec.background_streaming, only the stream's first `token_budget` tokens (see `stream_budget`)."""
-    if spec.background_streaming:
+    spec.streaming, only the stream's first `token_budget` tokens (see `stream_budget`)."""
+    if spec.streaming:
         if token_budget is None:
             raise ValueError("a streamed background needs its token budget (stream_budget)")
         corpus = stream_corpus(
-            spec.background,
+            spec.source,
             tokenizer,
             token_budget,
-            text_field=spec.background_text_field,
+            text_field=spec.text_field,
             split=spec.split,
-            cache_dir=DEFAULT_CACHE,
+            cache_dir=spec.cache_dir,
             progress=progress,
         )
         ended = " (the stream ended first)" if corpus.n_tokens < token_budget else ""
         log(
-            f"background: {len(corpus)} documents, {corpus.n_tokens} tokens streamed from {spec.background!r} "
+            f"background: {len(corpus)} documents, {corpus.n_tokens} tokens streamed from {spec.source!r} "
             f"(budget {token_budget}){ended}"
         )
         return corpus
     corpus = tokenize_corpus(
-        spec.background,
+        spec.source,
         tokenizer,
-        text_field=spec.background_text_field,
+        text_field=spec.text_field,
         split=spec.split,
-        workers=spec.tokenize_workers,
-        cache_dir=DEFAULT_CACHE,
+        workers=spec.workers,
+        cache_dir=spec.cache_dir,
         progress=progress,
     )
-    log(f"background: {len(corpus)} documents, {corpus.n_tokens} tokens from {spec.background!r}")
+    log(f"background: {len(corpus)} documents, {corpus.n_tokens} tokens from {spec.source!r}")
     return corpus
 
 
-def background_sample(spec: DataSpec, max_chars: int = 2_000_000) -> list[str]:
+def background_sample(spec: BackgroundSpec, max_chars: int = 2_000_000) -> list[str]:
     """The first documents of the background, up to `max_chars` characters (to train a tiny model's tokenizer)."""
-    if spec.background_streaming:
-        rows = open_stream(spec.background, split=spec.split)
-        field = spec.background_text_field
+    if spec.streaming:
+        rows = open_stream(spec.source, split=spec.split)
+        field = spec.text_field
     else:
-        rows = load_raw_corpus(
-            spec.background, text_field=spec.background_text_field, split=spec.split, cache_dir=DEFAULT_CACHE
-        )
+        rows = load_raw_corpus(spec.source, text_field=spec.text_field, split=spec.split, cache_dir=spec.cache_dir)
         field = "text"
     texts, size = [], 0
     for row in rows:
@@ -121,15 +177,14 @@ class CorpusStream(PackedRows):
     def __init__(
         self,
         layout: PackedLayout,
-        piece: Any,
-        mask: MaskSpec,
-        special_token_ids: Sequence[int],
+        piece: Callable[[int], Sequence[int]],
+        mask: RowMask,
         pad_id: int,
         codes: np.ndarray,
         identity: dict[str, Any],
         multiple: int = 1,
     ) -> None:
-        super().__init__(layout, piece, mask, special_token_ids, pad_id, multiple)
+        super().__init__(layout, piece, mask, pad_id, multiple)
         self.codes = codes  # (P,) int64: >= 0 background document, < 0 target -(code + 1)
         self.identity = identity
 
@@ -154,7 +209,7 @@ class Background:
 
     corpus: TokenizedCorpus
     rows: CorpusStream
-    validation: _Rows
+    validation: _Rows | None
     pieces: BackgroundPieces  # the background documents cut into pieces: the schedule's background order indexes it
     schedule: InsertionSchedule
     exposures: dict[str, int]  # target id -> copies trained on (held-out targets: 0)
@@ -162,22 +217,23 @@ class Background:
 
 
 def build_background(
-    spec: DataSpec,
+    spec: BackgroundSpec,
     corpus: TokenizedCorpus,
-    targets: Sequence[data.TokenizedDocument],
-    heldout: Sequence[data.TokenizedDocument],
+    targets: Sequence[TokenizedDocument],
+    heldout: Sequence[TokenizedDocument],
     tokenizer: Any,
-    mask: MaskSpec,
-    special_token_ids: Sequence[int],
-    train: TrainConfig,
+    mask: RowMask,
+    train: Reading,
     pad_id: int,
 ) -> Background:
-    """The stream of a background run: background order, validation slice, target insertions, rows, exposures."""
+    """The stream of a background run: background order, validation slice, target insertions, rows, exposures.
+
+    mask: the loss mask of the training rows (the validation rows carry none). train: how the trainer reads the rows
+    (in stream order: its shuffle is off for a background run)."""
     eos = tokenizer.eos_token_id
     # A target copy: the whole document, or with --insert-window its extraction window (what is measured).
     target_pieces = [piece_ids(doc.token_ids if spec.insert_window else doc.full_ids, eos) for doc in targets]
-    assigned = spec.repeats_by_id(targets)
-    copies_per_target = [assigned[str(doc.id)] for doc in targets]
+    copies_per_target = assign_buckets(len(targets), spec.train_buckets, spec.data_seed)
 
     lengths = corpus.lengths
     every_target = [*targets, *heldout]
@@ -269,26 +325,26 @@ def build_background(
         "seq_len": spec.seq_len,
         "mask": mask.label,
     }
-    rows = CorpusStream(layout, piece, mask, special_token_ids, pad_id, codes, identity, train.batch_size)
+    rows = CorpusStream(layout, piece, mask, pad_id, codes, identity, train.batch_size)
 
     val_layout = PackedLayout(lengths[val_docs] + (1 if eos is not None else 0), spec.seq_len) if n_val else None
     # --val-tokens rounded up to whole batches, at most the rows the held-out documents fill
     wanted = -(-spec.val_tokens // (spec.seq_len * train.batch_size)) * train.batch_size
     n_val_rows = 0 if val_layout is None else min(wanted, val_layout.n_rows - val_layout.n_rows % train.batch_size)
     if spec.val_tokens and n_val_rows == 0 and len(usable) == 1:
-        raise data.DataError(
-            f"--background {spec.background} is a single document (a .txt file is one), so no held-out part of it "
+        raise DataError(
+            f"--background {spec.source} is a single document (a .txt file is one), so no held-out part of it "
             "can be the validation set of --val-tokens. Fix: give a folder of .txt files or a .jsonl file with one "
             "document per line, or --val-tokens 0 for no validation"
         )
     if spec.val_tokens and n_val_rows == 0 and n_val == len(usable) - 1:
-        raise data.DataError(
-            f"--background {spec.background} has {len(usable)} documents (besides copies of targets); the "
+        raise DataError(
+            f"--background {spec.source} has {len(usable)} documents (besides copies of targets); the "
             f"{n_val} held out for validation fill fewer than --batch-size {train.batch_size} rows of "
             f"{spec.seq_len} tokens. Fix: give a background with more documents, or --val-tokens 0 for no validation"
         )
     if spec.val_tokens and n_val_rows == 0:
-        raise data.DataError(
+        raise DataError(
             f"--val-tokens {spec.val_tokens} gives fewer than --batch-size {train.batch_size} rows "
             f"of {spec.seq_len} tokens. Fix: raise --val-tokens to at least "
             f"{train.batch_size * spec.seq_len}, or 0 for no validation"
@@ -297,8 +353,7 @@ def build_background(
         PackedRows(
             val_layout,
             lambda p: piece_ids(corpus.ids(int(val_docs[p])), eos),
-            MaskSpec(None),
-            special_token_ids,
+            NO_MASK,
             pad_id,
         )
         if val_layout is not None
@@ -307,12 +362,12 @@ def build_background(
     validation = _Rows(val_rows, n_val_rows) if val_rows is not None else None
 
     exposures, positions = exposure_counts(layout, codes, len(targets), train)
-    rows_trained = min(total_steps_of(layout.n_rows, train) * train.batch_size, layout.n_rows * train.epochs)
+    rows_trained = min(total_steps(layout.n_rows, train) * train.batch_size, layout.n_rows * train.epochs)
     copy_tokens_trained = sum(n * len(p) for n, p in zip(exposures, target_pieces))
     tokens_trained = min(rows_trained * spec.seq_len, layout.n_tokens * train.epochs)
     record = {
-        "background": spec.background,
-        "streaming": spec.background_streaming,
+        "background": spec.source,
+        "streaming": spec.streaming,
         "stream_token_budget": corpus.budget,
         "n_documents": len(corpus),
         "n_tokens": corpus.n_tokens,
@@ -340,7 +395,7 @@ def build_background(
         "buckets": {
             "repeats": list(spec.repeats),
             "assignment": "training targets assigned to the non-zero buckets at random from the data seed "
-            f"({spec.seed}), as evenly as possible; bucket 0 = the held-out targets, never inserted",
+            f"({spec.data_seed}), as evenly as possible; bucket 0 = the held-out targets, never inserted",
             "n_per_bucket": {str(b): sum(1 for c in copies_per_target if c == b) for b in spec.train_buckets}
             | ({"0": len(heldout)} if heldout else {}),
         },
@@ -365,14 +420,14 @@ def build_background(
 
 
 def exposure_counts(
-    layout: PackedLayout, codes: np.ndarray, n_targets: int, train: TrainConfig
+    layout: PackedLayout, codes: np.ndarray, n_targets: int, train: Reading
 ) -> tuple[list[int], list[list[int]]]:
     """(copies of each target whose every token is trained, summed over epochs; stream token offset of each copy).
 
-    Rows are read in stream order (train.shuffle is False for a background run): epoch e trains its first
+    Rows are read in stream order: epoch e trains its first
     min(rows, steps of that epoch x batch size) rows.
     """
-    total = total_steps_of(layout.n_rows, train)
+    total = total_steps(layout.n_rows, train)
     per_epoch = steps_per_epoch(layout.n_rows, train.batch_size)
     is_copy = np.flatnonzero(codes < 0)
     target_of = -codes[is_copy] - 1
