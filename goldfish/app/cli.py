@@ -1025,8 +1025,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
 
     try:
-        # --no-progress's dest holds the value of the field it fills, Runtime.progress (False when given)
-        with progress_bars(getattr(args, "no_progress", True)):
+        with progress_bars(getattr(args, "progress", True)):
             return args.func(args)
     except (ValueError, FileNotFoundError) as error:
         if not report_worker_error(error, settings_error=True):  # a worker of --nproc: its launcher prints it

@@ -57,7 +57,8 @@ class Option:
 
     @property
     def dest(self) -> str:
-        return self.flag.lstrip("-").replace("-", "_")
+        """The argparse name: the field a switch fills (--no-progress sets `progress`), else the flag's own."""
+        return self.field if self.switch else self.flag.lstrip("-").replace("-", "_")
 
 
 def quantize_setting(text: str) -> str:
