@@ -399,3 +399,15 @@ def test_cache_dir_and_the_variable_place_the_dataset_cache(monkeypatch: pytest.
     assert main([*argv, "--out", str(tmp_path / "b")]) == 0
     # the same corpus and tokenizer (a BPE trained from the same documents): the same entry, in the variable's folder
     assert [p.name for p in (variable / "datasets" / "tokenized").iterdir()] == [entries[0].name]
+
+
+def test_a_resume_may_name_another_cache_folder() -> None:
+    """The cache folder says where tokenized data is kept, not what the run trains on: a resume may change it."""
+    from goldfish.app.config import TrainSpec
+    from goldfish.app.resume import shaping_differences
+
+    # a background run trains its stream in order: its recorded training settings have shuffle off
+    saved = TrainSpec(data=DataSpec(background="bg.jsonl", cache_dir="/a"))
+    saved = replace(saved, train=replace(saved.train, shuffle=False))
+    assert shaping_differences(saved, replace(saved, data=replace(saved.data, cache_dir="/b"))) == []
+    assert shaping_differences(saved, replace(saved, data=replace(saved.data, val_tokens=0))) != []
