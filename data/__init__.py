@@ -1,6 +1,7 @@
-"""Documents in, fixed-length token sequences out: loaders, the default corpus, tokenizers, selection.
+"""Documents in, training rows out: loaders, the default corpus, tokenizers, selection; whole documents packed
+into rows (data.packing, data.rows) and targets inserted into a background corpus (data.corpus, data.background).
 
-Imports nothing of the other project packages.
+Imports nothing of the other project packages: the loss mask is handed in as a function (data.rows.RowMask).
 """
 
 from data.dedup import DEDUP_MODES, DUPLICATE_POLICIES, DedupConfig
