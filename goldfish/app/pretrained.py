@@ -25,14 +25,14 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
-
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from typing import TYPE_CHECKING, Any, Iterator
 
 from data.atomic import recover_directory
-from engine.training.checkpoint import check_model_folder
 from goldfish.app.caches import cache_root
+
+if TYPE_CHECKING:  # torch and transformers load where a model or tokenizer does: naming and checking stay light
+    import torch
+    from transformers import PreTrainedModel
 
 
 class PretrainedModelError(ValueError):
@@ -122,6 +122,8 @@ def load_gguf_tokenizer(path: str | os.PathLike) -> Any:
     path = Path(path)
     _check_gguf_file(path)
     _require_gguf_support()
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
 
 
@@ -129,6 +131,8 @@ def to_plain_model(model: PreTrainedModel) -> PreTrainedModel:
     """A model of the same class without the GGUF quantization entry: same weights, same logits, and
     ``save_pretrained`` works. Built at random init (about 4 s for 135M parameters), then every parameter and
     persistent buffer is overwritten from ``model``'s state dict (strict: nothing missing, nothing unexpected)."""
+    import torch
+
     config_dict = model.config.to_dict()
     config_dict.pop("quantization_config", None)
     config = type(model.config).from_dict(config_dict)
@@ -144,13 +148,16 @@ def to_plain_model(model: PreTrainedModel) -> PreTrainedModel:
 
 
 def load_gguf_model(
-    path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, plain: bool = True
+    path: str | os.PathLike, *, dtype: torch.dtype | None = None, plain: bool = True
 ) -> PreTrainedModel:
-    """Load a GGUF file with transformers (dequantized to ``dtype``); ``plain=True`` returns ``to_plain_model`` of
-    it."""
+    """Load a GGUF file with transformers (dequantized to ``dtype``, None: float32); ``plain=True`` returns
+    ``to_plain_model`` of it."""
     path = Path(path)
     _check_gguf_file(path)
     _require_gguf_support()
+    from transformers import AutoModelForCausalLM
+
+    dtype = _float32_unless(dtype)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             str(path.parent), gguf_file=path.name, dtype=dtype, trust_remote_code=False
@@ -197,7 +204,7 @@ def resolve_gguf(name_or_path: str | os.PathLike) -> Path | None:
 
 
 def load_pretrained(
-    name_or_path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, cache_dir: str | os.PathLike | None = None
+    name_or_path: str | os.PathLike, *, dtype: torch.dtype | None = None, cache_dir: str | os.PathLike | None = None
 ) -> tuple[PreTrainedModel, Any]:
     """(model, tokenizer) for an alias (``smollm2-135m``), a ``.gguf`` file, or an HF name or folder.
 
@@ -214,7 +221,11 @@ def load_pretrained(
     if cache_dir is not None:
         folder = Path(cache_dir) / _export_key(gguf)
         if (folder / "config.json").is_file():
-            model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, trust_remote_code=False)
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            model = AutoModelForCausalLM.from_pretrained(
+                str(folder), dtype=_float32_unless(dtype), trust_remote_code=False
+            )
             return model, AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
     tokenizer = load_gguf_tokenizer(gguf)
     model = load_gguf_model(gguf, dtype=dtype, plain=True)
@@ -243,9 +254,23 @@ def _quiet_load_report() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def load_pretrained_model(name_or_path: str | Path, *, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
-    """Load an HF causal LM from a hub name or a local folder, with a clear error when it cannot be found or a
-    weights file is truncated. Weights are read as safetensors or weights-only: nothing in the folder runs."""
+def _float32_unless(dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype models load in: `dtype`, or float32 when None (the default, named here so that torch loads only
+    when a model does)."""
+    import torch
+
+    return torch.float32 if dtype is None else dtype
+
+
+def load_pretrained_model(name_or_path: str | Path, *, dtype: torch.dtype | None = None) -> PreTrainedModel:
+    """Load an HF causal LM from a hub name or a local folder (in `dtype`, None: float32), with a clear error when it
+    cannot be found or a weights file is truncated. Weights are read as safetensors or weights-only: nothing in the
+    folder runs."""
+    from transformers import AutoModelForCausalLM
+
+    from engine.training.checkpoint import check_model_folder
+
+    dtype = _float32_unless(dtype)
     recover_folder(name_or_path)
     if Path(name_or_path).is_dir():
         # A truncated safetensors file would otherwise fail deep inside from_pretrained with a SafetensorError.
