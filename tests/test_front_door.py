@@ -56,6 +56,8 @@ def test_help_answers_without_torch(command: str, tmp_path: Path) -> None:
         (["compare", "--masks", "hashed:1"], "k must be"),
         (["compare", "--samples", "2", "--temperature", "0"], "temperature"),
         (["compare", "--suffix-len", "0"], "suffix_len"),
+        (["eval", "--model", "m", "--out", "o", "--suffix-len", "0"], "suffix_len"),
+        (["eval", "--model", "m", "--out", "o", "--beams", "1"], "beams"),
     ],
 )
 def test_settings_error_is_one_line_without_torch(argv: list[str], names: str, tmp_path: Path) -> None:
@@ -64,3 +66,12 @@ def test_settings_error_is_one_line_without_torch(argv: list[str], names: str, t
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and names in lines[0], stderr
     assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_model_defaults_are_the_fine_tuning_settings_of_its_preset() -> None:
+    from goldfish.app.config import COMPARE_PRESETS, MODEL_DEFAULT_OPTIONS, model_defaults
+
+    smollm2 = COMPARE_PRESETS["smollm2"]
+    assert model_defaults(smollm2["model"]) == {name: smollm2[name] for name in MODEL_DEFAULT_OPTIONS}
+    assert model_defaults("smollm2-135m")["lr"] < 1e-3  # fine-tuning, not the tiny models' learning rate
+    assert model_defaults("tiny-llama") == {} and model_defaults(None) == {}

@@ -558,3 +558,17 @@ COMPARE_PRESETS: dict[str, dict[str, Any]] = {
     # scratch on a streamed background, 2,000 Wikipedia canaries x 50, k in {3, 4, 8, 32, 128} at width 13.
     "paper": paper.COMPARE_PRESET,
 }
+
+# The training options a model's own defaults set, by dest name: a pretrained model fine-tunes for fewer epochs at a
+# lower learning rate than the tiny models (TrainSpec's and CompareSpec's defaults) learn from scratch.
+MODEL_DEFAULT_OPTIONS = ("epochs", "batch_size", "lr", "warmup_steps", "schedule")
+# The model of the smollm2 preset, whose fine-tuning settings are that model's defaults everywhere.
+_FINE_TUNING_PRESETS = {COMPARE_PRESETS["smollm2"]["model"]: "smollm2"}
+
+
+def model_defaults(model: str | None) -> dict[str, Any]:
+    """The training defaults that fit `model`, by option dest name, for `train` and `compare` to use in place of their
+    own where the user types no value and no preset sets one: for smollm2-135m those of the smollm2 preset; {} for
+    any other model (the command's defaults, made for the tiny models trained from scratch, apply)."""
+    preset = _FINE_TUNING_PRESETS.get(str(model))
+    return {} if preset is None else {name: COMPARE_PRESETS[preset][name] for name in MODEL_DEFAULT_OPTIONS}
