@@ -6,12 +6,14 @@ Under torchrun, with a grid of data x (x * y * z) ranks:
                 communication); the evaluable documents are cut into contiguous, balanced blocks, one per data
                 index. Every rank of a tensor-parallel group (the x*y*z ranks that share a data index) gets the
                 same block, because those ranks must run the same forward passes (their collectives pair up).
-    model       an engine-parallelized model (`parallelize_for_eval`, `load_parallel_model`) wrapped in
-                `ParallelEvalModel`: every rank of a tensor-parallel group passes the same full batch and gets the
-                full batch's logits back, so the unchanged functions of eval/ (greedy decoding with a KV cache,
-                teacher-forced passes, beam search, sampling) run on it as on the serial model.
-    rows        each tensor-parallel group's first rank holds its block's rows; `gather_rows` brings them to rank 0
-                in document order, where the summary is recomputed from rows (eval's summarize_* functions).
+    model       an engine-parallelized model (`parallelize_for_eval`; the application's
+                goldfish.app.models.load_parallel_model loads a checkpoint sharded) wrapped in `ParallelEvalModel`:
+                every rank of a tensor-parallel group passes the same full batch and gets the full batch's logits
+                back, so the unchanged functions of eval/ (greedy decoding with a KV cache, teacher-forced passes,
+                beam search, sampling) run on it as on the serial model.
+    rows        each tensor-parallel group's first rank holds its block's rows; engine.core.sharding.gather_rows
+                brings them to rank 0 in document order, where the summary is recomputed from rows (eval's
+                summarize_* functions).
 
 A data group may hold more documents than another (or none): tensor-parallel groups are independent, so they only
 meet in the final world-wide gather. Before it, every rank reports whether its block succeeded, so an error on one
