@@ -5,15 +5,15 @@ Defaults are not written here: each subcommand passes the dataclass instance who
 engine.training.config.TrainConfig or eval.config.ExtractionConfig. `OptionGroup.values(args)` reads the parsed
 flags back as {field: value}, ready for `dataclasses.replace` or the dataclass's constructor.
 
-    flag                 field                          group
-    --data ... --repeats, --dedup --dedup-threshold --duplicates  DataSpec.*   DATA
-    --model --init-seed  TrainSpec/CompareSpec.model, init_seed   MODEL
-    --strategy --k --h --mask-seed  MaskSpec.*          MASK
-    --epochs ... --activation-checkpointing --rows  TrainConfig.*     TRAINING
-    --suffix-len --prefix-len --eval-batch-size --bootstrap  ExtractionConfig.*   EXTRACTION
-    --beams ... --prefix-lengths  Instruments.*         INSTRUMENTS
-    --device --threads --no-progress --grid --nproc  Runtime.*   RUNTIME
-    --lora-rank --lora-alpha --lora-targets  LoraSpec.*   LORA
+    group        flags                                                       fill
+    DATA         --data ... --repeats, --dedup, --pack, --background ...     DataSpec
+    MODEL        --model, --init-seed                                        TrainSpec / CompareSpec: model, init_seed
+    MASK         --strategy, --k, --h, --mask-seed                           MaskSpec
+    TRAINING     --epochs ... --activation-checkpointing, --rows             TrainConfig
+    EXTRACTION   --suffix-len, --prefix-len, --eval-batch-size, --bootstrap  ExtractionConfig
+    INSTRUMENTS  --beams ... --prefix-lengths                                Instruments
+    RUNTIME      --device, --threads, --no-progress, --grid, --nproc ...     Runtime
+    LORA         --lora-rank, --lora-alpha, --lora-targets                   LoraSpec
 
 Torch-free, like goldfish.app.config: a parser built from these groups answers --help and refuses a bad value
 before torch is imported (only --device asks torch whether a device exists, and not for cpu).
