@@ -2,7 +2,8 @@
 
 The mask and loss API lives here (torch only); the CLI (`goldfish train | eval | compare | plan | mask`) in
 goldfish.app and the experiment wiring in goldfish.app.experiment. The names load on first use (PEP 562), so the
-command's torch-free paths (`goldfish plan`) import this package without torch.
+command's torch-free paths (`--help`, settings errors, `goldfish plan`) import this package without torch; the
+strategy names they offer come from goldfish.strategies.
 """
 
 from __future__ import annotations
