@@ -140,7 +140,7 @@ def test_goldfish_train_lora_checkpoint_is_merged_and_resumes_exactly(tmp_path: 
     import engine.training.train as engine_train
     from goldfish.app.cli import main
     from goldfish.app.config import DataSpec, MaskSpec, TrainSpec
-    from goldfish.app.experiment import train_model
+    from goldfish.app.training import train_model
 
     out = tmp_path / "full"
     assert (

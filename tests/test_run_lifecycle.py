@@ -22,9 +22,10 @@ from engine.training.train import METRICS_FILE, TrainConfig, _open_metrics
 from goldfish.app import cli
 from goldfish.app.cli import main
 from goldfish.app.config import DataSpec, MaskSpec, TrainSpec
-from goldfish.app.experiment import RUN_FILE, initial_model, prepare_data, train_model
+from goldfish.app.experiment import RUN_FILE, initial_model, prepare_data
 from goldfish.app.launch import ERROR_DIR_VARIABLE
 from goldfish.app.runlock import holds_lock_here, out_lock
+from goldfish.app.training import train_model
 
 TINY = [*TINY_RUN, "--strategy", "static", "--k", "3"]
 QUIET = ["--no-progress", "--threads", "1"]

@@ -258,7 +258,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def run_train(run: ResolvedRun) -> int:
     """Train the resolved run on this process's rank (one process, a torchrun rank or a --nproc worker)."""
-    from goldfish.app.experiment import initial_model, prepare_data, start_grid, train_model
+    from goldfish.app.experiment import initial_model, prepare_data, start_grid
+    from goldfish.app.training import train_model
 
     spec, runtime, out, folder = run.spec, run.runtime, Path(run.out), Path(run.folder)
     grid = start_grid(runtime.grid)

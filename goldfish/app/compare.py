@@ -45,10 +45,10 @@ from goldfish.app.experiment import (
     pad_token_id,
     prepare_background,
     prepare_data,
-    train_model,
     validation_loss_fn,
 )
 from goldfish.app.pretrained import load_pretrained_model
+from goldfish.app.training import train_model
 from goldfish.masks import IGNORE_INDEX
 
 # Per-document fields kept for every point of the exact-match-vs-epochs curve (OUT/<label>/curve.jsonl).

@@ -22,18 +22,16 @@ import engine.training.train as engine_train
 from data.atomic import write_json_atomic, write_jsonl_atomic
 from data.background import Background, background_sample, build_background, load_background, stream_budget
 from data.corpus import TokenizedCorpus
-from data.rows import pack_documents, piece_ids
+from data.rows import piece_ids
 from engine.core import comm
 from engine.core.grid import AXES, Grid, is_main_process
-from engine.core.vocab_parallel import causal_lm_token_losses, is_vocab_parallel
-from engine.training.loading import can_load_sharded, load_sharded
+from engine.core.vocab_parallel import causal_lm_token_losses
 from eval import parallel as parallel_eval
 from eval.breakdown import group_means, tag_rows
 from eval.divergence import divergence_row, divergence_summary, suffix_dropped_flags
 from eval.extraction import ExtractionConfig, write_extraction
 from eval.intervals import DEFAULT_RESAMPLES
 from eval.membership import DC_PDD_CAP, DEFAULT_RECALL_PREFIX_DOCS
-from goldfish.app import lora
 from goldfish.app.config import DataSpec, Instruments, MaskSpec, TrainSpec, parse_grid
 from goldfish.app.data_settings import background_spec, row_mask
 from goldfish.app.models import build_tiny_model, is_tiny_model
@@ -44,7 +42,6 @@ from goldfish.app.pretrained import (
     load_pretrained_model,
     resolve_gguf,
 )
-from goldfish.app.tracking import tracker
 from goldfish.loss import goldfish_loss_from_token_losses
 from goldfish.masks import causal_targets, drop_mask
 
@@ -469,166 +466,6 @@ def _verification_logger(log: Callable[[str], None]) -> Callable[[Any], None]:
         )
 
     return report
-
-
-def train_model(
-    spec: TrainSpec,
-    out_dir: Path,
-    *,
-    prepared: Prepared | None = None,
-    model: nn.Module | None = None,
-    resume_from: Path | None = None,
-    grid: Grid | None = None,
-    log=print,
-    on_epoch_end: Callable[[nn.Module, int, int], None] | None = None,
-    background: Background | None = None,
-    background_corpus: TokenizedCorpus | None = None,
-    report_to: str = "none",
-    verify: bool = True,
-) -> tuple[nn.Module, Prepared]:
-    """Train one model and write OUT/checkpoint (an HF checkpoint + tokenizer + trainer state) and OUT/metrics.jsonl.
-
-    on_epoch_end(model, epoch, step) runs after each epoch on every rank (see engine.training.train.train).
-    With spec.data.background, the training documents are targets inside the background stream (built here, or
-    `background` when the caller built it already, from `background_corpus` when the caller loaded that), and the
-    validation loss on the held-out background is logged every --eval-every steps and at the end (val_loss in
-    metrics.jsonl).
-    On a tensor-parallel grid the model's sharding is first verified on a miniature of its class unless `verify` is
-    False (engine.training.verify; a ShardingError refuses the run before training).
-    With spec.lora enabled, only LoRA adapters train (peft; data-parallel grids only): OUT/checkpoint holds the
-    merged model (an ordinary HF checkpoint) and the adapter in OUT/checkpoint/adapter, and the model returned is
-    the merged one (what evaluation measures).
-    """
-    prepared = prepared or prepare_data(spec.data, spec.model, log=log)
-    if model is None and grid is not None and resume_from is None and can_load_sharded(spec.model):
-        # an HF folder under a grid: built on the meta device, each rank reads only its own slices
-        model = load_sharded(spec.model, grid, verify=verify, report=_verification_logger(log))
-        check_vocabulary(model, prepared, spec.model)
-    model = model if model is not None else initial_model(spec.model, prepared, spec.init_seed)
-    if spec.lora.enabled:
-        if grid is not None:
-            lora.check_grid(grid_sizes(grid))
-        # the checkpoint's HF folder is the merged model: a resumed LoRA run starts from the base weights and
-        # reloads its adapter instead
-        model = lora.apply_lora(model, spec.lora, seed=spec.init_seed)
-        if resume_from is not None:
-            lora.load_adapter_weights(model, resume_from)
-    elif resume_from is not None:
-        load_model_weights(model, resume_from)  # full weights: valid at any grid, sharded below
-    repeats = spec.data.example_repeats(prepared.split)
-    documents = prepared.split.training_documents
-    train_config, validation = spec.train, None
-    pack_order: list[int] | None = None  # pack: the documents in stream order
-    if spec.data.background is not None:
-        if background is None:
-            background = prepare_background(spec, prepared, grid, log, corpus=background_corpus)
-        examples, validation, train_config = background.rows, background.validation, background_train_config(spec.train)
-    elif spec.data.pack:
-        examples, pack_order = pack_documents(
-            documents,
-            [repeats[str(d.id)] for d in documents],
-            spec.data.seq_len,
-            row_mask(spec.mask, prepared.special_token_ids),
-            eos_id=prepared.tokenizer.eos_token_id,
-            pad_id=pad_token_id(prepared.tokenizer),
-            seed=spec.train.seed,
-            multiple=spec.train.batch_size,
-        )
-    else:
-        examples = make_examples(documents, spec.mask, prepared.special_token_ids, repeats)
-    copies = trained_copies(
-        prepared,
-        examples,
-        repeats,
-        pack_order=pack_order,
-        background=background,
-    )
-    n_dropped, n_targets = 0, 0
-    for example in examples if background is None else ():  # a background stream is not read ahead of training
-        n_dropped += int(example["dropped"].sum())
-        n_targets += int((example["targets"] != -100).sum())
-    counts = "/".join(map(str, spec.data.train_buckets))
-    repeated = (
-        ""
-        if set(repeats.values()) == {1}
-        else f" ({len(prepared.split.train)} documents repeated {counts} times per epoch)"
-    )
-    if background is not None:
-        steps = engine_train.total_steps_of(len(examples), train_config)
-        trained = sorted(set(background.exposures[str(d.id)] for d in prepared.split.train))
-        log(
-            f"train {spec.mask.label}: {len(examples)} rows of {spec.data.seq_len} tokens in the stream, {steps} "
-            f"steps; "
-            f"{len(prepared.split.train)} targets trained on {'/'.join(map(str, trained))} times, "
-            f"{len(prepared.split.heldout)} held out; validation {len(validation) if validation else 0} rows; "
-            f"{background.record['n_removed_as_target_copies']} background documents removed as copies of targets "
-            f"({background.record['removed_copies']['near']} near copies)"
-        )
-        for warning in background.record["warnings"]:
-            log("warning: " + warning)
-    elif spec.data.pack:
-        repeated += f", whole documents packed ({n_targets} targets per epoch)"
-    adapters = ""
-    if spec.lora.enabled:
-        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        adapters = (
-            f", LoRA rank {spec.lora.rank} alpha {spec.lora.scale_alpha:g} on {','.join(spec.lora.targets)}: "
-            f"{trainable} of {sum(p.numel() for p in model.parameters())} parameters train"
-        )
-    if background is None:
-        log(
-            f"train {spec.mask.label}: {len(examples)} sequences{repeated}, {n_dropped}/{n_targets} targets dropped "
-            f"({n_dropped / max(n_targets, 1):.3f}), {spec.train.epochs} epochs"
-            + (f", grid {grid.shape}" if grid is not None else "")
-            + adapters
-        )
-    check_mask_drops(spec.mask, n_dropped if background is None else _target_drops(spec.mask, prepared), spec.data)
-    record = run_record(spec, prepared)
-    if background is not None:
-        record["train"] = asdict(train_config)
-        record["corpus"] = background.record
-        record["repeats"] = {k: v for k, v in background.exposures.items() if k in {str(d.id) for d in documents}}
-    if grid is not None:
-        record["grid"] = grid_sizes(grid)
-        model = engine.parallelize(model.to(grid.device), grid, verify=verify, report=_verification_logger(log))
-        # embeddings and lm_head split by vocabulary over x*y*z (on whenever the grid has tensor parallelism and
-        # the vocabulary divides)
-        record["vocab_parallel"] = is_vocab_parallel(model.get_input_embeddings())
-
-    def save(m: nn.Module, d: Path, step: int) -> None:
-        """Write the checkpoint's model with the record of what its first `step` steps trained."""
-        at_step = checkpoint_record(record, copies, len(examples), train_config, step)
-        if spec.lora.enabled:  # data-parallel at most: every rank holds the whole model; rank 0 writes it
-            if is_main_process(grid):
-                lora.save_lora(m, d, lambda plain, folder: save_hf_model(plain, prepared.tokenizer, at_step, folder))
-        elif grid is not None:
-            save_parallel_hf_model(m, grid, prepared.tokenizer, at_step, d)
-        else:
-            save_hf_model(m, prepared.tokenizer, at_step, d)
-
-    if resume_from is not None:  # refused before run.json is rewritten (the engine checks it again on resume)
-        engine_train.check_resume(resume_from, train_config)
-    if is_main_process(grid):
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(out_dir / "run.json", record)
-    with tracker(report_to, out_dir if is_main_process(grid) else None) as on_log:
-        engine_train.train(
-            model,
-            examples,
-            make_step_loss(spec.mask, prepared.special_token_ids),
-            train_config,
-            out_dir=out_dir,
-            grid=grid,
-            resume_from=resume_from,
-            save_model=save,
-            on_epoch_end=on_epoch_end,
-            validation=validation,
-            validation_loss_fn=validation_loss_fn(prepared),
-            on_log=on_log,
-        )
-    if spec.lora.enabled:
-        model = lora.merged_model(model).eval()
-    return model, prepared
 
 
 # What the per-document rows of each instrument are saved as, next to extraction.jsonl.

@@ -1,0 +1,308 @@
+"""One training run of `goldfish train` (and of each model `goldfish compare` trains), as a short sequence of parts.
+
+Each part is chosen once from the run's settings:
+
+    build_model      where the weights come from: given, an HF folder loaded sharded on the grid, or the model's
+                     initial weights; then LoRA adapters and a resumed run's weights
+    training_rows    where the rows come from: one example per document (repeated per bucket), whole documents
+                     packed into rows (--pack), or targets inserted into a background stream (--background)
+    place_on_grid    the model sharded on the grid, with what the run record says of it
+    CheckpointWriter how a checkpoint is written: plain, sharded on a grid, or LoRA's merged model and adapter
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from torch import nn
+
+import engine
+import engine.training.train as engine_train
+from data.atomic import write_json_atomic
+from data.background import Background
+from data.corpus import TokenizedCorpus
+from data.rows import pack_documents
+from engine.core.grid import Grid, is_main_process
+from engine.core.vocab_parallel import is_vocab_parallel
+from engine.training.loading import can_load_sharded, load_sharded
+from goldfish.app import lora
+from goldfish.app.config import TrainSpec
+from goldfish.app.data_settings import row_mask
+from goldfish.app.experiment import (
+    Prepared,
+    TrainedCopies,
+    _target_drops,
+    _verification_logger,
+    background_train_config,
+    check_mask_drops,
+    check_vocabulary,
+    checkpoint_record,
+    grid_sizes,
+    initial_model,
+    load_model_weights,
+    make_examples,
+    make_step_loss,
+    pad_token_id,
+    prepare_background,
+    prepare_data,
+    run_record,
+    save_hf_model,
+    save_parallel_hf_model,
+    trained_copies,
+    validation_loss_fn,
+)
+from goldfish.app.tracking import tracker
+
+RUN_RECORD = "run.json"
+
+
+def train_model(
+    spec: TrainSpec,
+    out_dir: Path,
+    *,
+    prepared: Prepared | None = None,
+    model: nn.Module | None = None,
+    resume_from: Path | None = None,
+    grid: Grid | None = None,
+    log: Callable[..., None] = print,
+    on_epoch_end: Callable[[nn.Module, int, int], None] | None = None,
+    background: Background | None = None,
+    background_corpus: TokenizedCorpus | None = None,
+    report_to: str = "none",
+    verify: bool = True,
+) -> tuple[nn.Module, Prepared]:
+    """Train one model; write OUT/checkpoint (HF checkpoint, tokenizer, trainer state), OUT/run.json and
+    OUT/metrics.jsonl. Returns the trained model (LoRA's merged model) and the prepared documents.
+
+    on_epoch_end(model, epoch, step) runs after each epoch on every rank; `background` / `background_corpus` reuse
+    a background stream or corpus the caller built; `verify` checks the sharding on a miniature first on a
+    tensor-parallel grid (engine.training.verify)."""
+    prepared = prepared or prepare_data(spec.data, spec.model, log=log)
+    model = build_model(spec, prepared, grid, model, resume_from, verify=verify, log=log)
+    rows = training_rows(spec, prepared, grid, log, background=background, corpus=background_corpus)
+    log(rows.summary + _run_notes(spec, model, grid, rows))
+    check_mask_drops(spec.mask, rows.n_dropped, spec.data)
+    record = rows.add_to_record(run_record(spec, prepared))
+    model = place_on_grid(model, grid, record, verify=verify, log=log)
+    if resume_from is not None:  # refused before run.json is rewritten (the engine checks it again on resume)
+        engine_train.check_resume(resume_from, rows.train_config)
+    if is_main_process(grid):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(out_dir / RUN_RECORD, record)
+    with tracker(report_to, out_dir if is_main_process(grid) else None) as on_log:
+        engine_train.train(
+            model,
+            rows.examples,
+            make_step_loss(spec.mask, prepared.special_token_ids),
+            rows.train_config,
+            out_dir=out_dir,
+            grid=grid,
+            resume_from=resume_from,
+            save_model=CheckpointWriter(spec, prepared, record, rows, grid),
+            on_epoch_end=on_epoch_end,
+            validation=rows.validation,
+            validation_loss_fn=validation_loss_fn(prepared),
+            on_log=on_log,
+        )
+    return (lora.merged_model(model).eval() if spec.lora.enabled else model), prepared
+
+
+# ----- where the weights come from -----------------------------------------------------------------------------
+
+
+def build_model(
+    spec: TrainSpec,
+    prepared: Prepared,
+    grid: Grid | None,
+    model: nn.Module | None,
+    resume_from: Path | None,
+    *,
+    verify: bool,
+    log: Callable[..., None],
+) -> nn.Module:
+    """The model to train: `model` if given; an HF folder under a grid loaded sharded (built on the meta device,
+    each rank reads only its own slices); else the model's initial weights. Then LoRA's adapters (a resumed LoRA run
+    starts from the base weights and reloads its adapter) or a resumed run's full weights (valid at any grid)."""
+    if model is None and grid is not None and resume_from is None and can_load_sharded(spec.model):
+        model = load_sharded(spec.model, grid, verify=verify, report=_verification_logger(log))
+        check_vocabulary(model, prepared, spec.model)
+    model = model if model is not None else initial_model(spec.model, prepared, spec.init_seed)
+    if spec.lora.enabled:
+        if grid is not None:
+            lora.check_grid(grid_sizes(grid))
+        model = lora.apply_lora(model, spec.lora, seed=spec.init_seed)
+        if resume_from is not None:
+            lora.load_adapter_weights(model, resume_from)
+    elif resume_from is not None:
+        load_model_weights(model, resume_from)
+    return model
+
+
+# ----- where the rows come from ----------------------------------------------------------------------------------
+
+
+@dataclass
+class TrainingRows:
+    """The rows a run trains on and what they are: `examples` (a list, or a background stream read as it trains),
+    the TrainConfig they train with, held-out validation rows (background runs), the copies of each document they
+    hold (for checkpoints' exposure records), the dropped-target count checked against the mask, and the summary
+    line the run prints."""
+
+    examples: Sequence[dict[str, Any]]
+    train_config: Any
+    copies: TrainedCopies
+    n_dropped: int
+    summary: str
+    validation: Any = None
+    background: Background | None = None
+    target_copies: dict[str, int] = field(default_factory=dict)  # background: copies of each training document
+
+    def add_to_record(self, record: dict[str, Any]) -> dict[str, Any]:
+        """The run record with what a background run adds: its own TrainConfig, the corpus record and the copies of
+        each target it trains on."""
+        if self.background is not None:
+            record["train"] = asdict(self.train_config)
+            record["corpus"] = self.background.record
+            record["repeats"] = dict(self.target_copies)
+        return record
+
+
+def training_rows(
+    spec: TrainSpec,
+    prepared: Prepared,
+    grid: Grid | None,
+    log: Callable[..., None],
+    *,
+    background: Background | None = None,
+    corpus: TokenizedCorpus | None = None,
+) -> TrainingRows:
+    """The rows of `spec`'s data setting: background stream, packed documents, or one example per document."""
+    if spec.data.background is not None:
+        return _background_rows(spec, prepared, background or prepare_background(spec, prepared, grid, log, corpus))
+    if spec.data.pack:
+        return _packed_rows(spec, prepared)
+    return _example_rows(spec, prepared)
+
+
+def _repeated(spec: TrainSpec, prepared: Prepared, repeats: dict[str, int]) -> str:
+    if set(repeats.values()) == {1}:
+        return ""
+    counts = "/".join(map(str, spec.data.train_buckets))
+    return f" ({len(prepared.split.train)} documents repeated {counts} times per epoch)"
+
+
+def _counted(spec: TrainSpec, examples: list[dict[str, Any]], what: str) -> tuple[int, str]:
+    """(dropped targets, the summary line) of rows built ahead of training."""
+    n_dropped = sum(int(e["dropped"].sum()) for e in examples)
+    n_targets = sum(int((e["targets"] != -100).sum()) for e in examples)
+    line = (
+        f"train {spec.mask.label}: {len(examples)} sequences{what}, {n_dropped}/{n_targets} targets dropped "
+        f"({n_dropped / max(n_targets, 1):.3f}), {spec.train.epochs} epochs"
+    )
+    return n_dropped, line
+
+
+def _example_rows(spec: TrainSpec, prepared: Prepared) -> TrainingRows:
+    repeats = spec.data.example_repeats(prepared.split)
+    examples = make_examples(prepared.split.training_documents, spec.mask, prepared.special_token_ids, repeats)
+    n_dropped, line = _counted(spec, examples, _repeated(spec, prepared, repeats))
+    return TrainingRows(examples, spec.train, trained_copies(prepared, examples, repeats), n_dropped, line)
+
+
+def _packed_rows(spec: TrainSpec, prepared: Prepared) -> TrainingRows:
+    repeats = spec.data.example_repeats(prepared.split)
+    documents = prepared.split.training_documents
+    examples, pack_order = pack_documents(
+        documents,
+        [repeats[str(d.id)] for d in documents],
+        spec.data.seq_len,
+        row_mask(spec.mask, prepared.special_token_ids),
+        eos_id=prepared.tokenizer.eos_token_id,
+        pad_id=pad_token_id(prepared.tokenizer),
+        seed=spec.train.seed,
+        multiple=spec.train.batch_size,
+    )
+    n_targets = sum(int((e["targets"] != -100).sum()) for e in examples)
+    what = _repeated(spec, prepared, repeats) + f", whole documents packed ({n_targets} targets per epoch)"
+    n_dropped, line = _counted(spec, examples, what)
+    copies = trained_copies(prepared, examples, repeats, pack_order=pack_order)
+    return TrainingRows(examples, spec.train, copies, n_dropped, line)
+
+
+def _background_rows(spec: TrainSpec, prepared: Prepared, background: Background) -> TrainingRows:
+    """Targets inside a background stream: not read ahead of training, so the mask's drops are counted on the
+    targets themselves."""
+    repeats = spec.data.example_repeats(prepared.split)
+    train_config = background_train_config(spec.train)
+    examples, validation = background.rows, background.validation
+    steps = engine_train.total_steps_of(len(examples), train_config)
+    trained = sorted(set(background.exposures[str(d.id)] for d in prepared.split.train))
+    line = (
+        f"train {spec.mask.label}: {len(examples)} rows of {spec.data.seq_len} tokens in the stream, {steps} steps; "
+        f"{len(prepared.split.train)} targets trained on {'/'.join(map(str, trained))} times, "
+        f"{len(prepared.split.heldout)} held out; validation {len(validation) if validation else 0} rows; "
+        f"{background.record['n_removed_as_target_copies']} background documents removed as copies of targets "
+        f"({background.record['removed_copies']['near']} near copies)"
+    )
+    line += "".join(f"\nwarning: {warning}" for warning in background.record["warnings"])
+    copies = trained_copies(prepared, examples, repeats, background=background)
+    n_dropped = _target_drops(spec.mask, prepared)
+    ids = {str(d.id) for d in prepared.split.training_documents}
+    target_copies = {k: v for k, v in background.exposures.items() if k in ids}
+    return TrainingRows(examples, train_config, copies, n_dropped, line, validation, background, target_copies)
+
+
+def _run_notes(spec: TrainSpec, model: nn.Module, grid: Grid | None, rows: TrainingRows) -> str:
+    """The grid and LoRA's share of trainable parameters, after the rows' summary (a background run's line says the
+    stream instead)."""
+    if rows.background is not None:
+        return ""
+    notes = f", grid {grid.shape}" if grid is not None else ""
+    if spec.lora.enabled:
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        notes += (
+            f", LoRA rank {spec.lora.rank} alpha {spec.lora.scale_alpha:g} on {','.join(spec.lora.targets)}: "
+            f"{trainable} of {sum(p.numel() for p in model.parameters())} parameters train"
+        )
+    return notes
+
+
+# ----- the grid and the checkpoints ------------------------------------------------------------------------------
+
+
+def place_on_grid(
+    model: nn.Module, grid: Grid | None, record: dict[str, Any], *, verify: bool, log: Callable[..., None]
+) -> nn.Module:
+    """The model sharded on `grid` (itself without one); the run record gets the grid's sizes and whether the
+    embeddings and lm_head are split by vocabulary over x*y*z (whenever the grid has tensor parallelism and the
+    vocabulary divides)."""
+    if grid is None:
+        return model
+    record["grid"] = grid_sizes(grid)
+    model = engine.parallelize(model.to(grid.device), grid, verify=verify, report=_verification_logger(log))
+    record["vocab_parallel"] = is_vocab_parallel(model.get_input_embeddings())
+    return model
+
+
+class CheckpointWriter:
+    """The trainer's save_model: writes the checkpoint's model with the record of what its first `step` steps
+    trained, as the run needs it (LoRA: rank 0 writes the merged model and the adapter; on a grid: the shards
+    gathered into one HF folder; else the plain model)."""
+
+    def __init__(
+        self, spec: TrainSpec, prepared: Prepared, record: dict[str, Any], rows: TrainingRows, grid: Grid | None
+    ) -> None:
+        self.spec, self.prepared, self.record, self.rows, self.grid = spec, prepared, record, rows, grid
+
+    def __call__(self, model: nn.Module, folder: Path, step: int) -> None:
+        rows, tokenizer = self.rows, self.prepared.tokenizer
+        at_step = checkpoint_record(self.record, rows.copies, len(rows.examples), rows.train_config, step)
+        if self.spec.lora.enabled:  # data-parallel at most: every rank holds the whole model
+            if is_main_process(self.grid):
+                lora.save_lora(model, folder, lambda plain, into: save_hf_model(plain, tokenizer, at_step, into))
+        elif self.grid is not None:
+            save_parallel_hf_model(model, self.grid, tokenizer, at_step, folder)
+        else:
+            save_hf_model(model, tokenizer, at_step, folder)
