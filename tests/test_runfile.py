@@ -75,3 +75,29 @@ def test_the_worker_takes_only_a_run_file(tmp_path: Path, capsys) -> None:
     assert "RUN_FILE" in capsys.readouterr().err
     assert main([str(tmp_path / "missing.json")]) == 2
     assert "missing.json" in capsys.readouterr().err
+
+
+def test_a_model_brings_the_defaults_that_fit_it() -> None:
+    """--model smollm2-135m trains with the smollm2 preset's settings unless typed; a preset wins over them."""
+    from goldfish.app.config import COMPARE_PRESETS
+
+    fitted = _train_spec(_args("train", "--model", "smollm2-135m", "--out", "o"), None).train
+    assert (fitted.epochs, fitted.lr) == (COMPARE_PRESETS["smollm2"]["epochs"], COMPARE_PRESETS["smollm2"]["lr"])
+    assert _train_spec(_args("train", "--model", "smollm2-135m", "--epochs", "3", "--out", "o"), None).train.epochs == 3
+    quick = _compare_spec(_args("compare", "--preset", "quick", "--model", "smollm2-135m", "--out", "o"), None)
+    assert quick.train.epochs == COMPARE_PRESETS["quick"]["epochs"]
+    assert _train_spec(_args("train", "--out", "o"), None).train.epochs == 20  # the tiny model's own default
+
+
+def test_run_records_count_the_tokens_trained(tmp_path: Path) -> None:
+    """run.json holds the tokens of every row the run reads, a checkpoint's record those read by its step."""
+    from goldfish.app.cli import main
+
+    out = tmp_path / "run"
+    argv = ["train", "--model", "micro-llama", "--n-train", "4", "--n-heldout", "0", "--seq-len", "32"]
+    argv += ["--vocab-size", "300", "--epochs", "3", "--batch-size", "2", "--no-progress", "--out", str(out)]
+    assert main(argv) == 0
+    plan = json.loads((out / "run.json").read_text())
+    assert plan["tokens_trained"] == 3 * 4 * 32  # 3 epochs of 4 rows of 32 tokens
+    checkpoint = json.loads((out / "checkpoint" / "goldfish_run.json").read_text())
+    assert checkpoint["tokens_trained"] == plan["tokens_trained"] and checkpoint["step"] == 6

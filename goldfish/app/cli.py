@@ -27,8 +27,10 @@ from goldfish.app.config import (
     MaskSpec,
     Runtime,
     TrainSpec,
+    background_train_config,
     hierarchy_fields,
     mask_spec,
+    model_defaults,
     parse_grid,
     parse_int_list,
     parse_mask,
@@ -126,15 +128,14 @@ def _check_training_on_grid(train: TrainConfig, shape: GridShape, resume: Path |
     """What every worker of a parallel run would refuse in its training settings, checked once before they start:
     ZeRO against the grid, a step's rows against the rows layout, and the settings of the run to resume (as the
     workers train: a background run reads its stream in order)."""
-    from engine.training.train import check_resume
-    from goldfish.app.experiment import background_train_config
-
     if data.background is not None:
         train = background_train_config(train)
 
     layout = train.layout(shape)  # ZeRO, rows layout and precision against the grid
     layout.check_step_rows(train.batch_size)  # every full step; a short last step is checked by workers
     if resume is not None:
+        from engine.training.train import check_resume
+
         check_resume(resume, train)
 
 
@@ -455,7 +456,7 @@ def run_eval(run: ResolvedRun) -> int:
 
 def _run_record(spec: EvalSpec) -> dict[str, Any] | None:
     """The run record of a checkpoint written by goldfish train (None when --data chooses the documents)."""
-    from goldfish.app.experiment import RUN_FILE
+    from goldfish.app.config import RUN_FILE
 
     record_path = Path(spec.model) / RUN_FILE
     if spec.data is not None:
@@ -586,11 +587,16 @@ def _check_same_documents(saved: dict[str, Any], current: dict[str, Any]) -> Non
 
 
 def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
-    """The parsed command line, with `compare --preset NAME` (or --quick) applied: the preset's values become the
-    compare parser's defaults and the command line is parsed again, so every option the user typed wins over the
-    preset (argparse sets only what was typed over a default). ``args.argv`` keeps the arguments."""
+    """The parsed command line, with the training defaults that fit --model (config.model_defaults) and then
+    `compare --preset NAME` (or --quick) applied: their values become the subcommand parser's defaults and the
+    command line is parsed again, so every option the user typed wins over the preset, and the preset over the
+    model's defaults (argparse sets only what was typed over a default). ``args.argv`` keeps the arguments."""
     parser = build_parser()
     args = parser.parse_args(list(argv))
+    fitted = model_defaults(getattr(args, "model", None)) if args.command in ("train", "compare") else {}
+    if fitted:  # the training defaults that fit --model; a preset's values and typed ones win over them
+        args.parser.set_defaults(**fitted)
+        args = parser.parse_args(list(argv))
     preset = "quick" if getattr(args, "quick", False) else getattr(args, "preset", None)
     if args.command == "compare" and preset is not None:
         args.parser.set_defaults(**COMPARE_PRESETS[preset])
@@ -779,7 +785,7 @@ def _add_train_parser(sub: Any) -> None:
     opt.TRAINING.add_to(train, defaults.train)
     opt.LORA.add_to(train, defaults.lora)
     opt.RUNTIME.add_to(train, Runtime())
-    train.set_defaults(func=cmd_train)
+    train.set_defaults(func=cmd_train, parser=train)
 
 
 def _add_eval_parser(sub: Any) -> None:

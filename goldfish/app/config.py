@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Sequence
 
 import data
@@ -366,6 +366,12 @@ class CompareSpec:
             check_mask_window(mask, self.data)
 
 
+def background_train_config(train: TrainConfig) -> TrainConfig:
+    """A background run reads its rows in stream order (the stream is shuffled already, and exposures depend on it)."""
+    return replace(train, shuffle=False)
+
+
+RUN_FILE = "goldfish_run.json"  # the run record a goldfish train checkpoint folder keeps beside its weights
 EVAL_PARTS = ("train", "heldout", "both")
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -32,7 +32,15 @@ from eval.divergence import divergence_row, divergence_summary, suffix_dropped_f
 from eval.extraction import ExtractionConfig, write_extraction
 from eval.intervals import DEFAULT_RESAMPLES
 from eval.membership import DC_PDD_CAP, DEFAULT_RECALL_PREFIX_DOCS
-from goldfish.app.config import DataSpec, Instruments, MaskSpec, TrainSpec, parse_grid
+from goldfish.app.config import (
+    RUN_FILE,
+    DataSpec,
+    Instruments,
+    MaskSpec,
+    TrainSpec,
+    background_train_config,
+    parse_grid,
+)
 from goldfish.app.data_settings import background_spec, row_mask
 from goldfish.app.models import build_tiny_model, is_tiny_model
 from goldfish.app.pretrained import (
@@ -44,8 +52,6 @@ from goldfish.app.pretrained import (
 )
 from goldfish.loss import goldfish_loss_from_token_losses
 from goldfish.masks import causal_targets, drop_mask
-
-RUN_FILE = "goldfish_run.json"
 
 
 def start_grid(text: str | None) -> Grid | None:
@@ -132,6 +138,11 @@ def prepare_data(spec: DataSpec, model_name: str, log=print) -> Prepared:
         f"data: {len(documents)} documents from {spec.source!r}; {len(split.train)} train, {len(split.heldout)} "
         f"held-out of {shape}; {len(split.too_short)} skipped as shorter than {least} tokens"
         + (f", {len(split.too_long)} as longer than {spec.max_doc_tokens}" if split.too_long else "")
+        + (
+            f"; {len(split.cut)} cut to their first {spec.seq_len} tokens ({split.tokens_cut} tokens dropped)"
+            if split.cut
+            else ""
+        )
         + _dedup_note(split)
     )
     return Prepared(
@@ -449,11 +460,6 @@ def _build_background(spec: TrainSpec, prepared: Prepared, corpus: TokenizedCorp
         background_train_config(spec.train),
         pad_token_id(prepared.tokenizer),
     )
-
-
-def background_train_config(train: engine_train.TrainConfig) -> engine_train.TrainConfig:
-    """A background run reads its rows in stream order (the stream is shuffled already, and exposures depend on it)."""
-    return replace(train, shuffle=False)
 
 
 def _verification_logger(log: Callable[[str], None]) -> Callable[[Any], None]:

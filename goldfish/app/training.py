@@ -84,7 +84,7 @@ def train_model(
     rows = training_rows(spec, prepared, grid, log, background=background, corpus=background_corpus)
     log(rows.summary + _run_notes(spec, model, grid, rows))
     check_mask_drops(spec.mask, rows.n_dropped, spec.data)
-    record = rows.add_to_record(run_record(spec, prepared))
+    record = rows.add_to_record(run_record(spec, prepared), spec.data.seq_len)
     model = place_on_grid(model, grid, record, verify=verify, log=log)
     if resume_from is not None:  # refused before run.json is rewritten (the engine checks it again on resume)
         engine_train.check_resume(resume_from, rows.train_config)
@@ -159,9 +159,18 @@ class TrainingRows:
     background: Background | None = None
     target_copies: dict[str, int] = field(default_factory=dict)  # background: copies of each training document
 
-    def add_to_record(self, record: dict[str, Any]) -> dict[str, Any]:
-        """The run record with what a background run adds: its own TrainConfig, the corpus record and the copies of
-        each target it trains on."""
+    def tokens_read(self, steps: int, seq_len: int) -> int:
+        """Tokens of the rows the first `steps` optimizer steps read (every row is `seq_len` tokens)."""
+        return seq_len * sum(
+            len(rows) for rows in engine_train.rows_consumed(len(self.examples), self.train_config, steps)
+        )
+
+    def add_to_record(self, record: dict[str, Any], seq_len: int) -> dict[str, Any]:
+        """The run record with the tokens the whole run trains on, and what a background run adds: its own
+        TrainConfig, the corpus record and the copies of each target it trains on."""
+        record["tokens_trained"] = self.tokens_read(
+            engine_train.total_steps_of(len(self.examples), self.train_config), seq_len
+        )
         if self.background is not None:
             record["train"] = asdict(self.train_config)
             record["corpus"] = self.background.record
@@ -299,6 +308,7 @@ class CheckpointWriter:
     def __call__(self, model: nn.Module, folder: Path, step: int) -> None:
         rows, tokenizer = self.rows, self.prepared.tokenizer
         at_step = checkpoint_record(self.record, rows.copies, len(rows.examples), rows.train_config, step)
+        at_step["tokens_trained"] = rows.tokens_read(step, self.spec.data.seq_len)  # by this checkpoint's step
         if self.spec.lora.enabled:  # data-parallel at most: every rank holds the whole model
             if is_main_process(self.grid):
                 lora.save_lora(model, folder, lambda plain, into: save_hf_model(plain, tokenizer, at_step, into))
