@@ -79,7 +79,7 @@ class Reading(Protocol):
 
 def steps_per_epoch(n_rows: int, batch_size: int) -> int:
     """Optimizer steps of one pass over `n_rows` rows (the last step may be short): the engine's count
-    (engine.training.train.steps_per_epoch; tests/test_background.py checks they agree)."""
+    (engine.training.train.steps_per_epoch; tests/e2e/test_background.py checks they agree)."""
     return -(-n_rows // batch_size)
 
 

@@ -9,7 +9,7 @@ engine.core.comm's counters use:
     all-gather whose OUTPUT has n bytes     sends   n (p-1)/p
     reduce-scatter whose INPUT has n bytes  sends   n (p-1)/p
 
-Summed per group, the predictions equal the engine's counters exactly (tests/test_comm_model.py checks
+Summed per group, the predictions equal the engine's counters exactly (tests/parallel/test_comm_model.py checks
 every grid of world sizes 4 and 8). Per ParallelLinear (weight out x in = N x K, T tokens through it):
 
     normal      forward   z: all-gather weight block (N/Y)(K/X)   x: all-reduce output T N/Y
@@ -39,8 +39,8 @@ vocabulary, where ids and hidden states are exchanged over z only (and summed ov
 summed over "z+data" instead of "world".
 
 The FLOP model counts matrix products (on a serial step it equals torch's FlopCounterMode, see
-tests/test_plan.py); the memory model is an estimate whose assumptions its docstring states (its parameter
-part is exact: tests/test_comm_model.py checks it against what each rank holds).
+tests/parallel/test_plan.py); the memory model is an estimate whose assumptions its docstring states (its parameter
+part is exact: tests/parallel/test_comm_model.py checks it against what each rank holds).
 """
 
 from __future__ import annotations
@@ -909,7 +909,7 @@ def llama_step_collectives(
 
     recompute: activation checkpointing of the decoder layers (engine/memory/activation.py): each layer's forward
     collectives issued once more during backward. Exact, because the engine turns torch's early stop off
-    and every layer's recomputation runs to its end (tests/test_comm_model.py measures it).
+    and every layer's recomputation runs to its end (tests/parallel/test_comm_model.py measures it).
     zero: partitioning over the data axis (zero_collectives; sync_gradients then reduces only the chunks of
     the rank at data index `data_rank` over the other axes, whose sizes differ by rank when dim 0 does not
     divide by the data size).

@@ -15,5 +15,5 @@ library users import, `import goldfish` (masks, loss, collator), needs torch alo
 
 The front door is light: entry.py, cli.py's parser, options.py, config.py and argparsing.py import no torch, so every
 `--help` and every settings error answers at once; the modules that compute (experiment, compare, models, the
-engine, eval) load inside the command, once its settings have passed (tests/test_front_door.py keeps it so).
+engine, eval) load inside the command, once its settings have passed (tests/e2e/test_front_door.py keeps it so).
 """

@@ -842,7 +842,7 @@ def _add_eval_parser(sub: Any) -> None:
 
 
 # What each compare preset runs, in words, with its numbers filled in from COMPARE_PRESETS (the preset's values, and
-# CompareSpec's defaults for what it leaves unset), so --help and docs/cli.md (checked by tests/test_docs.py) cannot
+# CompareSpec's defaults for what it leaves unset), so --help and docs/cli.md (checked by tests/unit/test_docs.py) cannot
 # drift from what a preset really sets. Fields: the option dest names; buckets = the repeats as "1,4,16 copies".
 PRESET_DESCRIPTIONS: dict[str, str] = {
     "quick": "{model} from scratch, {n_train}+{n_heldout} documents of {seq_len} tokens, {epochs} epochs, mask "
@@ -865,7 +865,7 @@ PRESET_DESCRIPTIONS: dict[str, str] = {
 def preset_description(name: str) -> str:
     """The one-line description of a compare preset, its numbers read from COMPARE_PRESETS[name]. A preset without a
     description in PRESET_DESCRIPTIONS, or whose description names a value the preset lost, is described by the
-    options it sets ("sets --n-train 8, ..."), so --help never breaks; tests/test_cli.py fails on either."""
+    options it sets ("sets --n-train 8, ..."), so --help never breaks; tests/e2e/test_cli.py fails on either."""
     settings = ", ".join(f"--{dest.replace('_', '-')} {value}" for dest, value in COMPARE_PRESETS[name].items())
     if name not in PRESET_DESCRIPTIONS:
         return f"sets {settings}"

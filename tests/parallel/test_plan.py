@@ -368,7 +368,7 @@ def test_mfu_bench_runs_on_cpu(tmp_path) -> None:
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = tmp_path / "mfu.json"
     subprocess.run(
         [

@@ -423,7 +423,7 @@ def test_bench_script_runs_and_agrees(tmp_path, monkeypatch):
     import runpy
     from pathlib import Path
 
-    bench_dir = Path(__file__).parents[1] / "bench"
+    bench_dir = Path(__file__).parents[2] / "bench"
     monkeypatch.syspath_prepend(str(bench_dir))  # as `python bench/extraction.py` does: bench/common.py importable
     bench = runpy.run_path(str(bench_dir / "extraction.py"))
     out = tmp_path / "bench.json"

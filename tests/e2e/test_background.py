@@ -291,7 +291,7 @@ def test_data_imports_nothing_of_the_other_packages() -> None:
     engine or eval: the application hands it the mask as a function."""
     import ast
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     upward = []
     for path in sorted((root / "data").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -352,7 +352,7 @@ def test_a_background_runs_data_stays_on_the_data_floor(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1")
     done = subprocess.run(
         [sys.executable, "-c", _DATA_FLOOR_WALK, str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True

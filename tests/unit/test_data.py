@@ -27,7 +27,7 @@ from data import (
     train_bpe_tokenizer,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_jsonl(path: Path, rows: list) -> Path:

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("lightning")
 
-ENGINE = Path(__file__).resolve().parent.parent / "engine"
+ENGINE = Path(__file__).resolve().parents[2] / "engine"
 
 
 def _private_lightning_imports() -> list[tuple[str, str, str]]:

@@ -29,7 +29,7 @@ from lightning.fabric import Fabric  # noqa: E402
 from engine import GridError  # noqa: E402
 from engine.integrations.lightning import EngineStrategy  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "lightning_goldfish.py"
 TRAINER_EXAMPLE = ROOT / "examples" / "lightning_trainer_goldfish.py"
 

@@ -216,7 +216,7 @@ def test_every_causal_lm_is_exact_or_refused() -> None:
     check(sweep_library())
 
 
-if __name__ == "__main__":  # python tests/test_every_family.py [TYPE ...]: every outcome, one line each
+if __name__ == "__main__":  # python tests/parallel/test_every_family.py [TYPE ...]: every outcome, one line each
     import sys
 
     found = sweep(sys.argv[1:], tuple(GRIDS)) if sys.argv[1:] else sweep_library()

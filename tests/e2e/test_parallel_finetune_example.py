@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_pretrained import needs_smollm2
+from optional import needs_smollm2
 
 from goldfish.app.cli import main
 

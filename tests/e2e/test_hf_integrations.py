@@ -19,7 +19,7 @@ pytest.importorskip("accelerate", reason="needs the hf extra: pip install -e '.[
 
 from integration_reference import SETTINGS, assert_same_losses, assert_same_weights, read_metrics  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_example(name: str):

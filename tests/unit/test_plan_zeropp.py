@@ -1,7 +1,7 @@
 """The planner with ZeRO++: hierarchies sized from the profile, qwZ and qgZ, the Frontier 20B comparison.
 
 References: bytes and seconds per level computed by hand for a three-level qwZ + qgZ setting on a small model (the
-engine's measured bytes equal the cost model's: tests/test_zero.py); the GPT-NeoX-20B parameter count of
+engine's measured bytes equal the cost model's: tests/parallel/test_zero.py); the GPT-NeoX-20B parameter count of
 transformers' own model; the numbers of docs/planner.md recomputed from bench/zeropp_frontier.py.
 """
 
@@ -21,7 +21,7 @@ from engine.planner.plan import HIERARCHIES, PlanRequest, plan_grid, rank_grids,
 from engine.planner.profiles import PROFILES
 from goldfish.app.plan import main as plan_main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WG = ("weights", "gradients")
 
 

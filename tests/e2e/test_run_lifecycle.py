@@ -278,7 +278,7 @@ def test_the_lock_of_a_killed_run_is_released(interrupted) -> None:
         [sys.executable, "-c", code, str(interrupted)],
         stdout=subprocess.PIPE,
         text=True,
-        cwd=Path(__file__).parent.parent,
+        cwd=Path(__file__).parents[2],
     )
     try:
         assert holder.stdout.readline().strip() == "locked"

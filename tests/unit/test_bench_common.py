@@ -10,7 +10,7 @@ import torch
 
 # bench/ is not a package (its scripts run as `python bench/x.py`): load the file itself
 _spec = importlib.util.spec_from_file_location(
-    "bench_common", Path(__file__).resolve().parents[1] / "bench" / "common.py"
+    "bench_common", Path(__file__).resolve().parents[2] / "bench" / "common.py"
 )
 common = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(common)
