@@ -24,6 +24,7 @@ from data.atomic import write_json_atomic, write_jsonl_atomic
 from eval.batching import decode_longest_first, evaluating, model_device
 from eval.config import ExtractionConfig  # noqa: F401 - re-exported: defined torch-free for the command line
 from eval.decoding import GreedyPath, forced_greedy
+from eval.files import EXTRACTION_FILE
 from eval.intervals import mean_interval
 from eval.metrics import (
     DEFAULT_TOKENIZER_MIN_KEPT,
@@ -269,7 +270,8 @@ def summarize_extraction(
 
 
 def write_extraction(rows: list[dict[str, Any]], summary: dict[str, Any], out_dir: str | Path) -> None:
-    """Write ``out_dir/extraction.jsonl`` (one row per document) and ``out_dir/summary.json`` atomically."""
+    """Write ``out_dir/extraction.jsonl`` (EXTRACTION_FILE, one row per document) and ``out_dir/summary.json``
+    atomically."""
     out = Path(out_dir)
-    write_jsonl_atomic(out / "extraction.jsonl", rows)
+    write_jsonl_atomic(out / EXTRACTION_FILE, rows)
     write_json_atomic(out / "summary.json", summary)

@@ -11,6 +11,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from eval.files import MEMBERSHIP_FILE
+
 # Everything `goldfish eval` writes into its --out (goldfish.app.cli.cmd_eval, goldfish.app.report.eval_figures):
 # what --overwrite clears, so that no file of an earlier eval (e.g. train/beam.jsonl of a run with --beams) is left
 # beside the new results.
@@ -19,7 +21,7 @@ EVAL_OUTPUTS = (
     "heldout",
     "summary.json",
     "report.md",
-    "membership.jsonl",
+    MEMBERSHIP_FILE,
     "headline.png",
     "rouge_hist.png",
     "divergence.png",

@@ -29,6 +29,7 @@ from engine.core.grid import AXES, Grid, is_main_process
 from engine.training.train import METRICS_FILE, evaluate_loss
 from eval import parallel as parallel_eval
 from eval.breakdown import group_means, tag_rows
+from eval.files import CURVE_FILE, MEMBERSHIP_FILE
 from eval.intervals import binomial_interval, mean_interval
 from eval.seeds import combine_seeds
 from goldfish.app import lora
@@ -240,7 +241,7 @@ class Comparison:
         )
         if curve is not None and self.main:
             self.curves[label] = curve.points
-            write_jsonl_atomic(self.out_dir / label / "curve.jsonl", curve.rows)
+            write_jsonl_atomic(self.out_dir / label / CURVE_FILE, curve.rows)
         self.timings[f"train {label}"] = time.perf_counter() - t0
         if self.background is not None and self.main:
             self.read_validation(label)
@@ -360,7 +361,7 @@ class Comparison:
                 model,
                 self.prepared,
                 None if label == CONTROL else self.initial,
-                eval_dir / "membership.jsonl",
+                eval_dir / MEMBERSHIP_FILE,
                 n_resamples=self.spec.extraction.bootstrap,
                 with_rows=True,
             )

@@ -30,6 +30,7 @@ from eval import parallel as parallel_eval
 from eval.breakdown import group_means, tag_rows
 from eval.divergence import divergence_row, divergence_summary, suffix_dropped_flags
 from eval.extraction import ExtractionConfig, write_extraction
+from eval.files import ROW_FILES
 from eval.intervals import DEFAULT_RESAMPLES
 from eval.membership import DC_PDD_CAP, DEFAULT_RECALL_PREFIX_DOCS
 from goldfish.app.config import (
@@ -474,14 +475,6 @@ def _verification_logger(log: Callable[[str], None]) -> Callable[[Any], None]:
     return report
 
 
-# What the per-document rows of each instrument are saved as, next to extraction.jsonl.
-ROW_FILES = {
-    "divergence": "divergence.jsonl",
-    "probabilistic": "probabilistic.jsonl",
-    "beam": "beam.jsonl",
-    "sampling": "sampling.jsonl",
-    "prefix_length": "prefix_length.jsonl",
-}
 REPEAT_METRICS = ("exact_match", "rouge_l")
 
 
@@ -501,7 +494,7 @@ def evaluate_model(
     """Greedy extraction on `documents` plus the chosen `instruments`; returns the summary.
 
     Writes OUT/extraction.jsonl, OUT/summary.json and one JSON-lines file of per-document rows per instrument
-    (ROW_FILES) when out_dir is given. Instrument summaries go under "divergence", "probabilistic", "beam",
+    (eval.files.ROW_FILES) when out_dir is given. Instrument summaries go under "divergence", "probabilistic", "beam",
     "sampling" and "breakdowns" ({"prefix_length": [...], "repeats": [...]}).
     repeats: {document id: times it was trained on per epoch}; documents not in it count as 0 (never trained on).
         Each extraction row gets a "repeats" field and the summary a breakdown by it.

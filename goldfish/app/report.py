@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from matplotlib.ticker import MaxNLocator
 
 from data.atomic import json_safe, write_text_atomic
+from eval.files import CURVE_FILE, EXTRACTION_FILE, MEMBERSHIP_FILE, ROW_FILES
 from eval.intervals import binomial_interval
 from eval.membership import ATTACKS
 from goldfish.app.report_buckets import study_figures, study_section
@@ -34,17 +35,16 @@ BREAKDOWNS: dict[str, tuple[str, str, str, str]] = {
     "repeats": ("repeats", "{}x", "times repeated in training", "breakdown_repeats.png"),
 }
 
-# Per-document JSON-lines files written beside the summaries, by the summary key that says they exist.
+# Per-document JSON-lines files written beside the summaries (names: eval.files), by the summary key that says they
+# exist (None: always written).
 PART_FILES: tuple[tuple[str | None, str, str], ...] = (
-    (None, "extraction.jsonl", "greedy extraction"),
-    ("divergence", "divergence.jsonl", "first divergence from the true suffix"),
-    ("probabilistic", "probabilistic.jsonl", "probabilistic extraction"),
-    ("beam", "beam.jsonl", "beam-search extraction"),
-    ("sampling", "sampling.jsonl", "sampling extraction"),
+    (None, ROW_FILES["extraction"], "greedy extraction"),
+    ("divergence", ROW_FILES["divergence"], "first divergence from the true suffix"),
+    ("probabilistic", ROW_FILES["probabilistic"], "probabilistic extraction"),
+    ("beam", ROW_FILES["beam"], "beam-search extraction"),
+    ("sampling", ROW_FILES["sampling"], "sampling extraction"),
 )
-PREFIX_LENGTH_FILE = ("prefix_length", "prefix_length.jsonl", "greedy extraction at each fixed prefix length")
-MEMBERSHIP_FILE = "membership.jsonl"
-CURVE_FILE = "curve.jsonl"  # compare: OUT/<label>/curve.jsonl, one row per document and measured epoch
+PREFIX_LENGTH_FILE = ("prefix_length", ROW_FILES["prefix_length"], "greedy extraction at each fixed prefix length")
 
 HEADLINE_COLUMNS = (
     ("docs", "n_docs"),
@@ -843,7 +843,7 @@ def compare_figures(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
     colors = palette(labels)
     draw_bars(labels, bar_series(summary["models"]), out_dir / "compare.png", bar_errors(summary["models"]))
     written.append("compare.png")
-    hist = rouge_hist_series({label: out_dir / label / "eval" / "train" / "extraction.jsonl" for label in labels})
+    hist = rouge_hist_series({label: out_dir / label / "eval" / "train" / EXTRACTION_FILE for label in labels})
     if hist:
         draw_rouge_histograms(hist, out_dir / "rouge_hist.png", "Memorization of training documents", colors)
         written.append("rouge_hist.png")
@@ -1184,7 +1184,7 @@ def eval_figures(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
     """Draw every plot the eval summary has data for into out_dir; returns the names of the PNGs written."""
     parts = _eval_parts(summary)
     written = []
-    hist = rouge_hist_series({part: out_dir / part / "extraction.jsonl" for part in parts})
+    hist = rouge_hist_series({part: out_dir / part / EXTRACTION_FILE for part in parts})
     if hist:
         draw_rouge_histograms(hist, out_dir / "rouge_hist.png", "RougeL of the extracted suffixes")
         written.append("rouge_hist.png")
