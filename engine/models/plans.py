@@ -53,10 +53,10 @@ EXPLICIT_PLANS: dict[str, dict[str, str]] = {
 # How a fused projection's output features are grouped, by family (config.model_type) and attribute name: "blocks" =
 # [q | k | v] (GPT-2 c_attn, Phi-3 qkv_proj), "per_head" = [q_h k_h v_h] for each head in turn (GPT-NeoX: already
 # whole heads per slice), "halves" = [gate | up] (Phi-3 and GLM gate_up_proj). Each entry was read off the family's
-# modeling code and is confirmed by the family check in tests/parallel/test_every_family.py; the same attribute name means
-# another order in other families (CodeGen's qkv_proj interleaves groups of [q | v | k]), so a fused projection of a
-# family not listed here is refused (engine.parallelize), never guessed from its name. Shapes are checked against the
-# config before sharding.
+# modeling code and is confirmed by the family check in tests/parallel/test_every_family.py; the same attribute name
+# means another order in other families (CodeGen's qkv_proj interleaves groups of [q | v | k]), so a fused projection
+# of a family not listed here is refused (engine.parallelize), never guessed from its name. Shapes are checked against
+# the config before sharding.
 FUSED_LAYOUTS: dict[tuple[str, str], str] = {
     ("gpt2", "c_attn"): "blocks",
     ("phi3", "qkv_proj"): "blocks",

@@ -43,7 +43,6 @@ if TYPE_CHECKING:  # the commands import torch, the engine and eval only when th
     from torch import nn
 
     from engine.core.grid import Grid, GridShape
-    from engine.training.train import TrainConfig
     from goldfish.app.experiment import Prepared
 
 
@@ -73,17 +72,8 @@ def train_config_of(args: argparse.Namespace, base: Any, shape: GridShape | None
 
 
 def lora_of(args: argparse.Namespace) -> LoraSpec:
-    """The --lora-* options; LoRA on a grid with tensor-parallel axes or with --zero is refused before processes
-    start."""
-    from goldfish.app.lora import check_grid, check_zero
-
-    spec = LoraSpec(**opt.LORA.values(args))
-    grid = getattr(args, "grid", None)
-    if spec.enabled and grid:
-        check_grid(parse_grid(grid))
-    if spec.enabled:
-        check_zero(getattr(args, "zero", 0) or 0)
-    return spec
+    """The --lora-* options (checked against ZeRO by the spec, against the grid by _check_on_grid)."""
+    return LoraSpec(**opt.LORA.values(args))
 
 
 def extraction_of(args: argparse.Namespace) -> Any:
@@ -124,15 +114,17 @@ def _check_documents(spec: DataSpec) -> None:
         data.check_document_count(len(documents), spec.n_train, spec.n_heldout)
 
 
-def _check_training_on_grid(train: TrainConfig, shape: GridShape, resume: Path | None, data: DataSpec) -> None:
-    """What every worker of a parallel run would refuse in its training settings, checked once before they start:
-    ZeRO against the grid, a step's rows against the rows layout, and the settings of the run to resume (as the
-    workers train: a background run reads its stream in order)."""
-    if data.background is not None:
-        train = background_train_config(train)
-
+def _check_on_grid(spec: TrainSpec | CompareSpec, shape: GridShape, resume: Path | None) -> None:
+    """What every rank of a run would refuse in its settings against the grid, checked once before any starts: ZeRO
+    against the grid, a step's rows against the rows layout, LoRA on a data-parallel grid only, and the settings of
+    the run to resume (as the workers train: a background run reads its stream in order)."""
+    train = background_train_config(spec.train) if spec.data.background is not None else spec.train
     layout = train.layout(shape)  # ZeRO, rows layout and precision against the grid
     layout.check_step_rows(train.batch_size)  # every full step; a short last step is checked by workers
+    if spec.lora.enabled:
+        from goldfish.app.lora import check_grid
+
+        check_grid({"x": shape.x, "y": shape.y, "z": shape.z})
     if resume is not None:
         from engine.training.train import check_resume
 
@@ -243,10 +235,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     shape = _launch_shape(runtime) if runtime.nproc else _process_shape(runtime)
     if resume is not None:
         _continue_with_checkpoint_settings(args, resume, shape)
-    lora_of(args)  # bad --lora-* options fail before processes start
     out = _train_out(args, resume)
     spec = _train_spec(args, shape)
-    _check_training_on_grid(spec.train, shape or _one_process(), resume, spec.data)
+    _check_on_grid(spec, shape or _one_process(), resume)
     if runtime.nproc:
         _check_documents(spec.data)
     with out_lock(out, enabled=holds_lock_here()):  # one run per --out; the --nproc launcher holds it for workers
@@ -635,13 +626,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     runtime = runtime_of(args)  # a --preset is already applied, as defaults (`parse_command_line`)
     if args.checkpoints is not None:  # nothing to train: evaluate checkpoints trained elsewhere
         return cmd_compare_checkpoints(args)
-    lora_of(args)  # bad --lora-* options fail before processes start
     out = Path(args.out)
     shape = _launch_shape(runtime) if runtime.nproc else _process_shape(runtime)
     spec = _compare_spec(args, shape)  # every setting validated before anything is written to --out
     if args.preset == "paper":
         _check_hub(spec, {})
-    _check_training_on_grid(spec.train, shape or _one_process(), None, spec.data)
+    _check_on_grid(spec, shape or _one_process(), None)
     if runtime.nproc:
         _check_documents(spec.data)
     with out_lock(out, enabled=holds_lock_here()):  # one run per --out; the --nproc launcher holds it for workers
@@ -842,8 +832,8 @@ def _add_eval_parser(sub: Any) -> None:
 
 
 # What each compare preset runs, in words, with its numbers filled in from COMPARE_PRESETS (the preset's values, and
-# CompareSpec's defaults for what it leaves unset), so --help and docs/cli.md (checked by tests/unit/test_docs.py) cannot
-# drift from what a preset really sets. Fields: the option dest names; buckets = the repeats as "1,4,16 copies".
+# CompareSpec's defaults for what it leaves unset), so --help and docs/cli.md (checked by tests/unit/test_docs.py)
+# cannot drift from what a preset really sets. Fields: the option dest names; buckets = the repeats as "1,4,16 copies".
 PRESET_DESCRIPTIONS: dict[str, str] = {
     "quick": "{model} from scratch, {n_train}+{n_heldout} documents of {seq_len} tokens, {epochs} epochs, mask "
     "{masks} (under a minute; same as --quick)",
