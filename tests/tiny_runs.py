@@ -1,22 +1,53 @@
-"""The command-line settings of the smallest `goldfish train` run the CLI tests start (micro-llama, 4 training
-documents of 48 tokens, a 320-token vocabulary): one list, which each test file extends with what it varies."""
+"""The command-line settings of the small `goldfish train` and `goldfish compare` runs the tests start: `tiny_run`
+builds them (by default the smallest run: micro-llama, 4 training documents of 48 tokens, a 320-token vocabulary), so
+a test names only what it varies instead of pasting the whole argument list."""
 
 from __future__ import annotations
 
-TINY_RUN = [
-    "--model",
-    "micro-llama",
-    "--n-train",
-    "4",
-    "--n-heldout",
-    "2",
-    "--seq-len",
-    "48",
-    "--vocab-size",
-    "320",
-    "--batch-size",
-    "2",
-    "--no-progress",
-    "--threads",
-    "1",
-]
+
+def tiny_run(
+    *,
+    model: str = "micro-llama",
+    n_train: int | None = 4,
+    n_heldout: int | None = 2,
+    seq_len: int | None = 48,
+    vocab_size: int | None = 320,
+    batch_size: int | None = 2,
+    epochs: int | None = None,
+    no_progress: bool = True,
+    threads: int | None = 1,
+    **flags: object,
+) -> list[str]:
+    """The options of a run (no subcommand, no --out): each keyword is the option of that name with "-" for "_"
+    (`id_field="id"` gives `--id-field id`). None or False leaves an option out (the CLI's default then holds), True
+    gives a bare switch, a list or tuple the option followed by each item (options taking several values, e.g.
+    `masks=["hashed:4:13", "random:4"]`), anything else the option and the value as text. Options come out in
+    keyword order, the defaults' first."""
+    settings: dict[str, object] = {
+        "model": model,
+        "n_train": n_train,
+        "n_heldout": n_heldout,
+        "seq_len": seq_len,
+        "vocab_size": vocab_size,
+        "batch_size": batch_size,
+        "epochs": epochs,
+        "no_progress": no_progress,
+        "threads": threads,
+        **flags,
+    }
+    argv: list[str] = []
+    for name, value in settings.items():
+        option = "--" + name.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(option)
+        elif isinstance(value, (list, tuple)):
+            argv += [option, *(str(item) for item in value)]
+        else:
+            argv += [option, str(value)]
+    return argv
+
+
+# the smallest run; test files extend it with what they vary
+TINY_RUN = tiny_run()
