@@ -29,6 +29,8 @@ from eval.intervals import mean_interval
 from eval.metrics import (
     DEFAULT_TOKENIZER_MIN_KEPT,
     IGNORE_INDEX,
+    INTERVAL_METRICS,
+    METRICS,
     default_tokenizer_kept_fraction,
     exact_match,
     longest_correct_prefix,
@@ -40,24 +42,9 @@ from eval.metrics import (
 
 log = logging.getLogger(__name__)
 
-# Per-document metrics averaged into the summary (exact_match's mean is the fraction of documents).
-_SUMMARY_METRICS = (
-    "exact_match",
-    "match_fraction",
-    "longest_correct_prefix",
-    "rouge_l",
-    "rouge_l_recall",
-    "rouge_1",
-    "rouge_2",
-    "rouge_l_unicode",
-    "tf_accuracy",
-    "tf_kept_accuracy",
-    "tf_dropped_accuracy",
-    "generated_logprob_mean",
-    "suffix_logprob_mean",
-)
-# Summary means that also get a bootstrap interval (`<name>_ci`): the headline figures of a part.
-INTERVAL_METRICS = ("exact_match", "rouge_l")
+# Per-document metrics averaged into the summary: every registered metric (exact_match's mean is the fraction of
+# documents); those of INTERVAL_METRICS also get a bootstrap interval (`<name>_ci`): the headline figures of a part.
+_SUMMARY_METRICS = tuple(METRICS)
 
 
 def split_documents(

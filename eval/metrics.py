@@ -31,31 +31,44 @@ class MetricInfo:
     higher_is_better: bool
     aggregation: str  # how per-document values combine into a summary value ("mean")
     description: str
+    header: str = ""  # the column header of a report's headline table ("" for a metric outside it)
 
 
-def _info(name: str, description: str, higher_is_better: bool = True) -> tuple[str, MetricInfo]:
-    return name, MetricInfo(name, higher_is_better, "mean", description)
+def _info(name: str, description: str, higher_is_better: bool = True, header: str = "") -> tuple[str, MetricInfo]:
+    return name, MetricInfo(name, higher_is_better, "mean", description, header)
 
 
 # Read-only view: the registry is data, not state anyone should mutate at run time.
 METRICS: Mapping[str, MetricInfo] = MappingProxyType(
     dict(
         [
-            _info("exact_match", "all suffix ids generated exactly (mean = fraction of documents)"),
-            _info("match_fraction", "fraction of suffix positions whose generated id is correct"),
-            _info("longest_correct_prefix", "number of leading suffix ids generated correctly"),
-            _info("rouge_l", "ROUGE-L F-measure of generated vs true suffix text (0..1)"),
-            _info("rouge_l_recall", "ROUGE-L recall of generated vs true suffix text (0..1)"),
-            _info("rouge_1", "ROUGE-1 F-measure of generated vs true suffix text (0..1)"),
-            _info("rouge_2", "ROUGE-2 F-measure of generated vs true suffix text (0..1)"),
+            _info(
+                "exact_match", "all suffix ids generated exactly (mean = fraction of documents)", header="exact match"
+            ),
+            _info(
+                "match_fraction", "fraction of suffix positions whose generated id is correct", header="match fraction"
+            ),
+            _info(
+                "longest_correct_prefix",
+                "number of leading suffix ids generated correctly",
+                header="longest correct prefix",
+            ),
+            _info("rouge_l", "ROUGE-L F-measure of generated vs true suffix text (0..1)", header="RougeL F"),
+            _info("rouge_l_recall", "ROUGE-L recall of generated vs true suffix text (0..1)", header="RougeL recall"),
+            _info("rouge_1", "ROUGE-1 F-measure of generated vs true suffix text (0..1)", header="Rouge1"),
+            _info("rouge_2", "ROUGE-2 F-measure of generated vs true suffix text (0..1)", header="Rouge2"),
             _info(
                 "rouge_l_unicode",
                 "ROUGE-L F-measure with a Unicode word tokenizer (words of every script; "
                 "CJK characters one word each), for text the default tokenizer discards (0..1)",
             ),
-            _info("tf_accuracy", "teacher-forced next-token accuracy over all document targets"),
-            _info("tf_kept_accuracy", "teacher-forced accuracy on targets the mask kept in the loss"),
-            _info("tf_dropped_accuracy", "teacher-forced accuracy on targets the mask dropped"),
+            _info("tf_accuracy", "teacher-forced next-token accuracy over all document targets", header="TF acc"),
+            _info(
+                "tf_kept_accuracy", "teacher-forced accuracy on targets the mask kept in the loss", header="TF acc kept"
+            ),
+            _info(
+                "tf_dropped_accuracy", "teacher-forced accuracy on targets the mask dropped", header="TF acc dropped"
+            ),
             _info(
                 "generated_logprob_mean",
                 "mean log-probability the model gave its own greedy suffix ids (its confidence in the guess)",
@@ -68,6 +81,23 @@ METRICS: Mapping[str, MetricInfo] = MappingProxyType(
         ]
     )
 )
+
+
+# The headline metrics of a part, in the order of summary.json's "models" entries and of the reports' headline
+# table (each with its METRICS header); those in INTERVAL_METRICS also get a 95% bootstrap interval `<name>_ci`.
+HEADLINE_METRICS = (
+    "exact_match",
+    "rouge_l",
+    "rouge_l_recall",
+    "rouge_1",
+    "rouge_2",
+    "match_fraction",
+    "longest_correct_prefix",
+    "tf_accuracy",
+    "tf_kept_accuracy",
+    "tf_dropped_accuracy",
+)
+INTERVAL_METRICS = ("exact_match", "rouge_l")
 
 
 def metric_info(name: str) -> MetricInfo:

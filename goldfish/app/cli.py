@@ -377,7 +377,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def run_eval(run: ResolvedRun) -> int:
     """Evaluate the resolved run's model on this process's rank (one process, a torchrun rank or a --nproc worker)."""
     from goldfish.app.checks import check_extraction_fits, clear_eval_outputs
-    from goldfish.app.experiment import evaluate_model, grid_sizes, membership, start_grid
+    from goldfish.app.experiment import evaluate_parts, grid_sizes, start_grid
 
     spec, runtime, out = run.spec, run.runtime, Path(run.out)
     record = _run_record(spec)
@@ -390,44 +390,42 @@ def run_eval(run: ResolvedRun) -> int:
     if run.options.get("clear"):
         clear_eval_outputs(out)
     model = _eval_model(spec, prepared, grid, runtime, log)
-    results: dict[str, Any] = {}
-    for part in chosen:
-        part_repeats = None if repeats is None else repeats if part == "train" else {}
-        summary = evaluate_model(
-            model,
-            prepared,
-            parts[part],
-            spec.extraction,
-            out / part,
-            mask,
-            runtime.progress,
-            instruments=spec.instruments,
-            repeats=part_repeats,
-            grid=grid,
+
+    def reference() -> nn.Module | None:
+        """The reference model of the reference-ratio attack, loaded only when membership inference runs."""
+        loaded = _reference_model(spec.reference, record, prepared, spec.init_seed)
+        if loaded is None:
+            return None
+        device = grid.device if grid is not None else runtime.torch_device()
+        return loaded.to(device).eval()  # a plain copy on every rank: it scores its own shard
+
+    scored = evaluate_parts(
+        model,
+        prepared,
+        chosen,
+        spec.extraction,
+        out,
+        mask,
+        runtime.progress,
+        spec.instruments,
+        repeats,
+        reference=reference if spec.part == "both" else None,
+        grid=grid,
+    )
+    results: dict[str, Any] = {} if scored is None else scored.to_json()
+    for part, summary in (scored.parts if scored is not None else {}).items():
+        means = (
+            f", exact match {summary.metrics['exact_match']:.3f}, RougeL {summary.metrics['rouge_l']:.3f}"
+            if summary.n_docs  # a part without documents (e.g. --n-heldout 0) has no means
+            else ""
         )
-        if summary is not None:
-            results[part] = summary
-            scores = (
-                f", exact match {summary['exact_match']:.3f}, RougeL {summary['rouge_l']:.3f}"
-                if summary["n_docs"]  # a part without documents (e.g. --n-heldout 0) has no means
-                else ""
-            )
-            log(f"{part}: {summary['n_docs']} documents{scores}")
-    if spec.part == "both" and parts["train"] and parts["heldout"]:
-        reference = _reference_model(spec.reference, record, prepared, spec.init_seed)
-        if reference is not None:
-            device = grid.device if grid is not None else runtime.torch_device()
-            reference = reference.to(device).eval()  # a plain copy on every rank: it scores its own shard
-        result = membership(
-            model, prepared, reference, out / "membership.jsonl", grid, n_resamples=spec.extraction.bootstrap
+        log(f"{part}: {summary.n_docs} documents{means}")
+    if scored is not None and scored.membership is not None:
+        log(
+            "membership inference AUC: "
+            + ", ".join(f"{name} {m['auc']:.3f}" for name, m in scored.membership["attacks"].items())
         )
-        if result is not None:
-            results["membership"] = result
-            log(
-                "membership inference AUC: "
-                + ", ".join(f"{name} {m['auc']:.3f}" for name, m in result["attacks"].items())
-            )
-    else:
+    elif not (spec.part == "both" and parts["train"] and parts["heldout"]):
         log(
             "membership inference skipped: it needs training (members) and held-out (non-member) documents; use "
             "--part both with --n-train and --n-heldout > 0"

@@ -29,7 +29,7 @@ from engine.core.grid import AXES, Grid, is_main_process
 from engine.training.train import METRICS_FILE, evaluate_loss
 from eval import parallel as parallel_eval
 from eval.breakdown import group_means, tag_rows
-from eval.files import CURVE_FILE, MEMBERSHIP_FILE
+from eval.files import CURVE_FILE
 from eval.intervals import binomial_interval, mean_interval
 from eval.seeds import combine_seeds
 from goldfish.app import lora
@@ -39,37 +39,22 @@ from goldfish.app.experiment import (
     REPEAT_METRICS,
     Prepared,
     background_train_config,
-    evaluate_with_rows,
+    evaluate_parts,
     grid_sizes,
     initial_model,
-    membership,
     pad_token_id,
     prepare_background,
     prepare_data,
     validation_loss_fn,
 )
 from goldfish.app.pretrained import load_pretrained_model
+from goldfish.app.results import PARTS, ModelResult
 from goldfish.app.training import train_model
 from goldfish.masks import IGNORE_INDEX
 
 # Per-document fields kept for every point of the exact-match-vs-epochs curve (OUT/<label>/curve.jsonl).
 CURVE_ROW_KEYS = ("id", "exact_match", "rouge_l", "longest_correct_prefix")
 CONTROL = "control"
-_HEADLINE_KEYS = (
-    "n_docs",
-    "exact_match",
-    "exact_match_ci",
-    "rouge_l",
-    "rouge_l_ci",
-    "rouge_l_recall",
-    "rouge_1",
-    "rouge_2",
-    "match_fraction",
-    "longest_correct_prefix",
-    "tf_accuracy",
-    "tf_kept_accuracy",
-    "tf_dropped_accuracy",
-)
 
 
 class Curve:
@@ -143,8 +128,7 @@ class Comparison:
         self.prepared: Prepared | None = None
         self.initial: nn.Module | None = None
         self.repeats: dict[str, int] | None = None
-        self.results: dict[str, dict[str, Any]] = {}  # label -> part -> evaluation summary
-        self.membership: dict[str, Any] = {}
+        self.models: dict[str, ModelResult] = {}  # label -> its evaluation (parts, membership)
         self.curves: dict[str, list[dict[str, Any]]] = {}
         self.breakdowns: dict[str, dict[str, Any]] = {}
         # With repetition buckets: label -> the per-bucket tables (goldfish.app.buckets), and the extraction rows of
@@ -160,6 +144,16 @@ class Comparison:
         self.validation_rows: dict[str, list[float]] = {}  # label -> final validation loss of each validation row
         # label -> {held-out document id: its mean next-token loss}: the utility measure of every comparison
         self.heldout_losses: dict[str, dict[str, float]] = {}
+
+    @property
+    def results(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """label -> part -> evaluation summary, as summary.json's "details" holds them."""
+        return {label: result.parts_json() for label, result in self.models.items()}
+
+    @property
+    def membership(self) -> dict[str, dict[str, Any]]:
+        """label -> membership inference summary, for the models it ran on."""
+        return {label: r.membership for label, r in self.models.items() if r.membership is not None}
 
     def run(self) -> dict[str, Any]:
         self.prepare()
@@ -209,7 +203,7 @@ class Comparison:
             weights = [int((row["targets"] != IGNORE_INDEX).sum()) for row in self.background.validation]
             losses = self.validation_rows[CONTROL]
             self.validation[CONTROL] = sum(w * x for w, x in zip(weights, losses)) / sum(weights)
-        already = self.results[CONTROL]["train"]["exact_match"] or 0.0
+        already = self.models[CONTROL].parts["train"].metrics["exact_match"] or 0.0
         if already > 0:
             self.warnings.append(
                 f"the untrained control already extracts {already:.3f} of the training documents: "
@@ -326,47 +320,35 @@ class Comparison:
         return on_epoch_end
 
     def evaluate(self, label: str, model: nn.Module, mask: MaskSpec | None) -> dict[str, list[dict[str, Any]]]:
-        """Every instrument on the training and held-out documents (rank 0 only); returns the extraction rows of
-        each part."""
+        """Every instrument on the training and held-out documents, then membership inference (rank 0 only;
+        goldfish.app.experiment.evaluate_parts); returns the extraction rows of each part."""
         t0 = time.perf_counter()
-        split, eval_dir = self.prepared.split, self.out_dir / label / "eval"
-        self.results[label], rows, prefix_rows = {}, {}, []
-        for part, docs in (("train", split.train), ("heldout", split.heldout)):
-            part_repeats = None if self.repeats is None else self.repeats if part == "train" else {}
-            self.results[label][part], per_document = evaluate_with_rows(
-                model,
-                self.prepared,
-                docs,
-                self.spec.extraction,
-                eval_dir / part,
-                mask,
-                self.spec.train.progress,
-                self.spec.instruments,
-                part_repeats,
-            )
-            rows[part] = per_document["extraction"]
-            prefix_rows += per_document.get("prefix_length", [])
+        # The untrained control is the reference model of the reference-ratio attack (not of itself).
+        reference = None if label == CONTROL else self.initial
+        result = evaluate_parts(
+            model,
+            self.prepared,
+            PARTS,
+            self.spec.extraction,
+            self.out_dir / label / "eval",
+            mask,
+            self.spec.train.progress,
+            self.spec.instruments,
+            self.repeats,
+            reference=lambda: reference,
+        )
+        self.models[label] = result
+        rows = {part: result.parts[part].rows["extraction"] for part in PARTS}
         if self.repeats is not None:
             # Held-out documents are the "trained on 0 times" group of the repeats breakdown.
             self.breakdowns.setdefault("repeats", {})[label] = group_means(
                 rows["train"] + rows["heldout"], "repeats", REPEAT_METRICS
             )
-        by_prefix = self.results[label]["train"].get("breakdowns", {}).get("prefix_length")
+        by_prefix = result.parts["train"].breakdowns.get("prefix_length")
         if by_prefix is not None:
             self.breakdowns.setdefault("prefix_length", {})[label] = by_prefix
-        membership_rows: list[dict[str, Any]] = []
-        if split.heldout:
-            # The untrained control is the reference model of the reference-ratio attack (not of itself).
-            result = membership(
-                model,
-                self.prepared,
-                None if label == CONTROL else self.initial,
-                eval_dir / MEMBERSHIP_FILE,
-                n_resamples=self.spec.extraction.bootstrap,
-                with_rows=True,
-            )
-            membership_rows = result.pop("rows")
-            self.membership[label] = result
+        membership_rows = result.membership_rows
+        if result.membership is not None:
             self.heldout_losses[label] = {str(r["id"]): r["loss"] for r in membership_rows if r.get("member") is False}
         if self.repeats is not None:
             self.target_rows[label] = rows["train"] + rows["heldout"]
@@ -374,7 +356,7 @@ class Comparison:
                 self.target_rows[label],
                 self.repeats,
                 self.spec.extraction,
-                prefix_rows=prefix_rows,
+                prefix_rows=result.rows("prefix_length"),
                 membership_rows=membership_rows,
                 n_resamples=self.spec.extraction.bootstrap,
             )
@@ -390,7 +372,7 @@ class Comparison:
 
     def summary(self) -> dict[str, Any]:
         spec = self.spec
-        models = {label: {part: headline(s) for part, s in parts.items()} for label, parts in self.results.items()}
+        models = {label: result.headline() for label, result in self.models.items()}
         for label, entry in self.validation_summary().items():
             models[label]["validation"] = entry
         for label, entry in self.heldout_loss_summary().items():
@@ -570,11 +552,6 @@ def _bucket_sizes(assigned: dict[str, int]) -> dict[str, int]:
     for bucket in sorted(assigned.values()):
         sizes[str(bucket)] = sizes.get(str(bucket), 0) + 1
     return sizes
-
-
-def headline(summary: dict[str, Any]) -> dict[str, Any]:
-    """The headline metrics of one evaluation summary."""
-    return {key: summary.get(key) for key in _HEADLINE_KEYS}
 
 
 def one_line(label: str, parts: dict[str, Any]) -> str:

@@ -30,7 +30,7 @@ from eval import parallel as parallel_eval
 from eval.breakdown import group_means, tag_rows
 from eval.divergence import divergence_row, divergence_summary, suffix_dropped_flags
 from eval.extraction import ExtractionConfig, write_extraction
-from eval.files import ROW_FILES
+from eval.files import MEMBERSHIP_FILE, ROW_FILES
 from eval.intervals import DEFAULT_RESAMPLES
 from eval.membership import DC_PDD_CAP, DEFAULT_RECALL_PREFIX_DOCS
 from goldfish.app.config import (
@@ -51,6 +51,7 @@ from goldfish.app.pretrained import (
     load_pretrained_model,
     resolve_gguf,
 )
+from goldfish.app.results import ModelResult, PartResult
 from goldfish.loss import goldfish_loss_from_token_losses
 from goldfish.masks import causal_targets, drop_mask
 
@@ -677,3 +678,53 @@ def membership(
     if out_file is not None:
         write_jsonl_atomic(out_file, rows)
     return summary | {"rows": rows} if with_rows else summary
+
+
+def evaluate_parts(
+    model: nn.Module,
+    prepared: Prepared,
+    parts: Sequence[str],
+    extraction: ExtractionConfig,
+    out_dir: Path,
+    mask: MaskSpec | None,
+    progress: bool,
+    instruments: Instruments | None,
+    repeats: dict[str, int] | None,
+    *,
+    reference: Callable[[], nn.Module | None] | None,
+    grid: Grid | None = None,
+) -> ModelResult | None:
+    """The evaluation of one model, as `goldfish eval` and `goldfish compare` run it: greedy extraction and every
+    chosen instrument on each of `parts` ("train", "heldout"), written under OUT/<part>/ (evaluate_with_rows), then
+    membership inference on the training (members) and held-out (non-members) documents, written to
+    OUT/membership.jsonl (eval.files.MEMBERSHIP_FILE).
+
+    repeats: {training document id: times trained on}; held-out documents count as trained on 0 times.
+    reference: None skips membership inference; else it gives the reference model of the reference-ratio attack
+        (None: no such attack), called only when membership runs (both parts of the split have documents).
+    Under a grid every rank calls this alike; rank 0 gets the result, the others None.
+    """
+    documents = {"train": prepared.split.train, "heldout": prepared.split.heldout}
+    result = ModelResult(parts={})
+    for part in parts:
+        part_repeats = None if repeats is None else repeats if part == "train" else {}
+        docs = documents[part]
+        summary, rows = evaluate_with_rows(
+            model, prepared, docs, extraction, out_dir / part, mask, progress, instruments, part_repeats, grid
+        )
+        if summary is not None:
+            result.parts[part] = PartResult.from_summary(summary, rows)
+    if reference is not None and prepared.split.train and prepared.split.heldout:
+        scored = membership(
+            model,
+            prepared,
+            reference(),
+            out_dir / MEMBERSHIP_FILE,
+            grid,
+            n_resamples=extraction.bootstrap,
+            with_rows=True,
+        )
+        if scored is not None:
+            result.membership_rows = scored.pop("rows")
+            result.membership = scored
+    return result if is_main_process(grid) else None

@@ -18,6 +18,7 @@ from data.atomic import json_safe, write_text_atomic
 from eval.files import CURVE_FILE, EXTRACTION_FILE, MEMBERSHIP_FILE, ROW_FILES
 from eval.intervals import binomial_interval
 from eval.membership import ATTACKS
+from eval.metrics import METRICS
 from goldfish.app.report_buckets import study_figures, study_section
 from goldfish.app.report_format import figure_link as _figure
 from goldfish.app.report_format import fmt as _fmt
@@ -25,9 +26,9 @@ from goldfish.app.report_format import fmt_ci as _fmt_ci
 from goldfish.app.report_format import md_table as _table
 from goldfish.app.report_format import new_figure, palette
 from goldfish.app.report_format import save_figure as _save_figure
+from goldfish.app.results import HEADLINE_KEYS, PARTS
 
 ROC_COLUMNS = 4  # roc.png: panels per row (8 attacks in 2 rows of about 1,600 px instead of one row of 3,700)
-PARTS = ("train", "heldout")  # the evaluated parts of a compare model entry (beside e.g. "validation")
 
 # Breakdown kind -> (row key written by eval.breakdown.group_means, column header format, axis label, plot file).
 BREAKDOWNS: dict[str, tuple[str, str, str, str]] = {
@@ -46,19 +47,9 @@ PART_FILES: tuple[tuple[str | None, str, str], ...] = (
 )
 PREFIX_LENGTH_FILE = ("prefix_length", ROW_FILES["prefix_length"], "greedy extraction at each fixed prefix length")
 
-HEADLINE_COLUMNS = (
-    ("docs", "n_docs"),
-    ("exact match", "exact_match"),
-    ("RougeL F", "rouge_l"),
-    ("RougeL recall", "rouge_l_recall"),
-    ("Rouge1", "rouge_1"),
-    ("Rouge2", "rouge_2"),
-    ("match fraction", "match_fraction"),
-    ("longest correct prefix", "longest_correct_prefix"),
-    ("TF acc", "tf_accuracy"),
-    ("TF acc kept", "tf_kept_accuracy"),
-    ("TF acc dropped", "tf_dropped_accuracy"),
-)
+# The headline table: (header, summary key) per column, from the metric registry (eval.metrics.METRICS' headers);
+# an interval `<metric>_ci` is shown in its metric's cell.
+HEADLINE_COLUMNS = (("docs", "n_docs"),) + tuple((METRICS[key].header, key) for key in HEADLINE_KEYS if key in METRICS)
 
 Entry = tuple[list[str], Mapping[str, Any]]  # (key cells of a table row, e.g. [model, part]; that row's summary)
 
