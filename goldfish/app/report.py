@@ -26,7 +26,7 @@ from goldfish.app.report_format import fmt_ci as _fmt_ci
 from goldfish.app.report_format import md_table as _table
 from goldfish.app.report_format import new_figure, palette
 from goldfish.app.report_format import save_figure as _save_figure
-from goldfish.app.results import HEADLINE_KEYS, PARTS
+from goldfish.app.results import HEADLINE_KEYS, PARTS, PartResult
 
 ROC_COLUMNS = 4  # roc.png: panels per row (8 attacks in 2 rows of about 1,600 px instead of one row of 3,700)
 
@@ -51,7 +51,7 @@ PREFIX_LENGTH_FILE = ("prefix_length", ROW_FILES["prefix_length"], "greedy extra
 # an interval `<metric>_ci` is shown in its metric's cell.
 HEADLINE_COLUMNS = (("docs", "n_docs"),) + tuple((METRICS[key].header, key) for key in HEADLINE_KEYS if key in METRICS)
 
-Entry = tuple[list[str], Mapping[str, Any]]  # (key cells of a table row, e.g. [model, part]; that row's summary)
+Entry = tuple[list[str], PartResult]  # (key cells of a table row, e.g. [model, part]; that row's part result)
 
 
 # ---------------------------------------------------------------------------------------------------------- writing
@@ -514,7 +514,7 @@ def _bucket_tick_labels(series: Mapping[str, Mapping[str, list[Any]]], values: S
 
 
 def _headline_section(key_header: list[str], entries: Sequence[Entry]) -> list[str]:
-    rows = [keys + [_fmt_ci(s.get(k), s.get(f"{k}_ci")) for _, k in HEADLINE_COLUMNS] for keys, s in entries]
+    rows = [keys + [_fmt_ci(s.metric(k), s.metric(f"{k}_ci")) for _, k in HEADLINE_COLUMNS] for keys, s in entries]
     return _table(key_header + [name for name, _ in HEADLINE_COLUMNS], rows)
 
 
@@ -568,7 +568,7 @@ def _divergence_section(
 ) -> list[str]:
     rows = []
     for keys, s in entries:
-        div = s.get("divergence")
+        div = s.instruments.get("divergence")
         if div is None:
             continue
         rows.append(
@@ -600,7 +600,7 @@ def _divergence_section(
 def _adaptive_section(key_header: list[str], entries: Sequence[Entry]) -> list[str]:
     rows = []
     for keys, s in entries:
-        beam, sampling = s.get("beam"), s.get("sampling")
+        beam, sampling = s.instruments.get("beam"), s.instruments.get("sampling")
         if beam is None and sampling is None:
             continue
         beam_em = beam_rouge = any_exact = rate = best = "n/a"
@@ -614,7 +614,7 @@ def _adaptive_section(key_header: list[str], entries: Sequence[Entry]) -> list[s
                 f"T={settings.get('temperature', 'n/a')}, top-p={settings.get('top_p', 'n/a')})"
             )
             rate, best = _fmt(sampling.get("sample_exact_rate")), _fmt(sampling.get("best_match_fraction"))
-        rows.append(keys + [_fmt(s.get("exact_match")), beam_em, beam_rouge, any_exact, rate, best])
+        rows.append(keys + [_fmt(s.metrics.get("exact_match")), beam_em, beam_rouge, any_exact, rate, best])
     if not rows:
         return []
     return [
@@ -633,7 +633,7 @@ def _adaptive_section(key_header: list[str], entries: Sequence[Entry]) -> list[s
 
 
 def _probabilistic_section(key_header: list[str], entries: Sequence[Entry]) -> list[str]:
-    present = [(keys, s["probabilistic"]) for keys, s in entries if s.get("probabilistic") is not None]
+    present = [(keys, s.instruments["probabilistic"]) for keys, s in entries if "probabilistic" in s.instruments]
     if not present:
         return []
     budgets = _key_order(list({k for _, p in present for k in p.get("expected_fraction_extracted", {})}))
@@ -802,16 +802,21 @@ def _details(summary: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return {label: details.get(label) or parts for label, parts in summary["models"].items()}
 
 
-def _part_files(s: Mapping[str, Any]) -> list[str]:
-    """Names of the per-document files behind one part summary (extraction.jsonl always, the rest when present)."""
-    names = [name for key, name, _ in PART_FILES if key is None or key in s]
-    if PREFIX_LENGTH_FILE[0] in (s.get("breakdowns") or {}):
+def _part_files(s: PartResult) -> list[str]:
+    """Names of the per-document files behind one part (extraction.jsonl always, the rest when they ran)."""
+    names = [name for key, name, _ in PART_FILES if key is None or key in s.instruments]
+    if PREFIX_LENGTH_FILE[0] in s.breakdowns:
         names.append(PREFIX_LENGTH_FILE[1])
     return names
 
 
 def _compare_entries(summary: Mapping[str, Any]) -> list[Entry]:
-    return [([label, part], s) for label, parts in _details(summary).items() for part, s in parts.items()]
+    return [
+        ([label, part], PartResult.from_summary(s))
+        for label, parts in _details(summary).items()
+        for part, s in parts.items()
+        if part in PARTS
+    ]
 
 
 def compare_per_document_files(summary: Mapping[str, Any]) -> list[str]:
@@ -819,7 +824,8 @@ def compare_per_document_files(summary: Mapping[str, Any]) -> list[str]:
     files = []
     for label, parts in _details(summary).items():
         for part, s in parts.items():
-            files += [f"{label}/eval/{part}/{name}" for name in _part_files(s)]
+            if part in PARTS:
+                files += [f"{label}/eval/{part}/{name}" for name in _part_files(PartResult.from_summary(s))]
         if label in (summary.get("membership") or {}):
             files.append(f"{label}/eval/{MEMBERSHIP_FILE}")
         if label in (summary.get("curves") or {}):
@@ -841,10 +847,13 @@ def compare_figures(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
     if summary.get("curves"):
         draw_curves(curve_series(summary["curves"]), out_dir / "em_vs_epochs.png", colors)
         written.append("em_vs_epochs.png")
-    divergences = {
-        label: parts["train"]["divergence"]
+    trained = {
+        label: PartResult.from_summary(parts["train"])
         for label, parts in _details(summary).items()
-        if (parts.get("train") or {}).get("divergence")
+        if parts.get("train")
+    }
+    divergences = {
+        label: part.instruments["divergence"] for label, part in trained.items() if part.instruments.get("divergence")
     }
     if divergences:
         suffix_len = ((summary.get("config") or {}).get("extraction") or {}).get("suffix_len")
@@ -945,10 +954,14 @@ def _documents_section(docs: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _rouge_notes(parts: Iterable[Mapping[str, Any]]) -> list[str]:
+def _rouge_notes(parts: Iterable[PartResult]) -> list[str]:
     """A warning when rouge-score's default tokenizer (the paper's setting) discards most of some references."""
     flagged = sorted(
-        {i for s in parts for i in ((s.get("rouge") or {}).get("default_tokenizer_discards_most") or {}).get("ids", [])}
+        {
+            i
+            for s in parts
+            for i in ((s.details.get("rouge") or {}).get("default_tokenizer_discards_most") or {}).get("ids", [])
+        }
     )
     if not flagged:
         return []
@@ -1005,7 +1018,7 @@ def render_markdown(
         *_headline_section(
             key_header,
             [
-                ([label, part], s)
+                ([label, part], PartResult.from_summary(s))
                 for label, parts in summary["models"].items()
                 for part, s in parts.items()
                 if part in PARTS
@@ -1022,7 +1035,10 @@ def render_markdown(
         "",
         *_documents_section(docs),
         *_rouge_notes(
-            s for parts in (summary.get("details") or {}).values() for s in parts.values() if isinstance(s, Mapping)
+            PartResult.from_summary(s)
+            for parts in (summary.get("details") or {}).values()
+            for s in parts.values()
+            if isinstance(s, Mapping)
         ),
         *_figure("compare.png", "exact match and RougeL", figures),
         *_figure("rouge_hist.png", "RougeL histograms", figures),
@@ -1143,9 +1159,13 @@ def write_compare_report(summary: Mapping[str, Any], out_dir: Path) -> list[str]
 # -------------------------------------------------------------------------------------------------------- eval view
 
 
-def _eval_parts(summary: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    """The part summaries of an eval summary: every value that is an extraction summary (has n_docs)."""
-    parts = {k: v for k, v in summary.items() if k != "membership" and isinstance(v, Mapping) and "n_docs" in v}
+def _eval_parts(summary: Mapping[str, Any]) -> dict[str, PartResult]:
+    """The parts of an eval summary: every value that is an extraction summary (has n_docs), typed."""
+    parts = {
+        k: PartResult.from_summary(v)
+        for k, v in summary.items()
+        if k != "membership" and isinstance(v, Mapping) and "n_docs" in v
+    }
     if not parts:
         raise ValueError(
             "the eval summary has no part summary (a dict with n_docs, e.g. under 'train'); pass the "
@@ -1154,11 +1174,11 @@ def _eval_parts(summary: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     return parts
 
 
-def _eval_breakdowns(parts: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """{kind: {part: rows}} from each part's "breakdowns" {kind: rows}."""
+def _eval_breakdowns(parts: Mapping[str, PartResult]) -> dict[str, dict[str, Any]]:
+    """{kind: {part: rows}} from each part's breakdowns {kind: rows}."""
     breakdowns: dict[str, dict[str, Any]] = {}
     for part, s in parts.items():
-        for kind, rows in (s.get("breakdowns") or {}).items():
+        for kind, rows in s.breakdowns.items():
             breakdowns.setdefault(kind, {})[part] = rows
     return breakdowns
 
@@ -1179,16 +1199,17 @@ def eval_figures(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
     if hist:
         draw_rouge_histograms(hist, out_dir / "rouge_hist.png", "RougeL of the extracted suffixes")
         written.append("rouge_hist.png")
-    divergences = {part: s["divergence"] for part, s in parts.items() if s.get("divergence")}
+    divergences = {part: s.instruments["divergence"] for part, s in parts.items() if s.instruments.get("divergence")}
     if divergences:
-        suffix_len = next((s.get("config", {}).get("suffix_len") for s in parts.values() if s.get("config")), None)
+        configs = [s.details["config"] for s in parts.values() if s.details.get("config")]
+        suffix_len = configs[0].get("suffix_len") if configs else None
         draw_divergence(
             divergence_series(divergences, suffix_len),
             out_dir / "divergence.png",
             "First divergence from the true suffix",
         )
         written.append("divergence.png")
-    models = {"model": dict(parts)}
+    models = {"model": {part: s.headline() for part, s in parts.items()}}
     draw_bars(["model"], bar_series(models), out_dir / "headline.png", bar_errors(models))
     written.append("headline.png")
     if summary.get("membership"):
@@ -1215,11 +1236,11 @@ def render_eval_markdown(
     if files is None:
         files = eval_per_document_files(summary)
     entries = [([part], s) for part, s in parts.items()]
-    config = next((s["config"] for s in parts.values() if s.get("config")), None)
+    config = next((s.details["config"] for s in parts.values() if s.details.get("config")), None)
     lines = [
         "# goldfish eval",
         "",
-        "Documents: " + ", ".join(f"{part} {s['n_docs']}" for part, s in parts.items()) + ".",
+        "Documents: " + ", ".join(f"{part} {s.n_docs}" for part, s in parts.items()) + ".",
     ]
     if config is not None:
         lines.append(

@@ -35,7 +35,7 @@ class PartResult:
     """One part's evaluation. rows: per-document rows by instrument ("extraction", "divergence", ...: the keys of
     eval.files.ROW_FILES), kept in memory for per-bucket tables and never serialized."""
 
-    n_docs: int
+    n_docs: int | None  # None only in summaries written without it
     metrics: dict[str, float | None]  # every eval.metrics.METRICS name present -> mean over documents
     intervals: dict[str, Any]  # INTERVAL_METRICS name -> 95% bootstrap interval [low, high] (None: not computed)
     instruments: dict[str, dict[str, Any]]  # INSTRUMENTS name -> that instrument's summary, for those that ran
@@ -48,11 +48,11 @@ class PartResult:
         cls, summary: Mapping[str, Any], rows: Mapping[str, list[dict[str, Any]]] | None = None
     ) -> PartResult:
         """The typed form of a part summary (as eval.extraction.summarize_extraction plus the instruments build it,
-        or as read back from summary.json)."""
+        or as read back from summary.json, of any age: what it lacks stays empty)."""
         intervals = {name: summary[f"{name}_ci"] for name in INTERVAL_METRICS if f"{name}_ci" in summary}
         taken = {"n_docs", _BREAKDOWNS, *METRICS, *INSTRUMENTS, *(f"{name}_ci" for name in intervals)}
         return cls(
-            n_docs=summary["n_docs"],
+            n_docs=summary.get("n_docs"),
             metrics={name: summary[name] for name in METRICS if name in summary},
             intervals=intervals,
             instruments={name: summary[name] for name in INSTRUMENTS if name in summary},
