@@ -31,6 +31,7 @@ from eval import parallel as parallel_eval
 from eval.breakdown import group_means, tag_rows
 from eval.files import CURVE_FILE
 from eval.intervals import binomial_interval, mean_interval
+from eval.metrics import INTERVAL_METRICS
 from eval.seeds import combine_seeds
 from goldfish.app import lora
 from goldfish.app.buckets import bucket_results, bucket_tests
@@ -53,7 +54,7 @@ from goldfish.app.training import train_model
 from goldfish.masks import IGNORE_INDEX
 
 # Per-document fields kept for every point of the exact-match-vs-epochs curve (OUT/<label>/curve.jsonl).
-CURVE_ROW_KEYS = ("id", "exact_match", "rouge_l", "longest_correct_prefix")
+CURVE_ROW_KEYS = ("id", *INTERVAL_METRICS, "longest_correct_prefix")
 CONTROL = "control"
 
 
@@ -70,8 +71,7 @@ class Curve:
             {
                 "epoch": epoch,
                 "step": step,
-                "exact_match": summary["exact_match"],
-                "rouge_l": summary["rouge_l"],
+                **{name: summary[name] for name in INTERVAL_METRICS},
                 "n_docs": summary["n_docs"],
             }
         )
@@ -463,7 +463,7 @@ def compare(
     return Comparison(spec, out_dir, **options).run()
 
 
-SEED_METRICS = ("exact_match", "rouge_l", "match_fraction")
+SEED_METRICS = (*INTERVAL_METRICS, "match_fraction")
 
 
 def compare_seeds(spec: CompareSpec, out_dir: Path, **options: Any) -> dict[str, Any]:

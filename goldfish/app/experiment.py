@@ -33,6 +33,7 @@ from eval.extraction import ExtractionConfig, write_extraction
 from eval.files import MEMBERSHIP_FILE, ROW_FILES
 from eval.intervals import DEFAULT_RESAMPLES
 from eval.membership import DC_PDD_CAP, DEFAULT_RECALL_PREFIX_DOCS
+from eval.metrics import INTERVAL_METRICS
 from goldfish.app.config import (
     RUN_FILE,
     DataSpec,
@@ -476,7 +477,7 @@ def _verification_logger(log: Callable[[str], None]) -> Callable[[Any], None]:
     return report
 
 
-REPEAT_METRICS = ("exact_match", "rouge_l")
+REPEAT_METRICS = INTERVAL_METRICS  # the breakdowns by repeats and prefix length: the metrics with intervals
 
 
 def evaluate_model(

@@ -18,7 +18,7 @@ from data.atomic import json_safe, write_text_atomic
 from eval.files import CURVE_FILE, EXTRACTION_FILE, MEMBERSHIP_FILE, ROW_FILES
 from eval.intervals import binomial_interval
 from eval.membership import ATTACKS
-from eval.metrics import METRICS
+from eval.metrics import INTERVAL_METRICS, METRICS
 from goldfish.app.report_buckets import study_figures, study_section
 from goldfish.app.report_format import figure_link as _figure
 from goldfish.app.report_format import fmt as _fmt
@@ -85,7 +85,7 @@ def curve_series(curves: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str,
     series = {}
     for label, points in curves.items():
         ordered = sorted(points, key=lambda p: (p["epoch"], p.get("step", 0)))
-        series[label] = {key: [p.get(key) for p in ordered] for key in ("epoch", "step", "exact_match", "rouge_l")}
+        series[label] = {key: [p.get(key) for p in ordered] for key in ("epoch", "step", *INTERVAL_METRICS)}
     return series
 
 
@@ -179,7 +179,7 @@ def bar_errors(models: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> dict[st
     (`<metric>_ci`; 0 where a model has none), for exact match and RougeL."""
     parts = [p for p in ("train", "heldout") if any(p in m for m in models.values())]
     out: dict[str, dict[str, list[list[float]]]] = {}
-    for metric in ("exact_match", "rouge_l"):
+    for metric in INTERVAL_METRICS:
         out[metric] = {}
         for part in parts:
             below, above = [], []
@@ -210,7 +210,7 @@ def bar_series(models: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> dict[st
     parts = [p for p in ("train", "heldout") if any(p in m for m in models.values())]
     return {
         metric: {part: [float(m.get(part, {}).get(metric) or 0.0) for m in models.values()] for part in parts}
-        for metric in ("exact_match", "rouge_l")
+        for metric in INTERVAL_METRICS
     }
 
 
@@ -715,7 +715,7 @@ def _group_key(kind: str, rows: Sequence[Mapping[str, Any]]) -> str:
         return BREAKDOWNS[kind][0]
     for row in rows:  # an unknown breakdown: its key is the one field that is not a count or a metric
         for key in row:
-            if key not in ("n_docs", "exact_match", "rouge_l"):
+            if key != "n_docs" and key not in METRICS:
                 return key
     raise ValueError(f"breakdown {kind!r} has no group field in its rows")
 

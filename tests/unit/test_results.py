@@ -1,0 +1,75 @@
+"""Typed results (goldfish.app.results) serialize to exactly the dicts summary.json has held, and the names of
+metrics and per-document files are each defined in one module."""
+
+from __future__ import annotations
+
+import ast
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from eval.files import CURVE_FILE, MEMBERSHIP_FILE, ROW_FILES
+from eval.metrics import HEADLINE_METRICS, INTERVAL_METRICS, METRICS
+from goldfish.app.results import HEADLINE_KEYS, ModelResult, PartResult
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCE_FOLDERS = ("goldfish", "eval", "data", "engine", "bench")
+QUICKSTART = ROOT / "bench" / "results" / "compare_quickstart" / "summary.json"
+CORPUS_SEED = ROOT / "bench" / "results" / "compare_corpus" / "seed-0" / "summary.json"
+
+
+def _modules() -> list[Path]:
+    return sorted(p for folder in SOURCE_FOLDERS for p in (ROOT / folder).rglob("*.py"))
+
+
+def test_part_results_serialize_to_todays_part_summaries_in_their_order() -> None:
+    for path in (QUICKSTART, CORPUS_SEED):
+        summary = json.loads(path.read_text())
+        for label, parts in summary["details"].items():
+            for part, today in parts.items():
+                typed = PartResult.from_summary(today)
+                assert typed.to_json() == today and list(typed.to_json()) == list(today), (path, label, part)
+                # the headline entry of summary.json's "models" is the typed part's headline
+                assert typed.headline() == {k: summary["models"][label][part][k] for k in HEADLINE_KEYS}
+
+
+def test_model_result_is_the_eval_summary_shape() -> None:
+    details = json.loads(QUICKSTART.read_text())
+    parts = details["details"]["standard"]
+    membership = details["membership"]["standard"]
+    typed = ModelResult({name: PartResult.from_summary(s) for name, s in parts.items()}, membership, [{"id": "x"}])
+    assert typed.to_json() == parts | {"membership": membership}
+    assert {p: typed.headline()[p] for p in parts} == {p: details["models"]["standard"][p] for p in parts}
+    assert typed.rows("extraction") == []  # rows live in memory only
+    assert ModelResult({"train": typed.parts["train"]}).to_json() == {"train": parts["train"]}
+
+
+def test_headline_keys_come_from_the_metric_registry() -> None:
+    assert set(HEADLINE_METRICS) <= set(METRICS) and set(INTERVAL_METRICS) <= set(HEADLINE_METRICS)
+    assert HEADLINE_KEYS[0] == "n_docs"
+    assert [k for k in HEADLINE_KEYS if k.endswith("_ci")] == [f"{m}_ci" for m in INTERVAL_METRICS]
+    assert all(METRICS[m].header for m in HEADLINE_METRICS)  # every headline column has its header
+
+
+def test_every_per_document_file_name_is_spelled_in_one_module() -> None:
+    names = {*ROW_FILES.values(), MEMBERSHIP_FILE, CURVE_FILE}
+    spelled: dict[str, set[str]] = defaultdict(set)
+    for module in _modules():
+        for node in ast.walk(ast.parse(module.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and node.value in names:
+                spelled[node.value].add(str(module.relative_to(ROOT)))
+    assert dict(spelled) == {name: {"eval/files.py"} for name in names}
+
+
+def test_no_list_of_metric_keys_is_spelled_twice() -> None:
+    """A tuple, list or set literal naming two or more registered metrics is a list of metric keys: each such list
+    is written in one place (e.g. INTERVAL_METRICS), and every other module uses that name."""
+    lists: dict[frozenset[str], set[str]] = defaultdict(set)
+    for module in _modules():
+        for node in ast.walk(ast.parse(module.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                keys = frozenset(e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in METRICS)
+                if len(keys) >= 2:
+                    lists[keys].add(f"{module.relative_to(ROOT)}:{node.lineno}")
+    assert lists, "the registry's own lists are found"
+    assert {sorted(keys)[0]: places for keys, places in lists.items() if len(places) > 1} == {}
