@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_runs import tiny_run
 
 import data
 from data.background import build_background
@@ -229,10 +230,26 @@ def test_compare_with_background_reports_validation_and_repetitions(tmp_path: Pa
     with source.open("w") as handle:
         handle.writelines(json.dumps({"text": _text(rng, rng.randrange(20, 200))}) + "\n" for _ in range(120))
     out = tmp_path / "cmp"
-    argv = ["compare", "--out", str(out), "--model", "micro-llama", "--background", str(source), "--seq-len", "64"]
-    argv += ["--n-train", "4", "--n-heldout", "2", "--repeats", "1,3", "--min-doc-tokens", "40"]
-    argv += ["--max-doc-tokens", "1000", "--max-steps", "4", "--eval-every", "2", "--val-tokens", "512"]
-    argv += ["--batch-size", "4", "--vocab-size", "400", "--masks", "hashed:4:13", "--bootstrap", "0", "--no-progress"]
+    argv = [
+        "compare",
+        "--out",
+        str(out),
+        *tiny_run(
+            seq_len=64,
+            batch_size=4,
+            vocab_size=400,
+            threads=None,
+            background=source,
+            repeats="1,3",
+            min_doc_tokens=40,
+            max_doc_tokens=1000,
+            max_steps=4,
+            eval_every=2,
+            val_tokens=512,
+            masks="hashed:4:13",
+            bootstrap=0,
+        ),
+    ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert printed.count("background: 120 documents") == 1  # loaded once, reused by every model
@@ -387,9 +404,19 @@ def test_cache_dir_and_the_variable_place_the_dataset_cache(monkeypatch: pytest.
     rng = random.Random(2)
     source = tmp_path / "background.jsonl"
     source.write_text("".join(json.dumps({"text": _text(rng, rng.randrange(20, 120))}) + "\n" for _ in range(60)))
-    argv = ["train", "--model", "micro-llama", "--background", str(source), "--seq-len", "64", "--n-train", "2"]
-    argv += ["--n-heldout", "2", "--min-doc-tokens", "40", "--max-doc-tokens", "1000", "--max-steps", "2"]
-    argv += ["--val-tokens", "0", "--batch-size", "2", "--vocab-size", "400", "--no-progress", "--threads", "1"]
+    argv = [
+        "train",
+        *tiny_run(
+            n_train=2,
+            seq_len=64,
+            vocab_size=400,
+            background=source,
+            min_doc_tokens=40,
+            max_doc_tokens=1000,
+            max_steps=2,
+            val_tokens=0,
+        ),
+    ]
     variable, flag = tmp_path / "variable", tmp_path / "flag"
     monkeypatch.setenv(CACHE_VARIABLE, str(variable))
     assert main([*argv, "--out", str(tmp_path / "a"), "--cache-dir", str(flag)]) == 0

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from tiny_runs import tiny_run
 
 from goldfish.app.cli import build_parser, main
 
@@ -147,29 +148,7 @@ def test_train_then_eval_round_trip(tmp_path, capsys):
                 "train",
                 "--out",
                 str(run),
-                "--data",
-                str(data_file),
-                "--id-field",
-                "id",
-                "--model",
-                "micro-llama",
-                "--n-train",
-                "4",
-                "--n-heldout",
-                "2",
-                "--seq-len",
-                "48",
-                "--vocab-size",
-                "320",
-                "--epochs",
-                "2",
-                "--batch-size",
-                "2",
-                "--strategy",
-                "static",
-                "--k",
-                "3",
-                "--no-progress",
+                *tiny_run(data=data_file, id_field="id", epochs=2, threads=None, strategy="static", k=3),
             ]
         )
         == 0
@@ -299,25 +278,7 @@ def test_compare_quick_standard_memorizes_more_than_goldfish(tmp_path):
 
 def test_parallel_train_consolidates_into_a_checkpoint_that_eval_reads(tmp_path):
     """`goldfish train --nproc 2 --grid x=2` (torchrun, gloo) trains like one process and writes an HF checkpoint."""
-    common = [
-        "--model",
-        "micro-llama",
-        "--strategy",
-        "hashed",
-        "--n-train",
-        "4",
-        "--n-heldout",
-        "2",
-        "--seq-len",
-        "48",
-        "--vocab-size",
-        "400",
-        "--epochs",
-        "2",
-        "--batch-size",
-        "2",
-        "--no-progress",
-    ]
+    common = tiny_run(vocab_size=400, epochs=2, threads=None, strategy="hashed")
     parallel, serial = tmp_path / "parallel", tmp_path / "serial"
     result = subprocess.run(
         [sys.executable, "-m", "goldfish", "train", "--nproc", "2", "--grid", "x=2", "--out", str(parallel), *common],
@@ -403,25 +364,7 @@ def test_parallel_compare_measures_the_curve_with_the_parallel_model(tmp_path):
             "x=2",
             "--out",
             str(out),
-            "--model",
-            "micro-llama",
-            "--n-train",
-            "4",
-            "--n-heldout",
-            "2",
-            "--seq-len",
-            "48",
-            "--vocab-size",
-            "400",
-            "--epochs",
-            "4",
-            "--batch-size",
-            "2",
-            "--suffix-len",
-            "16",
-            "--curve-every",
-            "2",
-            "--no-progress",
+            *tiny_run(vocab_size=400, epochs=4, threads=None, suffix_len=16, curve_every=2),
         ],
         capture_output=True,
         text=True,
@@ -443,27 +386,7 @@ def test_parallel_compare_measures_the_curve_with_the_parallel_model(tmp_path):
 def test_zero3_train_equals_one_process_and_is_recorded(tmp_path):
     """`goldfish train --nproc 2 --grid data=2 --zero 3 --offload-optimizer` trains like one process (FSDP2 over data,
     AdamW state on the host) and the run record says which partitioning ran."""
-    common = [
-        "--model",
-        "micro-llama",
-        "--strategy",
-        "hashed",
-        "--n-train",
-        "4",
-        "--n-heldout",
-        "2",
-        "--seq-len",
-        "48",
-        "--vocab-size",
-        "400",
-        "--epochs",
-        "2",
-        "--batch-size",
-        "2",
-        "--no-progress",
-        "--threads",
-        "1",
-    ]
+    common = tiny_run(vocab_size=400, epochs=2, strategy="hashed")
     parallel, serial = tmp_path / "parallel", tmp_path / "serial"
     result = subprocess.run(
         [
@@ -504,30 +427,8 @@ def test_zero3_train_equals_one_process_and_is_recorded(tmp_path):
 
 
 def test_zero_without_a_data_axis_is_a_one_line_error(tmp_path, capsys):
-    code = main(
-        [
-            "train",
-            "--out",
-            str(tmp_path / "z"),
-            "--model",
-            "micro-llama",
-            "--n-train",
-            "2",
-            "--n-heldout",
-            "0",
-            "--seq-len",
-            "48",
-            "--vocab-size",
-            "400",
-            "--epochs",
-            "1",
-            "--batch-size",
-            "2",
-            "--zero",
-            "2",
-            "--no-progress",
-        ]
-    )
+    settings = tiny_run(n_train=2, n_heldout=0, vocab_size=400, epochs=1, zero=2, threads=None)
+    code = main(["train", "--out", str(tmp_path / "z"), *settings])
     err = capsys.readouterr().err
     assert code == 2 and "data" in err and "--zero" in err and "Traceback" not in err
 
@@ -535,9 +436,7 @@ def test_zero_without_a_data_axis_is_a_one_line_error(tmp_path, capsys):
 def test_zero_quantize_runs_recorded_and_bad_settings_are_one_line(tmp_path, capsys):
     """`goldfish train --nproc 2 --grid data=2 --zero 3 --zero-quantize weights,gradients` trains, records the setting
     and sends under 0.3x the data-axis bytes of the same run unquantized; bad ZeRO++ settings are one line, exit 2."""
-    common = ["--model", "micro-llama", "--n-train", "4", "--n-heldout", "0", "--seq-len", "48", "--vocab-size", "400"]
-    common += ["--epochs", "2", "--batch-size", "2", "--no-progress", "--threads", "1", "--nproc", "2"]
-    common += ["--grid", "data=2", "--zero", "3"]
+    common = tiny_run(n_heldout=0, vocab_size=400, epochs=2, nproc=2, grid="data=2", zero=3)
     sent = {}
     for name, extra in (("exact", []), ("quantized", ["--zero-quantize", "weights,gradients"])):
         out = tmp_path / name
@@ -575,25 +474,7 @@ def test_parallel_train_with_shared_rows_takes_a_batch_the_own_layout_refuses(tm
     """`goldfish train --nproc 4 --grid x=2,y=2 --rows shared --batch-size 2`: 2 rows cannot be split over 4 ranks
     (the own layout refuses with a one-line error naming --rows shared), but both x*y ranks can read the same 2 rows
     (AxoNN's layout): the losses are the single process's."""
-    common = [
-        "--model",
-        "micro-llama",
-        "--strategy",
-        "hashed",
-        "--n-train",
-        "4",
-        "--n-heldout",
-        "2",
-        "--seq-len",
-        "48",
-        "--vocab-size",
-        "400",
-        "--epochs",
-        "2",
-        "--batch-size",
-        "2",
-        "--no-progress",
-    ]
+    common = tiny_run(vocab_size=400, epochs=2, threads=None, strategy="hashed")
     launch = [sys.executable, "-m", "goldfish", "train", "--nproc", "4", "--grid", "x=2,y=2"]
     shared, own, serial = tmp_path / "shared", tmp_path / "own", tmp_path / "serial"
     result = subprocess.run(

@@ -9,28 +9,11 @@ import subprocess
 import sys
 
 import pytest
+from tiny_runs import tiny_run
 
 from goldfish.app.cli import main
 
-TINY = [
-    "--model",
-    "micro-llama",
-    "--n-train",
-    "4",
-    "--n-heldout",
-    "0",
-    "--seq-len",
-    "32",
-    "--vocab-size",
-    "300",
-    "--batch-size",
-    "2",
-    "--epochs",
-    "2",
-    "--no-progress",
-    "--threads",
-    "1",
-]
+TINY = tiny_run(n_heldout=0, seq_len=32, vocab_size=300, epochs=2)
 
 
 def _one_line_error(capsys) -> str:
@@ -141,8 +124,8 @@ def test_no_progress_silences_every_bar_and_progress_is_on_by_default(tmp_path, 
     assert main(["train", "--out", str(tmp_path / "quiet"), *TINY, "--epochs", "1", "--save-every", "1"]) == 0
     err = capsys.readouterr().err
     assert "it/s" not in err and "Writing model shards" not in err and "%|" not in err, err
-    loud = [a for a in TINY if a != "--no-progress"]
-    assert main(["train", "--out", str(tmp_path / "loud"), *loud, "--epochs", "1"]) == 0
+    loud = tiny_run(n_heldout=0, seq_len=32, vocab_size=300, epochs=1, no_progress=False)
+    assert main(["train", "--out", str(tmp_path / "loud"), *loud]) == 0
     err = capsys.readouterr().err
     assert "train:" in err and "Writing model shards" in err  # our bar and transformers' bar
     from transformers.utils import logging as hf_logging

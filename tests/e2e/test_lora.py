@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_runs import tiny_run
 
 pytest.importorskip("peft", reason="needs the lora extra: pip install -e '.[lora]'")
 
@@ -112,23 +113,7 @@ def test_lora_trains_adapters_only_and_the_merged_checkpoint_loads_in_plain_tran
 
 # ----- the application: goldfish train / compare --lora-rank ------------------------------------------------------
 
-SMALL = [
-    "--model",
-    "micro-llama",
-    "--n-train",
-    "8",
-    "--n-heldout",
-    "4",
-    "--seq-len",
-    "32",
-    "--batch-size",
-    "8",
-    "--lr",
-    "1e-2",
-    "--no-progress",
-    "--threads",
-    "1",
-]
+SMALL = tiny_run(n_train=8, n_heldout=4, seq_len=32, vocab_size=None, batch_size=8, lr="1e-2")
 
 
 def test_goldfish_train_lora_checkpoint_is_merged_and_resumes_exactly(tmp_path: Path) -> None:
@@ -238,28 +223,17 @@ def test_compare_full_vs_lora(tmp_path: Path) -> None:
                 "compare",
                 "--out",
                 str(out),
-                "--model",
-                "micro-llama",
-                "--n-train",
-                "4",
-                "--n-heldout",
-                "4",
-                "--seq-len",
-                "32",
-                "--epochs",
-                "2",
-                "--batch-size",
-                "4",
-                "--suffix-len",
-                "8",
-                "--curve-every",
-                "0",
-                "--lora-rank",
-                "4",
-                "--with-full",
-                "--no-progress",
-                "--threads",
-                "1",
+                *tiny_run(
+                    n_heldout=4,
+                    seq_len=32,
+                    vocab_size=None,
+                    epochs=2,
+                    batch_size=4,
+                    suffix_len=8,
+                    curve_every=0,
+                    lora_rank=4,
+                    with_full=True,
+                ),
             ]
         )
         == 0

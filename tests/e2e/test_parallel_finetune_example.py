@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from optional import needs_smollm2
+from tiny_runs import tiny_run
 
 from goldfish.app.cli import main
 
@@ -54,35 +55,17 @@ def assert_parallel_equals_serial(
 
 
 def test_readme_parallel_flags_equal_one_process_on_a_tiny_model(tmp_path: Path) -> None:
-    common = [
-        "--model",
-        "micro-llama",
-        "--strategy",
-        "hashed",
-        "--k",
-        "4",
-        "--n-train",
-        "8",
-        "--n-heldout",
-        "2",
-        "--seq-len",
-        "48",
-        "--vocab-size",
-        "400",
-        "--epochs",
-        "1",
-        "--batch-size",
-        "4",
-        "--no-progress",
-        "--threads",
-        "1",
-        "--optimizer",
-        "sgd",
-        "--lr",
-        "0.5",
-        "--max-grad-norm",
-        "100",
-    ]
+    common = tiny_run(
+        n_train=8,
+        vocab_size=400,
+        epochs=1,
+        batch_size=4,
+        strategy="hashed",
+        k=4,
+        optimizer="sgd",
+        lr=0.5,
+        max_grad_norm=100,
+    )
     # SGD moves each weight by lr x its gradient, so the weights differ by lr x the gradients' float32 rounding
     # differences (~1e-7 of a weight's update; updates reach 0.2): 1e-6 holds on any CPU. The clip threshold never
     # engages (norms ~2), which keeps the norm's own rounding out of the weights. With AdamW the weights would need a

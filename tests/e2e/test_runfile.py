@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from tiny_runs import tiny_run
 
 from goldfish.app.cli import _compare_spec, _eval_spec, _resolved, _train_spec, parse_command_line, runtime_of
 from goldfish.app.runfile import from_plain, read_run, to_plain, write_run
@@ -94,8 +95,7 @@ def test_run_records_count_the_tokens_trained(tmp_path: Path) -> None:
     from goldfish.app.cli import main
 
     out = tmp_path / "run"
-    argv = ["train", "--model", "micro-llama", "--n-train", "4", "--n-heldout", "0", "--seq-len", "32"]
-    argv += ["--vocab-size", "300", "--epochs", "3", "--batch-size", "2", "--no-progress", "--out", str(out)]
+    argv = ["train", "--out", str(out), *tiny_run(n_heldout=0, seq_len=32, vocab_size=300, epochs=3, threads=None)]
     assert main(argv) == 0
     plan = json.loads((out / "run.json").read_text())
     assert plan["tokens_trained"] == 3 * 4 * 32  # 3 epochs of 4 rows of 32 tokens

@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 
 import pytest
+from tiny_runs import tiny_run
 
 import data
 from data.corpus import stream_corpus, tokenize_corpus
@@ -66,10 +67,25 @@ def test_stream_errors_name_the_problem(corpus_file: Path, tokenizer, tmp_path: 
 
 def test_train_with_a_streamed_background(corpus_file: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "run"
-    argv = ["train", "--out", str(out), "--model", "micro-llama", "--background", str(corpus_file)]
-    argv += ["--background-text-field", "body", "--background-streaming", "--seq-len", "64", "--n-train", "4"]
-    argv += ["--n-heldout", "2", "--repeats", "1,3", "--min-doc-tokens", "40", "--max-doc-tokens", "1000"]
-    argv += ["--max-steps", "3", "--val-tokens", "256", "--batch-size", "4", "--vocab-size", "400", "--no-progress"]
+    argv = [
+        "train",
+        "--out",
+        str(out),
+        *tiny_run(
+            seq_len=64,
+            batch_size=4,
+            vocab_size=400,
+            threads=None,
+            background=corpus_file,
+            background_text_field="body",
+            background_streaming=True,
+            repeats="1,3",
+            min_doc_tokens=40,
+            max_doc_tokens=1000,
+            max_steps=3,
+            val_tokens=256,
+        ),
+    ]
     assert main(argv) == 0
     assert "tokens streamed from" in capsys.readouterr().out
     corpus = json.loads((out / "run.json").read_text())["corpus"]

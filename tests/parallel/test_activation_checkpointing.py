@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from distributed import run_distributed
 from tiny_models import tiny_gpt2, tiny_llama
+from tiny_runs import tiny_run
 
 from engine.core.grid import init
 from engine.core.linear import ParallelLinear, ShardingError
@@ -171,33 +172,9 @@ def test_goldfish_train_option_gives_the_same_losses_and_is_recorded(tmp_path) -
     ]
     data_file = tmp_path / "docs.jsonl"
     data_file.write_text("\n".join(json.dumps(r) for r in records) + "\n")
-    common = [
-        "--data",
-        str(data_file),
-        "--id-field",
-        "id",
-        "--model",
-        "micro-llama",
-        "--n-train",
-        "4",
-        "--n-heldout",
-        "0",
-        "--seq-len",
-        "32",
-        "--vocab-size",
-        "300",
-        "--epochs",
-        "2",
-        "--batch-size",
-        "2",
-        "--strategy",
-        "hashed",
-        "--k",
-        "3",
-        "--no-progress",
-        "--threads",
-        "1",
-    ]
+    common = tiny_run(
+        data=data_file, id_field="id", n_heldout=0, seq_len=32, vocab_size=300, epochs=2, strategy="hashed", k=3
+    )
     plain, checkpointed = tmp_path / "plain", tmp_path / "ckpt"
     assert main(["train", "--out", str(plain), *common]) == 0
     assert main(["train", "--out", str(checkpointed), "--activation-checkpointing", *common]) == 0

@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from tiny_runs import tiny_run
 
 from data.documents import Document
 from data.packing import BackgroundPieces, InsertionSchedule, PackedLayout
@@ -219,28 +220,20 @@ def test_train_pack_trains_every_token_of_long_documents(tmp_path) -> None:
         main(
             [
                 "train",
-                "--data",
-                str(long),
-                "--pack",
-                "--seq-len",
-                "128",
-                "--epochs",
-                "1",
-                "--model",
-                "micro-llama",
-                "--strategy",
-                "standard",
-                "--n-train",
-                "3",
-                "--n-heldout",
-                "1",
-                "--batch-size",
-                "4",
-                "--vocab-size",
-                "400",
-                "--no-progress",
                 "--out",
                 str(out),
+                *tiny_run(
+                    data=long,
+                    pack=True,
+                    seq_len=128,
+                    epochs=1,
+                    strategy="standard",
+                    n_train=3,
+                    n_heldout=1,
+                    batch_size=4,
+                    vocab_size=400,
+                    threads=None,
+                ),
             ]
         )
         == 0
