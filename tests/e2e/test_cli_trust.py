@@ -6,11 +6,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tiny_runs import TINY_RUN
+from tiny_runs import tiny_run
 
 from goldfish.app.cli import main
 
-TINY = [*TINY_RUN, "--strategy", "static", "--k", "3"]
+TINY = tiny_run(strategy="static", k=3)
 
 
 def _digest(folder: Path) -> dict[str, str]:

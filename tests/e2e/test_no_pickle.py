@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_runs import TINY_RUN
+from tiny_runs import tiny_run
 
 from engine.training.state_files import StateFileError, load_state, save_state
 from goldfish.app.cli import main
 
-TINY = TINY_RUN
+TINY = tiny_run()
 EVAL = ["--suffix-len", "16", "--bootstrap", "0", "--no-progress", "--threads", "1"]
 
 # What `goldfish train` writes into OUT/checkpoint (checked below, so a new file cannot escape the test).
