@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from tiny_runs import tiny_run
 
 # Small enough for a loaded 2-core machine: 4 optimizer steps of 8 sequences of 32 tokens, 2 micro-batches each.
 # SGD, so that final weights differ exactly as much as the gradients did (AdamW's first steps move a weight by about
@@ -13,34 +14,23 @@ import pytest
 # lr 0.5 moves the weights by about 1 in norm per step (gradient norms 1.4-2.2), so a wrong gradient shows. The
 # clipping threshold 100 never engages (the norm is still computed and logged by every loop): an engaged clip
 # coefficient would carry the norm's rounding (2e-5 relative on x=2) into every weight.
-SETTINGS = [
-    "--model",
-    "micro-llama",
-    "--n-train",
-    "8",
-    "--n-heldout",
-    "4",
-    "--seq-len",
-    "32",
-    "--epochs",
-    "4",
-    "--batch-size",
-    "8",
-    "--grad-accum",
-    "2",
-    "--strategy",
-    "hashed",
-    "--k",
-    "4",
-    "--h",
-    "13",
-    "--optimizer",
-    "sgd",
-    "--lr",
-    "0.5",
-    "--max-grad-norm",
-    "100",
-]
+SETTINGS = tiny_run(
+    n_train=8,
+    n_heldout=4,
+    seq_len=32,
+    vocab_size=None,
+    batch_size=8,
+    epochs=4,
+    no_progress=False,  # the example scripts take the run's settings, not the CLI's display options
+    threads=None,
+    grad_accum=2,
+    strategy="hashed",
+    k=4,
+    h=13,
+    optimizer="sgd",
+    lr=0.5,
+    max_grad_norm=100,
+)
 KEYS = ("loss", "all_loss", "dropped_loss", "grad_norm")
 
 

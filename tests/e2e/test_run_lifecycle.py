@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from tiny_runs import TINY_RUN
+from tiny_runs import tiny_run
 
 from engine.training.train import METRICS_FILE, TrainConfig, _open_metrics
 from goldfish.app import cli
@@ -27,7 +27,7 @@ from goldfish.app.launch import ERROR_DIR_VARIABLE
 from goldfish.app.runlock import holds_lock_here, out_lock
 from goldfish.app.training import train_model
 
-TINY = [*TINY_RUN, "--strategy", "static", "--k", "3"]
+TINY = tiny_run(strategy="static", k=3)
 QUIET = ["--no-progress", "--threads", "1"]
 
 
