@@ -38,6 +38,7 @@ from eval.metrics import (
     mean_of_present,
     prediction_accuracy,
     rouge_scores,
+    suffix_tf_accuracy,
 )
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,9 @@ def extract(
         rouge_l_unicode (``decode(generated)`` vs ``decode(true suffix)``), rouge_default_kept_chars (the
         fraction of the reference's word characters rouge-score's default tokenizer keeps); tf_accuracy,
         tf_kept_accuracy, tf_dropped_accuracy (teacher-forced over the whole document; kept/dropped are None without
-        ``drop_mask_fn``, or when no target falls in the group); min_logit_margin, min_margin_position
+        ``drop_mask_fn``, or when no target falls in the group); suffix_tf_accuracy (the share of the true suffix's
+        tokens the model ranks first given the document before each, `eval.metrics.suffix_tf_accuracy`, from the
+        same teacher-forced pass); min_logit_margin, min_margin_position
         (the near-tie record of the greedy path, `GreedyPath`); generated_logprob_mean (the mean natural-log
         probability the model gave its own greedy suffix ids: its confidence in the guess, by which the
         lm-extraction-benchmark ranks guesses, eval.field_scores.recall_at_incorrect); suffix_logprob_mean (the
@@ -152,17 +155,21 @@ def extract(
     bar = tqdm(total=len(kept), desc="extract", unit="doc", disable=not progress)
     try:
 
-        def run_batch(docs: list[list[int]]) -> list[tuple[GreedyPath, dict[str, float | int | None]]]:
-            prefix_lens = [len(config.split(d)[0]) for d in docs]  # type: ignore[index]  # long enough: kept
+        def run_batch(docs: list[list[int]]) -> list[tuple[GreedyPath, dict[str, float | int | None], float]]:
+            splits = [config.split(d) for d in docs]  # long enough: kept
+            prefix_lens = [len(s[0]) for s in splits]  # type: ignore[index]
             paths, predicted = forced_greedy(
                 model, docs, prefix_lens, config.suffix_len, pad_token_id=pad_token_id, device=device
             )
             bar.update(len(docs))
-            return [(path, _document_accuracy(ids, d, drop_mask_fn)) for d, path, ids in zip(docs, paths, predicted)]
+            return [
+                (path, _document_accuracy(ids, d, drop_mask_fn), suffix_tf_accuracy(ids, split[1], len(split[0])))
+                for d, split, path, ids in zip(docs, splits, paths, predicted)
+            ]
 
         with evaluating(model):  # longest documents first, results in input order
             results = decode_longest_first([doc.token_ids for doc, _, _ in kept], config.batch_size, run_batch)
-        for (doc, prefix, suffix), (path, acc) in zip(kept, results):
+        for (doc, prefix, suffix), (path, acc, suffix_acc) in zip(kept, results):
             gen = path.ids
             generated_text, reference_text = decode(gen), decode(suffix)
             rows.append(
@@ -178,6 +185,7 @@ def extract(
                     "tf_accuracy": acc["accuracy"],
                     "tf_kept_accuracy": acc.get("kept_accuracy"),
                     "tf_dropped_accuracy": acc.get("dropped_accuracy"),
+                    "suffix_tf_accuracy": suffix_acc,
                     "min_logit_margin": path.min_margin,
                     "min_margin_position": path.min_margin_position,
                     "generated_logprob_mean": path.logprob_mean,

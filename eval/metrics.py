@@ -70,6 +70,12 @@ METRICS: Mapping[str, MetricInfo] = MappingProxyType(
                 "tf_dropped_accuracy", "teacher-forced accuracy on targets the mask dropped", header="TF acc dropped"
             ),
             _info(
+                "suffix_tf_accuracy",
+                "share of the true suffix's tokens the model ranks first given the document before each (teacher-"
+                "forced top-1 accuracy on the suffix: how much of it would be extracted token by token)",
+                header="suffix TF acc",
+            ),
+            _info(
                 "generated_logprob_mean",
                 "mean log-probability the model gave its own greedy suffix ids (its confidence in the guess)",
             ),
@@ -96,6 +102,7 @@ HEADLINE_METRICS = (
     "tf_accuracy",
     "tf_kept_accuracy",
     "tf_dropped_accuracy",
+    "suffix_tf_accuracy",
 )
 INTERVAL_METRICS = ("exact_match", "rouge_l")
 
@@ -290,6 +297,25 @@ def prediction_accuracy(
             n_dropped=n_dropped,
         )
     return result
+
+
+def suffix_tf_accuracy(predicted: Sequence[int] | torch.Tensor, suffix: Sequence[int], prefix_len: int) -> float:
+    """Teacher-forced top-1 accuracy on the true suffix: the share of its tokens the model ranks first when given
+    the document up to each (the prefix and the true suffix tokens before it).
+
+    predicted: a document's teacher-forced argmax predictions, entry j the prediction for token j + 1 (as
+        `eval.decoding.forced_greedy` returns them); suffix: the true suffix ids, starting at position
+        ``prefix_len`` (>= 1: a first token has no prediction). Suffix token i is predicted by entry prefix_len-1+i.
+    """
+    _check_reference(suffix)
+    if prefix_len < 1 or len(predicted) < prefix_len - 1 + len(suffix):
+        raise ValueError(
+            f"the suffix of {len(suffix)} tokens after a prefix of {prefix_len} needs predictions up to position "
+            f"{prefix_len - 2 + len(suffix)} and a prefix of at least 1 token; got {len(predicted)} predictions"
+        )
+    window = predicted[prefix_len - 1 : prefix_len - 1 + len(suffix)]
+    guesses = window.tolist() if isinstance(window, torch.Tensor) else [int(g) for g in window]
+    return sum(g == int(s) for g, s in zip(guesses, suffix)) / len(suffix)
 
 
 def mean_of_present(values: Sequence[float | None]) -> float | None:
