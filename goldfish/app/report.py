@@ -1028,7 +1028,8 @@ def render_markdown(
         *_validation_section(summary, figures),
         *study_section(summary, figures),
         "TF acc: teacher-forced next-token accuracy; kept/dropped split by the model's own goldfish mask (standard "
-        "and control models: by the first goldfish mask).",
+        "and control models: by the first goldfish mask); suffix TF acc: the share of the true suffix's tokens the "
+        "model ranks first.",
         "",
         f"Documents: {len(docs.get('train', []))} train, {len(docs.get('heldout', []))} held-out; ids and SHA-256 of "
         "each are in summary.json under `documents`.",
@@ -1251,7 +1252,8 @@ def render_eval_markdown(
         "",
         *_headline_section(["part"], entries),
         "TF acc: teacher-forced next-token accuracy; kept/dropped split by the goldfish mask the model is "
-        "evaluated with (n/a without one). In brackets: 95% percentile bootstrap intervals over documents.",
+        "evaluated with (n/a without one); suffix TF acc: the share of the true suffix's tokens the model ranks "
+        "first. In brackets: 95% percentile bootstrap intervals over documents.",
         "",
         *_figure("headline.png", "exact match and RougeL with 95% bootstrap intervals", figures),
         *_figure("rouge_hist.png", "RougeL histograms", figures),
