@@ -73,12 +73,9 @@ def train_model(
     report_to: str = "none",
     verify: bool = True,
 ) -> tuple[nn.Module, Prepared]:
-    """Train one model; write OUT/checkpoint (HF checkpoint, tokenizer, trainer state), OUT/run.json and
-    OUT/metrics.jsonl. Returns the trained model (LoRA's merged model) and the prepared documents.
-
-    on_epoch_end(model, epoch, step) runs after each epoch on every rank; `background` / `background_corpus` reuse
-    a background stream or corpus the caller built; `verify` checks the sharding on a miniature first on a
-    tensor-parallel grid (engine.training.verify)."""
+    """Train one model: OUT/checkpoint (HF checkpoint, tokenizer, trainer state), OUT/run.json, OUT/metrics.jsonl.
+    Returns the trained model (LoRA's merged one) and the documents; `background`/`background_corpus` reuse a
+    stream or corpus the caller built; on_epoch_end(model, epoch, step) runs after each epoch on every rank."""
     prepared = prepared or prepare_data(spec.data, spec.model, log=log)
     model = build_model(spec, prepared, grid, model, resume_from, verify=verify, log=log)
     rows = training_rows(spec, prepared, grid, log, background=background, corpus=background_corpus)
@@ -88,25 +85,47 @@ def train_model(
     model = place_on_grid(model, grid, record, verify=verify, log=log)
     if resume_from is not None:  # refused before run.json is rewritten (the engine checks it again on resume)
         engine_train.check_resume(resume_from, rows.train_config)
+    write_plan(out_dir, record, grid)
+    with tracker(report_to, out_dir if is_main_process(grid) else None) as on_log:
+        fit(model, rows, spec, prepared, record, out_dir, grid, resume_from, on_epoch_end, on_log)
+    return (lora.merged_model(model).eval() if spec.lora.enabled else model), prepared
+
+
+def fit(
+    model: nn.Module,
+    rows: TrainingRows,
+    spec: TrainSpec,
+    prepared: Prepared,
+    record: dict[str, Any],
+    out_dir: Path,
+    grid: Grid | None,
+    resume_from: Path | None,
+    on_epoch_end: Callable[[nn.Module, int, int], None] | None,
+    on_log: Callable[..., None] | None,
+) -> None:
+    """engine.training.train on the run's rows: the goldfish loss of spec's mask, checkpoints by CheckpointWriter,
+    the held-out validation rows of a background run."""
+    engine_train.train(
+        model,
+        rows.examples,
+        make_step_loss(spec.mask, prepared.special_token_ids),
+        rows.train_config,
+        out_dir=out_dir,
+        grid=grid,
+        resume_from=resume_from,
+        save_model=CheckpointWriter(spec, prepared, record, rows, grid),
+        on_epoch_end=on_epoch_end,
+        validation=rows.validation,
+        validation_loss_fn=validation_loss_fn(prepared),
+        on_log=on_log,
+    )
+
+
+def write_plan(out_dir: Path, record: dict[str, Any], grid: Grid | None) -> None:
+    """OUT/run.json, the plan of the whole run (main process only)."""
     if is_main_process(grid):
         out_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(out_dir / RUN_RECORD, record)
-    with tracker(report_to, out_dir if is_main_process(grid) else None) as on_log:
-        engine_train.train(
-            model,
-            rows.examples,
-            make_step_loss(spec.mask, prepared.special_token_ids),
-            rows.train_config,
-            out_dir=out_dir,
-            grid=grid,
-            resume_from=resume_from,
-            save_model=CheckpointWriter(spec, prepared, record, rows, grid),
-            on_epoch_end=on_epoch_end,
-            validation=rows.validation,
-            validation_loss_fn=validation_loss_fn(prepared),
-            on_log=on_log,
-        )
-    return (lora.merged_model(model).eval() if spec.lora.enabled else model), prepared
 
 
 # ----- where the weights come from -----------------------------------------------------------------------------
