@@ -15,40 +15,25 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from tiny_runs import tiny_run
 
 from engine.training.checkpoint import METADATA_FILE, CheckpointError, load_checkpoint
 
 # 4 documents, batch 2 over data=2, 2 epochs: 4 steps, a checkpoint after each.
+LAUNCH = ["--nproc", "2", "--grid", "data=2", "--zero", "3"]
 RUN = [
-    "--nproc",
-    "2",
-    "--grid",
-    "data=2",
-    "--zero",
-    "3",
-    "--model",
-    "micro-llama",
-    "--n-train",
-    "4",
-    "--n-heldout",
-    "0",
-    "--seq-len",
-    "32",
-    "--vocab-size",
-    "300",
-    "--batch-size",
-    "2",
-    "--epochs",
-    "2",
-    "--save-every",
-    "1",
-    "--optimizer",
-    "sgd",
-    "--lr",
-    "0.5",
-    "--max-grad-norm",
-    "100",
-    "--no-progress",
+    *LAUNCH,
+    *tiny_run(
+        n_heldout=0,
+        seq_len=32,
+        vocab_size=300,
+        epochs=2,
+        threads=None,
+        save_every=1,
+        optimizer="sgd",
+        lr=0.5,
+        max_grad_norm=100,
+    ),
 ]
 KILL_DURING_SAVE = 3  # the third checkpoint (after step 3): steps 1 and 2 are saved, 3 and 4 must be redone
 
@@ -64,19 +49,20 @@ def _goldfish(*args: str) -> subprocess.Popen:
     )
 
 
-def _worker_pid(out: Path, rank: int) -> int:
-    """The pid of the worker process of `rank` writing into `out` (workers carry no --nproc; the launcher does)."""
+def _worker_pid(launcher: int, rank: int) -> int:
+    """The pid of the worker process of `rank` that the launcher `launcher` started (workers are its children and
+    read their settings from a run file, so their command line names no output folder)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if str(out).encode() in argv and b"--nproc" not in argv and f"RANK={rank}".encode() in environ:
+        if parent == launcher and f"RANK={rank}".encode() in environ:
             return int(entry.name)
-    raise AssertionError(f"no worker of rank {rank} for {out}")
+    raise AssertionError(f"no worker of rank {rank} under the launcher {launcher}")
 
 
 def _kill_during_save(process: subprocess.Popen, out: Path, nth: int) -> None:
@@ -92,7 +78,7 @@ def _kill_during_save(process: subprocess.Popen, out: Path, nth: int) -> None:
             seen += 1
         inside = bool(staging)
         if inside and seen == nth and any(staging[0].iterdir()):
-            os.kill(_worker_pid(out, 1), signal.SIGKILL)
+            os.kill(_worker_pid(process.pid, 1), signal.SIGKILL)
             return
         time.sleep(0.0005)
     raise AssertionError("no checkpoint save seen")
@@ -159,10 +145,25 @@ def test_background_run_killed_mid_stream_resumes_with_the_same_rows_and_exposur
             for _ in range(200)
         )
     )
-    run = [*RUN[: RUN.index("--n-train")], "--background", str(background), "--seq-len", "64", "--n-train", "4"]
-    run += ["--n-heldout", "2", "--repeats", "1,3", "--min-doc-tokens", "40", "--max-doc-tokens", "1000"]
-    run += ["--max-steps", "6", "--eval-every", "2", "--val-tokens", "512", "--batch-size", "4", "--vocab-size"]
-    run += ["400", "--save-every", "1", "--optimizer", "sgd", "--lr", "0.05", "--no-progress"]
+    run = [
+        *LAUNCH,
+        *tiny_run(
+            background=background,
+            seq_len=64,
+            batch_size=4,
+            vocab_size=400,
+            threads=None,
+            repeats="1,3",
+            min_doc_tokens=40,
+            max_doc_tokens=1000,
+            max_steps=6,
+            eval_every=2,
+            val_tokens=512,
+            save_every=1,
+            optimizer="sgd",
+            lr=0.05,
+        ),
+    ]
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     uninterrupted = _goldfish("--out", str(whole), *run)
     assert uninterrupted.wait(timeout=900) == 0, uninterrupted.stderr.read()[-3000:]
