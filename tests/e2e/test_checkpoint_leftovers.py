@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 from tiny_models import tiny_llama
-from tiny_runs import TINY_RUN
+from tiny_runs import tiny_run
 
 from engine.training.checkpoint import read_trainer_state, save_checkpoint
 from engine.training.train import TrainConfig, make_optimizer
 from goldfish.app.cli import main
 
-TINY = [*TINY_RUN, "--epochs", "1"]
+TINY = tiny_run(epochs=1)
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
@@ -118,7 +118,7 @@ def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import resource, sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1])!r}]  # the test, its helpers
         from test_checkpoint_leftovers import _save
         from engine.training.checkpoint import CheckpointError
         _save({str(directory)!r}, 1)
