@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiny_runs import tiny_run
 
 from goldfish.app.cli import main
 
@@ -30,39 +31,21 @@ def _background_file(path: Path, seed: int = 0) -> Path:
 
 
 def _background_args(background: Path) -> list[str]:
-    return [
-        "--model",
-        "micro-llama",
-        "--background",
-        str(background),
-        "--seq-len",
-        "64",
-        "--n-train",
-        "4",
-        "--n-heldout",
-        "2",
-        "--repeats",
-        "1,3",
-        "--min-doc-tokens",
-        "40",
-        "--max-doc-tokens",
-        "1000",
-        "--max-steps",
-        "4",
-        "--eval-every",
-        "2",
-        "--val-tokens",
-        "512",
-        "--batch-size",
-        "4",
-        "--vocab-size",
-        "400",
-        "--optimizer",
-        "sgd",  # SGD: a gradient off by a constant shows in the losses and norms (AdamW would hide it)
-        "--lr",
-        "0.05",
-        "--no-progress",
-    ]
+    return tiny_run(
+        background=background,
+        seq_len=64,
+        batch_size=4,
+        vocab_size=400,
+        threads=None,
+        repeats="1,3",
+        min_doc_tokens=40,
+        max_doc_tokens=1000,
+        max_steps=4,
+        eval_every=2,
+        val_tokens=512,
+        optimizer="sgd",  # SGD: a gradient off by a constant shows in the losses and norms (AdamW would hide it)
+        lr=0.05,
+    )
 
 
 def _launch(nproc: int, *args: str) -> subprocess.CompletedProcess:
@@ -101,26 +84,9 @@ def test_background_run_under_data_and_tensor_parallel_grids_equals_one_process(
 def test_packed_run_under_data_and_tensor_parallel_grids_equals_one_process(
     tmp_path: Path, default_long_docs: Path
 ) -> None:
-    common = [
-        "--model",
-        "micro-llama",
-        "--data",
-        str(default_long_docs),
-        "--pack",
-        "--seq-len",
-        "64",
-        "--n-train",
-        "4",
-        "--n-heldout",
-        "0",
-        "--epochs",
-        "1",
-        "--batch-size",
-        "4",
-        "--vocab-size",
-        "400",
-        "--no-progress",
-    ]
+    common = tiny_run(
+        data=default_long_docs, pack=True, seq_len=64, n_heldout=0, epochs=1, batch_size=4, vocab_size=400, threads=None
+    )
     assert main(["train", "--out", str(tmp_path / "serial"), *common]) == 0
     for grid in ("data=2", "x=2"):
         out = tmp_path / grid.replace("=", "")

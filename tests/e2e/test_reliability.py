@@ -15,26 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
+from tiny_runs import tiny_run
 
 from goldfish.app.cli import main
 
-TINY = [
-    "--model",
-    "micro-llama",
-    "--n-train",
-    "4",
-    "--n-heldout",
-    "0",
-    "--seq-len",
-    "32",
-    "--vocab-size",
-    "300",
-    "--batch-size",
-    "2",
-    "--no-progress",
-    "--threads",
-    "1",
-]
+TINY = tiny_run(n_heldout=0, seq_len=32, vocab_size=300)
 
 LONG = ["--epochs", "100000", "--dedup", "off"]
 LINUX = sys.platform.startswith("linux")

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiny_runs import tiny_run
 
 from goldfish.app.tracking import check_report_to, scalars
 
@@ -33,21 +34,7 @@ def test_tensorboard_holds_the_metrics(tmp_path: Path) -> None:
             "-m",
             "goldfish",
             "train",
-            "--model",
-            "micro-llama",
-            "--n-train",
-            "4",
-            "--n-heldout",
-            "0",
-            "--seq-len",
-            "32",
-            "--epochs",
-            "2",
-            "--batch-size",
-            "2",
-            "--no-progress",
-            "--report-to",
-            "tensorboard",
+            *tiny_run(n_heldout=0, seq_len=32, vocab_size=None, epochs=2, threads=None, report_to="tensorboard"),
             "--out",
             str(out),
         ],
