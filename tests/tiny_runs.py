@@ -47,7 +47,3 @@ def tiny_run(
         else:
             argv += [option, str(value)]
     return argv
-
-
-# the smallest run; test files extend it with what they vary
-TINY_RUN = tiny_run()
