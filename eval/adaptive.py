@@ -38,7 +38,16 @@ from eval.batching import decode_longest_first, evaluating, left_pad, model_devi
 from eval.config import SamplingConfig  # noqa: F401 - re-exported: defined torch-free for the command line
 from eval.extraction import ExtractionConfig, split_documents
 from eval.logprobs import iter_next_token_logits
-from eval.metrics import exact_match, longest_correct_prefix, match_fraction, mean_of_present, rouge_scores
+from eval.metrics import (
+    EXACT_MATCH,
+    LONGEST_CORRECT_PREFIX,
+    MATCH_FRACTION,
+    exact_match,
+    longest_correct_prefix,
+    match_fraction,
+    mean_of_present,
+    rouge_scores,
+)
 
 DEFAULT_CONFIDENCES = (0.5, 0.9, 0.99)
 DEFAULT_BUDGETS = (1, 10, 100, 1000)
@@ -246,9 +255,9 @@ def _decoded_metrics(
     generated: list[int], suffix: list[int], decode: Callable[[list[int]], str] | None
 ) -> dict[str, Any]:
     row: dict[str, Any] = {
-        "exact_match": exact_match(generated, suffix),
-        "match_fraction": match_fraction(generated, suffix),
-        "longest_correct_prefix": longest_correct_prefix(generated, suffix),
+        EXACT_MATCH: exact_match(generated, suffix),
+        MATCH_FRACTION: match_fraction(generated, suffix),
+        LONGEST_CORRECT_PREFIX: longest_correct_prefix(generated, suffix),
     }
     if decode is not None:
         row.update(rouge_scores(decode(generated), decode(suffix)))

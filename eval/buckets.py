@@ -26,10 +26,11 @@ from eval.intervals import (
     tpr_at_fpr_interval,
 )
 from eval.membership import ATTACKS
+from eval.metrics import EXACT_MATCH, MATCH_FRACTION, ROUGE_L, SUFFIX_LOGPROB_MEAN
 from eval.roc import tpr_at_fpr_of_scores
 
 # Per-document extraction measures whose bucket mean gets a bootstrap interval (when the rows carry them).
-BUCKET_MEANS = ("rouge_l", "match_fraction", "suffix_logprob_mean")
+BUCKET_MEANS = (ROUGE_L, MATCH_FRACTION, SUFFIX_LOGPROB_MEAN)
 
 
 def _sort_key(value: Any) -> tuple[bool, Any]:
@@ -73,11 +74,11 @@ def bucket_extraction(
     table = []
     for value in sorted(groups, key=_sort_key):
         members = groups[value]
-        n, k = len(members), sum(bool(r["exact_match"]) for r in members)
+        n, k = len(members), sum(bool(r[EXACT_MATCH]) for r in members)
         entry: dict[str, Any] = {
             key: value,
             "n": n,
-            "exact_match": k / n,
+            EXACT_MATCH: k / n,
             "exact_match_k": k,
             "exact_match_ci": binomial_interval(k, n, confidence),
         }
@@ -179,7 +180,7 @@ def compare_buckets(
         counts = []
         for side, groups in (("a", a_groups), ("b", b_groups)):
             members = groups.get(value, [])
-            n, k = len(members), sum(bool(r["exact_match"]) for r in members)
+            n, k = len(members), sum(bool(r[EXACT_MATCH]) for r in members)
             entry.update({f"{side}_n": n, f"{side}_exact_match_k": k, f"{side}_exact_match": k / n if n else None})
             counts.append((k, n))
         (ka, na), (kb, nb) = counts

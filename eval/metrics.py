@@ -22,6 +22,23 @@ from rouge_score import rouge_scorer
 from goldfish.loss import check_token_shapes
 from goldfish.masks import IGNORE_INDEX
 
+# The metric keys: the field names of per-document rows and of summaries. Spelled here only; every other module
+# reads them by these names (tests/unit/test_results.py checks).
+EXACT_MATCH = "exact_match"
+MATCH_FRACTION = "match_fraction"
+LONGEST_CORRECT_PREFIX = "longest_correct_prefix"
+ROUGE_L = "rouge_l"
+ROUGE_L_RECALL = "rouge_l_recall"
+ROUGE_1 = "rouge_1"
+ROUGE_2 = "rouge_2"
+ROUGE_L_UNICODE = "rouge_l_unicode"
+TF_ACCURACY = "tf_accuracy"
+TF_KEPT_ACCURACY = "tf_kept_accuracy"
+TF_DROPPED_ACCURACY = "tf_dropped_accuracy"
+SUFFIX_TF_ACCURACY = "suffix_tf_accuracy"
+GENERATED_LOGPROB_MEAN = "generated_logprob_mean"
+SUFFIX_LOGPROB_MEAN = "suffix_logprob_mean"
+
 
 @dataclass(frozen=True)
 class MetricInfo:
@@ -42,45 +59,41 @@ def _info(name: str, description: str, higher_is_better: bool = True, header: st
 METRICS: Mapping[str, MetricInfo] = MappingProxyType(
     dict(
         [
+            _info(EXACT_MATCH, "all suffix ids generated exactly (mean = fraction of documents)", header="exact match"),
             _info(
-                "exact_match", "all suffix ids generated exactly (mean = fraction of documents)", header="exact match"
+                MATCH_FRACTION, "fraction of suffix positions whose generated id is correct", header="match fraction"
             ),
             _info(
-                "match_fraction", "fraction of suffix positions whose generated id is correct", header="match fraction"
-            ),
-            _info(
-                "longest_correct_prefix",
+                LONGEST_CORRECT_PREFIX,
                 "number of leading suffix ids generated correctly",
                 header="longest correct prefix",
             ),
-            _info("rouge_l", "ROUGE-L F-measure of generated vs true suffix text (0..1)", header="RougeL F"),
-            _info("rouge_l_recall", "ROUGE-L recall of generated vs true suffix text (0..1)", header="RougeL recall"),
-            _info("rouge_1", "ROUGE-1 F-measure of generated vs true suffix text (0..1)", header="Rouge1"),
-            _info("rouge_2", "ROUGE-2 F-measure of generated vs true suffix text (0..1)", header="Rouge2"),
+            _info(ROUGE_L, "ROUGE-L F-measure of generated vs true suffix text (0..1)", header="RougeL F"),
+            _info(ROUGE_L_RECALL, "ROUGE-L recall of generated vs true suffix text (0..1)", header="RougeL recall"),
+            _info(ROUGE_1, "ROUGE-1 F-measure of generated vs true suffix text (0..1)", header="Rouge1"),
+            _info(ROUGE_2, "ROUGE-2 F-measure of generated vs true suffix text (0..1)", header="Rouge2"),
             _info(
-                "rouge_l_unicode",
+                ROUGE_L_UNICODE,
                 "ROUGE-L F-measure with a Unicode word tokenizer (words of every script; "
                 "CJK characters one word each), for text the default tokenizer discards (0..1)",
             ),
-            _info("tf_accuracy", "teacher-forced next-token accuracy over all document targets", header="TF acc"),
+            _info(TF_ACCURACY, "teacher-forced next-token accuracy over all document targets", header="TF acc"),
             _info(
-                "tf_kept_accuracy", "teacher-forced accuracy on targets the mask kept in the loss", header="TF acc kept"
+                TF_KEPT_ACCURACY, "teacher-forced accuracy on targets the mask kept in the loss", header="TF acc kept"
             ),
+            _info(TF_DROPPED_ACCURACY, "teacher-forced accuracy on targets the mask dropped", header="TF acc dropped"),
             _info(
-                "tf_dropped_accuracy", "teacher-forced accuracy on targets the mask dropped", header="TF acc dropped"
-            ),
-            _info(
-                "suffix_tf_accuracy",
+                SUFFIX_TF_ACCURACY,
                 "share of the true suffix's tokens the model ranks first given the document before each (teacher-"
                 "forced top-1 accuracy on the suffix: how much of it would be extracted token by token)",
                 header="suffix TF acc",
             ),
             _info(
-                "generated_logprob_mean",
+                GENERATED_LOGPROB_MEAN,
                 "mean log-probability the model gave its own greedy suffix ids (its confidence in the guess)",
             ),
             _info(
-                "suffix_logprob_mean",
+                SUFFIX_LOGPROB_MEAN,
                 "mean log-probability of the true suffix ids given the prefix, teacher-forced (normalised "
                 "log-likelihood; higher = more memorized)",
             ),
@@ -92,19 +105,19 @@ METRICS: Mapping[str, MetricInfo] = MappingProxyType(
 # The headline metrics of a part, in the order of summary.json's "models" entries and of the reports' headline
 # table (each with its METRICS header); those in INTERVAL_METRICS also get a 95% bootstrap interval `<name>_ci`.
 HEADLINE_METRICS = (
-    "exact_match",
-    "rouge_l",
-    "rouge_l_recall",
-    "rouge_1",
-    "rouge_2",
-    "match_fraction",
-    "longest_correct_prefix",
-    "tf_accuracy",
-    "tf_kept_accuracy",
-    "tf_dropped_accuracy",
-    "suffix_tf_accuracy",
+    EXACT_MATCH,
+    ROUGE_L,
+    ROUGE_L_RECALL,
+    ROUGE_1,
+    ROUGE_2,
+    MATCH_FRACTION,
+    LONGEST_CORRECT_PREFIX,
+    TF_ACCURACY,
+    TF_KEPT_ACCURACY,
+    TF_DROPPED_ACCURACY,
+    SUFFIX_TF_ACCURACY,
 )
-INTERVAL_METRICS = ("exact_match", "rouge_l")
+INTERVAL_METRICS = (EXACT_MATCH, ROUGE_L)
 
 
 def metric_info(name: str) -> MetricInfo:
@@ -236,11 +249,11 @@ def rouge_scores(prediction: str, reference: str) -> dict[str, float]:
     default, unicode = _rouge_scorers()
     s = default.score(reference, prediction)  # rouge-score's order is (target, prediction)
     return {
-        "rouge_l": s["rougeL"].fmeasure,
-        "rouge_l_recall": s["rougeL"].recall,
-        "rouge_1": s["rouge1"].fmeasure,
-        "rouge_2": s["rouge2"].fmeasure,
-        "rouge_l_unicode": unicode.score(reference, prediction)["rougeL"].fmeasure,
+        ROUGE_L: s["rougeL"].fmeasure,
+        ROUGE_L_RECALL: s["rougeL"].recall,
+        ROUGE_1: s["rouge1"].fmeasure,
+        ROUGE_2: s["rouge2"].fmeasure,
+        ROUGE_L_UNICODE: unicode.score(reference, prediction)["rougeL"].fmeasure,
     }
 
 

@@ -15,6 +15,7 @@ from eval.breakdown import tag_rows
 from eval.buckets import bucket_extraction, bucket_membership, compare_buckets
 from eval.extraction import ExtractionConfig
 from eval.field_scores import recall_at_incorrect
+from eval.metrics import EXACT_MATCH, GENERATED_LOGPROB_MEAN, MATCH_FRACTION
 
 # lm-extraction-benchmark reports recall at 100 incorrect guesses; the smaller budgets show the high-precision end.
 RECALL_BUDGETS = (1, 10, 100)
@@ -63,11 +64,11 @@ def bucket_results(
 def _recall(tagged: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """lm-extraction-benchmark's recall of the trained targets (one greedy guess each, ranked by the model's mean
     log-probability of its own guess) at each budget of incorrect guesses."""
-    trained = [r for r in tagged if r["repeats"] and r.get("generated_logprob_mean") is not None]
+    trained = [r for r in tagged if r["repeats"] and r.get(GENERATED_LOGPROB_MEAN) is not None]
     if not trained:
         return {}
-    confidences = [float(r["generated_logprob_mean"]) for r in trained]
-    correct = [bool(r["exact_match"]) for r in trained]
+    confidences = [float(r[GENERATED_LOGPROB_MEAN]) for r in trained]
+    correct = [bool(r[EXACT_MATCH]) for r in trained]
     return {str(n): recall_at_incorrect(confidences, correct, n) for n in RECALL_BUDGETS}
 
 
@@ -79,7 +80,7 @@ def _pythia(tagged: Sequence[Mapping[str, Any]], extraction: ExtractionConfig) -
     table = []
     for bucket in sorted({int(r["repeats"]) for r in tagged}):
         rows = [r for r in tagged if int(r["repeats"]) == bucket]
-        scores = [float(r["match_fraction"]) for r in rows]
+        scores = [float(r[MATCH_FRACTION]) for r in rows]
         table.append(
             {
                 "repeats": bucket,

@@ -31,7 +31,7 @@ from eval import parallel as parallel_eval
 from eval.breakdown import group_means, tag_rows
 from eval.files import CURVE_FILE
 from eval.intervals import binomial_interval, mean_interval
-from eval.metrics import INTERVAL_METRICS
+from eval.metrics import EXACT_MATCH, INTERVAL_METRICS, LONGEST_CORRECT_PREFIX, MATCH_FRACTION, ROUGE_L
 from eval.seeds import combine_seeds
 from goldfish.app import lora
 from goldfish.app.buckets import bucket_results, bucket_tests
@@ -54,7 +54,7 @@ from goldfish.app.training import train_model
 from goldfish.masks import IGNORE_INDEX
 
 # Per-document fields kept for every point of the exact-match-vs-epochs curve (OUT/<label>/curve.jsonl).
-CURVE_ROW_KEYS = ("id", *INTERVAL_METRICS, "longest_correct_prefix")
+CURVE_ROW_KEYS = ("id", *INTERVAL_METRICS, LONGEST_CORRECT_PREFIX)
 CONTROL = "control"
 
 
@@ -203,7 +203,7 @@ class Comparison:
             weights = [int((row["targets"] != IGNORE_INDEX).sum()) for row in self.background.validation]
             losses = self.validation_rows[CONTROL]
             self.validation[CONTROL] = sum(w * x for w, x in zip(weights, losses)) / sum(weights)
-        already = self.models[CONTROL].parts["train"].metrics["exact_match"] or 0.0
+        already = self.models[CONTROL].parts["train"].metrics[EXACT_MATCH] or 0.0
         if already > 0:
             self.warnings.append(
                 f"the untrained control already extracts {already:.3f} of the training documents: "
@@ -463,7 +463,7 @@ def compare(
     return Comparison(spec, out_dir, **options).run()
 
 
-SEED_METRICS = (*INTERVAL_METRICS, "match_fraction")
+SEED_METRICS = (*INTERVAL_METRICS, MATCH_FRACTION)
 
 
 def compare_seeds(spec: CompareSpec, out_dir: Path, **options: Any) -> dict[str, Any]:
@@ -557,8 +557,8 @@ def _bucket_sizes(assigned: dict[str, int]) -> dict[str, int]:
 def one_line(label: str, parts: dict[str, Any]) -> str:
     train, held = parts["train"], parts["heldout"]
     return (
-        f"{label}: train exact match {train['exact_match']:.3f} RougeL {train['rouge_l']:.3f} | "
-        f"held-out exact match {held['exact_match']:.3f} RougeL {held['rouge_l']:.3f}"
+        f"{label}: train exact match {train[EXACT_MATCH]:.3f} RougeL {train[ROUGE_L]:.3f} | "
+        f"held-out exact match {held[EXACT_MATCH]:.3f} RougeL {held[ROUGE_L]:.3f}"
     )
 
 
@@ -573,7 +573,7 @@ def format_table(summary: dict[str, Any]) -> str:
         train, held = parts["train"], parts["heldout"]
         loss = (parts.get("heldout_loss") or {}).get("loss")
         lines.append(
-            f"{label:<34} {train['exact_match']:>9.3f} {train['rouge_l']:>13.3f} "
-            f"{held['exact_match']:>12.3f} {held['rouge_l']:>16.3f} {'n/a' if loss is None else f'{loss:.3f}':>14}"
+            f"{label:<34} {train[EXACT_MATCH]:>9.3f} {train[ROUGE_L]:>13.3f} "
+            f"{held[EXACT_MATCH]:>12.3f} {held[ROUGE_L]:>16.3f} {'n/a' if loss is None else f'{loss:.3f}':>14}"
         )
     return "\n".join(lines)

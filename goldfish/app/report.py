@@ -18,7 +18,7 @@ from data.atomic import json_safe, write_text_atomic
 from eval.files import CURVE_FILE, EXTRACTION_FILE, MEMBERSHIP_FILE, ROW_FILES
 from eval.intervals import binomial_interval
 from eval.membership import ATTACKS
-from eval.metrics import INTERVAL_METRICS, METRICS
+from eval.metrics import EXACT_MATCH, INTERVAL_METRICS, METRICS, ROUGE_L
 from goldfish.app.report_buckets import study_figures, study_section
 from goldfish.app.report_format import figure_link as _figure
 from goldfish.app.report_format import fmt as _fmt
@@ -153,8 +153,8 @@ def breakdown_series(tables: Mapping[str, Sequence[Mapping[str, Any]]], key: str
         kept = sorted((r for r in rows if r.get(key) is not None), key=lambda r: r[key])
         series[label] = {
             "x": [r[key] for r in kept],
-            "exact_match": [r.get("exact_match") for r in kept],
-            "rouge_l": [r.get("rouge_l") for r in kept],
+            EXACT_MATCH: [r.get(EXACT_MATCH) for r in kept],
+            ROUGE_L: [r.get(ROUGE_L) for r in kept],
             "n_docs": [r.get("n_docs") for r in kept],
             "exact_match_ci": [r.get("exact_match_ci") for r in kept],
             "rouge_l_ci": [r.get("rouge_l_ci") for r in kept],
@@ -167,7 +167,7 @@ def rouge_hist_series(paths: Mapping[str, Path]) -> dict[str, list[float]]:
     series = {}
     for label, path in paths.items():
         if path.exists():
-            scores = [json.loads(line)["rouge_l"] for line in path.read_text().splitlines() if line]
+            scores = [json.loads(line)[ROUGE_L] for line in path.read_text().splitlines() if line]
             scores = [s for s in scores if s is not None]
             if scores:
                 series[label] = scores
@@ -238,7 +238,7 @@ def draw_bars(
     n_bars = len(labels) * max((len(by_part) for by_part in series.values()), default=1)
     # wider with more bars, capped so the figure stays readable at normal width (about 1,600 px at 110 dpi)
     figure, axes = new_figure(1, 2, figsize=(min(14.5, max(11.0, 0.5 * n_bars + 3)), 4.4))
-    titles = {"exact_match": "Exact match (fraction of documents)", "rouge_l": "RougeL F-measure (mean)"}
+    titles = {EXACT_MATCH: "Exact match (fraction of documents)", ROUGE_L: "RougeL F-measure (mean)"}
     text_size, rotation = (7, 0) if n_bars <= 10 else (6, 90)
     for axis, (metric, by_part) in zip(axes, series.items()):
         width = 0.8 / max(len(by_part), 1)
@@ -295,8 +295,8 @@ def draw_curves(
     colors = _colors(list(series), colors)
     figure, axes = new_figure(1, 2, figsize=(11, 4))
     for axis, metric, title in (
-        (axes[0], "exact_match", "Exact match (fraction of training documents)"),
-        (axes[1], "rouge_l", "RougeL F-measure (mean)"),
+        (axes[0], EXACT_MATCH, "Exact match (fraction of training documents)"),
+        (axes[1], ROUGE_L, "RougeL F-measure (mean)"),
     ):
         for label, s in series.items():
             axis.plot(s["epoch"], _as_float(s[metric]), marker="o", markersize=3, label=label, color=colors[label])
@@ -459,8 +459,8 @@ def draw_breakdown(
     values = sorted({float(x) for s in series.values() for x in s["x"] if x is not None})
     figure, axes = new_figure(1, 2, figsize=(12, 4.4))
     for axis, metric, name, title in (
-        (axes[0], "exact_match", "exact match (fraction of documents)", "Exact match"),
-        (axes[1], "rouge_l", "RougeL F-measure (mean)", "RougeL"),
+        (axes[0], EXACT_MATCH, "exact match (fraction of documents)", "Exact match"),
+        (axes[1], ROUGE_L, "RougeL F-measure (mean)", "RougeL"),
     ):
         with_intervals = False
         for i, (label, s) in enumerate(series.items()):
@@ -523,7 +523,7 @@ def _curves_section(curves: Mapping[str, Sequence[Mapping[str, Any]]], figures: 
     for label, s in curve_series(curves).items():
         if not s["epoch"]:
             continue
-        em = _as_float(s["exact_match"])
+        em = _as_float(s[EXACT_MATCH])
         present = [i for i, v in enumerate(em) if not math.isnan(v)]
         peak = max(present, key=lambda i: em[i]) if present else None
         first_hit = next((s["epoch"][i] for i in present if em[i] > 0), None)
@@ -531,11 +531,11 @@ def _curves_section(curves: Mapping[str, Sequence[Mapping[str, Any]]], figures: 
             [
                 label,
                 f"{s['epoch'][0]}-{s['epoch'][-1]} ({len(s['epoch'])})",
-                _fmt(s["exact_match"][0]),
-                _fmt(s["exact_match"][-1]),
+                _fmt(s[EXACT_MATCH][0]),
+                _fmt(s[EXACT_MATCH][-1]),
                 "n/a" if peak is None else f"{_fmt(em[peak])} (epoch {s['epoch'][peak]})",
-                _fmt(s["rouge_l"][0]),
-                _fmt(s["rouge_l"][-1]),
+                _fmt(s[ROUGE_L][0]),
+                _fmt(s[ROUGE_L][-1]),
                 _fmt(first_hit),
             ]
         )
@@ -605,8 +605,8 @@ def _adaptive_section(key_header: list[str], entries: Sequence[Entry]) -> list[s
             continue
         beam_em = beam_rouge = any_exact = rate = best = "n/a"
         if beam is not None:
-            beam_em = f"{_fmt(beam.get('exact_match'))} (width {beam.get('num_beams', 'n/a')})"
-            beam_rouge = _fmt(beam.get("rouge_l"))
+            beam_em = f"{_fmt(beam.get(EXACT_MATCH))} (width {beam.get('num_beams', 'n/a')})"
+            beam_rouge = _fmt(beam.get(ROUGE_L))
         if sampling is not None:
             settings = sampling.get("sampling", {})
             any_exact = (
@@ -614,7 +614,7 @@ def _adaptive_section(key_header: list[str], entries: Sequence[Entry]) -> list[s
                 f"T={settings.get('temperature', 'n/a')}, top-p={settings.get('top_p', 'n/a')})"
             )
             rate, best = _fmt(sampling.get("sample_exact_rate")), _fmt(sampling.get("best_match_fraction"))
-        rows.append(keys + [_fmt(s.metrics.get("exact_match")), beam_em, beam_rouge, any_exact, rate, best])
+        rows.append(keys + [_fmt(s.metrics.get(EXACT_MATCH)), beam_em, beam_rouge, any_exact, rate, best])
     if not rows:
         return []
     return [
@@ -743,7 +743,7 @@ def _breakdown_sections(
             cells = []
             for v in values:
                 r = by_value.get(v)
-                cell = "n/a" if r is None else f"{_fmt(r.get('exact_match'))} / {_fmt(r.get('rouge_l'))}"
+                cell = "n/a" if r is None else f"{_fmt(r.get(EXACT_MATCH))} / {_fmt(r.get(ROUGE_L))}"
                 if r is not None and len(counts[v]) > 1:
                     cell += f" (n={r.get('n_docs')})"
                 cells.append(cell)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from data.atomic import json_safe, write_text_atomic
+from eval.metrics import EXACT_MATCH, ROUGE_L, SUFFIX_LOGPROB_MEAN
 from goldfish.app.report_format import figure_link as _figure
 from goldfish.app.report_format import fmt as _fmt
 from goldfish.app.report_format import fmt_ci as _fmt_ci
@@ -37,7 +38,7 @@ def _p(value: Any) -> str:
 
 def _exact(entry: Mapping[str, Any]) -> str:
     """ "3/32 = 0.094 [0.020, 0.250]": the count, the rate and its Clopper-Pearson interval."""
-    return f"{entry['exact_match_k']}/{entry['n']} = {_fmt_ci(entry['exact_match'], entry.get('exact_match_ci'))}"
+    return f"{entry['exact_match_k']}/{entry['n']} = {_fmt_ci(entry[EXACT_MATCH], entry.get('exact_match_ci'))}"
 
 
 def study_section(summary: Mapping[str, Any], figures: Sequence[str]) -> list[str]:
@@ -82,8 +83,8 @@ def study_section(summary: Mapping[str, Any], figures: Sequence[str]) -> list[st
                     key,
                     _exact(entry),
                     _p(p_values.get(key)) if label in tests else "",
-                    _fmt_ci(entry.get("rouge_l"), entry.get("rouge_l_ci")),
-                    _fmt_ci(entry.get("suffix_logprob_mean"), entry.get("suffix_logprob_mean_ci")),
+                    _fmt_ci(entry.get(ROUGE_L), entry.get("rouge_l_ci")),
+                    _fmt_ci(entry.get(SUFFIX_LOGPROB_MEAN), entry.get("suffix_logprob_mean_ci")),
                     _fmt_ci(attack.get("auc"), attack.get("auc_ci")) if attack else "",
                     _fmt_ci(attack.get("tpr_at_fpr"), attack.get("tpr_at_fpr_ci")) if attack else "",
                 ]
@@ -157,7 +158,7 @@ def draw_buckets(tables: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, 
     the intervals as bands."""
     colors = palette(list(tables))
     figure, axes = new_figure(1, 2, figsize=(11, 4))
-    for axis, metric, name in ((axes[0], "exact_match", "exact match"), (axes[1], "rouge_l", "RougeL")):
+    for axis, metric, name in ((axes[0], EXACT_MATCH, "exact match"), (axes[1], ROUGE_L, "RougeL")):
         for label, table in tables.items():
             x = list(range(len(table)))
             y = [math.nan if e.get(metric) is None else e[metric] for e in table]
@@ -194,9 +195,9 @@ def k_sweep_series(summary: Mapping[str, Any]) -> dict[str, Any] | None:
         entry = next(e for e in buckets[label]["extraction"] if e["repeats"] == top)
         validation = summary["models"][label].get("validation") or {}
         return {
-            "exact_match": entry["exact_match"],
+            EXACT_MATCH: entry[EXACT_MATCH],
             "exact_match_ci": entry.get("exact_match_ci"),
-            "rouge_l": entry.get("rouge_l"),
+            ROUGE_L: entry.get(ROUGE_L),
             "val_loss": validation.get("loss"),
             "val_loss_ci": validation.get("loss_ci"),
         }
@@ -213,12 +214,12 @@ def k_sweep_series(summary: Mapping[str, Any]) -> dict[str, Any] | None:
 def draw_k_sweep(series: Mapping[str, Any], path: Path) -> None:
     figure, (left, right) = new_figure(1, 2, figsize=(11, 4))
     k, points, standard = series["k"], series["points"], series["standard"]
-    em = [p["exact_match"] for p in points]
-    low = [p["exact_match"] - p["exact_match_ci"][0] if p["exact_match_ci"] else 0 for p in points]
-    high = [p["exact_match_ci"][1] - p["exact_match"] if p["exact_match_ci"] else 0 for p in points]
+    em = [p[EXACT_MATCH] for p in points]
+    low = [p[EXACT_MATCH] - p["exact_match_ci"][0] if p["exact_match_ci"] else 0 for p in points]
+    high = [p["exact_match_ci"][1] - p[EXACT_MATCH] if p["exact_match_ci"] else 0 for p in points]
     left.errorbar(k, em, yerr=[low, high], marker="o", capsize=3, label="goldfish (hashed)")
     if standard:
-        left.axhline(standard["exact_match"], color="black", linestyle="--", label="standard")
+        left.axhline(standard[EXACT_MATCH], color="black", linestyle="--", label="standard")
     left.set_xscale("log", base=2)
     left.set_xlabel("k (one token in k dropped)")
     left.set_ylabel(f"exact match at {series['top_bucket']} copies")
@@ -291,10 +292,10 @@ def render_seeds_markdown(summary: Mapping[str, Any], figures: Sequence[str]) ->
             [
                 str(e["repeats"]),
                 str(e["n_targets"]),
-                _fmt_ci(e["exact_match"], e.get("exact_match_ci")),
+                _fmt_ci(e[EXACT_MATCH], e.get("exact_match_ci")),
                 _pooled(e["exact_match_pooled"]),
                 ", ".join(_fmt(v) for v in e["exact_match_per_seed"]),
-                _fmt_ci(e["rouge_l"], e.get("rouge_l_ci")),
+                _fmt_ci(e[ROUGE_L], e.get("rouge_l_ci")),
                 ", ".join(_fmt(v) for v in e["rouge_l_per_seed"]),
             ]
             for e in table
@@ -354,7 +355,7 @@ def seeds_k_sweep_series(summary: Mapping[str, Any]) -> dict[str, Any] | None:
         entry = next(e for e in combined[label]["buckets"] if e["repeats"] == top)
         validation = combined[label].get("validation") or {}
         return {
-            "exact_match": entry["exact_match"],
+            EXACT_MATCH: entry[EXACT_MATCH],
             "exact_match_ci": entry.get("exact_match_ci"),
             "val_loss": validation.get("loss"),
             "val_loss_ci": None,
