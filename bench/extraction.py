@@ -32,6 +32,7 @@ from transformers import GenerationConfig
 
 from eval.decoding import greedy_decode
 from eval.extraction import ExtractionConfig, extract
+from eval.metrics import EXACT_MATCH
 
 
 @dataclass
@@ -203,8 +204,8 @@ def summarize(
         # Every contender's ids equal HF's; the reproduced documents' suffixes ARE those ids.
         "identical_ids": all(got == reference for got in ids.values()),
         "distinct_generated_ids": len({t for row in ids["batched"] for t in row}),
-        "exact_match_vs_random_suffix": sum(r["exact_match"] for r in rows["extract"]) / max(1, n),
-        "exact_match_reproduced": sum(r["exact_match"] for r in rows["extract_reproduced"]) / max(1, n),
+        "exact_match_vs_random_suffix": sum(r[EXACT_MATCH] for r in rows["extract"]) / max(1, n),
+        "exact_match_reproduced": sum(r[EXACT_MATCH] for r in rows["extract_reproduced"]) / max(1, n),
         "load_average_1min_at_end": os.getloadavg()[0],
     }
 

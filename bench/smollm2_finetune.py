@@ -35,6 +35,7 @@ from data.atomic import write_jsonl_atomic
 from engine.training.train import TrainConfig, train
 from eval.decoding import greedy_decode
 from eval.extraction import ExtractionConfig
+from eval.metrics import EXACT_MATCH, MATCH_FRACTION, ROUGE_L, TF_DROPPED_ACCURACY, TF_KEPT_ACCURACY
 from goldfish.app.config import MaskSpec, parse_mask
 from goldfish.app.experiment import Prepared, evaluate_model, make_examples, make_step_loss
 from goldfish.app.pretrained import SMOLLM2_135M, load_pretrained
@@ -108,9 +109,9 @@ def control(model: torch.nn.Module, prepared: Prepared, mask: MaskSpec, log: Log
             {
                 "event": "control",
                 "part": part,
-                "exact_match": s["exact_match"],
-                "rouge_l": s["rouge_l"],
-                "match_fraction": s["match_fraction"],
+                EXACT_MATCH: s[EXACT_MATCH],
+                ROUGE_L: s[ROUGE_L],
+                MATCH_FRACTION: s[MATCH_FRACTION],
                 "n_docs": s["n_docs"],
             }
         )
@@ -156,16 +157,16 @@ def finetune(model: torch.nn.Module, prepared: Prepared, mask: MaskSpec, args: a
             {
                 "event": "eval",
                 "epoch": epoch,
-                "exact_match": s["exact_match"],
-                "rouge_l": s["rouge_l"],
-                "match_fraction": s["match_fraction"],
-                "tf_kept_accuracy": s.get("tf_kept_accuracy"),
-                "tf_dropped_accuracy": s.get("tf_dropped_accuracy"),
+                EXACT_MATCH: s[EXACT_MATCH],
+                ROUGE_L: s[ROUGE_L],
+                MATCH_FRACTION: s[MATCH_FRACTION],
+                TF_KEPT_ACCURACY: s.get(TF_KEPT_ACCURACY),
+                TF_DROPPED_ACCURACY: s.get(TF_DROPPED_ACCURACY),
                 "train_minutes": (time.perf_counter() - started - eval_seconds) / 60,
                 "eval_seconds": seconds,
             }
         )
-        if s["exact_match"] >= args.stop_at:
+        if s[EXACT_MATCH] >= args.stop_at:
             raise Stop
 
     try:
