@@ -26,11 +26,13 @@ from eval.intervals import (
     tpr_at_fpr_interval,
 )
 from eval.membership import ATTACKS
-from eval.metrics import EXACT_MATCH, MATCH_FRACTION, ROUGE_L, SUFFIX_LOGPROB_MEAN
+from eval.metrics import EXACT_MATCH, MATCH_FRACTION, ROUGE_L, SUFFIX_LOGPROB_MEAN, interval_key
 from eval.roc import tpr_at_fpr_of_scores
 
 # Per-document extraction measures whose bucket mean gets a bootstrap interval (when the rows carry them).
 BUCKET_MEANS = (ROUGE_L, MATCH_FRACTION, SUFFIX_LOGPROB_MEAN)
+# The key of a bucket's count of targets extracted exactly (beside EXACT_MATCH, their share).
+EXACT_MATCH_K = f"{EXACT_MATCH}_k"
 
 
 def _sort_key(value: Any) -> tuple[bool, Any]:
@@ -79,15 +81,15 @@ def bucket_extraction(
             key: value,
             "n": n,
             EXACT_MATCH: k / n,
-            "exact_match_k": k,
-            "exact_match_ci": binomial_interval(k, n, confidence),
+            EXACT_MATCH_K: k,
+            interval_key(EXACT_MATCH): binomial_interval(k, n, confidence),
         }
         for name in BUCKET_MEANS:
             values = [float(r[name]) for r in members if r.get(name) is not None]
             if not values:
                 continue
             entry[name] = sum(values) / len(values)
-            entry[f"{name}_ci"] = (
+            entry[interval_key(name)] = (
                 mean_interval(values, n_resamples=n_resamples, confidence=confidence) if n_resamples else None
             )
         table.append(entry)
@@ -181,7 +183,7 @@ def compare_buckets(
         for side, groups in (("a", a_groups), ("b", b_groups)):
             members = groups.get(value, [])
             n, k = len(members), sum(bool(r[EXACT_MATCH]) for r in members)
-            entry.update({f"{side}_n": n, f"{side}_exact_match_k": k, f"{side}_exact_match": k / n if n else None})
+            entry.update({f"{side}_n": n, f"{side}_{EXACT_MATCH_K}": k, f"{side}_{EXACT_MATCH}": k / n if n else None})
             counts.append((k, n))
         (ka, na), (kb, nb) = counts
         entry["fisher_p"] = fisher_exact_p(ka, na, kb, nb) if na and nb else None

@@ -42,6 +42,7 @@ from eval.metrics import (
     TF_KEPT_ACCURACY,
     default_tokenizer_kept_fraction,
     exact_match,
+    interval_key,
     longest_correct_prefix,
     match_fraction,
     mean_of_present,
@@ -232,7 +233,7 @@ def summarize_extraction(
         summary[name] = mean_of_present([row.get(name) for row in rows])
     for name in INTERVAL_METRICS:  # 95% percentile bootstrap over documents (eval.intervals)
         values = [row[name] for row in rows if row.get(name) is not None]
-        summary[f"{name}_ci"] = (
+        summary[interval_key(name)] = (
             mean_interval(values, n_resamples=config.bootstrap) if config.bootstrap and values else None
         )
     summary["config"] = asdict(config)

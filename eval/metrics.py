@@ -120,6 +120,14 @@ HEADLINE_METRICS = (
 INTERVAL_METRICS = (EXACT_MATCH, ROUGE_L)
 
 
+INTERVAL_SUFFIX = "_ci"
+
+
+def interval_key(name: str) -> str:
+    """The key, beside a metric's own, of its 95% interval [low, high] in summaries and bucket tables."""
+    return f"{name}{INTERVAL_SUFFIX}"
+
+
 def metric_info(name: str) -> MetricInfo:
     """Metadata of a registered metric; unknown names fail with the list of known ones."""
     try:

@@ -31,7 +31,7 @@ from eval import parallel as parallel_eval
 from eval.breakdown import group_means, tag_rows
 from eval.files import CURVE_FILE
 from eval.intervals import binomial_interval, mean_interval
-from eval.metrics import EXACT_MATCH, INTERVAL_METRICS, LONGEST_CORRECT_PREFIX, MATCH_FRACTION, ROUGE_L
+from eval.metrics import EXACT_MATCH, INTERVAL_METRICS, LONGEST_CORRECT_PREFIX, MATCH_FRACTION, ROUGE_L, interval_key
 from eval.seeds import combine_seeds
 from goldfish.app import lora
 from goldfish.app.buckets import bucket_results, bucket_tests
@@ -364,7 +364,7 @@ class Comparison:
             intervals = {e["repeats"]: e for e in self.buckets[label]["extraction"]}
             for entry in self.breakdowns["repeats"][label]:
                 bucket = intervals.get(entry["repeats"], {})
-                entry |= {f"{m}_ci": bucket.get(f"{m}_ci") for m in REPEAT_METRICS}
+                entry |= {interval_key(m): bucket.get(interval_key(m)) for m in REPEAT_METRICS}
         self.timings[f"eval {label}"] = time.perf_counter() - t0
         return rows
 
@@ -518,9 +518,9 @@ def combine_seed_runs(
                 n_resamples=spec.extraction.bootstrap,
             )
             for bucket in entry["buckets"]:  # every target under every seed as one trial: k of n with its interval
-                k = round(sum(bucket["exact_match_per_seed"]) * bucket["n_targets"])
+                k = round(sum(bucket[f"{EXACT_MATCH}_per_seed"]) * bucket["n_targets"])
                 n = bucket["n_targets"] * bucket["n_seeds"]
-                bucket["exact_match_pooled"] = {"k": k, "n": n, "ci": binomial_interval(k, n)}
+                bucket[f"{EXACT_MATCH}_pooled"] = {"k": k, "n": n, "ci": binomial_interval(k, n)}
         validation = [summaries[seed]["models"][label].get("validation") for seed in spec.seeds]
         if all(v is not None for v in validation):
             losses = [v["loss"] for v in validation]

@@ -18,7 +18,7 @@ from data.atomic import json_safe, write_text_atomic
 from eval.files import CURVE_FILE, EXTRACTION_FILE, MEMBERSHIP_FILE, ROW_FILES
 from eval.intervals import binomial_interval
 from eval.membership import ATTACKS
-from eval.metrics import EXACT_MATCH, INTERVAL_METRICS, METRICS, ROUGE_L
+from eval.metrics import EXACT_MATCH, INTERVAL_METRICS, METRICS, ROUGE_L, interval_key
 from goldfish.app.report_buckets import study_figures, study_section
 from goldfish.app.report_format import figure_link as _figure
 from goldfish.app.report_format import fmt as _fmt
@@ -156,8 +156,8 @@ def breakdown_series(tables: Mapping[str, Sequence[Mapping[str, Any]]], key: str
             EXACT_MATCH: [r.get(EXACT_MATCH) for r in kept],
             ROUGE_L: [r.get(ROUGE_L) for r in kept],
             "n_docs": [r.get("n_docs") for r in kept],
-            "exact_match_ci": [r.get("exact_match_ci") for r in kept],
-            "rouge_l_ci": [r.get("rouge_l_ci") for r in kept],
+            interval_key(EXACT_MATCH): [r.get(interval_key(EXACT_MATCH)) for r in kept],
+            interval_key(ROUGE_L): [r.get(interval_key(ROUGE_L)) for r in kept],
         }
     return series
 
@@ -185,7 +185,7 @@ def bar_errors(models: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> dict[st
             below, above = [], []
             for m in models.values():
                 s = m.get(part, {})
-                value, ci = float(s.get(metric) or 0.0), s.get(f"{metric}_ci")
+                value, ci = float(s.get(metric) or 0.0), s.get(interval_key(metric))
                 below.append(max(value - ci[0], 0.0) if ci else 0.0)
                 above.append(max(ci[1] - value, 0.0) if ci else 0.0)
             out[metric][part] = [below, above]
@@ -470,7 +470,7 @@ def draw_breakdown(
             else:
                 xs = [float(x) for x in s["x"]]
             ys = _as_float(s[metric])
-            intervals = s.get(f"{metric}_ci") or [None] * len(ys)
+            intervals = s.get(interval_key(metric)) or [None] * len(ys)
             low = [math.nan if ci is None else float(ci[0]) for ci in intervals]
             high = [math.nan if ci is None else float(ci[1]) for ci in intervals]
             yerr = [[y - lo for y, lo in zip(ys, low)], [hi - y for y, hi in zip(ys, high)]]
@@ -514,7 +514,9 @@ def _bucket_tick_labels(series: Mapping[str, Mapping[str, list[Any]]], values: S
 
 
 def _headline_section(key_header: list[str], entries: Sequence[Entry]) -> list[str]:
-    rows = [keys + [_fmt_ci(s.metric(k), s.metric(f"{k}_ci")) for _, k in HEADLINE_COLUMNS] for keys, s in entries]
+    rows = [
+        keys + [_fmt_ci(s.metric(k), s.metric(interval_key(k))) for _, k in HEADLINE_COLUMNS] for keys, s in entries
+    ]
     return _table(key_header + [name for name, _ in HEADLINE_COLUMNS], rows)
 
 

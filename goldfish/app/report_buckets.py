@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from data.atomic import json_safe, write_text_atomic
-from eval.metrics import EXACT_MATCH, ROUGE_L, SUFFIX_LOGPROB_MEAN
+from eval.buckets import EXACT_MATCH_K
+from eval.metrics import EXACT_MATCH, ROUGE_L, SUFFIX_LOGPROB_MEAN, interval_key
 from goldfish.app.report_format import figure_link as _figure
 from goldfish.app.report_format import fmt as _fmt
 from goldfish.app.report_format import fmt_ci as _fmt_ci
@@ -38,7 +39,8 @@ def _p(value: Any) -> str:
 
 def _exact(entry: Mapping[str, Any]) -> str:
     """ "3/32 = 0.094 [0.020, 0.250]": the count, the rate and its Clopper-Pearson interval."""
-    return f"{entry['exact_match_k']}/{entry['n']} = {_fmt_ci(entry[EXACT_MATCH], entry.get('exact_match_ci'))}"
+    rate = _fmt_ci(entry[EXACT_MATCH], entry.get(interval_key(EXACT_MATCH)))
+    return f"{entry[EXACT_MATCH_K]}/{entry['n']} = {rate}"
 
 
 def study_section(summary: Mapping[str, Any], figures: Sequence[str]) -> list[str]:
@@ -83,8 +85,8 @@ def study_section(summary: Mapping[str, Any], figures: Sequence[str]) -> list[st
                     key,
                     _exact(entry),
                     _p(p_values.get(key)) if label in tests else "",
-                    _fmt_ci(entry.get(ROUGE_L), entry.get("rouge_l_ci")),
-                    _fmt_ci(entry.get(SUFFIX_LOGPROB_MEAN), entry.get("suffix_logprob_mean_ci")),
+                    _fmt_ci(entry.get(ROUGE_L), entry.get(interval_key(ROUGE_L))),
+                    _fmt_ci(entry.get(SUFFIX_LOGPROB_MEAN), entry.get(interval_key(SUFFIX_LOGPROB_MEAN))),
                     _fmt_ci(attack.get("auc"), attack.get("auc_ci")) if attack else "",
                     _fmt_ci(attack.get("tpr_at_fpr"), attack.get("tpr_at_fpr_ci")) if attack else "",
                 ]
@@ -163,7 +165,7 @@ def draw_buckets(tables: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, 
             x = list(range(len(table)))
             y = [math.nan if e.get(metric) is None else e[metric] for e in table]
             axis.plot(x, y, marker="o", color=colors[label], label=label)
-            ci = [e.get(f"{metric}_ci") for e in table]
+            ci = [e.get(interval_key(metric)) for e in table]
             if all(c for c in ci):
                 axis.fill_between(x, [c[0] for c in ci], [c[1] for c in ci], color=colors[label], alpha=0.15)
         first = next(iter(tables.values()))
@@ -196,7 +198,7 @@ def k_sweep_series(summary: Mapping[str, Any]) -> dict[str, Any] | None:
         validation = summary["models"][label].get("validation") or {}
         return {
             EXACT_MATCH: entry[EXACT_MATCH],
-            "exact_match_ci": entry.get("exact_match_ci"),
+            interval_key(EXACT_MATCH): entry.get(interval_key(EXACT_MATCH)),
             ROUGE_L: entry.get(ROUGE_L),
             "val_loss": validation.get("loss"),
             "val_loss_ci": validation.get("loss_ci"),
@@ -215,8 +217,8 @@ def draw_k_sweep(series: Mapping[str, Any], path: Path) -> None:
     figure, (left, right) = new_figure(1, 2, figsize=(11, 4))
     k, points, standard = series["k"], series["points"], series["standard"]
     em = [p[EXACT_MATCH] for p in points]
-    low = [p[EXACT_MATCH] - p["exact_match_ci"][0] if p["exact_match_ci"] else 0 for p in points]
-    high = [p["exact_match_ci"][1] - p[EXACT_MATCH] if p["exact_match_ci"] else 0 for p in points]
+    low = [p[EXACT_MATCH] - p[interval_key(EXACT_MATCH)][0] if p[interval_key(EXACT_MATCH)] else 0 for p in points]
+    high = [p[interval_key(EXACT_MATCH)][1] - p[EXACT_MATCH] if p[interval_key(EXACT_MATCH)] else 0 for p in points]
     left.errorbar(k, em, yerr=[low, high], marker="o", capsize=3, label="goldfish (hashed)")
     if standard:
         left.axhline(standard[EXACT_MATCH], color="black", linestyle="--", label="standard")
@@ -292,11 +294,11 @@ def render_seeds_markdown(summary: Mapping[str, Any], figures: Sequence[str]) ->
             [
                 str(e["repeats"]),
                 str(e["n_targets"]),
-                _fmt_ci(e[EXACT_MATCH], e.get("exact_match_ci")),
-                _pooled(e["exact_match_pooled"]),
-                ", ".join(_fmt(v) for v in e["exact_match_per_seed"]),
-                _fmt_ci(e[ROUGE_L], e.get("rouge_l_ci")),
-                ", ".join(_fmt(v) for v in e["rouge_l_per_seed"]),
+                _fmt_ci(e[EXACT_MATCH], e.get(interval_key(EXACT_MATCH))),
+                _pooled(e[f"{EXACT_MATCH}_pooled"]),
+                ", ".join(_fmt(v) for v in e[f"{EXACT_MATCH}_per_seed"]),
+                _fmt_ci(e[ROUGE_L], e.get(interval_key(ROUGE_L))),
+                ", ".join(_fmt(v) for v in e[f"{ROUGE_L}_per_seed"]),
             ]
             for e in table
         ]
@@ -356,7 +358,7 @@ def seeds_k_sweep_series(summary: Mapping[str, Any]) -> dict[str, Any] | None:
         validation = combined[label].get("validation") or {}
         return {
             EXACT_MATCH: entry[EXACT_MATCH],
-            "exact_match_ci": entry.get("exact_match_ci"),
+            interval_key(EXACT_MATCH): entry.get(interval_key(EXACT_MATCH)),
             "val_loss": validation.get("loss"),
             "val_loss_ci": None,
         }

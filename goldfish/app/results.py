@@ -14,13 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from eval.metrics import HEADLINE_METRICS, INTERVAL_METRICS, METRICS
+from eval.metrics import HEADLINE_METRICS, INTERVAL_METRICS, INTERVAL_SUFFIX, METRICS, interval_key
 
 PARTS = ("train", "heldout")  # the evaluated parts of a model: its training (members) and held-out documents
 # The keys of a part's entry under "models" in compare's summary.json: the document count and the headline metrics,
 # each interval right after its metric.
 HEADLINE_KEYS: tuple[str, ...] = ("n_docs",) + tuple(
-    key for name in HEADLINE_METRICS for key in ((name, f"{name}_ci") if name in INTERVAL_METRICS else (name,))
+    key for name in HEADLINE_METRICS for key in ((name, interval_key(name)) if name in INTERVAL_METRICS else (name,))
 )
 # Instruments whose summary sits under its own key in a part summary (their rows: eval.files.ROW_FILES).
 INSTRUMENTS = ("divergence", "probabilistic", "beam", "sampling")
@@ -49,8 +49,8 @@ class PartResult:
     ) -> PartResult:
         """The typed form of a part summary (as eval.extraction.summarize_extraction plus the instruments build it,
         or as read back from summary.json, of any age: what it lacks stays empty)."""
-        intervals = {name: summary[f"{name}_ci"] for name in INTERVAL_METRICS if f"{name}_ci" in summary}
-        taken = {"n_docs", _BREAKDOWNS, *METRICS, *INSTRUMENTS, *(f"{name}_ci" for name in intervals)}
+        intervals = {name: summary[interval_key(name)] for name in INTERVAL_METRICS if interval_key(name) in summary}
+        taken = {"n_docs", _BREAKDOWNS, *METRICS, *INSTRUMENTS, *(interval_key(name) for name in intervals)}
         return cls(
             n_docs=summary.get("n_docs"),
             metrics={name: summary[name] for name in METRICS if name in summary},
@@ -65,8 +65,8 @@ class PartResult:
         """A headline value by its summary key: a metric's mean, `<metric>_ci` its interval, or n_docs."""
         if name == "n_docs":
             return self.n_docs
-        if name.endswith("_ci"):
-            return self.intervals.get(name[: -len("_ci")])
+        if name.endswith(INTERVAL_SUFFIX):
+            return self.intervals.get(name.removesuffix(INTERVAL_SUFFIX))
         return self.metrics.get(name)
 
     def headline(self) -> dict[str, Any]:
@@ -79,7 +79,7 @@ class PartResult:
         out: dict[str, Any] = {"n_docs": self.n_docs}
         out |= {key: details.pop(key) for key in _LEADING if key in details}
         out |= self.metrics
-        out |= {f"{name}_ci": interval for name, interval in self.intervals.items()}
+        out |= {interval_key(name): interval for name, interval in self.intervals.items()}
         out |= details | self.instruments
         if self.breakdowns:
             out[_BREAKDOWNS] = self.breakdowns
