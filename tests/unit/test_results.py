@@ -66,6 +66,14 @@ def test_every_per_document_file_name_is_spelled_in_one_module() -> None:
     assert dict(spelled) == {name: {"eval/files.py"} for name in names}
 
 
+def _metric_key(node: ast.expr) -> str | None:
+    """The metric key an expression names: a key's string, or eval.metrics' constant for it (EXACT_MATCH...)."""
+    if isinstance(node, ast.Constant) and node.value in METRICS:
+        return node.value
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return name.lower() if name.isupper() and name.lower() in METRICS else None
+
+
 def test_no_list_of_metric_keys_is_spelled_twice() -> None:
     """A tuple, list or set literal naming two or more registered metrics is a list of metric keys: each such list
     is written in one place (e.g. INTERVAL_METRICS), and every other module uses that name."""
@@ -73,8 +81,71 @@ def test_no_list_of_metric_keys_is_spelled_twice() -> None:
     for module in _modules():
         for node in ast.walk(ast.parse(module.read_text(encoding="utf-8"))):
             if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-                keys = frozenset(e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in METRICS)
+                keys = frozenset(key for key in map(_metric_key, node.elts) if key is not None)
                 if len(keys) >= 2:
                     lists[keys].add(f"{module.relative_to(ROOT)}:{node.lineno}")
     assert lists, "the registry's own lists are found"
     assert {sorted(keys)[0]: places for keys, places in lists.items() if len(places) > 1} == {}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring nodes of a module and of its classes and functions (prose, which may name keys)."""
+    owners = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    return {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, owners)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+
+
+def _lazy_exports(tree: ast.AST) -> set[int]:
+    """The ids of the name strings of eval/__init__.py's lazy-export table `_PUBLIC`: attribute names of the package's
+    functions (e.g. eval.metrics.exact_match, named like the metric it computes), not metric keys."""
+    return {
+        id(key)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "_PUBLIC" for t in node.targets)
+        and isinstance(node.value, ast.Dict)
+        for key in node.value.keys
+    }
+
+
+# Keys made of a metric key and a suffix (its interval, a bucket's count, the seeds' pooled and per-seed values).
+DERIVED_SUFFIXES = ("_ci", "_k", "_pooled", "_per_seed")
+
+
+def test_every_metric_key_is_spelled_in_one_module() -> None:
+    """Code spells a metric key (as a string or as a keyword argument) in eval/metrics.py only; every other module
+    reads its name there (EXACT_MATCH, ROUGE_L, ...), and builds the keys derived from it from that name
+    (interval_key(EXACT_MATCH), f"{EXACT_MATCH}_per_seed"). Docstrings and comments may name keys in prose."""
+    import eval as eval_package
+    import eval.metrics as metrics
+
+    derived = {key + suffix for key in METRICS for suffix in DERIVED_SUFFIXES} - set(METRICS)
+    # an f-string's literal parts count too: f"{side}_exact_match_k" has the part "_exact_match_k"
+    spellings = {name: name for name in {*METRICS, *derived}} | {f"_{name}": name for name in {*METRICS, *derived}}
+    spelled: dict[str, set[str]] = defaultdict(set)
+    for module in _modules():
+        tree = ast.parse(module.read_text(encoding="utf-8"))
+        where = str(module.relative_to(ROOT))
+        skip = _docstrings(tree) | (_lazy_exports(tree) if where == "eval/__init__.py" else set())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in spellings and id(node) not in skip:
+                spelled[spellings[node.value]].add(f"{where}:{node.lineno}")
+            if isinstance(node, ast.keyword) and node.arg in spellings:
+                spelled[spellings[node.arg]].add(f"{where}:{node.value.lineno}")
+    outside = {
+        key: sorted(place for place in places if not place.startswith("eval/metrics.py:"))
+        for key, places in spelled.items()
+    }
+    assert {key: places for key, places in outside.items() if places} == {}
+    # each key is spelled once, as the value of its named constant, which the registry uses
+    assert {key: len(places) for key, places in spelled.items()} == {key: 1 for key in METRICS}
+    assert all(getattr(metrics, key.upper()) == key for key in METRICS)
+    # the exempted lazy exports are functions of eval.metrics
+    exported = [name for name in eval_package.__all__ if name in METRICS]
+    assert exported and all(callable(getattr(metrics, name)) for name in exported)
