@@ -376,6 +376,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def run_eval(run: ResolvedRun) -> int:
     """Evaluate the resolved run's model on this process's rank (one process, a torchrun rank or a --nproc worker)."""
+    from eval.metrics import EXACT_MATCH, ROUGE_L
     from goldfish.app.checks import check_extraction_fits, clear_eval_outputs
     from goldfish.app.experiment import evaluate_parts, grid_sizes, start_grid
 
@@ -415,7 +416,7 @@ def run_eval(run: ResolvedRun) -> int:
     results: dict[str, Any] = {} if scored is None else scored.to_json()
     for part, summary in (scored.parts if scored is not None else {}).items():
         means = (
-            f", exact match {summary.metrics['exact_match']:.3f}, RougeL {summary.metrics['rouge_l']:.3f}"
+            f", exact match {summary.metrics[EXACT_MATCH]:.3f}, RougeL {summary.metrics[ROUGE_L]:.3f}"
             if summary.n_docs  # a part without documents (e.g. --n-heldout 0) has no means
             else ""
         )
