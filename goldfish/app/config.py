@@ -307,6 +307,26 @@ class TrainSpec:
         check_mask_window(self.mask, self.data)
 
 
+def check_extraction_window(data: DataSpec, extraction: ExtractionConfig) -> None:
+    """Refuse (ValueError) an extraction protocol longer than every document can be: rows of --seq-len tokens (with
+    --pack or --background, extraction windows of --extract-len, at most --seq-len) hold no prefix and suffix of
+    --prefix-len + --suffix-len tokens, so nothing could be measured."""
+    whole = data.pack or data.background is not None
+    window = data.extraction_window if whole else data.seq_len
+    need = extraction.min_tokens()
+    if need > window:
+        protocol = (
+            f"--suffix-len {extraction.suffix_len} needs documents of at least {need} tokens"
+            if extraction.prefix_len is None
+            else f"--prefix-len {extraction.prefix_len} with --suffix-len {extraction.suffix_len} needs {need} tokens"
+        )
+        cut = "--extract-len/--seq-len" if whole else "--seq-len"
+        raise ValueError(
+            f"{protocol}, and every document is cut to {window} tokens ({cut}). Fix: lower --suffix-len (and "
+            f"--prefix-len) or raise {cut}"
+        )
+
+
 def check_mask_window(mask: MaskSpec, data: DataSpec) -> None:
     """Refuse a hashed mask that can never drop a target (ValueError): rows of --seq-len tokens hold seq_len - 1
     targets, and a hashed mask decides only where h targets end, so h >= seq_len drops nothing while the run is
@@ -364,6 +384,7 @@ class CompareSpec:
         check_streaming_bound(self.data, self.train)
         for mask in self.masks:
             check_mask_window(mask, self.data)
+        check_extraction_window(self.data, self.extraction)
 
 
 def background_train_config(train: TrainConfig) -> TrainConfig:

@@ -101,3 +101,13 @@ def test_run_records_count_the_tokens_trained(tmp_path: Path) -> None:
     assert plan["tokens_trained"] == 3 * 4 * 32  # 3 epochs of 4 rows of 32 tokens
     checkpoint = json.loads((out / "checkpoint" / "goldfish_run.json").read_text())
     assert checkpoint["tokens_trained"] == plan["tokens_trained"] and checkpoint["step"] == 6
+
+
+def test_a_compare_that_could_measure_nothing_is_refused_before_work(capsys) -> None:
+    """Every document cut shorter than the extraction protocol: one line, exit 2, nothing trained."""
+    from goldfish.app.cli import main
+
+    assert main(["compare", "--preset", "quick", "--seq-len", "48", "--out", "never-written"]) == 2
+    err = capsys.readouterr().err
+    assert "--suffix-len 50 needs documents of at least 51 tokens" in err and len(err.strip().splitlines()) == 1
+    assert not Path("never-written").exists()
