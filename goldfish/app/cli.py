@@ -28,6 +28,7 @@ from goldfish.app.config import (
     Runtime,
     TrainSpec,
     background_train_config,
+    check_extraction_window,
     hierarchy_fields,
     mask_spec,
     model_defaults,
@@ -633,6 +634,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     _check_on_grid(spec, shape or _one_process(), None)
     if runtime.nproc:
         _check_documents(spec.data)
+    check_extraction_window(spec.data, spec.extraction)  # after the checks of the grid and the documents
     with out_lock(out, enabled=holds_lock_here()):  # one run per --out; the --nproc launcher holds it for workers
         folder = _run_folder(out, overwrite=args.overwrite, resuming=False)
         run = _resolved("compare", spec, runtime, out, folder)

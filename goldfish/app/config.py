@@ -384,7 +384,6 @@ class CompareSpec:
         check_streaming_bound(self.data, self.train)
         for mask in self.masks:
             check_mask_window(mask, self.data)
-        check_extraction_window(self.data, self.extraction)
 
 
 def background_train_config(train: TrainConfig) -> TrainConfig:
