@@ -77,6 +77,9 @@ def _start_long_run(out: Path) -> subprocess.Popen:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
+        # a pytest started in the background of a non-interactive shell ignores SIGINT, and a child inherits that:
+        # give the launcher Ctrl-C's ordinary meaning whatever started the tests
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 300
     while not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text().strip():
