@@ -18,13 +18,18 @@ import torch
 from engine.spec import BlockFormat  # bits and block size; torch-free, so the cost model counts the same bytes
 
 
-def quantize(x: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
-    """The uint8 payload (fmt.payload_bytes(x.numel()) bytes) of the flat float tensor `x`."""
+def _blocks(x: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
+    """`x` flattened to float32 and zero-padded into (blocks, fmt.block)."""
     flat = x.detach().reshape(-1).float()
     n_blocks = fmt.blocks(flat.numel())
     padded = flat.new_zeros(n_blocks * fmt.block)
     padded[: flat.numel()] = flat
-    blocks = padded.view(n_blocks, fmt.block)
+    return padded.view(n_blocks, fmt.block)
+
+
+def quantize(x: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
+    """The uint8 payload (fmt.payload_bytes(x.numel()) bytes) of the flat float tensor `x`."""
+    blocks = _blocks(x, fmt)
     scales = blocks.abs().amax(dim=1) / fmt.qmax
     safe = torch.where(scales > 0, scales, torch.ones_like(scales))
     codes = torch.round(blocks / safe[:, None]).clamp_(-fmt.qmax, fmt.qmax).to(torch.int8)
@@ -56,9 +61,5 @@ def dequantize(payload: torch.Tensor, numel: int, fmt: BlockFormat, dtype: torch
 
 def error_bound(x: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
     """Per element of the flat `x`, the most dequantize(quantize(x)) can differ from it: max|block| / (2 qmax)."""
-    flat = x.detach().reshape(-1).float()
-    n_blocks = fmt.blocks(flat.numel())
-    padded = flat.new_zeros(n_blocks * fmt.block)
-    padded[: flat.numel()] = flat
-    half_step = padded.view(n_blocks, fmt.block).abs().amax(dim=1) / (2 * fmt.qmax)
-    return half_step.repeat_interleave(fmt.block)[: flat.numel()]
+    half_step = _blocks(x, fmt).abs().amax(dim=1) / (2 * fmt.qmax)
+    return half_step.repeat_interleave(fmt.block)[: x.numel()]

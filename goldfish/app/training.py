@@ -221,10 +221,12 @@ def _repeated(spec: TrainSpec, prepared: Prepared, repeats: dict[str, int]) -> s
     return f" ({len(prepared.split.train)} documents repeated {counts} times per epoch)"
 
 
-def _counted(spec: TrainSpec, examples: list[dict[str, Any]], what: str) -> tuple[int, str]:
-    """(dropped targets, the summary line) of rows built ahead of training."""
+def _counted(spec: TrainSpec, examples: list[dict[str, Any]], what: str, *, packed: bool) -> tuple[int, str]:
+    """(dropped targets, the summary line) of rows built ahead of training; `packed` rows say their target count."""
     n_dropped = sum(int(e["dropped"].sum()) for e in examples)
     n_targets = sum(int((e["targets"] != -100).sum()) for e in examples)
+    if packed:
+        what += f", whole documents packed ({n_targets} targets per epoch)"
     line = (
         f"train {spec.mask.label}: {len(examples)} sequences{what}, {n_dropped}/{n_targets} targets dropped "
         f"({n_dropped / max(n_targets, 1):.3f}), {spec.train.epochs} epochs"
@@ -235,7 +237,7 @@ def _counted(spec: TrainSpec, examples: list[dict[str, Any]], what: str) -> tupl
 def _example_rows(spec: TrainSpec, prepared: Prepared) -> TrainingRows:
     repeats = spec.data.example_repeats(prepared.split)
     examples = make_examples(prepared.split.training_documents, spec.mask, prepared.special_token_ids, repeats)
-    n_dropped, line = _counted(spec, examples, _repeated(spec, prepared, repeats))
+    n_dropped, line = _counted(spec, examples, _repeated(spec, prepared, repeats), packed=False)
     return TrainingRows(examples, spec.train, trained_copies(prepared, examples, repeats), n_dropped, line)
 
 
@@ -252,9 +254,7 @@ def _packed_rows(spec: TrainSpec, prepared: Prepared) -> TrainingRows:
         seed=spec.train.seed,
         multiple=spec.train.batch_size,
     )
-    n_targets = sum(int((e["targets"] != -100).sum()) for e in examples)
-    what = _repeated(spec, prepared, repeats) + f", whole documents packed ({n_targets} targets per epoch)"
-    n_dropped, line = _counted(spec, examples, what)
+    n_dropped, line = _counted(spec, examples, _repeated(spec, prepared, repeats), packed=True)
     copies = trained_copies(prepared, examples, repeats, pack_order=pack_order)
     return TrainingRows(examples, spec.train, copies, n_dropped, line)
 
