@@ -52,6 +52,19 @@ class ExtractionConfig:
         """Shortest document this split can evaluate."""
         return self.suffix_len + 1 if self.prefix_len is None else self.prefix_len + self.suffix_len
 
+    def requirement(self) -> str:
+        """The protocol's need in the options' words, for errors: '--suffix-len 50 needs documents of at least 51
+        tokens (...)'."""
+        if self.prefix_len is None:
+            return (
+                f"--suffix-len {self.suffix_len} needs documents of at least {self.min_tokens()} tokens (a prefix of "
+                "one token or more before the suffix)"
+            )
+        return (
+            f"--prefix-len {self.prefix_len} with --suffix-len {self.suffix_len} needs documents of at least "
+            f"{self.min_tokens()} tokens"
+        )
+
     def split(self, token_ids: Sequence[int]) -> tuple[list[int], list[int]] | None:
         """(prefix, suffix) of a document, or None when it is too short for this split."""
         if len(token_ids) < self.min_tokens():

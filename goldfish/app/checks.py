@@ -91,14 +91,8 @@ def check_extraction_fits(parts: Mapping[str, Sequence[Any]], extraction: Any) -
     for part, documents in parts.items():
         if documents and not any(len(doc.token_ids) >= need for doc in documents):
             longest = max(len(doc.token_ids) for doc in documents)
-            protocol = (
-                f"--suffix-len {extraction.suffix_len} needs documents of at least {need} tokens (a prefix of one "
-                "token or more before the suffix)"
-                if extraction.prefix_len is None
-                else f"--prefix-len {extraction.prefix_len} with --suffix-len {extraction.suffix_len} needs "
-                f"documents of at least {need} tokens"
-            )
             raise ValueError(
-                f"{protocol}, and the {part} documents have at most {longest}. Fix: lower --suffix-len (and "
-                "--prefix-len), or evaluate longer documents (--seq-len, or --extract-len with --pack)"
+                f"{extraction.requirement()}, and the {part} documents have at most {longest}. Fix: lower "
+                "--suffix-len (and --prefix-len), or evaluate longer documents (--seq-len, or --extract-len with "
+                "--pack)"
             )

@@ -313,17 +313,11 @@ def check_extraction_window(data: DataSpec, extraction: ExtractionConfig) -> Non
     --prefix-len + --suffix-len tokens, so nothing could be measured."""
     whole = data.pack or data.background is not None
     window = data.extraction_window if whole else data.seq_len
-    need = extraction.min_tokens()
-    if need > window:
-        protocol = (
-            f"--suffix-len {extraction.suffix_len} needs documents of at least {need} tokens"
-            if extraction.prefix_len is None
-            else f"--prefix-len {extraction.prefix_len} with --suffix-len {extraction.suffix_len} needs {need} tokens"
-        )
+    if extraction.min_tokens() > window:
         cut = "--extract-len/--seq-len" if whole else "--seq-len"
         raise ValueError(
-            f"{protocol}, and every document is cut to {window} tokens ({cut}). Fix: lower --suffix-len (and "
-            f"--prefix-len) or raise {cut}"
+            f"{extraction.requirement()}, and every document is cut to {window} tokens ({cut}). Fix: lower "
+            f"--suffix-len (and --prefix-len) or raise {cut}"
         )
 
 
