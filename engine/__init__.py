@@ -35,7 +35,7 @@ _PUBLIC = {
     "ZeroError": "engine.spec",
     "ParallelLinear": "engine.core.linear",
     "ShardingError": "engine.core.linear",
-    "auto_parallelize": "engine.models.parallelize",
+    "auto_parallelize": "engine.models.auto",
     "parallelize": "engine.training.verify",
     "verify_sharding": "engine.training.verify",
     "clip_grad_norm_": "engine.training.state",

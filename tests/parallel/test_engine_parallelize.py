@@ -22,7 +22,8 @@ from engine.core import comm
 from engine.core.grid import AXES, init
 from engine.core.linear import ParallelLinear, ShardingError
 from engine.core.vocab_parallel import is_vocab_parallel
-from engine.models.parallelize import auto_parallelize, parallelize
+from engine.models.auto import auto_parallelize
+from engine.models.parallelize import parallelize
 from engine.training.state import clip_grad_norm_, full_state_dict, load_full_state_dict, sync_gradients
 
 LLAMA_TOL = {"rtol": 1e-5, "atol": 1e-5}
