@@ -20,6 +20,7 @@ from typing import Any, Callable
 import torch
 from transformers import PreTrainedModel, StaticCache
 
+from engine.layout import parallel_grid
 from eval.batching import decode_longest_first, evaluating, left_pad, model_device, prefix_aligned
 
 # Tokens (rows x columns) per forward while a prompt goes through the KV cache. Feeding it in column chunks bounds
@@ -55,11 +56,11 @@ class GreedyPath:
 
 def static_cache_fits(model: torch.nn.Module) -> bool:
     """Whether greedy decoding may give `model` a preallocated (static) KV cache: a plain Hugging Face model. A model
-    whose decoder the engine parallelized (its layers hold a slice of the heads, modules marked with
-    ``_engine_stack_grid``) or a wrapper around one keeps the dynamic cache it creates itself."""
+    whose decoder the engine parallelized (its layers hold a slice of the heads, as its recorded layout says) or a
+    wrapper around one keeps the dynamic cache it creates itself."""
     if not isinstance(model, PreTrainedModel) or not getattr(model, "_supports_static_cache", True):
         return False
-    return not any(getattr(m, "_engine_stack_grid", None) is not None for m in model.modules())
+    return parallel_grid(model) is None
 
 
 def _cache_keyword(model: torch.nn.Module) -> str:

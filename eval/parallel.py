@@ -50,6 +50,7 @@ from engine.core import comm
 from engine.core.grid import AxisGroup, Grid, is_main_process
 from engine.core.sharding import TENSOR_AXES, run_sharded
 from engine.core.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses
+from engine.layout import parallel_grid
 from engine.memory.zero import zero_state
 from engine.models.parallelize import rows_layout
 from eval.adaptive import (
@@ -85,11 +86,7 @@ ROW_AXES = ("x", "y")  # the axes over which a parallelized decoder gathers its 
 
 def _parallel_grid(model: nn.Module) -> Grid | None:
     """The grid `model`'s decoder stack was parallelized on, or None for a plain model."""
-    for module in model.modules():
-        planned = getattr(module, "_engine_stack_grid", None)
-        if planned is not None:
-            return planned
-    return None
+    return parallel_grid(model)
 
 
 class GroupBeamCache(DynamicCache):

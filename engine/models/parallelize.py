@@ -44,13 +44,14 @@ from engine.core.functional import copy_to_group, gather_from_group, reduce_from
 from engine.core.grid import Grid
 from engine.core.linear import ROWS_ATTR, ParallelLinear, ShardingError, current_rows_layout
 from engine.core.vocab_parallel import can_shard_vocab, is_vocab_parallel, shard_vocab
+from engine.layout import LAYOUT_ATTR, declared_layouts, describe, layout_of, planned_stacks
 from engine.models.plans import FUSED_NAMES, ModelPlan, check_supported, find_planned, head_counts
 from engine.spec import check_rows_layout, row_gather_axes
 
-# On module objects: which rows a module's parameters see (engine.training.state.sync_gradients reads it):
-# "layer" = the rows of its x*y group, replicated over x and y; "heads" = the same rows but this y rank's
-# heads only; "rows" = this rank's own rows. Modules without it inherit their parent's.
-REGION_ATTR = "_engine_region"
+# What parallelize records, by module path, of the rows a module's parameters see (the layout's regions, read by
+# engine.training.state.sync_gradients): "layer" = the rows of its x*y group, replicated over x and y; "heads" = the
+# same rows but this y rank's heads only; "rows" = this rank's own rows. Modules without one inherit their parent's.
+Regions = dict[str, str]
 
 
 @contextmanager
@@ -59,10 +60,11 @@ def rows_layout(model: nn.Module, layout: str) -> Iterator[None]:
     then restore the layout it had. Every rank must use the same layout. Nothing else changes (parameters, state
     dicts, checkpoints). Raises ValueError for an unknown layout."""
     check_rows_layout(layout)
+    stacks = {id(stack) for _, stack, _ in planned_stacks(model)}
     touched = [
         m
         for m in model.modules()
-        if m is model or hasattr(m, "_engine_stack_grid") or isinstance(m, ParallelLinear) or is_vocab_parallel(m)
+        if m is model or id(m) in stacks or isinstance(m, ParallelLinear) or is_vocab_parallel(m)
     ]
     before = [m.__dict__.get(ROWS_ATTR) for m in touched]
     for module in touched:
@@ -90,19 +92,19 @@ class _LocalHeadsConfig:
     the model's own config, so later changes to it (e.g. the attention implementation) still reach the module."""
 
     def __init__(self, base: Any, **local: int) -> None:
-        self.__dict__["_engine_base"] = base
+        self.__dict__["_shared_config"] = base
         self.__dict__.update(local)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name == "_engine_base":
+        if name.startswith("__") or name == "_shared_config":
             raise AttributeError(name)
-        return getattr(self.__dict__["_engine_base"], name)
+        return getattr(self.__dict__["_shared_config"], name)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in self.__dict__:
             self.__dict__[name] = value
         else:
-            setattr(self.__dict__["_engine_base"], name, value)
+            setattr(self.__dict__["_shared_config"], name, value)
 
 
 def _fresh_param(old: nn.Parameter, data: torch.Tensor) -> nn.Parameter:
@@ -202,7 +204,7 @@ def _fused_order(module: nn.Module, fused: str, config: Any, n_y: int, name: str
     return None if fused == "per_head" else _grouped_order(sizes, n_y, name)
 
 
-def _y_sharded_rms_norm(norm: nn.Module, hidden: torch.Tensor, *, grid: Grid) -> torch.Tensor:
+def _y_sharded_rms_norm(norm: nn.Module, hidden: torch.Tensor, *, grid: Grid, eps: float) -> torch.Tensor:
     """An RMSNorm over a projection's whole width, run on this y rank's slice of it (B, T, width/Y): the mean
     square is summed over y (its gradient too: every y rank's slice depends on it), the weight is the rank's slice
     of the full, replicated weight (whose gradient is therefore partial over y, the "heads" region)."""
@@ -212,7 +214,7 @@ def _y_sharded_rms_norm(norm: nn.Module, hidden: torch.Tensor, *, grid: Grid) ->
     dtype = hidden.dtype
     hidden = hidden.to(torch.float32)
     square_sum = reduce_from_group(copy_to_group(hidden.pow(2).sum(-1, keepdim=True), group), group)
-    hidden = hidden * torch.rsqrt(square_sum / norm.weight.shape[0] + norm._engine_eps)
+    hidden = hidden * torch.rsqrt(square_sum / norm.weight.shape[0] + eps)
     return (norm.weight[start : start + local] * hidden).to(dtype)
 
 
@@ -256,7 +258,7 @@ def _normalizes_each_head(norm: nn.Module, n_y: int) -> bool:
 
 
 def _plan_block_children(
-    parent: nn.Module, planned: set[str], widths: set[int], head_dim: int, grid: Grid, name: str
+    parent: nn.Module, planned: set[str], widths: set[int], head_dim: int, grid: Grid, name: str, regions: Regions
 ) -> None:
     """Handle the modules with parameters beside the sharded projections of `parent` (an attention or an MLP),
     which run on this y rank's heads: norms per head (weight of head_dim) and RMSNorms over a whole projection
@@ -270,8 +272,9 @@ def _plan_block_children(
         if not params:
             continue
         weight = params.get("weight")
+        path = f"{name}.{child_name}"
         if set(params) == {"weight"} and weight.dim() == 1 and weight.numel() == head_dim:
-            setattr(child, REGION_ATTR, "heads")  # per-head norm: runs on this rank's heads only
+            regions[path] = "heads"  # per-head norm: runs on this rank's heads only
             continue
         eps = getattr(child, "variance_epsilon", getattr(child, "eps", None))
         if (
@@ -282,9 +285,8 @@ def _plan_block_children(
             and "RMSNorm" in type(child).__name__
         ):
             if grid.size("y") > 1:
-                child._engine_eps = eps
-                child.forward = types.MethodType(functools.partial(_y_sharded_rms_norm, grid=grid), child)
-            setattr(child, REGION_ATTR, "heads")
+                child.forward = types.MethodType(functools.partial(_y_sharded_rms_norm, grid=grid, eps=eps), child)
+            regions[path] = "heads"
             continue
         if (
             set(params) == {"weight"}
@@ -294,7 +296,7 @@ def _plan_block_children(
         ):
             if grid.size("y") > 1:  # a weight per head (Cohere's q_norm/k_norm): each rank uses its heads' rows
                 child.forward = types.MethodType(functools.partial(_head_rows_norm, grid=grid), child)
-            setattr(child, REGION_ATTR, "heads")
+            regions[path] = "heads"
             continue
         raise ShardingError(
             f"{name}.{child_name} ({type(child).__name__}) has parameters the engine cannot shard by heads"
@@ -345,7 +347,7 @@ def _refuse_unconfirmed_fusion(module: nn.Module, attr: str, family: str, config
 
 
 def _plan_layer(
-    layer: nn.Module, name: str, plan: ModelPlan, config: Any, grid: Grid, overlap: bool
+    layer: nn.Module, name: str, plan: ModelPlan, config: Any, grid: Grid, overlap: bool, regions: Regions
 ) -> list[ParallelLinear]:
     """Shard one decoder layer's projections as `plan` says; the ParallelLinears in forward order."""
     n_y = grid.size("y")
@@ -374,13 +376,14 @@ def _plan_layer(
             order = _fused_order(module, projection.fused, config, n_y, full_name)
         elif projection.mode == "normal" and n_y > 1:
             _refuse_unconfirmed_fusion(module, attr, plan.family, config, full_name)
-        _, planned, widths = parents.setdefault(id(parent), (parent, f"{name}.{parent_path}", set(), set()))[1:]
+        parent_name = f"{name}.{parent_path}" if parent_path else name
+        _, planned, widths = parents.setdefault(id(parent), (parent, parent_name, set(), set()))[1:]
         planned.add(attr)
         if projection.mode == "normal":
             widths.add(_out_features(module))
         built.append(_to_parallel(parent, attr, projection.mode, grid, overlap, full_name, order))
     for parent, parent_name, planned, widths in parents.values():
-        _plan_block_children(parent, planned, widths, head_dim, grid, parent_name)
+        _plan_block_children(parent, planned, widths, head_dim, grid, parent_name, regions)
         _localize_heads(parent, config, n_y, parent_name)
     return built
 
@@ -414,6 +417,12 @@ def _own_rows(value: Any, n_rows: int, group) -> Any:
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
         return tuple(_own_rows(v, n_rows, group) for v in value)
     return value
+
+
+def _gathered_rows(output: Any, group) -> int:
+    """The rows each rank of `group` fed the stack, read off its gathered hidden states (dim 0 = rows * group.size)."""
+    hidden = output if isinstance(output, torch.Tensor) else output[0]
+    return hidden.shape[0] // group.size
 
 
 def _agree_on_row_inputs(arguments: dict, n_rows: int, seq_len: int, group, device: torch.device) -> None:
@@ -506,7 +515,6 @@ def _install_stack_hooks(stack: nn.Module, grid: Grid) -> None:
             raise ShardingError("a parallelized model needs exactly one of input_ids and inputs_embeds")
         source = input_ids if embeds is None else embeds
         n_rows = source.shape[0]
-        module._engine_rows = n_rows
         # before the lookup: a vocabulary-parallel embedding gathers the ids, which needs equal shapes
         _agree_on_row_inputs(arguments, n_rows, source.shape[1], group, source.device)
         if embeds is None:
@@ -535,7 +543,7 @@ def _install_stack_hooks(stack: nn.Module, grid: Grid) -> None:
     def leave(module: nn.Module, args: tuple, output: Any) -> Any:
         if not row_gather_axes(current_rows_layout(module)):
             return None
-        n_rows = module._engine_rows
+        n_rows = _gathered_rows(output, group)
         if isinstance(output, torch.Tensor):
             return _own_rows(output, n_rows, group)
         if isinstance(output, tuple):  # return_dict=False
@@ -545,7 +553,8 @@ def _install_stack_hooks(stack: nn.Module, grid: Grid) -> None:
                 output[key] = _own_rows(output[key], n_rows, group)
         return output
 
-    stack._engine_hooks = (stack.register_forward_pre_hook(enter, with_kwargs=True), stack.register_forward_hook(leave))
+    stack.register_forward_pre_hook(enter, with_kwargs=True)
+    stack.register_forward_hook(leave)
 
 
 def _refuse_other_lookups(stack: nn.Module, plan: ModelPlan, stack_name: str) -> None:
@@ -577,9 +586,11 @@ def _first_line(error: BaseException, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _plan_stack(stack_name: str, stack: nn.Module, plan: ModelPlan, grid: Grid, overlap: bool) -> None:
-    """Shard the decoder layers of base model `stack` (named `stack_name` in the model) as `plan` says and install
-    its row hooks; raises ShardingError for what the engine cannot shard."""
+def _plan_stack(
+    stack_name: str, stack: nn.Module, plan: ModelPlan, grid: Grid, overlap: bool, regions: Regions
+) -> None:
+    """Shard the decoder layers of base model `stack` (named `stack_name` in the model) as `plan` says, install its
+    row hooks and record its regions; raises ShardingError for what the engine cannot shard."""
     tensor_parallel = grid.size("x", "y", "z") > 1
     if not hasattr(stack, "get_input_embeddings"):
         raise ShardingError(f"{stack_name}: {type(stack).__name__} has no get_input_embeddings()")
@@ -599,13 +610,13 @@ def _plan_stack(stack_name: str, stack: nn.Module, plan: ModelPlan, grid: Grid, 
     order: list[ParallelLinear] = []  # the sharded linears in the order a forward calls them
     for index, layer in enumerate(getattr(stack, plan.layers)):
         if not plan.unsupported:  # else a grid without tensor parallelism (checked above): nothing to shard
-            order += _plan_layer(layer, f"{prefix}.{index}", plan, stack.config, grid, overlap)
-        layer._engine_grid = grid
+            order += _plan_layer(layer, f"{prefix}.{index}", plan, stack.config, grid, overlap, regions)
     for current, following in zip(order, order[1:]):
         current.prefetch_before(following)
-    setattr(stack, REGION_ATTR, "layer")
-    setattr(stack.get_input_embeddings(), REGION_ATTR, "rows")
-    stack._engine_stack_grid = grid
+    regions[stack_name] = "layer"
+    embeddings = stack.get_input_embeddings()
+    embeddings_path = next(path for path, module in stack.named_modules() if module is embeddings)
+    regions[".".join(p for p in (stack_name, embeddings_path) if p)] = "rows"
     if grid.size("x", "y") > 1:
         _install_stack_hooks(stack, grid)
 
@@ -627,14 +638,16 @@ def parallelize(model: nn.Module, grid: Grid, *, overlap: bool = True, vocab_par
     """
     tensor_parallel = grid.size("x", "y", "z") > 1
     found = find_planned(model)
+    regions, stacks_done = _recorded(model)
+    planned = {id(stack): stack_grid for _, stack, stack_grid in planned_stacks(model)}
     for stack_name, stack, plan in found:
-        planned = getattr(stack, "_engine_stack_grid", None)
-        if planned is grid:
+        if planned.get(id(stack)) is grid:
             continue
-        if planned is not None:
+        if id(stack) in planned:
             raise ShardingError(f"{stack_name or type(stack).__name__} is already parallelized on another grid")
         try:
-            _plan_stack(stack_name, stack, plan, grid, overlap)
+            _plan_stack(stack_name, stack, plan, grid, overlap, regions)
+            stacks_done.append(stack_name)
         except ShardingError:
             raise
         except Exception as error:  # noqa: BLE001 - the family's code did something the plan did not foresee
@@ -650,24 +663,35 @@ def parallelize(model: nn.Module, grid: Grid, *, overlap: bool = True, vocab_par
             "the tensor-parallel plan of transformers models); build other models from "
             "engine.ParallelLinear"
         )
-    stacks = found
     _unshard_outside_layers(model)
     already = hasattr(model, "get_input_embeddings") and is_vocab_parallel(model.get_input_embeddings())
     if (
-        stacks and vocab_parallel is not False and not already
+        found and vocab_parallel is not False and not already
     ):  # a wrapper (e.g. a LightningModule): can_shard_vocab says why not
         if vocab_parallel or can_shard_vocab(model, grid) is None:
-            for module in shard_vocab(model, grid):
-                setattr(module, REGION_ATTR, "tensor")  # gradients cover the rows of x*y*z: summed over data only
+            shard_vocab(model, grid)  # the layout gives its tables the "tensor" region: summed over data only
+    # the one record of what every rank holds (engine/layout.py), read by gradient sync, checkpoints and loading
+    model.__dict__[LAYOUT_ATTR] = describe(model, grid, regions, tuple(dict.fromkeys(stacks_done))).unbound()
     return model
+
+
+def _recorded(model: nn.Module) -> tuple[Regions, list[str]]:
+    """The regions and planned stacks (by path in `model`) of every layout already recorded inside `model` (a model
+    built under auto_parallelize, or a wrapper around a parallelized model)."""
+    declared = declared_layouts(model)
+    if not declared:
+        return {}, []
+    layout = layout_of(model)
+    return dict(layout.regions), list(layout.stacks)
 
 
 def _unshard_outside_layers(model: nn.Module) -> None:
     """Turn the ParallelLinears that auto_parallelize made outside decoder layers back into plain Linears."""
+    layers = {id(layer) for *_, stack_layers in decoder_stacks(model) for layer in stack_layers}
 
     def visit(module: nn.Module) -> None:
         for child_name, child in module.named_children():
-            if getattr(child, "_engine_grid", None) is not None:
+            if id(child) in layers:
                 continue  # a planned decoder layer
             if isinstance(child, ParallelLinear) and getattr(child, "_engine_auto", False):
                 setattr(module, child_name, _plain_linear(child))

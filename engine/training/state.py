@@ -35,34 +35,16 @@ from torch import nn
 
 from engine.core import comm
 from engine.core.grid import Grid
-from engine.core.linear import ParallelLinear, ShardingError, current_rows_layout
-from engine.core.vocab_parallel import is_vocab_parallel
+from engine.core.linear import ShardingError, current_rows_layout
+from engine.layout import ParamLayout, layout_of
 from engine.memory.zero import full, is_dtensor, like, local, zero_state
-from engine.models.parallelize import REGION_ATTR
-from engine.spec import AXES, gradient_axes
+from engine.spec import AXES
 
 
-def _reduction_axes(model: nn.Module) -> list[tuple[nn.Parameter, tuple[str, ...]]]:
-    """Each distinct parameter of `model` with the grid axes its gradient must be summed over."""
-    found: dict[int, tuple[nn.Parameter, tuple[str, ...]]] = {}
-    layout = current_rows_layout(model)
-
-    def visit(module: nn.Module, region: str | None, prefix: str) -> None:
-        region = getattr(module, REGION_ATTR, region)
-        for name, param in module.named_parameters(recurse=False):
-            axes = ("data",) if isinstance(module, ParallelLinear) else gradient_axes(layout, region)
-            seen = found.get(id(param))
-            if seen is not None and seen[1] != axes:
-                raise ShardingError(
-                    f"parameter {prefix}{name} is shared between parts of the model whose "
-                    "gradients mean different things (e.g. a decoder layer and an embedding)"
-                )
-            found[id(param)] = (param, axes)
-        for name, child in module.named_children():
-            visit(child, region, f"{prefix}{name}.")
-
-    visit(model, None, "")
-    return list(found.values())
+def _reduction_axes(model: nn.Module, grid: Grid) -> list[tuple[torch.Tensor, tuple[str, ...]]]:
+    """Each distinct parameter of `model` with the grid axes its gradient must be summed over (from its layout)."""
+    rows = current_rows_layout(model)
+    return [(p.tensor, p.gradient_axes(rows)) for p in layout_of(model, grid).params.values()]
 
 
 @torch.no_grad()
@@ -82,7 +64,7 @@ def sync_gradients(model: nn.Module, grid: Grid, *, over: Sequence[str] = AXES) 
     if zero is not None and zero.config.stage == 1:
         zero.reduce_scatter_gradients()  # the data axis: each rank keeps its summed chunk
     buckets: dict[tuple[str, ...], list[torch.Tensor]] = {}
-    for param, axes in _reduction_axes(model):
+    for param, axes in _reduction_axes(model, grid):
         if param.grad is None:
             continue
         grad = param.grad
@@ -125,23 +107,14 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, grid: Grid, norm_type: fl
     device = local(params[0].grad).device
     # squares of: replicated, tensor-sharded, and the same two for gradients chunked over data
     squares = torch.zeros(4, dtype=torch.float64, device=device)
-    seen: set[int] = set()
-    for module in model.modules():
-        for name, param in module.named_parameters(recurse=False):
-            if param.grad is None or id(param) in seen:
-                continue
-            seen.add(id(param))
-            if is_vocab_parallel(module):  # rows split over x*y*z
-                slot = 1
-            elif not isinstance(module, ParallelLinear):
-                slot = 0
-            elif name == "weight" or module.bias_is_counted():
-                slot = 1
-            else:
-                continue
-            chunked = is_dtensor(param.grad) or (zero is not None and zero.is_chunked(param))
-            # a stage-1 gradient is zero outside this rank's chunk: its full sum of squares is the chunk's
-            squares[slot + 2 * chunked] += local(param.grad).detach().double().square().sum()
+    for p in layout_of(model, grid).params.values():
+        param = p.tensor
+        if param.grad is None or not p.counted_in_norm():
+            continue
+        slot = 1 if p.split_axes else 0  # shards are summed over x*y*z, replicated tensors counted where they are
+        chunked = is_dtensor(param.grad) or (zero is not None and zero.is_chunked(param))
+        # a stage-1 gradient is zero outside this rank's chunk: its full sum of squares is the chunk's
+        squares[slot + 2 * chunked] += local(param.grad).detach().double().square().sum()
     if zero is not None:
         squares[2:] = comm.all_reduce(squares[2:], grid.group("data"))
     total = (squares[0] + squares[2] + comm.all_reduce(squares[1] + squares[3], grid.group("x", "y", "z"))).sqrt()
@@ -153,9 +126,14 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, grid: Grid, norm_type: fl
     return norm
 
 
-def _parallel_layers(model: nn.Module) -> dict[str, ParallelLinear]:
-    """Every ParallelLinear by each of its names (shared modules appear under each name)."""
-    return {name: m for name, m in model.named_modules(remove_duplicate=False) if isinstance(m, ParallelLinear)}
+def _gather_full(p: ParamLayout, tensor: torch.Tensor, grid: Grid) -> torch.Tensor:
+    """The natural full tensor from every rank's local one (collective over the axes `p` is split over)."""
+    value = full(tensor).detach()
+    if not p.split_axes:
+        return value
+    group = grid.group("x", "y", "z")  # the groups the grid builds: ranks that repeat a block write the same values
+    gathered = comm.all_gather(value.contiguous().unsqueeze(0), group, 0)
+    return p.assemble([(grid.shape.coords(rank), gathered[i]) for i, rank in enumerate(group.ranks)])
 
 
 @torch.no_grad()
@@ -164,46 +142,18 @@ def full_state_dict(model: nn.Module, grid: Grid, rank0_only: bool = False) -> d
 
     Collective over each tensor-parallel group (and, for a model partitioned with ZeRO stage 2 or 3, over each
     data group): every rank must call it. With `rank0_only`, rank 0 gets the dict and the others an empty one
-    (they keep at most one gathered layer at a time).
+    (they keep at most one gathered tensor at a time).
     """
     keep = not rank0_only or grid.rank == 0
-    state = model.state_dict()
-    gathered: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
-    layer_keys: set[str] = set()
-    for name, layer in _parallel_layers(model).items():
-        if id(layer) not in gathered:
-            weight = layer.gather_weight(full(layer.weight))
-            bias = None if layer.bias is None else layer.gather_bias(full(layer.bias))
-            if layer.serial_layout == "conv1d":
-                weight = weight.t().contiguous()
-            gathered[id(layer)] = (weight, bias) if keep else (None, None)
-        weight, bias = gathered[id(layer)]
-        prefix = f"{name}." if name else ""
-        layer_keys.update({f"{prefix}weight", f"{prefix}bias"})
+    state: dict[str, torch.Tensor] = {}
+    for p in layout_of(model, grid).params.values():
+        value = _gather_full(p, p.tensor, grid)
+        if p.serial_transposed:
+            value = value.t().contiguous()
         if keep:
-            state[f"{prefix}weight"] = weight
-            if bias is not None:
-                state[f"{prefix}bias"] = bias
-    for name, module in _vocab_modules(model).items():  # vocabulary-parallel embeddings and lm_head
-        key = f"{name}.weight" if name else "weight"
-        layer_keys.add(key)
-        if id(module.weight) not in gathered:
-            weight = module.gather_rows(full(module.weight))
-            gathered[id(module.weight)] = (weight if keep else None, None)
-        if keep:
-            state[key] = gathered[id(module.weight)][0]
-    whole: dict[int, torch.Tensor] = {}
-    for key, value in list(state.items()):
-        if key not in layer_keys and is_dtensor(value):
-            if id(value) not in whole:
-                whole[id(value)] = full(value)
-            state[key] = whole[id(value)]
-    return state if keep else {}
-
-
-def _vocab_modules(model: nn.Module) -> dict[str, nn.Module]:
-    """Every vocabulary-parallel module by each of its names."""
-    return {name: m for name, m in model.named_modules(remove_duplicate=False) if is_vocab_parallel(m)}
+            for key in (p.key, *p.aliases):
+                state[key] = value
+    return {key: state[key] for key in model.state_dict(keep_vars=True)} if keep else {}
 
 
 @torch.no_grad()
@@ -212,38 +162,15 @@ def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor], grid:
     model: each rank copies its shards out of the full tensors (and its data-axis chunks, for a model
     partitioned with ZeRO stage 2 or 3). Keys must match exactly (strict). No communication."""
     local_state = dict(state)
-    for name, layer in _parallel_layers(model).items():
-        prefix = f"{name}." if name else ""
-        key = f"{prefix}weight"
-        if key not in state:
-            continue  # strict loading reports it
-        weight = state[key]
-        if layer.serial_layout == "conv1d":
-            weight = weight.t()
-        expected = (layer.out_features, layer.in_features)
-        if tuple(weight.shape) != expected:
-            raise ShardingError(
-                f"{key}: expected a full weight of shape {expected} (serial layout "
-                f"{layer.serial_layout}), got {tuple(state[key].shape)}"
-            )
-        local_state[key] = layer.shard_weight(weight)
-        bias_key = f"{prefix}bias"
-        if layer.bias is not None and bias_key in state:
-            if tuple(state[bias_key].shape) != (layer.out_features,):
-                raise ShardingError(
-                    f"{bias_key}: expected shape {(layer.out_features,)}, got {tuple(state[bias_key].shape)}"
-                )
-            local_state[bias_key] = layer.shard_bias(state[bias_key])
-    for name, module in _vocab_modules(model).items():
-        key = f"{name}.weight" if name else "weight"
-        if key in state:
-            if tuple(state[key].shape) != (module.full_vocab, module.weight.shape[1]):
-                raise ShardingError(
-                    f"{key}: expected a full weight of shape {(module.full_vocab, module.weight.shape[1])}, "
-                    f"got {tuple(state[key].shape)}"
-                )
-            local_state[key] = module.shard_rows(state[key])
-    for key, current in model.state_dict(keep_vars=True).items():
-        if key in local_state and is_dtensor(current):
-            local_state[key] = like(current, local_state[key].contiguous())
+    for p in layout_of(model, grid).params.values():
+        for key in (p.key, *p.aliases):
+            if key not in state:
+                continue  # strict loading reports it
+            value = state[key].t() if p.serial_transposed else state[key]
+            if tuple(value.shape) != p.full_shape:
+                expected = p.full_shape[::-1] if p.serial_transposed else p.full_shape
+                what = key.rpartition(".")[2]  # weight, bias, ...
+                raise ShardingError(f"{key}: expected a full {what} of shape {expected}, got {tuple(state[key].shape)}")
+            value = p.take_local(value) if p.split else value
+            local_state[key] = like(p.tensor, value.contiguous()) if is_dtensor(p.tensor) else value
     model.load_state_dict(local_state, strict=True)

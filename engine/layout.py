@@ -1,0 +1,300 @@
+"""The declared layout of a parallelized model: how each state-dict tensor is cut over the grid.
+
+`engine.parallelize` writes one ModelLayout for the model it shards; gradient sync, clipping, the full state dict,
+loading and checkpoints read it instead of looking at the modules. For every state-dict tensor it says:
+
+    full_shape        the serial tensor, in the engine's natural layout: (out, in) for every linear (GPT-2's Conv1D
+                      stores the transpose: serial_transposed), output features in their natural order
+    split             how the full tensor is cut: (axis, dim) pairs, outermost first. A "normal" ParallelLinear weight
+                      is (("y", 0), ("z", 0), ("x", 1)): rows split over y, each y block's rows over z, columns over x;
+                      a vocabulary-parallel table (("z", 0), ("y", 0), ("x", 0)), the order of the x*y*z group's ranks
+    order             a fused projection stores its rows regrouped per y rank ([q_i | k_i | v_i]): stored row i is
+                      natural row order[i]; None = natural order
+    region            what the gradient of an unsplit tensor covers ("layer", "heads", "rows", "tensor", or None: this
+                      rank's own rows), which fixes the axes sync_gradients sums it over (engine.spec.gradient_axes)
+
+A rank's local tensor is then the block of the stored full tensor at its coordinates; `ParamLayout.pieces` maps it
+back to rectangular chunks of the natural full tensor, which is what makes a checkpoint readable at any other grid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch import nn
+
+from engine.spec import AXES, gradient_axes
+
+LINEAR_SPLITS = {
+    "normal": (("y", 0), ("z", 0), ("x", 1)),
+    "default": (("y", 0), ("z", 0), ("x", 1)),
+    "transposed": (("x", 0), ("z", 0), ("y", 1)),
+}
+VOCAB_SPLIT = (("z", 0), ("y", 0), ("x", 0))  # group rank of x*y*z = x + X (y + Y z): z outermost
+LAYOUT_ATTR = "parallel_layout"  # the one attribute parallelize sets, on the model it was given
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A rectangular part of a rank's local tensor and where it sits in the full (natural order) tensor."""
+
+    local: tuple[slice, ...]
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ParamLayout:
+    """How one state-dict tensor is laid out over the grid (see the module doc); `coords` are this rank's."""
+
+    key: str
+    full_shape: tuple[int, ...]
+    coords: Mapping[str, int]
+    sizes: Mapping[str, int]
+    split: tuple[tuple[str, int], ...] = ()
+    order: tuple[int, ...] | None = None
+    serial_transposed: bool = False
+    region: str | None = None
+    is_linear: bool = False  # a ParallelLinear shard: its gradient already covers the rows of its x*y*z group
+    aliases: tuple[str, ...] = ()
+    tensor: torch.Tensor | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def split_axes(self) -> tuple[str, ...]:
+        return tuple(axis for axis, _ in self.split if self.sizes[axis] > 1)
+
+    @property
+    def replicated_axes(self) -> tuple[str, ...]:
+        """The tensor-parallel axes over which every rank holds the same local tensor."""
+        return tuple(a for a in ("x", "y", "z") if a not in self.split_axes)
+
+    def gradient_axes(self, rows: str = "own") -> tuple[str, ...]:
+        """The axes sync_gradients sums this tensor's gradient over in the rows layout `rows`."""
+        return ("data",) if self.is_linear else gradient_axes(rows, self.region)
+
+    def counted_in_norm(self) -> bool:
+        """True on the one rank of each set of replicas that counts this shard in the gradient norm (a shard that is
+        split over some axes and replicated over others, e.g. a bias); tensors split over nothing are counted by
+        every rank without a sum over x*y*z."""
+        return not self.split_axes or all(self.coords[a] == 0 for a in self.replicated_axes)
+
+    def local_block(self) -> tuple[tuple[int, int], ...]:
+        """(start, length) per dim of this rank's block in the stored (regrouped) full tensor."""
+        block = [[0, size] for size in self.full_shape]
+        for axis, dim in self.split:
+            n = self.sizes[axis]
+            block[dim][1] //= n
+            block[dim][0] += self.coords[axis] * block[dim][1]
+        return tuple((start, length) for start, length in block)
+
+    def local_shape(self) -> tuple[int, ...]:
+        return tuple(length for _, length in self.local_block())
+
+    def pieces(self, rows: range | None = None) -> list[Piece]:
+        """This rank's local tensor as rectangular chunks of the natural full tensor, restricted to the local rows
+        `rows` (e.g. a ZeRO chunk; rows beyond the local tensor belong to no piece)."""
+        block = self.local_block()
+        if not block:  # a scalar
+            return [Piece((), (), ())]
+        (row_start, n_rows), rest = block[0], block[1:]
+        wanted = range(n_rows) if rows is None else range(max(rows.start, 0), min(rows.stop, n_rows))
+        if len(wanted) == 0:
+            return []
+        tail_local = tuple(slice(0, length) for _, length in rest)
+        tail_offsets = tuple(start for start, _ in rest)
+        tail_sizes = tuple(length for _, length in rest)
+        if self.order is None:
+            runs = [(wanted.start, row_start + wanted.start, len(wanted))]
+        else:  # consecutive natural rows make one piece
+            runs = []
+            for i in wanted:
+                natural = self.order[row_start + i]
+                if runs and runs[-1][1] + runs[-1][2] == natural and runs[-1][0] + runs[-1][2] == i:
+                    runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+                else:
+                    runs.append((i, natural, 1))
+        return [
+            Piece((slice(local, local + n), *tail_local), (natural, *tail_offsets), (n, *tail_sizes))
+            for local, natural, n in runs
+        ]
+
+    def take_local(self, full: torch.Tensor) -> torch.Tensor:
+        """This rank's local tensor cut out of the natural full tensor (a view where no regrouping is involved)."""
+        out = torch.empty(self.local_shape(), dtype=full.dtype, device=full.device) if self.order else None
+        if out is None:
+            index = tuple(slice(start, start + length) for start, length in self.local_block())
+            return full[index]
+        for piece in self.pieces():
+            out[piece.local] = full[tuple(slice(o, o + s) for o, s in zip(piece.offsets, piece.sizes))]
+        return out
+
+    def at(self, coords: Mapping[str, int]) -> "ParamLayout":
+        """The same tensor's layout as another rank (at `coords`) holds it."""
+        return replace(self, coords=dict(coords), tensor=None)
+
+    def assemble(self, locals_by_coords: list[tuple[Mapping[str, int], torch.Tensor]]) -> torch.Tensor:
+        """The natural full tensor from the local tensors of ranks (coords, local) covering every split axis."""
+        first = locals_by_coords[0][1]
+        full = torch.empty(self.full_shape, dtype=first.dtype, device=first.device)
+        for coords, local in locals_by_coords:
+            for piece in self.at(coords).pieces():
+                full[tuple(slice(o, o + n) for o, n in zip(piece.offsets, piece.sizes))] = local[piece.local]
+        return full
+
+
+@dataclass(frozen=True)
+class ModelLayout:
+    """Every state-dict tensor's layout (by its first key, in state-dict order), and the base models whose decoder
+    layers parallelize planned (by their module path), for one rank of `grid`."""
+
+    grid: object  # engine.core.grid.Grid (not imported: the layout is also read without a process group)
+    params: dict[str, ParamLayout]
+    stacks: tuple[str, ...] = ()
+    regions: Mapping[str, str] = field(default_factory=dict)  # module path -> region, as parallelize recorded them
+
+    def bind(self, model: nn.Module) -> "ModelLayout":
+        """The same layout with each entry's `tensor` and `aliases` read from `model`'s current state dict (ZeRO
+        replaces parameters by DTensors after parallelize). Raises ValueError when the keys no longer match."""
+        tensors = model.state_dict(keep_vars=True)
+        missing = [key for key in self.params if key not in tensors]
+        if missing:
+            raise ValueError(
+                f"the model no longer has {missing[0]!r} that parallelize laid out (it was changed after parallelize); "
+                "parallelize the model after changing it"
+            )
+        first: dict[int, str] = {}
+        aliases: dict[str, list[str]] = {}
+        for key, tensor in tensors.items():
+            owner = first.setdefault(id(tensor), key)
+            if owner != key:
+                aliases.setdefault(owner, []).append(key)
+        params = {}
+        for key, p in self.params.items():
+            params[key] = replace(p, tensor=tensors[key], aliases=tuple(aliases.get(key, ())))
+        return ModelLayout(self.grid, params, self.stacks, self.regions)
+
+    def unbound(self) -> "ModelLayout":
+        """The layout without tensors, as stored on the model (ZeRO replaces the parameters later; holding the old
+        ones would keep them alive)."""
+        params = {key: replace(p, tensor=None, aliases=()) for key, p in self.params.items()}
+        return ModelLayout(self.grid, params, self.stacks, self.regions)
+
+
+def describe(
+    model: nn.Module, grid, regions: Mapping[str, str] | None = None, stacks: tuple[str, ...] = ()
+) -> ModelLayout:
+    """The layout of `model` on `grid`, read from the parallel modules' own declarations (ParallelLinear's mode and
+    output order, a vocabulary-parallel module's table) and `regions` (module path -> region of the parameters below
+    it, the longest path winning), as parallelize records them."""
+    from engine.core.linear import ParallelLinear
+    from engine.core.vocab_parallel import is_vocab_parallel
+
+    regions = dict(regions or {})
+    coords = {axis: grid.coord(axis) for axis in AXES}
+    sizes = {axis: grid.size(axis) for axis in AXES}
+    owners: dict[str, tuple[nn.Module, str]] = {}
+    for path, module in model.named_modules(remove_duplicate=False):
+        prefix = f"{path}." if path else ""
+        for name, _ in module.named_parameters(recurse=False, remove_duplicate=False):
+            owners.setdefault(f"{prefix}{name}", (module, name))
+        for name, _ in module.named_buffers(recurse=False, remove_duplicate=False):
+            owners.setdefault(f"{prefix}{name}", (module, name))
+    params: dict[str, ParamLayout] = {}
+    first: dict[int, str] = {}
+    for key, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in first:
+            if not params[first[id(tensor)]].split:  # a split tensor's meaning comes from its (shared) module
+                _check_same_gradient(params[first[id(tensor)]], key, regions)
+            continue
+        first[id(tensor)] = key
+        module, name = owners.get(key, (None, key))
+        common = {"key": key, "coords": coords, "sizes": sizes}
+        if isinstance(module, ParallelLinear) and name in ("weight", "bias"):
+            split = LINEAR_SPLITS[module.mode]
+            shape = (module.out_features, module.in_features)
+            if name == "bias":
+                split, shape = tuple(s for s in split if s[1] == 0), shape[:1]
+            order = None if module.out_order is None else tuple(int(i) for i in module.out_order.tolist())
+            transposed = name == "weight" and module.serial_layout == "conv1d"
+            params[key] = ParamLayout(
+                full_shape=shape, split=split, order=order, serial_transposed=transposed, is_linear=True, **common
+            )
+        elif module is not None and is_vocab_parallel(module) and name == "weight":
+            shape = (module.full_vocab, *tensor.shape[1:])
+            params[key] = ParamLayout(full_shape=shape, split=VOCAB_SPLIT, region="tensor", **common)
+        else:
+            params[key] = ParamLayout(full_shape=tuple(tensor.shape), region=_region(key, regions), **common)
+    return ModelLayout(grid, params, tuple(stacks), regions).bind(model)
+
+
+def _check_same_gradient(p: ParamLayout, alias: str, regions: Mapping[str, str]) -> None:
+    """Refuse a tensor shared (tied) between parts of the model whose gradients mean different things."""
+    from engine.core.linear import ShardingError
+
+    region = _region(alias, regions)
+    if any(gradient_axes(rows, region) != p.gradient_axes(rows) for rows in ("own", "shared")):
+        raise ShardingError(
+            f"parameter {alias} is shared with {p.key}, in a part of the model whose gradients mean something else "
+            "(e.g. a decoder layer and an embedding); untie them before parallelizing"
+        )
+
+
+def _region(key: str, regions: Mapping[str, str]) -> str | None:
+    """The region of the longest module path in `regions` that contains `key` ("" is the whole model)."""
+    best, region = -1, None
+    for path, value in regions.items():
+        if (path == "" or key == path or key.startswith(f"{path}.")) and len(path) > best:
+            best, region = len(path), value
+    return region
+
+
+def layout_of(model: nn.Module, grid=None) -> ModelLayout:
+    """The layout parallelize recorded for `model` (or for the models inside it, when `model` wraps them), bound to its
+    current tensors; for a model parallelize never saw (built from ParallelLinears by hand, or plain), the layout its
+    parallel modules declare on `grid`."""
+    declared = model.__dict__.get(LAYOUT_ATTR)
+    if isinstance(declared, ModelLayout):
+        if grid is not None and declared.grid is not grid:
+            raise ValueError("the model was parallelized on another grid than the one given")
+        return declared.bind(model)
+    inner = declared_layouts(model)
+    grid = grid if grid is not None or not inner else inner[0][1].grid
+    if grid is None:
+        raise ValueError("this model was not parallelized: pass the grid its parallel modules were built on")
+    regions: dict[str, str] = {}
+    stacks: list[str] = []
+    for path, layout in inner:  # a wrapper around parallelized models: their records, under their paths
+        join = lambda part: ".".join(p for p in (path, part) if p)  # noqa: E731
+        regions.update({join(part): region for part, region in layout.regions.items()})
+        stacks += [join(part) for part in layout.stacks]
+    return describe(model, grid, regions, tuple(stacks))
+
+
+def declared_layouts(model: nn.Module) -> list[tuple[str, ModelLayout]]:
+    """Every layout parallelize recorded on `model` or a module inside it (a wrapper around a parallelized model),
+    with that module's path."""
+    return [
+        (path, module.__dict__[LAYOUT_ATTR])
+        for path, module in model.named_modules()
+        if isinstance(module.__dict__.get(LAYOUT_ATTR), ModelLayout)
+    ]
+
+
+def planned_stacks(model: nn.Module) -> list[tuple[str, nn.Module, object]]:
+    """(path, module, grid) of every base model whose decoder layers parallelize planned inside `model`."""
+    found: dict[int, tuple[str, nn.Module, object]] = {}
+    for path, layout in declared_layouts(model):
+        holder = model.get_submodule(path)
+        for stack_path in layout.stacks:
+            stack = holder.get_submodule(stack_path)
+            full = ".".join(p for p in (path, stack_path) if p)
+            found.setdefault(id(stack), (full, stack, layout.grid))
+    return list(found.values())
+
+
+def parallel_grid(model: nn.Module) -> object | None:
+    """The grid `model`'s decoder layers were parallelized on, or None for a model parallelize never planned."""
+    stacks = planned_stacks(model)
+    return stacks[0][2] if stacks else None
