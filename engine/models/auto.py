@@ -1,144 +1,196 @@
-"""auto_parallelize(): models built inside the block come out parallelized (see engine/models/parallelize.py)."""
+"""auto_parallelize(): build a model on the meta device, parallelize it there, then initialise it shard by shard.
+
+    model = auto_parallelize(grid, lambda: AutoModelForCausalLM.from_config(config))
+
+The steps (the torchtitan recipe, with nothing of torch or transformers replaced):
+
+    build        `build()` runs under `torch.device("meta")`: every tensor is shape and dtype only, no memory, no
+                 random numbers drawn (transformers skips its weight initialisation on the meta device)
+    parallelize  a transformers model goes through `parallelize` (its decoder layers become chained ParallelLinears,
+                 on meta); in any other model every torch.nn.Linear becomes a default-mode ParallelLinear
+    initialise   each rank materialises its own tensors (shard-sized) on `device`, then runs the model's own
+                 initialisation in its own order. Inside a decoder layer the draws must be full-size to give the
+                 serial values, so each layer is initialised as a full serial copy (one layer at a time), and this
+                 rank's shards are cut out of it with `load_full_state_dict`; modules outside the layers are whole on
+                 every rank and are initialised in place.
+
+What "the same initial weights as the serial model from the same seed" means here, precisely: from the same random
+state, the full weights (engine.full_state_dict) equal, bit for bit, those of the serial model built on the meta device
+and initialised the way transformers initialises a model built there (what from_pretrained does for the weights a
+checkpoint lacks):
+
+    with torch.device("meta"):
+        serial = build()
+    serial.to_empty(device=device)
+    serial.tie_weights()             # to_empty unties tied weights
+    serial.initialize_weights()      # transformers' own: post-order, each submodel with its own _init_weights
+
+and the same random numbers are drawn. For a model that is not a transformers model, the initialisation is
+`reset_parameters()` of every module that has one, in `model.modules()` order: for models made of torch.nn layers
+that equals the ordinary `torch.manual_seed(s); build()`. A transformers model built the ordinary way draws other
+numbers (its layers draw their torch defaults while being constructed, then transformers draws again), so its
+weights differ from these; only the meta-device build can avoid materialising the whole model.
+
+Every tensor must be written by that initialisation (a tensor left as materialised, or one an outer module's
+initialisation rewrites after its decoder layer was cut into shards, raises ShardingError rather than train from
+garbage).
+"""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Any, Iterator
+import copy
+from typing import Callable
 
 import torch
 from torch import nn
 
 from engine.core.grid import Grid
-from engine.core.linear import ParallelLinear
+from engine.core.linear import ParallelLinear, ShardingError
 from engine.models.parallelize import parallelize
+from engine.models.plans import find_planned
+from engine.training.state import load_full_state_dict
 
-# ----- auto_parallelize ---------------------------------------------------------------------------------
-
-_INIT_FUNCTIONS = (
-    "uniform_",
-    "normal_",
-    "trunc_normal_",
-    "xavier_uniform_",
-    "xavier_normal_",
-    "kaiming_uniform_",
-    "kaiming_normal_",
-    "orthogonal_",
-    "sparse_",
-    "eye_",
-    "dirac_",
-)
-_INIT_MODULES = ("torch.nn.init", "transformers.initialization")
-_RANDOM_FILLS = tuple(
-    getattr(torch.Tensor, n)
-    for n in ("normal_", "uniform_", "random_", "bernoulli_", "exponential_", "log_normal_", "cauchy_", "geometric_")
-)
+Initialise = Callable[[nn.Module], None]
 
 
-class _FullInitShard(nn.Parameter):
-    """A weight shard that, while a model is built, initialises like its full tensor.
+def auto_parallelize(
+    grid: Grid,
+    build: Callable[[], nn.Module],
+    *,
+    overlap: bool = True,
+    vocab_parallel: bool | None = None,
+    device: torch.device | str | None = None,
+) -> nn.Module:
+    """The model `build()` returns, parallelized for `grid`, with the initial weights of the serial model built from
+    the same random state (see the module doc for exactly which), without the whole full model ever existing on a rank
+    (at most one full decoder layer at a time, besides the modules outside the layers that stay whole anyway).
 
-    torch.nn.init functions and random in-place fills applied to it run on a full-size temporary and
-    the shard keeps its slice: the same random numbers are drawn as for the serial model (identical
-    values under the same seed) and different shards never repeat each other's values.
+    `device`: where the tensors live (default: torch's current default device). `overlap` and `vocab_parallel` mean
+    what they mean for `parallelize`. Raises ShardingError as parallelize does, and when the model's initialisation
+    leaves a tensor unwritten. Collective over the grid only where parallelize is.
     """
-
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
-        # torch.nn.init functions, or wrappers with the same names (transformers swaps its guarded
-        # versions into torch.nn.init while it initialises a model)
-        is_init = (
-            getattr(func, "__module__", None) in _INIT_MODULES and getattr(func, "__name__", "") in _INIT_FUNCTIONS
-        )
-        if is_init or func in _RANDOM_FILLS:
-            target = kwargs.get("tensor", args[0] if args else None)
-            if getattr(target, "_is_hf_initialized", False):
-                return target  # transformers' guard: this tensor was loaded or initialised already
-            if isinstance(target, _FullInitShard) and "_engine_take_shard" in target.__dict__:
-                with torch._C.DisableTorchFunctionSubclass():
-                    full = torch.empty(target._engine_full_shape, dtype=target.dtype, device=target.device)
-                    if "tensor" in kwargs:
-                        kwargs["tensor"] = full
-                    else:
-                        args = (full, *args[1:])
-                    with torch.no_grad():
-                        func(*args, **kwargs)
-                        target.copy_(target._engine_take_shard(full))
-                return target
-        with torch._C.DisableTorchFunctionSubclass():
-            return func(*args, **kwargs)
+    device = torch.device(device) if device is not None else torch.get_default_device()
+    with torch.device("meta"):  # a TorchFunctionMode for this block only: nothing is replaced process-wide
+        model = build()
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"auto_parallelize: build() must return a torch.nn.Module, got {type(model).__name__}")
+    transformers_model = _transformers_init(model) is not None
+    # The decoder layers as serial copies (meta: no memory), taken before parallelize shards them.
+    layers = [layer for _, stack, plan in find_planned(model) for layer in getattr(stack, plan.layers)]
+    serial_layers = {id(layer): copy.deepcopy(layer) for layer in layers}
+    if transformers_model:
+        parallelize(model, grid, overlap=overlap, vocab_parallel=False)  # embeddings stay whole: initialised whole
+    else:
+        _linears_to_parallel(model, grid, overlap)
+    _materialise(model, device)
+    with torch.no_grad():
+        written = _initialise(model, serial_layers, grid, device)
+    _check_written(model, written)
+    if transformers_model and vocab_parallel is not False:
+        parallelize(model, grid, overlap=overlap, vocab_parallel=vocab_parallel)  # splits the vocabulary only
+    return model
 
 
-def _wrap_for_full_init(layer: ParallelLinear) -> None:
-    for attr, full_shape, take in (
-        ("weight", (layer.out_features, layer.in_features), layer.shard_weight),
-        ("bias", (layer.out_features,), layer.shard_bias),
-    ):
-        param = getattr(layer, attr)
-        if param is None:
-            continue
-        wrapped = _FullInitShard(param.data, requires_grad=param.requires_grad)
-        wrapped._engine_full_shape = full_shape
-        wrapped._engine_take_shard = take
-        setattr(layer, attr, wrapped)
+def _transformers_init(module: nn.Module) -> Initialise | None:
+    """The per-module initialisation of a transformers model (its `_initialize_weights`), or None for other modules."""
+    if callable(getattr(module, "_initialize_weights", None)) and callable(getattr(module, "_init_weights", None)):
+        return module._initialize_weights
+    return None
 
 
-def _unwrap(layer: nn.Module) -> None:
-    for param in layer.parameters(recurse=False):
-        if isinstance(param, _FullInitShard):
-            param.__dict__.pop("_engine_full_shape", None)
-            param.__dict__.pop("_engine_take_shard", None)
-            param.__class__ = nn.Parameter
+def _linears_to_parallel(module: nn.Module, grid: Grid, overlap: bool, prefix: str = "") -> None:
+    """Every torch.nn.Linear below `module` becomes a default-mode ParallelLinear (nn.Linear semantics per rank)."""
+    for name, child in module.named_children():
+        path = f"{prefix}{name}"
+        if isinstance(child, nn.Linear) and not isinstance(child, ParallelLinear):
+            setattr(module, name, ParallelLinear.from_linear(child, grid, mode="default", overlap=overlap, name=path))
+        else:
+            _linears_to_parallel(child, grid, overlap, f"{path}.")
 
 
-@contextmanager
-def auto_parallelize(grid: Grid, *, overlap: bool = True) -> Iterator[None]:
-    """Models built inside this block get ParallelLinear layers instead of torch.nn.Linear.
+def _materialise(module: nn.Module, device: torch.device) -> None:
+    """Give every meta parameter and buffer below `module` uninitialised storage on `device` (same shape, dtype and
+    flags), keeping tied tensors tied (Module.to_empty would untie them)."""
+    done: dict[int, torch.Tensor] = {}
+    for sub in module.modules():
+        for name, param in sub.named_parameters(recurse=False):
+            if id(param) not in done:
+                fresh = nn.Parameter(torch.empty_like(param, device=device), requires_grad=param.requires_grad)
+                fresh.__dict__.update(param.__dict__)
+                done[id(param)] = fresh
+            setattr(sub, name, done[id(param)])
+        for name, buffer in sub.named_buffers(recurse=False):
+            if id(buffer) not in done:
+                done[id(buffer)] = torch.empty_like(buffer, device=device)
+            sub._buffers[name] = done[id(buffer)]  # keeps the buffer's persistence
 
-    Each Linear is created as a default-mode ParallelLinear holding only its shard; initialisation
-    (its own and the model's, e.g. HF _init_weights) is drawn for the full tensor and sliced, so at most
-    one full layer exists at a time and, with the same seed, the values equal the serial model's.
-    When a HF model finishes building (post_init) it is planned with `parallelize` (chained decoder
-    layers, unsharded lm_head and embeddings; call parallelize(model, grid) after the block to split their
-    vocabulary over x*y*z as well). Create optimizers after the block. Not thread-safe: it
-    swaps torch.nn.Linear (and PreTrainedModel.post_init) for the duration of the block.
-    GPT-2's Conv1D layers are built full and sharded when the model is planned.
-    """
-    built: list[ParallelLinear] = []
 
-    class AutoParallelLinear(ParallelLinear):
-        def __init__(
-            self, in_features: int, out_features: int, bias: bool = True, device: Any = None, dtype: Any = None
-        ) -> None:
-            super().__init__(
-                in_features, out_features, bias, grid=grid, mode="default", overlap=overlap, device=device, dtype=dtype
+def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer below `module` by name (tied ones once)."""
+    return {**dict(module.named_parameters()), **dict(module.named_buffers())}
+
+
+def _check_written(module: nn.Module, written: dict[int, int], where: str = "") -> None:
+    """Refuse tensors the initialisation never wrote (version 0: as materialised) and, for tensors in `written`
+    (id -> version once their layer was cut into shards), any write after that."""
+    for name, tensor in _tensors(module).items():
+        full_name = f"{where}{name}"
+        if tensor._version == 0:
+            raise ShardingError(
+                f"auto_parallelize: the model's initialisation never writes {full_name}; give its module an "
+                "initialisation (transformers: _init_weights; torch: reset_parameters), or build the model serially "
+                "and call engine.parallelize"
             )
-            _wrap_for_full_init(self)
-            self._engine_auto = True
-            built.append(self)
+        if id(tensor) in written and tensor._version != written[id(tensor)]:
+            raise ShardingError(
+                f"auto_parallelize: the model's initialisation writes {full_name} from outside its decoder layer, "
+                "after the layer was sharded; build the model serially and call engine.parallelize"
+            )
 
-    restore: list[tuple[Any, str, Any]] = [(torch.nn, "Linear", torch.nn.Linear)]
-    try:
-        from transformers.modeling_utils import PreTrainedModel
-    except ImportError:  # no transformers: plain torch models only
-        PreTrainedModel = None
-    if PreTrainedModel is not None:
-        original_post_init = PreTrainedModel.post_init
 
-        def post_init(self: Any) -> None:
-            original_post_init(self)
-            # HF may initialise weights after post_init: the embeddings must still be whole then (full-size
-            # draws); parallelize(model, grid) after the block splits the vocabulary.
-            parallelize(self, grid, overlap=overlap, vocab_parallel=False)
+def _initialise(
+    model: nn.Module, serial_layers: dict[int, nn.Module], grid: Grid, device: torch.device
+) -> dict[int, int]:
+    """Run the model's own initialisation on the materialised parallel `model`, decoder layers through their serial
+    copies; returns the versions of the sharded layers' tensors right after their shards were cut."""
+    root_init = _transformers_init(model)
+    if root_init is None:  # torch modules: reset_parameters, ParallelLinear's drawing full-size and keeping its shard
+        for module in model.modules():
+            if callable(getattr(module, "reset_parameters", None)):
+                module.reset_parameters()
+        return {}
+    written: dict[int, int] = {}
 
-        restore.append((PreTrainedModel, "post_init", original_post_init))
-        PreTrainedModel.post_init = post_init
-    torch.nn.Linear = AutoParallelLinear
-    try:
-        yield
-    finally:
-        for owner, attr, value in restore:
-            setattr(owner, attr, value)
-        for layer in built:
-            layer.__class__ = ParallelLinear
-            _unwrap(layer)
+    def visit(module: nn.Module, init: Initialise, where: str) -> None:
+        # transformers' order (PreTrainedModel.initialize_weights): children first, then the module, each submodel
+        # (a PreTrainedModel inside) with its own initialisation
+        for name, child in module.named_children():
+            child_init = _transformers_init(child) or init
+            if id(child) in serial_layers:
+                _initialise_layer(serial_layers.pop(id(child)), child, child_init, grid, device, f"{where}{name}.")
+                written.update((id(t), t._version) for t in _tensors(child).values())
+            else:
+                visit(child, child_init, f"{where}{name}.")
+        init(module)
+
+    visit(model, root_init, "")
+    return written
+
+
+def _initialise_layer(
+    serial: nn.Module, layer: nn.Module, init: Initialise, grid: Grid, device: torch.device, where: str
+) -> None:
+    """Initialise the decoder layer `serial` (a full serial copy) in transformers' order, then load this rank's shards
+    of it into the parallelized `layer`; the full copy is freed afterwards."""
+
+    def visit(module: nn.Module) -> None:
+        for child in module.children():
+            visit(child)
+        init(module)
+
+    _materialise(serial, device)
+    visit(serial)
+    _check_written(serial, {}, where)
+    load_full_state_dict(layer, serial.state_dict(), grid)
+    for name, buffer in serial.named_buffers():  # non-persistent buffers are not in the state dict
+        layer.get_buffer(name).copy_(buffer)

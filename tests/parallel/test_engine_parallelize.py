@@ -11,6 +11,7 @@ or missing term (O(1e-2) or more). GPT-2's LayerNorm stays in float64: 1e-9 ther
 from __future__ import annotations
 
 import copy
+import functools
 from itertools import product
 
 import pytest
@@ -26,6 +27,7 @@ from engine.models.auto import auto_parallelize
 from engine.models.parallelize import parallelize
 from engine.training.state import clip_grad_norm_, full_state_dict, load_full_state_dict, sync_gradients
 
+_TORCH_LINEAR = torch.nn.modules.linear.Linear  # the class itself, whatever torch.nn.Linear names
 LLAMA_TOL = {"rtol": 1e-5, "atol": 1e-5}
 GPT2_TOL = {"rtol": 1e-9, "atol": 1e-9}
 ROWS, SEQ, VOCAB = 2, 8, 128
@@ -100,6 +102,27 @@ def full_grads(model, grid) -> dict[str, torch.Tensor]:
     return out
 
 
+def meta_built(make) -> torch.nn.Module:
+    """The serial model auto_parallelize equals (engine/models/auto.py): built on the meta device from make's seed,
+    then initialised by transformers itself."""
+    with torch.device("meta"):
+        model = make()
+    model.to_empty(device="cpu")
+    model.tie_weights()  # to_empty unties
+    model.initialize_weights()
+    return model
+
+
+def built_unpatched(make) -> torch.nn.Module:
+    """make(), checking that neither torch.nn.Linear nor transformers' post_init is replaced while it runs."""
+    from transformers.modeling_utils import PreTrainedModel
+
+    assert torch.nn.Linear is _TORCH_LINEAR, "torch.nn.Linear is replaced while the model is built"
+    post_init = PreTrainedModel.post_init
+    assert post_init.__qualname__ == "PreTrainedModel.post_init", "post_init is replaced while the model is built"
+    return make()
+
+
 def serial_reference(make, world: int) -> dict:
     """Loss, gradients, clipped norms and losses of STEPS AdamW steps of the serial model."""
     model = make().double()
@@ -139,11 +162,10 @@ def check_grid(
     grid = init(data=data, x=x, y=y, z=z)
     try:
         if auto:
-            with auto_parallelize(grid):
-                model = make()
+            model = auto_parallelize(grid, functools.partial(built_unpatched, make))
             model.double()
             random_after = torch.rand(1)
-            make()
+            meta_built(make)
             assert torch.equal(random_after, torch.rand(1)), "auto_parallelize drew other random numbers"
             assert all(type(p) is torch.nn.Parameter for p in model.parameters())
         else:
@@ -199,7 +221,8 @@ def _worker(make_name: str, ref: dict, shapes: list, train: bool, auto: bool) ->
 
 
 def run(make_name: str, world: int, shapes: list, train: bool = True, auto: bool = False) -> None:
-    ref = serial_reference({"llama": llama, "gpt2": gpt2}[make_name], world)  # once, in the test process
+    make = {"llama": llama, "gpt2": gpt2}[make_name]
+    ref = serial_reference(functools.partial(meta_built, make) if auto else make, world)  # once, in the test process
     assert run_distributed(world, _worker, make_name, ref, shapes, train, auto) == [len(shapes)] * world
 
 
@@ -246,8 +269,9 @@ def _plain_torch_model(shape: tuple[int, int, int, int]) -> float:
     torch.manual_seed(5)
     serial = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8)).double()
     torch.manual_seed(5)
-    with auto_parallelize(grid):
-        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8)).double()
+    model = auto_parallelize(
+        grid, lambda: torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8))
+    ).double()  # as the serial model: drawn in float32, then converted
     assert all(isinstance(m, ParallelLinear) and m.mode == "default" for m in (model[0], model[2]))
     x = torch.randn(grid.world_size * 3, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
     serial(x).square().sum().backward()
