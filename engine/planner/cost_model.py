@@ -55,6 +55,7 @@ from engine.spec import (
     ROWS_LAYOUTS,  # noqa: F401 (the planner's readers take the layouts from here)
     GridShape,
     ZeroConfig,
+    gradient_axes,
     row_gather_axes,
     row_replica_axes,
     row_split_axes,
@@ -321,12 +322,44 @@ def chained_linear_collectives(
 
 
 @dataclass(frozen=True)
-class TransformerShape:
-    """Sizes of a Llama-family decoder-only model (Llama, Mistral, Qwen2, Qwen3 layouts).
+class LayerParam:
+    """One parameter of a model as engine.parallelize places it (a projection stands for its weight and bias).
 
-    Projections: q (hidden -> heads*head_dim), k and v (hidden -> kv_heads*head_dim), o (heads*head_dim ->
-    hidden), gate and up (hidden -> intermediate), down (intermediate -> hidden); RMSNorm weights before
-    attention and MLP (and per-head q/k norms when `qk_norm`), a final norm, embeddings and lm_head.
+    kind "projection": a ParallelLinear, weight (rows = out, cols = in) and a bias of `rows` when `bias`, in the
+    normal or `transposed` mode; "replicated": a whole (rows, cols) tensor on every rank (norms, position tables)
+    whose gradient is summed over the axes of `region` (engine.spec.gradient_axes); "y_norm": the same with region
+    "heads", an RMSNorm over a normal projection's whole width that runs on its y slice (OLMo2's q_norm/k_norm:
+    one fp32 per token all-reduced over y forward and backward); "vocab": the input embeddings or lm_head (rows =
+    vocabulary, cols = hidden), split by vocabulary or whole.
+    """
+
+    kind: str
+    rows: int
+    cols: int = 1
+    transposed: bool = False
+    bias: bool = False
+    region: str | None = "layer"
+    name: str = ""
+
+    @property
+    def numel(self) -> int:
+        """Elements of the full tensor (weight and bias of a projection)."""
+        return self.rows * self.cols + (self.rows if self.bias else 0)
+
+
+@dataclass(frozen=True)
+class TransformerShape:
+    """Sizes and parameter layout of a decoder-only model.
+
+    Without `layer_layout`, the Llama layout of the fields (Llama, Mistral, Qwen2, Qwen3; with gated_mlp False and
+    norm_bias the GPT layout of the AxoNN and GPT-NeoX sizes): projections q (hidden -> heads*head_dim), k and v
+    (hidden -> kv_heads*head_dim), o (heads*head_dim -> hidden), gate and up (hidden -> intermediate), down
+    (intermediate -> hidden); norms before attention and MLP (and per-head q/k norms when `qk_norm`), a final
+    norm, embeddings and lm_head. With it (goldfish.app.planning reads it from a transformers model and the plan
+    engine.parallelize shards it by), the parameters of one decoder layer and those before and after the layers,
+    in module order; the fields then carry the sizes the FLOP and activation estimates use. `fused_blocks`: the
+    feature blocks of each fused projection, which y must divide; `refusals`: (axes, reason) of grids the engine
+    refuses (any of the axes larger than 1); `vocab_refusal`: why the vocabulary cannot be split (empty: it can).
     """
 
     hidden: int
@@ -344,6 +377,12 @@ class TransformerShape:
     name: str = ""
     gated_mlp: bool = True  # Llama's gate/up/down; False: GPT's up (fc) and down (proj) with GELU between
     norm_bias: bool = False  # LayerNorm (weight and bias) instead of RMSNorm (weight only)
+    layer_layout: tuple[LayerParam, ...] = ()
+    before_layers: tuple[LayerParam, ...] = ()
+    after_layers: tuple[LayerParam, ...] = ()
+    fused_blocks: tuple[tuple[int, ...], ...] = ()
+    refusals: tuple[tuple[tuple[str, ...], str], ...] = ()
+    vocab_refusal: str = ""
 
     def __post_init__(self) -> None:
         for f in ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab"):
@@ -364,11 +403,13 @@ class TransformerShape:
     def kv_out(self) -> int:
         return self.kv_heads * self.head_dim
 
-    def projections(self) -> list[tuple[str, int, int, bool, bool]]:
-        """(name, in, out, transposed, bias) of each decoder layer's linear, in module order."""
+    def layout(self) -> tuple[tuple[LayerParam, ...], tuple[LayerParam, ...], tuple[LayerParam, ...]]:
+        """(before the layers, one decoder layer, after the layers): the given layout, or the Llama (GPT) one."""
+        if self.layer_layout:
+            return self.before_layers, self.layer_layout, self.after_layers
         h, i = self.hidden, self.intermediate
         gate = [("gate_proj", h, i, False, self.mlp_bias)] if self.gated_mlp else []
-        return [
+        projections = [
             ("q_proj", h, self.q_out, False, self.qkv_bias),
             ("k_proj", h, self.kv_out, False, self.qkv_bias),
             ("v_proj", h, self.kv_out, False, self.qkv_bias),
@@ -377,30 +418,42 @@ class TransformerShape:
             ("up_proj", h, i, False, self.mlp_bias),
             ("down_proj", i, h, True, self.mlp_bias),
         ]
+        norm = (LayerParam("replicated", h),) * (2 if self.norm_bias else 1)  # weight (and bias)
+        vocab = LayerParam("vocab", self.vocab, h, region="rows")
+        layer = [LayerParam("projection", n, k, t, b, name=name) for name, k, n, t, b in projections]
+        layer += [LayerParam("replicated", self.head_dim, region="heads")] * (2 if self.qk_norm else 0)
+        return (vocab,), (*layer, *norm, *norm), (*norm, *(() if self.tie_embeddings else (vocab,)))
+
+    def projections(self) -> list[tuple[str, int, int, bool, bool]]:
+        """(name, in, out, transposed, bias) of each decoder layer's linear, in module order."""
+        return [(p.name, p.cols, p.rows, p.transposed, p.bias) for p in self.layout()[1] if p.kind == "projection"]
 
     @property
     def layer_linear_params(self) -> int:
         """Weights and biases of one decoder layer's linears."""
-        return sum(k * n + (n if bias else 0) for _, k, n, _, bias in self.projections())
-
-    @property
-    def norm_params(self) -> int:
-        """Parameters of one norm over the hidden features (RMSNorm: weight; LayerNorm: weight and bias)."""
-        return self.hidden * (2 if self.norm_bias else 1)
+        return sum(p.numel for p in self.layout()[1] if p.kind == "projection")
 
     @property
     def vocab_params(self) -> int:
         """Embeddings and lm_head (one matrix when tied)."""
-        return self.vocab * self.hidden * (1 if self.tie_embeddings else 2)
+        before, _, after = self.layout()
+        return sum(p.numel for p in before + after if p.kind == "vocab")
+
+    @property
+    def root_params(self) -> int:
+        """Parameters outside the decoder layers other than embeddings and lm_head (final norm, position tables)."""
+        before, _, after = self.layout()
+        return sum(p.numel for p in before + after if p.kind != "vocab")
 
     @property
     def outside_params(self) -> int:
         """Embeddings, lm_head (unless tied) and the final norm (what sits outside the decoder layers)."""
-        return self.vocab_params + self.norm_params
+        return self.vocab_params + self.root_params
 
     @property
     def layer_norm_params(self) -> int:
-        return 2 * self.norm_params + (2 * self.head_dim if self.qk_norm else 0)
+        """Parameters of one decoder layer replicated on every rank (its norms)."""
+        return sum(p.numel for p in self.layout()[1] if p.kind != "projection")
 
     @property
     def n_params(self) -> int:
@@ -512,9 +565,12 @@ def vocab_parts(shape: TransformerShape, grid: GridShape, vocab_parallel: bool |
     parts = grid.size("x", "y", "z")
     if vocab_parallel is False or parts == 1:
         return 1
-    if shape.vocab % parts:
+    reason = shape.vocab_refusal
+    if not reason and shape.vocab % parts:
+        reason = f"vocabulary {shape.vocab} is not divisible by x*y*z={parts}"
+    if reason:
         if vocab_parallel:
-            raise ValueError(f"vocabulary {shape.vocab} is not divisible by x*y*z={parts}")
+            raise ValueError(reason)
         return 1
     return parts
 
@@ -532,6 +588,9 @@ def layer_shard_params(shape: TransformerShape, grid: GridShape) -> int:
 
 def grid_fits_shape(shape: TransformerShape, grid: GridShape) -> str | None:
     """None when parallelize can shard `shape` on `grid`, else the reason (as the engine would raise it)."""
+    for axes, reason in shape.refusals:
+        if grid.size(*axes) > 1:
+            return reason
     y = grid.size("y")
     if shape.heads % y:
         return f"{shape.heads} attention heads not divisible by y={y}"
@@ -543,6 +602,9 @@ def grid_fits_shape(shape: TransformerShape, grid: GridShape) -> str | None:
             return f"{name} in_features {k} not divisible by {in_axis}={grid.size(in_axis)}"
         if n % grid.size(out_axis, "z"):
             return f"{name} out_features {n} not divisible by {out_axis}*z={grid.size(out_axis, 'z')}"
+    for blocks in shape.fused_blocks:  # each y rank holds a slice of every block of a fused projection
+        if any(size % y for size in blocks):
+            return f"fused projection blocks {list(blocks)} not divisible by y={y}"
     return None
 
 
@@ -577,29 +639,27 @@ class LocalParam:
 def llama_local_params(
     shape: TransformerShape, grid: GridShape, vocab_parallel: bool | None = None, rows: str = "own"
 ) -> list[LocalParam]:
-    """Every distinct parameter of a parallelized Llama-family model, in module order. The embeddings and
-    lm_head are whole and summed over every axis (over z and data in the shared rows layout), or (vocab_parts > 1)
-    V/P rows each whose gradients already cover the rows of x*y*z and are summed over data only."""
-    h = shape.hidden
+    """Every distinct parameter of a parallelized model, in module order. The embeddings and lm_head are whole and
+    summed over every axis (over z and data in the shared rows layout), or (vocab_parts > 1) V/P rows each whose
+    gradients already cover the rows of x*y*z and are summed over data only."""
     parts = vocab_parts(shape, grid, vocab_parallel)
-    whole = row_split_axes(rows)
-    vocab = LocalParam(0, shape.vocab // parts, h, whole if parts == 1 else ("data",))
-    norm = [LocalParam(0, h, 1, ("z", "data"))] * (2 if shape.norm_bias else 1)  # weight (and bias)
-    out = [vocab]  # embed_tokens (lm_head's weight too when tied)
-    for layer in range(1, shape.layers + 1):
-        for _, k, n, transposed, bias in shape.projections():
-            in_axis, out_axis = ("y", "x") if transposed else ("x", "y")
-            rows = n // grid.size(out_axis, "z")
-            out.append(LocalParam(layer, rows, k // grid.size(in_axis), ("data",)))
-            if bias:
-                out.append(LocalParam(layer, rows, 1, ("data",)))
-        if shape.qk_norm:  # per-head norms registered inside self_attn after its projections
-            out += [LocalParam(layer, shape.head_dim, 1, ("y", "z", "data"))] * 2
-        out += [replace(p, unit=layer) for p in norm] * 2  # input_layernorm, post_attention_layernorm
-    out += norm  # final norm: runs on the x*y group's rows like the layers
-    if not shape.tie_embeddings:
-        out.append(vocab)  # lm_head
-    return out
+
+    def place(p: LayerParam, unit: int) -> list[LocalParam]:
+        if p.kind == "projection":
+            in_axis, out_axis = ("y", "x") if p.transposed else ("x", "y")
+            n = p.rows // grid.size(out_axis, "z")
+            return [LocalParam(unit, n, p.cols // grid.size(in_axis), ("data",))] + (
+                [LocalParam(unit, n, 1, ("data",))] if p.bias else []
+            )
+        if p.kind == "vocab":
+            return [LocalParam(unit, p.rows // parts, p.cols, row_split_axes(rows) if parts == 1 else ("data",))]
+        return [LocalParam(unit, p.rows, p.cols, gradient_axes(rows, p.region))]
+
+    before, layer, after = shape.layout()
+    out = [q for p in before for q in place(p, 0)]
+    for index in range(1, shape.layers + 1):
+        out += [q for p in layer for q in place(p, index)]
+    return out + [q for p in after for q in place(p, 0)]
 
 
 def llama_param_sync_list(
@@ -879,6 +939,10 @@ def llama_layer_collectives(
                 input_grad=True,
                 in_bytes=act_bytes if transposed else stream_bytes,
             )
+        for p in shape.layout()[1]:
+            if p.kind == "y_norm":  # its mean square summed over y (fp32), and the gradient of that sum
+                b.add(("y",), "all_reduce", tokens * 4, "forward", f"{p.name} mean square over y")
+                b.add(("y",), "all_reduce", tokens * 4, "backward", f"{p.name} mean square grad over y")
     return b.items
 
 
@@ -1121,8 +1185,8 @@ def memory_per_rank(
     parts = vocab_parts(shape, grid, vocab_parallel)
     sharded = shape.layers * layer_shard_params(shape, grid)
     vocab = shape.vocab_params // parts if parts > 1 else 0
-    replicated = shape.norm_params + shape.layers * shape.layer_norm_params + (shape.vocab_params if parts == 1 else 0)
-    root = shape.vocab_params // parts + shape.norm_params  # embeddings, final norm, lm_head as this rank holds them
+    replicated = shape.root_params + shape.layers * shape.layer_norm_params + (shape.vocab_params if parts == 1 else 0)
+    root = shape.vocab_params // parts + shape.root_params  # embeddings, final norm, lm_head as this rank holds them
     params = (sharded + replicated + vocab) * bytes_per_param
     stage = 0 if zero is None or grid.data == 1 else zero.stage
     host = 0.0
@@ -1214,7 +1278,7 @@ def rank_memory_traffic_per_step(
     activations = grad_accum * passes * (shape.layers * per_layer + logits)
     held = (
         shape.layers * (layer_shard_params(shape, grid) + shape.layer_norm_params)
-        + shape.norm_params
+        + shape.root_params
         + shape.vocab_params // parts
     )
     return activations + 1.75 * bytes_per_param * held

@@ -31,11 +31,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from engine.planner.cost_model import (
-    NAMED_SHAPES,
     ROWS_LAYOUTS,
     MemoryEstimate,
     TransformerShape,
@@ -571,24 +569,3 @@ def zero_plus_plus_label(zero: ZeroConfig | None) -> tuple[str, str]:
         (["w"] if zero.quantize_weights else []) + ([f"g{zero.gradient_bits}"] if zero.quantize_gradients else [])
     )
     return levels, quant or "-"
-
-
-# ----- model shapes by name ---------------------------------------------------------------------------------------
-
-
-def resolve_shape(model: str) -> TransformerShape:
-    """A named size (7B, 8B, 70B, 405B, the AxoNN paper's GPT 5B ... 640B) or a transformers config name/folder
-    (read offline when cached)."""
-    key = model.upper()
-    if key in NAMED_SHAPES:
-        return NAMED_SHAPES[key]
-    try:
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(model, trust_remote_code=False)
-    except (OSError, ValueError) as error:
-        raise ValueError(
-            f"cannot read a model config from {model!r} ({error}); give a named size "
-            f"({', '.join(NAMED_SHAPES)}) or a folder holding config.json"
-        ) from error
-    return TransformerShape.from_hf_config(config, name=Path(model).name or model)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 from engine.planner.cost_model import NAMED_SHAPES, TransformerShape
@@ -18,12 +18,12 @@ from engine.planner.plan import (
     PlanRequest,
     format_table,
     rank_grids,
-    resolve_shape,
 )
 from engine.planner.profiles import PROFILES, load_profile
 from engine.spec import DEFAULT_QUANT_BLOCK, PLAN_PRECISION, QUANT_BITS, STAGES, parse_quantize
 from goldfish.app import paper
 from goldfish.app.argparsing import OneLineParser, argument_type
+from goldfish.app.planning import resolve_shape
 
 # Presets of `goldfish plan`: the model, cluster and step of a documented run, as option values (by dest names).
 PLAN_PRESETS: dict[str, dict[str, Any]] = {"paper": paper.PLAN_PRESET}
@@ -44,7 +44,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         "--model",
         default=None,
         help=f"named size ({', '.join(NAMED_SHAPES)}; 5B-640B: the AxoNN paper's GPT models), {paper.MODEL} (the "
-        "goldfish paper's model) or an HF config name/folder (Llama family)",
+        "goldfish paper's model) or a transformers config (a folder, its config.json or a hub name) of any family the "
+        "engine shards (Llama, GPT-NeoX, Phi-3, OLMo2, ...)",
     )
     parser.add_argument("--gpus", type=int, default=None, help="number of GPUs (world size)")
     parser.add_argument(
@@ -257,7 +258,7 @@ def run_plan(args: argparse.Namespace) -> int:
         payload = {
             "request": {
                 "model": request.shape.name,
-                "shape": request.shape.__dict__,
+                "shape": asdict(request.shape),
                 "gpus": request.gpus,
                 "global_batch": request.global_batch,
                 "seq": request.seq,

@@ -276,3 +276,118 @@ def test_llama_bytes_equal_prediction_in_the_shared_rows_layout(vocab_split: boo
     gradients summed over z+data: the counted bytes equal the prediction on every grid of world 4."""
     shapes = _grid_tuples(4)
     assert run_distributed(4, _llama_worker, shapes, False, vocab_split, "shared") == [len(shapes)] * 4
+
+
+# ----- every family through the plan the engine shards by (goldfish.app.planning reads it) ---------------------------
+
+# GPT-NeoX (per-head fused qkv, biases, LayerNorms with bias, a non-gated MLP), Phi-3 (fused [q|k|v] and [gate|up]) and
+# OLMo2 (q_norm/k_norm over the whole projection width: their statistics all-reduced over y)
+FAMILIES = ("gpt_neox", "phi3", "olmo2")
+# (grid (data, x, y, z), ZeRO stage or 0, embeddings split by vocabulary, activation checkpointing, attention mask)
+FAMILY_CASES = {
+    8: [((1, 2, 2, 2), 0, True, True, False), ((1, 2, 2, 2), 0, False, False, True)],
+    4: [
+        ((2, 1, 2, 1), 3, True, False, False),
+        ((2, 2, 1, 1), 1, True, False, True),
+        ((2, 1, 1, 2), 2, False, False, False),
+    ],
+}
+
+
+def _family_worker(world: int) -> int:
+    """Each family on each case of FAMILY_CASES[world]: the bytes counted per group and phase (forward, backward,
+    sync, clip and, under ZeRO, the optimizer step) equal the planner's prediction from the shape read off the model,
+    and the parameters (and, under ZeRO, the bytes) each rank holds equal the memory model's."""
+    from tiny_models import tiny_family
+
+    from engine.core.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses
+    from engine.memory.activation import checkpoint_decoder_layers
+    from engine.memory.zero import held_bytes, make_adamw, shard_data_axis
+    from engine.planner.cost_model import zero_held_bytes
+    from engine.spec import ZeroConfig
+    from goldfish.app.planning import shape_from_model
+
+    checked = 0
+    for family in FAMILIES:
+        serial = tiny_family(family, vocab=VOCAB, seed=0)
+        model_shape = shape_from_model(serial)
+        for dims, stage, vocab_split, recompute, masked in FAMILY_CASES[world]:
+            grid = init(data=dims[0], x=dims[1], y=dims[2], z=dims[3])
+            shape, zero = GridShape(*dims), ZeroConfig(stage=stage) if stage else None
+            what = f"{family} grid {shape} zero {stage} vocab split {vocab_split} recompute {recompute}"
+            try:
+                assert grid_fits_shape(model_shape, shape) is None, what
+                # overlap off with checkpointing, as in _llama_worker: a weight prefetch started before a recomputed
+                # layer is gathered again (one more z all-gather per step, which the planner does not count)
+                overlap = not recompute
+                model = parallelize(
+                    copy.deepcopy(serial), grid, overlap=overlap, vocab_parallel=None if vocab_split else False
+                )
+                if recompute:
+                    checkpoint_decoder_layers(model)
+                if zero is None:
+                    memory = memory_per_rank(model_shape, shape, rows_per_rank=2, seq=SEQ, vocab_parallel=vocab_split)
+                    held = sum(p.numel() for p in model.parameters())
+                    assert held == sum(
+                        memory.detail[k] for k in ("sharded_params", "replicated_params", "vocab_params")
+                    )
+                else:
+                    model = shard_data_axis(model, grid, zero)
+                optimizer = make_adamw(model, [{"params": list(model.parameters())}], lr=1e-3)
+                gen = torch.Generator().manual_seed(grid.rank)
+                ids = torch.randint(0, VOCAB, (2, SEQ), generator=gen)
+                mask = None
+                if masked:
+                    mask = torch.ones(2, SEQ, dtype=torch.long)
+                    mask[0, SEQ - 3 :] = 0
+
+                def forward():
+                    if vocab_split:
+                        targets = torch.full_like(ids, IGNORE_INDEX)
+                        targets[:, :-1] = ids[:, 1:]
+                        return causal_lm_token_losses(model, ids, targets, attention_mask=mask).sum()
+                    logits = model(input_ids=ids, attention_mask=mask).logits
+                    return F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
+
+                measured = _measure_step(grid, forward, model)
+                if zero is not None:  # the optimizer step: ZeRO-1 all-gathers the updated chunks
+                    traffic = grid.traffic
+                    traffic.enabled = True
+                    try:
+                        optimizer.step()
+                        measured["optimizer"] = {k: v for k, v in traffic.reset().items() if v}
+                    finally:
+                        traffic.enabled = False
+                predicted = llama_step_collectives(
+                    model_shape,
+                    shape,
+                    rows_per_rank=2,
+                    seq=SEQ,
+                    param_bytes=4,
+                    act_bytes=4,
+                    mask_bytes=8 if masked else 0,
+                    recompute=recompute,
+                    zero=zero,
+                    data_rank=grid.coord("data"),
+                    vocab_parallel=vocab_split,
+                )
+                _compare(measured, predicted, what)
+                if zero is not None:
+                    expected = zero_held_bytes(
+                        model_shape, shape, zero, data_rank=grid.coord("data"), vocab_parallel=vocab_split
+                    )
+                    assert held_bytes(model, optimizer) == expected, what
+                checked += 1
+            finally:
+                grid.close()
+    return checked
+
+
+@pytest.mark.parametrize("world", [8, 4])
+def test_family_bytes_equal_prediction_from_the_plan(world: int) -> None:
+    """GPT-NeoX, Phi-3 and OLMo2, planned from the shape goldfish.app.planning reads off the model (the projections of
+    its tensor-parallel plan, fused or not, the norms beside them, the y-split RMSNorms): the bytes counted equal the
+    prediction on a grid with x, y and z > 1 (world 8: vocabulary split with activation checkpointing, and whole with
+    an attention mask) and on data=2 grids under ZeRO 1, 2 and 3 (world 4)."""
+    cases = len(FAMILIES) * len(FAMILY_CASES[world])
+    assert run_distributed(world, _family_worker, world) == [cases] * world

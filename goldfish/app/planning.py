@@ -1,0 +1,203 @@
+"""The planner's shape of a transformers model, read from the plan engine.parallelize shards it by.
+
+`goldfish plan --model FOLDER_OR_CONFIG` builds the causal LM of the config on the meta device (no weights are
+allocated, no remote code runs), finds its decoder layers and tensor-parallel plan with engine.models.plans, and
+describes each parameter as the engine places it: the projections of the plan (sharded over x, y and z), the modules
+beside them that run on a y rank's heads (per-head norms, and RMSNorms over a whole projection that reduce their
+statistics over y), the other parameters of a layer (replicated), and outside the layers the embeddings and lm_head
+(split by vocabulary) and the rest (final norms, position tables). The planner (engine.planner.cost_model) computes
+bytes, parameters and memory from that description, so it plans every family the engine shards. It lives here, above
+the engine, because the planner's room may not import engine.models (tests/e2e/test_layout.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from engine.planner.cost_model import NAMED_SHAPES, LayerParam, TransformerShape
+
+
+def resolve_shape(model: str) -> TransformerShape:
+    """A named size (NAMED_SHAPES) or the shape of a transformers config: a folder holding config.json, a
+    config.json file, or a hub name (read offline when cached). ValueError (one line) when it cannot be read or
+    the engine cannot shard it."""
+    if model.upper() in NAMED_SHAPES:
+        return NAMED_SHAPES[model.upper()]
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model, trust_remote_code=False)
+    except (OSError, ValueError) as error:
+        first = " ".join(str(error).split())[:200]
+        raise ValueError(
+            f"cannot read a model config from {model!r} ({first}); give a named size "
+            f"({', '.join(NAMED_SHAPES)}) or a folder holding config.json"
+        ) from error
+    return shape_from_config(config, name=Path(model).name or model)
+
+
+def shape_from_config(config: Any, name: str = "") -> TransformerShape:
+    """The shape of the causal LM of transformers `config`, built on the meta device (no weights allocated)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    except (ValueError, KeyError, TypeError) as error:
+        first = " ".join(str(error).split())[:200]
+        raise ValueError(
+            f"cannot build a causal LM of model_type {getattr(config, 'model_type', None)!r} from its config "
+            f"({first}); give a decoder-only language model's config"
+        ) from error
+    return shape_from_model(model, name or getattr(config, "model_type", ""))
+
+
+def _beside_kind(child: Any, widths: set[int], head_dim: int, where: str) -> str:
+    """How engine.parallelize runs a module with parameters beside the sharded projections of an attention or MLP
+    (the same tests, in the same order): "replicated" for norms per head, "y_norm" for an RMSNorm over a whole
+    projection; ValueError (the engine refuses the model) for anything else."""
+    params = dict(child.named_parameters())
+    weight = params.get("weight")
+    if set(params) == {"weight"} and weight.dim() == 1 and weight.numel() == head_dim:
+        return "replicated"
+    eps = getattr(child, "variance_epsilon", getattr(child, "eps", None))
+    if (
+        set(params) == {"weight"}
+        and weight.dim() == 1
+        and weight.numel() in widths
+        and isinstance(eps, float)
+        and "RMSNorm" in type(child).__name__
+    ):
+        return "y_norm"
+    if set(params) == {"weight"} and weight.dim() == 2 and weight.shape[1] == head_dim:
+        return "replicated"  # a weight row per head (Cohere's q_norm/k_norm)
+    raise ValueError(f"{where} ({type(child).__name__}) has parameters the engine cannot shard by heads")
+
+
+def shape_from_model(model: Any, name: str = "") -> TransformerShape:
+    """The planner's shape of `model` (a transformers causal LM, on any device) as engine.parallelize shards it.
+
+    ValueError (one line) for a model the engine cannot shard on any grid; grids it refuses only on some axes become
+    the shape's refusals (the planner rejects those grids with the engine's reason)."""
+    from engine.core.linear import ShardingError
+    from engine.core.vocab_parallel import can_shard_vocab
+    from engine.models.parallelize import _refuse_other_lookups, _refuse_unconfirmed_fusion
+    from engine.models.plans import find_planned, head_counts
+    from engine.spec import GridShape
+
+    found = find_planned(model)
+    if len(found) != 1:
+        raise ValueError(
+            f"{type(model).__name__}: the engine finds {len(found) or 'no'} base models with a plan of decoder "
+            "layers; goldfish plan plans models with one (engine/models/plans.py)"
+        )
+    stack_name, stack, plan = found[0]
+    family, config = plan.family, stack.config
+    if plan.unsupported or not plan.projections:
+        why = "entries it cannot map, e.g. mixture-of-experts" if plan.unsupported else "no tensor-parallel plan"
+        raise ValueError(
+            f"{family}: its plan has {why}, so the engine trains it with data parallelism only, and the planner's "
+            "cost model counts the dense layers of a tensor-parallel plan; plan it with a dense family of its sizes"
+        )
+    layers = getattr(stack, plan.layers)
+    signature = [(n, tuple(p.shape)) for n, p in layers[0].named_parameters()]
+    if any([(n, tuple(p.shape)) for n, p in layer.named_parameters()] != signature for layer in layers):
+        raise ValueError(f"{family}: its decoder layers differ in their parameters; the planner needs equal layers")
+    heads, kv_heads, head_dim = head_counts(config)
+    layer = layers[0]
+    where = f"{stack_name}.{plan.layers}.0" if stack_name else f"{plan.layers}.0"
+    planned = {p.path: p for p in plan.projections}
+    widths: dict[str, set[int]] = {}  # per projection parent: the widths of its normal projections
+    fused_blocks, refusals = [], []
+    for path, projection in planned.items():
+        parent_path, _, attr = path.rpartition(".")
+        module = layer.get_submodule(path)
+        out = module.weight.shape[0] if type(module).__name__ != "Conv1D" else module.weight.shape[1]
+        if projection.mode == "normal":
+            widths.setdefault(parent_path, set()).add(out)
+        q, kv = heads * head_dim, kv_heads * head_dim
+        blocks = {"blocks": (q, kv, kv), "halves": (out // 2, out // 2), "per_head": (3 * q,)}.get(projection.fused)
+        if blocks is not None:  # the engine's shape check of a fused projection (engine.parallelize._fused_order)
+            if sum(blocks) != out or (projection.fused == "per_head" and kv != q):
+                raise ValueError(
+                    f"{family}: {where}.{path} has {out} output features, not a fused {projection.fused} projection "
+                    f"of {heads} heads and {kv_heads} key/value heads of {head_dim}; the engine cannot shard it"
+                )
+            if projection.fused != "per_head":  # per-head slices are whole heads: the head count check covers them
+                fused_blocks.append(blocks)
+        if projection.mode == "normal" and projection.fused is None:
+            try:  # the engine's own test of a projection that looks fused without a confirmed layout
+                _refuse_unconfirmed_fusion(module, attr, family, config, f"{where}.{path}")
+            except ShardingError as error:
+                refusals.append((("y",), str(error)))
+    for parent_path in {path.rpartition(".")[0] for path in planned}:
+        parent = layer.get_submodule(parent_path)
+        if list(parent.parameters(recurse=False)):
+            raise ValueError(f"{where}.{parent_path}: {type(parent).__name__} holds parameters the engine cannot shard")
+    kinds: dict[str, tuple[str, str]] = {}  # parameter name -> (kind, region) of what is not a projection
+    for parent_path in {path.rpartition(".")[0] for path in planned}:
+        parent = layer.get_submodule(parent_path)
+        prefix = f"{parent_path}." if parent_path else ""
+        for child_name, child in parent.named_children():
+            if f"{prefix}{child_name}" in planned:
+                continue
+            for param_name, _ in child.named_parameters():
+                kind = _beside_kind(child, widths.get(parent_path, set()), head_dim, f"{where}.{prefix}{child_name}")
+                kinds[f"{prefix}{child_name}.{param_name}"] = (kind, "heads")
+    layout = []
+    for param_name, param in layer.named_parameters():
+        module_path, _, attr = param_name.rpartition(".")
+        if module_path in planned:
+            if attr == "weight":
+                module = layer.get_submodule(module_path)
+                out, inp = param.shape if type(module).__name__ != "Conv1D" else param.shape[::-1]
+                transposed = planned[module_path].mode == "transposed"
+                layout.append(LayerParam("projection", out, inp, transposed, module.bias is not None, name=module_path))
+            continue
+        kind, region = kinds.get(param_name, ("replicated", "layer"))
+        rows = param.shape[0] if param.dim() else 1
+        layout.append(LayerParam(kind, rows, param.numel() // rows, region=region, name=param_name))
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    vocab_weights = {id(embedding.weight)} | ({id(head.weight)} if head is not None else set())
+    in_stack = {id(p) for p in stack.parameters()}
+    in_layers = {id(p) for p in layers.parameters()}
+    before, after, passed = [], [], False  # in module order, the parameters before and after the decoder layers
+    for param_name, param in model.named_parameters():
+        if id(param) in in_layers:
+            passed = True
+            continue
+        if id(param) in vocab_weights:  # split by vocabulary (or whole, summed over the rows' axes)
+            entry = LayerParam("vocab", param.shape[0], param.shape[1], region="rows", name=param_name)
+        else:  # inside the base model: the x*y group's rows, like the layers; outside it: this rank's own rows
+            rows = param.shape[0] if param.dim() else 1
+            region = "layer" if id(param) in in_stack else None
+            entry = LayerParam("replicated", rows, param.numel() // rows, region=region, name=param_name)
+        (after if passed else before).append(entry)
+    try:
+        _refuse_other_lookups(stack, plan, stack_name)
+    except ShardingError as error:
+        refusals.append((("x", "y"), str(error)))
+    if family == "gpt2" and getattr(config, "add_cross_attention", False):
+        refusals.append((("x", "y", "z"), "GPT-2 with cross-attention: the engine's GPT-2 plan does not cover it"))
+    hidden = embedding.embedding_dim
+    return TransformerShape(
+        hidden=hidden,
+        layers=len(layers),
+        heads=heads,
+        kv_heads=kv_heads,
+        intermediate=int(getattr(config, "intermediate_size", None) or 4 * hidden),
+        vocab=embedding.num_embeddings,
+        head_dim=head_dim,
+        tie_embeddings=head is not None and head.weight is embedding.weight,
+        name=name or family,
+        gated_mlp=any(p.fused == "halves" or "gate" in p.path for p in plan.projections),
+        layer_layout=tuple(layout),
+        before_layers=tuple(before),
+        after_layers=tuple(after),
+        fused_blocks=tuple(fused_blocks),
+        refusals=tuple(refusals),
+        # any grid whose x*y*z divides the vocabulary leaves only the model's own reasons
+        vocab_refusal=can_shard_vocab(model, GridShape(x=embedding.num_embeddings)) or "",
+    )
