@@ -130,6 +130,21 @@ class ParamLayout:
             out[piece.local] = full[tuple(slice(o, o + s) for o, s in zip(piece.offsets, piece.sizes))]
         return out
 
+    def placements(self, mesh_axes: tuple[str, ...]) -> tuple | None:
+        """DTensor placements of this rank's local tensor on a DeviceMesh whose dims are `mesh_axes` (Grid.device_mesh),
+        or None when DTensor cannot express the layout: rows regrouped (a fused projection), or one dim split over
+        several axes in another order than the mesh's (a vocabulary-parallel table: z outermost)."""
+        from torch.distributed.tensor import Replicate, Shard
+
+        if self.order is not None:
+            return None
+        for dim in {d for _, d in self.split}:
+            nesting = [axis for axis, d in self.split if d == dim and self.sizes[axis] > 1]
+            if nesting != [axis for axis in mesh_axes if axis in nesting]:
+                return None
+        split = {axis: dim for axis, dim in self.split if self.sizes[axis] > 1}
+        return tuple(Shard(split[axis]) if axis in split else Replicate() for axis in mesh_axes)
+
     def at(self, coords: Mapping[str, int]) -> "ParamLayout":
         """The same tensor's layout as another rank (at `coords`) holds it."""
         return replace(self, coords=dict(coords), tensor=None)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import itertools
 import math
 import os
 import socket
@@ -111,6 +112,7 @@ class Grid:
         self._created: list[dist.ProcessGroup] = []
         self._groups: dict[tuple[str, ...], AxisGroup] = {}
         self._data_groups: dict[tuple, tuple[AxisGroup, ...]] = {}  # data_levels and data_node, by sizes
+        self._mesh = None  # device_mesh(), built on first use
         # Combinations that differ only by axes of size 1 have the same members: build each group once.
         handles: dict[tuple[str, ...], tuple[list[int], dist.ProcessGroup | None]] = {}
         for axes in GROUP_AXES:
@@ -224,6 +226,24 @@ class Grid:
         ranks, handle = mine
         return AxisGroup(name, ("data",), len(ranks), ranks.index(self.rank), tuple(ranks), handle, self.traffic)
 
+    def device_mesh(self):  # -> torch.distributed.device_mesh.DeviceMesh
+        """A DeviceMesh over this grid's axes of size > 1 (dims named after them, in the order of AXES; "data" alone
+        for one rank), made from the grid's own process groups, so building it creates no group. DTensors on it
+        describe the layouts engine.layout.ParamLayout.placements can express."""
+        if self._mesh is None:
+            from torch.distributed.device_mesh import DeviceMesh
+
+            axes = tuple(a for a in AXES if self.size(a) > 1) or ("data",)
+            ranks = torch.tensor(
+                [
+                    self.shape.rank(dict(zip(axes, index)))
+                    for index in itertools.product(*(range(self.size(a)) for a in axes))
+                ]
+            ).reshape(tuple(self.size(a) for a in axes))
+            groups = [self.group(a).group or dist.group.WORLD for a in axes]
+            self._mesh = DeviceMesh.from_group(groups, self.device.type, mesh=ranks, mesh_dim_names=axes)
+        return self._mesh
+
     def coord(self, axis: str) -> int:
         """This rank's index along `axis`."""
         return self.coords[_check_axis(axis)]
@@ -240,6 +260,7 @@ class Grid:
         self._created = []
         self._groups = {}
         self._data_groups = {}
+        self._mesh = None
         if destroy_world and dist.is_initialized():
             _release_groups()
             dist.destroy_process_group()
