@@ -51,7 +51,6 @@ from engine.spec import row_replica_axes, vocab_row_axes
 IGNORE_INDEX = -100  # torch's cross-entropy convention: targets equal to it give no loss
 DEFAULT_CHUNK_TOKENS = 1024
 VOCAB_AXES = ("x", "y", "z")
-VOCAB_ATTR = "_engine_vocab_parallel"
 
 # On an lm_head: False once its model was seen to change the logits after the head (a logit scale, soft-capping),
 # so that causal_lm_token_losses takes the logits path for it from then on without trying the fused one again.
@@ -217,7 +216,6 @@ class _VocabShard:
             )
         self.grid, self.full_vocab = grid, full_vocab
         self.vocab_start = group.rank * (full_vocab // group.size)
-        setattr(self, VOCAB_ATTR, True)
 
     @property
     def group(self) -> AxisGroup:
@@ -324,7 +322,8 @@ class VocabParallelLMHead(nn.Linear, _VocabShard):
 
 
 def is_vocab_parallel(module: nn.Module) -> bool:
-    return getattr(module, VOCAB_ATTR, False)
+    """True for a vocabulary-parallel embedding or lm_head (also once ZeRO gives it its FSDP subclass)."""
+    return isinstance(module, _VocabShard)
 
 
 def can_shard_vocab(model: nn.Module, grid: Grid) -> str | None:
