@@ -1,8 +1,7 @@
 """4D hybrid-parallel engine (data x X x Y x Z tensor parallelism) on torch.distributed.
 
     grid = engine.init(data=D, x=X, y=Y, z=Z)      # starts torch.distributed if needed
-    with engine.auto_parallelize(grid):             # models built inside get parallel Linear layers
-        model = AutoModelForCausalLM.from_config(cfg)
+    model = engine.auto_parallelize(grid, lambda: AutoModelForCausalLM.from_config(cfg))  # built on meta, sharded
     model = engine.parallelize(model, grid)         # or shard an already built model in place
     engine.shard_data_axis(model, grid, engine.ZeroConfig(stage=3))  # ZeRO over the data axis (optional)
     loss_sum.backward()                             # each rank on its own rows

@@ -99,10 +99,11 @@ def _transformers_init(module: nn.Module) -> Initialise | None:
 
 
 def _linears_to_parallel(module: nn.Module, grid: Grid, overlap: bool, prefix: str = "") -> None:
-    """Every torch.nn.Linear below `module` becomes a default-mode ParallelLinear (nn.Linear semantics per rank)."""
+    """Every torch.nn.Linear below `module` becomes a default-mode ParallelLinear (nn.Linear semantics per rank);
+    subclasses of Linear stay as they are (their forward or parameters may differ)."""
     for name, child in module.named_children():
         path = f"{prefix}{name}"
-        if isinstance(child, nn.Linear) and not isinstance(child, ParallelLinear):
+        if type(child) is nn.Linear:
             setattr(module, name, ParallelLinear.from_linear(child, grid, mode="default", overlap=overlap, name=path))
         else:
             _linears_to_parallel(child, grid, overlap, f"{path}.")
