@@ -21,8 +21,6 @@ from torch.distributed._composable import checkpoint
 from engine.core.linear import ShardingError
 from engine.models.parallelize import decoder_stacks
 
-CHECKPOINTED_ATTR = "_engine_activation_checkpointed"
-
 
 def checkpoint_decoder_layers(model: nn.Module) -> int:
     """Recompute the activations of every decoder layer of `model` in backward instead of keeping them.
@@ -44,10 +42,9 @@ def checkpoint_decoder_layers(model: nn.Module) -> int:
     count = 0
     for *_, layers in stacks:
         for layer in layers:
-            if not getattr(layer, CHECKPOINTED_ATTR, False):
+            if checkpoint.state(layer) is None:  # torch's own record of the layers it checkpoints
                 _drop_cache_while_training(layer)  # registered first: checkpoint's hook sees the cleaned inputs
                 checkpoint(layer, early_stop=False)
-                setattr(layer, CHECKPOINTED_ATTR, True)
             count += 1
     return count
 
@@ -82,4 +79,4 @@ def _drop_cache_while_training(layer: nn.Module) -> None:
 
 def is_checkpointed(model: nn.Module) -> bool:
     """True when `model` has decoder layers with activation checkpointing."""
-    return any(getattr(m, CHECKPOINTED_ATTR, False) for m in model.modules())
+    return any(checkpoint.state(m) is not None for m in model.modules())
