@@ -51,7 +51,13 @@ def shape_from_config(config: Any, name: str = "") -> TransformerShape:
             f"cannot build a causal LM of model_type {getattr(config, 'model_type', None)!r} from its config "
             f"({first}); give a decoder-only language model's config"
         ) from error
-    return shape_from_model(model, name or getattr(config, "model_type", ""))
+    try:
+        return shape_from_model(model, name or getattr(config, "model_type", ""))
+    except (AttributeError, TypeError, KeyError) as error:  # a family whose modules the plan does not describe
+        raise ValueError(
+            f"{getattr(config, 'model_type', None)}: the planner cannot read its layers as the engine's plan names "
+            f"them ({type(error).__name__}: {' '.join(str(error).split())[:200]})"
+        ) from error
 
 
 def _beside_kind(child: Any, widths: set[int], head_dim: int, where: str) -> str:
@@ -132,20 +138,21 @@ def shape_from_model(model: Any, name: str = "") -> TransformerShape:
                 _refuse_unconfirmed_fusion(module, attr, family, config, f"{where}.{path}")
             except ShardingError as error:
                 refusals.append((("y",), str(error)))
+            except Exception as error:  # noqa: BLE001 - parallelize turns any error here into a refusal as well
+                why = f"{type(error).__name__} while planning it: {' '.join(str(error).split())}"
+                refusals.append((("y",), f"{family}: the engine cannot shard {where}.{path} ({why})"))
+    beside: dict[str, str] = {}  # parameter name -> kind, for the modules beside the projections (region "heads")
     for parent_path in {path.rpartition(".")[0] for path in planned}:
         parent = layer.get_submodule(parent_path)
         if list(parent.parameters(recurse=False)):
             raise ValueError(f"{where}.{parent_path}: {type(parent).__name__} holds parameters the engine cannot shard")
-    kinds: dict[str, tuple[str, str]] = {}  # parameter name -> (kind, region) of what is not a projection
-    for parent_path in {path.rpartition(".")[0] for path in planned}:
-        parent = layer.get_submodule(parent_path)
         prefix = f"{parent_path}." if parent_path else ""
         for child_name, child in parent.named_children():
             if f"{prefix}{child_name}" in planned:
                 continue
             for param_name, _ in child.named_parameters():
                 kind = _beside_kind(child, widths.get(parent_path, set()), head_dim, f"{where}.{prefix}{child_name}")
-                kinds[f"{prefix}{child_name}.{param_name}"] = (kind, "heads")
+                beside[f"{prefix}{child_name}.{param_name}"] = kind
     layout = []
     for param_name, param in layer.named_parameters():
         module_path, _, attr = param_name.rpartition(".")
@@ -156,7 +163,7 @@ def shape_from_model(model: Any, name: str = "") -> TransformerShape:
                 transposed = planned[module_path].mode == "transposed"
                 layout.append(LayerParam("projection", out, inp, transposed, module.bias is not None, name=module_path))
             continue
-        kind, region = kinds.get(param_name, ("replicated", "layer"))
+        kind, region = (beside[param_name], "heads") if param_name in beside else ("replicated", "layer")
         rows = param.shape[0] if param.dim() else 1
         layout.append(LayerParam(kind, rows, param.numel() // rows, region=region, name=param_name))
     embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
@@ -182,12 +189,14 @@ def shape_from_model(model: Any, name: str = "") -> TransformerShape:
     if family == "gpt2" and getattr(config, "add_cross_attention", False):
         refusals.append((("x", "y", "z"), "GPT-2 with cross-attention: the engine's GPT-2 plan does not cover it"))
     hidden = embedding.embedding_dim
+    intermediate = getattr(config, "intermediate_size", None)  # the activation estimate's MLP width
+    intermediate = intermediate if isinstance(intermediate, int) and intermediate > 0 else 4 * hidden
     return TransformerShape(
         hidden=hidden,
         layers=len(layers),
         heads=heads,
         kv_heads=kv_heads,
-        intermediate=int(getattr(config, "intermediate_size", None) or 4 * hidden),
+        intermediate=intermediate,
         vocab=embedding.num_embeddings,
         head_dim=head_dim,
         tie_embeddings=head is not None and head.weight is embedding.weight,
