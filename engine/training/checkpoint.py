@@ -1,35 +1,41 @@
-"""Sharded, atomic checkpoints of a parallelized model and its optimizer; re-sharding; consolidation.
+"""Atomic checkpoints of a parallelized model and its optimizer through torch.distributed.checkpoint (DCP);
+resuming at any grid or ZeRO stage; consolidation into an HF folder.
 
-Layout of a checkpoint folder (next to whatever the caller's `save_model` writes there, e.g. an HF model):
+Layout of a checkpoint folder written on a grid (next to whatever the caller's `save_model` writes there, e.g. an
+HF model):
 
-    engine_checkpoint.json            written by rank 0: format version, grid, step, the HF config, and for
-                                      every state-dict key how its tensor is sharded (see _Entry)
-    engine_shards/rank-NNNNN.safetensors
-                                      the tensor pieces rank NNNNN owns: "model/<key>" and
-                                      "optim/<param name>/<state key>" (AdamW exp_avg, exp_avg_sq, step)
+    engine_checkpoint.json            written last, by rank 0: format version, grid, step, the HF config, every
+                                      state-dict key with its full shape, dtype and tied aliases, the optimizer's
+                                      class and which of its per-parameter values are tensors
+    engine_shards/.metadata, __R_N.distcp
+                                      a DCP checkpoint (FileSystemWriter's format) of the tensors "model/<key>" and
+                                      "optim/<param name>/<state key>" (AdamW exp_avg, exp_avg_sq, step), each as the
+                                      FULL tensor in the serial model's layout (GPT-2 Conv1D weights (in, out))
     engine_shards/rank-NNNNN.state.json, .state.safetensors
-                                      every rank: its extra_state (e.g. its RNG) and the optimizer's groups
+                                      every rank: its extra_state (e.g. its RNG), the optimizer's groups and its
+                                      non-tensor values (engine/training/state_files.py)
     trainer_state.json, trainer_state.safetensors
                                       rank 0's extra_state (step, schedule, RNG: what the training loop resumes)
 
-A run without a grid (one process) writes the simpler serial layout instead: what `save_model` writes (an
-ordinary HF folder) plus trainer_state.json/.safetensors holding extra_state and the optimizer's own state dict.
+Every rank hands DCP the chunks of the full tensors it holds (`_Chunks`, the protocol DTensor implements:
+engine.layout says where each rank's local tensor sits in the full tensor, a ZeRO DTensor where its data-axis
+chunk sits in that); DCP's planner writes a chunk that several ranks hold (a replicated norm, AdamW's step) once, and
+reads at load whatever overlaps each rank's chunks, so any grid and any ZeRO stage loads any other's checkpoint.
+A run without a grid (one process) writes the serial layout instead: what `save_model` writes (an ordinary HF
+folder) plus trainer_state.json/.safetensors holding extra_state and the optimizer's state dict.
 
-Nothing in a checkpoint is pickled: tensors are safetensors, everything else JSON (engine/training/state_files.py),
-so reading a checkpoint from someone else can never run code. A folder of the older pickle format (trainer_state.pt,
-rank-NNNNN.pt) is refused without opening those files.
+Nothing in a checkpoint is unpickled as code. DCP keeps tensors as torch.save records, read with
+torch.load(weights_only=True) (torch's unpickler that builds tensors and nothing else), and its `.metadata` as a
+plain pickle of its metadata dataclasses, which torch's own reader opens with pickle.load; this module reads it
+with `_MetadataUnpickler` instead, which resolves only DCP's metadata classes, torch.Size, dtypes, layouts and
+paths, and refuses any other name (a function to call) before it is built. Everything else is JSON or safetensors.
 
-Every tensor piece is written once: a ParallelLinear weight shard by the rank at data=0 with the same
-(x, y, z); a bias shard (replicated over the axis that splits the layer's input) by the rank at index 0 of
-that axis and data=0; replicated tensors (norms, embeddings, lm_head, AdamW's step) by rank 0.
-
-Atomicity: everything goes to a staging sibling folder; rank 0 renames it to the target only after
-every rank reported its files written, so a crash at any point leaves the previous checkpoint (the
-staging folder is never read; the next save removes the staging folders of processes that are gone). A
-kill between the two renames that replace an older checkpoint leaves it set aside complete; every reader
-renames it back first. Loading at the same grid reads each rank's own pieces; at another grid
-(or into a plain serial model) each full tensor is rebuilt from the saved pieces and sharded again, one
-tensor at a time. `consolidate_checkpoint` merges the pieces into an ordinary HF checkpoint.
+Atomicity: everything goes to a staging sibling folder; rank 0 renames it to the target inside DCP's finish step,
+which runs only after every rank's DCP write returned, so a crash at any point leaves the previous checkpoint (the
+staging folder, without engine_checkpoint.json, is never read; the next save removes the staging folders of
+processes that are gone). A kill between the two renames that replace an older checkpoint leaves it set aside
+complete; every reader renames it back first. `AsyncSaver` runs the DCP write (and so the publication) in a
+background thread on CPU copies of the chunks; the next save and `wait` wait for it.
 """
 
 from __future__ import annotations
@@ -37,31 +43,36 @@ from __future__ import annotations
 import errno
 import json
 import os
+import pickle
 import re
 import shutil
 import struct
-from contextlib import ExitStack
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import torch
-from safetensors import SafetensorError, safe_open
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata, MetadataIndex, TensorProperties
+from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
 
 from data.atomic import recover_directory, remove_leftovers, replace_directory, staging_directory, write_text_atomic
 from engine.core import comm
-from engine.core.grid import AXES, Grid, GridShape
-from engine.core.linear import ParallelLinear, mode_axes
-from engine.core.vocab_parallel import is_vocab_parallel
-from engine.memory.zero import full, like, model_class_name, optimizer_value
+from engine.core.grid import AXES, Grid
+from engine.layout import ParamLayout, layout_of
+from engine.memory.zero import is_dtensor, model_class_name, optimizer_value
 from engine.training.state_files import StateFileError, load_state, save_state, state_files
 
 FORMAT = "goldfish-engine-checkpoint"
-VERSION = 2  # 1: rank records and trainer state were pickles (never read: unpickling can run code)
+VERSION = 3  # 2: per-rank safetensors of the engine's own format; 1: pickled rank records (neither is read)
 METADATA_FILE = "engine_checkpoint.json"
-SHARDS_DIR = "engine_shards"
+SHARDS_DIR = "engine_shards"  # the DCP checkpoint, with the per-rank records beside its files
 TRAINER_STATE = "trainer_state"  # step, schedule, RNG (and, in the serial layout, the optimizer)
 TRAINER_STATE_FILE = f"{TRAINER_STATE}.json"  # with trainer_state.safetensors beside it (state_files)
 PICKLED_TRAINER_STATE_FILE = "trainer_state.pt"  # the older pickle format, refused unread
@@ -87,147 +98,204 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
     """The folder given is not there, or holds no resumable checkpoint."""
 
 
+# ----- a rank's chunks of the full tensors, as DCP asks for them --------------------------------------------------
+
+
 @dataclass(frozen=True)
-class _Entry:
-    """How one state-dict key is stored.
+class Chunk:
+    """A rectangular part of the tensor a rank holds and where it sits in the full tensor of the SERIAL model."""
 
-    kind: "replicated" (one full tensor, written by rank 0), "weight" or "bias" (ParallelLinear pieces),
-        "vocab" (a vocabulary-parallel embedding or lm_head: rows split evenly over x*y*z in the group order
-        x + X*y + X*Y*z, see engine/core/vocab_parallel.py), or "alias" (the same tensor as key `alias_of`, e.g. a
-        tied lm_head; its shape is the full one).
-    shape: the tensor's full shape in the SERIAL model (GPT-2 Conv1D weights are (in, out)).
-    mode, out_order, layout: the ParallelLinear's mode, output order (None = natural) and serial layout
-        ("linear" (out, in) or "conv1d" (in, out)); unused for replicated tensors.
-    """
+    local: tuple[slice, ...]  # into the tensor the rank holds (a DTensor: its local chunk)
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    transposed: bool = False  # the serial model stores the transpose (GPT-2 Conv1D): the local part is .t()
 
-    kind: str
-    shape: tuple[int, ...]
-    dtype: str
-    mode: str = ""
-    out_order: tuple[int, ...] | None = None
-    layout: str = "linear"
-    alias_of: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["shape"] = list(self.shape)
-        out["out_order"] = None if self.out_order is None else list(self.out_order)
-        return out
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "_Entry":
-        order = data.get("out_order")
-        return cls(
-            kind=data["kind"],
-            shape=tuple(data["shape"]),
-            dtype=data["dtype"],
-            mode=data.get("mode", ""),
-            out_order=None if order is None else tuple(order),
-            layout=data.get("layout", "linear"),
-            alias_of=data.get("alias_of", ""),
-        )
-
-    def same_layout(self, other: "_Entry") -> bool:
-        return (self.kind, self.shape, self.mode, self.out_order, self.layout) == (
-            other.kind,
-            other.shape,
-            other.mode,
-            other.out_order,
-            other.layout,
-        )
+    def of(self, local: torch.Tensor) -> torch.Tensor:
+        """This chunk of `local`, shaped as it sits in the serial full tensor (a view)."""
+        part = local[self.local]
+        return part.t() if self.transposed else part
 
 
-# ----- describing a model -------------------------------------------------------------------------------
+def serial_shape(p: ParamLayout) -> tuple[int, ...]:
+    """The full shape of `p` in the serial model (GPT-2 Conv1D weights are (in, out))."""
+    return tuple(reversed(p.full_shape)) if p.serial_transposed else tuple(p.full_shape)
 
 
-def _describe(model: nn.Module) -> tuple[dict[str, _Entry], dict[str, torch.Tensor], dict[str, Any]]:
-    """Every state-dict key of `model` with its _Entry, its local tensor, and its ParallelLinear or
-    vocabulary-parallel module if any."""
-    layers: dict[str, ParallelLinear] = {}
-    for name, module in model.named_modules(remove_duplicate=False):
-        if isinstance(module, ParallelLinear):
-            prefix = f"{name}." if name else ""
-            layers[f"{prefix}weight"] = module
-            if module.bias is not None:
-                layers[f"{prefix}bias"] = module
-    vocab: dict[str, Any] = {}  # vocabulary-parallel modules by their weight's key
-    for name, module in model.named_modules(remove_duplicate=False):
-        if is_vocab_parallel(module):
-            vocab[f"{name}.weight" if name else "weight"] = module
-    full_shapes = {id(m.weight): (m.full_vocab, *m.weight.shape[1:]) for m in vocab.values()}
-    entries: dict[str, _Entry] = {}
-    tensors: dict[str, torch.Tensor] = {}
-    first_key: dict[int, str] = {}
-    for key, tensor in model.state_dict(keep_vars=True).items():
+def serial_chunks(p: ParamLayout, rows: range | None = None) -> list[Chunk]:
+    """This rank's pieces of `p` (restricted to its local rows `rows`, e.g. a ZeRO chunk, whose local tensor starts at
+    rows.start) as chunks of the serial full tensor."""
+    start = 0 if rows is None else rows.start
+    out = []
+    for piece in p.pieces(rows):
+        local = piece.local
+        if start and local:  # the held tensor is the ZeRO chunk: its row 0 is local row `start`
+            local = (slice(local[0].start - start, local[0].stop - start), *local[1:])
+        if p.serial_transposed:
+            out.append(Chunk(local, tuple(reversed(piece.offsets)), tuple(reversed(piece.sizes)), transposed=True))
+        else:
+            out.append(Chunk(local, tuple(piece.offsets), tuple(piece.sizes)))
+    return out
+
+
+class _Chunks:
+    """One state-dict entry for DCP: the chunks of a full tensor that this rank holds.
+
+    It speaks the protocol DCP's planners ask of DTensor (__create_write_items__, __create_chunk_list__,
+    __get_tensor_shard__), so DCP writes and reads these chunks as it does a DTensor's local shard."""
+
+    def __init__(self, held: torch.Tensor, full_shape: tuple[int, ...], chunks: list[Chunk]) -> None:
+        self.held, self.full_shape, self.chunks = held, torch.Size(full_shape), chunks
+
+    def size(self) -> torch.Size:
+        return self.full_shape
+
+    def __create_write_items__(self, fqn: str, obj: Any) -> list[WriteItem]:
+        properties = TensorProperties.create_from_tensor(self.held)
+        return [
+            WriteItem(
+                index=MetadataIndex(fqn, torch.Size(c.offsets)),
+                type=WriteItemType.SHARD,
+                tensor_data=TensorWriteData(
+                    chunk=ChunkStorageMetadata(torch.Size(c.offsets), torch.Size(c.sizes)),
+                    properties=properties,
+                    size=self.full_shape,
+                ),
+            )
+            for c in self.chunks
+        ]
+
+    def __create_chunk_list__(self) -> list[ChunkStorageMetadata]:
+        return [ChunkStorageMetadata(torch.Size(c.offsets), torch.Size(c.sizes)) for c in self.chunks]
+
+    def __get_tensor_shard__(self, index: MetadataIndex) -> torch.Tensor:
+        for c in self.chunks:
+            if torch.Size(c.offsets) == index.offset:
+                return c.of(self.held)
+        raise CheckpointError(f"{index.fqn} has no chunk at {list(index.offset or ())} on this rank")
+
+    def staged(self) -> "_Chunks":
+        """The same chunks over a CPU copy of the held tensor (what an asynchronous save writes while training
+        goes on)."""
+        return _Chunks(self.held.detach().to("cpu", copy=True), tuple(self.full_shape), self.chunks)
+
+
+class _SavePlanner(dcp.DefaultSavePlanner):
+    """DCP's default planner (its dedup of chunks several ranks hold included) that also finds `_Chunks`' data. The
+    state dict is flat already: nothing to flatten."""
+
+    def __init__(self) -> None:
+        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+
+    def lookup_object(self, index: MetadataIndex) -> Any:
+        obj = self.state_dict[index.fqn]
+        return obj.__get_tensor_shard__(index) if isinstance(obj, _Chunks) else super().lookup_object(index)
+
+
+class _LoadPlanner(dcp.DefaultLoadPlanner):
+    """DCP's default planner that also finds where `_Chunks`' data goes. The state dict is flat and holds no meta
+    tensors, so nothing is flattened or initialised (DefaultLoadPlanner's initialisation would drop `_Chunks`)."""
+
+    def __init__(self) -> None:
+        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+
+    def set_up_planner(
+        self, state_dict: dict[str, Any], metadata: Metadata | None = None, is_coordinator: bool = False
+    ) -> None:
+        self.original_state_dict = self.state_dict = state_dict
+        self.metadata, self.is_coordinator = metadata, is_coordinator
+
+    def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
+        obj = self.state_dict[index.fqn]
+        return obj.__get_tensor_shard__(index) if isinstance(obj, _Chunks) else super().lookup_tensor(index)
+
+
+class _Staged:
+    """DCP's AsyncStager for a state dict of CPU copies made beforehand (`_Chunks.staged`): nothing more to copy."""
+
+    _synchronize_after_execute = False
+    should_synchronize_after_execute = False
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        return state_dict
+
+    def close(self) -> None:
+        pass
+
+
+def _held(tensor: torch.Tensor) -> tuple[torch.Tensor, range | None]:
+    """The tensor this rank holds of a state-dict tensor, and for a DTensor sharded over the data axis (ZeRO) the
+    rows of the tensor-parallel local tensor that its chunk covers."""
+    tensor = tensor.detach()
+    if not is_dtensor(tensor):
+        return tensor, None
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    sizes, offsets = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
+    local = tensor.to_local()
+    if not sizes:  # a 0-d (replicated) DTensor
+        return local, None
+    return local, range(offsets[0], offsets[0] + sizes[0])
+
+
+def _entry(p: ParamLayout | None, tensor: torch.Tensor) -> _Chunks:
+    """The DCP entry of `tensor` (a parameter, buffer or per-element optimizer state laid out as `p`; p None: the
+    tensor is whole on every rank)."""
+    held, rows = _held(tensor)
+    if p is None:
+        shape = tuple(held.shape)
+        return _Chunks(held, shape, [Chunk(tuple(slice(0, n) for n in shape), (0,) * len(shape), shape)])
+    return _Chunks(held, serial_shape(p), serial_chunks(p, rows))
+
+
+# ----- what a checkpoint holds --------------------------------------------------------------------------------
+
+
+def _layouts(model: nn.Module, grid: Grid | None) -> dict[str, ParamLayout | None]:
+    """Every distinct state-dict tensor of `model` by its first key: its layout on `grid` (None for a plain model)."""
+    if grid is not None:
+        return dict(layout_of(model, grid).params)
+    first: dict[int, str] = {}
+    return {first.setdefault(id(t), k): None for k, t in model.state_dict(keep_vars=True).items() if id(t) not in first}
+
+
+def _described(model: nn.Module, grid: Grid | None) -> tuple[dict[str, ParamLayout | None], dict[str, dict]]:
+    """The layouts and, per key, what the manifest records: serial shape, dtype and the tied keys beside it."""
+    tensors = model.state_dict(keep_vars=True)
+    layouts = _layouts(model, grid)
+    aliases: dict[int, list[str]] = {}
+    for key, tensor in tensors.items():
+        aliases.setdefault(id(tensor), []).append(key)
+    described = {}
+    for key, p in layouts.items():
+        tensor = tensors[key]
+        shape = tuple(tensor.shape) if p is None else serial_shape(p)
         dtype = str(tensor.dtype).removeprefix("torch.")
-        tensors[key] = tensor
-        if id(tensor) in first_key:
-            shape = full_shapes.get(id(tensor), tuple(tensor.shape))
-            entries[key] = _Entry("alias", tuple(shape), dtype, alias_of=first_key[id(tensor)])
-            continue
-        first_key[id(tensor)] = key
-        if key in vocab:
-            entries[key] = _Entry("vocab", tuple(full_shapes[id(tensor)]), dtype)
-            layers[key] = vocab[key]
-            continue
-        layer = layers.get(key)
-        if layer is None:
-            entries[key] = _Entry("replicated", tuple(tensor.shape), dtype)
-            continue
-        kind = "weight" if key.endswith("weight") else "bias"
-        shape = (layer.out_features, layer.in_features) if kind == "weight" else (layer.out_features,)
-        if kind == "weight" and layer.serial_layout == "conv1d":
-            shape = shape[::-1]
-        order = None if layer.out_order is None else tuple(int(i) for i in layer.out_order.tolist())
-        entries[key] = _Entry(kind, shape, dtype, layer.mode, order, layer.serial_layout)
-    return entries, tensors, layers
-
-
-def _owner(entry: _Entry, coords: dict[str, int], shape: GridShape) -> int:
-    """The rank whose shard file holds the piece that the rank at `coords` keeps of this entry."""
-    if entry.kind == "replicated":
-        return 0
-    owner = {"x": coords["x"], "y": coords["y"], "z": coords["z"], "data": 0}  # also a "vocab" shard's writer
-    if entry.kind == "bias":  # replicated over the axis that splits the input: its index 0 writes it
-        owner[mode_axes(entry.mode)[0]] = 0
-    return shape.rank(owner)
+        described[key] = {"shape": list(shape), "dtype": dtype, "aliases": aliases[id(tensor)][1:]}
+    return layouts, described
 
 
 def _param_names(model: nn.Module) -> dict[int, str]:
     return {id(p): name for name, p in model.named_parameters()}
 
 
-# ----- saving -------------------------------------------------------------------------------------------
+def _optimizer_class(optimizer: torch.optim.Optimizer) -> str:
+    """The optimizer whose state a checkpoint holds; ZeRO-1's ZeroAdamW keeps AdamW's state (checkpoint_class)."""
+    return getattr(optimizer, "checkpoint_class", type(optimizer).__name__)
 
 
-def _shard_file(rank: int, suffix: str) -> str:
-    return f"{SHARDS_DIR}/rank-{rank:05d}.{suffix}"
-
-
-def _rank_state(rank: int) -> str:
-    """The stem of rank `rank`'s record (extra_state, optimizer groups): STEM.json and STEM.safetensors."""
-    return _shard_file(rank, "state")
-
-
-def _state_file_names(stem: str) -> list[str]:
-    return [f"{stem}.json", f"{stem}.safetensors"]
-
-
-def _all_ok(ok: bool, grid: Grid) -> bool:
-    """True when every rank's `ok` is True (a collective over the whole world; free for one rank)."""
-    return comm.all_agree(ok, grid.group(*AXES), grid.device)
-
-
-def _optimizer_layout(
-    optimizer: torch.optim.Optimizer | None, model: nn.Module, entries: dict[str, _Entry]
-) -> tuple[dict[str, dict[str, str]], list[dict[str, Any]]]:
-    """Per parameter name, how each optimizer state value is stored ("like_param" = sharded exactly as the
-    parameter, "replicated" = one copy written by rank 0, "value" = a non-tensor kept in the rank's record), and
-    the optimizer's groups with parameter names instead of indices."""
+def _optimizer_entries(
+    optimizer: torch.optim.Optimizer | None, model: nn.Module, layouts: dict[str, ParamLayout | None]
+) -> tuple[dict[str, Any], dict[str, dict[str, str]], list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The optimizer's DCP entries ("optim/<name>/<key>"), per parameter name how each state value is stored
+    ("like_param": in DCP, laid out as its parameter; "scalar": in DCP, one copy; "value": a non-tensor in the rank's
+    record), the groups with parameter names instead of
+    indices, and the non-tensor values."""
     if optimizer is None:
-        return {}, []
+        return {}, {}, [], {}
     names = _param_names(model)
-    state_layout: dict[str, dict[str, str]] = {}
+    entries: dict[str, Any] = {}
+    kinds: dict[str, dict[str, str]] = {}
+    values: dict[str, dict[str, Any]] = {}
     groups = []
     for group in optimizer.param_groups:
         group_names = []
@@ -239,33 +307,27 @@ def _optimizer_layout(
                 )
             name = names[id(param)]
             group_names.append(name)
-            layout = {}
+            if name not in layouts:
+                raise CheckpointError(f"parameter {name} is tied to another key of the state dict; untie it")
             for key, value in optimizer.state.get(param, {}).items():
-                if isinstance(value, torch.Tensor) and value.shape == param.shape and value.dim() > 0:
-                    layout[key] = "like_param"
-                elif isinstance(value, torch.Tensor) and (value.dim() == 0 or entries[name].kind == "replicated"):
-                    layout[key] = "replicated"  # a scalar (AdamW's step) or the state of a replicated parameter
-                elif isinstance(value, torch.Tensor):
-                    raise CheckpointError(
-                        f"optimizer state {key!r} of {name} has shape {list(value.shape)}, neither "
-                        f"the parameter's shard shape {list(param.shape)} nor a scalar: the engine "
-                        "cannot shard it (optimizers with per-element state such as AdamW or SGD "
-                        "are supported)"
-                    )
+                kind = (
+                    "value" if not isinstance(value, torch.Tensor) else "scalar" if value.dim() == 0 else "like_param"
+                )
+                kinds.setdefault(name, {})[key] = kind
+                if kind == "value":
+                    values.setdefault(name, {})[key] = value
+                elif kind == "scalar":  # AdamW's step: the same on every rank
+                    entries[f"optim/{name}/{key}"] = _entry(None, value)
+                elif value.shape == param.shape:
+                    entries[f"optim/{name}/{key}"] = _entry(layouts[name], value)
                 else:
-                    layout[key] = "value"
-            if layout:
-                state_layout[name] = layout
+                    raise CheckpointError(
+                        f"optimizer state {key!r} of {name} has shape {list(value.shape)}, neither the parameter's "
+                        f"shape {list(param.shape)} nor a scalar: the engine cannot shard it (optimizers with "
+                        "per-element state such as AdamW or SGD are supported)"
+                    )
         groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": group_names})
-    for name in state_layout:
-        if entries[name].kind == "alias":
-            raise CheckpointError(f"parameter {name} is an alias of {entries[name].alias_of} in the state dict")
-    return state_layout, groups
-
-
-def _optimizer_class(optimizer: torch.optim.Optimizer) -> str:
-    """The optimizer whose state a checkpoint holds; ZeRO-1's ZeroAdamW keeps AdamW's state (checkpoint_class)."""
-    return getattr(optimizer, "checkpoint_class", type(optimizer).__name__)
+    return entries, kinds, groups, values
 
 
 def _has_hf_config(module: nn.Module) -> bool:
@@ -293,78 +355,163 @@ def _hf_config(module: nn.Module) -> dict[str, Any]:
     return data
 
 
-def _expected_files(entries: dict[str, _Entry], shape: GridShape) -> list[str]:
-    files = []
-    for rank in range(shape.world_size):
-        coords = shape.coords(rank)
-        if any(e.kind != "alias" and _owner(e, coords, shape) == rank for e in entries.values()):
-            files.append(_shard_file(rank, "safetensors"))
-        files.extend(_state_file_names(_rank_state(rank)))
-    return files
+# ----- saving -------------------------------------------------------------------------------------------
 
 
-def _write_own_files(
-    staging: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, grid: Grid, extra_state: dict[str, Any]
-) -> dict[str, Any] | None:
-    """This rank's shard files, and on rank 0 the trainer state; rank 0 returns the metadata, which it writes
-    once every rank has written its files."""
-    entries, tensors, layers = _describe(model)
-    for key, layer in layers.items():
-        if layer.grid.shape != grid.shape:
+def _rank_state(rank: int) -> str:
+    """The stem of rank `rank`'s record (extra_state, optimizer groups): STEM.json and STEM.safetensors."""
+    return f"{SHARDS_DIR}/rank-{rank:05d}.state"
+
+
+def _record_files(world_size: int) -> list[str]:
+    return [
+        name for rank in range(world_size) for name in (f"{_rank_state(rank)}.json", f"{_rank_state(rank)}.safetensors")
+    ]
+
+
+class _Writer(dcp.FileSystemWriter):
+    """DCP's FileSystemWriter into the staging folder's engine_shards/; its finish step, which DCP runs on rank 0
+    once every rank's write has returned, also writes the manifest and publishes the staging folder."""
+
+    def __init__(self, staging: Path, directory: Path, manifest: dict[str, Any] | None) -> None:
+        super().__init__(staging / SHARDS_DIR)
+        self.staging, self.directory, self.manifest = staging, directory, manifest
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        try:
+            return super().write_data(plan, planner)
+        except RuntimeError as error:  # torch.save's writer reports a failed write without its errno
+            raise _os_cause(sorted(Path(self.path).glob(f"{plan.storage_data.prefix}*.distcp"))) or error
+
+    def finish(self, metadata: Metadata, results: list) -> None:
+        super().finish(metadata, results)
+        assert self.manifest is not None  # DCP calls finish on the coordinator, rank 0, which has the manifest
+        missing = [f for f in self.manifest["files"] if not (self.staging / f).exists()]
+        if missing:
             raise CheckpointError(
-                f"{key} is sharded on grid {layer.grid.shape}, not on the grid {grid.shape} given to save_checkpoint"
+                f"rank 0 does not see the files {missing[:4]} that other ranks wrote into {self.staging}: the "
+                "checkpoint directory must be on a filesystem shared by all ranks (e.g. the cluster's shared "
+                "disk, not a node-local /tmp)"
             )
-    state_layout, groups = _optimizer_layout(optimizer, model, entries)
-    owned: dict[str, torch.Tensor] = {}
-    values: dict[str, dict[str, Any]] = {}
-    # Tensors partitioned over the data axis (ZeRO: DTensors) are gathered whole one at a time with
-    # DTensor.full_tensor(), a collective of the data group: every rank takes part in the same order, the
-    # owner writes. The files are then those of a run without ZeRO, so any stage and grid reads them.
-    for key, entry in entries.items():
-        if entry.kind == "alias":
-            continue
-        value = full(tensors[key].detach())
-        if _owner(entry, grid.coords, grid.shape) == grid.rank:
-            owned[f"model/{key}"] = value.contiguous().cpu()
-    if optimizer is not None:
-        params = dict(model.named_parameters())
-        for name, layout in state_layout.items():
-            param_owner = _owner(entries[name], grid.coords, grid.shape)
-            for state_key, how in layout.items():
-                value = optimizer.state[params[name]][state_key]
-                if how == "value":
-                    values.setdefault(name, {})[state_key] = value
-                    continue
-                value = full(value.detach())
-                if (param_owner if how == "like_param" else 0) == grid.rank:
-                    owned[f"optim/{name}/{state_key}"] = value.contiguous().cpu()
-    (staging / SHARDS_DIR).mkdir(exist_ok=True)
-    if owned:
-        save_file(
-            owned,
-            str(staging / _shard_file(grid.rank, "safetensors")),
-            metadata={"format": "pt", "rank": str(grid.rank)},
+        # written last: a folder without it is no checkpoint, so a staging folder never loads
+        write_text_atomic(self.staging / METADATA_FILE, json.dumps(self.manifest, indent=1))
+        try:
+            replace_directory(self.staging, self.directory)
+        except BaseException:
+            if not self.directory.exists():  # cut off between the two renames: the previous checkpoint goes back
+                recover_directory(self.directory)
+            raise
+
+
+def _os_cause(files: list[Path]) -> OSError | None:
+    """Why writing `files` failed, as the system says it: one more byte appended to each (they are discarded with
+    the failed save) raises the OSError (e.g. EFBIG, ENOSPC) that torch.save's writer reported without its errno."""
+    for file in files:
+        try:
+            with open(file, "ab") as handle:
+                handle.write(b"\0")
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError as error:
+            return error
+    return None
+
+
+@dataclass
+class _Prepared:
+    """A save whose staging folder holds everything but the DCP write: the entries to write and the writer."""
+
+    directory: Path
+    staging: Path
+    entries: dict[str, Any]
+    writer: _Writer
+
+
+def _prepare(
+    directory: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    grid: Grid,
+    extra_state: dict[str, Any],
+    save_model: Callable[[nn.Module, Path], None] | None,
+) -> _Prepared:
+    """Collective: a staging folder (made by rank 0), save_model's files and every rank's record in it."""
+    world = grid.group(*AXES)
+    staging_name: str | None = None
+    if grid.rank == 0:
+        try:
+            staging_name = str(_new_staging(directory))
+        except OSError as error:
+            staging_name = f"error: {_write_error(error, directory)}"
+    staging_name = comm.broadcast_object(staging_name, world, grid.device)
+    if staging_name is None or staging_name.startswith("error: "):
+        reason = str(staging_name).removeprefix("error: ")
+        raise CheckpointError(f"rank 0 could not create a staging folder next to {directory}: {reason}")
+    staging = Path(staging_name)
+    failure: BaseException | None = None
+    prepared = None
+    try:
+        if save_model is not None:
+            save_model(model, staging)
+        layouts, described = _described(model, grid)
+        entries = {f"model/{key}": _entry(p, model.state_dict(keep_vars=True)[key]) for key, p in layouts.items()}
+        optim_entries, kinds, groups, values = _optimizer_entries(optimizer, model, layouts)
+        entries.update(optim_entries)
+        (staging / SHARDS_DIR).mkdir(exist_ok=True)
+        _save_state(
+            staging / _rank_state(grid.rank),
+            {"extra_state": extra_state, "optimizer_groups": groups, "optimizer_values": values},
         )
-    _save_state(
-        staging / _rank_state(grid.rank),
-        {"extra_state": extra_state, "optimizer_groups": groups, "optimizer_values": values},
+        manifest = None
+        if grid.rank == 0:
+            _save_state(staging / TRAINER_STATE, extra_state)
+            hf_part = _hf_part(model, described)
+            manifest = {
+                "format": FORMAT,
+                "version": VERSION,
+                "grid": asdict(grid.shape),
+                "step": extra_state.get("step"),
+                "model_class": model_class_name(model),
+                "hf_config": None if hf_part is None else _hf_config(hf_part[1]),
+                "hf_prefix": None if hf_part is None else hf_part[0],
+                "tensors": described,
+                "optimizer": None if optimizer is None else {"class": _optimizer_class(optimizer), "state": kinds},
+                "files": _record_files(grid.shape.world_size),
+            }
+        prepared = _Prepared(directory, staging, entries, _Writer(staging, directory, manifest))
+    except Exception as error:  # noqa: BLE001 - every rank must learn that the save failed, then it re-raises
+        failure = _write_error(error, directory)
+    if not comm.all_agree(failure is None, world, grid.device):
+        if grid.rank == 0:  # every rank has stopped writing into it
+            shutil.rmtree(staging, ignore_errors=True)
+        if failure is not None:
+            raise failure
+        raise CheckpointError(
+            f"another rank failed while writing the checkpoint {directory}; the previous checkpoint (if any) is intact"
+        )
+    assert prepared is not None
+    return prepared
+
+
+def _failed(error: CheckpointException, prepared: _Prepared, rank: int) -> CheckpointError:
+    """DCP's report of a failed write or publication as one line on every rank (this rank's own error first); rank 0
+    removes the staging folder."""
+    if rank == 0:
+        shutil.rmtree(prepared.staging, ignore_errors=True)
+    own = error.failures.get(rank)
+    if own is not None:
+        converted = _write_error(own[0], prepared.directory)
+        if isinstance(converted, CheckpointError):
+            return converted
+        return CheckpointError(f"cannot write the checkpoint {prepared.directory}: {own[0]}")
+    return CheckpointError(
+        f"another rank failed while writing the checkpoint {prepared.directory}; the previous checkpoint (if any) "
+        "is intact"
     )
-    if grid.rank != 0:
-        return None
-    _save_state(staging / TRAINER_STATE, extra_state)
-    hf_part = _hf_part(model, entries)
-    return {
-        "format": FORMAT,
-        "version": VERSION,
-        "grid": asdict(grid.shape),
-        "step": extra_state.get("step"),
-        "model_class": model_class_name(model),
-        "hf_config": None if hf_part is None else _hf_config(hf_part[1]),
-        "hf_prefix": None if hf_part is None else hf_part[0],
-        "tensors": {key: entry.to_json() for key, entry in entries.items()},
-        "optimizer": None if optimizer is None else {"class": _optimizer_class(optimizer), "state": state_layout},
-        "files": _expected_files(entries, grid.shape),
-    }
+
+
+def _process_group(grid: Grid) -> dist.ProcessGroup | None:
+    return grid.group(*AXES).group
 
 
 def save_checkpoint(
@@ -376,80 +523,102 @@ def save_checkpoint(
     extra_state: dict[str, Any] | None = None,
     save_model: Callable[[nn.Module, Path], None] | None = None,
 ) -> Path:
-    """Write a checkpoint of `model` and `optimizer` to `directory`, atomically.
+    """Write a checkpoint of `model` and `optimizer` to `directory`, atomically, and return `directory`.
 
     grid None (one process, plain model): the serial layout, i.e. `save_model`'s files plus trainer_state.json and
-    .safetensors with extra_state and the optimizer's state dict. With a grid: the sharded layout; collective,
-    every rank of the grid calls it with the same directory, and the filesystem must be shared by all ranks.
+    .safetensors with extra_state and the optimizer's state dict. With a grid: a DCP checkpoint; collective, every
+    rank of the grid calls it with the same directory, and the filesystem must be shared by all ranks.
 
     save_model(model, folder) runs on EVERY rank with the staging folder (it may run collectives, e.g.
     engine.full_state_dict; typically rank 0 then writes an ordinary HF model there). extra_state is each
     rank's own small state (step, scheduler, RNG; none by default) made of tensors, numbers, strings, None and
     lists, tuples or dicts of them (it is stored as JSON plus safetensors, never pickled); rank 0's also goes to
     trainer_state.json and load_checkpoint returns it. An existing checkpoint at `directory` is replaced only
-    once the new one is complete; staging folders that killed saves left beside it are removed. Returns
-    `directory`. Raises CheckpointError on every rank when any rank fails to write its files (a full disk, a
-    read-only folder: one line saying what to free or fix; the previous checkpoint stays intact).
+    once the new one is complete; staging folders that killed saves left beside it are removed. Raises
+    CheckpointError on every rank when any rank fails to write its files (a full disk, a read-only folder: one
+    line saying what to free or fix; the previous checkpoint stays intact).
     """
     directory = Path(directory)
+    extra_state = _checked_extra_state(extra_state)
+    if grid is None:
+        return _save_serial(directory, model, optimizer, extra_state, save_model)
+    prepared = _prepare(directory, model, optimizer, grid, extra_state, save_model)
+    try:
+        dcp.save(
+            prepared.entries,
+            storage_writer=prepared.writer,
+            planner=_SavePlanner(),
+            process_group=_process_group(grid),
+            no_dist=grid.shape.world_size == 1,
+        )
+    except CheckpointException as error:
+        raise _failed(error, prepared, grid.rank) from None
+    return directory
+
+
+class AsyncSaver:
+    """Checkpoints of a run on a grid whose DCP write runs in the background (dcp.async_save): `save` returns once
+    save_model's files and the ranks' records are written and the chunks copied to CPU; the tensors are written,
+    and rank 0 publishes the folder, while training goes on. The next `save` and `wait` (call it before the run
+    ends) wait for the previous one; a failure in the background is raised there, on every rank.
+
+    Collective: every rank of `grid` builds one (it makes a gloo group of its own for the background thread's
+    collectives, which must not interleave with the training's) and calls `close` at the end."""
+
+    def __init__(self, grid: Grid) -> None:
+        self.grid = grid
+        self.group = dist.new_group(backend="gloo") if grid.shape.world_size > 1 else None
+        self.pending: tuple[Future, _Prepared] | None = None
+
+    def save(
+        self,
+        directory: str | Path,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        *,
+        extra_state: dict[str, Any] | None = None,
+        save_model: Callable[[nn.Module, Path], None] | None = None,
+    ) -> None:
+        """Start a checkpoint of `model` and `optimizer` into `directory` (see save_checkpoint)."""
+        self.wait()
+        prepared = _prepare(Path(directory), model, optimizer, self.grid, _checked_extra_state(extra_state), save_model)
+        staged = {key: entry.staged() for key, entry in prepared.entries.items()}
+        future = dcp.async_save(
+            staged,
+            storage_writer=prepared.writer,
+            planner=_SavePlanner(),
+            process_group=self.group,
+            async_stager=_Staged(),
+            no_dist=self.group is None,
+        )
+        self.pending = (future, prepared)
+
+    def wait(self) -> None:
+        """Block until the checkpoint in flight (if any) is written and published; CheckpointError if it failed."""
+        if self.pending is None:
+            return
+        future, prepared = self.pending
+        self.pending = None
+        try:
+            future.result()
+        except CheckpointException as error:
+            raise _failed(error, prepared, self.grid.rank) from None
+
+    def close(self) -> None:
+        """Wait for the checkpoint in flight and release the background group."""
+        try:
+            self.wait()
+        finally:
+            if self.group is not None:
+                dist.destroy_process_group(self.group)
+                self.group = None
+
+
+def _checked_extra_state(extra_state: dict[str, Any] | None) -> dict[str, Any]:
     extra_state = {} if extra_state is None else extra_state
     if "step" in extra_state and not isinstance(extra_state["step"], int):
         raise CheckpointError(f"extra_state['step'] must be an int, got {extra_state['step']!r}")
-    if grid is None:
-        return _save_serial(directory, model, optimizer, extra_state, save_model)
-    staging_name: str | None = None
-    if grid.rank == 0:
-        try:
-            staging_name = str(_new_staging(directory))
-        except OSError as error:
-            staging_name = f"error: {_write_error(error, directory)}"
-    staging_name = comm.broadcast_object(staging_name, grid.group(*AXES), grid.device)
-    if staging_name is None or staging_name.startswith("error: "):
-        reason = str(staging_name).removeprefix("error: ")
-        raise CheckpointError(f"rank 0 could not create a staging folder next to {directory}: {reason}")
-    staging = Path(staging_name)
-
-    failure: BaseException | None = None
-    metadata = None
-    try:
-        if save_model is not None:
-            save_model(model, staging)
-        metadata = _write_own_files(staging, model, optimizer, grid, extra_state)
-    except Exception as error:  # noqa: BLE001 - every rank must learn that the save failed, then it re-raises
-        failure = _write_error(error, directory)
-    if not _all_ok(failure is None, grid):
-        if grid.rank == 0:  # every rank has stopped writing into it
-            shutil.rmtree(staging, ignore_errors=True)
-        if failure is not None:
-            raise failure
-        raise CheckpointError(
-            f"another rank failed while writing the checkpoint {directory}; the previous checkpoint (if any) is intact"
-        )
-
-    published: BaseException | None = None
-    if grid.rank == 0:
-        try:
-            assert metadata is not None
-            missing = [f for f in metadata["files"] if not (staging / f).exists()]
-            if missing:
-                raise CheckpointError(
-                    f"rank 0 does not see the shard files {missing[:4]} that other ranks wrote into {staging}: the "
-                    "checkpoint directory must be on a filesystem shared by all ranks (e.g. the cluster's shared "
-                    "disk, not a node-local /tmp)"
-                )
-            # written last: a folder without it is no checkpoint, so a staging folder never loads
-            write_text_atomic(staging / METADATA_FILE, json.dumps(metadata, indent=1))
-            replace_directory(staging, directory)
-        except Exception as error:  # noqa: BLE001
-            published = _write_error(error, directory)
-            if not directory.exists():  # cut off between the two renames: the previous checkpoint goes back
-                recover_directory(directory)
-            shutil.rmtree(staging, ignore_errors=True)
-    if not _all_ok(published is None, grid):
-        if published is not None:
-            raise published
-        raise CheckpointError(f"rank 0 could not publish the checkpoint {directory}")
-    return directory
+    return extra_state
 
 
 def _save_serial(
@@ -562,7 +731,72 @@ def is_engine_checkpoint(directory: str | Path) -> bool:
     return (Path(directory) / METADATA_FILE).is_file()
 
 
-def _read_metadata(directory: Path) -> dict[str, Any]:
+def _read_state(stem: Path) -> Any:
+    """A state file pair of a checkpoint (state_files: JSON + safetensors, never a pickle)."""
+    try:
+        return load_state(stem)
+    except FileNotFoundError:
+        raise CheckpointError(f"{state_files(stem)[0]} is missing; the checkpoint is incomplete") from None
+    except StateFileError as error:
+        raise CheckpointError(f"{error}; restore the checkpoint from a copy or use an earlier one") from None
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Reads DCP's .metadata (a pickle of its metadata dataclasses) resolving only the names such a file holds: DCP's
+    metadata classes, torch.Size, dtypes, layouts, memory formats and paths. Any other name (builtins.exec, os.system,
+    a class of some module) is refused before anything is called, so the file can hold data only."""
+
+    _ALLOWED = {
+        ("torch.distributed.checkpoint.metadata", name)
+        for name in (
+            "Metadata",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "TensorProperties",
+            "MetadataIndex",
+            "StorageMeta",
+            "_MEM_FORMAT_ENCODING",
+        )
+    } | {
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("torch", "Size"),
+        ("torch.serialization", "_get_layout"),
+        ("pathlib", "PosixPath"),
+        ("pathlib", "WindowsPath"),
+        ("collections", "OrderedDict"),
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self._ALLOWED:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP's checkpoint metadata")
+
+
+class _Reader(dcp.FileSystemReader):
+    """DCP's FileSystemReader whose .metadata goes through _MetadataUnpickler instead of pickle.load (tensor data
+    goes through torch.load(weights_only=True), as in FileSystemReader)."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path = Path(self.path) / ".metadata"
+        try:
+            with open(path, "rb") as handle:
+                metadata = _MetadataUnpickler(handle).load()
+        except FileNotFoundError:
+            raise CheckpointError(f"{path} is missing; the checkpoint is incomplete") from None
+        except Exception as error:  # noqa: BLE001 - whatever a broken or crafted file raises: one line
+            raise CheckpointError(f"{path} is corrupt or not DCP metadata ({error}); restore the checkpoint") from None
+        if not isinstance(metadata, Metadata) or not isinstance(metadata.storage_data, dict):
+            raise CheckpointError(f"{path} is not DCP metadata; restore the checkpoint from a copy")
+        if metadata.storage_meta is not None:
+            metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+def _read_manifest(directory: Path) -> tuple[dict[str, Any], Metadata]:
+    """The checkpoint's manifest and DCP metadata, after checking that every file they name is there and whole."""
     recover_directory(directory)  # a save killed between its two renames set the complete checkpoint aside
     if not directory.is_dir():
         raise CheckpointError(
@@ -576,130 +810,73 @@ def _read_metadata(directory: Path) -> dict[str, Any]:
             "checkpoint folder)"
         )
     try:
-        metadata = json.loads(path.read_text())
+        manifest = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise CheckpointError(f"{path} is corrupt ({error}); restore the checkpoint from a copy") from None
-    if metadata.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not an engine checkpoint (format {metadata.get('format')!r})")
-    if metadata.get("version") == 1:
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not an engine checkpoint (format {manifest.get('format')!r})")
+    if manifest.get("version") in (1, 2):
         raise CheckpointError(
-            f"{path} is a version 1 engine checkpoint, whose per-rank records are pickles (they can run code "
-            "when read, so they are never opened). Fix: train again from the start"
+            f"{path} is a version {manifest['version']} engine checkpoint (the engine's own shard format, before "
+            "DCP), which this release does not read. Fix: resume it to the end, or consolidate it into an HF "
+            "folder, with the release that wrote it, then start a new run from that folder (--model)"
         )
-    if metadata.get("version") != VERSION:
+    if manifest.get("version") != VERSION:
         raise CheckpointError(
-            f"{path} has format version {metadata.get('version')}, this engine reads version "
+            f"{path} has format version {manifest.get('version')}, this engine reads version "
             f"{VERSION}; load it with the engine release that wrote it"
         )
-    missing = [f for f in metadata["files"] if not (directory / f).is_file()]
+    missing = [f for f in manifest["files"] if not (directory / f).is_file()]
     if missing:
         raise CheckpointError(
             f"checkpoint {directory} is incomplete: {', '.join(missing[:4])} missing; restore "
-            "the missing shard files or use an earlier checkpoint"
+            "the missing files or use an earlier checkpoint"
         )
-    for name in metadata["files"]:
-        if name.endswith(".safetensors"):
-            check_safetensors(directory / name, "restore the shard file or use an earlier checkpoint")
-    return metadata
-
-
-class _Shards:
-    """Lazy reader of a checkpoint's safetensors shard files (opened once each)."""
-
-    def __init__(self, directory: Path, shape: GridShape, stack: ExitStack) -> None:
-        self.directory, self.shape, self.stack = directory, shape, stack
-        self.handles: dict[int, Any] = {}
-
-    def get(self, rank: int, key: str) -> torch.Tensor:
-        path = self.directory / _shard_file(rank, "safetensors")
-        try:
-            if rank not in self.handles:
-                self.handles[rank] = self.stack.enter_context(safe_open(str(path), framework="pt"))
-            return self.handles[rank].get_tensor(key)
-        except (SafetensorError, OSError) as error:
+    reader = _Reader(directory / SHARDS_DIR)
+    metadata = reader.read_metadata()
+    ends: dict[str, int] = {}
+    for info in metadata.storage_data.values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in sorted(ends.items()):
+        file = directory / SHARDS_DIR / name
+        if not file.is_file():
             raise CheckpointError(
-                f"cannot read tensor {key} from {path}: {error}; the shard file is corrupt or "
-                "incomplete, restore it or use an earlier checkpoint"
-            ) from None
-
-    def full(self, entry: _Entry, key: str) -> torch.Tensor:
-        """The full tensor of `key` (a "model/..." or "optim/..." name) in the serial model's layout."""
-        if entry.kind == "replicated":
-            return self.get(0, key)
-        if entry.kind == "vocab":
-            return self._full_vocab(entry, key)
-        in_axis, out_axis = mode_axes(entry.mode)
-        n_in, n_out, n_z = self.shape.size(in_axis), self.shape.size(out_axis), self.shape.z
-        natural_shape = entry.shape[::-1] if entry.kind == "weight" and entry.layout == "conv1d" else entry.shape
-        rows = natural_shape[0] // (n_out * n_z)
-        cols = natural_shape[1] // n_in if entry.kind == "weight" else 0
-        stored = None
-        for a in range(n_in if entry.kind == "weight" else 1):
-            for b in range(n_out):
-                for z in range(n_z):
-                    piece = self.get(self.shape.rank({in_axis: a, out_axis: b, "z": z}), key)
-                    expected = (rows, cols) if entry.kind == "weight" else (rows,)
-                    if tuple(piece.shape) != expected:
-                        raise CheckpointError(
-                            f"{key} in the shard of {in_axis}={a}, {out_axis}={b}, z={z} has shape "
-                            f"{list(piece.shape)}, the metadata implies {list(expected)}; the "
-                            "checkpoint is corrupt"
-                        )
-                    if stored is None:
-                        stored = piece.new_empty(natural_shape)
-                    block = b * n_z + z
-                    if entry.kind == "weight":
-                        stored[block * rows : (block + 1) * rows, a * cols : (a + 1) * cols] = piece
-                    else:
-                        stored[block * rows : (block + 1) * rows] = piece
-        assert stored is not None
-        natural = stored
-        if entry.out_order is not None:  # stored[i] = natural[out_order[i]]
-            natural = torch.empty_like(stored)
-            natural[torch.tensor(entry.out_order)] = stored
-        if entry.kind == "weight" and entry.layout == "conv1d":
-            natural = natural.t().contiguous()
-        return natural
-
-    def _full_vocab(self, entry: _Entry, key: str) -> torch.Tensor:
-        """Rows of a vocabulary-parallel tensor, concatenated in x*y*z group order (x fastest)."""
-        shape = self.shape
-        parts = shape.x * shape.y * shape.z
-        pieces = []
-        for z in range(shape.z):
-            for y in range(shape.y):
-                for x in range(shape.x):
-                    piece = self.get(shape.rank({"x": x, "y": y, "z": z}), key)
-                    expected = (entry.shape[0] // parts, *entry.shape[1:])
-                    if tuple(piece.shape) != expected:
-                        raise CheckpointError(
-                            f"{key} in the shard of x={x}, y={y}, z={z} has shape "
-                            f"{list(piece.shape)}, the metadata implies {list(expected)}; the "
-                            "checkpoint is corrupt"
-                        )
-                    pieces.append(piece)
-        return torch.cat(pieces, 0)
+                f"checkpoint {directory} is incomplete: {SHARDS_DIR}/{name} missing; restore the missing files or "
+                "use an earlier checkpoint"
+            )
+        if file.stat().st_size < end:
+            raise CheckpointError(
+                f"{file} is truncated: {file.stat().st_size} bytes, the checkpoint's metadata describes {end}. Fix: "
+                "restore the shard file or use an earlier checkpoint."
+            )
+    return manifest, metadata
 
 
-def _local_piece(full: torch.Tensor, entry: _Entry, layer: Any) -> torch.Tensor:
-    """This rank's piece of a serial-layout full tensor for the current model's entry (`layer`: its
-    ParallelLinear or vocabulary-parallel module, None for a replicated tensor)."""
-    if entry.kind == "replicated" or layer is None:
-        return full
-    if entry.kind == "vocab":
-        return layer.shard_rows(full).contiguous()
-    if entry.kind == "weight":
-        return layer.shard_weight(full.t() if entry.layout == "conv1d" else full).contiguous()
-    return layer.shard_bias(full).contiguous()
+def _load_entries(directory: Path, entries: dict[str, Any], grid: Grid | None) -> None:
+    """Fill `entries` in place from the checkpoint's DCP files (collective on a grid, through the world group)."""
+    distributed = grid is not None and grid.shape.world_size > 1
+    try:
+        dcp.load(
+            entries,
+            storage_reader=_Reader(directory / SHARDS_DIR),
+            planner=_LoadPlanner(),
+            process_group=_process_group(grid) if distributed else None,
+            no_dist=not distributed,
+        )
+    except CheckpointException as error:
+        causes = {str(e) for e, _ in error.failures.values()}
+        raise CheckpointError(
+            f"cannot read checkpoint {directory}: {'; '.join(sorted(causes))[:500]}; restore it or use an earlier one"
+        ) from None
 
 
-def _check_compatible(saved: dict[str, _Entry], current: dict[str, _Entry], directory: Path) -> None:
+def _check_compatible(saved: dict[str, dict], current: dict[str, dict], directory: Path) -> None:
     missing = sorted(set(current) - set(saved))
     unexpected = sorted(set(saved) - set(current))
     mismatched = [
-        f"{k}: checkpoint {list(saved[k].shape)} vs model {list(current[k].shape)}"
+        f"{k}: checkpoint {saved[k]['shape']} vs model {current[k]['shape']}"
         for k in current
-        if k in saved and saved[k].shape != current[k].shape
+        if k in saved and saved[k]["shape"] != current[k]["shape"]
     ]
     if missing or unexpected or mismatched:
         parts = []
@@ -719,56 +896,86 @@ def _check_compatible(saved: dict[str, _Entry], current: dict[str, _Entry], dire
 def load_checkpoint(
     directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, grid: Grid | None = None
 ) -> dict[str, Any]:
-    """Load a checkpoint written by save_checkpoint into `model` (and `optimizer`) in place; return extra_state.
+    """Load a checkpoint written by save_checkpoint on a grid into `model` (and `optimizer`) in place; return the
+    extra_state.
 
-    model: built and parallelized for `grid` (any grid: the saved shards are re-sharded when it differs from
-        the saving grid), or a plain serial model with grid=None. No communication: every rank reads the
-        files it needs (at the same grid its own pieces; otherwise it rebuilds each full tensor, one at a
-        time, and keeps its piece).
+    model: parallelized for `grid` (any grid and ZeRO stage: DCP reads whatever overlaps this rank's chunks), or a
+        plain serial model with grid=None (no torch.distributed needed). Collective on a grid.
     optimizer: built over model.parameters() with the same parameter groups as when saving; receives the
         saved state (AdamW exp_avg, exp_avg_sq, step, and the group settings such as the current lr).
     Returns this rank's own extra_state when the grid is the saving grid, else rank 0's (as in
     trainer_state.json). Raises CheckpointError for a missing, incomplete or corrupt checkpoint and for
-    another model's (checked before anything is loaded; a shard found corrupt while loading can leave the
+    another model's (checked before anything is loaded; a file found corrupt while loading can leave the
     model partly loaded: build it again before retrying).
     """
     directory = Path(directory)
-    metadata = _read_metadata(directory)
-    saved_shape = GridShape(**metadata["grid"])
-    saved = {key: _Entry.from_json(data) for key, data in metadata["tensors"].items()}
-    current, tensors, layers = _describe(model)
-    _check_compatible(saved, current, directory)
-    same_grid = grid is not None and grid.shape == saved_shape
-    rank = grid.rank if same_grid else 0
+    manifest, metadata = _read_manifest(directory)
+    layouts, described = _described(model, grid)
+    _check_compatible(manifest["tensors"], described, directory)
+    same_grid = grid is not None and asdict(grid.shape) == manifest["grid"]
+    record = _read_state(directory / _rank_state(grid.rank if same_grid else 0))
+    tensors = model.state_dict(keep_vars=True)
+    entries: dict[str, Any] = {f"model/{key}": _entry(p, tensors[key]) for key, p in layouts.items()}
+    state: dict[int, dict[str, Any]] = {}
+    if optimizer is not None:
+        groups = _optimizer_targets(directory, manifest, metadata, record, optimizer, model, layouts, entries, state)
+    _load_entries(directory, entries, grid)
+    if optimizer is not None:
+        optimizer.load_state_dict({"state": state, "param_groups": groups})
+    return record["extra_state"]
 
-    with ExitStack() as stack:
-        shards = _Shards(directory, saved_shape, stack)
 
-        def local(key: str, stored_key: str, replicated: bool = False) -> torch.Tensor:
-            """This rank's piece of stored tensor `stored_key`, sharded like state-dict key `key` (or, with
-            `replicated`, the one full copy rank 0 wrote, e.g. AdamW's step)."""
-            entry, mine = saved[key], current[key]
-            if entry.kind == "alias":  # tied in the saving model: stored under the first key
-                entry = saved[entry.alias_of]
-            if replicated:
-                return shards.get(0, stored_key)
-            if same_grid and entry.same_layout(mine):
-                return shards.get(_owner(entry, grid.coords, saved_shape), stored_key)
-            return _local_piece(shards.full(entry, stored_key), mine, layers.get(key))
-
-        for key, target in tensors.items():
-            if current[key].kind == "alias":
-                continue
-            value = local(key, f"model/{saved[key].alias_of or key}")
-            if value.shape != target.shape:
-                raise CheckpointError(
-                    f"{key}: the piece read has shape {list(value.shape)}, the model expects "
-                    f"{list(target.shape)}; the checkpoint is inconsistent with its metadata"
-                )
-            target.copy_(like(target, value))  # a ZeRO DTensor keeps its data-axis chunk
-        if optimizer is not None:
-            _load_optimizer(directory, metadata, optimizer, model, local, rank)
-    return _read_rank_record(directory, rank)["extra_state"]
+def _optimizer_targets(
+    directory: Path,
+    manifest: dict[str, Any],
+    metadata: Metadata,
+    record: dict[str, Any],
+    optimizer: torch.optim.Optimizer,
+    model: nn.Module,
+    layouts: dict[str, ParamLayout | None],
+    entries: dict[str, Any],
+    state: dict[int, dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """Empty optimizer state laid out as this model's optimizer keeps it, added to `entries` for DCP to fill and to
+    `state` by parameter index; returns the saved groups with indices."""
+    saved = manifest.get("optimizer")
+    if saved is None:
+        raise CheckpointError(f"checkpoint {directory} holds no optimizer state; load it with optimizer=None")
+    if saved["class"] != _optimizer_class(optimizer):
+        raise CheckpointError(f"checkpoint {directory} holds {saved['class']} state, not {_optimizer_class(optimizer)}")
+    saved_groups, values = record["optimizer_groups"], record["optimizer_values"]
+    if len(saved_groups) != len(optimizer.param_groups):
+        raise CheckpointError(
+            f"the optimizer has {len(optimizer.param_groups)} parameter groups, the checkpoint "
+            f"{len(saved_groups)}; build the optimizer as the run that wrote it did"
+        )
+    names = _param_names(model)
+    groups, index = [], 0
+    for number, (group, saved_group) in enumerate(zip(optimizer.param_groups, saved_groups)):
+        group_names = [names.get(id(p)) for p in group["params"]]
+        if group_names != saved_group["params"]:
+            raise CheckpointError(
+                f"parameter group {number} of the optimizer holds other parameters than the "
+                "checkpoint's; build the optimizer as the run that wrote it did"
+            )
+        ids = []
+        for name, param in zip(group_names, group["params"]):
+            for key, kind in saved["state"].get(name, {}).items():
+                if kind == "value":
+                    value = values[name][key]
+                elif kind == "scalar":
+                    value = torch.zeros((), dtype=metadata.state_dict_metadata[f"optim/{name}/{key}"].properties.dtype)
+                    entries[f"optim/{name}/{key}"] = _entry(None, value)
+                else:  # per element, laid out as the optimizer keeps it (ZeRO: the data-axis chunk)
+                    value = optimizer_value(
+                        model, param, torch.zeros(param.shape, dtype=param.dtype, device=param.device)
+                    )
+                    entries[f"optim/{name}/{key}"] = _entry(layouts[name], value)
+                state.setdefault(index, {})[key] = value
+            ids.append(index)
+            index += 1
+        groups.append({**{k: v for k, v in saved_group.items() if k != "params"}, "params": ids})
+    return groups
 
 
 @torch.no_grad()
@@ -779,7 +986,7 @@ def load_serial_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimiz
     The optimizer must be built over the parallelized model's parameters in the serial model's order
     (engine.training.train.make_optimizer does so: parallelize keeps the parameter order). No communication.
     """
-    entries, _, layers = _describe(model)
+    layouts = dict(layout_of(model).params)
     names = _param_names(model)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if len(state.get("param_groups", [])) != len(optimizer.param_groups):
@@ -794,116 +1001,50 @@ def load_serial_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimiz
                 f"the saved optimizer state has parameter index {index}, the optimizer only "
                 f"{len(params)} parameters; build the optimizer as the run that wrote it did"
             )
-        name = names[id(params[int(index)])]
-        entry = entries[name]
+        param = params[int(index)]
+        p = layouts[names[id(param)]]
         local[int(index)] = {}
         for key, value in param_state.items():
             if isinstance(value, torch.Tensor) and value.dim() > 0:
-                if tuple(value.shape) != entry.shape:
+                if tuple(value.shape) != serial_shape(p):
                     raise CheckpointError(
-                        f"optimizer state {key!r} of {name} has shape {list(value.shape)}, the "
-                        f"model's parameter {list(entry.shape)}; the state belongs to another model"
+                        f"optimizer state {key!r} of {p.key} has shape {list(value.shape)}, the model's parameter "
+                        f"{list(serial_shape(p))}; the state belongs to another model"
                     )
-                value = optimizer_value(model, params[int(index)], _local_piece(value, entry, layers.get(name)))
+                value = optimizer_value(model, param, p.take_local(value.t() if p.serial_transposed else value))
             local[int(index)][key] = value
     optimizer.load_state_dict({"state": local, "param_groups": state["param_groups"]})
-
-
-def _read_state(stem: Path) -> Any:
-    """A state file pair of a checkpoint (state_files: JSON + safetensors, never a pickle)."""
-    try:
-        return load_state(stem)
-    except FileNotFoundError:
-        raise CheckpointError(f"{state_files(stem)[0]} is missing; the checkpoint is incomplete") from None
-    except StateFileError as error:
-        raise CheckpointError(f"{error}; restore the checkpoint from a copy or use an earlier one") from None
-
-
-def _read_rank_record(directory: Path, rank: int) -> dict[str, Any]:
-    return _read_state(directory / _rank_state(rank))
-
-
-def _load_optimizer(
-    directory: Path,
-    metadata: dict[str, Any],
-    optimizer: torch.optim.Optimizer,
-    model: nn.Module,
-    local: Callable[..., torch.Tensor],
-    rank: int,
-) -> None:
-    saved = metadata.get("optimizer")
-    if saved is None:
-        raise CheckpointError(f"checkpoint {directory} holds no optimizer state; load it with optimizer=None")
-    if saved["class"] != _optimizer_class(optimizer):
-        raise CheckpointError(f"checkpoint {directory} holds {saved['class']} state, not {_optimizer_class(optimizer)}")
-    record = _read_rank_record(directory, rank)
-    saved_groups, values = record["optimizer_groups"], record["optimizer_values"]
-    names = _param_names(model)
-    params = dict(model.named_parameters())
-    groups, state = [], {}
-    if len(saved_groups) != len(optimizer.param_groups):
-        raise CheckpointError(
-            f"the optimizer has {len(optimizer.param_groups)} parameter groups, the checkpoint "
-            f"{len(saved_groups)}; build the optimizer as the run that wrote it did"
-        )
-    index = 0
-    for number, (group, saved_group) in enumerate(zip(optimizer.param_groups, saved_groups)):
-        group_names = [names.get(id(p)) for p in group["params"]]
-        if group_names != saved_group["params"]:
-            raise CheckpointError(
-                f"parameter group {number} of the optimizer holds other parameters than the "
-                "checkpoint's; build the optimizer as the run that wrote it did"
-            )
-        ids = []
-        for name in group_names:
-            layout = saved["state"].get(name, {})
-            param_state: dict[str, Any] = {}
-            for state_key, how in layout.items():
-                if how == "value":
-                    param_state[state_key] = values[name][state_key]
-                elif how == "like_param":
-                    param_state[state_key] = optimizer_value(
-                        model, params[name], local(name, f"optim/{name}/{state_key}")
-                    )
-                else:
-                    param_state[state_key] = local(name, f"optim/{name}/{state_key}", replicated=True)
-            if param_state:
-                state[index] = param_state
-            ids.append(index)
-            index += 1
-        groups.append({**{k: v for k, v in saved_group.items() if k != "params"}, "params": ids})
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
 
 
 # ----- consolidation ------------------------------------------------------------------------------------
 
 
 def consolidate_checkpoint(directory: str | Path, out_dir: str | Path) -> Path:
-    """Merge a sharded checkpoint into an ordinary HF checkpoint folder and return it.
+    """Merge a checkpoint written on a grid into an ordinary HF checkpoint folder and return it.
 
     Writes out_dir/model.safetensors (full tensors, the serial model's key names and layouts, tied keys
     included) and, when the saved model had an HF config, out_dir/config.json, so that
     transformers.AutoModelForCausalLM.from_pretrained(out_dir) loads it without the engine. Other files of
     the checkpoint folder that are not model weights (tokenizer files, run records) are copied. Runs in a
-    single process without torch.distributed; holds the full model in memory once.
+    single process without torch.distributed (DCP reads the full tensors); holds the full model in memory once.
     """
     directory, out_dir = Path(directory), Path(out_dir)
-    metadata = _read_metadata(directory)
+    manifest, metadata = _read_manifest(directory)
     if out_dir.resolve() == directory.resolve():
         raise CheckpointError("consolidate_checkpoint needs an out_dir other than the checkpoint folder")
-    shape = GridShape(**metadata["grid"])
-    entries = {key: _Entry.from_json(data) for key, data in metadata["tensors"].items()}
+    full: dict[str, Any] = {}
+    for key, entry in manifest["tensors"].items():
+        dtype = metadata.state_dict_metadata[f"model/{key}"].properties.dtype
+        full[f"model/{key}"] = torch.empty(entry["shape"], dtype=dtype)
+    _load_entries(directory, full, None)
     state: dict[str, torch.Tensor] = {}
-    with ExitStack() as stack:
-        shards = _Shards(directory, shape, stack)
-        for key, entry in entries.items():  # an alias comes after the key it repeats
-            if entry.kind == "alias":  # tied weights: safetensors wants a copy of its own (from_pretrained re-ties)
-                state[key] = state[entry.alias_of].clone()
-            else:
-                state[key] = shards.full(entry, f"model/{key}")
+    for key, entry in manifest["tensors"].items():
+        state[key] = full[f"model/{key}"]
+        for alias in entry["aliases"]:  # tied weights: safetensors wants a copy of its own (from_pretrained re-ties)
+            state[alias] = state[key].clone()
     # A wrapper's HF model (a LightningModule's `self.model`) is written under the HF model's own key names;
     # the save recorded the prefix only when every tensor lies inside it.
-    prefix = metadata.get("hf_prefix") or ""
+    prefix = manifest.get("hf_prefix") or ""
     state = {key[len(prefix) :]: value for key, value in state.items()}
     staging = staging_directory(out_dir)
     for item in directory.iterdir():
@@ -912,7 +1053,7 @@ def consolidate_checkpoint(directory: str | Path, out_dir: str | Path) -> Path:
     save_file(
         {k: v.contiguous() for k, v in state.items()}, str(staging / "model.safetensors"), metadata={"format": "pt"}
     )
-    config = metadata.get("hf_config")
+    config = manifest.get("hf_config")
     if config is not None:
         write_text_atomic(staging / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
     elif (directory / "config.json").is_file():

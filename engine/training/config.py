@@ -38,6 +38,7 @@ class TrainConfig:
     precision: str = TRAIN_PRECISION  # a key of engine.spec.PRECISIONS: "fp32", or "bf16" (autocast, fp32 weights)
     seed: int = 0
     save_every: int = 0  # optimizer steps between checkpoints; 0 = only at the end
+    async_save: bool = False  # a checkpoint's DCP write runs in the background (runs on a grid of 2 or more ranks)
     progress: bool = True
     zero: int = (
         0  # ZeRO stage over the data axis (engine/memory/zero.py): 0 off, 1 optimizer state, 2 + grads, 3 + params
@@ -102,8 +103,17 @@ class TrainConfig:
             quantize_block=self.zero_quantize_block,
         )
 
+    def check_async_save(self, world_size: int) -> None:
+        """Refuse async_save for a run of one process (ValueError): its checkpoint is an HF folder, not DCP shards."""
+        if self.async_save and world_size == 1:
+            raise ValueError(
+                "async_save writes a run's sharded (DCP) checkpoint in the background, and a one-process run writes "
+                "an HF folder in the step instead. Fix: drop --async-save, or train on 2 or more processes (--nproc)"
+            )
+
     def layout(self, shape: GridShape, vocab_parallel: bool | None = None) -> ParallelLayout:
         """The parallel run these settings describe on a grid of `shape` (validated: ZeroError or ValueError)."""
+        self.check_async_save(shape.world_size)
         return ParallelLayout(
             shape=shape, rows=self.rows, vocab_parallel=vocab_parallel, zero=self.zero_config, precision=self.precision
         )

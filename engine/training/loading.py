@@ -25,7 +25,8 @@ from torch import nn
 
 from engine.core.grid import Grid
 from engine.core.linear import ShardingError
-from engine.training.checkpoint import _describe
+from engine.layout import layout_of
+from engine.training.checkpoint import serial_chunks, serial_shape
 from engine.training.verify import parallelize
 
 
@@ -60,34 +61,12 @@ def can_load_sharded(folder: str | Path) -> bool:
     )
 
 
-def _runs(indices: list[int]) -> list[tuple[int, int]]:
-    """[start, end) runs of consecutive integers, in order."""
-    runs: list[tuple[int, int]] = []
-    for i in indices:
-        if runs and runs[-1][1] == i:
-            runs[-1] = (runs[-1][0], i + 1)
-        else:
-            runs.append((i, i + 1))
-    return runs
-
-
-def _read_piece(sliced: Any, entry: Any, layer: Any) -> torch.Tensor:
-    """This rank's piece of one stored tensor, read through a safetensors slice."""
-    if entry.kind == "replicated" or layer is None:
-        return sliced[:]
-    if entry.kind == "vocab":
-        rows = layer.full_vocab // layer.group.size
-        return sliced[layer.vocab_start : layer.vocab_start + rows]
-    row_slice, col_slice = layer._shard_slices(layer.mode)  # in stored output order
-    rows = list(range(layer.out_features))[row_slice]
-    if layer.out_order is not None:  # stored row i is natural row out_order[i]
-        rows = [int(layer.out_order[i]) for i in rows]
-    if entry.kind == "bias":
-        return torch.cat([sliced[a:b] for a, b in _runs(rows)])
-    if entry.layout == "conv1d":  # the file holds (in, out)
-        parts = [sliced[col_slice.start : col_slice.stop, a:b] for a, b in _runs(rows)]
-        return torch.cat(parts, 1).t()
-    return torch.cat([sliced[a:b, col_slice.start : col_slice.stop] for a, b in _runs(rows)])
+def _read_local(sliced: Any, p: Any, target: torch.Tensor) -> None:
+    """Fill `target`, this rank's local tensor of layout `p`, through a safetensors slice of the serial full tensor
+    (one read per chunk: a fused projection's regrouped rows are read as runs of natural rows)."""
+    for chunk in serial_chunks(p):
+        part = sliced[tuple(slice(o, o + n) for o, n in zip(chunk.offsets, chunk.sizes))]
+        chunk.of(target).copy_(part)
 
 
 def _restore_buffers(model: nn.Module) -> None:
@@ -182,18 +161,11 @@ def load_sharded(
     _restore_buffers(model)
     names = stored_names(model, files)
 
-    entries, tensors, layers = _describe(model)
-    aliases: dict[str, list[str]] = {}
-    for key, entry in entries.items():
-        if entry.kind == "alias":
-            aliases.setdefault(entry.alias_of, []).append(key)
     missing = []
     with ExitStack() as stack:
         handles: dict[Path, Any] = {}
-        for key, entry in entries.items():
-            if entry.kind == "alias":
-                continue
-            found = next((k for k in [key, *aliases.get(key, [])] if k in names), None)  # tied: either name
+        for key, p in layout_of(model).params.items():
+            found = next((k for k in [key, *p.aliases] if k in names), None)  # tied: either name
             if found is None:
                 missing.append(key)
                 continue
@@ -201,18 +173,17 @@ def load_sharded(
             if path not in handles:
                 handles[path] = stack.enter_context(safe_open(str(path), framework="pt", device="cpu"))
             sliced = handles[path].get_slice(stored)
-            if tuple(sliced.get_shape()) != tuple(entry.shape):
+            if tuple(sliced.get_shape()) != serial_shape(p):
                 raise LoadingError(
                     f"{stored} in {path.name} has shape {sliced.get_shape()}, the model built from "
-                    f"config.json expects {list(entry.shape)}"
+                    f"config.json expects {list(serial_shape(p))}"
                 )
-            piece = _read_piece(sliced, entry, layers.get(key))
-            target = tensors[key]
-            if piece.shape != target.shape:
+            if tuple(p.tensor.shape) != p.local_shape():
                 raise ShardingError(
-                    f"{key}: read a piece of shape {list(piece.shape)} for a shard of {list(target.shape)}"
+                    f"{key}: the layout gives a shard of {list(p.local_shape())}, the model holds "
+                    f"{list(p.tensor.shape)}"
                 )
-            target.copy_(piece)
+            _read_local(sliced, p, p.tensor.detach())
     if missing:
         raise LoadingError(
             f"{folder}: the safetensors files lack {len(missing)} tensors of the model, e.g. "

@@ -36,6 +36,7 @@ from engine.spec import (
     row_split_axes,
 )
 from engine.training.checkpoint import (
+    AsyncSaver,
     is_engine_checkpoint,
     load_checkpoint,
     load_serial_optimizer_state,
@@ -325,6 +326,7 @@ def train(
     """
     if not examples:
         raise ValueError("no training examples: give at least one document")
+    config.check_async_save(grid.shape.world_size if _is_distributed(grid) else 1)
     device = next(model.parameters()).device
     if config.activation_checkpointing:  # before ZeRO (fully_shard), the order composable checkpoint needs
         checkpoint_decoder_layers(model)
@@ -356,6 +358,8 @@ def train(
     if _is_distributed(grid):
         grid.traffic.reset()
         grid.traffic.enabled = True  # per-step bytes by grid axis group, logged below
+    # With async_save a checkpoint's DCP write runs in the background; the next save and the end of the run wait.
+    saver = AsyncSaver(grid) if config.async_save and out_path is not None else None
     try:
         for step in range(start_step, total_steps):
             epoch, index_in_epoch = divmod(step, per_epoch)
@@ -405,20 +409,33 @@ def train(
             bar.update(1)
 
             if out_path is not None and (done == total_steps or (config.save_every and done % config.save_every == 0)):
-                save_checkpoint(
-                    out_path / "checkpoint",
-                    model,
-                    optimizer,
-                    grid if _is_distributed(grid) else None,
-                    extra_state=_trainer_state(scheduler, done, config, examples),
-                    save_model=lambda m, folder: save_model(m, folder, done),  # called before `done` changes
-                )
+                extra_state = _trainer_state(scheduler, done, config, examples)
+                model_files = lambda m, folder: save_model(m, folder, done)  # noqa: E731 - called before `done` changes
+                if saver is not None:
+                    saver.save(
+                        out_path / "checkpoint", model, optimizer, extra_state=extra_state, save_model=model_files
+                    )
+                else:
+                    distributed = grid if _is_distributed(grid) else None
+                    save_checkpoint(
+                        out_path / "checkpoint",
+                        model,
+                        optimizer,
+                        distributed,
+                        extra_state=extra_state,
+                        save_model=model_files,
+                    )
             if on_epoch_end is not None and done % per_epoch == 0:
                 model.eval()
                 with torch.no_grad():
                     on_epoch_end(model, done // per_epoch, done)
                 model.train()
+        if saver is not None:
+            saver.close()  # the last checkpoint is written and published before the run returns
+            saver = None
     finally:
+        if saver is not None:  # the run failed: the checkpoint in flight still finishes (its write is collective)
+            saver.close()
         bar.close()
         if _is_distributed(grid):
             grid.traffic.enabled = False

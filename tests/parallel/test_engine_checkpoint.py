@@ -438,7 +438,7 @@ def test_clear_errors(trained, tmp_path):
 
     broken = tmp_path / "broken"
     shutil.copytree(good, broken)
-    shard = next((broken / SHARDS_DIR).glob("*.safetensors"))
+    shard = next((broken / SHARDS_DIR).glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:200])  # truncated
     with pytest.raises(CheckpointError, match=rf"{shard.name} is truncated.*Fix: restore the shard file"):
         load_checkpoint(broken, model)
