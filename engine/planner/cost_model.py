@@ -1,6 +1,6 @@
 """Analytic model of what one training step of the engine communicates, computes and keeps in memory.
 
-The byte model lists every collective the engine issues for a layer or a whole Llama-family model: its
+The byte model lists every collective the engine issues for a layer or a whole model (TransformerShape): its
 process group (named as engine.core.grid names it: "x", "y", "z", "data", "x+y", "x+y+z", "z+data", "world"), its
 kind, the bytes of its full tensor and the bytes this rank sends under the ring model that
 engine.core.comm's counters use:
@@ -10,7 +10,8 @@ engine.core.comm's counters use:
     reduce-scatter whose INPUT has n bytes  sends   n (p-1)/p
 
 Summed per group, the predictions equal the engine's counters exactly (tests/parallel/test_comm_model.py checks
-every grid of world sizes 4 and 8). Per ParallelLinear (weight out x in = N x K, T tokens through it):
+every grid of world sizes 4 and 8 for Llama, and GPT-NeoX, Phi-3 and OLMo2 on x=y=z=2 and under ZeRO). Per
+ParallelLinear (weight out x in = N x K, T tokens through it):
 
     normal      forward   z: all-gather weight block (N/Y)(K/X)   x: all-reduce output T N/Y
                           z: all-gather bias N/Y
@@ -21,11 +22,12 @@ every grid of world sizes 4 and 8). Per ParallelLinear (weight out x in = N x K,
     default     x+y: all-gather the rows in (T_rank K XY) and the output gradient (T_rank N XY),
                 y: all-gather the output T_rank XY N, around a normal layer on the XY T_rank tokens
 
-A parallelized Llama runs the module that owns its decoder layers on the U = X*Y*R rows of each x*y
-group: it all-gathers the input embeddings (and the caller's attention mask, if any) over x+y on entry and
-the gradient of the final hidden states on exit; inside, every layer runs q/k/v/gate/up as normal and
-o/down as transposed layers on U rows. After backward, engine.training.state.sync_gradients all-reduces shard
-gradients over "data", the norms of the layers and the final norm over "z+data" and the embeddings and
+A parallelized model runs the module that owns its decoder layers on the U = X*Y*R rows of each x*y group: it
+all-gathers the input embeddings (and the caller's attention mask, if any) over x+y on entry and the gradient of the
+final hidden states on exit; inside, every layer runs the projections of its plan (q/k/v/gate/up, fused or not, as
+normal and o/down as transposed layers) on U rows, and an RMSNorm over a whole projection (OLMo2's q_norm) sums its
+mean square over y. After backward, engine.training.state.sync_gradients all-reduces shard gradients over "data",
+the norms of the layers and the final norm over "z+data" (per-head norms over "y+z+data") and the embeddings and
 lm_head over "world" (or, split by vocabulary over x*y*z as engine.parallelize does by default when the
 vocabulary divides, over "data": see vocab_collectives for the embedding's and the loss's collectives), in
 flat buckets of at most 2**24 elements; clip_grad_norm_ all-reduces one float64 over "x+y+z".
@@ -211,40 +213,6 @@ def _tp_linear(
         b.add(("x",), "all_gather", tokens * k * in_bytes, "backward", f"{name} input grad features")
 
 
-def _default_linear(
-    b: _Builder,
-    name: str,
-    k: int,
-    n: int,
-    *,
-    bias: bool,
-    tokens_per_rank: int,
-    param_bytes: int,
-    act_bytes: int,
-    input_grad: bool,
-) -> None:
-    g = b.grid
-    if g.size("x", "y", "z") == 1:
-        return  # plain F.linear
-    rows = g.size("x", "y")
-    tokens = rows * tokens_per_rank
-    b.add(("x", "y"), "all_gather", tokens * k * act_bytes, "forward", f"{name} rows in")
-    _tp_linear(
-        b,
-        name,
-        k,
-        n,
-        transposed=False,
-        bias=bias,
-        tokens=tokens,
-        param_bytes=param_bytes,
-        act_bytes=act_bytes,
-        input_grad=input_grad,
-    )
-    b.add(("y",), "all_gather", tokens * n * act_bytes, "forward", f"{name} output features")
-    b.add(("x", "y"), "all_gather", tokens * n * act_bytes, "backward", f"{name} output grad rows")
-
-
 def default_linear_collectives(
     in_features: int,
     out_features: int,
@@ -262,17 +230,24 @@ def default_linear_collectives(
     input_grad: whether the input requires a gradient (False skips the backward input collectives).
     """
     b = _Builder(grid)
-    _default_linear(
+    if grid.size("x", "y", "z") == 1:
+        return []  # plain F.linear
+    k, n, tokens = in_features, out_features, grid.size("x", "y") * tokens_per_rank
+    b.add(("x", "y"), "all_gather", tokens * k * dtype_bytes, "forward", f"{name} rows in")
+    _tp_linear(
         b,
         name,
-        in_features,
-        out_features,
+        k,
+        n,
+        transposed=False,
         bias=bias,
-        tokens_per_rank=tokens_per_rank,
+        tokens=tokens,
         param_bytes=dtype_bytes,
         act_bytes=dtype_bytes,
         input_grad=input_grad,
     )
+    b.add(("y",), "all_gather", tokens * n * dtype_bytes, "forward", f"{name} output features")
+    b.add(("x", "y"), "all_gather", tokens * n * dtype_bytes, "backward", f"{name} output grad rows")
     return b.items
 
 
@@ -636,7 +611,7 @@ class LocalParam:
         return max(0, min(self.rows, (index + 1) * size) - min(self.rows, index * size)) * self.row_elements
 
 
-def llama_local_params(
+def local_params(
     shape: TransformerShape, grid: GridShape, vocab_parallel: bool | None = None, rows: str = "own"
 ) -> list[LocalParam]:
     """Every distinct parameter of a parallelized model, in module order. The embeddings and lm_head are whole and
@@ -660,23 +635,6 @@ def llama_local_params(
     for index in range(1, shape.layers + 1):
         out += [q for p in layer for q in place(p, index)]
     return out + [q for p in after for q in place(p, 0)]
-
-
-def llama_param_sync_list(
-    shape: TransformerShape,
-    grid: GridShape,
-    zero: ZeroConfig | None = None,
-    data_rank: int = 0,
-    vocab_parallel: bool | None = None,
-    rows: str = "own",
-) -> list[tuple[int, tuple[str, ...]]]:
-    """(local gradient elements, axes sync_gradients sums it over) of each parameter, in module order. Under
-    ZeRO (stage >= 1) the data axis belongs to the partitioning: each rank sums its own chunk (the rank at
-    data index `data_rank`) over the remaining axes."""
-    params = llama_local_params(shape, grid, vocab_parallel, rows)
-    if zero is None or zero.stage == 0:
-        return [(p.numel, p.axes) for p in params]
-    return [(p.chunk(grid.data, data_rank), tuple(a for a in p.axes if a != "data")) for p in params]
 
 
 def zero_collectives(
@@ -705,7 +663,7 @@ def zero_collectives(
     """
     b = _Builder(grid)
     D = grid.data
-    params = llama_local_params(shape, grid, vocab_parallel)
+    params = local_params(shape, grid, vocab_parallel)
     if zero.stage == 0 or D == 1:
         return []
     if zero.stage == 1:
@@ -804,7 +762,7 @@ def clip_collectives(grid: GridShape, zero_stage: int = 0) -> list[Collective]:
     return b.items
 
 
-def llama_stack_collectives(
+def stack_collectives(
     shape: TransformerShape,
     grid: GridShape,
     *,
@@ -908,7 +866,7 @@ def vocab_collectives(
     return b.items
 
 
-def llama_layer_collectives(
+def layer_collectives(
     shape: TransformerShape,
     grid: GridShape,
     *,
@@ -919,9 +877,9 @@ def llama_layer_collectives(
     stream_bytes: int | None = None,
     rows: str = "own",
 ) -> list[Collective]:
-    """Forward and backward collectives of ONE parallelized decoder layer on one micro-batch: q/k/v/gate/up
-    as normal and o/down as transposed ParallelLinears on the X*Y*R*S tokens of the x*y group. The normal
-    layers read the residual stream (stream_bytes, default act_bytes); o/down read products (act_bytes)."""
+    """Forward and backward collectives of ONE parallelized decoder layer on one micro-batch: its normal and
+    transposed ParallelLinears (and y-split RMSNorms) on the X*Y*R*S tokens of the x*y group. The normal layers read
+    the residual stream (stream_bytes, default act_bytes); the transposed ones read products (act_bytes)."""
     b = _Builder(grid)
     if grid.size("x", "y", "z") > 1:
         tokens = group_rows(grid, rows_per_rank, rows) * seq
@@ -983,7 +941,7 @@ def llama_step_collectives(
     rows: the rows layout ("own" or "shared", see the module doc); rows_per_rank counts the rows a rank reads.
     """
     stream_bytes = act_bytes if stream_bytes is None else stream_bytes
-    layer = llama_layer_collectives(
+    layer = layer_collectives(
         shape,
         grid,
         rows_per_rank=rows_per_rank,
@@ -997,7 +955,7 @@ def llama_step_collectives(
         layer = layer + [
             replace(c, phase="backward", what=f"{c.what} (recomputed)") for c in layer if c.phase == "forward"
         ]
-    stack = llama_stack_collectives(
+    stack = stack_collectives(
         shape,
         grid,
         rows_per_rank=rows_per_rank,
@@ -1019,9 +977,13 @@ def llama_step_collectives(
         rows=rows,
     )
     out = scale_count(layer, shape.layers * grad_accum) + scale_count(stack + vocab, grad_accum)
-    out += sync_collectives(
-        llama_param_sync_list(shape, grid, zero, data_rank, vocab_parallel, rows), grid, param_bytes
-    )
+    # under ZeRO the data axis belongs to the partitioning: each rank sums its own chunk over the other axes
+    partitioned = zero is not None and zero.stage > 0
+    sync = [
+        (p.chunk(grid.data, data_rank), tuple(a for a in p.axes if a != "data")) if partitioned else (p.numel, p.axes)
+        for p in local_params(shape, grid, vocab_parallel, rows)
+    ]
+    out += sync_collectives(sync, grid, param_bytes)
     stage = 0 if zero is None or grid.data == 1 else zero.stage
     if stage:
         out += zero_collectives(
@@ -1119,13 +1081,13 @@ def zero_held_bytes(
 ) -> dict[str, int]:
     """Bytes the rank at data index `data_rank` holds between steps (after a step, gradients still allocated):
     parameters, gradients and optimizer state (`state_bytes` per element: AdamW's two fp32 moments = 8),
-    exactly as engine.memory.zero.held_bytes counts them on a parallelized Llama.
+    exactly as engine.memory.zero.held_bytes counts them on a parallelized model.
 
     stage 0: all full; 1: optimizer state of this rank's dim-0 chunks (the gradient buffer stays full);
     2 and 3: parameters, gradients and state all chunks (FSDP reshards after backward). Offload moves the
     chunks to host memory but they are still held by the rank (see memory_per_rank for the device's share).
     """
-    params = llama_local_params(shape, grid, vocab_parallel)
+    params = local_params(shape, grid, vocab_parallel)
     full = sum(p.numel for p in params)
     stage = 0 if zero is None or grid.data == 1 else zero.stage
     chunks = sum(p.chunk(grid.data, data_rank) for p in params) if stage else full

@@ -15,8 +15,8 @@ from engine.planner.cost_model import (
     TransformerShape,
     bytes_by_group,
     grid_fits_shape,
-    llama_local_params,
     llama_step_collectives,
+    local_params,
     memory_per_rank,
     ordered_grids,
 )
@@ -43,7 +43,7 @@ def test_a_llama_config_reads_as_the_llama_layout_of_the_fields() -> None:
     read, fields = shape_from_model(model), TransformerShape.from_hf_config(model.config)
     zero = ZeroConfig(stage=1)
     for grid in ordered_grids(8):
-        assert llama_local_params(read, grid) == llama_local_params(fields, grid)
+        assert local_params(read, grid) == local_params(fields, grid)
         for rows in ("own", "shared"):
             kwargs = dict(rows_per_rank=2, seq=16, rows=rows, zero=zero if grid.data > 1 else None)
             assert bytes_by_group(llama_step_collectives(read, grid, **kwargs)) == bytes_by_group(
