@@ -168,6 +168,7 @@ class ModelLayout:
     params: dict[str, ParamLayout]
     stacks: tuple[str, ...] = ()
     regions: Mapping[str, str] = field(default_factory=dict)  # module path -> region, as parallelize recorded them
+    zero: object = None  # engine.memory.zero.ZeroState once shard_data_axis partitioned the data axis
 
     def bind(self, model: nn.Module) -> "ModelLayout":
         """The same layout with each entry's `tensor` and `aliases` read from `model`'s current state dict (ZeRO
@@ -188,13 +189,13 @@ class ModelLayout:
         params = {}
         for key, p in self.params.items():
             params[key] = replace(p, tensor=tensors[key], aliases=tuple(aliases.get(key, ())))
-        return ModelLayout(self.grid, params, self.stacks, self.regions)
+        return replace(self, params=params)
 
     def unbound(self) -> "ModelLayout":
         """The layout without tensors, as stored on the model (ZeRO replaces the parameters later; holding the old
         ones would keep them alive)."""
         params = {key: replace(p, tensor=None, aliases=()) for key, p in self.params.items()}
-        return ModelLayout(self.grid, params, self.stacks, self.regions)
+        return replace(self, params=params)
 
 
 def describe(

@@ -58,6 +58,7 @@ format (any stage reads any other's).
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, Iterator
 
 import torch
@@ -67,10 +68,9 @@ from engine.core import comm
 from engine.core.grid import AxisGroup, Grid
 from engine.core.linear import ParallelLinear
 from engine.core.vocab_parallel import own_class
+from engine.layout import LAYOUT_ATTR, ModelLayout, describe
 from engine.models.parallelize import decoder_stacks
 from engine.spec import STAGES, ZeroConfig, ZeroError, data_ranks_per_node  # noqa: F401 - re-exported
-
-ZERO_ATTR = "_engine_zero"  # the ZeroState on a model that shard_data_axis prepared
 
 
 def chunk_rows(rows: int, parts: int, index: int) -> tuple[int, int]:
@@ -232,8 +232,17 @@ class ZeroAdamW(torch.optim.AdamW):
 
 
 def zero_state(model: nn.Module) -> ZeroState | None:
-    """The ZeroState shard_data_axis left on `model`, or None (stage 0 or never sharded)."""
-    return getattr(model, ZERO_ATTR, None)
+    """The ZeroState shard_data_axis recorded in `model`'s layout, or None (stage 0 or never sharded)."""
+    layout = model.__dict__.get(LAYOUT_ATTR)
+    return layout.zero if isinstance(layout, ModelLayout) else None
+
+
+def _record(model: nn.Module, grid: Grid, state: ZeroState) -> None:
+    """Keep the ZeroState in the model's layout (engine/layout.py), the one record of what each rank holds."""
+    layout = model.__dict__.get(LAYOUT_ATTR)
+    if not isinstance(layout, ModelLayout):  # a model parallelize never saw: what its modules declare
+        layout = describe(model, grid).unbound()
+    model.__dict__[LAYOUT_ATTR] = replace(layout, zero=state)
 
 
 def make_adamw(model: nn.Module, groups: list[dict[str, Any]], **kwargs: Any) -> torch.optim.AdamW:
@@ -336,7 +345,7 @@ def shard_data_axis(model: nn.Module, grid: Grid, config: ZeroConfig) -> nn.Modu
                 if p.dim() == 0:
                     raise ZeroError("ZeRO stage 1 splits parameters along dim 0; the model has a 0-d parameter")
                 state.chunked[id(p)] = p
-        setattr(model, ZERO_ATTR, state)
+        _record(model, grid, state)
         return model
 
     from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
@@ -366,7 +375,7 @@ def shard_data_axis(model: nn.Module, grid: Grid, config: ZeroConfig) -> nn.Modu
             module.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
             module.set_custom_all_gather(all_gather)
             module.set_custom_reduce_scatter(reduce_scatter)
-    setattr(model, ZERO_ATTR, state)
+    _record(model, grid, state)
     return model
 
 
