@@ -97,7 +97,7 @@ def shape_from_model(model: Any, name: str = "") -> TransformerShape:
     if len(found) != 1:
         raise ValueError(
             f"{type(model).__name__}: the engine finds {len(found) or 'no'} base models with a plan of decoder "
-            "layers; goldfish plan plans models with one (engine/models/plans.py)"
+            "layers (engine/models/plans.py); give a model of a family that declares a tensor-parallel plan"
         )
     stack_name, stack, plan = found[0]
     family, config = plan.family, stack.config
