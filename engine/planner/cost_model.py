@@ -10,7 +10,7 @@ engine.core.comm's counters use:
     reduce-scatter whose INPUT has n bytes  sends   n (p-1)/p
 
 Summed per group, the predictions equal the engine's counters exactly (tests/parallel/test_comm_model.py checks
-every grid of world sizes 4 and 8 for Llama, and GPT-NeoX, Phi-3 and OLMo2 on x=y=z=2 and under ZeRO). Per
+every grid of world sizes 4 and 8 for Llama, and GPT-NeoX, Phi-3, OLMo2, GPT-2 on x=y=z=2 and under ZeRO). Per
 ParallelLinear (weight out x in = N x K, T tokens through it):
 
     normal      forward   z: all-gather weight block (N/Y)(K/X)   x: all-reduce output T N/Y

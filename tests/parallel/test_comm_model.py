@@ -8,7 +8,8 @@ on and off, input with and without gradient), a normal->transposed chain, and a 
 (grouped-query attention, attention biases; 1 or 2 rows per rank, with an int64 padding mask or none, fp32
 or bf16 autocast, overlap and weight prefetch on or off), with its embeddings and lm_head whole (the
 loss from model(...).logits) or split by vocabulary over x*y*z (engine.parallelize's default, with the
-training loss of `goldfish train`, causal_lm_token_losses).
+training loss of `goldfish train`, causal_lm_token_losses). GPT-NeoX, Phi-3, OLMo2 and GPT-2 are planned from the
+shape goldfish.app.planning reads off each model (its declared plan), on x=y=z=2 and on data=2 grids under ZeRO.
 """
 
 from __future__ import annotations
@@ -280,9 +281,10 @@ def test_llama_bytes_equal_prediction_in_the_shared_rows_layout(vocab_split: boo
 
 # ----- every family through the plan the engine shards by (goldfish.app.planning reads it) ---------------------------
 
-# GPT-NeoX (per-head fused qkv, biases, LayerNorms with bias, a non-gated MLP), Phi-3 (fused [q|k|v] and [gate|up]) and
-# OLMo2 (q_norm/k_norm over the whole projection width: their statistics all-reduced over y)
-FAMILIES = ("gpt_neox", "phi3", "olmo2")
+# GPT-NeoX (per-head fused qkv, biases, LayerNorms with bias, a non-gated MLP), Phi-3 (fused [q|k|v] and [gate|up]),
+# OLMo2 (q_norm/k_norm over the whole projection width: their statistics all-reduced over y) and GPT-2 (Conv1D layers
+# through the engine's own plan, a learned position table, an lm_head tied to the embeddings)
+FAMILIES = ("gpt_neox", "phi3", "olmo2", "gpt2")
 # (grid (data, x, y, z), ZeRO stage or 0, embeddings split by vocabulary, activation checkpointing, attention mask)
 FAMILY_CASES = {
     8: [((1, 2, 2, 2), 0, True, True, False), ((1, 2, 2, 2), 0, False, False, True)],
@@ -298,7 +300,7 @@ def _family_worker(world: int) -> int:
     """Each family on each case of FAMILY_CASES[world]: the bytes counted per group and phase (forward, backward,
     sync, clip and, under ZeRO, the optimizer step) equal the planner's prediction from the shape read off the model,
     and the parameters (and, under ZeRO, the bytes) each rank holds equal the memory model's."""
-    from tiny_models import tiny_family
+    from tiny_models import tiny_family, tiny_gpt2
 
     from engine.core.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses
     from engine.memory.activation import checkpoint_decoder_layers
@@ -309,7 +311,7 @@ def _family_worker(world: int) -> int:
 
     checked = 0
     for family in FAMILIES:
-        serial = tiny_family(family, vocab=VOCAB, seed=0)
+        serial = tiny_gpt2(vocab=VOCAB) if family == "gpt2" else tiny_family(family, vocab=VOCAB, seed=0)
         model_shape = shape_from_model(serial)
         for dims, stage, vocab_split, recompute, masked in FAMILY_CASES[world]:
             grid = init(data=dims[0], x=dims[1], y=dims[2], z=dims[3])
@@ -385,9 +387,9 @@ def _family_worker(world: int) -> int:
 
 @pytest.mark.parametrize("world", [8, 4])
 def test_family_bytes_equal_prediction_from_the_plan(world: int) -> None:
-    """GPT-NeoX, Phi-3 and OLMo2, planned from the shape goldfish.app.planning reads off the model (the projections of
-    its tensor-parallel plan, fused or not, the norms beside them, the y-split RMSNorms): the bytes counted equal the
-    prediction on a grid with x, y and z > 1 (world 8: vocabulary split with activation checkpointing, and whole with
-    an attention mask) and on data=2 grids under ZeRO 1, 2 and 3 (world 4)."""
+    """GPT-NeoX, Phi-3, OLMo2 and GPT-2, planned from the shape goldfish.app.planning reads off the model (the
+    projections of its tensor-parallel plan, fused or not, the norms beside them, the y-split RMSNorms): the bytes
+    counted equal the prediction on a grid with x, y and z > 1 (world 8: vocabulary split with activation
+    checkpointing, and whole with an attention mask) and on data=2 grids under ZeRO 1, 2 and 3 (world 4)."""
     cases = len(FAMILIES) * len(FAMILY_CASES[world])
     assert run_distributed(world, _family_worker, world) == [cases] * world
