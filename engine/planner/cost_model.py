@@ -374,20 +374,16 @@ class TransformerShape:
     def q_out(self) -> int:
         return self.heads * self.head_dim
 
-    @property
-    def kv_out(self) -> int:
-        return self.kv_heads * self.head_dim
-
     def layout(self) -> tuple[tuple[LayerParam, ...], tuple[LayerParam, ...], tuple[LayerParam, ...]]:
         """(before the layers, one decoder layer, after the layers): the given layout, or the Llama (GPT) one."""
         if self.layer_layout:
             return self.before_layers, self.layer_layout, self.after_layers
-        h, i = self.hidden, self.intermediate
+        h, i, kv = self.hidden, self.intermediate, self.kv_heads * self.head_dim
         gate = [("gate_proj", h, i, False, self.mlp_bias)] if self.gated_mlp else []
         projections = [
             ("q_proj", h, self.q_out, False, self.qkv_bias),
-            ("k_proj", h, self.kv_out, False, self.qkv_bias),
-            ("v_proj", h, self.kv_out, False, self.qkv_bias),
+            ("k_proj", h, kv, False, self.qkv_bias),
+            ("v_proj", h, kv, False, self.qkv_bias),
             ("o_proj", self.q_out, h, True, self.o_bias),
             *gate,
             ("up_proj", h, i, False, self.mlp_bias),
@@ -421,11 +417,6 @@ class TransformerShape:
         return sum(p.numel for p in before + after if p.kind != "vocab")
 
     @property
-    def outside_params(self) -> int:
-        """Embeddings, lm_head (unless tied) and the final norm (what sits outside the decoder layers)."""
-        return self.vocab_params + self.root_params
-
-    @property
     def layer_norm_params(self) -> int:
         """Parameters of one decoder layer replicated on every rank (its norms)."""
         return sum(p.numel for p in self.layout()[1] if p.kind != "projection")
@@ -433,7 +424,7 @@ class TransformerShape:
     @property
     def n_params(self) -> int:
         """Total parameters."""
-        return self.layers * (self.layer_linear_params + self.layer_norm_params) + self.outside_params
+        return self.layers * (self.layer_linear_params + self.layer_norm_params) + self.vocab_params + self.root_params
 
     @classmethod
     def from_hf_config(cls, config: Any, name: str = "") -> "TransformerShape":
