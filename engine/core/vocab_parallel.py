@@ -29,6 +29,8 @@ them over `data` only (region "tensor").
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -392,10 +394,12 @@ def causal_lm_token_losses(
 
     For HF models whose logits are lm_head(final hidden states) (plain, parallelized or partitioned by
     engine.memory.zero), the loss runs from the hidden states through `token_losses`: full-vocabulary logits are never
-    built (vocabulary-parallel over x*y*z when the lm_head is). A model that changes the logits after its head (Gemma
-    2's soft-capping, Cohere's and Granite's logit scales) is recognised on its first call, because the tensor its
-    forward returns is not the one the head produced; that call and every later one take model(...).logits and
-    F.cross_entropy instead, as does a model whose head has a bias.
+    built (vocabulary-parallel over x*y*z when the lm_head is). For that the lm_head becomes, on the first call, a
+    loss head (TokenLossLinear or TokenLossVocabParallelLMHead: the same object, parameters and state-dict keys, its
+    class changed once). A model that changes the logits after its head (Gemma 2's soft-capping, Cohere's and
+    Granite's logit scales) is recognised on its first call, because the tensor its forward returns is not the one
+    the head produced; that call and every later one take model(...).logits and F.cross_entropy instead, as does a
+    model whose head has a bias.
 
     position_ids: (B, T) passed to the model, e.g. restarting at each packed document (transformers then makes the
     attention block-causal when no attention_mask is given); None: 0..T-1.
@@ -403,14 +407,8 @@ def causal_lm_token_losses(
     inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
     if position_ids is not None:  # only when given: models without the argument still work without it
         inputs["position_ids"] = position_ids
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    fused = (
-        head is not None
-        and head.bias is None
-        and not getattr(head, TRANSFORMED_LOGITS_ATTR, False)
-        and (type(head) is nn.Linear or isinstance(head, VocabParallelLMHead))
-    )
-    if fused:
+    head = _loss_head(model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None)
+    if head is not None:
         losses = _fused_token_losses(model, head, inputs, targets, chunk_tokens)
         if losses is not None:
             return losses
@@ -421,50 +419,89 @@ def causal_lm_token_losses(
     ).reshape(targets.shape)
 
 
-def _fused_token_losses(
-    model: nn.Module, head: nn.Module, inputs: dict[str, Any], targets: torch.Tensor, chunk_tokens: int
-) -> torch.Tensor | None:
-    """The per-token losses computed as the model's lm_head (see causal_lm_token_losses), or None when the model's
-    forward returned something other than what the head produced (it transforms its logits). inputs: the model's
-    keyword arguments."""
-    produced: list[torch.Tensor] = []
+class _LossHead:
+    """What the loss heads add to their lm_head class: inside `with head.returning_losses(targets, chunk_tokens)`
+    the head's forward returns the per-token losses of `targets` (token_losses on its weight) instead of logits, and
+    records them; outside it, the forward of the class it extends (logits).
 
-    def head_losses(hidden: torch.Tensor) -> torch.Tensor:
-        weight = head.weight
-        if isinstance(head, VocabParallelLMHead):
-            losses = token_losses(
-                hidden,
-                weight,
-                targets,
-                group=head.group,
-                vocab_start=head.vocab_start,
-                chunk_tokens=chunk_tokens,
-                row_group=head.row_group,
-                replica_group=head.replica_group,
-            )
-        else:
-            losses = token_losses(hidden, weight, targets, chunk_tokens=chunk_tokens)
+    Why the loss runs INSIDE the model's own forward, as its lm_head: under ZeRO 2/3 (engine.memory.zero: FSDP2 over
+    the data axis, the model the root unit holding embeddings, final norm and lm_head), only the root's forward
+    pre-hook all-gathers those parameters (calling model.base_model directly leaves them data-sharded DTensors), and
+    head.weight is the unsharded parameter exactly while that forward runs; the losses are then the root's output,
+    on which FSDP registers its pre-backward hook, so its backward (root unshard check, prefetch of the last layer) and
+    the post-backward reduce-scatter of the head's and embedding's gradients run as for model(...).logits. Without
+    ZeRO it is the same computation as base_model + token_losses.
+    """
+
+    _loss_request: tuple[torch.Tensor, int, list[torch.Tensor]] | None = None  # set only inside returning_losses
+
+    @contextmanager
+    def returning_losses(self, targets: torch.Tensor, chunk_tokens: int) -> Iterator[list[torch.Tensor]]:
+        """Inside the block the forward returns per-token losses of `targets`; yields the list of what it returned."""
+        produced: list[torch.Tensor] = []
+        self._loss_request = (targets, chunk_tokens, produced)
+        try:
+            yield produced
+        finally:
+            self._loss_request = None
+
+    def _losses(self, hidden: torch.Tensor, **split: Any) -> torch.Tensor:
+        targets, chunk_tokens, produced = self._loss_request
+        losses = token_losses(hidden, self.weight, targets, chunk_tokens=chunk_tokens, **split)
         # a fresh tensor, not a view: FSDP hooks the root's outputs for backward and warns on views
         produced.append(losses.float().clone() if losses._base is not None else losses.float())
         return produced[-1]
 
-    # The loss runs INSIDE the model's own forward, as its lm_head: the head's forward is swapped for one that
-    # returns the per-token losses. Under ZeRO 2/3 (engine.memory.zero: FSDP2 over the data axis, the model the root
-    # unit holding embeddings, final norm and lm_head), only the root's forward pre-hook all-gathers those parameters
-    # (calling model.base_model directly leaves them data-sharded DTensors), and head.weight is the unsharded
-    # parameter exactly while that forward runs; the losses are then the root's output, on which FSDP registers its
-    # pre-backward hook, so its backward (root unshard check, prefetch of the last layer) and the post-backward
-    # reduce-scatter of the head's and embedding's gradients run as for model(...).logits. Without ZeRO it is the
-    # same computation as base_model + token_losses.
-    had_own = "forward" in head.__dict__
-    own_forward = head.__dict__.get("forward")
-    head.forward = head_losses
-    try:
+
+class TokenLossLinear(_LossHead, nn.Linear):
+    """A bias-free nn.Linear lm_head that can return per-token losses (see _LossHead)."""
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self._loss_request is None:
+            return super().forward(hidden)
+        return self._losses(hidden)
+
+
+class TokenLossVocabParallelLMHead(_LossHead, VocabParallelLMHead):
+    """A VocabParallelLMHead that can return per-token losses (see _LossHead), combined over its vocabulary group."""
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self._loss_request is None:
+            return super().forward(hidden)
+        return self._losses(
+            hidden,
+            group=self.group,
+            vocab_start=self.vocab_start,
+            row_group=self.row_group,
+            replica_group=self.replica_group,
+        )
+
+
+_LOSS_HEADS = {nn.Linear: TokenLossLinear, VocabParallelLMHead: TokenLossVocabParallelLMHead}
+
+
+def _loss_head(head: nn.Module | None) -> _LossHead | None:
+    """`head` as a loss head (its class changed in place the first time; same object, so FSDP's hold on its
+    parameters and every reference to it stay valid), or None when the fused loss cannot be its output: no head, a
+    bias, a model seen to transform its logits, or a head class of someone else's."""
+    if head is None or getattr(head, "bias", None) is not None or getattr(head, TRANSFORMED_LOGITS_ATTR, False):
+        return None
+    if isinstance(head, _LossHead):
+        return head
+    loss_class = _LOSS_HEADS.get(type(head))
+    if loss_class is None:
+        return None
+    head.__class__ = loss_class
+    return head
+
+
+def _fused_token_losses(
+    model: nn.Module, head: _LossHead, inputs: dict[str, Any], targets: torch.Tensor, chunk_tokens: int
+) -> torch.Tensor | None:
+    """The per-token losses computed as the model's lm_head (see _LossHead), or None when the model's forward
+    returned something other than what the head produced (it transforms its logits). inputs: the model's keyword
+    arguments."""
+    with head.returning_losses(targets, chunk_tokens) as produced:
         out = model(**inputs)
-    finally:
-        if had_own:
-            head.forward = own_forward
-        else:
-            del head.forward
     losses = out.logits if hasattr(out, "logits") else out[0]  # out[0]: a model configured with return_dict=False
     return losses if len(produced) == 1 and losses is produced[0] else None

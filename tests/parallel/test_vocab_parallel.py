@@ -19,7 +19,7 @@ from distributed import run_distributed
 from engine.core import comm
 from engine.core.grid import AXES, init
 from engine.core.linear import ParallelLinear, ShardingError
-from engine.core.vocab_parallel import causal_lm_token_losses, is_vocab_parallel, token_losses
+from engine.core.vocab_parallel import TokenLossLinear, causal_lm_token_losses, is_vocab_parallel, token_losses
 from engine.models.parallelize import parallelize
 from engine.training.state import clip_grad_norm_, sync_gradients
 from goldfish.loss import goldfish_loss, goldfish_loss_from_token_losses
@@ -146,6 +146,23 @@ def test_serial_goldfish_losses_unchanged(name: str) -> None:
     ref_grads = dict(reference_model.named_parameters())
     for key, param in model.named_parameters():
         torch.testing.assert_close(param.grad, ref_grads[key].grad, rtol=1e-5, atol=1e-6, msg=key)
+
+
+def test_the_head_becomes_a_loss_head_once() -> None:
+    """The lm_head's forward is never rebound: the first loss gives the head its loss class (same object, same
+    state-dict keys), later losses change nothing, and outside a loss it returns the logits as before, also after a
+    forward that raised."""
+    ids, targets, _ = goldfish_batch(1)
+    model = llama()
+    reference = copy.deepcopy(model)
+    head, keys = model.lm_head, list(model.state_dict())
+    causal_lm_token_losses(model, ids, targets)
+    assert type(head) is TokenLossLinear and model.lm_head is head and list(model.state_dict()) == keys
+    causal_lm_token_losses(model, ids, targets)
+    assert type(head) is TokenLossLinear and "forward" not in vars(head)
+    with pytest.raises(IndexError):  # token ids beyond the vocabulary: the model's forward raises inside the loss
+        causal_lm_token_losses(model, ids + VOCAB, targets)
+    torch.testing.assert_close(model(input_ids=ids).logits, reference(input_ids=ids).logits, rtol=0, atol=0)
 
 
 def test_other_models_fall_back_to_logits() -> None:
