@@ -13,7 +13,6 @@ path records its smallest top-1 vs top-2 logit margin).
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -21,6 +20,7 @@ import torch
 from transformers import PreTrainedModel, StaticCache
 
 from engine.layout import parallel_grid
+from engine.models.plans import cache_keyword, returned_cache
 from eval.batching import decode_longest_first, evaluating, left_pad, model_device, prefix_aligned
 
 # Tokens (rows x columns) per forward while a prompt goes through the KV cache. Feeding it in column chunks bounds
@@ -61,20 +61,6 @@ def static_cache_fits(model: torch.nn.Module) -> bool:
     if not isinstance(model, PreTrainedModel) or not getattr(model, "_supports_static_cache", True):
         return False
     return parallel_grid(model) is None
-
-
-def _cache_keyword(model: torch.nn.Module) -> str:
-    """The keyword the model's forward takes its KV cache by: ``cache`` from transformers 5.24 on, which still
-    accepts ``past_key_values`` with a FutureWarning (until 5.40); ``past_key_values`` before. A wrapper (a
-    ParallelEvalModel, say) answers for the Hugging Face model inside it."""
-    hf = next((m for m in model.modules() if isinstance(m, PreTrainedModel)), None)
-    return "cache" if hf is not None and "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
-
-
-def _returned_cache(out: Any) -> Any:
-    """The KV cache a forward returned: ``out.cache`` from transformers 5.24 on, ``out.past_key_values`` before."""
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else getattr(out, "past_key_values", None)
 
 
 def _new_cache(model: torch.nn.Module, n_columns: int) -> StaticCache | None:
@@ -137,7 +123,7 @@ def _prefill(
     """
     n_rows, width = input_ids.shape
     columns = max(1, PREFILL_TOKENS // n_rows)
-    keyword = _cache_keyword(model)
+    keyword = cache_keyword(model)
     for start in range(0, width, columns):
         end = min(start + columns, width)
         out = model(
@@ -150,7 +136,7 @@ def _prefill(
             **({"cache_position": torch.arange(start, end, device=input_ids.device)} if cache is not None else {}),
         )
         if not isinstance(cache, StaticCache):
-            cache = _returned_cache(out)
+            cache = returned_cache(out)
         on_logits(start, out.logits)
     return cache
 
@@ -180,7 +166,7 @@ def _decode(
     if first >= n_steps:
         return
     static = isinstance(cache, StaticCache)
-    keyword = _cache_keyword(model)
+    keyword = cache_keyword(model)
     full_mask = torch.cat([mask, mask.new_ones((n_rows, n_steps - first))], dim=1)  # built once, sliced per step
     for k, step in enumerate(range(first, n_steps)):
         column = width + k
@@ -194,7 +180,7 @@ def _decode(
             **({"cache_position": torch.tensor([column], device=generated.device)} if static else {}),
         )
         if not static:
-            cache = _returned_cache(out)
+            cache = returned_cache(out)
         logits = out.logits[:, -1, :]  # (B, V)
         fresh = known_through < step  # rows whose id at this step is not known yet
         generated[:, step] = torch.where(fresh, logits.argmax(dim=-1), generated[:, step])

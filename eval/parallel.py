@@ -53,6 +53,7 @@ from engine.core.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses
 from engine.layout import parallel_grid
 from engine.memory.zero import zero_state
 from engine.models.parallelize import rows_layout
+from engine.models.plans import CACHE_KEYWORDS, cache_keyword
 from eval.adaptive import (
     DEFAULT_BUDGETS,
     DEFAULT_CONFIDENCES,
@@ -116,7 +117,7 @@ class ParallelEvalModel(nn.Module):
     ``forward`` splits the batch's rows over the x*y*z ranks of the group (blocks of ceil(B / G) rows; the last
     blocks are filled up with copies of the last row so that every rank feeds the same number of rows), runs the
     parallel model on this rank's rows and all-gathers the logits: ``logits`` are (B, T, V) on every rank. The
-    returned KV cache (``past_key_values``) belongs to this rank's rows; pass it back with the same batch. Other
+    returned KV cache belongs to this rank's rows; pass it back with the same batch. Other
     outputs (hidden states, attentions) are this rank's rows only.
 
     ``generate`` runs HF generate on the whole batch on every rank of the group (see the module doc), with a
@@ -189,12 +190,13 @@ class ParallelEvalModel(nn.Module):
             )
         num_beams = kwargs.get("num_beams", config.num_beams) or 1
         if num_beams > 1 and self.grid.size(*ROW_AXES) > 1:
-            if kwargs.get("past_key_values") is not None:
+            keyword = cache_keyword(self.model)
+            if any(kwargs.get(k) is not None for k in CACHE_KEYWORDS):
                 raise ValueError(
                     "beam search on a model whose rows are gathered over x*y needs the GroupBeamCache "
-                    "that ParallelEvalModel.generate makes; do not pass past_key_values"
+                    f"that ParallelEvalModel.generate makes; do not pass {keyword}"
                 )
-            kwargs["past_key_values"] = GroupBeamCache(self.grid.group(*ROW_AXES), config=self.model.config)
+            kwargs[keyword] = GroupBeamCache(self.grid.group(*ROW_AXES), config=self.model.config)
         return self.model.generate(*args, **kwargs)
 
 

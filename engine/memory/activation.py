@@ -20,6 +20,7 @@ from torch.distributed._composable import checkpoint
 
 from engine.core.linear import ShardingError
 from engine.models.parallelize import decoder_stacks
+from engine.models.plans import LAYER_CACHE_ARGUMENTS
 
 
 def checkpoint_decoder_layers(model: nn.Module) -> int:
@@ -49,11 +50,6 @@ def checkpoint_decoder_layers(model: nn.Module) -> int:
     return count
 
 
-# The KV-cache arguments of decoder layers: `past_key_values` (renamed `cache` in transformers 5.24), GPT-2's
-# `layer_past`, and the flag that asks for one.
-_CACHE_ARGUMENTS = {"past_key_values": None, "cache": None, "layer_past": None, "use_cache": False}
-
-
 def _drop_cache_while_training(layer: nn.Module) -> None:
     """A training forward with grad through a checkpointed layer runs without a KV cache.
 
@@ -61,7 +57,7 @@ def _drop_cache_while_training(layer: nn.Module) -> None:
     checkpointing clears the same arguments, with a warning). Generation and evaluation (no grad) keep the cache.
     """
     signature = inspect.signature(layer.forward)
-    names = [n for n in _CACHE_ARGUMENTS if n in signature.parameters]
+    names = [n for n in LAYER_CACHE_ARGUMENTS if n in signature.parameters]
     if not names:
         return
 
@@ -71,7 +67,7 @@ def _drop_cache_while_training(layer: nn.Module) -> None:
         bound = signature.bind(*args, **kwargs)
         for name in names:
             if name in bound.arguments:
-                bound.arguments[name] = _CACHE_ARGUMENTS[name]
+                bound.arguments[name] = LAYER_CACHE_ARGUMENTS[name]
         return bound.args, bound.kwargs
 
     layer.register_forward_pre_hook(clear, with_kwargs=True)

@@ -45,7 +45,20 @@ from engine.core.grid import Grid
 from engine.core.linear import ROWS_ATTR, ParallelLinear, ShardingError, current_rows_layout
 from engine.core.vocab_parallel import can_shard_vocab, is_vocab_parallel, shard_vocab
 from engine.layout import LAYOUT_ATTR, declared_layouts, describe, layout_of, planned_stacks
-from engine.models.plans import FUSED_NAMES, ModelPlan, check_supported, find_planned, head_counts
+from engine.models.plans import (
+    FUSED_NAMES,
+    POSITION_TABLE_KEYS,
+    STACK_PASS_THROUGH,
+    STACK_ROW_INPUTS,
+    ModelPlan,
+    cache_argument,
+    check_stack_supported,
+    find_planned,
+    head_counts,
+    is_conv1d,
+    localize_heads,
+    rms_norm_eps,
+)
 from engine.spec import check_rows_layout, row_gather_axes
 
 # What parallelize records, by module path, of the rows a module's parameters see (the layout's regions, read by
@@ -81,31 +94,6 @@ def rows_layout(model: nn.Module, layout: str) -> Iterator[None]:
 
 # ----- decoder layers, through the model's plan (engine/models/plans.py) --------------------------------------
 
-# Attributes of an attention module holding a head count (or, for GPT-2, the width of one of q, k, v) that its
-# forward reads: on a y rank they must hold that rank's share.
-_HEAD_COUNT_ATTRS = ("num_heads", "num_attention_heads", "num_key_value_heads", "num_kv_heads", "split_size")
-
-
-class _LocalHeadsConfig:
-    """A view of a model config in which the head counts are one y rank's share (for attention modules that read
-    config.num_attention_heads in their forward, e.g. Phi-3); every other attribute is read from, and written to,
-    the model's own config, so later changes to it (e.g. the attention implementation) still reach the module."""
-
-    def __init__(self, base: Any, **local: int) -> None:
-        self.__dict__["_shared_config"] = base
-        self.__dict__.update(local)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name == "_shared_config":
-            raise AttributeError(name)
-        return getattr(self.__dict__["_shared_config"], name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in self.__dict__:
-            self.__dict__[name] = value
-        else:
-            setattr(self.__dict__["_shared_config"], name, value)
-
 
 def _fresh_param(old: nn.Parameter, data: torch.Tensor) -> nn.Parameter:
     new = nn.Parameter(data, requires_grad=old.requires_grad)
@@ -134,7 +122,7 @@ def _to_parallel(
         return module.reshard_(mode)
     if isinstance(module, nn.Linear):
         weight, layout = module.weight, "linear"
-    elif type(module).__name__ == "Conv1D":  # GPT-2 stores its weight as (in, out)
+    elif is_conv1d(module):  # GPT-2 stores its weight as (in, out)
         weight, layout = module.weight.t(), "conv1d"
     else:
         raise ShardingError(f"{name}: cannot shard a {type(module).__name__}; expected nn.Linear or Conv1D")
@@ -276,14 +264,8 @@ def _plan_block_children(
         if set(params) == {"weight"} and weight.dim() == 1 and weight.numel() == head_dim:
             regions[path] = "heads"  # per-head norm: runs on this rank's heads only
             continue
-        eps = getattr(child, "variance_epsilon", getattr(child, "eps", None))
-        if (
-            set(params) == {"weight"}
-            and weight.dim() == 1
-            and weight.numel() in widths
-            and isinstance(eps, float)
-            and "RMSNorm" in type(child).__name__
-        ):
+        eps = rms_norm_eps(child)
+        if set(params) == {"weight"} and weight.dim() == 1 and weight.numel() in widths and eps is not None:
             if grid.size("y") > 1:
                 child.forward = types.MethodType(functools.partial(_y_sharded_rms_norm, grid=grid, eps=eps), child)
             regions[path] = "heads"
@@ -301,21 +283,6 @@ def _plan_block_children(
         raise ShardingError(
             f"{name}.{child_name} ({type(child).__name__}) has parameters the engine cannot shard by heads"
         )
-
-
-def _localize_heads(parent: nn.Module, config: Any, n_y: int, name: str) -> None:
-    """Give an attention module this y rank's share of its head counts (attributes and config reads)."""
-    if n_y == 1:
-        return
-    for attr in _HEAD_COUNT_ATTRS:
-        value = parent.__dict__.get(attr)
-        if isinstance(value, int) and not isinstance(value, bool):
-            if value % n_y:
-                raise ShardingError(f"{name}.{attr} = {value} is not divisible by y={n_y}; choose y dividing it")
-            setattr(parent, attr, value // n_y)
-    if "config" in parent.__dict__ and parent.__dict__["config"] is config:
-        heads, kv_heads, _ = head_counts(config)
-        parent.config = _LocalHeadsConfig(config, num_attention_heads=heads // n_y, num_key_value_heads=kv_heads // n_y)
 
 
 def _check_heads(name: str, heads: int, kind: str, grid: Grid) -> None:
@@ -384,7 +351,7 @@ def _plan_layer(
         built.append(_to_parallel(parent, attr, projection.mode, grid, overlap, full_name, order))
     for parent, parent_name, planned, widths in parents.values():
         _plan_block_children(parent, planned, widths, head_dim, grid, parent_name, regions)
-        _localize_heads(parent, config, n_y, parent_name)
+        localize_heads(parent, config, n_y, parent_name)
     return built
 
 
@@ -440,7 +407,7 @@ def _agree_on_row_inputs(arguments: dict, n_rows: int, seq_len: int, group, devi
                 f"input {key} of a parallelized model is a {type(value).__name__} (e.g. a multimodal wrapper's masks "
                 "by layer type); the engine distributes tensors only: use a grid with x=1 and y=1"
             )
-    cache = arguments.get("cache", arguments.get("past_key_values"))  # renamed `cache` in transformers 5.24
+    cache = cache_argument(arguments)
     past = cache.get_seq_length() if cache is not None and hasattr(cache, "get_seq_length") else 0
     mine = [
         n_rows,
@@ -481,19 +448,6 @@ def _broadcast_everywhere(everyone: list[list[int]], present: int, first_dim: in
     return n_rows > 1 and all(r[present] and r[first_dim] == 1 for r in everyone)
 
 
-_STACK_ROW_INPUTS = ("attention_mask", "position_ids")
-_STACK_PASS_THROUGH = (
-    "past_key_values",
-    "cache",
-    "use_cache",
-    "cache_position",
-    "kwargs",
-    "return_dict",
-    "output_attentions",
-    "output_hidden_states",
-)
-
-
 def _install_stack_hooks(stack: nn.Module, grid: Grid) -> None:
     """Run `stack` (the module that owns the decoder layers) on the rows of the whole x*y group.
 
@@ -524,15 +478,15 @@ def _install_stack_hooks(stack: nn.Module, grid: Grid) -> None:
         for key, value in list(arguments.items()):
             if key in ("input_ids", "inputs_embeds"):
                 continue
-            if key in _STACK_ROW_INPUTS:
+            if key in STACK_ROW_INPUTS:
                 arguments[key] = _rows_of(value, n_rows, key, group)
             elif key == "kwargs":
                 for k, v in value.items():
-                    if isinstance(v, torch.Tensor) and k not in _STACK_PASS_THROUGH:
+                    if isinstance(v, torch.Tensor) and k not in STACK_PASS_THROUGH:
                         raise ShardingError(
                             f"input {k} of a parallelized model is a tensor the engine does not know how to distribute"
                         )
-            elif isinstance(value, torch.Tensor) and key not in _STACK_PASS_THROUGH:
+            elif isinstance(value, torch.Tensor) and key not in STACK_PASS_THROUGH:
                 raise ShardingError(
                     f"input {key} of a parallelized model is a tensor the engine does not know how to distribute"
                 )
@@ -564,9 +518,7 @@ def _refuse_other_lookups(stack: nn.Module, plan: ModelPlan, stack_name: str) ->
     skipped or run on other rows."""
     layers = getattr(stack, plan.layers)
     inside_layers = {id(m) for m in layers.modules()}
-    positions = {getattr(stack.config, key, None) for key in ("max_position_embeddings", "n_positions", "n_ctx")} - {
-        None
-    }
+    positions = {getattr(stack.config, key, None) for key in POSITION_TABLE_KEYS} - {None}
     own = stack.get_input_embeddings()
     for name, module in stack.named_modules():
         if id(module) in inside_layers or module is own or not isinstance(module, nn.Embedding):
@@ -594,16 +546,7 @@ def _plan_stack(
     tensor_parallel = grid.size("x", "y", "z") > 1
     if not hasattr(stack, "get_input_embeddings"):
         raise ShardingError(f"{stack_name}: {type(stack).__name__} has no get_input_embeddings()")
-    check_supported(plan, tensor_parallel)
-    if tensor_parallel and not plan.projections:
-        raise ShardingError(
-            f"{plan.family}: the model declares no tensor-parallel plan the engine can use; use a "
-            "grid without x, y and z (data parallelism, optionally with ZeRO)"
-        )
-    if tensor_parallel and plan.family == "gpt2" and getattr(stack.config, "add_cross_attention", False):
-        raise ShardingError(
-            "GPT-2 with cross-attention: the engine's GPT-2 plan does not cover it; use a grid without x, y and z"
-        )
+    check_stack_supported(plan, stack.config, tensor_parallel)
     if grid.size("x", "y") > 1:
         _refuse_other_lookups(stack, plan, stack_name)
     prefix = f"{stack_name}.{plan.layers}" if stack_name else plan.layers

@@ -22,6 +22,7 @@ ZeRO and activation checkpointing), with nothing to shard.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,4 +176,116 @@ def check_supported(plan: ModelPlan, tensor_parallel: bool) -> None:
         raise ShardingError(
             f"{plan.family}: the engine cannot shard {entries}: {why}; use a grid without x, y and z "
             "(data parallelism, optionally with ZeRO)"
+        )
+
+
+# ----- the rest of what the engine reads of transformers modules -------------------------------------------------
+
+# Attributes of an attention module holding a head count (or, for GPT-2, the width of one of q, k, v) that its
+# forward reads: on a y rank they must hold that rank's share.
+HEAD_COUNT_ATTRS = ("num_heads", "num_attention_heads", "num_key_value_heads", "num_kv_heads", "split_size")
+
+# The keywords a model's forward takes its KV cache by: `cache` from transformers 5.24 on (which still accepts
+# `past_key_values` with a FutureWarning until 5.40), `past_key_values` before; GPT-2's decoder layers: `layer_past`.
+CACHE_KEYWORDS = ("cache", "past_key_values")
+LAYER_CACHE_ARGUMENTS = {"past_key_values": None, "cache": None, "layer_past": None, "use_cache": False}
+
+# Inputs of a base model's forward: those whose batch dim holds rows (gathered with them over x*y), and those passed
+# through untouched (the cache and flags); any other tensor input is refused.
+STACK_ROW_INPUTS = ("attention_mask", "position_ids")
+STACK_PASS_THROUGH = (
+    *CACHE_KEYWORDS,
+    "use_cache",
+    "cache_position",
+    "kwargs",
+    "return_dict",
+    "output_attentions",
+    "output_hidden_states",
+)
+
+# Config keys holding the size of a table of positions (read by position ids, not token ids).
+POSITION_TABLE_KEYS = ("max_position_embeddings", "n_positions", "n_ctx")
+
+
+class LocalHeadsConfig:
+    """A view of a model config in which the head counts are one y rank's share (for attention modules that read
+    config.num_attention_heads in their forward, e.g. Phi-3); every other attribute is read from, and written to,
+    the model's own config, so later changes to it (e.g. the attention implementation) still reach the module."""
+
+    def __init__(self, base: Any, **local: int) -> None:
+        self.__dict__["_shared_config"] = base
+        self.__dict__.update(local)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_shared_config":
+            raise AttributeError(name)
+        return getattr(self.__dict__["_shared_config"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.__dict__:
+            self.__dict__[name] = value
+        else:
+            setattr(self.__dict__["_shared_config"], name, value)
+
+
+def localize_heads(attention: nn.Module, config: Any, n_y: int, name: str) -> None:
+    """Give an attention module this y rank's share of its head counts (its attributes and its config reads)."""
+    if n_y == 1:
+        return
+    for attr in HEAD_COUNT_ATTRS:
+        value = attention.__dict__.get(attr)
+        if isinstance(value, int) and not isinstance(value, bool):
+            if value % n_y:
+                raise ShardingError(f"{name}.{attr} = {value} is not divisible by y={n_y}; choose y dividing it")
+            setattr(attention, attr, value // n_y)
+    if "config" in attention.__dict__ and attention.__dict__["config"] is config:
+        heads, kv_heads, _ = head_counts(config)
+        attention.config = LocalHeadsConfig(
+            config, num_attention_heads=heads // n_y, num_key_value_heads=kv_heads // n_y
+        )
+
+
+def is_conv1d(module: nn.Module) -> bool:
+    """True for GPT-2's Conv1D, a linear layer that stores its weight as (in, out)."""
+    from transformers.pytorch_utils import Conv1D
+
+    return isinstance(module, Conv1D)
+
+
+def rms_norm_eps(module: nn.Module) -> float | None:
+    """The epsilon of a transformers RMSNorm (a weight and `variance_epsilon` or `eps`), None for other modules."""
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    return eps if isinstance(eps, float) and "RMSNorm" in type(module).__name__ else None
+
+
+def cache_argument(arguments: dict[str, Any]) -> Any:
+    """The KV cache among a base model's bound forward arguments, under whichever keyword it came."""
+    return next((arguments[k] for k in CACHE_KEYWORDS if arguments.get(k) is not None), None)
+
+
+def cache_keyword(model: nn.Module) -> str:
+    """The keyword `model`'s forward takes its KV cache by (a wrapper answers for the transformers model inside)."""
+    from transformers import PreTrainedModel
+
+    hf = next((m for m in model.modules() if isinstance(m, PreTrainedModel)), None)
+    parameters = inspect.signature(hf.forward).parameters if hf is not None else {}
+    return next((k for k in CACHE_KEYWORDS if k in parameters), CACHE_KEYWORDS[-1])
+
+
+def returned_cache(out: Any) -> Any:
+    """The KV cache a forward returned (`out.cache` from transformers 5.24 on, `out.past_key_values` before)."""
+    return next((getattr(out, k) for k in CACHE_KEYWORDS if getattr(out, k, None) is not None), None)
+
+
+def check_stack_supported(plan: ModelPlan, config: Any, tensor_parallel: bool) -> None:
+    """Raise ShardingError for base models whose plan the engine knows not to cover on a tensor-parallel grid."""
+    check_supported(plan, tensor_parallel)
+    if tensor_parallel and not plan.projections:
+        raise ShardingError(
+            f"{plan.family}: the model declares no tensor-parallel plan the engine can use; use a "
+            "grid without x, y and z (data parallelism, optionally with ZeRO)"
+        )
+    if tensor_parallel and plan.family == "gpt2" and getattr(config, "add_cross_attention", False):
+        raise ShardingError(
+            "GPT-2 with cross-attention: the engine's GPT-2 plan does not cover it; use a grid without x, y and z"
         )
