@@ -280,12 +280,16 @@ def data_node(grid: Grid, config: ZeroConfig) -> AxisGroup:
 def _secondary_mesh_from_grid(grid: Grid, config: ZeroConfig, device_type: str) -> Iterator[None]:
     """While fully_shard runs: build the hpZ secondary partition's mesh from the grid's node groups.
 
-    For reshard_after_forward=<int>, torch 2.13's fully_shard builds that mesh itself with DeviceMesh(...) over
-    this data group's ranks only, which creates process groups collectively: with several data groups (any
-    tensor-parallel axis > 1) each creates other groups and the ranks wait on each other forever. The same
-    mesh is made here from the groups Grid.data_levels and Grid.data_node built on every rank (no group
-    creation), through fully_shard's own hook for it (a private function of the pinned torch, hence this
-    narrow patch).
+    For reshard_after_forward=<int>, torch 2.13's fully_shard builds that mesh itself (_fsdp_init.py,
+    _get_post_forward_mesh_info: DeviceMesh(device_type, mesh.mesh.view(-1, k)) over this data group's ranks only),
+    and DeviceMesh.__init__ creates its process groups with new_group, collectively and with sequentially numbered
+    names: with several data groups (any tensor-parallel axis > 1) each creates other groups under the same names and
+    the ranks wait on each other forever (measured: 8 gloo ranks, data=4 x=2, that very call never returns). The
+    same mesh is made here from the groups Grid.data_levels and Grid.data_node built on every rank (no group
+    creation), through that function, fully_shard's own hook for it. torch offers no public way in: a 2-D mesh given
+    to fully_shard means HSDP (the primary partition replicated over nodes: D/node_size times the optimizer state),
+    FSDPModule.set_reshard_after_forward takes a bool only, an SPMD mesh (dp_mesh_dims) refuses an int, and a
+    shard_placement_fn's mesh goes through the same function. Hence this narrow patch, for the fully_shard calls only.
     """
     if not config.hierarchical or config.stage != 3 or config.node_size >= grid.size("data"):
         yield
