@@ -107,7 +107,7 @@ class TrainConfig:
         """Refuse async_save for a run of one process (ValueError): its checkpoint is an HF folder, not DCP shards."""
         if self.async_save and world_size == 1:
             raise ValueError(
-                "async_save writes a run's sharded (DCP) checkpoint in the background, and a one-process run writes "
+                "--async-save writes a run's sharded (DCP) checkpoint in the background, and a one-process run writes "
                 "an HF folder in the step instead. Fix: drop --async-save, or train on 2 or more processes (--nproc)"
             )
 

@@ -927,7 +927,7 @@ def _add_compare_parser(sub: Any) -> None:
     defaults = CompareSpec()
     opt.MODEL.add_to(comp, defaults)
     opt.DATA.add_to(comp, defaults.data)
-    opt.TRAINING.add_to(comp, defaults.train, skip={"save_every"})
+    opt.TRAINING.add_to(comp, defaults.train, skip={"save_every", "async_save"})
     opt.LORA.add_to(comp, defaults.lora)
     comp.add_argument(
         "--with-full",

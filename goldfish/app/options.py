@@ -300,6 +300,12 @@ TRAINING = OptionGroup(
         Option("--seed", "seed", "seed of the data order"),
         Option("--save-every", "save_every", "checkpoint every N optimizer steps (0: only at the end)"),
         Option(
+            "--async-save",
+            "async_save",
+            "write each checkpoint's DCP shards in the background while training goes on (2 or more processes)",
+            switch=True,
+        ),
+        Option(
             "--zero",
             "zero",
             "ZeRO stage over the data axis (needs data >= 2): 0 off, 1 AdamW state partitioned, 2 + "

@@ -28,6 +28,7 @@ RESUMABLE_TRAINING = frozenset(
     {
         "progress",
         "save_every",
+        "async_save",
         "eval_every",
         "zero",
         "zero_node_size",
@@ -37,6 +38,9 @@ RESUMABLE_TRAINING = frozenset(
         "rows",
     }
 )
+# TrainConfig fields a resume never takes from the record: how this launch writes its checkpoints (an --async-save run
+# may resume in one process, where there is nothing to write in the background).
+NOT_INHERITED_TRAINING = frozenset({"async_save"})
 # DataSpec fields of the same kind: tokenizing the background in more processes gives the same tokens.
 RESUMABLE_DATA = frozenset({"tokenize_workers", "cache_dir"})
 
@@ -105,6 +109,8 @@ def fill_from_record(args: argparse.Namespace, saved: TrainSpec, typed: set[str]
     for name, group in _GROUPS:
         for option in group.options:
             if option.dest in typed or not hasattr(args, option.dest) or option.field not in parts[name]:
+                continue
+            if name == "train" and option.field in NOT_INHERITED_TRAINING:
                 continue
             setattr(args, option.dest, _as_option(name, option.field, parts[name][option.field]))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -188,3 +189,55 @@ def test_background_run_killed_mid_stream_resumes_with_the_same_rows_and_exposur
         assert torch.equal(got[key], want[key]), key  # same grid and stage: the same arithmetic, bit for bit
     corpus = {name: json.loads((path / "run.json").read_text())["corpus"] for name, path in (("w", whole), ("c", cut))}
     assert corpus["c"]["targets"] == corpus["w"]["targets"]  # copies inserted and trained, stream offsets
+
+
+# 8 documents, batch 4 over 4 ranks, 2 epochs: 4 steps, a checkpoint after each (ZeRO 2 over data=2, x=2).
+RESHARD_RUN = tiny_run(
+    n_train=8,
+    n_heldout=0,
+    seq_len=32,
+    vocab_size=320,
+    batch_size=4,
+    epochs=2,
+    threads=None,
+    save_every=1,
+    optimizer="sgd",
+    lr=0.5,
+    max_grad_norm=100,
+)
+SAVE_LAUNCH = ["--nproc", "4", "--grid", "data=2,x=2", "--zero", "2"]
+RESHARD_TOL = 1e-5  # relative: the same sums in other orders (rows and partial products over other ranks), float32
+
+
+@pytest.mark.slow
+def test_an_async_dcp_checkpoint_resumes_at_another_grid_and_in_one_process(tmp_path: Path) -> None:
+    """A `--zero 2` run at data=2,x=2 with --async-save, killed while its third checkpoint is written in the
+    background, keeps its second; resumed from it at x=2,y=2 (no ZeRO) and in one process, the remaining steps have
+    the losses of an uninterrupted run (SGD: a gradient off by anything shows in the next loss)."""
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    uninterrupted = _goldfish("--out", str(whole), *SAVE_LAUNCH, *RESHARD_RUN)
+    assert uninterrupted.wait(timeout=900) == 0, uninterrupted.stderr.read()[-3000:]
+
+    killed = _goldfish("--out", str(cut), *SAVE_LAUNCH, "--async-save", *RESHARD_RUN)
+    _kill_during_save(killed, cut, KILL_DURING_SAVE)
+    killed.communicate(timeout=300)
+    assert killed.returncode == 1
+    checkpoint = cut / "checkpoint"
+    assert json.loads((checkpoint / METADATA_FILE).read_text())["step"] == KILL_DURING_SAVE - 1
+    assert sorted(p.name for p in (checkpoint / "engine_shards").glob("*.distcp")) == [
+        f"__{rank}_0.distcp" for rank in range(4)
+    ]
+
+    resumes = {
+        "x=2,y=2": ["--nproc", "4", "--grid", "x=2,y=2", "--zero", "0"],
+        "one process": ["--zero", "0"],
+    }
+    for name, launch in resumes.items():
+        copy = tmp_path / name.replace(" ", "-").replace(",", "-")
+        shutil.copytree(cut, copy)
+        resumed = _goldfish("--out", str(copy), "--resume", str(copy / "checkpoint"), *launch, *RESHARD_RUN)
+        _, err = resumed.communicate(timeout=900)
+        assert resumed.returncode == 0, err[-3000:]
+        losses = _losses(copy)
+        assert losses[: KILL_DURING_SAVE - 1] == _losses(whole)[: KILL_DURING_SAVE - 1]  # kept from the cut run
+        assert losses == pytest.approx(_losses(whole), rel=RESHARD_TOL), name

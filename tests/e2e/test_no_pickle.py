@@ -13,6 +13,7 @@ import io
 import json
 import math
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -205,22 +206,39 @@ def test_planted_pickle_never_runs_in_the_nproc_launcher(run: Path, tmp_path: Pa
     assert not marker.exists()
 
 
+def _padded(data: bytes, like: Path) -> bytes:
+    """`data` padded with zeros to the size of the file `like` (so that it passes the check for truncated files)."""
+    return data + bytes(max(0, like.stat().st_size - len(data)))
+
+
 @pytest.mark.slow
-def test_planted_pickle_in_a_rank_record_never_runs_on_an_nproc_resume(tmp_path: Path, capsys) -> None:
-    """A sharded checkpoint (--nproc 2, data=2): rank 1's record, which only its worker reads, holds the pickle."""
-    marker = tmp_path / "MARKER"
+def test_planted_pickle_in_a_sharded_checkpoint_never_runs_on_an_nproc_resume(tmp_path: Path, capsys) -> None:
+    """A sharded checkpoint (--nproc 2, data=2): rank 1's record (which only its worker reads), DCP's metadata file
+    (a pickle that torch's own reader would unpickle with pickle.load) and a DCP data file each hold a crafted
+    pickle in turn; the resume refuses in one line naming the file, and the pickle never runs."""
     out = tmp_path / "run"
-    argv = ["train", "--nproc", "2", "--out", str(out), *TINY, "--epochs", "1"]
-    assert main(argv) == 0
+    argv = ["train", "--nproc", "2", *TINY, "--epochs", "1"]
+    assert main([*argv, "--out", str(out)]) == 0
     shards = out / "checkpoint" / "engine_shards"
     assert sorted(p.name for p in shards.iterdir() if p.name.startswith("rank-00001.state"))
-    for record in shards.glob("rank-00001.state.*"):
-        record.write_bytes(crafted_pickle(marker))
-    capsys.readouterr()
-    code = main([*argv, "--resume", str(out / "checkpoint")])
-    err = _one_line_or_success(code, capsys)
-    assert code == 2 and "rank-00001.state" in err, err
-    assert not marker.exists()
+    plants = {
+        "rank-00001.state": lambda marker: [(r, crafted_pickle(marker)) for r in shards.glob("rank-00001.state.*")],
+        ".metadata": lambda marker: [(shards / ".metadata", pickle.dumps(_Payload(marker)))],
+        "__1_0.distcp": lambda marker: [
+            (shards / "__1_0.distcp", _padded(crafted_pickle(marker), shards / "__1_0.distcp"))
+        ],
+    }
+    for name, plant in plants.items():
+        marker = tmp_path / f"MARKER-{name}"
+        copy = tmp_path / f"copy-{name}"
+        shutil.copytree(out, copy)
+        for path, data in plant(marker):
+            (copy / path.relative_to(out)).write_bytes(data)
+        capsys.readouterr()
+        code = main([*argv, "--out", str(copy), "--resume", str(copy / "checkpoint")])
+        err = _one_line_or_success(code, capsys)
+        assert code == 2 and name in err, err
+        assert not marker.exists(), name
 
 
 def test_a_folder_with_remote_code_never_runs_it(run: Path, tmp_path: Path) -> None:
