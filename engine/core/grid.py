@@ -18,13 +18,15 @@ import itertools
 import math
 import os
 import socket
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
 
-from engine.spec import AXES, GridError, GridShape, _check_axis  # noqa: F401 - re-exported: engine.core.grid names them
+from engine.spec import AXES, OWN, GridError, GridShape, _check_axis, check_rows_layout  # noqa: F401 - re-exported: engine.core.grid names them
 
 # The axis combinations a grid builds process groups for. Single axes serve the parallel Linear;
 # ("x", "y") gathers a decoder layer's rows; ("x", "y", "z") is the tensor-parallel group (full
@@ -113,6 +115,7 @@ class Grid:
         self._groups: dict[tuple[str, ...], AxisGroup] = {}
         self._data_groups: dict[tuple, tuple[AxisGroup, ...]] = {}  # data_levels and data_node, by sizes
         self._mesh = None  # device_mesh(), built on first use
+        self.rows = OWN  # the rows layout models on this grid run in (rows_layout)
         # Combinations that differ only by axes of size 1 have the same members: build each group once.
         handles: dict[tuple[str, ...], tuple[list[int], dist.ProcessGroup | None]] = {}
         for axes in GROUP_AXES:
@@ -225,6 +228,17 @@ class Grid:
         assert mine is not None
         ranks, handle = mine
         return AxisGroup(name, ("data",), len(ranks), ranks.index(self.rank), tuple(ranks), handle, self.traffic)
+
+    @contextmanager
+    def rows_layout(self, layout: str) -> Iterator[None]:
+        """Run the models on this grid in the rows `layout` ("own" or "shared", engine/models/parallelize.py) inside
+        the block, then restore the one before. Every rank must use the same layout. Raises ValueError for an unknown
+        layout."""
+        before, self.rows = self.rows, check_rows_layout(layout)
+        try:
+            yield
+        finally:
+            self.rows = before
 
     def device_mesh(self):  # -> torch.distributed.device_mesh.DeviceMesh
         """A DeviceMesh over this grid's axes of size > 1 (dims named after them, in the order of AXES; "data" alone

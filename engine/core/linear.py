@@ -49,15 +49,12 @@ from engine.spec import ROWS_LAYOUTS, row_gather_axes  # noqa: F401 (ROWS_LAYOUT
 
 MODES = ("default", "normal", "transposed")
 
-# The rows layouts of a parallelized model (engine/models/parallelize.py: "own" rows per rank, or rows "shared" by every
-# rank of an x*y group) and the attribute, set by engine.models.parallelize.rows_layout on the root model and on every
-# module whose forward depends on it, that holds the current one (absent = "own").
-ROWS_ATTR = "_engine_rows_layout"
-
 
 def current_rows_layout(module: nn.Module) -> str:
-    """The rows layout `module` (a model, decoder stack, vocabulary-parallel module or ParallelLinear) runs in."""
-    return getattr(module, ROWS_ATTR, "own")
+    """The rows layout (engine/models/parallelize.py: "own" rows per rank, or rows "shared" by every rank of an x*y
+    group) that `module`, a ParallelLinear or vocabulary-parallel module, runs in: its grid's (Grid.rows_layout)."""
+    grid = getattr(module, "grid", None)
+    return grid.rows if isinstance(grid, Grid) else "own"
 
 
 class ShardingError(ValueError):

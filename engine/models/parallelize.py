@@ -42,9 +42,9 @@ from torch.nn.modules.linear import Linear as _TorchLinear  # the real class, ev
 from engine.core import comm
 from engine.core.functional import copy_to_group, gather_from_group, reduce_from_group, split_to_group
 from engine.core.grid import Grid
-from engine.core.linear import ROWS_ATTR, ParallelLinear, ShardingError, current_rows_layout
+from engine.core.linear import ParallelLinear, ShardingError
 from engine.core.vocab_parallel import can_shard_vocab, is_vocab_parallel, shard_vocab
-from engine.layout import LAYOUT_ATTR, declared_layouts, describe, layout_of, planned_stacks
+from engine.layout import LAYOUT_ATTR, declared_layouts, describe, layout_of, parallel_grid, planned_stacks
 from engine.models.plans import (
     FUSED_NAMES,
     POSITION_TABLE_KEYS,
@@ -73,23 +73,12 @@ def rows_layout(model: nn.Module, layout: str) -> Iterator[None]:
     then restore the layout it had. Every rank must use the same layout. Nothing else changes (parameters, state
     dicts, checkpoints). Raises ValueError for an unknown layout."""
     check_rows_layout(layout)
-    stacks = {id(stack) for _, stack, _ in planned_stacks(model)}
-    touched = [
-        m
-        for m in model.modules()
-        if m is model or id(m) in stacks or isinstance(m, ParallelLinear) or is_vocab_parallel(m)
-    ]
-    before = [m.__dict__.get(ROWS_ATTR) for m in touched]
-    for module in touched:
-        setattr(module, ROWS_ATTR, layout)
-    try:
+    grid = parallel_grid(model) or next((m.grid for m in model.modules() if isinstance(m, ParallelLinear)), None)
+    if grid is None:  # a plain model: one layout is all it has
         yield
-    finally:
-        for module, old in zip(touched, before):
-            if old is None:
-                module.__dict__.pop(ROWS_ATTR, None)
-            else:
-                setattr(module, ROWS_ATTR, old)
+        return
+    with grid.rows_layout(layout):
+        yield
 
 
 # ----- decoder layers, through the model's plan (engine/models/plans.py) --------------------------------------
@@ -460,7 +449,7 @@ def _install_stack_hooks(stack: nn.Module, grid: Grid) -> None:
     signature = inspect.signature(stack.forward)
 
     def enter(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-        if not row_gather_axes(current_rows_layout(module)):
+        if not row_gather_axes(grid.rows):
             return None  # the inputs already hold the group's rows, the same on every rank of x*y
         bound = signature.bind(*args, **kwargs)
         arguments = bound.arguments
@@ -495,7 +484,7 @@ def _install_stack_hooks(stack: nn.Module, grid: Grid) -> None:
         return (), {**arguments, **extra}
 
     def leave(module: nn.Module, args: tuple, output: Any) -> Any:
-        if not row_gather_axes(current_rows_layout(module)):
+        if not row_gather_axes(grid.rows):
             return None
         n_rows = _gathered_rows(output, group)
         if isinstance(output, torch.Tensor):

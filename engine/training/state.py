@@ -35,7 +35,7 @@ from torch import nn
 
 from engine.core import comm
 from engine.core.grid import Grid
-from engine.core.linear import ShardingError, current_rows_layout
+from engine.core.linear import ShardingError
 from engine.layout import ParamLayout, layout_of
 from engine.memory.zero import full, is_dtensor, like, local, zero_state
 from engine.spec import AXES
@@ -43,7 +43,7 @@ from engine.spec import AXES
 
 def _reduction_axes(model: nn.Module, grid: Grid) -> list[tuple[torch.Tensor, tuple[str, ...]]]:
     """Each distinct parameter of `model` with the grid axes its gradient must be summed over (from its layout)."""
-    rows = current_rows_layout(model)
+    rows = grid.rows
     return [(p.tensor, p.gradient_axes(rows)) for p in layout_of(model, grid).params.values()]
 
 
