@@ -81,7 +81,7 @@ def chunk_rows(rows: int, parts: int, index: int) -> tuple[int, int]:
 
 
 class ZeroState:
-    """What shard_data_axis leaves on a model (as model._engine_zero): the config, the data group and, for
+    """What shard_data_axis records in a model's layout (ModelLayout.zero): the config, the data group and, for
     stage 1, the parameters whose gradients and updates it partitions."""
 
     def __init__(self, grid: Grid, config: ZeroConfig, mesh: Any) -> None:
