@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 from transformers import PreTrainedModel, StaticCache
 
-from engine.layout import parallel_grid
+from engine.models.layout import parallel_grid
 from engine.models.plans import cache_keyword, returned_cache
 from eval.batching import decode_longest_first, evaluating, left_pad, model_device, prefix_aligned
 

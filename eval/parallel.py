@@ -50,8 +50,8 @@ from engine.core import comm
 from engine.core.grid import AxisGroup, Grid, is_main_process
 from engine.core.sharding import TENSOR_AXES, run_sharded
 from engine.core.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses
-from engine.layout import parallel_grid
 from engine.memory.zero import zero_state
+from engine.models.layout import parallel_grid
 from engine.models.parallelize import rows_layout
 from engine.models.plans import CACHE_KEYWORDS, cache_keyword
 from eval.adaptive import (

@@ -243,7 +243,7 @@ class Grid:
     def device_mesh(self):  # -> torch.distributed.device_mesh.DeviceMesh
         """A DeviceMesh over this grid's axes of size > 1 (dims named after them, in the order of AXES; "data" alone
         for one rank), made from the grid's own process groups, so building it creates no group. DTensors on it
-        describe the layouts engine.layout.ParamLayout.placements can express."""
+        describe the layouts engine.models.layout.ParamLayout.placements can express."""
         if self._mesh is None:
             from torch.distributed.device_mesh import DeviceMesh
 

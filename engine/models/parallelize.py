@@ -44,7 +44,7 @@ from engine.core.functional import copy_to_group, gather_from_group, reduce_from
 from engine.core.grid import Grid
 from engine.core.linear import ParallelLinear, ShardingError
 from engine.core.vocab_parallel import can_shard_vocab, is_vocab_parallel, shard_vocab
-from engine.layout import LAYOUT_ATTR, declared_layouts, describe, layout_of, parallel_grid, planned_stacks
+from engine.models.layout import LAYOUT_ATTR, declared_layouts, describe, layout_of, parallel_grid, planned_stacks
 from engine.models.plans import (
     FUSED_NAMES,
     POSITION_TABLE_KEYS,
@@ -602,7 +602,7 @@ def parallelize(model: nn.Module, grid: Grid, *, overlap: bool = True, vocab_par
     ):  # a wrapper (e.g. a LightningModule): can_shard_vocab says why not
         if vocab_parallel or can_shard_vocab(model, grid) is None:
             shard_vocab(model, grid)  # the layout gives its tables the "tensor" region: summed over data only
-    # the one record of what every rank holds (engine/layout.py), read by gradient sync, checkpoints and loading
+    # the one record of what every rank holds (engine/models/layout.py), read by gradient sync, checkpoints and loading
     model.__dict__[LAYOUT_ATTR] = describe(model, grid, regions, tuple(dict.fromkeys(stacks_done))).unbound()
     return model
 

@@ -18,7 +18,7 @@ HF model):
                                       rank 0's extra_state (step, schedule, RNG: what the training loop resumes)
 
 Every rank hands DCP the chunks of the full tensors it holds (`_Chunks`, the protocol DTensor implements:
-engine.layout says where each rank's local tensor sits in the full tensor, a ZeRO DTensor where its data-axis
+engine.models.layout says where each rank's local tensor sits in the full tensor, a ZeRO DTensor where its data-axis
 chunk sits in that); DCP's planner writes a chunk that several ranks hold (a replicated norm, AdamW's step) once, and
 reads at load whatever overlaps each rank's chunks, so any grid and any ZeRO stage loads any other's checkpoint.
 A run without a grid (one process) writes the serial layout instead: what `save_model` writes (an ordinary HF
@@ -65,8 +65,8 @@ from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, Wri
 from data.atomic import recover_directory, remove_leftovers, replace_directory, staging_directory, write_text_atomic
 from engine.core import comm
 from engine.core.grid import AXES, Grid
-from engine.layout import ParamLayout, layout_of
 from engine.memory.zero import is_dtensor, model_class_name, optimizer_value
+from engine.models.layout import ParamLayout, layout_of
 from engine.training.state_files import StateFileError, load_state, save_state, state_files
 
 FORMAT = "goldfish-engine-checkpoint"

@@ -25,7 +25,7 @@ from torch import nn
 
 from engine.core.grid import Grid
 from engine.core.linear import ShardingError
-from engine.layout import layout_of
+from engine.models.layout import layout_of
 from engine.training.checkpoint import serial_chunks, serial_shape
 from engine.training.verify import parallelize
 

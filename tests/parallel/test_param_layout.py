@@ -1,4 +1,4 @@
-"""The declared layout (engine/layout.py) against the model it describes, on 4 gloo ranks.
+"""The declared layout (engine/models/layout.py) against the model it describes, on 4 gloo ranks.
 
 For every state-dict tensor of a parallelized model, each rank's pieces must cut exactly its local tensor out of the
 serial model's tensor, the ranks' pieces together must cover the full tensor, and where DTensor can express the
@@ -15,7 +15,7 @@ import torch
 from distributed import run_distributed
 
 from engine.core.grid import init
-from engine.layout import layout_of
+from engine.models.layout import layout_of
 from engine.models.miniature import miniature_config
 from engine.models.parallelize import parallelize
 
