@@ -295,6 +295,36 @@ def test_auto_parallelize_plain_torch_model() -> None:
     run_distributed(4, _plain_torch_model, (1, 2, 2, 1))
 
 
+def _family(name: str):
+    import transformers
+
+    config, model, extra = {
+        "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {}),  # fused query_key_value, interleaved per head
+        "phi3": ("Phi3Config", "Phi3ForCausalLM", {"num_key_value_heads": 2, "pad_token_id": 0}),  # fused qkv, gate_up
+        "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {"num_key_value_heads": 2, "pad_token_id": 0}),  # q/k norms
+    }[name]
+    sizes = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "intermediate_size": 128}
+    built = getattr(transformers, config)(**sizes, vocab_size=VOCAB, max_position_embeddings=64, **extra)
+    torch.manual_seed(1)
+    return getattr(transformers, model)(built)
+
+
+def _families(names: list[str]) -> list[str]:
+    """auto_parallelize on y=2: each family's full weights equal its meta-built serial model's, bit for bit."""
+    grid = init(y=2)
+    differ = []
+    for name in names:
+        make = functools.partial(_family, name)
+        state = full_state_dict(auto_parallelize(grid, make), grid)
+        differ += [f"{name} {k}" for k, v in meta_built(make).state_dict().items() if not torch.equal(state[k], v)]
+    grid.close()
+    return differ
+
+
+def test_auto_parallelize_fused_families() -> None:
+    assert run_distributed(2, _families, ["gpt_neox", "phi3", "olmo2"]) == [[], []]
+
+
 class _LiveBytes(TorchFunctionMode):
     """While active: the bytes of the CPU storages that torch calls return and that are still alive, and their peak
     (a storage is counted once, from the first call that returns it, until it is freed)."""
