@@ -35,6 +35,8 @@ _PUBLIC = {
     "ParallelLinear": "engine.core.linear",
     "ShardingError": "engine.core.linear",
     "auto_parallelize": "engine.models.auto",
+    "layout_of": "engine.models.layout",
+    "ModelLayout": "engine.models.layout",
     "parallelize": "engine.training.verify",
     "verify_sharding": "engine.training.verify",
     "clip_grad_norm_": "engine.training.state",

@@ -11,8 +11,8 @@ The steps (the torchtitan recipe, with nothing of torch or transformers replaced
     initialise   each rank materialises its own tensors (shard-sized) on `device`, then runs the model's own
                  initialisation in its own order. Inside a decoder layer the draws must be full-size to give the
                  serial values, so each layer is initialised as a full serial copy (one layer at a time), and this
-                 rank's shards are cut out of it with `load_full_state_dict`; modules outside the layers are whole on
-                 every rank and are initialised in place.
+                 rank's shards are cut out of it as the layer's layout says (engine/models/layout.py); modules
+                 outside the layers are whole on every rank and are initialised in place.
 
 What "the same initial weights as the serial model from the same seed" means here, precisely: from the same random
 state, the full weights (engine.full_state_dict) equal, bit for bit, those of the serial model built on the meta device
@@ -46,9 +46,9 @@ from torch import nn
 
 from engine.core.grid import Grid
 from engine.core.linear import ParallelLinear, ShardingError
+from engine.models.layout import layout_of
 from engine.models.parallelize import parallelize
 from engine.models.plans import find_planned
-from engine.training.state import load_full_state_dict
 
 Initialise = Callable[[nn.Module], None]
 
@@ -192,6 +192,10 @@ def _initialise_layer(
     _materialise(serial, device)
     visit(serial)
     _check_written(serial, {}, where)
-    load_full_state_dict(layer, serial.state_dict(), grid)
+    full = serial.state_dict()
+    with torch.no_grad():  # this rank's part of every tensor, as the layer's layout cuts it
+        for p in layout_of(layer, grid).params.values():
+            value = full[p.key].t() if p.serial_transposed else full[p.key]
+            p.tensor.copy_(p.take_local(value) if p.split else value)
     for name, buffer in serial.named_buffers():  # non-persistent buffers are not in the state dict
         layer.get_buffer(name).copy_(buffer)
