@@ -343,7 +343,7 @@ def can_shard_vocab(model: nn.Module, grid: Grid) -> str | None:
     if embedding.max_norm is not None or embedding.scale_grad_by_freq or embedding.sparse:
         return "the embedding uses max_norm, scale_grad_by_freq or sparse gradients"
     if head is not None:
-        if type(head) is not nn.Linear or head.bias is not None:
+        if type(head) not in (nn.Linear, TokenLossLinear) or head.bias is not None:  # (a loss ran on it: same layer)
             return f"the lm_head is a {type(head).__name__}{' with a bias' if head.bias is not None else ''}"
         if head.out_features != embedding.num_embeddings:
             return f"the lm_head has {head.out_features} outputs, the embedding {embedding.num_embeddings} rows"

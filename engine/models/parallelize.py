@@ -1,4 +1,4 @@
-"""The seam between a plain model and the engine: parallelize() and auto_parallelize().
+"""The seam between a plain model and the engine: parallelize().
 
 Layout of a parallelized transformer (U = the rows of this rank's x*y group):
 
@@ -37,7 +37,6 @@ from typing import Any, Iterator
 
 import torch
 from torch import nn
-from torch.nn.modules.linear import Linear as _TorchLinear  # the real class, even while auto_parallelize runs
 
 from engine.core import comm
 from engine.core.functional import copy_to_group, gather_from_group, reduce_from_group, split_to_group
@@ -84,31 +83,16 @@ def rows_layout(model: nn.Module, layout: str) -> Iterator[None]:
 # ----- decoder layers, through the model's plan (engine/models/plans.py) --------------------------------------
 
 
-def _fresh_param(old: nn.Parameter, data: torch.Tensor) -> nn.Parameter:
-    new = nn.Parameter(data, requires_grad=old.requires_grad)
-    new.__dict__.update({k: v for k, v in old.__dict__.items() if not k.startswith("_engine")})
-    return new
-
-
 def _to_parallel(
     parent: nn.Module, attr: str, mode: str, grid: Grid, overlap: bool, name: str, out_order: torch.Tensor | None = None
 ) -> ParallelLinear:
-    """Replace parent.<attr> (nn.Linear, GPT-2 Conv1D or ParallelLinear) by a ParallelLinear in `mode`.
+    """Replace parent.<attr> (nn.Linear or GPT-2 Conv1D) by a ParallelLinear in `mode`.
 
     `out_order` regroups the output features of a fused projection before sharding (see ParallelLinear).
     """
     module = getattr(parent, attr)
-    if isinstance(module, ParallelLinear):  # built by auto_parallelize: move to the chained layout
-        if module.grid is not grid:
-            raise ShardingError(f"{name} is already sharded on another grid; build the model again for this grid")
-        module.name, module.overlap = name, overlap
-        if out_order is not None:  # through the full tensors, one layer at a time
-            weight, bias = module.full_weight(), module.full_bias()
-            module.out_order = out_order
-            module.weight = _fresh_param(module.weight, module.shard_weight(weight).clone())
-            if bias is not None:
-                module.bias = _fresh_param(module.bias, module.shard_bias(bias).clone())
-        return module.reshard_(mode)
+    if isinstance(module, ParallelLinear):
+        raise ShardingError(f"{name} is sharded already; build the model again to parallelize it for this grid")
     if isinstance(module, nn.Linear):
         weight, layout = module.weight, "linear"
     elif is_conv1d(module):  # GPT-2 stores its weight as (in, out)
@@ -560,7 +544,7 @@ def parallelize(model: nn.Module, grid: Grid, *, overlap: bool = True, vocab_par
     plan (engine/models/plans.py: the tensor-parallel plan its config declares, or the engine's explicit one for
     GPT-2): the projections named there become chained ParallelLinears (attention heads and MLP split over y), the
     base model runs on the rows of the x*y group (see the module doc); lm_head stays unsharded and sees each rank's
-    own rows, as do the input embeddings. A model built under auto_parallelize is re-planned the same way.
+    own rows, as do the input embeddings. Works on a model on the meta device too (engine.auto_parallelize).
     `vocab_parallel` splits the input embeddings and lm_head by vocabulary rows over x*y*z
     (engine/core/vocab_parallel.py); None (default) does so whenever the grid has tensor parallelism and the split is
     exact (vocabulary divisible by x*y*z, plain nn.Embedding and bias-free lm_head), True insists (ShardingError
@@ -595,7 +579,6 @@ def parallelize(model: nn.Module, grid: Grid, *, overlap: bool = True, vocab_par
             "the tensor-parallel plan of transformers models); build other models from "
             "engine.ParallelLinear"
         )
-    _unshard_outside_layers(model)
     already = hasattr(model, "get_input_embeddings") and is_vocab_parallel(model.get_input_embeddings())
     if (
         found and vocab_parallel is not False and not already
@@ -609,46 +592,9 @@ def parallelize(model: nn.Module, grid: Grid, *, overlap: bool = True, vocab_par
 
 def _recorded(model: nn.Module) -> tuple[Regions, list[str]]:
     """The regions and planned stacks (by path in `model`) of every layout already recorded inside `model` (a model
-    built under auto_parallelize, or a wrapper around a parallelized model)."""
+    parallelized before, e.g. by auto_parallelize, or a wrapper around a parallelized model)."""
     declared = declared_layouts(model)
     if not declared:
         return {}, []
     layout = layout_of(model)
     return dict(layout.regions), list(layout.stacks)
-
-
-def _unshard_outside_layers(model: nn.Module) -> None:
-    """Turn the ParallelLinears that auto_parallelize made outside decoder layers back into plain Linears."""
-    layers = {id(layer) for *_, stack_layers in decoder_stacks(model) for layer in stack_layers}
-
-    def visit(module: nn.Module) -> None:
-        for child_name, child in module.named_children():
-            if id(child) in layers:
-                continue  # a planned decoder layer
-            if isinstance(child, ParallelLinear) and getattr(child, "_engine_auto", False):
-                setattr(module, child_name, _plain_linear(child))
-            else:
-                visit(child)
-
-    visit(model)
-
-
-def _plain_linear(layer: ParallelLinear) -> nn.Linear:
-    """A torch.nn.Linear with the layer's full weights (collective over x*y*z unless already full)."""
-    plain = torch.nn.utils.skip_init(
-        _TorchLinear,
-        layer.in_features,
-        layer.out_features,
-        bias=layer.bias is not None,
-        device=layer.weight.device,
-        dtype=layer.weight.dtype,
-    )
-    if tuple(layer.weight.shape) == (layer.out_features, layer.in_features):
-        plain.weight = layer.weight  # nothing was sharded, or tied to a full tensor (e.g. input embeddings)
-    else:
-        plain.weight = _fresh_param(layer.weight, layer.full_weight())
-    if layer.bias is not None:
-        full = layer.grid.size("x", "y", "z") == 1
-        plain.bias = layer.bias if full else _fresh_param(layer.bias, layer.full_bias())
-    plain.train(layer.training)
-    return plain
