@@ -48,9 +48,7 @@ from engine.core.grid import Grid
 from engine.core.linear import ParallelLinear, ShardingError
 from engine.models.layout import layout_of
 from engine.models.parallelize import parallelize
-from engine.models.plans import find_planned
-
-Initialise = Callable[[nn.Module], None]
+from engine.models.plans import Initialise, find_planned, transformers_init
 
 
 def auto_parallelize(
@@ -74,7 +72,7 @@ def auto_parallelize(
         model = build()
     if not isinstance(model, nn.Module):
         raise TypeError(f"auto_parallelize: build() must return a torch.nn.Module, got {type(model).__name__}")
-    transformers_model = _transformers_init(model) is not None
+    transformers_model = transformers_init(model) is not None
     # The decoder layers as serial copies (meta: no memory), taken before parallelize shards them.
     layers = [layer for _, stack, plan in find_planned(model) for layer in getattr(stack, plan.layers)]
     serial_layers = {id(layer): copy.deepcopy(layer) for layer in layers}
@@ -89,13 +87,6 @@ def auto_parallelize(
     if transformers_model and vocab_parallel is not False:
         parallelize(model, grid, overlap=overlap, vocab_parallel=vocab_parallel)  # splits the vocabulary only
     return model
-
-
-def _transformers_init(module: nn.Module) -> Initialise | None:
-    """The per-module initialisation of a transformers model (its `_initialize_weights`), or None for other modules."""
-    if callable(getattr(module, "_initialize_weights", None)) and callable(getattr(module, "_init_weights", None)):
-        return module._initialize_weights
-    return None
 
 
 def _linears_to_parallel(module: nn.Module, grid: Grid, overlap: bool, prefix: str = "") -> None:
@@ -154,7 +145,7 @@ def _initialise(
 ) -> dict[int, int]:
     """Run the model's own initialisation on the materialised parallel `model`, decoder layers through their serial
     copies; returns the versions of the sharded layers' tensors right after their shards were cut."""
-    root_init = _transformers_init(model)
+    root_init = transformers_init(model)
     if root_init is None:  # torch modules: reset_parameters, ParallelLinear's drawing full-size and keeping its shard
         for module in model.modules():
             if callable(getattr(module, "reset_parameters", None)):
@@ -166,7 +157,7 @@ def _initialise(
         # transformers' order (PreTrainedModel.initialize_weights): children first, then the module, each submodel
         # (a PreTrainedModel inside) with its own initialisation
         for name, child in module.named_children():
-            child_init = _transformers_init(child) or init
+            child_init = transformers_init(child) or init
             if id(child) in serial_layers:
                 _initialise_layer(serial_layers.pop(id(child)), child, child_init, grid, device, f"{where}{name}.")
                 written.update((id(t), t._version) for t in _tensors(child).values())

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from torch import nn
 
@@ -256,6 +256,16 @@ def rms_norm_eps(module: nn.Module) -> float | None:
     """The epsilon of a transformers RMSNorm (a weight and `variance_epsilon` or `eps`), None for other modules."""
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
     return eps if isinstance(eps, float) and "RMSNorm" in type(module).__name__ else None
+
+
+Initialise = Callable[[nn.Module], None]
+
+
+def transformers_init(module: nn.Module) -> Initialise | None:
+    """The per-module initialisation of a transformers model (its `_initialize_weights`), or None for other modules."""
+    if callable(getattr(module, "_initialize_weights", None)) and callable(getattr(module, "_init_weights", None)):
+        return module._initialize_weights
+    return None
 
 
 def cache_argument(arguments: dict[str, Any]) -> Any:
