@@ -54,10 +54,6 @@ IGNORE_INDEX = -100  # torch's cross-entropy convention: targets equal to it giv
 DEFAULT_CHUNK_TOKENS = 1024
 VOCAB_AXES = ("x", "y", "z")
 
-# On an lm_head: False once its model was seen to change the logits after the head (a logit scale, soft-capping),
-# so that causal_lm_token_losses takes the logits path for it from then on without trying the fused one again.
-TRANSFORMED_LOGITS_ATTR = "_engine_transformed_logits"
-
 
 # ----- the loss -------------------------------------------------------------------------------------------------
 
@@ -412,7 +408,7 @@ def causal_lm_token_losses(
         losses = _fused_token_losses(model, head, inputs, targets, chunk_tokens)
         if losses is not None:
             return losses
-        setattr(head, TRANSFORMED_LOGITS_ATTR, True)
+        head.transforms_logits = True  # seen once: the logits path from now on
     logits = model(**inputs).logits
     return F.cross_entropy(
         logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none"
@@ -434,6 +430,7 @@ class _LossHead:
     """
 
     _loss_request: tuple[torch.Tensor, int, list[torch.Tensor]] | None = None  # set only inside returning_losses
+    transforms_logits = False  # True once its model was seen to change the logits after the head
 
     @contextmanager
     def returning_losses(self, targets: torch.Tensor, chunk_tokens: int) -> Iterator[list[torch.Tensor]]:
@@ -484,10 +481,10 @@ def _loss_head(head: nn.Module | None) -> _LossHead | None:
     """`head` as a loss head (its class changed in place the first time; same object, so FSDP's hold on its
     parameters and every reference to it stay valid), or None when the fused loss cannot be its output: no head, a
     bias, a model seen to transform its logits, or a head class of someone else's."""
-    if head is None or getattr(head, "bias", None) is not None or getattr(head, TRANSFORMED_LOGITS_ATTR, False):
+    if head is None or getattr(head, "bias", None) is not None:
         return None
     if isinstance(head, _LossHead):
-        return head
+        return None if head.transforms_logits else head
     loss_class = _LOSS_HEADS.get(type(head))
     if loss_class is None:
         return None

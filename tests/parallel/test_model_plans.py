@@ -222,7 +222,7 @@ def test_token_losses_follow_the_models_own_logits(family: str) -> None:
     """causal_lm_token_losses equals cross-entropy of model(...).logits for a plain head (computed from the hidden
     states) and for families that transform their logits after the head (soft-capping, logit scales: recognised and
     computed from the logits). The losses come back in float32 (~6e-8 relative rounding of values ~4): 1e-6."""
-    from engine.core.vocab_parallel import TRANSFORMED_LOGITS_ATTR, causal_lm_token_losses
+    from engine.core.vocab_parallel import causal_lm_token_losses
 
     model = make(family)
     ids, mask = batch(1)
@@ -232,5 +232,5 @@ def test_token_losses_follow_the_models_own_logits(family: str) -> None:
     for _ in range(2):  # the second call takes the path the first one chose
         losses = causal_lm_token_losses(model, ids[:, :-1], targets, attention_mask=mask[:, :-1])
         torch.testing.assert_close(losses.double(), expected, rtol=1e-6, atol=1e-6)
-    transformed = getattr(model.get_output_embeddings(), TRANSFORMED_LOGITS_ATTR, False)
+    transformed = model.get_output_embeddings().transforms_logits
     assert transformed == (family in ("gemma2", "cohere", "granite"))
