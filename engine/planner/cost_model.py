@@ -334,7 +334,9 @@ class TransformerShape:
     engine.parallelize shards it by), the parameters of one decoder layer and those before and after the layers,
     in module order; the fields then carry the sizes the FLOP and activation estimates use. `fused_blocks`: the
     feature blocks of each fused projection, which y must divide; `refusals`: (axes, reason) of grids the engine
-    refuses (any of the axes larger than 1); `vocab_refusal`: why the vocabulary cannot be split (empty: it can).
+    refuses (any of the axes larger than 1); `vocab_refusal`: why the vocabulary cannot be split (empty: it can);
+    `logits_loss`: the training loss takes model(...).logits instead of the chunked loss (the model changes its logits
+    after the head, or the head has a bias: engine.core.vocab_parallel.causal_lm_token_losses).
     """
 
     hidden: int
@@ -358,6 +360,7 @@ class TransformerShape:
     fused_blocks: tuple[tuple[int, ...], ...] = ()
     refusals: tuple[tuple[tuple[str, ...], str], ...] = ()
     vocab_refusal: str = ""
+    logits_loss: bool = False
 
     def __post_init__(self) -> None:
         for f in ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab"):
@@ -964,6 +967,7 @@ def llama_step_collectives(
         param_bytes=param_bytes,
         stream_bytes=stream_bytes,
         vocab_parallel=vocab_parallel,
+        chunked_loss=not shape.logits_loss,
         act_bytes=act_bytes,
         rows=rows,
     )
@@ -1023,7 +1027,7 @@ def rank_flops_per_step(
     attention = 4.0 * tokens * seq * shape.layers * shape.q_out * grid.size("x")
     shares = bool(row_replica_axes(rows))
     head_tokens = tokens if not shares or vocab_parts(shape, grid, vocab_parallel) > 1 else rows_per_rank * seq
-    head = (8.0 if chunked_loss else 6.0) * head_tokens * shape.vocab * shape.hidden
+    head = (8.0 if chunked_loss and not shape.logits_loss else 6.0) * head_tokens * shape.vocab * shape.hidden
     passes = 4.0 if recompute else 3.0  # forward + backward (2x forward), plus the recomputed forward
     return grad_accum * (passes * (layer_linear + attention) + head)
 

@@ -82,6 +82,30 @@ def _beside_kind(child: Any, widths: set[int], head_dim: int, where: str) -> str
     raise ValueError(f"{where} ({type(child).__name__}) has parameters the engine cannot shard by heads")
 
 
+def _takes_logits(config: Any) -> bool:
+    """Whether the engine's training loss takes model(...).logits for this family instead of the chunked loss: its own
+    test (causal_lm_token_losses turns the lm_head into a loss head, and marks it when the model changes the logits
+    after it; a head with a bias stays as it is), run once on a CPU miniature of `config` (engine.models.miniature)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from engine.core.vocab_parallel import causal_lm_token_losses
+    from engine.models.miniature import miniature_config
+
+    try:
+        miniature = AutoModelForCausalLM.from_config(miniature_config(config))
+        ids = torch.zeros(1, 4, dtype=torch.long)
+        with torch.no_grad():
+            causal_lm_token_losses(miniature, ids, ids)
+    except Exception as error:  # noqa: BLE001 - any failure of the family's code: refuse in one line
+        raise ValueError(
+            f"{getattr(config, 'model_type', None)}: a miniature of the model does not run on the CPU "
+            f"({type(error).__name__}: {' '.join(str(error).split())[:160]}), so the planner cannot tell which loss "
+            "the engine runs; plan a named size or another family"
+        ) from error
+    return getattr(miniature.get_output_embeddings(), "transforms_logits", True)
+
+
 def shape_from_model(model: Any, name: str = "") -> TransformerShape:
     """The planner's shape of `model` (a transformers causal LM, on any device) as engine.parallelize shards it.
 
@@ -209,4 +233,5 @@ def shape_from_model(model: Any, name: str = "") -> TransformerShape:
         refusals=tuple(refusals),
         # any grid whose x*y*z divides the vocabulary leaves only the model's own reasons
         vocab_refusal=can_shard_vocab(model, GridShape(x=embedding.num_embeddings)) or "",
+        logits_loss=_takes_logits(model.config),
     )

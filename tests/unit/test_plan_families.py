@@ -35,6 +35,9 @@ def test_the_read_shape_holds_the_parameters_of_the_model(family: str) -> None:
     assert shape.n_params == sum(p.numel() for p in model.parameters())
     assert shape.layers == 2 and shape.vocab == VOCAB and shape.hidden == 32
     assert shape_from_config(model.config) == shape
+    # the loss goldfish train runs: from the logits where the model changes them after its head (or the head has a
+    # bias), else the chunked loss
+    assert shape.logits_loss == (family in ("gemma2", "cohere", "cohere_qk_norm", "granite", "phi"))
 
 
 def test_a_llama_config_reads_as_the_llama_layout_of_the_fields() -> None:
