@@ -8,6 +8,7 @@
     models.py      tiny model presets; loading a model sharded for parallel evaluation
     pretrained.py  HF / GGUF loading (SmolLM2-135M ships offline)
     plan.py        `goldfish plan` over engine.planner.plan
+    planning.py    the planner's shape of a transformers model, read from the plan the engine shards it by
     report.py      report.md and the plots
 
 It is the only layer that imports every package (data, the goldfish library, engine, eval, matplotlib). The
