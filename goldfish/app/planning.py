@@ -5,9 +5,12 @@ allocated, no remote code runs), finds its decoder layers and tensor-parallel pl
 describes each parameter as the engine places it: the projections of the plan (sharded over x, y and z), the modules
 beside them that run on a y rank's heads (per-head norms, and RMSNorms over a whole projection that reduce their
 statistics over y), the other parameters of a layer (replicated), and outside the layers the embeddings and lm_head
-(split by vocabulary) and the rest (final norms, position tables). The planner (engine.planner.cost_model) computes
-bytes, parameters and memory from that description, so it plans every family the engine shards. It lives here, above
-the engine, because the planner's room may not import engine.models (tests/e2e/test_layout.py).
+(split by vocabulary) and the rest (final norms, position tables), and which loss `goldfish train` runs for it (the
+engine's own test, on a CPU miniature of the config). The planner (engine.planner.cost_model) computes bytes,
+parameters and memory from that description, so it plans every family the engine shards. It lives here, above the
+engine, because the planner's room may not import engine.models (tests/e2e/test_layout.py). The modules beside the
+projections are classified by the tests engine.parallelize applies to them (_beside_kind); the engine's refusals
+are its own functions.
 """
 
 from __future__ import annotations
