@@ -1122,11 +1122,13 @@ def memory_per_rank(
     stream_bytes, default act_bytes). On top of it, the larger of two working sets that never coexist: the loss's
     chunk of min(1024, P R S) tokens' logits over V/P columns (detail "loss_chunk": fp32 statistics and gradient
     updated in place, plus the product-dtype copy when act_bytes is not 4) at the start of backward, and with
-    `recompute` one decoder layer recomputed. Transient: the larger of the loss's lm_head-gradient buffer (detail
-    "head_grad": V/P x hidden in fp32, plus the product-dtype and fp32 per-chunk products when they differ; added to
-    the gradient after the loss's backward) and the largest gathered weight block with its gradient block and two
-    T x hidden gradient buffers of a decoder layer. The chunked loss runs at every ZeRO stage (inside the FSDP root's
-    forward). bench/memory.py --table options measures kept and the peak from the CPU allocator.
+    `recompute` one decoder layer recomputed; a model whose loss takes its logits (shape.logits_loss) instead keeps
+    its R S tokens' whole logits in the product dtype, their fp32 copy and its gradient. Transient: the larger of the
+    loss's lm_head-gradient buffer (detail "head_grad": V/P x hidden in fp32, plus the product-dtype and fp32
+    per-chunk products when they differ; added to the gradient after the loss's backward) and the largest gathered
+    weight block with its gradient block and two T x hidden gradient buffers of a decoder layer. The chunked loss runs
+    at every ZeRO stage (inside the FSDP root's forward). bench/memory.py --table options measures kept and the peak
+    from the CPU allocator.
 
     zero (engine/memory/zero.py; D = data size, P = the parameters above, w = param_bytes, o = bytes_per_param - 2 w
     for the optimizer state and master weights): stage 1 keeps P (2 w) + P o / D; stage 2 the full
@@ -1176,6 +1178,8 @@ def memory_per_rank(
     kept = layers + stack + group_tokens * h * stream_bytes
     stats = max(act_bytes, 4)  # the loss's statistics and logits gradient: fp32, or the product dtype if wider
     loss_chunk = min(1024, group_tokens) * (shape.vocab // parts) * (stats + (act_bytes if act_bytes < stats else 0))
+    if shape.logits_loss:  # model(...).logits and F.cross_entropy on the rank's rows: whole logits, no chunks
+        loss_chunk = rows_per_rank * seq * shape.vocab * (act_bytes + 8)
     activations = kept + max(loss_chunk, per_layer if recompute else 0)
     grad = max(param_bytes, 4)  # the lm_head gradient the loss accumulates: fp32, or the weights' dtype if wider
     head_grad = (shape.vocab // parts) * h * (grad + (act_bytes + grad if act_bytes != grad else 0))
