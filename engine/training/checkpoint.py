@@ -1,41 +1,32 @@
-"""Atomic checkpoints of a parallelized model and its optimizer through torch.distributed.checkpoint (DCP);
-resuming at any grid or ZeRO stage; consolidation into an HF folder.
+"""Atomic checkpoints of a model and its optimizer; on a grid through torch.distributed.checkpoint (DCP), which
+reshards them to any other grid or ZeRO stage; consolidation into an HF folder.
 
-Layout of a checkpoint folder written on a grid (next to whatever the caller's `save_model` writes there, e.g. an
-HF model):
+A checkpoint folder written on a grid holds, beside what the caller's `save_model` writes there (an HF model):
 
-    engine_checkpoint.json            written last, by rank 0: format version, grid, step, the HF config, every
-                                      state-dict key with its full shape, dtype and tied aliases, the optimizer's
-                                      class and which of its per-parameter values are tensors
-    engine_shards/.metadata, __R_N.distcp
-                                      a DCP checkpoint (FileSystemWriter's format) of the tensors "model/<key>" and
-                                      "optim/<param name>/<state key>" (AdamW exp_avg, exp_avg_sq, step), each as the
-                                      FULL tensor in the serial model's layout (GPT-2 Conv1D weights (in, out))
-    engine_shards/rank-NNNNN.state.json, .state.safetensors
-                                      every rank: its extra_state (e.g. its RNG), the optimizer's groups and its
-                                      non-tensor values (engine/training/state_files.py)
-    trainer_state.json, trainer_state.safetensors
-                                      rank 0's extra_state (step, schedule, RNG: what the training loop resumes)
+    engine_checkpoint.json       written last, by rank 0: format version, grid, step, HF config, every state-dict
+                                 key's full shape, dtype and tied keys, the optimizer's class and state kinds
+    engine_shards/               a DCP checkpoint (.metadata, __R_N.distcp) of "model/<key>" and
+                                 "optim/<param>/<state key>", each a FULL tensor in the serial model's layout
+                                 (GPT-2 Conv1D weights (in, out)); and every rank's record rank-NNNNN.state.json +
+                                 .safetensors (its extra_state, the optimizer's groups and non-tensor values)
+    trainer_state.json/.safetensors   rank 0's extra_state (step, schedule, RNG: what the training loop resumes)
 
-Every rank hands DCP the chunks of the full tensors it holds (`_Chunks`, the protocol DTensor implements:
-engine.models.layout says where each rank's local tensor sits in the full tensor, a ZeRO DTensor where its data-axis
-chunk sits in that); DCP's planner writes a chunk that several ranks hold (a replicated norm, AdamW's step) once, and
-reads at load whatever overlaps each rank's chunks, so any grid and any ZeRO stage loads any other's checkpoint.
-A run without a grid (one process) writes the serial layout instead: what `save_model` writes (an ordinary HF
-folder) plus trainer_state.json/.safetensors holding extra_state and the optimizer's state dict.
+Every rank hands DCP the chunks it holds of each full tensor (`_Chunks`, which speaks the protocol DTensor
+implements), placed by the model's layout (engine/models/layout.py) and, for a ZeRO DTensor, its data-axis chunk;
+DCP's planner writes a chunk several ranks hold once and reads at load whatever overlaps each rank's chunks. A run
+without a grid writes the serial layout: `save_model`'s files plus trainer_state.json/.safetensors with extra_state
+and the optimizer's state dict.
 
-Nothing in a checkpoint is unpickled as code. DCP keeps tensors as torch.save records, read with
-torch.load(weights_only=True) (torch's unpickler that builds tensors and nothing else), and its `.metadata` as a
-plain pickle of its metadata dataclasses, which torch's own reader opens with pickle.load; this module reads it
-with `_MetadataUnpickler` instead, which resolves only DCP's metadata classes, torch.Size, dtypes, layouts and
-paths, and refuses any other name (a function to call) before it is built. Everything else is JSON or safetensors.
+Nothing is unpickled as code: JSON and safetensors (engine/training/state_files.py), DCP's tensor records through
+torch.load(weights_only=True) (as DCP's FileSystemReader reads them), and DCP's .metadata, a plain pickle that DCP
+itself opens with pickle.load, through `_MetadataUnpickler`, which resolves DCP's metadata classes and a few torch
+types only and refuses any other name before anything is built.
 
-Atomicity: everything goes to a staging sibling folder; rank 0 renames it to the target inside DCP's finish step,
-which runs only after every rank's DCP write returned, so a crash at any point leaves the previous checkpoint (the
-staging folder, without engine_checkpoint.json, is never read; the next save removes the staging folders of
-processes that are gone). A kill between the two renames that replace an older checkpoint leaves it set aside
-complete; every reader renames it back first. `AsyncSaver` runs the DCP write (and so the publication) in a
-background thread on CPU copies of the chunks; the next save and `wait` wait for it.
+Atomicity: everything goes to a staging sibling folder, which rank 0 renames into place inside DCP's finish step
+(`_Writer.finish`), which DCP runs only once every rank's write has returned, an asynchronous one (`AsyncSaver`) too.
+A crash before leaves the previous checkpoint (a staging folder has no engine_checkpoint.json and never loads; the
+next save removes those of processes that are gone); a kill between the two renames leaves the old one set aside
+complete, and every reader renames it back first.
 """
 
 from __future__ import annotations
@@ -50,7 +41,7 @@ import struct
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -70,23 +61,15 @@ from engine.models.layout import ParamLayout, layout_of
 from engine.training.state_files import StateFileError, load_state, save_state, state_files
 
 FORMAT = "goldfish-engine-checkpoint"
-VERSION = 3  # 2: per-rank safetensors of the engine's own format; 1: pickled rank records (neither is read)
+VERSION = 3  # 2: the engine's own per-rank safetensors; 1: pickled rank records (neither is read)
 METADATA_FILE = "engine_checkpoint.json"
-SHARDS_DIR = "engine_shards"  # the DCP checkpoint, with the per-rank records beside its files
+SHARDS_DIR = "engine_shards"
 TRAINER_STATE = "trainer_state"  # step, schedule, RNG (and, in the serial layout, the optimizer)
 TRAINER_STATE_FILE = f"{TRAINER_STATE}.json"  # with trainer_state.safetensors beside it (state_files)
 PICKLED_TRAINER_STATE_FILE = "trainer_state.pt"  # the older pickle format, refused unread
-
-# Files of an HF model folder that consolidation writes itself rather than copying.
-_MODEL_FILES = (
-    "config.json",
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-    "generation_config.json",
-)
-# Files of a checkpoint folder that are the engine's own, not part of an HF folder.
+# Files of an HF model folder that consolidation writes itself rather than copying, and the engine's own files.
+_MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+_MODEL_FILES += ("pytorch_model.bin.index.json", "generation_config.json")
 _ENGINE_FILES = (METADATA_FILE, f"{TRAINER_STATE}.json", f"{TRAINER_STATE}.safetensors", PICKLED_TRAINER_STATE_FILE)
 
 
@@ -103,16 +86,17 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
 
 @dataclass(frozen=True)
 class Chunk:
-    """A rectangular part of the tensor a rank holds and where it sits in the full tensor of the SERIAL model."""
+    """A rectangular part of the tensor a rank holds (`local`: slices into it; a DTensor: into its local chunk) and
+    where it sits in the full tensor of the SERIAL model; `transposed`: the serial model stores the transpose."""
 
-    local: tuple[slice, ...]  # into the tensor the rank holds (a DTensor: its local chunk)
+    local: tuple[slice, ...]
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
-    transposed: bool = False  # the serial model stores the transpose (GPT-2 Conv1D): the local part is .t()
+    transposed: bool = False
 
-    def of(self, local: torch.Tensor) -> torch.Tensor:
-        """This chunk of `local`, shaped as it sits in the serial full tensor (a view)."""
-        part = local[self.local]
+    def of(self, held: torch.Tensor) -> torch.Tensor:
+        """This chunk of `held`, shaped as it sits in the serial full tensor (a view)."""
+        part = held[self.local]
         return part.t() if self.transposed else part
 
 
@@ -122,26 +106,24 @@ def serial_shape(p: ParamLayout) -> tuple[int, ...]:
 
 
 def serial_chunks(p: ParamLayout, rows: range | None = None) -> list[Chunk]:
-    """This rank's pieces of `p` (restricted to its local rows `rows`, e.g. a ZeRO chunk, whose local tensor starts at
-    rows.start) as chunks of the serial full tensor."""
+    """This rank's pieces of `p` as chunks of the serial full tensor; `rows`: the local rows held (a ZeRO chunk,
+    whose row 0 is local row rows.start)."""
     start = 0 if rows is None else rows.start
     out = []
     for piece in p.pieces(rows):
         local = piece.local
-        if start and local:  # the held tensor is the ZeRO chunk: its row 0 is local row `start`
+        if start and local:
             local = (slice(local[0].start - start, local[0].stop - start), *local[1:])
+        offsets, sizes = tuple(piece.offsets), tuple(piece.sizes)
         if p.serial_transposed:
-            out.append(Chunk(local, tuple(reversed(piece.offsets)), tuple(reversed(piece.sizes)), transposed=True))
-        else:
-            out.append(Chunk(local, tuple(piece.offsets), tuple(piece.sizes)))
+            offsets, sizes = offsets[::-1], sizes[::-1]
+        out.append(Chunk(local, offsets, sizes, p.serial_transposed))
     return out
 
 
 class _Chunks:
-    """One state-dict entry for DCP: the chunks of a full tensor that this rank holds.
-
-    It speaks the protocol DCP's planners ask of DTensor (__create_write_items__, __create_chunk_list__,
-    __get_tensor_shard__), so DCP writes and reads these chunks as it does a DTensor's local shard."""
+    """One DCP state-dict entry: the chunks of a full tensor this rank holds. It speaks the protocol DCP's planners
+    ask of a DTensor (__create_write_items__, __create_chunk_list__, __get_tensor_shard__)."""
 
     def __init__(self, held: torch.Tensor, full_shape: tuple[int, ...], chunks: list[Chunk]) -> None:
         self.held, self.full_shape, self.chunks = held, torch.Size(full_shape), chunks
@@ -153,125 +135,92 @@ class _Chunks:
         properties = TensorProperties.create_from_tensor(self.held)
         return [
             WriteItem(
-                index=MetadataIndex(fqn, torch.Size(c.offsets)),
-                type=WriteItemType.SHARD,
-                tensor_data=TensorWriteData(
-                    chunk=ChunkStorageMetadata(torch.Size(c.offsets), torch.Size(c.sizes)),
-                    properties=properties,
-                    size=self.full_shape,
-                ),
+                MetadataIndex(fqn, chunk.offsets),
+                WriteItemType.SHARD,
+                tensor_data=TensorWriteData(chunk, properties, self.full_shape),
             )
-            for c in self.chunks
+            for chunk in self.__create_chunk_list__()
         ]
 
     def __create_chunk_list__(self) -> list[ChunkStorageMetadata]:
         return [ChunkStorageMetadata(torch.Size(c.offsets), torch.Size(c.sizes)) for c in self.chunks]
 
     def __get_tensor_shard__(self, index: MetadataIndex) -> torch.Tensor:
-        for c in self.chunks:
-            if torch.Size(c.offsets) == index.offset:
-                return c.of(self.held)
-        raise CheckpointError(f"{index.fqn} has no chunk at {list(index.offset or ())} on this rank")
+        return next(c.of(self.held) for c in self.chunks if torch.Size(c.offsets) == index.offset)
 
     def staged(self) -> "_Chunks":
-        """The same chunks over a CPU copy of the held tensor (what an asynchronous save writes while training
-        goes on)."""
-        return _Chunks(self.held.detach().to("cpu", copy=True), tuple(self.full_shape), self.chunks)
-
-
-class _SavePlanner(dcp.DefaultSavePlanner):
-    """DCP's default planner (its dedup of chunks several ranks hold included) that also finds `_Chunks`' data. The
-    state dict is flat already: nothing to flatten."""
-
-    def __init__(self) -> None:
-        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
-
-    def lookup_object(self, index: MetadataIndex) -> Any:
-        obj = self.state_dict[index.fqn]
-        return obj.__get_tensor_shard__(index) if isinstance(obj, _Chunks) else super().lookup_object(index)
-
-
-class _LoadPlanner(dcp.DefaultLoadPlanner):
-    """DCP's default planner that also finds where `_Chunks`' data goes. The state dict is flat and holds no meta
-    tensors, so nothing is flattened or initialised (DefaultLoadPlanner's initialisation would drop `_Chunks`)."""
-
-    def __init__(self) -> None:
-        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
-
-    def set_up_planner(
-        self, state_dict: dict[str, Any], metadata: Metadata | None = None, is_coordinator: bool = False
-    ) -> None:
-        self.original_state_dict = self.state_dict = state_dict
-        self.metadata, self.is_coordinator = metadata, is_coordinator
-
-    def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
-        obj = self.state_dict[index.fqn]
-        return obj.__get_tensor_shard__(index) if isinstance(obj, _Chunks) else super().lookup_tensor(index)
-
-
-class _Staged:
-    """DCP's AsyncStager for a state dict of CPU copies made beforehand (`_Chunks.staged`): nothing more to copy."""
-
-    _synchronize_after_execute = False
-    should_synchronize_after_execute = False
-
-    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
-        return state_dict
-
-    def close(self) -> None:
-        pass
-
-
-def _held(tensor: torch.Tensor) -> tuple[torch.Tensor, range | None]:
-    """The tensor this rank holds of a state-dict tensor, and for a DTensor sharded over the data axis (ZeRO) the
-    rows of the tensor-parallel local tensor that its chunk covers."""
-    tensor = tensor.detach()
-    if not is_dtensor(tensor):
-        return tensor, None
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    sizes, offsets = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
-    local = tensor.to_local()
-    if not sizes:  # a 0-d (replicated) DTensor
-        return local, None
-    return local, range(offsets[0], offsets[0] + sizes[0])
+        """The same chunks over a CPU copy of the held tensor: what an asynchronous save writes."""
+        return _Chunks(self.held.to("cpu", copy=True), tuple(self.full_shape), self.chunks)
 
 
 def _entry(p: ParamLayout | None, tensor: torch.Tensor) -> _Chunks:
-    """The DCP entry of `tensor` (a parameter, buffer or per-element optimizer state laid out as `p`; p None: the
-    tensor is whole on every rank)."""
-    held, rows = _held(tensor)
+    """The DCP entry of `tensor`, laid out as `p` (None: whole on every rank). A ZeRO DTensor holds the rows of the
+    tensor-parallel local tensor that DTensor's own chunk arithmetic gives it."""
+    held, rows = tensor.detach(), None
+    if is_dtensor(held):
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        sizes, offsets = compute_local_shape_and_global_offset(held.shape, held.device_mesh, held.placements)
+        held, rows = held.to_local(), range(offsets[0], offsets[0] + sizes[0]) if sizes else None
     if p is None:
         shape = tuple(held.shape)
         return _Chunks(held, shape, [Chunk(tuple(slice(0, n) for n in shape), (0,) * len(shape), shape)])
     return _Chunks(held, serial_shape(p), serial_chunks(p, rows))
 
 
+class _SavePlanner(dcp.DefaultSavePlanner):
+    """DCP's default planner (its dedup of chunks several ranks hold included) on a flat state dict of `_Chunks`."""
+
+    def __init__(self) -> None:
+        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+
+    def lookup_object(self, index: MetadataIndex) -> Any:
+        return self.state_dict[index.fqn].__get_tensor_shard__(index)
+
+
+class _LoadPlanner(dcp.DefaultLoadPlanner):
+    """DCP's default planner on a flat state dict of `_Chunks` (its set-up, which materialises meta tensors, would
+    drop them: nothing to do here)."""
+
+    def __init__(self) -> None:
+        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+
+    def set_up_planner(self, state_dict: dict, metadata: Metadata | None = None, is_coordinator: bool = False) -> None:
+        self.original_state_dict = self.state_dict = state_dict
+        self.metadata, self.is_coordinator = metadata, is_coordinator
+
+    def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
+        return self.state_dict[index.fqn].__get_tensor_shard__(index)
+
+
 # ----- what a checkpoint holds --------------------------------------------------------------------------------
 
 
-def _layouts(model: nn.Module, grid: Grid | None) -> dict[str, ParamLayout | None]:
-    """Every distinct state-dict tensor of `model` by its first key: its layout on `grid` (None for a plain model)."""
+def _tensors(model: nn.Module, grid: Grid | None) -> dict[str, tuple[ParamLayout | None, torch.Tensor, list[str]]]:
+    """Every distinct state-dict tensor by its first key: its layout on `grid` (None without one), the tensor and its
+    other (tied) keys."""
     if grid is not None:
-        return dict(layout_of(model, grid).params)
+        return {key: (p, p.tensor, list(p.aliases)) for key, p in layout_of(model, grid).params.items()}
     first: dict[int, str] = {}
-    return {first.setdefault(id(t), k): None for k, t in model.state_dict(keep_vars=True).items() if id(t) not in first}
+    out: dict[str, tuple[ParamLayout | None, torch.Tensor, list[str]]] = {}
+    for key, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in first:
+            out[first[id(tensor)]][2].append(key)
+        else:
+            first[id(tensor)], out[key] = key, (None, tensor, [])
+    return out
 
 
-def _described(model: nn.Module, grid: Grid | None) -> tuple[dict[str, ParamLayout | None], dict[str, dict]]:
-    """The layouts and, per key, what the manifest records: serial shape, dtype and the tied keys beside it."""
-    tensors = model.state_dict(keep_vars=True)
-    layouts = _layouts(model, grid)
-    aliases: dict[int, list[str]] = {}
-    for key, tensor in tensors.items():
-        aliases.setdefault(id(tensor), []).append(key)
-    described = {}
-    for key, p in layouts.items():
-        tensor = tensors[key]
-        shape = tuple(tensor.shape) if p is None else serial_shape(p)
-        dtype = str(tensor.dtype).removeprefix("torch.")
-        described[key] = {"shape": list(shape), "dtype": dtype, "aliases": aliases[id(tensor)][1:]}
-    return layouts, described
+def _described(tensors: dict[str, tuple[ParamLayout | None, torch.Tensor, list[str]]]) -> dict[str, dict]:
+    """What the manifest records of each tensor: its serial full shape, dtype and tied keys."""
+    return {
+        key: {
+            "shape": list(tensor.shape if p is None else serial_shape(p)),
+            "dtype": str(tensor.dtype).removeprefix("torch."),
+            "aliases": aliases,
+        }
+        for key, (p, tensor, aliases) in tensors.items()
+    }
 
 
 def _param_names(model: nn.Module) -> dict[int, str]:
@@ -284,74 +233,60 @@ def _optimizer_class(optimizer: torch.optim.Optimizer) -> str:
 
 
 def _optimizer_entries(
-    optimizer: torch.optim.Optimizer | None, model: nn.Module, layouts: dict[str, ParamLayout | None]
-) -> tuple[dict[str, Any], dict[str, dict[str, str]], list[dict[str, Any]], dict[str, dict[str, Any]]]:
-    """The optimizer's DCP entries ("optim/<name>/<key>"), per parameter name how each state value is stored
-    ("like_param": in DCP, laid out as its parameter; "scalar": in DCP, one copy; "value": a non-tensor in the rank's
-    record), the groups with parameter names instead of
-    indices, and the non-tensor values."""
-    if optimizer is None:
-        return {}, {}, [], {}
+    optimizer: torch.optim.Optimizer, model: nn.Module, layouts: dict[str, ParamLayout | None]
+) -> tuple[dict[str, _Chunks], dict[str, dict[str, str]], list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The optimizer's DCP entries ("optim/<name>/<key>"); per parameter how each state value is kept ("like_param":
+    laid out as its parameter; "scalar": one copy, e.g. AdamW's step; "value": a non-tensor, in the rank's record);
+    the groups with parameter names instead of indices; the non-tensor values."""
     names = _param_names(model)
-    entries: dict[str, Any] = {}
+    entries: dict[str, _Chunks] = {}
     kinds: dict[str, dict[str, str]] = {}
     values: dict[str, dict[str, Any]] = {}
     groups = []
     for group in optimizer.param_groups:
-        group_names = []
+        if any(id(param) not in names or names[id(param)] not in layouts for param in group["params"]):
+            raise CheckpointError(
+                "the optimizer holds a parameter that is not part of the model, or a tied one; "
+                "build the optimizer from model.parameters()"
+            )
+        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": []})
         for param in group["params"]:
-            if id(param) not in names:
-                raise CheckpointError(
-                    "the optimizer holds a parameter that is not part of the model; build the "
-                    "optimizer from model.parameters()"
-                )
             name = names[id(param)]
-            group_names.append(name)
-            if name not in layouts:
-                raise CheckpointError(f"parameter {name} is tied to another key of the state dict; untie it")
+            groups[-1]["params"].append(name)
             for key, value in optimizer.state.get(param, {}).items():
-                kind = (
-                    "value" if not isinstance(value, torch.Tensor) else "scalar" if value.dim() == 0 else "like_param"
-                )
-                kinds.setdefault(name, {})[key] = kind
-                if kind == "value":
+                if not isinstance(value, torch.Tensor):
+                    kinds.setdefault(name, {})[key] = "value"
                     values.setdefault(name, {})[key] = value
-                elif kind == "scalar":  # AdamW's step: the same on every rank
-                    entries[f"optim/{name}/{key}"] = _entry(None, value)
-                elif value.shape == param.shape:
-                    entries[f"optim/{name}/{key}"] = _entry(layouts[name], value)
-                else:
+                    continue
+                if value.dim() and value.shape != param.shape:
                     raise CheckpointError(
                         f"optimizer state {key!r} of {name} has shape {list(value.shape)}, neither the parameter's "
-                        f"shape {list(param.shape)} nor a scalar: the engine cannot shard it (optimizers with "
-                        "per-element state such as AdamW or SGD are supported)"
+                        f"{list(param.shape)} nor a scalar: the engine cannot shard it (optimizers with per-element "
+                        "state such as AdamW or SGD are supported)"
                     )
-        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": group_names})
+                kinds.setdefault(name, {})[key] = "like_param" if value.dim() else "scalar"
+                entries[f"optim/{name}/{key}"] = _entry(layouts[name] if value.dim() else None, value)
     return entries, kinds, groups, values
 
 
-def _has_hf_config(module: nn.Module) -> bool:
-    return hasattr(getattr(module, "config", None), "to_json_string")
-
-
-def _hf_part(model: nn.Module, keys: Iterable[str]) -> tuple[str, nn.Module] | None:
+def _hf_part(model: nn.Module, keys: list[str]) -> tuple[str, nn.Module] | None:
     """The HF model that consolidation can write as an HF folder, with its key prefix: the model itself when it
     has an HF config, else the one child holding an HF config when every saved key lies inside it (a
     LightningModule wrapping an HF model as `self.model`: prefix "model."). None when no such part exists or
     other tensors sit beside it (an HF folder could not hold them, and none may be dropped)."""
-    if _has_hf_config(model):
+
+    def has_config(module: nn.Module) -> bool:
+        return hasattr(getattr(module, "config", None), "to_json_string")
+
+    if has_config(model):
         return "", model
-    parts = [(name, child) for name, child in model.named_children() if _has_hf_config(child)]
-    if len(parts) != 1:
-        return None
-    prefix = parts[0][0] + "."
-    return (prefix, parts[0][1]) if all(key.startswith(prefix) for key in keys) else None
+    parts = [(name + ".", child) for name, child in model.named_children() if has_config(child)]
+    return parts[0] if len(parts) == 1 and all(k.startswith(parts[0][0]) for k in keys) else None
 
 
 def _hf_config(module: nn.Module) -> dict[str, Any]:
     data = json.loads(module.config.to_json_string(use_diff=False))
-    if not data.get("architectures"):
-        data["architectures"] = [model_class_name(module)]
+    data["architectures"] = data.get("architectures") or [model_class_name(module)]
     return data
 
 
@@ -359,23 +294,22 @@ def _hf_config(module: nn.Module) -> dict[str, Any]:
 
 
 def _rank_state(rank: int) -> str:
-    """The stem of rank `rank`'s record (extra_state, optimizer groups): STEM.json and STEM.safetensors."""
+    """The stem of rank `rank`'s record: STEM.json and STEM.safetensors."""
     return f"{SHARDS_DIR}/rank-{rank:05d}.state"
 
 
-def _record_files(world_size: int) -> list[str]:
-    return [
-        name for rank in range(world_size) for name in (f"{_rank_state(rank)}.json", f"{_rank_state(rank)}.safetensors")
-    ]
-
-
 class _Writer(dcp.FileSystemWriter):
-    """DCP's FileSystemWriter into the staging folder's engine_shards/; its finish step, which DCP runs on rank 0
-    once every rank's write has returned, also writes the manifest and publishes the staging folder."""
+    """DCP's FileSystemWriter into the staging folder's engine_shards/. Its finish step, which DCP runs on rank 0
+    once every rank's write has returned, writes the manifest and publishes the staging folder."""
 
     def __init__(self, staging: Path, directory: Path, manifest: dict[str, Any] | None) -> None:
         super().__init__(staging / SHARDS_DIR)
         self.staging, self.directory, self.manifest = staging, directory, manifest
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """dcp.async_save's staging step: the entries are CPU copies already (`_Chunks.staged`)."""
+        self.per_thread_copy_ahead = 0
+        return state_dict
 
     def write_data(self, plan: Any, planner: Any) -> Any:
         try:
@@ -385,7 +319,7 @@ class _Writer(dcp.FileSystemWriter):
 
     def finish(self, metadata: Metadata, results: list) -> None:
         super().finish(metadata, results)
-        assert self.manifest is not None  # DCP calls finish on the coordinator, rank 0, which has the manifest
+        assert self.manifest is not None  # DCP's coordinator is rank 0, which has the manifest
         missing = [f for f in self.manifest["files"] if not (self.staging / f).exists()]
         if missing:
             raise CheckpointError(
@@ -405,7 +339,7 @@ class _Writer(dcp.FileSystemWriter):
 
 def _os_cause(files: list[Path]) -> OSError | None:
     """Why writing `files` failed, as the system says it: one more byte appended to each (they are discarded with
-    the failed save) raises the OSError (e.g. EFBIG, ENOSPC) that torch.save's writer reported without its errno."""
+    the failed save) raises the OSError (EFBIG, ENOSPC, ...) that torch.save's writer reported without its errno."""
     for file in files:
         try:
             with open(file, "ab") as handle:
@@ -419,11 +353,11 @@ def _os_cause(files: list[Path]) -> OSError | None:
 
 @dataclass
 class _Prepared:
-    """A save whose staging folder holds everything but the DCP write: the entries to write and the writer."""
+    """A save whose staging folder holds everything but DCP's files: the entries DCP writes and its writer."""
 
     directory: Path
     staging: Path
-    entries: dict[str, Any]
+    entries: dict[str, _Chunks]
     writer: _Writer
 
 
@@ -432,10 +366,11 @@ def _prepare(
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
     grid: Grid,
-    extra_state: dict[str, Any],
+    extra_state: dict[str, Any] | None,
     save_model: Callable[[nn.Module, Path], None] | None,
 ) -> _Prepared:
-    """Collective: a staging folder (made by rank 0), save_model's files and every rank's record in it."""
+    """Collective: a staging folder (made by rank 0) holding save_model's files and every rank's record."""
+    extra_state = _checked_extra_state(extra_state)
     world = grid.group(*AXES)
     staging_name: str | None = None
     if grid.rank == 0:
@@ -449,23 +384,19 @@ def _prepare(
         raise CheckpointError(f"rank 0 could not create a staging folder next to {directory}: {reason}")
     staging = Path(staging_name)
     failure: BaseException | None = None
-    prepared = None
     try:
         if save_model is not None:
             save_model(model, staging)
-        layouts, described = _described(model, grid)
-        entries = {f"model/{key}": _entry(p, model.state_dict(keep_vars=True)[key]) for key, p in layouts.items()}
-        optim_entries, kinds, groups, values = _optimizer_entries(optimizer, model, layouts)
-        entries.update(optim_entries)
-        (staging / SHARDS_DIR).mkdir(exist_ok=True)
-        _save_state(
-            staging / _rank_state(grid.rank),
-            {"extra_state": extra_state, "optimizer_groups": groups, "optimizer_values": values},
-        )
+        tensors = _tensors(model, grid)
+        entries = {f"model/{key}": _entry(p, tensor) for key, (p, tensor, _) in tensors.items()}
+        layouts = {key: p for key, (p, _, _) in tensors.items()}
+        optim, kinds, groups, values = _optimizer_entries(optimizer, model, layouts) if optimizer else ({}, {}, [], {})
+        record = {"extra_state": extra_state, "optimizer_groups": groups, "optimizer_values": values}
+        _save_state(staging / _rank_state(grid.rank), record)
         manifest = None
         if grid.rank == 0:
             _save_state(staging / TRAINER_STATE, extra_state)
-            hf_part = _hf_part(model, described)
+            hf_part = _hf_part(model, list(tensors))
             manifest = {
                 "format": FORMAT,
                 "version": VERSION,
@@ -474,44 +405,40 @@ def _prepare(
                 "model_class": model_class_name(model),
                 "hf_config": None if hf_part is None else _hf_config(hf_part[1]),
                 "hf_prefix": None if hf_part is None else hf_part[0],
-                "tensors": described,
+                "tensors": _described(tensors),
                 "optimizer": None if optimizer is None else {"class": _optimizer_class(optimizer), "state": kinds},
-                "files": _record_files(grid.shape.world_size),
+                "files": [
+                    f"{_rank_state(r)}.{ext}" for r in range(grid.shape.world_size) for ext in ("json", "safetensors")
+                ],
             }
-        prepared = _Prepared(directory, staging, entries, _Writer(staging, directory, manifest))
     except Exception as error:  # noqa: BLE001 - every rank must learn that the save failed, then it re-raises
         failure = _write_error(error, directory)
     if not comm.all_agree(failure is None, world, grid.device):
         if grid.rank == 0:  # every rank has stopped writing into it
             shutil.rmtree(staging, ignore_errors=True)
-        if failure is not None:
-            raise failure
-        raise CheckpointError(
+        raise failure or CheckpointError(
             f"another rank failed while writing the checkpoint {directory}; the previous checkpoint (if any) is intact"
         )
-    assert prepared is not None
-    return prepared
+    return _Prepared(directory, staging, {**entries, **optim}, _Writer(staging, directory, manifest))
 
 
 def _failed(error: CheckpointException, prepared: _Prepared, rank: int) -> CheckpointError:
-    """DCP's report of a failed write or publication as one line on every rank (this rank's own error first); rank 0
-    removes the staging folder."""
+    """DCP's report of a failed write or publication as one line on every rank (this rank's own error, else that
+    another rank failed); rank 0 removes the staging folder."""
     if rank == 0:
         shutil.rmtree(prepared.staging, ignore_errors=True)
-    own = error.failures.get(rank)
-    if own is not None:
-        converted = _write_error(own[0], prepared.directory)
-        if isinstance(converted, CheckpointError):
-            return converted
-        return CheckpointError(f"cannot write the checkpoint {prepared.directory}: {own[0]}")
+    if rank in error.failures:
+        own = error.failures[rank][0]
+        converted = _write_error(own, prepared.directory)
+        return (
+            converted
+            if isinstance(converted, CheckpointError)
+            else CheckpointError(f"cannot write the checkpoint {prepared.directory}: {own}")
+        )
     return CheckpointError(
         f"another rank failed while writing the checkpoint {prepared.directory}; the previous checkpoint (if any) "
         "is intact"
     )
-
-
-def _process_group(grid: Grid) -> dist.ProcessGroup | None:
-    return grid.group(*AXES).group
 
 
 def save_checkpoint(
@@ -539,16 +466,15 @@ def save_checkpoint(
     line saying what to free or fix; the previous checkpoint stays intact).
     """
     directory = Path(directory)
-    extra_state = _checked_extra_state(extra_state)
     if grid is None:
-        return _save_serial(directory, model, optimizer, extra_state, save_model)
+        return _save_serial(directory, model, optimizer, _checked_extra_state(extra_state), save_model)
     prepared = _prepare(directory, model, optimizer, grid, extra_state, save_model)
     try:
         dcp.save(
             prepared.entries,
             storage_writer=prepared.writer,
             planner=_SavePlanner(),
-            process_group=_process_group(grid),
+            process_group=grid.group(*AXES).group,
             no_dist=grid.shape.world_size == 1,
         )
     except CheckpointException as error:
@@ -557,13 +483,13 @@ def save_checkpoint(
 
 
 class AsyncSaver:
-    """Checkpoints of a run on a grid whose DCP write runs in the background (dcp.async_save): `save` returns once
-    save_model's files and the ranks' records are written and the chunks copied to CPU; the tensors are written,
-    and rank 0 publishes the folder, while training goes on. The next `save` and `wait` (call it before the run
-    ends) wait for the previous one; a failure in the background is raised there, on every rank.
+    """Checkpoints of a run on a grid written in the background (dcp.async_save). `save` returns once save_model's
+    files and the ranks' records are written and the chunks copied to CPU memory; DCP writes the tensors, and rank
+    0 publishes the folder, while training goes on. The next `save` and `close` wait for the previous one and raise
+    its failure, on every rank.
 
-    Collective: every rank of `grid` builds one (it makes a gloo group of its own for the background thread's
-    collectives, which must not interleave with the training's) and calls `close` at the end."""
+    Collective: every rank of `grid` builds one (with a gloo group of its own, for the background thread's
+    collectives, which must not interleave with the training's) and calls `close` before the run ends."""
 
     def __init__(self, grid: Grid) -> None:
         self.grid = grid
@@ -579,30 +505,27 @@ class AsyncSaver:
         extra_state: dict[str, Any] | None = None,
         save_model: Callable[[nn.Module, Path], None] | None = None,
     ) -> None:
-        """Start a checkpoint of `model` and `optimizer` into `directory` (see save_checkpoint)."""
+        """Start a checkpoint of `model` and `optimizer` into `directory` (as save_checkpoint writes it)."""
         self.wait()
-        prepared = _prepare(Path(directory), model, optimizer, self.grid, _checked_extra_state(extra_state), save_model)
+        prepared = _prepare(Path(directory), model, optimizer, self.grid, extra_state, save_model)
         staged = {key: entry.staged() for key, entry in prepared.entries.items()}
         future = dcp.async_save(
             staged,
             storage_writer=prepared.writer,
             planner=_SavePlanner(),
             process_group=self.group,
-            async_stager=_Staged(),
             no_dist=self.group is None,
         )
         self.pending = (future, prepared)
 
     def wait(self) -> None:
         """Block until the checkpoint in flight (if any) is written and published; CheckpointError if it failed."""
-        if self.pending is None:
-            return
-        future, prepared = self.pending
-        self.pending = None
-        try:
-            future.result()
-        except CheckpointException as error:
-            raise _failed(error, prepared, self.grid.rank) from None
+        if self.pending is not None:
+            (future, prepared), self.pending = self.pending, None
+            try:
+                future.result()
+            except CheckpointException as error:
+                raise _failed(error, prepared, self.grid.rank) from None
 
     def close(self) -> None:
         """Wait for the checkpoint in flight and release the background group."""
@@ -708,7 +631,12 @@ def read_trainer_state(directory: str | Path) -> dict[str, Any]:
             "from); give the checkpoint folder a training run wrote (OUT/checkpoint)"
         )
     if not (directory / TRAINER_STATE_FILE).exists():
-        _refuse_pickled(directory, PICKLED_TRAINER_STATE_FILE)
+        if (directory / PICKLED_TRAINER_STATE_FILE).exists():  # the older pickle format: never opened
+            raise CheckpointError(
+                f"{directory / PICKLED_TRAINER_STATE_FILE} is a pickle (the older checkpoint format), which can run "
+                "code when read; it is never opened. Fix: train again from the start (the model weights of that "
+                "folder still load as an HF model: they are safetensors)"
+            )
         raise CheckpointNotFoundError(
             f"{directory} is not a resumable checkpoint: {TRAINER_STATE_FILE} is missing "
             "(give the checkpoint/ folder that a training run wrote)"
@@ -716,18 +644,8 @@ def read_trainer_state(directory: str | Path) -> dict[str, Any]:
     return _read_state(directory / TRAINER_STATE)
 
 
-def _refuse_pickled(directory: Path, name: str) -> None:
-    """Refuse a checkpoint of the older pickle format, without opening the pickle."""
-    if (directory / name).exists():
-        raise CheckpointError(
-            f"{directory / name} is a pickle (the older checkpoint format), which can run code when read; it is "
-            f"never opened. Fix: train again from the start (the model weights of that folder still load as an "
-            "HF model: they are safetensors)"
-        )
-
-
 def is_engine_checkpoint(directory: str | Path) -> bool:
-    """True when `directory` holds a sharded engine checkpoint (its metadata file)."""
+    """True when `directory` holds a checkpoint written on a grid (its manifest)."""
     return (Path(directory) / METADATA_FILE).is_file()
 
 
@@ -742,23 +660,13 @@ def _read_state(stem: Path) -> Any:
 
 
 class _MetadataUnpickler(pickle.Unpickler):
-    """Reads DCP's .metadata (a pickle of its metadata dataclasses) resolving only the names such a file holds: DCP's
-    metadata classes, torch.Size, dtypes, layouts, memory formats and paths. Any other name (builtins.exec, os.system,
-    a class of some module) is refused before anything is called, so the file can hold data only."""
+    """Reads DCP's .metadata, a pickle of its metadata dataclasses, resolving only the names such a file holds: DCP's
+    metadata classes, torch.Size, dtypes, layouts, memory formats and paths. Any other name (builtins.exec,
+    os.system, a class of some module) is refused before anything is called, so the file can hold data only."""
 
-    _ALLOWED = {
-        ("torch.distributed.checkpoint.metadata", name)
-        for name in (
-            "Metadata",
-            "TensorStorageMetadata",
-            "BytesStorageMetadata",
-            "ChunkStorageMetadata",
-            "TensorProperties",
-            "MetadataIndex",
-            "StorageMeta",
-            "_MEM_FORMAT_ENCODING",
-        )
-    } | {
+    _METADATA_CLASSES = ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata")
+    _METADATA_CLASSES += ("TensorProperties", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")
+    _ALLOWED = {("torch.distributed.checkpoint.metadata", name) for name in _METADATA_CLASSES} | {
         ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
         ("torch", "Size"),
         ("torch.serialization", "_get_layout"),
@@ -776,8 +684,8 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 class _Reader(dcp.FileSystemReader):
-    """DCP's FileSystemReader whose .metadata goes through _MetadataUnpickler instead of pickle.load (tensor data
-    goes through torch.load(weights_only=True), as in FileSystemReader)."""
+    """DCP's FileSystemReader with its .metadata read by _MetadataUnpickler instead of pickle.load (tensor records go
+    through torch.load(weights_only=True), as in FileSystemReader)."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         path = Path(self.path) / ".metadata"
@@ -790,7 +698,7 @@ class _Reader(dcp.FileSystemReader):
             raise CheckpointError(f"{path} is corrupt or not DCP metadata ({error}); restore the checkpoint") from None
         if not isinstance(metadata, Metadata) or not isinstance(metadata.storage_data, dict):
             raise CheckpointError(f"{path} is not DCP metadata; restore the checkpoint from a copy")
-        if metadata.storage_meta is not None:
+        if metadata.storage_meta is not None:  # as FileSystemReader does
             metadata.storage_meta.load_id = self.load_id
         return metadata
 
@@ -805,9 +713,8 @@ def _read_manifest(directory: Path) -> tuple[dict[str, Any], Metadata]:
     path = directory / METADATA_FILE
     if not path.is_file():
         raise CheckpointError(
-            f"{directory} is not a sharded engine checkpoint: {METADATA_FILE} is missing (an "
-            "unfinished save leaves only a hidden .partial folder; give the last complete "
-            "checkpoint folder)"
+            f"{directory} is not a sharded engine checkpoint: {METADATA_FILE} is missing (an unfinished save leaves "
+            "only a hidden .partial folder; give the last complete checkpoint folder)"
         )
     try:
         manifest = json.loads(path.read_text())
@@ -823,50 +730,45 @@ def _read_manifest(directory: Path) -> tuple[dict[str, Any], Metadata]:
         )
     if manifest.get("version") != VERSION:
         raise CheckpointError(
-            f"{path} has format version {manifest.get('version')}, this engine reads version "
-            f"{VERSION}; load it with the engine release that wrote it"
+            f"{path} has format version {manifest.get('version')}, this engine reads version {VERSION}; load it "
+            "with the engine release that wrote it"
         )
     missing = [f for f in manifest["files"] if not (directory / f).is_file()]
-    if missing:
-        raise CheckpointError(
-            f"checkpoint {directory} is incomplete: {', '.join(missing[:4])} missing; restore "
-            "the missing files or use an earlier checkpoint"
-        )
-    reader = _Reader(directory / SHARDS_DIR)
-    metadata = reader.read_metadata()
-    ends: dict[str, int] = {}
+    metadata = _Reader(directory / SHARDS_DIR).read_metadata()
+    ends: dict[str, int] = {}  # DCP file -> the bytes its metadata describes
     for info in metadata.storage_data.values():
         ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    missing += [f"{SHARDS_DIR}/{name}" for name in sorted(ends) if not (directory / SHARDS_DIR / name).is_file()]
+    if missing:
+        raise CheckpointError(
+            f"checkpoint {directory} is incomplete: {', '.join(missing[:4])} missing; restore the missing files or "
+            "use an earlier checkpoint"
+        )
     for name, end in sorted(ends.items()):
-        file = directory / SHARDS_DIR / name
-        if not file.is_file():
+        size = (directory / SHARDS_DIR / name).stat().st_size
+        if size < end:
             raise CheckpointError(
-                f"checkpoint {directory} is incomplete: {SHARDS_DIR}/{name} missing; restore the missing files or "
-                "use an earlier checkpoint"
-            )
-        if file.stat().st_size < end:
-            raise CheckpointError(
-                f"{file} is truncated: {file.stat().st_size} bytes, the checkpoint's metadata describes {end}. Fix: "
-                "restore the shard file or use an earlier checkpoint."
+                f"{directory / SHARDS_DIR / name} is truncated: {size} bytes, the checkpoint's metadata describes "
+                f"{end}. Fix: restore the shard file or use an earlier checkpoint."
             )
     return manifest, metadata
 
 
-def _load_entries(directory: Path, entries: dict[str, Any], grid: Grid | None) -> None:
-    """Fill `entries` in place from the checkpoint's DCP files (collective on a grid, through the world group)."""
+def _load_entries(directory: Path, entries: dict[str, _Chunks], grid: Grid | None) -> None:
+    """Fill `entries` in place from the checkpoint's DCP files (collective on a grid of several ranks)."""
     distributed = grid is not None and grid.shape.world_size > 1
     try:
         dcp.load(
             entries,
             storage_reader=_Reader(directory / SHARDS_DIR),
             planner=_LoadPlanner(),
-            process_group=_process_group(grid) if distributed else None,
+            process_group=grid.group(*AXES).group if distributed else None,
             no_dist=not distributed,
         )
     except CheckpointException as error:
-        causes = {str(e) for e, _ in error.failures.values()}
+        causes = sorted({str(e) for e, _ in error.failures.values()})
         raise CheckpointError(
-            f"cannot read checkpoint {directory}: {'; '.join(sorted(causes))[:500]}; restore it or use an earlier one"
+            f"cannot read checkpoint {directory}: {'; '.join(causes)[:500]}; restore it or use an earlier one"
         ) from None
 
 
@@ -878,17 +780,13 @@ def _check_compatible(saved: dict[str, dict], current: dict[str, dict], director
         for k in current
         if k in saved and saved[k]["shape"] != current[k]["shape"]
     ]
-    if missing or unexpected or mismatched:
-        parts = []
-        if missing:
-            parts.append(f"missing keys {missing[:5]}")
-        if unexpected:
-            parts.append(f"unexpected keys {unexpected[:5]}")
-        if mismatched:
-            parts.append("different shapes " + "; ".join(mismatched[:5]))
+    parts = [f"missing keys {missing[:5]}"] if missing else []
+    parts += [f"unexpected keys {unexpected[:5]}"] if unexpected else []
+    parts += ["different shapes " + "; ".join(mismatched[:5])] if mismatched else []
+    if parts:
         raise CheckpointError(
-            f"checkpoint {directory} was written for another model ({', '.join(parts)}); build "
-            "the model from the same config as the run that wrote it"
+            f"checkpoint {directory} was written for another model ({', '.join(parts)}); build the model from the "
+            "same config as the run that wrote it"
         )
 
 
@@ -910,72 +808,70 @@ def load_checkpoint(
     """
     directory = Path(directory)
     manifest, metadata = _read_manifest(directory)
-    layouts, described = _described(model, grid)
-    _check_compatible(manifest["tensors"], described, directory)
+    tensors = _tensors(model, grid)
+    _check_compatible(manifest["tensors"], _described(tensors), directory)
     same_grid = grid is not None and asdict(grid.shape) == manifest["grid"]
     record = _read_state(directory / _rank_state(grid.rank if same_grid else 0))
-    tensors = model.state_dict(keep_vars=True)
-    entries: dict[str, Any] = {f"model/{key}": _entry(p, tensors[key]) for key, p in layouts.items()}
-    state: dict[int, dict[str, Any]] = {}
-    if optimizer is not None:
-        groups = _optimizer_targets(directory, manifest, metadata, record, optimizer, model, layouts, entries, state)
-    _load_entries(directory, entries, grid)
-    if optimizer is not None:
-        optimizer.load_state_dict({"state": state, "param_groups": groups})
-    return record["extra_state"]
-
-
-def _optimizer_targets(
-    directory: Path,
-    manifest: dict[str, Any],
-    metadata: Metadata,
-    record: dict[str, Any],
-    optimizer: torch.optim.Optimizer,
-    model: nn.Module,
-    layouts: dict[str, ParamLayout | None],
-    entries: dict[str, Any],
-    state: dict[int, dict[str, Any]],
-) -> list[dict[str, Any]]:
-    """Empty optimizer state laid out as this model's optimizer keeps it, added to `entries` for DCP to fill and to
-    `state` by parameter index; returns the saved groups with indices."""
+    entries = {f"model/{key}": _entry(p, tensor) for key, (p, tensor, _) in tensors.items()}
+    if optimizer is None:
+        _load_entries(directory, entries, grid)
+        return record["extra_state"]
     saved = manifest.get("optimizer")
     if saved is None:
         raise CheckpointError(f"checkpoint {directory} holds no optimizer state; load it with optimizer=None")
     if saved["class"] != _optimizer_class(optimizer):
         raise CheckpointError(f"checkpoint {directory} holds {saved['class']} state, not {_optimizer_class(optimizer)}")
-    saved_groups, values = record["optimizer_groups"], record["optimizer_values"]
+    layouts = {key: p for key, (p, _, _) in tensors.items()}
+    state, groups = _empty_optimizer_state(record, saved["state"], metadata, optimizer, model, layouts, entries)
+    _load_entries(directory, entries, grid)
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+    return record["extra_state"]
+
+
+def _empty_optimizer_state(
+    record: dict[str, Any],
+    kinds: dict[str, dict[str, str]],
+    metadata: Metadata,
+    optimizer: torch.optim.Optimizer,
+    model: nn.Module,
+    layouts: dict[str, ParamLayout | None],
+    entries: dict[str, _Chunks],
+) -> tuple[dict[int, dict[str, Any]], list[dict[str, Any]]]:
+    """The optimizer state to load, by parameter index, as tensors laid out as this model's optimizer keeps them
+    (ZeRO: the data-axis chunk), added to `entries` for DCP to fill; and the saved groups with indices."""
+    saved_groups = record["optimizer_groups"]
     if len(saved_groups) != len(optimizer.param_groups):
         raise CheckpointError(
-            f"the optimizer has {len(optimizer.param_groups)} parameter groups, the checkpoint "
-            f"{len(saved_groups)}; build the optimizer as the run that wrote it did"
+            f"the optimizer has {len(optimizer.param_groups)} parameter groups, the checkpoint {len(saved_groups)}; "
+            "build the optimizer as the run that wrote it did"
         )
     names = _param_names(model)
+    state: dict[int, dict[str, Any]] = {}
     groups, index = [], 0
     for number, (group, saved_group) in enumerate(zip(optimizer.param_groups, saved_groups)):
-        group_names = [names.get(id(p)) for p in group["params"]]
-        if group_names != saved_group["params"]:
+        if [names.get(id(p)) for p in group["params"]] != saved_group["params"]:
             raise CheckpointError(
-                f"parameter group {number} of the optimizer holds other parameters than the "
-                "checkpoint's; build the optimizer as the run that wrote it did"
+                f"parameter group {number} of the optimizer holds other parameters than the checkpoint's; build the "
+                "optimizer as the run that wrote it did"
             )
-        ids = []
-        for name, param in zip(group_names, group["params"]):
-            for key, kind in saved["state"].get(name, {}).items():
+        groups.append({**{k: v for k, v in saved_group.items() if k != "params"}, "params": []})
+        for param in group["params"]:
+            name = names[id(param)]
+            for key, kind in kinds.get(name, {}).items():
+                fqn = f"optim/{name}/{key}"
                 if kind == "value":
-                    value = values[name][key]
+                    value = record["optimizer_values"][name][key]
                 elif kind == "scalar":
-                    value = torch.zeros((), dtype=metadata.state_dict_metadata[f"optim/{name}/{key}"].properties.dtype)
-                    entries[f"optim/{name}/{key}"] = _entry(None, value)
-                else:  # per element, laid out as the optimizer keeps it (ZeRO: the data-axis chunk)
-                    value = optimizer_value(
-                        model, param, torch.zeros(param.shape, dtype=param.dtype, device=param.device)
-                    )
-                    entries[f"optim/{name}/{key}"] = _entry(layouts[name], value)
+                    value = torch.zeros((), dtype=metadata.state_dict_metadata[fqn].properties.dtype)
+                    entries[fqn] = _entry(None, value)
+                else:
+                    empty = torch.zeros(param.shape, dtype=param.dtype, device=param.device)
+                    value = optimizer_value(model, param, empty)
+                    entries[fqn] = _entry(layouts[name], value)
                 state.setdefault(index, {})[key] = value
-            ids.append(index)
+            groups[-1]["params"].append(index)
             index += 1
-        groups.append({**{k: v for k, v in saved_group.items() if k != "params"}, "params": ids})
-    return groups
+    return state, groups
 
 
 @torch.no_grad()
@@ -986,7 +882,7 @@ def load_serial_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimiz
     The optimizer must be built over the parallelized model's parameters in the serial model's order
     (engine.training.train.make_optimizer does so: parallelize keeps the parameter order). No communication.
     """
-    layouts = dict(layout_of(model).params)
+    layouts = layout_of(model).params
     names = _param_names(model)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if len(state.get("param_groups", [])) != len(optimizer.param_groups):
@@ -998,8 +894,8 @@ def load_serial_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimiz
     for index, param_state in state["state"].items():
         if not 0 <= int(index) < len(params):
             raise CheckpointError(
-                f"the saved optimizer state has parameter index {index}, the optimizer only "
-                f"{len(params)} parameters; build the optimizer as the run that wrote it did"
+                f"the saved optimizer state has parameter index {index}, the optimizer only {len(params)} "
+                "parameters; build the optimizer as the run that wrote it did"
             )
         param = params[int(index)]
         p = layouts[names[id(param)]]
@@ -1032,30 +928,25 @@ def consolidate_checkpoint(directory: str | Path, out_dir: str | Path) -> Path:
     manifest, metadata = _read_manifest(directory)
     if out_dir.resolve() == directory.resolve():
         raise CheckpointError("consolidate_checkpoint needs an out_dir other than the checkpoint folder")
-    full: dict[str, Any] = {}
-    for key, entry in manifest["tensors"].items():
-        dtype = metadata.state_dict_metadata[f"model/{key}"].properties.dtype
-        full[f"model/{key}"] = torch.empty(entry["shape"], dtype=dtype)
-    _load_entries(directory, full, None)
-    state: dict[str, torch.Tensor] = {}
-    for key, entry in manifest["tensors"].items():
-        state[key] = full[f"model/{key}"]
-        for alias in entry["aliases"]:  # tied weights: safetensors wants a copy of its own (from_pretrained re-ties)
-            state[alias] = state[key].clone()
+    full = {
+        key: torch.empty(entry["shape"], dtype=metadata.state_dict_metadata[f"model/{key}"].properties.dtype)
+        for key, entry in manifest["tensors"].items()
+    }
+    _load_entries(directory, {f"model/{key}": _entry(None, tensor) for key, tensor in full.items()}, None)
     # A wrapper's HF model (a LightningModule's `self.model`) is written under the HF model's own key names;
     # the save recorded the prefix only when every tensor lies inside it.
     prefix = manifest.get("hf_prefix") or ""
-    state = {key[len(prefix) :]: value for key, value in state.items()}
+    state: dict[str, torch.Tensor] = {}
+    for key, entry in manifest["tensors"].items():
+        for name in (key, *entry["aliases"]):  # tied keys each get a copy (from_pretrained ties them again)
+            state[name[len(prefix) :]] = full[key] if name == key else full[key].clone()
     staging = staging_directory(out_dir)
     for item in directory.iterdir():
         if item.is_file() and item.name not in _MODEL_FILES and item.name not in _ENGINE_FILES:
             shutil.copy2(item, staging / item.name)
-    save_file(
-        {k: v.contiguous() for k, v in state.items()}, str(staging / "model.safetensors"), metadata={"format": "pt"}
-    )
-    config = manifest.get("hf_config")
-    if config is not None:
-        write_text_atomic(staging / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
+    save_file(state, str(staging / "model.safetensors"), metadata={"format": "pt"})
+    if manifest.get("hf_config") is not None:
+        write_text_atomic(staging / "config.json", json.dumps(manifest["hf_config"], indent=2, sort_keys=True) + "\n")
     elif (directory / "config.json").is_file():
         shutil.copy2(directory / "config.json", staging / "config.json")
     return replace_directory(staging, out_dir)

@@ -37,6 +37,7 @@ from engine.models.parallelize import parallelize
 from engine.training.checkpoint import (
     METADATA_FILE,
     SHARDS_DIR,
+    AsyncSaver,
     CheckpointError,
     consolidate_checkpoint,
     load_checkpoint,
@@ -345,9 +346,10 @@ def _limit_file_size(killed: bool) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 
 
-def failing_saves(tmp: str, hard: bool) -> str:
+def failing_saves(tmp: str, hard: bool, asynchronous: bool = False) -> str:
     """Save at step 1, change the weights, then a save at step 2 in which rank 1 cannot write its shard file (its
-    file size limit is 4 KiB) and fails, or with `hard` is killed while writing it."""
+    file size limit is 4 KiB) and fails, or with `hard` is killed while writing it. `asynchronous`: the step-2 save
+    is an AsyncSaver's, whose failure in the background is raised when the run waits for it."""
     directory = Path(tmp) / "atomic" / "checkpoint"
     with init(x=2) as grid:
         model, optimizer = trained_state("llama", grid, steps=1)
@@ -356,10 +358,15 @@ def failing_saves(tmp: str, hard: bool) -> str:
         with torch.no_grad():
             for param in model.parameters():
                 param.add_(1.0)
+        saver = AsyncSaver(grid) if asynchronous else None
         if grid.rank == 1:
             _limit_file_size(killed=hard)
         try:
-            save_checkpoint(directory, model, optimizer, grid, extra_state={"step": 2}, save_model=save_hf(grid))
+            if saver is not None:
+                saver.save(directory, model, optimizer, extra_state={"step": 2}, save_model=save_hf(grid))
+                saver.close()
+            else:
+                save_checkpoint(directory, model, optimizer, grid, extra_state={"step": 2}, save_model=save_hf(grid))
         except CheckpointError as error:  # every rank learns of the failure: no hang
             return f"{type(error).__name__}: {error}"
         return "saved"
@@ -382,8 +389,9 @@ def check_old_checkpoint(directory: Path, staging_left: int) -> None:
             load_checkpoint(folder, llama(seed=123), None)
 
 
-def test_failed_save_keeps_previous_checkpoint(tmp_path):
-    outcome = run_distributed(2, failing_saves, str(tmp_path), False)
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["blocking", "async"])
+def test_failed_save_keeps_previous_checkpoint(tmp_path, asynchronous):
+    outcome = run_distributed(2, failing_saves, str(tmp_path), False, asynchronous)
     assert outcome[0].startswith("CheckpointError: another rank failed")
     # one line: what failed and what to fix
     assert outcome[1].startswith(f"CheckpointError: cannot write the checkpoint {tmp_path / 'atomic' / 'checkpoint'}")
