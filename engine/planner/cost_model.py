@@ -438,21 +438,18 @@ class TransformerShape:
                 f"the cost model knows Llama-family configs (llama, mistral, qwen2, qwen3), got model_type {kind!r}"
             )
         heads = config.num_attention_heads
-        kv = getattr(config, "num_key_value_heads", None) or heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        attention_bias = bool(getattr(config, "attention_bias", False))
-        qkv_bias = True if kind == "qwen2" else attention_bias  # Qwen2: bias on q, k, v only
-        o_bias = False if kind == "qwen2" else attention_bias
+        attention_bias = bool(getattr(config, "attention_bias", False))  # Qwen2: biases on q, k and v only
         return cls(
             hidden=config.hidden_size,
             layers=config.num_hidden_layers,
             heads=heads,
-            kv_heads=kv,
+            kv_heads=getattr(config, "num_key_value_heads", None) or heads,
             intermediate=config.intermediate_size,
             vocab=config.vocab_size,
             head_dim=head_dim,
-            qkv_bias=qkv_bias,
-            o_bias=o_bias,
+            qkv_bias=kind == "qwen2" or attention_bias,
+            o_bias=kind != "qwen2" and attention_bias,
             mlp_bias=bool(getattr(config, "mlp_bias", False)),
             qk_norm=kind == "qwen3",
             tie_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
