@@ -21,6 +21,7 @@ from typing import Any
 
 # public name -> the module that defines it
 _PUBLIC = {
+    "AsyncSaver": "engine.training.checkpoint",
     "CheckpointError": "engine.training.checkpoint",
     "consolidate_checkpoint": "engine.training.checkpoint",
     "load_checkpoint": "engine.training.checkpoint",
