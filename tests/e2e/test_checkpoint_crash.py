@@ -68,7 +68,8 @@ def _worker_pid(launcher: int, rank: int) -> int:
 
 def _kill_during_save(process: subprocess.Popen, out: Path, nth: int) -> None:
     """Watch `out` for the staging folders of checkpoint saves; when the nth appears and holds a file, SIGKILL
-    rank 1 (it is then gathering its ZeRO-3 shards or writing them, before rank 0 may publish)."""
+    rank 1 (it is then in save_model's gather of the full weights, or writing its record or its DCP files: rank 0
+    publishes only once rank 1's DCP write has returned)."""
     seen, inside = 0, False
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
@@ -206,7 +207,9 @@ RESHARD_RUN = tiny_run(
     max_grad_norm=100,
 )
 SAVE_LAUNCH = ["--nproc", "4", "--grid", "data=2,x=2", "--zero", "2"]
-RESHARD_TOL = 1e-5  # relative: the same sums in other orders (rows and partial products over other ranks), float32
+# Relative: the same float32 sums in other orders (rows and partial products over other ranks). Observed: equal at
+# x=2,y=2, 1.4e-7 in one process; a resume from wrong weights or gradients changes the next loss by far more (SGD).
+RESHARD_TOL = 1e-6
 
 
 @pytest.mark.slow
