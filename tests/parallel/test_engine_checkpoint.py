@@ -21,6 +21,8 @@ from scratch on the loaded weights already changes the next loss by 4e-3 relativ
 from __future__ import annotations
 
 import io
+import json
+import pickle
 import shutil
 from pathlib import Path
 
@@ -497,6 +499,28 @@ def test_clear_errors(trained, tmp_path):
     (broken / METADATA_FILE).write_text("{not json")
     with pytest.raises(CheckpointError, match="corrupt"):
         load_checkpoint(broken, model)
+    # a checkpoint of the engine's own shard format, before DCP: refused with how to convert it
+    manifest = json.loads((good / METADATA_FILE).read_text())
+    (broken / METADATA_FILE).write_text(json.dumps({**manifest, "version": 2}))
+    with pytest.raises(CheckpointError, match=r"version 2 engine checkpoint .*Fix: .*consolidate it into an HF folder"):
+        load_checkpoint(broken, model)
+    # DCP's .metadata is a pickle: one that names anything but DCP's metadata classes is refused before it runs
+    (broken / METADATA_FILE).write_text(json.dumps(manifest))
+    marker = tmp_path / "MARKER"
+    (broken / SHARDS_DIR / ".metadata").write_bytes(pickle.dumps(_Exec(f"open({str(marker)!r}, 'w')")))
+    with pytest.raises(CheckpointError, match=r"\.metadata is corrupt or not DCP metadata \(builtins\.exec is not"):
+        load_checkpoint(broken, model)
+    assert not marker.exists()
+
+
+class _Exec:
+    """Unpickling this calls exec(code)."""
+
+    def __init__(self, code: str) -> None:
+        self.code = code
+
+    def __reduce__(self):
+        return (exec, (self.code,))
 
 
 # ----- a wrapper around an HF model (a LightningModule holds it as `self.model`) -------------------------------
