@@ -38,6 +38,7 @@ import pickle
 import re
 import shutil
 import struct
+import warnings
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -758,13 +759,15 @@ def _load_entries(directory: Path, entries: dict[str, _Chunks], grid: Grid | Non
     """Fill `entries` in place from the checkpoint's DCP files (collective on a grid of several ranks)."""
     distributed = grid is not None and grid.shape.world_size > 1
     try:
-        dcp.load(
-            entries,
-            storage_reader=_Reader(directory / SHARDS_DIR),
-            planner=_LoadPlanner(),
-            process_group=grid.group(*AXES).group if distributed else None,
-            no_dist=not distributed,
-        )
+        with warnings.catch_warnings():  # DCP warns that no_dist loads in one process: what is asked for here
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(
+                entries,
+                storage_reader=_Reader(directory / SHARDS_DIR),
+                planner=_LoadPlanner(),
+                process_group=grid.group(*AXES).group if distributed else None,
+                no_dist=not distributed,
+            )
     except CheckpointException as error:
         causes = sorted({str(e) for e, _ in error.failures.values()})
         raise CheckpointError(
