@@ -227,35 +227,37 @@ def _plan_block_children(
     if list(parent.parameters(recurse=False)):
         raise ShardingError(f"{name}: {type(parent).__name__} holds its own parameters; the engine cannot shard them")
     for child_name, child in parent.named_children():
-        if child_name in planned:
+        if child_name in planned or not list(child.parameters()):
             continue
-        params = dict(child.named_parameters())
-        if not params:
-            continue
-        weight = params.get("weight")
-        path = f"{name}.{child_name}"
-        if set(params) == {"weight"} and weight.dim() == 1 and weight.numel() == head_dim:
-            regions[path] = "heads"  # per-head norm: runs on this rank's heads only
-            continue
-        eps = rms_norm_eps(child)
-        if set(params) == {"weight"} and weight.dim() == 1 and weight.numel() in widths and eps is not None:
-            if grid.size("y") > 1:
-                child.forward = types.MethodType(functools.partial(_y_sharded_rms_norm, grid=grid, eps=eps), child)
-            regions[path] = "heads"
-            continue
-        if (
-            set(params) == {"weight"}
-            and weight.dim() == 2
-            and weight.shape[1] == head_dim
-            and _normalizes_each_head(child, grid.size("y"))
-        ):
-            if grid.size("y") > 1:  # a weight per head (Cohere's q_norm/k_norm): each rank uses its heads' rows
-                child.forward = types.MethodType(functools.partial(_head_rows_norm, grid=grid), child)
-            regions[path] = "heads"
-            continue
-        raise ShardingError(
-            f"{name}.{child_name} ({type(child).__name__}) has parameters the engine cannot shard by heads"
-        )
+        kind = beside_kind(child, widths, head_dim, grid.size("y"))
+        if kind is None:
+            raise ShardingError(
+                f"{name}.{child_name} ({type(child).__name__}) has parameters the engine cannot shard by heads"
+            )
+        if kind == "y_norm" and grid.size("y") > 1:
+            eps = rms_norm_eps(child)
+            child.forward = types.MethodType(functools.partial(_y_sharded_rms_norm, grid=grid, eps=eps), child)
+        elif kind == "head_rows" and grid.size("y") > 1:  # each rank uses its heads' rows of the weight
+            child.forward = types.MethodType(functools.partial(_head_rows_norm, grid=grid), child)
+        regions[f"{name}.{child_name}"] = "heads"  # runs on this rank's heads: its gradient is partial over y
+
+
+def beside_kind(child: nn.Module, widths: set[int], head_dim: int, n_y: int) -> str | None:
+    """How parallelize runs a module with parameters beside an attention's or MLP's sharded projections: "per_head"
+    (a norm of head_dim applied to each head), "y_norm" (an RMSNorm over a whole projection of one of `widths`
+    features, OLMo2's q_norm/k_norm: its statistics summed over y), "head_rows" (a weight row per head, Cohere's
+    q_norm/k_norm, confirmed on random input unless on the meta device); None when it cannot be sharded by heads."""
+    params = dict(child.named_parameters())
+    weight = params.get("weight")
+    if set(params) != {"weight"}:
+        return None
+    if weight.dim() == 1 and weight.numel() == head_dim:
+        return "per_head"
+    if weight.dim() == 1 and weight.numel() in widths and rms_norm_eps(child) is not None:
+        return "y_norm"
+    if weight.dim() == 2 and weight.shape[1] == head_dim and (weight.is_meta or _normalizes_each_head(child, n_y)):
+        return "head_rows"
+    return None
 
 
 def _check_heads(name: str, heads: int, kind: str, grid: Grid) -> None:
@@ -266,7 +268,7 @@ def _check_heads(name: str, heads: int, kind: str, grid: Grid) -> None:
         )
 
 
-def _refuse_unconfirmed_fusion(module: nn.Module, attr: str, family: str, config: Any, name: str) -> None:
+def refuse_unconfirmed_fusion(module: nn.Module, attr: str, family: str, config: Any, name: str) -> None:
     """Raise ShardingError when a column-split projection looks fused ([q | k | v] or [gate | up] in one Linear, by
     its name or its width) but its family's feature order is not confirmed in engine.models.plans.FUSED_LAYOUTS:
     splitting it by contiguous slices would hand each y rank a mix of q, k and v features."""
@@ -315,7 +317,7 @@ def _plan_layer(
         if projection.fused is not None and projection.mode == "normal":
             order = _fused_order(module, projection.fused, config, n_y, full_name)
         elif projection.mode == "normal" and n_y > 1:
-            _refuse_unconfirmed_fusion(module, attr, plan.family, config, full_name)
+            refuse_unconfirmed_fusion(module, attr, plan.family, config, full_name)
         parent_name = f"{name}.{parent_path}" if parent_path else name
         _, planned, widths = parents.setdefault(id(parent), (parent, parent_name, set(), set()))[1:]
         planned.add(attr)
@@ -484,7 +486,7 @@ def _install_stack_hooks(stack: nn.Module, grid: Grid) -> None:
     stack.register_forward_hook(leave)
 
 
-def _refuse_other_lookups(stack: nn.Module, plan: ModelPlan, stack_name: str) -> None:
+def refuse_other_lookups(stack: nn.Module, plan: ModelPlan, stack_name: str) -> None:
     """Raise ShardingError when the base model `stack` holds an embedding table, outside its decoder layers, other than
     its input embeddings and a table of positions: the stack hooks hand the base model looked-up embeddings of the
     x*y group's rows and no token ids, so a second lookup of the ids (Gemma 3n's per-layer embeddings) would be
@@ -521,7 +523,7 @@ def _plan_stack(
         raise ShardingError(f"{stack_name}: {type(stack).__name__} has no get_input_embeddings()")
     check_stack_supported(plan, stack.config, tensor_parallel)
     if grid.size("x", "y") > 1:
-        _refuse_other_lookups(stack, plan, stack_name)
+        refuse_other_lookups(stack, plan, stack_name)
     prefix = f"{stack_name}.{plan.layers}" if stack_name else plan.layers
     order: list[ParallelLinear] = []  # the sharded linears in the order a forward calls them
     for index, layer in enumerate(getattr(stack, plan.layers)):

@@ -9,7 +9,7 @@ statistics over y), the other parameters of a layer (replicated), and outside th
 engine's own test, on a CPU miniature of the config). The planner (engine.planner.cost_model) computes bytes,
 parameters and memory from that description, so it plans every family the engine shards. It lives here, above the
 engine, because the planner's room may not import engine.models (tests/e2e/test_layout.py). The modules beside the
-projections are classified by the tests engine.parallelize applies to them (_beside_kind); the engine's refusals
+projections are classified by engine.parallelize's own test (beside_kind); the engine's refusals
 are its own functions.
 """
 
@@ -63,26 +63,16 @@ def shape_from_config(config: Any, name: str = "") -> TransformerShape:
         ) from error
 
 
-def _beside_kind(child: Any, widths: set[int], head_dim: int, where: str) -> str:
+def _beside_kind(child: Any, widths: set[int], head_dim: int, n_y: int, where: str) -> str:
     """How engine.parallelize runs a module with parameters beside the sharded projections of an attention or MLP
-    (the same tests, in the same order): "replicated" for norms per head, "y_norm" for an RMSNorm over a whole
-    projection; ValueError (the engine refuses the model) for anything else."""
-    params = dict(child.named_parameters())
-    weight = params.get("weight")
-    if set(params) == {"weight"} and weight.dim() == 1 and weight.numel() == head_dim:
-        return "replicated"
-    eps = getattr(child, "variance_epsilon", getattr(child, "eps", None))
-    if (
-        set(params) == {"weight"}
-        and weight.dim() == 1
-        and weight.numel() in widths
-        and isinstance(eps, float)
-        and "RMSNorm" in type(child).__name__
-    ):
-        return "y_norm"
-    if set(params) == {"weight"} and weight.dim() == 2 and weight.shape[1] == head_dim:
-        return "replicated"  # a weight row per head (Cohere's q_norm/k_norm)
-    raise ValueError(f"{where} ({type(child).__name__}) has parameters the engine cannot shard by heads")
+    (its own test, engine.models.parallelize.beside_kind): "replicated" for norms per head, "y_norm" for an RMSNorm
+    over a whole projection; ValueError (the engine refuses the model) for anything else."""
+    from engine.models.parallelize import beside_kind
+
+    kind = beside_kind(child, widths, head_dim, n_y)
+    if kind is None:
+        raise ValueError(f"{where} ({type(child).__name__}) has parameters the engine cannot shard by heads")
+    return "y_norm" if kind == "y_norm" else "replicated"
 
 
 def _takes_logits(config: Any) -> bool:
@@ -116,7 +106,7 @@ def shape_from_model(model: Any, name: str = "") -> TransformerShape:
     the shape's refusals (the planner rejects those grids with the engine's reason)."""
     from engine.core.linear import ShardingError
     from engine.core.vocab_parallel import can_shard_vocab
-    from engine.models.parallelize import _refuse_other_lookups, _refuse_unconfirmed_fusion
+    from engine.models.parallelize import refuse_other_lookups, refuse_unconfirmed_fusion
     from engine.models.plans import find_planned, head_counts
     from engine.spec import GridShape
 
@@ -162,7 +152,7 @@ def shape_from_model(model: Any, name: str = "") -> TransformerShape:
                 fused_blocks.append(blocks)
         if projection.mode == "normal" and projection.fused is None:
             try:  # the engine's own test of a projection that looks fused without a confirmed layout
-                _refuse_unconfirmed_fusion(module, attr, family, config, f"{where}.{path}")
+                refuse_unconfirmed_fusion(module, attr, family, config, f"{where}.{path}")
             except ShardingError as error:
                 refusals.append((("y",), str(error)))
             except Exception as error:  # noqa: BLE001 - parallelize turns any error here into a refusal as well
@@ -178,7 +168,7 @@ def shape_from_model(model: Any, name: str = "") -> TransformerShape:
             if f"{prefix}{child_name}" in planned:
                 continue
             for param_name, _ in child.named_parameters():
-                kind = _beside_kind(child, widths.get(parent_path, set()), head_dim, f"{where}.{prefix}{child_name}")
+                kind = _beside_kind(child, widths.get(parent_path, set()), head_dim, 1, f"{where}.{prefix}{child_name}")
                 beside[f"{prefix}{child_name}.{param_name}"] = kind
     layout = []
     for param_name, param in layer.named_parameters():
@@ -210,7 +200,7 @@ def shape_from_model(model: Any, name: str = "") -> TransformerShape:
             entry = LayerParam("replicated", rows, param.numel() // rows, region=region, name=param_name)
         (after if passed else before).append(entry)
     try:
-        _refuse_other_lookups(stack, plan, stack_name)
+        refuse_other_lookups(stack, plan, stack_name)
     except ShardingError as error:
         refusals.append((("x", "y"), str(error)))
     if family == "gpt2" and getattr(config, "add_cross_attention", False):
