@@ -276,9 +276,10 @@ def refuse_unconfirmed_fusion(module: nn.Module, attr: str, family: str, config:
     heads, kv_heads, head_dim = head_counts(config)
     fused_widths = {heads * head_dim + 2 * kv_heads * head_dim, 3 * heads * head_dim} - {heads * head_dim}
     intermediate = getattr(config, "intermediate_size", None)
-    if isinstance(intermediate, int) and intermediate > 0:
-        fused_widths.add(2 * intermediate)
-    fused_widths -= {heads * head_dim, kv_heads * head_dim, intermediate}
+    # one MLP width for every layer (Gemma 3n lists one per layer: those widths are not fused candidates)
+    widths = [intermediate] if isinstance(intermediate, int) and intermediate > 0 else []
+    fused_widths.update(2 * width for width in widths)
+    fused_widths -= {heads * head_dim, kv_heads * head_dim, *widths}
     named = any(part in attr.lower() for part in FUSED_NAMES)
     if named or out in fused_widths:
         raise ShardingError(
