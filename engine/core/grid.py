@@ -116,6 +116,7 @@ class Grid:
         self._data_groups: dict[tuple, tuple[AxisGroup, ...]] = {}  # data_levels and data_node, by sizes
         self._mesh = None  # device_mesh(), built on first use
         self.rows = OWN  # the rows layout models on this grid run in (rows_layout)
+        self._background: dist.ProcessGroup | None = None  # background_group(), built on first use
         # Combinations that differ only by axes of size 1 have the same members: build each group once.
         handles: dict[tuple[str, ...], tuple[list[int], dist.ProcessGroup | None]] = {}
         for axes in GROUP_AXES:
@@ -229,6 +230,17 @@ class Grid:
         ranks, handle = mine
         return AxisGroup(name, ("data",), len(ranks), ranks.index(self.rank), tuple(ranks), handle, self.traffic)
 
+    def background_group(self) -> dist.ProcessGroup | None:
+        """A gloo group over every rank for collectives that run beside the training's, in another thread (DCP's
+        asynchronous checkpoint saves): work on it never interleaves with the training's groups. Built on first use,
+        which is collective (every rank calls it at the same point); None for one rank. close() releases it."""
+        if self.world_size == 1:
+            return None
+        if self._background is None:
+            self._background = dist.new_group(backend="gloo")
+            self._created.append(self._background)
+        return self._background
+
     @contextmanager
     def rows_layout(self, layout: str) -> Iterator[None]:
         """Run the models on this grid in the rows `layout` ("own" or "shared", engine/models/parallelize.py) inside
@@ -275,6 +287,7 @@ class Grid:
         self._groups = {}
         self._data_groups = {}
         self._mesh = None
+        self._background = None
         if destroy_world and dist.is_initialized():
             _release_groups()
             dist.destroy_process_group()

@@ -45,7 +45,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from safetensors import SafetensorError
 from safetensors.torch import save_file
@@ -158,11 +157,13 @@ def _entry(p: ParamLayout | None, tensor: torch.Tensor) -> _Chunks:
     """The DCP entry of `tensor`, laid out as `p` (None: whole on every rank). A ZeRO DTensor holds the rows of the
     tensor-parallel local tensor that DTensor's own chunk arithmetic gives it."""
     held, rows = tensor.detach(), None
-    if is_dtensor(held):
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-        sizes, offsets = compute_local_shape_and_global_offset(held.shape, held.device_mesh, held.placements)
-        held, rows = held.to_local(), range(offsets[0], offsets[0] + sizes[0]) if sizes else None
+    if is_dtensor(held):  # FSDP2's Shard(0) over the data mesh, torch.chunk's split: ceil(n / D) rows per rank
+        if held.device_mesh.ndim != 1 or not held.placements[0].is_shard(0):
+            raise CheckpointError(f"unexpected ZeRO placement {held.placements} of a {tuple(held.shape)} tensor")
+        per_rank = -(-held.shape[0] // held.device_mesh.size()) if held.dim() else 0
+        start = held.device_mesh.get_local_rank() * per_rank
+        held = held.to_local()
+        rows = range(start, start + held.shape[0]) if held.dim() else None
     if p is None:
         shape = tuple(held.shape)
         return _Chunks(held, shape, [Chunk(tuple(slice(0, n) for n in shape), (0,) * len(shape), shape)])
@@ -489,12 +490,12 @@ class AsyncSaver:
     0 publishes the folder, while training goes on. The next `save` and `close` wait for the previous one and raise
     its failure, on every rank.
 
-    Collective: every rank of `grid` builds one (with a gloo group of its own, for the background thread's
-    collectives, which must not interleave with the training's) and calls `close` before the run ends."""
+    Collective: every rank of `grid` builds one (its collectives run on the grid's background group, which must not
+    interleave with the training's) and calls `close` before the run ends."""
 
     def __init__(self, grid: Grid) -> None:
         self.grid = grid
-        self.group = dist.new_group(backend="gloo") if grid.shape.world_size > 1 else None
+        self.group = grid.background_group()
         self.pending: tuple[Future, _Prepared] | None = None
 
     def save(
@@ -529,13 +530,8 @@ class AsyncSaver:
                 raise _failed(error, prepared, self.grid.rank) from None
 
     def close(self) -> None:
-        """Wait for the checkpoint in flight and release the background group."""
-        try:
-            self.wait()
-        finally:
-            if self.group is not None:
-                dist.destroy_process_group(self.group)
-                self.group = None
+        """Wait for the checkpoint in flight (the background group is the grid's: Grid.close releases it)."""
+        self.wait()
 
 
 def _checked_extra_state(extra_state: dict[str, Any] | None) -> dict[str, Any]:
