@@ -51,8 +51,8 @@ The engine's conventions stay: gradients are those of the SUM of all ranks' loss
 own parameters), sync_gradients no longer reduces the data axis of partitioned parameters but still sums
 their chunks over the other axes (e.g. embeddings over x, y and z), and clip_grad_norm_ sums the chunks'
 squares over the data axis too. FSDP-managed parameters are DTensors sharded over a DeviceMesh built from
-the grid's data group; checkpoints gather each tensor with DTensor.full_tensor() and keep the engine's
-format (any stage reads any other's).
+the grid's data group; checkpoints hand DCP each rank's data-axis chunk of its tensors (engine/training/
+checkpoint.py), so any stage reads any other's.
 """
 
 from __future__ import annotations

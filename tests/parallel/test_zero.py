@@ -453,7 +453,7 @@ def test_checkpoint_resume_and_consolidation(tmp_path) -> None:
         resume_from=tmp_path / "crashed" / "checkpoint",
     )
     assert [h["loss"] for h in serial.history] == pytest.approx(losses["whole"][2:], rel=1e-6)
-    # consolidation: the shards written through DTensor.full_tensor() equal what full_state_dict gathered
+    # consolidation: the chunks DCP wrote from every rank's ZeRO partition equal what full_state_dict gathered
     checkpoint = tmp_path / "whole" / "checkpoint"
     merged = consolidate_checkpoint(checkpoint, tmp_path / "merged")
     loaded, reference = AutoModelForCausalLM.from_pretrained(merged), AutoModelForCausalLM.from_pretrained(checkpoint)
