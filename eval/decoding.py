@@ -19,8 +19,8 @@ from typing import Any, Callable
 import torch
 from transformers import PreTrainedModel, StaticCache
 
+from engine.models.adapter import cache_keyword, returned_cache
 from engine.models.layout import parallel_grid
-from engine.models.plans import cache_keyword, returned_cache
 from eval.batching import decode_longest_first, evaluating, left_pad, model_device, prefix_aligned
 
 # Tokens (rows x columns) per forward while a prompt goes through the KV cache. Feeding it in column chunks bounds

@@ -51,9 +51,9 @@ from engine.core.grid import AxisGroup, Grid, is_main_process
 from engine.core.sharding import TENSOR_AXES, run_sharded
 from engine.core.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses
 from engine.memory.zero import zero_state
+from engine.models.adapter import CACHE_KEYWORDS, cache_keyword
 from engine.models.layout import parallel_grid
 from engine.models.parallelize import rows_layout
-from engine.models.plans import CACHE_KEYWORDS, cache_keyword
 from eval.adaptive import (
     DEFAULT_BUDGETS,
     DEFAULT_CONFIDENCES,

@@ -19,14 +19,14 @@ from torch import nn
 from torch.distributed._composable import checkpoint
 
 from engine.core.linear import ShardingError
+from engine.models.adapter import LAYER_CACHE_ARGUMENTS
 from engine.models.parallelize import decoder_stacks
-from engine.models.plans import LAYER_CACHE_ARGUMENTS
 
 
 def checkpoint_decoder_layers(model: nn.Module) -> int:
     """Recompute the activations of every decoder layer of `model` in backward instead of keeping them.
 
-    Works on a plain or a parallelized transformers model whose plan names its decoder layers (engine/models/plans.py:
+    Works on a plain or a parallelized transformers model whose plan names its decoder layers (engine/models/adapter.py:
     the declared tensor-parallel or pipeline plan, or the engine's own for GPT-2), in place; applying it twice
     changes nothing. Saved activations per layer drop to its input hidden states (plus what the layer's callers
     keep); each layer's forward runs twice per step. Random ops (dropout) draw the same numbers in the

@@ -46,9 +46,9 @@ from torch import nn
 
 from engine.core.grid import Grid
 from engine.core.linear import ParallelLinear, ShardingError
+from engine.models.adapter import Initialise, find_planned, transformers_init
 from engine.models.layout import layout_of
 from engine.models.parallelize import parallelize
-from engine.models.plans import Initialise, find_planned, transformers_init
 
 
 def auto_parallelize(

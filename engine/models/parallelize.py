@@ -43,8 +43,7 @@ from engine.core.functional import copy_to_group, gather_from_group, reduce_from
 from engine.core.grid import Grid
 from engine.core.linear import ParallelLinear, ShardingError
 from engine.core.vocab_parallel import can_shard_vocab, is_vocab_parallel, shard_vocab
-from engine.models.layout import LAYOUT_ATTR, declared_layouts, describe, layout_of, parallel_grid, planned_stacks
-from engine.models.plans import (
+from engine.models.adapter import (
     FUSED_NAMES,
     POSITION_TABLE_KEYS,
     STACK_PASS_THROUGH,
@@ -58,6 +57,7 @@ from engine.models.plans import (
     localize_heads,
     rms_norm_eps,
 )
+from engine.models.layout import LAYOUT_ATTR, declared_layouts, describe, layout_of, parallel_grid, planned_stacks
 from engine.spec import check_rows_layout, row_gather_axes
 
 # What parallelize records, by module path, of the rows a module's parameters see (the layout's regions, read by
@@ -80,7 +80,7 @@ def rows_layout(model: nn.Module, layout: str) -> Iterator[None]:
         yield
 
 
-# ----- decoder layers, through the model's plan (engine/models/plans.py) --------------------------------------
+# ----- decoder layers, through the model's plan (engine/models/adapter.py) --------------------------------------
 
 
 def _to_parallel(
@@ -148,7 +148,7 @@ def _grouped_order(sizes: list[int], n_y: int, name: str) -> torch.Tensor | None
 
 
 def _fused_order(module: nn.Module, fused: str, config: Any, n_y: int, name: str) -> torch.Tensor | None:
-    """The out_order of a fused projection (layouts in engine.models.plans.FUSED_LAYOUTS), its shape checked."""
+    """The out_order of a fused projection (layouts in engine.models.adapter.FUSED_LAYOUTS), its shape checked."""
     out = _out_features(module)
     heads, kv_heads, head_dim = head_counts(config)
     if fused == "blocks":
@@ -270,7 +270,7 @@ def _check_heads(name: str, heads: int, kind: str, grid: Grid) -> None:
 
 def refuse_unconfirmed_fusion(module: nn.Module, attr: str, family: str, config: Any, name: str) -> None:
     """Raise ShardingError when a column-split projection looks fused ([q | k | v] or [gate | up] in one Linear, by
-    its name or its width) but its family's feature order is not confirmed in engine.models.plans.FUSED_LAYOUTS:
+    its name or its width) but its family's feature order is not confirmed in engine.models.adapter.FUSED_LAYOUTS:
     splitting it by contiguous slices would hand each y rank a mix of q, k and v features."""
     out = _out_features(module)
     heads, kv_heads, head_dim = head_counts(config)
@@ -333,7 +333,7 @@ def _plan_layer(
 
 def decoder_stacks(model: nn.Module) -> list[tuple[str, nn.Module, str, nn.ModuleList]]:
     """(name, base model, list name, list) for every base model inside `model` whose plan names its ModuleList of
-    decoder layers (engine/models/plans.py)."""
+    decoder layers (engine/models/adapter.py)."""
     return [(name, base, plan.layers, getattr(base, plan.layers)) for name, base, plan in find_planned(model)]
 
 
@@ -544,7 +544,7 @@ def parallelize(model: nn.Module, grid: Grid, *, overlap: bool = True, vocab_par
     """Shard `model` in place for `grid` and return it; the weights are kept exactly.
 
     Every transformers base model inside `model` (LlamaModel, GPTNeoXModel, GPT2Model, ...) is sharded through its
-    plan (engine/models/plans.py: the tensor-parallel plan its config declares, or the engine's explicit one for
+    plan (engine/models/adapter.py: the tensor-parallel plan its config declares, or the engine's explicit one for
     GPT-2): the projections named there become chained ParallelLinears (attention heads and MLP split over y), the
     base model runs on the rows of the x*y group (see the module doc); lm_head stays unsharded and sees each rank's
     own rows, as do the input embeddings. Works on a model on the meta device too (engine.auto_parallelize).

@@ -42,7 +42,7 @@ from torch.distributed.pipelining import (
 
 from engine.core import comm
 from engine.core.grid import AxisGroup
-from engine.models.plans import find_planned
+from engine.models.adapter import find_planned
 
 # name -> (torch schedule, takes several stages per rank)
 SCHEDULES = {

@@ -4,7 +4,7 @@ serially on every rank, and the sharding is refused when the two disagree.
     model = engine.parallelize(model, grid, verify=True)    # ShardingError naming what differs, or the model sharded
 
 The engine shards a family through its declared tensor-parallel plan and refuses what it cannot map
-(engine/models/plans.py), but a plan says which Linears to split, not everything a family does between them (a
+(engine/models/adapter.py), but a plan says which Linears to split, not everything a family does between them (a
 fused projection's feature order, a module outside the layers that the layers read). The miniature
 (engine/models/miniature.py: the same class and settings, two layers, narrow, float64, every weight perturbed so that
 zero biases and unit norms cannot hide a wrong term) is the family's actual code run both ways on a few rows: the

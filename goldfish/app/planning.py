@@ -1,7 +1,7 @@
 """The planner's shape of a transformers model, read from the plan engine.parallelize shards it by.
 
 `goldfish plan --model FOLDER_OR_CONFIG` builds the causal LM of the config on the meta device (no weights are
-allocated, no remote code runs), finds its decoder layers and tensor-parallel plan with engine.models.plans, and
+allocated, no remote code runs), finds its decoder layers and tensor-parallel plan with engine.models.adapter, and
 describes each parameter as the engine places it: the projections of the plan (sharded over x, y and z), the modules
 beside them that run on a y rank's heads (per-head norms, and RMSNorms over a whole projection that reduce their
 statistics over y), the other parameters of a layer (replicated), and outside the layers the embeddings and lm_head
@@ -106,15 +106,15 @@ def shape_from_model(model: Any, name: str = "") -> TransformerShape:
     the shape's refusals (the planner rejects those grids with the engine's reason)."""
     from engine.core.linear import ShardingError
     from engine.core.vocab_parallel import can_shard_vocab
+    from engine.models.adapter import find_planned, head_counts
     from engine.models.parallelize import refuse_other_lookups, refuse_unconfirmed_fusion
-    from engine.models.plans import find_planned, head_counts
     from engine.spec import GridShape
 
     found = find_planned(model)
     if len(found) != 1:
         raise ValueError(
             f"{type(model).__name__}: the engine finds {len(found) or 'no'} base models with a plan of decoder "
-            "layers (engine/models/plans.py); give a model of a family that declares a tensor-parallel plan"
+            "layers (engine/models/adapter.py); give a model of a family that declares a tensor-parallel plan"
         )
     stack_name, stack, plan = found[0]
     family, config = plan.family, stack.config

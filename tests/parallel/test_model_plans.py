@@ -1,4 +1,4 @@
-"""Models sharded through their declared tensor-parallel plans (engine/models/plans.py), against the serial model.
+"""Models sharded through their declared tensor-parallel plans (engine/models/adapter.py), against the serial model.
 
 For every family in tiny_models.PLANNED_FAMILIES and every grid below: the parallelized copy of a tiny random-init
 model gives the serial model's summed token loss over the global batch, its gradients (after sync_gradients), and
@@ -26,8 +26,8 @@ from engine.core import comm
 from engine.core.grid import AXES, init
 from engine.core.linear import ParallelLinear, ShardingError
 from engine.core.vocab_parallel import is_vocab_parallel
+from engine.models.adapter import check_supported, model_plan
 from engine.models.parallelize import parallelize
-from engine.models.plans import check_supported, model_plan
 from engine.training.state import full_state_dict, sync_gradients
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}

@@ -1,4 +1,9 @@
-"""Model plans: which Linears of a transformer's decoder layers the engine shards, read from the model's own plan.
+"""Everything the engine knows of transformers models, in one place: engine/ and eval/ ask this module.
+
+Which Linears of a transformer's decoder layers the engine shards (read from the model's own plan), how fused
+projections order their features, the attributes holding head counts, the KV-cache keywords, the base model's inputs,
+how transformers initialises a module. A family is sharded only through its declared plan, confirmed by the family
+checks, never because a name looks familiar.
 
 transformers declares a tensor-parallel plan for most causal LMs (`config.base_model_tp_plan`): module patterns
 relative to the base model (e.g. LlamaModel), each with a style. The engine maps the styles onto its grid:
