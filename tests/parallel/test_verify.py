@@ -9,7 +9,7 @@ from tiny_models import tiny_family
 
 from engine.core.grid import init
 from engine.core.linear import ShardingError
-from engine.models import plans
+from engine.models import adapter
 from engine.models.miniature import MINI_HEAD_DIM, miniature_config
 from engine.training.verify import Verification, parallelize, verify_sharding
 
@@ -33,12 +33,12 @@ def _verify_worker() -> list[str]:
             parallelize(tiny_codegen(), grid, verify=True)  # the static rule refuses before anything runs
         seen.append("codegen refused by the plan")
         # The rule the engine had before: CodeGen's qkv_proj taken as [q | k | v]. The miniature must catch it.
-        plans.FUSED_LAYOUTS[("codegen", "qkv_proj")] = "blocks"
+        adapter.FUSED_LAYOUTS[("codegen", "qkv_proj")] = "blocks"
         try:
             with pytest.raises(ShardingError, match="^codegen: the engine cannot shard .* differs from one process"):
                 verify_sharding(tiny_codegen(), grid)
         finally:
-            del plans.FUSED_LAYOUTS[("codegen", "qkv_proj")]
+            del adapter.FUSED_LAYOUTS[("codegen", "qkv_proj")]
         seen.append("wrong order caught")
     finally:
         grid.close()
