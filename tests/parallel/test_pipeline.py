@@ -6,10 +6,11 @@ In-process: the stages of Llama, Qwen2 and GPT-2, run one after the other, give 
 On gloo at world 2 and 4, each rank builds the same float64 model, cuts it into P * V stages and runs one step of
 B = 8 sequences in M micro-batches under each schedule (GPipe, 1F1B, interleaved 1F1B and zero bubble with V = 2);
 then an SGD step. The summed loss, every parameter's gradient (each from the rank holding it) and the updated
-weights equal one process's on the whole batch. Tolerance: float64 with eps 1.1e-16; the pipeline runs the same
-operations, only on B/M rows at a time, so a weight gradient is a sum of M partial sums instead of one sum over
-B*T = 64 rows: the reordering bounds the difference by about 64 * eps * (sum of |terms|) ~ 1e-14 relative, and
-1e-10 leaves room without hiding a missing or doubled micro-batch (an error of order 1).
+weights equal one process's on the whole batch, and each rank's sent bytes equal the activation model.
+Tolerance: float64 with eps 1.1e-16; the pipeline runs the same operations, only on B/M rows at a time, so a weight
+gradient is a sum of M partial sums instead of one sum over B*T = 64 rows: the reordering bounds the difference by
+about 64 * eps * (sum of |terms|) ~ 1e-14 relative, and 1e-10 leaves room without hiding a missing or doubled
+micro-batch (an error of order 1).
 """
 
 from __future__ import annotations
@@ -164,9 +165,8 @@ def _worker(cases: list[tuple[str, str, int, int]]) -> list[dict]:
         params = pipe.named_parameters()
         grads = {n: p.grad.numpy().copy() for n, p in params.items()}  # numpy: tensors would travel as shared memory
         torch.optim.SGD(pipe.parameters(), lr=LR).step()
-        out.append(
-            {"loss": loss.item(), "grads": grads, "weights": {n: p.detach().numpy().copy() for n, p in params.items()}}
-        )
+        weights = {n: p.detach().numpy().copy() for n, p in params.items()}
+        out.append({"loss": loss.item(), "grads": grads, "weights": weights, "sent": pipe.stats.sent_bytes})
     grid.close()
     return out
 
@@ -178,6 +178,11 @@ def _check(world: int, cases: list[tuple[str, str, int, int]]) -> None:
         ref, where = references[name], f"{name} {schedule} P={world} V={virtual} M={m}"
         for rank in range(world):  # every rank reports the summed loss
             assert results[rank][i]["loss"] == pytest.approx(ref["loss"], rel=1e-12), where
+            # it sent the float64 hidden states (ROWS/M, SEQ, 32) of each micro-batch forward from each of its stages
+            # but the last and their gradient back from each but the first (the refused batch sent nothing)
+            stages = [rank + world * v for v in range(virtual)]
+            crossings = sum(s != world * virtual - 1 for s in stages) + sum(s != 0 for s in stages)
+            assert results[rank][i]["sent"] == crossings * ROWS * SEQ * 32 * 8, where
         for key in ("grads", "weights"):
             merged = {}
             for rank in range(world):
