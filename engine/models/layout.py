@@ -279,6 +279,11 @@ def layout_of(model: nn.Module, grid=None) -> ModelLayout:
     grid = grid if grid is not None or not inner else inner[0][1].grid
     if grid is None:
         raise ValueError("this model was not parallelized: pass the grid its parallel modules were built on")
+    if not inner and _has_sharded_stack(model):  # its regions are in the record of the model that holds it
+        raise ValueError(
+            f"this {type(model).__name__} is part of a model parallelize was given (its decoder layers are sharded, "
+            "but it holds no layout): pass the model that parallelize returned"
+        )
     regions: dict[str, str] = {}
     stacks: list[str] = []
     for path, layout in inner:  # a wrapper around parallelized models: their records, under their paths
@@ -286,6 +291,14 @@ def layout_of(model: nn.Module, grid=None) -> ModelLayout:
         regions.update({join(part): region for part, region in layout.regions.items()})
         stacks += [join(part) for part in layout.stacks]
     return describe(model, grid, regions, tuple(stacks))
+
+
+def _has_sharded_stack(model: nn.Module) -> bool:
+    """True when a transformers base model inside `model` has ParallelLinear decoder layers (parallelize planned it)."""
+    from engine.core.linear import ParallelLinear
+    from engine.models.adapter import find_planned
+
+    return any(isinstance(m, ParallelLinear) for _, stack, _ in find_planned(model) for m in stack.modules())
 
 
 def declared_layouts(model: nn.Module) -> list[tuple[str, ModelLayout]]:

@@ -88,3 +88,22 @@ def test_pieces_cut_the_serial_tensors(model_type: str) -> None:
             assert results[0]["fused"] > 0, f"{model_type} on {sizes}: expected regrouped fused projections"
         if sizes.get("data", 1) == 1 and model_type != "gpt2":  # GPT-2's 50257 rows do not split in 4
             assert results[0]["vocab"] > 0, f"{model_type} on {sizes}: expected vocabulary-parallel tables"
+
+
+def _inner_model(_: int) -> str:
+    from engine.training.state import sync_gradients
+
+    grid = init(x=2)
+    model = parallelize(_serial("llama"), grid)
+    try:
+        sync_gradients(model.model, grid)  # the base model inside: its regions are in the outer model's record
+    except ValueError as error:
+        return str(error)
+    return "no error"
+
+
+def test_a_part_of_a_parallelized_model_is_refused() -> None:
+    """Readers given a part of a parallelized model (whose record of regions sits on the model parallelize was given)
+    refuse instead of summing its gradients over the wrong axes."""
+    for message in run_distributed(2, _inner_model, 0):
+        assert "part of a model parallelize was given" in message, message
