@@ -255,10 +255,6 @@ class ParallelLinear(nn.Linear):
         """The full (out,) bias or None (collective over x*y*z)."""
         return None if self.bias is None else self.gather_bias(self.bias)
 
-    def bias_is_counted(self) -> bool:
-        """True on the one rank per bias shard that counts it (the bias is replicated over one axis)."""
-        return self.grid.coord(self._axes(self.mode)[0]) == 0
-
     @torch.no_grad()
     def load_full_(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "ParallelLinear":
         """Copy this rank's shards out of the full (out, in) weight and (out,) bias (no communication)."""

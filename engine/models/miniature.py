@@ -174,12 +174,6 @@ def miniature_config(config: Any, *, shards: int = 1) -> Any:
     return mini
 
 
-def miniature_scale(config: Any) -> float:
-    """The width factor miniature_config applies to `config` (1.0: widths kept)."""
-    head_dim = _head_dim(config.to_dict())
-    return min(1.0, MINI_HEAD_DIM / head_dim) if head_dim else 1.0
-
-
 def parameter_count(model: Any) -> int:
     """Number of parameter elements of a torch module (for progress lines)."""
     return sum(math.prod(p.shape) for p in model.parameters())
