@@ -25,6 +25,10 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
+from engine.core.grid import Grid
+from engine.core.linear import ParallelLinear, ShardingError
+from engine.core.vocab_parallel import is_vocab_parallel
+from engine.models.adapter import find_planned
 from engine.spec import AXES, gradient_axes
 
 LINEAR_SPLITS = {
@@ -164,7 +168,7 @@ class ModelLayout:
     """Every state-dict tensor's layout (by its first key, in state-dict order), and the base models whose decoder
     layers parallelize planned (by their module path), for one rank of `grid`."""
 
-    grid: object  # engine.core.grid.Grid (not imported: the layout is also read without a process group)
+    grid: Grid
     params: dict[str, ParamLayout]
     stacks: tuple[str, ...] = ()
     regions: Mapping[str, str] = field(default_factory=dict)  # module path -> region, as parallelize recorded them
@@ -199,14 +203,11 @@ class ModelLayout:
 
 
 def describe(
-    model: nn.Module, grid, regions: Mapping[str, str] | None = None, stacks: tuple[str, ...] = ()
+    model: nn.Module, grid: Grid, regions: Mapping[str, str] | None = None, stacks: tuple[str, ...] = ()
 ) -> ModelLayout:
     """The layout of `model` on `grid`, read from the parallel modules' own declarations (ParallelLinear's mode and
     output order, a vocabulary-parallel module's table) and `regions` (module path -> region of the parameters below
     it, the longest path winning), as parallelize records them."""
-    from engine.core.linear import ParallelLinear
-    from engine.core.vocab_parallel import is_vocab_parallel
-
     regions = dict(regions or {})
     coords = {axis: grid.coord(axis) for axis in AXES}
     sizes = {axis: grid.size(axis) for axis in AXES}
@@ -247,8 +248,6 @@ def describe(
 
 def _check_same_gradient(p: ParamLayout, alias: str, regions: Mapping[str, str]) -> None:
     """Refuse a tensor shared (tied) between parts of the model whose gradients mean different things."""
-    from engine.core.linear import ShardingError
-
     region = _region(alias, regions)
     if any(gradient_axes(rows, region) != p.gradient_axes(rows) for rows in ("own", "shared")):
         raise ShardingError(
@@ -266,7 +265,7 @@ def _region(key: str, regions: Mapping[str, str]) -> str | None:
     return region
 
 
-def layout_of(model: nn.Module, grid=None) -> ModelLayout:
+def layout_of(model: nn.Module, grid: Grid | None = None) -> ModelLayout:
     """The layout parallelize recorded for `model` (or for the models inside it, when `model` wraps them), bound to its
     current tensors; for a model parallelize never saw (built from ParallelLinears by hand, or plain), the layout its
     parallel modules declare on `grid`."""
@@ -295,9 +294,6 @@ def layout_of(model: nn.Module, grid=None) -> ModelLayout:
 
 def _has_sharded_stack(model: nn.Module) -> bool:
     """True when a transformers base model inside `model` has ParallelLinear decoder layers (parallelize planned it)."""
-    from engine.core.linear import ParallelLinear
-    from engine.models.adapter import find_planned
-
     return any(isinstance(m, ParallelLinear) for _, stack, _ in find_planned(model) for m in stack.modules())
 
 
@@ -311,9 +307,9 @@ def declared_layouts(model: nn.Module) -> list[tuple[str, ModelLayout]]:
     ]
 
 
-def planned_stacks(model: nn.Module) -> list[tuple[str, nn.Module, object]]:
+def planned_stacks(model: nn.Module) -> list[tuple[str, nn.Module, Grid]]:
     """(path, module, grid) of every base model whose decoder layers parallelize planned inside `model`."""
-    found: dict[int, tuple[str, nn.Module, object]] = {}
+    found: dict[int, tuple[str, nn.Module, Grid]] = {}
     for path, layout in declared_layouts(model):
         holder = model.get_submodule(path)
         for stack_path in layout.stacks:
@@ -323,7 +319,7 @@ def planned_stacks(model: nn.Module) -> list[tuple[str, nn.Module, object]]:
     return list(found.values())
 
 
-def parallel_grid(model: nn.Module) -> object | None:
+def parallel_grid(model: nn.Module) -> Grid | None:
     """The grid `model`'s decoder layers were parallelized on, or None for a model parallelize never planned."""
     stacks = planned_stacks(model)
     return stacks[0][2] if stacks else None
