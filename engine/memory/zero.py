@@ -68,7 +68,7 @@ from engine.core import comm
 from engine.core.grid import AxisGroup, Grid
 from engine.core.linear import ParallelLinear
 from engine.core.vocab_parallel import own_class
-from engine.models.layout import LAYOUT_ATTR, ModelLayout, describe
+from engine.models.layout import LAYOUT_ATTR, ModelLayout, layout_of
 from engine.models.parallelize import decoder_stacks
 from engine.spec import STAGES, ZeroConfig, ZeroError, data_ranks_per_node  # noqa: F401 - re-exported
 
@@ -239,9 +239,8 @@ def zero_state(model: nn.Module) -> ZeroState | None:
 
 def _record(model: nn.Module, grid: Grid, state: ZeroState) -> None:
     """Keep the ZeroState in the model's layout (engine/models/layout.py), the one record of what each rank holds."""
-    layout = model.__dict__.get(LAYOUT_ATTR)
-    if not isinstance(layout, ModelLayout):  # a model parallelize never saw: what its modules declare
-        layout = describe(model, grid).unbound()
+    # the model's own record, the records of parallelized models inside it (a wrapper), or what its modules declare
+    layout = layout_of(model, grid).unbound()
     model.__dict__[LAYOUT_ATTR] = replace(layout, zero=state)
 
 

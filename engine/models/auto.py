@@ -79,6 +79,7 @@ def auto_parallelize(
     if transformers_model:
         parallelize(model, grid, overlap=overlap, vocab_parallel=False)  # embeddings stay whole: initialised whole
     else:
+        _refuse_tied(model)
         _linears_to_parallel(model, grid, overlap)
     _materialise(model, device)
     with torch.no_grad():
@@ -87,6 +88,20 @@ def auto_parallelize(
     if transformers_model and vocab_parallel is not False:
         parallelize(model, grid, overlap=overlap, vocab_parallel=vocab_parallel)  # splits the vocabulary only
     return model
+
+
+def _refuse_tied(model: nn.Module) -> None:
+    """Raise ShardingError for a plain torch model with a tensor under two names: re-running every module's
+    reset_parameters would let the later module overwrite the earlier one's draw (the serial model's value comes from
+    the tie made after construction), and a Linear made parallel would untie it."""
+    names: dict[int, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in names:
+            raise ShardingError(
+                f"{name} is tied to {names[id(param)]}: auto_parallelize cannot reproduce a plain torch model's "
+                "tied initialisation; build the model, then engine.parallelize it"
+            )
+        names[id(param)] = name
 
 
 def _linears_to_parallel(module: nn.Module, grid: Grid, overlap: bool, prefix: str = "") -> None:

@@ -176,23 +176,26 @@ class ModelLayout:
 
     def bind(self, model: nn.Module) -> "ModelLayout":
         """The same layout with each entry's `tensor` and `aliases` read from `model`'s current state dict (ZeRO
-        replaces parameters by DTensors after parallelize). Raises ValueError when the keys no longer match."""
+        replaces parameters by DTensors after parallelize). Raises ValueError when the model's tensors no longer are
+        the ones laid out (one added, reshaped, tied or untied after parallelize): every reader would skip or cut it."""
         tensors = model.state_dict(keep_vars=True)
-        missing = [key for key in self.params if key not in tensors]
-        if missing:
-            raise ValueError(
-                f"the model no longer has {missing[0]!r} that parallelize laid out (it was changed after parallelize); "
-                "parallelize the model after changing it"
-            )
         first: dict[int, str] = {}
         aliases: dict[str, list[str]] = {}
         for key, tensor in tensors.items():
             owner = first.setdefault(id(tensor), key)
             if owner != key:
                 aliases.setdefault(owner, []).append(key)
-        params = {}
-        for key, p in self.params.items():
-            params[key] = replace(p, tensor=tensors[key], aliases=tuple(aliases.get(key, ())))
+        owners = set(first.values())
+        changed = [key for key in self.params if key not in owners] + [key for key in owners if key not in self.params]
+        changed += [key for key, p in self.params.items() if key not in changed and _held_shape(p, tensors[key])]
+        if changed:
+            raise ValueError(
+                f"{changed[0]!r} is not as parallelize laid it out (the model was changed after parallelize: a tensor "
+                "added, removed, reshaped or tied); change the model before parallelizing it"
+            )
+        params = {
+            key: replace(p, tensor=tensors[key], aliases=tuple(aliases.get(key, ()))) for key, p in self.params.items()
+        }
         return replace(self, params=params)
 
     def unbound(self) -> "ModelLayout":
@@ -200,6 +203,11 @@ class ModelLayout:
         ones would keep them alive)."""
         params = {key: replace(p, tensor=None, aliases=()) for key, p in self.params.items()}
         return replace(self, params=params)
+
+
+def _held_shape(p: ParamLayout, tensor: torch.Tensor) -> bool:
+    """True when `tensor` (a DTensor of ZeRO: its global shape) is not shaped as `p` says this rank holds it."""
+    return tuple(tensor.shape) != p.local_shape()
 
 
 def describe(
@@ -320,6 +328,10 @@ def planned_stacks(model: nn.Module) -> list[tuple[str, nn.Module, Grid]]:
 
 
 def parallel_grid(model: nn.Module) -> Grid | None:
-    """The grid `model`'s decoder layers were parallelized on, or None for a model parallelize never planned."""
+    """The grid `model`'s decoder layers were parallelized on, or None for a model parallelize never planned. A part
+    of a parallelized model (its record sits on the model holding it) answers with its sharded layers' grid."""
     stacks = planned_stacks(model)
-    return stacks[0][2] if stacks else None
+    if stacks:
+        return stacks[0][2]
+    sharded = (m for _, stack, _ in find_planned(model) for m in stack.modules() if isinstance(m, ParallelLinear))
+    return next((m.grid for m in sharded), None)

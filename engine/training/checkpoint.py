@@ -50,7 +50,13 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata, MetadataIndex, TensorProperties
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
 from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
 
 from data.atomic import recover_directory, remove_leftovers, replace_directory, staging_directory, write_text_atomic
@@ -193,6 +199,10 @@ class _LoadPlanner(dcp.DefaultLoadPlanner):
 
     def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
         return self.state_dict[index.fqn].__get_tensor_shard__(index)
+
+    def load_bytes(self, read_item: Any, value: Any) -> None:
+        # DCP's default unpickles the bytes (torch.load(weights_only=False)); a checkpoint of ours holds none
+        raise CheckpointError(f"the checkpoint holds a non-tensor entry {read_item.dest_index.fqn!r}; it is not ours")
 
 
 # ----- what a checkpoint holds --------------------------------------------------------------------------------
@@ -695,6 +705,9 @@ class _Reader(dcp.FileSystemReader):
             raise CheckpointError(f"{path} is corrupt or not DCP metadata ({error}); restore the checkpoint") from None
         if not isinstance(metadata, Metadata) or not isinstance(metadata.storage_data, dict):
             raise CheckpointError(f"{path} is not DCP metadata; restore the checkpoint from a copy")
+        # the engine saves tensors only: DCP would read a "bytes" entry with torch.load(weights_only=False)
+        if any(not isinstance(entry, TensorStorageMetadata) for entry in metadata.state_dict_metadata.values()):
+            raise CheckpointError(f"{path} declares entries that are not tensors; restore the checkpoint from a copy")
         if metadata.storage_meta is not None:  # as FileSystemReader does
             metadata.storage_meta.load_id = self.load_id
         return metadata

@@ -37,6 +37,7 @@ from engine.spec import (
 )
 from engine.training.checkpoint import (
     AsyncSaver,
+    CheckpointError,
     is_engine_checkpoint,
     load_checkpoint,
     load_serial_optimizer_state,
@@ -435,7 +436,10 @@ def train(
             saver = None
     finally:
         if saver is not None:  # the run failed: the checkpoint in flight still finishes (its write is collective)
-            saver.close()
+            try:
+                saver.close()
+            except CheckpointError as error:  # the run's own failure is the one to report
+                print(f"warning: the checkpoint in flight failed as well: {error}", file=sys.stderr)
         bar.close()
         if _is_distributed(grid):
             grid.traffic.enabled = False

@@ -511,6 +511,17 @@ def test_clear_errors(trained, tmp_path):
     with pytest.raises(CheckpointError, match=r"\.metadata is corrupt or not DCP metadata \(builtins\.exec is not"):
         load_checkpoint(broken, model)
     assert not marker.exists()
+    # valid DCP metadata that declares an entry as bytes: DCP would torch.load(weights_only=False) its record
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    crafted = tmp_path / "crafted"
+    shutil.copytree(good, crafted)
+    metadata = pickle.loads((crafted / SHARDS_DIR / ".metadata").read_bytes())  # our own file: safe to read here
+    key = next(iter(metadata.state_dict_metadata))
+    metadata.state_dict_metadata[key] = BytesStorageMetadata()
+    (crafted / SHARDS_DIR / ".metadata").write_bytes(pickle.dumps(metadata))
+    with pytest.raises(CheckpointError, match=r"declares entries that are not tensors"):
+        load_checkpoint(crafted, model)
 
 
 class _Exec:

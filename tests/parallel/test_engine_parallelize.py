@@ -412,6 +412,28 @@ def test_auto_parallelize_refuses_a_weight_its_initialisation_never_writes() -> 
     assert "never writes 0.scale" in message, message
 
 
+def _tied() -> str:
+    grid = init()
+
+    def build() -> torch.nn.Module:
+        model = torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.Linear(4, 8, bias=False))
+        model[1].weight = model[0].weight  # tied after construction: the serial value is the embedding's draw
+        return model
+
+    try:
+        auto_parallelize(grid, build)
+    except ShardingError as error:
+        return str(error)
+    finally:
+        grid.close()
+    return "no error"
+
+
+def test_auto_parallelize_refuses_tied_tensors_of_a_plain_torch_model() -> None:
+    (message,) = run_distributed(1, _tied)
+    assert "1.weight is tied to 0.weight" in message, message
+
+
 def _errors() -> dict[str, str]:
     grid = init(y=2, x=2)
     out = {}

@@ -107,3 +107,54 @@ def test_a_part_of_a_parallelized_model_is_refused() -> None:
     refuse instead of summing its gradients over the wrong axes."""
     for message in run_distributed(2, _inner_model, 0):
         assert "part of a model parallelize was given" in message, message
+
+
+def _changed_after_parallelize(_: int) -> dict[str, str]:
+    from engine.training.state import full_state_dict
+
+    grid = init()
+    out = {}
+    for change in ("added", "reshaped", "tied"):
+        model = parallelize(_serial("llama"), grid)
+        if change == "added":
+            model.extra = torch.nn.Linear(4, 2)
+        elif change == "reshaped":
+            model.model.norm.weight = torch.nn.Parameter(torch.ones(3))
+        else:
+            model.lm_head.weight = model.model.embed_tokens.weight
+        try:
+            full_state_dict(model, grid)
+            out[change] = "no error"
+        except ValueError as error:
+            out[change] = str(error)
+    return out
+
+
+def test_a_model_changed_after_parallelize_is_refused() -> None:
+    """Every reader iterates the recorded layout: a tensor added, reshaped or tied afterwards would be skipped or cut
+    silently, so binding the layout refuses it."""
+    (out,) = run_distributed(1, _changed_after_parallelize, 0)
+    for change, message in out.items():
+        assert "not as parallelize laid it out" in message, (change, message)
+
+
+class _Wrapper(torch.nn.Module):
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+
+def _zero_on_a_wrapper(_: int) -> str | None:
+    from engine.memory.zero import shard_data_axis
+    from engine.spec import ZeroConfig
+
+    grid = init(data=2, x=2)
+    wrapper = _Wrapper(parallelize(_serial("llama"), grid))
+    shard_data_axis(wrapper, grid, ZeroConfig(stage=2))
+    return layout_of(wrapper, grid).params["inner.model.layers.0.input_layernorm.weight"].region
+
+
+def test_zero_on_a_wrapper_keeps_the_inner_models_regions() -> None:
+    """ZeRO records its state in the layout of the model it is given; a wrapper around a parallelized model must keep
+    the inner model's regions (a decoder norm's gradient is summed over z and data, not over x and y as well)."""
+    assert run_distributed(4, _zero_on_a_wrapper, 0) == ["layer"] * 4
