@@ -187,7 +187,7 @@ class ModelLayout:
                 aliases.setdefault(owner, []).append(key)
         owners = set(first.values())
         changed = [key for key in self.params if key not in owners] + [key for key in owners if key not in self.params]
-        changed += [key for key, p in self.params.items() if key not in changed and _held_shape(p, tensors[key])]
+        changed += [key for key, p in self.params.items() if key not in changed and _misshapen(p, tensors[key])]
         if changed:
             raise ValueError(
                 f"{changed[0]!r} is not as parallelize laid it out (the model was changed after parallelize: a tensor "
@@ -205,7 +205,7 @@ class ModelLayout:
         return replace(self, params=params)
 
 
-def _held_shape(p: ParamLayout, tensor: torch.Tensor) -> bool:
+def _misshapen(p: ParamLayout, tensor: torch.Tensor) -> bool:
     """True when `tensor` (a DTensor of ZeRO: its global shape) is not shaped as `p` says this rank holds it."""
     return tuple(tensor.shape) != p.local_shape()
 

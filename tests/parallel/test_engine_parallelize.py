@@ -390,36 +390,25 @@ def test_auto_parallelize_holds_one_full_layer_at_most() -> None:
         assert peak <= held + layer + layer // 4, f"peak {peak} bytes: kept {held}, a layer {layer}, whole {whole}"
 
 
-def _unwritten() -> str:
+class _Scaled(torch.nn.Linear):
+    def __init__(self) -> None:
+        super().__init__(4, 4)
+        self.scale = torch.nn.Parameter(torch.ones(4))  # not drawn in reset_parameters: lost on meta
+
+
+def _scaled_model() -> torch.nn.Module:
+    return torch.nn.Sequential(_Scaled())
+
+
+def _tied_model() -> torch.nn.Module:
+    model = torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.Linear(4, 8, bias=False))
+    model[1].weight = model[0].weight  # tied after construction: the serial value is the embedding's draw
+    return model
+
+
+def _auto_refusal(build) -> str:
+    """The ShardingError auto_parallelize raises for `build` on a one-rank grid, or "no error"."""
     grid = init()
-
-    class Scaled(torch.nn.Linear):
-        def __init__(self) -> None:
-            super().__init__(4, 4)
-            self.scale = torch.nn.Parameter(torch.ones(4))  # not drawn in reset_parameters: lost on meta
-
-    try:
-        auto_parallelize(grid, lambda: torch.nn.Sequential(Scaled()))
-    except ShardingError as error:
-        return str(error)
-    finally:
-        grid.close()
-    return "no error"
-
-
-def test_auto_parallelize_refuses_a_weight_its_initialisation_never_writes() -> None:
-    (message,) = run_distributed(1, _unwritten)
-    assert "never writes 0.scale" in message, message
-
-
-def _tied() -> str:
-    grid = init()
-
-    def build() -> torch.nn.Module:
-        model = torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.Linear(4, 8, bias=False))
-        model[1].weight = model[0].weight  # tied after construction: the serial value is the embedding's draw
-        return model
-
     try:
         auto_parallelize(grid, build)
     except ShardingError as error:
@@ -429,8 +418,13 @@ def _tied() -> str:
     return "no error"
 
 
+def test_auto_parallelize_refuses_a_weight_its_initialisation_never_writes() -> None:
+    (message,) = run_distributed(1, _auto_refusal, _scaled_model)
+    assert "never writes 0.scale" in message, message
+
+
 def test_auto_parallelize_refuses_tied_tensors_of_a_plain_torch_model() -> None:
-    (message,) = run_distributed(1, _tied)
+    (message,) = run_distributed(1, _auto_refusal, _tied_model)
     assert "1.weight is tied to 0.weight" in message, message
 
 
