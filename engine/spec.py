@@ -12,7 +12,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-AXES: tuple[str, ...] = ("x", "y", "z", "data")  # rank order, fastest first
+AXES: tuple[str, ...] = ("x", "y", "z", "data")  # a pipeline stage's axes, in rank order, fastest first
+PIPE = "pipe"  # the pipeline axis: slowest of all, so each stage's data x X x Y x Z ranks are consecutive
+GRID_AXES: tuple[str, ...] = (*AXES, PIPE)  # every axis, in rank order
 ROWS_LAYOUTS = ("own", "shared")  # every rank reads its own rows / every rank of an x*y group reads the same rows
 STAGES = (0, 1, 2, 3)  # ZeRO stages
 BUCKET_ELEMENTS = 1 << 24  # gradients are reduced in buckets this large (engine.core.comm), as the cost model counts
@@ -24,22 +26,31 @@ class GridError(ValueError):
 
 @dataclass(frozen=True)
 class GridShape:
-    """Sizes of the four grid axes. Each is an integer >= 1; their product is the number of ranks."""
+    """Sizes of the grid axes. Each is an integer >= 1; their product is the number of ranks.
+
+    pipe: pipeline stages (engine/training/pipeline.py). Each stage is a data x X x Y x Z grid of its own, so every
+    table of the axes a sum runs over (AXES: gradients, rows, the vocabulary split) stays within one stage."""
 
     data: int = 1
     x: int = 1
     y: int = 1
     z: int = 1
+    pipe: int = 1
 
     def __post_init__(self) -> None:
-        for axis in AXES:
+        for axis in GRID_AXES:
             value = getattr(self, axis)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise GridError(f"grid axis {axis} must be an integer >= 1, got {value!r}")
 
     @property
     def world_size(self) -> int:
-        """Number of ranks the grid needs: data * x * y * z."""
+        """Number of ranks the grid needs: pipe * data * x * y * z."""
+        return self.pipe * self.stage_size
+
+    @property
+    def stage_size(self) -> int:
+        """Ranks of one pipeline stage: data * x * y * z (the world size without a pipeline)."""
         return self.data * self.x * self.y * self.z
 
     def size(self, *axes: str) -> int:
@@ -54,7 +65,7 @@ class GridShape:
         if not 0 <= rank < self.world_size:
             raise GridError(f"rank {rank} is outside a grid of {self.world_size} ranks")
         out = {}
-        for axis in AXES:
+        for axis in GRID_AXES:
             size = getattr(self, axis)
             out[axis] = rank % size
             rank //= size
@@ -63,7 +74,7 @@ class GridShape:
     def rank(self, coords: dict[str, int]) -> int:
         """Global rank of the coordinates {axis: index} (missing axes count as 0)."""
         rank = 0
-        for axis in reversed(AXES):
+        for axis in reversed(GRID_AXES):
             index = coords.get(axis, 0)
             size = getattr(self, axis)
             if not 0 <= index < size:
@@ -78,7 +89,7 @@ class GridShape:
         to `axes`, e.g. x + X * y for ("x", "y").
         """
         axes = tuple(_check_axis(a) for a in axes)
-        others = [a for a in AXES if a not in axes]
+        others = [a for a in GRID_AXES if a not in axes]
         groups = []
         for fixed in itertools.product(*(range(getattr(self, a)) for a in reversed(others))):
             base = dict(zip(reversed(others), fixed))
@@ -89,12 +100,13 @@ class GridShape:
         return groups
 
     def __str__(self) -> str:
-        return f"data={self.data},x={self.x},y={self.y},z={self.z}"
+        pipe = f",pipe={self.pipe}" if self.pipe > 1 else ""
+        return f"data={self.data},x={self.x},y={self.y},z={self.z}{pipe}"
 
 
 def _check_axis(axis: str) -> str:
-    if axis not in AXES:
-        raise GridError(f"unknown grid axis {axis!r}; the axes are {', '.join(AXES)}")
+    if axis not in GRID_AXES:
+        raise GridError(f"unknown grid axis {axis!r}; the axes are {', '.join(GRID_AXES)}")
     return axis
 
 
@@ -346,9 +358,9 @@ def parse_grid_sizes(text: str) -> dict[str, int]:
     sizes: dict[str, int] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, _, value = part.partition("=")
-        if name not in AXES or not value.isdigit() or int(value) < 1:
+        if name not in GRID_AXES or not value.isdigit() or int(value) < 1:
             raise ValueError(
-                f"cannot parse grid {text!r}: use AXIS=SIZE pairs with axes {AXES} and sizes >= 1, e.g. data=2,x=2"
+                f"cannot parse grid {text!r}: use AXIS=SIZE pairs with axes {GRID_AXES} and sizes >= 1, e.g. data=2,x=2"
             )
         if name in sizes:
             raise ValueError(f"grid {text!r} names axis {name!r} twice")
@@ -426,12 +438,13 @@ class ParallelLayout:
         if self.rows == OWN:
             hint = (
                 f"; or share rows within each x*y group (--rows shared), which needs only multiples of data*z={data_z}"
-                if data_z < shape.world_size and n_rows % data_z == 0
+                if data_z < shape.stage_size and n_rows % data_z == 0
                 else ""
             )
+            ranks = "the world size" if shape.pipe == 1 else "the ranks of a pipeline stage"
             raise ValueError(
-                f"a step holds {n_rows} sequences, not divisible by the world size {shape.world_size}: "
-                f"choose a batch size and a document count that are multiples of {shape.world_size}{hint}"
+                f"a step holds {n_rows} sequences, not divisible by {ranks} {shape.stage_size}: "
+                f"choose a batch size and a document count that are multiples of {shape.stage_size}{hint}"
             )
         # (the own layout needs multiples of the world size, a multiple of data*z: it is never the fix here)
         raise ValueError(

@@ -1,10 +1,12 @@
-"""The 4D process grid: validated axis sizes, this rank's coordinates and the process groups of its axes.
+"""The process grid: validated axis sizes, this rank's coordinates and the process groups of its axes.
 
-Axes are `data`, `x`, `y` and `z`; their product is the world size. Ranks are laid out with x fastest,
-then y, z and data, so that an x group (the one that all-reduces activations most often) sits inside a
-node first:
+Axes are `data`, `x`, `y`, `z` and `pipe`; their product is the world size. Ranks are laid out with x fastest,
+then y, z, data and pipe, so that an x group (the one that all-reduces activations most often) sits inside a
+node first, and each pipeline stage's data x X x Y x Z ranks are consecutive:
 
-    rank = x + X * (y + Y * (z + Z * data))
+    rank = x + X * (y + Y * (z + Z * (data + D * pipe)))
+
+Every group but ("pipe",) lies within one stage: a stage is the 4D grid of a run without a pipeline.
 
 A `Grid` is an explicit object that every parallel layer and helper receives; the engine keeps no
 module-level state, so `init` may be called again with another shape and returns an independent grid.
@@ -32,7 +34,7 @@ from engine.spec import AXES, OWN, GridError, GridShape, _check_axis, check_rows
 # ("x", "y") gathers a decoder layer's rows; ("x", "y", "z") is the tensor-parallel group (full
 # weights, norm of sharded gradients); the combinations ending in "data" reduce gradients of
 # parameters whose batch is split over those axes; ("y", "z") reduces per-head norms' gradient chunks when
-# ZeRO has taken over the data axis (engine/memory/zero.py).
+# ZeRO has taken over the data axis (engine/memory/zero.py); ("pipe",) links the pipeline's stages.
 GROUP_AXES: tuple[tuple[str, ...], ...] = (
     ("x",),
     ("y",),
@@ -44,6 +46,7 @@ GROUP_AXES: tuple[tuple[str, ...], ...] = (
     ("z", "data"),
     ("y", "z", "data"),
     ("x", "y", "z", "data"),
+    ("pipe",),
 )
 
 
@@ -100,7 +103,7 @@ class Grid:
         world = dist.get_world_size()
         if shape.world_size != world:
             raise GridError(
-                f"grid data={shape.data} x={shape.x} y={shape.y} z={shape.z} needs "
+                f"grid {shape} needs "
                 f"{shape.world_size} ranks but the world has {world}; choose sizes whose product is {world} "
                 f"(or launch {shape.world_size} processes)"
             )
@@ -124,7 +127,7 @@ class Grid:
             if effective not in handles:
                 handles[effective] = self._build_group(effective)
             ranks, handle = handles[effective]
-            name = "+".join(axes) if axes != AXES else "world"
+            name = "+".join(axes) if axes != AXES else ("world" if shape.pipe == 1 else "stage")
             self._groups[axes] = AxisGroup(
                 name, axes, len(ranks), ranks.index(self.rank), tuple(ranks), handle, self.traffic
             )
@@ -393,16 +396,16 @@ def _init_world(backend: str) -> None:
     )
 
 
-def init(data: int = 1, x: int = 1, y: int = 1, z: int = 1, *, backend: str | None = None) -> Grid:
-    """Build a data x X x Y x Z grid over all ranks, starting torch.distributed first if needed.
+def init(data: int = 1, x: int = 1, y: int = 1, z: int = 1, *, pipe: int = 1, backend: str | None = None) -> Grid:
+    """Build a (pipe x) data x X x Y x Z grid over all ranks, starting torch.distributed first if needed.
 
     torch.distributed is initialised from the torchrun environment (RANK, WORLD_SIZE, MASTER_ADDR,
     MASTER_PORT), from SLURM (SLURM_PROCID, SLURM_NTASKS, plus MASTER_ADDR/MASTER_PORT), or, with no
     launcher at all, as a world of one process. The backend defaults to NCCL when CUDA is available and
     gloo otherwise; the grid's device is cuda:LOCAL_RANK for NCCL and cpu for gloo. Raises GridError
-    unless data * x * y * z equals the world size. Each call returns an independent grid.
+    unless pipe * data * x * y * z equals the world size. Each call returns an independent grid.
     """
-    shape = GridShape(data=data, x=x, y=y, z=z)
+    shape = GridShape(data=data, x=x, y=y, z=z, pipe=pipe)
     if dist.is_initialized():
         chosen = dist.get_backend()
         if backend is not None and backend != chosen:
