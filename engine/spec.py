@@ -280,6 +280,96 @@ def data_ranks_per_node(gpus_per_node: int, shape: GridShape) -> int:
     return math.gcd(gpus_per_node // tp, shape.data)
 
 
+# ----- the pipeline axis ----------------------------------------------------------------------------------------------
+# Schedules of torch.distributed.pipelining the engine runs (engine/training/pipeline.py), and whether each runs
+# several stages per rank (V > 1).
+PIPE_SCHEDULES: dict[str, bool] = {"gpipe": False, "1f1b": False, "interleaved-1f1b": True, "zero-bubble": True}
+
+
+@dataclass(frozen=True)
+class PipeConfig:
+    """How a pipelined run cuts and schedules its model (used when the grid's pipe axis is > 1).
+
+    schedule: a key of PIPE_SCHEDULES. microbatches: pipeline micro-batches per forward-backward pass of one data
+    rank (0: default_microbatches picks). virtual: stages per rank (interleaved schedules). splits: the first decoder
+    layer of stages 1..S-1 (empty: balanced by parameter count)."""
+
+    schedule: str = "1f1b"
+    microbatches: int = 0
+    virtual: int = 1
+    splits: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "splits", tuple(self.splits))
+        if self.schedule not in PIPE_SCHEDULES:
+            raise ValueError(
+                f"unknown pipeline schedule {self.schedule!r} (--pipe-schedule); choose one of "
+                f"{', '.join(PIPE_SCHEDULES)}"
+            )
+        if isinstance(self.virtual, bool) or not isinstance(self.virtual, int) or self.virtual < 1:
+            raise ValueError(f"--pipe-virtual must be an integer >= 1, got {self.virtual!r}")
+        if self.virtual > 1 and not PIPE_SCHEDULES[self.schedule]:
+            raise ValueError(
+                f"{self.schedule} runs one stage per rank, not {self.virtual} (--pipe-virtual); use "
+                "--pipe-schedule interleaved-1f1b or zero-bubble, or --pipe-virtual 1"
+            )
+        if isinstance(self.microbatches, bool) or not isinstance(self.microbatches, int) or self.microbatches < 0:
+            raise ValueError(f"--microbatches must be an integer >= 1 (or 0: chosen), got {self.microbatches!r}")
+        if any(a >= b for a, b in zip(self.splits, self.splits[1:])) or any(s < 1 for s in self.splits):
+            raise ValueError(f"--pipe-split {list(self.splits)}: give increasing decoder-layer indices >= 1")
+
+    def stages(self, pipe: int) -> int:
+        """Stages of a pipe axis of `pipe` ranks: pipe * virtual."""
+        return pipe * self.virtual
+
+    def check_microbatches(self, pipe: int, microbatches: int) -> None:
+        """ValueError (one line, with the fix) for a micro-batch count the schedule cannot run on `pipe` ranks."""
+        if microbatches < 1:
+            raise ValueError(f"a pipeline step needs at least 1 micro-batch, got {microbatches}")
+        if self.schedule == "1f1b" and microbatches < pipe:
+            raise ValueError(
+                f"{self.schedule} needs at least as many micro-batches as pipeline ranks ({pipe}), not {microbatches}: "
+                f"use --microbatches {pipe} or more, or another --pipe-schedule"
+            )
+        rounds = max(1, microbatches // pipe)  # torch's interleaved schedules run M in rounds of about P
+        if PIPE_SCHEDULES[self.schedule] and microbatches % rounds:
+            raise ValueError(
+                f"{self.schedule} runs {microbatches} micro-batches in {rounds} rounds on {pipe} ranks; choose "
+                f"--microbatches dividing evenly (a multiple of {pipe})"
+            )
+
+    def resolve_microbatches(self, pipe: int, rows: int) -> int:
+        """The micro-batch count for `rows` sequences per forward-backward pass of one data rank: the one set, or
+        the smallest divisor of `rows` >= 2 * pipe (a 1F1B bubble of at most (P-1)/(3P-1)), else the largest that
+        the schedule accepts. ValueError (one line) when none divides `rows` or the set one does not."""
+        if self.microbatches:
+            if rows % self.microbatches:
+                raise ValueError(
+                    f"{rows} sequences per pipeline pass (batch per data rank and --grad-accum micro-batch) do not "
+                    f"split into --microbatches {self.microbatches}; choose a count dividing {rows}"
+                )
+            self.check_microbatches(pipe, self.microbatches)
+            return self.microbatches
+        usable = []
+        for m in range(1, rows + 1):
+            if rows % m == 0:
+                try:
+                    self.check_microbatches(pipe, m)
+                except ValueError:
+                    continue
+                usable.append(m)
+        if not usable:
+            raise ValueError(
+                f"{rows} sequences per pipeline pass cannot feed {self.schedule} on {pipe} ranks (no micro-batch count "
+                f"of whole sequences suits it): raise the batch size (or lower --grad-accum) to a multiple of {pipe} "
+                "per data rank, or use another --pipe-schedule"
+            )
+        return next((m for m in usable if m >= 2 * pipe), usable[-1])
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "splits": list(self.splits)}
+
+
 # ----- precision -----------------------------------------------------------------------------------------------------
 # Element bytes (weights and gradients, matmul products, residual stream) of each `goldfish train --precision`:
 # bf16 is torch.autocast(bf16) over fp32 weights (matrix products in bf16; weights, gradients, residual stream and

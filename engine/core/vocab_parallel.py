@@ -415,6 +415,22 @@ def causal_lm_token_losses(
     ).reshape(targets.shape)
 
 
+def head_token_losses(
+    head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, *, chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+) -> torch.Tensor:
+    """Per-token cross-entropy (B, T) float32 of `targets` (B, T) from the final hidden states (B, T, H) through
+    `head` (an lm_head, plain or vocabulary-parallel), as causal_lm_token_losses computes it after the base model:
+    chunked, without full-vocabulary logits, where the head allows it; else from head(hidden)'s logits."""
+    loss_head = _loss_head(head)
+    if loss_head is not None:
+        with loss_head.returning_losses(targets, chunk_tokens):
+            return loss_head(hidden)
+    logits = head(hidden)
+    return F.cross_entropy(
+        logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none"
+    ).reshape(targets.shape)
+
+
 class _LossHead:
     """What the loss heads add to their lm_head class: inside `with head.returning_losses(targets, chunk_tokens)`
     the head's forward returns the per-token losses of `targets` (token_losses on its weight) instead of logits, and

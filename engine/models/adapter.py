@@ -31,6 +31,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import torch
 from torch import nn
 
 from engine.core.linear import ShardingError
@@ -285,6 +286,17 @@ def cache_keyword(model: nn.Module) -> str:
     hf = next((m for m in model.modules() if isinstance(m, PreTrainedModel)), None)
     parameters = inspect.signature(hf.forward).parameters if hf is not None else {}
     return next((k for k in CACHE_KEYWORDS if k in parameters), CACHE_KEYWORDS[-1])
+
+
+def causal_mask(config: Any, hidden: torch.Tensor, positions: torch.Tensor) -> Any:
+    """The causal attention mask a base model builds for `hidden` (B, T, H) at `positions` (1, T) without padding
+    mask or cache (transformers' create_causal_mask, whose cache keyword follows the installed release)."""
+    from transformers.masking_utils import create_causal_mask
+
+    keyword = next(k for k in CACHE_KEYWORDS if k in inspect.signature(create_causal_mask).parameters)
+    return create_causal_mask(
+        config=config, inputs_embeds=hidden, attention_mask=None, position_ids=positions, **{keyword: None}
+    )
 
 
 def returned_cache(out: Any) -> Any:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import (
     PipelineStage,
@@ -41,15 +42,22 @@ from torch.distributed.pipelining import (
 )
 
 from engine.core import comm
+from engine.core.functional import gather_from_group, split_to_group
 from engine.core.grid import AxisGroup
-from engine.models.adapter import find_planned
+from engine.core.vocab_parallel import head_token_losses
+from engine.models.adapter import causal_mask, find_planned
+from engine.models.layout import parallel_grid
+from engine.spec import PIPE_SCHEDULES, PipeConfig, row_gather_axes
 
 # name -> (torch schedule, takes several stages per rank)
 SCHEDULES = {
-    "gpipe": (ScheduleGPipe, False),
-    "1f1b": (Schedule1F1B, False),
-    "interleaved-1f1b": (ScheduleInterleaved1F1B, True),
-    "zero-bubble": (ScheduleInterleavedZeroBubble, True),
+    name: (torch_class, PIPE_SCHEDULES[name])
+    for name, torch_class in (
+        ("gpipe", ScheduleGPipe),
+        ("1f1b", Schedule1F1B),
+        ("interleaved-1f1b", ScheduleInterleaved1F1B),
+        ("zero-bubble", ScheduleInterleavedZeroBubble),
+    )
 }
 
 
@@ -77,9 +85,13 @@ class StageModule(nn.Module):
     """Stage `index`: decoder layers [start, stop) of the base model, with the embeddings in front on the first stage
     and the final norm and lm_head behind on the last.
 
-    forward(x): x is token ids (B, T) int64 on the first stage, hidden states (B, T, H) on the others; returns hidden
-    states (B, T, H), or logits (B, T, V) on the last stage. `names` maps each local parameter name to its name in the
-    whole model.
+    forward(x): x is token ids (B, T) int64 on the first stage, hidden states (B', T, H) on the others; returns hidden
+    states (B', T, H), or on the last stage logits (B, T, V), or the per-token losses (B, T) float32 of `targets`
+    when the stage is given them (set_targets). `names` maps each local parameter name to its name in the whole model.
+
+    On a model parallelized with x*y > 1 in the "own" rows layout, the decoder layers run on the rows of the x*y group
+    (B' = B * x * y), as engine.parallelize's stack hooks arrange for the base model's forward: the first stage
+    gathers its embedded rows over x*y and the last keeps its own rows of the final hidden states.
     """
 
     def __init__(self, model: nn.Module, index: int, start: int, stop: int, last: bool) -> None:
@@ -94,13 +106,20 @@ class StageModule(nn.Module):
         self.rotary = getattr(base, recipe.rotary) if recipe.rotary else None  # buffers only (inv_freq)
         self.norm = getattr(base, recipe.norm) if last else None
         self.lm_head = model.get_output_embeddings() if last else None
+        self.grid = parallel_grid(model)  # None for a model engine.parallelize did not shard
+        self.targets: torch.Tensor | None = None  # (B, T) next-token targets of the micro-batch in flight
         full = {id(p): name for name, p in model.named_parameters()}
         self.names = {name: full[id(p)] for name, p in self.named_parameters()}
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from transformers.masking_utils import create_causal_mask
+    def _row_group(self) -> AxisGroup | None:
+        """The x*y group whose rows the decoder layers run on together, when its ranks read different rows."""
+        if self.grid is None or not row_gather_axes(self.grid.rows) or self.grid.size("x", "y") == 1:
+            return None
+        return self.grid.group("x", "y")
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(x.shape[1], device=x.device).unsqueeze(0)  # (1, T), as the base model builds them
+        group = self._row_group()
         h = x
         if self.embed is not None:
             h = self.embed(x)  # (B, T, H)
@@ -108,15 +127,20 @@ class StageModule(nn.Module):
                 h = h + self.table(positions)
             if self.dropout is not None:
                 h = self.dropout(h)
+            if group is not None:
+                h = gather_from_group(h, group, 0)  # (B', T, H): the rows of the x*y group
         extra = {"position_embeddings": self.rotary(h, position_ids=positions)} if self.rotary is not None else {}
-        mask = create_causal_mask(
-            config=self.config, inputs_embeds=h, attention_mask=None, cache=None, position_ids=positions
-        )
+        mask = causal_mask(self.config, h, positions)
         for layer in self.layers:
             h = layer(h, attention_mask=mask, position_ids=positions, **extra)
-        if self.lm_head is not None:
-            h = self.lm_head(self.norm(h))  # (B, T, V)
-        return h
+        if self.lm_head is None:
+            return h
+        h = self.norm(h)
+        if group is not None:
+            h = split_to_group(h, group, 0)  # this rank's own rows (B, T, H)
+        if self.targets is None:
+            return self.lm_head(h)  # (B, T, V)
+        return head_token_losses(self.lm_head, h, self.targets)  # (B, T)
 
 
 def check_model(model: nn.Module) -> int:
@@ -182,15 +206,7 @@ def split_model(model: nn.Module, n_stages: int, splits: list[int] | None = None
 def check_schedule(schedule: str, n_ranks: int, virtual: int, microbatches: int) -> None:
     """ValueError (one line) for settings the schedule cannot run on `n_ranks` ranks: unknown name, V > 1 on a
     one-stage-per-rank schedule, or fewer micro-batches than it needs (or a count its rounds do not divide)."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown pipeline schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
-    if virtual < 1 or (virtual > 1 and not SCHEDULES[schedule][1]):
-        raise ValueError(f"{schedule} runs one stage per rank, not {virtual}; use interleaved-1f1b or zero-bubble")
-    if microbatches < 1 or (schedule == "1f1b" and microbatches < n_ranks):
-        raise ValueError(f"{schedule} needs at least {n_ranks} micro-batches on {n_ranks} ranks, not {microbatches}")
-    rounds = max(1, microbatches // n_ranks)  # torch's interleaved schedules run M in rounds of about P
-    if SCHEDULES[schedule][1] and microbatches % rounds:
-        raise ValueError(f"{schedule} runs {microbatches} micro-batches in {rounds} rounds; choose M dividing evenly")
+    PipeConfig(schedule=schedule, virtual=virtual).check_microbatches(n_ranks, microbatches)
 
 
 @dataclass
@@ -212,6 +228,7 @@ class _MeasuredStage(PipelineStage):
     def __init__(self, *args, stats: PipelineStats, group: AxisGroup, **kwargs) -> None:
         super().__init__(*args, group=group.group, **kwargs)
         self.stats, self.axis_group = stats, group
+        self.chunk_targets: list[torch.Tensor] | None = None  # per micro-batch (B/M, T), during step_token_losses
 
     def _timed(self, run: Callable[[], object]) -> object:
         started = time.perf_counter()
@@ -220,8 +237,14 @@ class _MeasuredStage(PipelineStage):
         finally:
             self.stats.compute_s += time.perf_counter() - started
 
-    def forward_one_chunk(self, *args, **kwargs):
-        return self._timed(lambda: super(_MeasuredStage, self).forward_one_chunk(*args, **kwargs))
+    def forward_one_chunk(self, fwd_chunk_id: int, *args, **kwargs):
+        module = self.submod
+        if self.is_last and self.chunk_targets is not None:  # the last stage computes this micro-batch's losses
+            module.targets = self.chunk_targets[fwd_chunk_id]
+        try:
+            return self._timed(lambda: super(_MeasuredStage, self).forward_one_chunk(fwd_chunk_id, *args, **kwargs))
+        finally:
+            module.targets = None
 
     def backward_one_chunk(self, *args, **kwargs):
         return self._timed(lambda: super(_MeasuredStage, self).backward_one_chunk(*args, **kwargs))
@@ -246,7 +269,10 @@ class Pipeline:
     """`model` cut into P * `virtual` stages over the P ranks of `group`, run by `schedule` on `microbatches`
     micro-batches per step. Every rank of the group builds it with the same arguments and the same model.
 
-    loss_fn(logits (B/M, T, V), labels (B/M, T)) -> a scalar: the SUM of the micro-batch's token losses.
+    Two ways to run a step: `step(ids, labels)` with loss_fn(logits (B/M, T, V), labels (B/M, T)) -> a scalar (the
+    SUM of the micro-batch's token losses); or `step_token_losses(ids, targets, reduce)`, where the last stage computes
+    the per-token cross-entropies of `targets` through lm_head without full-vocabulary logits (vocabulary-parallel on a
+    tensor-parallel grid) and `reduce` turns them into the scalar to differentiate.
     """
 
     def __init__(
@@ -254,7 +280,7 @@ class Pipeline:
         model: nn.Module,
         group: AxisGroup,
         *,
-        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
         schedule: str = "1f1b",
         microbatches: int,
         virtual: int = 1,
@@ -265,20 +291,31 @@ class Pipeline:
         check_schedule(schedule, group.size, virtual, microbatches)
         n_stages = group.size * virtual
         self.group, self.microbatches, self.stats = group, microbatches, PipelineStats()
-        everything = split_model(model, n_stages, splits)
-        self.stages = [everything[s] for s in range(group.rank, n_stages, group.size)]  # stage s on rank s % P
+        self.all_stages = split_model(model, n_stages, splits)  # every rank knows every stage's parameters
+        self.stages = [self.all_stages[s] for s in range(group.rank, n_stages, group.size)]  # stage s on rank s % P
         device = next(model.parameters()).device
-        stages = [_MeasuredStage(m, m.index, n_stages, device, stats=self.stats, group=group) for m in self.stages]
+        self._torch_stages = [
+            _MeasuredStage(m, m.index, n_stages, device, stats=self.stats, group=group) for m in self.stages
+        ]
+        self._reduce: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
-        def timed_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        def timed_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
             started = time.perf_counter()
-            loss = loss_fn(logits, labels)
+            if self._reduce is not None:
+                loss = self._reduce(output, target)
+            elif loss_fn is not None:
+                loss = loss_fn(output, target)
+            else:
+                raise ValueError("Pipeline.step needs the loss_fn the pipeline was built with; use step_token_losses")
             self.stats.compute_s += time.perf_counter() - started
             return loss
 
         kind, multi = SCHEDULES[schedule]
         self.schedule = kind(
-            stages if multi else stages[0], n_microbatches=microbatches, loss_fn=timed_loss, scale_grads=False
+            self._torch_stages if multi else self._torch_stages[0],
+            n_microbatches=microbatches,
+            loss_fn=timed_loss,
+            scale_grads=False,
         )
 
     def parameters(self) -> list[nn.Parameter]:
@@ -289,15 +326,64 @@ class Pipeline:
         """This rank's parameters under their names in the whole model."""
         return {stage.names[n]: p for stage in self.stages for n, p in stage.named_parameters()}
 
-    def step(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Forward and backward of one batch, ids and labels (B, T) on every rank; gradients accumulate into the
-        stage parameters. Returns the sum of the M micro-batch losses (detached, float64) on every rank."""
-        rows, m = ids.shape[0], self.microbatches
-        if rows % m:  # torch would cut unequal micro-batches
-            raise ValueError(f"a batch of {rows} sequences does not split into {m} micro-batches; choose M dividing it")
+    def _check_rows(self, rows: int) -> None:
+        if rows % self.microbatches:  # torch would cut unequal micro-batches
+            raise ValueError(
+                f"a batch of {rows} sequences does not split into {self.microbatches} micro-batches; "
+                "choose M dividing it"
+            )
+
+    def _run(self, ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         losses: list[torch.Tensor] = []
-        self.schedule.step(ids, target=labels, losses=losses, return_outputs=False)
+        self.schedule.step(ids, target=target, losses=losses, return_outputs=False)
         total = torch.zeros((), dtype=torch.float64, device=ids.device)
         for loss in losses:  # only the rank of the last stage has them
             total += loss.detach().double()
         return comm.sum_control(total, self.group)
+
+    def step(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of one batch, ids and labels (B, T) on every rank; gradients accumulate into the
+        stage parameters. Returns the sum of the M micro-batch losses (detached, float64) on every rank."""
+        self._check_rows(ids.shape[0])
+        return self._run(ids, labels)
+
+    def step_token_losses(
+        self,
+        ids: torch.Tensor,
+        targets: torch.Tensor,
+        reduce: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        """Forward and backward of one batch: ids and next-token targets (B, T) int64 on every rank (IGNORE_INDEX
+        where no loss is wanted). The last stage computes each micro-batch's per-token losses (B/M, T) float32 and
+        calls reduce(token_losses, rows) with rows (B/M,) the micro-batch's row indices in the batch; the scalar it
+        returns is differentiated (gradients accumulate into the stage parameters). Returns the sum of those scalars
+        (detached, float64) on every rank."""
+        self._check_rows(ids.shape[0])
+        chunks = list(targets.tensor_split(self.microbatches))  # torch splits the inputs alike (dim 0, equal parts)
+        for stage in self._torch_stages:
+            stage.chunk_targets = chunks
+        self._reduce = reduce
+        try:
+            return self._run(ids, torch.arange(ids.shape[0], device=ids.device))
+        finally:
+            self._reduce = None
+            for stage in self._torch_stages:
+                stage.chunk_targets = None
+
+    @torch.no_grad()
+    def share_weights(self) -> None:
+        """Make every rank's whole model current: each stage's rank broadcasts its stage's tensors over the pipeline
+        group (one flat message per stage). The other ranks' copies of a stage are not trained, so call this before
+        anything reads the whole model (a checkpoint, an evaluation, the end of training)."""
+        if self.group.group is None:
+            return
+        for stage in self.all_stages:
+            owner = self.group.ranks[stage.index % self.group.size]
+            tensors = [p.data for p in stage.parameters()]
+            flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else None
+            if flat is None:
+                continue
+            dist.broadcast(flat, src=owner, group=self.group.group)
+            if owner != self.group.ranks[self.group.rank]:
+                for tensor, piece in zip(tensors, flat.split([t.numel() for t in tensors])):
+                    tensor.copy_(piece.view_as(tensor))
