@@ -54,8 +54,10 @@ from typing import Any, Iterable
 from engine.spec import (
     AXES,
     BUCKET_ELEMENTS,
+    PIPE_SCHEDULES,
     ROWS_LAYOUTS,  # noqa: F401 (the planner's readers take the layouts from here)
     GridShape,
+    PipeConfig,
     ZeroConfig,
     gradient_axes,
     row_gather_axes,
@@ -67,6 +69,9 @@ from engine.spec import (
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 PHASES = ("forward", "backward", "sync", "clip", "optimizer")
 SYNC_BUCKET_ELEMENTS = BUCKET_ELEMENTS  # gradients are all-reduced in buckets this large (engine.core.comm)
+# The families whose stage set-up engine/training/pipeline.py confirms (its RECIPES): named shapes of others refuse
+# pipelining; shapes read from a config carry the engine's own refusal (goldfish.app.planning).
+PIPELINE_FAMILIES = ("llama", "qwen2", "gpt2")
 
 
 def group_name(axes: Iterable[str]) -> str:
@@ -361,6 +366,11 @@ class TransformerShape:
     refusals: tuple[tuple[tuple[str, ...], str], ...] = ()
     vocab_refusal: str = ""
     logits_loss: bool = False
+    # A pipeline stage's part of the model (stage_shape builds them): whether it looks up the input embeddings (the
+    # first stage) and runs the final norm, lm_head and the loss (the last one); a whole model does both.
+    runs_embeddings: bool = True
+    runs_head: bool = True
+    pipeline_refusal: str = ""  # why the engine cannot cut this model into pipeline stages ("" when it can)
 
     def __post_init__(self) -> None:
         for f in ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab"):
@@ -521,7 +531,12 @@ NAMED_SHAPES.update(
 # config.json): 44 layers, hidden 6,144, 64 heads, a 4 x hidden GELU MLP with biases, LayerNorm, rotary positions
 # (no parameters), untied 50,432-row embeddings and lm_head. The 20B GPT of the Frontier ZeRO++ study (seed 001),
 # whose exact shape we could not read, planned with these published sizes.
-NAMED_SHAPES["NEOX-20B"] = replace(_axonn_gpt(44, 6144, 64, "GPT-NeoX-20B"), vocab=50432, tie_embeddings=False)
+NAMED_SHAPES["NEOX-20B"] = replace(
+    _axonn_gpt(44, 6144, 64, "GPT-NeoX-20B"),
+    vocab=50432,
+    tie_embeddings=False,
+    pipeline_refusal=f"gpt_neox: the pipeline's stage set-up is confirmed for {', '.join(PIPELINE_FAMILIES)} only",
+)
 
 
 def vocab_parts(shape: TransformerShape, grid: GridShape, vocab_parallel: bool | None = None) -> int:
@@ -623,8 +638,9 @@ def local_params(
 
     before, layer, after = shape.layout()
     out = [q for p in before for q in place(p, 0)]
+    one = [q for p in layer for q in place(p, 1)]  # every layer is placed alike (the planner plans often: place once)
     for index in range(1, shape.layers + 1):
-        out += [q for p in layer for q in place(p, index)]
+        out += [LocalParam(index, q.rows, q.row_elements, q.axes) for q in one] if index > 1 else one
     return out + [q for p in after for q in place(p, 0)]
 
 
@@ -780,12 +796,14 @@ def stack_collectives(
         return []
     xy = grid.size("x", "y")
     r, s, h = rows_per_rank, seq, shape.hidden
-    b.add(("x", "y"), "all_gather", xy * r * s * h * stream_bytes, "forward", "embeddings rows in")
-    if mask_bytes:
-        b.add(("x", "y"), "all_gather", xy * r * s * mask_bytes, "forward", "attention mask rows in")
-    if position_ids:
-        b.add(("x", "y"), "all_gather", xy * r * s * 8, "forward", "position ids rows in")
-    b.add(("x", "y"), "all_gather", xy * r * s * h * stream_bytes, "backward", "final hidden grad rows")
+    if shape.runs_embeddings:  # in a pipeline: on the first stage; the last one leaves the rows
+        b.add(("x", "y"), "all_gather", xy * r * s * h * stream_bytes, "forward", "embeddings rows in")
+        if mask_bytes:
+            b.add(("x", "y"), "all_gather", xy * r * s * mask_bytes, "forward", "attention mask rows in")
+        if position_ids:
+            b.add(("x", "y"), "all_gather", xy * r * s * 8, "forward", "position ids rows in")
+    if shape.runs_head:
+        b.add(("x", "y"), "all_gather", xy * r * s * h * stream_bytes, "backward", "final hidden grad rows")
     return b.items
 
 
@@ -831,11 +849,18 @@ def vocab_collectives(
     # the tokens of the ranks whose rows differ: the whole x*y*z group, or its z ranks when x*y share rows
     tokens = grid.size(*row_axes) * rows_per_rank * seq
     h = shape.hidden
-    b.add(row_axes, "all_gather", tokens * 8, "forward", "embedding token ids")
-    b.add(row_axes, "reduce_scatter", tokens * h * param_bytes, "forward", "partial embeddings")
     replicas = row_replica_axes(rows)
+    if shape.runs_embeddings:  # a pipeline's first stage (the whole model without a pipeline)
+        b.add(row_axes, "all_gather", tokens * 8, "forward", "embedding token ids")
+        b.add(row_axes, "reduce_scatter", tokens * h * param_bytes, "forward", "partial embeddings")
+        if replicas:
+            b.add(
+                replicas, "all_reduce", rows_per_rank * seq * h * param_bytes, "forward", "embeddings of the replicas"
+            )
+        b.add(row_axes, "all_gather", tokens * h * param_bytes, "backward", "embedding output grad")
+    if not shape.runs_head:
+        return b.items
     if replicas:
-        b.add(replicas, "all_reduce", rows_per_rank * seq * h * param_bytes, "forward", "embeddings of the replicas")
         b.add(
             replicas,
             "all_reduce",
@@ -843,7 +868,6 @@ def vocab_collectives(
             "backward",
             "loss hidden-state grad of the replicas",
         )
-    b.add(row_axes, "all_gather", tokens * h * param_bytes, "backward", "embedding output grad")
     b.add(row_axes, "all_gather", tokens * h * stream_bytes, "forward", "loss hidden states")
     b.add(row_axes, "reduce_scatter", tokens * h * stream_bytes, "backward", "loss hidden-state grad")
     if chunked_loss:
@@ -1025,6 +1049,7 @@ def rank_flops_per_step(
     shares = bool(row_replica_axes(rows))
     head_tokens = tokens if not shares or vocab_parts(shape, grid, vocab_parallel) > 1 else rows_per_rank * seq
     head = (8.0 if chunked_loss and not shape.logits_loss else 6.0) * head_tokens * shape.vocab * shape.hidden
+    head *= shape.runs_head  # a pipeline stage without the lm_head
     passes = 4.0 if recompute else 3.0  # forward + backward (2x forward), plus the recomputed forward
     return grad_accum * (passes * (layer_linear + attention) + head)
 
@@ -1104,8 +1129,10 @@ def memory_per_rank(
     vocab_parallel: bool | None = None,
     stream_bytes: int | None = None,
     rows: str = "own",
+    in_flight: float = 1.0,
 ) -> MemoryEstimate:
-    """Estimated peak memory of one rank for one micro-batch of `rows_per_rank` rows.
+    """Estimated peak memory of one rank for one micro-batch of `rows_per_rank` rows (or, in a pipeline, `in_flight`
+    micro-batches whose activations a stage holds at once: pipeline_in_flight).
 
     Parameters: each ParallelLinear weight shard is 1/(X Y Z) of the full weight (layer_shard_params);
     norms are replicated; embeddings and lm_head are split by vocabulary over the P = vocab_parts ranks
@@ -1171,15 +1198,17 @@ def memory_per_rank(
     layers = shape.layers * t * h * act_bytes if recompute else shape.layers * per_layer
     # tokens the loss gathers: those of the ranks of x*y*z whose rows differ
     group_tokens = min(parts, grid.size(*vocab_row_axes(rows))) * rows_per_rank * seq
-    stack = t * h * (2 * act_bytes + 4)
-    kept = layers + stack + group_tokens * h * stream_bytes
+    # the gathered embeddings (first stage) and the final norm's input and output (last stage)
+    stack = t * h * (act_bytes * shape.runs_embeddings + (act_bytes + 4) * shape.runs_head)
+    kept = (layers + stack + group_tokens * h * stream_bytes * shape.runs_head) * in_flight
     stats = max(act_bytes, 4)  # the loss's statistics and logits gradient: fp32, or the product dtype if wider
     loss_chunk = min(1024, group_tokens) * (shape.vocab // parts) * (stats + (act_bytes if act_bytes < stats else 0))
     if shape.logits_loss:  # model(...).logits and F.cross_entropy on the rank's rows: whole logits, no chunks
         loss_chunk = rows_per_rank * seq * shape.vocab * (act_bytes + 8)
+    loss_chunk *= shape.runs_head
     activations = kept + max(loss_chunk, per_layer if recompute else 0)
     grad = max(param_bytes, 4)  # the lm_head gradient the loss accumulates: fp32, or the weights' dtype if wider
-    head_grad = (shape.vocab // parts) * h * (grad + (act_bytes + grad if act_bytes != grad else 0))
+    head_grad = (shape.vocab // parts) * h * (grad + (act_bytes + grad if act_bytes != grad else 0)) * shape.runs_head
     blocks = []
     for _, k, n, transposed, _ in shape.projections():
         in_axis, out_axis = ("y", "x") if transposed else ("x", "y")
@@ -1231,7 +1260,7 @@ def rank_memory_traffic_per_step(
     per_layer = layer_activation_bytes(shape, grid, tokens=t, act_bytes=act_bytes)
     parts = vocab_parts(shape, grid, vocab_parallel)
     logit_rows = rows_per_rank / (grid.size(*row_replica_axes(rows)) if parts > 1 else 1)
-    logits = logit_rows * seq * shape.vocab * (act_bytes + 8)
+    logits = logit_rows * seq * shape.vocab * (act_bytes + 8) * shape.runs_head
     passes = 7 if recompute else 5
     activations = grad_accum * passes * (shape.layers * per_layer + logits)
     held = (
@@ -1273,3 +1302,133 @@ def count_grids(world: int) -> int:
     if n > 1:
         out *= 4
     return out
+
+
+# ----- pipeline -------------------------------------------------------------------------------------------------------
+#
+# A grid with pipe = P cuts the decoder layers into S = P V contiguous stages (V stages per rank for the interleaved
+# schedules, stage s on pipe rank s mod P), as engine/training/pipeline.py does: the input embeddings on the first
+# stage, the final norm, lm_head and the loss on the last. Each stage is a data x X x Y x Z grid of its own (the pipe
+# axis is the slowest in rank order), so every function above applies to one pipe rank with the stage grid
+# (pipe = 1) and the shape of that rank's layers (pipe_rank_shape).
+
+INTERLEAVED = tuple(name for name, several in PIPE_SCHEDULES.items() if several)  # several stages per rank
+
+
+def pipeline_check(schedule: str, pipe: int, microbatches: int, virtual: int = 1) -> str | None:
+    """None when `schedule` runs `microbatches` micro-batches on `pipe` ranks with `virtual` stages each, else the
+    reason, as the engine's PipeConfig refuses it (so the planner proposes nothing the engine refuses): V > 1 on a
+    one-stage-per-rank schedule, 1F1B with M < P, an M the interleaved rounds do not divide."""
+    if pipe < 2:
+        return f"a pipeline needs at least 2 stages, not {pipe}"
+    try:
+        PipeConfig(schedule=schedule, virtual=virtual).check_microbatches(pipe, microbatches)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def pipeline_bubble(schedule: str, pipe: int, microbatches: int, virtual: int = 1) -> float:
+    """The idle share of each rank's step for stages of equal cost, a backward costing twice the forward and free
+    messages: (P-1)/(M+P-1) for GPipe and 1F1B; (P-1)/(V M+P-1) for interleaved 1F1B (each of a rank's V stages is
+    1/V as long, so the fill and drain shrink V times); (P-1)/(3 V M+P-1) for zero bubble (torch's
+    ScheduleInterleavedZeroBubble, ZB-H1 of Qi et al. 2024: the weight-gradient third of each backward fills the
+    cool-down). bench/pipeline.py measures them beside these forms (docs/pipeline.md)."""
+    reason = pipeline_check(schedule, pipe, microbatches, virtual) if pipe > 1 else None
+    if reason:
+        raise ValueError(reason)
+    per_rank = {"gpipe": 1, "1f1b": 1, "interleaved-1f1b": virtual, "zero-bubble": 3 * virtual}[schedule]
+    return (pipe - 1) / (per_rank * microbatches + pipe - 1)
+
+
+def pipeline_in_flight(schedule: str, pipe: int, microbatches: int, virtual: int = 1, rank: int = 0) -> float:
+    """Micro-batches whose activations pipe rank `rank` holds at its peak, counted in whole micro-batches of all its
+    layers (a chunk of one of its V stages counts 1/V), from the order torch's schedules run the actions in:
+
+    GPipe: every forward before any backward, M. 1F1B: P - r warm-up forwards, then one forward per backward:
+    min(M, P - r). Interleaved 1F1B: w = (V-1) m_r + 2 (P-1-r) warm-up chunks (m_r = the micro-batches of a round,
+    M / max(1, M // P)), then one forward before each backward: min(w + 1, V M) chunks. Zero bubble: w = (V-1) m_r +
+    (P-1-r) and each chunk stays until its deferred weight gradient, which trails the backwards by r actions:
+    min(w + r + 1, V M) chunks. Rank 0 holds the most."""
+    p, m, v = pipe, microbatches, virtual
+    if schedule == "gpipe":
+        return float(m)
+    if schedule == "1f1b":
+        return float(min(m, p - rank))
+    per_round = m // max(1, m // p)
+    if schedule == "interleaved-1f1b":
+        chunks = min((v - 1) * per_round + 2 * (p - 1 - rank), v * m) + 1
+    elif schedule == "zero-bubble":
+        chunks = min((v - 1) * per_round + (p - 1 - rank), v * m) + rank + 1
+    else:
+        raise ValueError(f"unknown pipeline schedule {schedule!r}; choose one of {', '.join(PIPE_SCHEDULES)}")
+    return min(chunks, v * m) / v
+
+
+def stage_layer_counts(layers: int, stages: int) -> list[int]:
+    """Decoder layers of each of `stages` stages, cut as engine.training.pipeline.balanced_splits cuts layers of equal
+    parameter counts (a stage's layers are contiguous; every stage gets at least one)."""
+    if not 1 <= stages <= layers:
+        raise ValueError(f"{stages} stages for {layers} decoder layers: choose at most one stage per layer")
+    splits: list[int] = []
+    for index in range(layers):
+        stage = len(splits) + 1
+        if stage == stages:
+            break
+        # cut before `index` when its middle lies past the stage's share, or when later stages need the rest
+        past_share = index + 0.5 > layers * stage / stages
+        if index > (splits[-1] if splits else 0) and (past_share or layers - index == stages - stage):
+            splits.append(index)
+    bounds = [0, *splits, layers]
+    return [b - a for a, b in zip(bounds, bounds[1:])]
+
+
+def stage_shape(shape: TransformerShape, layers: int, *, first: bool, last: bool) -> TransformerShape:
+    """The part of `shape` one pipeline rank holds: `layers` decoder layers, with the input embeddings (and what else
+    precedes the layers) when `first`, and the final norm, lm_head and the loss when `last`."""
+    before, layer, after = shape.layout()
+    return replace(
+        shape,
+        layers=layers,
+        layer_layout=layer,
+        before_layers=before if first else (),
+        after_layers=after if last else (),
+        runs_embeddings=first,
+        runs_head=last,
+    )
+
+
+def pipe_rank_shape(shape: TransformerShape, pipe: int, virtual: int, rank: int) -> TransformerShape:
+    """What pipe rank `rank` of `pipe` runs when the layers are cut into pipe * virtual stages (stage s on rank
+    s mod P): the layers of its V stages, the embeddings on rank 0 (stage 0), the head on rank P-1 (stage S-1)."""
+    counts = stage_layer_counts(shape.layers, pipe * virtual)
+    layers = sum(counts[rank + pipe * i] for i in range(virtual))
+    return stage_shape(shape, layers, first=rank == 0, last=rank == pipe - 1)
+
+
+def pipeline_p2p_bytes(
+    shape: TransformerShape,
+    grid: GridShape,
+    *,
+    rank: int,
+    rows_per_rank: int,
+    seq: int,
+    microbatches: int,
+    virtual: int = 1,
+    stream_bytes: int = 4,
+    rows: str = "own",
+) -> int:
+    """Bytes pipe rank `rank` of `grid` sends to other stages per step: for each of the M micro-batches, the hidden
+    states forward from each of its stages but the last, and their gradient back from each but the first.
+
+    Each rank sends to the rank of the same data, x, y and z indices in the next (previous) stage what it holds
+    between two decoder layers: the hidden states of its x*y group's rows, group_rows(grid, rows_per_rank, rows)
+    x seq x hidden in the residual stream's dtype (stream_bytes: 4 under --precision bf16, whose autocast keeps the
+    stream in fp32). In the own rows layout that is X*Y times the rank's own rows (the decoder runs on the rows of
+    the whole x*y group, replicated over x and y); in the shared layout the rows the rank reads. Without tensor
+    parallelism: (B/M, T, H) per micro-batch, the figure bench/pipeline.py checks."""
+    stages = [rank + grid.pipe * i for i in range(virtual)]
+    last = grid.pipe * virtual - 1
+    crossings = sum(s != last for s in stages) + sum(s != 0 for s in stages)
+    hidden = group_rows(grid, rows_per_rank, rows) * seq * shape.hidden * stream_bytes
+    return crossings * microbatches * hidden

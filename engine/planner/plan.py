@@ -30,20 +30,29 @@ torchrun (engine.planner.measure).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.planner.cost_model import (
+    INTERLEAVED,
+    PIPE_SCHEDULES,
     ROWS_LAYOUTS,
+    Collective,
     MemoryEstimate,
     TransformerShape,
     bytes_by_group,
     grid_fits_shape,
     group_axes,
+    group_rows,
     llama_step_collectives,
     memory_per_rank,
     model_flops_per_token,
     ordered_grids,
+    pipe_rank_shape,
+    pipeline_bubble,
+    pipeline_check,
+    pipeline_in_flight,
+    pipeline_p2p_bytes,
     rank_flops_per_step,
     rank_memory_traffic_per_step,
 )
@@ -72,6 +81,14 @@ CHECKPOINTING = ("auto", "on", "off")
 # "node" (two levels: the data ranks of one node, then the nodes) and "package,node" (three levels: the data ranks of
 # one package, such as the two GCDs of an MI250X, then the packages of a node, then the nodes).
 HIERARCHIES = ("off", "node", "package,node")
+# Pipeline schedules weighed unless the request names others: zero bubble only when asked, because the cost model
+# does not charge its backward split into two autograd passes (docs/pipeline.md measures that cost), so it would
+# always win; GPipe only when asked, because 1F1B has its bubble with fewer micro-batches in flight.
+DEFAULT_PIPE_SCHEDULES = ("1f1b", "interleaved-1f1b")
+# What the engine's pipeline composes with (goldfish train --grid pipe=P,...): the rows layouts and ZeRO stages a
+# pipelined plan may use inside its stages. The planner proposes no other composition.
+PIPE_ROWS_LAYOUTS = ROWS_LAYOUTS
+PIPE_ZERO_STAGES = STAGES
 
 
 @dataclass(frozen=True)
@@ -99,6 +116,13 @@ class PlanRequest:
     gradient_bits: int = 8  # qgZ's codes: 8 or 4 bits
     quantize_block: int = DEFAULT_QUANT_BLOCK  # elements per scale of qwZ and qgZ
     rows_layouts: tuple[str, ...] = ROWS_LAYOUTS  # rows layouts of `goldfish train --rows` to consider per grid
+    # the pipeline axis: pipe sizes to consider (None: every divisor of the GPU count up to the decoder layers; (1,):
+    # no pipeline), the schedules weighed on each pipelined grid, their stages per rank V (interleaved schedules) and
+    # the micro-batches M per step and data rank (None: per grid, the fastest that fits)
+    pipe_sizes: tuple[int, ...] | None = None
+    pipe_schedules: tuple[str, ...] = DEFAULT_PIPE_SCHEDULES
+    pipe_virtual: tuple[int, ...] = (2,)
+    microbatches: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("gpus", "global_batch", "seq"):
@@ -119,6 +143,42 @@ class PlanRequest:
         if not self.rows_layouts or any(r not in ROWS_LAYOUTS for r in self.rows_layouts):  # (a subset, not one)
             raise ValueError(f"rows_layouts must be a non-empty subset of {ROWS_LAYOUTS}, got {self.rows_layouts!r}")
         self._check_zero_plus_plus()
+        self._check_pipeline()
+
+    def _check_pipeline(self) -> None:
+        """Refuse pipeline settings no plan could use, in one line naming `goldfish plan`'s option and the fix."""
+        for size in self.pipe_sizes or ():
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1 or self.gpus % size:
+                raise ValueError(f"--pipe {size} does not divide --gpus {self.gpus}; give divisors of the GPU count")
+            if size > self.shape.layers:
+                raise ValueError(
+                    f"--pipe {size}: more stages than the {self.shape.layers} decoder layers of "
+                    f"{self.shape.name or 'the model'}; give at most {self.shape.layers}"
+                )
+        if self.pipe_sizes is not None and not self.pipe_sizes:
+            raise ValueError("--pipe needs at least one size (1: no pipeline)")
+        if not self.pipe_schedules or any(s not in PIPE_SCHEDULES for s in self.pipe_schedules):
+            raise ValueError(f"--pipe-schedule takes {', '.join(PIPE_SCHEDULES)}, got {' '.join(self.pipe_schedules)}")
+        bad = [v for v in self.pipe_virtual if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+        if not self.pipe_virtual or bad:
+            raise ValueError(f"--pipe-virtual takes stage counts >= 1, got {self.pipe_virtual}")
+        if self.microbatches is not None and (isinstance(self.microbatches, bool) or self.microbatches < 1):
+            raise ValueError(f"--microbatches must be >= 1, got {self.microbatches}")
+        if self.microbatches is not None and self.grad_accum not in (None, 1):
+            raise ValueError(
+                "--microbatches sets a pipelined plan's micro-batches and --grad-accum a plan's without a pipeline; "
+                "give one of them"
+            )
+
+    @property
+    def pipes(self) -> list[int]:
+        """The pipe sizes to plan: the request's, or every divisor of the GPU count up to the decoder layers (only 1
+        for a model the engine cannot pipeline: pipeline_refusal)."""
+        if self.pipe_sizes is not None:
+            return sorted(set(self.pipe_sizes))
+        if pipeline_refusal(self.shape, 1):
+            return [1]
+        return [p for p in range(1, min(self.gpus, self.shape.layers) + 1) if self.gpus % p == 0]
 
     def _check_zero_plus_plus(self) -> None:
         """Refuse hierarchies and quantizations that no plan could use, each in one line naming the fix (the
@@ -229,11 +289,20 @@ class GridPlan:
     mfu: float = 0.0
     zero: ZeroConfig | None = None
     rows: str = "own"  # the rows layout (goldfish train --rows): "own" per GPU or "shared" per x*y group
+    # a pipelined plan (grid.pipe > 1): its schedule, stages per rank, micro-batches per step and data rank (then
+    # also grad_accum), the bubble's share of the step and its seconds, the point-to-point seconds between stages
+    # (inside comm_s), and the memory of each pipe rank (bytes; `memory` is the largest)
+    schedule: str = ""
+    virtual: int = 1
+    bubble: float = 0.0
+    bubble_s: float = 0.0
+    p2p_s: float = 0.0
+    stage_memory: list[float] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         g = self.grid
         out = {
-            "grid": {"data": g.data, "x": g.x, "y": g.y, "z": g.z},
+            "grid": {"pipe": g.pipe, "data": g.data, "x": g.x, "y": g.y, "z": g.z},
             "feasible": self.feasible,
             "reason": self.reason,
             "grad_accum": self.grad_accum,
@@ -249,6 +318,16 @@ class GridPlan:
             "zero": None if self.zero is None else self.zero.to_json(),
             "rows": self.rows,
         }
+        if g.pipe > 1:
+            out["pipeline"] = {
+                "schedule": self.schedule,
+                "virtual": self.virtual,
+                "microbatches": self.grad_accum,
+                "bubble": self.bubble,
+                "bubble_s": self.bubble_s,
+                "p2p_s": self.p2p_s,
+                "stage_memory_gib": [m / GIB for m in self.stage_memory],
+            }
         if self.memory is not None:
             out["memory_gib"] = {
                 "params": self.memory.params / GIB,
@@ -262,6 +341,27 @@ class GridPlan:
 def readers(grid: GridShape, rows: str) -> int:
     """How many GPUs read different rows of a step in rows layout `rows`: all of them, or data*z when shared."""
     return grid.size(*row_split_axes(rows))
+
+
+def comm_seconds(
+    profile: MachineProfile, grid: GridShape, collectives: list[Collective], zero: ZeroConfig | None
+) -> dict[str, float]:
+    """Seconds of `collectives` per group name on `grid` (one pipeline stage's grid: its groups are laid out as a
+    grid without a pipeline), each at the bandwidth its members' placement gets on `profile`."""
+    sizes = {"data": grid.data, "x": grid.x, "y": grid.y, "z": grid.z}
+    totals: dict[tuple[str, str, int], list[int]] = {}
+    for c in collectives:
+        entry = totals.setdefault((c.group, c.kind, c.ranks), [0, 0])
+        entry[0] += c.sent_bytes
+        entry[1] += c.count
+    out: dict[str, float] = {}
+    for (group, kind, ranks), (sent, calls) in totals.items():
+        stride = group_stride(group_axes(group), sizes)
+        if group.startswith("data.level") and zero is not None:  # ZeRO's levels: members step over the inner ones
+            stride *= math.prod(zero.level_sizes(grid.data)[: int(group.removeprefix("data.level")) - 1])
+        seconds = profile.collective_seconds(kind, ranks, stride, sent, calls)
+        out[group] = out.get(group, 0.0) + seconds
+    return out
 
 
 def step_prediction(
@@ -291,19 +391,7 @@ def step_prediction(
         zero=zero,
         rows=rows_layout,
     )  # embeddings split by vocabulary as parallelize does
-    sizes = {"data": grid.data, "x": grid.x, "y": grid.y, "z": grid.z}
-    totals: dict[tuple[str, str, int], list[int]] = {}
-    for c in collectives:
-        entry = totals.setdefault((c.group, c.kind, c.ranks), [0, 0])
-        entry[0] += c.sent_bytes
-        entry[1] += c.count
-    comm_by_group: dict[str, float] = {}
-    for (group, kind, ranks), (sent, calls) in totals.items():
-        stride = group_stride(group_axes(group), sizes)
-        if group.startswith("data.level") and zero is not None:  # ZeRO's levels: members step over the inner ones
-            stride *= math.prod(zero.level_sizes(grid.data)[: int(group.removeprefix("data.level")) - 1])
-        seconds = profile.collective_seconds(kind, ranks, stride, sent, calls)
-        comm_by_group[group] = comm_by_group.get(group, 0.0) + seconds
+    comm_by_group = comm_seconds(profile, grid, collectives, zero)
     flops = rank_flops_per_step(
         request.shape,
         grid,
@@ -350,8 +438,363 @@ def step_prediction(
     )
 
 
+@dataclass(frozen=True)
+class _RankWork:
+    """One pipe rank's share of a step: `busy` seconds of compute, memory-bound work and the collectives inside its
+    micro-batches' forward and backward (what the bubble stretches), and `after` seconds of the collectives after the
+    last backward (gradient sync, ZeRO-1's gather, gradient clipping), with the parts and bytes sent per group."""
+
+    busy: float
+    after: float
+    compute: float
+    memory: float
+    comm_by_group: dict[str, float]
+    sent_by_group: dict[str, int]
+
+
+def _pipe_rank_work(
+    request: PlanRequest,
+    stage: GridShape,
+    shape: TransformerShape,
+    *,
+    rows: int,
+    microbatches: int,
+    recompute: bool,
+    zero: ZeroConfig | None,
+    rows_layout: str,
+) -> _RankWork:
+    """The step of one pipe rank holding `shape` (pipe_rank_shape) on its stage's grid, `microbatches` micro-batches
+    of `rows` rows per GPU."""
+    profile = request.profile
+    param_bytes, act_bytes, stream_bytes = request.element_bytes
+    collectives = llama_step_collectives(
+        shape,
+        stage,
+        rows_per_rank=rows,
+        seq=request.seq,
+        param_bytes=param_bytes,
+        act_bytes=act_bytes,
+        stream_bytes=stream_bytes,
+        grad_accum=microbatches,
+        mask_bytes=request.mask_bytes,
+        recompute=recompute,
+        zero=zero,
+        rows=rows_layout,
+    )
+    during = comm_seconds(profile, stage, [c for c in collectives if c.phase in ("forward", "backward")], zero)
+    after = comm_seconds(profile, stage, [c for c in collectives if c.phase not in ("forward", "backward")], zero)
+    flops = rank_flops_per_step(
+        shape,
+        stage,
+        rows_per_rank=rows,
+        seq=request.seq,
+        grad_accum=microbatches,
+        recompute=recompute,
+        rows=rows_layout,
+    )
+    compute = flops / (profile.peak_tflops * 1e12 * request.compute_efficiency)
+    traffic = {
+        passes: rank_memory_traffic_per_step(
+            shape,
+            stage,
+            rows_per_rank=rows,
+            seq=request.seq,
+            act_bytes=act_bytes,
+            bytes_per_param=request.bytes_per_param,
+            grad_accum=passes,
+            recompute=recompute,
+            rows=rows_layout,
+        )
+        for passes in (0, microbatches)  # 0 passes: the optimizer's part alone, which runs after the pipeline
+    }
+    memory_s = traffic[microbatches] / (profile.memory_gbps * 1e9)
+    optimizer_s = traffic[0] / (profile.memory_gbps * 1e9)
+    comm_by_group = {g: during.get(g, 0.0) + after.get(g, 0.0) for g in during.keys() | after.keys()}
+    return _RankWork(
+        busy=compute + memory_s - optimizer_s + sum(during.values()),
+        after=optimizer_s + sum(after.values()),
+        compute=compute,
+        memory=memory_s,
+        comm_by_group=comm_by_group,
+        sent_by_group=bytes_by_group(collectives),
+    )
+
+
+def pipeline_step_prediction(
+    request: PlanRequest,
+    grid: GridShape,
+    schedule: str,
+    microbatches: int,
+    virtual: int = 1,
+    recompute: bool = False,
+    zero: ZeroConfig | None = None,
+    rows_layout: str = "own",
+    cache: dict[tuple, _RankWork] | None = None,
+    parts: list[TransformerShape] | None = None,
+) -> GridPlan:
+    """Predicted time and traffic of one step on a pipelined `grid` (grid.pipe = P > 1) under `schedule` with
+    `microbatches` M per step and data rank and `virtual` V stages per rank (no feasibility checks: see plan_grid).
+
+    Each pipe rank's work (_RankWork) is that of its layers on its stage's grid; the pipeline stretches the busiest
+    rank's by the bubble b (pipeline_bubble): busy / (1 - b). After it come the slowest rank's collectives after the
+    pipeline (each stage syncs its own gradients, at once), the point-to-point time of the rank that sends the most
+    between stages (pipeline_p2p_bytes: one message per micro-batch, stage and direction, over the link the pipe
+    group's members span: ranks are laid out pipe slowest, so stages a node apart or more use its NICs) and one
+    float64 all-reduce over pipe (the gradient norm's sum over stages). Step = compute + memory + comm + bubble of
+    the busiest rank, with comm holding the point-to-point time. `cache` keeps each rank's work across calls of one
+    request (ranks holding the same part do the same work, whatever the schedule); `parts`: pipe_rank_shape of each
+    rank, when the caller has them."""
+    profile, shape, p, v, m = request.profile, request.shape, grid.pipe, virtual, microbatches
+    stage = replace(grid, pipe=1)
+    rows = request.global_batch // (readers(stage, rows_layout) * m)  # rows each GPU reads per micro-batch
+    work = {} if cache is None else cache
+    per_rank = []
+    parts = parts or [pipe_rank_shape(shape, p, v, r) for r in range(p)]
+    for part in parts:
+        key = (stage, part.layers, part.runs_embeddings, part.runs_head, rows, m, recompute, zero, rows_layout)
+        if key not in work:
+            work[key] = _pipe_rank_work(
+                request, stage, part, rows=rows, microbatches=m, recompute=recompute, zero=zero, rows_layout=rows_layout
+            )
+        per_rank.append(work[key])
+    busiest = max(per_rank, key=lambda w: w.busy)
+    bubble = pipeline_bubble(schedule, p, m, v)
+    bandwidth, latency, _ = profile.link(p, stage.world_size)  # the pipe group: P members, a stage's ranks apart
+    stream_bytes = request.element_bytes[2]
+    p2p = [
+        pipeline_p2p_bytes(
+            shape,
+            grid,
+            rank=r,
+            rows_per_rank=rows,
+            seq=request.seq,
+            microbatches=m,
+            virtual=v,
+            stream_bytes=stream_bytes,
+            rows=rows_layout,
+        )
+        for r in range(p)
+    ]
+    message = group_rows(stage, rows, rows_layout) * request.seq * shape.hidden * stream_bytes  # one micro-batch's
+    p2p_s = max(sent / bandwidth + sent // message * latency for sent in p2p)
+    clip = Collective("pipe", "all_reduce", p, 8, "clip", "squared gradient norm over stages")
+    clip_s = profile.collective_seconds("all_reduce", p, stage.world_size, clip.sent_bytes, 1)
+    after = max(w.after for w in per_rank) + clip_s
+    bubble_s = busiest.busy * bubble / (1 - bubble)
+    step = busiest.busy + bubble_s + after + p2p_s
+    comm = step - busiest.compute - busiest.memory - bubble_s
+    useful = model_flops_per_token(shape, request.seq) * request.global_batch * request.seq
+    mfu = useful / (step * request.gpus * profile.peak_tflops * 1e12)
+    sent = dict(busiest.sent_by_group)
+    sent["pipe"] = max(p2p) + clip.sent_bytes
+    by_group = dict(busiest.comm_by_group)
+    by_group["pipe"] = p2p_s + clip_s
+    return GridPlan(
+        grid,
+        True,
+        "",
+        m,
+        recompute,
+        rows,
+        step,
+        busiest.compute,
+        busiest.memory,
+        comm,
+        by_group,
+        sent,
+        None,
+        mfu,
+        zero,
+        rows_layout,
+        schedule=schedule,
+        virtual=v,
+        bubble=bubble,
+        bubble_s=bubble_s,
+        p2p_s=p2p_s,
+    )
+
+
+def pipeline_memory(
+    request: PlanRequest,
+    grid: GridShape,
+    schedule: str,
+    microbatches: int,
+    virtual: int = 1,
+    recompute: bool = False,
+    zero: ZeroConfig | None = None,
+    rows_layout: str = "own",
+    ranks: list[int] | None = None,
+    parts: list[TransformerShape] | None = None,
+) -> list[MemoryEstimate]:
+    """The memory estimate of each pipe rank of a pipelined `grid` (or of `ranks` only): its layers' parameters,
+    gradients and optimizer state (ZeRO over the stage's data axis), and the activations of the micro-batches it
+    holds at once (pipeline_in_flight: M for GPipe, P - r for 1F1B's rank r, more for the interleaved schedules).
+    `parts`: pipe_rank_shape of each rank, when the caller has them."""
+    param_bytes, act_bytes, stream_bytes = request.element_bytes
+    stage = replace(grid, pipe=1)
+    rows = request.global_batch // (readers(stage, rows_layout) * microbatches)
+    out = []
+    for r in range(grid.pipe) if ranks is None else ranks:
+        out.append(
+            memory_per_rank(
+                parts[r] if parts else pipe_rank_shape(request.shape, grid.pipe, virtual, r),
+                stage,
+                rows_per_rank=rows,
+                seq=request.seq,
+                bytes_per_param=request.bytes_per_param,
+                act_bytes=act_bytes,
+                param_bytes=param_bytes,
+                recompute=recompute,
+                zero=zero,
+                stream_bytes=stream_bytes,
+                rows=rows_layout,
+                in_flight=pipeline_in_flight(schedule, grid.pipe, microbatches, virtual, r),
+            )
+        )
+    return out
+
+
+def pipeline_refusal(shape: TransformerShape, pipe: int, virtual: int = 1) -> str | None:
+    """Why the engine cannot cut `shape` into pipe * virtual stages (None when it can): a family whose stage set-up
+    is not confirmed, input embeddings tied to lm_head (they would sit on the first and the last stage), or more
+    stages than decoder layers."""
+    if shape.pipeline_refusal:
+        return shape.pipeline_refusal
+    if shape.tie_embeddings:
+        return "input embeddings tied to lm_head would sit on different stages (the engine refuses them); untie them"
+    if pipe * virtual > shape.layers:
+        return f"{pipe * virtual} stages for {shape.layers} decoder layers; choose at most one stage per layer"
+    return None
+
+
+def _compute_bound(
+    request: PlanRequest,
+    stage: GridShape,
+    parts: list[TransformerShape],
+    microbatches: int,
+    recompute: bool,
+    rows_layout: str,
+) -> float:
+    """Seconds of the busiest pipe rank's matrix products in a step: a lower bound of its busy time (_RankWork),
+    cheap enough to skip predictions that cannot win."""
+    rows = request.global_batch // (readers(stage, rows_layout) * microbatches)
+    flops = max(
+        rank_flops_per_step(
+            part,
+            stage,
+            rows_per_rank=rows,
+            seq=request.seq,
+            grad_accum=microbatches,
+            recompute=recompute,
+            rows=rows_layout,
+        )
+        for part in {(q.layers, q.runs_head): q for q in parts}.values()  # the embeddings cost no products
+    )
+    return flops / (request.profile.peak_tflops * 1e12 * request.compute_efficiency)
+
+
+def plan_pipelined(request: PlanRequest, grid: GridShape) -> GridPlan:
+    """plan_grid for grid.pipe > 1: for each rows layout, schedule (and V), ZeRO setting and checkpointing setting,
+    the micro-batch counts M the schedule accepts whose every pipe rank fits in memory, keeping the fastest."""
+    shape, p = request.shape, grid.pipe
+    refusal = pipeline_refusal(shape, p)
+    if refusal:
+        return GridPlan(grid, False, f"cannot pipeline: {refusal}")
+    stage = replace(grid, pipe=1)
+    reason = grid_fits_shape(shape, stage)
+    if reason is not None:
+        return GridPlan(grid, False, f"cannot shard: {reason}")
+    layouts = [r for r in request.rows_layouts if r in PIPE_ROWS_LAYOUTS]
+    layouts = [r for r in layouts if not row_replica_axes(r) or stage.size(*row_replica_axes(r)) > 1] or [OWN]
+    splits = [r for r in layouts if request.global_batch % readers(stage, r) == 0]
+    if not splits:
+        return GridPlan(
+            grid,
+            False,
+            f"global batch {request.global_batch} is not divisible by the GPUs of a stage reading different rows "
+            f"({' or '.join(str(readers(stage, r)) for r in layouts)}): not a multiple of the world size",
+        )
+    limit = request.profile.gpu_memory_gib * GIB * request.memory_fraction
+    settings = {"auto": (False, True), "on": (True,), "off": (False,)}[request.checkpointing]
+    stages = [s for s in request.zero_stages if s in PIPE_ZERO_STAGES and (s == 0 or stage.data > 1)] or [0]
+    zeros = [z for s in stages for z in (request.zero_configs(stage, s) if s else [None])]
+    best: GridPlan | None = None
+    smallest: tuple[float, GridPlan] | None = None
+    refused: list[str] = []
+    cache: dict[tuple, _RankWork] = {}
+    for layout in splits:
+        rows_total = request.global_batch // readers(stage, layout)  # rows each GPU reads per step
+        counts = [request.microbatches] if request.microbatches else range(rows_total, 0, -1)
+        for schedule in request.pipe_schedules:
+            for v in request.pipe_virtual if schedule in INTERLEAVED else (1,):
+                if pipeline_refusal(shape, p, v):
+                    refused.append(pipeline_refusal(shape, p, v))
+                    continue
+                choices = [m for m in counts if rows_total % m == 0 and not pipeline_check(schedule, p, m, v)]
+                if not choices:
+                    refused.append(f"{schedule} (V={v}) has no micro-batch count for {rows_total} rows per GPU")
+                # the ranks whose memory can peak: per part of the model, the one holding the most micro-batches
+                parts = [pipe_rank_shape(shape, p, v, r) for r in range(p)]
+                fullest: dict[tuple[int, bool, bool], int] = {}
+                for r, part in enumerate(parts):
+                    fullest.setdefault((part.layers, part.runs_embeddings, part.runs_head), r)  # (lowest r: most)
+                for zero in zeros:
+                    for recompute in settings:
+                        fitted = False
+                        for m in choices:  # the most micro-batches first: the smallest memory and bubble
+                            memory = pipeline_memory(
+                                request, grid, schedule, m, v, recompute, zero, layout, sorted(fullest.values()), parts
+                            )
+                            peak = max(memory, key=lambda e: e.total)
+                            if peak.total > limit:
+                                if smallest is None or peak.total < smallest[0]:
+                                    tried = GridPlan(grid, False, "", m, recompute, memory=peak, zero=zero, rows=layout)
+                                    smallest = (peak.total, replace(tried, schedule=schedule, virtual=v))
+                                break  # fewer micro-batches hold more activations each: none fits either
+                            fitted = True
+                            if (
+                                best is not None
+                                and _compute_bound(request, stage, parts, m, recompute, layout)
+                                / (1 - pipeline_bubble(schedule, p, m, v))
+                                >= best.step_s
+                            ):
+                                break  # its compute alone, stretched by its bubble, is slower than the best so far
+                            plan = pipeline_step_prediction(
+                                request, grid, schedule, m, v, recompute, zero, layout, cache, parts
+                            )
+                            plan.memory = peak
+                            improved = best is None or plan.step_s < best.step_s
+                            if improved:
+                                best = plan
+                            if zero is None or zero.stage < 2 or not improved:
+                                break  # ZeRO 2 and 3 gather weights per micro-batch: fewer M may be faster, until not
+                        if fitted:
+                            break  # checkpointing adds a forward: only where the plan does not fit without it
+    if best is not None:
+        best.stage_memory = [
+            e.total
+            for e in pipeline_memory(
+                request, grid, best.schedule, best.grad_accum, best.virtual, best.recompute, best.zero, best.rows
+            )
+        ]
+        return best
+    if smallest is None:
+        return GridPlan(grid, False, "cannot pipeline: " + "; ".join(dict.fromkeys(refused)))
+    need = smallest[1]
+    setting = f", ZeRO stage {need.zero.stage}" if need.zero is not None else ""
+    return replace(
+        need,
+        reason=f"needs {need.memory.total / GIB:.1f} GiB per GPU (params {need.memory.params / GIB:.1f}, "
+        f"activations {need.memory.activations / GIB:.1f}) on its fullest stage even with {need.grad_accum} "
+        f"micro-batches ({need.schedule}){' and checkpointing' if need.recompute else ''}{setting}; "
+        f"{limit / GIB:.1f} GiB usable",
+    )
+
+
 def plan_grid(request: PlanRequest, grid: GridShape) -> GridPlan:
     """Feasibility, micro-batching, memory and predicted step time of one grid."""
+    if grid.pipe > 1:
+        return plan_pipelined(request, grid)
     reason = grid_fits_shape(request.shape, grid)
     if reason is not None:
         return GridPlan(grid, False, f"cannot shard: {reason}")
@@ -434,10 +877,17 @@ def plan_grid(request: PlanRequest, grid: GridShape) -> GridPlan:
 def rank_grids(request: PlanRequest) -> list[GridPlan]:
     """Every ordered grid of request.gpus: feasible ones by predicted step time (fastest first), then the
     rejected ones with their reasons."""
-    plans = [plan_grid(request, g) for g in ordered_grids(request.gpus)]
-    feasible = sorted((p for p in plans if p.feasible), key=lambda p: (p.step_s, p.grid.x * p.grid.y * p.grid.z))
+    plans = [plan_grid(request, g) for g in pipe_grids(request.gpus, request.pipes)]
+    feasible = sorted(
+        (p for p in plans if p.feasible), key=lambda p: (p.step_s, p.grid.pipe, p.grid.x * p.grid.y * p.grid.z)
+    )
     rejected = [p for p in plans if not p.feasible]
     return feasible + rejected
+
+
+def pipe_grids(gpus: int, pipes: list[int]) -> list[GridShape]:
+    """Every ordered grid pipe * data * x * y * z of `gpus` with pipe in `pipes` (each a divisor of gpus)."""
+    return [replace(g, pipe=p) for p in pipes for g in ordered_grids(gpus // p)]
 
 
 def _fmt_bytes(n: float) -> str:
@@ -460,14 +910,21 @@ def format_table(request: PlanRequest, plans: list[GridPlan], top: int = 20) -> 
         f"{len(plans)} grids: {len(feasible)} feasible, {len(rejected)} rejected",
         "",
     ]
+    refusal = pipeline_refusal(shape, 1) if request.pipe_sizes is None else None
+    if refusal:
+        lines.insert(-1, f"pipe 1 only: {refusal}")
     extra = request.zero_plus_plus  # the levels and quantization columns, when the request considers them
+    piped = max(request.pipes) > 1  # the schedule and bubble columns, when the request considers a pipeline
     header = (
-        f"{'rank':>4} {'data':>5} {'x':>4} {'y':>4} {'z':>4} {'rows':>6} {'zero':>4} "
+        f"{'rank':>4} {'pipe':>4} {'data':>5} {'x':>4} {'y':>4} {'z':>4} {'rows':>6} {'zero':>4} "
         + (f"{'levels':>6} {'quant':>5} " if extra else "")
+        + (f"{'schedule':>8} " if piped else "")
         + f"{'accum':>5} {'ckpt':>4} "
         f"{'step s':>9} "
         f"{'compute':>9} "
-        f"{'memory':>9} {'comm':>9} {'mem GiB':>8} {'MFU':>6}  bytes sent per GPU by group"
+        f"{'memory':>9} {'comm':>9} "
+        + (f"{'bubble':>9} " if piped else "")
+        + f"{'mem GiB':>8} {'MFU':>6}  bytes sent per GPU by group"
     )
     lines.append(header)
     for i, p in enumerate(feasible[:top], 1):
@@ -477,12 +934,14 @@ def format_table(request: PlanRequest, plans: list[GridPlan], top: int = 20) -> 
         stage = p.zero.stage if p.zero is not None else 0
         levels, quant = zero_plus_plus_label(p.zero)
         lines.append(
-            f"{i:>4} {g.data:>5} {g.x:>4} {g.y:>4} {g.z:>4} {p.rows:>6} {stage:>4} "
+            f"{i:>4} {g.pipe:>4} {g.data:>5} {g.x:>4} {g.y:>4} {g.z:>4} {p.rows:>6} {stage:>4} "
             + (f"{levels:>6} {quant:>5} " if extra else "")
+            + (f"{schedule_label(p):>8} " if piped else "")
             + f"{p.grad_accum:>5} {ckpt:>4} "
             f"{p.step_s:>9.4g} "
-            f"{p.compute_s:>9.4g} {p.memory_s:>9.4g} {p.comm_s:>9.4g} {p.memory.total / GIB:>8.1f} "
-            f"{p.mfu:>6.1%}  {traffic}"
+            f"{p.compute_s:>9.4g} {p.memory_s:>9.4g} {p.comm_s:>9.4g} "
+            + (f"{p.bubble_s:>9.4g} " if piped else "")
+            + f"{p.memory.total / GIB:>8.1f} {p.mfu:>6.1%}  {traffic}"
         )
     if not feasible:
         lines.append("(no grid fits)")
@@ -499,7 +958,7 @@ def format_table(request: PlanRequest, plans: list[GridPlan], top: int = 20) -> 
     for p in rejected:
         key = (
             p.reason.split(":")[0]
-            if p.reason.startswith("cannot shard")
+            if p.reason.startswith(("cannot shard", "cannot pipeline"))
             else (
                 "out of memory"
                 if p.reason.startswith("needs")
@@ -527,14 +986,20 @@ def train_command(request: PlanRequest, plan: GridPlan) -> str:
     checkpointing, ZeRO): every choice the planner makes is one of them. Embeddings are split by vocabulary
     by default whenever the planner assumed so."""
     g = plan.grid
-    axes = ",".join(f"{a}={v}" for a, v in (("data", g.data), ("x", g.x), ("y", g.y), ("z", g.z)) if v > 1) or "data=1"
+    sizes = (("pipe", g.pipe), ("data", g.data), ("x", g.x), ("y", g.y), ("z", g.z))
+    axes = ",".join(f"{a}={v}" for a, v in sizes if v > 1) or "data=1"
+    if g.pipe > 1:  # the pipeline's micro-batches replace gradient accumulation
+        micro = [f"--pipe-schedule {plan.schedule}", f"--microbatches {plan.grad_accum}"]
+        micro += [f"--pipe-virtual {plan.virtual}"] if plan.schedule in INTERLEAVED else []
+    else:
+        micro = [f"--grad-accum {plan.grad_accum}"]
     parts = [
         f"torchrun --nproc-per-node ... ({request.gpus} processes) -m goldfish train"
         if request.gpus > 1
         else "goldfish train",
         f"--grid {axes}" if request.gpus > 1 else "",
         f"--batch-size {request.global_batch}",
-        f"--grad-accum {plan.grad_accum}",
+        *micro,
         f"--seq-len {request.seq}",
         f"--precision {request.precision}",
     ]
@@ -557,6 +1022,15 @@ def train_command(request: PlanRequest, plan: GridPlan) -> str:
         if zero.offload:
             parts.append("--offload-optimizer")
     return " ".join(p for p in parts if p)
+
+
+def schedule_label(plan: GridPlan) -> str:
+    """The table's "schedule" cell: "-" without a pipeline, else the schedule and, for the interleaved ones, its
+    stages per rank ("1f1b", "gpipe", "i1f1b:2", "zb:2")."""
+    if plan.grid.pipe == 1:
+        return "-"
+    short = {"interleaved-1f1b": "i1f1b", "zero-bubble": "zb"}.get(plan.schedule, plan.schedule)
+    return f"{short}:{plan.virtual}" if plan.schedule in INTERLEAVED else short
 
 
 def zero_plus_plus_label(zero: ZeroConfig | None) -> tuple[str, str]:

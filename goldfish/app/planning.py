@@ -227,4 +227,16 @@ def shape_from_model(model: Any, name: str = "") -> TransformerShape:
         # any grid whose x*y*z divides the vocabulary leaves only the model's own reasons
         vocab_refusal=can_shard_vocab(model, GridShape(x=embedding.num_embeddings)) or "",
         logits_loss=_takes_logits(model.config),
+        pipeline_refusal=_pipeline_refusal(model),
     )
+
+
+def _pipeline_refusal(model: Any) -> str:
+    """Why the engine's pipeline cannot cut `model` into stages (its own check), or "" when it can."""
+    from engine.training.pipeline import check_model
+
+    try:
+        check_model(model)
+    except ValueError as error:
+        return str(error)
+    return ""

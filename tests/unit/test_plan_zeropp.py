@@ -171,7 +171,7 @@ def test_zeropp_plans_are_goldfish_train_options() -> None:
 
     train = build_parser()._subparsers._group_actions[0].choices["train"]
     flags = {s for action in train._actions for s in action.option_strings}
-    request = _request(quantize_block=128)
+    request = _request(quantize_block=128, pipe_sizes=(1,))  # (pipelined plans: tests/unit/test_plan_pipe.py)
     plans = [p for p in rank_grids(request) if p.feasible and p.zero is not None]
     assert any(p.zero.inner_levels for p in plans)
     for plan in plans:
@@ -196,11 +196,11 @@ def test_goldfish_plan_prints_levels_and_quantization(tmp_path, capsys) -> None:
         "gradient_bits": 4,
         "quantize_block": 256,
     }
-    data64 = next(g for g in payload["grids"] if g["grid"] == {"data": 64, "x": 1, "y": 1, "z": 1})
+    data64 = next(g for g in payload["grids"] if g["grid"] == {"pipe": 1, "data": 64, "x": 1, "y": 1, "z": 1})
     assert data64["zero"]["inner_levels"] == [2] and data64["zero"]["node_size"] == 8
     header = next(line for line in out.splitlines() if line.startswith("rank"))
     assert "levels quant" in header
-    assert re.search(r"^\s+\d+\s+64\s+1\s+1\s+1\s+own\s+3\s+2,8\s+w\+g4\s", out, re.M)  # data=64: three levels
+    assert re.search(r"^\s+\d+\s+1\s+64\s+1\s+1\s+1\s+own\s+3\s+2,8\s+w\+g4\s", out, re.M)  # data=64: three levels
     assert "data.level3" in out and "--zero-quantize weights,gradients --zero-quantize-bits 4" in out
     assert plan_main("--model 7B --gpus 64 --profile frontier --global-batch 64 --seq-len 2048".split()) == 0
     assert "levels" not in capsys.readouterr().out  # without ZeRO++ options the table is as before
