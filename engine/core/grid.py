@@ -28,13 +28,14 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from engine.spec import AXES, OWN, GridError, GridShape, _check_axis, check_rows_layout  # noqa: F401 - re-exported: engine.core.grid names them
+from engine.spec import AXES, GRID_AXES, OWN, GridError, GridShape, _check_axis, check_rows_layout  # noqa: F401 - re-exported: engine.core.grid names them
 
 # The axis combinations a grid builds process groups for. Single axes serve the parallel Linear;
 # ("x", "y") gathers a decoder layer's rows; ("x", "y", "z") is the tensor-parallel group (full
 # weights, norm of sharded gradients); the combinations ending in "data" reduce gradients of
 # parameters whose batch is split over those axes; ("y", "z") reduces per-head norms' gradient chunks when
-# ZeRO has taken over the data axis (engine/memory/zero.py); ("pipe",) links the pipeline's stages.
+# ZeRO has taken over the data axis (engine/memory/zero.py); ("pipe",) links the pipeline's stages, and GRID_AXES is
+# every rank (the same group as the four stage axes without a pipeline).
 GROUP_AXES: tuple[tuple[str, ...], ...] = (
     ("x",),
     ("y",),
@@ -47,6 +48,7 @@ GROUP_AXES: tuple[tuple[str, ...], ...] = (
     ("y", "z", "data"),
     ("x", "y", "z", "data"),
     ("pipe",),
+    ("x", "y", "z", "data", "pipe"),
 )
 
 
@@ -127,7 +129,10 @@ class Grid:
             if effective not in handles:
                 handles[effective] = self._build_group(effective)
             ranks, handle = handles[effective]
-            name = "+".join(axes) if axes != AXES else ("world" if shape.pipe == 1 else "stage")
+            if axes == GRID_AXES or (axes == AXES and shape.pipe == 1):
+                name = "world"
+            else:
+                name = "stage" if axes == AXES else "+".join(axes)
             self._groups[axes] = AxisGroup(
                 name, axes, len(ranks), ranks.index(self.rank), tuple(ranks), handle, self.traffic
             )
@@ -149,8 +154,8 @@ class Grid:
         return mine, handle
 
     def group(self, *axes: str) -> AxisGroup:
-        """The group of ranks that share every coordinate except those of `axes` (order as in AXES)."""
-        key = tuple(a for a in AXES if a in axes)
+        """The group of ranks that share every coordinate except those of `axes` (order as in GRID_AXES)."""
+        key = tuple(a for a in GRID_AXES if a in axes)
         if len(key) != len(axes) or key not in self._groups:
             for a in axes:
                 _check_axis(a)

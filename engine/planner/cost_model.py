@@ -993,6 +993,33 @@ def llama_step_collectives(
         rows=rows,
     )
     out = scale_count(layer, shape.layers * grad_accum) + scale_count(stack + vocab, grad_accum)
+    return out + update_collectives(
+        shape,
+        grid,
+        param_bytes=param_bytes,
+        grad_accum=grad_accum,
+        zero=zero,
+        data_rank=data_rank,
+        vocab_parallel=vocab_parallel,
+        rows=rows,
+    )
+
+
+def update_collectives(
+    shape: TransformerShape,
+    grid: GridShape,
+    *,
+    param_bytes: int = 2,
+    grad_accum: int = 1,
+    zero: ZeroConfig | None = None,
+    data_rank: int = 0,
+    vocab_parallel: bool | None = None,
+    rows: str = "own",
+) -> list[Collective]:
+    """The collectives of a step that depend on how gradients are reduced and parameters kept (llama_step_collectives
+    without those of the forward and backward passes themselves): sync_gradients' buckets, ZeRO's (its stage 2 and 3
+    gathers and reductions run per micro-batch, phases "forward" and "backward") and clip_grad_norm_'s."""
+    out: list[Collective] = []
     # under ZeRO the data axis belongs to the partitioning: each rank sums its own chunk over the other axes
     partitioned = zero is not None and zero.stage > 0
     sync = [

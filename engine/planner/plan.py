@@ -101,7 +101,7 @@ class PlanRequest:
     seq: int
     profile: MachineProfile
     compute_efficiency: float = 0.5  # fraction of peak the matrix products reach
-    grad_accum: int | None = None  # None: the smallest that fits in memory
+    grad_accum: int | None = None  # None: the smallest that fits in memory (grids without a pipeline)
     precision: str = PLAN_PRECISION  # a key of PRECISIONS (the values of `goldfish train --precision`)
     bytes_per_param: float = 16.0  # fp32 weight + gradient + AdamW's two moments
     memory_fraction: float = 0.9  # share of GPU memory the estimate may use (allocator, CUDA context)
@@ -164,11 +164,6 @@ class PlanRequest:
             raise ValueError(f"--pipe-virtual takes stage counts >= 1, got {self.pipe_virtual}")
         if self.microbatches is not None and (isinstance(self.microbatches, bool) or self.microbatches < 1):
             raise ValueError(f"--microbatches must be >= 1, got {self.microbatches}")
-        if self.microbatches is not None and self.grad_accum not in (None, 1):
-            raise ValueError(
-                "--microbatches sets a pipelined plan's micro-batches and --grad-accum a plan's without a pipeline; "
-                "give one of them"
-            )
 
     @property
     def pipes(self) -> list[int]:

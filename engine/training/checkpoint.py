@@ -61,7 +61,7 @@ from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, Wri
 
 from data.atomic import recover_directory, remove_leftovers, replace_directory, staging_directory, write_text_atomic
 from engine.core import comm
-from engine.core.grid import AXES, Grid
+from engine.core.grid import GRID_AXES, Grid
 from engine.memory.zero import is_dtensor, model_class_name, optimizer_value
 from engine.models.layout import ParamLayout, layout_of
 from engine.training.state_files import StateFileError, load_state, save_state, state_files
@@ -281,6 +281,35 @@ def _optimizer_entries(
     return entries, kinds, groups, values
 
 
+def _state_kinds(optimizer: torch.optim.Optimizer, model: nn.Module) -> tuple[dict, dict]:
+    """How this rank's optimizer keeps each state value, by parameter name (as _optimizer_entries records it), and
+    its non-tensor values."""
+    names = _param_names(model)
+    kinds: dict[str, dict[str, str]] = {}
+    values: dict[str, dict[str, Any]] = {}
+    for param, state in optimizer.state.items():
+        name = names.get(id(param))
+        for key, value in state.items() if name is not None else ():
+            if isinstance(value, torch.Tensor):
+                kinds.setdefault(name, {})[key] = "like_param" if value.dim() else "scalar"
+            else:
+                kinds.setdefault(name, {})[key] = "value"
+                values.setdefault(name, {})[key] = value
+    return kinds, values
+
+
+def _merged(per_rank: list[tuple[dict, dict]]) -> tuple[dict, dict]:
+    """Every rank's (kinds, values) of _optimizer_entries, merged by parameter name."""
+    kinds: dict[str, dict[str, str]] = {}
+    values: dict[str, dict[str, Any]] = {}
+    for rank_kinds, rank_values in per_rank:
+        for name, kind in rank_kinds.items():
+            kinds.setdefault(name, {}).update(kind)
+        for name, value in rank_values.items():
+            values.setdefault(name, {}).update(value)
+    return kinds, values
+
+
 def _hf_part(model: nn.Module, keys: list[str]) -> tuple[str, nn.Module] | None:
     """The HF model that consolidation can write as an HF folder, with its key prefix: the model itself when it
     has an HF config, else the one child holding an HF config when every saved key lies inside it (a
@@ -383,7 +412,7 @@ def _prepare(
 ) -> _Prepared:
     """Collective: a staging folder (made by rank 0) holding save_model's files and every rank's record."""
     extra_state = _checked_extra_state(extra_state)
-    world = grid.group(*AXES)
+    world = grid.group(*GRID_AXES)
     staging_name: str | None = None
     if grid.rank == 0:
         try:
@@ -395,6 +424,11 @@ def _prepare(
         reason = str(staging_name).removeprefix("error: ")
         raise CheckpointError(f"rank 0 could not create a staging folder next to {directory}: {reason}")
     staging = Path(staging_name)
+    held_elsewhere = None
+    if optimizer is not None and grid.shape.pipe > 1:
+        # a stage's ranks hold the optimizer state of its parameters only; gathered before anything below can fail
+        # on one rank alone (every rank reaches this collective)
+        held_elsewhere = _merged(comm.all_gather_objects(_state_kinds(optimizer, model), world))
     failure: BaseException | None = None
     try:
         if save_model is not None:
@@ -403,6 +437,8 @@ def _prepare(
         entries = {f"model/{key}": _entry(p, tensor) for key, (p, tensor, _) in tensors.items()}
         layouts = {key: p for key, (p, _, _) in tensors.items()}
         optim, kinds, groups, values = _optimizer_entries(optimizer, model, layouts) if optimizer else ({}, {}, [], {})
+        if held_elsewhere is not None:
+            kinds, values = held_elsewhere
         record = {"extra_state": extra_state, "optimizer_groups": groups, "optimizer_values": values}
         _save_state(staging / _rank_state(grid.rank), record)
         manifest = None
@@ -486,7 +522,7 @@ def save_checkpoint(
             prepared.entries,
             storage_writer=prepared.writer,
             planner=_SavePlanner(),
-            process_group=grid.group(*AXES).group,
+            process_group=grid.group(*GRID_AXES).group,
             no_dist=grid.shape.world_size == 1,
         )
     except CheckpointException as error:
@@ -774,7 +810,7 @@ def _load_entries(directory: Path, entries: dict[str, _Chunks], grid: Grid | Non
                 entries,
                 storage_reader=_Reader(directory / SHARDS_DIR),
                 planner=_LoadPlanner(),
-                process_group=grid.group(*AXES).group if distributed else None,
+                process_group=grid.group(*GRID_AXES).group if distributed else None,
                 no_dist=not distributed,
             )
     except CheckpointException as error:

@@ -11,6 +11,7 @@ from engine.spec import (
     TRAIN_PRECISION,
     GridShape,
     ParallelLayout,
+    PipeConfig,
     ZeroConfig,
     check_precision,
     check_rows_layout,
@@ -55,6 +56,12 @@ class TrainConfig:
     max_steps: int = 0  # stop after this many optimizer steps (0: run every epoch to the end)
     shuffle: bool = True  # a seeded new order of the examples each epoch; False: the examples' own order
     eval_every: int = 0  # optimizer steps between validation losses (0: only at the end, when validation is given)
+    # the pipeline axis (grid pipe > 1; engine/training/pipeline.py): schedule, micro-batches per pass (0: chosen),
+    # stages per rank, first decoder layer of stages 1..S-1 (empty: balanced)
+    pipe_schedule: str = "1f1b"
+    microbatches: int = 0
+    pipe_virtual: int = 1
+    pipe_split: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "grad_accum"):
@@ -86,7 +93,53 @@ class TrainConfig:
         if self.max_grad_norm is not None and not (self.max_grad_norm > 0 and math.isfinite(self.max_grad_norm)):
             raise ValueError(f"max_grad_norm must be a finite number > 0 or None, got {self.max_grad_norm}")
         self.zero_inner_levels = tuple(self.zero_inner_levels)  # a run record stores a JSON list
+        self.pipe_split = tuple(self.pipe_split)
         self.zero_config  # validates the ZeRO fields
+        self.pipe_config  # validates the pipeline fields
+
+    @property
+    def pipe_config(self) -> PipeConfig:
+        """The pipeline setting of the pipe_* and microbatches fields (used on a grid whose pipe axis is > 1)."""
+        return PipeConfig(
+            schedule=self.pipe_schedule,
+            microbatches=self.microbatches,
+            virtual=self.pipe_virtual,
+            splits=self.pipe_split,
+        )
+
+    def check_pipeline(self, shape: GridShape, step_rows: tuple[int, ...] = ()) -> int:
+        """Refuse (ValueError, one line) pipeline settings `shape` cannot run, before any process starts; return the
+        micro-batches of each pipeline pass (1 without a pipeline). step_rows: the sizes of the run's steps (default:
+        batch_size), e.g. a shorter last step of an epoch, each of which the micro-batches must split."""
+        if shape.pipe == 1:
+            return 1
+        if self.zero:
+            raise ValueError(
+                "ZeRO with a pipeline axis is not built yet (each stage would partition its own layers over data); "
+                "use --zero 0 with --grid pipe=P,data=D, or a grid without pipe"
+            )
+        sizes = [self.pipeline_pass_rows(shape, n) for n in (step_rows or (self.batch_size,))]
+        microbatches = self.pipe_config.resolve_microbatches(shape.pipe, sizes[0])
+        for size in sizes[1:]:
+            if size % microbatches:
+                raise ValueError(
+                    f"a step of the run has {size} sequences per pipeline pass, which {microbatches} micro-batches do "
+                    "not split (the last step of an epoch holds the documents left over): choose a document count "
+                    "that is a multiple of the batch size, or --microbatches dividing both"
+                )
+        return microbatches
+
+    def pipeline_pass_rows(self, shape: GridShape, step_rows: int) -> int:
+        """Sequences per pipeline pass of one data rank, for a step of `step_rows`: the rank's rows of the step, cut
+        into grad_accum passes (ValueError when they do not cut evenly)."""
+        local = step_rows // shape.size(*self.layout(shape).row_split_axes)
+        passes = min(self.grad_accum, max(local, 1))
+        if local % passes:
+            raise ValueError(
+                f"{local} sequences per data rank do not cut into {passes} equal --grad-accum passes, which a pipeline "
+                "needs: choose a batch size that is a multiple of grad_accum times the data ranks"
+            )
+        return local // passes
 
     @property
     def zero_config(self) -> ZeroConfig:

@@ -217,6 +217,7 @@ class PipelineStats:
 
     compute_s: float = 0.0
     sent_bytes: int = 0
+    losses_due: int = 0  # micro-batches the last stage forwarded whose loss is not computed yet
 
     def reset(self) -> None:
         self.compute_s, self.sent_bytes = 0.0, 0
@@ -239,8 +240,10 @@ class _MeasuredStage(PipelineStage):
 
     def forward_one_chunk(self, fwd_chunk_id: int, *args, **kwargs):
         module = self.submod
-        if self.is_last and self.chunk_targets is not None:  # the last stage computes this micro-batch's losses
-            module.targets = self.chunk_targets[fwd_chunk_id]
+        if self.is_last:
+            self.stats.losses_due += 1  # the schedule computes this micro-batch's loss next
+            if self.chunk_targets is not None:  # the last stage computes this micro-batch's per-token losses
+                module.targets = self.chunk_targets[fwd_chunk_id]
         try:
             return self._timed(lambda: super(_MeasuredStage, self).forward_one_chunk(fwd_chunk_id, *args, **kwargs))
         finally:
@@ -300,6 +303,11 @@ class Pipeline:
         self._reduce: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
         def timed_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            if not self.stats.losses_due:
+                # torch's first step infers the backward's tensor shapes by calling the loss on an output of the
+                # stage's forward outside any micro-batch: a differentiable stand-in, not a micro-batch's loss
+                return output.float().sum() * 0.0
+            self.stats.losses_due -= 1
             started = time.perf_counter()
             if self._reduce is not None:
                 loss = self._reduce(output, target)

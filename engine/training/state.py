@@ -92,19 +92,21 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, grid: Grid, norm_type: fl
     """Scale gradients so that their global norm is at most `max_norm`; return the norm before clipping.
 
     The norm is that of the full (serial) model's gradient: shards are summed over x*y*z, a bias shard is
-    counted on one rank of the axis it is replicated over, replicated parameters once, and ZeRO's gradient
-    chunks summed over data. Call it after sync_gradients. Same semantics as torch.nn.utils.clip_grad_norm_
+    counted on one rank of the axis it is replicated over, replicated parameters once, ZeRO's gradient
+    chunks summed over data, and a pipeline's stages (each holding its own parameters' gradients) summed over
+    pipe. Call it after sync_gradients. Same semantics as torch.nn.utils.clip_grad_norm_
     (coefficient max_norm/(norm+1e-6), capped at 1); only the 2-norm is supported.
     """
     if norm_type != 2.0:
         raise ValueError(f"clip_grad_norm_ supports norm_type=2.0 only, got {norm_type}")
     params = [p for p in model.parameters() if p.grad is not None]
     zero = zero_state(model)
-    if grid.size("x", "y", "z") == 1 and zero is None:
+    pipelined = grid.size("pipe") > 1  # each stage's ranks hold the gradients of its parameters only
+    if grid.size("x", "y", "z") == 1 and zero is None and not pipelined:
         return torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=None)
-    if not params:
+    if not params and not pipelined:
         return torch.tensor(0.0)
-    device = local(params[0].grad).device
+    device = local(params[0].grad).device if params else grid.device
     # squares of: replicated, tensor-sharded, and the same two for gradients chunked over data
     squares = torch.zeros(4, dtype=torch.float64, device=device)
     for p in layout_of(model, grid).params.values():
@@ -117,8 +119,11 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, grid: Grid, norm_type: fl
         squares[slot + 2 * chunked] += local(param.grad).detach().double().square().sum()
     if zero is not None:
         squares[2:] = comm.all_reduce(squares[2:], grid.group("data"))
-    total = (squares[0] + squares[2] + comm.all_reduce(squares[1] + squares[3], grid.group("x", "y", "z"))).sqrt()
-    norm = total.to(params[0].grad.dtype).reshape(())
+    total = squares[0] + squares[2] + comm.all_reduce(squares[1] + squares[3], grid.group("x", "y", "z"))
+    if pipelined:
+        total = comm.all_reduce(total, grid.group("pipe"))
+    total = total.sqrt()
+    norm = total.to(params[0].grad.dtype if params else torch.float32).reshape(())
     coefficient = max_norm / (float(total) + 1e-6)
     if coefficient < 1.0 and math.isfinite(float(total)):
         for p in params:

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from data.atomic import write_text_atomic
 from engine.core import comm
 from engine.core.grid import Grid, GridShape, is_main_process
+from engine.core.vocab_parallel import causal_lm_token_losses
 from engine.memory.activation import checkpoint_decoder_layers
 from engine.memory.zero import ZeroError, make_adamw, shard_data_axis, zero_state
 from engine.models.parallelize import rows_layout
@@ -45,6 +46,7 @@ from engine.training.checkpoint import (
     save_checkpoint,
 )
 from engine.training.config import OPTIMIZERS, TrainConfig  # noqa: F401 - re-exported: defined torch-free
+from engine.training.pipeline import Pipeline
 from engine.training.state import clip_grad_norm_, sync_gradients
 
 METRICS_FILE = "metrics.jsonl"
@@ -65,6 +67,25 @@ class StepLoss:
 
 
 LossFn = Callable[[nn.Module, dict[str, torch.Tensor]], StepLoss]
+
+
+@dataclass(frozen=True)
+class TokenLossFn:
+    """A loss that sees the model only through the per-token cross-entropies of next-token targets: the form a
+    pipeline's last stage can compute (engine/training/pipeline.py), and a LossFn everywhere else.
+
+    targets(batch) -> (B, T) int64 next-token targets (IGNORE_INDEX where none).
+    reduce(token_losses (B, T) float32, batch) -> StepLoss of those rows; `batch` holds the same rows.
+    """
+
+    targets: Callable[[dict[str, torch.Tensor]], torch.Tensor]
+    reduce: Callable[[torch.Tensor, dict[str, torch.Tensor]], StepLoss]
+
+    def __call__(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> StepLoss:
+        token_ce = causal_lm_token_losses(
+            model, batch["input_ids"], self.targets(batch), position_ids=batch.get("position_ids")
+        )
+        return self.reduce(token_ce, batch)
 
 
 @dataclass
@@ -287,6 +308,56 @@ def _forward_backward(
     return _StepSums(totals, extra_names, n_input_tokens)
 
 
+def _rows_of_batch(batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The sub-batch of `rows` (indices into dim 0) of a stacked batch; 0-d entries (the step) are kept."""
+    n = len(batch["example_index"])
+    return {k: v[rows.to(v.device)] if v.dim() and v.shape[0] == n else v for k, v in batch.items()}
+
+
+def _pipeline_forward_backward(
+    pipe: Pipeline,
+    examples: Sequence[dict[str, torch.Tensor]],
+    rows: torch.Tensor,
+    step: int,
+    loss_fn: TokenLossFn,
+    config: TrainConfig,
+    device: torch.device,
+    autocast: Any,
+) -> _StepSums:
+    """_forward_backward through a pipeline: each of the config.grad_accum passes runs the pipeline's schedule over
+    its micro-batches, the last stage reducing each micro-batch's token losses; the step's sums come from the last
+    stage to every rank of the pipeline (a control message)."""
+    records: list[StepLoss] = []
+    n_input_tokens = 0
+    for micro_rows in torch.tensor_split(rows, min(config.grad_accum, len(rows))):
+        batch = _stack(examples, micro_rows, step, device)
+        if "position_ids" in batch:
+            raise ValueError(
+                "a pipeline's stages number positions 0..T-1 themselves, so rows with their own position ids (--pack) "
+                "cannot run on one yet; drop --pack or the pipe axis"
+            )
+        n_input_tokens += batch["input_ids"].numel()
+
+        def reduce(token_losses: torch.Tensor, chunk: torch.Tensor, batch: dict = batch) -> torch.Tensor:
+            out = loss_fn.reduce(token_losses, _rows_of_batch(batch, chunk))
+            records.append(out)
+            return out.loss_sum.float()
+
+        with autocast:
+            pipe.step_token_losses(batch["input_ids"], loss_fn.targets(batch), reduce)
+    last = pipe.group.size - 1  # the last stage's rank in the pipeline group
+    summary = None
+    if pipe.group.rank == last:
+        names = sorted(records[0].extras)
+        totals = [
+            sum(float(r.loss_sum.detach().float()) for r in records),
+            float(sum(r.n_tokens for r in records)),
+        ] + [sum(r.extras[name][i] for r in records) for name in names for i in (0, 1)]
+        summary = (totals, names)
+    totals, names = comm.broadcast_object(summary, pipe.group, device, src_group_rank=last)
+    return _StepSums(torch.tensor(totals, dtype=torch.float64), names, n_input_tokens)
+
+
 def train(
     model: nn.Module,
     examples: Sequence[dict[str, torch.Tensor]],
@@ -332,9 +403,10 @@ def train(
     if config.activation_checkpointing:  # before ZeRO (fully_shard), the order composable checkpoint needs
         checkpoint_decoder_layers(model)
     prepare_zero(model, config, grid)
-    optimizer = make_optimizer(model, config)
     per_epoch = steps_per_epoch(len(examples), config.batch_size)
     total_steps = total_steps_of(len(examples), config)
+    pipe = _pipeline(model, loss_fn, config, grid, len(examples))
+    optimizer = make_optimizer(model, config)  # a pipeline's other stages never get gradients here: no state
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, config))
     is_main = is_main_process(grid)
     out_path = Path(out_dir) if out_dir is not None else None
@@ -344,6 +416,8 @@ def train(
     start_step = 0
     if resume_from is not None:
         start_step = _resume(Path(resume_from), model, optimizer, scheduler, config, total_steps, grid, examples)
+        if pipe is not None:
+            _keep_held_state(optimizer, pipe)
 
     metrics_file = None
     if out_path is not None and is_main:
@@ -367,16 +441,11 @@ def train(
             started = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             with rows_layout(model, config.rows):
-                sums = _forward_backward(
-                    model,
-                    examples,
-                    _step_rows(len(examples), config, epoch, index_in_epoch, grid),
-                    step,
-                    loss_fn,
-                    config,
-                    device,
-                    autocast,
-                )
+                rows = _step_rows(len(examples), config, epoch, index_in_epoch, grid)
+                if pipe is None:
+                    sums = _forward_backward(model, examples, rows, step, loss_fn, config, device, autocast)
+                else:
+                    sums = _pipeline_forward_backward(pipe, examples, rows, step, loss_fn, config, device, autocast)
                 sums.totals = _all_reduce_sums(sums.totals, grid, config.rows)
                 grad_norm = _sync_and_clip(model, sums.n_tokens, config, grid)
             # every rank holds the same reduced sums and global norm, so all stop together, before the update
@@ -394,6 +463,13 @@ def train(
                 record["bytes_sent"] = step_bytes  # this rank (rank 0 in the log), per process group of the grid
             done = step + 1
             evaluate_now = done == total_steps or (config.eval_every and done % config.eval_every == 0)
+            if pipe is not None and (
+                (validation is not None and evaluate_now)
+                or (on_epoch_end is not None and done % per_epoch == 0)
+                or (out_path is not None and _saves_now(done, total_steps, config))
+                or done == total_steps
+            ):
+                pipe.share_weights()  # what follows (and the caller, after the last step) reads the whole model
             if validation is not None and evaluate_now:
                 record["val_loss"] = evaluate_loss(
                     model, validation, validation_loss_fn or loss_fn, config, grid, step=done
@@ -409,7 +485,7 @@ def train(
             bar.set_postfix(loss=f"{record['loss']:.4f}")
             bar.update(1)
 
-            if out_path is not None and (done == total_steps or (config.save_every and done % config.save_every == 0)):
+            if out_path is not None and _saves_now(done, total_steps, config):
                 extra_state = _trainer_state(scheduler, done, config, examples)
                 model_files = lambda m, folder: save_model(m, folder, done)  # noqa: E731 - called before `done` changes
                 if saver is not None:
@@ -446,6 +522,46 @@ def train(
         if metrics_file is not None:
             metrics_file.close()
     return TrainResult(steps=total_steps, history=history)
+
+
+def _saves_now(done: int, total_steps: int, config: TrainConfig) -> bool:
+    """Whether a checkpoint is written after `done` optimizer steps."""
+    return done == total_steps or bool(config.save_every and done % config.save_every == 0)
+
+
+def _pipeline(
+    model: nn.Module, loss_fn: LossFn, config: TrainConfig, grid: Grid | None, n_examples: int
+) -> Pipeline | None:
+    """The pipeline of a grid whose pipe axis is > 1 (None otherwise), built from config's pipe settings after
+    checking every step of the run can feed it (ValueError, one line)."""
+    if grid is None or grid.shape.pipe == 1:
+        return None
+    if not isinstance(loss_fn, TokenLossFn):
+        raise ValueError(
+            "a pipeline computes the loss on its last stage from per-token losses: give train a TokenLossFn"
+        )
+    sizes = {min(config.batch_size, n_examples)}
+    if n_examples % config.batch_size and n_examples > config.batch_size:
+        sizes.add(n_examples % config.batch_size)  # the shorter last step of each epoch
+    first, *rest = sorted(sizes, reverse=True)
+    microbatches = config.check_pipeline(grid.shape, (first, *rest))
+    settings = config.pipe_config
+    return Pipeline(
+        model,
+        grid.group("pipe"),
+        schedule=settings.schedule,
+        microbatches=microbatches,
+        virtual=settings.virtual,
+        splits=list(settings.splits) or None,
+    )
+
+
+def _keep_held_state(optimizer: torch.optim.Optimizer, pipe: Pipeline) -> None:
+    """Drop the optimizer state a resume loaded for parameters of other ranks' stages: this rank never updates them,
+    so its copy would go stale and could be the one a later checkpoint writes."""
+    held = {id(p) for p in pipe.parameters()}
+    for param in [p for p in optimizer.state if id(p) not in held]:
+        del optimizer.state[param]
 
 
 class NonFiniteLossError(ValueError):

@@ -1,0 +1,181 @@
+"""The training loop on a grid with a pipe axis (engine.training.train) against one process.
+
+Each rank builds the same float64 Llama of 8 layers, engine.parallelize shards it for the grid's x/y/z (none, or
+x=2 inside each stage), and train() runs 2 SGD steps of 8 sequences with gradient clipping (max norm 1.0, which
+these gradients exceed: the clipped update checks the norm summed over the stages). The loss and gradient norm of
+every step, the token counts and the consolidated weights after the run equal one process's.
+
+Tolerance of gradient norms and weights: float64 (eps 1.1e-16). The pipeline runs the same operations on B/M rows
+at a time and the grid sums partial gradients in another order; over 2 steps the weights move by lr * gradient, so
+reordered sums bound the difference by about 1e-14 relative. 1e-10 leaves room without hiding a missing or doubled
+micro-batch, stage or rank (errors of order 1 / M or more). The logged losses and the x = 2 grid have their own
+tolerances below.
+
+A run killed after its first epoch resumes at the same grid, at x = 2 and at one process as the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from distributed import run_distributed
+from tiny_models import tiny_llama
+
+import engine
+from engine.core.grid import init
+from engine.training.train import StepLoss, TokenLossFn, TrainConfig, train
+
+VOCAB, SEQ, ROWS, LAYERS = 64, 8, 16, 8
+TOLERANCE = {"rtol": 1e-10, "atol": 1e-10}  # float64, see the module docstring
+# The logged losses are sums of float32 per-token losses (the chunked loss returns float32 whatever the model's
+# dtype), added in another grouping by the pipeline's micro-batches: at most ROWS * SEQ = 128 terms, each addition
+# off by at most float32's eps / 2 = 6e-8 relative, so 128 * 6e-8 < 1e-5 bounds the difference.
+LOGGED_TOLERANCE = {"rtol": 1e-5, "atol": 0.0}
+# With x = 2 inside the stages, the tensor-parallel layers add partial products in another order (float64, ~1e-16),
+# and Llama's RMSNorm and rotary tables compute in float32: a float64 difference can flip a float32 rounding of a
+# normalized activation (6e-8 relative), which after 2 SGD steps of lr 0.5 on gradients of order 1 moves a weight by
+# at most ~1e-7 (4.6e-9 relative observed on the gradient norm). A missing or doubled micro-batch would change the
+# gradient by about 1/M = 25%.
+TENSOR_PARALLEL_TOLERANCE = {"rtol": 1e-6, "atol": 1e-7}
+
+
+def model() -> torch.nn.Module:
+    return tiny_llama(vocab=VOCAB, hidden=32, heads=4, kv_heads=2, layers=LAYERS, positions=32, dtype=torch.float64)
+
+
+def examples() -> list[dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, VOCAB, (ROWS, SEQ), generator=generator)
+    targets = torch.cat([ids[:, 1:], torch.full((ROWS, 1), -100)], dim=1)
+    targets[::3, 2] = -100  # some ignored targets: the token count is not rows * (SEQ - 1)
+    return [{"input_ids": ids[i], "targets": targets[i]} for i in range(ROWS)]
+
+
+def _reduce(token_losses: torch.Tensor, batch: dict[str, torch.Tensor]) -> StepLoss:
+    kept = batch["targets"] != -100
+    first = token_losses[:, 0].detach().sum()  # an extra quantity, logged as its mean over rows
+    return StepLoss(
+        loss_sum=token_losses[kept].sum(),
+        n_tokens=int(kept.sum()),
+        extras={"first_loss": (float(first), len(token_losses))},
+    )
+
+
+LOSS = TokenLossFn(targets=lambda batch: batch["targets"], reduce=_reduce)
+
+
+def config(**settings) -> TrainConfig:
+    base = dict(batch_size=8, lr=0.5, optimizer="sgd", max_grad_norm=1.0, progress=False, shuffle=True, seed=1)
+    return TrainConfig(**{**base, **settings})
+
+
+def _history(result) -> list[list[float]]:
+    return [[r["loss"], r["grad_norm"], r["n_tokens"], r["first_loss"]] for r in result.history]
+
+
+def serial(**settings) -> tuple[list[list[float]], dict[str, list]]:
+    net = model()
+    result = train(net, examples(), LOSS, config(**settings))
+    return _history(result), {k: v.tolist() for k, v in net.state_dict().items()}
+
+
+def parallel_worker(sizes: dict[str, int], settings: dict) -> tuple[list[list[float]], dict[str, list] | None]:
+    grid = init(**sizes)
+    net = engine.parallelize(model(), grid)
+    result = train(net, examples(), LOSS, config(**settings), grid=grid)
+    state = engine.full_state_dict(net, grid, rank0_only=True)
+    return _history(result), ({k: v.tolist() for k, v in state.items()} if grid.rank == 0 else None)
+
+
+def assert_same(expected: tuple, got: tuple, tolerance: dict) -> None:
+    (history, weights), (got_history, got_weights) = expected, got
+    got_history, history = torch.tensor(got_history, dtype=torch.float64), torch.tensor(history, dtype=torch.float64)
+    torch.testing.assert_close(got_history[:, 1:3], history[:, 1:3], **tolerance)  # float64 norm, exact counts
+    torch.testing.assert_close(got_history[:, ::3], history[:, ::3], **LOGGED_TOLERANCE)
+    assert got_weights.keys() == weights.keys()
+    for key in weights:
+        got_weight, weight = (
+            torch.tensor(got_weights[key], dtype=torch.float64),
+            torch.tensor(weights[key], dtype=torch.float64),
+        )
+        torch.testing.assert_close(got_weight, weight, **tolerance)
+
+
+@pytest.mark.parametrize(
+    "sizes, settings",
+    [
+        ({"pipe": 2}, {"pipe_schedule": "1f1b", "grad_accum": 2}),
+        ({"pipe": 2, "data": 2}, {"pipe_schedule": "gpipe"}),
+        ({"pipe": 2, "x": 2}, {"pipe_schedule": "interleaved-1f1b", "pipe_virtual": 2, "microbatches": 4}),
+        ({"pipe": 4}, {"pipe_schedule": "zero-bubble", "pipe_virtual": 2, "microbatches": 4}),
+    ],
+    ids=["pipe2-1f1b-accum2", "pipe2-data2-gpipe", "pipe2-x2-interleaved", "pipe4-zero-bubble"],
+)
+def test_pipelined_training_equals_one_process(sizes: dict[str, int], settings: dict) -> None:
+    world = 1
+    for size in sizes.values():
+        world *= size
+    expected = serial(max_steps=2, **settings)
+    results = run_distributed(world, parallel_worker, sizes, {"max_steps": 2, **settings})
+    assert_same(expected, results[0], TENSOR_PARALLEL_TOLERANCE if "x" in sizes else TOLERANCE)
+    for history, _ in results[1:]:  # every rank logs the same step records
+        assert history == results[0][0]
+
+
+class Killed(RuntimeError):
+    """The stand-in for a kill after the first epoch's checkpoint (raised on every rank: no rank is left waiting)."""
+
+
+def _kill_after_first_epoch(model: torch.nn.Module, epoch: int, step: int) -> None:
+    if epoch == 1:
+        raise Killed(f"killed after step {step}")
+
+
+RESUME_SETTINGS = {"epochs": 2, "optimizer": "adamw", "lr": 1e-2, "save_every": 1}  # 2 steps per epoch
+
+
+def resume_run(sizes: dict[str, int] | None, folder: str, kill: bool, resume: bool) -> dict[str, list] | None:
+    """Train RESUME_SETTINGS on `sizes` (None: one process), killed after epoch 1 or resumed from its checkpoint;
+    the consolidated weights on rank 0."""
+    grid = init(**sizes) if sizes else None
+    net = engine.parallelize(model(), grid) if grid else model()
+    try:
+        train(
+            net,
+            examples(),
+            LOSS,
+            config(**RESUME_SETTINGS),
+            grid=grid,
+            out_dir=folder,
+            resume_from=Path(folder) / "checkpoint" if resume else None,
+            save_model=lambda m, into, step: None,  # the checkpoint's DCP shards hold the model: no HF folder here
+            on_epoch_end=_kill_after_first_epoch if kill else None,
+        )
+    except Killed:
+        return None
+    state = engine.full_state_dict(net, grid, rank0_only=True) if grid else net.state_dict()
+    return {k: v.tolist() for k, v in state.items()} if grid is None or grid.rank == 0 else None
+
+
+def test_a_killed_pipelined_run_resumes_exactly_at_any_grid() -> None:
+    """A pipe=2 run killed after its first epoch resumes at pipe=2, at x=2 and at one process as the uninterrupted
+    run continues: AdamW's moments live on the stage that owns each parameter, and must all come back (its update
+    would differ otherwise)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        uninterrupted = run_distributed(2, resume_run, {"pipe": 2}, f"{tmp}/a", False, False)[0]
+        for name in ("b", "c", "d"):
+            run_distributed(2, resume_run, {"pipe": 2}, f"{tmp}/{name}", True, False)
+        resumed = {
+            "pipe=2": (run_distributed(2, resume_run, {"pipe": 2}, f"{tmp}/b", False, True)[0], TOLERANCE),
+            "x=2": (run_distributed(2, resume_run, {"x": 2}, f"{tmp}/c", False, True)[0], TENSOR_PARALLEL_TOLERANCE),
+            "one process": (resume_run(None, f"{tmp}/d", False, True), TOLERANCE),
+        }
+    for where, (got, tolerance) in resumed.items():
+        assert got.keys() == uninterrupted.keys(), where
+        for key in uninterrupted:
+            got_weight = torch.tensor(got[key], dtype=torch.float64)
+            want = torch.tensor(uninterrupted[key], dtype=torch.float64)
+            torch.testing.assert_close(got_weight, want, **tolerance, msg=lambda m: f"resumed at {where}, {key}: {m}")
