@@ -122,6 +122,8 @@ def _check_on_grid(spec: TrainSpec | CompareSpec, shape: GridShape, resume: Path
     train = background_train_config(spec.train) if spec.data.background is not None else spec.train
     layout = train.layout(shape)  # ZeRO, rows layout and precision against the grid
     layout.check_step_rows(train.batch_size)  # every full step; a short last step is checked by workers
+    if shape.pipe > 1:
+        _check_pipeline(spec, train, shape)
     if spec.lora.enabled:
         from goldfish.app.lora import check_grid
 
@@ -130,6 +132,19 @@ def _check_on_grid(spec: TrainSpec | CompareSpec, shape: GridShape, resume: Path
         from engine.training.train import check_resume
 
         check_resume(resume, train)
+
+
+def _check_pipeline(spec: TrainSpec | CompareSpec, train: Any, shape: GridShape) -> None:
+    """The settings a pipelined run refuses (engine/training/pipeline.py), before any worker starts: ZeRO, micro-batch
+    counts the schedule or the batch cannot take, and what the stages cannot run yet."""
+    train.check_pipeline(shape)
+    if spec.data.pack:
+        raise ValueError(
+            "--pack gives rows position ids that restart at each document, and a pipeline's stages number positions "
+            "0..T-1 themselves: drop --pack or the pipe axis"
+        )
+    if spec.lora.enabled:
+        raise ValueError("LoRA with a pipeline axis is not built yet: drop --lora-rank or the pipe axis")
 
 
 def _launch(run: ResolvedRun, runtime: Runtime) -> int:
@@ -357,8 +372,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     # One process clears an earlier eval's files (--overwrite), once every check has passed: the --nproc launcher,
     # rank 0 under torchrun, or the only process.
     clears = args.overwrite and os.environ.get("RANK", "0") == "0"
-    if runtime.nproc:
-        _launch_shape(runtime)
+    shape = _launch_shape(runtime) if runtime.nproc else _process_shape(runtime)
+    if shape is not None and shape.pipe > 1:
+        raise ValueError(
+            "goldfish eval runs on a grid without a pipe axis: evaluate a pipeline-trained run's checkpoint (an "
+            "ordinary HF folder) on one process or a grid of data, x, y and z"
+        )
     from goldfish.app.pretrained import recover_folder
 
     for folder in (args.model, args.reference):  # a checkpoint a killed save set aside is complete: put it back
@@ -624,10 +643,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from goldfish.app.runlock import holds_lock_here, out_lock
 
     runtime = runtime_of(args)  # a --preset is already applied, as defaults (`parse_command_line`)
+    shape = _launch_shape(runtime) if runtime.nproc else _process_shape(runtime)
+    if shape is not None and shape.pipe > 1:
+        raise ValueError(
+            "goldfish compare with a pipe axis is not built yet: train each model with goldfish train --grid "
+            "pipe=P,..., then compare their checkpoints (goldfish compare --checkpoints) on a grid without pipe"
+        )
     if args.checkpoints is not None:  # nothing to train: evaluate checkpoints trained elsewhere
         return cmd_compare_checkpoints(args)
     out = Path(args.out)
-    shape = _launch_shape(runtime) if runtime.nproc else _process_shape(runtime)
     spec = _compare_spec(args, shape)  # every setting validated before anything is written to --out
     if args.preset == "paper":
         _check_hub(spec, {})

@@ -25,7 +25,6 @@ from data.corpus import TokenizedCorpus
 from data.rows import piece_ids
 from engine.core import comm
 from engine.core.grid import AXES, Grid, is_main_process
-from engine.core.vocab_parallel import causal_lm_token_losses
 from eval import parallel as parallel_eval
 from eval.breakdown import group_means, tag_rows
 from eval.divergence import divergence_row, divergence_summary, suffix_dropped_flags
@@ -70,8 +69,9 @@ def start_grid(text: str | None) -> Grid | None:
 
 
 def grid_sizes(grid: Grid) -> dict[str, int]:
-    """{axis: size} of an engine grid, as recorded in run records and summaries."""
-    return {axis: getattr(grid.shape, axis) for axis in AXES}
+    """{axis: size} of an engine grid, as recorded in run records and summaries (pipe only when it is > 1)."""
+    sizes = {axis: getattr(grid.shape, axis) for axis in AXES}
+    return {**sizes, "pipe": grid.shape.pipe} if grid.shape.pipe > 1 else sizes
 
 
 @dataclass
@@ -239,34 +239,32 @@ def _random_draw(
     return drop_mask(targets, "random", mask.k, mask.h, special_token_ids=special_token_ids, seed=seed)
 
 
-def make_step_loss(mask: MaskSpec, special_token_ids: Sequence[int]) -> engine_train.LossFn:
-    """The engine's loss hook: goldfish loss on kept targets, plus all-token and dropped-token losses for logging."""
+def make_step_loss(mask: MaskSpec, special_token_ids: Sequence[int]) -> engine_train.TokenLossFn:
+    """The engine's loss hook: goldfish loss on kept targets, plus all-token and dropped-token losses for logging.
+    A TokenLossFn: the mask is drawn from the batch's own ids on whichever rank computes the loss (a pipeline's last
+    stage included), so the dropped positions equal one process's."""
 
-    def step_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> engine_train.StepLoss:
-        dropped = batch["dropped"]
-        if mask.strategy == "random":
-            step = int(batch["step"])
-            dropped = torch.cat(
-                [
-                    _random_draw(
-                        mask,
-                        batch["targets"][row : row + 1].cpu(),
-                        special_token_ids,
-                        step=step,
-                        example_index=int(index),
-                    )
-                    for row, index in enumerate(batch["example_index"])
-                ]
-            ).to(dropped.device)
-        # per-token losses from the hidden states: full-vocabulary logits are never built (vocabulary-parallel
-        # over the tensor-parallel ranks when the lm_head is split), the mask splits them as goldfish_loss does
-        token_ce = causal_lm_token_losses(
-            model,
-            batch["input_ids"],
-            batch["targets"],  # (B, T) float32
-            position_ids=batch.get("position_ids"),
-        )
-        result = goldfish_loss_from_token_losses(token_ce, batch["targets"], dropped)
+    def dropped_of(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if mask.strategy != "random":
+            return batch["dropped"]
+        step = int(batch["step"])
+        return torch.cat(
+            [
+                _random_draw(
+                    mask,
+                    batch["targets"][row : row + 1].cpu(),
+                    special_token_ids,
+                    step=step,
+                    example_index=int(index),
+                )
+                for row, index in enumerate(batch["example_index"])
+            ]
+        ).to(batch["dropped"].device)
+
+    def reduce(token_ce: torch.Tensor, batch: dict[str, torch.Tensor]) -> engine_train.StepLoss:
+        # token_ce: per-token losses (B, T) float32 from the hidden states; full-vocabulary logits are never built
+        # (vocabulary-parallel over the tensor-parallel ranks when the lm_head is split)
+        result = goldfish_loss_from_token_losses(token_ce, batch["targets"], dropped_of(batch))
         extras = {
             "all_loss": (float(result.all_loss) * result.n_all, result.n_all),
             "dropped_loss": (
@@ -276,7 +274,7 @@ def make_step_loss(mask: MaskSpec, special_token_ids: Sequence[int]) -> engine_t
         }
         return engine_train.StepLoss(loss_sum=result.loss_sum, n_tokens=result.n_kept, extras=extras)
 
-    return step_loss
+    return engine_train.TokenLossFn(targets=lambda batch: batch["targets"], reduce=reduce)
 
 
 def validation_loss_fn(prepared: Prepared) -> engine_train.LossFn:

@@ -9,7 +9,7 @@ flags back as {field: value}, ready for `dataclasses.replace` or the dataclass's
     DATA         --data ... --repeats, --dedup, --pack, --background ...     DataSpec
     MODEL        --model, --init-seed                                        TrainSpec / CompareSpec: model, init_seed
     MASK         --strategy, --k, --h, --mask-seed                           MaskSpec
-    TRAINING     --epochs ... --activation-checkpointing, --rows             TrainConfig
+    TRAINING     --epochs ... --activation-checkpointing, --pipe-*, --rows   TrainConfig
     EXTRACTION   --suffix-len, --prefix-len, --eval-batch-size, --bootstrap  ExtractionConfig
     INSTRUMENTS  --beams ... --prefix-lengths                                Instruments
     RUNTIME      --device, --threads, --no-progress, --grid, --nproc ...     Runtime
@@ -29,7 +29,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Callable, Collection
 
 from data.dedup import DEDUP_MODES, DUPLICATE_POLICIES
-from engine.spec import PRECISIONS, parse_quantize
+from engine.spec import PIPE_SCHEDULES, PRECISIONS, parse_quantize
 from goldfish.app.argparsing import argument_type, parse_device, positive_int
 from goldfish.app.config import parse_finite_float, parse_int_list, parse_node_size, parse_repeats
 from goldfish.app.lora import parse_targets
@@ -346,6 +346,30 @@ TRAINING = OptionGroup(
             "in backward instead of keeping them (less memory, one more forward per step; same gradients)",
             switch=True,
         ),
+        Option(
+            "--pipe-schedule",
+            "pipe_schedule",
+            "pipeline schedule on a grid with pipe > 1 (torch.distributed.pipelining): gpipe, 1f1b, or the "
+            "interleaved-1f1b and zero-bubble schedules with --pipe-virtual stages per rank",
+            choices=tuple(PIPE_SCHEDULES),
+        ),
+        Option(
+            "--microbatches",
+            "microbatches",
+            "pipeline micro-batches per pass of each data rank (the batch per data rank and --grad-accum pass "
+            "must split into them; 0: the smallest divisor >= 2 x pipe the schedule accepts)",
+            parse=int,
+        ),
+        Option(
+            "--pipe-virtual", "pipe_virtual", "pipeline stages per rank (interleaved schedules)", parse=positive_int
+        ),
+        Option(
+            "--pipe-split",
+            "pipe_split",
+            "first decoder layer of pipeline stages 1..S-1, e.g. 3,6 for 3 stages of a 9-layer model "
+            "(default: balanced by parameter count)",
+            parse=lambda text: parse_int_list(text, "--pipe-split"),
+        ),
         Option("--max-steps", "max_steps", "stop after N optimizer steps (0: every epoch)"),
         Option(
             "--eval-every",
@@ -444,8 +468,8 @@ RUNTIME = OptionGroup(
         Option(
             "--grid",
             "grid",
-            "4D grid under torchrun as AXIS=SIZE pairs, e.g. data=2,x=2 (axes data, x, y, z; product "
-            "= world size; default under torchrun: data=WORLD_SIZE)",
+            "grid under torchrun as AXIS=SIZE pairs, e.g. data=2,x=2 or pipe=2,data=2 (axes data, x, y, z and pipe, "
+            "the pipeline stages; product = world size; default under torchrun: data=WORLD_SIZE)",
         ),
         Option(
             "--no-verify",

@@ -1,0 +1,85 @@
+"""`goldfish train --grid pipe=P`: two pipeline stages in two processes train as one process does, the consolidated
+checkpoint is an ordinary HF folder with the serial run's weights, and the settings a pipeline cannot run are one line
+(exit 2) before any worker starts.
+
+Tolerance: float32 (eps 1.2e-7). The stages run one process's per-row operations on micro-batches of fewer rows, so
+only the order of the sums over rows differs: a gradient sums 4 rows x 31 targets, so its relative difference stays
+below ~124 * 6e-8 < 1e-5, and 4 SGD steps of lr 0.5 move the weights (of order 0.1) by at most ~1e-5 * 2 * 4 * 0.5
+in absolute terms (the gradient norms here are about 3). A missing or doubled micro-batch changes a step's loss by
+its share of the batch (a quarter or more).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from tiny_runs import tiny_run
+
+from goldfish.app.cli import main
+
+RUN = tiny_run(n_train=8, n_heldout=2, seq_len=32, vocab_size=320, batch_size=4, epochs=2) + [
+    "--optimizer",
+    "sgd",
+    "--lr",
+    "0.5",
+]
+LOGGED = {"rtol": 1e-5, "atol": 0.0}
+WEIGHTS = {"rtol": 1e-4, "atol": 5e-5}
+
+
+def _metrics(folder) -> torch.Tensor:
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return torch.tensor([[r["loss"], r["grad_norm"], r["n_tokens"]] for r in rows], dtype=torch.float64)
+
+
+def test_a_two_stage_pipeline_trains_as_one_process(tmp_path) -> None:
+    assert main(["train", "--out", str(tmp_path / "serial"), *RUN]) == 0
+    assert main(["train", "--out", str(tmp_path / "pipe"), "--nproc", "2", "--grid", "pipe=2", *RUN]) == 0
+    serial, pipe = _metrics(tmp_path / "serial"), _metrics(tmp_path / "pipe")
+    assert len(serial) == 4
+    torch.testing.assert_close(pipe, serial, **LOGGED)
+    record = json.loads((tmp_path / "pipe" / "run.json").read_text())
+    assert record["grid"]["pipe"] == 2
+
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "pipe" / "checkpoint")  # plain transformers
+    expected = load_file(tmp_path / "serial" / "checkpoint" / "model.safetensors")
+    state = loaded.state_dict()
+    assert set(expected) <= set(state)
+    for key, value in expected.items():
+        torch.testing.assert_close(state[key], value, **WEIGHTS, msg=lambda m: f"{key}: {m}")
+
+
+@pytest.mark.parametrize(
+    "command, settings, expected",
+    [
+        ("train", ["--grid", "pipe=2,data=2", "--zero", "2"], "ZeRO with a pipeline axis is not built yet"),
+        ("train", ["--grid", "pipe=2", "--pack"], "drop --pack or the pipe axis"),
+        ("train", ["--grid", "pipe=2", "--microbatches", "3"], "do not split into --microbatches 3"),
+        ("train", ["--grid", "pipe=2", "--pipe-schedule", "1f1b", "--microbatches", "1"], "as many micro-batches"),
+        ("train", ["--grid", "pipe=2", "--pipe-virtual", "2"], "1f1b runs one stage per rank, not 2"),
+        ("train", ["--grid", "pipe=2", "--lora-rank", "4"], "LoRA with a pipeline axis is not built yet"),
+        ("compare", ["--grid", "pipe=2"], "goldfish compare with a pipe axis is not built yet"),
+    ],
+)
+def test_settings_a_pipeline_cannot_run_fail_in_the_launcher(command, settings, expected, tmp_path, capsys) -> None:
+    nproc = "4" if "pipe=2,data=2" in settings else "2"
+    argv = [command, "--out", str(tmp_path / "run"), "--nproc", nproc, *RUN, *settings]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "launching" not in err, err
+    assert err.startswith(f"goldfish {command}: error: ") and expected in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_eval_refuses_a_pipe_axis(tmp_path, capsys) -> None:
+    assert (
+        main(["eval", "--model", str(tmp_path), "--out", str(tmp_path / "eval"), "--nproc", "2", "--grid", "pipe=2"])
+        == 2
+    )
+    err = capsys.readouterr().err.strip()
+    assert "goldfish eval runs on a grid without a pipe axis" in err and err.count("\n") == 0, err
