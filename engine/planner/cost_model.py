@@ -955,6 +955,51 @@ def llama_step_collectives(
     chunked loss, which runs at every ZeRO stage).
     rows: the rows layout ("own" or "shared", see the module doc); rows_per_rank counts the rows a rank reads.
     """
+    passes = pass_collectives(
+        shape,
+        grid,
+        rows_per_rank=rows_per_rank,
+        seq=seq,
+        param_bytes=param_bytes,
+        act_bytes=act_bytes,
+        grad_accum=grad_accum,
+        mask_bytes=mask_bytes,
+        recompute=recompute,
+        stream_bytes=stream_bytes,
+        position_ids=position_ids,
+        vocab_parallel=vocab_parallel,
+        rows=rows,
+    )
+    return passes + update_collectives(
+        shape,
+        grid,
+        param_bytes=param_bytes,
+        grad_accum=grad_accum,
+        zero=zero,
+        data_rank=data_rank,
+        vocab_parallel=vocab_parallel,
+        rows=rows,
+    )
+
+
+def pass_collectives(
+    shape: TransformerShape,
+    grid: GridShape,
+    *,
+    rows_per_rank: int,
+    seq: int,
+    param_bytes: int = 2,
+    act_bytes: int = 2,
+    grad_accum: int = 1,
+    mask_bytes: int = 0,
+    recompute: bool = False,
+    stream_bytes: int | None = None,
+    position_ids: bool = False,
+    vocab_parallel: bool | None = None,
+    rows: str = "own",
+) -> list[Collective]:
+    """The collectives of the `grad_accum` forward and backward passes of a step (llama_step_collectives without
+    update_collectives): the decoder layers', the rows' around the decoder and the vocabulary split's."""
     stream_bytes = act_bytes if stream_bytes is None else stream_bytes
     layer = layer_collectives(
         shape,
@@ -992,17 +1037,7 @@ def llama_step_collectives(
         act_bytes=act_bytes,
         rows=rows,
     )
-    out = scale_count(layer, shape.layers * grad_accum) + scale_count(stack + vocab, grad_accum)
-    return out + update_collectives(
-        shape,
-        grid,
-        param_bytes=param_bytes,
-        grad_accum=grad_accum,
-        zero=zero,
-        data_rank=data_rank,
-        vocab_parallel=vocab_parallel,
-        rows=rows,
-    )
+    return scale_count(layer, shape.layers * grad_accum) + scale_count(stack + vocab, grad_accum)
 
 
 def update_collectives(

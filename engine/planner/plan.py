@@ -48,6 +48,7 @@ from engine.planner.cost_model import (
     memory_per_rank,
     model_flops_per_token,
     ordered_grids,
+    pass_collectives,
     pipe_rank_shape,
     pipeline_bubble,
     pipeline_check,
@@ -55,6 +56,7 @@ from engine.planner.cost_model import (
     pipeline_p2p_bytes,
     rank_flops_per_step,
     rank_memory_traffic_per_step,
+    update_collectives,
 )
 from engine.planner.profiles import MachineProfile, group_stride
 from engine.spec import (
@@ -457,27 +459,38 @@ def _pipe_rank_work(
     recompute: bool,
     zero: ZeroConfig | None,
     rows_layout: str,
+    passes: dict[tuple, tuple[dict[str, float], dict[str, int]]],
 ) -> _RankWork:
     """The step of one pipe rank holding `shape` (pipe_rank_shape) on its stage's grid, `microbatches` micro-batches
-    of `rows` rows per GPU."""
+    of `rows` rows per GPU. `passes` keeps the seconds and bytes of the passes' collectives (pass_collectives), which
+    no ZeRO setting changes, across calls."""
     profile = request.profile
     param_bytes, act_bytes, stream_bytes = request.element_bytes
-    collectives = llama_step_collectives(
-        shape,
-        stage,
-        rows_per_rank=rows,
-        seq=request.seq,
-        param_bytes=param_bytes,
-        act_bytes=act_bytes,
-        stream_bytes=stream_bytes,
-        grad_accum=microbatches,
-        mask_bytes=request.mask_bytes,
-        recompute=recompute,
-        zero=zero,
-        rows=rows_layout,
+    key = (stage, shape.layers, shape.runs_embeddings, shape.runs_head, rows, microbatches, recompute, rows_layout)
+    if key not in passes:
+        collectives = pass_collectives(
+            shape,
+            stage,
+            rows_per_rank=rows,
+            seq=request.seq,
+            param_bytes=param_bytes,
+            act_bytes=act_bytes,
+            stream_bytes=stream_bytes,
+            grad_accum=microbatches,
+            mask_bytes=request.mask_bytes,
+            recompute=recompute,
+            rows=rows_layout,
+        )
+        passes[key] = (comm_seconds(profile, stage, collectives, None), bytes_by_group(collectives))
+    pass_seconds, pass_bytes = passes[key]
+    updates = update_collectives(
+        shape, stage, param_bytes=param_bytes, grad_accum=microbatches, zero=zero, rows=rows_layout
     )
-    during = comm_seconds(profile, stage, [c for c in collectives if c.phase in ("forward", "backward")], zero)
-    after = comm_seconds(profile, stage, [c for c in collectives if c.phase not in ("forward", "backward")], zero)
+    in_passes = [c for c in updates if c.phase in ("forward", "backward")]  # ZeRO 2 and 3, per micro-batch
+    during = dict(pass_seconds)
+    for group, seconds in comm_seconds(profile, stage, in_passes, zero).items():  # (seconds add up: linear in bytes)
+        during[group] = during.get(group, 0.0) + seconds
+    after = comm_seconds(profile, stage, [c for c in updates if c.phase not in ("forward", "backward")], zero)
     flops = rank_flops_per_step(
         shape,
         stage,
@@ -489,29 +502,31 @@ def _pipe_rank_work(
     )
     compute = flops / (profile.peak_tflops * 1e12 * request.compute_efficiency)
     traffic = {
-        passes: rank_memory_traffic_per_step(
+        passes_: rank_memory_traffic_per_step(
             shape,
             stage,
             rows_per_rank=rows,
             seq=request.seq,
             act_bytes=act_bytes,
             bytes_per_param=request.bytes_per_param,
-            grad_accum=passes,
+            grad_accum=passes_,
             recompute=recompute,
             rows=rows_layout,
         )
-        for passes in (0, microbatches)  # 0 passes: the optimizer's part alone, which runs after the pipeline
+        for passes_ in (0, microbatches)  # 0 passes: the optimizer's part alone, which runs after the pipeline
     }
     memory_s = traffic[microbatches] / (profile.memory_gbps * 1e9)
     optimizer_s = traffic[0] / (profile.memory_gbps * 1e9)
-    comm_by_group = {g: during.get(g, 0.0) + after.get(g, 0.0) for g in during.keys() | after.keys()}
+    sent = dict(pass_bytes)
+    for group, n in bytes_by_group(updates).items():
+        sent[group] = sent.get(group, 0) + n
     return _RankWork(
         busy=compute + memory_s - optimizer_s + sum(during.values()),
         after=optimizer_s + sum(after.values()),
         compute=compute,
         memory=memory_s,
-        comm_by_group=comm_by_group,
-        sent_by_group=bytes_by_group(collectives),
+        comm_by_group={g: during.get(g, 0.0) + after.get(g, 0.0) for g in during.keys() | after.keys()},
+        sent_by_group=sent,
     )
 
 
@@ -543,13 +558,22 @@ def pipeline_step_prediction(
     stage = replace(grid, pipe=1)
     rows = request.global_batch // (readers(stage, rows_layout) * m)  # rows each GPU reads per micro-batch
     work = {} if cache is None else cache
+    passes = work.setdefault(("passes",), {})
     per_rank = []
     parts = parts or [pipe_rank_shape(shape, p, v, r) for r in range(p)]
     for part in parts:
         key = (stage, part.layers, part.runs_embeddings, part.runs_head, rows, m, recompute, zero, rows_layout)
         if key not in work:
             work[key] = _pipe_rank_work(
-                request, stage, part, rows=rows, microbatches=m, recompute=recompute, zero=zero, rows_layout=rows_layout
+                request,
+                stage,
+                part,
+                rows=rows,
+                microbatches=m,
+                recompute=recompute,
+                zero=zero,
+                rows_layout=rows_layout,
+                passes=passes,
             )
         per_rank.append(work[key])
     busiest = max(per_rank, key=lambda w: w.busy)

@@ -1,5 +1,5 @@
-"""`goldfish plan`: rank the 4D grids of a cluster for a model (engine.planner.plan), or profile a cluster under
-torchrun."""
+"""`goldfish plan`: rank the 5D grids (pipe x data x X x Y x Z) of a cluster for a model (engine.planner.plan), or
+profile a cluster under torchrun."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from typing import Any
 from engine.planner.cost_model import NAMED_SHAPES, TransformerShape
 from engine.planner.plan import (
     CHECKPOINTING,
+    DEFAULT_PIPE_SCHEDULES,
     HIERARCHIES,
+    PIPE_SCHEDULES,
     PRECISIONS,
     GridPlan,
     PlanRequest,
@@ -134,6 +136,44 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         help="elements per float32 scale of qwZ and qgZ, as goldfish train --zero-quantize-block "
         "(default: %(default)s)",
     )
+    pipe = parser.add_argument_group("pipeline (the settings considered per grid; the fastest is kept)")
+    pipe.add_argument(
+        "--pipe",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="P",
+        help="pipeline sizes to consider, as goldfish train --grid pipe=P (default: every divisor of --gpus up to the "
+        "model's decoder layers, or 1 for a model the engine cannot pipeline); --pipe 1: no pipeline; --pipe 16 pins "
+        "it",
+    )
+    pipe.add_argument(
+        "--pipe-schedule",
+        nargs="+",
+        choices=list(PIPE_SCHEDULES),
+        default=list(DEFAULT_PIPE_SCHEDULES),
+        metavar="SCHEDULE",
+        help=f"pipeline schedules to weigh, as goldfish train --pipe-schedule: {', '.join(PIPE_SCHEDULES)} (default: "
+        f"{' '.join(DEFAULT_PIPE_SCHEDULES)}; zero-bubble only when named: the model does not charge its split "
+        "backward)",
+    )
+    pipe.add_argument(
+        "--pipe-virtual",
+        type=int,
+        nargs="+",
+        default=[2],
+        metavar="V",
+        help="stages per rank to weigh for the interleaved schedules, as goldfish train --pipe-virtual "
+        "(default: %(default)s)",
+    )
+    pipe.add_argument(
+        "--microbatches",
+        type=int,
+        default=None,
+        metavar="M",
+        help="pipeline micro-batches per step and data rank, as goldfish train --microbatches (default: per grid, "
+        "the fastest that fits)",
+    )
     parser.add_argument("--top", type=int, default=20, help="rows of the table (default: %(default)s)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write every grid's prediction as JSON")
     measure = parser.add_argument_group("measure (run under torchrun on the cluster to profile)")
@@ -225,6 +265,10 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
         quantize=tuple(dict.fromkeys(args.zero_quantize)),
         gradient_bits=args.zero_quantize_bits,
         quantize_block=args.zero_quantize_block,
+        pipe_sizes=None if args.pipe is None else tuple(dict.fromkeys(args.pipe)),
+        pipe_schedules=tuple(dict.fromkeys(args.pipe_schedule)),
+        pipe_virtual=tuple(dict.fromkeys(args.pipe_virtual)),
+        microbatches=args.microbatches,
     )
 
 
@@ -271,6 +315,12 @@ def run_plan(args: argparse.Namespace) -> int:
                     "gradient_bits": request.gradient_bits,
                     "quantize_block": request.quantize_block,
                 },
+                "pipeline": {  # the settings weighed; each pipelined grid's choice is under grids[i]["pipeline"]
+                    "pipe_sizes": request.pipes,
+                    "schedules": list(request.pipe_schedules),
+                    "virtual": list(request.pipe_virtual),
+                    "microbatches": request.microbatches,
+                },
                 "profile": request.profile.to_json(),
             },
             "grids": [p.to_json() for p in plans],
@@ -304,7 +354,7 @@ def main(argv: list[str]) -> int:
     rest of the application (goldfish.app.entry sends `plan` here)."""
     parser = OneLineParser(
         prog="goldfish plan",
-        description="rank the 4D grids (data x X x Y x Z) for a "
+        description="rank the 5D grids (pipe x data x X x Y x Z) for a "
         "model on a cluster by predicted step time, with memory per GPU",
     )
     add_plan_arguments(parser)

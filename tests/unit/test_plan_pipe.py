@@ -1,0 +1,225 @@
+"""The planner's pipe axis: the bubble's closed forms, the micro-batches each rank holds, the point-to-point bytes,
+each stage's memory, the refusals, the 5D enumeration, the `goldfish train` command of a pipelined plan, and the shape
+of Llama 3 405B's published run (TP8 x PP16 x DP128 on 16,384 H100, "The Llama 3 Herd of Models", Table 4).
+
+References: bytes, bubbles and in-flight counts computed by hand below; the engine's own cut of the layers
+(engine.training.pipeline.balanced_splits), its schedule checks (engine.spec.PipeConfig) and its family check
+(engine.training.pipeline.check_model).
+"""
+
+from __future__ import annotations
+
+import pytest
+from tiny_models import tiny_family
+
+from engine.planner.cost_model import (
+    NAMED_SHAPES,
+    PIPELINE_FAMILIES,
+    TransformerShape,
+    count_grids,
+    memory_per_rank,
+    pipe_rank_shape,
+    pipeline_bubble,
+    pipeline_in_flight,
+    pipeline_p2p_bytes,
+    stage_layer_counts,
+)
+from engine.planner.plan import GIB, PlanRequest, pipeline_memory, plan_grid, rank_grids, train_command
+from engine.planner.profiles import PROFILES
+from engine.spec import GridShape, PipeConfig
+from goldfish.app.plan import main as plan_main
+from goldfish.app.planning import shape_from_model
+
+SMALL = TransformerShape(hidden=256, layers=8, heads=4, kv_heads=4, intermediate=512, vocab=1024, name="small")
+
+
+def _request(**overrides) -> PlanRequest:
+    base = dict(shape=SMALL, gpus=8, global_batch=64, seq=256, profile=PROFILES["dgx-h100"])
+    base.update(overrides)
+    return PlanRequest(**base)
+
+
+def test_bubble_closed_forms() -> None:
+    # P = 4 ranks, M = 8 micro-batches, V = 2 stages per rank
+    assert pipeline_bubble("gpipe", 4, 8) == pipeline_bubble("1f1b", 4, 8) == 3 / 11
+    assert pipeline_bubble("interleaved-1f1b", 4, 8, 2) == 3 / 19
+    assert pipeline_bubble("zero-bubble", 4, 8, 2) == 3 / 51
+    assert pipeline_bubble("1f1b", 1, 8) == 0.0  # no pipeline, no bubble
+    with pytest.raises(ValueError, match="at least as many micro-batches as pipeline ranks"):
+        pipeline_bubble("1f1b", 4, 2)
+
+
+def test_micro_batches_in_flight_follow_the_schedules_order() -> None:
+    assert pipeline_in_flight("gpipe", 4, 8) == 8  # every forward before any backward
+    assert [pipeline_in_flight("1f1b", 4, 8, rank=r) for r in range(4)] == [4, 3, 2, 1]
+    # interleaved, P=4, V=2, M=8: 2 rounds of 4; rank 0 warms up (2-1)*4 + 2*3 = 10 chunks, holds 11 of 1/2 each
+    assert pipeline_in_flight("interleaved-1f1b", 4, 8, 2, rank=0) == 5.5
+    assert pipeline_in_flight("interleaved-1f1b", 4, 8, 2, rank=3) == 2.5  # 4 warm-up chunks + 1
+    # zero bubble: (2-1)*4 + (3-r) warm-up chunks, kept r actions longer for the deferred weight gradients: 8 chunks
+    assert [pipeline_in_flight("zero-bubble", 4, 8, 2, rank=r) for r in range(4)] == [4.0] * 4
+    assert pipeline_in_flight("interleaved-1f1b", 4, 2, 2) == 2  # capped: all V M = 4 chunks
+
+
+def test_the_cut_is_the_engines() -> None:
+    from engine.training.pipeline import RECIPES, balanced_splits
+
+    assert set(PIPELINE_FAMILIES) == set(RECIPES)
+    for layers in (2, 7, 8, 80, 126):
+        for stages in (1, 2, 3, 16, layers):
+            if stages <= layers:
+                bounds = [0, *balanced_splits([1] * layers, stages), layers]
+                assert stage_layer_counts(layers, stages) == [b - a for a, b in zip(bounds, bounds[1:])]
+    first, middle, last = (pipe_rank_shape(NAMED_SHAPES["405B"], 16, 2, r) for r in (0, 7, 15))
+    assert (first.runs_embeddings, first.runs_head, last.runs_embeddings, last.runs_head) == (True, False, False, True)
+    assert first.vocab_params == last.vocab_params == 128256 * 16384 and middle.vocab_params == 0
+    assert (
+        sum(pipe_rank_shape(NAMED_SHAPES["405B"], 16, 2, r).n_params for r in range(16))
+        == NAMED_SHAPES["405B"].n_params
+    )
+
+
+def test_point_to_point_bytes_per_rank_hand_computed() -> None:
+    grid = GridShape(pipe=2, x=2)  # own rows: the x group's decoder runs on 2 x 1 rows, held by both x ranks
+    message = 2 * 8 * 256 * 4  # (rows of the x*y group, seq, hidden) fp32 hidden states or their gradient
+    args = dict(rows_per_rank=1, seq=8, microbatches=4, stream_bytes=4)
+    assert pipeline_p2p_bytes(SMALL, grid, rank=0, **args) == 4 * message  # forward only
+    assert pipeline_p2p_bytes(SMALL, grid, rank=1, **args) == 4 * message  # gradients back only
+    # interleaved, V=2: rank 0 holds stages 0 and 2 of 4 (2 forwards, 1 backward), rank 1 stages 1 and 3 (1 + 2)
+    assert pipeline_p2p_bytes(SMALL, grid, rank=0, virtual=2, **args) == 3 * 4 * message
+    # the shared layout: every rank of x*y reads the group's rows itself, here the same 2 rows
+    assert pipeline_p2p_bytes(SMALL, grid, rank=0, **{**args, "rows_per_rank": 2}, rows="shared") == 4 * message
+    plain = GridShape(pipe=4)  # without tensor parallelism: (B/M, T, H) per micro-batch, as bench/pipeline.py
+    assert pipeline_p2p_bytes(SMALL, plain, rank=1, **args) == 2 * 4 * (1 * 8 * 256 * 4)
+
+
+def test_stage_memory_falls_with_more_stages() -> None:
+    shape = NAMED_SHAPES["70B"]
+    peaks, params = [], []
+    for p in (2, 4, 8, 16):
+        request = PlanRequest(shape=shape, gpus=p, global_batch=64, seq=2048, profile=PROFILES["dgx-h100"])
+        memory = pipeline_memory(request, GridShape(pipe=p), "1f1b", 64, recompute=True)
+        peaks.append(max(m.total for m in memory))
+        params.append(max(m.params for m in memory))
+        # 1F1B: rank r holds P - r micro-batches: what rank 1 keeps is P - 1 times one micro-batch's
+        param_bytes, act_bytes, stream_bytes = request.element_bytes
+        one = memory_per_rank(
+            pipe_rank_shape(shape, p, 1, 1),
+            GridShape(),
+            rows_per_rank=1,
+            seq=2048,
+            recompute=True,
+            param_bytes=param_bytes,
+            act_bytes=act_bytes,
+            stream_bytes=stream_bytes,
+        )
+        assert memory[1].detail["kept"] == pytest.approx((p - 1) * one.detail["kept"])
+    assert peaks == sorted(peaks, reverse=True) and params == sorted(params, reverse=True)
+    assert params[-1] < params[0] / 6  # the layers' parameters split 8 ways; embeddings and lm_head stay whole
+
+
+def test_refusals() -> None:
+    with pytest.raises(ValueError, match="--pipe 16: more stages than the 8 decoder layers"):
+        _request(gpus=16, pipe_sizes=(16,))
+    with pytest.raises(ValueError, match="--pipe 3 does not divide --gpus 8"):
+        _request(pipe_sizes=(3,))
+    with pytest.raises(ValueError, match="--pipe-schedule takes"):
+        _request(pipe_schedules=("looped",))
+    too_many = plan_grid(_request(pipe_schedules=("interleaved-1f1b",), pipe_virtual=(2,)), GridShape(pipe=8))
+    assert not too_many.feasible and too_many.reason == (
+        "cannot pipeline: 16 stages for 8 decoder layers; choose at most one stage per layer"
+    )
+    tied = PlanRequest(shape=NAMED_SHAPES["40B"], gpus=16, global_batch=64, seq=2048, profile=PROFILES["dgx-h100"])
+    assert tied.pipes == [1]  # the AxoNN GPT sizes tie lm_head to the embeddings
+    refused = plan_grid(tied, GridShape(pipe=2, data=8))
+    assert not refused.feasible and "input embeddings tied to lm_head" in refused.reason
+    neox = PlanRequest(shape=NAMED_SHAPES["NEOX-20B"], gpus=8, global_batch=8, seq=2048, profile=PROFILES["frontier"])
+    assert neox.pipes == [1] and "confirmed for llama, qwen2, gpt2 only" in plan_grid(neox, GridShape(pipe=2)).reason
+    # a config read from transformers carries the engine's own check
+    assert shape_from_model(tiny_family("llama", vocab=128)).pipeline_refusal == ""
+    assert "confirmed for" in shape_from_model(tiny_family("gpt_neox", vocab=128)).pipeline_refusal
+
+
+def test_plans_rank_5d_grids() -> None:
+    plans = rank_grids(_request())
+    assert len(plans) == sum(count_grids(8 // p) for p in (1, 2, 4, 8))
+    assert len({p.grid for p in plans}) == len(plans)
+    feasible = [p for p in plans if p.feasible]
+    assert {p.grid.pipe for p in feasible} == {1, 2, 4, 8}
+    assert [p.step_s for p in feasible] == sorted(p.step_s for p in feasible)
+    for p in feasible:
+        if p.grid.pipe > 1:
+            assert p.bubble == pipeline_bubble(p.schedule, p.grid.pipe, p.grad_accum, p.virtual)
+            assert p.step_s == pytest.approx(p.compute_s + p.memory_s + p.comm_s + p.bubble_s)
+            assert max(p.stage_memory) == p.memory.total <= 80 * GIB * 0.9 and len(p.stage_memory) == p.grid.pipe
+    only = rank_grids(_request(pipe_sizes=(1,)))  # --pipe 1: the 4D planner
+    assert len(only) == count_grids(8) and all(p.grid.pipe == 1 for p in only)
+
+
+def test_the_train_command_of_a_pipelined_plan() -> None:
+    request = _request(pipe_sizes=(2,), pipe_schedules=("interleaved-1f1b",), microbatches=8)
+    plan = plan_grid(request, GridShape(pipe=2, data=4))
+    assert plan.feasible and plan.grad_accum == 8 and plan.virtual == 2
+    command = train_command(request, plan)
+    words = command.split(" goldfish train ")[1].split()
+    assert " --grid pipe=2,data=4 " in command and "--grad-accum" not in words
+    assert words[words.index("--pipe-schedule") + 1] == "interleaved-1f1b"
+    assert words[words.index("--microbatches") + 1] == "8" and words[words.index("--pipe-virtual") + 1] == "2"
+    # the engine runs it: each GPU's 64 / 4 = 16 rows per step split into 8 micro-batches, as its checks accept
+    PipeConfig(schedule="interleaved-1f1b", virtual=2, microbatches=8).resolve_microbatches(2, 16)
+    from goldfish.app.cli import build_parser
+
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    if "--pipe-schedule" not in train._option_string_actions:
+        pytest.skip("goldfish train has no --pipe-schedule yet: the pipelined command's flags cannot be parsed")
+    for plan in (p for p in rank_grids(request) if p.feasible):
+        words = train_command(request, plan).split(" goldfish train ")[1].split()
+        assert {w for w in words if w.startswith("--")} <= set(train._option_string_actions), words
+        args = build_parser().parse_args(["train", *words])
+        assert (args.grid, args.pipe_schedule, args.microbatches) == (words[1], plan.schedule, plan.grad_accum)
+
+
+def _llama3_request(**overrides) -> PlanRequest:
+    base = dict(
+        shape=NAMED_SHAPES["405B"],
+        gpus=16384,
+        global_batch=2048,  # 16M tokens per step
+        seq=8192,
+        profile=PROFILES["dgx-h100"],
+        pipe_sizes=(16,),
+        pipe_schedules=("interleaved-1f1b",),
+    )
+    base.update(overrides)
+    return PlanRequest(**base)
+
+
+def test_llama3_405b_published_shape() -> None:
+    """TP8 (here y=8: x*y*z = 8 inside a node) x PP16 x DP128, 2,048 x 8,192 tokens, interleaved 1F1B."""
+    request = _llama3_request()
+    plan = plan_grid(request, GridShape(pipe=16, data=128, y=8))
+    assert plan.feasible and plan.schedule == "interleaved-1f1b" and plan.virtual == 2
+    # the x*y group shares its rows (as Megatron's tensor parallelism does): 2048 / 128 = 16 rows per GPU, one per
+    # micro-batch, as Llama 3's batch size per data rank of 16
+    assert plan.rows == "shared" and plan.grad_accum == 16 and plan.rows_per_micro_batch == 1
+    assert plan.memory.total <= 80 * GIB * 0.9 and len(plan.stage_memory) == 16
+    assert plan.bubble == 15 / (2 * 16 + 15)
+    # each middle rank sends its 2 stages' hidden states forward and their gradients back: 4 x 16 fp32 messages of
+    # 1 x 8,192 x 16,384, plus 15 bytes of the gradient norm's sum over stages
+    assert plan.bytes_by_group["pipe"] == 4 * 16 * 8192 * 16384 * 4 + 15
+    assert plan.step_s == pytest.approx(plan.compute_s + plan.memory_s + plan.comm_s + plan.bubble_s)
+    # below the published 38-43% MFU (no overlap, 50% of peak per product, recomputation), but of its order
+    assert 0.1 < plan.mfu < 0.43
+    # the same shape without activation checkpointing does not fit: the engine keeps each layer's activations whole
+    # on every rank of x*y (no sequence parallelism)
+    off = plan_grid(_llama3_request(checkpointing="off"), GridShape(pipe=16, data=128, y=8))
+    assert not off.feasible and off.reason.startswith("needs ")
+    # 1F1B on the same grid: the bubble (P-1)/(M+P-1) with 16 micro-batches is 15/31
+    one = plan_grid(_llama3_request(pipe_schedules=("1f1b",)), GridShape(pipe=16, data=128, y=8))
+    assert one.bubble == 15 / 31 and one.step_s > plan.step_s
+
+
+@pytest.mark.slow
+def test_the_unconstrained_planner_ranks_the_llama3_shape_first(capsys) -> None:
+    argv = "--model 405B --gpus 16384 --profile dgx-h100 --seq-len 8192 --global-batch 2048 --top 1"
+    assert plan_main(argv.split()) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("   1 "))
+    assert row.split()[1:6] == ["16", "128", "1", "8", "1"]
