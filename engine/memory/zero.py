@@ -59,7 +59,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -320,7 +320,9 @@ def _secondary_mesh_from_grid(grid: Grid, config: ZeroConfig, device_type: str) 
         fsdp_module._get_post_forward_mesh_info = original
 
 
-def shard_data_axis(model: nn.Module, grid: Grid, config: ZeroConfig) -> nn.Module:
+def shard_data_axis(
+    model: nn.Module, grid: Grid, config: ZeroConfig, *, roots: Sequence[nn.Module] | None = None
+) -> nn.Module:
     """Partition `model` (already parallelized for `grid`) over the data axis as `config` says; return it.
 
     Call it before building the optimizer (engine.training.train does both). Stage 0 returns the model untouched.
@@ -328,6 +330,10 @@ def shard_data_axis(model: nn.Module, grid: Grid, config: ZeroConfig) -> nn.Modu
     DeviceMesh made from the grid's data group; stage 1 only records the parameters whose moments and
     updates ZeroAdamW partitions. Raises ZeroError for a setting the grid cannot carry (stage > 0 with
     data=1, a node size not dividing the data axis) and for a model sharded already.
+
+    roots: the modules whose forward runs the model instead of model.forward (a pipeline's stages, every stage on
+    every rank): each becomes an FSDP root, holding the parameters around its layers (embeddings, final norm,
+    lm_head), so its own forward gathers them. Stages 2 and 3 only.
     """
     config.check(grid.shape)
     if zero_state(model) is not None:
@@ -343,6 +349,11 @@ def shard_data_axis(model: nn.Module, grid: Grid, config: ZeroConfig) -> nn.Modu
     mesh = DeviceMesh.from_group(data.group, device_type, mesh_dim_names=(f"data_{data.group.group_name}",))
     state = ZeroState(grid, config, mesh)
     if config.stage == 1:
+        if roots is not None:
+            raise ZeroError(
+                "ZeRO stage 1 with a pipeline axis is not built (its moments are partitioned over every parameter, "
+                "and a stage updates its own only); use --zero 2 or 3"
+            )
         for p in model.parameters():
             if p.requires_grad:
                 if p.dim() == 0:
@@ -364,7 +375,8 @@ def shard_data_axis(model: nn.Module, grid: Grid, config: ZeroConfig) -> nn.Modu
         for layer in layers:
             fully_shard(layer, mesh=mesh, reshard_after_forward=reshard, offload_policy=policy)
     # the root (embeddings, final norm, lm_head) is needed again right at the start of backward: keep it
-    fully_shard(model, mesh=mesh, reshard_after_forward=False, offload_policy=policy)
+    for root in roots if roots is not None else (model,):
+        fully_shard(root, mesh=mesh, reshard_after_forward=False, offload_policy=policy)
     all_gather, reduce_scatter = comm.fsdp_comms(
         data,
         grid.data_levels(config.level_sizes(data.size)),
@@ -372,7 +384,8 @@ def shard_data_axis(model: nn.Module, grid: Grid, config: ZeroConfig) -> nn.Modu
         weights=config.weight_format if config.quantize_weights else None,
         gradients=config.gradient_format if config.quantize_gradients else None,
     )
-    for module in model.modules():
+    units = {id(m): m for root in (model, *(roots or ())) for m in root.modules() if isinstance(m, FSDPModule)}
+    for module in units.values():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)  # our gradients are of the SUM of all ranks' losses
             module.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)

@@ -113,10 +113,10 @@ class TrainConfig:
         batch_size), e.g. a shorter last step of an epoch, each of which the micro-batches must split."""
         if shape.pipe == 1:
             return 1
-        if self.zero:
+        if self.zero == 1:
             raise ValueError(
-                "ZeRO with a pipeline axis is not built yet (each stage would partition its own layers over data); "
-                "use --zero 0 with --grid pipe=P,data=D, or a grid without pipe"
+                "ZeRO stage 1 with a pipeline axis is not built (its moments are partitioned over every parameter, "
+                "and a stage updates its own only); use --zero 2 or 3"
             )
         sizes = [self.pipeline_pass_rows(shape, n) for n in (step_rows or (self.batch_size,))]
         microbatches = self.pipe_config.resolve_microbatches(shape.pipe, sizes[0])

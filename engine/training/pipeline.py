@@ -45,6 +45,7 @@ from engine.core import comm
 from engine.core.functional import gather_from_group, split_to_group
 from engine.core.grid import AxisGroup
 from engine.core.vocab_parallel import head_token_losses
+from engine.memory.zero import local
 from engine.models.adapter import causal_mask, find_planned
 from engine.models.layout import parallel_grid
 from engine.spec import PIPE_SCHEDULES, PipeConfig, row_gather_axes
@@ -288,13 +289,18 @@ class Pipeline:
         microbatches: int,
         virtual: int = 1,
         splits: list[int] | None = None,
+        prepare: Callable[[list[StageModule]], None] | None = None,
     ) -> None:
+        """prepare(stages): runs on every stage module (all of them, on every rank) before torch's stages are built
+        around them, e.g. ZeRO's fully_shard with each stage as a root (engine.memory.zero.shard_data_axis)."""
         if group.size < 2:
             raise ValueError("a pipeline needs a group of at least 2 ranks")
         check_schedule(schedule, group.size, virtual, microbatches)
         n_stages = group.size * virtual
         self.group, self.microbatches, self.stats = group, microbatches, PipelineStats()
         self.all_stages = split_model(model, n_stages, splits)  # every rank knows every stage's parameters
+        if prepare is not None:
+            prepare(self.all_stages)
         self.stages = [self.all_stages[s] for s in range(group.rank, n_stages, group.size)]  # stage s on rank s % P
         device = next(model.parameters()).device
         self._torch_stages = [
@@ -387,7 +393,7 @@ class Pipeline:
             return
         for stage in self.all_stages:
             owner = self.group.ranks[stage.index % self.group.size]
-            tensors = [p.data for p in stage.parameters()]
+            tensors = [local(p.data) for p in stage.parameters()]  # under ZeRO: this data rank's chunks
             flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else None
             if flat is None:
                 continue

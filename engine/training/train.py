@@ -160,9 +160,12 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimiz
     return make_adamw(model, groups, lr=config.lr, betas=(config.beta1, config.beta2))
 
 
-def prepare_zero(model: nn.Module, config: TrainConfig, grid: Grid | None) -> None:
-    """Partition `model` over the data axis as config.zero_config says (engine.memory.zero.shard_data_axis), unless it
-    is partitioned that way already. Raises ZeroError for a setting the grid cannot carry."""
+def prepare_zero(
+    model: nn.Module, config: TrainConfig, grid: Grid | None, roots: Sequence[nn.Module] | None = None
+) -> None:
+    """Partition `model` over the data axis as config.zero_config says (engine.memory.zero.shard_data_axis, with
+    `roots`: a pipeline's stages), unless it is partitioned that way already. Raises ZeroError for a setting the grid
+    cannot carry."""
     zero = config.zero_config
     current = zero_state(model)
     if current is not None:
@@ -175,7 +178,7 @@ def prepare_zero(model: nn.Module, config: TrainConfig, grid: Grid | None) -> No
     if zero.stage == 0:
         return
     config.layout(grid.shape if grid is not None else GridShape())  # validated once: ZeroError when it cannot carry it
-    shard_data_axis(model, grid, zero)
+    shard_data_axis(model, grid, zero, roots=roots)
 
 
 def _is_distributed(grid: Grid | None) -> bool:
@@ -402,10 +405,11 @@ def train(
     device = next(model.parameters()).device
     if config.activation_checkpointing:  # before ZeRO (fully_shard), the order composable checkpoint needs
         checkpoint_decoder_layers(model)
-    prepare_zero(model, config, grid)
     per_epoch = steps_per_epoch(len(examples), config.batch_size)
     total_steps = total_steps_of(len(examples), config)
-    pipe = _pipeline(model, loss_fn, config, grid, len(examples))
+    pipe = _pipeline(model, loss_fn, config, grid, len(examples))  # ZeRO partitions its stages as it builds them
+    if pipe is None:
+        prepare_zero(model, config, grid)
     optimizer = make_optimizer(model, config)  # a pipeline's other stages never get gradients here: no state
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, config))
     is_main = is_main_process(grid)
@@ -553,6 +557,7 @@ def _pipeline(
         microbatches=microbatches,
         virtual=settings.virtual,
         splits=list(settings.splits) or None,
+        prepare=lambda stages: prepare_zero(model, config, grid, roots=stages),
     )
 
 

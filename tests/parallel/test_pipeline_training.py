@@ -108,17 +108,26 @@ def assert_same(expected: tuple, got: tuple, tolerance: dict) -> None:
     "sizes, settings",
     [
         ({"pipe": 2}, {"pipe_schedule": "1f1b", "grad_accum": 2}),
-        ({"pipe": 2, "data": 2}, {"pipe_schedule": "gpipe"}),
+        ({"pipe": 2, "data": 2}, {"pipe_schedule": "gpipe", "activation_checkpointing": True}),
         ({"pipe": 2, "x": 2}, {"pipe_schedule": "interleaved-1f1b", "pipe_virtual": 2, "microbatches": 4}),
         ({"pipe": 4}, {"pipe_schedule": "zero-bubble", "pipe_virtual": 2, "microbatches": 4}),
+        ({"pipe": 2, "data": 2}, {"pipe_schedule": "1f1b", "zero": 2}),
+        ({"pipe": 2, "data": 2}, {"pipe_schedule": "interleaved-1f1b", "pipe_virtual": 2, "zero": 3}),
     ],
-    ids=["pipe2-1f1b-accum2", "pipe2-data2-gpipe", "pipe2-x2-interleaved", "pipe4-zero-bubble"],
+    ids=[
+        "pipe2-1f1b-accum2",
+        "pipe2-data2-gpipe-checkpointing",
+        "pipe2-x2-interleaved",
+        "pipe4-zero-bubble",
+        "pipe2-data2-zero2",
+        "pipe2-data2-zero3-interleaved",
+    ],
 )
 def test_pipelined_training_equals_one_process(sizes: dict[str, int], settings: dict) -> None:
     world = 1
     for size in sizes.values():
         world *= size
-    expected = serial(max_steps=2, **settings)
+    expected = serial(max_steps=2, **{key: value for key, value in settings.items() if key != "zero"})
     results = run_distributed(world, parallel_worker, sizes, {"max_steps": 2, **settings})
     assert_same(expected, results[0], TENSOR_PARALLEL_TOLERANCE if "x" in sizes else TOLERANCE)
     for history, _ in results[1:]:  # every rank logs the same step records
