@@ -1192,6 +1192,7 @@ def memory_per_rank(
     stream_bytes: int | None = None,
     rows: str = "own",
     in_flight: float = 1.0,
+    whole_gradients: bool = False,
 ) -> MemoryEstimate:
     """Estimated peak memory of one rank for one micro-batch of `rows_per_rank` rows (or, in a pipeline, `in_flight`
     micro-batches whose activations a stage holds at once: pipeline_in_flight).
@@ -1225,6 +1226,9 @@ def memory_per_rank(
 
     Shared rows layout (rows_per_rank = the group's U rows, T = U S): the same layer activations on T tokens; the
     loss on the Z U S tokens of the z ranks when split by vocabulary, else whole logits of all U rows on every rank.
+
+    whole_gradients (ZeRO stage 2 in a pipeline): torch's PipelineStage turns FSDP's gradient reduction off until the
+    step's last micro-batch, so the whole gradients P w are held through the step beside the whole parameters.
     """
     stream_bytes = act_bytes if stream_bytes is None else stream_bytes
     parts = vocab_parts(shape, grid, vocab_parallel)
@@ -1245,6 +1249,8 @@ def memory_per_rank(
             chunks = P * (2 * w + o) / D
             if stage == 2:
                 device = P * w + layer * w  # whole parameters through forward and backward, one layer's gradient
+                if whole_gradients:
+                    device = 2 * P * w
             else:
                 device = 2 * max(layer, root) * w + layer * w
                 if 1 < zero.node_size < D:  # hpZ's secondary partition, kept from forward to backward

@@ -87,10 +87,13 @@ HIERARCHIES = ("off", "node", "package,node")
 # does not charge its backward split into two autograd passes (docs/pipeline.md measures that cost), so it would
 # always win; GPipe only when asked, because 1F1B has its bubble with fewer micro-batches in flight.
 DEFAULT_PIPE_SCHEDULES = ("1f1b", "interleaved-1f1b")
-# What the engine's pipeline composes with (goldfish train --grid pipe=P,...): the rows layouts and ZeRO stages a
-# pipelined plan may use inside its stages. The planner proposes no other composition.
+# What a pipelined plan may use inside its stages: rows layouts and ZeRO stages the engine's pipeline runs
+# (engine.training.config.TrainConfig.check_pipeline refuses the rest: ZeRO stage 1 partitions the moments of every
+# parameter, not a stage's own). Stage 3 is left out although the engine runs it: torch's PipelineStage keeps FSDP's
+# parameters gathered after each backward until the step's last micro-batch, so stage 3 holds what stage 2 holds and
+# gathers them again at every forward. The planner proposes no other composition.
 PIPE_ROWS_LAYOUTS = ROWS_LAYOUTS
-PIPE_ZERO_STAGES = STAGES
+PIPE_ZERO_STAGES = (0, 2)
 
 
 @dataclass(frozen=True)
@@ -483,9 +486,9 @@ def _pipe_rank_work(
         )
         passes[key] = (comm_seconds(profile, stage, collectives, None), bytes_by_group(collectives))
     pass_seconds, pass_bytes = passes[key]
-    updates = update_collectives(
-        shape, stage, param_bytes=param_bytes, grad_accum=microbatches, zero=zero, rows=rows_layout
-    )
+    # ZeRO 2 under torch's PipelineStage: FSDP gathers a stage's parameters at its first forward and keeps them,
+    # and reduce-scatters the gradients after the last backward: once per step, whatever M
+    updates = update_collectives(shape, stage, param_bytes=param_bytes, grad_accum=1, zero=zero, rows=rows_layout)
     in_passes = [c for c in updates if c.phase in ("forward", "backward")]  # ZeRO 2 and 3, per micro-batch
     during = dict(pass_seconds)
     for group, seconds in comm_seconds(profile, stage, in_passes, zero).items():  # (seconds add up: linear in bytes)
@@ -668,6 +671,7 @@ def pipeline_memory(
                 stream_bytes=stream_bytes,
                 rows=rows_layout,
                 in_flight=pipeline_in_flight(schedule, grid.pipe, microbatches, virtual, r),
+                whole_gradients=True,  # (ZeRO 2: reduced after the step's last micro-batch)
             )
         )
     return out
@@ -782,11 +786,9 @@ def plan_pipelined(request: PlanRequest, grid: GridShape) -> GridPlan:
                                 request, grid, schedule, m, v, recompute, zero, layout, cache, parts
                             )
                             plan.memory = peak
-                            improved = best is None or plan.step_s < best.step_s
-                            if improved:
+                            if best is None or plan.step_s < best.step_s:
                                 best = plan
-                            if zero is None or zero.stage < 2 or not improved:
-                                break  # ZeRO 2 and 3 gather weights per micro-batch: fewer M may be faster, until not
+                            break  # fewer micro-batches only lengthen the bubble (ZeRO 2 gathers once per step)
                         if fitted:
                             break  # checkpointing adds a forward: only where the plan does not fit without it
     if best is not None:

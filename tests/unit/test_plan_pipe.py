@@ -24,9 +24,18 @@ from engine.planner.cost_model import (
     pipeline_p2p_bytes,
     stage_layer_counts,
 )
-from engine.planner.plan import GIB, PlanRequest, pipeline_memory, plan_grid, rank_grids, train_command
+from engine.planner.plan import (
+    GIB,
+    PIPE_ROWS_LAYOUTS,
+    PIPE_ZERO_STAGES,
+    PlanRequest,
+    pipeline_memory,
+    plan_grid,
+    rank_grids,
+    train_command,
+)
 from engine.planner.profiles import PROFILES
-from engine.spec import GridShape, PipeConfig
+from engine.spec import ROWS_LAYOUTS, STAGES, GridShape, PipeConfig
 from goldfish.app.plan import main as plan_main
 from goldfish.app.planning import shape_from_model
 
@@ -176,6 +185,23 @@ def test_the_train_command_of_a_pipelined_plan() -> None:
         assert {w for w in words if w.startswith("--")} <= set(train._option_string_actions), words
         args = build_parser().parse_args(["train", *words])
         assert (args.grid, args.pipe_schedule, args.microbatches) == (words[1], plan.schedule, plan.grad_accum)
+
+
+def test_pipelined_plans_use_only_what_the_engine_runs_with_a_pipe_axis() -> None:
+    from engine.training.config import TrainConfig
+
+    for stage in STAGES:
+        for rows in ROWS_LAYOUTS:
+            config = TrainConfig(batch_size=16, zero=stage, rows=rows, activation_checkpointing=True)
+            try:
+                config.check_pipeline(GridShape(pipe=2, data=2, x=2))
+                runs = True
+            except ValueError:
+                runs = False
+            if stage in PIPE_ZERO_STAGES and rows in PIPE_ROWS_LAYOUTS:
+                assert runs, (stage, rows)
+    plans = [p for p in rank_grids(_request()) if p.feasible and p.grid.pipe > 1]
+    assert plans and all((p.zero.stage if p.zero else 0) in PIPE_ZERO_STAGES for p in plans)
 
 
 def _llama3_request(**overrides) -> PlanRequest:
