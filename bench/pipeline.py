@@ -45,13 +45,8 @@ import torch.nn.functional as F
 
 import engine
 from engine.core import comm
+from engine.planner.cost_model import pipeline_bubble  # the planner's closed forms (see the module docstring)
 from engine.training.pipeline import SCHEDULES, Pipeline
-
-
-def model_bubble(schedule: str, p: int, m: int, v: int) -> float:
-    """The idle share of each rank for stages of equal cost (see the module docstring)."""
-    per_rank = {"gpipe": m, "1f1b": m, "interleaved-1f1b": v * m, "zero-bubble": 3 * v * m}[schedule]
-    return (p - 1) / (per_rank + p - 1)
 
 
 def model_bytes(rank: int, p: int, v: int, m: int, rows: int, seq: int, hidden: int) -> int:
@@ -234,7 +229,7 @@ def main() -> None:
         results[schedule] = {
             "virtual": v,
             "step_s": max(everyone[r][schedule]["step_s"] for r in range(p_)),
-            "bubble_model": model_bubble(schedule, p_, m, v),
+            "bubble_model": pipeline_bubble(schedule, p_, m, v),
             "bubble_order_p_cores": statistics.mean(everyone[0][schedule]["order_p_cores"]),
             "bubble_order_machine": statistics.mean(everyone[0][schedule]["order_machine"]),
             "bubble_measured": statistics.mean(bubbles),

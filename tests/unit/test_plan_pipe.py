@@ -9,6 +9,8 @@ References: bytes, bubbles and in-flight counts computed by hand below; the engi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from tiny_models import tiny_family
 
@@ -39,6 +41,7 @@ from engine.spec import ROWS_LAYOUTS, STAGES, GridShape, PipeConfig
 from goldfish.app.plan import main as plan_main
 from goldfish.app.planning import shape_from_model
 
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = TransformerShape(hidden=256, layers=8, heads=4, kv_heads=4, intermediate=512, vocab=1024, name="small")
 
 
@@ -54,6 +57,12 @@ def test_bubble_closed_forms() -> None:
     assert pipeline_bubble("interleaved-1f1b", 4, 8, 2) == 3 / 19
     assert pipeline_bubble("zero-bubble", 4, 8, 2) == 3 / 51
     assert pipeline_bubble("1f1b", 1, 8) == 0.0  # no pipeline, no bubble
+    # the model column of docs/pipeline.md's measured table (bench/pipeline.py calls pipeline_bubble)
+    text = (ROOT / "docs" / "pipeline.md").read_text(encoding="utf-8")
+    for name, schedule in (("GPipe", "gpipe"), ("1F1B", "1f1b"), ("interleaved 1F1B", "interleaved-1f1b")):
+        v = 2 if schedule == "interleaved-1f1b" else 1
+        assert f"| {name} | {v} | " in text and f" | {pipeline_bubble(schedule, 4, 8, v):.1%} | " in text
+    assert "pipeline_bubble(schedule, p_, m, v)" in (ROOT / "bench" / "pipeline.py").read_text(encoding="utf-8")
     with pytest.raises(ValueError, match="at least as many micro-batches as pipeline ranks"):
         pipeline_bubble("1f1b", 4, 2)
 
