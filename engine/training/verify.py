@@ -28,7 +28,7 @@ from engine.core.grid import Grid
 from engine.core.linear import ShardingError
 from engine.models.miniature import miniature_config, parameter_count
 from engine.models.parallelize import parallelize as _shard
-from engine.spec import AXES
+from engine.spec import AXES, GRID_AXES
 from engine.training.state import full_state_dict, sync_gradients
 
 ROWS_PER_RANK = 2  # rows of the verification batch each rank runs (the serial side runs all of them)
@@ -113,7 +113,7 @@ def _run_serial(hf_model: nn.Module, grid: Grid, family: str, overlap: bool, voc
         # A ShardingError here is the static plan's refusal, the line the real model would get.
         sharded = _shard(copy.deepcopy(serial), grid, overlap=overlap, vocab_parallel=vocab_parallel)
         vocab = serial.get_input_embeddings().weight.shape[0]
-        ids, mask = _batch(vocab, grid.world_size * ROWS_PER_RANK)
+        ids, mask = _batch(vocab, grid.size(*AXES) * ROWS_PER_RANK)  # every pipeline stage checks on its own
         ids, mask = ids.to(grid.device), mask.to(grid.device)
         try:
             loss = _summed_loss(serial, ids, mask)
@@ -171,7 +171,8 @@ def verify_sharding(
     del serial
     failure: str | None = None
     try:
-        mine = slice(grid.rank * ROWS_PER_RANK, (grid.rank + 1) * ROWS_PER_RANK)
+        rank = grid.group(*AXES).rank  # within this pipeline stage
+        mine = slice(rank * ROWS_PER_RANK, (rank + 1) * ROWS_PER_RANK)
         loss = _summed_loss(sharded, ids[mine], mask[mine])
         loss.backward()
         sync_gradients(sharded, grid)
@@ -194,7 +195,7 @@ def verify_sharding(
         if differences:
             shown = ", ".join(differences[:4]) + (f" and {len(differences) - 4} more" if len(differences) > 4 else "")
             failure = f"sharded differs from one process in {shown}"
-    agreed = comm.all_agree(failure is None, grid.group(*AXES), grid.device)
+    agreed = comm.all_agree(failure is None, grid.group(*GRID_AXES), grid.device)
     if not agreed:
         shape = ",".join(f"{axis}={grid.size(axis)}" for axis in AXES if grid.size(axis) > 1)
         raise ShardingError(

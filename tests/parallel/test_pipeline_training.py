@@ -84,7 +84,7 @@ def serial(**settings) -> tuple[list[list[float]], dict[str, list]]:
 
 def parallel_worker(sizes: dict[str, int], settings: dict) -> tuple[list[list[float]], dict[str, list] | None]:
     grid = init(**sizes)
-    net = engine.parallelize(model(), grid)
+    net = engine.parallelize(model(), grid, verify=True)  # on x = 2: a miniature checked within each stage
     result = train(net, examples(), LOSS, config(**settings), grid=grid)
     state = engine.full_state_dict(net, grid, rank0_only=True)
     return _history(result), ({k: v.tolist() for k, v in state.items()} if grid.rank == 0 else None)
