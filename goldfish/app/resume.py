@@ -36,6 +36,10 @@ RESUMABLE_TRAINING = frozenset(
         "offload_optimizer",
         "activation_checkpointing",
         "rows",
+        "pipe_schedule",
+        "microbatches",
+        "pipe_virtual",
+        "pipe_split",
     }
 )
 # TrainConfig fields a resume never takes from the record: how this launch writes its checkpoints (an --async-save run
