@@ -109,6 +109,7 @@ class StageModule(nn.Module):
         self.lm_head = model.get_output_embeddings() if last else None
         self.grid = parallel_grid(model)  # None for a model engine.parallelize did not shard
         self.targets: torch.Tensor | None = None  # (B, T) next-token targets of the micro-batch in flight
+        self.positions: torch.Tensor | None = None  # (B, T) its position ids, when rows have their own (packed rows)
         full = {id(p): name for name, p in model.named_parameters()}
         self.names = {name: full[id(p)] for name, p in self.named_parameters()}
 
@@ -119,8 +120,11 @@ class StageModule(nn.Module):
         return self.grid.group("x", "y")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(x.shape[1], device=x.device).unsqueeze(0)  # (1, T), as the base model builds them
         group = self._row_group()
+        if self.positions is None:
+            positions = torch.arange(x.shape[1], device=x.device).unsqueeze(0)  # (1, T), as the base model builds them
+        else:  # (B, T) restarting at each packed document: transformers then makes the mask block-causal
+            positions = self.positions if group is None else comm.all_gather(self.positions.contiguous(), group, 0)
         h = x
         if self.embed is not None:
             h = self.embed(x)  # (B, T, H)
@@ -231,6 +235,7 @@ class _MeasuredStage(PipelineStage):
         super().__init__(*args, group=group.group, **kwargs)
         self.stats, self.axis_group = stats, group
         self.chunk_targets: list[torch.Tensor] | None = None  # per micro-batch (B/M, T), during step_token_losses
+        self.chunk_positions: list[torch.Tensor] | None = None  # the same for rows' own position ids
 
     def _timed(self, run: Callable[[], object]) -> object:
         started = time.perf_counter()
@@ -245,10 +250,12 @@ class _MeasuredStage(PipelineStage):
             self.stats.losses_due += 1  # the schedule computes this micro-batch's loss next
             if self.chunk_targets is not None:  # the last stage computes this micro-batch's per-token losses
                 module.targets = self.chunk_targets[fwd_chunk_id]
+        if self.chunk_positions is not None:
+            module.positions = self.chunk_positions[fwd_chunk_id]
         try:
             return self._timed(lambda: super(_MeasuredStage, self).forward_one_chunk(fwd_chunk_id, *args, **kwargs))
         finally:
-            module.targets = None
+            module.targets = module.positions = None
 
     def backward_one_chunk(self, *args, **kwargs):
         return self._timed(lambda: super(_MeasuredStage, self).backward_one_chunk(*args, **kwargs))
@@ -366,23 +373,26 @@ class Pipeline:
         ids: torch.Tensor,
         targets: torch.Tensor,
         reduce: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Forward and backward of one batch: ids and next-token targets (B, T) int64 on every rank (IGNORE_INDEX
         where no loss is wanted). The last stage computes each micro-batch's per-token losses (B/M, T) float32 and
         calls reduce(token_losses, rows) with rows (B/M,) the micro-batch's row indices in the batch; the scalar it
         returns is differentiated (gradients accumulate into the stage parameters). Returns the sum of those scalars
-        (detached, float64) on every rank."""
+        (detached, float64) on every rank. positions: the rows' own position ids (B, T), e.g. restarting at each
+        packed document (None: 0..T-1)."""
         self._check_rows(ids.shape[0])
         chunks = list(targets.tensor_split(self.microbatches))  # torch splits the inputs alike (dim 0, equal parts)
+        position_chunks = None if positions is None else list(positions.tensor_split(self.microbatches))
         for stage in self._torch_stages:
-            stage.chunk_targets = chunks
+            stage.chunk_targets, stage.chunk_positions = chunks, position_chunks
         self._reduce = reduce
         try:
             return self._run(ids, torch.arange(ids.shape[0], device=ids.device))
         finally:
             self._reduce = None
             for stage in self._torch_stages:
-                stage.chunk_targets = None
+                stage.chunk_targets = stage.chunk_positions = None
 
     @torch.no_grad()
     def share_weights(self) -> None:

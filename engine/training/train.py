@@ -334,11 +334,6 @@ def _pipeline_forward_backward(
     n_input_tokens = 0
     for micro_rows in torch.tensor_split(rows, min(config.grad_accum, len(rows))):
         batch = _stack(examples, micro_rows, step, device)
-        if "position_ids" in batch:
-            raise ValueError(
-                "a pipeline's stages number positions 0..T-1 themselves, so rows with their own position ids (--pack) "
-                "cannot run on one yet; drop --pack or the pipe axis"
-            )
         n_input_tokens += batch["input_ids"].numel()
 
         def reduce(token_losses: torch.Tensor, chunk: torch.Tensor, batch: dict = batch) -> torch.Tensor:
@@ -347,7 +342,7 @@ def _pipeline_forward_backward(
             return out.loss_sum.float()
 
         with autocast:
-            pipe.step_token_losses(batch["input_ids"], loss_fn.targets(batch), reduce)
+            pipe.step_token_losses(batch["input_ids"], loss_fn.targets(batch), reduce, batch.get("position_ids"))
     last = pipe.group.size - 1  # the last stage's rank in the pipeline group
     summary = None
     if pipe.group.rank == last:

@@ -135,14 +135,9 @@ def _check_on_grid(spec: TrainSpec | CompareSpec, shape: GridShape, resume: Path
 
 
 def _check_pipeline(spec: TrainSpec | CompareSpec, train: Any, shape: GridShape) -> None:
-    """The settings a pipelined run refuses (engine/training/pipeline.py), before any worker starts: ZeRO, micro-batch
-    counts the schedule or the batch cannot take, and what the stages cannot run yet."""
+    """The settings a pipelined run refuses (engine/training/pipeline.py), before any worker starts: ZeRO 1, micro-batch
+    counts the schedule or the batch cannot take, and LoRA."""
     train.check_pipeline(shape)
-    if spec.data.pack:
-        raise ValueError(
-            "--pack gives rows position ids that restart at each document, and a pipeline's stages number positions "
-            "0..T-1 themselves: drop --pack or the pipe axis"
-        )
     if spec.lora.enabled:
         raise ValueError("LoRA with a pipeline axis is not built yet: drop --lora-rank or the pipe axis")
 

@@ -62,7 +62,6 @@ def test_a_two_stage_pipeline_trains_as_one_process(tmp_path) -> None:
             ["--grid", "pipe=2,data=2", "--zero", "1", "--optimizer", "adamw"],
             "ZeRO stage 1 with a pipeline axis is not built",
         ),
-        ("train", ["--grid", "pipe=2", "--pack"], "drop --pack or the pipe axis"),
         ("train", ["--grid", "pipe=2", "--microbatches", "3"], "do not split into --microbatches 3"),
         ("train", ["--grid", "pipe=2", "--pipe-schedule", "1f1b", "--microbatches", "1"], "as many micro-batches"),
         ("train", ["--grid", "pipe=2", "--pipe-virtual", "2"], "1f1b runs one stage per rank, not 2"),

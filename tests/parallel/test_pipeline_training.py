@@ -46,12 +46,20 @@ def model() -> torch.nn.Module:
     return tiny_llama(vocab=VOCAB, hidden=32, heads=4, kv_heads=2, layers=LAYERS, positions=32, dtype=torch.float64)
 
 
-def examples() -> list[dict[str, torch.Tensor]]:
+def examples(packed: bool = False) -> list[dict[str, torch.Tensor]]:
+    """ROWS rows of SEQ random ids; `packed`: two documents per row, their position ids restarting at SEQ/2 (the
+    attention then stays within each document, as --pack's rows)."""
     generator = torch.Generator().manual_seed(3)
     ids = torch.randint(0, VOCAB, (ROWS, SEQ), generator=generator)
     targets = torch.cat([ids[:, 1:], torch.full((ROWS, 1), -100)], dim=1)
     targets[::3, 2] = -100  # some ignored targets: the token count is not rows * (SEQ - 1)
-    return [{"input_ids": ids[i], "targets": targets[i]} for i in range(ROWS)]
+    rows = [{"input_ids": ids[i], "targets": targets[i]} for i in range(ROWS)]
+    if packed:
+        half = torch.arange(SEQ // 2)
+        for row in rows:
+            row["position_ids"] = torch.cat([half, half])
+            row["targets"][SEQ // 2 - 1] = -100  # no target across the documents' boundary
+    return rows
 
 
 def _reduce(token_losses: torch.Tensor, batch: dict[str, torch.Tensor]) -> StepLoss:
@@ -76,16 +84,18 @@ def _history(result) -> list[list[float]]:
     return [[r["loss"], r["grad_norm"], r["n_tokens"], r["first_loss"]] for r in result.history]
 
 
-def serial(**settings) -> tuple[list[list[float]], dict[str, list]]:
+def serial(packed: bool, **settings) -> tuple[list[list[float]], dict[str, list]]:
     net = model()
-    result = train(net, examples(), LOSS, config(**settings))
+    result = train(net, examples(packed), LOSS, config(**settings))
     return _history(result), {k: v.tolist() for k, v in net.state_dict().items()}
 
 
-def parallel_worker(sizes: dict[str, int], settings: dict) -> tuple[list[list[float]], dict[str, list] | None]:
+def parallel_worker(
+    sizes: dict[str, int], settings: dict, packed: bool
+) -> tuple[list[list[float]], dict[str, list] | None]:
     grid = init(**sizes)
     net = engine.parallelize(model(), grid, verify=True)  # on x = 2: a miniature checked within each stage
-    result = train(net, examples(), LOSS, config(**settings), grid=grid)
+    result = train(net, examples(packed), LOSS, config(**settings), grid=grid)
     state = engine.full_state_dict(net, grid, rank0_only=True)
     return _history(result), ({k: v.tolist() for k, v in state.items()} if grid.rank == 0 else None)
 
@@ -127,8 +137,9 @@ def test_pipelined_training_equals_one_process(sizes: dict[str, int], settings: 
     world = 1
     for size in sizes.values():
         world *= size
-    expected = serial(max_steps=2, **{key: value for key, value in settings.items() if key != "zero"})
-    results = run_distributed(world, parallel_worker, sizes, {"max_steps": 2, **settings})
+    packed = "x" in sizes or sizes["pipe"] == 4  # packed rows (own position ids) on two of the grids
+    expected = serial(packed, max_steps=2, **{key: value for key, value in settings.items() if key != "zero"})
+    results = run_distributed(world, parallel_worker, sizes, {"max_steps": 2, **settings}, packed)
     assert_same(expected, results[0], TENSOR_PARALLEL_TOLERANCE if "x" in sizes else TOLERANCE)
     for history, _ in results[1:]:  # every rank logs the same step records
         assert history == results[0][0]
