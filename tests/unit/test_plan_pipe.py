@@ -20,6 +20,7 @@ from engine.planner.cost_model import (
     TransformerShape,
     count_grids,
     memory_per_rank,
+    model_flops_per_token,
     pipe_rank_shape,
     pipeline_bubble,
     pipeline_in_flight,
@@ -252,9 +253,31 @@ def test_llama3_405b_published_shape() -> None:
     assert one.bubble == 15 / 31 and one.step_s > plan.step_s
 
 
+def test_planner_doc_shows_the_llama3_table_the_planner_computes() -> None:
+    text = (ROOT / "docs" / "planner.md").read_text(encoding="utf-8")
+    flops = model_flops_per_token(NAMED_SHAPES["405B"], 8192) * 2048 * 8192
+    assert "| published | | 16 | 6.72 |" in text and f"{flops / (400e12 * 16384):.2f}" == "6.72"
+    settings = [("1f1b", 1, "1F1B")] + [("interleaved-1f1b", v, "interleaved 1F1B") for v in (2, 4)]
+    for schedule, v, label in settings:
+        request = _llama3_request(pipe_schedules=(schedule,), pipe_virtual=(v,))
+        p = plan_grid(request, GridShape(pipe=16, data=128, y=8))
+        row = (
+            f"| {label} | {v} | {p.grad_accum} | {p.step_s:.2f} | {p.compute_s:.2f} | {p.comm_s:.2f} ({p.p2p_s:.2f}) | "
+            f"{p.bubble_s:.2f} ({p.bubble:.1%}) | {p.memory.total / GIB:.1f} | {flops / p.step_s / 16384 / 1e12:.0f} | "
+            f"{p.mfu:.1%} |"
+        )
+        assert row in text, row
+
+
 @pytest.mark.slow
 def test_the_unconstrained_planner_ranks_the_llama3_shape_first(capsys) -> None:
-    argv = "--model 405B --gpus 16384 --profile dgx-h100 --seq-len 8192 --global-batch 2048 --top 1"
-    assert plan_main(argv.split()) == 0
-    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("   1 "))
-    assert row.split()[1:6] == ["16", "128", "1", "8", "1"]
+    """What docs/planner.md shows `goldfish plan` print for Llama 3 405B (about 10 s)."""
+    text = (ROOT / "docs" / "planner.md").read_text(encoding="utf-8")
+    words = " ".join(text.split()).split("`")
+    argv = next(w for w in words if w.startswith("goldfish plan --model 405B") and "--top" in w).split()[2:]
+    assert plan_main(argv) == 0
+    out = capsys.readouterr().out
+    for line in out.splitlines():
+        assert line in text, line
+    row = next(line for line in out.splitlines() if line.startswith("   1 "))
+    assert row.split()[1:6] == ["16", "128", "1", "8", "1"]  # pipe 16 x data 128 x tensor 8, as published
