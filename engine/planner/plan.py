@@ -441,8 +441,9 @@ def step_prediction(
 @dataclass(frozen=True)
 class _RankWork:
     """One pipe rank's share of a step: `busy` seconds of compute, memory-bound work and the collectives inside its
-    micro-batches' forward and backward (what the bubble stretches), and `after` seconds of the collectives after the
-    last backward (gradient sync, ZeRO-1's gather, gradient clipping), with the parts and bytes sent per group."""
+    micro-batches' forward and backward (what the bubble stretches), and `after` seconds of the work after the last
+    backward (gradient sync, ZeRO's reduction, gradient clipping, the optimizer), with the parts and bytes sent per
+    group."""
 
     busy: float
     after: float
@@ -450,6 +451,16 @@ class _RankWork:
     memory: float
     comm_by_group: dict[str, float]
     sent_by_group: dict[str, int]
+
+
+@dataclass
+class PipeCache:
+    """What planning one request's pipelined grids computes more than once: each pipe rank's work (_RankWork, keyed by
+    its part of the model and the step's settings) and the seconds and bytes of its passes' collectives, which no ZeRO
+    setting changes (pass_collectives)."""
+
+    work: dict[tuple, _RankWork] = field(default_factory=dict)
+    passes: dict[tuple, tuple[dict[str, float], dict[str, int]]] = field(default_factory=dict)
 
 
 def _pipe_rank_work(
@@ -465,8 +476,7 @@ def _pipe_rank_work(
     passes: dict[tuple, tuple[dict[str, float], dict[str, int]]],
 ) -> _RankWork:
     """The step of one pipe rank holding `shape` (pipe_rank_shape) on its stage's grid, `microbatches` micro-batches
-    of `rows` rows per GPU. `passes` keeps the seconds and bytes of the passes' collectives (pass_collectives), which
-    no ZeRO setting changes, across calls."""
+    of `rows` rows per GPU (`passes`: PipeCache.passes)."""
     profile = request.profile
     param_bytes, act_bytes, stream_bytes = request.element_bytes
     key = (stage, shape.layers, shape.runs_embeddings, shape.runs_head, rows, microbatches, recompute, rows_layout)
@@ -542,7 +552,7 @@ def pipeline_step_prediction(
     recompute: bool = False,
     zero: ZeroConfig | None = None,
     rows_layout: str = "own",
-    cache: dict[tuple, _RankWork] | None = None,
+    cache: PipeCache | None = None,
     parts: list[TransformerShape] | None = None,
 ) -> GridPlan:
     """Predicted time and traffic of one step on a pipelined `grid` (grid.pipe = P > 1) under `schedule` with
@@ -554,14 +564,14 @@ def pipeline_step_prediction(
     between stages (pipeline_p2p_bytes: one message per micro-batch, stage and direction, over the link the pipe
     group's members span: ranks are laid out pipe slowest, so stages a node apart or more use its NICs) and one
     float64 all-reduce over pipe (the gradient norm's sum over stages). Step = compute + memory + comm + bubble of
-    the busiest rank, with comm holding the point-to-point time. `cache` keeps each rank's work across calls of one
+    the busiest rank, with comm holding the point-to-point time. `cache` keeps each rank's work across calls for one
     request (ranks holding the same part do the same work, whatever the schedule); `parts`: pipe_rank_shape of each
     rank, when the caller has them."""
     profile, shape, p, v, m = request.profile, request.shape, grid.pipe, virtual, microbatches
     stage = replace(grid, pipe=1)
     rows = request.global_batch // (readers(stage, rows_layout) * m)  # rows each GPU reads per micro-batch
-    work = {} if cache is None else cache
-    passes = work.setdefault(("passes",), {})
+    cache = PipeCache() if cache is None else cache
+    work = cache.work
     per_rank = []
     parts = parts or [pipe_rank_shape(shape, p, v, r) for r in range(p)]
     for part in parts:
@@ -576,7 +586,7 @@ def pipeline_step_prediction(
                 recompute=recompute,
                 zero=zero,
                 rows_layout=rows_layout,
-                passes=passes,
+                passes=cache.passes,
             )
         per_rank.append(work[key])
     busiest = max(per_rank, key=lambda w: w.busy)
@@ -744,7 +754,7 @@ def plan_pipelined(request: PlanRequest, grid: GridShape) -> GridPlan:
     best: GridPlan | None = None
     smallest: tuple[float, GridPlan] | None = None
     refused: list[str] = []
-    cache: dict[tuple, _RankWork] = {}
+    cache = PipeCache()
     for layout in splits:
         rows_total = request.global_batch // readers(stage, layout)  # rows each GPU reads per step
         counts = [request.microbatches] if request.microbatches else range(rows_total, 0, -1)
@@ -775,20 +785,18 @@ def plan_pipelined(request: PlanRequest, grid: GridShape) -> GridPlan:
                                     smallest = (peak.total, replace(tried, schedule=schedule, virtual=v))
                                 break  # fewer micro-batches hold more activations each: none fits either
                             fitted = True
-                            if (
-                                best is not None
-                                and _compute_bound(request, stage, parts, m, recompute, layout)
-                                / (1 - pipeline_bubble(schedule, p, m, v))
-                                >= best.step_s
-                            ):
-                                break  # its compute alone, stretched by its bubble, is slower than the best so far
+                            bound = _compute_bound(request, stage, parts, m, recompute, layout)
+                            if best is not None and bound / (1 - pipeline_bubble(schedule, p, m, v)) >= best.step_s:
+                                break  # its compute alone, stretched by its bubble (longer with fewer M), is slower
                             plan = pipeline_step_prediction(
                                 request, grid, schedule, m, v, recompute, zero, layout, cache, parts
                             )
                             plan.memory = peak
                             if best is None or plan.step_s < best.step_s:
                                 best = plan
-                            break  # fewer micro-batches only lengthen the bubble (ZeRO 2 gathers once per step)
+                            # fewer micro-batches would save only message latencies and lengthen the bubble: the
+                            # model charges no other cost per micro-batch (ZeRO 2 gathers once per step)
+                            break
                         if fitted:
                             break  # checkpointing adds a forward: only where the plan does not fit without it
     if best is not None:
