@@ -51,6 +51,7 @@ class TrainConfig:
     zero_quantize_block: int = DEFAULT_QUANT_BLOCK  # elements per float32 scale of qwZ and qgZ
     offload_optimizer: bool = False  # AdamW state and update in host memory (stages 2 and 3)
     activation_checkpointing: bool = False  # recompute decoder layers in backward (engine/memory/activation.py)
+    offload_activations: bool = False  # activations saved for backward kept in host memory (engine/memory/offload.py)
     rows: str = "own"  # rows layout: "own" rows per rank (batch % world), or "shared" per x*y group (batch % data*z)
     optimizer: str = "adamw"  # "adamw", or "sgd" (plain SGD without momentum: updates proportional to the gradient)
     max_steps: int = 0  # stop after this many optimizer steps (0: run every epoch to the end)

@@ -30,6 +30,7 @@ from engine.core import comm
 from engine.core.grid import Grid, GridShape, is_main_process
 from engine.core.vocab_parallel import causal_lm_token_losses
 from engine.memory.activation import checkpoint_decoder_layers
+from engine.memory.offload import ActivationOffload
 from engine.memory.zero import ZeroError, make_adamw, shard_data_axis, zero_state
 from engine.models.parallelize import rows_layout
 from engine.spec import (
@@ -287,18 +288,21 @@ def _forward_backward(
     config: TrainConfig,
     device: torch.device,
     autocast: Any,
+    offload: ActivationOffload,
 ) -> _StepSums:
     """Forward and backward over this rank's rows in config.grad_accum micro-batches, leaving the gradient of the
-    SUM of the token losses in .grad; returns the step's sums (not yet reduced over ranks)."""
+    SUM of the token losses in .grad; returns the step's sums (not yet reduced over ranks). `offload` holds the
+    activations saved for backward in host memory (when enabled)."""
     extra_names: list[str] = []
     totals = None
     n_input_tokens = 0
     for micro_rows in torch.tensor_split(rows, min(config.grad_accum, len(rows))):
         batch = _stack(examples, micro_rows, step, device)
         n_input_tokens += batch["input_ids"].numel() if "input_ids" in batch else 0
-        with autocast:
-            out = loss_fn(model, batch)
-        out.loss_sum.float().backward()
+        with offload:
+            with autocast:
+                out = loss_fn(model, batch)
+            out.loss_sum.float().backward()
         if not extra_names:
             extra_names = sorted(out.extras)
         micro = torch.tensor(
@@ -326,6 +330,7 @@ def _pipeline_forward_backward(
     config: TrainConfig,
     device: torch.device,
     autocast: Any,
+    offload: ActivationOffload,
 ) -> _StepSums:
     """_forward_backward through a pipeline: each of the config.grad_accum passes runs the pipeline's schedule over
     its micro-batches, the last stage reducing each micro-batch's token losses; the step's sums come from the last
@@ -341,7 +346,7 @@ def _pipeline_forward_backward(
             records.append(out)
             return out.loss_sum.float()
 
-        with autocast:
+        with offload, autocast:
             pipe.step_token_losses(batch["input_ids"], loss_fn.targets(batch), reduce, batch.get("position_ids"))
     last = pipe.group.size - 1  # the last stage's rank in the pipeline group
     summary = None
@@ -426,6 +431,7 @@ def train(
     history: list[dict[str, Any]] = []
     model.train()
     autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16")
+    offload = ActivationOffload(config.offload_activations, device)
     bar = tqdm(
         total=total_steps, initial=start_step, desc="train", unit="step", disable=not (config.progress and is_main)
     )
@@ -441,10 +447,13 @@ def train(
             optimizer.zero_grad(set_to_none=True)
             with rows_layout(model, config.rows):
                 rows = _step_rows(len(examples), config, epoch, index_in_epoch, grid)
+                offload.reset()
                 if pipe is None:
-                    sums = _forward_backward(model, examples, rows, step, loss_fn, config, device, autocast)
+                    sums = _forward_backward(model, examples, rows, step, loss_fn, config, device, autocast, offload)
                 else:
-                    sums = _pipeline_forward_backward(pipe, examples, rows, step, loss_fn, config, device, autocast)
+                    sums = _pipeline_forward_backward(
+                        pipe, examples, rows, step, loss_fn, config, device, autocast, offload
+                    )
                 sums.totals = _all_reduce_sums(sums.totals, grid, config.rows)
                 grad_norm = _sync_and_clip(model, sums.n_tokens, config, grid)
             # every rank holds the same reduced sums and global norm, so all stop together, before the update
@@ -460,6 +469,9 @@ def train(
             record.update(lr=lr, grad_norm=grad_norm, tokens_per_s=sums.n_input_tokens * readers / elapsed)
             if step_bytes is not None:
                 record["bytes_sent"] = step_bytes  # this rank (rank 0 in the log), per process group of the grid
+            if offload.enabled:  # this rank's saved activations at the step's peak: all of them, and left on device
+                record["activation_bytes"] = offload.stats.saved_peak_bytes
+                record["activation_device_bytes"] = offload.stats.device_peak_bytes
             done = step + 1
             evaluate_now = done == total_steps or (config.eval_every and done % config.eval_every == 0)
             if pipe is not None and (

@@ -370,6 +370,13 @@ TRAINING = OptionGroup(
             "(default: balanced by parameter count)",
             parse=lambda text: parse_int_list(text, "--pipe-split"),
         ),
+        Option(
+            "--offload-activations",
+            "offload_activations",
+            "keep the activations saved for backward in host memory (pinned, on GPUs) and log their bytes per step "
+            "(activation_bytes, activation_device_bytes); same gradients",
+            switch=True,
+        ),
         Option("--max-steps", "max_steps", "stop after N optimizer steps (0: every epoch)"),
         Option(
             "--eval-every",

@@ -35,6 +35,7 @@ RESUMABLE_TRAINING = frozenset(
         "zero_inner_levels",
         "offload_optimizer",
         "activation_checkpointing",
+        "offload_activations",
         "rows",
         "pipe_schedule",
         "microbatches",

@@ -117,7 +117,7 @@ def assert_same(expected: tuple, got: tuple, tolerance: dict) -> None:
 @pytest.mark.parametrize(
     "sizes, settings",
     [
-        ({"pipe": 2}, {"pipe_schedule": "1f1b", "grad_accum": 2}),
+        ({"pipe": 2}, {"pipe_schedule": "1f1b", "grad_accum": 2, "offload_activations": True}),
         ({"pipe": 2, "data": 2}, {"pipe_schedule": "gpipe", "activation_checkpointing": True}),
         ({"pipe": 2, "x": 2}, {"pipe_schedule": "interleaved-1f1b", "pipe_virtual": 2, "microbatches": 4}),
         ({"pipe": 4}, {"pipe_schedule": "zero-bubble", "pipe_virtual": 2, "microbatches": 4}),
@@ -125,7 +125,7 @@ def assert_same(expected: tuple, got: tuple, tolerance: dict) -> None:
         ({"pipe": 2, "data": 2}, {"pipe_schedule": "interleaved-1f1b", "pipe_virtual": 2, "zero": 3}),
     ],
     ids=[
-        "pipe2-1f1b-accum2",
+        "pipe2-1f1b-accum2-offload",
         "pipe2-data2-gpipe-checkpointing",
         "pipe2-x2-interleaved",
         "pipe4-zero-bubble",

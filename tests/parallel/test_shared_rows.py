@@ -27,6 +27,7 @@ from tiny_models import tiny_gpt2, tiny_llama
 from engine.core.grid import init
 from engine.core.vocab_parallel import causal_lm_token_losses
 from engine.memory.activation import checkpoint_decoder_layers
+from engine.memory.offload import ActivationOffload
 from engine.models.parallelize import parallelize, rows_layout
 from engine.planner.cost_model import ordered_grids
 from engine.training.state import full_state_dict
@@ -98,8 +99,17 @@ def sgd_run(model, examples, loss_fn, config: TrainConfig, grid, steps: int = ST
         optimizer.zero_grad(set_to_none=True)
         with rows_layout(model, config.rows):
             rows = _step_rows(len(examples), config, epoch, index, grid)
+            cpu = torch.device("cpu")
             sums = _forward_backward(
-                model, examples, rows, step, loss_fn, config, torch.device("cpu"), contextlib.nullcontext()
+                model,
+                examples,
+                rows,
+                step,
+                loss_fn,
+                config,
+                cpu,
+                contextlib.nullcontext(),
+                ActivationOffload(False, cpu),
             )
             sums.totals = _all_reduce_sums(sums.totals, grid, config.rows)
             norms.append(_sync_and_clip(model, sums.n_tokens, config, grid))
