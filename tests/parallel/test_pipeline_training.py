@@ -11,7 +11,8 @@ reordered sums bound the difference by about 1e-14 relative. 1e-10 leaves room w
 micro-batch, stage or rank (errors of order 1 / M or more). The logged losses and the x = 2 grid have their own
 tolerances below.
 
-A run killed after its first epoch resumes at the same grid, at x = 2 and at one process as the uninterrupted run.
+A run killed in the middle of an epoch resumes at the same grid, at x = 2 and at one process as the uninterrupted
+run.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from tiny_models import tiny_llama
 
 import engine
 from engine.core.grid import init
-from engine.training.train import StepLoss, TokenLossFn, TrainConfig, train
+from engine.training.train import StepLoss, TokenLossFn, TrainConfig, step_rows, train
 
 VOCAB, SEQ, ROWS, LAYERS = 64, 8, 16, 8
 TOLERANCE = {"rtol": 1e-10, "atol": 1e-10}  # float64, see the module docstring
@@ -146,33 +147,44 @@ def test_pipelined_training_equals_one_process(sizes: dict[str, int], settings: 
 
 
 class Killed(RuntimeError):
-    """The stand-in for a kill after the first epoch's checkpoint (raised on every rank: no rank is left waiting)."""
+    """The stand-in for a kill in the middle of an epoch (raised on every rank alike: no rank is left waiting)."""
 
 
-def _kill_after_first_epoch(model: torch.nn.Module, epoch: int, step: int) -> None:
-    if epoch == 1:
-        raise Killed(f"killed after step {step}")
+class KilledAfter(list):
+    """The examples, raising Killed when a row of step `step` (1-based) is read: every rank reads the rows of every
+    step it runs (all of a step's rows with data = 1), so every rank stops at the same point, after the checkpoint of
+    the step before. (Row 0 is left out: every step reads it for the examples' keys.)"""
+
+    def __init__(self, rows: list, step: int, settings: TrainConfig) -> None:
+        super().__init__(rows)
+        self.fatal = set(step_rows(len(rows), settings, step - 1).tolist()) - {0}
+
+    def __getitem__(self, index):
+        if index in self.fatal:
+            raise Killed("killed mid-epoch")
+        return super().__getitem__(index)
 
 
-RESUME_SETTINGS = {"epochs": 2, "optimizer": "adamw", "lr": 1e-2, "save_every": 1}  # 2 steps per epoch
+RESUME_SETTINGS = {"epochs": 1, "batch_size": 4, "optimizer": "adamw", "lr": 1e-2, "save_every": 1}  # 4 steps
+KILLED_AT = 3  # step 3 of the epoch's 4: the run's checkpoint holds step 2
 
 
 def resume_run(sizes: dict[str, int] | None, folder: str, kill: bool, resume: bool) -> dict[str, list] | None:
-    """Train RESUME_SETTINGS on `sizes` (None: one process), killed after epoch 1 or resumed from its checkpoint;
-    the consolidated weights on rank 0."""
+    """Train RESUME_SETTINGS on `sizes` (None: one process), killed mid-epoch or resumed from its checkpoint; the
+    consolidated weights on rank 0."""
     grid = init(**sizes) if sizes else None
     net = engine.parallelize(model(), grid) if grid else model()
+    rows = KilledAfter(examples(), KILLED_AT, config(**RESUME_SETTINGS)) if kill else examples()
     try:
         train(
             net,
-            examples(),
+            rows,
             LOSS,
             config(**RESUME_SETTINGS),
             grid=grid,
             out_dir=folder,
             resume_from=Path(folder) / "checkpoint" if resume else None,
             save_model=lambda m, into, step: None,  # the checkpoint's DCP shards hold the model: no HF folder here
-            on_epoch_end=_kill_after_first_epoch if kill else None,
         )
     except Killed:
         return None
@@ -181,9 +193,9 @@ def resume_run(sizes: dict[str, int] | None, folder: str, kill: bool, resume: bo
 
 
 def test_a_killed_pipelined_run_resumes_exactly_at_any_grid() -> None:
-    """A pipe=2 run killed after its first epoch resumes at pipe=2, at x=2 and at one process as the uninterrupted
-    run continues: AdamW's moments live on the stage that owns each parameter, and must all come back (its update
-    would differ otherwise)."""
+    """A pipe=2 run killed in the middle of its first epoch resumes at pipe=2, at x=2 and at one process as the
+    uninterrupted run continues: AdamW's moments live on the stage that owns each parameter, and must all come back
+    (its update would differ otherwise)."""
     with tempfile.TemporaryDirectory() as tmp:
         uninterrupted = run_distributed(2, resume_run, {"pipe": 2}, f"{tmp}/a", False, False)[0]
         for name in ("b", "c", "d"):
