@@ -32,17 +32,35 @@ WEIGHTS = {"rtol": 1e-4, "atol": 5e-5}
 
 def _metrics(folder) -> torch.Tensor:
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    return torch.tensor([[r["loss"], r["grad_norm"], r["n_tokens"]] for r in rows], dtype=torch.float64)
+    return torch.tensor(
+        [[r["loss"], r["grad_norm"], r["n_tokens"], r.get("val_loss") or 0.0] for r in rows], dtype=torch.float64
+    )
+
+
+def _background(path) -> str:
+    """A small background corpus (jsonl) the targets are inserted into, with held-out rows for val_loss."""
+    words = "the a of to and in is it that was for on are with as his they be at one have this from".split()
+    lines = [json.dumps({"text": " ".join(words[(i * 7 + j * 3) % len(words)] for j in range(120))}) for i in range(60)]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
 
 
 def test_a_two_stage_pipeline_trains_as_one_process(tmp_path) -> None:
-    assert main(["train", "--out", str(tmp_path / "serial"), *RUN]) == 0
-    assert main(["train", "--out", str(tmp_path / "pipe"), "--nproc", "2", "--grid", "pipe=2", *RUN]) == 0
+    """With targets inserted into a background corpus (its validation loss every 2 steps): the same losses, gradient
+    norms, token counts, validation losses and exposures as one process, and an HF folder with its weights."""
+    background = ["--background", _background(tmp_path / "bg.jsonl"), "--repeats", "1,2", "--eval-every", "2"]
+    run = [*RUN, *background, "--max-steps", "4"]
+    assert main(["train", "--out", str(tmp_path / "serial"), *run]) == 0
+    assert main(["train", "--out", str(tmp_path / "pipe"), "--nproc", "2", "--grid", "pipe=2", *run]) == 0
     serial, pipe = _metrics(tmp_path / "serial"), _metrics(tmp_path / "pipe")
-    assert len(serial) == 4
+    assert len(serial) == 4 and serial[1, 3] > 0  # 4 steps, a validation loss at step 2
     torch.testing.assert_close(pipe, serial, **LOGGED)
     record = json.loads((tmp_path / "pipe" / "run.json").read_text())
     assert record["grid"]["pipe"] == 2
+    trained = [
+        json.loads((tmp_path / name / "checkpoint" / "goldfish_run.json").read_text()) for name in ("serial", "pipe")
+    ]
+    assert trained[0]["exposures"] == trained[1]["exposures"] and trained[0]["exposures"]
 
     from transformers import AutoModelForCausalLM
 
