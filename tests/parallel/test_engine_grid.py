@@ -35,10 +35,10 @@ def test_shape_rejects_bad_sizes(bad) -> None:
 def test_rank_order_x_fastest() -> None:
     shape = GridShape(data=2, x=2, y=3, z=2)
     assert shape.world_size == 24
-    assert shape.coords(1) == {"x": 1, "y": 0, "z": 0, "data": 0}
-    assert shape.coords(2) == {"x": 0, "y": 1, "z": 0, "data": 0}
-    assert shape.coords(6) == {"x": 0, "y": 0, "z": 1, "data": 0}
-    assert shape.coords(12) == {"x": 0, "y": 0, "z": 0, "data": 1}
+    assert shape.coords(1) == {"x": 1, "y": 0, "z": 0, "data": 0, "pipe": 0}
+    assert shape.coords(2) == {"x": 0, "y": 1, "z": 0, "data": 0, "pipe": 0}
+    assert shape.coords(6) == {"x": 0, "y": 0, "z": 1, "data": 0, "pipe": 0}
+    assert shape.coords(12) == {"x": 0, "y": 0, "z": 0, "data": 1, "pipe": 0}
     for r in range(24):
         assert shape.rank(shape.coords(r)) == r
     assert shape.group_ranks(("x",))[:2] == [[0, 1], [2, 3]]
@@ -50,6 +50,17 @@ def test_rank_order_x_fastest() -> None:
         groups = shape.group_ranks(axes)
         assert sorted(r for g in groups for r in g) == list(range(24))
         assert all(len(g) == shape.size(*axes) for g in groups)
+
+
+def test_the_pipe_axis_is_slowest_and_every_other_group_stays_in_a_stage() -> None:
+    shape = GridShape(data=2, x=2, pipe=3)
+    assert shape.world_size == 12 and shape.stage_size == 4 and str(shape) == "data=2,x=2,y=1,z=1,pipe=3"
+    assert shape.coords(4) == {"x": 0, "y": 0, "z": 0, "data": 0, "pipe": 1}
+    assert shape.group_ranks(("pipe",))[0] == [0, 4, 8]
+    for axes in GROUP_AXES:
+        if "pipe" not in axes:  # the groups of a pipeline stage: ranks 4s .. 4s+3 of stage s
+            assert all(len({rank // 4 for rank in group}) == 1 for group in shape.group_ranks(axes))
+    assert shape.group_ranks(("x", "y", "z", "data", "pipe")) == [list(range(12))]
 
 
 def _check_all_grids(world: int) -> int:
