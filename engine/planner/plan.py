@@ -1,6 +1,6 @@
-"""The planner: rank every data x X x Y x Z grid of G GPUs by predicted step time, with memory per GPU.
+"""The planner: rank every pipe x data x X x Y x Z grid of G GPUs by predicted step time, with memory per GPU.
 
-For each ordered factorisation of the GPU count it
+For each ordered factorisation of the GPU count (pipe sizes: PlanRequest.pipes) it
 
 1. rejects grids the engine cannot shard the model on (heads, kv heads or features not divisible), and
    considers each rows layout of `goldfish train --rows` (engine/training/train.py, _rank_rows) in which the global
@@ -21,6 +21,12 @@ For each ordered factorisation of the GPU count it
    + communication (every collective of engine.planner.cost_model.llama_step_collectives, over the bandwidth its
    group gets on the machine given the rank placement, see engine.planner.profiles). Overlap is not modelled:
    the prediction is an upper bound that ranks grids, as in the AxoNN paper.
+
+A grid with pipe > 1 (plan_pipelined) is planned per pipe rank: each holds its stages' layers (the embeddings on the
+first rank, the head on the last) on its stage's data x X x Y x Z grid, for each schedule, stages per rank, ZeRO
+setting the engine runs with a pipe axis (PIPE_ZERO_STAGES) and checkpointing setting, with the most micro-batches the
+schedule accepts that fit; pipeline_step_prediction stretches the busiest rank's work by the schedule's bubble and
+adds the point-to-point time between stages.
 
 `goldfish plan` (goldfish.app.plan) builds a PlanRequest from its options and prints `format_table`; its
 `--measure OUT.json` instead times the collectives of every group size and placement on the current cluster under

@@ -9,6 +9,7 @@ References: bytes, bubbles and in-flight counts computed by hand below; the engi
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -281,3 +282,48 @@ def test_the_unconstrained_planner_ranks_the_llama3_shape_first(capsys) -> None:
         assert line in text, line
     row = next(line for line in out.splitlines() if line.startswith("   1 "))
     assert row.split()[1:6] == ["16", "128", "1", "8", "1"]  # pipe 16 x data 128 x tensor 8, as published
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        ("--pipe 3", "--pipe 3 does not divide --gpus 64; give divisors of the GPU count"),
+        ("--gpus 128 --pipe 128", "--pipe 128: more stages than the 80 decoder layers of Llama-2-70B; give at most 80"),
+        ("--pipe-virtual 0", "--pipe-virtual takes stage counts >= 1"),
+        ("--microbatches 0", "--microbatches must be >= 1"),
+        ("--pipe-schedule looped", "--pipe-schedule: invalid choice: 'looped'"),
+    ],
+)
+def test_bad_pipeline_options_are_one_line_exit_2(argv: str, expected: str, capsys) -> None:
+    base = ["--model", "70B", "--gpus", "64", "--profile", "dgx-h100"]
+    try:
+        code = plan_main(base + argv.split())
+    except SystemExit as stop:  # argparse's own refusals
+        code = stop.code
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert captured.err.count("\n") == 1 and captured.err.startswith("goldfish plan: error: "), captured.err
+    assert expected in captured.err
+
+
+def test_goldfish_plan_prints_and_writes_pipelined_plans(tmp_path, capsys) -> None:
+    argv = "--model 8B --gpus 16 --profile dgx-h100 --global-batch 64 --pipe 1 8 --pipe-schedule 1f1b --top 40"
+    assert plan_main([*argv.split(), "--json", str(tmp_path / "plan.json")]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("rank"))
+    assert header.split()[:2] == ["rank", "pipe"] and "schedule" in header and "bubble" in header
+    payload = json.loads((tmp_path / "plan.json").read_text())
+    assert payload["request"]["pipeline"] == {
+        "pipe_sizes": [1, 8],
+        "schedules": ["1f1b"],
+        "virtual": [2],
+        "microbatches": None,
+    }
+    piped = [g for g in payload["grids"] if g["grid"]["pipe"] == 8 and g["feasible"]]
+    assert piped and all(
+        g["pipeline"]["schedule"] == "1f1b" and len(g["pipeline"]["stage_memory_gib"]) == 8 for g in piped
+    )
+    assert len(payload["grids"]) == count_grids(16) + count_grids(2)
+    assert plan_main("--model 40B --gpus 16 --profile dgx-h100".split()) == 0  # tied: pipe 1 only, and it says why
+    out = capsys.readouterr().out
+    assert "pipe 1 only: input embeddings tied to lm_head" in out and "schedule" not in out
