@@ -751,7 +751,7 @@ def plan_pipelined(request: PlanRequest, grid: GridShape) -> GridPlan:
             grid,
             False,
             f"global batch {request.global_batch} is not divisible by the GPUs of a stage reading different rows "
-            f"({' or '.join(str(readers(stage, r)) for r in layouts)}): not a multiple of the world size",
+            f"({' or '.join(str(readers(stage, r)) for r in layouts)}): not a multiple of a stage's GPUs",
         )
     limit = request.profile.gpu_memory_gib * GIB * request.memory_fraction
     settings = {"auto": (False, True), "on": (True,), "off": (False,)}[request.checkpointing]

@@ -148,6 +148,8 @@ def test_refusals() -> None:
     assert not too_many.feasible and too_many.reason == (
         "cannot pipeline: 16 stages for 8 decoder layers; choose at most one stage per layer"
     )
+    odd = plan_grid(_request(global_batch=6), GridShape(pipe=2, data=4))  # a stage's 4 GPUs read different rows
+    assert not odd.feasible and "not divisible by the GPUs of a stage reading different rows (4)" in odd.reason
     tied = PlanRequest(shape=NAMED_SHAPES["40B"], gpus=16, global_batch=64, seq=2048, profile=PROFILES["dgx-h100"])
     assert tied.pipes == [1]  # the AxoNN GPT sizes tie lm_head to the embeddings
     refused = plan_grid(tied, GridShape(pipe=2, data=8))
