@@ -40,6 +40,12 @@ and loss run on U rows replicated over x and y (compute and memory X*Y times tho
 vocabulary, where ids and hidden states are exchanged over z only (and summed over x+y), and outside gradients are
 summed over "z+data" instead of "world".
 
+A pipeline (grid.pipe > 1; the section at the end) is modelled per pipe rank: stage_shape / pipe_rank_shape give the
+part of the model a rank holds (its layers, the embeddings on the first stage, the head on the last), which every
+function here takes with the stage's grid; pipeline_bubble, pipeline_in_flight and pipeline_p2p_bytes add what the
+schedule costs. On pipe=2, x=2 the predicted bytes per rank and group equal the engine's counters
+(tests/parallel/test_plan_pipe_bytes.py).
+
 The FLOP model counts matrix products (on a serial step it equals torch's FlopCounterMode, see
 tests/parallel/test_plan.py); the memory model is an estimate whose assumptions its docstring states (its parameter
 part is exact: tests/parallel/test_comm_model.py checks it against what each rank holds).
