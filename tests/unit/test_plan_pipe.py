@@ -80,6 +80,33 @@ def test_micro_batches_in_flight_follow_the_schedules_order() -> None:
     assert pipeline_in_flight("interleaved-1f1b", 4, 2, 2) == 2  # capped: all V M = 4 chunks
 
 
+def test_micro_batches_in_flight_equal_torchs_action_order() -> None:
+    """The peak of chunks held (forwards not yet freed by their backward, or by their weight gradient under zero
+    bubble) in the action lists torch's interleaved schedules compute for each rank (their own private planning
+    method, on a schedule object given only the sizes it reads), against pipeline_in_flight."""
+    from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble
+
+    def held(cls: type, p: int, m: int, v: int, rank: int, frees: str) -> float:
+        schedule = object.__new__(cls)
+        schedule.n_local_stages, schedule.pp_group_size, schedule._n_microbatches = v, p, m
+        schedule.number_of_rounds = max(1, m // p)
+        schedule.microbatches_per_round = m // schedule.number_of_rounds
+        now = peak = 0
+        for action in filter(None, schedule._calculate_single_rank_operations(rank)):
+            kind = action.computation_type.value
+            now += (kind == "F") - (kind == frees)
+            peak = max(peak, now)
+        return peak / v
+
+    for cls, name, frees in (
+        (ScheduleInterleaved1F1B, "interleaved-1f1b", "B"),
+        (ScheduleInterleavedZeroBubble, "zero-bubble", "W"),
+    ):
+        for p, v, m in ((2, 2, 2), (4, 2, 8), (4, 3, 16), (8, 4, 8)):
+            for rank in range(p):
+                assert held(cls, p, m, v, rank, frees) == pipeline_in_flight(name, p, m, v, rank), (name, p, v, m, rank)
+
+
 def test_the_cut_is_the_engines() -> None:
     from engine.training.pipeline import RECIPES, balanced_splits
 
