@@ -1,6 +1,6 @@
 """Pipeline parallelism: a transformers causal LM cut into stages, run by torch.distributed.pipelining's schedules.
 
-    pipe = Pipeline(model, grid.group("x", "y", "z", "data"), loss_fn=loss_sum, schedule="1f1b", microbatches=8)
+    pipe = Pipeline(model, grid.group("pipe"), loss_fn=loss_sum, schedule="1f1b", microbatches=8)
     loss = pipe.step(ids, labels)          # (B, T) each, on every rank; the sum of the M micro-batch losses
     torch.optim.SGD(pipe.parameters(), lr=0.1).step()
 
@@ -297,19 +297,28 @@ class Pipeline:
         virtual: int = 1,
         splits: list[int] | None = None,
         prepare: Callable[[list[StageModule]], None] | None = None,
+        stages: list[StageModule] | None = None,
     ) -> None:
         """prepare(stages): runs on every stage module (all of them, on every rank) before torch's stages are built
-        around them, e.g. ZeRO's fully_shard with each stage as a root (engine.memory.zero.shard_data_axis)."""
+        around them, e.g. ZeRO's fully_shard with each stage as a root (engine.memory.zero.shard_data_axis).
+        stages: the stage modules of another Pipeline of the same model and cut (`pipe.all_stages`), for a second
+        micro-batch shape (torch's stages keep the shapes of their first step): nothing is cut or prepared again."""
         if group.size < 2:
             raise ValueError("a pipeline needs a group of at least 2 ranks")
         check_schedule(schedule, group.size, virtual, microbatches)
         n_stages = group.size * virtual
         self.group, self.microbatches, self.stats = group, microbatches, PipelineStats()
-        self.all_stages = split_model(model, n_stages, splits)  # every rank knows every stage's parameters
-        if prepare is not None:
-            prepare(self.all_stages)
+        if stages is not None:
+            if len(stages) != n_stages:
+                raise ValueError(f"{len(stages)} stage modules given for {n_stages} stages")
+            self.all_stages = stages
+        else:
+            self.all_stages = split_model(model, n_stages, splits)  # every rank knows every stage's parameters
+            if prepare is not None:
+                prepare(self.all_stages)
         self.stages = [self.all_stages[s] for s in range(group.rank, n_stages, group.size)]  # stage s on rank s % P
         device = next(model.parameters()).device
+        self.device = device
         self._torch_stages = [
             _MeasuredStage(m, m.index, n_stages, device, stats=self.stats, group=group) for m in self.stages
         ]
@@ -394,6 +403,21 @@ class Pipeline:
             for stage in self._torch_stages:
                 stage.chunk_targets = stage.chunk_positions = None
 
+    def token_losses(
+        self, ids: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Per-token losses (B, T) float32 of `targets` for ids (B, T), every stage run in this process one after the
+        other (no messages between stages; collectives inside a stage, e.g. ZeRO's gathers, run as in training): an
+        evaluation of the whole model on every rank, whose other stages must be current (share_weights)."""
+        h, last = ids, self.all_stages[-1]
+        for stage in self.all_stages:
+            stage.positions, stage.targets = positions, (targets if stage is last else None)
+            try:
+                h = stage(h)
+            finally:
+                stage.targets = stage.positions = None
+        return h
+
     @torch.no_grad()
     def share_weights(self) -> None:
         """Make every rank's whole model current: each stage's rank broadcasts its stage's tensors over the pipeline
@@ -404,9 +428,10 @@ class Pipeline:
         for stage in self.all_stages:
             owner = self.group.ranks[stage.index % self.group.size]
             tensors = [local(p.data) for p in stage.parameters()]  # under ZeRO: this data rank's chunks
-            flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else None
-            if flat is None:
+            if not tensors:
                 continue
+            # on the compute device: ZeRO's optimizer offload keeps the chunks in host memory, NCCL sends from GPUs
+            flat = torch.cat([t.reshape(-1).to(self.device) for t in tensors])
             dist.broadcast(flat, src=owner, group=self.group.group)
             if owner != self.group.ranks[self.group.rank]:
                 for tensor, piece in zip(tensors, flat.split([t.numel() for t in tensors])):

@@ -322,7 +322,7 @@ def _rows_of_batch(batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[s
 
 
 def _pipeline_forward_backward(
-    pipe: Pipeline,
+    pipes: dict[int, Pipeline],
     examples: Sequence[dict[str, torch.Tensor]],
     rows: torch.Tensor,
     step: int,
@@ -334,12 +334,13 @@ def _pipeline_forward_backward(
 ) -> _StepSums:
     """_forward_backward through a pipeline: each of the config.grad_accum passes runs the pipeline's schedule over
     its micro-batches, the last stage reducing each micro-batch's token losses; the step's sums come from the last
-    stage to every rank of the pipeline (a control message)."""
+    stage to every rank of the pipeline (a control message). `pipes`: the pipeline of each pass size (rows)."""
     records: list[StepLoss] = []
     n_input_tokens = 0
     for micro_rows in torch.tensor_split(rows, min(config.grad_accum, len(rows))):
         batch = _stack(examples, micro_rows, step, device)
         n_input_tokens += batch["input_ids"].numel()
+        pipe = pipes[len(micro_rows)]
 
         def reduce(token_losses: torch.Tensor, chunk: torch.Tensor, batch: dict = batch) -> torch.Tensor:
             out = loss_fn.reduce(token_losses, _rows_of_batch(batch, chunk))
@@ -348,6 +349,7 @@ def _pipeline_forward_backward(
 
         with offload, autocast:
             pipe.step_token_losses(batch["input_ids"], loss_fn.targets(batch), reduce, batch.get("position_ids"))
+    pipe = next(iter(pipes.values()))
     last = pipe.group.size - 1  # the last stage's rank in the pipeline group
     summary = None
     if pipe.group.rank == last:
@@ -407,7 +409,8 @@ def train(
         checkpoint_decoder_layers(model)
     per_epoch = steps_per_epoch(len(examples), config.batch_size)
     total_steps = total_steps_of(len(examples), config)
-    pipe = _pipeline(model, loss_fn, config, grid, len(examples))  # ZeRO partitions its stages as it builds them
+    pipes = _pipelines(model, loss_fn, config, grid, len(examples))  # ZeRO partitions the stages as they are built
+    pipe = next(iter(pipes.values()), None)  # the full steps' pipeline; the others share its stages
     if pipe is None:
         prepare_zero(model, config, grid)
     optimizer = make_optimizer(model, config)  # a pipeline's other stages never get gradients here: no state
@@ -452,7 +455,7 @@ def train(
                     sums = _forward_backward(model, examples, rows, step, loss_fn, config, device, autocast, offload)
                 else:
                     sums = _pipeline_forward_backward(
-                        pipe, examples, rows, step, loss_fn, config, device, autocast, offload
+                        pipes, examples, rows, step, loss_fn, config, device, autocast, offload
                     )
                 sums.totals = _all_reduce_sums(sums.totals, grid, config.rows)
                 grad_norm = _sync_and_clip(model, sums.n_tokens, config, grid)
@@ -482,8 +485,14 @@ def train(
             ):
                 pipe.share_weights()  # what follows (and the caller, after the last step) reads the whole model
             if validation is not None and evaluate_now:
+                chosen = validation_loss_fn or loss_fn
                 record["val_loss"] = evaluate_loss(
-                    model, validation, validation_loss_fn or loss_fn, config, grid, step=done
+                    model,
+                    validation,
+                    chosen if pipe is None else _through_stages(pipe, chosen),
+                    config,
+                    grid,
+                    step=done,
                 )
                 if _is_distributed(grid):
                     grid.traffic.reset()  # the evaluation's bytes are not the next step's
@@ -540,32 +549,49 @@ def _saves_now(done: int, total_steps: int, config: TrainConfig) -> bool:
     return done == total_steps or bool(config.save_every and done % config.save_every == 0)
 
 
-def _pipeline(
+def _pipelines(
     model: nn.Module, loss_fn: LossFn, config: TrainConfig, grid: Grid | None, n_examples: int
-) -> Pipeline | None:
-    """The pipeline of a grid whose pipe axis is > 1 (None otherwise), built from config's pipe settings after
-    checking every step of the run can feed it (ValueError, one line)."""
+) -> dict[int, Pipeline]:
+    """The pipelines of a grid whose pipe axis is > 1, by the rows of a pipeline pass ({} otherwise): one for the full
+    steps and, when an epoch ends with a shorter step, one for it on the same stage modules (torch's stages keep the
+    micro-batch shape of their first step). Built after checking every step of the run can feed them (ValueError)."""
     if grid is None or grid.shape.pipe == 1:
-        return None
+        return {}
     if not isinstance(loss_fn, TokenLossFn):
         raise ValueError(
             "a pipeline computes the loss on its last stage from per-token losses: give train a TokenLossFn"
         )
-    sizes = {min(config.batch_size, n_examples)}
+    sizes = [min(config.batch_size, n_examples)]
     if n_examples % config.batch_size and n_examples > config.batch_size:
-        sizes.add(n_examples % config.batch_size)  # the shorter last step of each epoch
-    first, *rest = sorted(sizes, reverse=True)
-    microbatches = config.check_pipeline(grid.shape, (first, *rest))
-    settings = config.pipe_config
-    return Pipeline(
-        model,
-        grid.group("pipe"),
-        schedule=settings.schedule,
-        microbatches=microbatches,
-        virtual=settings.virtual,
-        splits=list(settings.splits) or None,
-        prepare=lambda stages: prepare_zero(model, config, grid, roots=stages),
-    )
+        sizes.append(n_examples % config.batch_size)  # the shorter last step of each epoch
+    microbatches = config.check_pipeline(grid.shape, tuple(sizes))
+    settings, pipes = config.pipe_config, {}
+    for rows, count in microbatches.items():
+        first = next(iter(pipes.values()), None)
+        pipes[rows] = Pipeline(
+            model,
+            grid.group("pipe"),
+            schedule=settings.schedule,
+            microbatches=count,
+            virtual=settings.virtual,
+            splits=list(settings.splits) or None,
+            prepare=lambda stages: prepare_zero(model, config, grid, roots=stages),
+            stages=None if first is None else first.all_stages,
+        )
+    return pipes
+
+
+def _through_stages(pipe: Pipeline, loss_fn: LossFn) -> LossFn:
+    """`loss_fn` (a TokenLossFn) computed by running the pipeline's stages one after the other on every rank: an
+    evaluation of a pipelined model, whose stage modules (FSDP roots under ZeRO) hold what model.forward would not."""
+    if not isinstance(loss_fn, TokenLossFn):
+        raise ValueError("evaluating a pipelined model needs a TokenLossFn (per-token losses on the last stage)")
+
+    def run(model: nn.Module, batch: dict[str, torch.Tensor]) -> StepLoss:
+        token_ce = pipe.token_losses(batch["input_ids"], loss_fn.targets(batch), batch.get("position_ids"))
+        return loss_fn.reduce(token_ce, batch)
+
+    return run
 
 
 def _keep_held_state(optimizer: torch.optim.Optimizer, pipe: Pipeline) -> None:

@@ -24,7 +24,7 @@ from data.background import Background, background_sample, build_background, loa
 from data.corpus import TokenizedCorpus
 from data.rows import piece_ids
 from engine.core import comm
-from engine.core.grid import AXES, Grid, is_main_process
+from engine.core.grid import AXES, GRID_AXES, Grid, is_main_process
 from eval import parallel as parallel_eval
 from eval.breakdown import group_means, tag_rows
 from eval.divergence import divergence_row, divergence_summary, suffix_dropped_flags
@@ -442,7 +442,7 @@ def prepare_background(
             background_spec(spec.data), prepared.tokenizer, token_budget=budget, progress=spec.train.progress, log=log
         )
     if grid is not None:
-        comm.barrier(grid.group(*AXES))
+        comm.barrier(grid.group(*GRID_AXES))  # every rank, every pipeline stage: rank 0 writes the cache first
     if corpus is None:
         corpus = load_background(
             background_spec(spec.data), prepared.tokenizer, token_budget=budget, progress=False, log=lambda *a: None

@@ -146,6 +146,33 @@ def test_pipelined_training_equals_one_process(sizes: dict[str, int], settings: 
         assert history == results[0][0]
 
 
+def uneven_worker(sizes: dict[str, int] | None, settings: dict) -> tuple[list[list[float]], dict | None]:
+    """12 rows in steps of 8 (each epoch ends with a step of 4), a validation loss every step."""
+    grid = init(**sizes) if sizes else None
+    net = engine.parallelize(model(), grid) if grid else model()
+    rows = examples()
+    result = train(net, rows[:12], LOSS, config(eval_every=1, **settings), grid=grid, validation=rows[12:])
+    history = [[*row, record["val_loss"]] for row, record in zip(_history(result), result.history)]
+    state = engine.full_state_dict(net, grid, rank0_only=True) if grid else net.state_dict()
+    return history, ({k: v.tolist() for k, v in state.items()} if grid is None or grid.rank == 0 else None)
+
+
+def test_shorter_last_steps_and_validation_under_zero() -> None:
+    """An epoch ending with a shorter step (4 rows after 8: a second pipeline with its own micro-batch shape on the
+    same stages) and a validation loss after every step (the stages run one after the other, their ZeRO roots
+    gathering what model.forward could not) give one process's numbers, at pipe=2,data=2 with ZeRO 2."""
+    settings = {"epochs": 2}
+    expected = uneven_worker(None, settings)
+    got = run_distributed(4, uneven_worker, {"pipe": 2, "data": 2}, {**settings, "zero": 2})[0]
+    assert len(expected[0]) == 4
+    logged = [[row[:4] for row in history] for history in (expected[0], got[0])]
+    assert_same((logged[0], expected[1]), (logged[1], got[1]), TOLERANCE)
+    val = torch.tensor([row[4] for row in got[0]], dtype=torch.float64)
+    torch.testing.assert_close(
+        val, torch.tensor([row[4] for row in expected[0]], dtype=torch.float64), **LOGGED_TOLERANCE
+    )
+
+
 class Killed(RuntimeError):
     """The stand-in for a kill in the middle of an epoch (raised on every rank alike: no rank is left waiting)."""
 
