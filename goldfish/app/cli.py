@@ -138,6 +138,14 @@ def _check_pipeline(spec: TrainSpec | CompareSpec, train: Any, shape: GridShape)
     """The settings a pipelined run refuses (engine/training/pipeline.py), before any worker starts: ZeRO 1, micro-batch
     counts the schedule or the batch cannot take, and LoRA."""
     train.check_pipeline(shape)
+    from engine.training.pipeline import check_config
+    from goldfish.app.models import local_config
+
+    # only the family, the layers and the tying are read: a vocabulary holding the architectures' default special
+    # ids (GPT-2's 50256) keeps the config from warning about them
+    config = local_config(spec.model, vocab_size=1 << 16, max_positions=spec.data.seq_len or 2)
+    if config is not None:  # a hub model's config is checked by the workers, which may download it
+        check_config(config, shape.pipe * train.pipe_virtual, train.pipe_split)
     if spec.lora.enabled:
         raise ValueError("LoRA with a pipeline axis is not built yet: drop --lora-rank or the pipe axis")
 

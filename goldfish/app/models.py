@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PretrainedConfig, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, LlamaConfig, PretrainedConfig, PreTrainedModel
 
 from engine.core import comm
 from engine.core.grid import GRID_AXES, Grid
@@ -97,6 +97,16 @@ TINY_MODELS: dict[str, TinyModel] = {
 
 def is_tiny_model(name: str) -> bool:
     return name in TINY_MODELS
+
+
+def local_config(name: str, *, vocab_size: int, max_positions: int) -> PretrainedConfig | None:
+    """The config of `--model name` when it can be read here without the network: a named tiny model's, or a local
+    folder's config.json; None otherwise (a hub name, a GGUF file), for the workers to check."""
+    if name in TINY_MODELS:
+        return TINY_MODELS[name].make_config(vocab_size, max_positions)
+    if (Path(name) / "config.json").is_file():
+        return AutoConfig.from_pretrained(name)
+    return None
 
 
 def build_tiny_model(

@@ -85,6 +85,23 @@ def test_a_two_stage_pipeline_trains_as_one_process(tmp_path) -> None:
         ("train", ["--grid", "pipe=2", "--pipe-virtual", "2"], "1f1b runs one stage per rank, not 2"),
         ("train", ["--grid", "pipe=2", "--lora-rank", "4"], "LoRA with a pipeline axis is not built yet"),
         ("compare", ["--grid", "pipe=2"], "goldfish compare with a pipe axis is not built yet"),
+        (
+            "train",
+            ["--grid", "pipe=2", "--pipe-schedule", "interleaved-1f1b", "--pipe-virtual", "2"],
+            "4 pipeline stages for 2 decoder layers",
+        ),
+        ("train", ["--grid", "pipe=2", "--pipe-split", "5"], "--pipe-split 5: give 1 increasing decoder-layer"),
+        ("train", ["--grid", "pipe=2", "--model", "tiny-gpt2"], "needs a model with tie_word_embeddings false"),
+        (
+            "train",
+            ["--grid", "pipe=2,data=2", "--pipe-schedule", "zero-bubble", "--zero", "3"],
+            "zero-bubble with --zero 3 is not supported",
+        ),
+        (
+            "train",
+            ["--grid", "pipe=2", "--pipe-schedule", "zero-bubble", "--activation-checkpointing"],
+            "zero-bubble with --activation-checkpointing is not supported",
+        ),
     ],
 )
 def test_settings_a_pipeline_cannot_run_fail_in_the_launcher(command, settings, expected, tmp_path, capsys) -> None:
