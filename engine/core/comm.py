@@ -205,6 +205,16 @@ def broadcast_object(obj: object, group: AxisGroup, device: torch.device, src_gr
     return box[0]
 
 
+def broadcast_(t: torch.Tensor, group: AxisGroup, src_group_rank: int) -> torch.Tensor:
+    """Overwrite `t` in place with the group's rank `src_group_rank`'s tensor of the same shape; counted as the
+    src rank sending its bytes once to each other rank of the group (the tree model is at most that)."""
+    if group.size > 1:
+        if group.rank == src_group_rank:
+            group.counter.add(group.name, _nbytes(t) * (group.size - 1))
+        dist.broadcast(t, src=group.ranks[src_group_rank], group=group.group)
+    return t
+
+
 def gather_objects(obj: object, group: AxisGroup, dst_group_rank: int = 0) -> list[object] | None:
     """Every rank's picklable `obj`, in group-rank order, on the group's rank `dst_group_rank` (None elsewhere)."""
     if group.size == 1:

@@ -324,6 +324,8 @@ def _plan_layer(
         planned.add(attr)
         if projection.mode == "normal":
             widths.add(_out_features(module))
+        if grid.size("x", "y", "z") == 1 and not (isinstance(module, nn.Linear) or is_conv1d(module)):
+            continue  # a wrapper (peft's LoRA layer) on a grid without tensor parallelism: nothing to shard
         built.append(_to_parallel(parent, attr, projection.mode, grid, overlap, full_name, order))
     for parent, parent_name, planned, widths in parents.values():
         _plan_block_children(parent, planned, widths, head_dim, grid, parent_name, regions)

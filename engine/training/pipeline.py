@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import (
     PipelineStage,
@@ -451,13 +450,12 @@ class Pipeline:
         if self.group.group is None:
             return
         for stage in self.all_stages:
-            owner = self.group.ranks[stage.index % self.group.size]
+            owner = stage.index % self.group.size  # its rank in the pipeline group
             tensors = [local(p.data) for p in stage.parameters()]  # under ZeRO: this data rank's chunks
             if not tensors:
                 continue
             # on the compute device: ZeRO's optimizer offload keeps the chunks in host memory, NCCL sends from GPUs
-            flat = torch.cat([t.reshape(-1).to(self.device) for t in tensors])
-            dist.broadcast(flat, src=owner, group=self.group.group)
-            if owner != self.group.ranks[self.group.rank]:
+            flat = comm.broadcast_(torch.cat([t.reshape(-1).to(self.device) for t in tensors]), self.group, owner)
+            if owner != self.group.rank:
                 for tensor, piece in zip(tensors, flat.split([t.numel() for t in tensors])):
                     tensor.copy_(piece.view_as(tensor))

@@ -447,6 +447,8 @@ def train(
         for step in range(start_step, total_steps):
             epoch, index_in_epoch = divmod(step, per_epoch)
             started = time.perf_counter()
+            if _is_distributed(grid):  # this step's bytes only, not the last checkpoint's or evaluation's
+                grid.traffic.reset()
             optimizer.zero_grad(set_to_none=True)
             with rows_layout(model, config.rows):
                 rows = _step_rows(len(examples), config, epoch, index_in_epoch, grid)

@@ -146,8 +146,6 @@ def _check_pipeline(spec: TrainSpec | CompareSpec, train: Any, shape: GridShape)
     config = local_config(spec.model, vocab_size=1 << 16, max_positions=spec.data.seq_len or 2)
     if config is not None:  # a hub model's config is checked by the workers, which may download it
         check_config(config, shape.pipe * train.pipe_virtual, train.pipe_split)
-    if spec.lora.enabled:
-        raise ValueError("LoRA with a pipeline axis is not built yet: drop --lora-rank or the pipe axis")
 
 
 def _launch(run: ResolvedRun, runtime: Runtime) -> int:
@@ -852,8 +850,9 @@ def _add_eval_parser(sub: Any) -> None:
         Runtime(),
         skip={"report_to"},
         help_for={
-            "grid": "under torchrun: the 4D grid as AXIS=SIZE pairs, e.g. data=2 or data=2,x=2; documents are sharded "
-            "over data, the model over x, y, z (default under torchrun: data=WORLD_SIZE)"
+            "grid": "under torchrun: the grid as AXIS=SIZE pairs, e.g. data=2 or data=2,x=2 (no pipe: evaluate a "
+            "pipelined run's checkpoint); documents are sharded over data, the model over x, y, z (default under "
+            "torchrun: data=WORLD_SIZE)"
         },
     )
     evaluate.set_defaults(func=cmd_eval)
@@ -1030,7 +1029,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compare_parser(sub)
     plan = sub.add_parser(
         "plan",
-        help="rank the 4D grids (data x X x Y x Z) for a model on a cluster by predicted "
+        help="rank the grids (pipe x data x X x Y x Z) for a model on a cluster by predicted "
         "step time, with memory per GPU",
     )
     add_plan_arguments(plan)
