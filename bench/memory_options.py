@@ -31,7 +31,6 @@ import argparse
 import os
 import platform
 import statistics
-import subprocess
 import time
 from dataclasses import asdict, dataclass
 from queue import Empty
@@ -258,8 +257,8 @@ def _row(case: Case, per_rank: list[dict]) -> dict:
 
 def _machine() -> dict:
     model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
-    nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
-    return {"cpu": model or platform.processor(), "nproc": nproc, "torch": torch.__version__}
+    # the cores this process may run on (`nproc` would answer OMP_NUM_THREADS when it is set)
+    return {"cpu": model or platform.processor(), "nproc": len(os.sched_getaffinity(0)), "torch": torch.__version__}
 
 
 def _print(rows: list[dict], timing: dict[str, dict[str, float]] | None) -> None:
