@@ -123,6 +123,7 @@ def assert_same(expected: tuple, got: tuple, tolerance: dict) -> None:
         ({"pipe": 2, "x": 2}, {"pipe_schedule": "interleaved-1f1b", "pipe_virtual": 2, "microbatches": 4}),
         ({"pipe": 4}, {"pipe_schedule": "zero-bubble", "pipe_virtual": 2, "microbatches": 4}),
         ({"pipe": 2, "data": 2}, {"pipe_schedule": "1f1b", "zero": 2}),
+        ({"pipe": 2, "x": 2}, {"pipe_schedule": "1f1b", "rows": "shared"}),
         ({"pipe": 2, "data": 2}, {"pipe_schedule": "interleaved-1f1b", "pipe_virtual": 2, "zero": 3}),
     ],
     ids=[
@@ -131,6 +132,7 @@ def assert_same(expected: tuple, got: tuple, tolerance: dict) -> None:
         "pipe2-x2-interleaved",
         "pipe4-zero-bubble",
         "pipe2-data2-zero2",
+        "pipe2-x2-shared-rows",
         "pipe2-data2-zero3-interleaved",
     ],
 )
