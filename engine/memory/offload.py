@@ -25,7 +25,7 @@ after the copy, so the copy is safe, but it shares the stream with compute and o
 a side stream, which this module does not do. On a CPU device host = device: nothing is copied (unless `host_copy`),
 and the figures say what an accelerator run of the same step would keep on the device and move.
 
-Composes with (tests/unit/test_offload_activations.py, tests/parallel/test_offload_activations.py):
+Composes with (tests/unit/test_activation_offload.py, tests/parallel/test_offload_activations.py):
 - activation checkpointing (engine/memory/activation.py, torch's non-reentrant checkpoint): inside a checkpointed
   layer checkpoint's own saved-tensor hooks sit on top of the stack and keep nothing, so only what checkpoint saves
   through the default hooks (each layer's inputs, `_make_saved_tensor`) and the saves outside the layers reach these
