@@ -143,7 +143,10 @@ class _Hooks:
         if self.move and entry.host is None:
             entry.host = self._to_host(t)
         copied = self.move and entry.host.untyped_storage().data_ptr() != storage.data_ptr()
-        return _Saved(self, entry, None if copied else t, t)
+        # kept: a detached alias (same storage and version counter, no grad_fn). The tensor itself would close a
+        # cycle through C++ (output -> its grad_fn -> the saved variable -> this holder -> output) that Python's
+        # collector cannot see, leaking every graph that is never run backward
+        return _Saved(self, entry, None if copied else t.detach(), t)
 
     def _to_host(self, t: torch.Tensor) -> torch.Tensor:
         """The whole storage of `t` as a flat uint8 tensor in host memory (the storage itself when the device is the

@@ -93,9 +93,8 @@ def test_offload_composes_with_zero_and_pipelining() -> None:
         for setting, differ in result["differ"].items():
             assert not differ, f"rank {rank}, {setting}: gradients differ with offload: {differ}"
         # GPipe runs all 4 forwards before any backward on every stage; 1F1B keeps at most P - rank micro-batches
-        # in flight (its warm-up). The last stage (rank 1) therefore holds 4 against 1 micro-batch (ratio 3.98: the
-        # rest is what one forward saves whatever M is); the first, 4 against 2 (1.74: about 49 kB outside the
-        # micro-batches' activations under both)
+        # in flight (its warm-up): 4 against 2 on the first stage, 4 against 1 on the last (ratios 1.996 and 3.98:
+        # the rest is what a stage saves once per step, whatever M is)
         peaks = result["peaks"]
-        low, high = (1.5, 2.0) if rank == 0 else (3.9, 4.0)
+        low, high = (1.95, 2.0) if rank == 0 else (3.9, 4.0)
         assert low < peaks["gpipe"] / peaks["1f1b"] <= high, (rank, peaks)

@@ -7,7 +7,7 @@
 - A tiny float32 Llama: gradients bit for bit equal without hooks, counting only, offloaded without a copy and with
   a real host copy, alone and under activation checkpointing (torch's non-reentrant checkpoint), and through a
   retained graph unpacked twice (what the zero-bubble pipeline's split backward does).
-- enabled=False pushes no saved-tensor hook.
+- enabled=False pushes no saved-tensor hook; a graph never run backward is freed with everything the hooks hold.
 """
 
 from __future__ import annotations
@@ -133,6 +133,19 @@ def test_a_retained_graph_is_unpacked_twice() -> None:
         assert torch.equal(got[n], expected), n
     offload.reset()
     assert offload.stats == OffloadStats()  # nothing left behind once the graph is freed
+
+
+def test_a_graph_never_run_backward_is_freed() -> None:
+    # where the hooks keep a tensor (counting, or offload with the host being the device) they keep a detached
+    # alias: the tensor itself would make a cycle through its grad_fn that Python's collector cannot free
+    model, x = _sequential(), torch.randn(ROWS, WIDTH_IN)
+    for block in (SavedActivations(CPU), ActivationOffload(True, CPU), ActivationOffload(True, CPU, host_copy=True)):
+        with block:
+            out = model(x)  # the ReLU outputs are saved by their own nodes
+        assert block.stats.saved_peak_bytes == ROWS * WIDTH_IN * F32 + 2 * ROWS * WIDTH * F32
+        del out
+        block.reset()
+        assert block.stats == OffloadStats(), type(block).__name__
 
 
 def test_an_inplace_change_of_a_saved_tensor_is_still_refused() -> None:
