@@ -333,7 +333,8 @@ def shard_data_axis(
 
     roots: the modules whose forward runs the model instead of model.forward (a pipeline's stages, every stage on
     every rank): each becomes an FSDP root, holding the parameters around its layers (embeddings, final norm,
-    lm_head), so its own forward gathers them. Stages 2 and 3 only.
+    lm_head), so its own forward gathers them (stages 2 and 3; stage 1 partitions only AdamW's moments, and a stage's
+    ranks hold gradients of its own parameters only, which is all its reduce-scatter and update see).
     """
     config.check(grid.shape)
     if zero_state(model) is not None:
@@ -349,11 +350,6 @@ def shard_data_axis(
     mesh = DeviceMesh.from_group(data.group, device_type, mesh_dim_names=(f"data_{data.group.group_name}",))
     state = ZeroState(grid, config, mesh)
     if config.stage == 1:
-        if roots is not None:
-            raise ZeroError(
-                "ZeRO stage 1 with a pipeline axis is not built (its moments are partitioned over every parameter, "
-                "and a stage updates its own only); use --zero 2 or 3"
-            )
         for p in model.parameters():
             if p.requires_grad:
                 if p.dim() == 0:

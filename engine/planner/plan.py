@@ -94,8 +94,8 @@ HIERARCHIES = ("off", "node", "package,node")
 # always win; GPipe only when asked, because 1F1B has its bubble with fewer micro-batches in flight.
 DEFAULT_PIPE_SCHEDULES = ("1f1b", "interleaved-1f1b")
 # What a pipelined plan may use inside its stages: rows layouts and ZeRO stages the engine's pipeline runs
-# (engine.training.config.TrainConfig.check_pipeline refuses the rest: ZeRO stage 1 partitions the moments of every
-# parameter, not a stage's own). Stage 3 is left out although the engine runs it: torch's PipelineStage keeps FSDP's
+# (engine.training.config.TrainConfig.check_pipeline). Stage 1 runs too but is not proposed: the pipelined cost model
+# covers stages 0 and 2. Stage 3 is left out although the engine runs it: torch's PipelineStage keeps FSDP's
 # parameters gathered after each backward until the step's last micro-batch, so stage 3 holds what stage 2 holds and
 # gathers them again at every forward. The planner proposes no other composition.
 PIPE_ROWS_LAYOUTS = ROWS_LAYOUTS

@@ -115,11 +115,6 @@ class TrainConfig:
         (the set --microbatches must divide it too)."""
         if shape.pipe == 1:
             return {}
-        if self.zero == 1:
-            raise ValueError(
-                "ZeRO stage 1 with a pipeline axis is not built (its moments are partitioned over every parameter, "
-                "and a stage updates its own only); use --zero 2 or 3"
-            )
         if self.pipe_schedule == "zero-bubble" and (self.zero == 3 or self.activation_checkpointing):
             # zero bubble runs each backward as two autograd passes (input, then weight gradients): its weight pass
             # misses the gradients of layers FSDP reshards after forward (measured: norms 15% off), and recomputes

@@ -124,6 +124,7 @@ def assert_same(expected: tuple, got: tuple, tolerance: dict) -> None:
         ({"pipe": 4}, {"pipe_schedule": "zero-bubble", "pipe_virtual": 2, "microbatches": 4}),
         ({"pipe": 2, "data": 2}, {"pipe_schedule": "1f1b", "zero": 2}),
         ({"pipe": 2, "x": 2}, {"pipe_schedule": "1f1b", "rows": "shared"}),
+        ({"pipe": 2, "data": 2}, {"pipe_schedule": "1f1b", "zero": 1, "optimizer": "adamw", "lr": 1e-2}),
         ({"pipe": 2, "data": 2}, {"pipe_schedule": "interleaved-1f1b", "pipe_virtual": 2, "zero": 3}),
     ],
     ids=[
@@ -133,6 +134,7 @@ def assert_same(expected: tuple, got: tuple, tolerance: dict) -> None:
         "pipe4-zero-bubble",
         "pipe2-data2-zero2",
         "pipe2-x2-shared-rows",
+        "pipe2-data2-zero1-adamw",
         "pipe2-data2-zero3-interleaved",
     ],
 )
@@ -198,9 +200,11 @@ RESUME_SETTINGS = {"epochs": 1, "batch_size": 4, "optimizer": "adamw", "lr": 1e-
 KILLED_AT = 3  # step 3 of the epoch's 4: the run's checkpoint holds step 2
 
 
-def resume_run(sizes: dict[str, int] | None, folder: str, kill: bool, resume: bool) -> dict[str, list] | None:
-    """Train RESUME_SETTINGS on `sizes` (None: one process), killed mid-epoch or resumed from its checkpoint; the
-    consolidated weights on rank 0."""
+def resume_run(
+    sizes: dict[str, int] | None, folder: str, kill: bool, resume: bool, zero: int = 0
+) -> dict[str, list] | None:
+    """Train RESUME_SETTINGS on `sizes` (None: one process) with ZeRO stage `zero`, killed mid-epoch or resumed from
+    its checkpoint; the consolidated weights on rank 0."""
     grid = init(**sizes) if sizes else None
     net = engine.parallelize(model(), grid) if grid else model()
     rows = KilledAfter(examples(), KILLED_AT, config(**RESUME_SETTINGS)) if kill else examples()
@@ -209,7 +213,7 @@ def resume_run(sizes: dict[str, int] | None, folder: str, kill: bool, resume: bo
             net,
             rows,
             LOSS,
-            config(**RESUME_SETTINGS),
+            config(**RESUME_SETTINGS, zero=zero),
             grid=grid,
             out_dir=folder,
             resume_from=Path(folder) / "checkpoint" if resume else None,
@@ -224,15 +228,27 @@ def resume_run(sizes: dict[str, int] | None, folder: str, kill: bool, resume: bo
 def test_a_killed_pipelined_run_resumes_exactly_at_any_grid() -> None:
     """A pipe=2 run killed in the middle of its first epoch resumes at pipe=2, at x=2 and at one process as the
     uninterrupted run continues: AdamW's moments live on the stage that owns each parameter, and must all come back
-    (its update would differ otherwise)."""
+    (its update would differ otherwise). The same with ZeRO 1 at pipe=2,data=2 (the moments also partitioned over
+    data), resumed at the same grid and at data=2 without a pipeline.
+
+    Tolerance: float64 AdamW. Its update m / (sqrt(v) + eps) moves each weight by about lr = 1e-2 whatever the
+    gradient, and reordered float64 sums change m and v by ~1e-14 relative, so the weights agree to ~1e-16; the
+    tolerances above hold, and a lost moment (an update of another direction and size) cannot pass them."""
     with tempfile.TemporaryDirectory() as tmp:
         uninterrupted = run_distributed(2, resume_run, {"pipe": 2}, f"{tmp}/a", False, False)[0]
         for name in ("b", "c", "d"):
             run_distributed(2, resume_run, {"pipe": 2}, f"{tmp}/{name}", True, False)
+        for name in ("e", "f"):
+            run_distributed(4, resume_run, {"pipe": 2, "data": 2}, f"{tmp}/{name}", True, False, 1)
         resumed = {
             "pipe=2": (run_distributed(2, resume_run, {"pipe": 2}, f"{tmp}/b", False, True)[0], TOLERANCE),
             "x=2": (run_distributed(2, resume_run, {"x": 2}, f"{tmp}/c", False, True)[0], TENSOR_PARALLEL_TOLERANCE),
             "one process": (resume_run(None, f"{tmp}/d", False, True), TOLERANCE),
+            "pipe=2,data=2 ZeRO 1": (
+                run_distributed(4, resume_run, {"pipe": 2, "data": 2}, f"{tmp}/e", False, True, 1)[0],
+                TOLERANCE,
+            ),
+            "data=2 ZeRO 1": (run_distributed(2, resume_run, {"data": 2}, f"{tmp}/f", False, True, 1)[0], TOLERANCE),
         }
     for where, (got, tolerance) in resumed.items():
         assert got.keys() == uninterrupted.keys(), where
