@@ -147,9 +147,10 @@ class ZeroState:
 
     @torch.no_grad()
     def gather_parameters(self) -> None:
-        """Stage 1, after the update of each rank's chunks: all-gather the chunks into the full parameters."""
+        """Stage 1, after the update of each rank's chunks: all-gather the chunks into the full parameters. Only those
+        with a gradient were updated (the same ones on every data rank: a pipeline stage's own parameters)."""
         D = self.data.size
-        params = list(self.chunked.values())
+        params = [p for p in self.chunked.values() if p.grad is not None]
         for bucket in self._buckets(params):
             by_dtype: dict[torch.dtype, list[nn.Parameter]] = {}
             for p in bucket:

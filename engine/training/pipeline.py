@@ -419,6 +419,8 @@ class Pipeline:
         position_chunks = None if positions is None else list(positions.tensor_split(self.microbatches))
         for stage in self._torch_stages:
             stage.chunk_targets, stage.chunk_positions = chunks, position_chunks
+            if stage.is_last:  # torch's first-step shape inference calls the module directly: per-token losses
+                stage.submod.targets = chunks[0]  # then too, never full-vocabulary logits
         self._reduce = reduce
         try:
             return self._run(ids, torch.arange(ids.shape[0], device=ids.device))
@@ -426,6 +428,7 @@ class Pipeline:
             self._reduce = None
             for stage in self._torch_stages:
                 stage.chunk_targets = stage.chunk_positions = None
+                stage.submod.targets = None
 
     def token_losses(
         self, ids: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None

@@ -411,6 +411,8 @@ def train(
     total_steps = total_steps_of(len(examples), config)
     pipes = _pipelines(model, loss_fn, config, grid, len(examples))  # ZeRO partitions the stages as they are built
     pipe = next(iter(pipes.values()), None)  # the full steps' pipeline; the others share its stages
+    if pipe is not None and validation is not None:
+        validation_loss_fn = _through_stages(pipe, validation_loss_fn or loss_fn)  # refused now, not at step N
     if pipe is None:
         prepare_zero(model, config, grid)
     optimizer = make_optimizer(model, config)  # a pipeline's other stages never get gradients here: no state
@@ -488,14 +490,7 @@ def train(
                 pipe.share_weights()  # what follows (and the caller, after the last step) reads the whole model
             if validation is not None and evaluate_now:
                 chosen = validation_loss_fn or loss_fn
-                record["val_loss"] = evaluate_loss(
-                    model,
-                    validation,
-                    chosen if pipe is None else _through_stages(pipe, chosen),
-                    config,
-                    grid,
-                    step=done,
-                )
+                record["val_loss"] = evaluate_loss(model, validation, chosen, config, grid, step=done)
                 if _is_distributed(grid):
                     grid.traffic.reset()  # the evaluation's bytes are not the next step's
             history.append(record)
@@ -564,8 +559,9 @@ def _pipelines(
             "a pipeline computes the loss on its last stage from per-token losses: give train a TokenLossFn"
         )
     sizes = [min(config.batch_size, n_examples)]
-    if n_examples % config.batch_size and n_examples > config.batch_size:
-        sizes.append(n_examples % config.batch_size)  # the shorter last step of each epoch
+    reaches_epoch_end = total_steps_of(n_examples, config) >= steps_per_epoch(n_examples, config.batch_size)
+    if n_examples % config.batch_size and n_examples > config.batch_size and reaches_epoch_end:
+        sizes.append(n_examples % config.batch_size)  # the shorter last step of each epoch (n_examples % batch_size)
     microbatches = config.check_pipeline(grid.shape, tuple(sizes))
     settings, pipes = config.pipe_config, {}
     for rows, count in microbatches.items():
