@@ -291,7 +291,7 @@ class PipeConfig:
     """How a pipelined run cuts and schedules its model (used when the grid's pipe axis is > 1).
 
     schedule: a key of PIPE_SCHEDULES. microbatches: pipeline micro-batches per forward-backward pass of one data
-    rank (0: default_microbatches picks). virtual: stages per rank (interleaved schedules). splits: the first decoder
+    rank (0: resolve_microbatches picks). virtual: stages per rank (interleaved schedules). splits: the first decoder
     layer of stages 1..S-1 (empty: balanced by parameter count)."""
 
     schedule: str = "1f1b"
@@ -317,10 +317,6 @@ class PipeConfig:
             raise ValueError(f"--microbatches must be an integer >= 1 (or 0: chosen), got {self.microbatches!r}")
         if any(a >= b for a, b in zip(self.splits, self.splits[1:])) or any(s < 1 for s in self.splits):
             raise ValueError(f"--pipe-split {list(self.splits)}: give increasing decoder-layer indices >= 1")
-
-    def stages(self, pipe: int) -> int:
-        """Stages of a pipe axis of `pipe` ranks: pipe * virtual."""
-        return pipe * self.virtual
 
     def check_microbatches(self, pipe: int, microbatches: int) -> None:
         """ValueError (one line, with the fix) for a micro-batch count the schedule cannot run on `pipe` ranks."""
