@@ -305,14 +305,17 @@ def _forward_backward(
             out.loss_sum.float().backward()
         if not extra_names:
             extra_names = sorted(out.extras)
-        micro = torch.tensor(
-            [out.loss_sum.detach().float().item(), float(out.n_tokens)]
-            + [v for name in extra_names for v in out.extras[name]],
-            dtype=torch.float64,
-        )
+        micro = torch.tensor(_sums_of(out, extra_names), dtype=torch.float64)
         totals = micro if totals is None else totals + micro
     assert totals is not None
     return _StepSums(totals, extra_names, n_input_tokens)
+
+
+def _sums_of(out: StepLoss, extra_names: list[str]) -> list[float]:
+    """One micro-batch's entries of _StepSums.totals: loss sum, token count, then (sum, count) per extra quantity."""
+    return [float(out.loss_sum.detach().float()), float(out.n_tokens)] + [
+        v for name in extra_names for v in out.extras[name]
+    ]
 
 
 def _rows_of_batch(batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -354,11 +357,7 @@ def _pipeline_forward_backward(
     summary = None
     if pipe.group.rank == last:
         names = sorted(records[0].extras)
-        totals = [
-            sum(float(r.loss_sum.detach().float()) for r in records),
-            float(sum(r.n_tokens for r in records)),
-        ] + [sum(r.extras[name][i] for r in records) for name in names for i in (0, 1)]
-        summary = (totals, names)
+        summary = (torch.tensor([_sums_of(r, names) for r in records], dtype=torch.float64).sum(0).tolist(), names)
     totals, names = comm.broadcast_object(summary, pipe.group, device, src_group_rank=last)
     return _StepSums(torch.tensor(totals, dtype=torch.float64), names, n_input_tokens)
 

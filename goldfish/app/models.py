@@ -105,7 +105,7 @@ def local_config(name: str, *, vocab_size: int, max_positions: int) -> Pretraine
     if name in TINY_MODELS:
         return TINY_MODELS[name].make_config(vocab_size, max_positions)
     if (Path(name) / "config.json").is_file():
-        return AutoConfig.from_pretrained(name)
+        return AutoConfig.from_pretrained(name, trust_remote_code=False)
     return None
 
 

@@ -218,8 +218,6 @@ def test_the_train_command_of_a_pipelined_plan() -> None:
     from goldfish.app.cli import build_parser
 
     train = build_parser()._subparsers._group_actions[0].choices["train"]
-    if "--pipe-schedule" not in train._option_string_actions:
-        pytest.skip("goldfish train has no --pipe-schedule yet: the pipelined command's flags cannot be parsed")
     for plan in (p for p in rank_grids(request) if p.feasible):
         words = train_command(request, plan).split(" goldfish train ")[1].split()
         assert {w for w in words if w.startswith("--")} <= set(train._option_string_actions), words
