@@ -102,6 +102,7 @@ def _rank(rank: int, path: str, folder: str, init_file: str, results, dtype_name
     from transformers import AutoModelForCausalLM
 
     import engine
+    from engine.core.linear import local_shard
     from engine.training.loading import load_sharded
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=4)
@@ -114,7 +115,7 @@ def _rank(rank: int, path: str, folder: str, init_file: str, results, dtype_name
         model = load_sharded(folder, grid, dtype=getattr(torch, dtype_name))
     else:
         model = engine.parallelize(AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype_name)), grid)
-    held = sum(p.numel() * p.element_size() for p in model.parameters())
+    held = sum(local_shard(p).numel() * p.element_size() for p in model.parameters())  # this rank's shards
     peak = _status("VmHWM")
     sampled = sampler.finish()
     results.put(

@@ -270,7 +270,7 @@ class Grid:
             axes = tuple(a for a in AXES if self.size(a) > 1) or ("data",)
             ranks = torch.tensor(
                 [
-                    self.shape.rank(dict(zip(axes, index)))
+                    self.shape.rank({**self.coords, **dict(zip(axes, index))})  # this rank's pipeline stage
                     for index in itertools.product(*(range(self.size(a)) for a in axes))
                 ]
             ).reshape(tuple(self.size(a) for a in axes))

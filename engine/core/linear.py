@@ -50,6 +50,33 @@ from engine.spec import ROWS_LAYOUTS, row_gather_axes  # noqa: F401 (ROWS_LAYOUT
 MODES = ("default", "normal", "transposed")
 
 
+TENSOR_AXES = ("x", "y", "z")
+
+
+def is_placed(t: object) -> bool:
+    """True for a DTensor split over tensor-parallel axes (a parameter engine.parallelize placed on
+    Grid.device_mesh), False for a plain tensor and for ZeRO's DTensors (sharded over a data mesh only)."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor) and any(a in (t.device_mesh.mesh_dim_names or ()) for a in TENSOR_AXES)
+
+
+def local_shard(t: torch.Tensor | None) -> torch.Tensor | None:
+    """The tensor this rank holds of `t`: a placed DTensor's local shard (a view of its storage, differentiable),
+    any other tensor itself."""
+    return t.to_local() if is_placed(t) else t
+
+
+def placed_like(template: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """`local` (this rank's shard) as a DTensor placed like `template` when that is placed (no communication),
+    else `local` itself: what a placed parameter's optimizer state and loaded values must be."""
+    if not is_placed(template):
+        return local
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(local, template.device_mesh, template.placements, run_check=False)
+
+
 def current_rows_layout(module: nn.Module) -> str:
     """The rows layout (engine/models/parallelize.py: "own" rows per rank, or rows "shared" by every rank of an x*y
     group) that `module`, a ParallelLinear or vocabulary-parallel module, runs in: its grid's (Grid.rows_layout)."""
@@ -61,28 +88,36 @@ class ShardingError(ValueError):
     """A layer or model that the engine cannot shard on the given grid (named in the message)."""
 
 
+def write_counts(tensor: torch.Tensor) -> tuple[int, int]:
+    """Counts of in-place writes to `tensor` (its version counters): a placed DTensor counts an update through the
+    DTensor (an optimizer step) on itself and a write into its local shard (a load) on the shard, so both; a plain
+    tensor's count twice."""
+    with torch.no_grad():
+        return tensor._version, local_shard(tensor)._version  # the shard: a view, sharing the shard's counter
+
+
 class _Prefetch:
     """A weight all-gather started early (by the layer that runs before this one) and not yet used."""
 
     def __init__(self) -> None:
         self.pending: comm.Pending | None = None
         self.weight: torch.Tensor | None = None
-        self.version = -1
+        self.version = (-1, -1)
 
     def __deepcopy__(self, memo: dict) -> "_Prefetch":
         return _Prefetch()  # a copied model starts with nothing in flight
 
     def start(self, weight: torch.Tensor, group) -> None:
         self.take(weight)  # finish (and drop) an earlier one that was never used
-        self.pending = comm.all_gather_async(weight.detach(), group, 0)
-        self.weight, self.version = weight, weight._version
+        self.pending = comm.all_gather_async(local_shard(weight).detach(), group, 0)
+        self.weight, self.version = weight, write_counts(weight)
 
     def take(self, weight: torch.Tensor) -> torch.Tensor | None:
         """The gathered weight if a prefetch of exactly this, unchanged, weight is in flight; else None."""
         if self.pending is None:
             return None
         full = self.pending.wait()
-        valid = self.weight is weight and self.version == weight._version
+        valid = self.weight is weight and self.version == write_counts(weight)
         self.pending, self.weight = None, None
         return full if valid else None
 
@@ -228,6 +263,7 @@ class ParallelLinear(nn.Linear):
         Collective over the x*y*z group: all its ranks must call it.
         """
         group = self.grid.group("x", "y", "z")
+        shard = local_shard(shard)
         pieces = comm.all_gather(shard.detach().contiguous().unsqueeze(0), group, 0)  # (X Y Z, rows, cols)
         X, Y, Z = self.grid.size("x"), self.grid.size("y"), self.grid.size("z")
         rows, cols = shard.shape
@@ -240,6 +276,7 @@ class ParallelLinear(nn.Linear):
     def gather_bias(self, shard: torch.Tensor) -> torch.Tensor:
         """Full (out,) tensor, natural order, from every rank's bias-shaped `shard` (collective over x*y*z)."""
         group = self.grid.group("x", "y", "z")
+        shard = local_shard(shard)
         pieces = comm.all_gather(shard.detach().contiguous().unsqueeze(0), group, 0)
         X, Y, Z = self.grid.size("x"), self.grid.size("y"), self.grid.size("z")
         grid4 = pieces.reshape(Z, Y, X, -1)
@@ -263,7 +300,7 @@ class ParallelLinear(nn.Linear):
                 f"{self.name}: full weight must have shape {(self.out_features, self.in_features)}, "
                 f"got {tuple(weight.shape)}"
             )
-        self.weight.copy_(self.shard_weight(weight))
+        local_shard(self.weight).copy_(self.shard_weight(weight))
         if (bias is None) != (self.bias is None):
             raise ShardingError(
                 f"{self.name}: bias {'missing' if bias is None else 'given'} but the layer "
@@ -274,7 +311,7 @@ class ParallelLinear(nn.Linear):
                 raise ShardingError(
                     f"{self.name}: full bias must have shape {(self.out_features,)}, got {tuple(bias.shape)}"
                 )
-            self.bias.copy_(self.shard_bias(bias))
+            local_shard(self.bias).copy_(self.shard_bias(bias))
         return self
 
     @torch.no_grad()
@@ -285,12 +322,12 @@ class ParallelLinear(nn.Linear):
             return
         full = torch.empty(self.out_features, self.in_features, dtype=self.weight.dtype, device=self.weight.device)
         nn.init.kaiming_uniform_(full, a=math.sqrt(5))
-        self.weight.copy_(self.shard_weight(full))
+        local_shard(self.weight).copy_(self.shard_weight(full))
         if self.bias is not None:
             bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
             full_bias = torch.empty(self.out_features, dtype=self.bias.dtype, device=self.bias.device)
             nn.init.uniform_(full_bias, -bound, bound)
-            self.bias.copy_(self.shard_bias(full_bias))
+            local_shard(self.bias).copy_(self.shard_bias(full_bias))
 
     @torch.no_grad()
     def reshard_(self, mode: str) -> "ParallelLinear":
@@ -298,6 +335,8 @@ class ParallelLinear(nn.Linear):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if self._axes(mode) != self._axes(self.mode):
+            if is_placed(self.weight):
+                raise ShardingError(f"{self.name}: placed by engine.parallelize already; reshard before it")
             self._check_divisible(mode)
             weight, bias = self.full_weight(), self.full_bias()
             new_weight = nn.Parameter(self.shard_weight(weight, mode).clone(), self.weight.requires_grad)
@@ -342,21 +381,22 @@ class ParallelLinear(nn.Linear):
         grid = self.grid
         z = grid.group("z")
         gathered = None
+        weight = local_shard(self.weight)
         if self.overlap and z.size > 1:
             gathered = self._prefetch.take(self.weight)
             if gathered is None:
-                gathered = comm.all_gather(self.weight.detach(), z, 0)
+                gathered = comm.all_gather(weight.detach(), z, 0)
             for layer in self._prefetch_next:  # they gather while this layer multiplies
                 layer._prefetch.start(layer.weight, z)
-        y = tensor_parallel_matmul(x, self.weight, z, grid.group(out_axis), self.overlap, gathered)
+        y = tensor_parallel_matmul(x, weight, z, grid.group(out_axis), self.overlap, gathered)
         y = reduce_from_group(y, grid.group(in_axis))
         if self.bias is not None:
-            y = y + gather_sharded(self.bias, grid.group("z"), 0).to(y.dtype)  # y is bf16 under autocast
+            y = y + gather_sharded(local_shard(self.bias), grid.group("z"), 0).to(y.dtype)  # y is bf16 under autocast
         return y
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._sharded:
-            return F.linear(x, self.weight, self.bias)
+            return F.linear(x, local_shard(self.weight), local_shard(self.bias))
         grid = self.grid
         if self.mode == "normal":
             return self._core(split_to_group(x, grid.group("x"), -1), "normal")
@@ -387,5 +427,5 @@ class ParallelLinear(nn.Linear):
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-            f"mode={self.mode}, shard={tuple(self.weight.shape)}, overlap={self.overlap}"
+            f"mode={self.mode}, shard={tuple(local_shard(self.weight).shape)}, overlap={self.overlap}"
         )

@@ -66,9 +66,9 @@ from torch import nn
 
 from engine.core import comm
 from engine.core.grid import AxisGroup, Grid
-from engine.core.linear import ParallelLinear
+from engine.core.linear import ParallelLinear, is_placed, placed_like
 from engine.core.vocab_parallel import own_class
-from engine.models.layout import LAYOUT_ATTR, ModelLayout, layout_of
+from engine.models.layout import LAYOUT_ATTR, ModelLayout, layout_of, unplace_parameters
 from engine.models.parallelize import decoder_stacks
 from engine.spec import STAGES, ZeroConfig, ZeroError, data_ranks_per_node  # noqa: F401 - re-exported
 
@@ -344,6 +344,7 @@ def shard_data_axis(
         return model
     from torch.distributed.device_mesh import DeviceMesh
 
+    unplace_parameters(model)  # ZeRO partitions plain local shards (FSDP2 takes at most two placed axes)
     device_type = grid.device.type
     data = grid.group("data")
     # DTensor caches layouts by mesh, and meshes compare by ranks and dimension names, not by process group: a
@@ -396,14 +397,19 @@ def shard_data_axis(
 
 
 def is_dtensor(t: Any) -> bool:
+    """True for ZeRO's DTensors (FSDP's parameters and gradients, stage 1's moments: sharded over a data mesh); False
+    for plain tensors and for parameters placed over tensor-parallel axes (engine.core.linear.is_placed)."""
     from torch.distributed.tensor import DTensor
 
-    return isinstance(t, DTensor)
+    return isinstance(t, DTensor) and not is_placed(t)
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
-    """The tensor this rank holds: a DTensor's local chunk, any other tensor itself."""
-    return t.to_local() if is_dtensor(t) else t
+    """The tensor this rank holds: a DTensor's local chunk (ZeRO's or a placed parameter's), any other tensor
+    itself."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
@@ -433,6 +439,8 @@ def optimizer_value(model: nn.Module, param: torch.Tensor, value: torch.Tensor) 
     stage-1 parameters, else `value` itself. No communication."""
     if is_dtensor(param):
         return like(param, value)
+    if is_placed(param):
+        return placed_like(param, value)
     state = zero_state(model)
     if state is not None and state.is_chunked(param):
         from torch.distributed.tensor import Shard, distribute_tensor

@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from engine.core.grid import Grid
-from engine.core.linear import ParallelLinear, ShardingError
+from engine.core.linear import ParallelLinear, ShardingError, write_counts
 from engine.models.adapter import Initialise, find_planned, transformers_init
 from engine.models.layout import layout_of
 from engine.models.parallelize import parallelize
@@ -137,18 +137,19 @@ def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:
     return {**dict(module.named_parameters()), **dict(module.named_buffers())}
 
 
+
 def _check_written(module: nn.Module, written: dict[int, int], where: str = "") -> None:
     """Refuse tensors the initialisation never wrote (version 0: as materialised) and, for tensors in `written`
     (id -> version once their layer was cut into shards), any write after that."""
     for name, tensor in _tensors(module).items():
         full_name = f"{where}{name}"
-        if tensor._version == 0:
+        if write_counts(tensor) == (0, 0):
             raise ShardingError(
                 f"auto_parallelize: the model's initialisation never writes {full_name}; give its module an "
                 "initialisation (transformers: _init_weights; torch: reset_parameters), or build the model serially "
                 "and call engine.parallelize"
             )
-        if id(tensor) in written and tensor._version != written[id(tensor)]:
+        if id(tensor) in written and write_counts(tensor) != written[id(tensor)]:
             raise ShardingError(
                 f"auto_parallelize: the model's initialisation writes {full_name} from outside its decoder layer, "
                 "after the layer was sharded; build the model serially and call engine.parallelize"
@@ -175,7 +176,7 @@ def _initialise(
             child_init = transformers_init(child) or init
             if id(child) in serial_layers:
                 _initialise_layer(serial_layers.pop(id(child)), child, child_init, grid, device, f"{where}{name}.")
-                written.update((id(t), t._version) for t in _tensors(child).values())
+                written.update((id(t), write_counts(t)) for t in _tensors(child).values())
             else:
                 visit(child, child_init, f"{where}{name}.")
         init(module)
@@ -202,6 +203,6 @@ def _initialise_layer(
     with torch.no_grad():  # this rank's part of every tensor, as the layer's layout cuts it
         for p in layout_of(layer, grid).params.values():
             value = full[p.key].t() if p.serial_transposed else full[p.key]
-            p.tensor.copy_(p.take_local(value) if p.split else value)
+            p.local.copy_(p.take_local(value) if p.split else value)
     for name, buffer in serial.named_buffers():  # non-persistent buffers are not in the state dict
         layer.get_buffer(name).copy_(buffer)

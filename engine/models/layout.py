@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from engine.core.grid import Grid
-from engine.core.linear import ParallelLinear, ShardingError
+from engine.core.linear import ParallelLinear, ShardingError, is_placed
 from engine.core.vocab_parallel import is_vocab_parallel
 from engine.models.adapter import find_planned
 from engine.spec import AXES, gradient_axes
@@ -62,8 +62,18 @@ class ParamLayout:
     serial_transposed: bool = False
     region: str | None = None
     is_linear: bool = False  # a ParallelLinear shard: its gradient already covers the rows of its x*y*z group
+    placed: bool = False  # the bound tensor is a DTensor on Grid.device_mesh() (place_parameters), not a plain tensor
     aliases: tuple[str, ...] = ()
     tensor: torch.Tensor | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def local(self) -> torch.Tensor | None:
+        """The tensor this rank holds of the bound `tensor`: a placed DTensor's local shard (a view outside autograd,
+        sharing its storage), else `tensor` itself (a ZeRO DTensor included: its data-axis chunk is ZeRO's)."""
+        if not self.placed or self.tensor is None:
+            return self.tensor
+        with torch.no_grad():
+            return self.tensor.to_local()  # a view of the shard: writes land in the parameter, versions count
 
     @property
     def split_axes(self) -> tuple[str, ...]:
@@ -194,19 +204,22 @@ class ModelLayout:
                 "added, removed, reshaped or tied); change the model before parallelizing it"
             )
         params = {
-            key: replace(p, tensor=tensors[key], aliases=tuple(aliases.get(key, ()))) for key, p in self.params.items()
+            key: replace(p, tensor=tensors[key], aliases=tuple(aliases.get(key, ())), placed=is_placed(tensors[key]))
+            for key, p in self.params.items()
         }
         return replace(self, params=params)
 
     def unbound(self) -> "ModelLayout":
         """The layout without tensors, as stored on the model (ZeRO replaces the parameters later; holding the old
         ones would keep them alive)."""
-        params = {key: replace(p, tensor=None, aliases=()) for key, p in self.params.items()}
+        params = {key: replace(p, tensor=None, aliases=(), placed=False) for key, p in self.params.items()}
         return replace(self, params=params)
 
 
 def _misshapen(p: ParamLayout, tensor: torch.Tensor) -> bool:
     """True when `tensor` (a DTensor of ZeRO: its global shape) is not shaped as `p` says this rank holds it."""
+    if is_placed(tensor):
+        tensor = tensor.to_local()
     return tuple(tensor.shape) != p.local_shape()
 
 
@@ -252,6 +265,48 @@ def describe(
         else:
             params[key] = ParamLayout(full_shape=tuple(tensor.shape), region=_region(key, regions), **common)
     return ModelLayout(grid, params, tuple(stacks), regions).bind(model)
+
+
+def place_parameters(model: nn.Module, layout: "ModelLayout") -> None:
+    """Make every ParallelLinear parameter whose layout DTensor placements express (ParamLayout.placements) a
+    DTensor on Grid.device_mesh() over the same local tensor (no copy, same requires_grad). The fused kernels run on
+    its local shard; torch's DTensor API (full_tensor, redistribute) sees the split."""
+    from torch.distributed.tensor import DTensor
+
+    mesh = layout.grid.device_mesh()
+    for key, module, name in _linear_parameters(model):
+        p = layout.params.get(key)
+        placements = None if p is None or not p.split_axes else p.placements(mesh.mesh_dim_names)
+        held = getattr(module, name)
+        if placements is None or is_placed(held):
+            continue
+        placed = nn.Parameter(
+            DTensor.from_local(held.detach(), mesh, placements, run_check=False), requires_grad=held.requires_grad
+        )
+        placed.__dict__.update(held.__dict__)  # flags such as transformers' _is_hf_initialized
+        setattr(module, name, placed)
+
+
+def unplace_parameters(model: nn.Module) -> None:
+    """The inverse of place_parameters: every placed parameter becomes a plain parameter over its local shard (no
+    copy). ZeRO partitions plain shards: FSDP2 composes with at most two placed mesh axes, the grid has three."""
+    for _, module, name in _linear_parameters(model):
+        held = getattr(module, name)
+        if is_placed(held):
+            plain = nn.Parameter(held.detach().to_local(), requires_grad=held.requires_grad)
+            plain.__dict__.update(held.__dict__)
+            setattr(module, name, plain)
+
+
+def _linear_parameters(model: nn.Module) -> list[tuple[str, ParallelLinear, str]]:
+    """(state-dict key, module, attribute) of every ParallelLinear weight and bias in `model`."""
+    return [
+        (f"{path}.{name}" if path else name, module, name)
+        for path, module in model.named_modules()
+        if isinstance(module, ParallelLinear)
+        for name in ("weight", "bias")
+        if getattr(module, name) is not None
+    ]
 
 
 def _check_same_gradient(p: ParamLayout, alias: str, regions: Mapping[str, str]) -> None:

@@ -57,7 +57,15 @@ from engine.models.adapter import (
     localize_heads,
     rms_norm_eps,
 )
-from engine.models.layout import LAYOUT_ATTR, declared_layouts, describe, layout_of, parallel_grid, planned_stacks
+from engine.models.layout import (
+    LAYOUT_ATTR,
+    declared_layouts,
+    describe,
+    layout_of,
+    parallel_grid,
+    place_parameters,
+    planned_stacks,
+)
 from engine.spec import check_rows_layout, row_gather_axes
 
 # What parallelize records, by module path, of the rows a module's parameters see (the layout's regions, read by
@@ -591,7 +599,9 @@ def parallelize(model: nn.Module, grid: Grid, *, overlap: bool = True, vocab_par
         if vocab_parallel or can_shard_vocab(model, grid) is None:
             shard_vocab(model, grid)  # the layout gives its tables the "tensor" region: summed over data only
     # the one record of what every rank holds (engine/models/layout.py), read by gradient sync, checkpoints and loading
-    model.__dict__[LAYOUT_ATTR] = describe(model, grid, regions, tuple(dict.fromkeys(stacks_done))).unbound()
+    layout = describe(model, grid, regions, tuple(dict.fromkeys(stacks_done)))
+    place_parameters(model, layout)
+    model.__dict__[LAYOUT_ATTR] = layout.unbound()
     return model
 
 

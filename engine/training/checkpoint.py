@@ -62,6 +62,7 @@ from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, Wri
 from data.atomic import recover_directory, remove_leftovers, replace_directory, staging_directory, write_text_atomic
 from engine.core import comm
 from engine.core.grid import GRID_AXES, Grid
+from engine.core.linear import local_shard
 from engine.memory.zero import is_dtensor, model_class_name, optimizer_value
 from engine.models.layout import ParamLayout, layout_of
 from engine.training.state_files import StateFileError, load_state, save_state, state_files
@@ -162,7 +163,7 @@ class _Chunks:
 def _entry(p: ParamLayout | None, tensor: torch.Tensor) -> _Chunks:
     """The DCP entry of `tensor`, laid out as `p` (None: whole on every rank). A ZeRO DTensor holds the rows of the
     tensor-parallel local tensor that DTensor's own chunk arithmetic gives it."""
-    held, rows = tensor.detach(), None
+    held, rows = local_shard(tensor.detach()), None  # a placed DTensor: its local shard, a view of its storage
     if is_dtensor(held):  # FSDP2's Shard(0) over the data mesh, torch.chunk's split: ceil(n / D) rows per rank
         if held.device_mesh.ndim != 1 or not held.placements[0].is_shard(0):
             raise CheckpointError(f"unexpected ZeRO placement {held.placements} of a {tuple(held.shape)} tensor")
@@ -212,7 +213,7 @@ def _tensors(model: nn.Module, grid: Grid | None) -> dict[str, tuple[ParamLayout
     """Every distinct state-dict tensor by its first key: its layout on `grid` (None without one), the tensor and its
     other (tied) keys."""
     if grid is not None:
-        return {key: (p, p.tensor, list(p.aliases)) for key, p in layout_of(model, grid).params.items()}
+        return {key: (p, p.local, list(p.aliases)) for key, p in layout_of(model, grid).params.items()}
     first: dict[int, str] = {}
     out: dict[str, tuple[ParamLayout | None, torch.Tensor, list[str]]] = {}
     for key, tensor in model.state_dict(keep_vars=True).items():
@@ -913,7 +914,8 @@ def _empty_optimizer_state(
                     value = torch.zeros((), dtype=metadata.state_dict_metadata[fqn].properties.dtype)
                     entries[fqn] = _entry(None, value)
                 else:
-                    empty = torch.zeros(param.shape, dtype=param.dtype, device=param.device)
+                    held = local_shard(param)
+                    empty = torch.zeros(held.shape, dtype=held.dtype, device=held.device)
                     value = optimizer_value(model, param, empty)
                     entries[fqn] = _entry(layouts[name], value)
                 state.setdefault(index, {})[key] = value

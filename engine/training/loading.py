@@ -178,12 +178,11 @@ def load_sharded(
                     f"{stored} in {path.name} has shape {sliced.get_shape()}, the model built from "
                     f"config.json expects {list(serial_shape(p))}"
                 )
-            if tuple(p.tensor.shape) != p.local_shape():
+            if tuple(p.local.shape) != p.local_shape():
                 raise ShardingError(
-                    f"{key}: the layout gives a shard of {list(p.local_shape())}, the model holds "
-                    f"{list(p.tensor.shape)}"
+                    f"{key}: the layout gives a shard of {list(p.local_shape())}, the model holds {list(p.local.shape)}"
                 )
-            _read_local(sliced, p, p.tensor.detach())
+            _read_local(sliced, p, p.local.detach())
     if missing:
         raise LoadingError(
             f"{folder}: the safetensors files lack {len(missing)} tensors of the model, e.g. "

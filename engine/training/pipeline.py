@@ -43,6 +43,7 @@ from torch.distributed.pipelining import (
 from engine.core import comm
 from engine.core.functional import gather_from_group, split_to_group
 from engine.core.grid import AxisGroup
+from engine.core.linear import local_shard
 from engine.core.vocab_parallel import head_token_losses
 from engine.memory.zero import local
 from engine.models.adapter import causal_mask, find_planned
@@ -220,7 +221,8 @@ def split_model(model: nn.Module, n_stages: int, splits: list[int] | None = None
     _, base, plan = find_planned(model)[0]
     layers = getattr(base, plan.layers)
     if splits is None:
-        splits = balanced_splits([sum(p.numel() for p in layer.parameters()) for layer in layers], n_stages)
+        sizes = [sum(local_shard(p).numel() for p in layer.parameters()) for layer in layers]  # what a rank holds
+        splits = balanced_splits(sizes, n_stages)
     bounds = [0, *splits, n_layers]
     if len(splits) != n_stages - 1 or any(a >= b for a, b in zip(bounds, bounds[1:])):
         raise ValueError(f"splits {splits}: give {n_stages - 1} increasing layer indices in 1..{n_layers - 1}")

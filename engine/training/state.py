@@ -35,7 +35,7 @@ from torch import nn
 
 from engine.core import comm
 from engine.core.grid import Grid
-from engine.core.linear import ShardingError
+from engine.core.linear import ShardingError, local_shard, placed_like
 from engine.memory.zero import full, is_dtensor, like, local, zero_state
 from engine.models.layout import ParamLayout, layout_of
 from engine.spec import AXES
@@ -67,8 +67,8 @@ def sync_gradients(model: nn.Module, grid: Grid, *, over: Sequence[str] = AXES) 
     for param, axes in _reduction_axes(model, grid):
         if param.grad is None:
             continue
-        grad = param.grad
-        if is_dtensor(grad):  # FSDP reduce-scattered it over data in backward
+        grad = local_shard(param.grad)  # a placed parameter's gradient is placed as it is
+        if is_dtensor(param.grad):  # FSDP reduce-scattered it over data in backward
             axes, grad = tuple(a for a in axes if a != "data"), local(grad)
         elif zero is not None and zero.is_chunked(param):
             axes, grad = tuple(a for a in axes if a != "data"), grad[zero.rows(param)]
@@ -152,7 +152,7 @@ def full_state_dict(model: nn.Module, grid: Grid, rank0_only: bool = False) -> d
     keep = not rank0_only or grid.rank == 0
     state: dict[str, torch.Tensor] = {}
     for p in layout_of(model, grid).params.values():
-        value = _gather_full(p, p.tensor, grid)
+        value = _gather_full(p, p.local, grid)
         if p.serial_transposed:
             value = value.t().contiguous()
         if keep:
@@ -177,5 +177,7 @@ def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor], grid:
                 what = key.rpartition(".")[2]  # weight, bias, ...
                 raise ShardingError(f"{key}: expected a full {what} of shape {expected}, got {tuple(state[key].shape)}")
             value = p.take_local(value) if p.split else value
-            local_state[key] = like(p.tensor, value.contiguous()) if is_dtensor(p.tensor) else value
+            if is_dtensor(p.tensor):
+                value = like(p.tensor, value.contiguous())
+            local_state[key] = placed_like(p.tensor, value)
     model.load_state_dict(local_state, strict=True)

@@ -23,7 +23,7 @@ from distributed import run_distributed
 from torch import nn
 
 from engine.core.grid import GridShape, init
-from engine.core.linear import ParallelLinear
+from engine.core.linear import ParallelLinear, local_shard
 from engine.models.parallelize import parallelize, rows_layout
 from engine.planner.cost_model import (
     PHASES,
@@ -182,7 +182,7 @@ def _llama_worker(
                 checkpoint_decoder_layers(model)
             # the memory model's parameter count per rank is exactly what the rank holds
             memory = memory_per_rank(model_shape, shape, rows_per_rank=1, seq=SEQ, vocab_parallel=vocab_split)
-            held = sum(p.numel() for p in model.parameters())
+            held = sum(local_shard(p).numel() for p in model.parameters())
             assert held == sum(memory.detail[k] for k in ("sharded_params", "replicated_params", "vocab_params")), (
                 f"grid {shape}"
             )
@@ -328,7 +328,7 @@ def _family_worker(world: int, families: tuple[str, ...] = FAMILIES, cases: int 
                     checkpoint_decoder_layers(model)
                 if zero is None:
                     memory = memory_per_rank(model_shape, shape, rows_per_rank=2, seq=SEQ, vocab_parallel=split)
-                    held = sum(p.numel() for p in model.parameters())
+                    held = sum(local_shard(p).numel() for p in model.parameters())
                     assert held == sum(
                         memory.detail[k] for k in ("sharded_params", "replicated_params", "vocab_params")
                     )

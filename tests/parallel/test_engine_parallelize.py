@@ -23,9 +23,10 @@ from torch.overrides import TorchFunctionMode
 
 from engine.core import comm
 from engine.core.grid import AXES, init
-from engine.core.linear import ParallelLinear, ShardingError
+from engine.core.linear import ParallelLinear, ShardingError, is_placed, local_shard
 from engine.core.vocab_parallel import is_vocab_parallel
 from engine.models.auto import auto_parallelize
+from engine.models.layout import layout_of
 from engine.models.parallelize import parallelize
 from engine.training.state import clip_grad_norm_, full_state_dict, load_full_state_dict, sync_gradients
 
@@ -169,7 +170,7 @@ def check_grid(
             random_after = torch.rand(1)
             meta_built(make)
             assert torch.equal(random_after, torch.rand(1)), "auto_parallelize drew other random numbers"
-            assert all(type(p) is torch.nn.Parameter for p in model.parameters())
+            assert all(isinstance(p, torch.nn.Parameter) and not local_shard(p).is_meta for p in model.parameters())
         else:
             model = parallelize(copy.deepcopy(make().double()), grid)
         state = full_state_dict(model, grid)
@@ -185,6 +186,16 @@ def check_grid(
         grads = full_grads(model, grid)
         for name, grad in ref["grads"].items():
             torch.testing.assert_close(grads[name], grad, **tol, msg=lambda m, n=name: f"grad {n}: {m}")
+        # parallelize placed every projection whose split DTensor expresses: torch's own gather of its gradient is the
+        # serial gradient (a collective over the grid's mesh, in the same parameter order on every rank)
+        layouts = layout_of(model, grid).params
+        placed = [(name, p) for name, p in model.named_parameters() if is_placed(p)]
+        assert placed or grid.size("x", "y", "z") == 1, "no parameter is a DTensor on a tensor-parallel grid"
+        for name, param in placed:
+            whole = param.grad.full_tensor()
+            torch.testing.assert_close(
+                whole.t() if layouts[name].serial_transposed else whole, ref["grads"][name], **tol, msg=name
+            )
         if not train:
             return
         model.zero_grad()
@@ -341,6 +352,7 @@ class _LiveBytes(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for tensor in out if isinstance(out, (tuple, list)) else (out,):
+            tensor = local_shard(tensor)  # a placed DTensor's storage is its local shard's
             if isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu":
                 storage = tensor.untyped_storage()
                 if id(storage) not in self.alive:
@@ -376,7 +388,7 @@ def _peak_bytes() -> tuple[int, int, int, int]:
     whole = sum(t.nbytes for t in serial.state_dict().values())
     with _LiveBytes() as counter:
         model = auto_parallelize(grid, _deep_llama, vocab_parallel=False)
-    held = sum(t.nbytes for t in {id(t): t for t in [*model.parameters(), *model.buffers()]}.values())
+    held = sum(local_shard(t).nbytes for t in {id(t): t for t in [*model.parameters(), *model.buffers()]}.values())
     grid.close()
     return counter.peak, held, layer, whole
 

@@ -20,7 +20,7 @@ from engine.models.miniature import miniature_config
 from engine.models.parallelize import parallelize
 
 FAMILIES = ("llama", "gpt2", "phi3")
-GRIDS = ({"x": 2, "y": 2}, {"y": 2, "z": 2}, {"data": 2, "x": 2})
+GRIDS = ({"x": 2, "y": 2}, {"y": 2, "z": 2}, {"data": 2, "x": 2}, {"pipe": 2, "x": 2})
 
 
 def _serial(model_type: str) -> torch.nn.Module:
@@ -42,11 +42,12 @@ def _check(model_type: str, sizes: dict[str, int]) -> dict:
     model = parallelize(copy.deepcopy(serial), grid)
     layout = layout_of(model, grid)
     mesh = grid.device_mesh()
-    covered, expressed = {}, 0
+    covered, expressed, placed = {}, 0, 0
     for p in layout.params.values():
         full = reference[p.key].t() if p.serial_transposed else reference[p.key]
         assert tuple(full.shape) == p.full_shape, p.key
-        local = p.tensor.detach()
+        local = p.local.detach()
+        assert isinstance(p.tensor, DTensor) == (p.placed and "zero" not in sizes), p.key
         assert tuple(local.shape) == p.local_shape(), p.key
         assert torch.equal(p.take_local(full), local), f"{p.key}: take_local differs from the rank's tensor"
         mask = torch.zeros(p.full_shape, dtype=torch.int32)
@@ -65,6 +66,12 @@ def _check(model_type: str, sizes: dict[str, int]) -> dict:
             expressed += 1
             whole = DTensor.from_local(local, mesh, placements, run_check=False)
             assert torch.equal(whole.full_tensor(), full), f"{p.key}: its DTensor does not gather to the serial tensor"
+        # parallelize placed the projections DTensor expresses: the parameter itself gathers to the serial tensor
+        assert p.placed == (p.is_linear and placements is not None and bool(p.split_axes)), p.key
+        if p.placed:
+            placed += 1
+            assert p.tensor.placements == placements, p.key
+            assert torch.equal(p.tensor.full_tensor(), full), f"{p.key}: the placed parameter gathers to another tensor"
     # every element of every tensor is held by some rank
     gathered = {}
     for key, mask in covered.items():
@@ -73,7 +80,14 @@ def _check(model_type: str, sizes: dict[str, int]) -> dict:
         gathered[key] = bool((total > 0).all())
     fused = sum(1 for p in layout.params.values() if p.order is not None)
     vocab = sum(1 for p in layout.params.values() if p.region == "tensor")
-    return {"covered": gathered, "expressed": expressed, "fused": fused, "vocab": vocab, "n": len(layout.params)}
+    return {
+        "covered": gathered,
+        "expressed": expressed,
+        "placed": placed,
+        "fused": fused,
+        "vocab": vocab,
+        "n": len(layout.params),
+    }
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)
@@ -84,6 +98,7 @@ def test_pieces_cut_the_serial_tensors(model_type: str) -> None:
             missing = [k for k, ok in result["covered"].items() if not ok]
             assert not missing, f"{model_type} on {sizes}: no rank holds part of {missing}"
             assert result["expressed"] > 0
+            assert result["placed"] > 0, f"{model_type} on {sizes}: no parameter is a DTensor"
         if sizes.get("y", 1) > 1 and model_type in ("gpt2", "phi3"):
             assert results[0]["fused"] > 0, f"{model_type} on {sizes}: expected regrouped fused projections"
         if sizes.get("data", 1) == 1 and model_type != "gpt2":  # GPT-2's 50257 rows do not split in 4
