@@ -137,7 +137,6 @@ def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:
     return {**dict(module.named_parameters()), **dict(module.named_buffers())}
 
 
-
 def _check_written(module: nn.Module, written: dict[int, int], where: str = "") -> None:
     """Refuse tensors the initialisation never wrote (version 0: as materialised) and, for tensors in `written`
     (id -> version once their layer was cut into shards), any write after that."""
