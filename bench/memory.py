@@ -44,6 +44,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import engine
 from engine.core.grid import GridShape
+from engine.core.linear import local_shard
 from engine.core.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses, is_vocab_parallel
 from engine.memory.activation import checkpoint_decoder_layers
 from engine.memory.zero import ZeroConfig, held_bytes, make_adamw, shard_data_axis
@@ -178,10 +179,10 @@ def _vocab_bytes(model, optimizer) -> dict[str, int]:
         if id(p) in seen:  # a tied lm_head shares the embedding's tensor
             continue
         seen.add(id(p))
-        out["params"] += p.numel() * p.element_size()
-        out["grads"] += p.grad.numel() * p.grad.element_size()
+        out["params"] += local_shard(p).numel() * p.element_size()  # a placed table: its local rows
+        out["grads"] += local_shard(p.grad).numel() * p.grad.element_size()
         out["optimizer"] += sum(
-            v.numel() * v.element_size()
+            local_shard(v).numel() * v.element_size()
             for v in optimizer.state[p].values()
             if isinstance(v, torch.Tensor) and v.dim() > 0
         )

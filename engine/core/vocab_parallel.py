@@ -47,7 +47,7 @@ from engine.core.functional import (
     split_to_group,
 )
 from engine.core.grid import AxisGroup, Grid
-from engine.core.linear import ShardingError, current_rows_layout
+from engine.core.linear import ShardingError, current_rows_layout, local_shard
 from engine.spec import row_replica_axes, vocab_row_axes
 
 IGNORE_INDEX = -100  # torch's cross-entropy convention: targets equal to it give no loss
@@ -237,7 +237,7 @@ class _VocabShard:
 
     def gather_rows(self, shard: torch.Tensor) -> torch.Tensor:
         """The full (V, ...) tensor from every rank's shard-shaped `shard` (collective over x*y*z)."""
-        return comm.all_gather(shard.detach().contiguous(), self.group, 0)
+        return comm.all_gather(local_shard(shard).detach().contiguous(), self.group, 0)
 
     def full_weight(self) -> torch.Tensor:
         return self.gather_rows(self.weight)
@@ -273,17 +273,18 @@ class VocabParallelEmbedding(nn.Embedding, _VocabShard):
         rows, replicas = self.row_group, self.replica_group
         all_ids = comm.all_gather(ids.contiguous(), rows, 0)
         local = all_ids - self.vocab_start
-        inside = (local >= 0) & (local < self.weight.shape[0])
+        weight = local_shard(self.weight)  # this rank's rows
+        inside = (local >= 0) & (local < weight.shape[0])
         pad = None
-        if self.padding_idx is not None and 0 <= self.padding_idx - self.vocab_start < self.weight.shape[0]:
+        if self.padding_idx is not None and 0 <= self.padding_idx - self.vocab_start < weight.shape[0]:
             pad = self.padding_idx - self.vocab_start  # no gradient to the padding row, as in nn.Embedding
-        partial = F.embedding(torch.where(inside, local, 0), self.weight, pad)
+        partial = F.embedding(torch.where(inside, local, 0), weight, pad)
         partial = partial * inside.unsqueeze(-1).to(partial.dtype)
         mine = reduce_scatter_to_group(partial, rows, 0)
         return mine if replicas is None else reduce_from_group(mine, replicas)  # replicas: the other vocab slices
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}, shard={tuple(self.weight.shape)}"
+        return f"{self.num_embeddings}, {self.embedding_dim}, shard={tuple(local_shard(self.weight).shape)}"
 
 
 class VocabParallelLMHead(nn.Linear, _VocabShard):
@@ -312,11 +313,12 @@ class VocabParallelLMHead(nn.Linear, _VocabShard):
         if replicas is not None:  # the replicas' partial gradients of the same rows are summed in backward
             hidden = copy_to_group(hidden, replicas)
         all_rows = gather_sharded(hidden, rows, 0)
-        local_logits = F.linear(all_rows, self.weight)
+        local_logits = F.linear(all_rows, local_shard(self.weight))
         return split_to_group(gather_from_group(local_logits, group, -1), rows, 0)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, shard={tuple(self.weight.shape)}"
+        shard = tuple(local_shard(self.weight).shape)
+        return f"in_features={self.in_features}, out_features={self.out_features}, shard={shard}"
 
 
 def is_vocab_parallel(module: nn.Module) -> bool:
@@ -460,7 +462,7 @@ class _LossHead:
 
     def _losses(self, hidden: torch.Tensor, **split: Any) -> torch.Tensor:
         targets, chunk_tokens, produced = self._loss_request
-        losses = token_losses(hidden, self.weight, targets, chunk_tokens=chunk_tokens, **split)
+        losses = token_losses(hidden, local_shard(self.weight), targets, chunk_tokens=chunk_tokens, **split)
         # a fresh tensor, not a view: FSDP hooks the root's outputs for backward and warns on views
         produced.append(losses.float().clone() if losses._base is not None else losses.float())
         return produced[-1]

@@ -137,7 +137,7 @@ def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:
     return {**dict(module.named_parameters()), **dict(module.named_buffers())}
 
 
-def _check_written(module: nn.Module, written: dict[int, int], where: str = "") -> None:
+def _check_written(module: nn.Module, written: dict[int, tuple[int, int]], where: str = "") -> None:
     """Refuse tensors the initialisation never wrote (version 0: as materialised) and, for tensors in `written`
     (id -> version once their layer was cut into shards), any write after that."""
     for name, tensor in _tensors(module).items():
@@ -157,7 +157,7 @@ def _check_written(module: nn.Module, written: dict[int, int], where: str = "") 
 
 def _initialise(
     model: nn.Module, serial_layers: dict[int, nn.Module], grid: Grid, device: torch.device
-) -> dict[int, int]:
+) -> dict[int, tuple[int, int]]:
     """Run the model's own initialisation on the materialised parallel `model`, decoder layers through their serial
     copies; returns the versions of the sharded layers' tensors right after their shards were cut."""
     root_init = transformers_init(model)
@@ -166,7 +166,7 @@ def _initialise(
             if callable(getattr(module, "reset_parameters", None)):
                 module.reset_parameters()
         return {}
-    written: dict[int, int] = {}
+    written: dict[int, tuple[int, int]] = {}
 
     def visit(module: nn.Module, init: Initialise, where: str) -> None:
         # transformers' order (PreTrainedModel.initialize_weights): children first, then the module, each submodel

@@ -268,45 +268,46 @@ def describe(
 
 
 def place_parameters(model: nn.Module, layout: "ModelLayout") -> None:
-    """Make every ParallelLinear parameter whose layout DTensor placements express (ParamLayout.placements) a
-    DTensor on Grid.device_mesh() over the same local tensor (no copy, same requires_grad). The fused kernels run on
-    its local shard; torch's DTensor API (full_tensor, redistribute) sees the split."""
+    """Make every split tensor whose layout DTensor placements express (ParamLayout.placements: a ParallelLinear's
+    weight and bias, a vocabulary table split over one tensor axis) a DTensor on Grid.device_mesh() over the same
+    local tensor (no copy, same requires_grad, ties kept). The modules compute on its local shard; torch's DTensor API
+    (full_tensor, redistribute) sees the split."""
+    if layout.grid.size("x", "y", "z") == 1:
+        return
     from torch.distributed.tensor import DTensor
 
-    mesh = layout.grid.device_mesh()
-    for key, module, name in _linear_parameters(model):
-        p = layout.params.get(key)
-        placements = None if p is None or not p.split_axes else p.placements(mesh.mesh_dim_names)
-        held = getattr(module, name)
-        if placements is None or is_placed(held):
+    names = layout.grid.device_mesh().mesh_dim_names
+    held = model.state_dict(keep_vars=True)
+    swaps: dict[int, nn.Parameter] = {}
+    for key, p in layout.params.items():
+        placements = p.placements(names) if p.split_axes else None
+        tensor = held.get(key)
+        if placements is None or not isinstance(tensor, nn.Parameter) or is_placed(tensor):
             continue
-        placed = nn.Parameter(
-            DTensor.from_local(held.detach(), mesh, placements, run_check=False), requires_grad=held.requires_grad
-        )
-        placed.__dict__.update(held.__dict__)  # flags such as transformers' _is_hf_initialized
-        setattr(module, name, placed)
+        local = DTensor.from_local(tensor.detach(), layout.grid.device_mesh(), placements, run_check=False)
+        swaps[id(tensor)] = nn.Parameter(local, requires_grad=tensor.requires_grad)
+        swaps[id(tensor)].__dict__.update(tensor.__dict__)  # flags such as transformers' _is_hf_initialized
+    _swap_parameters(model, swaps)
 
 
 def unplace_parameters(model: nn.Module) -> None:
     """The inverse of place_parameters: every placed parameter becomes a plain parameter over its local shard (no
-    copy). ZeRO partitions plain shards: FSDP2 composes with at most two placed mesh axes, the grid has three."""
-    for _, module, name in _linear_parameters(model):
-        held = getattr(module, name)
-        if is_placed(held):
-            plain = nn.Parameter(held.detach().to_local(), requires_grad=held.requires_grad)
-            plain.__dict__.update(held.__dict__)
-            setattr(module, name, plain)
+    copy, ties kept). ZeRO partitions plain shards: FSDP2 composes with at most two placed mesh dimensions beside its
+    data dimension (the grid has three tensor axes), and stage 1 slices gradients by rows."""
+    swaps: dict[int, nn.Parameter] = {}
+    for param in model.parameters():
+        if is_placed(param):
+            swaps[id(param)] = nn.Parameter(param.detach().to_local(), requires_grad=param.requires_grad)
+            swaps[id(param)].__dict__.update(param.__dict__)
+    _swap_parameters(model, swaps)
 
 
-def _linear_parameters(model: nn.Module) -> list[tuple[str, ParallelLinear, str]]:
-    """(state-dict key, module, attribute) of every ParallelLinear weight and bias in `model`."""
-    return [
-        (f"{path}.{name}" if path else name, module, name)
-        for path, module in model.named_modules()
-        if isinstance(module, ParallelLinear)
-        for name in ("weight", "bias")
-        if getattr(module, name) is not None
-    ]
+def _swap_parameters(model: nn.Module, swaps: dict[int, nn.Parameter]) -> None:
+    """Replace each parameter whose id is in `swaps` by its new object, under every name that holds it."""
+    for module in model.modules():
+        for name, param in list(module.named_parameters(recurse=False, remove_duplicate=False)):
+            if id(param) in swaps:
+                setattr(module, name, swaps[id(param)])
 
 
 def _check_same_gradient(p: ParamLayout, alias: str, regions: Mapping[str, str]) -> None:

@@ -67,7 +67,7 @@ def _check(model_type: str, sizes: dict[str, int]) -> dict:
             whole = DTensor.from_local(local, mesh, placements, run_check=False)
             assert torch.equal(whole.full_tensor(), full), f"{p.key}: its DTensor does not gather to the serial tensor"
         # parallelize placed the projections DTensor expresses: the parameter itself gathers to the serial tensor
-        assert p.placed == (p.is_linear and placements is not None and bool(p.split_axes)), p.key
+        assert p.placed == (placements is not None and bool(p.split_axes)), p.key
         if p.placed:
             placed += 1
             assert p.tensor.placements == placements, p.key

@@ -18,7 +18,7 @@ from distributed import run_distributed
 
 from engine.core import comm
 from engine.core.grid import AXES, init
-from engine.core.linear import ParallelLinear, ShardingError
+from engine.core.linear import ParallelLinear, ShardingError, local_shard
 from engine.core.vocab_parallel import TokenLossLinear, causal_lm_token_losses, is_vocab_parallel, token_losses
 from engine.models.parallelize import parallelize
 from engine.training.state import clip_grad_norm_, sync_gradients
@@ -250,7 +250,7 @@ def _worker(shapes: list[tuple[int, int, int, int]], ref: dict) -> int:
                 split = x * y * z > 1
                 assert is_vocab_parallel(embedding) == split and is_vocab_parallel(head) == split, (shape, name)
                 assert head.weight is embedding.weight  # both models tie their lm_head
-                assert embedding.weight.shape[0] == VOCAB // (x * y * z)
+                assert local_shard(embedding.weight).shape[0] == VOCAB // (x * y * z)
                 # the module path (evaluation, generation): full logits of own rows
                 with torch.no_grad():
                     logits = model(input_ids=ids[mine]).logits
