@@ -102,7 +102,7 @@ def _rank(rank: int, path: str, folder: str, init_file: str, results, dtype_name
     from transformers import AutoModelForCausalLM
 
     import engine
-    from engine.core.linear import local_shard
+    from engine.core.placement import local_shard
     from engine.training.loading import load_sharded
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=4)

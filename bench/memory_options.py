@@ -133,7 +133,7 @@ def _run_case(case: Case, args: argparse.Namespace, rank: int, device: torch.dev
     targets = _targets(ids)
     seconds, cuda_peak, gathered = [], None, 0
     for step in range(args.steps + 1):
-        block.reset()
+        block.reset(model.parameters())  # placed parameters stay in place (ActivationOffload.reset)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         started = time.perf_counter()

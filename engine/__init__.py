@@ -35,7 +35,7 @@ _PUBLIC = {
     "ZeroError": "engine.spec",
     "ParallelLinear": "engine.core.linear",
     "ShardingError": "engine.core.linear",
-    "local_shard": "engine.core.linear",
+    "local_shard": "engine.core.placement",
     "auto_parallelize": "engine.models.auto",
     "layout_of": "engine.models.layout",
     "ModelLayout": "engine.models.layout",

@@ -45,36 +45,10 @@ from engine.core.functional import (
     tensor_parallel_matmul,
 )
 from engine.core.grid import Grid
+from engine.core.placement import is_placed, local_shard, write_counts
 from engine.spec import ROWS_LAYOUTS, row_gather_axes  # noqa: F401 (ROWS_LAYOUTS: re-exported)
 
 MODES = ("default", "normal", "transposed")
-
-
-TENSOR_AXES = ("x", "y", "z")
-
-
-def is_placed(t: object) -> bool:
-    """True for a DTensor split over tensor-parallel axes (a parameter engine.parallelize placed on
-    Grid.device_mesh), False for a plain tensor and for ZeRO's DTensors (sharded over a data mesh only)."""
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(t, DTensor) and any(a in (t.device_mesh.mesh_dim_names or ()) for a in TENSOR_AXES)
-
-
-def local_shard(t: torch.Tensor | None) -> torch.Tensor | None:
-    """The tensor this rank holds of `t`: a placed DTensor's local shard (a view of its storage, differentiable),
-    any other tensor itself."""
-    return t.to_local() if is_placed(t) else t
-
-
-def placed_like(template: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
-    """`local` (this rank's shard) as a DTensor placed like `template` when that is placed (no communication),
-    else `local` itself: what a placed parameter's optimizer state and loaded values must be."""
-    if not is_placed(template):
-        return local
-    from torch.distributed.tensor import DTensor
-
-    return DTensor.from_local(local, template.device_mesh, template.placements, run_check=False)
 
 
 def current_rows_layout(module: nn.Module) -> str:
@@ -86,14 +60,6 @@ def current_rows_layout(module: nn.Module) -> str:
 
 class ShardingError(ValueError):
     """A layer or model that the engine cannot shard on the given grid (named in the message)."""
-
-
-def write_counts(tensor: torch.Tensor) -> tuple[int, int]:
-    """Counts of in-place writes to `tensor` (its version counters): a placed DTensor counts an update through the
-    DTensor (an optimizer step) on itself and a write into its local shard (a load) on the shard, so both; a plain
-    tensor's count twice."""
-    with torch.no_grad():
-        return tensor._version, local_shard(tensor)._version  # the shard: a view, sharing the shard's counter
 
 
 class _Prefetch:

@@ -47,7 +47,8 @@ from engine.core.functional import (
     split_to_group,
 )
 from engine.core.grid import AxisGroup, Grid
-from engine.core.linear import ShardingError, current_rows_layout, local_shard
+from engine.core.linear import ShardingError, current_rows_layout
+from engine.core.placement import local_shard
 from engine.spec import row_replica_axes, vocab_row_axes
 
 IGNORE_INDEX = -100  # torch's cross-entropy convention: targets equal to it give no loss

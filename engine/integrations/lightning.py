@@ -52,6 +52,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 
 from engine.core import comm
 from engine.core.grid import AXES, Grid, GridError, GridShape, init
+from engine.core.placement import clip_values_, replicating_step
 from engine.models.parallelize import parallelize
 from engine.training import checkpoint as engine_checkpoint
 from engine.training.state import clip_grad_norm_, sync_gradients
@@ -246,6 +247,13 @@ class EngineStrategy(ParallelStrategy):
                     "from model.parameters(), then optimizer = fabric.setup_optimizers(optimizer)"
                 )
         return module, optimizers, scheduler
+
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        return replicating_step(super().setup_optimizer(optimizer))  # placed and plain parameters together
+
+    def clip_gradients_value(self, module: nn.Module, optimizer: Optimizer, clip_val: float | int) -> None:
+        self.precision.unscale_gradients(optimizer)
+        clip_values_(self.precision.main_params(optimizer), float(clip_val))
 
     def module_to_device(self, module: nn.Module) -> None:
         module.to(self.root_device)

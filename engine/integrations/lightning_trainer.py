@@ -43,6 +43,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 
 from engine.core import comm
 from engine.core.grid import AXES, Grid
+from engine.core.placement import clip_values_, replicating_step
 from engine.integrations.lightning import StrategySettings, set_world_ranks
 from engine.models.parallelize import parallelize
 from engine.training import checkpoint as engine_checkpoint
@@ -127,6 +128,7 @@ class EngineTrainerStrategy(ParallelStrategy):
         _clip_with_engine(self)
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
+            self.optimizers = [replicating_step(optimizer) for optimizer in self.optimizers]  # placed + plain
             if len(self.optimizers) > 1:
                 raise ValueError(
                     "EngineTrainerStrategy trains with one optimizer; configure_optimizers returned "
@@ -234,6 +236,11 @@ def _clip_with_engine(strategy: EngineTrainerStrategy) -> None:
     def clip_grad_by_norm(self: Any, optimizer: Optimizer, clip_val: float) -> None:
         strategy.last_grad_norm = clip_grad_norm_(strategy.model, float(clip_val), strategy.grid)
 
+    def clip_grad_by_value(self: Any, optimizer: Optimizer, clip_val: float) -> None:
+        clip_values_(self.main_params(optimizer), float(clip_val))  # placed and plain gradients together
+
     plugin.__class__ = type(
-        f"Engine{base.__name__}", (base,), {"clip_grad_by_norm": clip_grad_by_norm, "_engine_clipping": True}
+        f"Engine{base.__name__}",
+        (base,),
+        {"clip_grad_by_norm": clip_grad_by_norm, "clip_grad_by_value": clip_grad_by_value, "_engine_clipping": True},
     )

@@ -2,10 +2,11 @@
 scratch space), and the count of what they would have held on the device.
 
     offload = ActivationOffload(enabled=True, device=torch.device("cuda"))   # once per run
+    offload.reset(model.parameters())                # each step: sums to 0; the parameters stay where they are
     with offload:                                    # around a micro-batch's forward AND backward (or a pipeline step)
         loss = model(ids).loss
         loss.backward()
-    offload.stats.saved_peak_bytes, offload.stats.device_peak_bytes          # bytes; offload.reset() per step
+    offload.stats.saved_peak_bytes, offload.stats.device_peak_bytes          # bytes
 
 Built on torch's saved-tensor hooks (torch.autograd.graph.saved_tensors_hooks, the machinery of torch's own
 save_on_cpu): every tensor autograd saves during the block goes through `pack`, and backward gets it back through
@@ -40,11 +41,13 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
+
+from engine.core.placement import local_shard
 
 
 @dataclass
@@ -115,12 +118,13 @@ class _Hooks:
         self.device, self.move, self.pin_memory, self.host_copy = device, move, pin_memory, host_copy
         self.stats = OffloadStats()
         self.entries: dict[tuple[int, int], _Storage] = {}
+        self.kept: set[int] = set()  # storages of parameters (by _cdata) that stay in place, see _Block.reset
         self.saved_now = self.device_now = self.host_now = 0
         self.lock = threading.RLock()  # releases come from autograd's device threads, and from GC inside a pack
 
     def _is_activation(self, t: torch.Tensor) -> bool:
         base = t._base if t._base is not None else t
-        if isinstance(base, nn.Parameter) or isinstance(t, nn.Parameter):
+        if isinstance(base, nn.Parameter) or isinstance(t, nn.Parameter) or t.untyped_storage()._cdata in self.kept:
             return False
         # plain strided tensors on the compute device; subclasses, sparse, nested and meta tensors pass through
         return type(t) is torch.Tensor and t.layout == torch.strided and t.device.type == self.device.type
@@ -209,8 +213,9 @@ class _Hooks:
                 self.device_now -= entry.nbytes
         entry.host = entry.restored = entry.weak = None  # copies and the pinned address go with the last holder
 
-    def reset(self) -> None:
+    def reset(self, parameters: Iterable[torch.Tensor]) -> None:
         with self.lock:
+            self.kept = {local_shard(p).untyped_storage()._cdata for p in parameters}
             self.stats = OffloadStats(
                 saved_peak_bytes=self.saved_now, device_peak_bytes=self.device_now, host_peak_bytes=self.host_now
             )
@@ -228,10 +233,12 @@ class _Block:
         """The counts since the last `reset` (all zero when nothing was hooked)."""
         return self._hooks.stats if self._hooks is not None else OffloadStats()
 
-    def reset(self) -> None:
-        """Start a new step: sums to 0, peaks to what is held now (normally 0: the last backward freed all)."""
+    def reset(self, parameters: Iterable[torch.Tensor] = ()) -> None:
+        """Start a new step: sums to 0, peaks to what is held now (normally 0: the last backward freed all).
+        `parameters` (the model's) stay in place: a placed (DTensor) parameter computes on views of its local shard,
+        which are not nn.Parameters, so their storages are recognised instead."""
         if self._hooks is not None:
-            self._hooks.reset()
+            self._hooks.reset(parameters)
 
     def __enter__(self) -> "_Block":
         if self._hooks is not None:

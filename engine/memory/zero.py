@@ -66,7 +66,8 @@ from torch import nn
 
 from engine.core import comm
 from engine.core.grid import AxisGroup, Grid
-from engine.core.linear import ParallelLinear, is_placed, placed_like
+from engine.core.linear import ParallelLinear
+from engine.core.placement import PlacedAdamW, has_placed, is_placed, placed_like
 from engine.core.vocab_parallel import own_class
 from engine.models.layout import LAYOUT_ATTR, ModelLayout, layout_of, unplace_parameters
 from engine.models.parallelize import decoder_stacks
@@ -247,11 +248,12 @@ def _record(model: nn.Module, grid: Grid, state: ZeroState) -> None:
 
 def make_adamw(model: nn.Module, groups: list[dict[str, Any]], **kwargs: Any) -> torch.optim.AdamW:
     """AdamW over `groups` of `model`'s parameters: ZeroAdamW for a stage-1 model, else torch's AdamW (stages
-    2 and 3 partition through FSDP's DTensor parameters, so plain AdamW keeps chunk-sized moments)."""
+    2 and 3 partition through FSDP's DTensor parameters, so plain AdamW keeps chunk-sized moments; PlacedAdamW when
+    some parameters are placed DTensors and others plain, see engine.core.placement)."""
     state = zero_state(model)
     if state is not None and state.config.stage == 1:
         return ZeroAdamW(groups, zero=state, **kwargs)
-    return torch.optim.AdamW(groups, **kwargs)
+    return (PlacedAdamW if has_placed(groups) else torch.optim.AdamW)(groups, **kwargs)
 
 
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:

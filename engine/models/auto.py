@@ -45,7 +45,8 @@ import torch
 from torch import nn
 
 from engine.core.grid import Grid
-from engine.core.linear import ParallelLinear, ShardingError, write_counts
+from engine.core.linear import ParallelLinear, ShardingError
+from engine.core.placement import write_counts
 from engine.models.adapter import Initialise, find_planned, transformers_init
 from engine.models.layout import layout_of
 from engine.models.parallelize import parallelize

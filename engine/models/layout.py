@@ -26,7 +26,8 @@ import torch
 from torch import nn
 
 from engine.core.grid import Grid
-from engine.core.linear import ParallelLinear, ShardingError, is_placed
+from engine.core.linear import ParallelLinear, ShardingError
+from engine.core.placement import is_placed
 from engine.core.vocab_parallel import is_vocab_parallel
 from engine.models.adapter import find_planned
 from engine.spec import AXES, gradient_axes

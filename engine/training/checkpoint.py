@@ -62,7 +62,7 @@ from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, Wri
 from data.atomic import recover_directory, remove_leftovers, replace_directory, staging_directory, write_text_atomic
 from engine.core import comm
 from engine.core.grid import GRID_AXES, Grid
-from engine.core.linear import local_shard
+from engine.core.placement import local_shard
 from engine.memory.zero import is_dtensor, model_class_name, optimizer_value
 from engine.models.layout import ParamLayout, layout_of
 from engine.training.state_files import StateFileError, load_state, save_state, state_files

@@ -43,7 +43,7 @@ from torch.distributed.pipelining import (
 from engine.core import comm
 from engine.core.functional import gather_from_group, split_to_group
 from engine.core.grid import AxisGroup
-from engine.core.linear import local_shard
+from engine.core.placement import local_shard
 from engine.core.vocab_parallel import head_token_losses
 from engine.memory.zero import local
 from engine.models.adapter import causal_mask, find_planned

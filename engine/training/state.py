@@ -35,7 +35,8 @@ from torch import nn
 
 from engine.core import comm
 from engine.core.grid import Grid
-from engine.core.linear import ShardingError, local_shard, placed_like
+from engine.core.linear import ShardingError
+from engine.core.placement import local_shard, placed_like
 from engine.memory.zero import full, is_dtensor, like, local, zero_state
 from engine.models.layout import ParamLayout, layout_of
 from engine.spec import AXES

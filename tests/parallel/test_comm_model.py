@@ -23,7 +23,8 @@ from distributed import run_distributed
 from torch import nn
 
 from engine.core.grid import GridShape, init
-from engine.core.linear import ParallelLinear, local_shard
+from engine.core.linear import ParallelLinear
+from engine.core.placement import local_shard
 from engine.models.parallelize import parallelize, rows_layout
 from engine.planner.cost_model import (
     PHASES,

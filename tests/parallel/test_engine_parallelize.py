@@ -23,7 +23,8 @@ from torch.overrides import TorchFunctionMode
 
 from engine.core import comm
 from engine.core.grid import AXES, init
-from engine.core.linear import ParallelLinear, ShardingError, is_placed, local_shard
+from engine.core.linear import ParallelLinear, ShardingError
+from engine.core.placement import is_placed, local_shard
 from engine.core.vocab_parallel import is_vocab_parallel
 from engine.models.auto import auto_parallelize
 from engine.models.layout import layout_of

@@ -22,6 +22,7 @@ from engine.core.grid import init
 from engine.memory.activation import checkpoint_decoder_layers
 from engine.memory.offload import ActivationOffload, SavedActivations
 from engine.memory.zero import ZeroConfig, local, shard_data_axis
+from engine.models.layout import unplace_parameters
 from engine.models.parallelize import parallelize
 from engine.training.pipeline import Pipeline
 
@@ -98,3 +99,27 @@ def test_offload_composes_with_zero_and_pipelining() -> None:
         peaks = result["peaks"]
         low, high = (1.95, 2.0) if rank == 0 else (3.9, 4.0)
         assert low < peaks["gpipe"] / peaks["1f1b"] <= high, (rank, peaks)
+
+
+def _tensor_parallel_saved() -> list[int]:
+    grid = init(x=2)
+    peaks = []
+    for placed in (True, False):
+        model = parallelize(_llama(), grid)
+        if not placed:
+            unplace_parameters(model)
+        counter = SavedActivations(CPU)
+        counter.reset(model.parameters())
+        rows = _ids()
+        with counter:
+            _loss_sum(model(input_ids=rows).logits, rows).backward()
+        peaks.append(counter.stats.saved_peak_bytes)
+    grid.close()
+    return peaks
+
+
+def test_placed_weights_are_not_activations() -> None:
+    """On x=2 the projections' weights are DTensors whose products save views of the local shard (not nn.Parameters):
+    the hooks recognise their storages, so a step saves exactly what it saves with plain shards."""
+    for placed, plain in run_distributed(2, _tensor_parallel_saved):
+        assert placed == plain > 0, (placed, plain)

@@ -173,3 +173,51 @@ def test_zero_on_a_wrapper_keeps_the_inner_models_regions() -> None:
     """ZeRO records its state in the layout of the model it is given; a wrapper around a parallelized model must keep
     the inner model's regions (a decoder norm's gradient is summed over z and data, not over x and y as well)."""
     assert run_distributed(4, _zero_on_a_wrapper, 0) == ["layer"] * 4
+
+
+def _mixed_optimizer_steps(_: int) -> dict[str, bool]:
+    from engine.core.placement import PlacedAdamW, PlacedSGD, clip_values_
+    from engine.models.layout import unplace_parameters
+    from engine.training.state import full_state_dict
+
+    grid = init(x=2)
+    serial = _serial("llama").double()
+    ids = torch.randint(0, serial.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(1))
+
+    def trained(optimizer_class: type, placed: bool) -> dict[str, torch.Tensor]:
+        model = parallelize(copy.deepcopy(serial), grid)
+        if not placed:
+            unplace_parameters(model)
+        optimizer = optimizer_class(model.parameters(), lr=0.01, foreach=True)  # what torch picks on a GPU
+        for _ in range(2):
+            model(input_ids=ids).logits.float().square().mean().backward()
+            clip_values_(model.parameters(), 1e-3)  # Lightning's clip-by-value, over placed and plain gradients
+            optimizer.step()
+            optimizer.zero_grad()
+        return full_state_dict(model, grid)
+
+    out = {}
+    for placed_class, plain_class in ((PlacedAdamW, torch.optim.AdamW), (PlacedSGD, torch.optim.SGD)):
+        a, b = trained(placed_class, True), trained(plain_class, False)
+        out[plain_class.__name__] = all(torch.equal(a[key], b[key]) for key in a)
+    try:
+        trained(torch.optim.AdamW, True)
+        out["torch refuses mixed lists"] = False
+    except RuntimeError:
+        out["torch refuses mixed lists"] = True
+    model = parallelize(copy.deepcopy(serial), grid)
+    model(input_ids=ids).logits.float().square().mean().backward()
+    try:
+        torch.nn.utils.clip_grad_value_(model.parameters(), 1e-3)
+        out["torch's clip_grad_value_ refuses them"] = False
+    except RuntimeError:
+        out["torch's clip_grad_value_ refuses them"] = True
+    grid.close()
+    return out
+
+
+def test_placed_optimizers_step_mixed_parameters() -> None:
+    """torch's multi-tensor kernels refuse lists mixing placed DTensors with plain tensors (norms, fused layers);
+    PlacedAdamW and PlacedSGD step them under implicit replication, bit for bit as the same optimizer on plain ones."""
+    for out in run_distributed(2, _mixed_optimizer_steps, 0):
+        assert all(out.values()), out

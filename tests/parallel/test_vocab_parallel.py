@@ -18,7 +18,8 @@ from distributed import run_distributed
 
 from engine.core import comm
 from engine.core.grid import AXES, init
-from engine.core.linear import ParallelLinear, ShardingError, local_shard
+from engine.core.linear import ParallelLinear, ShardingError
+from engine.core.placement import local_shard
 from engine.core.vocab_parallel import TokenLossLinear, causal_lm_token_losses, is_vocab_parallel, token_losses
 from engine.models.parallelize import parallelize
 from engine.training.state import clip_grad_norm_, sync_gradients

@@ -1,0 +1,103 @@
+"""Parameters placed as DTensors: what engine.parallelize makes of every tensor it splits where DTensor's placements
+express the split (engine/models/layout.py, place_parameters), and how the engine reads them.
+
+A placed parameter is an nn.Parameter holding a DTensor on Grid.device_mesh() whose local tensor is this rank's shard:
+torch's DTensor API sees the split (`p.full_tensor()` is the serial tensor, `p.grad` a DTensor of the same placements),
+while the engine's kernels and collectives work on `local_shard(p)`. ZeRO's DTensors (sharded over a data mesh only)
+are not placed parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+TENSOR_AXES = ("x", "y", "z")
+
+
+def is_placed(t: object) -> bool:
+    """True for a DTensor split over tensor-parallel axes (a parameter engine.parallelize placed on
+    Grid.device_mesh), False for a plain tensor and for ZeRO's DTensors (sharded over a data mesh only)."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor) and any(a in (t.device_mesh.mesh_dim_names or ()) for a in TENSOR_AXES)
+
+
+def local_shard(t: torch.Tensor | None) -> torch.Tensor | None:
+    """The tensor this rank holds of `t`: a placed DTensor's local shard (a view of its storage, differentiable),
+    any other tensor itself."""
+    return t.to_local() if is_placed(t) else t
+
+
+def placed_like(template: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """`local` (this rank's shard) as a DTensor placed like `template` when that is placed (no communication),
+    else `local` itself: what a placed parameter's optimizer state and loaded values must be."""
+    if not is_placed(template):
+        return local
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(local, template.device_mesh, template.placements, run_check=False)
+
+
+def write_counts(tensor: torch.Tensor) -> tuple[int, int]:
+    """Counts of in-place writes to `tensor` (its version counters): a placed DTensor counts an update through the
+    DTensor (an optimizer step) on itself and a write into its local shard (a load) on the shard, so both; a plain
+    tensor's count twice."""
+    with torch.no_grad():
+        return tensor._version, local_shard(tensor)._version  # the shard: a view, sharing the shard's counter
+
+
+class ReplicatingStep:
+    """Mixin for a torch optimizer over placed and plain parameters together: torch's multi-tensor kernels (foreach,
+    fused: the default on GPUs) refuse lists that mix DTensors and plain tensors, so step() runs under torch's
+    implicit_replication, which takes the plain tensors as replicated on the DTensors' mesh: each tensor gets the same
+    in-place update it gets alone (no communication: every operation is elementwise)."""
+
+    def step(self, closure: Any = None) -> Any:
+        from torch.distributed.tensor.experimental import implicit_replication
+
+        with implicit_replication():
+            return super().step(closure)
+
+
+class PlacedAdamW(ReplicatingStep, torch.optim.AdamW):
+    """torch.optim.AdamW for a model with placed parameters (see ReplicatingStep); its checkpoints are AdamW's."""
+
+    checkpoint_class = "AdamW"
+
+
+class PlacedSGD(ReplicatingStep, torch.optim.SGD):
+    """torch.optim.SGD for a model with placed parameters (see ReplicatingStep); its checkpoints are SGD's."""
+
+    checkpoint_class = "SGD"
+
+
+def has_placed(params: Any) -> bool:
+    """True when any of `params` (parameters, or optimizer parameter groups) is a placed DTensor."""
+    for item in params:
+        group = item["params"] if isinstance(item, dict) else [item]
+        if any(is_placed(p) for p in group):
+            return True
+    return False
+
+
+def replicating_step(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """`optimizer` itself, given ReplicatingStep's step when its parameters mix placed and plain tensors: its class
+    becomes a subclass of its own class (same name, state and checkpoints). For optimizers the user builds (Lightning's
+    configure_optimizers, Fabric's setup_optimizers); the engine's own builders choose PlacedAdamW and PlacedSGD."""
+    base = type(optimizer)
+    if isinstance(optimizer, ReplicatingStep) or not has_placed(optimizer.param_groups):
+        return optimizer
+    checkpoint_class = getattr(base, "checkpoint_class", base.__name__)
+    optimizer.__class__ = type(base.__name__, (ReplicatingStep, base), {"checkpoint_class": checkpoint_class})
+    return optimizer
+
+
+def clip_values_(parameters: Any, clip_value: float) -> None:
+    """torch.nn.utils.clip_grad_value_ over placed and plain parameters together (elementwise, under
+    implicit_replication, as ReplicatingStep)."""
+    from torch.distributed.tensor.experimental import implicit_replication
+
+    with implicit_replication():
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
