@@ -50,15 +50,29 @@ def write_counts(tensor: torch.Tensor) -> tuple[int, int]:
 
 class ReplicatingStep:
     """Mixin for a torch optimizer over placed and plain parameters together: torch's multi-tensor kernels (foreach,
-    fused: the default on GPUs) refuse lists that mix DTensors and plain tensors, so step() runs under torch's
-    implicit_replication, which takes the plain tensors as replicated on the DTensors' mesh: each tensor gets the same
-    in-place update it gets alone (no communication: every operation is elementwise)."""
+    fused: the default on GPUs) refuse lists that mix DTensors and plain tensors, so the update runs under torch's
+    implicit_replication, which takes the plain tensors as replicated on the DTensors' mesh: for an elementwise
+    optimizer (AdamW, SGD) each tensor gets the same in-place update it gets alone, with no communication. The
+    closure (forward and backward) runs before, outside that mode, where mixing stays an error."""
 
     def step(self, closure: Any = None) -> Any:
         from torch.distributed.tensor.experimental import implicit_replication
 
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
         with implicit_replication():
-            return super().step(closure)
+            _parent_step(type(self))(self)
+        return loss
+
+
+def _parent_step(cls: type) -> Any:
+    """The step of the optimizer class ReplicatingStep extends, without torch's hook wrapper (Optimizer wraps each
+    class's step once to run the step hooks; this class's own step already ran them)."""
+    parent = next(c for c in cls.__mro__ if "step" in c.__dict__ and not issubclass(c, ReplicatingStep))
+    step = parent.__dict__["step"]
+    return step.__wrapped__ if getattr(step, "hooked", False) else step
 
 
 class PlacedAdamW(ReplicatingStep, torch.optim.AdamW):
@@ -82,15 +96,21 @@ def has_placed(params: Any) -> bool:
     return False
 
 
-def replicating_step(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """`optimizer` itself, given ReplicatingStep's step when its parameters mix placed and plain tensors: its class
-    becomes a subclass of its own class (same name, state and checkpoints). For optimizers the user builds (Lightning's
-    configure_optimizers, Fabric's setup_optimizers); the engine's own builders choose PlacedAdamW and PlacedSGD."""
-    base = type(optimizer)
-    if isinstance(optimizer, ReplicatingStep) or not has_placed(optimizer.param_groups):
+def single_tensor_steps(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """`optimizer` itself, set to update one tensor at a time (foreach=False in every group) when its parameters
+    mix placed and plain tensors, which torch's multi-tensor kernels refuse; for optimizers the user builds (Lightning's
+    configure_optimizers, Fabric's setup_optimizers). The same update, slower on GPUs than PlacedAdamW or PlacedSGD,
+    which keep those kernels. Raises ValueError for fused=True, which has no per-tensor path."""
+    if not has_placed(optimizer.param_groups):
         return optimizer
-    checkpoint_class = getattr(base, "checkpoint_class", base.__name__)
-    optimizer.__class__ = type(base.__name__, (ReplicatingStep, base), {"checkpoint_class": checkpoint_class})
+    for group in optimizer.param_groups:
+        if group.get("fused"):
+            raise ValueError(
+                f"{type(optimizer).__name__}(fused=True) cannot update DTensor and plain parameters together; build "
+                "it without fused, or use engine.PlacedAdamW / engine.PlacedSGD"
+            )
+        if "foreach" in group:
+            group["foreach"] = False
     return optimizer
 
 

@@ -52,7 +52,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 
 from engine.core import comm
 from engine.core.grid import AXES, Grid, GridError, GridShape, init
-from engine.core.placement import clip_values_, replicating_step
+from engine.core.placement import clip_values_, single_tensor_steps
 from engine.models.parallelize import parallelize
 from engine.training import checkpoint as engine_checkpoint
 from engine.training.state import clip_grad_norm_, sync_gradients
@@ -249,7 +249,7 @@ class EngineStrategy(ParallelStrategy):
         return module, optimizers, scheduler
 
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
-        return replicating_step(super().setup_optimizer(optimizer))  # placed and plain parameters together
+        return single_tensor_steps(super().setup_optimizer(optimizer))  # placed and plain parameters together
 
     def clip_gradients_value(self, module: nn.Module, optimizer: Optimizer, clip_val: float | int) -> None:
         self.precision.unscale_gradients(optimizer)

@@ -43,7 +43,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 
 from engine.core import comm
 from engine.core.grid import AXES, Grid
-from engine.core.placement import clip_values_, replicating_step
+from engine.core.placement import clip_values_, single_tensor_steps
 from engine.integrations.lightning import StrategySettings, set_world_ranks
 from engine.models.parallelize import parallelize
 from engine.training import checkpoint as engine_checkpoint
@@ -128,7 +128,7 @@ class EngineTrainerStrategy(ParallelStrategy):
         _clip_with_engine(self)
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
-            self.optimizers = [replicating_step(optimizer) for optimizer in self.optimizers]  # placed + plain
+            self.optimizers = [single_tensor_steps(optimizer) for optimizer in self.optimizers]  # placed + plain
             if len(self.optimizers) > 1:
                 raise ValueError(
                     "EngineTrainerStrategy trains with one optimizer; configure_optimizers returned "

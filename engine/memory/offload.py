@@ -123,11 +123,13 @@ class _Hooks:
         self.lock = threading.RLock()  # releases come from autograd's device threads, and from GC inside a pack
 
     def _is_activation(self, t: torch.Tensor) -> bool:
-        base = t._base if t._base is not None else t
-        if isinstance(base, nn.Parameter) or isinstance(t, nn.Parameter) or t.untyped_storage()._cdata in self.kept:
-            return False
         # plain strided tensors on the compute device; subclasses, sparse, nested and meta tensors pass through
-        return type(t) is torch.Tensor and t.layout == torch.strided and t.device.type == self.device.type
+        if not (type(t) is torch.Tensor and t.layout == torch.strided and t.device.type == self.device.type):
+            return False
+        base = t._base if t._base is not None else t
+        # parameters and views of them, a placed parameter's local shard recognised by its storage, stay in place
+        parameter = isinstance(base, nn.Parameter) or isinstance(t, nn.Parameter)
+        return not (parameter or t.untyped_storage()._cdata in self.kept)
 
     def pack(self, t: torch.Tensor) -> Any:
         if not self._is_activation(t):

@@ -176,32 +176,51 @@ def test_zero_on_a_wrapper_keeps_the_inner_models_regions() -> None:
 
 
 def _mixed_optimizer_steps(_: int) -> dict[str, bool]:
-    from engine.core.placement import PlacedAdamW, PlacedSGD, clip_values_
+    from engine.core.placement import PlacedAdamW, PlacedSGD, clip_values_, single_tensor_steps
     from engine.models.layout import unplace_parameters
     from engine.training.state import full_state_dict
 
     grid = init(x=2)
     serial = _serial("llama").double()
     ids = torch.randint(0, serial.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(1))
+    hooks: list[int] = []
 
-    def trained(optimizer_class: type, placed: bool) -> dict[str, torch.Tensor]:
+    def trained(build, placed: bool) -> dict[str, torch.Tensor]:
         model = parallelize(copy.deepcopy(serial), grid)
         if not placed:
             unplace_parameters(model)
-        optimizer = optimizer_class(model.parameters(), lr=0.01, foreach=True)  # what torch picks on a GPU
-        for _ in range(2):
-            model(input_ids=ids).logits.float().square().mean().backward()
-            clip_values_(model.parameters(), 1e-3)  # Lightning's clip-by-value, over placed and plain gradients
-            optimizer.step()
+        optimizer = build(model.parameters())
+        optimizer.register_step_pre_hook(lambda *_: hooks.append(1))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (step + 1))
+
+        def closure() -> torch.Tensor:  # forward and backward, as Lightning's Trainer hands them to step
             optimizer.zero_grad()
+            loss = model(input_ids=ids).logits.float().square().mean()
+            loss.backward()
+            clip_values_(model.parameters(), 1e-3)  # Lightning's clip-by-value, over placed and plain gradients
+            return loss
+
+        for _ in range(2):
+            optimizer.step(closure)
+            scheduler.step()
         return full_state_dict(model, grid)
 
     out = {}
-    for placed_class, plain_class in ((PlacedAdamW, torch.optim.AdamW), (PlacedSGD, torch.optim.SGD)):
-        a, b = trained(placed_class, True), trained(plain_class, False)
-        out[plain_class.__name__] = all(torch.equal(a[key], b[key]) for key in a)
+    cases = {  # foreach=True: what torch picks on a GPU; each plain optimizer is built before its placed twin
+        "AdamW": (lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=True), lambda ps: PlacedAdamW(ps, lr=0.01)),
+        "SGD": (lambda ps: torch.optim.SGD(ps, lr=0.01, foreach=True), lambda ps: PlacedSGD(ps, lr=0.01, foreach=True)),
+        "single tensor": (
+            lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=True),
+            lambda ps: single_tensor_steps(torch.optim.AdamW(ps, lr=0.01, foreach=True)),
+        ),
+    }
+    for name, (plain, placed) in cases.items():
+        hooks.clear()
+        a, b = trained(plain, False), trained(placed, True)
+        out[f"{name}: same weights"] = all(torch.equal(a[key], b[key]) for key in a)
+        out[f"{name}: each step hook once"] = len(hooks) == 4
     try:
-        trained(torch.optim.AdamW, True)
+        trained(lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=True), True)
         out["torch refuses mixed lists"] = False
     except RuntimeError:
         out["torch refuses mixed lists"] = True
@@ -218,6 +237,7 @@ def _mixed_optimizer_steps(_: int) -> dict[str, bool]:
 
 def test_placed_optimizers_step_mixed_parameters() -> None:
     """torch's multi-tensor kernels refuse lists mixing placed DTensors with plain tensors (norms, fused layers);
-    PlacedAdamW and PlacedSGD step them under implicit replication, bit for bit as the same optimizer on plain ones."""
+    PlacedAdamW and PlacedSGD step them under implicit replication, single_tensor_steps one at a time: bit for bit as
+    the same optimizer on plain shards, with a closure, a scheduler and step hooks run once per step."""
     for out in run_distributed(2, _mixed_optimizer_steps, 0):
         assert all(out.values()), out
