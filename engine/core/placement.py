@@ -63,14 +63,16 @@ class ReplicatingStep:
             with torch.enable_grad():
                 loss = closure()
         with implicit_replication():
-            _parent_step(type(self))(self)
+            parent_step(type(self), ReplicatingStep)(self)
         return loss
 
 
-def _parent_step(cls: type) -> Any:
-    """The step of the optimizer class ReplicatingStep extends, without torch's hook wrapper (Optimizer wraps each
-    class's step once to run the step hooks; this class's own step already ran them)."""
-    parent = next(c for c in cls.__mro__ if "step" in c.__dict__ and not issubclass(c, ReplicatingStep))
+def parent_step(cls: type, owner: type) -> Any:
+    """The step function that `owner`'s step extends in `cls`'s method order, without torch's hook wrapper: torch wraps
+    each optimizer class's step once to run the step hooks, so a subclass calling super().step() would run them twice
+    (the wrapper of its own class already ran them)."""
+    mro = cls.__mro__
+    parent = next(c for c in mro[mro.index(owner) + 1 :] if "step" in c.__dict__)
     step = parent.__dict__["step"]
     return step.__wrapped__ if getattr(step, "hooked", False) else step
 

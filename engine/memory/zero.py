@@ -67,7 +67,7 @@ from torch import nn
 from engine.core import comm
 from engine.core.grid import AxisGroup, Grid
 from engine.core.linear import ParallelLinear
-from engine.core.placement import PlacedAdamW, has_placed, is_placed, placed_like
+from engine.core.placement import PlacedAdamW, has_placed, is_placed, parent_step, placed_like
 from engine.core.vocab_parallel import own_class
 from engine.models.layout import LAYOUT_ATTR, ModelLayout, layout_of, unplace_parameters
 from engine.models.parallelize import decoder_stacks
@@ -228,7 +228,7 @@ class ZeroAdamW(torch.optim.AdamW):
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
-        loss = super().step(closure)
+        loss = parent_step(type(self), ZeroAdamW)(self, closure)  # AdamW's, its step hooks run once (by this class)
         self._zero.gather_parameters()
         return loss
 

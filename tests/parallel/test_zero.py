@@ -559,3 +559,32 @@ def test_bytes_and_memory_equal_prediction_on_world4_grids() -> None:
         ((4, 1, 1, 1), {"stage": 2, "offload": True, "quantize_weights": True, "quantize_gradients": True}),
     ]
     assert run_distributed(4, _bytes_worker, cases) == [len(cases)] * 4
+
+
+def _stage1_hook_calls(_: int) -> list[int]:
+    from engine.memory.zero import make_adamw
+
+    grid = init(data=2)
+    torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])  # torch wraps AdamW.step for its hooks once built
+    model = shard_data_axis(
+        parallelize(tiny_llama(vocab=64, hidden=32, heads=4, kv_heads=2, layers=2), grid), grid, ZeroConfig(stage=1)
+    )
+    optimizer = make_adamw(model, [{"params": list(model.parameters())}], lr=1e-3)
+    calls: list[int] = []
+    optimizer.register_step_pre_hook(lambda *_: calls.append(1))
+    optimizer.register_step_post_hook(lambda *_: calls.append(2))
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(grid.rank))
+    for _ in range(2):
+        model(input_ids=ids).logits.float().square().mean().backward()
+        sync_gradients(model, grid)
+        optimizer.step()
+        optimizer.zero_grad()
+    grid.close()
+    return calls
+
+
+def test_stage1_step_hooks_run_once_per_step() -> None:
+    """ZeroAdamW extends AdamW's step: a step hook (an EMA of the weights, say) must run once per step, not once for
+    each class's hook wrapper."""
+    for calls in run_distributed(2, _stage1_hook_calls, 0):
+        assert calls == [1, 2, 1, 2], calls
