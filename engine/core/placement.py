@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-TENSOR_AXES = ("x", "y", "z")
+from engine.core.sharding import TENSOR_AXES
 
 
 def is_placed(t: object) -> bool:

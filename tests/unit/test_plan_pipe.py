@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+from plan_refusals import assert_plan_refuses
 from tiny_models import tiny_family
 
 from engine.planner.cost_model import (
@@ -322,15 +323,7 @@ def test_the_unconstrained_planner_ranks_the_llama3_shape_first(capsys) -> None:
     ],
 )
 def test_bad_pipeline_options_are_one_line_exit_2(argv: str, expected: str, capsys) -> None:
-    base = ["--model", "70B", "--gpus", "64", "--profile", "dgx-h100"]
-    try:
-        code = plan_main(base + argv.split())
-    except SystemExit as stop:  # argparse's own refusals
-        code = stop.code
-    captured = capsys.readouterr()
-    assert code == 2 and captured.out == ""
-    assert captured.err.count("\n") == 1 and captured.err.startswith("goldfish plan: error: "), captured.err
-    assert expected in captured.err
+    assert_plan_refuses(["--model", "70B", "--gpus", "64", "--profile", "dgx-h100"] + argv.split(), expected, capsys)
 
 
 def test_goldfish_plan_prints_and_writes_pipelined_plans(tmp_path, capsys) -> None:

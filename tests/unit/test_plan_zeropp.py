@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from plan_refusals import assert_plan_refuses
 
 from engine.core.grid import GridShape
 from engine.planner.cost_model import NAMED_SHAPES, TransformerShape, memory_per_rank
@@ -221,15 +222,7 @@ def test_goldfish_plan_prints_levels_and_quantization(tmp_path, capsys) -> None:
     ],
 )
 def test_bad_zeropp_combinations_are_one_line_exit_2(argv: str, expected: str, capsys) -> None:
-    base = ["--model", "7B", "--gpus", "64", "--profile", "frontier"]
-    try:
-        code = plan_main(base + argv.split())
-    except SystemExit as stop:  # argparse's own refusals
-        code = stop.code
-    captured = capsys.readouterr()
-    assert code == 2 and captured.out == ""
-    assert captured.err.count("\n") == 1 and captured.err.startswith("goldfish plan: error: "), captured.err
-    assert expected in captured.err
+    assert_plan_refuses(["--model", "7B", "--gpus", "64", "--profile", "frontier"] + argv.split(), expected, capsys)
 
 
 def test_neox_20b_shape_counts_the_parameters_of_transformers_model() -> None:
