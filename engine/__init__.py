@@ -44,6 +44,7 @@ _PUBLIC = {
     "ModelLayout": "engine.models.layout",
     "parallelize": "engine.training.verify",
     "verify_sharding": "engine.training.verify",
+    "GridGradScaler": "engine.training.scaler",
     "clip_grad_norm_": "engine.training.state",
     "full_state_dict": "engine.training.state",
     "load_full_state_dict": "engine.training.state",

@@ -55,6 +55,7 @@ from engine.core.grid import AXES, Grid, GridError, GridShape, init
 from engine.core.placement import clip_values_, single_tensor_steps
 from engine.models.parallelize import parallelize
 from engine.training import checkpoint as engine_checkpoint
+from engine.training.scaler import GridGradScaler
 from engine.training.state import clip_grad_norm_, sync_gradients
 
 # extra_state key under which save_checkpoint records which entries of Fabric's state were the model and optimizer
@@ -116,6 +117,15 @@ class StrategySettings:
         _init_dist_connection(cluster_environment, backend, timeout=self.timeout)
         shape = self.shape(torch.distributed.get_world_size())
         return init(data=shape.data, x=shape.x, y=shape.y, z=shape.z, backend=backend)
+
+
+def scale_over_grid(precision: Any, grid: Grid, device: torch.device) -> None:
+    """Give a precision plugin that scales the loss (Lightning's "16-mixed") a GridGradScaler with its scaler's
+    settings: torch's GradScaler checks each rank's own shards for overflow, so ranks would skip different steps, and
+    its unscale refuses placed and plain gradients together (engine/training/scaler.py)."""
+    scaler = getattr(precision, "scaler", None)
+    if isinstance(scaler, torch.amp.GradScaler) and not isinstance(scaler, GridGradScaler):
+        precision.scaler = GridGradScaler.like(scaler, grid, device.type)
 
 
 def set_world_ranks(strategy: Any) -> None:
@@ -213,6 +223,7 @@ class EngineStrategy(ParallelStrategy):
         super().setup_environment()
         set_world_ranks(self)
         self._grid = self._settings.start_grid(self.cluster_environment, self.root_device)
+        scale_over_grid(self.precision, self._grid, self.root_device)
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any]:

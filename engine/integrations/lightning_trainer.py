@@ -44,7 +44,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 from engine.core import comm
 from engine.core.grid import AXES, Grid
 from engine.core.placement import clip_values_, single_tensor_steps
-from engine.integrations.lightning import StrategySettings, set_world_ranks
+from engine.integrations.lightning import StrategySettings, scale_over_grid, set_world_ranks
 from engine.models.parallelize import parallelize
 from engine.training import checkpoint as engine_checkpoint
 from engine.training.state import clip_grad_norm_, sync_gradients
@@ -115,6 +115,7 @@ class EngineTrainerStrategy(ParallelStrategy):
         self.set_world_ranks()
         assert self.cluster_environment is not None
         self._grid = self._settings.start_grid(self.cluster_environment, self.root_device)
+        scale_over_grid(self.precision_plugin, self._grid, self.root_device)
 
     def setup(self, trainer: Any) -> None:
         from lightning.fabric.utilities.optimizer import _optimizers_to_device

@@ -1,0 +1,88 @@
+"""fp16 loss scaling on an engine grid: torch.amp.GradScaler whose overflow check every rank of the grid agrees on.
+
+torch's GradScaler checks each rank's own gradients for inf/NaN and skips the optimizer step where it finds one. On a
+grid that is wrong twice over:
+
+- a rank holds only its shards, so an overflow in one rank's shard makes that rank alone skip the step and lower its
+  scale while the others step: the ranks' weights part silently;
+- its multi-tensor unscale kernel refuses a list that mixes placed parameters' DTensor gradients with plain ones
+  (norms, fused projections), so a model engine.parallelize placed fails at the first unscale.
+
+GridGradScaler unscales every gradient's local shard and takes the maximum of the overflow flag over the whole grid
+(one all-reduce of one float per unscale), so every rank skips the same steps and keeps the same scale. bf16 needs no
+scaler: `--precision bf16` and Lightning's "bf16-mixed" do not use one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from engine.core.grid import GRID_AXES, Grid
+
+
+class GridGradScaler(torch.amp.GradScaler):
+    """torch.amp.GradScaler for a model parallelized on `grid`: the same scale, growth and backoff, with the
+    inf/NaN check taken over every rank's shards (see the module doc). Use it as torch's: scale(loss).backward(),
+    unscale_(optimizer) before clipping, step(optimizer), update(). Every rank of the grid must call unscale_ (or
+    step, which calls it) at the same point: it is a collective.
+
+    Args:
+        grid: the grid the model was parallelized on.
+        device: the gradients' device type; default the grid's.
+        **kwargs: torch.amp.GradScaler's init_scale, growth_factor, backoff_factor, growth_interval, enabled.
+    """
+
+    def __init__(self, grid: Grid, device: str | None = None, **kwargs: Any) -> None:
+        super().__init__(device=device or grid.device.type, **kwargs)
+        self._grid_group = grid.group(*GRID_AXES).group  # every rank; None for one rank
+
+    @classmethod
+    def like(cls, scaler: torch.amp.GradScaler, grid: Grid, device: str | None = None) -> "GridGradScaler":
+        """A GridGradScaler with `scaler`'s settings (enabled, current scale, growth and backoff), built before any
+        step: what the engine's Lightning strategies put in place of a precision plugin's scaler."""
+        return cls(
+            grid,
+            device,
+            init_scale=scaler.get_scale() if scaler.is_enabled() else 2.0**16,
+            growth_factor=scaler.get_growth_factor(),
+            backoff_factor=scaler.get_backoff_factor(),
+            growth_interval=scaler.get_growth_interval(),
+            enabled=scaler.is_enabled(),
+        )
+
+    # torch's GradScaler.unscale_ calls this method to unscale the gradients and return the overflow flag per device;
+    # torch's own ShardedGradScaler overrides it the same way (it is the one place both steps read the flags from).
+    def _unscale_grads_(
+        self, optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor, found_inf: torch.Tensor, allow_fp16: bool
+    ) -> dict[torch.device, torch.Tensor]:
+        by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    if param.grad is None:
+                        continue
+                    # a DTensor's local shard (a placed parameter's, or ZeRO's): the flag is reduced below, over
+                    # every rank, so no DTensor reduction is needed
+                    grad = param.grad.to_local() if hasattr(param.grad, "to_local") else param.grad
+                    if grad.is_sparse:
+                        raise ValueError(
+                            "GridGradScaler unscales dense gradients only; this parameter's gradient is sparse"
+                        )
+                    if not allow_fp16 and grad.dtype == torch.float16:
+                        raise ValueError("Attempting to unscale FP16 gradients.")  # torch's message and rule
+                    by_kind.setdefault((grad.device, grad.dtype), []).append(grad)
+            flags: dict[torch.device, torch.Tensor] = {}
+            for (device, _), grads in by_kind.items():
+                flag = flags.setdefault(device, torch.zeros_like(found_inf, device=device))
+                torch._amp_foreach_non_finite_check_and_unscale_(grads, flag, inv_scale.to(device))
+            # a rank holding no gradient still takes part in the reduction, on the scale's device
+            flags = flags or {found_inf.device: torch.zeros_like(found_inf)}
+            overflow = torch.stack([f.to(found_inf.device) for f in flags.values()]).amax(0)
+            if self._grid_group is not None:
+                dist.all_reduce(overflow, op=dist.ReduceOp.MAX, group=self._grid_group)
+            for flag in flags.values():
+                flag.copy_(overflow)
+        return flags

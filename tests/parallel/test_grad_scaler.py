@@ -1,0 +1,98 @@
+"""fp16 loss scaling on a grid (engine/training/scaler.py), on 2 gloo ranks at x=2.
+
+Scaling by a power of two and unscaling are exact, so a step under GridGradScaler must give bit for bit the weights of
+the same step unscaled; an overflow in one rank's shard must make every rank skip the step and back off the scale.
+torch's own GradScaler is run beside it to show both failures the class exists for.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+
+import torch
+from distributed import run_distributed
+
+from engine.core.grid import init
+from engine.core.placement import PlacedSGD, local_shard
+from engine.models.layout import unplace_parameters
+from engine.models.miniature import miniature_config
+from engine.models.parallelize import parallelize
+from engine.training.scaler import GridGradScaler
+from engine.training.state import full_state_dict, sync_gradients
+
+SCALE = 2.0**10
+
+
+def _serial() -> torch.nn.Module:
+    import transformers
+
+    config = miniature_config(transformers.LlamaConfig(), shards=2)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config)
+
+
+def _scaler_steps(_: int) -> dict[str, bool]:
+    grid = init(x=2)
+    serial = _serial()
+    ids = torch.randint(0, serial.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(1))
+
+    def step(model: torch.nn.Module, scaler: torch.amp.GradScaler | None, overflow: bool = False) -> None:
+        optimizer = PlacedSGD(model.parameters(), lr=0.1)
+        loss = model(input_ids=ids).logits.float().square().mean()
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        sync_gradients(model, grid)
+        if overflow and grid.coord("x") == 1:  # one element of rank 1's shard of a split weight overflows
+            local_shard(model.model.layers[0].mlp.down_proj.weight.grad)[0, 0] = float("inf")
+        if scaler is None:
+            optimizer.step()
+            return
+        scaler.step(optimizer)
+        scaler.update()
+
+    out = {}
+    unscaled = parallelize(copy.deepcopy(serial), grid)
+    step(unscaled, None)
+    scaled = parallelize(copy.deepcopy(serial), grid)
+    scaler = GridGradScaler(grid, init_scale=SCALE)
+    step(scaled, scaler)
+    a, b = full_state_dict(unscaled, grid), full_state_dict(scaled, grid)
+    out["placed: the same step as unscaled"] = all(torch.equal(a[k], b[k]) for k in a)
+    out["the scale kept"] = scaler.get_scale() == SCALE
+
+    before = full_state_dict(scaled, grid)
+    step(scaled, scaler, overflow=True)
+    after = full_state_dict(scaled, grid)
+    out["overflow on one rank: every rank skips"] = all(torch.equal(before[k], after[k]) for k in before)
+    out["overflow on one rank: every rank backs off"] = scaler.get_scale() == SCALE / 2
+
+    plain = parallelize(copy.deepcopy(serial), grid)
+    unplace_parameters(plain)  # plain shards: torch's GradScaler runs, each rank on its own shards
+    before = full_state_dict(plain, grid)
+    step(plain, torch.amp.GradScaler("cpu", init_scale=SCALE), overflow=True)
+    changed = [not torch.equal(before[k], v) for k, v in full_state_dict(plain, grid).items()]
+    out["torch's GradScaler: the ranks part (rank 0 steps, rank 1 skips)"] = any(changed) and not all(changed)
+    try:
+        step(parallelize(copy.deepcopy(serial), grid), torch.amp.GradScaler("cpu", init_scale=SCALE))
+        out["torch's GradScaler refuses placed and plain gradients together"] = False
+    except RuntimeError:
+        out["torch's GradScaler refuses placed and plain gradients together"] = True
+
+    if importlib.util.find_spec("lightning") is not None:  # the strategies hand "16-mixed" plugins a GridGradScaler
+        from lightning.fabric.plugins.precision.amp import MixedPrecision
+
+        from engine.integrations.lightning import scale_over_grid
+
+        plugin = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=8.0))
+        scale_over_grid(plugin, grid, torch.device("cpu"))
+        out["Lightning's plugin gets a GridGradScaler"] = isinstance(plugin.scaler, GridGradScaler)
+        out["with its settings"] = plugin.scaler.get_scale() == 8.0
+    grid.close()
+    return out
+
+
+def test_grid_grad_scaler() -> None:
+    """Unscaling placed and plain gradients is exact, and an overflow in one rank's shard skips the step everywhere
+    (torch's GradScaler: the ranks part, or it refuses the mixed gradients)."""
+    for out in run_distributed(2, _scaler_steps, 0):
+        assert all(out.values()), out
