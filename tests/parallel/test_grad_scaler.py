@@ -1,4 +1,4 @@
-"""fp16 loss scaling on a grid (engine/training/scaler.py), on 2 gloo ranks at x=2.
+"""fp16 loss scaling on a grid (engine/training/scaler.py), on 2 gloo ranks at x=2 and at data=2 under ZeRO 2.
 
 Scaling by a power of two and unscaling are exact, so a step under GridGradScaler must give bit for bit the weights of
 the same step unscaled; an overflow in one rank's shard must make every rank skip the step and back off the scale.
@@ -15,9 +15,11 @@ from distributed import run_distributed
 
 from engine.core.grid import init
 from engine.core.placement import PlacedSGD, local_shard
+from engine.memory.zero import shard_data_axis
 from engine.models.layout import unplace_parameters
 from engine.models.miniature import miniature_config
 from engine.models.parallelize import parallelize
+from engine.spec import ZeroConfig
 from engine.training.scaler import GridGradScaler
 from engine.training.state import full_state_dict, sync_gradients
 
@@ -95,4 +97,39 @@ def test_grid_grad_scaler() -> None:
     """Unscaling placed and plain gradients is exact, and an overflow in one rank's shard skips the step everywhere
     (torch's GradScaler: the ranks part, or it refuses the mixed gradients)."""
     for out in run_distributed(2, _scaler_steps, 0):
+        assert all(out.values()), out
+
+
+def _zero_steps(_: int) -> dict[str, bool]:
+    grid = init(data=2)
+    serial = _serial()
+    ids = torch.randint(0, serial.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(1 + grid.rank))
+    out = {}
+    weights = []
+    for overflow in (False, True):
+        model = shard_data_axis(parallelize(copy.deepcopy(serial), grid), grid, ZeroConfig(stage=2))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = GridGradScaler(grid, init_scale=SCALE)
+        scaler.scale(model(input_ids=ids).logits.float().square().mean()).backward()
+        sync_gradients(model, grid)
+        grad = model.model.layers[0].mlp.down_proj.weight.grad  # ZeRO's DTensor: this rank's rows
+        if overflow and grid.rank == 1:
+            grad.to_local()[0, 0] = float("inf")
+        scaler.step(optimizer)
+        scaler.update()
+        weights.append(full_state_dict(model, grid))
+        out[f"overflow {overflow}: scale"] = scaler.get_scale() == (SCALE / 2 if overflow else SCALE)
+    initial = full_state_dict(parallelize(copy.deepcopy(serial), grid), grid)
+    out["a step without overflow changes the weights"] = any(
+        not torch.equal(initial[k], weights[0][k]) for k in initial
+    )
+    out["overflow on rank 1's chunk: every rank skips"] = all(torch.equal(initial[k], weights[1][k]) for k in initial)
+    grid.close()
+    return out
+
+
+def test_grid_grad_scaler_under_zero() -> None:
+    """Under ZeRO 2 each data rank holds a chunk of the reduced gradients: an overflow in one rank's chunk skips the
+    step on every rank."""
+    for out in run_distributed(2, _zero_steps, 0):
         assert all(out.values()), out
