@@ -49,6 +49,7 @@ from engine.core.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses, is_
 from engine.memory.activation import checkpoint_decoder_layers
 from engine.memory.zero import ZeroConfig, held_bytes, make_adamw, shard_data_axis
 from engine.planner.cost_model import (
+    StepSettings,
     TransformerShape,
     bytes_by_group,
     llama_step_collectives,
@@ -273,16 +274,10 @@ def run_options(json_path: str | None) -> None:
     rows_out = []
     for dims, split, ckpt in cases:
         per_rank = results[(dims, split, ckpt)]
-        estimate = memory_per_rank(
-            shape,
-            GridShape(*dims),
-            rows_per_rank=OPTION_ROWS,
-            seq=OPTION_SEQ,
-            act_bytes=4,
-            param_bytes=4,
-            recompute=ckpt,
-            vocab_parallel=split,
+        step = StepSettings(
+            rows_per_rank=OPTION_ROWS, seq=OPTION_SEQ, act_bytes=4, param_bytes=4, recompute=ckpt, vocab_parallel=split
         )
+        estimate = memory_per_rank(shape, GridShape(*dims), step)
         vocab_elements = estimate.detail["vocab_params"] if estimate.detail["vocab_parts"] > 1 else shape.vocab_params
         rows_out.append(
             {
@@ -384,11 +379,7 @@ def main() -> None:
                     llama_step_collectives(
                         shape,
                         grid,
-                        rows_per_rank=ROWS,
-                        seq=SEQ,
-                        param_bytes=4,
-                        act_bytes=4,
-                        stream_bytes=4,
+                        StepSettings(rows_per_rank=ROWS, seq=SEQ, param_bytes=4, act_bytes=4, stream_bytes=4),
                         zero=zero if zero.stage else None,
                         data_rank=r[1],
                     )

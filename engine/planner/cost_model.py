@@ -32,7 +32,11 @@ lm_head over "world" (or, split by vocabulary over x*y*z as engine.parallelize d
 vocabulary divides, over "data": see vocab_collectives for the embedding's and the loss's collectives), in
 flat buckets of at most 2**24 elements; clip_grad_norm_ all-reduces one float64 over "x+y+z".
 
-Rows layouts (engine/models/parallelize.py, TrainConfig.rows): every function taking `rows_per_rank` reads it as the
+The functions that model a whole step take its settings as one StepSettings (rows per rank and micro-batch, sequence
+length, element sizes, micro-batches, activation checkpointing, attention mask and position ids, vocabulary split,
+rows layout, bytes per parameter).
+
+Rows layouts (engine/models/parallelize.py, TrainConfig.rows; StepSettings.rows): StepSettings.rows_per_rank is the
 rows each rank reads per micro-batch. In the "own" layout (default) that is R, the group runs on U = X*Y*R rows; in the
 "shared" layout (rows="shared", after AxoNN) every rank of the x*y group reads the group's U rows itself: there is no
 gather of embeddings and no scatter of the final hidden states' gradient around the decoder, the embeddings, lm_head
@@ -65,6 +69,7 @@ from engine.spec import (
     GridShape,
     PipeConfig,
     ZeroConfig,
+    check_rows_layout,
     gradient_axes,
     row_gather_axes,
     row_replica_axes,
@@ -599,6 +604,69 @@ def grid_fits_shape(shape: TransformerShape, grid: GridShape) -> str | None:
 
 
 @dataclass(frozen=True)
+class StepSettings:
+    """How each rank runs the forward and backward passes of one training step: what the functions below that model
+    a step (its collectives, FLOPs, memory traffic, memory and pipeline messages) take besides the model's shape and
+    the grid. engine.planner.plan builds one per prediction (PlanRequest.step_settings). Frozen and hashable, so a
+    cache can be keyed by it; variants come from dataclasses.replace (e.g. grad_accum=0: the optimizer's share of the
+    memory traffic alone).
+
+    rows_per_rank: rows (sequences) each rank reads per micro-batch. In the "own" rows layout the x*y group's
+        decoder runs on X*Y times them; in the "shared" layout every rank of the group reads the group's rows itself.
+    seq: tokens per row.
+    param_bytes: bytes per element of the weights and their gradients.
+    act_bytes: bytes per element of what the matrix products produce (their outputs and partial outputs).
+    stream_bytes: bytes per element of the residual stream (hidden states between layers and the q/k/v/gate/up
+        inputs); None: act_bytes (resolved here, so a replace() of act_bytes alone keeps the resolved value). The
+        three sizes all equal the model's dtype, except under torch.autocast(bf16) with fp32 weights: 4, 2 and 4.
+    grad_accum: forward and backward passes (micro-batches, a pipeline's M) per optimizer step; 0: none, the
+        optimizer's part alone.
+    mask_bytes: bytes per token of the attention mask the ranks pass: 0 when no rank passes one, else 8 (the engine
+        gathers 2-D masks as int64).
+    recompute: activation checkpointing of the decoder layers (engine/memory/activation.py).
+    position_ids: whether per-row (R, S) position ids are passed (int64).
+    vocab_parallel: the embeddings and lm_head split by vocabulary (vocab_parts): None is engine.parallelize's default
+        (split when the grid has tensor parallelism and the vocabulary divides), False forces them whole, True
+        requires the split.
+    rows: the rows layout, "own" or "shared" (engine.spec.ROWS_LAYOUTS; see the module doc).
+    bytes_per_param: bytes of device memory per parameter for its weight, gradient and optimizer state (16 = fp32
+        weight and gradient + AdamW's m and v, what `goldfish train` keeps under either precision).
+    """
+
+    rows_per_rank: int
+    seq: int
+    param_bytes: int = 2
+    act_bytes: int = 2
+    stream_bytes: int | None = None
+    grad_accum: int = 1
+    mask_bytes: int = 0
+    recompute: bool = False
+    position_ids: bool = False
+    vocab_parallel: bool | None = None
+    rows: str = "own"
+    bytes_per_param: float = 16.0
+
+    def __post_init__(self) -> None:
+        if self.stream_bytes is None:
+            object.__setattr__(self, "stream_bytes", self.act_bytes)
+        for name in ("rows_per_rank", "seq", "param_bytes", "act_bytes", "stream_bytes", "grad_accum", "mask_bytes"):
+            value, least = getattr(self, name), 0 if name in ("grad_accum", "mask_bytes") else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"StepSettings.{name} must be an integer >= {least}, got {value!r}")
+        if self.vocab_parallel not in (None, True, False):
+            raise ValueError(f"StepSettings.vocab_parallel must be None, True or False, got {self.vocab_parallel!r}")
+        check_rows_layout(self.rows)
+        size = self.bytes_per_param
+        if isinstance(size, bool) or not isinstance(size, (int, float)) or not size > 0:
+            raise ValueError(f"StepSettings.bytes_per_param must be a positive number, got {size!r}")
+
+    def decoder_tokens(self, grid: GridShape) -> int:
+        """Tokens the decoder of an x*y group of `grid` runs on per micro-batch (group_rows x seq): X*Y*R*S in the
+        own rows layout, the R*S tokens every rank reads in the shared one."""
+        return group_rows(grid, self.rows_per_rank, self.rows) * self.seq
+
+
+@dataclass(frozen=True)
 class LocalParam:
     """One parameter as a rank holds it after engine.parallelize: its tensor-parallel shard has `rows` rows
     of `row_elements` elements; `unit` is the FSDP unit it belongs to (0: the root's embeddings, final norm
@@ -651,15 +719,10 @@ def local_params(
 
 
 def zero_collectives(
-    shape: TransformerShape,
-    grid: GridShape,
-    zero: ZeroConfig,
-    *,
-    param_bytes: int,
-    grad_accum: int = 1,
-    vocab_parallel: bool | None = None,
+    shape: TransformerShape, grid: GridShape, step: StepSettings, zero: ZeroConfig
 ) -> list[Collective]:
-    """The data-axis collectives of ZeRO (engine/memory/zero.py) for one optimizer step, per rank.
+    """The data-axis collectives of ZeRO (engine/memory/zero.py) for one optimizer step of `step.grad_accum`
+    micro-batches, per rank, in elements of step.param_bytes.
 
     Stage 1 (ZeroAdamW): after backward, the gradients are reduce-scattered over data in buckets (each
     parameter's dim 0 padded to a multiple of D, flushed at SYNC_BUCKET_ELEMENTS), and after the update the
@@ -675,8 +738,8 @@ def zero_collectives(
       on 1/g of what it received); with qgZ an all-to-all of quantized rows at each level instead.
     """
     b = _Builder(grid)
-    D = grid.data
-    params = local_params(shape, grid, vocab_parallel)
+    D, param_bytes = grid.data, step.param_bytes
+    params = local_params(shape, grid, step.vocab_parallel)
     if zero.stage == 0 or D == 1:
         return []
     if zero.stage == 1:
@@ -707,7 +770,7 @@ def zero_collectives(
         chunk = sum(p.padded_chunk(D) for p in unit_params)  # elements of this rank's shard of the unit
         primary = weights.payload_bytes(chunk) if weights else chunk * param_bytes
         what = "decoder layer" if is_layer else "root (embeddings, final norm, lm_head)"
-        calls = units * grad_accum
+        calls = units * step.grad_accum
         gather(primary, levels, "forward", f"FSDP gather {what}", calls)
         if zero.stage == 3 and is_layer:
             if node_levels:  # hpZ: the secondary partition over the node, full precision
@@ -775,38 +838,28 @@ def clip_collectives(grid: GridShape, zero_stage: int = 0) -> list[Collective]:
     return b.items
 
 
-def stack_collectives(
-    shape: TransformerShape,
-    grid: GridShape,
-    *,
-    rows_per_rank: int,
-    seq: int,
-    stream_bytes: int,
-    mask_bytes: int = 0,
-    position_ids: bool = False,
-    rows: str = "own",
-) -> list[Collective]:
+def stack_collectives(shape: TransformerShape, grid: GridShape, step: StepSettings) -> list[Collective]:
     """Rows moving into and out of the grid for one micro-batch: the module owning the decoder layers
     (LlamaModel) runs on the U = X*Y*R rows of the x*y group, so on entry it all-gathers the input embeddings
     (R, S, hidden), the caller's (R, S) attention mask and position ids if given, and on exit the gradient
     of its own rows of the final hidden states (embeddings and gradient in the residual stream's dtype,
-    stream_bytes).
+    step.stream_bytes).
 
-    mask_bytes: 0 when no rank passes an attention mask, else 8 (the engine gathers 2-D masks as int64).
-    position_ids: whether per-row (R, S) position ids are passed (int64). Inputs whose batch dim is 1 on
+    step.mask_bytes: 0 when no rank passes an attention mask, else 8 (the engine gathers 2-D masks as int64).
+    step.position_ids: whether per-row (R, S) position ids are passed (int64). Inputs whose batch dim is 1 on
     every rank broadcast and are not gathered when a rank holds more than one row.
     (The ranks' one small exchange of shapes before the gathers is a control message engine.core.comm does
     not count, and neither does this model.) None in the shared rows layout: the ranks read the group's rows."""
     b = _Builder(grid)
-    if group_rows(grid, rows_per_rank, rows) == rows_per_rank:
+    if group_rows(grid, step.rows_per_rank, step.rows) == step.rows_per_rank:
         return []
     xy = grid.size("x", "y")
-    r, s, h = rows_per_rank, seq, shape.hidden
+    r, s, h, stream_bytes = step.rows_per_rank, step.seq, shape.hidden, step.stream_bytes
     if shape.runs_embeddings:  # in a pipeline: on the first stage; the last one leaves the rows
         b.add(("x", "y"), "all_gather", xy * r * s * h * stream_bytes, "forward", "embeddings rows in")
-        if mask_bytes:
-            b.add(("x", "y"), "all_gather", xy * r * s * mask_bytes, "forward", "attention mask rows in")
-        if position_ids:
+        if step.mask_bytes:
+            b.add(("x", "y"), "all_gather", xy * r * s * step.mask_bytes, "forward", "attention mask rows in")
+        if step.position_ids:
             b.add(("x", "y"), "all_gather", xy * r * s * 8, "forward", "position ids rows in")
     if shape.runs_head:
         b.add(("x", "y"), "all_gather", xy * r * s * h * stream_bytes, "backward", "final hidden grad rows")
@@ -814,17 +867,7 @@ def stack_collectives(
 
 
 def vocab_collectives(
-    shape: TransformerShape,
-    grid: GridShape,
-    *,
-    rows_per_rank: int,
-    seq: int,
-    param_bytes: int,
-    stream_bytes: int,
-    vocab_parallel: bool | None = None,
-    chunked_loss: bool = True,
-    act_bytes: int | None = None,
-    rows: str = "own",
+    shape: TransformerShape, grid: GridShape, step: StepSettings, *, chunked_loss: bool = True
 ) -> list[Collective]:
     """Collectives of the vocabulary-parallel embedding and training loss (engine/core/vocab_parallel.py) for one
     micro-batch, over the P = x*y*z ranks the vocabulary is split over (none when vocab_parts is 1: the
@@ -839,7 +882,7 @@ def vocab_collectives(
                 and reduce-scatter the partial gradients of the hidden states.
     logits      (chunked_loss False: the loss from model(...).logits, a model that transforms its logits) forward:
                 all-gather the hidden states as above and the (P N, V/P) logits of every slice to full
-                rows (P N V, product dtype act_bytes); backward: all-gather the logits' gradient of the
+                rows (P N V, product dtype step.act_bytes); backward: all-gather the logits' gradient of the
                 rank's rows back to the group and reduce-scatter the hidden states' gradient.
     Shared rows layout: the rows are exchanged over z only (the x*y ranks already hold the same rows: tokens
     = Z N), the partial embeddings are then all-reduced over x+y (N hidden), and the hidden states' gradient is
@@ -847,32 +890,27 @@ def vocab_collectives(
     gathered over x*y*z (every vocabulary slice).
     """
     b = _Builder(grid)
-    parts = vocab_parts(shape, grid, vocab_parallel)
+    parts = vocab_parts(shape, grid, step.vocab_parallel)
     if parts == 1:
         return []
     axes = ("x", "y", "z")
-    row_axes = vocab_row_axes(rows)
+    row_axes = vocab_row_axes(step.rows)
+    own_tokens = step.rows_per_rank * step.seq
     # the tokens of the ranks whose rows differ: the whole x*y*z group, or its z ranks when x*y share rows
-    tokens = grid.size(*row_axes) * rows_per_rank * seq
-    h = shape.hidden
-    replicas = row_replica_axes(rows)
+    tokens = grid.size(*row_axes) * own_tokens
+    h, param_bytes, stream_bytes = shape.hidden, step.param_bytes, step.stream_bytes
+    replicas = row_replica_axes(step.rows)
     if shape.runs_embeddings:  # a pipeline's first stage (the whole model without a pipeline)
         b.add(row_axes, "all_gather", tokens * 8, "forward", "embedding token ids")
         b.add(row_axes, "reduce_scatter", tokens * h * param_bytes, "forward", "partial embeddings")
         if replicas:
-            b.add(
-                replicas, "all_reduce", rows_per_rank * seq * h * param_bytes, "forward", "embeddings of the replicas"
-            )
+            b.add(replicas, "all_reduce", own_tokens * h * param_bytes, "forward", "embeddings of the replicas")
         b.add(row_axes, "all_gather", tokens * h * param_bytes, "backward", "embedding output grad")
     if not shape.runs_head:
         return b.items
     if replicas:
         b.add(
-            replicas,
-            "all_reduce",
-            rows_per_rank * seq * h * stream_bytes,
-            "backward",
-            "loss hidden-state grad of the replicas",
+            replicas, "all_reduce", own_tokens * h * stream_bytes, "backward", "loss hidden-state grad of the replicas"
         )
     b.add(row_axes, "all_gather", tokens * h * stream_bytes, "forward", "loss hidden states")
     b.add(row_axes, "reduce_scatter", tokens * h * stream_bytes, "backward", "loss hidden-state grad")
@@ -881,29 +919,19 @@ def vocab_collectives(
         b.add(axes, "all_gather", parts * 2 * tokens * 4, "forward", "loss log-sum-exp and target logit")
         b.add(row_axes, "all_gather", tokens * 4, "backward", "per-token loss grad")
     else:
-        act = stream_bytes if act_bytes is None else act_bytes
+        act = step.act_bytes
         b.add(axes, "all_gather", tokens * shape.vocab * act, "forward", "lm_head logits of every slice")
         b.add(row_axes, "all_gather", tokens * shape.vocab * act, "backward", "logits grad of the group's rows")
     return b.items
 
 
-def layer_collectives(
-    shape: TransformerShape,
-    grid: GridShape,
-    *,
-    rows_per_rank: int,
-    seq: int,
-    param_bytes: int,
-    act_bytes: int,
-    stream_bytes: int | None = None,
-    rows: str = "own",
-) -> list[Collective]:
+def layer_collectives(shape: TransformerShape, grid: GridShape, step: StepSettings) -> list[Collective]:
     """Forward and backward collectives of ONE parallelized decoder layer on one micro-batch: its normal and
     transposed ParallelLinears (and y-split RMSNorms) on the X*Y*R*S tokens of the x*y group. The normal layers read
-    the residual stream (stream_bytes, default act_bytes); the transposed ones read products (act_bytes)."""
+    the residual stream (step.stream_bytes); the transposed ones read products (step.act_bytes)."""
     b = _Builder(grid)
     if grid.size("x", "y", "z") > 1:
-        tokens = group_rows(grid, rows_per_rank, rows) * seq
+        tokens = step.decoder_tokens(grid)
         for name, k, n, transposed, bias in shape.projections():
             _tp_linear(
                 b,
@@ -913,10 +941,10 @@ def layer_collectives(
                 transposed=transposed,
                 bias=bias,
                 tokens=tokens,
-                param_bytes=param_bytes,
-                act_bytes=act_bytes,
+                param_bytes=step.param_bytes,
+                act_bytes=step.act_bytes,
                 input_grad=True,
-                in_bytes=act_bytes if transposed else stream_bytes,
+                in_bytes=step.act_bytes if transposed else step.stream_bytes,
             )
         for p in shape.layout()[1]:
             if p.kind == "y_norm":  # its mean square summed over y (fp32), and the gradient of that sum
@@ -928,134 +956,53 @@ def layer_collectives(
 def llama_step_collectives(
     shape: TransformerShape,
     grid: GridShape,
+    step: StepSettings,
     *,
-    rows_per_rank: int,
-    seq: int,
-    param_bytes: int = 2,
-    act_bytes: int = 2,
-    grad_accum: int = 1,
-    mask_bytes: int = 0,
-    recompute: bool = False,
-    stream_bytes: int | None = None,
-    position_ids: bool = False,
     zero: ZeroConfig | None = None,
     data_rank: int = 0,
-    vocab_parallel: bool | None = None,
-    rows: str = "own",
 ) -> list[Collective]:
-    """Every collective of one optimizer step: `grad_accum` forward/backward passes of `rows_per_rank` rows
-    of `seq` tokens on each rank, then sync_gradients and clip_grad_norm_. Bytes are per rank.
+    """Every collective of one optimizer step: `step.grad_accum` forward/backward passes of `step.rows_per_rank` rows
+    of `step.seq` tokens on each rank, then sync_gradients and clip_grad_norm_. Bytes are per rank.
 
-    Element sizes: param_bytes for weights and gradients, act_bytes for what the matrix products produce,
-    stream_bytes for the residual stream (hidden states between layers and the q/k/v/gate/up inputs):
+    Element sizes (StepSettings): param_bytes for weights and gradients, act_bytes for what the matrix products
+    produce, stream_bytes for the residual stream (hidden states between layers and the q/k/v/gate/up inputs):
     all equal to the model's dtype, except under torch.autocast(bf16) with fp32 weights: 4, 2 and 4.
 
-    recompute: activation checkpointing of the decoder layers (engine/memory/activation.py): each layer's forward
+    step.recompute: activation checkpointing of the decoder layers (engine/memory/activation.py): each layer's forward
     collectives issued once more during backward. Exact, because the engine turns torch's early stop off
     and every layer's recomputation runs to its end (tests/parallel/test_comm_model.py measures it).
     zero: partitioning over the data axis (zero_collectives; sync_gradients then reduces only the chunks of
     the rank at data index `data_rank` over the other axes, whose sizes differ by rank when dim 0 does not
     divide by the data size).
-    vocab_parallel: the embeddings and lm_head split by vocabulary (vocab_parts; None: engine.parallelize's
+    step.vocab_parallel: the embeddings and lm_head split by vocabulary (vocab_parts; None: engine.parallelize's
     default), with the training loss of engine.core.vocab_parallel.causal_lm_token_losses (vocab_collectives: the
     chunked loss, which runs at every ZeRO stage).
-    rows: the rows layout ("own" or "shared", see the module doc); rows_per_rank counts the rows a rank reads.
+    step.rows: the rows layout ("own" or "shared", see the module doc); step.rows_per_rank counts the rows a rank
+    reads.
     """
-    passes = pass_collectives(
-        shape,
-        grid,
-        rows_per_rank=rows_per_rank,
-        seq=seq,
-        param_bytes=param_bytes,
-        act_bytes=act_bytes,
-        grad_accum=grad_accum,
-        mask_bytes=mask_bytes,
-        recompute=recompute,
-        stream_bytes=stream_bytes,
-        position_ids=position_ids,
-        vocab_parallel=vocab_parallel,
-        rows=rows,
-    )
-    return passes + update_collectives(
-        shape,
-        grid,
-        param_bytes=param_bytes,
-        grad_accum=grad_accum,
-        zero=zero,
-        data_rank=data_rank,
-        vocab_parallel=vocab_parallel,
-        rows=rows,
-    )
+    return pass_collectives(shape, grid, step) + update_collectives(shape, grid, step, zero=zero, data_rank=data_rank)
 
 
-def pass_collectives(
-    shape: TransformerShape,
-    grid: GridShape,
-    *,
-    rows_per_rank: int,
-    seq: int,
-    param_bytes: int = 2,
-    act_bytes: int = 2,
-    grad_accum: int = 1,
-    mask_bytes: int = 0,
-    recompute: bool = False,
-    stream_bytes: int | None = None,
-    position_ids: bool = False,
-    vocab_parallel: bool | None = None,
-    rows: str = "own",
-) -> list[Collective]:
-    """The collectives of the `grad_accum` forward and backward passes of a step (llama_step_collectives without
+def pass_collectives(shape: TransformerShape, grid: GridShape, step: StepSettings) -> list[Collective]:
+    """The collectives of the `step.grad_accum` forward and backward passes of a step (llama_step_collectives without
     update_collectives): the decoder layers', the rows' around the decoder and the vocabulary split's."""
-    stream_bytes = act_bytes if stream_bytes is None else stream_bytes
-    layer = layer_collectives(
-        shape,
-        grid,
-        rows_per_rank=rows_per_rank,
-        seq=seq,
-        param_bytes=param_bytes,
-        act_bytes=act_bytes,
-        stream_bytes=stream_bytes,
-        rows=rows,
-    )
-    if recompute:
+    layer = layer_collectives(shape, grid, step)
+    if step.recompute:
         layer = layer + [
             replace(c, phase="backward", what=f"{c.what} (recomputed)") for c in layer if c.phase == "forward"
         ]
-    stack = stack_collectives(
-        shape,
-        grid,
-        rows_per_rank=rows_per_rank,
-        seq=seq,
-        stream_bytes=stream_bytes,
-        mask_bytes=mask_bytes,
-        position_ids=position_ids,
-        rows=rows,
-    )
-    vocab = vocab_collectives(
-        shape,
-        grid,
-        rows_per_rank=rows_per_rank,
-        seq=seq,
-        param_bytes=param_bytes,
-        stream_bytes=stream_bytes,
-        vocab_parallel=vocab_parallel,
-        chunked_loss=not shape.logits_loss,
-        act_bytes=act_bytes,
-        rows=rows,
-    )
-    return scale_count(layer, shape.layers * grad_accum) + scale_count(stack + vocab, grad_accum)
+    stack = stack_collectives(shape, grid, step)
+    vocab = vocab_collectives(shape, grid, step, chunked_loss=not shape.logits_loss)
+    return scale_count(layer, shape.layers * step.grad_accum) + scale_count(stack + vocab, step.grad_accum)
 
 
 def update_collectives(
     shape: TransformerShape,
     grid: GridShape,
+    step: StepSettings,
     *,
-    param_bytes: int = 2,
-    grad_accum: int = 1,
     zero: ZeroConfig | None = None,
     data_rank: int = 0,
-    vocab_parallel: bool | None = None,
-    rows: str = "own",
 ) -> list[Collective]:
     """The collectives of a step that depend on how gradients are reduced and parameters kept (llama_step_collectives
     without those of the forward and backward passes themselves): sync_gradients' buckets, ZeRO's (its stage 2 and 3
@@ -1065,14 +1012,12 @@ def update_collectives(
     partitioned = zero is not None and zero.stage > 0
     sync = [
         (p.chunk(grid.data, data_rank), tuple(a for a in p.axes if a != "data")) if partitioned else (p.numel, p.axes)
-        for p in local_params(shape, grid, vocab_parallel, rows)
+        for p in local_params(shape, grid, step.vocab_parallel, step.rows)
     ]
-    out += sync_collectives(sync, grid, param_bytes)
+    out += sync_collectives(sync, grid, step.param_bytes)
     stage = 0 if zero is None or grid.data == 1 else zero.stage
     if stage:
-        out += zero_collectives(
-            shape, grid, zero, param_bytes=param_bytes, grad_accum=grad_accum, vocab_parallel=vocab_parallel
-        )
+        out += zero_collectives(shape, grid, step, zero)
     out += clip_collectives(grid, stage)
     return out
 
@@ -1089,37 +1034,29 @@ def model_flops_per_token(shape: TransformerShape, seq: int) -> float:
 
 
 def rank_flops_per_step(
-    shape: TransformerShape,
-    grid: GridShape,
-    *,
-    rows_per_rank: int,
-    seq: int,
-    grad_accum: int = 1,
-    recompute: bool = False,
-    chunked_loss: bool = True,
-    rows: str = "own",
-    vocab_parallel: bool | None = None,
+    shape: TransformerShape, grid: GridShape, step: StepSettings, *, chunked_loss: bool = True
 ) -> float:
     """FLOPs one rank executes per step. Linear work divides evenly over the grid (each rank multiplies
     the X*Y*R rows of its group by a 1/(X*Y) block: the work of its own R rows); attention runs on those
     rows for the rank's y-share of heads, i.e. X times its fair share (the engine replicates it over x).
-    With `recompute` (activation checkpointing) the decoder layers run their forward twice. The lm_head:
+    With `step.recompute` (activation checkpointing) the decoder layers run their forward twice. The lm_head:
     `chunked_loss` (engine.core.vocab_parallel.token_losses, what `goldfish train` runs) drops each chunk's
     logits and recomputes them in backward, 8 x tokens x vocab x hidden; a loss from model(...).logits
     costs 6 x. Split by vocabulary, each rank multiplies the P x R x S tokens of its x*y*z group by V/P
     rows: the same count. Norms and elementwise work are left out. In the shared rows layout (rows_per_rank = the
     U rows of the group) the decoder work is that of U / (X Y) rows per rank, and so is the lm_head's when split by
     vocabulary (Z U S tokens by V/P rows); a whole lm_head runs on all U rows on every rank of x*y."""
-    xy = grid.size("x", "y")
-    tokens = group_rows(grid, rows_per_rank, rows) * seq / xy  # a rank's share of its group's tokens
+    xy, seq = grid.size("x", "y"), step.seq
+    tokens = step.decoder_tokens(grid) / xy  # a rank's share of its group's tokens
     layer_linear = 2.0 * tokens * shape.layers * shape.layer_linear_params
     attention = 4.0 * tokens * seq * shape.layers * shape.q_out * grid.size("x")
-    shares = bool(row_replica_axes(rows))
-    head_tokens = tokens if not shares or vocab_parts(shape, grid, vocab_parallel) > 1 else rows_per_rank * seq
+    shares = bool(row_replica_axes(step.rows))
+    split = shares and vocab_parts(shape, grid, step.vocab_parallel) > 1  # (asked only when the rows are shared)
+    head_tokens = tokens if not shares or split else step.rows_per_rank * seq
     head = (8.0 if chunked_loss and not shape.logits_loss else 6.0) * head_tokens * shape.vocab * shape.hidden
     head *= shape.runs_head  # a pipeline stage without the lm_head
-    passes = 4.0 if recompute else 3.0  # forward + backward (2x forward), plus the recomputed forward
-    return grad_accum * (passes * (layer_linear + attention) + head)
+    passes = 4.0 if step.recompute else 3.0  # forward + backward (2x forward), plus the recomputed forward
+    return step.grad_accum * (passes * (layer_linear + attention) + head)
 
 
 @dataclass(frozen=True)
@@ -1186,33 +1123,26 @@ def zero_held_bytes(
 def memory_per_rank(
     shape: TransformerShape,
     grid: GridShape,
+    step: StepSettings,
     *,
-    rows_per_rank: int,
-    seq: int,
-    bytes_per_param: float = 16.0,
-    act_bytes: int = 2,
-    param_bytes: int = 2,
-    recompute: bool = False,
     zero: ZeroConfig | None = None,
-    vocab_parallel: bool | None = None,
-    stream_bytes: int | None = None,
-    rows: str = "own",
     in_flight: float = 1.0,
     whole_gradients: bool = False,
 ) -> MemoryEstimate:
-    """Estimated peak memory of one rank for one micro-batch of `rows_per_rank` rows (or, in a pipeline, `in_flight`
-    micro-batches whose activations a stage holds at once: pipeline_in_flight).
+    """Estimated peak memory of one rank for one micro-batch of `step.rows_per_rank` rows (or, in a pipeline,
+    `in_flight` micro-batches whose activations a stage holds at once: pipeline_in_flight); step.grad_accum does not
+    change it.
 
     Parameters: each ParallelLinear weight shard is 1/(X Y Z) of the full weight (layer_shard_params);
     norms are replicated; embeddings and lm_head are split by vocabulary over the P = vocab_parts ranks
     of x*y*z (V/P rows each, detail "vocab_params"), or whole on every rank when P = 1 (then counted in
-    "replicated_params"). bytes_per_param covers weight, gradient and AdamW state (16 = fp32 weight and
+    "replicated_params"). step.bytes_per_param covers weight, gradient and AdamW state (16 = fp32 weight and
     grad + m, v, what `goldfish train` keeps under either precision).
     Activations: what the forward keeps for backward (detail "kept"): layer_activation_bytes for every layer on
-    the T = X Y R S tokens of the x*y group, or with `recompute` (activation checkpointing) each layer's input
+    the T = X Y R S tokens of the x*y group, or with `step.recompute` (activation checkpointing) each layer's input
     (T x hidden); the gathered embeddings and the final norm on T tokens; the final hidden states of the P R S
     tokens of the x*y*z group that the chunked loss (token_losses) gathers and saves (residual-stream dtype,
-    stream_bytes, default act_bytes). On top of it, the larger of two working sets that never coexist: the loss's
+    step.stream_bytes). On top of it, the larger of two working sets that never coexist: the loss's
     chunk of min(1024, P R S) tokens' logits over V/P columns (detail "loss_chunk": fp32 statistics and gradient
     updated in place, plus the product-dtype copy when act_bytes is not 4) at the start of backward, and with
     `recompute` one decoder layer recomputed; a model whose loss takes its logits (shape.logits_loss) instead keeps
@@ -1236,8 +1166,11 @@ def memory_per_rank(
     whole_gradients (ZeRO stage 2 in a pipeline): torch's PipelineStage turns FSDP's gradient reduction off until the
     step's last micro-batch, so the whole gradients P w are held through the step beside the whole parameters.
     """
-    stream_bytes = act_bytes if stream_bytes is None else stream_bytes
-    parts = vocab_parts(shape, grid, vocab_parallel)
+    # the settings under the names of the formulas below
+    rows_per_rank, seq, rows, recompute = step.rows_per_rank, step.seq, step.rows, step.recompute
+    param_bytes, act_bytes, stream_bytes = step.param_bytes, step.act_bytes, step.stream_bytes
+    bytes_per_param = step.bytes_per_param
+    parts = vocab_parts(shape, grid, step.vocab_parallel)
     sharded = shape.layers * layer_shard_params(shape, grid)
     vocab = shape.vocab_params // parts if parts > 1 else 0
     replicated = shape.root_params + shape.layers * shape.layer_norm_params + (shape.vocab_params if parts == 1 else 0)
@@ -1266,7 +1199,7 @@ def memory_per_rank(
                 params = device
             else:
                 params = device + chunks
-    t = group_rows(grid, rows_per_rank, rows) * seq
+    t = step.decoder_tokens(grid)
     h = shape.hidden
     per_layer = layer_activation_bytes(shape, grid, tokens=t, act_bytes=act_bytes)
     layers = shape.layers * t * h * act_bytes if recompute else shape.layers * per_layer
@@ -1306,19 +1239,7 @@ def memory_per_rank(
     )
 
 
-def rank_memory_traffic_per_step(
-    shape: TransformerShape,
-    grid: GridShape,
-    *,
-    rows_per_rank: int,
-    seq: int,
-    act_bytes: int = 2,
-    bytes_per_param: float = 16.0,
-    grad_accum: int = 1,
-    recompute: bool = False,
-    vocab_parallel: bool | None = None,
-    rows: str = "own",
-) -> float:
+def rank_memory_traffic_per_step(shape: TransformerShape, grid: GridShape, step: StepSettings) -> float:
     """Bytes one rank moves through device memory per step in memory-bound (non-matmul) work: norms,
     rotary, softmax, SiLU, residual adds, the loss, and the optimizer.
 
@@ -1326,23 +1247,23 @@ def rank_memory_traffic_per_step(
     tokens of the x*y group, so replicated work over x and y costs X*Y times) is written and read once in
     forward and its gradient written and read, and the value read again, in backward: 5 passes (7 with
     recomputation); the logits likewise. AdamW reads weight, gradient and both moments and writes three
-    of them: 7/4 x bytes_per_param per parameter this rank holds (embeddings and lm_head split by
+    of them: 7/4 x step.bytes_per_param per parameter this rank holds (embeddings and lm_head split by
     vocabulary when vocab_parts > 1; the logits' bytes are the same either way: P R S tokens x V/P). Shared rows
     layout: the group's U rows on every rank of x*y (logits U S V, or U S V / (X Y) split by vocabulary).
     """
-    t = group_rows(grid, rows_per_rank, rows) * seq
-    per_layer = layer_activation_bytes(shape, grid, tokens=t, act_bytes=act_bytes)
-    parts = vocab_parts(shape, grid, vocab_parallel)
-    logit_rows = rows_per_rank / (grid.size(*row_replica_axes(rows)) if parts > 1 else 1)
-    logits = logit_rows * seq * shape.vocab * (act_bytes + 8) * shape.runs_head
-    passes = 7 if recompute else 5
-    activations = grad_accum * passes * (shape.layers * per_layer + logits)
+    act_bytes = step.act_bytes
+    per_layer = layer_activation_bytes(shape, grid, tokens=step.decoder_tokens(grid), act_bytes=act_bytes)
+    parts = vocab_parts(shape, grid, step.vocab_parallel)
+    logit_rows = step.rows_per_rank / (grid.size(*row_replica_axes(step.rows)) if parts > 1 else 1)
+    logits = logit_rows * step.seq * shape.vocab * (act_bytes + 8) * shape.runs_head
+    passes = 7 if step.recompute else 5
+    activations = step.grad_accum * passes * (shape.layers * per_layer + logits)
     held = (
         shape.layers * (layer_shard_params(shape, grid) + shape.layer_norm_params)
         + shape.root_params
         + shape.vocab_params // parts
     )
-    return activations + 1.75 * bytes_per_param * held
+    return activations + 1.75 * step.bytes_per_param * held
 
 
 def ordered_grids(world: int) -> list[GridShape]:
@@ -1480,29 +1401,26 @@ def pipe_rank_shape(shape: TransformerShape, pipe: int, virtual: int, rank: int)
     return stage_shape(shape, layers, first=rank == 0, last=rank == pipe - 1)
 
 
-def pipeline_p2p_bytes(
-    shape: TransformerShape,
-    grid: GridShape,
-    *,
-    rank: int,
-    rows_per_rank: int,
-    seq: int,
-    microbatches: int,
-    virtual: int = 1,
-    stream_bytes: int = 4,
-    rows: str = "own",
-) -> int:
-    """Bytes pipe rank `rank` of `grid` sends to other stages per step: for each of the M micro-batches, the hidden
-    states forward from each of its stages but the last, and their gradient back from each but the first.
-
-    Each rank sends to the rank of the same data, x, y and z indices in the next (previous) stage what it holds
-    between two decoder layers: the hidden states of its x*y group's rows, group_rows(grid, rows_per_rank, rows)
-    x seq x hidden in the residual stream's dtype (stream_bytes: 4 under --precision bf16, whose autocast keeps the
+def pipeline_message_bytes(shape: TransformerShape, grid: GridShape, step: StepSettings) -> int:
+    """Bytes of one message between pipeline stages: what a rank holds between two decoder layers for one
+    micro-batch, the hidden states of its x*y group's rows, group_rows(grid, step.rows_per_rank, step.rows) x seq x
+    hidden in the residual stream's dtype (step.stream_bytes: 4 under --precision bf16, whose autocast keeps the
     stream in fp32). In the own rows layout that is X*Y times the rank's own rows (the decoder runs on the rows of
     the whole x*y group, replicated over x and y); in the shared layout the rows the rank reads. Without tensor
-    parallelism: (B/M, T, H) per micro-batch, the figure bench/pipeline.py checks."""
+    parallelism: (B/M, T, H), the figure bench/pipeline.py checks."""
+    return step.decoder_tokens(grid) * shape.hidden * step.stream_bytes
+
+
+def pipeline_p2p_bytes(
+    shape: TransformerShape, grid: GridShape, step: StepSettings, *, rank: int, virtual: int = 1
+) -> int:
+    """Bytes pipe rank `rank` of `grid` sends to other stages per step: for each of the M = step.grad_accum
+    micro-batches, the hidden states forward from each of its stages but the last, and their gradient back from each
+    but the first.
+
+    Each rank sends to the rank of the same data, x, y and z indices in the next (previous) stage one message of
+    pipeline_message_bytes per micro-batch and crossing."""
     stages = [rank + grid.pipe * i for i in range(virtual)]
     last = grid.pipe * virtual - 1
     crossings = sum(s != last for s in stages) + sum(s != 0 for s in stages)
-    hidden = group_rows(grid, rows_per_rank, rows) * seq * shape.hidden * stream_bytes
-    return crossings * microbatches * hidden
+    return crossings * step.grad_accum * pipeline_message_bytes(shape, grid, step)

@@ -45,11 +45,11 @@ from engine.planner.cost_model import (
     ROWS_LAYOUTS,
     Collective,
     MemoryEstimate,
+    StepSettings,
     TransformerShape,
     bytes_by_group,
     grid_fits_shape,
     group_axes,
-    group_rows,
     llama_step_collectives,
     memory_per_rank,
     model_flops_per_token,
@@ -59,6 +59,7 @@ from engine.planner.cost_model import (
     pipeline_bubble,
     pipeline_check,
     pipeline_in_flight,
+    pipeline_message_bytes,
     pipeline_p2p_bytes,
     rank_flops_per_step,
     rank_memory_traffic_per_step,
@@ -274,6 +275,65 @@ class PlanRequest:
         """(weights and gradients, matmul products, residual stream) bytes per element."""
         return PRECISIONS[self.precision]
 
+    def step_settings(self, grid: GridShape, rows_layout: str, grad_accum: int, recompute: bool) -> StepSettings:
+        """The StepSettings of one prediction on `grid` (for a pipelined plan, a stage's grid) in rows layout
+        `rows_layout` with `grad_accum` micro-batches (a pipeline's M) and activation checkpointing `recompute`: the
+        global batch split over the GPUs that read different rows (readers) and over the micro-batches, the request's
+        precision, attention mask and bytes per parameter, and the embeddings split by vocabulary where
+        engine.parallelize splits them by default."""
+        param_bytes, act_bytes, stream_bytes = self.element_bytes
+        return StepSettings(
+            rows_per_rank=self.global_batch // (readers(grid, rows_layout) * grad_accum),  # per GPU and micro-batch
+            seq=self.seq,
+            param_bytes=param_bytes,
+            act_bytes=act_bytes,
+            stream_bytes=stream_bytes,
+            grad_accum=grad_accum,
+            mask_bytes=self.mask_bytes,
+            recompute=recompute,
+            rows=rows_layout,
+            bytes_per_param=self.bytes_per_param,
+        )
+
+    def rows_layouts_on(self, grid: GridShape, allowed: tuple[str, ...] = ROWS_LAYOUTS) -> list[str]:
+        """The request's rows layouts among `allowed` to plan on `grid`: without x or y parallelism both layouts are
+        the same, planned once as the default "own"."""
+        return [
+            r
+            for r in self.rows_layouts
+            if r in allowed and (not row_replica_axes(r) or grid.size(*row_replica_axes(r)) > 1)
+        ] or [OWN]
+
+    def zero_choices(self, grid: GridShape, allowed: tuple[int, ...] = STAGES) -> list[ZeroConfig | None]:
+        """The ZeRO settings to weigh on `grid` (None: no ZeRO), from the request's stages among `allowed`: stages
+        above 0 only where the grid has a data axis to partition over, and no ZeRO when none is left."""
+        stages = [s for s in self.zero_stages if s in allowed and (s == 0 or grid.data > 1)] or [0]
+        return [z for s in stages for z in (self.zero_configs(grid, s) if s else [None])]
+
+    @property
+    def recompute_choices(self) -> tuple[bool, ...]:
+        """The activation checkpointing settings to weigh, without it first: both for "auto", else the one asked."""
+        return {"auto": (False, True), "on": (True,), "off": (False,)}[self.checkpointing]
+
+    @property
+    def memory_limit(self) -> float:
+        """Bytes per GPU the memory estimate may use: memory_fraction of the profile's GPU memory."""
+        return self.profile.gpu_memory_gib * GIB * self.memory_fraction
+
+    def compute_seconds(self, flops: float) -> float:
+        """Seconds one GPU takes for `flops` of matrix products at compute_efficiency of the profile's peak."""
+        return flops / (self.profile.peak_tflops * 1e12 * self.compute_efficiency)
+
+    def memory_seconds(self, traffic: float) -> float:
+        """Seconds one GPU takes to move `traffic` bytes through device memory at the profile's bandwidth."""
+        return traffic / (self.profile.memory_gbps * 1e9)
+
+    def mfu(self, step_s: float) -> float:
+        """Model FLOPs utilisation of a step of `step_s` seconds: the FLOPs MFU counts (model_flops_per_token) of the
+        global batch over what the GPUs' peak gives in that time."""
+        useful = model_flops_per_token(self.shape, self.seq) * self.global_batch * self.seq
+        return useful / (step_s * self.gpus * self.profile.peak_tflops * 1e12)
+
 
 @dataclass
 class GridPlan:
@@ -380,65 +440,29 @@ def step_prediction(
 ) -> GridPlan:
     """Predicted time and traffic of one step on `grid` with `grad_accum` micro-batches, optional activation
     checkpointing, ZeRO setting and rows layout (no feasibility checks: see plan_grid)."""
-    profile = request.profile
-    rows = request.global_batch // (readers(grid, rows_layout) * grad_accum)  # rows each GPU reads per micro-batch
-    param_bytes, act_bytes, stream_bytes = request.element_bytes
-    collectives = llama_step_collectives(
-        request.shape,
-        grid,
-        rows_per_rank=rows,
-        seq=request.seq,
-        param_bytes=param_bytes,
-        act_bytes=act_bytes,
-        stream_bytes=stream_bytes,
-        grad_accum=grad_accum,
-        mask_bytes=request.mask_bytes,
-        recompute=recompute,
-        zero=zero,
-        rows=rows_layout,
-    )  # embeddings split by vocabulary as parallelize does
-    comm_by_group = comm_seconds(profile, grid, collectives, zero)
-    flops = rank_flops_per_step(
-        request.shape,
-        grid,
-        rows_per_rank=rows,
-        seq=request.seq,
-        grad_accum=grad_accum,
-        recompute=recompute,
-        rows=rows_layout,
-    )
-    compute = flops / (profile.peak_tflops * 1e12 * request.compute_efficiency)
-    traffic = rank_memory_traffic_per_step(
-        request.shape,
-        grid,
-        rows_per_rank=rows,
-        seq=request.seq,
-        act_bytes=act_bytes,
-        bytes_per_param=request.bytes_per_param,
-        grad_accum=grad_accum,
-        recompute=recompute,
-        rows=rows_layout,
-    )
-    memory_s = traffic / (profile.memory_gbps * 1e9)
+    step = request.step_settings(grid, rows_layout, grad_accum, recompute)
+    # embeddings split by vocabulary as parallelize does (step.vocab_parallel None)
+    collectives = llama_step_collectives(request.shape, grid, step, zero=zero)
+    comm_by_group = comm_seconds(request.profile, grid, collectives, zero)
+    compute = request.compute_seconds(rank_flops_per_step(request.shape, grid, step))
+    memory_s = request.memory_seconds(rank_memory_traffic_per_step(request.shape, grid, step))
     comm = sum(comm_by_group.values())
-    step = compute + memory_s + comm
-    useful = model_flops_per_token(request.shape, request.seq) * request.global_batch * request.seq
-    mfu = useful / (step * request.gpus * profile.peak_tflops * 1e12)
+    step_s = compute + memory_s + comm
     return GridPlan(
         grid,
         True,
         "",
         grad_accum,
         recompute,
-        rows,
-        step,
+        step.rows_per_rank,
+        step_s,
         compute,
         memory_s,
         comm,
         comm_by_group,
         bytes_by_group(collectives),
         None,
-        mfu,
+        request.mfu(step_s),
         zero,
         rows_layout,
     )
@@ -459,83 +483,58 @@ class _RankWork:
     sent_by_group: dict[str, int]
 
 
+# A pipe rank's part of the model, as far as its work depends on it: its decoder layers, and whether it looks up the
+# input embeddings and runs the head (pipe_rank_shape)
+PartKey = tuple[int, bool, bool]
+
+
+def part_key(part: TransformerShape) -> PartKey:
+    """The PartKey of `part`: ranks of equal keys do the same work on equal stage grids."""
+    return part.layers, part.runs_embeddings, part.runs_head
+
+
 @dataclass
 class PipeCache:
     """What planning one request's pipelined grids computes more than once: each pipe rank's work (_RankWork, keyed by
-    its part of the model and the step's settings) and the seconds and bytes of its passes' collectives, which no ZeRO
-    setting changes (pass_collectives)."""
+    its stage's grid, its part of the model, the step's settings and the ZeRO setting) and the seconds and bytes of
+    its passes' collectives, which no ZeRO setting changes (pass_collectives; keyed by the same without the ZeRO
+    setting)."""
 
-    work: dict[tuple, _RankWork] = field(default_factory=dict)
-    passes: dict[tuple, tuple[dict[str, float], dict[str, int]]] = field(default_factory=dict)
+    work: dict[tuple[GridShape, PartKey, StepSettings, ZeroConfig | None], _RankWork] = field(default_factory=dict)
+    passes: dict[tuple[GridShape, PartKey, StepSettings], tuple[dict[str, float], dict[str, int]]] = field(
+        default_factory=dict
+    )
 
 
 def _pipe_rank_work(
     request: PlanRequest,
     stage: GridShape,
     shape: TransformerShape,
+    step: StepSettings,
     *,
-    rows: int,
-    microbatches: int,
-    recompute: bool,
     zero: ZeroConfig | None,
-    rows_layout: str,
-    passes: dict[tuple, tuple[dict[str, float], dict[str, int]]],
+    cache: PipeCache,
 ) -> _RankWork:
-    """The step of one pipe rank holding `shape` (pipe_rank_shape) on its stage's grid, `microbatches` micro-batches
-    of `rows` rows per GPU (`passes`: PipeCache.passes)."""
+    """The step of one pipe rank holding `shape` (pipe_rank_shape) on its stage's grid, `step.grad_accum`
+    micro-batches of `step.rows_per_rank` rows per GPU (its passes' collectives kept in `cache`)."""
     profile = request.profile
-    param_bytes, act_bytes, stream_bytes = request.element_bytes
-    key = (stage, shape.layers, shape.runs_embeddings, shape.runs_head, rows, microbatches, recompute, rows_layout)
-    if key not in passes:
-        collectives = pass_collectives(
-            shape,
-            stage,
-            rows_per_rank=rows,
-            seq=request.seq,
-            param_bytes=param_bytes,
-            act_bytes=act_bytes,
-            stream_bytes=stream_bytes,
-            grad_accum=microbatches,
-            mask_bytes=request.mask_bytes,
-            recompute=recompute,
-            rows=rows_layout,
-        )
-        passes[key] = (comm_seconds(profile, stage, collectives, None), bytes_by_group(collectives))
-    pass_seconds, pass_bytes = passes[key]
+    key = (stage, part_key(shape), step)
+    if key not in cache.passes:
+        collectives = pass_collectives(shape, stage, step)
+        cache.passes[key] = (comm_seconds(profile, stage, collectives, None), bytes_by_group(collectives))
+    pass_seconds, pass_bytes = cache.passes[key]
     # ZeRO 2 under torch's PipelineStage: FSDP gathers a stage's parameters at its first forward and keeps them,
     # and reduce-scatters the gradients after the last backward: once per step, whatever M
-    updates = update_collectives(shape, stage, param_bytes=param_bytes, grad_accum=1, zero=zero, rows=rows_layout)
+    updates = update_collectives(shape, stage, replace(step, grad_accum=1), zero=zero)
     in_passes = [c for c in updates if c.phase in ("forward", "backward")]  # ZeRO 2 and 3, per micro-batch
     during = dict(pass_seconds)
     for group, seconds in comm_seconds(profile, stage, in_passes, zero).items():  # (seconds add up: linear in bytes)
         during[group] = during.get(group, 0.0) + seconds
     after = comm_seconds(profile, stage, [c for c in updates if c.phase not in ("forward", "backward")], zero)
-    flops = rank_flops_per_step(
-        shape,
-        stage,
-        rows_per_rank=rows,
-        seq=request.seq,
-        grad_accum=microbatches,
-        recompute=recompute,
-        rows=rows_layout,
-    )
-    compute = flops / (profile.peak_tflops * 1e12 * request.compute_efficiency)
-    traffic = {
-        passes_: rank_memory_traffic_per_step(
-            shape,
-            stage,
-            rows_per_rank=rows,
-            seq=request.seq,
-            act_bytes=act_bytes,
-            bytes_per_param=request.bytes_per_param,
-            grad_accum=passes_,
-            recompute=recompute,
-            rows=rows_layout,
-        )
-        for passes_ in (0, microbatches)  # 0 passes: the optimizer's part alone, which runs after the pipeline
-    }
-    memory_s = traffic[microbatches] / (profile.memory_gbps * 1e9)
-    optimizer_s = traffic[0] / (profile.memory_gbps * 1e9)
+    compute = request.compute_seconds(rank_flops_per_step(shape, stage, step))
+    memory_s = request.memory_seconds(rank_memory_traffic_per_step(shape, stage, step))
+    # 0 passes: the optimizer's part alone, which runs after the pipeline
+    optimizer_s = request.memory_seconds(rank_memory_traffic_per_step(shape, stage, replace(step, grad_accum=0)))
     sent = dict(pass_bytes)
     for group, n in bytes_by_group(updates).items():
         sent[group] = sent.get(group, 0) + n
@@ -575,54 +574,28 @@ def pipeline_step_prediction(
     rank, when the caller has them."""
     profile, shape, p, v, m = request.profile, request.shape, grid.pipe, virtual, microbatches
     stage = replace(grid, pipe=1)
-    rows = request.global_batch // (readers(stage, rows_layout) * m)  # rows each GPU reads per micro-batch
+    step = request.step_settings(stage, rows_layout, m, recompute)
     cache = PipeCache() if cache is None else cache
     work = cache.work
     per_rank = []
     parts = parts or [pipe_rank_shape(shape, p, v, r) for r in range(p)]
     for part in parts:
-        key = (stage, part.layers, part.runs_embeddings, part.runs_head, rows, m, recompute, zero, rows_layout)
+        key = (stage, part_key(part), step, zero)
         if key not in work:
-            work[key] = _pipe_rank_work(
-                request,
-                stage,
-                part,
-                rows=rows,
-                microbatches=m,
-                recompute=recompute,
-                zero=zero,
-                rows_layout=rows_layout,
-                passes=cache.passes,
-            )
+            work[key] = _pipe_rank_work(request, stage, part, step, zero=zero, cache=cache)
         per_rank.append(work[key])
     busiest = max(per_rank, key=lambda w: w.busy)
     bubble = pipeline_bubble(schedule, p, m, v)
     bandwidth, latency, _ = profile.link(p, stage.world_size)  # the pipe group: P members, a stage's ranks apart
-    stream_bytes = request.element_bytes[2]
-    p2p = [
-        pipeline_p2p_bytes(
-            shape,
-            grid,
-            rank=r,
-            rows_per_rank=rows,
-            seq=request.seq,
-            microbatches=m,
-            virtual=v,
-            stream_bytes=stream_bytes,
-            rows=rows_layout,
-        )
-        for r in range(p)
-    ]
-    message = group_rows(stage, rows, rows_layout) * request.seq * shape.hidden * stream_bytes  # one micro-batch's
+    p2p = [pipeline_p2p_bytes(shape, grid, step, rank=r, virtual=v) for r in range(p)]
+    message = pipeline_message_bytes(shape, stage, step)  # one micro-batch's
     p2p_s = max(sent / bandwidth + sent // message * latency for sent in p2p)
     clip = Collective("pipe", "all_reduce", p, 8, "clip", "squared gradient norm over stages")
     clip_s = profile.collective_seconds("all_reduce", p, stage.world_size, clip.sent_bytes, 1)
     after = max(w.after for w in per_rank) + clip_s
     bubble_s = busiest.busy * bubble / (1 - bubble)
-    step = busiest.busy + bubble_s + after + p2p_s
-    comm = step - busiest.compute - busiest.memory - bubble_s
-    useful = model_flops_per_token(shape, request.seq) * request.global_batch * request.seq
-    mfu = useful / (step * request.gpus * profile.peak_tflops * 1e12)
+    step_s = busiest.busy + bubble_s + after + p2p_s
+    comm = step_s - busiest.compute - busiest.memory - bubble_s
     sent = dict(busiest.sent_by_group)
     sent["pipe"] = max(p2p) + clip.sent_bytes
     by_group = dict(busiest.comm_by_group)
@@ -633,15 +606,15 @@ def pipeline_step_prediction(
         "",
         m,
         recompute,
-        rows,
-        step,
+        step.rows_per_rank,
+        step_s,
         busiest.compute,
         busiest.memory,
         comm,
         by_group,
         sent,
         None,
-        mfu,
+        request.mfu(step_s),
         zero,
         rows_layout,
         schedule=schedule,
@@ -668,24 +641,16 @@ def pipeline_memory(
     gradients and optimizer state (ZeRO over the stage's data axis), and the activations of the micro-batches it
     holds at once (pipeline_in_flight: M for GPipe, P - r for 1F1B's rank r, more for the interleaved schedules).
     `parts`: pipe_rank_shape of each rank, when the caller has them."""
-    param_bytes, act_bytes, stream_bytes = request.element_bytes
     stage = replace(grid, pipe=1)
-    rows = request.global_batch // (readers(stage, rows_layout) * microbatches)
+    step = request.step_settings(stage, rows_layout, microbatches, recompute)
     out = []
     for r in range(grid.pipe) if ranks is None else ranks:
         out.append(
             memory_per_rank(
                 parts[r] if parts else pipe_rank_shape(request.shape, grid.pipe, virtual, r),
                 stage,
-                rows_per_rank=rows,
-                seq=request.seq,
-                bytes_per_param=request.bytes_per_param,
-                act_bytes=act_bytes,
-                param_bytes=param_bytes,
-                recompute=recompute,
+                step,
                 zero=zero,
-                stream_bytes=stream_bytes,
-                rows=rows_layout,
                 in_flight=pipeline_in_flight(schedule, grid.pipe, microbatches, virtual, r),
                 whole_gradients=True,  # (ZeRO 2: reduced after the step's last micro-batch)
             )
@@ -706,30 +671,14 @@ def pipeline_refusal(shape: TransformerShape, pipe: int, virtual: int = 1) -> st
     return None
 
 
-def _compute_bound(
-    request: PlanRequest,
-    stage: GridShape,
-    parts: list[TransformerShape],
-    microbatches: int,
-    recompute: bool,
-    rows_layout: str,
-) -> float:
+def _compute_bound(request: PlanRequest, stage: GridShape, parts: list[TransformerShape], step: StepSettings) -> float:
     """Seconds of the busiest pipe rank's matrix products in a step: a lower bound of its busy time (_RankWork),
     cheap enough to skip predictions that cannot win."""
-    rows = request.global_batch // (readers(stage, rows_layout) * microbatches)
     flops = max(
-        rank_flops_per_step(
-            part,
-            stage,
-            rows_per_rank=rows,
-            seq=request.seq,
-            grad_accum=microbatches,
-            recompute=recompute,
-            rows=rows_layout,
-        )
+        rank_flops_per_step(part, stage, step)
         for part in {(q.layers, q.runs_head): q for q in parts}.values()  # the embeddings cost no products
     )
-    return flops / (request.profile.peak_tflops * 1e12 * request.compute_efficiency)
+    return request.compute_seconds(flops)
 
 
 def plan_pipelined(request: PlanRequest, grid: GridShape) -> GridPlan:
@@ -743,8 +692,7 @@ def plan_pipelined(request: PlanRequest, grid: GridShape) -> GridPlan:
     reason = grid_fits_shape(shape, stage)
     if reason is not None:
         return GridPlan(grid, False, f"cannot shard: {reason}")
-    layouts = [r for r in request.rows_layouts if r in PIPE_ROWS_LAYOUTS]
-    layouts = [r for r in layouts if not row_replica_axes(r) or stage.size(*row_replica_axes(r)) > 1] or [OWN]
+    layouts = request.rows_layouts_on(stage, PIPE_ROWS_LAYOUTS)
     splits = [r for r in layouts if request.global_batch % readers(stage, r) == 0]
     if not splits:
         return GridPlan(
@@ -753,10 +701,8 @@ def plan_pipelined(request: PlanRequest, grid: GridShape) -> GridPlan:
             f"global batch {request.global_batch} is not divisible by the GPUs of a stage reading different rows "
             f"({' or '.join(str(readers(stage, r)) for r in layouts)}): not a multiple of a stage's GPUs",
         )
-    limit = request.profile.gpu_memory_gib * GIB * request.memory_fraction
-    settings = {"auto": (False, True), "on": (True,), "off": (False,)}[request.checkpointing]
-    stages = [s for s in request.zero_stages if s in PIPE_ZERO_STAGES and (s == 0 or stage.data > 1)] or [0]
-    zeros = [z for s in stages for z in (request.zero_configs(stage, s) if s else [None])]
+    limit = request.memory_limit
+    zeros = request.zero_choices(stage, PIPE_ZERO_STAGES)
     best: GridPlan | None = None
     smallest: tuple[float, GridPlan] | None = None
     refused: list[str] = []
@@ -774,11 +720,11 @@ def plan_pipelined(request: PlanRequest, grid: GridShape) -> GridPlan:
                     refused.append(f"{schedule} (V={v}) has no micro-batch count for {rows_total} rows per GPU")
                 # the ranks whose memory can peak: per part of the model, the one holding the most micro-batches
                 parts = [pipe_rank_shape(shape, p, v, r) for r in range(p)]
-                fullest: dict[tuple[int, bool, bool], int] = {}
+                fullest: dict[PartKey, int] = {}
                 for r, part in enumerate(parts):
-                    fullest.setdefault((part.layers, part.runs_embeddings, part.runs_head), r)  # (lowest r: most)
+                    fullest.setdefault(part_key(part), r)  # (lowest r: most)
                 for zero in zeros:
-                    for recompute in settings:
+                    for recompute in request.recompute_choices:
                         fitted = False
                         for m in choices:  # the most micro-batches first: the smallest memory and bubble
                             memory = pipeline_memory(
@@ -791,7 +737,9 @@ def plan_pipelined(request: PlanRequest, grid: GridShape) -> GridPlan:
                                     smallest = (peak.total, replace(tried, schedule=schedule, virtual=v))
                                 break  # fewer micro-batches hold more activations each: none fits either
                             fitted = True
-                            bound = _compute_bound(request, stage, parts, m, recompute, layout)
+                            bound = _compute_bound(
+                                request, stage, parts, request.step_settings(stage, layout, m, recompute)
+                            )
                             if best is not None and bound / (1 - pipeline_bubble(schedule, p, m, v)) >= best.step_s:
                                 break  # its compute alone, stretched by its bubble (longer with fewer M), is slower
                             plan = pipeline_step_prediction(
@@ -833,10 +781,7 @@ def plan_grid(request: PlanRequest, grid: GridShape) -> GridPlan:
     reason = grid_fits_shape(request.shape, grid)
     if reason is not None:
         return GridPlan(grid, False, f"cannot shard: {reason}")
-    # without x or y parallelism both layouts are the same: plan it once, as the default "own"
-    layouts = [r for r in request.rows_layouts if not row_replica_axes(r) or grid.size(*row_replica_axes(r)) > 1] or [
-        OWN
-    ]
+    layouts = request.rows_layouts_on(grid)
     splits = [r for r in layouts if request.global_batch % readers(grid, r) == 0]
     if not splits:
         need = " or ".join(
@@ -848,11 +793,8 @@ def plan_grid(request: PlanRequest, grid: GridShape) -> GridPlan:
             False,
             f"global batch {request.global_batch} is not divisible by {need}: not a multiple of the world size{hint}",
         )
-    param_bytes, act_bytes, stream_bytes = request.element_bytes
-    limit = request.profile.gpu_memory_gib * GIB * request.memory_fraction
-    settings = {"auto": (False, True), "on": (True,), "off": (False,)}[request.checkpointing]
+    limit, recompute_choices = request.memory_limit, request.recompute_choices
     best, smallest, tried = None, None, (0, None, "own")
-    stages = [s for s in request.zero_stages if s == 0 or grid.data > 1] or [0]
     accum_refused = []
     for layout in splits:
         rows_total = request.global_batch // readers(grid, layout)  # rows each GPU reads per step
@@ -865,22 +807,11 @@ def plan_grid(request: PlanRequest, grid: GridShape) -> GridPlan:
             choices = [request.grad_accum]
         else:
             choices = [a for a in range(1, rows_total + 1) if rows_total % a == 0]
-        for zero in [z for s in stages for z in (request.zero_configs(grid, s) if s else [None])]:
-            for recompute in settings:
+        for zero in request.zero_choices(grid):
+            for recompute in recompute_choices:
                 for accum in choices:
-                    memory = memory_per_rank(
-                        request.shape,
-                        grid,
-                        rows_per_rank=rows_total // accum,
-                        seq=request.seq,
-                        bytes_per_param=request.bytes_per_param,
-                        act_bytes=act_bytes,
-                        param_bytes=param_bytes,
-                        recompute=recompute,
-                        zero=zero,
-                        stream_bytes=stream_bytes,
-                        rows=layout,
-                    )
+                    step = request.step_settings(grid, layout, accum, recompute)  # rows_total // accum rows per GPU
+                    memory = memory_per_rank(request.shape, grid, step, zero=zero)
                     if smallest is None or memory.total < smallest.total:
                         smallest, tried = memory, (accum, zero, layout)
                     if memory.total <= limit:
@@ -900,9 +831,9 @@ def plan_grid(request: PlanRequest, grid: GridShape) -> GridPlan:
         False,
         f"needs {smallest.total / GIB:.1f} GiB per GPU (params {smallest.params / GIB:.1f}, "
         f"activations {smallest.activations / GIB:.1f}) even with {accum} micro-batches"
-        f"{' and checkpointing' if settings[-1] else ''}{setting}; {limit / GIB:.1f} GiB usable",
+        f"{' and checkpointing' if recompute_choices[-1] else ''}{setting}; {limit / GIB:.1f} GiB usable",
         grad_accum=accum,
-        recompute=settings[-1],
+        recompute=recompute_choices[-1],
         memory=smallest,
         zero=zero,
         rows=layout,

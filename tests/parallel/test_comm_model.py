@@ -28,6 +28,7 @@ from engine.core.placement import local_shard
 from engine.models.parallelize import parallelize, rows_layout
 from engine.planner.cost_model import (
     PHASES,
+    StepSettings,
     TransformerShape,
     bytes_by_group,
     chained_linear_collectives,
@@ -182,7 +183,8 @@ def _llama_worker(
             if recompute:
                 checkpoint_decoder_layers(model)
             # the memory model's parameter count per rank is exactly what the rank holds
-            memory = memory_per_rank(model_shape, shape, rows_per_rank=1, seq=SEQ, vocab_parallel=vocab_split)
+            step = StepSettings(rows_per_rank=1, seq=SEQ, vocab_parallel=vocab_split)
+            memory = memory_per_rank(model_shape, shape, step)
             held = sum(local_shard(p).numel() for p in model.parameters())
             assert held == sum(memory.detail[k] for k in ("sharded_params", "replicated_params", "vocab_params")), (
                 f"grid {shape}"
@@ -215,9 +217,7 @@ def _llama_worker(
                 model.zero_grad(set_to_none=True)
                 # fp32 model: 4-byte elements everywhere; under autocast the matrix products are bf16 (2 bytes)
                 # while weights and the residual stream stay fp32
-                predicted = llama_step_collectives(
-                    model_shape,
-                    shape,
+                step = StepSettings(
                     rows_per_rank=rows,
                     seq=SEQ,
                     param_bytes=4,
@@ -229,6 +229,7 @@ def _llama_worker(
                     recompute=recompute,
                     rows=rows_layout_name,
                 )
+                predicted = llama_step_collectives(model_shape, shape, step)
                 _compare(
                     measured,
                     predicted,
@@ -328,7 +329,8 @@ def _family_worker(world: int, families: tuple[str, ...] = FAMILIES, cases: int 
                 if recompute:
                     checkpoint_decoder_layers(model)
                 if zero is None:
-                    memory = memory_per_rank(model_shape, shape, rows_per_rank=2, seq=SEQ, vocab_parallel=split)
+                    step = StepSettings(rows_per_rank=2, seq=SEQ, vocab_parallel=split)
+                    memory = memory_per_rank(model_shape, shape, step)
                     held = sum(local_shard(p).numel() for p in model.parameters())
                     assert held == sum(
                         memory.detail[k] for k in ("sharded_params", "replicated_params", "vocab_params")
@@ -363,19 +365,16 @@ def _family_worker(world: int, families: tuple[str, ...] = FAMILIES, cases: int 
                         measured["optimizer"] = {k: v for k, v in traffic.reset().items() if v}
                     finally:
                         traffic.enabled = False
-                predicted = llama_step_collectives(
-                    model_shape,
-                    shape,
+                step = StepSettings(
                     rows_per_rank=2,
                     seq=SEQ,
                     param_bytes=4,
                     act_bytes=4,
                     mask_bytes=8 if masked else 0,
                     recompute=recompute,
-                    zero=zero,
-                    data_rank=grid.coord("data"),
                     vocab_parallel=split,
                 )
+                predicted = llama_step_collectives(model_shape, shape, step, zero=zero, data_rank=grid.coord("data"))
                 _compare(measured, predicted, what)
                 if zero is not None:
                     expected = zero_held_bytes(

@@ -19,6 +19,7 @@ from distributed import run_distributed
 from engine.core.grid import GridShape
 from engine.planner.cost_model import (
     NAMED_SHAPES,
+    StepSettings,
     TransformerShape,
     count_grids,
     grid_fits_shape,
@@ -109,7 +110,7 @@ def test_flop_model_equals_flop_counter_on_a_serial_step() -> None:
     with FlopCounterMode(display=False) as counter:
         logits = model(input_ids=ids).logits
         F.cross_entropy(logits.reshape(-1, 96), ids.reshape(-1)).backward()
-    predicted = rank_flops_per_step(shape, GridShape(), rows_per_rank=rows, seq=seq, chunked_loss=False)
+    predicted = rank_flops_per_step(shape, GridShape(), StepSettings(rows_per_rank=rows, seq=seq), chunked_loss=False)
     # the counter sees the input-embedding lookup as free and so do we; the model's formula matches exactly
     assert counter.get_total_flops() == predicted
     assert predicted == model_flops_per_token(shape, seq) * rows * seq
@@ -119,7 +120,7 @@ def test_flop_model_equals_flop_counter_on_a_serial_step() -> None:
     with FlopCounterMode(display=False) as counter:
         causal_lm_token_losses(model, ids, ids).sum().backward()
     head = 2 * rows * seq * shape.vocab * shape.hidden
-    chunked = rank_flops_per_step(shape, GridShape(), rows_per_rank=rows, seq=seq)
+    chunked = rank_flops_per_step(shape, GridShape(), StepSettings(rows_per_rank=rows, seq=seq))
     assert chunked == predicted + head
     # the counter sees forward, recomputed logits and hidden-state gradient, but not the weight gradient, which
     # the loss accumulates in place (addmm_, an op FlopCounterMode does not count)
@@ -222,7 +223,9 @@ def test_planner_ranks_feasible_grids_and_explains_rejections() -> None:
     assert all(p.reason for p in plans if not p.feasible)
     # more GPUs in z shard the parameters further: less parameter memory
     mem = [
-        memory_per_rank(NAMED_SHAPES["7B"], GridShape(data=16 // z, z=z), rows_per_rank=1, seq=2048).params
+        memory_per_rank(
+            NAMED_SHAPES["7B"], GridShape(data=16 // z, z=z), StepSettings(rows_per_rank=1, seq=2048)
+        ).params
         for z in (1, 2, 4, 8, 16)
     ]
     assert mem == sorted(mem, reverse=True)
@@ -259,9 +262,8 @@ def test_autocast_moves_fp32_weights_and_bf16_products() -> None:
     )
 
     def forward_x(p: tuple[int, int, int]) -> int:
-        collectives = llama_step_collectives(
-            NAMED_SHAPES["7B"], grid, rows_per_rank=1, seq=2048, param_bytes=p[0], act_bytes=p[1], stream_bytes=p[2]
-        )
+        step = StepSettings(rows_per_rank=1, seq=2048, param_bytes=p[0], act_bytes=p[1], stream_bytes=p[2])
+        collectives = llama_step_collectives(NAMED_SHAPES["7B"], grid, step)
         return sum(c.sent_bytes for c in collectives if c.group == "x" and c.phase == "forward")
 
     assert forward_x((4, 2, 4)) == forward_x((2, 2, 2))
@@ -354,8 +356,8 @@ def test_measure_writes_a_usable_profile(tmp_path) -> None:
 
 def test_step_collectives_scale_with_micro_batches() -> None:
     shape, grid = NAMED_SHAPES["7B"], GridShape(data=2, x=2, y=2, z=2)
-    one = llama_step_collectives(shape, grid, rows_per_rank=2, seq=128, grad_accum=1)
-    four = llama_step_collectives(shape, grid, rows_per_rank=2, seq=128, grad_accum=4)
+    one = llama_step_collectives(shape, grid, StepSettings(rows_per_rank=2, seq=128, grad_accum=1))
+    four = llama_step_collectives(shape, grid, StepSettings(rows_per_rank=2, seq=128, grad_accum=4))
     per_pass = lambda cs: sum(c.sent_bytes for c in cs if c.phase in ("forward", "backward"))  # noqa: E731
     once = lambda cs: sum(c.sent_bytes for c in cs if c.phase in ("sync", "clip"))  # noqa: E731
     assert per_pass(four) == 4 * per_pass(one) and once(four) == once(one)

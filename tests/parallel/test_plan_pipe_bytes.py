@@ -17,6 +17,7 @@ import engine
 from engine.core.grid import init
 from engine.planner.cost_model import (
     Collective,
+    StepSettings,
     TransformerShape,
     bytes_by_group,
     llama_step_collectives,
@@ -61,16 +62,7 @@ def test_pipelined_step_bytes_per_rank_equal_the_planners() -> None:
         for settings, sent in zip(SETTINGS, per_setting):
             m, v, rank = settings["microbatches"], settings.get("pipe_virtual", 1), sent.pop("pipe_rank")
             rows = ROWS // 2 // m  # the own layout: each x rank reads half of the step's rows
-            p2p = pipeline_p2p_bytes(
-                shape, GridShape(pipe=2, x=2), rank=rank, rows_per_rank=rows, seq=SEQ, microbatches=m, virtual=v
-            )
-            stage = llama_step_collectives(
-                pipe_rank_shape(shape, 2, v, rank),
-                GridShape(x=2),
-                rows_per_rank=rows,
-                seq=SEQ,
-                param_bytes=4,  # a float32 model
-                act_bytes=4,
-                grad_accum=m,
-            )
+            step = StepSettings(rows_per_rank=rows, seq=SEQ, param_bytes=4, act_bytes=4, grad_accum=m)  # float32
+            p2p = pipeline_p2p_bytes(shape, GridShape(pipe=2, x=2), step, rank=rank, virtual=v)
+            stage = llama_step_collectives(pipe_rank_shape(shape, 2, v, rank), GridShape(x=2), step)
             assert sent == {**bytes_by_group(stage), "pipe": p2p + norm}, (settings, rank)

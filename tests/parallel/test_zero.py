@@ -473,6 +473,7 @@ def _bytes_worker(cases: list[tuple[tuple[int, int, int, int], dict]]) -> int:
     from engine.memory.zero import held_bytes, make_adamw
     from engine.planner.cost_model import (
         PHASES,
+        StepSettings,
         TransformerShape,
         bytes_by_group,
         llama_step_collectives,
@@ -519,18 +520,10 @@ def _bytes_worker(cases: list[tuple[tuple[int, int, int, int], dict]]) -> int:
             finally:
                 traffic.enabled = False
             measured = {phase: {k: v for k, v in counts.items() if v} for phase, counts in measured.items()}
-            predicted = llama_step_collectives(
-                model_shape,
-                shape,
-                rows_per_rank=1,
-                seq=SEQ,
-                param_bytes=4,
-                act_bytes=4,
-                stream_bytes=4,
-                zero=zero,
-                data_rank=grid.coord("data"),
-                vocab_parallel=split,
+            step = StepSettings(
+                rows_per_rank=1, seq=SEQ, param_bytes=4, act_bytes=4, stream_bytes=4, vocab_parallel=split
             )
+            predicted = llama_step_collectives(model_shape, shape, step, zero=zero, data_rank=grid.coord("data"))
             expected = {phase: bytes_by_group(predicted, phase) for phase in PHASES}
             assert measured == expected, (
                 f"grid {shape} {zero} vocab split {split}: measured {measured} != predicted {expected}"

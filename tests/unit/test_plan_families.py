@@ -12,6 +12,7 @@ from tiny_models import PLANNED_FAMILIES, tiny_family
 
 from engine.planner.cost_model import (
     NAMED_SHAPES,
+    StepSettings,
     TransformerShape,
     bytes_by_group,
     grid_fits_shape,
@@ -47,14 +48,14 @@ def test_a_llama_config_reads_as_the_llama_layout_of_the_fields() -> None:
     zero = ZeroConfig(stage=1)
     for grid in ordered_grids(8):
         assert local_params(read, grid) == local_params(fields, grid)
+        grid_zero = zero if grid.data > 1 else None
         for rows in ("own", "shared"):
-            kwargs = dict(rows_per_rank=2, seq=16, rows=rows, zero=zero if grid.data > 1 else None)
-            assert bytes_by_group(llama_step_collectives(read, grid, **kwargs)) == bytes_by_group(
-                llama_step_collectives(fields, grid, **kwargs)
+            step = StepSettings(rows_per_rank=2, seq=16, rows=rows)
+            assert bytes_by_group(llama_step_collectives(read, grid, step, zero=grid_zero)) == bytes_by_group(
+                llama_step_collectives(fields, grid, step, zero=grid_zero)
             )
-        assert memory_per_rank(read, grid, rows_per_rank=2, seq=16) == memory_per_rank(
-            fields, grid, rows_per_rank=2, seq=16
-        )
+        step = StepSettings(rows_per_rank=2, seq=16)
+        assert memory_per_rank(read, grid, step) == memory_per_rank(fields, grid, step)
 
 
 def test_gpt_neox_20b_read_from_its_config_against_the_named_shape() -> None:
@@ -65,13 +66,13 @@ def test_gpt_neox_20b_read_from_its_config_against_the_named_shape() -> None:
 
     read, named = shape_from_config(GPTNeoXConfig()), NAMED_SHAPES["NEOX-20B"]
     assert read.n_params == named.n_params == 20_554_567_680
-    zero = ZeroConfig(stage=3)
-    assert bytes_by_group(
-        llama_step_collectives(read, GridShape(data=48, z=8), rows_per_rank=1, seq=2048, zero=zero)
-    ) == (bytes_by_group(llama_step_collectives(named, GridShape(data=48, z=8), rows_per_rank=1, seq=2048, zero=zero)))
+    zero, step = ZeroConfig(stage=3), StepSettings(rows_per_rank=1, seq=2048)
+    assert bytes_by_group(llama_step_collectives(read, GridShape(data=48, z=8), step, zero=zero)) == (
+        bytes_by_group(llama_step_collectives(named, GridShape(data=48, z=8), step, zero=zero))
+    )
     grid = GridShape(data=4, x=2, y=2, z=2)
-    fused = bytes_by_group(llama_step_collectives(read, grid, rows_per_rank=1, seq=2048))
-    separate = bytes_by_group(llama_step_collectives(named, grid, rows_per_rank=1, seq=2048))
+    fused = bytes_by_group(llama_step_collectives(read, grid, step))
+    separate = bytes_by_group(llama_step_collectives(named, grid, step))
     assert all(fused[g] == separate[g] for g in ("z", "data", "z+data")) and all(fused[g] < separate[g] for g in "xy")
 
 

@@ -10,6 +10,7 @@ References: bytes, bubbles and in-flight counts computed by hand below; the engi
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from tiny_models import tiny_family
 from engine.planner.cost_model import (
     NAMED_SHAPES,
     PIPELINE_FAMILIES,
+    StepSettings,
     TransformerShape,
     count_grids,
     memory_per_rank,
@@ -129,15 +131,16 @@ def test_the_cut_is_the_engines() -> None:
 def test_point_to_point_bytes_per_rank_hand_computed() -> None:
     grid = GridShape(pipe=2, x=2)  # own rows: the x group's decoder runs on 2 x 1 rows, held by both x ranks
     message = 2 * 8 * 256 * 4  # (rows of the x*y group, seq, hidden) fp32 hidden states or their gradient
-    args = dict(rows_per_rank=1, seq=8, microbatches=4, stream_bytes=4)
-    assert pipeline_p2p_bytes(SMALL, grid, rank=0, **args) == 4 * message  # forward only
-    assert pipeline_p2p_bytes(SMALL, grid, rank=1, **args) == 4 * message  # gradients back only
+    step = StepSettings(rows_per_rank=1, seq=8, grad_accum=4, stream_bytes=4)  # 4 micro-batches
+    assert pipeline_p2p_bytes(SMALL, grid, step, rank=0) == 4 * message  # forward only
+    assert pipeline_p2p_bytes(SMALL, grid, step, rank=1) == 4 * message  # gradients back only
     # interleaved, V=2: rank 0 holds stages 0 and 2 of 4 (2 forwards, 1 backward), rank 1 stages 1 and 3 (1 + 2)
-    assert pipeline_p2p_bytes(SMALL, grid, rank=0, virtual=2, **args) == 3 * 4 * message
+    assert pipeline_p2p_bytes(SMALL, grid, step, rank=0, virtual=2) == 3 * 4 * message
     # the shared layout: every rank of x*y reads the group's rows itself, here the same 2 rows
-    assert pipeline_p2p_bytes(SMALL, grid, rank=0, **{**args, "rows_per_rank": 2}, rows="shared") == 4 * message
+    shared = replace(step, rows_per_rank=2, rows="shared")
+    assert pipeline_p2p_bytes(SMALL, grid, shared, rank=0) == 4 * message
     plain = GridShape(pipe=4)  # without tensor parallelism: (B/M, T, H) per micro-batch, as bench/pipeline.py
-    assert pipeline_p2p_bytes(SMALL, plain, rank=1, **args) == 2 * 4 * (1 * 8 * 256 * 4)
+    assert pipeline_p2p_bytes(SMALL, plain, step, rank=1) == 2 * 4 * (1 * 8 * 256 * 4)
 
 
 def test_stage_memory_falls_with_more_stages() -> None:
@@ -150,9 +153,7 @@ def test_stage_memory_falls_with_more_stages() -> None:
         params.append(max(m.params for m in memory))
         # 1F1B: rank r holds P - r micro-batches: what rank 1 keeps is P - 1 times one micro-batch's
         param_bytes, act_bytes, stream_bytes = request.element_bytes
-        one = memory_per_rank(
-            pipe_rank_shape(shape, p, 1, 1),
-            GridShape(),
+        step = StepSettings(
             rows_per_rank=1,
             seq=2048,
             recompute=True,
@@ -160,6 +161,7 @@ def test_stage_memory_falls_with_more_stages() -> None:
             act_bytes=act_bytes,
             stream_bytes=stream_bytes,
         )
+        one = memory_per_rank(pipe_rank_shape(shape, p, 1, 1), GridShape(), step)
         assert memory[1].detail["kept"] == pytest.approx((p - 1) * one.detail["kept"])
     assert peaks == sorted(peaks, reverse=True) and params == sorted(params, reverse=True)
     assert params[-1] < params[0] / 6  # the layers' parameters split 8 ways; embeddings and lm_head stay whole

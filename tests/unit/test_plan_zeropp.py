@@ -17,7 +17,7 @@ import pytest
 from plan_refusals import assert_plan_refuses
 
 from engine.core.grid import GridShape
-from engine.planner.cost_model import NAMED_SHAPES, TransformerShape, memory_per_rank
+from engine.planner.cost_model import NAMED_SHAPES, StepSettings, TransformerShape, memory_per_rank
 from engine.planner.plan import HIERARCHIES, PlanRequest, plan_grid, rank_grids, step_prediction, train_command
 from engine.planner.profiles import PROFILES
 from goldfish.app.plan import main as plan_main
@@ -108,8 +108,8 @@ def test_three_level_qwz_qgz_bytes_and_seconds_per_level_hand_computed() -> None
     assert plan.comm_s_by_group["data.level3"] == pytest.approx(6 * 1 * f.inter_latency_s + level[3] / 12.5e9)
     # quantization keeps no less resident memory: the gathered weights are full precision
     plain = replace(zero, quantize_weights=False, quantize_gradients=False, gradient_bits=8)
-    kwargs = dict(rows_per_rank=1, seq=32, act_bytes=2, param_bytes=4)
-    assert memory_per_rank(shape, grid, zero=zero, **kwargs) == memory_per_rank(shape, grid, zero=plain, **kwargs)
+    step = StepSettings(rows_per_rank=1, seq=32, act_bytes=2, param_bytes=4)
+    assert memory_per_rank(shape, grid, step, zero=zero) == memory_per_rank(shape, grid, step, zero=plain)
 
 
 def test_all_to_all_across_nodes_shares_the_nics_among_every_gpu() -> None:
