@@ -65,11 +65,10 @@ from engine.spec import (
     AXES,
     BUCKET_ELEMENTS,
     PIPE_SCHEDULES,
-    ROWS_LAYOUTS,  # noqa: F401 (the planner's readers take the layouts from here)
+    ROWS_LAYOUTS,  # (the planner's readers also take the layouts from here)
     GridShape,
     PipeConfig,
     ZeroConfig,
-    check_rows_layout,
     gradient_axes,
     row_gather_axes,
     row_replica_axes,
@@ -177,6 +176,17 @@ def group_rows(grid: GridShape, rows_per_rank: int, rows: str = "own") -> int:
     return rows_per_rank * grid.size(*row_gather_axes(rows))
 
 
+def linear_axes(transposed: bool) -> tuple[str, str]:
+    """(axis splitting a ParallelLinear's input features, axis splitting its output features): x and y in the normal
+    mode, swapped in the transposed one, so that consecutive layers chain (engine.core.linear.mode_axes)."""
+    return ("y", "x") if transposed else ("x", "y")
+
+
+def zero_stage(zero: ZeroConfig | None, grid: GridShape) -> int:
+    """The ZeRO stage that runs on `grid`: `zero`'s, or 0 without ZeRO or without a data axis to partition over."""
+    return 0 if zero is None or grid.data == 1 else zero.stage
+
+
 def _check_divides(what: str, value: int, by: int, hint: str) -> int:
     if value % by:
         raise ValueError(f"{what}: {value} is not divisible by {by} ({hint})")
@@ -206,7 +216,7 @@ def _tp_linear(
     """
     in_bytes = act_bytes if in_bytes is None else in_bytes
     g = b.grid
-    in_axis, out_axis = ("y", "x") if transposed else ("x", "y")
+    in_axis, out_axis = linear_axes(transposed)
     k_local = _check_divides(f"{name} in_features", k, g.size(in_axis), f"split over {in_axis}")
     n_block = _check_divides(f"{name} out_features", n, g.size(out_axis), f"split over {out_axis}")
     _check_divides(f"{name} out_features", n, g.size(out_axis, "z"), f"split over {out_axis} and z")
@@ -572,7 +582,7 @@ def layer_shard_params(shape: TransformerShape, grid: GridShape) -> int:
     full ones, a bias is split over the output axis and z but replicated over the input axis."""
     total = 0
     for _, k, n, transposed, bias in shape.projections():
-        in_axis, out_axis = ("y", "x") if transposed else ("x", "y")
+        in_axis, out_axis = linear_axes(transposed)
         rows = n // grid.size(out_axis, "z")
         total += rows * (k // grid.size(in_axis)) + (rows if bias else 0)
     return total
@@ -589,7 +599,7 @@ def grid_fits_shape(shape: TransformerShape, grid: GridShape) -> str | None:
     if shape.kv_heads % y:
         return f"{shape.kv_heads} key/value heads not divisible by y={y}"
     for name, k, n, transposed, _ in shape.projections():
-        in_axis, out_axis = ("y", "x") if transposed else ("x", "y")
+        in_axis, out_axis = linear_axes(transposed)
         if k % grid.size(in_axis):
             return f"{name} in_features {k} not divisible by {in_axis}={grid.size(in_axis)}"
         if n % grid.size(out_axis, "z"):
@@ -655,7 +665,8 @@ class StepSettings:
                 raise ValueError(f"StepSettings.{name} must be an integer >= {least}, got {value!r}")
         if self.vocab_parallel not in (None, True, False):
             raise ValueError(f"StepSettings.vocab_parallel must be None, True or False, got {self.vocab_parallel!r}")
-        check_rows_layout(self.rows)
+        if self.rows not in ROWS_LAYOUTS:
+            raise ValueError(f"StepSettings.rows must be a rows layout of {ROWS_LAYOUTS}, got {self.rows!r}")
         size = self.bytes_per_param
         if isinstance(size, bool) or not isinstance(size, (int, float)) or not size > 0:
             raise ValueError(f"StepSettings.bytes_per_param must be a positive number, got {size!r}")
@@ -701,7 +712,7 @@ def local_params(
 
     def place(p: LayerParam, unit: int) -> list[LocalParam]:
         if p.kind == "projection":
-            in_axis, out_axis = ("y", "x") if p.transposed else ("x", "y")
+            in_axis, out_axis = linear_axes(p.transposed)
             n = p.rows // grid.size(out_axis, "z")
             return [LocalParam(unit, n, p.cols // grid.size(in_axis), ("data",))] + (
                 [LocalParam(unit, n, 1, ("data",))] if p.bias else []
@@ -1015,7 +1026,7 @@ def update_collectives(
         for p in local_params(shape, grid, step.vocab_parallel, step.rows)
     ]
     out += sync_collectives(sync, grid, step.param_bytes)
-    stage = 0 if zero is None or grid.data == 1 else zero.stage
+    stage = zero_stage(zero, grid)
     if stage:
         out += zero_collectives(shape, grid, step, zero)
     out += clip_collectives(grid, stage)
@@ -1111,7 +1122,7 @@ def zero_held_bytes(
     """
     params = local_params(shape, grid, vocab_parallel)
     full = sum(p.numel for p in params)
-    stage = 0 if zero is None or grid.data == 1 else zero.stage
+    stage = zero_stage(zero, grid)
     chunks = sum(p.chunk(grid.data, data_rank) for p in params) if stage else full
     return {
         "params": (chunks if stage >= 2 else full) * param_bytes,
@@ -1176,7 +1187,7 @@ def memory_per_rank(
     replicated = shape.root_params + shape.layers * shape.layer_norm_params + (shape.vocab_params if parts == 1 else 0)
     root = shape.vocab_params // parts + shape.root_params  # embeddings, final norm, lm_head as this rank holds them
     params = (sharded + replicated + vocab) * bytes_per_param
-    stage = 0 if zero is None or grid.data == 1 else zero.stage
+    stage = zero_stage(zero, grid)
     host = 0.0
     if stage:
         D, P = grid.data, sharded + replicated + vocab
@@ -1218,7 +1229,7 @@ def memory_per_rank(
     head_grad = (shape.vocab // parts) * h * (grad + (act_bytes + grad if act_bytes != grad else 0)) * shape.runs_head
     blocks = []
     for _, k, n, transposed, _ in shape.projections():
-        in_axis, out_axis = ("y", "x") if transposed else ("x", "y")
+        in_axis, out_axis = linear_axes(transposed)
         blocks.append((n // grid.size(out_axis)) * (k // grid.size(in_axis)))
     transient = max(head_grad, 2 * max(blocks) * param_bytes + 2 * t * h * act_bytes)
     return MemoryEstimate(
