@@ -34,6 +34,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from engine.spec import AXES
+
 GB = 1e9
 
 
@@ -231,9 +233,9 @@ def load_profile(name_or_path: str) -> MachineProfile:
 
 
 def group_stride(axes: tuple[str, ...], sizes: dict[str, int]) -> int:
-    """Rank distance between consecutive members of the group of `axes` (consecutive axes in x, y, z, data
-    order; axes of size one are ignored)."""
-    order = ("x", "y", "z", "data")
+    """Rank distance between consecutive members of the group of `axes` (consecutive axes in the rank order of
+    engine.spec.AXES, x fastest, then y, z and data; axes of size one are ignored)."""
+    order = AXES
     real = [a for a in order if a in axes and sizes[a] > 1]
     if not real:
         return 1
