@@ -543,7 +543,7 @@ def _pipe_rank_work(
         after=optimizer_s + sum(after.values()),
         compute=compute,
         memory=memory_s,
-        comm_by_group={g: during.get(g, 0.0) + after.get(g, 0.0) for g in during.keys() | after.keys()},
+        comm_by_group={g: during.get(g, 0.0) + after.get(g, 0.0) for g in dict.fromkeys([*during, *after])},
         sent_by_group=sent,
     )
 
