@@ -141,6 +141,11 @@ class PlanRequest:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if isinstance(self.mask_bytes, bool) or not isinstance(self.mask_bytes, int) or self.mask_bytes < 0:
+            raise ValueError(f"mask_bytes must be an integer >= 0, got {self.mask_bytes!r}")
+        size = self.bytes_per_param
+        if isinstance(size, bool) or not isinstance(size, (int, float)) or not size > 0:
+            raise ValueError(f"bytes_per_param must be a positive number, got {self.bytes_per_param!r}")
         if not 0 < self.compute_efficiency <= 1:
             raise ValueError(f"compute_efficiency must be in (0, 1], got {self.compute_efficiency}")
         if not 0 < self.memory_fraction <= 1:

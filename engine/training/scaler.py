@@ -11,6 +11,9 @@ grid that is wrong twice over:
 GridGradScaler unscales every gradient's local shard and takes the maximum of the overflow flag over the whole grid
 (one all-reduce of one float per unscale), so every rank skips the same steps and keeps the same scale. bf16 needs no
 scaler: `--precision bf16` and Lightning's "bf16-mixed" do not use one.
+
+A grid spans every process of torch.distributed's world (Grid refuses any other size), so the flag is reduced over the
+default group.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from engine.core.grid import GRID_AXES, Grid
+from engine.core.grid import Grid
 
 
 class GridGradScaler(torch.amp.GradScaler):
@@ -37,21 +40,17 @@ class GridGradScaler(torch.amp.GradScaler):
 
     def __init__(self, grid: Grid, device: str | None = None, **kwargs: Any) -> None:
         super().__init__(device=device or grid.device.type, **kwargs)
-        self._grid_group = grid.group(*GRID_AXES).group  # every rank; None for one rank
+        self._grid_ranks = grid.world_size  # (an int, not the group: the scaler stays picklable, as torch's is)
 
     @classmethod
     def like(cls, scaler: torch.amp.GradScaler, grid: Grid, device: str | None = None) -> "GridGradScaler":
-        """A GridGradScaler with `scaler`'s settings (enabled, current scale, growth and backoff), built before any
-        step: what the engine's Lightning strategies put in place of a precision plugin's scaler."""
-        return cls(
-            grid,
-            device,
-            init_scale=scaler.get_scale() if scaler.is_enabled() else 2.0**16,
-            growth_factor=scaler.get_growth_factor(),
-            backoff_factor=scaler.get_backoff_factor(),
-            growth_interval=scaler.get_growth_interval(),
-            enabled=scaler.is_enabled(),
-        )
+        """A GridGradScaler in `scaler`'s state: enabled or not, its scale, growth and backoff factors, growth interval
+        and growth tracker (what the engine's Lightning strategies put in place of a precision plugin's scaler)."""
+        if not scaler.is_enabled():
+            return cls(grid, device, enabled=False)
+        out = cls(grid, device)
+        out.load_state_dict(scaler.state_dict())
+        return out
 
     # torch's GradScaler.unscale_ calls this method to unscale the gradients and return the overflow flag per device;
     # torch's own ShardedGradScaler overrides it the same way (it is the one place both steps read the flags from).
@@ -67,12 +66,13 @@ class GridGradScaler(torch.amp.GradScaler):
                     # a DTensor's local shard (a placed parameter's, or ZeRO's): the flag is reduced below, over
                     # every rank, so no DTensor reduction is needed
                     grad = param.grad.to_local() if hasattr(param.grad, "to_local") else param.grad
-                    if grad.is_sparse:
-                        raise ValueError(
-                            "GridGradScaler unscales dense gradients only; this parameter's gradient is sparse"
-                        )
                     if not allow_fp16 and grad.dtype == torch.float16:
                         raise ValueError("Attempting to unscale FP16 gradients.")  # torch's message and rule
+                    if grad.is_sparse:  # as torch: the coalesced values (duplicate indices summed may overflow)
+                        if grad.dtype == torch.float16:
+                            param.grad = grad.float().coalesce().half()
+                            grad = param.grad
+                        grad = grad._values()
                     by_kind.setdefault((grad.device, grad.dtype), []).append(grad)
             flags: dict[torch.device, torch.Tensor] = {}
             for (device, _), grads in by_kind.items():
@@ -81,8 +81,8 @@ class GridGradScaler(torch.amp.GradScaler):
             # a rank holding no gradient still takes part in the reduction, on the scale's device
             flags = flags or {found_inf.device: torch.zeros_like(found_inf)}
             overflow = torch.stack([f.to(found_inf.device) for f in flags.values()]).amax(0)
-            if self._grid_group is not None:
-                dist.all_reduce(overflow, op=dist.ReduceOp.MAX, group=self._grid_group)
+            if self._grid_ranks > 1:
+                dist.all_reduce(overflow, op=dist.ReduceOp.MAX)
             for flag in flags.values():
                 flag.copy_(overflow)
         return flags

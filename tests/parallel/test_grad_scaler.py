@@ -8,8 +8,9 @@ torch's own GradScaler is run beside it to show both failures the class exists f
 from __future__ import annotations
 
 import copy
-import importlib.util
+import pickle
 
+import pytest
 import torch
 from distributed import run_distributed
 
@@ -80,15 +81,21 @@ def _scaler_steps(_: int) -> dict[str, bool]:
     except RuntimeError:
         out["torch's GradScaler refuses placed and plain gradients together"] = True
 
-    if importlib.util.find_spec("lightning") is not None:  # the strategies hand "16-mixed" plugins a GridGradScaler
-        from lightning.fabric.plugins.precision.amp import MixedPrecision
+    copied = pickle.loads(pickle.dumps(scaler))  # torch's scalers pickle (checkpoints, deep copies of plugins)
+    out["pickled: the same state"] = copied.state_dict() == scaler.state_dict()
 
-        from engine.integrations.lightning import scale_over_grid
-
-        plugin = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=8.0))
-        scale_over_grid(plugin, grid, torch.device("cpu"))
-        out["Lightning's plugin gets a GridGradScaler"] = isinstance(plugin.scaler, GridGradScaler)
-        out["with its settings"] = plugin.scaler.get_scale() == 8.0
+    loaded = torch.amp.GradScaler("cpu", init_scale=8.0, growth_factor=3.0, backoff_factor=0.25, growth_interval=7)
+    loaded.load_state_dict({**loaded.state_dict(), "_growth_tracker": 5})
+    out["like: every setting and the growth tracker"] = GridGradScaler.like(loaded, grid).state_dict() == {
+        "scale": 8.0,
+        "growth_factor": 3.0,
+        "backoff_factor": 0.25,
+        "growth_interval": 7,
+        "_growth_tracker": 5,
+    }
+    out["like: disabled stays disabled"] = not GridGradScaler.like(
+        torch.amp.GradScaler("cpu", enabled=False), grid
+    ).is_enabled()
     grid.close()
     return out
 
@@ -132,4 +139,40 @@ def test_grid_grad_scaler_under_zero() -> None:
     """Under ZeRO 2 each data rank holds a chunk of the reduced gradients: an overflow in one rank's chunk skips the
     step on every rank."""
     for out in run_distributed(2, _zero_steps, 0):
+        assert all(out.values()), out
+
+
+def _strategies_scale_over_the_grid(_: int) -> dict[str, bool]:
+    import lightning.pytorch as pl
+    from lightning.fabric import Fabric
+    from lightning.fabric.plugins.precision.amp import MixedPrecision as FabricMixedPrecision
+    from lightning.pytorch.plugins.precision import MixedPrecision as TrainerMixedPrecision
+
+    from engine.integrations.lightning import EngineStrategy
+    from engine.integrations.lightning_trainer import EngineTrainerStrategy
+
+    out = {}
+    plugin = FabricMixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=8.0))
+    fabric = Fabric(accelerator="cpu", devices=1, strategy=EngineStrategy(), plugins=[plugin])
+    fabric.launch()  # the strategy's setup_environment: the grid, then the scaler
+    scaler = fabric.strategy.precision.scaler
+    out["Fabric: a GridGradScaler with the plugin's scale"] = (
+        isinstance(scaler, GridGradScaler) and scaler.get_scale() == 8
+    )
+    fabric.strategy.teardown()
+    plugin = TrainerMixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=8.0))
+    trainer = pl.Trainer(accelerator="cpu", devices=1, strategy=EngineTrainerStrategy(), plugins=[plugin], logger=False)
+    trainer.strategy.setup_environment()  # what Trainer.fit runs first
+    scaler = trainer.strategy.precision_plugin.scaler
+    out["Trainer: a GridGradScaler with the plugin's scale"] = (
+        isinstance(scaler, GridGradScaler) and scaler.get_scale() == 8
+    )
+    trainer.strategy.teardown()
+    return out
+
+
+def test_lightning_strategies_scale_over_the_grid() -> None:
+    """Both Lightning strategies give a "16-mixed" plugin a GridGradScaler in its scaler's state when they start."""
+    pytest.importorskip("lightning", reason="needs the lightning extra: pip install -e '.[lightning]'")
+    for out in run_distributed(1, _strategies_scale_over_the_grid, 0):
         assert all(out.values()), out
