@@ -186,6 +186,15 @@ def sum_control(t: torch.Tensor, group: AxisGroup) -> torch.Tensor:
     return out
 
 
+def max_over_world(t: torch.Tensor) -> torch.Tensor:
+    """`t`, in place, made the maximum of `t` over every process of the world (the default group, which a Grid spans);
+    a control message, NOT counted, free for one process: for flags every rank must agree on (an overflow found in one
+    rank's shards, engine/training/scaler.py)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t
+
+
 def all_agree(ok: bool, group: AxisGroup, device: torch.device) -> bool:
     """True when every rank of the group passes ok=True (a control message; free for one rank). Lets every rank
     take the same decision after a step that may fail on some ranks only (a checkpoint write, a load)."""

@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from engine.core import comm
 from engine.core.grid import Grid
 
 
@@ -39,8 +39,9 @@ class GridGradScaler(torch.amp.GradScaler):
     """
 
     def __init__(self, grid: Grid, device: str | None = None, **kwargs: Any) -> None:
+        # the grid only names the device: the flag is reduced over the world, which a grid spans (and holding no
+        # process group keeps the scaler picklable, as torch's is)
         super().__init__(device=device or grid.device.type, **kwargs)
-        self._grid_ranks = grid.world_size  # (an int, not the group: the scaler stays picklable, as torch's is)
 
     @classmethod
     def like(cls, scaler: torch.amp.GradScaler, grid: Grid, device: str | None = None) -> "GridGradScaler":
@@ -81,8 +82,7 @@ class GridGradScaler(torch.amp.GradScaler):
             # a rank holding no gradient still takes part in the reduction, on the scale's device
             flags = flags or {found_inf.device: torch.zeros_like(found_inf)}
             overflow = torch.stack([f.to(found_inf.device) for f in flags.values()]).amax(0)
-            if self._grid_ranks > 1:
-                dist.all_reduce(overflow, op=dist.ReduceOp.MAX)
+            comm.max_over_world(overflow)
             for flag in flags.values():
                 flag.copy_(overflow)
         return flags
