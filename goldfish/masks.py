@@ -14,9 +14,22 @@ Strategies (``STRATEGIES``):
 - ``hashed-reference``: bit-compatible with the goldfish paper's ``hash-table`` masks as computed on CPU,
   for replicating published checkpoints. It is ORDER-INSENSITIVE (a product of ids) and every window
   holding id 0 shares one decision; prefer ``hashed`` for new work.
+- ``apertus``: the mask Apertus (Swiss AI, 2025) was pretrained with, bit-exact with the
+  ``swiss-ai/Megatron-LM`` port: ``hashed-reference``'s product hash and CPU table, except that a target
+  equal to ``ignore_index`` (padding) enters the windows as id 0, as the port rewrites padding labels
+  to 0 before hashing. The app's default for it is k=50, h=50.
+- ``megatron-2026``: bit-exact with the ``swiss-ai/Megatron-LM-MoE`` port: each window of h targets is
+  hashed as its dot product with h fixed-seed odd int64 coefficients (wrapping modulo 2**64, computed
+  exactly on 16-bit limbs), floor-reduced modulo 1,000,003 into the same CPU table. Order-sensitive,
+  and id 0 and id 1 count like any id. Padding enters the windows as id 0, as in the port; the port
+  exempts the tokenizer's special tokens, which callers pass as ``special_token_ids``. App default
+  k=50, h=50.
 - ``random``: independent Bernoulli(1/k) per position. The baseline that fails on repeated text: the
   same passage seen twice gets different masks. Deterministic for a given ``seed``; a training loop
   must therefore vary the seed per step (e.g. ``seed = base_seed + step``).
+
+Every hashed strategy (``hashed``, ``hashed-reference``, ``apertus``, ``megatron-2026``) keeps the first
+h-1 positions of each row. docs/masks.md says which public implementation each strategy equals.
 
 Only torch (and the torch-free goldfish.strategies) is imported here: this module sits below every other project
 package.
@@ -50,6 +63,11 @@ _LIMB_BITS = 16
 _LIMB_MASK = (1 << _LIMB_BITS) - 1
 _N_LIMBS = 4  # 4 x 16 bits = one 64-bit word
 
+# --- megatron-2026: the coefficient hash of the Megatron-LM-MoE port ----------------------------------
+# h coefficients drawn by torch.randint(0, 2**62) on a CPU generator seeded REFERENCE_TABLE_SEED + h, each
+# made odd by setting bit 0.
+_COEFFICIENT_HIGH = 1 << 62
+
 
 def drop_mask(
     targets: torch.Tensor,
@@ -73,7 +91,8 @@ def drop_mask(
         ignore_index: target value meaning "no target"; never dropped. In ``hashed``, a window that
             contains it is incomplete, so its position is kept (like the first h-1 of a row): the
             decision depends on h real consecutive targets only. ``hashed-reference`` multiplies the raw
-            values as the reference does.
+            values as the reference does; ``apertus`` and ``megatron-2026`` read it as id 0, as the
+            Megatron-LM ports do with padding labels.
         special_token_ids: ids (BOS/EOS/PAD...) whose own position is never dropped. They still take part
             in the windows of the positions after them.
         seed: seed of the ``random`` strategy (ignored by the others).
@@ -92,6 +111,10 @@ def drop_mask(
         dropped = _hashed_mask(rows, k, h, ignore_index)
     elif strategy == "hashed-reference":
         dropped = _reference_mask(rows, k, h)
+    elif strategy == "apertus":
+        dropped = _reference_mask(_padding_as_zero(rows, ignore_index), k, h)
+    elif strategy == "megatron-2026":
+        dropped = _coefficient_mask(_padding_as_zero(rows, ignore_index), k, h)
     else:  # "random"; _validate rejected anything else
         dropped = _random_mask(rows, k, seed)
 
@@ -189,7 +212,7 @@ def _to_limbs(x: torch.Tensor) -> list[torch.Tensor]:
     return [(x >> (_LIMB_BITS * i)) & _LIMB_MASK for i in range(_N_LIMBS)]
 
 
-def _mul_limbs_mod_2_64(a: list[torch.Tensor], b: list[torch.Tensor]) -> list[torch.Tensor]:
+def _mul_limbs_mod_2_64(a: list[torch.Tensor], b: list[torch.Tensor] | list[int]) -> list[torch.Tensor]:
     """(a * b) mod 2**64 on 16-bit limbs; each partial sum stays below 2**35, far from overflow."""
     out = []
     carry = torch.zeros_like(a[0])
@@ -200,6 +223,19 @@ def _mul_limbs_mod_2_64(a: list[torch.Tensor], b: list[torch.Tensor]) -> list[to
         out.append(column & _LIMB_MASK)
         carry = column >> _LIMB_BITS
     return out
+
+
+def _signed_limbs_mod_table(limbs: list[torch.Tensor]) -> torch.Tensor:
+    """Four 16-bit limbs of a 64-bit word -> the word read as a signed int64, floor-modulo 1,000,003.
+
+    Unsigned value U = sum limb_i * 2**(16 i); the signed int64 is U - 2**64 when the top bit is set.
+    """
+    key = torch.zeros_like(limbs[0])
+    for i, limb in enumerate(limbs):
+        key = key + limb * pow(2, _LIMB_BITS * i, REFERENCE_TABLE_SIZE)  # < 2**16 * 2**20 each
+    negative = (limbs[-1] >> (_LIMB_BITS - 1)) & 1
+    key = key - negative * pow(2, 64, REFERENCE_TABLE_SIZE)
+    return torch.remainder(key, REFERENCE_TABLE_SIZE)  # floor modulo: in [0, 1,000,003)
 
 
 def reference_window_keys(rows: torch.Tensor, h: int) -> torch.Tensor:
@@ -214,13 +250,7 @@ def reference_window_keys(rows: torch.Tensor, h: int) -> torch.Tensor:
     product = _to_limbs(rows[:, :n_windows])
     for offset in range(1, h):
         product = _mul_limbs_mod_2_64(product, _to_limbs(rows[:, offset : offset + n_windows]))
-    # Unsigned value U = sum limb_i * 2**(16 i); the signed int64 is U - 2**64 when the top bit is set.
-    key = torch.zeros_like(product[0])
-    for i, limb in enumerate(product):
-        key = key + limb * pow(2, _LIMB_BITS * i, REFERENCE_TABLE_SIZE)  # < 2**16 * 2**20 each
-    negative = (product[-1] >> (_LIMB_BITS - 1)) & 1
-    key = key - negative * pow(2, 64, REFERENCE_TABLE_SIZE)
-    return torch.remainder(key, REFERENCE_TABLE_SIZE)  # floor modulo: in [0, 1,000,003)
+    return _signed_limbs_mod_table(product)
 
 
 def _reference_mask(rows: torch.Tensor, k: int, h: int) -> torch.Tensor:
@@ -235,6 +265,61 @@ def _reference_mask(rows: torch.Tensor, k: int, h: int) -> torch.Tensor:
         return dropped
     table = _reference_table(rows.device)
     dropped[:, h - 1 :] = table[reference_window_keys(rows, h)] < 1 / k
+    return dropped
+
+
+def _padding_as_zero(rows: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """The Megatron-LM ports' reading of padding: a padding label is rewritten to id 0 before hashing."""
+    return torch.where(rows == ignore_index, torch.zeros_like(rows), rows)
+
+
+@functools.lru_cache(maxsize=16)
+def megatron_2026_coefficients(h: int) -> tuple[int, ...]:
+    """The h odd int64 coefficients of the megatron-2026 window hash (oldest target's first).
+
+    Drawn as the Megatron-LM-MoE port draws them when its labels live on CPU (they do: its dataset builds
+    them from numpy): ``torch.randint(0, 2**62, (h,))`` on a CPU generator seeded 2971215073 + h, then
+    bit 0 set. Always drawn on CPU here, whatever the targets' device.
+    """
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(REFERENCE_TABLE_SEED + h)
+    drawn = torch.randint(0, _COEFFICIENT_HIGH, (h,), dtype=torch.int64, generator=generator)
+    return tuple(int(c) | 1 for c in drawn.tolist())
+
+
+def coefficient_window_keys(rows: torch.Tensor, h: int) -> torch.Tensor:
+    """(B, T) int64 -> (B, T-h+1): the megatron-2026 table key of each window of h targets.
+
+    key = (sum over the window of target_i * coefficient_i) as a wrapped signed int64, floor-modulo
+    1,000,003. Each product is taken modulo 2**64 on 16-bit limbs, the limbs of the h products are summed
+    column by column (below h * 2**16 each) and the carries propagated once, so the 64-bit word is exact
+    on any device without relying on int64 overflow.
+    """
+    n_windows = rows.shape[1] - h + 1
+    total = [torch.zeros_like(rows[:, :n_windows]) for _ in range(_N_LIMBS)]
+    for offset, coefficient in enumerate(megatron_2026_coefficients(h)):
+        constant = [(coefficient >> (_LIMB_BITS * i)) & _LIMB_MASK for i in range(_N_LIMBS)]
+        product = _mul_limbs_mod_2_64(_to_limbs(rows[:, offset : offset + n_windows]), constant)
+        total = [t + p for t, p in zip(total, product)]
+    carry = torch.zeros_like(total[0])
+    word = []
+    for column in total:
+        column = column + carry
+        word.append(column & _LIMB_MASK)
+        carry = column >> _LIMB_BITS  # the carry out of the top limb is the 2**64 wrap: dropped
+    return _signed_limbs_mod_table(word)
+
+
+def _coefficient_mask(rows: torch.Tensor, k: int, h: int) -> torch.Tensor:
+    """(B, T) -> (B, T): the Megatron-LM-MoE port's rule: table[coefficient key of the window] < 1/k.
+
+    Same table and threshold as ``hashed-reference``; positions 0..h-2 are never dropped.
+    """
+    dropped = torch.zeros_like(rows, dtype=torch.bool)
+    if rows.shape[1] - h + 1 <= 0:
+        return dropped
+    table = _reference_table(rows.device)
+    dropped[:, h - 1 :] = table[coefficient_window_keys(rows, h)] < 1 / k
     return dropped
 
 

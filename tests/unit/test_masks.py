@@ -326,7 +326,7 @@ def test_bad_h_is_rejected(h: object) -> None:
 
 
 def test_unknown_strategy_lists_valid_ones() -> None:
-    with pytest.raises(ValueError, match="static, hashed, hashed-reference, random"):
+    with pytest.raises(ValueError, match="static, hashed, hashed-reference, random, apertus, megatron-2026"):
         drop_mask(random_ids((2, 20), seed=0), "hash-table", 4)
 
 
