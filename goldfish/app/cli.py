@@ -1018,6 +1018,7 @@ def progress_bars(enabled: bool) -> Iterator[None]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from goldfish.app.audit import add_audit_parser
     from goldfish.app.plan import add_plan_arguments, run_plan
 
     parser = OneLineParser(  # its subcommands' parsers are of its class: every error is one line
@@ -1036,6 +1037,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan_arguments(plan)
     plan.set_defaults(func=run_plan, parser=plan)
     _add_mask_parser(sub)
+    add_audit_parser(sub)  # goldfish/app/audit.py
     return parser
 
 
