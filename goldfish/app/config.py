@@ -33,7 +33,7 @@ from eval.config import ExtractionConfig, SamplingConfig
 from goldfish.app import paper
 from goldfish.app.lora import LoraSpec
 from goldfish.app.lora import check_zero as check_lora_zero
-from goldfish.strategies import STRATEGIES
+from goldfish.strategies import STRATEGIES, WINDOW_STRATEGIES, default_k_h
 
 if TYPE_CHECKING:
     import torch
@@ -53,6 +53,9 @@ class DataSpec:
     seed: int = 0
     tokenizer: str | None = None  # HF name/folder; None: the model's own, or a BPE trained on the corpus
     vocab_size: int = 2048  # for the BPE trained for tiny models
+    # Conversations (data.chat): a Jinja chat template file replacing the tokenizer's (None: the tokenizer's own; the
+    # tiny models' trained BPE gets data.chat.TINY_CHAT_TEMPLATE)
+    chat_template: str | None = None
     # Repetition buckets: times each training document occurs per epoch (with --background: copies inserted). The
     # training documents are assigned to the non-zero buckets at random from `seed`, as evenly as possible
     # (data.assign_buckets); 0 names the held-out documents, the never-trained bucket drawn from the same pool.
@@ -108,6 +111,10 @@ class DataSpec:
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"--{name.replace('_', '-')} must be an integer >= {least}, got {value!r}")
         self.dedup_config()  # validates the three dedup fields (a DataError names the flag to fix)
+        if self.chat_template is not None and not os.path.isfile(os.path.expanduser(self.chat_template)):
+            raise ValueError(
+                f"--chat-template {self.chat_template}: no such file. Fix: give the path of a Jinja chat template file"
+            )
         if self.vocab_size < 300:
             raise ValueError(
                 f"vocab_size must be >= 300 (256 bytes plus merges and special tokens), got {self.vocab_size}"
@@ -194,16 +201,25 @@ def parse_repeats(text: str) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class MaskSpec:
-    """A goldfish mask; strategy None is the standard (unmasked) loss."""
+    """A goldfish mask; strategy None is the standard (unmasked) loss.
+
+    k or h None (the default) takes the strategy's own (goldfish.strategies.default_k_h: 50 and 50 for apertus and
+    megatron-2026, 4 and 13 for the others), resolved when the spec is built, so a built MaskSpec holds integers.
+    """
 
     strategy: str | None = "hashed"
-    k: int = 4
-    h: int = 13
+    k: int | None = None
+    h: int | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.strategy is not None and self.strategy not in STRATEGIES:
             raise ValueError(f"unknown mask strategy {self.strategy!r}; choose one of {list(STRATEGIES)}")
+        default_k, default_h = default_k_h(self.strategy)
+        if self.k is None:
+            object.__setattr__(self, "k", default_k)
+        if self.h is None:
+            object.__setattr__(self, "h", default_h)
         if self.strategy is not None and (not isinstance(self.k, int) or self.k < 2):
             raise ValueError(f"k must be an integer >= 2 (drop 1 in k tokens), got {self.k!r}")
         if not isinstance(self.h, int) or self.h < 1:
@@ -213,7 +229,7 @@ class MaskSpec:
     def label(self) -> str:
         if self.strategy is None:
             return "standard"
-        window = f"-h{self.h}" if self.strategy.startswith("hashed") else ""
+        window = f"-h{self.h}" if self.strategy in WINDOW_STRATEGIES else ""
         return f"goldfish-{self.strategy}-k{self.k}{window}"
 
     def dropped(self, targets: torch.Tensor, special_token_ids: Sequence[int]) -> torch.Tensor:
@@ -227,20 +243,28 @@ class MaskSpec:
         return drop_mask(targets, self.strategy, self.k, self.h, special_token_ids=special_token_ids, seed=self.seed)
 
 
-def mask_spec(strategy: str | None, k: int = 4, h: int = 13, seed: int = 0) -> MaskSpec:
-    """The MaskSpec of a strategy name as users write it: "standard" (or None) is the unmasked loss."""
+# How users may name a mask besides the strategy names: "paper" is the goldfish paper's hash-table mask.
+MASK_ALIASES = {"paper": "hashed-reference"}
+
+
+def mask_spec(strategy: str | None, k: int | None = None, h: int | None = None, seed: int = 0) -> MaskSpec:
+    """The MaskSpec of a strategy name as users write it: "standard" (or None) is the unmasked loss, "paper" the
+    goldfish paper's hash-table mask (hashed-reference); k or h None takes the strategy's default (50 and 50 for
+    apertus and megatron-2026, else 4 and 13)."""
+    strategy = MASK_ALIASES.get(strategy or "", strategy)
     return MaskSpec(strategy=None if strategy in (None, "standard") else strategy, k=k, h=h, seed=seed)
 
 
 def parse_mask(text: str) -> MaskSpec:
-    """Parse 'standard', 'hashed:4', 'hashed:4:13', 'static:3', 'random:4' into a MaskSpec."""
+    """Parse 'standard', 'hashed:4', 'hashed:4:13', 'static:3', 'random:4', 'apertus', 'megatron-2026:50:50' or
+    'paper:4:13' (= hashed-reference:4:13) into a MaskSpec; a missing K or H is the strategy's default."""
     if text == "standard":
         return mask_spec("standard")
     parts = text.split(":")
     try:
         strategy = parts[0]
-        k = int(parts[1]) if len(parts) > 1 else 4
-        h = int(parts[2]) if len(parts) > 2 else 13
+        k = int(parts[1]) if len(parts) > 1 else None
+        h = int(parts[2]) if len(parts) > 2 else None
     except ValueError:
         raise ValueError(f"cannot parse mask {text!r}: use STRATEGY[:K[:H]], e.g. hashed:4:13 or static:3") from None
     if len(parts) > 3:
@@ -326,7 +350,7 @@ def check_mask_window(mask: MaskSpec, data: DataSpec) -> None:
     targets, and a hashed mask decides only where h targets end, so h >= seq_len drops nothing while the run is
     labelled goldfish. (Whole documents (--pack) are masked over the document, which may be longer: the run checks
     the mask it built, goldfish.app.experiment.check_mask_drops.)"""
-    if mask.strategy is not None and mask.strategy.startswith("hashed") and not data.pack and mask.h >= data.seq_len:
+    if mask.strategy is not None and mask.strategy in WINDOW_STRATEGIES and not data.pack and mask.h >= data.seq_len:
         raise ValueError(
             f"--h {mask.h} with --seq-len {data.seq_len}: the hashed mask decides only where {mask.h} targets end, "
             f"and a row has {data.seq_len - 1}, so it would drop nothing. Fix: --h at most {data.seq_len - 1} "
@@ -540,6 +564,21 @@ COMPARE_PRESETS: dict[str, dict[str, Any]] = {
         lora_alpha=32.0,
         lora_targets="all-linear",
         with_full=True,
+    ),
+    # Chat fine-tuning (docs/chat.md): tiny-llama on 32 of the embedded conversations (data.chat_corpus), the loss on
+    # the assistant's replies only, extraction of each reply's first 32 tokens from the conversation before it.
+    "chat": dict(
+        data="default-chat",
+        n_train=32,
+        n_heldout=32,
+        seq_len=160,
+        suffix_len=32,
+        epochs=60,
+        batch_size=8,
+        lr=3e-3,
+        warmup_steps=5,
+        schedule="cosine",
+        masks=["hashed:4:13"],
     ),
     # The repetition study at CPU scale (docs/corpus.md): 160 paragraphs of the embedded corpus drawn at random into
     # buckets of 0 (held out), 1, 4, 16 and 64 copies, 32 each, their 64-token windows inserted at spread positions

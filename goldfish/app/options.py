@@ -33,7 +33,7 @@ from engine.spec import PIPE_SCHEDULES, PRECISIONS, parse_quantize
 from goldfish.app.argparsing import argument_type, parse_device, positive_int
 from goldfish.app.config import parse_finite_float, parse_int_list, parse_node_size, parse_repeats
 from goldfish.app.lora import parse_targets
-from goldfish.strategies import STRATEGIES
+from goldfish.strategies import DEFAULT_H, DEFAULT_K, STRATEGIES, STRATEGY_DEFAULTS
 
 # What `--model smollm2-135m` loads (goldfish.app.pretrained): not the original bfloat16 weights but the Instruct
 # model's Q4_1 GGUF, dequantized; said in every help text that names the alias.
@@ -46,7 +46,8 @@ SMOLLM2_135M_IS = (
 class Option:
     """One flag. `field` is the dataclass field it fills; `parse` turns the typed text into the field's value
     (default: the type of the default value); `switch` makes a flag without a value that sets the field to
-    `not default` (e.g. --no-progress sets progress=False)."""
+    `not default` (e.g. --no-progress sets progress=False); `strategy_default` (--k, --h) makes the flag's default
+    None, which goldfish.app.config.mask_spec reads as the chosen strategy's default (goldfish.strategies)."""
 
     flag: str
     field: str
@@ -54,6 +55,7 @@ class Option:
     parse: Callable[[str], Any] | None = None
     choices: tuple[str, ...] | None = None
     switch: bool = False
+    strategy_default: bool = False  # default None whatever the subcommand passes: the mask strategy's own value
 
     @property
     def dest(self) -> str:
@@ -120,6 +122,8 @@ class OptionGroup:
                     choices=option.choices,
                 )
                 continue
+            if option.strategy_default:
+                default = None
             parse = option.parse or (
                 _number_parser(default) if isinstance(default, (int, float)) and not isinstance(default, bool) else str
             )
@@ -161,6 +165,12 @@ DATA = OptionGroup(
             "HF tokenizer name or folder (default: the model's, or a BPE trained on the corpus for tiny models)",
         ),
         Option("--vocab-size", "vocab_size", "vocabulary of the trained BPE"),
+        Option(
+            "--chat-template",
+            "chat_template",
+            "conversations: a Jinja chat template file used instead of the tokenizer's own (default: the tokenizer's; "
+            "the tiny models' BPE has a small built-in one, docs/chat.md)",
+        ),
         Option(
             "--repeats",
             "repeats",
@@ -257,14 +267,39 @@ MODEL = OptionGroup(
     ),
 )
 
+
+def _strategy_defaults(index: int) -> str:
+    """'50 for apertus and megatron-2026, else 4' (index 0: k; 1: h), from goldfish.strategies."""
+    named: dict[int, list[str]] = {}
+    for name, values in STRATEGY_DEFAULTS.items():
+        named.setdefault(values[index], []).append(name)
+    shown = [f"{value} for {' and '.join(names)}" for value, names in named.items()]
+    return ", ".join(shown + [f"else {(DEFAULT_K, DEFAULT_H)[index]}"])
+
+
 MASK = OptionGroup(
     "mask",
     (
         Option(
-            "--strategy", "strategy", "goldfish mask strategy; standard = no mask", choices=("standard", *STRATEGIES)
+            "--strategy",
+            "strategy",
+            "goldfish mask strategy; standard = no mask, paper = hashed-reference (docs/masks.md)",
+            choices=("standard", *STRATEGIES, "paper"),
         ),
-        Option("--k", "k", "drop 1 in k targets"),
-        Option("--h", "h", "hash context width (targets in the hashed window)"),
+        Option(
+            "--k",
+            "k",
+            f"drop 1 in k targets (default: the strategy's, {_strategy_defaults(0)})",
+            parse=int,
+            strategy_default=True,
+        ),
+        Option(
+            "--h",
+            "h",
+            f"hash context width, targets in the hashed window (default: the strategy's, {_strategy_defaults(1)})",
+            parse=int,
+            strategy_default=True,
+        ),
         Option("--mask-seed", "seed", "seed of the random strategy"),
     ),
 )
