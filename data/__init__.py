@@ -6,6 +6,7 @@ Imports nothing of the other project packages: the loss mask is handed in as a f
 
 from data.dedup import DEDUP_MODES, DUPLICATE_POLICIES, DedupConfig
 from data.documents import (
+    DEFAULT_CHAT,
     DEFAULT_CORPUS,
     DEFAULT_PARAGRAPHS,
     Document,
@@ -20,6 +21,7 @@ from data.tokenizer import BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, load_tokenizer, trai
 
 __all__ = [
     "BOS_TOKEN",
+    "DEFAULT_CHAT",
     "DEFAULT_CORPUS",
     "DEFAULT_PARAGRAPHS",
     "DEDUP_MODES",

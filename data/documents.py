@@ -19,12 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from data.chat import Message, conversation_of_record, conversation_text, is_conversation_record
 from data.errors import DataError
 
 DEFAULT_CORPUS = "default"
 # The default corpus cut into paragraphs: hundreds of short, distinct documents, enough targets for a study with
 # dozens of targets per repetition bucket.
 DEFAULT_PARAGRAPHS = "default-paragraphs"
+DEFAULT_CHAT = "default-chat"  # conversations derived from the paragraphs (data.chat_corpus)
 PARAGRAPH_MIN_CHARS = 200
 
 # Suffixes that make a string look like a file the user meant, not a Hugging Face dataset name.
@@ -34,8 +36,8 @@ _FILE_LIKE_SUFFIXES = frozenset(
 )
 _LOCAL_FIX = (
     "pass a local .jsonl, .txt or .parquet file, a folder of .txt files, a folder written by "
-    f"datasets' save_to_disk, '{DEFAULT_CORPUS}' for the embedded corpus or '{DEFAULT_PARAGRAPHS}' for its "
-    "paragraphs"
+    f"datasets' save_to_disk, '{DEFAULT_CORPUS}' for the embedded corpus, '{DEFAULT_PARAGRAPHS}' for its "
+    f"paragraphs or '{DEFAULT_CHAT}' for conversations made from them"
 )
 
 
@@ -51,6 +53,8 @@ class Document:
     id: str
     text: str
     source: str
+    # A conversation (data.chat): its messages; text is then their plain rendering (data.chat.conversation_text).
+    messages: tuple[Message, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,8 @@ def load_documents(
         return default_corpus()
     if isinstance(source, str) and source == DEFAULT_PARAGRAPHS:
         return default_paragraphs()
+    if isinstance(source, str) and source == DEFAULT_CHAT:
+        return default_chat()
     if not isinstance(source, (str, os.PathLike)):
         raise DataError(f"source must be a path or a dataset name, got {type(source).__name__}: {source!r}")
     if not isinstance(text_field, str) or not text_field:
@@ -166,6 +172,16 @@ def default_paragraphs(min_chars: int = PARAGRAPH_MIN_CHARS) -> list[Document]:
     return _documents_from_records(records, origin=source, source=source, text_field="text", id_field="id")
 
 
+def default_chat() -> list[Document]:
+    """The embedded conversations (data.chat_corpus): one per paragraph of the embedded corpus, read through the same
+    record check as a user's conversations."""
+    from data.chat_corpus import conversation_records
+
+    source = f"conversations from paragraphs of pydoc_data.topics (Python {platform.python_version()})"
+    records = (_Record(where=f"conversation {r['id']!r}", default_id=r["id"], fields=r) for r in conversation_records())
+    return _documents_from_records(records, origin=source, source=source, text_field="text", id_field="id")
+
+
 def _documents_from_records(
     records: Iterable[_Record],
     *,
@@ -188,6 +204,12 @@ def _documents_from_records(
                 f"got {type(fields).__name__}. Fix: write one JSON object per record, e.g. "
                 f'{{"{text_field}": "..."}}.'
             )
+        if is_conversation_record(fields, text_field):
+            messages = conversation_of_record(fields, f"{origin}, {record.where}")
+            doc_id = record.default_id if id_field is None else _record_id(fields, id_field, origin, record.where)
+            _check_unique(doc_id, record.where, first_seen, origin)
+            documents.append(Document(id=doc_id, text=conversation_text(messages), source=source, messages=messages))
+            continue
         if text_field not in fields:
             raise DataError(
                 f"{origin}, {record.where}: record has no field {text_field!r}; available keys: "
@@ -202,12 +224,7 @@ def _documents_from_records(
                 "another field with --text-field."
             )
         doc_id = record.default_id if id_field is None else _record_id(fields, id_field, origin, record.where)
-        if doc_id in first_seen:
-            raise DataError(
-                f"{origin}, {record.where}: duplicate id {doc_id!r} (first at {first_seen[doc_id]}). "
-                "Fix: make the ids unique, or leave --id-field unset to use <file>:<line> ids."
-            )
-        first_seen[doc_id] = record.where
+        _check_unique(doc_id, record.where, first_seen, origin)
         documents.append(Document(id=doc_id, text=text, source=source))
     if not documents:
         raise DataError(f"{origin}: no documents (the source is empty). Fix: {_LOCAL_FIX}.")
@@ -217,6 +234,15 @@ def _documents_from_records(
             "Fix: choose the field that holds the text with --text-field (text_field= in Python), or fill the texts."
         )
     return documents
+
+
+def _check_unique(doc_id: str, where: str, first_seen: dict[str, str], origin: str) -> None:
+    if doc_id in first_seen:
+        raise DataError(
+            f"{origin}, {where}: duplicate id {doc_id!r} (first at {first_seen[doc_id]}). "
+            "Fix: make the ids unique, or leave --id-field unset to use <file>:<line> ids."
+        )
+    first_seen[doc_id] = where
 
 
 def _record_id(fields: Mapping, id_field: str, origin: str, where: str) -> str:
@@ -242,7 +268,7 @@ def is_local_source(source: str | os.PathLike) -> bool:
     if not isinstance(source, (str, os.PathLike)):
         return False
     return (
-        source in (DEFAULT_CORPUS, DEFAULT_PARAGRAPHS)
+        source in (DEFAULT_CORPUS, DEFAULT_PARAGRAPHS, DEFAULT_CHAT)
         or isinstance(source, os.PathLike)
         or _looks_like_path(source)
         or Path(os.path.expanduser(source)).exists()

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from data.chat import check_chat_template, render_conversation
 from data.dedup import (
     AUDIT_NGRAM,
     KIND_RANK,
@@ -51,6 +52,13 @@ class TokenizedDocument:
     full_ids: list[int] | None = None
     # Truncated selection: the ids the whole text has (bos counted), so len(token_ids) < n_tokens when it was cut.
     n_tokens: int | None = None
+    # A conversation (data.chat): token_ids is the whole rendered conversation and replies the [start, end) token
+    # span of each assistant reply, what training puts the loss on.
+    replies: tuple[tuple[int, int], ...] | None = None
+    # An extraction unit of one reply (data.chat.reply_units): the prompt's length in token_ids (the reply follows)
+    # and the conversation it comes from.
+    reply_start: int | None = None
+    conversation_id: str | None = None
 
 
 @dataclass
@@ -221,6 +229,11 @@ def select_documents(
     if duplicate is not None:
         raise DataError(f"document id {duplicate!r} occurs more than once. Fix: give every document a unique id.")
 
+    conversations = _are_conversations(documents)
+    if conversations:
+        check_chat_template(tokenizer)
+        if whole_documents is not None:
+            raise DataError("conversations are selected whole already; whole-document (--pack) selection is for texts")
     bos_id = getattr(tokenizer, "bos_token_id", None)
     n_text_ids = seq_len - (1 if bos_id is not None else 0)  # ids taken from the text itself
     needed = n_train + n_heldout
@@ -236,6 +249,17 @@ def select_documents(
     while (dedup.mode != "off" or len(kept) < needed) and n_examined < len(order):
         want = len(order) if dedup.mode != "off" else max(_MIN_BATCH, 2 * (needed - len(kept)))
         batch = [documents[i] for i in order[n_examined : n_examined + want]]
+        if conversations:
+            for doc in batch:
+                n_examined += 1
+                conversation = _conversation(doc, tokenizer, seq_len)
+                if conversation is None:
+                    too_long.append(doc.id)
+                    continue
+                kept.append(conversation)
+                if dedup.mode == "off" and len(kept) == needed:
+                    break
+            continue
         # verbose=False: texts longer than model_max_length are fine, we truncate below.
         encoded = tokenizer([doc.text for doc in batch], add_special_tokens=False, verbose=False)["input_ids"]
         for doc, text_ids in zip(batch, encoded):
@@ -266,6 +290,14 @@ def select_documents(
                 break
 
     train, heldout, repeats, removed = _place_clusters(kept, tokenizer, bos_id, n_train, needed, dedup)
+    if conversations and len(train) + len(heldout) < needed:
+        distinct = f" distinct (after removing {len(removed)} with duplicate replies)" if removed else ""
+        raise DataError(
+            f"not enough conversations of at most {seq_len} tokens: {len(train) + len(heldout)}{distinct} available "
+            f"({len(documents)} conversations, {len(too_long)} longer), but n_train + n_heldout = {n_train} + "
+            f"{n_heldout} = {needed} are needed. Fix: lower --n-train/--n-heldout, raise --seq-len, or give more "
+            "conversations."
+        )
     if len(train) + len(heldout) < needed:
         distinct = f" distinct (after removing {len(removed)} duplicates)" if removed else ""
         raise DataError(
@@ -295,8 +327,53 @@ def select_documents(
 
 
 def _window_text(tokenizer: Any, doc: TokenizedDocument, bos_id: int | None) -> str:
+    """The text deduplication and the overlap audit judge: the window's text, or a conversation's replies (what
+    training puts the loss on and extraction compares; a system prompt shared by every conversation is no
+    duplicate)."""
+    if doc.replies is not None:
+        return "\n".join(
+            tokenizer.decode(doc.token_ids[start:end], skip_special_tokens=True) for start, end in doc.replies
+        )
     ids = doc.token_ids[1:] if bos_id is not None else doc.token_ids
     return tokenizer.decode(ids)
+
+
+def _reply_ids(doc: TokenizedDocument) -> list[int]:
+    return [t for start, end in doc.replies or () for t in doc.token_ids[start:end]]
+
+
+def _are_conversations(documents: Sequence[Document]) -> bool:
+    """True when every document is a conversation, False when none is; DataError for a mix."""
+    chats = sum(doc.messages is not None for doc in documents)
+    if 0 < chats < len(documents):
+        raise DataError(
+            f"the source mixes {chats} conversations with {len(documents) - chats} text documents. Fix: give "
+            "conversations and texts as separate sources."
+        )
+    return chats > 0
+
+
+def _conversation(doc: Document, tokenizer: Any, max_len: int) -> TokenizedDocument | None:
+    """A conversation rendered and tokenized whole (data.chat), or None when it has more than max_len ids."""
+    rendered = render_conversation(tokenizer, doc.messages or (), f"conversation {doc.id!r}")
+    if len(rendered.ids) > max_len:
+        return None
+    return TokenizedDocument(
+        id=doc.id,
+        text=doc.text,
+        token_ids=rendered.ids,
+        sha256=hashlib.sha256(doc.text.encode("utf-8")).hexdigest(),
+        n_tokens=len(rendered.ids),
+        replies=rendered.replies,
+    )
+
+
+def _candidate(doc: TokenizedDocument, tokenizer: Any, bos_id: int | None, near: bool) -> Candidate:
+    """A document as deduplication sees it; a conversation by its replies alone (texts and ids)."""
+    if doc.replies is not None:
+        replies = _window_text(tokenizer, doc, bos_id)
+        return Candidate(doc.id, replies, _reply_ids(doc), replies)
+    return Candidate(doc.id, doc.text, doc.token_ids, _window_text(tokenizer, doc, bos_id) if near else "")
 
 
 def _place_clusters(
@@ -310,10 +387,7 @@ def _place_clusters(
     """(train, heldout, repeats, removed) from the long-enough documents in examination order."""
     if dedup.mode == "off":
         return kept[:n_train], kept[n_train:needed], [], []
-    candidates = [
-        Candidate(d.id, d.text, d.token_ids, _window_text(tokenizer, d, bos_id) if dedup.mode == "near" else "")
-        for d in kept
-    ]
+    candidates = [_candidate(d, tokenizer, bos_id, dedup.mode == "near") for d in kept]
     links = find_duplicate_links(candidates, dedup)
     roots = cluster_roots(len(kept), links)
     reasons = best_links(len(kept), links)
@@ -360,6 +434,7 @@ def _place_clusters(
                     repeat_of=kept[root].id,
                     full_ids=doc.full_ids,
                     n_tokens=doc.n_tokens,
+                    replies=doc.replies,
                 )
             )
     return train, heldout, repeats, removed

@@ -90,12 +90,14 @@ def _document_accuracy(
     predicted: torch.Tensor,
     doc: list[int],
     drop_mask_fn: Callable[[torch.Tensor], torch.Tensor] | None,
+    scored_from: int = 0,
 ) -> dict[str, float | int | None]:
     """Teacher-forced accuracy of one document from its (T,) predicted ids (entry j predicts token j+1).
 
     Targets have shape (1, T), the training convention: position j holds token j+1 and the last position holds
     -100 (nothing follows). So ``drop_mask_fn`` sees exactly the targets training built its mask from and returns
-    the same (1, T) bool mask.
+    the same (1, T) bool mask. Only targets at positions >= ``scored_from`` are scored (a conversation's reply: the
+    mask is still drawn over every true target, as training drew it).
     """
     targets = torch.full((1, len(doc)), IGNORE_INDEX, dtype=torch.long, device=predicted.device)  # (1, T)
     targets[0, :-1] = torch.tensor(doc[1:], dtype=torch.long)
@@ -107,6 +109,7 @@ def _document_accuracy(
                 f"drop_mask_fn must return a bool tensor of the targets' shape "
                 f"{tuple(targets.shape)}, got {dropped.dtype} {tuple(dropped.shape)}"
             )
+    targets[0, :scored_from] = IGNORE_INDEX
     return prediction_accuracy(predicted[None, :], targets, dropped)
 
 
@@ -165,7 +168,7 @@ def extract(
     bar = tqdm(total=len(kept), desc="extract", unit="doc", disable=not progress)
     try:
 
-        def run_batch(docs: list[list[int]]) -> list[tuple[GreedyPath, dict[str, float | int | None], float]]:
+        def run_batch(docs: list[list[int]]) -> list[tuple[GreedyPath, torch.Tensor, float]]:
             splits = [config.split(d) for d in docs]  # long enough: kept
             prefix_lens = [len(s[0]) for s in splits]  # type: ignore[index]
             paths, predicted = forced_greedy(
@@ -173,13 +176,16 @@ def extract(
             )
             bar.update(len(docs))
             return [
-                (path, _document_accuracy(ids, d, drop_mask_fn), suffix_tf_accuracy(ids, split[1], len(split[0])))
-                for d, split, path, ids in zip(docs, splits, paths, predicted)
+                (path, ids, suffix_tf_accuracy(ids, split[1], len(split[0])))
+                for split, path, ids in zip(splits, paths, predicted)
             ]
 
         with evaluating(model):  # longest documents first, results in input order
             results = decode_longest_first([doc.token_ids for doc, _, _ in kept], config.batch_size, run_batch)
-        for (doc, prefix, suffix), (path, acc, suffix_acc) in zip(kept, results):
+        for (doc, prefix, suffix), (path, predicted_ids, suffix_acc) in zip(kept, results):
+            # a conversation's reply (data.chat.reply_units): only the reply was trained on, so only it is scored
+            scored_from = len(prefix) - 1 if getattr(doc, "reply_start", None) is not None else 0
+            acc = _document_accuracy(predicted_ids, [int(t) for t in doc.token_ids], drop_mask_fn, scored_from)
             gen = path.ids
             generated_text, reference_text = decode(gen), decode(suffix)
             rows.append(

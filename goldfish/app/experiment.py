@@ -21,6 +21,7 @@ import engine
 import engine.training.train as engine_train
 from data.atomic import write_json_atomic, write_jsonl_atomic
 from data.background import Background, background_sample, build_background, load_background, stream_budget
+from data.chat import TINY_CHAT_TEMPLATE, assistant_flags, check_chat_template, reply_units
 from data.corpus import TokenizedCorpus
 from data.rows import piece_ids
 from engine.core import comm
@@ -33,6 +34,7 @@ from eval.files import MEMBERSHIP_FILE, ROW_FILES
 from eval.intervals import DEFAULT_RESAMPLES
 from eval.membership import DC_PDD_CAP, DEFAULT_RECALL_PREFIX_DOCS
 from eval.metrics import INTERVAL_METRICS
+from eval.replies import reply_statistics
 from goldfish.app.config import (
     RUN_FILE,
     DataSpec,
@@ -53,7 +55,7 @@ from goldfish.app.pretrained import (
 )
 from goldfish.app.results import ModelResult, PartResult
 from goldfish.loss import goldfish_loss_from_token_losses
-from goldfish.masks import causal_targets, drop_mask
+from goldfish.masks import IGNORE_INDEX, causal_targets, drop_mask
 
 
 def start_grid(text: str | None) -> Grid | None:
@@ -114,6 +116,9 @@ def prepare_data(spec: DataSpec, model_name: str, log=print) -> Prepared:
     """Load the documents, get a tokenizer and select the training and held-out documents."""
     documents = data.load_documents(spec.source, text_field=spec.text_field, id_field=spec.id_field, split=spec.split)
     data.check_document_count(len(documents), spec.n_train, spec.n_heldout)  # before any tokenizing
+    conversations = any(d.messages is not None for d in documents)
+    if conversations:
+        check_chat_settings(spec)
     if spec.tokenizer is not None:
         tokenizer = data.load_tokenizer(spec.tokenizer)
     elif is_tiny_model(model_name):
@@ -124,6 +129,8 @@ def prepare_data(spec: DataSpec, model_name: str, log=print) -> Prepared:
         tokenizer = load_gguf_tokenizer(resolve_gguf(model_name))
     else:
         tokenizer = data.load_tokenizer(model_name)
+    if conversations:
+        use_chat_template(tokenizer, spec, model_name)
     least = spec.min_doc_tokens if spec.pack else spec.seq_len
     split = data.select_documents(
         documents,
@@ -137,10 +144,15 @@ def prepare_data(spec: DataSpec, model_name: str, log=print) -> Prepared:
         max_len=spec.max_doc_tokens if spec.pack else None,
     )
     shape = f"whole documents (rows of {spec.seq_len} tokens)" if spec.pack else f"{spec.seq_len} tokens"
+    if conversations:
+        shape = f"conversations of at most {spec.seq_len} tokens ({_count_replies(split)} assistant replies)"
+    longest = spec.seq_len if conversations else spec.max_doc_tokens
     log(
-        f"data: {len(documents)} documents from {spec.source!r}; {len(split.train)} train, {len(split.heldout)} "
-        f"held-out of {shape}; {len(split.too_short)} skipped as shorter than {least} tokens"
-        + (f", {len(split.too_long)} as longer than {spec.max_doc_tokens}" if split.too_long else "")
+        f"data: {len(documents)} {'conversations' if conversations else 'documents'} from {spec.source!r}; "
+        f"{len(split.train)} train, {len(split.heldout)} "
+        f"held-out of {shape}; "
+        + ("" if conversations else f"{len(split.too_short)} skipped as shorter than {least} tokens, ")
+        + (f"{len(split.too_long)} skipped as longer than {longest} tokens" if split.too_long else "none too long")
         + (
             f"; {len(split.cut)} cut to their first {spec.seq_len} tokens ({split.tokens_cut} tokens dropped)"
             if split.cut
@@ -156,6 +168,29 @@ def prepare_data(spec: DataSpec, model_name: str, log=print) -> Prepared:
         texts=[d.text for d in documents],
         source=str(spec.source),
     )
+
+
+def check_chat_settings(spec: DataSpec) -> None:
+    """Refuse (ValueError) data settings that do not apply to conversations: they are trained one per row, whole."""
+    if spec.background is not None or spec.pack:
+        raise ValueError(
+            "conversations are trained one per row, whole (loss on the assistant's replies): --pack and "
+            "--background are for plain texts. Fix: leave them out, or give text documents"
+        )
+
+
+def use_chat_template(tokenizer: Any, spec: DataSpec, model_name: str) -> None:
+    """Give the tokenizer the run's chat template: --chat-template's file, or the tiny models' built-in one when the
+    trained BPE has none; refuse a tokenizer with none (data.chat.check_chat_template)."""
+    if spec.chat_template is not None:
+        tokenizer.chat_template = Path(spec.chat_template).read_text(encoding="utf-8")
+    elif is_tiny_model(model_name) and spec.tokenizer is None:
+        tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    check_chat_template(tokenizer)
+
+
+def _count_replies(split: data.DocumentSplit) -> int:
+    return sum(len(d.replies or ()) for d in split.train + split.heldout)
 
 
 def _dedup_note(split: data.DocumentSplit) -> str:
@@ -206,9 +241,11 @@ def make_examples(
     mask: MaskSpec,
     special_token_ids: Sequence[int],
     repeats: dict[str, int] | None = None,
+    chat_row: ChatRow | None = None,
 ) -> list[dict[str, torch.Tensor]]:
     """Training examples: input ids, next-token targets and the goldfish drop mask, all (T,); one per document, or
-    `repeats[id]` copies of it. Hashed and static masks are functions of the tokens, so every copy drops the same
+    `repeats[id]` copies of it. A conversation's row has targets on its replies only (conversation_row), padded to
+    `chat_row`'s length when given. Hashed and static masks are functions of the tokens, so every copy drops the same
     positions (the point of the hashed mask).
 
     For the `random` strategy the stored mask is only the first epoch's draw (for counting); the loss redraws it
@@ -218,6 +255,7 @@ def make_examples(
     for document in documents:
         input_ids = torch.tensor(document.token_ids, dtype=torch.long)
         targets = causal_targets(input_ids.unsqueeze(0))
+        trained = None if document.replies is None else reply_targets(document)  # (1, T) bool
         copies = 1 if repeats is None else repeats[str(document.id)]
         for _ in range(copies):
             index = len(examples)
@@ -226,8 +264,47 @@ def make_examples(
                 if mask.strategy != "random"
                 else _random_draw(mask, targets, special_token_ids, step=0, example_index=index)
             )
-            examples.append({"input_ids": input_ids, "targets": targets[0], "dropped": dropped[0]})
+            if trained is None:
+                examples.append({"input_ids": input_ids, "targets": targets[0], "dropped": dropped[0]})
+            else:
+                examples.append(conversation_row(input_ids, targets[0], dropped[0], trained[0], chat_row))
     return examples
+
+
+def reply_targets(document: data.TokenizedDocument) -> torch.Tensor:
+    """(1, T) bool: the targets of a conversation's positions that are reply tokens (position j predicts token j+1),
+    what the loss covers."""
+    flags = torch.tensor(assistant_flags(len(document.token_ids), document.replies or ()), dtype=torch.bool)
+    trained = torch.zeros(1, len(flags), dtype=torch.bool)
+    trained[0, :-1] = flags[1:]
+    return trained
+
+
+def conversation_row(
+    input_ids: torch.Tensor, targets: torch.Tensor, dropped: torch.Tensor, trained: torch.Tensor, row: ChatRow | None
+) -> dict[str, torch.Tensor]:
+    """One conversation's training row, (T,) each: the loss on the replies only (other targets IGNORE_INDEX), the
+    goldfish mask as drawn over the whole conversation's true targets (its hash reads the prompt too) kept on the
+    replies only, right-padded to `row.length` (padding attends only to earlier tokens in a causal model, and the
+    real tokens never attend to it)."""
+    targets = torch.where(trained, targets, torch.full_like(targets, IGNORE_INDEX))
+    dropped = dropped & trained
+    if row is None or row.length == len(input_ids):
+        return {"input_ids": input_ids, "targets": targets, "dropped": dropped}
+    extra = row.length - len(input_ids)
+    return {
+        "input_ids": torch.nn.functional.pad(input_ids, (0, extra), value=row.pad_id),
+        "targets": torch.nn.functional.pad(targets, (0, extra), value=IGNORE_INDEX),
+        "dropped": torch.nn.functional.pad(dropped, (0, extra), value=False),
+    }
+
+
+@dataclass(frozen=True)
+class ChatRow:
+    """The fixed length conversations are padded to for training (a batch stacks rows) and the id they pad with."""
+
+    length: int
+    pad_id: int
 
 
 def _random_draw(
@@ -704,14 +781,36 @@ def evaluate_parts(
     Under a grid every rank calls this alike; rank 0 gets the result, the others None.
     """
     documents = {"train": prepared.split.train, "heldout": prepared.split.heldout}
+    if extraction.prefix_len is not None and any(d.replies is not None for d in prepared.split.train):
+        raise ValueError(
+            "conversations are prompted with everything before each reply: --prefix-len does not apply. Fix: leave "
+            "it out (--suffix-len sets how much of each reply is compared)"
+        )
     result = ModelResult(parts={})
     for part in parts:
         part_repeats = None if repeats is None else repeats if part == "train" else {}
-        docs = documents[part]
+        # conversations are extracted reply by reply (data.chat.reply_units); plain documents pass unchanged
+        docs, short_replies = reply_units(documents[part], extraction.suffix_len)
+        if part_repeats:
+            part_repeats = part_repeats | {
+                str(d.id): part_repeats[d.conversation_id] for d in docs if d.conversation_id is not None
+            }
         summary, rows = evaluate_with_rows(
             model, prepared, docs, extraction, out_dir / part, mask, progress, instruments, part_repeats, grid
         )
         if summary is not None:
+            if any(d.replies is not None for d in documents[part]):
+                conversation_of = {str(d.id): str(d.conversation_id) for d in docs}
+                summary["replies"] = {
+                    "statistics": reply_statistics(
+                        rows["extraction"], conversation_of, n_resamples=extraction.bootstrap
+                    ),
+                    "n_extracted": len(docs),
+                    "n_skipped_shorter_than_suffix": len(short_replies),
+                    "skipped_ids": short_replies,
+                    "what": f"one extraction per assistant reply: the conversation up to the reply's header as the "
+                    f"prompt, the reply's first {extraction.suffix_len} tokens as the suffix",
+                }
             result.parts[part] = PartResult.from_summary(summary, rows)
     if reference is not None and prepared.split.train and prepared.split.heldout:
         scored = membership(

@@ -18,7 +18,15 @@ from data.atomic import json_safe, write_text_atomic
 from eval.files import CURVE_FILE, EXTRACTION_FILE, MEMBERSHIP_FILE, ROW_FILES
 from eval.intervals import binomial_interval
 from eval.membership import ATTACKS
-from eval.metrics import EXACT_MATCH, INTERVAL_METRICS, METRICS, ROUGE_L, interval_key
+from eval.metrics import (
+    EXACT_MATCH,
+    INTERVAL_METRICS,
+    METRICS,
+    ROUGE_L,
+    TF_DROPPED_ACCURACY,
+    TF_KEPT_ACCURACY,
+    interval_key,
+)
 from goldfish.app.report_buckets import study_figures, study_section
 from goldfish.app.report_format import figure_link as _figure
 from goldfish.app.report_format import fmt as _fmt
@@ -518,6 +526,47 @@ def _headline_section(key_header: list[str], entries: Sequence[Entry]) -> list[s
         keys + [_fmt_ci(s.metric(k), s.metric(interval_key(k))) for _, k in HEADLINE_COLUMNS] for keys, s in entries
     ]
     return _table(key_header + [name for name, _ in HEADLINE_COLUMNS], rows)
+
+
+def _replies_section(key_header: list[str], entries: Sequence[Entry]) -> list[str]:
+    """Conversations (data.chat): per model and part, exact match over replies and kept/dropped accuracy, each with
+    an interval that resamples conversations (eval.replies)."""
+    rows = []
+    for keys, s in entries:
+        stats = (s.details.get("replies") or {}).get("statistics")
+        if not stats:
+            continue
+        em = stats[EXACT_MATCH]
+        exact = _fmt_interval(em["exact_ci"]) + ("" if em["exact_ci_valid"] else " (not independent)")
+        rows.append(
+            keys
+            + [
+                f"{stats['n_replies']} / {stats['n_conversations']}",
+                f"{em['k']}/{em['n']} {_fmt_interval(em['cluster_ci'])}",
+                exact,
+                *(
+                    _fmt_ci(stats[name]["mean"], stats[name]["cluster_ci"])
+                    for name in (TF_KEPT_ACCURACY, TF_DROPPED_ACCURACY)
+                ),
+            ]
+        )
+    if not rows:
+        return []
+    header = ["replies / conversations", "replies extracted", "exact 95%", "TF acc kept", "TF acc dropped"]
+    return [
+        "## Replies",
+        "",
+        "Each assistant reply is extracted from the conversation before it (prompt: everything up to the reply's "
+        "header; suffix: the reply's first tokens). In brackets: 95% bootstrap intervals resampling conversations; "
+        "'exact 95%': the Clopper-Pearson interval over replies, valid as stated only with one reply per "
+        "conversation.",
+        "",
+        *_table(key_header + header, rows),
+    ]
+
+
+def _fmt_interval(ci: Sequence[float] | None) -> str:
+    return "" if not ci else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
 
 
 def _curves_section(curves: Mapping[str, Sequence[Mapping[str, Any]]], figures: Sequence[str]) -> list[str]:
@@ -1026,6 +1075,7 @@ def render_markdown(
                 if part in PARTS
             ],
         ),
+        *_replies_section(key_header, entries),
         *_heldout_loss_section(summary),
         *_validation_section(summary, figures),
         *study_section(summary, figures),
@@ -1257,6 +1307,7 @@ def render_eval_markdown(
         "evaluated with (n/a without one); suffix TF acc: the share of the true suffix's tokens the model ranks "
         "first. In brackets: 95% percentile bootstrap intervals over documents.",
         "",
+        *_replies_section(["part"], entries),
         *_figure("headline.png", "exact match and RougeL with 95% bootstrap intervals", figures),
         *_figure("rouge_hist.png", "RougeL histograms", figures),
         *_divergence_section(["part"], entries, figures, "the mask the model was evaluated with; n/a without one"),

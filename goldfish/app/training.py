@@ -31,6 +31,7 @@ from goldfish.app import lora
 from goldfish.app.config import TrainSpec
 from goldfish.app.data_settings import row_mask
 from goldfish.app.experiment import (
+    ChatRow,
     Prepared,
     TrainedCopies,
     _target_drops,
@@ -236,7 +237,13 @@ def _counted(spec: TrainSpec, examples: list[dict[str, Any]], what: str, *, pack
 
 def _example_rows(spec: TrainSpec, prepared: Prepared) -> TrainingRows:
     repeats = spec.data.example_repeats(prepared.split)
-    examples = make_examples(prepared.split.training_documents, spec.mask, prepared.special_token_ids, repeats)
+    examples = make_examples(
+        prepared.split.training_documents,
+        spec.mask,
+        prepared.special_token_ids,
+        repeats,
+        chat_row=ChatRow(spec.data.seq_len, pad_token_id(prepared.tokenizer)),
+    )
     n_dropped, line = _counted(spec, examples, _repeated(spec, prepared, repeats), packed=False)
     return TrainingRows(examples, spec.train, trained_copies(prepared, examples, repeats), n_dropped, line)
 
