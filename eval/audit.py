@@ -10,8 +10,9 @@ those tokens; greedy continuations should leave the text at dropped positions).
 Per document (`audit_documents`), teacher-forced over every token:
 
   * accuracy (greedy argmax = true token) and mean loss (nats) at the targets the mask keeps and at those it drops,
-    the gap ``kept_accuracy - dropped_accuracy`` with a 95% percentile bootstrap interval over positions
-    (`gap_interval`), and ``loss_gap = dropped_loss - kept_loss``;
+    among the targets it decides on (not the first h - 1 of a hashed window, nor special tokens), the gap
+    ``kept_accuracy - dropped_accuracy`` with a 95% percentile bootstrap interval over positions (`gap_interval`),
+    and ``loss_gap = dropped_loss - kept_loss``;
   * the longest exactly reproduced span: the longest run of consecutive targets whose argmax is the true token;
   * greedy extraction of the document's extraction window (its first ``context`` tokens) split by an
     eval.config.ExtractionConfig: exact match, where the continuation first leaves the text, and whether that
@@ -173,14 +174,24 @@ def _mean(values: torch.Tensor) -> float | None:
 
 
 def mask_row(
-    log_probs: torch.Tensor, predicted: torch.Tensor, token_ids: Sequence[int], dropped: torch.Tensor, n_resamples: int
+    log_probs: torch.Tensor,
+    predicted: torch.Tensor,
+    token_ids: Sequence[int],
+    dropped: torch.Tensor,
+    n_resamples: int,
+    decided: torch.Tensor | None = None,
 ) -> dict[str, Any]:
     """The teacher-forced part of a document's audit row, from its targets' (T - 1,) log-probabilities, argmax ids
-    and dropped flags (True = dropped by the mask)."""
+    and dropped flags (True = dropped by the mask). decided (T - 1,): the targets the mask decides on (it could have
+    dropped them); kept and dropped are compared over those only (None: every target). Targets it never decides
+    (the first h - 1 of a hashed window, special tokens) are kept by every mask alike, so counting them as kept
+    would make a gap out of the mask's structure, not the model's training: another mask of the same window would
+    show one too."""
     true = torch.tensor([int(t) for t in token_ids[1:]], dtype=torch.long)
     correct = predicted == true
-    dropped = dropped.to(torch.bool)
-    kept = ~dropped
+    decided = torch.ones_like(true, dtype=torch.bool) if decided is None else decided.to(torch.bool)
+    dropped = dropped.to(torch.bool) & decided
+    kept = decided & ~dropped
     n_kept, n_dropped = int(kept.sum()), int(dropped.sum())
     kept_correct, dropped_correct = int(correct[kept].sum()), int(correct[dropped].sum())
     kept_accuracy = kept_correct / n_kept if n_kept else None
@@ -193,6 +204,7 @@ def mask_row(
         "n_targets": len(token_ids) - 1,
         "n_kept": n_kept,
         "n_dropped": n_dropped,
+        "n_undecided": len(token_ids) - 1 - n_kept - n_dropped,
         "kept_correct": kept_correct,
         "dropped_correct": dropped_correct,
         "drop_rate": n_dropped / (len(token_ids) - 1),
@@ -244,6 +256,7 @@ def audit_documents(
     decode: Callable[[list[int]], str],
     pad_token_id: int,
     extraction: ExtractionConfig,
+    decided_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
     context: int | None = None,
     stride: int | None = None,
     member: bool | None = None,
@@ -252,13 +265,15 @@ def audit_documents(
     """One audit row per document (objects with ``.id`` and ``.token_ids``, at least 2 ids each), in input order.
 
     dropped_fn: (1, T) targets (token j + 1 at j, -100 last) -> (1, T) bool, True where the training mask dropped
-        the target. decode: ids -> text (for zlib; skip special tokens there). context: the model's positions
-        (None: one window per document; see `score_windows`, `stride`). extraction: the prefix/suffix split of each
+        the target. decided_fn: the same targets -> (1, T) bool, True where the mask decides (could drop) the
+        target; kept and dropped are compared over those only (`mask_row`; None: every target). decode: ids ->
+        text (for zlib; skip special tokens there). context: the model's positions (None: one window per
+        document; see `score_windows`, `stride`). extraction: the prefix/suffix split of each
         document's extraction window (its first `context` tokens), its batch_size the batch of every pass, its
         bootstrap the resamples of each document's gap interval. member: copied into each row when given.
 
-    Row: id, member, the teacher-forced fields of `mask_row` (n_kept, n_dropped, kept/dropped accuracy and loss, gap
-    with gap_ci, loss_gap, longest_span), n_windows, the extraction fields (n_prefix_tokens, exact_match,
+    Row: id, member, the teacher-forced fields of `mask_row` (n_kept, n_dropped, n_undecided, kept/dropped accuracy
+    and loss, gap with gap_ci, loss_gap, longest_span), n_windows, the extraction fields (n_prefix_tokens, exact_match,
     first_divergence, diverged_on_dropped, suffix_drop_rate, generated_ids; None when the window is shorter than
     the split needs), and eval.membership.membership_scores' fields (loss, zlib_bytes, score_loss, score_zlib,
     score_min_k, ...).
@@ -287,10 +302,11 @@ def audit_documents(
                     f"{dropped.dtype} {tuple(dropped.shape)}"
                 )
             flags = dropped[0, :-1].cpu()
+            decided = decided_fn(document_targets(seq))[0, :-1].cpu() if decided_fn is not None else None
             row: dict[str, Any] = {"id": str(doc.id)}
             if member is not None:
                 row["member"] = bool(member)
-            row.update(mask_row(log_probs, predicted, seq, flags, extraction.bootstrap))
+            row.update(mask_row(log_probs, predicted, seq, flags, extraction.bootstrap, decided))
             row["n_windows"] = len(score_windows(len(seq), context, stride))
             row.update(_extraction_fields(extract, flags))
             row.update(membership_scores(log_probs, decode(seq[1:])))

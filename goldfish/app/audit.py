@@ -93,8 +93,10 @@ def audit_mask(text: str) -> MaskSpec:
 
 
 def _uses_window(mask: MaskSpec) -> bool:
-    """Whether the mask decides a target from the h targets ending at it (every strategy but static's j mod k)."""
-    return mask.strategy != "static"
+    """Whether the mask decides a target from the h targets ending at it (goldfish.strategies.WINDOW_STRATEGIES)."""
+    from goldfish.strategies import WINDOW_STRATEGIES
+
+    return mask.strategy in WINDOW_STRATEGIES
 
 
 def _check_out(out: Path, overwrite: bool) -> None:
@@ -320,8 +322,21 @@ def run_audit(
     def dropped(targets: Any) -> Any:
         return mask.dropped(targets, special)
 
+    def decided(targets: Any) -> Any:
+        """The targets the mask decides on: not the ignore index, not a special token, and for a hashed window
+        not the first h - 1 (they have no full window and are kept by every mask of that width)."""
+        import torch
+
+        from goldfish.masks import IGNORE_INDEX
+
+        out = (targets != IGNORE_INDEX) & ~torch.isin(targets, torch.tensor(special, dtype=targets.dtype))
+        if _uses_window(mask):
+            out[:, : mask.h - 1] = False
+        return out
+
     common = dict(
         dropped_fn=dropped,
+        decided_fn=decided,
         decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
         pad_token_id=pad_token_id(tokenizer),
         extraction=extraction,

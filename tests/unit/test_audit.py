@@ -141,6 +141,10 @@ def test_mask_row_counts_kept_and_dropped_targets():
     assert row["kept_loss"] == pytest.approx(0.1) and row["dropped_loss"] == pytest.approx(4.0)
     assert row["loss_gap"] == pytest.approx(3.9) and row["gap_ci"] == [1.0, 1.0]
     assert row["longest_span"] == 2 and row["longest_span_start"] == 1
+    # targets the mask does not decide on (a hashed window's first h - 1) count in neither group
+    decided = torch.tensor([False, True, True, True, True])
+    row = mask_row(log_probs, predicted, tokens, dropped, 100, decided)
+    assert (row["n_kept"], row["n_dropped"], row["n_undecided"], row["kept_correct"]) == (2, 2, 1, 2)
     none_dropped = mask_row(log_probs, predicted, tokens, torch.zeros(5, dtype=torch.bool), 100)
     assert none_dropped["gap"] is None and none_dropped["gap_ci"] is None and none_dropped["dropped_loss"] is None
 
