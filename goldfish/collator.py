@@ -9,16 +9,24 @@ import torch
 
 from goldfish.masks import IGNORE_INDEX, drop_mask
 
-_KNOWN_KEYS = {"input_ids", "attention_mask", "labels"}
+# Per-token masks of the loss region under the names TRL's SFT tokenization gives them (1 = in the loss): the
+# assistant's tokens of a conversation, the completion of a prompt-completion pair.
+_REGION_KEYS = ("assistant_masks", "completion_mask")
+_KNOWN_KEYS = {"input_ids", "attention_mask", "labels", *_REGION_KEYS}
 
 
 class GoldfishCollator:
     """Right-pad a list of features and set goldfish-dropped labels to -100.
 
     HF causal LMs shift labels internally: ``labels[:, j + 1]`` is predicted at position ``j``. The mask is
-    therefore computed on the shifted targets ``labels[:, 1:]`` (padded with one ignored column to
-    ``(B, T)``, so it equals ``drop_mask(causal_targets(input_ids, attention_mask))`` when no labels are
-    given), and ``labels[:, 1:]`` is set to -100 where it is dropped. ``labels[:, 0]`` is never a target.
+    computed on the true next tokens ``causal_targets(input_ids, attention_mask)`` (so the hash reads every
+    preceding token, a prompt the loss leaves out included), and ``labels[:, 1:]`` is set to -100 where it is
+    dropped. ``labels[:, 0]`` is never a target.
+
+    Conversations and prompt-completion pairs: give ``labels`` with -100 outside the assistant's tokens, or (as
+    TRL's SFT tokenization writes them) ``assistant_masks`` or ``completion_mask`` (1 = in the loss): labels are then
+    -100 outside that region. Either way the loss covers the region only, and the mask is the one drawn over the
+    whole sequence, restricted to the region.
 
     Args:
         pad_token_id: id written into padded ``input_ids`` positions (their labels are -100).
@@ -72,8 +80,9 @@ class GoldfishCollator:
             labels[i, :n] = row_labels
 
         if self.strategy is not None:
-            targets = torch.full_like(labels, IGNORE_INDEX)  # (B, T): targets[:, j] = labels[:, j + 1]
-            targets[:, :-1] = labels[:, 1:]
+            # (B, T): targets[:, j] = input_ids[:, j + 1], the true next token (padding: IGNORE_INDEX)
+            targets = torch.full_like(labels, IGNORE_INDEX)
+            targets[:, :-1] = torch.where(attention_mask[:, 1:].bool(), input_ids[:, 1:], IGNORE_INDEX)
             dropped = drop_mask(
                 targets,
                 self.strategy,
@@ -103,6 +112,12 @@ class GoldfishCollator:
             labels = _as_ids(feature["labels"], index, "labels")
         else:
             labels = torch.where(mask.bool(), ids, torch.full_like(ids, IGNORE_INDEX))
+        for key in _REGION_KEYS:
+            if key in feature:
+                region = _as_ids(feature[key], index, key)
+                if len(region) != len(ids):
+                    raise ValueError(f"feature {index}: {key} ({len(region)}) and input_ids ({len(ids)}) differ")
+                labels = torch.where(region.bool(), labels, torch.full_like(labels, IGNORE_INDEX))
         if not (len(mask) == len(labels) == len(ids)):
             raise ValueError(
                 f"feature {index}: input_ids ({len(ids)}), attention_mask ({len(mask)}) and labels ({len(labels)}) "

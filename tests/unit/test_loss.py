@@ -146,8 +146,16 @@ def test_collator_without_strategy_and_with_given_labels() -> None:
     labels[:12] = IGNORE_INDEX
     collated = GoldfishCollator(0, "hashed", k=2, h=4)([{"input_ids": ids, "labels": labels}])
     assert (collated["labels"][0, :12] == IGNORE_INDEX).all()
-    # Windows reaching into the -100 prompt are incomplete: the first 3 answer targets are kept.
-    assert torch.equal(collated["labels"][0, 12:15], ids[12:15])
+    # The hash reads the true prompt tokens: the answer's mask is the whole sequence's, cut to the answer (as
+    # goldfish training on conversations draws it), so its first targets can be dropped too.
+    whole = drop_mask(causal_targets(ids[None]), "hashed", 2, 4)[0]  # whole[j]: label j + 1 dropped
+    expected = torch.where(whole[11:-1], IGNORE_INDEX, ids[12:])
+    assert torch.equal(collated["labels"][0, 12:], expected) and whole[11:14].any()
+    # TRL's names for the loss region give the same labels
+    for key in ("assistant_masks", "completion_mask"):
+        region = (torch.arange(30) >= 12).long()
+        same = GoldfishCollator(0, "hashed", k=2, h=4)([{"input_ids": ids, key: region}])
+        assert torch.equal(same["labels"], collated["labels"])
 
 
 def test_collator_random_masks_change_between_batches() -> None:
