@@ -149,8 +149,9 @@ DATA = OptionGroup(
             "--data",
             "source",
             "'default' (the embedded corpus: Python's pydoc topics), 'default-paragraphs' (its paragraphs of "
-            "200+ characters, each text once), a .jsonl/.txt/.parquet file, a folder of .txt files or a "
-            "save_to_disk folder, or an HF dataset name",
+            "200+ characters, each text once), 'default-chat' (628 conversations made from them), a "
+            ".jsonl/.txt/.parquet file, a folder of .txt files or a save_to_disk folder, or an HF dataset name; "
+            "records with 'messages' or 'prompt'/'completion' are conversations (docs/chat.md)",
         ),
         Option("--text-field", "text_field", "record field holding the text"),
         Option("--id-field", "id_field", "record field holding a document id (default: file:line)"),
