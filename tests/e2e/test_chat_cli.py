@@ -7,6 +7,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from chat_templates import GENERATION_TEMPLATE
 from tiny_runs import tiny_run
 
@@ -87,3 +88,21 @@ def test_mask_shows_a_conversation(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "<|assistant|>" in out and "reply targets (the loss covers the assistant's replies only)" in out
     assert "[[" not in out.split("<|assistant|>")[0]  # nothing of the prompt is dropped
+
+
+@pytest.mark.slow
+def test_chat_preset_standard_reproduces_replies_and_goldfish_does_not(tmp_path):
+    """The shipped `goldfish compare --preset chat` run (bench/results/compare_chat): about 3 minutes on 2 cores."""
+    out = tmp_path / "chat"
+    assert main(["compare", "--preset", "chat", "--out", str(out), "--no-progress"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    stats = {label: parts["train"]["replies"]["statistics"] for label, parts in summary["details"].items()}
+    standard, goldfish = stats["standard"]["exact_match"], stats["goldfish-hashed-k4-h13"]["exact_match"]
+    assert standard["exact_ci"][0] > goldfish["exact_ci"][1]  # the intervals do not overlap
+    assert (
+        stats["goldfish-hashed-k4-h13"]["tf_kept_accuracy"]["mean"]
+        > 0.9
+        > 0.5
+        > (stats["goldfish-hashed-k4-h13"]["tf_dropped_accuracy"]["mean"])
+    )
+    assert "## Replies" in (out / "report.md").read_text()
