@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -151,14 +150,17 @@ def _load_tokenizer(model: str, tokenizer: str | None) -> Any:
     import data
     from goldfish.app.pretrained import load_gguf_tokenizer, resolve_gguf
 
-    if tokenizer is not None:
-        return data.load_tokenizer(tokenizer)
-    gguf = resolve_gguf(model)
-    if gguf is not None:
-        if not gguf.is_file():
-            raise ValueError(f"--model {model}: no such file. Fix: give an existing .gguf file")
-        return load_gguf_tokenizer(gguf)
-    return data.load_tokenizer(model)
+    try:
+        if tokenizer is not None:
+            return data.load_tokenizer(tokenizer)
+        gguf = resolve_gguf(model)
+        if gguf is not None:
+            if not gguf.is_file():
+                raise ValueError(f"--model {model}: no such file. Fix: give an existing .gguf file")
+            return load_gguf_tokenizer(gguf)
+        return data.load_tokenizer(model)
+    except ValueError as error:  # the hub's messages run over several lines: one line, as every settings error
+        raise ValueError(" ".join(str(error).split())) from None
 
 
 def tokenize_documents(
@@ -608,9 +610,3 @@ def add_audit_parser(sub: Any) -> None:
     opt.EXTRACTION.add_to(audit, ExtractionConfig(), skip={"batch_size"})
     opt.RUNTIME.add_to(audit, Runtime(), skip={"grid", "nproc", "report_to", "verify"})
     audit.set_defaults(func=cmd_audit)
-
-
-if __name__ == "__main__":  # pragma: no cover - `goldfish audit` is the entry point
-    from goldfish.app.cli import main
-
-    sys.exit(main(["audit", *sys.argv[1:]]))
