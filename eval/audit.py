@@ -54,7 +54,7 @@ from eval.intervals import (
 )
 from eval.logprobs import iter_next_token_logits
 from eval.membership import attack_metrics, membership_scores
-from eval.metrics import IGNORE_INDEX
+from eval.metrics import EXACT_MATCH, IGNORE_INDEX, interval_key
 
 # The audit's own scores (higher = member) and the loss-based attacks reported beside them.
 GAP_SCORES = {"mask_gap": "gap", "mask_loss_gap": "loss_gap"}
@@ -321,7 +321,7 @@ def _extraction_fields(extract: dict[str, Any] | None, flags: torch.Tensor) -> d
     if extract is None:
         return {
             "n_prefix_tokens": None,
-            "exact_match": None,
+            EXACT_MATCH: None,
             "first_divergence": None,
             "diverged_on_dropped": None,
             "suffix_drop_rate": None,
@@ -331,7 +331,7 @@ def _extraction_fields(extract: dict[str, Any] | None, flags: torch.Tensor) -> d
     divergence = divergence_row(generated, suffix, suffix_dropped_flags(flags, prefix_len, len(suffix)))
     return {
         "n_prefix_tokens": prefix_len,
-        "exact_match": divergence["first_divergence"] is None,
+        EXACT_MATCH: divergence["first_divergence"] is None,
         **divergence,
         "generated_ids": generated,
     }
@@ -378,13 +378,13 @@ def group_summary(rows: Sequence[dict[str, Any]], *, k: int, n_resamples: int = 
         "kept_accuracy": kept_correct / n_kept if n_kept else None,
         "dropped_accuracy": dropped_correct / n_dropped if n_dropped else None,
     }
-    extracted = [r for r in rows if r.get("exact_match") is not None]
-    n_exact = sum(bool(r["exact_match"]) for r in extracted)
+    extracted = [r for r in rows if r.get(EXACT_MATCH) is not None]
+    n_exact = sum(bool(r[EXACT_MATCH]) for r in extracted)
     summary["extraction"] = {
         "n_docs": len(extracted),
-        "n_exact_match": n_exact,
-        "exact_match": n_exact / len(extracted) if extracted else None,
-        "exact_match_ci": binomial_interval(n_exact, len(extracted)),
+        f"n_{EXACT_MATCH}": n_exact,
+        EXACT_MATCH: n_exact / len(extracted) if extracted else None,
+        interval_key(EXACT_MATCH): binomial_interval(n_exact, len(extracted)),
     }
     divergence: dict[str, Any] = {"base_rate": 1.0 / k}
     if extracted:

@@ -423,6 +423,7 @@ def draw_gap_histogram(summary: Mapping[str, Any], path: Path) -> list[str]:
 
 def render_report(summary: Mapping[str, Any], figures: Sequence[str] = ()) -> str:
     """report.md of an audit, from its summary."""
+    from eval.metrics import EXACT_MATCH, interval_key
     from goldfish.app.report_format import fmt, fmt_ci, md_table
 
     mask = summary["mask"]
@@ -494,8 +495,8 @@ def render_report(summary: Mapping[str, Any], figures: Sequence[str] = ()) -> st
         rows.append(
             [
                 name,
-                f"{ext['n_exact_match']} / {ext['n_docs']}",
-                fmt_ci(ext["exact_match"], ext["exact_match_ci"]),
+                f"{ext[f'n_{EXACT_MATCH}']} / {ext['n_docs']}",
+                fmt_ci(ext[EXACT_MATCH], ext[interval_key(EXACT_MATCH)]),
                 str(div.get("n_diverged", 0)),
                 fmt_ci(div.get("share_on_dropped"), div.get("share_on_dropped_ci")),
                 fmt(div.get("share_expected_by_chance")),

