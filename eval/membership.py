@@ -288,7 +288,9 @@ def membership_rows(
 ) -> list[dict[str, Any]]:
     """Per-document attack scores for ``documents`` (objects with ``.id`` and ``.token_ids``).
 
-    Every token after the first is scored (the whole document, as in the attacks' papers). ``decode`` turns the
+    Every token after the first is scored (the whole document, as in the attacks' papers); of a conversation
+    (``.replies``, data.chat) only its replies' tokens, every attack alike (the gradient norm excepted: the whole
+    conversation's loss). ``decode`` turns the
     scored ids into the text for zlib (skip special tokens there). ``reference_model`` must share the tokenizer.
     ``member`` (True for training documents, False for held-out ones) is copied into each row when given.
     One teacher-forced pass gives loss, zlib, Min-K% and Min-K%++; ``recall_prefix_ids`` (see `recall_prefix`)
@@ -320,22 +322,45 @@ def membership_rows(
         row: dict[str, Any] = {"id": str(doc.id)}
         if member is not None:
             row["member"] = bool(member)
+        scored = seq[1:]
+        region = scored_region(doc, len(seq))
+        if region is not None:  # a conversation: its replies' tokens only (every per-token quantity alike)
+            lp, mu, sigma = (None if x is None else np.asarray(x)[region] for x in (lp, mu, sigma))
+            ref = None if ref is None else np.asarray(ref)[region]
+            cond = None if cond is None else np.asarray(cond)[region[: len(cond)]]
+            cond = cond if cond is not None and cond.size else None
+            scored = [t for t, keep in zip(scored, region) if keep]
         row.update(
             membership_scores(
                 lp,
-                decode(seq[1:]),
+                decode(scored),
                 min_k=min_k,
                 reference_log_probs=ref,
                 mean_log_probs=mu,
                 std_log_probs=sigma,
                 conditional_log_probs=cond,
-                token_ids=seq[1:] if frequencies is not None else None,
+                token_ids=scored if frequencies is not None else None,
                 frequencies=frequencies,
                 grad_norm=norm_of(model, seq) if grad_norm else None,
             )
         )
         rows.append(row)
     return rows
+
+
+def scored_region(doc: Any, n_tokens: int) -> np.ndarray | None:
+    """(n_tokens - 1,) bool: which of a document's scored tokens (1..n-1) the attacks read, or None for all of them.
+    A conversation (``doc.replies``: [start, end) token spans, data.chat) is scored on its replies only: the loss
+    was on them, its prompts were never trained on."""
+    replies = getattr(doc, "replies", None)
+    if replies is None:
+        return None
+    region = np.zeros(n_tokens - 1, dtype=bool)
+    for start, end in replies:
+        region[max(start - 1, 0) : end - 1] = True  # entry j scores token j + 1
+    if not region.any():
+        raise ValueError(f"document {doc.id!r} has no reply token to score")
+    return region
 
 
 def attack_metrics(

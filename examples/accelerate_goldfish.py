@@ -38,7 +38,7 @@ from engine.core import comm
 from engine.core.grid import AXES
 from goldfish import goldfish_loss
 from goldfish.app.config import parse_grid
-from goldfish.app.experiment import initial_model, make_examples, save_parallel_hf_model
+from goldfish.app.experiment import chat_row_of, initial_model, make_examples, save_parallel_hf_model
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
         )
 
     prepared, mask = documents_and_mask(args, log=accelerator.print)
-    examples = make_examples(prepared.split.train, mask, prepared.special_token_ids)
+    examples = make_examples(prepared.split.train, mask, prepared.special_token_ids, chat_row=chat_row_of(prepared))
     model = engine.parallelize(initial_model(args.model, prepared, args.init_seed).to(grid.device), grid)
     optimizer = engine_train.make_optimizer(model, config)  # after parallelize: over the shards
     per_epoch = engine_train.steps_per_epoch(len(examples), config.batch_size)

@@ -17,7 +17,18 @@ from goldfish.app.config import DataSpec, MaskSpec, TrainSpec
 from goldfish.app.experiment import Prepared, prepare_data
 
 TRAINING_FIELDS = ("epochs", "batch_size", "grad_accum", "lr", "max_grad_norm", "seed", "optimizer")
-DATA_FIELDS = ("n_train", "n_heldout", "seq_len", "seed", "vocab_size")
+# --data (texts or conversations, docs/chat.md) and the selection
+DATA_FIELDS = (
+    "source",
+    "text_field",
+    "id_field",
+    "chat_template",
+    "n_train",
+    "n_heldout",
+    "seq_len",
+    "seed",
+    "vocab_size",
+)
 EPOCHS = 3
 
 

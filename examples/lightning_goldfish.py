@@ -28,7 +28,7 @@ import engine.training.train as engine_train
 from engine.integrations.lightning import EngineStrategy, consolidate_checkpoint
 from goldfish import goldfish_loss
 from goldfish.app.config import parse_grid
-from goldfish.app.experiment import initial_model, make_examples
+from goldfish.app.experiment import chat_row_of, initial_model, make_examples
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # The documents, tokenizer, initial weights and masks of `goldfish train` with the same options.
     prepared, mask = documents_and_mask(args, log=fabric.print)
-    examples = make_examples(prepared.split.train, mask, prepared.special_token_ids)
+    examples = make_examples(prepared.split.train, mask, prepared.special_token_ids, chat_row=chat_row_of(prepared))
     model = initial_model(args.model, prepared, args.init_seed)
 
     # The engine replaces Linear layers by their shards: build the optimizer from the parallel model.

@@ -32,7 +32,7 @@ from engine.integrations.lightning_trainer import EngineTrainerStrategy
 from engine.training.checkpoint import consolidate_checkpoint
 from goldfish import goldfish_loss
 from goldfish.app.config import parse_grid
-from goldfish.app.experiment import initial_model, make_examples
+from goldfish.app.experiment import chat_row_of, initial_model, make_examples
 
 
 class GoldfishStepSampler(torch.utils.data.Sampler):
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     config = train_config(args)
     prepared, mask = documents_and_mask(args, log=lambda *a: None)
-    examples = make_examples(prepared.split.train, mask, prepared.special_token_ids)
+    examples = make_examples(prepared.split.train, mask, prepared.special_token_ids, chat_row=chat_row_of(prepared))
     out = Path(args.out)
     module = GoldfishModule(
         initial_model(args.model, prepared, args.init_seed),

@@ -251,6 +251,8 @@ def make_examples(
     For the `random` strategy the stored mask is only the first epoch's draw (for counting); the loss redraws it
     every step and for every copy, since a per-occurrence Bernoulli mask must differ each time a sequence is seen.
     """
+    if chat_row is None and any(d.replies is not None for d in documents):
+        raise ValueError("conversations have different lengths: pass chat_row (e.g. chat_row_of(prepared)) to pad them")
     examples = []
     for document in documents:
         input_ids = torch.tensor(document.token_ids, dtype=torch.long)
@@ -269,6 +271,12 @@ def make_examples(
             else:
                 examples.append(conversation_row(input_ids, targets[0], dropped[0], trained[0], chat_row))
     return examples
+
+
+def chat_row_of(prepared: Prepared) -> ChatRow:
+    """The row conversations are padded to for training: the selection's longest conversation (--seq-len), padded
+    with the tokenizer's pad id (its EOS when it has none)."""
+    return ChatRow(prepared.split.seq_len, pad_token_id(prepared.tokenizer))
 
 
 def reply_targets(document: data.TokenizedDocument) -> torch.Tensor:

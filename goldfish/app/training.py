@@ -31,12 +31,12 @@ from goldfish.app import lora
 from goldfish.app.config import TrainSpec
 from goldfish.app.data_settings import row_mask
 from goldfish.app.experiment import (
-    ChatRow,
     Prepared,
     TrainedCopies,
     _target_drops,
     _verification_logger,
     background_train_config,
+    chat_row_of,
     check_mask_drops,
     check_vocabulary,
     checkpoint_record,
@@ -242,7 +242,7 @@ def _example_rows(spec: TrainSpec, prepared: Prepared) -> TrainingRows:
         spec.mask,
         prepared.special_token_ids,
         repeats,
-        chat_row=ChatRow(spec.data.seq_len, pad_token_id(prepared.tokenizer)),
+        chat_row=chat_row_of(prepared),
     )
     n_dropped, line = _counted(spec, examples, _repeated(spec, prepared, repeats), packed=False)
     return TrainingRows(examples, spec.train, trained_copies(prepared, examples, repeats), n_dropped, line)

@@ -25,6 +25,7 @@ from integration_reference import (  # noqa: E402
     read_metrics,
 )
 from lightning.fabric import Fabric  # noqa: E402
+from tiny_runs import tiny_run  # noqa: E402
 
 from engine import GridError  # noqa: E402
 from engine.integrations.lightning import EngineStrategy  # noqa: E402
@@ -163,3 +164,35 @@ def test_bad_strategy_arguments_fail_at_construction() -> None:
         EngineStrategy(x=0)
     with pytest.raises(ValueError, match="gradient_reduction"):
         EngineStrategy(gradient_reduction="avg")
+
+
+def test_fabric_example_on_conversations_equals_goldfish_train(tmp_path: Path) -> None:
+    """The Fabric example takes conversations as `goldfish train` does (loss on the replies only, padded rows):
+    one process, the same loss per step."""
+    from goldfish.app.cli import main
+
+    settings = tiny_run(
+        data="default-chat",
+        n_train=4,
+        n_heldout=2,
+        seq_len=192,
+        vocab_size=None,
+        batch_size=4,
+        epochs=2,
+        no_progress=False,
+        threads=None,
+        grad_accum=2,
+        strategy="hashed",
+        k=4,
+        optimizer="sgd",
+        lr=0.5,
+        max_grad_norm=100,
+    )
+    reference = tmp_path / "reference"
+    assert main(["train", "--out", str(reference), "--no-progress", "--threads", "1", *settings]) == 0
+    run = tmp_path / "fabric"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    command = [sys.executable, str(EXAMPLE), "--devices", "1", "--out", str(run), *settings]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert_same_losses(read_metrics(run / "metrics.jsonl"), read_metrics(reference / "metrics.jsonl"))

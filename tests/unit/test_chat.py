@@ -164,3 +164,23 @@ def test_reply_units_prompt_with_the_conversation_so_far(tokenizer) -> None:
     assert [u.id for u in units if u.conversation_id == "1"] == ["1#reply1", "1#reply2"]
     _, skipped = reply_units(split.train, 18)
     assert skipped  # a reply shorter than the suffix is listed, never silently dropped
+
+
+def test_membership_scores_a_conversation_on_its_replies_only(tokenizer) -> None:
+    """Every attack reads the replies' tokens only: the loss equals the mean over reply tokens of the log-probs of
+    the whole conversation's pass, and zlib reads the replies' text."""
+    from tiny_models import tiny_llama
+
+    from eval.logprobs import token_log_probs
+    from eval.membership import membership_rows
+
+    model = tiny_llama(vocab=len(tokenizer), seed=0, positions=256)
+    split = selected(tokenizer)
+    rows = membership_rows(
+        model, split.train, decode=tokenizer.decode, pad_token_id=tokenizer.pad_token_id, grad_norm=False
+    )
+    for doc, row in zip(split.train, rows):
+        log_probs = token_log_probs(model, [doc.token_ids], pad_token_id=tokenizer.pad_token_id)[0]
+        entries = [t - 1 for start, end in doc.replies for t in range(start, end)]  # entry j scores token j + 1
+        assert row["n_scored"] == len(entries) < len(doc.token_ids) - 1
+        assert row["loss"] == pytest.approx(float(-log_probs[entries].mean()), rel=1e-9)
