@@ -11,6 +11,8 @@ invented: every reply is documentation text, every prompt is one of a few fixed 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from typing import Any
 
 from data.chat import Message
 
@@ -45,12 +47,11 @@ def _replies(text: str, n: int) -> list[str]:
     return replies
 
 
-def default_conversations() -> list[tuple[str, tuple[Message, ...]]]:
-    """(id, messages) of the embedded conversations, in paragraph order; id = "<topic>#<paragraph>"."""
-    from data.documents import default_paragraphs
-
+def default_conversations(paragraphs: Sequence[Any]) -> list[tuple[str, tuple[Message, ...]]]:
+    """(id, messages) of the embedded conversations, in paragraph order, from `default_paragraphs()` (documents with
+    ids "<topic>#<paragraph>"); id = the paragraph's id."""
     conversations = []
-    for index, paragraph in enumerate(default_paragraphs()):
+    for index, paragraph in enumerate(paragraphs):
         topic, number = paragraph.id.split("#")
         question = _QUESTIONS[index % len(_QUESTIONS)].format(topic=topic, n=number)
         turns = 2 if index % 4 == 3 else 1
@@ -62,10 +63,10 @@ def default_conversations() -> list[tuple[str, tuple[Message, ...]]]:
     return conversations
 
 
-def conversation_records() -> list[dict]:
+def conversation_records(paragraphs: Sequence[Any]) -> list[dict]:
     """The embedded conversations as records of the conversational format ({"id", "messages"}), what a user's
     jsonl would hold."""
     return [
         {"id": cid, "messages": [{"role": m.role, "content": m.content} for m in messages]}
-        for cid, messages in default_conversations()
+        for cid, messages in default_conversations(paragraphs)
     ]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from data.chat import Message, conversation_of_record, conversation_text, is_conversation_record
+from data.chat_corpus import conversation_records
 from data.errors import DataError
 
 DEFAULT_CORPUS = "default"
@@ -175,10 +176,11 @@ def default_paragraphs(min_chars: int = PARAGRAPH_MIN_CHARS) -> list[Document]:
 def default_chat() -> list[Document]:
     """The embedded conversations (data.chat_corpus): one per paragraph of the embedded corpus, read through the same
     record check as a user's conversations."""
-    from data.chat_corpus import conversation_records
-
     source = f"conversations from paragraphs of pydoc_data.topics (Python {platform.python_version()})"
-    records = (_Record(where=f"conversation {r['id']!r}", default_id=r["id"], fields=r) for r in conversation_records())
+    records = (
+        _Record(where=f"conversation {r['id']!r}", default_id=r["id"], fields=r)
+        for r in conversation_records(default_paragraphs())
+    )
     return _documents_from_records(records, origin=source, source=source, text_field="text", id_field="id")
 
 

@@ -31,6 +31,7 @@ from datasets import Dataset
 from trl import SFTConfig, SFTTrainer
 
 from data.chat_corpus import conversation_records
+from data.documents import default_paragraphs
 from data.tokenizer import train_bpe_tokenizer
 from goldfish import GoldfishCollator
 from goldfish.app.models import build_tiny_model
@@ -68,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def records(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The first n embedded conversations, as {"messages"} or as {"prompt", "completion"} cut before the last reply."""
-    chosen = [r["messages"] for r in conversation_records()[: args.n_conversations]]
+    chosen = [r["messages"] for r in conversation_records(default_paragraphs())[: args.n_conversations]]
     if args.format == "messages":
         return [{"messages": messages} for messages in chosen]
     return [{"prompt": messages[:-1], "completion": messages[-1:]} for messages in chosen]

@@ -1132,7 +1132,8 @@ def _heldout_loss_section(summary: Mapping[str, Any]) -> list[str]:
     return [
         "## Utility: loss on the held-out documents",
         "",
-        "Mean next-token loss (nats per token, every token, no mask) of the held-out documents, which no model "
+        "Mean next-token loss (nats per token, every token, no mask; of a conversation, every token of its "
+        "replies) of the held-out documents, which no model "
         "trained on: what memorizing cost on unseen text of the same kind. Intervals: 95% percentile bootstrap "
         "over documents; the difference to the standard model is paired over the same documents.",
         "",

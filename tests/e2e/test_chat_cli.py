@@ -12,6 +12,7 @@ from chat_templates import GENERATION_TEMPLATE
 from tiny_runs import tiny_run
 
 from data.chat_corpus import conversation_records
+from data.documents import default_paragraphs
 from goldfish.app.cli import main
 
 
@@ -26,7 +27,7 @@ def test_train_on_conversations_puts_the_loss_on_assistant_tokens_only(tmp_path,
     reply and reports its statistics."""
     from transformers import AutoTokenizer
 
-    source = write_conversations(tmp_path / "chats.jsonl", conversation_records()[:24])
+    source = write_conversations(tmp_path / "chats.jsonl", conversation_records(default_paragraphs())[:24])
     run = tmp_path / "run"
     argv = tiny_run(data=source, id_field="id", n_train=4, n_heldout=2, seq_len=256, vocab_size=400, epochs=1)
     assert main(["train", "--out", str(run), *argv, "--strategy", "hashed", "--k", "3"]) == 0
@@ -37,7 +38,7 @@ def test_train_on_conversations_puts_the_loss_on_assistant_tokens_only(tmp_path,
     assert tokenizer.chat_template  # saved with the checkpoint
     tokenizer.chat_template = GENERATION_TEMPLATE
     record = json.loads((run / "checkpoint" / "goldfish_run.json").read_text())
-    by_id = {r["id"]: r["messages"] for r in conversation_records()}
+    by_id = {r["id"]: r["messages"] for r in conversation_records(default_paragraphs())}
     trained = [by_id[d["id"]] for d in record["documents"]["train"]]
     counted = 0
     for messages in trained:
@@ -75,7 +76,7 @@ def test_bad_conversations_are_one_line_before_any_work(tmp_path, capsys):
     text_docs.write_text("\n".join(json.dumps({"text": f"word{i} " * 60}) for i in range(8)) + "\n")
     assert main(["train", "--out", str(tmp_path / "text"), *tiny_run(data=text_docs, epochs=1, dedup="off")]) == 0
     capsys.readouterr()
-    chats = write_conversations(tmp_path / "c.jsonl", conversation_records()[:8])
+    chats = write_conversations(tmp_path / "c.jsonl", conversation_records(default_paragraphs())[:8])
     tokenizer = str(tmp_path / "text" / "checkpoint")
     assert main(["train", "--out", str(tmp_path / "r3"), *tiny_run(data=chats, tokenizer=tokenizer)]) == 2
     assert "no chat template" in capsys.readouterr().err
@@ -83,7 +84,7 @@ def test_bad_conversations_are_one_line_before_any_work(tmp_path, capsys):
 
 
 def test_mask_shows_a_conversation(tmp_path, capsys):
-    chats = write_conversations(tmp_path / "c.jsonl", conversation_records()[:4])
+    chats = write_conversations(tmp_path / "c.jsonl", conversation_records(default_paragraphs())[:4])
     assert main(["mask", "--conversation", str(chats), "--record", "4", "--no-color"]) == 0
     out = capsys.readouterr().out
     assert "<|assistant|>" in out and "reply targets (the loss covers the assistant's replies only)" in out

@@ -21,6 +21,7 @@ pytest.importorskip("trl", reason="needs the trl extra: pip install -e '.[trl]'"
 
 from data.chat import TINY_CHAT_TEMPLATE, Message, assistant_flags, render_conversation  # noqa: E402
 from data.chat_corpus import conversation_records  # noqa: E402
+from data.documents import default_paragraphs  # noqa: E402
 from goldfish.masks import IGNORE_INDEX, drop_mask  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +44,7 @@ def reference_regions(tokenizer, n_conversations: int, fmt: str) -> dict[tuple[i
     (messages) or the last one (prompt-completion: the completion)."""
     tokenizer.chat_template = TINY_CHAT_TEMPLATE
     regions = {}
-    for record in conversation_records()[:n_conversations]:
+    for record in conversation_records(default_paragraphs())[:n_conversations]:
         messages = tuple(Message(m["role"], m["content"]) for m in record["messages"])
         rendered = render_conversation(tokenizer, messages, record["id"])
         replies = rendered.replies if fmt == "messages" else rendered.replies[-1:]
