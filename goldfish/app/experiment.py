@@ -151,8 +151,12 @@ def prepare_data(spec: DataSpec, model_name: str, log=print) -> Prepared:
         f"data: {len(documents)} {'conversations' if conversations else 'documents'} from {spec.source!r}; "
         f"{len(split.train)} train, {len(split.heldout)} "
         f"held-out of {shape}; "
-        + ("" if conversations else f"{len(split.too_short)} skipped as shorter than {least} tokens, ")
-        + (f"{len(split.too_long)} skipped as longer than {longest} tokens" if split.too_long else "none too long")
+        + (
+            f"{len(split.too_long)} skipped as longer than {longest} tokens"
+            if conversations
+            else f"{len(split.too_short)} skipped as shorter than {least} tokens"
+            + (f", {len(split.too_long)} as longer than {longest}" if split.too_long else "")
+        )
         + (
             f"; {len(split.cut)} cut to their first {spec.seq_len} tokens ({split.tokens_cut} tokens dropped)"
             if split.cut
