@@ -166,6 +166,7 @@ def test_bad_strategy_arguments_fail_at_construction() -> None:
         EngineStrategy(gradient_reduction="avg")
 
 
+@pytest.mark.slow
 def test_fabric_example_on_conversations_equals_goldfish_train(tmp_path: Path) -> None:
     """The Fabric example takes conversations as `goldfish train` does (loss on the replies only, padded rows):
     one process, the same loss per step."""
