@@ -565,6 +565,15 @@ def _replies_section(key_header: list[str], entries: Sequence[Entry]) -> list[st
     ]
 
 
+def _conversations(summary: Mapping[str, Any]) -> bool:
+    """Whether a compare summary's documents are conversations (their parts were extracted reply by reply)."""
+    return any(
+        isinstance(part, Mapping) and "replies" in part
+        for parts in (summary.get("details") or {}).values()
+        for part in parts.values()
+    )
+
+
 def _fmt_interval(ci: Sequence[float] | None) -> str:
     return "" if not ci else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
 
@@ -1056,8 +1065,13 @@ def render_markdown(
         "# goldfish compare",
         "",
         f"Model `{config['model']}` (init seed {config['init_seed']}), data `{data['source']}`: {data['n_train']} "
-        f"training and {data['n_heldout']} held-out documents of {data['seq_len']} tokens (selection seed "
-        f"{data['seed']}).",
+        f"training and {data['n_heldout']} held-out "
+        + (
+            f"conversations of at most {data['seq_len']} tokens, loss on the assistant's replies only"
+            if _conversations(summary)
+            else f"documents of {data['seq_len']} tokens"
+        )
+        + f" (selection seed {data['seed']}).",
         f"Training: {train['epochs']} epochs, batch {train['batch_size']}, lr {train['lr']}, {train['schedule']} "
         f"schedule, {train['precision']}.",
         f"Extraction: greedy, suffix {extraction['suffix_len']} tokens, prefix "
