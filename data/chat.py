@@ -19,7 +19,6 @@ Imports nothing of the other project packages.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -27,7 +26,6 @@ from typing import Any
 from data.errors import DataError
 
 ROLES = ("system", "user", "assistant", "tool")
-CONVERSATION_FIELDS = ("messages", "prompt", "completion")
 
 # The chat template of the tiny models' trained BPE tokenizers (they have none of their own): each message as a role
 # header line and its content, BOS first, the tokenizer's EOS closing each assistant reply.
@@ -37,6 +35,18 @@ TINY_CHAT_TEMPLATE = (
     "{{ '<|' + message['role'] + '|>\\n' + message['content'] }}"
     "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}"
     "{{ '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+)
+# The same template with HF's generation markers around each reply (its content, the EOS that closes it and the
+# newline: what a reply covers here), for tools that read `return_assistant_tokens_mask` (TRL's assistant_only_loss;
+# the tests, where transformers' mask is the reference our replies are checked against).
+TINY_CHAT_TEMPLATE_MARKED = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\\n' }}"
+    "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + eos_token + '\\n' }}"
+    "{% endgeneration %}{% else %}{{ message['content'] + '\\n' }}{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
 )
@@ -223,7 +233,3 @@ def reply_units(documents: Sequence[Any], suffix_len: int) -> tuple[list[Any], l
                 )
             )
     return units, skipped
-
-
-def conversation_sha256(messages: Sequence[Message]) -> str:
-    return hashlib.sha256(conversation_text(messages).encode("utf-8")).hexdigest()

@@ -30,24 +30,13 @@ from typing import Any
 from datasets import Dataset
 from trl import SFTConfig, SFTTrainer
 
+from data.chat import TINY_CHAT_TEMPLATE_MARKED
 from data.chat_corpus import conversation_records
 from data.documents import default_paragraphs
 from data.tokenizer import train_bpe_tokenizer
 from goldfish import GoldfishCollator
 from goldfish.app.models import build_tiny_model
 from goldfish.masks import STRATEGIES
-
-# data.chat.TINY_CHAT_TEMPLATE with HF's generation markers around each reply (its content, the EOS that closes it and
-# the newline), which is what TRL's assistant_only_loss reads: transformers marks the tokens rendered inside them.
-GENERATION_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}"
-    "{{ '<|' + message['role'] + '|>\\n' }}"
-    "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + eos_token + '\\n' }}"
-    "{% endgeneration %}{% else %}{{ message['content'] + '\\n' }}{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
-)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -78,7 +67,7 @@ def records(args: argparse.Namespace) -> list[dict[str, Any]]:
 def build_tokenizer(rows: list[dict[str, Any]], vocab_size: int) -> Any:
     texts = [m["content"] for row in rows for key in ("messages", "prompt", "completion") for m in row.get(key, [])]
     tokenizer = train_bpe_tokenizer(texts, vocab_size=vocab_size)
-    tokenizer.chat_template = GENERATION_TEMPLATE
+    tokenizer.chat_template = TINY_CHAT_TEMPLATE_MARKED
     return tokenizer
 
 

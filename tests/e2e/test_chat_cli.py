@@ -8,9 +8,9 @@ import re
 from pathlib import Path
 
 import pytest
-from chat_templates import GENERATION_TEMPLATE
 from tiny_runs import tiny_run
 
+from data.chat import TINY_CHAT_TEMPLATE_MARKED
 from data.chat_corpus import conversation_records
 from data.documents import default_paragraphs
 from goldfish.app.cli import main
@@ -36,7 +36,7 @@ def test_train_on_conversations_puts_the_loss_on_assistant_tokens_only(tmp_path,
 
     tokenizer = AutoTokenizer.from_pretrained(run / "checkpoint")
     assert tokenizer.chat_template  # saved with the checkpoint
-    tokenizer.chat_template = GENERATION_TEMPLATE
+    tokenizer.chat_template = TINY_CHAT_TEMPLATE_MARKED
     record = json.loads((run / "checkpoint" / "goldfish_run.json").read_text())
     by_id = {r["id"]: r["messages"] for r in conversation_records(default_paragraphs())}
     trained = [by_id[d["id"]] for d in record["documents"]["train"]]

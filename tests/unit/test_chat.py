@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from chat_templates import GENERATION_TEMPLATE
 
 import data
 from data.chat import (
     TINY_CHAT_TEMPLATE,
+    TINY_CHAT_TEMPLATE_MARKED,
     Message,
     check_chat_template,
     conversation_of_record,
@@ -97,7 +97,7 @@ def test_a_tokenizer_without_a_chat_template_is_refused(tokenizer) -> None:
 def test_replies_equal_transformers_assistant_mask(tokenizer, conversation: list[dict]) -> None:
     """Our character-offset replies equal transformers' {% generation %} assistant mask, token for token."""
     rendered = render_conversation(tokenizer, messages_of(conversation), "test")
-    tokenizer.chat_template = GENERATION_TEMPLATE
+    tokenizer.chat_template = TINY_CHAT_TEMPLATE_MARKED
     try:
         hf = tokenizer.apply_chat_template(conversation, return_dict=True, return_assistant_tokens_mask=True)
     finally:
