@@ -31,8 +31,8 @@ from goldfish.app.report_buckets import study_figures, study_section
 from goldfish.app.report_format import figure_link as _figure
 from goldfish.app.report_format import fmt as _fmt
 from goldfish.app.report_format import fmt_ci as _fmt_ci
+from goldfish.app.report_format import fmt_interval, new_figure, palette
 from goldfish.app.report_format import md_table as _table
-from goldfish.app.report_format import new_figure, palette
 from goldfish.app.report_format import save_figure as _save_figure
 from goldfish.app.results import HEADLINE_KEYS, PARTS, PartResult
 
@@ -537,12 +537,12 @@ def _replies_section(key_header: list[str], entries: Sequence[Entry]) -> list[st
         if not stats:
             continue
         em = stats[EXACT_MATCH]
-        exact = _fmt_interval(em["exact_ci"]) + ("" if em["exact_ci_valid"] else " (not independent)")
+        exact = fmt_interval(em["exact_ci"]) + ("" if em["exact_ci_valid"] else " (not independent)")
         rows.append(
             keys
             + [
                 f"{stats['n_replies']} / {stats['n_conversations']}",
-                f"{em['k']}/{em['n']} {_fmt_interval(em['cluster_ci'])}",
+                f"{em['k']}/{em['n']} {fmt_interval(em['cluster_ci'])}",
                 exact,
                 *(
                     _fmt_ci(stats[name]["mean"], stats[name]["cluster_ci"])
@@ -572,10 +572,6 @@ def _conversations(summary: Mapping[str, Any]) -> bool:
         for parts in (summary.get("details") or {}).values()
         for part in parts.values()
     )
-
-
-def _fmt_interval(ci: Sequence[float] | None) -> str:
-    return "" if not ci else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
 
 
 def _curves_section(curves: Mapping[str, Sequence[Mapping[str, Any]]], figures: Sequence[str]) -> list[str]:

@@ -51,7 +51,12 @@ def fmt_ci(value: Any, ci: Sequence[float] | None) -> str:
     """A value with its 95% bootstrap interval, "0.620 [0.550, 0.700]" (the value alone without an interval)."""
     if not ci:
         return fmt(value)
-    return f"{fmt(value)} [{fmt(ci[0])}, {fmt(ci[1])}]"
+    return f"{fmt(value)} {fmt_interval(ci)}"
+
+
+def fmt_interval(ci: Sequence[float] | None) -> str:
+    """An interval alone, "[0.550, 0.700]" ("" without one)."""
+    return f"[{fmt(ci[0])}, {fmt(ci[1])}]" if ci else ""
 
 
 def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
