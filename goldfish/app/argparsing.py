@@ -81,12 +81,21 @@ def argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 def positive_int(text: str) -> int:
     """An integer >= 1 (a count of threads or processes)."""
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0 (a count where 0 means none or all, as the option says)."""
+    return _int_at_least(text, 0)
+
+
+def _int_at_least(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise ValueError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise ValueError(f"must be >= 1, got {value}")
+        raise ValueError(f"expected an integer >= {least}, got {text!r}") from None
+    if value < least:
+        raise ValueError(f"must be >= {least}, got {value}")
     return value
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from goldfish.app import options as opt
-from goldfish.app.argparsing import argument_type, positive_int
+from goldfish.app.argparsing import argument_type, non_negative_int, positive_int
 from goldfish.app.config import MaskSpec, Runtime, parse_mask
 
 if TYPE_CHECKING:
@@ -552,16 +552,6 @@ def render_report(summary: Mapping[str, Any], figures: Sequence[str] = ()) -> st
 # ----- the parser -----------------------------------------------------------------------------------------------
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise ValueError(f"must be >= 0, got {value}")
-    return value
-
-
 def add_audit_parser(sub: Any) -> None:
     """Register `goldfish audit` on the subcommands `sub` of the goldfish parser."""
     from eval.config import ExtractionConfig
@@ -587,11 +577,11 @@ def add_audit_parser(sub: Any) -> None:
     audit.add_argument("--split", default="train", help="dataset split for HF datasets (default: %(default)s)")
     audit.add_argument("--tokenizer", default=None, help="tokenizer folder or name (default: the model's own)")
     audit.add_argument(
-        "--max-docs", type=argument_type(_non_negative_int), default=0, help="first N documents of each set (0: all)"
+        "--max-docs", type=argument_type(non_negative_int), default=0, help="first N documents of each set (0: all)"
     )
     audit.add_argument(
         "--max-tokens",
-        type=argument_type(_non_negative_int),
+        type=argument_type(non_negative_int),
         default=0,
         help="cut each document to its first N tokens, bos counted, as goldfish train --seq-len N does (0: whole)",
     )
