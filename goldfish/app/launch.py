@@ -98,9 +98,26 @@ def worker_environment(nproc: int, port: int, error_dir: Path) -> dict[str, str]
     }
 
 
+# Python 3.10 has no -P: the same interpreter started with -c has '' (the working directory) first on sys.path, which
+# the bootstrap drops before it imports anything of the toolkit.
+_SAFE_PATH_BOOTSTRAP = (
+    "import sys; sys.path.pop(0); from goldfish.app.worker import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
+def worker_argv(run_file: Path) -> list[str]:
+    """The interpreter arguments that start one worker on `run_file`, with the working directory kept off its
+    import path: the toolkit's packages are named `data`, `eval` and `engine`, so a folder of that name where the
+    user runs `goldfish` would otherwise be imported in their place (and its code run). `-P` (Python >= 3.11) is
+    safe-path mode; on 3.10 a bootstrap removes the entry instead."""
+    if sys.version_info >= (3, 11):
+        return ["-P", "-m", "goldfish.app.worker", str(run_file)]
+    return ["-c", _SAFE_PATH_BOOTSTRAP, str(run_file)]
+
+
 def launch_local(run: ResolvedRun, nproc: int) -> int:
     """Run the resolved `run` in `nproc` local processes (gloo on CPU, NCCL on GPUs) and wait for them: each is
-    `python -m goldfish.app.worker RUN_FILE` (goldfish.app.runfile), the file written here once.
+    `python -P -m goldfish.app.worker RUN_FILE` (goldfish.app.runfile; `worker_argv`), the file written here once.
 
     Returns 0 when every worker succeeded; otherwise prints `goldfish <command>: error: <the failing worker's
     error>` once on stderr and returns 2 for a settings error, 1 for a crash; 130 after Ctrl-C (the workers
@@ -108,7 +125,7 @@ def launch_local(run: ResolvedRun, nproc: int) -> int:
     command = run.command
     error_dir = Path(tempfile.mkdtemp(prefix="goldfish-workers-"))
     run_file = write_run(run, error_dir / "run.json")
-    argv = ["-m", "goldfish.app.worker", str(run_file)]
+    argv = worker_argv(run_file)
     print(f"launching {nproc} processes: {sys.executable} {' '.join(argv)}", file=sys.stderr)
     workers: list[subprocess.Popen] = []
     with _loopback_store() as port:
