@@ -100,9 +100,7 @@ def worker_environment(nproc: int, port: int, error_dir: Path) -> dict[str, str]
 
 # Python 3.10 has no -P: the same interpreter started with -c has '' (the working directory) first on sys.path, which
 # the bootstrap drops before it imports anything of the toolkit.
-_SAFE_PATH_BOOTSTRAP = (
-    "import sys; sys.path.pop(0); from goldfish.app.worker import main; sys.exit(main(sys.argv[1:]))"
-)
+_SAFE_PATH_BOOTSTRAP = "import sys; sys.path.pop(0); from goldfish.app.worker import main; sys.exit(main(sys.argv[1:]))"
 
 
 def worker_argv(run_file: Path) -> list[str]:
