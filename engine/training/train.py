@@ -17,6 +17,7 @@ import json
 import math
 import sys
 import time
+from contextlib import ExitStack, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -33,6 +34,7 @@ from engine.core.vocab_parallel import causal_lm_token_losses
 from engine.memory.activation import checkpoint_decoder_layers
 from engine.memory.offload import ActivationOffload
 from engine.memory.zero import ZeroError, make_adamw, shard_data_axis, zero_state
+from engine.models.compile import compiled_decoder_layers, eager_stance
 from engine.models.parallelize import rows_layout
 from engine.spec import (
     ParallelLayout,
@@ -124,16 +126,27 @@ def step_rows(n_examples: int, config: TrainConfig, step: int) -> torch.Tensor:
     return order[index_in_epoch * config.batch_size : (index_in_epoch + 1) * config.batch_size]
 
 
-def rows_consumed(n_examples: int, config: TrainConfig, steps: int) -> list[torch.Tensor]:
-    """The example indices the first `steps` optimizer steps read, one tensor per epoch begun (each index at most
-    once per epoch): what a checkpoint written after `steps` steps has trained on."""
-    per_epoch = steps_per_epoch(n_examples, config.batch_size)
-    epochs = []
-    for epoch in range(-(-steps // per_epoch)):
-        n_steps = min(per_epoch, steps - epoch * per_epoch)
-        order = epoch_order(n_examples, config.seed, epoch, config.shuffle)
-        epochs.append(order[: min(n_steps * config.batch_size, n_examples)])
-    return epochs
+@dataclass(frozen=True)
+class RowsRead:
+    """The example indices the first `steps` optimizer steps read: every index once in each of `whole_epochs`
+    epochs, then `partial` (the begun epoch's, each index at most once). Held as a count and one tensor, not one
+    tensor per epoch: a run of a million epochs costs as little to describe as a run of one."""
+
+    whole_epochs: int
+    partial: torch.Tensor  # (P,) int64 example indices, P < n_examples; empty when the steps end an epoch
+
+    def n_rows(self, n_examples: int) -> int:
+        """Rows read, counting each read of an index (`n_examples`: the examples of the run)."""
+        return self.whole_epochs * n_examples + len(self.partial)
+
+
+def rows_consumed(n_examples: int, config: TrainConfig, steps: int) -> RowsRead:
+    """What the first `steps` optimizer steps read: what a checkpoint written after `steps` steps has trained on."""
+    whole, rest = divmod(steps, steps_per_epoch(n_examples, config.batch_size))
+    if rest == 0:
+        return RowsRead(whole, torch.empty(0, dtype=torch.long))
+    order = epoch_order(n_examples, config.seed, whole, config.shuffle)
+    return RowsRead(whole, order[: min(rest * config.batch_size, n_examples)])
 
 
 def lr_factor(step: int, total_steps: int, config: TrainConfig) -> float:
@@ -445,6 +458,12 @@ def train(
         grid.traffic.enabled = True  # per-step bytes by grid axis group, logged below
     # With async_save a checkpoint's DCP write runs in the background; the next save and the end of the run wait.
     saver = AsyncSaver(grid) if config.async_save and out_path is not None else None
+    # --compile: the decoder layers run compiled in the training steps and eagerly in evaluations (whose shapes would
+    # each cost a compilation); the model is returned with its layers' own forward
+    compiled = ExitStack()
+    if config.compile:
+        compiled.enter_context(compiled_decoder_layers(model))
+    eager = eager_stance if config.compile else nullcontext
     try:
         for step in range(start_step, total_steps):
             epoch, index_in_epoch = divmod(step, per_epoch)
@@ -490,7 +509,8 @@ def train(
                 pipe.share_weights()  # what follows (and the caller, after the last step) reads the whole model
             if validation is not None and evaluate_now:
                 chosen = validation_loss_fn or loss_fn
-                record["val_loss"] = evaluate_loss(model, validation, chosen, config, grid, step=done)
+                with eager():
+                    record["val_loss"] = evaluate_loss(model, validation, chosen, config, grid, step=done)
                 if _is_distributed(grid):
                     grid.traffic.reset()  # the evaluation's bytes are not the next step's
             history.append(record)
@@ -521,7 +541,7 @@ def train(
                     )
             if on_epoch_end is not None and done % per_epoch == 0:
                 model.eval()
-                with torch.no_grad():
+                with torch.no_grad(), eager():
                     on_epoch_end(model, done // per_epoch, done)
                 model.train()
         if saver is not None:
@@ -534,6 +554,7 @@ def train(
             except CheckpointError as error:  # the run's own failure is the one to report
                 print(f"warning: the checkpoint in flight failed as well: {error}", file=sys.stderr)
         bar.close()
+        compiled.close()
         if _is_distributed(grid):
             grid.traffic.enabled = False
         if metrics_file is not None:

@@ -36,7 +36,10 @@ class OneLineParser(argparse.ArgumentParser):
             return ""
         typed = next((w for w in message.split()[2:] if w.startswith("--")), None)
         known = [o for p in [self, *_subcommand_parsers(self)] for a in p._actions for o in a.option_strings]
-        close = difflib.get_close_matches(typed.split("=")[0], known, n=1, cutoff=0.7) if typed else []
+        option = typed.split("=")[0] if typed else ""
+        close = difflib.get_close_matches(option, known, n=1, cutoff=0.7) if typed else []
+        if close and close[0] == option:  # an option of another subcommand: naming it again would not help
+            return ""
         return f"; did you mean {close[0]}?" if close else ""
 
 

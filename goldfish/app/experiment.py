@@ -436,13 +436,13 @@ class TrainedCopies:
         """{training document id: copies trained by the first `steps` optimizer steps}, counted from the rows those
         steps read (engine.training.train.rows_consumed, the rows the training loop reads)."""
         counts = dict.fromkeys(self.ids, 0)
-        for rows in engine_train.rows_consumed(n_rows, config, steps):
-            read = torch.zeros(n_rows + 1, dtype=torch.long)
-            read[rows + 1] = 1
-            read = read.cumsum(0)  # read[r]: rows below r read in this epoch
-            whole = (read[self.last + 1] - read[self.first]) == (self.last - self.first + 1)
-            for document, trained in zip(self.documents, whole.tolist()):
-                counts[document] += trained
+        consumed = engine_train.rows_consumed(n_rows, config, steps)
+        read = torch.zeros(n_rows + 1, dtype=torch.long)
+        read[consumed.partial + 1] = 1
+        read = read.cumsum(0)  # read[r]: rows below r read in the begun epoch
+        whole = (read[self.last + 1] - read[self.first]) == (self.last - self.first + 1)
+        for document, trained in zip(self.documents, whole.tolist()):
+            counts[document] += consumed.whole_epochs + trained  # a whole epoch reads every row of every copy
         return counts
 
 

@@ -181,9 +181,8 @@ class TrainingRows:
 
     def tokens_read(self, steps: int, seq_len: int) -> int:
         """Tokens of the rows the first `steps` optimizer steps read (every row is `seq_len` tokens)."""
-        return seq_len * sum(
-            len(rows) for rows in engine_train.rows_consumed(len(self.examples), self.train_config, steps)
-        )
+        read = engine_train.rows_consumed(len(self.examples), self.train_config, steps)
+        return seq_len * read.n_rows(len(self.examples))
 
     def add_to_record(self, record: dict[str, Any], seq_len: int) -> dict[str, Any]:
         """The run record with the tokens the whole run trains on, and what a background run adds: its own

@@ -483,3 +483,46 @@ def test_a_jsonl_background_rewritten_with_its_old_size_and_time_is_read_again(t
     again = tokenize_corpus(str(path), tokenizer, cache_dir=cache, progress=False)
     assert again.fingerprint() != first.fingerprint()
     assert again.ids(0)[1:] == tokenizer("text1 text2 " * 20, add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["train", "--out", "o", "--epochs", "999999999999"], "--epochs: must be at most 1,000,000, got 999,999,"),
+        (["train", "--out", "o", "--max-steps", "10000000000"], "--max-steps: must be at most 1,000,000,000"),
+        (["train", "--out", "o", "--seq-len", "100000000"], "--seq-len: must be at most 1,048,576"),
+        (["train", "--out", "o", "--seed", str(2**64)], "--seed: must be at most 9,223,372,036,854,775,807"),
+        (["eval", "--model", "m", "--out", "o", "--beams", "1000000"], "--beams: must be at most 128, got 1,000,000"),
+        (["eval", "--model", "m", "--out", "o", "--samples", "10000000"], "--samples: must be at most 10,000"),
+        (
+            ["compare", "--out", "o", "--n-train", "1" + "0" * 5000],
+            "--n-train: must be at most 10,000,000, got a number of 5,001",
+        ),
+        (["compare", "--nproc", "100000"], "--nproc: must be at most 1,024"),
+    ],
+)
+def test_every_count_has_a_bound_checked_as_it_is_parsed(argv, expected, capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(argv)
+    assert exit.value.code == 2
+    assert expected in _one_line(capsys)
+
+
+def test_a_million_epochs_start_training_at_once(tmp_path):
+    """The largest --epochs trains its first steps as quickly as one epoch does: nothing is laid out per epoch."""
+    out = tmp_path / "run"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "goldfish", "train", "--out", str(out), *TINY, "--epochs", "1000000", "--dedup", "off"],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text().strip():
+            assert launcher.poll() is None, launcher.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "no step trained within 60 s"
+            time.sleep(0.2)
+    finally:
+        launcher.kill()
+        launcher.wait()
