@@ -36,6 +36,7 @@ RESUMABLE_TRAINING = frozenset(
         "offload_optimizer",
         "activation_checkpointing",
         "offload_activations",
+        "compile",
         "rows",
         "pipe_schedule",
         "microbatches",
