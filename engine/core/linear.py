@@ -363,6 +363,14 @@ class ParallelLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._sharded:
             return F.linear(x, local_shard(self.weight), local_shard(self.bias))
+        return self._sharded_forward(x)
+
+    # Under torch.compile (--compile, engine/models/compile.py) a sharded product runs eagerly between the compiled
+    # pieces of its layer: its collectives, the z prefetch's pending handles (state carried from one layer to the
+    # next) and parameters placed on two or more tensor axes are not what dynamo traces soundly (inductor refused
+    # the y*z-placed DTensors' aliased outputs); the GEMM is an ATen call either way.
+    @torch.compiler.disable
+    def _sharded_forward(self, x: torch.Tensor) -> torch.Tensor:
         grid = self.grid
         if self.mode == "normal":
             return self._core(split_to_group(x, grid.group("x"), -1), "normal")

@@ -9,15 +9,18 @@
 Only the decoder layers are compiled, as torchtitan compiles per transformer block: identical layers share one compiled
 graph (dynamo inlines nn.Modules and takes their parameters as graph inputs, so the second layer is a cache hit, not a
 recompilation), compile time is that of one layer, and the vocabulary-parallel loss, the goldfish mask and the
-engine's hooks between layers stay the code they are.
+engine's hooks between layers stay the code they are. On a tensor-parallel grid the sharded products
+(engine.core.linear.ParallelLinear: collectives, the z prefetch's pending handles, DTensor shards placed on several
+axes) run eagerly between the compiled pieces of a layer (norms, rotary embeddings, attention, the MLP's activation):
+`torch.compiler.disable` on their sharded forward.
 
 Each layer's bound `forward` is replaced, for the duration of the block, by its compiled version held in the
 instance's attribute, and removed at the end, so the model leaves the block as it entered. The forward, not the
 module's `__call__` (`nn.Module.compile`), is compiled so that the hooks on the layer stay eager Python: activation
 checkpointing's (engine/memory/activation.py: a generator per call driving saved-tensor hooks), FSDP2's (ZeRO,
-engine/memory/zero.py: gathers and reshards around the layer) and the cache-dropping pre-hook. Inside the layer the
-parallel Linears' collectives and autograd pairs (engine/core/functional.py) are traced or run between graphs by
-dynamo; the tests compare every composed path with eager (tests/unit/test_compile.py,
+engine/memory/zero.py: gathers and reshards around the layer) and the cache-dropping pre-hook; the saved-tensor hooks
+of activation offload (engine/memory/offload.py) see the compiled graph's saved tensors. The tests compare every
+composed path with eager (tests/unit/test_compile.py,
 tests/parallel/test_compile_parallel.py).
 
 Generation and evaluation with a KV cache would recompile per layer index and sequence length: run them under

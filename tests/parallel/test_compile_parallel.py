@@ -1,12 +1,14 @@
 """--compile on a grid (engine/models/compile.py through engine.training.train): equal to the eager run.
 
-On data=2,x=2 (4 gloo processes), a tiny float32 Llama trains 2 SGD steps with the goldfish loss `goldfish train`
-runs (hashed mask, k=4, h=4: the vocabulary-parallel per-token losses, the kept targets' mean), compiled and eager, in
-each engine path compile composes with: plain, activation checkpointing, ZeRO 2 and ZeRO 3 (FSDP2 around each
-layer) with activation checkpointing. Losses, gradient norms and the weights' change (SGD: lr times the clipped
-gradients, so it compares the gradients) must agree within the bound derived in tests/unit/test_compile.py:
-2 * LAYERS * HIDDEN * eps times the largest magnitude of the quantity (of any weight's change, for the weights).
-Slow: each worker compiles the tensor-parallel layer once (45 s in all on 2 cores with inductor's cache warm).
+On data=2,x=2 (4 gloo processes), a tiny float32 Llama trains 2 SGD steps with the goldfish loss `goldfish train` runs
+(hashed mask, k=4, h=4: the vocabulary-parallel per-token losses, the kept targets' mean), compiled and eager, in each
+engine path compile composes with: plain, activation checkpointing, ZeRO 2 and ZeRO 3 (FSDP2 around each layer) with
+activation checkpointing; on y=2,z=2 (heads split over y, rows over z) with activation checkpointing. Losses, gradient
+norms and the weights' change (SGD: lr times the clipped gradients, so it compares the gradients) must agree within the
+bound derived in tests/unit/test_compile.py: 2 * LAYERS * HIDDEN * eps times the largest magnitude of the quantity (of
+any weight's change, for the weights).
+Slow: each worker compiles the tensor-parallel layer's pieces once (about 30 s per grid on 2 cores, inductor's cache
+warm).
 """
 
 from __future__ import annotations
@@ -68,11 +70,11 @@ def _close(actual: float | torch.Tensor, expected: float | torch.Tensor, what: s
     assert error <= bound, f"{what}: max error {error:.3g} > bound {bound:.3g}"
 
 
-def _worker() -> int:
-    grid = init(data=2, x=2, y=1, z=1)
+def _worker(shape: tuple[int, int, int, int], paths: dict[str, dict]) -> int:
+    grid = init(data=shape[0], x=shape[1], y=shape[2], z=shape[3])
     initial = {k: v.clone() for k, v in _model().state_dict().items()}
     try:
-        for name, settings in PATHS.items():
+        for name, settings in paths.items():
             eager_history, eager_weights = _run(grid, False, settings)
             history, weights = _run(grid, True, settings)
             for eager, compiled in zip(eager_history, history):
@@ -86,9 +88,16 @@ def _worker() -> int:
                 _close(weights[key] - start, changes[key], f"{name} {key}", scale)
     finally:
         grid.close()
-    return len(PATHS)
+    return len(paths)
 
 
 @pytest.mark.slow
 def test_compiled_equals_eager_on_data2_x2() -> None:
-    assert run_distributed(4, _worker, timeout=900.0) == [len(PATHS)] * 4
+    assert run_distributed(4, _worker, (2, 2, 1, 1), PATHS, timeout=900.0) == [len(PATHS)] * 4
+
+
+@pytest.mark.slow
+def test_compiled_equals_eager_on_y2_z2() -> None:
+    """The y and z splits of the decoder's Linears (heads over y, rows over z), with activation checkpointing."""
+    paths = {"checkpointing": {"activation_checkpointing": True}}
+    assert run_distributed(4, _worker, (1, 1, 2, 2), paths, timeout=900.0) == [1] * 4

@@ -15,9 +15,9 @@ gradient that is small by cancellation (q and k at random init, whose attention 
 error of the larger terms it sums. Measured: 6e-7 at the largest gradient's scale here, 2.3e-5 of q_proj's own on
 data=2,x=2 (tests/parallel); a missing term or a wrong sign in any gradient is O(1e-2) or more of that scale.
 
-Fast here: one tiny Llama, compiled once (the second layer, the checkpointed recomputation and the second step reuse
-the first layer's graph). The compiled training loop through the goldfish command is tests/e2e (slow), the parallel
-grids tests/parallel/test_compile_parallel.py.
+Fast here: one tiny Llama, compiled once (the second layer, the checkpointed recomputation, the second step and the
+offloaded run reuse the first layer's graph). The compiled training loop through the goldfish command is
+tests/e2e/test_compile_cli.py (slow), the parallel grids tests/parallel/test_compile_parallel.py (slow).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from tiny_models import tiny_llama
 
 from engine.core.linear import ShardingError
 from engine.memory.activation import checkpoint_decoder_layers
+from engine.memory.offload import ActivationOffload
 from engine.models.compile import compiled_decoder_layers, eager_stance, is_compiled
 from engine.spec import GridShape
 from engine.training.config import TrainConfig
@@ -65,15 +66,17 @@ def sgd_steps(model: torch.nn.Module, ids: torch.Tensor, steps: int = 2, lr: flo
     return out
 
 
-@pytest.mark.parametrize("checkpointed", [False, True], ids=["plain", "checkpointed"])
-def test_compiled_layers_equal_eager_on_losses_and_gradients(checkpointed: bool) -> None:
+@pytest.mark.parametrize("path", ["plain", "checkpointed", "offloaded"])
+def test_compiled_layers_equal_eager_on_losses_and_gradients(path: str) -> None:
     ids = torch.randint(0, VOCAB, (ROWS, SEQ), generator=torch.Generator().manual_seed(1))
     eager = model_of()
     compiled = copy.deepcopy(eager)
-    if checkpointed:
+    if path == "checkpointed":
         checkpoint_decoder_layers(compiled)  # before compile, as the training loop applies them
+    # activation offload: the compiled graph's saved tensors go through the same saved-tensor hooks (a real copy)
+    offload = ActivationOffload(path == "offloaded", torch.device("cpu"), host_copy=True)
     reference = sgd_steps(eager, ids)
-    with compiled_decoder_layers(compiled) as count:
+    with compiled_decoder_layers(compiled) as count, offload:
         assert count == LAYERS and is_compiled(compiled)
         result = sgd_steps(compiled, ids)
         with eager_stance(), torch.no_grad():  # a generation inside the block runs eagerly: no compilation
