@@ -156,6 +156,14 @@ def _launch(run: ResolvedRun, runtime: Runtime) -> int:
     return launch_local(run, runtime.nproc)
 
 
+def _apply_threads(runtime: Runtime) -> None:
+    """Set torch's CPU threads for this run: --threads, else the cores free now (goldfish.app.threads); the first
+    rank says which in one line on stderr."""
+    from goldfish.app.threads import apply_threads
+
+    apply_threads(runtime.threads, report=os.environ.get("RANK", "0") == "0")
+
+
 def _resolved(command: str, spec: Any, runtime: Runtime, out: Path, folder: Path, **extra: Any) -> ResolvedRun:
     """What a worker runs: the validated spec, the runtime without --nproc, the output folders."""
     return ResolvedRun(command, spec, replace(runtime, nproc=None), str(out), str(folder), **extra)
@@ -272,6 +280,7 @@ def run_train(run: ResolvedRun) -> int:
     from goldfish.app.training import train_model
 
     spec, runtime, out, folder = run.spec, run.runtime, Path(run.out), Path(run.folder)
+    _apply_threads(runtime)
     grid = start_grid(runtime.grid)
     log = _logger(grid)
     try:
@@ -412,6 +421,7 @@ def run_eval(run: ResolvedRun) -> int:
     check_extraction_fits({part: parts[part] for part in chosen}, spec.extraction)  # before any output
     if run.options.get("clear"):
         clear_eval_outputs(out)
+    _apply_threads(runtime)  # after every check: a refusal stays one line
     model = _eval_model(spec, prepared, grid, runtime, log)
 
     def reference() -> nn.Module | None:
@@ -676,6 +686,7 @@ def run_compare(run: ResolvedRun) -> int:
     from goldfish.app.experiment import start_grid
 
     runtime, out, folder = run.runtime, Path(run.out), Path(run.folder)
+    _apply_threads(runtime)
     grid = start_grid(runtime.grid)
     from engine.core.grid import is_main_process
 

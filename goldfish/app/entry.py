@@ -4,6 +4,7 @@ goes to goldfish.app.cli (which imports torch, the engine and eval as its comman
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -32,6 +33,9 @@ def shadowed_package() -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from goldfish.app.threads import wait_policy_environment
+
+    wait_policy_environment(os.environ)  # before anything loads torch and with it OpenMP (goldfish.app.threads)
     argv = list(sys.argv[1:] if argv is None else argv)
     complaint = shadowed_package()
     if complaint:

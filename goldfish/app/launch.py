@@ -93,6 +93,8 @@ def worker_environment(nproc: int, port: int, error_dir: Path) -> dict[str, str]
         # One thread per worker unless the user chose (torchrun's default too): N workers on N cores otherwise
         # oversubscribe them.
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        # Idle OpenMP threads sleep instead of spinning on cores the other workers need (goldfish.app.threads).
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
         ERROR_DIR_VARIABLE: str(error_dir),
         LAUNCHER_VARIABLE: str(os.getpid()),
     }

@@ -25,10 +25,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         run = read_run(Path(paths[0]))
-        if run.runtime.threads:
-            import torch
-
-            torch.set_num_threads(run.runtime.threads)
         work = {"train": cli.run_train, "compare": cli.run_compare, "eval": cli.run_eval}[run.command]
         with cli.progress_bars(run.runtime.progress):
             return work(run)
