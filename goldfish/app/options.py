@@ -573,7 +573,7 @@ RUNTIME = OptionGroup(
         Option(
             "--threads",
             "threads",
-            "CPU threads for torch (default: torch's choice; 1 avoids oversubscription on busy machines)",
+            "CPU threads for torch (default: as many as cores are idle when the run starts, at least 1; printed)",
             parse=positive_int,
         ),
         Option("--no-progress", "progress", "no progress bars", switch=True),
