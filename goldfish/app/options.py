@@ -479,7 +479,7 @@ TRAINING = OptionGroup(
             "--compile",
             "compile",
             "torch.compile each decoder layer (regional compilation, inductor) for the training steps; the loss, mask "
-            "and evaluation stay eager; the first step pays the compile time (not with a pipe axis)",
+            "and evaluation stay eager; the first step pays the compile time (not with --pipe-schedule zero-bubble)",
             switch=True,
         ),
         Option("--max-steps", "max_steps", "stop after N optimizer steps (0: every epoch)"),

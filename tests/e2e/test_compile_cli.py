@@ -1,7 +1,7 @@
 """`goldfish train --compile`: the goldfish loss and its logged figures equal the eager run's within the bound of
 tests/unit/test_compile.py (float32 reductions that inductor's fused kernels add in another order: 2 * layers *
-hidden * eps of each figure's magnitude, micro-llama: 2 layers, hidden 64), the run record says compile; a pipe axis
-is refused in one line before any worker starts.
+hidden * eps of each figure's magnitude, micro-llama: 2 layers, hidden 64), the run record says compile; the zero-bubble
+pipeline schedule is refused in one line before any worker starts.
 """
 
 from __future__ import annotations
@@ -40,9 +40,10 @@ def test_compiled_run_logs_the_eager_losses(tmp_path) -> None:
     assert record["train"]["compile"] is True
 
 
-def test_compile_with_a_pipe_axis_is_refused_in_the_launcher(tmp_path, capsys) -> None:
-    argv = ["train", "--out", str(tmp_path / "run"), "--nproc", "2", "--grid", "pipe=2", "--compile", *RUN]
+def test_compile_with_zero_bubble_is_refused_in_the_launcher(tmp_path, capsys) -> None:
+    pipe = ["--grid", "pipe=2", "--pipe-schedule", "zero-bubble"]
+    argv = ["train", "--out", str(tmp_path / "run"), "--nproc", "2", *pipe, "--compile", *RUN]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "--compile with a pipe axis is not supported" in err, err
+    assert err.count("\n") == 0 and "zero-bubble with --compile is not supported" in err, err
     assert not (tmp_path / "run").exists()

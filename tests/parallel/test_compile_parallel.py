@@ -3,12 +3,11 @@
 On data=2,x=2 (4 gloo processes), a tiny float32 Llama trains 2 SGD steps with the goldfish loss `goldfish train` runs
 (hashed mask, k=4, h=4: the vocabulary-parallel per-token losses, the kept targets' mean), compiled and eager, in each
 engine path compile composes with: plain, activation checkpointing, ZeRO 2 and ZeRO 3 (FSDP2 around each layer) with
-activation checkpointing; on y=2,z=2 (heads split over y, rows over z) with activation checkpointing. Losses, gradient
-norms and the weights' change (SGD: lr times the clipped gradients, so it compares the gradients) must agree within the
-bound derived in tests/unit/test_compile.py: 2 * LAYERS * HIDDEN * eps times the largest magnitude of the quantity (of
-any weight's change, for the weights).
-Slow: each worker compiles the tensor-parallel layer's pieces once (about 30 s per grid on 2 cores, inductor's cache
-warm).
+activation checkpointing; on y=2,z=2 (heads split over y, rows over z) with activation checkpointing; on pipe=2. Losses,
+gradient norms and the weights' change (SGD: lr times the clipped gradients, so it compares the gradients) must agree
+within the bound derived in tests/unit/test_compile.py: 2 * LAYERS * HIDDEN * eps times the largest magnitude of the
+quantity (of any weight's change, for the weights).
+Slow: each worker compiles the tensor-parallel layer's pieces once (20-30 s per grid on 2 cores, inductor's cache warm).
 """
 
 from __future__ import annotations
@@ -70,8 +69,9 @@ def _close(actual: float | torch.Tensor, expected: float | torch.Tensor, what: s
     assert error <= bound, f"{what}: max error {error:.3g} > bound {bound:.3g}"
 
 
-def _worker(shape: tuple[int, int, int, int], paths: dict[str, dict]) -> int:
-    grid = init(data=shape[0], x=shape[1], y=shape[2], z=shape[3])
+def _worker(shape: tuple[int, ...], paths: dict[str, dict]) -> int:
+    """Every path of `paths` on the grid (data, x, y, z[, pipe]), eager then compiled, compared."""
+    grid = init(**dict(zip(("data", "x", "y", "z", "pipe"), shape)))
     initial = {k: v.clone() for k, v in _model().state_dict().items()}
     try:
         for name, settings in paths.items():
@@ -101,3 +101,11 @@ def test_compiled_equals_eager_on_y2_z2() -> None:
     """The y and z splits of the decoder's Linears (heads over y, rows over z), with activation checkpointing."""
     paths = {"checkpointing": {"activation_checkpointing": True}}
     assert run_distributed(4, _worker, (1, 1, 2, 2), paths, timeout=900.0) == [1] * 4
+
+
+@pytest.mark.slow
+def test_compiled_equals_eager_on_two_pipeline_stages() -> None:
+    """pipe=2 (one decoder layer per stage): torch.distributed.pipelining's stages call the same layer modules, so
+    their compiled forward; 1f1b, and gpipe with activation checkpointing. zero-bubble is refused (tests/unit)."""
+    paths = {"1f1b": {"pipe_schedule": "1f1b"}, "gpipe": {"pipe_schedule": "gpipe", "activation_checkpointing": True}}
+    assert run_distributed(2, _worker, (1, 1, 1, 1, 2), paths, timeout=900.0) == [2] * 2
