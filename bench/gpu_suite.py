@@ -35,6 +35,7 @@ The numbers a CPU gives at --size tiny only prove the code path; they are not GP
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import subprocess
@@ -116,6 +117,9 @@ def peak_memory(device: torch.device) -> int | None:
 
 
 def reset_memory(device: torch.device) -> None:
+    """Free what the previous part left (its compiled graphs too: they may hold its model) and restart the peak."""
+    gc.collect()
+    torch.compiler.reset()
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
