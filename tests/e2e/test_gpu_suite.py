@@ -44,5 +44,6 @@ def test_tiny_suite_runs_on_cpu_and_writes_every_figure(tmp_path) -> None:
     assert set(fractions) == BUCKETS and sum(fractions.values()) == pytest.approx(1.0)
     assert all(fractions[bucket] > 0 for bucket in ("gemm", "attention", "loss", "optimizer"))
     assert suite["quickstart"]["exit_status"] == 0 and suite["quickstart"]["wall_s"] > 0
-    assert suite["compile_s"] > 0 and suite["compile_speedup"] > 0
+    assert suite["compile_s"] > 0 and suite["hf_compile_s"] > 0 and suite["compile_speedup"] > 0
+    assert isinstance(suite["within_budget"], bool) and suite["wall_s"] > 0
     assert all(suite[part]["part_s"] > 0 for part in ("masks", "train_eager", "hf_eager", "profile", "quickstart"))
