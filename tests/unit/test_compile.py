@@ -18,6 +18,8 @@ data=2,x=2 (tests/parallel); a missing term or a wrong sign in any gradient is O
 Fast here: one tiny Llama, compiled once (the second layer, the checkpointed recomputation, the second step and the
 offloaded run reuse the first layer's graph). The compiled training loop through the goldfish command is
 tests/e2e/test_compile_cli.py (slow), the parallel grids tests/parallel/test_compile_parallel.py (slow).
+Needs a C++ compiler (g++: inductor compiles its CPU kernels with it). About 3-8 s with inductor's on-disk cache
+(TORCHINDUCTOR_CACHE_DIR, default /tmp/torchinductor_$USER) warm, about 30 s the first time on a machine.
 """
 
 from __future__ import annotations
