@@ -157,8 +157,8 @@ def _launch(run: ResolvedRun, runtime: Runtime) -> int:
 
 
 def _apply_threads(runtime: Runtime) -> None:
-    """Set torch's CPU threads for this run: --threads, else the cores free now (goldfish.app.threads); the first
-    rank says which in one line on stderr."""
+    """Set torch's CPU threads for this run: --threads, else the cores free now (goldfish.app.threads), which the
+    first rank names in one line on stderr."""
     from goldfish.app.threads import apply_threads
 
     apply_threads(runtime.threads, report=os.environ.get("RANK", "0") == "0")

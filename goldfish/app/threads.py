@@ -7,7 +7,8 @@ tenth of a second (/proc/stat; the 1-minute load average where there is none) an
 one. OpenMP's passive wait policy (threads sleep at once when idle instead of spinning, `wait_policy_environment`)
 limits the damage when the load only starts after the choice. `bench/threads.py` measures both.
 
-Nothing here runs at import: the entry point sets the environment, the commands call `apply_threads`.
+Nothing here runs at import: the entry point sets the environment, the commands call `apply_threads` once their
+settings are checked (a refusal stays one line).
 """
 
 from __future__ import annotations
@@ -117,8 +118,9 @@ def decide_threads(
 
 
 def apply_threads(requested: int | None, *, report: bool = True) -> ThreadChoice:
-    """Decide this process's torch CPU threads (`decide_threads`), set them, and print the choice as one line on
-    stderr when `report` (the main process of a run). Counting free cores sleeps SAMPLE_SECONDS."""
+    """Decide this process's torch CPU threads (`decide_threads`) and set them. When the command chose the count
+    itself (no --threads, no OMP_NUM_THREADS) and `report` (the main process of a run), the choice is printed as
+    one line on stderr; a count the user gave is not repeated back. Counting free cores sleeps SAMPLE_SECONDS."""
     import torch
 
     counting = requested is None and not os.environ.get(THREADS_VARIABLE, "").strip().isdigit()
@@ -128,6 +130,6 @@ def apply_threads(requested: int | None, *, report: bool = True) -> ThreadChoice
     )
     if choice.threads is not None:
         torch.set_num_threads(choice.threads)
-    if report:
+    if report and counting:
         print(choice.line(), file=sys.stderr, flush=True)
     return choice

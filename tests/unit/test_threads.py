@@ -99,3 +99,19 @@ def test_bench_threads_runs_at_tiny_size(tmp_path):
         assert set(figures[condition]["step_ms"]) == {"default", "1", "2", "old-default"}
         assert all(ms > 0 for ms in figures[condition]["step_ms"].values())
     assert "threads:" in figures["loaded"]["default_line"]
+
+
+def test_only_a_count_the_command_chose_is_printed(capsys, monkeypatch):
+    import torch
+
+    from goldfish.app.threads import apply_threads
+
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    try:
+        assert apply_threads(1).threads == 1 and capsys.readouterr().err == ""  # --threads 1: said by the user
+        chosen = apply_threads(None)
+        assert capsys.readouterr().err == chosen.line() + "\n" and torch.get_num_threads() == chosen.threads
+        assert apply_threads(None, report=False) and capsys.readouterr().err == ""  # not the first rank
+    finally:
+        torch.set_num_threads(before)
