@@ -149,6 +149,28 @@ def normalized_text(text: str) -> str:
     return " ".join("".join(" " if unicodedata.category(ch).startswith("P") else ch for ch in folded).split())
 
 
+_SAFE_CUT = re.compile(r"[ \t\n\r]")  # ASCII whitespace: a boundary for NFKC, lower() (final sigma) and words
+NORMALIZE_CHUNK_CHARS = 1 << 20
+
+
+def normalized_digest(text: str, chunk_chars: int = NORMALIZE_CHUNK_CHARS) -> str:
+    """sha256 (hex) of `normalized_text(text)`, computed over pieces of about `chunk_chars` characters cut just
+    before ASCII whitespace, so a 50 MB document costs a few of its pieces in memory rather than a list of its
+    characters. Equal to the digest of the whole normalized text: no NFKC composition, case mapping or word
+    reaches across such a cut, and normalized pieces joined by one space are the normalized whole."""
+    digest = hashlib.sha256()
+    start, wrote = 0, False
+    while start < len(text):
+        found = _SAFE_CUT.search(text, start + chunk_chars) if start + chunk_chars < len(text) else None
+        end = found.start() if found else len(text)
+        piece = normalized_text(text[start:end])
+        if piece:
+            digest.update(((" " if wrote else "") + piece).encode("utf-8"))
+            wrote = True
+        start = end
+    return digest.hexdigest()
+
+
 def words(text: str) -> list[str]:
     """Lower-cased words of any script (CJK characters one word each)."""
     return _WORD.findall(text.lower())
@@ -228,7 +250,7 @@ def find_duplicate_links(candidates: Sequence[Candidate], config: DedupConfig) -
     links: list[Link] = []
     exact_pairs: set[tuple[int, int]] = set()
     for kind, key in (
-        ("exact-text", lambda c: _digest(normalized_text(c.text))),
+        ("exact-text", lambda c: normalized_digest(c.text)),
         ("same-window", lambda c: _digest([int(t) for t in c.token_ids])),
     ):
         first: dict[str, int] = {}

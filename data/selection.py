@@ -20,6 +20,7 @@ from data.dedup import (
     ngram_containment,
 )
 from data.documents import Document
+from data.encoding import encode_bounded
 from data.errors import DataError
 
 # Documents are tokenized in batches (fast tokenizers parallelise a batch); a batch holds at least
@@ -260,21 +261,23 @@ def select_documents(
                 if dedup.mode == "off" and len(kept) == needed:
                     break
             continue
-        # verbose=False: texts longer than model_max_length are fine, we truncate below.
-        encoded = tokenizer([doc.text for doc in batch], add_special_tokens=False, verbose=False)["input_ids"]
-        for doc, text_ids in zip(batch, encoded):
+        # Only the ids a document can use are kept (its first n_text_ids; whole documents up to max_len), and long
+        # texts are encoded in pieces: a 50 MB document costs its count, not gigabytes of encodings.
+        keep = n_text_ids if whole_documents is None else (max_len or None)
+        for doc, encoded in zip(batch, encode_bounded(tokenizer, [doc.text for doc in batch], keep=keep)):
             n_examined += 1
-            if len(text_ids) < n_text_ids:
+            text_ids = encoded.ids
+            if encoded.n_ids < n_text_ids:
                 too_short.append(doc.id)
                 continue
-            if whole_documents is not None and max_len and len(text_ids) + (bos_id is not None) > max_len:
+            if whole_documents is not None and max_len and encoded.n_ids + (bos_id is not None) > max_len:
                 too_long.append(doc.id)
                 continue
             full_ids = None
             if whole_documents is None:
-                token_ids = ([bos_id] if bos_id is not None else []) + list(text_ids[:n_text_ids])
+                token_ids = ([bos_id] if bos_id is not None else []) + text_ids
             else:
-                full_ids = ([bos_id] if bos_id is not None else []) + list(text_ids)
+                full_ids = ([bos_id] if bos_id is not None else []) + text_ids
                 token_ids = full_ids[:whole_documents]
             kept.append(
                 TokenizedDocument(
@@ -282,7 +285,7 @@ def select_documents(
                     text=doc.text,
                     token_ids=token_ids,
                     full_ids=full_ids,
-                    n_tokens=len(text_ids) + (bos_id is not None),
+                    n_tokens=encoded.n_ids + (bos_id is not None),
                     sha256=hashlib.sha256(doc.text.encode("utf-8")).hexdigest(),
                 )
             )

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from data.encoding import training_pieces
 from data.errors import DataError
 
 if TYPE_CHECKING:  # transformers imports torch (seconds); load it only when a tokenizer is needed
@@ -57,7 +58,7 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> PreTrai
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte, seen or not
         show_progress=False,
     )
-    backend.train_from_iterator(texts, trainer=trainer)
+    backend.train_from_iterator(training_pieces(texts), trainer=trainer)  # a long text in pieces: same words
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
         bos_token=BOS_TOKEN,
