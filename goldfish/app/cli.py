@@ -777,7 +777,7 @@ def cmd_mask(args: argparse.Namespace) -> int:
         rendered = render_conversation(tokenizer, conversation.messages or (), f"conversation {conversation.id!r}")
         ids, in_reply = rendered.ids, assistant_flags(len(rendered.ids), rendered.replies)
     else:
-        text = args.text if args.text is not None else Path(args.file).read_text()
+        text = args.text if args.text is not None else _read_mask_file(Path(args.file))
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         in_reply = [True] * len(ids)
     if len(ids) < 2:
@@ -788,8 +788,7 @@ def cmd_mask(args: argparse.Namespace) -> int:
     dropped = drop_mask(
         targets, mask.strategy, mask.k, mask.h, special_token_ids=tokenizer.all_special_ids, seed=mask.seed
     ) & torch.tensor(in_reply[1:])
-    pieces = [tokenizer.decode([i]) for i in ids]
-    flags = [False] + dropped.tolist()
+    pieces, flags = _whole_characters(tokenizer, ids, [False] + dropped.tolist())
     print(format_masked_text(pieces, flags, color=not args.no_color and sys.stdout.isatty()))
     n = sum(in_reply[1:])
     what = "reply targets (the loss covers the assistant's replies only)" if conversation is not None else "targets"
@@ -798,6 +797,49 @@ def cmd_mask(args: argparse.Namespace) -> int:
         f"{1 / mask.k:.3f}) with strategy {mask.strategy}, k={mask.k}, h={mask.h}"
     )
     return 0
+
+
+MASK_FILE_MOST_BYTES = 1_000_000  # goldfish mask prints the whole text: a megabyte is more than anyone reads
+
+
+def _read_mask_file(path: Path) -> str:
+    """--file's text, read up to MASK_FILE_MOST_BYTES (a device or a huge file is refused, not read whole)."""
+    if path.is_dir():
+        raise ValueError(f"--file {path}: is a folder; give one text file (or --conversation for a dataset)")
+    try:
+        with path.open("rb") as handle:
+            raw = handle.read(MASK_FILE_MOST_BYTES + 1)
+    except OSError as error:
+        raise ValueError(f"--file {path}: cannot read it ({error.strerror or error})") from None
+    if len(raw) > MASK_FILE_MOST_BYTES:
+        raise ValueError(
+            f"--file {path}: holds more than {MASK_FILE_MOST_BYTES:,} bytes, and goldfish mask prints the whole "
+            f"text; give a part of it (e.g. head -c 100000 {path} > part.txt)"
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"--file {path}: byte {error.start} is not UTF-8; give a UTF-8 text file") from None
+
+
+def _whole_characters(tokenizer: Any, ids: list[int], flags: list[bool]) -> tuple[list[str], list[bool]]:
+    """The text of each token, with a character that spans several tokens (a byte-level BPE splits "é" or "水"
+    into bytes) shown once, in the piece of its last token, instead of one U+FFFD per token; such a piece is
+    marked dropped when any of its tokens is. Returns (pieces, flags) of equal length."""
+    pieces: list[str] = []
+    merged: list[bool] = []
+    pending: list[int] = []
+    dropped = False
+    for position, (token, flag) in enumerate(zip(ids, flags)):
+        pending.append(token)
+        dropped = dropped or flag
+        text = tokenizer.decode(pending)
+        if text.endswith("\ufffd") and position < len(ids) - 1 and len(pending) < 4:  # UTF-8: at most 4 bytes
+            continue
+        pieces.append(text)
+        merged.append(dropped)
+        pending, dropped = [], False
+    return pieces, merged
 
 
 def _mask_conversation(args: argparse.Namespace) -> Any:

@@ -526,3 +526,29 @@ def test_a_million_epochs_start_training_at_once(tmp_path):
     finally:
         launcher.kill()
         launcher.wait()
+
+
+@pytest.mark.parametrize(
+    "target, expected",
+    [
+        ("/dev/zero", "--file /dev/zero: holds more than 1,000,000 bytes"),  # read up to the bound, never whole
+        (".", "is a folder; give one text file"),
+        ("binary", "byte 0 is not UTF-8; give a UTF-8 text file"),
+        ("missing.txt", "cannot read it (No such file or directory)"),
+    ],
+)
+def test_mask_file_is_read_bounded_and_refused_in_one_line(target, expected, tmp_path, capsys):
+    if target == "/dev/zero" and not Path(target).exists():
+        pytest.skip("no /dev/zero here")
+    (tmp_path / "binary").write_bytes(b"\xff\xfe\x00abc")
+    path = target if target.startswith("/") else str(tmp_path / target)
+    assert main(["mask", "--file", path, "--no-color"]) == 2
+    assert expected in _one_line(capsys)
+
+
+def test_mask_shows_characters_split_over_byte_tokens_as_themselves(capsys):
+    text = "Le café coûte 3 €, 水 est l'eau; ΟΔΟΣ"
+    assert main(["mask", "--text", text, "--no-color", "--k", "2"]) == 0
+    shown = capsys.readouterr().out.splitlines()[0]
+    assert "\ufffd" not in shown
+    assert shown.replace("[[", "").replace("]]", "") == text
