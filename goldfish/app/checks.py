@@ -62,7 +62,9 @@ def check_eval_out(out: Path, *, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file, not a folder. Fix: choose a folder for --out")
     check_writable_folder(out)
-    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    from goldfish.app.runlock import LOCK_FILE
+
+    held = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE) if out.is_dir() else []
     if held and not overwrite:
         shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
         raise ValueError(

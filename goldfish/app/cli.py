@@ -375,11 +375,21 @@ def _eval_spec(args: argparse.Namespace) -> EvalSpec:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from goldfish.app.checks import check_eval_out, clear_eval_outputs
+    from goldfish.app.checks import check_eval_out
+    from goldfish.app.runlock import holds_lock_here, out_lock
 
-    runtime = runtime_of(args)
     out = Path(args.out)
     check_eval_out(out, overwrite=args.overwrite)
+    # One writer per --out, as for train and compare: two evals into one folder would mix two models' files, and
+    # --overwrite must not clear a folder a running train or eval holds. The --nproc launcher holds it for workers.
+    with out_lock(out, enabled=holds_lock_here()):
+        return _eval_holding_out(args, out)
+
+
+def _eval_holding_out(args: argparse.Namespace, out: Path) -> int:
+    from goldfish.app.checks import clear_eval_outputs
+
+    runtime = runtime_of(args)
     # One process clears an earlier eval's files (--overwrite), once every check has passed: the --nproc launcher,
     # rank 0 under torchrun, or the only process.
     clears = args.overwrite and os.environ.get("RANK", "0") == "0"

@@ -552,3 +552,19 @@ def test_mask_shows_characters_split_over_byte_tokens_as_themselves(capsys):
     shown = capsys.readouterr().out.splitlines()[0]
     assert "\ufffd" not in shown
     assert shown.replace("[[", "").replace("]]", "") == text
+
+
+def test_eval_takes_the_out_lock_so_a_second_writer_is_refused(tmp_path, capsys):
+    """Two evals into one new --out, or an eval --overwrite into the folder of a running train: the second one
+    finds the folder's lock held and stops in one line before writing anything."""
+    from goldfish.app.runlock import out_lock
+
+    for out, extra in ((tmp_path / "new", []), (tmp_path / "training", ["--overwrite"])):
+        with out_lock(out):  # what a running train or eval holds for its whole life
+            if extra:
+                (out / "metrics.jsonl").write_text('{"step": 1}\n')
+            argv = ["eval", "--model", str(tmp_path / "model"), "--out", str(out), "--no-progress", *extra]
+            assert main(argv) == 2
+            assert "is in use by another goldfish run" in _one_line(capsys)
+            # nothing of the refused eval is there: the training's file untouched, nothing added
+            assert sorted(p.name for p in out.iterdir()) == [".goldfish.lock", *(["metrics.jsonl"] if extra else [])]
