@@ -119,6 +119,9 @@ def _check_on_grid(spec: TrainSpec | CompareSpec, shape: GridShape, resume: Path
     """What every rank of a run would refuse in its settings against the grid, checked once before any starts: ZeRO
     against the grid, a step's rows against the rows layout, LoRA on a data-parallel grid only, and the settings of
     the run to resume (as the workers train: a background run reads its stream in order)."""
+    from goldfish.app.model_config_check import check_config_file
+
+    check_config_file(spec.model)  # a hostile config.json: one line here, not a traceback in every worker
     train = background_train_config(spec.train) if spec.data.background is not None else spec.train
     layout = train.layout(shape)  # ZeRO, rows layout and precision against the grid
     layout.check_step_rows(train.batch_size)  # every full step; a short last step is checked by workers
@@ -399,10 +402,13 @@ def _eval_holding_out(args: argparse.Namespace, out: Path) -> int:
             "goldfish eval runs on a grid without a pipe axis: evaluate a pipeline-trained run's checkpoint (an "
             "ordinary HF folder) on one process or a grid of data, x, y and z"
         )
+    from goldfish.app.model_config_check import check_config_file
     from goldfish.app.pretrained import recover_folder
 
     for folder in (args.model, args.reference):  # a checkpoint a killed save set aside is complete: put it back
         recover_folder(folder)
+        if folder is not None:
+            check_config_file(folder)
     spec = _eval_spec(args)
     _run_record(spec)  # a model without a run record needs --data: said before anything starts
     _check_reference(spec.reference)  # it is loaded after the whole extraction: check it before any

@@ -27,6 +27,9 @@ def resolve_shape(model: str) -> TransformerShape:
     the engine cannot shard it."""
     if model.upper() in NAMED_SHAPES:
         return NAMED_SHAPES[model.upper()]
+    from goldfish.app.model_config_check import check_config_file
+
+    check_config_file(model)  # sizes no model has: one line before transformers builds anything
     try:
         from transformers import AutoConfig
 

@@ -269,9 +269,11 @@ def load_pretrained_model(name_or_path: str | Path, *, dtype: torch.dtype | None
     from transformers import AutoModelForCausalLM
 
     from engine.training.checkpoint import check_model_folder
+    from goldfish.app.model_config_check import check_config_file
 
     dtype = _float32_unless(dtype)
     recover_folder(name_or_path)
+    check_config_file(name_or_path)
     if Path(name_or_path).is_dir():
         # A truncated safetensors file would otherwise fail deep inside from_pretrained with a SafetensorError.
         check_model_folder(

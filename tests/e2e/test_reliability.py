@@ -568,3 +568,47 @@ def test_eval_takes_the_out_lock_so_a_second_writer_is_refused(tmp_path, capsys)
             assert "is in use by another goldfish run" in _one_line(capsys)
             # nothing of the refused eval is there: the training's file untouched, nothing added
             assert sorted(p.name for p in out.iterdir()) == [".goldfish.lock", *(["metrics.jsonl"] if extra else [])]
+
+
+_CONFIG = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"hidden_size": -4}, "hidden_size is -4, outside 1 to 131,072"),
+        ({"hidden_size": 0}, "hidden_size is 0, outside 1 to 131,072"),
+        ({"hidden_size": 10**20}, "hidden_size is 100000000000000000000, outside 1 to 131,072"),
+        ({"hidden_size": 3.5}, "hidden_size is 3.5, not an integer"),
+        ({"hidden_size": "big"}, 'hidden_size is "big", not an integer'),
+        ({"num_hidden_layers": 1e9}, "num_hidden_layers is 1000000000.0, not an integer"),
+        ({"num_attention_heads": 0}, "num_attention_heads is 0, outside 1 to 4,096"),
+        ({"num_attention_heads": 5}, "hidden size 64 is not divisible by its 5 attention heads"),
+        ({"num_key_value_heads": 3}, "4 attention heads are not divisible by its 3 key/value heads"),
+        ("nested", "its JSON is nested too deeply to be a model config"),
+        ("list", "holds a JSON list, not an object of model settings"),
+    ],
+)
+def test_a_hostile_config_json_is_one_line_from_plan_train_eval_and_compare(change, expected, tmp_path, capsys):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    if change == "nested":
+        text = "[" * 100_000 + "]" * 100_000
+    elif change == "list":
+        text = "[1, 2]"
+    else:
+        text = json.dumps(_CONFIG | change)
+    (folder / "config.json").write_text(text)
+    commands = [
+        ["plan", "--model", str(folder), "--gpus", "8"],
+        ["train", "--model", str(folder), "--out", str(tmp_path / "t"), *TINY[2:]],
+        ["train", "--model", str(folder), "--out", str(tmp_path / "p"), "--nproc", "2", "--grid", "pipe=2", *TINY[2:]],
+        ["compare", "--model", str(folder), "--out", str(tmp_path / "c"), *TINY[2:]],
+        ["eval", "--model", str(folder), "--out", str(tmp_path / "e"), "--data", "default", "--no-progress"],
+    ]
+    for argv in commands:
+        code = main(argv)
+        assert code == 2, argv
+        line = _one_line(capsys)
+        assert line.startswith(f"goldfish {argv[0]}: error: {folder / 'config.json'}: ") and expected in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # nothing written
