@@ -363,6 +363,13 @@ def _one_process() -> GridShape:
 
 def _eval_spec(args: argparse.Namespace) -> EvalSpec:
     """`goldfish eval`'s options as a validated EvalSpec."""
+    given = [flag for flag, value in (("--k", args.k), ("--h", args.h)) if value is not None]
+    if args.strategy is None and given:
+        raise ValueError(
+            f"{' and '.join(given)} set the mask of --strategy, and without --strategy eval scores the mask the run "
+            "was trained with (its run record). Fix: add --strategy to score another mask, or drop "
+            + " and ".join(given)
+        )
     mask = mask_of(args) if args.strategy is not None else None
     return EvalSpec(
         model=str(args.model),

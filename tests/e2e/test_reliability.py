@@ -612,3 +612,12 @@ def test_a_hostile_config_json_is_one_line_from_plan_train_eval_and_compare(chan
         line = _one_line(capsys)
         assert line.startswith(f"goldfish {argv[0]}: error: {folder / 'config.json'}: ") and expected in line, line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # nothing written
+
+
+@pytest.mark.parametrize("flags", [["--k", "8"], ["--h", "0"], ["--k", "1", "--h", "3"]])
+def test_eval_refuses_mask_options_without_a_strategy(flags, tmp_path, capsys):
+    argv = ["eval", "--model", "micro-llama", "--out", str(tmp_path / "e"), "--data", "default", *flags]
+    assert main(argv) == 2
+    line = _one_line(capsys)
+    assert "set the mask of --strategy" in line and "Fix: add --strategy" in line, line
+    assert not (tmp_path / "e").exists()
