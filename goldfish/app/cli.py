@@ -618,6 +618,13 @@ def _check_reference(choice: str) -> None:
             f"--reference {choice}: not a model folder or name ({reason}). Fix: give a model folder or HF name, "
             "auto (the initial weights of the run that trained --model) or none"
         ) from None
+    if Path(choice).is_dir():  # weights it would refuse after the whole extraction: refused before it
+        from goldfish.app.pretrained import check_weights_readable
+
+        try:
+            check_weights_readable(choice)
+        except ValueError as error:
+            raise ValueError(f"--reference {choice}: {error}") from None
 
 
 def _check_same_documents(saved: dict[str, Any], current: dict[str, Any]) -> None:

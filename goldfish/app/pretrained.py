@@ -262,6 +262,33 @@ def _float32_unless(dtype: torch.dtype | None) -> torch.dtype:
     return torch.float32 if dtype is None else dtype
 
 
+_PICKLED_WEIGHTS = (
+    "its pickled weights file (pytorch_model.bin) holds objects other than tensors, which are never loaded "
+    "(unpickling them could run code). Fix: use a copy of the model saved as safetensors (model.safetensors) from a "
+    "source you trust"
+)
+
+
+def check_weights_readable(folder: str | Path) -> None:
+    """Refuse (ValueError, one line) a model folder whose weights loading would refuse, without loading them: a
+    truncated safetensors file (its header against its size), a pytorch_model*.bin holding anything but tensors
+    (read weights-only and memory-mapped: the tensors' bytes are not read)."""
+    import torch
+
+    from engine.training.checkpoint import check_model_folder
+
+    check_model_folder(folder, fix="copy the folder again from where it came from, or re-create it")
+    for path in sorted(Path(folder).glob("pytorch_model*.bin")):
+        try:
+            torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except pickle.UnpicklingError:
+            raise ValueError(f"cannot load model {str(folder)!r}: {_PICKLED_WEIGHTS}") from None
+        except (RuntimeError, OSError) as error:
+            first = " ".join(str(error).split())[:160]
+            reason = f"{path.name} is not a weights file ({first})"
+            raise ValueError(f"cannot load model {str(folder)!r}: {reason}") from None
+
+
 def load_pretrained_model(name_or_path: str | Path, *, dtype: torch.dtype | None = None) -> PreTrainedModel:
     """Load an HF causal LM from a hub name or a local folder (in `dtype`, None: float32), with a clear error when it
     cannot be found or a weights file is truncated. Weights are read as safetensors or weights-only: nothing in the
@@ -297,11 +324,7 @@ def load_pretrained_model(name_or_path: str | Path, *, dtype: torch.dtype | None
                 ignore_mismatched_sizes=True,
             )
     except pickle.UnpicklingError:
-        raise ValueError(
-            f"cannot load model {str(name_or_path)!r}: its pickled weights file (pytorch_model.bin) holds objects "
-            "other than tensors, which are never loaded (unpickling them could run code). Fix: use a copy of the "
-            "model saved as safetensors (model.safetensors) from a source you trust"
-        ) from None
+        raise ValueError(f"cannot load model {str(name_or_path)!r}: {_PICKLED_WEIGHTS}") from None
     except (OSError, ValueError) as error:
         if "custom code" in str(error) or "trust_remote_code" in str(error):
             raise ValueError(

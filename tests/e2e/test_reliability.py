@@ -621,3 +621,35 @@ def test_eval_refuses_mask_options_without_a_strategy(flags, tmp_path, capsys):
     line = _one_line(capsys)
     assert "set the mask of --strategy" in line and "Fix: add --strategy" in line, line
     assert not (tmp_path / "e").exists()
+
+
+class _Planted:
+    """A pickled object that would write a file when unpickled: weights-only loading must refuse it unrun."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.mark.parametrize("weights", ["pickled", "truncated"])
+def test_reference_weights_that_would_be_refused_are_refused_before_any_output(weights, tmp_path, capsys):
+    import torch
+    from transformers import LlamaConfig
+
+    reference = tmp_path / "reference"
+    LlamaConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, vocab_size=300).save_pretrained(reference)
+    marker = tmp_path / "unpickled"
+    if weights == "pickled":
+        torch.save({"w": _Planted(str(marker))}, reference / "pytorch_model.bin")
+        expected = "holds objects other than tensors"
+    else:
+        (reference / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")
+        expected = "model.safetensors"
+    out = tmp_path / "eval"
+    argv = ["eval", "--model", "micro-llama", "--data", "default", "--n-train", "4", "--n-heldout", "2"]
+    assert main([*argv, "--reference", str(reference), "--out", str(out), "--no-progress", "--threads", "1"]) == 2
+    line = _one_line(capsys)
+    assert line.startswith(f"goldfish eval: error: --reference {reference}: ") and expected in line, line
+    assert not out.exists() and not marker.exists()
