@@ -207,16 +207,52 @@ def _run_folder(out: Path, *, overwrite: bool, resuming: bool) -> Path:
         return out
     if not overwrite:
         shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
+        resume = (
+            f", continue an interrupted goldfish train with --resume {out / 'checkpoint'}"
+            if (out / "checkpoint").is_dir()
+            else ""
+        )
         raise ValueError(
             f"--out {out} is not empty (it holds {shown}); refusing to overwrite an earlier run. Fix: "
-            f"choose another --out, continue an interrupted goldfish train with --resume "
-            f"{out / 'checkpoint'}, or replace the old run with --overwrite (it is kept until the new "
+            f"choose another --out{resume}, or replace the old run with --overwrite (it is kept until the new "
             "run has finished)"
         )
     staging = out.with_name(f".{out.name}.overwrite-staging")
     if int(os.environ.get("RANK", "0")) == 0:  # before start_grid: no rank writes into it before this removal
         shutil.rmtree(staging, ignore_errors=True)
     return staging
+
+
+def _cleared_on_settings_error(folder: Path, work: Callable[[], int], *, enabled: bool) -> int:
+    """Run `work` (a new train or compare into `folder`) and return its exit status; when it ends in a settings
+    error (a ValueError, or exit status 2 from --nproc workers: bad input a rank found after the launcher's checks,
+    e.g. a short last step its micro-batches cannot split), first remove what it wrote, so that the corrected command
+    finds the folder as it was. Only for a folder that held nothing but the lock when the run began (never a resumed
+    or an earlier run's files), and only while it holds no checkpoint (finished work is kept)."""
+    from goldfish.app.launch import SETTINGS_ERROR_EXIT
+    from goldfish.app.runlock import LOCK_FILE
+
+    fresh = enabled and (not folder.exists() or {p.name for p in folder.iterdir()} <= {LOCK_FILE})
+
+    def clear() -> None:
+        if not fresh or not folder.is_dir() or any(folder.rglob("checkpoint")):  # finished work is never removed
+            return
+        for path in folder.iterdir():
+            if path.name == LOCK_FILE:
+                continue
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+
+    try:
+        code = work()
+    except ValueError:
+        clear()
+        raise
+    if code == SETTINGS_ERROR_EXIT:
+        clear()
+    return code
 
 
 def _publish(folder: Path, out: Path, grid: Grid | None) -> None:
@@ -272,9 +308,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     with out_lock(out, enabled=holds_lock_here()):  # one run per --out; the --nproc launcher holds it for workers
         folder = _run_folder(out, overwrite=args.overwrite, resuming=resume is not None)
         run = _resolved("train", spec, runtime, out, folder, resume=None if resume is None else str(resume))
-        if runtime.nproc:
-            return _launch(run, runtime)
-        return run_train(run)
+        work = (lambda: _launch(run, runtime)) if runtime.nproc else (lambda: run_train(run))
+        return _cleared_on_settings_error(folder, work, enabled=resume is None and holds_lock_here())
 
 
 def run_train(run: ResolvedRun) -> int:
@@ -705,9 +740,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     with out_lock(out, enabled=holds_lock_here()):  # one run per --out; the --nproc launcher holds it for workers
         folder = _run_folder(out, overwrite=args.overwrite, resuming=False)
         run = _resolved("compare", spec, runtime, out, folder)
-        if runtime.nproc:
-            return _launch(run, runtime)
-        return run_compare(run)
+        work = (lambda: _launch(run, runtime)) if runtime.nproc else (lambda: run_compare(run))
+        return _cleared_on_settings_error(folder, work, enabled=holds_lock_here())
 
 
 def run_compare(run: ResolvedRun) -> int:

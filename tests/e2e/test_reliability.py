@@ -653,3 +653,56 @@ def test_reference_weights_that_would_be_refused_are_refused_before_any_output(w
     line = _one_line(capsys)
     assert line.startswith(f"goldfish eval: error: --reference {reference}: ") and expected in line, line
     assert not out.exists() and not marker.exists()
+
+
+def _five_documents(tmp_path: Path) -> Path:
+    from data.corpus import default_corpus
+
+    path = tmp_path / "six.jsonl"
+    texts = [d.text for d in default_corpus()][:6]
+    path.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
+    return path
+
+
+@pytest.mark.slow
+def test_a_settings_error_the_workers_find_leaves_the_folder_empty_for_the_corrected_command(tmp_path, capsys):
+    """5 training rows in one short step of 5 cannot split into 2 micro-batches: the pipe workers find it after the
+    launcher wrote run.json; the run's files are removed, so the corrected command is not refused as 'not empty'."""
+    documents = _five_documents(tmp_path)
+    out = tmp_path / "run"
+    argv = [
+        "train",
+        "--out",
+        str(out),
+        "--data",
+        str(documents),
+        *tiny_run(n_train=5, n_heldout=1, seq_len=32, batch_size=8),
+    ]
+    argv += ["--vocab-size", "300", "--nproc", "2", "--grid", "pipe=2", "--epochs", "1"]
+    assert main([*argv, "--microbatches", "2"]) == 2
+    assert "do not split into --microbatches 2" in capsys.readouterr().err
+    assert not out.exists() or sorted(p.name for p in out.iterdir()) == []
+    assert main([*argv, "--n-train", "4", "--microbatches", "2"]) == 0  # the corrected command
+    assert (out / "checkpoint").is_dir()
+
+
+def test_a_settings_error_after_the_checks_removes_what_the_new_run_wrote(tmp_path, monkeypatch, capsys):
+    """One process: a ValueError the run raises after writing run.json (stood in by the data step) leaves nothing
+    behind; the refusal of a non-empty folder names --resume only when there is a checkpoint to resume."""
+    import goldfish.app.experiment as experiment
+
+    def refuse(*args, **kwargs):
+        raise ValueError("a setting the run found late")
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(experiment, "prepare_data", refuse)
+    assert main(["train", "--out", str(out), *TINY, "--epochs", "1"]) == 2
+    assert "a setting the run found late" in _one_line(capsys)
+    assert not out.exists()
+    out.mkdir()
+    (out / "run.json").write_text("{}")
+    monkeypatch.undo()
+    assert main(["train", "--out", str(out), *TINY, "--epochs", "1"]) == 2
+    line = _one_line(capsys)
+    assert "is not empty (it holds run.json)" in line and "--resume" not in line, line
+    assert (out / "run.json").read_text() == "{}"  # an earlier run's file is never removed
