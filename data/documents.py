@@ -210,7 +210,10 @@ def _documents_from_records(
             messages = conversation_of_record(fields, f"{origin}, {record.where}")
             doc_id = record.default_id if id_field is None else _record_id(fields, id_field, origin, record.where)
             _check_unique(doc_id, record.where, first_seen, origin)
-            documents.append(Document(id=doc_id, text=conversation_text(messages), source=source, messages=messages))
+            text = conversation_text(messages)
+            _check_encodable(text, "its messages", origin, record.where)
+            _check_encodable(doc_id, "its id", origin, record.where)
+            documents.append(Document(id=doc_id, text=text, source=source, messages=messages))
             continue
         if text_field not in fields:
             raise DataError(
@@ -227,6 +230,8 @@ def _documents_from_records(
             )
         doc_id = record.default_id if id_field is None else _record_id(fields, id_field, origin, record.where)
         _check_unique(doc_id, record.where, first_seen, origin)
+        _check_encodable(text, f"field {text_field!r}", origin, record.where)
+        _check_encodable(doc_id, "its id", origin, record.where)
         documents.append(Document(id=doc_id, text=text, source=source))
     if not documents:
         raise DataError(f"{origin}: no documents (the source is empty). Fix: {_LOCAL_FIX}.")
@@ -236,6 +241,20 @@ def _documents_from_records(
             "Fix: choose the field that holds the text with --text-field (text_field= in Python), or fill the texts."
         )
     return documents
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _check_encodable(text: str, what: str, origin: str, where: str) -> None:
+    """Refuse a lone UTF-16 surrogate (JSON's "\\ud800" escape decodes to one): no tokenizer, hash or file can
+    encode it, and it would fail far from here without naming the record."""
+    found = _SURROGATE.search(text)
+    if found:
+        raise DataError(
+            f"{origin}, {where}: {what} holds a lone surrogate (U+{ord(found.group()):04X} at character "
+            f"{found.start()}), which is not text. Fix: remove it, or write the character it was part of whole."
+        )
 
 
 def _check_unique(doc_id: str, where: str, first_seen: dict[str, str], origin: str) -> None:
@@ -318,6 +337,16 @@ def _load_jsonl(path: Path, *, text_field: str, id_field: str | None) -> list[Do
                     raise DataError(
                         f"{path}, line {number}: malformed JSON ({error.msg} at column {error.colno}). "
                         "Fix: write exactly one JSON object per line."
+                    ) from None
+                except RecursionError:
+                    raise DataError(
+                        f"{path}, line {number}: JSON nested too deeply to read. Fix: write one flat JSON object "
+                        "per line (the document's text as a string)."
+                    ) from None
+                except ValueError as error:  # a number of more than 4,300 digits (int's conversion limit)
+                    reason = "a number of more than 4,300 digits" if "digits" in str(error) else str(error)
+                    raise DataError(
+                        f"{path}, line {number}: unreadable JSON ({reason}). Fix: correct that line"
                     ) from None
                 yield _Record(where=f"line {number}", default_id=f"{path.name}:{number}", fields=fields)
 

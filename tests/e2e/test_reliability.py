@@ -706,3 +706,23 @@ def test_a_settings_error_after_the_checks_removes_what_the_new_run_wrote(tmp_pa
     line = _one_line(capsys)
     assert "is not empty (it holds run.json)" in line and "--resume" not in line, line
     assert (out / "run.json").read_text() == "{}"  # an earlier run's file is never removed
+
+
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ('{"id": "a", "text": ' + "[" * 100_000 + "]" * 100_000 + "}", "line 2: JSON nested too deeply to read"),
+        (
+            '{"id": "a", "text": "abc \\ud800 def"}',
+            "line 2: field 'text' holds a lone surrogate (U+D800 at character 4)",
+        ),
+        ('{"id": "\\udfff", "text": "abc def"}', "line 2: its id holds a lone surrogate (U+DFFF at character 0)"),
+        ('{"id": ' + "9" * 5000 + ', "text": "abc"}', "line 2: unreadable JSON (a number of more than 4,300 digits)"),
+    ],
+)
+def test_hostile_json_in_data_is_one_line_naming_file_and_line(line, expected, tmp_path, capsys):
+    path = tmp_path / "docs.jsonl"
+    path.write_text('{"id": "ok", "text": "a fine document"}\n' + line + "\n")
+    assert main(["train", "--out", str(tmp_path / "run"), "--data", str(path), "--id-field", "id", *TINY]) == 2
+    error = _one_line(capsys)
+    assert error.startswith(f"goldfish train: error: {path}, ") and expected in error, error
