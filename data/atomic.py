@@ -187,8 +187,12 @@ def replace_directory(staging: str | Path, directory: str | Path) -> Path:
     at every instant `directory` is either the complete old folder, absent for the moment between two renames
     (the old one still complete beside it), or the complete new folder. Its files get the permissions of any new
     file (0666 less the umask): some writers (safetensors) create theirs private (0600) whatever the umask.
+    A `directory` that is a symbolic link is replaced at its target (`staging` must be on the target's file
+    system), and the link is kept.
     """
     staging, directory = Path(staging), Path(directory)
+    if directory.is_symlink():  # publish at the link's target: the link stays a link, the run lands where it points
+        directory = Path(os.path.realpath(directory))
     mode = 0o666 & ~current_umask()
     for root, _, files in os.walk(staging):  # the contents must be on disk before the rename makes them visible
         for name in files:

@@ -217,7 +217,9 @@ def _run_folder(out: Path, *, overwrite: bool, resuming: bool) -> Path:
             f"choose another --out{resume}, or replace the old run with --overwrite (it is kept until the new "
             "run has finished)"
         )
-    staging = out.with_name(f".{out.name}.overwrite-staging")
+    # beside the folder the run replaces: a symlinked --out is replaced at its target and stays a link
+    target = Path(os.path.realpath(out)) if out.is_symlink() else out
+    staging = target.with_name(f".{target.name}.overwrite-staging")
     if int(os.environ.get("RANK", "0")) == 0:  # before start_grid: no rank writes into it before this removal
         shutil.rmtree(staging, ignore_errors=True)
     return staging

@@ -726,3 +726,17 @@ def test_hostile_json_in_data_is_one_line_naming_file_and_line(line, expected, t
     assert main(["train", "--out", str(tmp_path / "run"), "--data", str(path), "--id-field", "id", *TINY]) == 2
     error = _one_line(capsys)
     assert error.startswith(f"goldfish train: error: {path}, ") and expected in error, error
+
+
+def test_overwrite_of_a_symlinked_out_replaces_the_target_and_keeps_the_link(tmp_path):
+    disk = tmp_path / "other-disk"
+    disk.mkdir()
+    (disk / "run").mkdir()
+    (disk / "run" / "old.txt").write_text("the earlier run")
+    link = tmp_path / "run"
+    link.symlink_to(disk / "run")
+    assert main(["train", "--out", str(link), *TINY, "--epochs", "1", "--dedup", "off", "--overwrite"]) == 0
+    assert link.is_symlink() and os.readlink(link) == str(disk / "run")
+    assert (disk / "run" / "checkpoint" / "model.safetensors").exists() and not (disk / "run" / "old.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other-disk", "run"]  # no .run.old-PID, no staging left
+    assert sorted(p.name for p in disk.iterdir()) == ["run"]
