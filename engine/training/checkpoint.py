@@ -32,6 +32,7 @@ complete, and every reader renames it back first.
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import pickle
@@ -749,6 +750,32 @@ class _Reader(dcp.FileSystemReader):
             metadata.storage_meta.load_id = self.load_id
         return metadata
 
+    def read_data(self, plan: Any, planner: Any) -> Any:
+        """FileSystemReader's read, with a data file that weights-only loading refuses named in one line (torch's
+        own message ends by advising `weights_only=False`, the one thing never to do with an untrusted file)."""
+        try:
+            return super().read_data(plan, planner)
+        except pickle.UnpicklingError:
+            infos = [self.storage_data[item.storage_index] for item in plan.items]
+            files = sorted({info.relative_path for info in infos if not self._loads(info)}) or sorted(
+                {info.relative_path for info in infos}
+            )
+            raise CheckpointError(
+                f"{', '.join(files)} in {self.path} holds objects other than tensors, refused unread (loading it "
+                "could run code); restore the checkpoint from a copy"
+            ) from None
+
+    def _loads(self, info: Any) -> bool:
+        """Whether the record `info` (a _StorageInfo: file, offset, length) loads weights-only (an error path)."""
+        with open(Path(self.path) / info.relative_path, "rb") as handle:
+            handle.seek(info.offset)
+            record = io.BytesIO(handle.read(info.length))
+        try:
+            torch.load(record, map_location="cpu", weights_only=True)
+        except Exception:  # noqa: BLE001 - refused or unreadable: either way not this checkpoint's tensors
+            return False
+        return True
+
 
 def _read_manifest(directory: Path) -> tuple[dict[str, Any], Metadata]:
     """The checkpoint's manifest and DCP metadata, after checking that every file they name is there and whole."""
@@ -815,7 +842,10 @@ def _load_entries(directory: Path, entries: dict[str, _Chunks], grid: Grid | Non
                 no_dist=not distributed,
             )
     except CheckpointException as error:
-        causes = sorted({str(e) for e, _ in error.failures.values()})
+        own = [e for e, _ in error.failures.values() if isinstance(e, CheckpointError)]
+        if own:  # already the whole story in one line (e.g. a data file refused unread)
+            raise own[0] from None
+        causes = sorted({" ".join(str(e).split()) for e, _ in error.failures.values()})
         raise CheckpointError(
             f"cannot read checkpoint {directory}: {'; '.join(causes)[:500]}; restore it or use an earlier one"
         ) from None
