@@ -84,11 +84,13 @@ def clear_eval_outputs(out: Path) -> None:
             path.unlink()
 
 
-def check_extraction_fits(parts: Mapping[str, Sequence[Any]], extraction: Any) -> None:
+def check_extraction_fits(
+    parts: Mapping[str, Sequence[Any]], extraction: Any, prefix_lengths: Sequence[int] = ()
+) -> None:
     """Refuse an extraction protocol (--suffix-len, --prefix-len) that no document of an evaluated part is long
     enough for, before the first result is written. `parts`: {part: documents with .token_ids}; `extraction`: an
     eval.extraction.ExtractionConfig. Some documents too short are skipped and counted, as documented; all is an
-    error."""
+    error, for the extraction and for each of `prefix_lengths` (--prefix-lengths)."""
     need = extraction.min_tokens()
     for part, documents in parts.items():
         if documents and not any(len(doc.token_ids) >= need for doc in documents):
@@ -98,3 +100,12 @@ def check_extraction_fits(parts: Mapping[str, Sequence[Any]], extraction: Any) -
                 "--suffix-len (and --prefix-len), or evaluate longer documents (--seq-len, or --extract-len with "
                 "--pack)"
             )
+    longest = max((len(doc.token_ids) for documents in parts.values() for doc in documents), default=None)
+    too_long = [p for p in prefix_lengths if longest is not None and p + extraction.suffix_len > longest]
+    if too_long:
+        raise ValueError(
+            f"--prefix-lengths {','.join(map(str, too_long))}: with --suffix-len {extraction.suffix_len} a document "
+            f"needs {too_long[0] + extraction.suffix_len} tokens, and the evaluated documents have at most {longest}, "
+            f"so every one would be skipped. Fix: prefix lengths of at most {longest - extraction.suffix_len}, or "
+            "evaluate longer documents"
+        )

@@ -478,7 +478,8 @@ def run_eval(run: ResolvedRun) -> int:
     prepared, mask, repeats = _eval_documents(spec, record, log)
     parts = {"train": prepared.split.train, "heldout": prepared.split.heldout}
     chosen = list(parts) if spec.part == "both" else [spec.part]
-    check_extraction_fits({part: parts[part] for part in chosen}, spec.extraction)  # before any output
+    prefix_lengths = spec.instruments.prefix_lengths if spec.instruments is not None else ()
+    check_extraction_fits({part: parts[part] for part in chosen}, spec.extraction, prefix_lengths)  # before output
     if run.options.get("clear"):
         clear_eval_outputs(out)
     _apply_threads(runtime)  # after every check: a refusal stays one line
@@ -738,7 +739,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     _check_on_grid(spec, shape or _one_process(), None)
     if runtime.nproc:
         _check_documents(spec.data)
-    check_extraction_window(spec.data, spec.extraction)  # after the checks of the grid and the documents
+    # after the checks of the grid and the documents
+    check_extraction_window(spec.data, spec.extraction, spec.instruments.prefix_lengths)
     with out_lock(out, enabled=holds_lock_here()):  # one run per --out; the --nproc launcher holds it for workers
         folder = _run_folder(out, overwrite=args.overwrite, resuming=False)
         run = _resolved("compare", spec, runtime, out, folder)

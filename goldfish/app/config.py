@@ -331,17 +331,25 @@ class TrainSpec:
         check_mask_window(self.mask, self.data)
 
 
-def check_extraction_window(data: DataSpec, extraction: ExtractionConfig) -> None:
+def check_extraction_window(data: DataSpec, extraction: ExtractionConfig, prefix_lengths: Sequence[int] = ()) -> None:
     """Refuse (ValueError) an extraction protocol longer than every document can be: rows of --seq-len tokens (with
     --pack or --background, extraction windows of --extract-len, at most --seq-len) hold no prefix and suffix of
-    --prefix-len + --suffix-len tokens, so nothing could be measured."""
+    --prefix-len + --suffix-len tokens, so nothing could be measured; the same for each of --prefix-lengths."""
     whole = data.pack or data.background is not None
     window = data.extraction_window if whole else data.seq_len
+    cut = "--extract-len/--seq-len" if whole else "--seq-len"
     if extraction.min_tokens() > window:
-        cut = "--extract-len/--seq-len" if whole else "--seq-len"
         raise ValueError(
             f"{extraction.requirement()}, and every document is cut to {window} tokens ({cut}). Fix: lower "
             f"--suffix-len (and --prefix-len) or raise {cut}"
+        )
+    too_long = [p for p in prefix_lengths if p + extraction.suffix_len > window]
+    if too_long:
+        raise ValueError(
+            f"--prefix-lengths {','.join(map(str, too_long))}: with --suffix-len {extraction.suffix_len} a document "
+            f"needs {too_long[0] + extraction.suffix_len} tokens, and every document is cut to {window} ({cut}), so "
+            f"every document would be skipped. Fix: prefix lengths of at most {window - extraction.suffix_len}, or "
+            f"raise {cut}"
         )
 
 

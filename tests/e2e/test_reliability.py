@@ -740,3 +740,17 @@ def test_overwrite_of_a_symlinked_out_replaces_the_target_and_keeps_the_link(tmp
     assert (disk / "run" / "checkpoint" / "model.safetensors").exists() and not (disk / "run" / "old.txt").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other-disk", "run"]  # no .run.old-PID, no staging left
     assert sorted(p.name for p in disk.iterdir()) == ["run"]
+
+
+def test_prefix_lengths_no_document_is_long_enough_for_are_refused_before_any_output(tmp_path, capsys):
+    argv = ["compare", "--out", str(tmp_path / "c"), *TINY, "--prefix-lengths", "8,40", "--suffix-len", "8"]
+    assert main(argv) == 2
+    line = _one_line(capsys)
+    assert "--prefix-lengths 40: with --suffix-len 8 a document needs 48 tokens" in line, line
+    assert not (tmp_path / "c").exists()
+    argv = ["eval", "--model", "micro-llama", "--data", "default", "--n-train", "4", "--n-heldout", "2"]
+    argv += ["--seq-len", "32", "--out", str(tmp_path / "e"), "--suffix-len", "8", "--prefix-lengths", "30"]
+    assert main([*argv, "--no-progress", "--threads", "1"]) == 2
+    line = _one_line(capsys)
+    assert "--prefix-lengths 30: with --suffix-len 8 a document needs 38 tokens" in line, line
+    assert "the evaluated documents have at most 32" in line and not (tmp_path / "e").exists()
