@@ -245,13 +245,17 @@ def recover_folder(name_or_path: str | os.PathLike) -> bool:
 def _quiet_load_report() -> Iterator[None]:
     """Hold back transformers' load report (a warning of many lines) while a model loads; the logger's level is
     restored after. load_pretrained_model refuses what the report would show in one line of its own."""
-    logger = logging.getLogger("transformers.modeling_utils")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+    # modeling_utils: the load report; distributed.tensor_parallel: "layers were not sharded", which transformers
+    # prints for every model with a TP plan loaded without one (the engine shards it by its own plan, if at all)
+    loggers = [logging.getLogger(f"transformers.{name}") for name in ("modeling_utils", "distributed.tensor_parallel")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def _float32_unless(dtype: torch.dtype | None) -> torch.dtype:
