@@ -123,7 +123,8 @@ def launch_local(run: ResolvedRun, nproc: int) -> int:
     error>` once on stderr and returns 2 for a settings error, 1 for a crash; 130 after Ctrl-C (the workers
     stopped)."""
     command = run.command
-    error_dir = Path(tempfile.mkdtemp(prefix="goldfish-workers-"))
+    remove_orphaned_worker_folders()
+    error_dir = Path(tempfile.mkdtemp(prefix=f"{WORKER_FOLDER_PREFIX}{os.getpid()}-"))
     run_file = write_run(run, error_dir / "run.json")
     argv = worker_argv(run_file)
     print(f"launching {nproc} processes: {sys.executable} {' '.join(argv)}", file=sys.stderr)
@@ -150,6 +151,28 @@ def launch_local(run: ResolvedRun, nproc: int) -> int:
     message, code = _failure_report(failures, stopped, error_dir)
     print(f"goldfish {command}: error: {message}", file=sys.stderr)
     return code
+
+
+WORKER_FOLDER_PREFIX = "goldfish-workers-"  # + the launcher's pid + "-": a temporary folder per launch
+
+
+def remove_orphaned_worker_folders(root: Path | None = None) -> list[Path]:
+    """Remove the worker folders (run file, error lines) that launchers killed with SIGKILL left behind: those in
+    `root` (default: the temporary folder) that this user owns and whose launcher pid no longer runs. Returns them.
+    A launcher that exits in any other way removes its own folder."""
+    removed = []
+    for folder in sorted((root or Path(tempfile.gettempdir())).glob(f"{WORKER_FOLDER_PREFIX}*-*")):
+        pid = folder.name[len(WORKER_FOLDER_PREFIX) :].split("-", 1)[0]
+        try:
+            if not pid.isdigit() or folder.is_symlink() or folder.stat().st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)  # raises when no process has that pid
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+        except OSError:  # another user's process (PermissionError), or the folder vanished meanwhile
+            continue
+    return removed
 
 
 def _wait(workers: Sequence[subprocess.Popen]) -> tuple[dict[int, int], set[int]]:

@@ -114,6 +114,11 @@ def test_a_launcher_killed_with_sigkill_takes_its_workers_and_listens_on_loopbac
     os.kill(launcher.pid, signal.SIGKILL)
     launcher.wait()
     _assert_workers_die(workers)
+    # the killed launcher's folder of run file and error lines is removed by the next launch
+    from goldfish.app.launch import WORKER_FOLDER_PREFIX, remove_orphaned_worker_folders
+
+    left = [p.name for p in remove_orphaned_worker_folders()]
+    assert any(name.startswith(f"{WORKER_FOLDER_PREFIX}{launcher.pid}-") for name in left), left
 
 
 @pytest.mark.skipif(not LINUX, reason="reads /proc")
@@ -754,3 +759,18 @@ def test_prefix_lengths_no_document_is_long_enough_for_are_refused_before_any_ou
     line = _one_line(capsys)
     assert "--prefix-lengths 30: with --suffix-len 8 a document needs 38 tokens" in line, line
     assert "the evaluated documents have at most 32" in line and not (tmp_path / "e").exists()
+
+
+def test_worker_folders_of_dead_launchers_are_removed_and_live_ones_kept(tmp_path):
+    from goldfish.app.launch import WORKER_FOLDER_PREFIX, remove_orphaned_worker_folders
+
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    dead = tmp_path / f"{WORKER_FOLDER_PREFIX}{ended.pid}-abc"
+    alive = tmp_path / f"{WORKER_FOLDER_PREFIX}{os.getpid()}-xyz"
+    other = tmp_path / "goldfish-workers-notapid"
+    for folder in (dead, alive, other):
+        folder.mkdir()
+        (folder / "run.json").write_text("{}")
+    assert remove_orphaned_worker_folders(tmp_path) == [dead]
+    assert not dead.exists() and alive.exists() and other.exists()
