@@ -143,8 +143,12 @@ def test_compare_into_a_non_empty_out_is_refused_before_any_work(tmp_path, capsy
     (out / "summary.json").write_text("{}")
     assert main(["compare", "--quick", "--out", str(out), "--no-progress"]) == 2
     err = _error(capsys)
-    assert "is not empty" in err and "--resume" in err and "--overwrite" in err
+    # no checkpoint there: nothing to resume, so --resume is not offered
+    assert "is not empty" in err and "--resume" not in err and "--overwrite" in err
     assert (out / "summary.json").read_text() == "{}"
+    (out / "checkpoint").mkdir()
+    assert main(["compare", "--quick", "--out", str(out), "--no-progress"]) == 2
+    assert f"--resume {out / 'checkpoint'}" in _error(capsys)
 
 
 def test_resume_of_a_missing_folder(tmp_path, capsys):
