@@ -453,6 +453,10 @@ def _eval_holding_out(args: argparse.Namespace, out: Path) -> int:
         recover_folder(folder)
         if folder is not None:
             check_config_file(folder)
+    if Path(args.model).is_dir():  # weights loading would refuse: one line before the run starts (and its threads)
+        from goldfish.app.pretrained import check_weights_readable
+
+        check_weights_readable(args.model)
     spec = _eval_spec(args)
     _run_record(spec)  # a model without a run record needs --data: said before anything starts
     _check_reference(spec.reference)  # it is loaded after the whole extraction: check it before any
