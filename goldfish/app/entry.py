@@ -33,10 +33,12 @@ def shadowed_package() -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from goldfish.app.threads import wait_policy_environment
+    from goldfish.app.threads import WAIT_POLICY_VARIABLE, machine_is_busy, wait_policy_environment
 
-    wait_policy_environment(os.environ)  # before anything loads torch and with it OpenMP (goldfish.app.threads)
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["train"], ["eval"], ["compare"]) and WAIT_POLICY_VARIABLE not in os.environ:
+        # before anything loads torch and with it OpenMP (goldfish.app.threads); the commands that train or decode
+        wait_policy_environment(os.environ, busy=machine_is_busy())
     complaint = shadowed_package()
     if complaint:
         print(f"goldfish: error: {complaint}", file=sys.stderr)

@@ -41,11 +41,21 @@ class ThreadChoice:
         return f"threads: {self.shown} ({self.reason})"
 
 
-def wait_policy_environment(environ: MutableMapping[str, str]) -> None:
-    """Ask OpenMP for its passive wait policy unless the user chose one: idle threads sleep at once instead of
-    spinning on cores other processes need. It must be in the environment before torch loads OpenMP (the entry
-    point's first lines, the --nproc workers' environment); later it has no effect."""
-    environ.setdefault(WAIT_POLICY_VARIABLE, "PASSIVE")
+def wait_policy_environment(environ: MutableMapping[str, str], *, busy: bool = True) -> None:
+    """Ask OpenMP for its passive wait policy when the machine is `busy` and the user chose no policy: idle threads
+    sleep at once instead of spinning on cores other processes need (on 2 busy cores a step is 9x faster). On a quiet
+    machine spinning is faster (bench/threads.py: 157 ms against 190 ms a step at 2 threads), so it is kept. It must
+    be in the environment before torch loads OpenMP (the entry point's first lines, the --nproc workers'
+    environment); later it has no effect."""
+    if busy:
+        environ.setdefault(WAIT_POLICY_VARIABLE, "PASSIVE")
+
+
+def machine_is_busy(sample_seconds: float = SAMPLE_SECONDS) -> bool:
+    """Whether some of this process's cores are taken now (fewer free than usable by more than a quarter core; True
+    when it cannot be told): what `wait_policy_environment` needs to know before torch loads."""
+    free = free_cores(sample_seconds)
+    return free is None or free < usable_cores() - (1.0 - FREE_CORE_IDLE_SHARE)
 
 
 def usable_cores() -> int:
@@ -131,5 +141,7 @@ def apply_threads(requested: int | None, *, report: bool = True) -> ThreadChoice
     if choice.threads is not None:
         torch.set_num_threads(choice.threads)
     if report and counting:
-        print(choice.line(), file=sys.stderr, flush=True)
+        policy = os.environ.get(WAIT_POLICY_VARIABLE)
+        wait = f"{WAIT_POLICY_VARIABLE}={policy}" if policy else "OpenMP's spinning wait: the machine was idle"
+        print(f"{choice.line()}; {wait}", file=sys.stderr, flush=True)
     return choice

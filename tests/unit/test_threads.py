@@ -58,13 +58,16 @@ def test_free_cores_counts_at_most_the_usable_ones():
     assert free is None or 0.0 <= free <= usable_cores() + 1e-9
 
 
-def test_passive_wait_policy_unless_the_user_chose_one():
+def test_passive_wait_policy_on_a_busy_machine_unless_the_user_chose_one():
     environ: dict[str, str] = {}
     wait_policy_environment(environ)
     assert environ == {"OMP_WAIT_POLICY": "PASSIVE"}
     environ = {"OMP_WAIT_POLICY": "ACTIVE"}
     wait_policy_environment(environ)
     assert environ == {"OMP_WAIT_POLICY": "ACTIVE"}
+    environ = {}
+    wait_policy_environment(environ, busy=False)  # an idle machine keeps OpenMP's spinning wait: faster there
+    assert environ == {}
 
 
 def test_workers_get_one_passive_thread_each(tmp_path, monkeypatch):
@@ -77,7 +80,8 @@ def test_workers_get_one_passive_thread_each(tmp_path, monkeypatch):
 def test_the_command_sets_the_wait_policy_before_torch_loads():
     """The entry point's first lines leave OMP_WAIT_POLICY for libgomp, before anything has loaded torch."""
     code = (
-        "import os, sys\nfrom goldfish.app import entry\ntry:\n    entry.main(['plan', '--help'])\n"
+        "import os, sys\nfrom goldfish.app import entry, threads\nthreads.machine_is_busy = lambda: True\n"
+        "try:\n    entry.main(['train', '--help'])\n"
         "except SystemExit:\n    pass\nprint(os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules)"
     )
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
@@ -111,7 +115,9 @@ def test_only_a_count_the_command_chose_is_printed(capsys, monkeypatch):
     try:
         assert apply_threads(1).threads == 1 and capsys.readouterr().err == ""  # --threads 1: said by the user
         chosen = apply_threads(None)
-        assert capsys.readouterr().err == chosen.line() + "\n" and torch.get_num_threads() == chosen.threads
+        said = capsys.readouterr().err
+        assert said.startswith(chosen.line() + "; ") and said.count("\n") == 1, said
+        assert torch.get_num_threads() == chosen.threads
         assert apply_threads(None, report=False) and capsys.readouterr().err == ""  # not the first rank
     finally:
         torch.set_num_threads(before)
