@@ -230,14 +230,17 @@ def _cleared_on_settings_error(folder: Path, work: Callable[[], int], *, enabled
     error (a ValueError, or exit status 2 from --nproc workers: bad input a rank found after the launcher's checks,
     e.g. a short last step its micro-batches cannot split), first remove what it wrote, so that the corrected command
     finds the folder as it was. Only for a folder that held nothing but the lock when the run began (never a resumed
-    or an earlier run's files), and only while it holds no checkpoint (finished work is kept)."""
+    or an earlier run's files), and only while it holds no checkpoint and no step's metrics (finished work is kept)."""
     from goldfish.app.launch import SETTINGS_ERROR_EXIT
     from goldfish.app.runlock import LOCK_FILE
 
     fresh = enabled and (not folder.exists() or {p.name for p in folder.iterdir()} <= {LOCK_FILE})
 
     def clear() -> None:
-        if not fresh or not folder.is_dir() or any(folder.rglob("checkpoint")):  # finished work is never removed
+        if not fresh or not folder.is_dir():
+            return
+        # finished work is never removed: a checkpoint, or a step's metrics (a run stopped on a diverged loss)
+        if any(folder.rglob("checkpoint")) or any(m.stat().st_size for m in folder.rglob("metrics.jsonl")):
             return
         for path in folder.iterdir():
             if path.name == LOCK_FILE:
