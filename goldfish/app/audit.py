@@ -100,19 +100,15 @@ def _uses_window(mask: MaskSpec) -> bool:
 
 def _check_out(out: Path, overwrite: bool) -> None:
     """--out: a folder that can be written, empty (but for a run lock) unless --overwrite."""
-    from goldfish.app.checks import check_writable_folder
-    from goldfish.app.runlock import LOCK_FILE
+    from goldfish.app.checks import check_output_folder
 
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file, not a folder. Fix: choose a folder for --out")
-    check_writable_folder(out)
-    held = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE) if out.is_dir() else []
-    if held and not overwrite:
-        shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
-        raise ValueError(
-            f"--out {out} is not empty (it holds {shown}). Fix: choose a new or empty --out, or --overwrite to replace "
-            "an earlier audit's files there (other files are kept)"
-        )
+    check_output_folder(
+        out,
+        overwrite=overwrite,
+        refusal="",
+        fix="choose a new or empty --out, or --overwrite to replace an earlier audit's files there (other files are "
+        "kept)",
+    )
 
 
 def _clear_outputs(out: Path) -> None:

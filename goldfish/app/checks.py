@@ -55,23 +55,41 @@ def check_writable_folder(out: Path, flag: str = "--out") -> None:
         ) from None
 
 
-def check_eval_out(out: Path, *, overwrite: bool) -> None:
-    """Check `goldfish eval --out` before any work: a folder that can be written, and empty unless --overwrite
-    (`clear_eval_outputs` then removes an earlier eval's files once every other check has passed)."""
+def held_names(out: Path) -> list[str]:
+    """The names in folder `out` (sorted) but its run lock; [] when it does not exist."""
+    from goldfish.app.runlock import LOCK_FILE
+
+    return sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE) if out.is_dir() else []
+
+
+def shown_names(held: list[str]) -> str:
+    """The first four of `held`, comma-separated, for a one-line refusal."""
+    return ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
+
+
+def check_output_folder(out: Path, *, overwrite: bool, refusal: str, fix: str) -> None:
+    """Check an `--out` that a command fills with its own files (eval, audit) before any work: a folder that can be
+    written, empty but for a run lock unless --overwrite. `refusal` follows "is not empty (it holds ...)", `fix`
+    follows "Fix: "."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file, not a folder. Fix: choose a folder for --out")
     check_writable_folder(out)
-    from goldfish.app.runlock import LOCK_FILE
-
-    held = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE) if out.is_dir() else []
+    held = held_names(out)
     if held and not overwrite:
-        shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
-        raise ValueError(
-            f"--out {out} is not empty (it holds {shown}); refusing to mix this eval's files with them. Fix: "
-            "choose a new or empty --out, or --overwrite to replace the files of an earlier eval there (other "
-            "files are kept)"
-        )
+        raise ValueError(f"--out {out} is not empty (it holds {shown_names(held)}){refusal}. Fix: {fix}")
+
+
+def check_eval_out(out: Path, *, overwrite: bool) -> None:
+    """Check `goldfish eval --out` before any work: a folder that can be written, and empty unless --overwrite
+    (`clear_eval_outputs` then removes an earlier eval's files once every other check has passed)."""
+    check_output_folder(
+        out,
+        overwrite=overwrite,
+        refusal="; refusing to mix this eval's files with them",
+        fix="choose a new or empty --out, or --overwrite to replace the files of an earlier eval there (other files "
+        "are kept)",
+    )
 
 
 def clear_eval_outputs(out: Path) -> None:

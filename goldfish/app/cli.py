@@ -200,13 +200,13 @@ def _run_folder(out: Path, *, overwrite: bool, resuming: bool) -> Path:
             "--overwrite and --resume exclude each other: --resume continues the run in --out, "
             "--overwrite replaces it. Fix: give only one of them"
         )
-    from goldfish.app.runlock import LOCK_FILE
+    from goldfish.app.checks import held_names, shown_names
 
-    held = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE) if out.is_dir() else []
+    held = held_names(out)
     if not held or resuming:
         return out
     if not overwrite:
-        shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
+        shown = shown_names(held)
         resume = (
             f", continue an interrupted goldfish train with --resume {out / 'checkpoint'}"
             if (out / "checkpoint").is_dir()
