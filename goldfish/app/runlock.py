@@ -3,6 +3,11 @@
 Two runs writing into one folder would interleave metrics.jsonl and overwrite each other's checkpoint. The lock is
 the kernel's: it is released when the holding process exits, however it dies (a killed run never leaves a stale
 lock). Under `--nproc` the launching process holds it for its workers; under a plain torchrun, rank 0 does.
+
+A run that ends removes the lock file while it still holds the lock, so finished run folders hold no stray
+`.goldfish.lock`; a taker checks after locking that the file it locked is still the one at OUT/.goldfish.lock (not
+one a releasing run has just unlinked), so two runs never hold the lock at once. A killed run leaves its empty file,
+which the next run takes over.
 """
 
 from __future__ import annotations
@@ -12,9 +17,10 @@ import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import IO, Iterator
 
 LOCK_FILE = ".goldfish.lock"
+_TAKE_TRIES = 100  # a releasing run unlinks the file between our open and our flock: open it again
 
 
 def holds_lock_here() -> bool:
@@ -28,8 +34,9 @@ def holds_lock_here() -> bool:
 @contextmanager
 def out_lock(out: Path, enabled: bool = True) -> Iterator[None]:
     """Hold the lock of run folder `out` (created if missing) while the block runs; ValueError, in one line, when
-    another run holds it. A folder created here that holds nothing but the lock afterwards (the run failed before
-    writing anything) is removed again. enabled False: do nothing (another process holds it for this run)."""
+    another run holds it. The lock file is removed as the lock is released, and a folder created here that holds
+    nothing else afterwards (the run failed before writing anything) is removed again. enabled False: do nothing
+    (another process holds it for this run)."""
     if not enabled:
         yield
         return
@@ -38,22 +45,58 @@ def out_lock(out: Path, enabled: bool = True) -> Iterator[None]:
     created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
-        handle = (out / LOCK_FILE).open("a")
+        handle = _take(out / LOCK_FILE)
+    except BlockingIOError:
+        raise ValueError(
+            f"--out {out} is in use by another goldfish run (it holds {out / LOCK_FILE}); two runs would "
+            "interleave metrics.jsonl and overwrite each other's checkpoint. Fix: wait for that run to end "
+            "or stop it, or choose another --out"
+        ) from None
     except OSError as error:
         raise ValueError(
             f"--out {out}: cannot write there ({error.strerror}). Fix: choose a folder you can write to"
         ) from None
     try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ValueError(
-                f"--out {out} is in use by another goldfish run (it holds {out / LOCK_FILE}); two runs would "
-                "interleave metrics.jsonl and overwrite each other's checkpoint. Fix: wait for that run to end "
-                "or stop it, or choose another --out"
-            ) from None
         yield
     finally:
-        handle.close()  # releases the lock
+        _release(handle, out / LOCK_FILE)
         if created and out.is_dir() and {p.name for p in out.iterdir()} <= {LOCK_FILE}:
             shutil.rmtree(out, ignore_errors=True)
+
+
+def _same_file(handle: IO[str], path: Path) -> bool:
+    """Whether `path` still names the file `handle` has open."""
+    try:
+        there = path.stat()
+    except FileNotFoundError:
+        return False
+    here = os.fstat(handle.fileno())
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _take(path: Path) -> IO[str]:
+    """The open, locked lock file at `path`; BlockingIOError when another process holds it, OSError when it cannot
+    be written."""
+    for _ in range(_TAKE_TRIES):
+        handle = path.open("a")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BaseException:
+            handle.close()
+            raise
+        if _same_file(handle, path):
+            return handle
+        handle.close()  # we locked a file a releasing run had just unlinked: take the one now at `path`
+    raise BlockingIOError(f"{path} kept changing while it was taken")
+
+
+def _release(handle: IO[str], path: Path) -> None:
+    """Remove the lock file while we still hold it (only if it is still ours: an --overwrite run may have replaced
+    the folder meanwhile), then release the lock."""
+    try:
+        if _same_file(handle, path):
+            path.unlink()
+    except OSError:
+        pass  # a lock file left behind is harmless: the next run takes it over
+    finally:
+        handle.close()  # releases the lock

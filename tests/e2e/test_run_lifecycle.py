@@ -265,7 +265,8 @@ def test_a_second_run_into_a_locked_out_is_refused(interrupted, tmp_path, capsys
         with out_lock(fresh):
             assert main(["train", "--out", str(fresh), *TINY, "--epochs", "1"]) == 2
             assert "in use by another goldfish run" in _error(capsys)
-    assert _digest(interrupted) == before
+        assert _digest(interrupted) == before
+    assert not (interrupted / ".goldfish.lock").exists()  # removed by the run that held it, as it ended
     assert not fresh.exists()  # a folder the lock created and nothing wrote into is removed
 
 
