@@ -390,6 +390,7 @@ def train(
     on_epoch_end: Callable[[nn.Module, int, int], None] | None = None,
     validation: Sequence[dict[str, torch.Tensor]] | None = None,
     validation_loss_fn: LossFn | None = None,
+    on_validation: Callable[[nn.Module, int, float], None] | None = None,
 ) -> TrainResult:
     """Train `model` in place for config.epochs over `examples`.
 
@@ -409,6 +410,9 @@ def train(
     validation: examples whose mean token loss under `validation_loss_fn` (default: loss_fn) is logged as
         "val_loss" every config.eval_every steps and after the last step (evaluate_loss: split over the ranks like
         the training rows, config.batch_size rows at a time).
+    on_validation: called on every rank as on_validation(model, step, val_loss) after each validation (model in
+        eval mode, no gradients; training mode is restored after), e.g. to keep the weights of a step whose
+        validation loss a later comparison needs.
 
     examples may be any sequence (rows built when indexed: only this rank's rows of each step are read). When it
     has state_dict() / load_state_dict(state) (a resumable data source), its state is saved in every checkpoint
@@ -511,8 +515,13 @@ def train(
                 chosen = validation_loss_fn or loss_fn
                 with eager():
                     record["val_loss"] = evaluate_loss(model, validation, chosen, config, grid, step=done)
+                if on_validation is not None:
+                    model.eval()
+                    with torch.no_grad(), eager():
+                        on_validation(model, done, record["val_loss"])
+                    model.train()
                 if _is_distributed(grid):
-                    grid.traffic.reset()  # the evaluation's bytes are not the next step's
+                    grid.traffic.reset()  # the evaluation's (and the hook's) bytes are not the next step's
             history.append(record)
             if metrics_file is not None:
                 metrics_file.write(json.dumps(record) + "\n")

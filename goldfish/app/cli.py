@@ -728,6 +728,8 @@ def _compare_spec(args: argparse.Namespace, shape: GridShape | None) -> CompareS
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+        tuning_seeds=tuple(args.tuning_seeds or ()),
+        matched_controls=args.matched_controls,
     from goldfish.app.runlock import holds_lock_here, out_lock
 
     runtime = runtime_of(args)  # a --preset is already applied, as defaults (`parse_command_line`)
@@ -1040,6 +1042,11 @@ PRESET_DESCRIPTIONS: dict[str, str] = {
     "background, {n_train} canaries of {data} inserted {buckets} each ({n_heldout} more held out), masks {masks}, "
     "{max_steps} steps of batch {batch_size} x {seq_len} tokens, {precision} (docs/corpus.md)",
 }
+    "corpus-mechanism": "the pre-registered mechanism study: {n_train}+{n_heldout} targets ({data}) in buckets of "
+    "{buckets}, {extract_len}-token windows inserted into the {background} background; standard vs {masks} (hashed "
+    "vs random: the same share of tokens dropped) with the exposure-, loss- and compute-matched controls, {max_steps} "
+    "steps of batch {batch_size} x {seq_len} tokens, confirmatory seeds {seeds}; {prefix_len}/{suffix_len} split, "
+    "{beams}-beam search (docs/corpus.md)",
 
 
 def preset_description(name: str) -> str:
@@ -1108,6 +1115,23 @@ def _add_compare_parser(sub: Any) -> None:
         "--checkpoints",
         default=None,
         metavar="LABEL=MODEL,...|paper",
+    comp.add_argument(
+        "--tuning-seeds",
+        default=None,
+        metavar="S,S,...",
+        type=argument_type(lambda text: parse_int_list(text, "--tuning-seeds")),
+        help="seeds that played a part in choosing the settings (exploratory): the combined report of --seeds "
+        "names them and flags any it ran as not confirmatory (a preset sets its own)",
+    )
+    comp.add_argument(
+        "--matched-controls",
+        action="store_true",
+        default=False,
+        help="with --background: also measure the standard model at the copies goldfish supervises "
+        "(exposure-matched, from the buckets), at the step its validation loss reaches goldfish's final one "
+        "(loss-matched) and goldfish trained k/(k-1) times the steps (compute-matched), for the first hashed or "
+        "static mask (docs/corpus.md)",
+    )
         help="evaluate models trained elsewhere instead of training: LABEL=MODEL pairs (an HF folder or hub name; "
         "the label 'control' is also the reference model of the reference-ratio attack), or 'paper' for the goldfish "
         "paper's released checkpoints (standard, control, k = 3, 4, 8, 32, 128; hub); on the --data documents, "

@@ -33,7 +33,7 @@ from eval.files import CURVE_FILE
 from eval.intervals import binomial_interval, mean_interval
 from eval.metrics import EXACT_MATCH, INTERVAL_METRICS, LONGEST_CORRECT_PREFIX, MATCH_FRACTION, ROUGE_L, interval_key
 from eval.seeds import combine_seeds
-from goldfish.app import lora
+from goldfish.app import lora, matched
 from goldfish.app.buckets import bucket_results, bucket_tests
 from goldfish.app.config import CompareSpec, MaskSpec, TrainSpec
 from goldfish.app.experiment import (
@@ -46,6 +46,8 @@ from goldfish.app.experiment import (
     pad_token_id,
     prepare_background,
     prepare_data,
+    save_hf_model,
+    trained_copies,
     validation_loss_fn,
 )
 from goldfish.app.pretrained import load_pretrained_model
@@ -84,10 +86,12 @@ class ModelRun:
 
     mask: MaskSpec
     lora: lora.LoraSpec
+    steps: int | None = None  # the compute-matched control's --max-steps (goldfish.app.matched); None: the run's
 
     @property
     def label(self) -> str:
-        return f"{self.lora.label}-{self.mask.label}" if self.lora.enabled else self.mask.label
+        label = f"{self.lora.label}-{self.mask.label}" if self.lora.enabled else self.mask.label
+        return label + (matched.COMPUTE_MATCHED_SUFFIX if self.steps is not None else "")
 
 
 class Comparison:
@@ -120,6 +124,14 @@ class Comparison:
             [spec.lora] if spec.lora.enabled else []
         )
         self.runs = [ModelRun(mask, kind) for kind in kinds for mask in masks]
+        self.matched_mask = matched.matched_mask(masks) if spec.matched_controls else None
+        self.snapshots: matched.Snapshots | None = None  # the standard model's weights at its validation steps
+        self.loss_matched: dict[str, Any] = {}
+        if self.matched_mask is not None and grid is not None:
+            raise ValueError("--matched-controls runs in one process: leave out --nproc/--grid")
+        if self.matched_mask is not None:
+            steps = matched.compute_matched_steps(spec.train.max_steps, int(self.matched_mask.k))
+            self.runs.append(ModelRun(self.matched_mask, lora.LoraSpec(), steps=steps))
         if spec.lora.enabled and grid is not None:
             lora.check_grid(grid_sizes(grid))
         # Standard and control models have no mask of their own; their teacher-forced accuracy is split by the first
@@ -161,6 +173,8 @@ class Comparison:
             self.evaluate_control()
         for run in self.runs:
             self.train_and_evaluate(run)
+        if self.matched_mask is not None:
+            self.evaluate_loss_matched()
         if not self.main:
             return {}
         summary = self.summary()
@@ -218,9 +232,13 @@ class Comparison:
         curve = Curve() if spec.curve_every > 0 else None
         if curve is not None and self.main:  # epoch 0: the initial weights, already evaluated as the control
             curve.add(0, 0, self.control_rows, self.results[CONTROL]["train"])
+        train = spec.train if run.steps is None else replace(spec.train, max_steps=run.steps)
         train_spec = TrainSpec(
-            model=spec.model, data=spec.data, mask=mask, train=spec.train, init_seed=spec.init_seed, lora=run.lora
+            model=spec.model, data=spec.data, mask=mask, train=train, init_seed=spec.init_seed, lora=run.lora
         )
+        on_validation = None
+        if self.matched_mask is not None and mask.strategy is None and not run.lora.enabled:
+            self.snapshots = on_validation = self._snapshots(label)
         model, _ = train_model(
             train_spec,
             self.out_dir / label,
@@ -232,6 +250,7 @@ class Comparison:
             background_corpus=None if self.background is None else self.background.corpus,
             report_to=self.report_to,
             verify=self.verify,
+            on_validation=on_validation,
         )
         if curve is not None and self.main:
             self.curves[label] = curve.points
@@ -252,6 +271,70 @@ class Comparison:
             self.validation_rows[label] = self.row_losses(evaluated)
         if self.main:
             self.log(one_line(label, self.results[label]))
+
+    def _snapshots(self, label: str) -> matched.Snapshots:
+        """The standard model's on_validation hook: its weights at every validation step, as HF folders."""
+        tokenizer, record = self.prepared.tokenizer, {"model": self.spec.model, "snapshot_of": label}
+
+        def save(model: nn.Module, folder: Path) -> None:
+            save_hf_model(model, tokenizer, record, folder)
+
+        return matched.Snapshots(self.out_dir / label / matched.SNAPSHOT_FOLDER, save)
+
+    def evaluate_loss_matched(self) -> None:
+        """The loss-matched control: the standard model's weights at the first validation step whose loss is at most
+        the matched goldfish model's final one, evaluated like every model (goldfish.app.matched)."""
+        mask, snapshots = self.matched_mask, self.snapshots
+        target = self.validation.get(mask.label)
+        step = snapshots.first_at_most(target) if target is not None else None
+        self.loss_matched = {"target_loss": target, "step": step, "of_steps": self.spec.train.max_steps}
+        if step is not None:
+            model = load_pretrained_model(snapshots.path(step))
+            self.evaluate(matched.LOSS_MATCHED, model, mask)
+            self.validation[matched.LOSS_MATCHED] = snapshots.losses[step]
+            self.validation_rows[matched.LOSS_MATCHED] = self.row_losses(model)
+            train = background_train_config(self.spec.train)
+            copies = trained_copies(self.prepared, None, {}, background=self.background)
+            trained = copies.counts(len(self.background.rows), train, step)
+            self.loss_matched |= {
+                "val_loss": snapshots.losses[step],
+                "mean_copies_trained": matched.mean_copies_by_bucket(self.repeats, trained),
+            }
+            self.log(one_line(matched.LOSS_MATCHED, self.results[matched.LOSS_MATCHED]))
+        snapshots.keep_only(step)
+
+    def matched_section(self, validation: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """summary.json's "matched_controls": the definitions, the loss- and compute-matched runs, and the table at
+        the top two buckets (goldfish.app.matched.matched_rows)."""
+        mask = self.matched_mask
+        standard = MaskSpec(strategy=None).label
+        compute_run = next(r for r in self.runs if r.steps is not None)
+        standard_loss = self.validation.get(standard)
+        compute_loss = self.validation.get(compute_run.label)
+        compute = {
+            "label": compute_run.label,
+            "steps": compute_run.steps,
+            "of_steps": self.spec.train.max_steps,
+            "val_loss": compute_loss,
+            "standard_val_loss": standard_loss,
+            "reached": None if compute_loss is None or standard_loss is None else compute_loss <= standard_loss,
+        }
+        buckets = sorted(b for b in set(self.repeats.values()) if b > 0)
+        return {
+            "mask": mask.label,
+            "definition": matched.__doc__.split("\n\n", 1)[1].strip(),
+            "loss_matched": self.loss_matched,
+            "compute_matched": compute,
+            "rows": matched.matched_rows(
+                self.buckets,
+                validation,
+                mask=mask,
+                standard=standard,
+                top_buckets=buckets[-2:],
+                loss_matched=self.loss_matched if self.loss_matched.get("step") is not None else None,
+                compute_matched=compute,
+            ),
+        }
 
     def read_validation(self, label: str) -> None:
         """The validation losses the training loop logged (val_loss in OUT/<label>/metrics.jsonl)."""
@@ -380,6 +463,10 @@ class Comparison:
         extra: dict[str, Any] = {}
         if self.background is not None:
             extra = {"validation_curves": self.validation_curves, "corpus": self.background.record}
+        if self.matched_mask is not None:
+            extra["matched_controls"] = self.matched_section(
+                {label: m.get("validation") or {} for label, m in models.items()}
+            )
         if self.buckets:
             standard = MaskSpec(strategy=None).label
             extra["buckets"] = self.buckets
@@ -533,8 +620,17 @@ def combine_seed_runs(
                     "relative_difference_per_seed": [v["relative_difference"] for v in validation],
                 }
         combined[label] = entry
+    exploratory = [seed for seed in spec.seeds if seed in spec.tuning_seeds]
+    if exploratory:
+        warnings.append(
+            f"seed(s) {','.join(map(str, exploratory))} were used to choose these settings (--tuning-seeds): "
+            "exploratory, not confirmatory evidence; confirm with seeds that played no part in tuning"
+        )
     return {
         "seeds": list(spec.seeds),
+        "tuning_seeds": list(spec.tuning_seeds),
+        "exploratory_seeds_run": exploratory,
+        "confirmatory_seeds_run": [seed for seed in spec.seeds if seed not in spec.tuning_seeds],
         "folders": {str(seed): f"seed-{seed}" for seed in spec.seeds},
         "combined": combined,
         "per_seed": {str(seed): summaries[seed]["models"] for seed in spec.seeds},

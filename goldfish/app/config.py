@@ -396,11 +396,18 @@ class CompareSpec:
     with_full: bool = False
     # Several seeds: every model trained once per seed (init_seed and train.seed both set to it), results combined.
     seeds: tuple[int, ...] = ()
+    # Seeds that played a part in choosing the settings (exploratory): the combined report flags any of them it ran.
+    tuning_seeds: tuple[int, ...] = ()
+    # The loss-, exposure- and compute-matched controls of a background comparison (goldfish.app.matched).
+    matched_controls: bool = False
 
     def __post_init__(self) -> None:
         self.seeds = tuple(self.seeds)
+        self.tuning_seeds = tuple(self.tuning_seeds)
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"--seeds lists a seed twice: {','.join(map(str, self.seeds))}")
+        if self.matched_controls:
+            self._check_matched_controls()
         if self.curve_every < 0:
             raise ValueError(f"curve_every must be >= 0 (0 = no curve), got {self.curve_every}")
         if self.with_full and not self.lora.enabled:
@@ -410,6 +417,22 @@ class CompareSpec:
         check_streaming_bound(self.data, self.train)
         for mask in self.masks:
             check_mask_window(mask, self.data)
+
+    def _check_matched_controls(self) -> None:
+        if self.data.background is None:
+            raise ValueError(
+                "--matched-controls compares checkpoints by their validation loss on a background corpus: "
+                "add --background SOURCE"
+            )
+        if not any(m.strategy in ("hashed", "static") for m in self.masks):
+            raise ValueError("--matched-controls needs a hashed or static goldfish mask in --masks, e.g. hashed:4:13")
+        if not self.train.eval_every or not self.train.max_steps:
+            raise ValueError(
+                "--matched-controls finds the loss-matched step among the validation steps: give --max-steps and "
+                "--eval-every N (e.g. a quarter of --max-steps or less)"
+            )
+        if self.lora.enabled:
+            raise ValueError("--matched-controls trains every weight: leave out --lora-rank")
 
 
 def background_train_config(train: TrainConfig) -> TrainConfig:
@@ -617,6 +640,42 @@ COMPARE_PRESETS: dict[str, dict[str, Any]] = {
         warmup_steps=20,
         schedule="cosine",
         eval_every=288,
+        curve_every=0,
+        val_tokens=32768,
+        tokenize_workers=2,
+    ),
+    # The mechanism at CPU scale, pre-registered (docs/corpus.md, bench/preregistered/corpus_mechanism.json: a test
+    # keeps the two equal): 64 paragraphs in buckets of 0 (held out), 48, 64 and 128 copies, 16 each, where the
+    # standard loss memorizes; the hashed goldfish mask beside the random mask that drops as many tokens, with the
+    # matched controls (48 = 64 * 3/4 is the exposure-matched bucket of k=4); five confirmatory seeds never used in
+    # tuning, the exploratory ones named.
+    "corpus-mechanism": dict(
+        data="default-paragraphs",
+        background="python-docstrings",
+        pack=True,
+        insert_window=True,
+        n_train=48,
+        n_heldout=16,
+        repeats=(0, 48, 64, 128),
+        seq_len=256,
+        extract_len=64,
+        min_doc_tokens=64,
+        max_doc_tokens=0,
+        prefix_len=32,
+        suffix_len=32,
+        prefix_lengths=(16, 24),
+        beams=4,
+        masks=["hashed:4:13", "random:4"],
+        seeds=(11, 12, 13, 14, 15),
+        tuning_seeds=(100, 101),
+        matched_controls=True,
+        epochs=1,
+        max_steps=1024,
+        batch_size=2,
+        lr=3e-3,
+        warmup_steps=20,
+        schedule="cosine",
+        eval_every=128,
         curve_every=0,
         val_tokens=32768,
         tokenize_workers=2,

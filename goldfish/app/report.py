@@ -27,6 +27,7 @@ from eval.metrics import (
     TF_KEPT_ACCURACY,
     interval_key,
 )
+from goldfish.app.matched import render_matched
 from goldfish.app.report_buckets import study_figures, study_section
 from goldfish.app.report_format import figure_link as _figure
 from goldfish.app.report_format import fmt as _fmt
@@ -1089,6 +1090,7 @@ def render_markdown(
         *_heldout_loss_section(summary),
         *_validation_section(summary, figures),
         *study_section(summary, figures),
+        *(render_matched(summary["matched_controls"]) if summary.get("matched_controls") else []),
         "TF acc: teacher-forced next-token accuracy; kept/dropped split by the model's own goldfish mask (standard "
         "and control models: by the first goldfish mask); suffix TF acc: the share of the true suffix's tokens the "
         "model ranks first.",

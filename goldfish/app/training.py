@@ -73,10 +73,12 @@ def train_model(
     background_corpus: TokenizedCorpus | None = None,
     report_to: str = "none",
     verify: bool = True,
+    on_validation: Callable[[nn.Module, int, float], None] | None = None,
 ) -> tuple[nn.Module, Prepared]:
     """Train one model: OUT/checkpoint (HF checkpoint, tokenizer, trainer state), OUT/run.json, OUT/metrics.jsonl.
     Returns the trained model (LoRA's merged one) and the documents; `background`/`background_corpus` reuse a
-    stream or corpus the caller built; on_epoch_end(model, epoch, step) runs after each epoch on every rank."""
+    stream or corpus the caller built; on_epoch_end(model, epoch, step) runs after each epoch on every rank;
+    on_validation(model, step, val_loss) after each validation of a background run (engine.training.train)."""
     prepared = prepared or prepare_data(spec.data, spec.model, log=log)
     model = build_model(spec, prepared, grid, model, resume_from, verify=verify, log=log)
     rows = training_rows(spec, prepared, grid, log, background=background, corpus=background_corpus)
@@ -88,7 +90,7 @@ def train_model(
         engine_train.check_resume(resume_from, rows.train_config)
     write_plan(out_dir, record, grid)
     with tracker(report_to, out_dir if is_main_process(grid) else None) as on_log:
-        fit(model, rows, spec, prepared, record, out_dir, grid, resume_from, on_epoch_end, on_log)
+        fit(model, rows, spec, prepared, record, out_dir, grid, resume_from, on_epoch_end, on_log, on_validation)
     return (lora.merged_model(model).eval() if spec.lora.enabled else model), prepared
 
 
@@ -103,6 +105,7 @@ def fit(
     resume_from: Path | None,
     on_epoch_end: Callable[[nn.Module, int, int], None] | None,
     on_log: Callable[..., None] | None,
+    on_validation: Callable[[nn.Module, int, float], None] | None = None,
 ) -> None:
     """engine.training.train on the run's rows: the goldfish loss of spec's mask, checkpoints by CheckpointWriter,
     the held-out validation rows of a background run."""
@@ -119,6 +122,7 @@ def fit(
         validation=rows.validation,
         validation_loss_fn=validation_loss_fn(prepared),
         on_log=on_log,
+        on_validation=on_validation,
     )
 
 

@@ -1,0 +1,216 @@
+"""Matched controls of a corpus comparison (`goldfish compare --matched-controls`, docs/corpus.md).
+
+A goldfish model that drops 1 token in k differs from the standard model in more than its mask: it is supervised on
+fewer tokens of each copy and ends at a higher validation loss. Three controls separate the mask's effect from those:
+
+* **exposure-matched**: the standard model at the copies goldfish effectively supervises. A target inserted B times
+  has each kept token supervised B times under goldfish, and (k-1)/k of its tokens kept; the standard model at
+  B * (k-1)/k copies trains as many supervised target tokens. Read from the buckets that run (a bucket list such as
+  0,64,192,256 holds 192 = 256 * 3/4), nothing extra trains.
+* **loss-matched**: the standard model's weights at the first validation step whose validation loss is at most the
+  goldfish model's final one (the same utility, reached earlier; saved during the standard run by `Snapshots`),
+  measured like every model. It has trained fewer copies by then: the report gives the mean per bucket.
+* **compute-matched**: the goldfish model trained for ceil(steps * k / (k-1)) steps, so that it is supervised on as
+  many tokens as the standard model; the same copies are inserted (spread over its longer stream) and all trained.
+  Whether that reaches the standard model's final validation loss is reported beside it, not assumed.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from eval.metrics import EXACT_MATCH, ROUGE_L, interval_key
+from goldfish.app.config import MaskSpec
+
+LOSS_MATCHED = "standard-loss-matched"
+COMPUTE_MATCHED_SUFFIX = "-compute-matched"
+SNAPSHOT_FOLDER = "snapshots"  # under the standard model's folder; only the loss-matched step is kept
+
+
+def matched_mask(masks: Sequence[MaskSpec]) -> MaskSpec | None:
+    """The goldfish mask the controls are built for: the first one that drops the same positions on every copy
+    (hashed or static), the mechanism the controls test; None when there is none."""
+    return next((m for m in masks if m.strategy in ("hashed", "static")), None)
+
+
+def compute_matched_steps(steps: int, k: int) -> int:
+    """Optimizer steps that supervise a 1-in-k goldfish model on as many tokens as `steps` steps of the standard
+    loss: ceil(steps * k / (k - 1))."""
+    if k < 2:
+        raise ValueError(f"a compute-matched goldfish run needs k >= 2, got k={k}")
+    return math.ceil(steps * k / (k - 1))
+
+
+def exposure_pairs(buckets: Sequence[int], k: int) -> list[tuple[int, int]]:
+    """(goldfish bucket B, standard bucket B * (k-1) / k) for every non-zero bucket whose supervised-copy count is
+    itself a bucket, e.g. (256, 192) for k=4 and buckets 0,64,192,256."""
+    present = set(buckets)
+    pairs = []
+    for bucket in sorted(b for b in present if b > 0):
+        matched = bucket * (k - 1)
+        if matched % k == 0 and matched // k in present:
+            pairs.append((bucket, matched // k))
+    return pairs
+
+
+@dataclass
+class Snapshots:
+    """engine.training.train's on_validation hook for the standard model: its weights at every validation step,
+    written as HF folders `folder/step-S` (written to a .partial folder, then renamed: never half-written).
+
+    save(model, directory) writes a model folder (goldfish.app.experiment.save_hf_model with the run's tokenizer)."""
+
+    folder: Path
+    save: Any  # Callable[[nn.Module, Path], None]
+    losses: dict[int, float] = field(default_factory=dict)  # step -> validation loss
+
+    def __call__(self, model: nn.Module, step: int, val_loss: float) -> None:
+        target = self.path(step)
+        partial = target.with_name(target.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        self.save(model, partial)
+        shutil.rmtree(target, ignore_errors=True)
+        partial.rename(target)
+        self.losses[step] = float(val_loss)
+
+    def path(self, step: int) -> Path:
+        return self.folder / f"step-{step}"
+
+    def first_at_most(self, loss: float) -> int | None:
+        """The first step whose validation loss is at most `loss` (None: the standard run never got that low)."""
+        return next((step for step in sorted(self.losses) if self.losses[step] <= loss), None)
+
+    def keep_only(self, step: int | None) -> None:
+        """Remove every snapshot but `step`'s (the loss-matched weights stay with the run)."""
+        for other in self.losses:
+            if other != step:
+                shutil.rmtree(self.path(other), ignore_errors=True)
+
+
+def _bucket_entry(table: Sequence[Mapping[str, Any]], bucket: int) -> Mapping[str, Any] | None:
+    return next((e for e in table if e.get("repeats") == bucket), None)
+
+
+def _measures(entry: Mapping[str, Any] | None) -> dict[str, Any]:
+    if entry is None:
+        return {}
+    return {
+        "n": entry["n"],
+        "exact_match_k": entry[f"{EXACT_MATCH}_k"],
+        EXACT_MATCH: entry[EXACT_MATCH],
+        interval_key(EXACT_MATCH): entry.get(interval_key(EXACT_MATCH)),
+        ROUGE_L: entry.get(ROUGE_L),
+        interval_key(ROUGE_L): entry.get(interval_key(ROUGE_L)),
+    }
+
+
+def matched_rows(
+    buckets: Mapping[str, Mapping[str, Any]],
+    validation: Mapping[str, Mapping[str, Any]],
+    *,
+    mask: MaskSpec,
+    standard: str,
+    top_buckets: Sequence[int],
+    loss_matched: Mapping[str, Any] | None,
+    compute_matched: Mapping[str, Any] | None,
+) -> list[dict[str, Any]]:
+    """The matched-controls table: per top bucket B, one row per model: goldfish (mask) at B, the standard model at
+    B, the standard model at B * (k-1)/k copies (exposure-matched, when that bucket ran), the loss-matched standard
+    model and the compute-matched goldfish model at B; each with exact match (k of n, its exact interval), RougeL
+    (bootstrap interval) and the model's final validation loss. buckets: label -> bucket_results; validation: label ->
+    the compare summary's validation entry."""
+    goldfish = mask.label
+    all_buckets = sorted(
+        {e["repeats"] for entry in buckets.values() for e in entry["extraction"] if isinstance(e["repeats"], int)}
+    )
+    exposure = dict(exposure_pairs(all_buckets, int(mask.k or 0))) if mask.k else {}
+    rows = []
+
+    def add(bucket: int, control: str, label: str, at: int, **extra: Any) -> None:
+        if label not in buckets:
+            return
+        entry = _bucket_entry(buckets[label]["extraction"], at)
+        if entry is None:
+            return
+        loss = (validation.get(label) or {}).get("loss")
+        rows.append(
+            {"bucket": bucket, "control": control, "model": label, "copies": at, "val_loss": loss}
+            | _measures(entry)
+            | extra
+        )
+
+    for bucket in top_buckets:
+        add(bucket, "goldfish", goldfish, bucket)
+        add(bucket, "standard", standard, bucket)
+        if bucket in exposure:
+            add(bucket, "exposure-matched", standard, exposure[bucket])
+        if loss_matched is not None:
+            copies = (loss_matched.get("mean_copies_trained") or {}).get(str(bucket))
+            add(bucket, "loss-matched", LOSS_MATCHED, bucket, step=loss_matched["step"], mean_copies_trained=copies)
+        if compute_matched is not None:
+            add(bucket, "compute-matched", compute_matched["label"], bucket, steps=compute_matched["steps"])
+    return rows
+
+
+def mean_copies_by_bucket(assigned: Mapping[str, int], trained: Mapping[str, int]) -> dict[str, float]:
+    """Per bucket (the copies each target was assigned), the mean copies its targets had trained at a checkpoint."""
+    sums: dict[int, list[int]] = {}
+    for target, bucket in assigned.items():
+        sums.setdefault(bucket, []).append(trained.get(target, 0))
+    return {str(b): sum(v) / len(v) for b, v in sorted(sums.items())}
+
+
+def _ci(interval: Sequence[float] | None) -> str:
+    return "" if not interval else f" [{interval[0]:.2f}, {interval[1]:.2f}]"
+
+
+def render_matched(section: Mapping[str, Any]) -> list[str]:
+    """report.md lines of the summary's "matched_controls" section."""
+    lines = ["## Matched controls", ""]
+    lines.append(section["definition"])
+    lines.append("")
+    loss_matched = section.get("loss_matched")
+    if loss_matched:
+        if loss_matched.get("step") is None:
+            lines.append(
+                f"Loss-matched: the standard model's validation loss never reached {section['mask']}'s final "
+                f"{loss_matched['target_loss']:.3f} at a validation step; no loss-matched row."
+            )
+        else:
+            lines.append(
+                f"Loss-matched: the standard model at step {loss_matched['step']} of {loss_matched['of_steps']} "
+                f"(validation loss {loss_matched['val_loss']:.3f}, the first at most {section['mask']}'s final "
+                f"{loss_matched['target_loss']:.3f})."
+            )
+    compute = section.get("compute_matched")
+    if compute:
+        reached = "reaches" if compute.get("reached") else "does not reach"
+        lines.append(
+            f"Compute-matched: {section['mask']} trained {compute['steps']} steps instead of {compute['of_steps']}; "
+            f"its final validation loss {compute.get('val_loss', float('nan')):.3f} {reached} the standard model's "
+            f"{compute.get('standard_val_loss', float('nan')):.3f}."
+        )
+    lines += [
+        "",
+        "| bucket | control | model | copies | exact match | RougeL | validation loss |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in section["rows"]:
+        copies = str(row["copies"])
+        if row.get("mean_copies_trained") is not None:
+            copies += f" (trained by then: {row['mean_copies_trained']:.1f})"
+        loss = "" if row.get("val_loss") is None else f"{row['val_loss']:.3f}"
+        rouge = "" if row.get(ROUGE_L) is None else f"{row[ROUGE_L]:.2f}{_ci(row.get(interval_key(ROUGE_L)))}"
+        lines.append(
+            f"| {row['bucket']} | {row['control']} | {row['model']} | {copies} | "
+            f"{row['exact_match_k']}/{row['n']}{_ci(row.get(interval_key(EXACT_MATCH)))} | {rouge} | {loss} |"
+        )
+    lines.append("")
+    return lines

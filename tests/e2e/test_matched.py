@@ -1,0 +1,140 @@
+"""`goldfish compare --matched-controls` end to end on a tiny background study: the exposure-matched row reads the
+standard model at B * (k-1)/k copies, the loss-matched weights are the standard model's at the first validation step
+whose loss reaches goldfish's final one (their validation loss recomputed from the kept snapshot equals the logged
+one), and the compute-matched goldfish model trains k/(k-1) times the steps on every copy."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+from tiny_runs import tiny_run
+
+from goldfish.app import matched
+from goldfish.app.cli import main
+from goldfish.app.config import MaskSpec
+
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
+STEPS = 24
+
+
+def _background_file(path: Path) -> Path:
+    rng = random.Random(0)
+    with path.open("w") as handle:
+        for _ in range(200):
+            handle.write(
+                json.dumps({"text": " ".join(rng.choice(WORDS) for _ in range(rng.randrange(20, 300)))}) + "\n"
+            )
+    return path
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("matched")
+    out = folder / "out"
+    argv = [
+        "compare",
+        *tiny_run(
+            n_train=6,
+            n_heldout=3,
+            seq_len=64,
+            batch_size=4,
+            vocab_size=400,
+            data="default-paragraphs",
+            background=_background_file(folder / "bg.jsonl"),
+            repeats="0,3,4",
+            min_doc_tokens=40,
+            max_doc_tokens=300,
+            extract_len=64,
+            insert_window=True,
+            prefix_len=16,
+            suffix_len=16,
+            max_steps=STEPS,
+            eval_every=3,
+            val_tokens=512,
+            bootstrap=50,
+            lr=3e-3,
+            masks=["hashed:4:4", "random:4"],
+            matched_controls=True,
+        ),
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 0
+    return out
+
+
+def _metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+@pytest.mark.slow  # one tiny study with its controls: about 15 s
+def test_matched_rows_name_each_control(run: Path) -> None:
+    summary = json.loads((run / "summary.json").read_text())
+    section = summary["matched_controls"]
+    assert section["mask"] == "goldfish-hashed-k4-h4"
+    rows = {(r["bucket"], r["control"]): r for r in section["rows"]}
+    # k=4: the goldfish model at 4 copies supervises each kept token 4 times, 3/4 of the tokens: standard at 3
+    assert rows[4, "exposure-matched"]["model"] == "standard" and rows[4, "exposure-matched"]["copies"] == 3
+    assert rows[4, "goldfish"]["model"] == "goldfish-hashed-k4-h4"
+    standard_table = {e["repeats"]: e for e in summary["buckets"]["standard"]["extraction"]}
+    assert rows[4, "exposure-matched"]["exact_match_k"] == standard_table[3]["exact_match_k"]
+    assert rows[4, "compute-matched"]["steps"] == math.ceil(STEPS * 4 / 3)
+    assert "## Matched controls" in (run / "report.md").read_text()
+
+
+@pytest.mark.slow  # one tiny study with its controls: about 15 s
+def test_loss_matched_is_the_first_step_reaching_goldfish_loss(run: Path) -> None:
+    summary = json.loads((run / "summary.json").read_text())
+    loss_matched = summary["matched_controls"]["loss_matched"]
+    goldfish_final = [
+        r["val_loss"] for r in _metrics(run / "goldfish-hashed-k4-h4" / "metrics.jsonl") if "val_loss" in r
+    ]
+    standard_curve = [
+        (r["step"], r["val_loss"]) for r in _metrics(run / "standard" / "metrics.jsonl") if "val_loss" in r
+    ]
+    assert loss_matched["target_loss"] == pytest.approx(goldfish_final[-1])
+    expected = next((step for step, loss in standard_curve if loss <= goldfish_final[-1]), None)
+    assert loss_matched["step"] == expected
+    if expected is None:
+        pytest.skip("the standard model never reached goldfish's loss at a validation step in this tiny run")
+    # only the loss-matched snapshot stays, and its weights are the model at that step: the validation loss the
+    # comparison recomputes from the loaded folder equals the one the training loop logged then
+    snapshots = run / "standard" / matched.SNAPSHOT_FOLDER
+    assert sorted(p.name for p in snapshots.iterdir()) == [f"step-{expected}"]
+    logged = dict(standard_curve)[expected]
+    assert loss_matched["val_loss"] == pytest.approx(logged)
+    recomputed = summary["models"][matched.LOSS_MATCHED]["validation"]["loss"]
+    assert recomputed == pytest.approx(logged, rel=1e-6)
+    # fewer copies trained by then, never more than the bucket's
+    for bucket, mean in loss_matched["mean_copies_trained"].items():
+        assert 0 <= mean <= int(bucket)
+
+
+@pytest.mark.slow  # one tiny study with its controls: about 15 s
+def test_compute_matched_trains_longer_on_every_copy(run: Path) -> None:
+    label = MaskSpec("hashed", 4, 4).label + matched.COMPUTE_MATCHED_SUFFIX
+    record = json.loads((run / label / "run.json").read_text())
+    assert record["train"]["max_steps"] == math.ceil(STEPS * 4 / 3)
+    assert all(t["trained"] == t["inserted"] for t in record["corpus"]["targets"])
+    summary = json.loads((run / "summary.json").read_text())
+    compute = summary["matched_controls"]["compute_matched"]
+    assert compute["reached"] == (compute["val_loss"] <= compute["standard_val_loss"])
+
+
+def test_exposure_pairs() -> None:
+    assert matched.exposure_pairs([0, 48, 64, 128], 4) == [(64, 48)]
+    assert matched.exposure_pairs([0, 64, 192, 256], 4) == [(256, 192)]
+    assert matched.exposure_pairs([0, 1, 4, 16, 64], 4) == []
+    assert matched.compute_matched_steps(1024, 4) == 1366
+
+
+def test_matched_controls_need_a_background(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["compare", *tiny_run(max_steps=4, eval_every=2, matched_controls=True), "--out", str(tmp_path / "o")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--background" in err[0]
+    assert not (tmp_path / "o").exists()
