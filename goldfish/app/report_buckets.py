@@ -269,6 +269,20 @@ def _pooled(pooled: Mapping[str, Any]) -> str:
     return f"{pooled['k']}/{pooled['n']}" + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "")
 
 
+def _seed_roles(summary: Mapping[str, Any]) -> list[str]:
+    """Which seeds are confirmatory and which were used to choose the settings (--tuning-seeds), when any were named."""
+    tuning = summary.get("tuning_seeds") or []
+    if not tuning:
+        return []
+    confirmatory = summary.get("confirmatory_seeds_run") or []
+    exploratory = summary.get("exploratory_seeds_run") or []
+    return [
+        f"Confirmatory seeds (played no part in choosing the settings): {', '.join(map(str, confirmatory)) or 'none'}; "
+        f"seeds used in tuning: {', '.join(map(str, tuning))}"
+        + (f", of which this run includes {', '.join(map(str, exploratory))}." if exploratory else " (none ran here).")
+    ]
+
+
 def render_seeds_markdown(summary: Mapping[str, Any], figures: Sequence[str]) -> str:
     seeds = summary["seeds"]
     config = summary["config"]
@@ -283,6 +297,7 @@ def render_seeds_markdown(summary: Mapping[str, Any], figures: Sequence[str]) ->
         f"Combination: {summary['combination']}. The pooled column counts every target under every seed as one "
         "trial, with its exact (Clopper-Pearson) interval: it is not zero-wide where nothing was extracted, as a "
         "bootstrap of zeros is.",
+        *_seed_roles(summary),
         "",
         *(f"**Warning:** {w}." for w in summary.get("warnings") or []),
     ]

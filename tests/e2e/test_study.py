@@ -53,6 +53,7 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
             bootstrap=50,
             masks=["hashed:2:4", "hashed:4:4", "random:4"],
             seeds="0,1",
+            tuning_seeds="1,7",
         ),
         "--out",
         str(out),
@@ -151,6 +152,16 @@ def test_seeds_are_combined(study: Path) -> None:
     report = (study / "report.md").read_text()
     assert "over seeds" in report and "seed-0/report.md" in report
     assert (study / "buckets.png").stat().st_size > 0 and (study / "k_sweep.png").stat().st_size > 0
+
+
+def test_a_tuning_seed_is_flagged_as_exploratory(study: Path) -> None:
+    """--tuning-seeds 1,7 with --seeds 0,1: seed 1 is named exploratory in the combined summary and report."""
+    summary = json.loads((study / "summary.json").read_text())
+    assert summary["tuning_seeds"] == [1, 7]
+    assert summary["exploratory_seeds_run"] == [1] and summary["confirmatory_seeds_run"] == [0]
+    assert any("seed(s) 1 were used to choose these settings" in w for w in summary["warnings"])
+    report = (study / "report.md").read_text()
+    assert "Confirmatory seeds (played no part in choosing the settings): 0" in report
 
 
 def test_bad_study_settings_fail_in_one_line_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
