@@ -28,7 +28,8 @@ setting the engine runs with a pipe axis (PIPE_ZERO_STAGES) and checkpointing se
 schedule accepts that fit; pipeline_step_prediction stretches the busiest rank's work by the schedule's bubble and
 adds the point-to-point time between stages.
 
-`goldfish plan` (goldfish.app.plan) builds a PlanRequest from its options and prints `format_table`; its
+`goldfish plan` (goldfish.app.plan) builds a PlanRequest from its options and prints `format_table` and the fastest
+grid's `train_command`; its
 `--measure OUT.json` instead times the collectives of every group size and placement on the current cluster under
 torchrun (engine.planner.measure).
 """
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Sequence
 
 from engine.planner.cost_model import (
     INTERLEAVED,
@@ -947,15 +948,42 @@ def format_table(request: PlanRequest, plans: list[GridPlan], top: int = 20) -> 
             "the GPUs of an x*y group read the same rows (goldfish train --rows shared, as AxoNN), the batch "
             "a multiple of data*z)"
         )
-    if feasible:
-        lines.append(f"fastest, as goldfish train runs it: {train_command(request, feasible[0])}")
     return "\n".join(lines)
 
 
-def train_command(request: PlanRequest, plan: GridPlan) -> str:
-    """The `goldfish train` options that run `plan` (grid, batch, micro-batches, precision, activation
-    checkpointing, ZeRO): every choice the planner makes is one of them. Embeddings are split by vocabulary
-    by default whenever the planner assumed so."""
+RENDEZVOUS_PORT = 29500  # torchrun's default master port
+MASTER_ADDRESS = '"$MASTER_ADDR"'  # the first node's address, set by the user or the job script
+
+
+def launch_nodes(gpus: int, gpus_per_node: int) -> tuple[int, int]:
+    """(nodes, processes per node) that run `gpus` processes on nodes of `gpus_per_node` GPUs: the fewest nodes
+    that hold them with the same count on each (torchrun starts as many on every node)."""
+    nodes = math.ceil(gpus / max(gpus_per_node, 1))
+    while gpus % nodes:
+        nodes += 1
+    return nodes, gpus // nodes
+
+
+def launcher(request: PlanRequest) -> str:
+    """The command that starts `request.gpus` processes of `-m goldfish` on the profile's nodes, to paste as it is:
+    `goldfish` itself for one GPU, `torchrun --standalone` on one node, and on several a torchrun to start on each
+    node, meeting at $MASTER_ADDR (the first node's address)."""
+    if request.gpus == 1:
+        return "goldfish"
+    nodes, per_node = launch_nodes(request.gpus, request.profile.gpus_per_node)
+    if nodes == 1:
+        return f"torchrun --standalone --nproc-per-node {per_node} -m goldfish"
+    return (
+        f"torchrun --nnodes {nodes} --nproc-per-node {per_node} --rdzv-backend c10d "
+        f"--rdzv-endpoint {MASTER_ADDRESS}:{RENDEZVOUS_PORT} -m goldfish"
+    )
+
+
+def train_command(request: PlanRequest, plan: GridPlan, leading: Sequence[str] = ()) -> str:
+    """The command that runs `plan`: `launcher` and `goldfish train` with `leading` (e.g. the model and the run
+    folder, which the caller knows) and the options of every choice the planner makes (grid, batch, micro-batches,
+    precision, activation checkpointing, ZeRO). Embeddings are split by vocabulary by default whenever the planner
+    assumed so."""
     g = plan.grid
     sizes = (("pipe", g.pipe), ("data", g.data), ("x", g.x), ("y", g.y), ("z", g.z))
     axes = ",".join(f"{a}={v}" for a, v in sizes if v > 1) or "data=1"
@@ -965,9 +993,8 @@ def train_command(request: PlanRequest, plan: GridPlan) -> str:
     else:
         micro = [f"--grad-accum {plan.grad_accum}"]
     parts = [
-        f"torchrun --nproc-per-node ... ({request.gpus} processes) -m goldfish train"
-        if request.gpus > 1
-        else "goldfish train",
+        f"{launcher(request)} train",
+        *leading,
         f"--grid {axes}" if request.gpus > 1 else "",
         f"--batch-size {request.global_batch}",
         *micro,

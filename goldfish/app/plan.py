@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import shlex
 import sys
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 from engine.planner.cost_model import NAMED_SHAPES, TransformerShape
@@ -19,7 +21,9 @@ from engine.planner.plan import (
     GridPlan,
     PlanRequest,
     format_table,
+    launch_nodes,
     rank_grids,
+    train_command,
 )
 from engine.planner.profiles import PROFILES, load_profile
 from engine.spec import DEFAULT_QUANT_BLOCK, PLAN_PRECISION, QUANT_BITS, STAGES, parse_quantize
@@ -29,6 +33,18 @@ from goldfish.app.planning import resolve_shape
 
 # Presets of `goldfish plan`: the model, cluster and step of a documented run, as option values (by dest names).
 PLAN_PRESETS: dict[str, dict[str, Any]] = {"paper": paper.PLAN_PRESET}
+DEFAULT_PROFILE = "perlmutter"
+# The published models of the named sizes (engine.planner.cost_model.NAMED_SHAPES), as `goldfish train --model`
+# takes them; the AxoNN paper's GPT sizes are shapes without published weights.
+HUB_MODELS = {
+    "7B": "meta-llama/Llama-2-7b-hf",
+    "8B": "meta-llama/Llama-3.1-8B",
+    "70B": "meta-llama/Llama-2-70b-hf",
+    "405B": "meta-llama/Llama-3.1-405B",
+    "NEOX-20B": "EleutherAI/gpt-neox-20b",
+}
+MODEL_VARIABLE = '"$MODEL"'  # where no published model has the planned shape: the user's folder of that shape
+PLAN_OUT = "runs/plan"  # the printed command's --out
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,8 +68,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", type=int, default=None, help="number of GPUs (world size)")
     parser.add_argument(
         "--profile",
-        default="perlmutter",
-        help=f"machine: {', '.join(PROFILES)}, or a profile JSON from --measure (default: %(default)s)",
+        default=None,
+        help=f"machine: {', '.join(PROFILES)}, or a profile JSON from --measure (default: {DEFAULT_PROFILE}, named "
+        "with the command it prints)",
     )
     parser.add_argument("--gpus-per-node", type=int, default=None, help="override the profile's GPUs per node")
     parser.add_argument("--gpu-memory", type=float, default=None, help="override the profile's GiB per GPU")
@@ -237,7 +254,7 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
         raise ValueError("goldfish plan needs --model and --gpus (or --measure OUT.json under torchrun)")
     if args.gpus < 1:
         raise ValueError(f"--gpus must be >= 1, got {args.gpus}")
-    profile = load_profile(args.profile)
+    profile = load_profile(args.profile or DEFAULT_PROFILE)
     overrides: dict[str, Any] = {}
     if args.gpus_per_node is not None:
         overrides["gpus_per_node"] = args.gpus_per_node
@@ -272,12 +289,54 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
     )
 
 
+def train_model_option(model: str) -> tuple[str, str | None]:
+    """What `goldfish train --model` takes for plan's --model, and a line to print before the command when the user
+    must fill it in: a named size's published model, a config.json's folder, else the name as given."""
+    if model.upper() in HUB_MODELS:
+        return HUB_MODELS[model.upper()], None
+    if model.upper() in NAMED_SHAPES:
+        name = NAMED_SHAPES[model.upper()].name
+        return MODEL_VARIABLE, (
+            f"{name} is a shape of the AxoNN paper without published weights: set MODEL to a model folder of that shape"
+        )
+    path = Path(model)
+    if path.name == "config.json" and path.is_file():  # goldfish train loads the folder
+        return str(path.parent), None
+    return model, None
+
+
+def fastest_command(args: argparse.Namespace, request: PlanRequest, plans: list[GridPlan]) -> list[str]:
+    """The lines that end the plan: which machine was assumed and how to start the run, then the fastest grid's
+    `goldfish train` command on a line of its own, to paste as it is (None when no grid fits)."""
+    best = next((p for p in plans if p.feasible), None)
+    if best is None:
+        return []
+    model, note = train_model_option(args.model)
+    profile = request.profile
+    assumed = " (assumed: no --profile was given; name yours with --profile)" if args.profile is None else ""
+    lines = [
+        f"machine: {profile.name}, {profile.gpus_per_node} GPUs of {profile.gpu_memory_gib:g} GiB per node{assumed}"
+    ]
+    nodes, _ = launch_nodes(request.gpus, profile.gpus_per_node)
+    where = (
+        f"; start it on each of the {nodes} nodes, with MASTER_ADDR set to the first node's address"
+        if nodes > 1
+        else ""
+    )
+    lines += [note] if note else []
+    lines.append(f"the fastest grid, as goldfish train runs it{where}:")
+    lines.append(train_command(request, best, leading=[f"--model {shlex.quote(model)}", f"--out {PLAN_OUT}"]))
+    if model == MODEL_VARIABLE:  # the variable stays for the shell to expand, not quoted away
+        lines[-1] = lines[-1].replace(shlex.quote(MODEL_VARIABLE), MODEL_VARIABLE)
+    return lines
+
+
 def run_plan(args: argparse.Namespace) -> int:
     """`goldfish plan`: print the ranked grids (and write JSON), or with --measure profile this cluster."""
     if args.measure is not None:
         from engine.planner.measure import measure_profile
 
-        base = load_profile(args.profile)
+        base = load_profile(args.profile or DEFAULT_PROFILE)
         profile = measure_profile(
             base,
             small_bytes=int(args.measure_mib[0] * 2**20),
@@ -295,6 +354,8 @@ def run_plan(args: argparse.Namespace) -> int:
     request = request_from_args(args)
     plans = rank_grids(request)
     print(format_table(request, plans, top=args.top))
+    for line in fastest_command(args, request, plans):
+        print(line)
     estimate = run_time(plans, paper.PLAN_STEPS, paper.PLAN_MODELS) if args.preset == "paper" else None
     if estimate is not None:
         print(estimate)
