@@ -16,7 +16,14 @@ from data.documents import (
     load_documents,
 )
 from data.errors import DataError
-from data.selection import DocumentSplit, TokenizedDocument, assign_buckets, check_document_count, select_documents
+from data.selection import (
+    DocumentSplit,
+    TokenizedDocument,
+    assign_buckets,
+    check_document_count,
+    select_documents,
+    select_fitting_tokenizer,
+)
 from data.tokenizer import BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, load_tokenizer, train_bpe_tokenizer
 
 __all__ = [
@@ -41,5 +48,6 @@ __all__ = [
     "load_documents",
     "load_tokenizer",
     "select_documents",
+    "select_fitting_tokenizer",
     "train_bpe_tokenizer",
 ]

@@ -254,16 +254,12 @@ def build_background(
     usable = np.flatnonzero((lengths > 0) & ~duplicate)
     order = np.random.default_rng([train.seed, 104_729]).permutation(usable)
     eos_tokens = 1 if eos is not None else 0
-    piece_lengths = lengths[order] + eos_tokens
 
-    # The validation set: background documents from the end of the order, until --val-tokens tokens.
-    n_val = int(np.searchsorted(np.cumsum(piece_lengths[::-1]), spec.val_tokens)) + 1 if spec.val_tokens else 0
-    n_val = min(n_val, len(order) - 1)
-    val_docs, order, piece_lengths = (
-        order[len(order) - n_val :],
-        order[: len(order) - n_val],
-        piece_lengths[: len(order) - n_val],
-    )
+    # The validation set: background documents from the end of the order, until --val-tokens tokens, less those
+    # with a twin elsewhere in the background (left out of the stream too), so no validation row has a trained copy.
+    val_docs, left_out, n_examined = validation_documents(corpus, order, usable, eos_tokens, spec.val_tokens)
+    n_val = len(val_docs)
+    order = order[: len(order) - n_examined]
 
     # The stream's background pieces: documents cut to at most --seq-len tokens, so copies spread over the stream
     # even when the background is a few long files; shorter pieces (down to MIN_PIECE_TOKENS) when a --max-steps
@@ -337,7 +333,7 @@ def build_background(
             "can be the validation set of --val-tokens. Fix: give a folder of .txt files or a .jsonl file with one "
             "document per line, or --val-tokens 0 for no validation"
         )
-    if spec.val_tokens and n_val_rows == 0 and n_val == len(usable) - 1:
+    if spec.val_tokens and n_val_rows == 0 and n_examined == len(usable) - 1:
         raise DataError(
             f"--background {spec.source} has {len(usable)} documents (besides copies of targets); the "
             f"{n_val} held out for validation fill fewer than --batch-size {train.batch_size} rows of "
@@ -400,7 +396,21 @@ def build_background(
             | ({"0": len(heldout)} if heldout else {}),
         },
         "most_copies_in_a_row": schedule.most_in_a_row,
-        "validation": {"n_documents": int(n_val), "n_rows": n_val_rows, "n_tokens": n_val_rows * spec.seq_len},
+        "validation": {
+            "n_documents": int(n_val),
+            "n_rows": n_val_rows,
+            "n_tokens": n_val_rows * spec.seq_len,
+            "removed_copies": {
+                "exact_text": sum(r["kind"] == "exact-text" for r in left_out),
+                "near": sum(r["kind"] == "near" for r in left_out),
+                "rule": "validation candidates (background documents from the end of the order) whose normalized "
+                "text equals another background document's, or whose word "
+                f"{SHINGLE_WORDS}-gram shingles another background document holds >= {CONTAINMENT_THRESHOLD} of "
+                f"(estimated on a 1-in-{CONTAINMENT_SAMPLE} hash sample), are left out of validation and of the "
+                "stream",
+                "documents": left_out,
+            },
+        },
         "schedule_sha256": schedule.fingerprint(),
         "insertions_within_pieces": within,
         "targets": [
@@ -417,6 +427,62 @@ def build_background(
     }
     by_id = {str(doc.id): exposures[t] for t, doc in enumerate(targets)} | {str(doc.id): 0 for doc in heldout}
     return Background(corpus, rows, validation, pieces, schedule, by_id, record)
+
+
+def validation_documents(
+    corpus: TokenizedCorpus, order: np.ndarray, usable: np.ndarray, eos_tokens: int, val_tokens: int
+) -> tuple[np.ndarray, list[dict[str, Any]], int]:
+    """(the validation documents in stream order, those left out as twins, how many documents at the end of `order`
+    were examined): documents are taken from the end of `order` until their tokens (each with its EOS) reach
+    `val_tokens`, keeping at least one for the stream. A candidate whose normalized text equals another usable
+    document's, or whose sampled shingles another usable document holds >= CONTAINMENT_THRESHOLD of (a copy of it,
+    or it inside a longer one), is left out: it or its twin would otherwise be trained on. Each left-out record
+    names the document, its kind ("exact-text" | "near"), the twin and the containment."""
+    if not val_tokens or len(order) < 2:
+        return order[:0], [], 0
+    keys = corpus.keys()
+    usable_keys = keys[usable]
+    values, counts = np.unique(usable_keys, return_counts=True)
+    shared = values[counts > 1]
+    holders: dict[int, list[int]] = {}  # a key several usable documents share -> those documents
+    for document, key in zip(
+        usable[np.isin(usable_keys, shared)].tolist(), usable_keys[np.isin(usable_keys, shared)].tolist()
+    ):
+        holders.setdefault(key, []).append(document)
+    is_usable = np.zeros(len(corpus), dtype=bool)
+    is_usable[usable] = True
+    lengths = corpus.lengths
+    limit = len(order) - 1  # the stream keeps at least one document
+    # a first guess of the candidates needed (twins are rare), doubled while they run out
+    chunk = int(np.searchsorted(np.cumsum(lengths[order[::-1]] + eos_tokens), val_tokens)) + 16
+    taken: list[int] = []
+    left_out: list[dict[str, Any]] = []
+    total, examined = 0, 0
+    while total < val_tokens and examined < limit:
+        stop = len(order) - examined
+        batch = order[max(len(order) - limit, stop - chunk) : stop][::-1].tolist()
+        holder: dict[int, tuple[int, float]] = {}  # candidate -> (the document holding it most, containment)
+        for document, candidate, containment in corpus.containing(corpus.samples(batch), CONTAINMENT_THRESHOLD):
+            if document != batch[candidate] and is_usable[document]:
+                if candidate not in holder or containment > holder[candidate][1]:
+                    holder[candidate] = (document, containment)
+        for c, document in enumerate(batch):
+            examined += 1
+            twins = [d for d in holders.get(int(keys[document]), ()) if d != document]
+            if twins:
+                left_out.append({"document": document, "kind": "exact-text", "twin": twins[0], "containment": 1.0})
+            elif c in holder:
+                twin, containment = holder[c]
+                left_out.append(
+                    {"document": document, "kind": "near", "twin": twin, "containment": round(containment, 4)}
+                )
+            else:
+                taken.append(document)
+                total += int(lengths[document]) + eos_tokens
+                if total >= val_tokens:
+                    break
+        chunk *= 2
+    return np.array(taken[::-1], dtype=order.dtype), left_out, examined
 
 
 def exposure_counts(

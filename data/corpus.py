@@ -97,6 +97,12 @@ class TokenizedCorpus:
         """(N,) int64 text keys (`text_key`), read from the mapped file."""
         return self.dataset.data.column("key").to_numpy().astype(np.int64)
 
+    def samples(self, indices: Sequence[int]) -> list[list[int]]:
+        """The sampled shingle hashes (data.dedup.sampled_shingles) of the documents at `indices`, in that order."""
+        if not len(indices):
+            return []
+        return self.dataset.data.column("shingles").take(np.asarray(indices, dtype=np.int64)).to_pylist()
+
     def containing(
         self, samples: Sequence[Sequence[int]], threshold: float, chunk: int = 4096
     ) -> list[tuple[int, int, float]]:

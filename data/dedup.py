@@ -205,6 +205,34 @@ def sampled_shingles(text: str, n: int = SHINGLE_WORDS, modulus: int = CONTAINME
     return sorted(h for h in hashes if h % modulus == 0)
 
 
+def sample_containment(
+    documents: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], threshold: float = CONTAINMENT_THRESHOLD
+) -> list[tuple[int, int, float]]:
+    """In memory, what data.corpus.TokenizedCorpus.containing does on a mapped corpus: (document, target,
+    containment) for every pair where the fraction of target t's sampled shingle hashes (`sampled_shingles`) found
+    in document d's is >= threshold, sorted. Targets with an empty sample are never matched."""
+    owners: dict[int, list[int]] = {}
+    for target, sample in enumerate(targets):
+        for value in set(sample):
+            owners.setdefault(value, []).append(target)
+    sizes = [len(set(sample)) for sample in targets]
+    found = []
+    for document, sample in enumerate(documents):
+        hits = Counter(target for value in set(sample) for target in owners.get(value, ()))
+        found += [(document, t, n / sizes[t]) for t, n in hits.items() if n / sizes[t] >= threshold]
+    return sorted(found)
+
+
+def without_copies(texts: Sequence[str], targets: Sequence[str]) -> tuple[list[str], int]:
+    """(`texts` without those that copy a target, how many were left out), by the rule a background stream removes
+    copies of targets with: the same normalized text, or holding >= CONTAINMENT_THRESHOLD of a target's sampled word
+    shingles (an edited copy, or the target inside a longer text)."""
+    keys = {normalized_digest(t) for t in targets}
+    near = sample_containment([sampled_shingles(t) for t in texts], [sampled_shingles(t) for t in targets])
+    copies = {document for document, _, _ in near} | {i for i, t in enumerate(texts) if normalized_digest(t) in keys}
+    return [t for i, t in enumerate(texts) if i not in copies], len(copies)
+
+
 def window_similarity(a: str, b: str, n: int = SHINGLE_WORDS) -> tuple[float, float]:
     """How alike two window texts are: (Jaccard of their word n-gram shingles, difflib's matching ratio of their
     word sequences), both over the words (`words`: lower-cased, punctuation dropped) cut to the shorter text's

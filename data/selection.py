@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +94,11 @@ class DocumentSplit:
     heldout_train_overlap: dict[str, Any] | None = None
     whole_documents: int | None = None  # the extraction window of whole-document selection; None: truncated
     too_long: list[str] = field(default_factory=list)  # whole-document selection with max_len: ids skipped as longer
+    # training documents only from the first train_within of the shuffled order, held-out ones after (select_documents)
+    train_within: int | None = None
+    conversations: bool = False
+    # How the run's own tokenizer was trained, when select_fitting_tokenizer trained it (TokenizerFit.record())
+    tokenizer_fit: dict[str, Any] | None = None
 
     @property
     def cut(self) -> list[TokenizedDocument]:
@@ -146,6 +151,8 @@ class DocumentSplit:
             "too_long": list(self.too_long),
             "n_cut": len(self.cut),
             "tokens_cut": self.tokens_cut,
+            "train_within": self.train_within,
+            "tokenizer_fit": self.tokenizer_fit,
         }
 
 
@@ -183,6 +190,7 @@ def select_documents(
     dedup: DedupConfig | None = None,
     whole_documents: int | None = None,
     max_len: int | None = None,
+    train_within: int | None = None,
 ) -> DocumentSplit:
     """Choose n_train training and n_heldout held-out documents, each truncated to seq_len tokens.
 
@@ -204,10 +212,89 @@ def select_documents(
     other members follow it to that side and are dropped (recorded in `removed`) or, for a training
     cluster with duplicates="repeat", kept in `repeats`. So no cluster has members on both sides.
 
+    train_within (None: no bound): the training documents come from the first `train_within` documents of the
+    shuffled order (`shuffled_order`) and the held-out ones from after them; a long-enough cluster starting inside
+    that prefix beyond the n_train training places is unused. `select_fitting_tokenizer` sets it: a tokenizer
+    trained on those first documents has seen no held-out one.
+
     tokenizer: a Hugging Face tokenizer (called on a list of strings, returns "input_ids"; `decode` is
     used for near-duplicate detection). Raises DataError for bad sizes or settings, duplicate ids, or too
     few long-enough (distinct) documents.
     """
+    dedup = _checked_settings(documents, n_train, n_heldout, seq_len, seed, whole_documents, dedup)
+    if _are_conversations(documents):
+        check_chat_template(tokenizer)
+    if train_within is not None and (isinstance(train_within, bool) or not isinstance(train_within, int)):
+        raise DataError(f"train_within must be an integer or None, got {train_within!r}")
+    order = shuffled_order(len(documents), seed)
+    split = _select(
+        documents, order, seed, tokenizer, n_train, n_heldout, seq_len, dedup, whole_documents, max_len, train_within
+    )
+    check_enough(split, len(documents), n_train, n_heldout, max_len)
+    return split
+
+
+def select_fitting_tokenizer(
+    documents: Sequence[Document],
+    fit: Callable[[list[str]], Any],
+    *,
+    n_train: int,
+    n_heldout: int,
+    seq_len: int,
+    seed: int = 0,
+    dedup: DedupConfig | None = None,
+    whole_documents: int | None = None,
+    max_len: int | None = None,
+) -> tuple[Any, DocumentSplit]:
+    """(tokenizer, split) for a run that trains its own tokenizer: `fit(texts)` trains it, and no held-out document
+    is ever among the texts it is given.
+
+    Held-out documents are chosen after the training ones in the shuffled order, so the tokenizer is trained on the
+    first W documents of that order (W = n_train at first) and the documents are selected with it under
+    `train_within=W`: training documents from those W, held-out ones from after them. When the first W hold fewer
+    than n_train long-enough (distinct) documents, W grows by the share found and the tokenizer is trained again.
+    Besides the training documents, the W hold only documents the run does not use (too short, duplicates of a
+    training document, or long-enough ones past the n_train training places). `split.tokenizer_fit` records W and
+    the number of rounds; select_documents(..., train_within=W) with the tokenizer selects the same split again
+    (goldfish eval does, from the run record). Arguments and errors are select_documents'.
+    """
+    dedup = _checked_settings(documents, n_train, n_heldout, seq_len, seed, whole_documents, dedup)
+    conversations = _are_conversations(documents)
+    order = shuffled_order(len(documents), seed)
+    within, rounds = n_train, 0
+    while True:
+        rounds += 1
+        tokenizer = fit([documents[i].text for i in order[:within]])
+        if conversations:
+            check_chat_template(tokenizer)
+        split = _select(
+            documents, order, seed, tokenizer, n_train, n_heldout, seq_len, dedup, whole_documents, max_len, within
+        )
+        found = len(split.train)
+        if found >= n_train or within >= len(documents):
+            break
+        # grow W by the share of long-enough documents the first W held, at least by the places still empty
+        within = min(len(documents), max(within + n_train - found, -(-within * n_train // max(found, 1))))
+    check_enough(split, len(documents), n_train, n_heldout, max_len)
+    split.tokenizer_fit = {
+        "documents": within,
+        "rounds": rounds,
+        "rule": "trained on the first `documents` documents of the seeded order (the training documents and those "
+        "the run skips before them), never on a held-out one: held-out documents come after them",
+    }
+    return tokenizer, split
+
+
+def _checked_settings(
+    documents: Sequence[Document],
+    n_train: int,
+    n_heldout: int,
+    seq_len: int,
+    seed: int,
+    whole_documents: int | None,
+    dedup: DedupConfig | None,
+) -> DedupConfig:
+    """The deduplication settings (DedupConfig() for None), after refusing bad sizes, seeds and ids (DataError)."""
     for name, value, minimum in (("n_train", n_train, 1), ("n_heldout", n_heldout, 0), ("seq_len", seq_len, 2)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise DataError(f"{name} must be an integer, got {value!r}")
@@ -230,24 +317,52 @@ def select_documents(
     if duplicate is not None:
         raise DataError(f"document id {duplicate!r} occurs more than once. Fix: give every document a unique id.")
 
+    if whole_documents is not None and _are_conversations(documents):
+        raise DataError("conversations are selected whole already; whole-document (--pack) selection is for texts")
+    check_document_count(len(documents), n_train, n_heldout)
+    return dedup
+
+
+def shuffled_order(n_documents: int, seed: int) -> list[int]:
+    """The order select_documents examines documents in: range(n_documents) shuffled by random.Random(seed)."""
+    order = list(range(n_documents))
+    random.Random(seed).shuffle(order)
+    return order
+
+
+def _select(
+    documents: Sequence[Document],
+    order: list[int],
+    seed: int,
+    tokenizer: Any,
+    n_train: int,
+    n_heldout: int,
+    seq_len: int,
+    dedup: DedupConfig,
+    whole_documents: int | None,
+    max_len: int | None,
+    train_within: int | None,
+) -> DocumentSplit:
+    """select_documents' walk, without its check that enough documents were found."""
     conversations = _are_conversations(documents)
-    if conversations:
-        check_chat_template(tokenizer)
-        if whole_documents is not None:
-            raise DataError("conversations are selected whole already; whole-document (--pack) selection is for texts")
     bos_id = getattr(tokenizer, "bos_token_id", None)
     n_text_ids = seq_len - (1 if bos_id is not None else 0)  # ids taken from the text itself
     needed = n_train + n_heldout
-    check_document_count(len(documents), n_train, n_heldout)
-    order = list(range(len(documents)))
-    random.Random(seed).shuffle(order)
 
     # Long-enough documents in examination order; with dedup on, all of them (clusters must be known first).
     kept: list[TokenizedDocument] = []
+    positions: list[int] = []  # each kept document's place in the shuffled order
     too_short: list[str] = []
     too_long: list[str] = []
     n_examined = 0
-    while (dedup.mode != "off" or len(kept) < needed) and n_examined < len(order):
+
+    def found_enough() -> bool:  # without deduplication, examining stops once every place can be filled
+        if train_within is None:
+            return len(kept) >= needed
+        inside = sum(p < train_within for p in positions)
+        return min(inside, n_train) + min(len(positions) - inside, n_heldout) >= needed
+
+    while (dedup.mode != "off" or not found_enough()) and n_examined < len(order):
         want = len(order) if dedup.mode != "off" else max(_MIN_BATCH, 2 * (needed - len(kept)))
         batch = [documents[i] for i in order[n_examined : n_examined + want]]
         if conversations:
@@ -258,7 +373,8 @@ def select_documents(
                     too_long.append(doc.id)
                     continue
                 kept.append(conversation)
-                if dedup.mode == "off" and len(kept) == needed:
+                positions.append(n_examined - 1)
+                if dedup.mode == "off" and found_enough():
                     break
             continue
         # Only the ids a document can use are kept (its first n_text_ids; whole documents up to max_len), and long
@@ -289,29 +405,12 @@ def select_documents(
                     sha256=hashlib.sha256(doc.text.encode("utf-8")).hexdigest(),
                 )
             )
-            if dedup.mode == "off" and len(kept) == needed:
+            positions.append(n_examined - 1)
+            if dedup.mode == "off" and found_enough():
                 break
 
-    train, heldout, repeats, removed = _place_clusters(kept, tokenizer, bos_id, n_train, needed, dedup)
-    if conversations and len(train) + len(heldout) < needed:
-        distinct = f" distinct (after removing {len(removed)} with duplicate replies)" if removed else ""
-        raise DataError(
-            f"not enough conversations of at most {seq_len} tokens: {len(train) + len(heldout)}{distinct} available "
-            f"({len(documents)} conversations, {len(too_long)} longer), but n_train + n_heldout = {n_train} + "
-            f"{n_heldout} = {needed} are needed. Fix: lower --n-train/--n-heldout, raise --seq-len, or give more "
-            "conversations."
-        )
-    if len(train) + len(heldout) < needed:
-        distinct = f" distinct (after removing {len(removed)} duplicates)" if removed else ""
-        raise DataError(
-            f"not enough documents of at least {seq_len} tokens: {len(train) + len(heldout)}{distinct} available "
-            f"({len(documents)} documents, {len(too_short)} too short"
-            + (f", {len(too_long)} longer than {max_len}" if too_long else "")
-            + "), but n_train + n_heldout = "
-            f"{n_train} + {n_heldout} = {needed} are needed. Fix: lower --n-train/--n-heldout or "
-            + ("--min-doc-tokens, raise --max-doc-tokens" if whole_documents is not None else "--seq-len")
-            + ", or give more (or longer) documents."
-        )
+    placed = _place_clusters(kept, positions, tokenizer, bos_id, n_train, needed, dedup, train_within)
+    train, heldout, repeats, removed = placed
     return DocumentSplit(
         train=train,
         heldout=heldout,
@@ -326,6 +425,33 @@ def select_documents(
         heldout_train_overlap=_overlap_audit(train + repeats, heldout, tokenizer, bos_id),
         whole_documents=whole_documents,
         too_long=too_long,
+        train_within=train_within,
+        conversations=conversations,
+    )
+
+
+def check_enough(split: DocumentSplit, n_documents: int, n_train: int, n_heldout: int, max_len: int | None) -> None:
+    """Refuse (DataError) a split with fewer than n_train + n_heldout documents, saying what was short and how to fix
+    it."""
+    found, needed, removed = len(split.train) + len(split.heldout), n_train + n_heldout, split.removed
+    if found >= needed:
+        return
+    wanted = f"n_train + n_heldout = {n_train} + {n_heldout} = {needed} are needed"
+    if split.conversations:
+        distinct = f" distinct (after removing {len(removed)} with duplicate replies)" if removed else ""
+        raise DataError(
+            f"not enough conversations of at most {split.seq_len} tokens: {found}{distinct} available "
+            f"({n_documents} conversations, {len(split.too_long)} longer), but {wanted}. Fix: lower "
+            "--n-train/--n-heldout, raise --seq-len, or give more conversations."
+        )
+    distinct = f" distinct (after removing {len(removed)} duplicates)" if removed else ""
+    raise DataError(
+        f"not enough documents of at least {split.seq_len} tokens: {found}{distinct} available "
+        f"({n_documents} documents, {len(split.too_short)} too short"
+        + (f", {len(split.too_long)} longer than {max_len}" if split.too_long else "")
+        + f"), but {wanted}. Fix: lower --n-train/--n-heldout or "
+        + ("--min-doc-tokens, raise --max-doc-tokens" if split.whole_documents is not None else "--seq-len")
+        + ", or give more (or longer) documents."
     )
 
 
@@ -381,19 +507,22 @@ def _candidate(doc: TokenizedDocument, tokenizer: Any, bos_id: int | None, near:
 
 def _place_clusters(
     kept: list[TokenizedDocument],
+    positions: list[int],
     tokenizer: Any,
     bos_id: int | None,
     n_train: int,
     needed: int,
     dedup: DedupConfig,
+    train_within: int | None,
 ) -> tuple[list[TokenizedDocument], list[TokenizedDocument], list[TokenizedDocument], list[dict[str, Any]]]:
-    """(train, heldout, repeats, removed) from the long-enough documents in examination order."""
+    """(train, heldout, repeats, removed) from the long-enough documents in examination order (`positions`: their
+    places in the shuffled order)."""
     if dedup.mode == "off":
-        return kept[:n_train], kept[n_train:needed], [], []
-    candidates = [_candidate(d, tokenizer, bos_id, dedup.mode == "near") for d in kept]
-    links = find_duplicate_links(candidates, dedup)
-    roots = cluster_roots(len(kept), links)
-    reasons = best_links(len(kept), links)
+        roots, reasons = list(range(len(kept))), [None] * len(kept)
+    else:
+        candidates = [_candidate(d, tokenizer, bos_id, dedup.mode == "near") for d in kept]
+        links = find_duplicate_links(candidates, dedup)
+        roots, reasons = cluster_roots(len(kept), links), best_links(len(kept), links)
     side: dict[int, str] = {}  # cluster root -> "train" | "heldout" | "unused"
     train: list[TokenizedDocument] = []
     heldout: list[TokenizedDocument] = []
@@ -401,11 +530,13 @@ def _place_clusters(
     removed: list[dict[str, Any]] = []
     for i, doc in enumerate(kept):
         root = roots[i]
-        if root == i:  # first member of its cluster: takes the next free place
-            if len(train) < n_train:
+        if root == i:  # first member of its cluster: takes the next free place of its part of the order
+            trainable = train_within is None or positions[i] < train_within
+            holdable = train_within is None or positions[i] >= train_within
+            if trainable and len(train) < n_train:
                 side[i] = "train"
                 train.append(doc)
-            elif len(train) + len(heldout) < needed:
+            elif holdable and len(heldout) < needed - n_train:
                 side[i] = "heldout"
                 heldout.append(doc)
             else:

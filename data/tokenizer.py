@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from data.encoding import training_pieces
 from data.errors import DataError
@@ -65,6 +65,17 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> PreTrai
         eos_token=EOS_TOKEN,
         pad_token=PAD_TOKEN,
         clean_up_tokenization_spaces=False,  # the clean-up would change " ." to "." on decode
+    )
+
+
+def vocabulary_shortfall(tokenizer: Any, vocab_size: int) -> str | None:
+    """One line saying that a trained BPE holds fewer tokens than `vocab_size` asked (its texts ran out of pairs to
+    merge), or None when it holds them all."""
+    if len(tokenizer) >= vocab_size:
+        return None
+    return (
+        f"the trained BPE tokenizer has {len(tokenizer)} tokens, fewer than the {vocab_size} asked (--vocab-size): "
+        "its training text holds no more pairs to merge; more text gives more tokens"
     )
 
 

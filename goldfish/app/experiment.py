@@ -23,7 +23,9 @@ from data.atomic import write_json_atomic, write_jsonl_atomic
 from data.background import Background, background_sample, build_background, load_background, stream_budget
 from data.chat import TINY_CHAT_TEMPLATE, assistant_flags, check_chat_template, reply_units
 from data.corpus import TokenizedCorpus
+from data.dedup import without_copies
 from data.rows import piece_ids
+from data.tokenizer import vocabulary_shortfall
 from engine.core import comm
 from engine.core.grid import AXES, GRID_AXES, Grid, is_main_process
 from eval import parallel as parallel_eval
@@ -112,29 +114,20 @@ class Prepared:
         return frequencies, note
 
 
-def prepare_data(spec: DataSpec, model_name: str, log=print) -> Prepared:
-    """Load the documents, get a tokenizer and select the training and held-out documents."""
+def prepare_data(
+    spec: DataSpec, model_name: str, log: Callable[..., None] = print, train_within: int | None = None
+) -> Prepared:
+    """Load the documents, get a tokenizer and select the training and held-out documents.
+
+    train_within: a loaded tokenizer's selection bound (data.select_documents), from the run record of the run that
+    trained it (its `documents.train_within`); a tiny model's own tokenizer finds its bound itself."""
     documents = data.load_documents(spec.source, text_field=spec.text_field, id_field=spec.id_field, split=spec.split)
     data.check_document_count(len(documents), spec.n_train, spec.n_heldout)  # before any tokenizing
     conversations = any(d.messages is not None for d in documents)
     if conversations:
         check_chat_settings(spec)
-    if spec.tokenizer is not None:
-        tokenizer = data.load_tokenizer(spec.tokenizer)
-    elif is_tiny_model(model_name):
-        # with a background, its first documents too: the tokenizer then fits the text most of training is on
-        sample = background_sample(background_spec(spec)) if spec.background is not None else []
-        tokenizer = data.train_bpe_tokenizer([d.text for d in documents] + sample, vocab_size=spec.vocab_size)
-    elif resolve_gguf(model_name) is not None:  # smollm2-135m or a .gguf file: the tokenizer inside the file
-        tokenizer = load_gguf_tokenizer(resolve_gguf(model_name))
-    else:
-        tokenizer = data.load_tokenizer(model_name)
-    if conversations:
-        use_chat_template(tokenizer, spec, model_name)
     least = spec.min_doc_tokens if spec.pack else spec.seq_len
-    split = data.select_documents(
-        documents,
-        tokenizer,
+    selection: dict[str, Any] = dict(
         n_train=spec.n_train,
         n_heldout=spec.n_heldout,
         seq_len=least,
@@ -143,6 +136,18 @@ def prepare_data(spec: DataSpec, model_name: str, log=print) -> Prepared:
         whole_documents=max(spec.extraction_window, least) if spec.pack else None,
         max_len=spec.max_doc_tokens if spec.pack else None,
     )
+    if spec.tokenizer is None and is_tiny_model(model_name):
+        tokenizer, split = _own_tokenizer(spec, model_name, documents, selection, log)
+    else:
+        if spec.tokenizer is not None:
+            tokenizer = data.load_tokenizer(spec.tokenizer)
+        elif resolve_gguf(model_name) is not None:  # smollm2-135m or a .gguf file: the tokenizer inside the file
+            tokenizer = load_gguf_tokenizer(resolve_gguf(model_name))
+        else:
+            tokenizer = data.load_tokenizer(model_name)
+        if conversations:
+            use_chat_template(tokenizer, spec, model_name)
+        split = data.select_documents(documents, tokenizer, **selection, train_within=train_within)
     shape = f"whole documents (rows of {spec.seq_len} tokens)" if spec.pack else f"{spec.seq_len} tokens"
     if conversations:
         shape = f"conversations of at most {spec.seq_len} tokens ({_count_replies(split)} assistant replies)"
@@ -163,6 +168,7 @@ def prepare_data(spec: DataSpec, model_name: str, log=print) -> Prepared:
             else ""
         )
         + _dedup_note(split)
+        + _tokenizer_note(split)
     )
     return Prepared(
         tokenizer=tokenizer,
@@ -172,6 +178,41 @@ def prepare_data(spec: DataSpec, model_name: str, log=print) -> Prepared:
         texts=[d.text for d in documents],
         source=str(spec.source),
     )
+
+
+def _own_tokenizer(
+    spec: DataSpec,
+    model_name: str,
+    documents: Sequence[data.Document],
+    selection: dict[str, Any],
+    log: Callable[..., None],
+) -> tuple[Any, data.DocumentSplit]:
+    """A tiny model's BPE and the split selected with it: trained on the training documents' part of the seeded
+    order (data.select_fitting_tokenizer) and, with a background, its first documents less those that copy a --data
+    document, so no held-out target reaches its training text. Says so when the BPE holds fewer tokens than asked."""
+    sample, left_out = [], 0
+    if spec.background is not None:  # the tokenizer then also fits the text most of training is on
+        sample, left_out = without_copies(background_sample(background_spec(spec)), [d.text for d in documents])
+    conversations = any(d.messages is not None for d in documents)
+
+    def fit(texts: list[str]) -> Any:
+        tokenizer = data.train_bpe_tokenizer(texts + sample, vocab_size=spec.vocab_size)
+        if conversations:
+            use_chat_template(tokenizer, spec, model_name)
+        return tokenizer
+
+    tokenizer, split = data.select_fitting_tokenizer(documents, fit, **selection)
+    shortfall = vocabulary_shortfall(tokenizer, spec.vocab_size)
+    if shortfall is not None:
+        log(f"warning: {shortfall}", file=sys.stderr)
+    split.tokenizer_fit = (split.tokenizer_fit or {}) | {
+        "vocab_size": len(tokenizer),
+        "vocab_size_asked": spec.vocab_size,
+        "background_documents": len(sample),
+        "background_copies_left_out": left_out,
+        "warning": shortfall,
+    }
+    return tokenizer, split
 
 
 def check_chat_settings(spec: DataSpec) -> None:
@@ -206,6 +247,17 @@ def _dedup_note(split: data.DocumentSplit) -> str:
     if split.repeats:
         note += f", {len(split.repeats)} kept in training as counted repeats"
     return note
+
+
+def _tokenizer_note(split: data.DocumentSplit) -> str:
+    fit = split.tokenizer_fit
+    if fit is None:
+        return ""
+    background = f" and {fit['background_documents']} background documents" if fit.get("background_documents") else ""
+    return (
+        f"; its {fit['vocab_size']}-token BPE trained on the first {fit['documents']} documents of the order"
+        f"{background}, no held-out one"
+    )
 
 
 def initial_model(model_name: str, prepared: Prepared, seed: int) -> nn.Module:
