@@ -214,6 +214,7 @@ class Background:
     schedule: InsertionSchedule
     exposures: dict[str, int]  # target id -> copies trained on (held-out targets: 0)
     record: dict[str, Any]
+    validation_documents: np.ndarray  # the background documents the validation rows hold, in stream order
 
 
 def build_background(
@@ -426,7 +427,7 @@ def build_background(
         "warnings": warnings,
     }
     by_id = {str(doc.id): exposures[t] for t, doc in enumerate(targets)} | {str(doc.id): 0 for doc in heldout}
-    return Background(corpus, rows, validation, pieces, schedule, by_id, record)
+    return Background(corpus, rows, validation, pieces, schedule, by_id, record, val_docs)
 
 
 def validation_documents(

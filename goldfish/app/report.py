@@ -1172,12 +1172,33 @@ def _validation_section(summary: Mapping[str, Any], figures: Sequence[str]) -> l
         f"tokens) of background documents never trained on, every model with the standard loss over every "
         "token. Intervals: 95% percentile bootstrap over the validation rows; the difference to the standard "
         "model is paired (the mean of the per-row differences, on the same rows), so it resolves gaps far smaller "
-        "than the two losses' own intervals.",
+        "than the two losses' own intervals." + _validation_notes(corpus),
         "",
         *_table(["model", "validation loss", "perplexity", "difference to standard"], rows),
         "",
     ]
     return lines + _figure("val_loss.png", "validation loss against steps", figures)
+
+
+def _validation_notes(corpus: Mapping[str, Any]) -> str:
+    """The sentences beside the validation table: the targets' share of the trained tokens, and the validation
+    candidates left out as twins of other background documents (data.background.validation_documents)."""
+    notes = ""
+    if corpus.get("target_share") is not None:
+        notes += (
+            f" Target copies are {100 * corpus['target_share']:.1f}% of the {corpus.get('tokens_trained', 0):,} "
+            "tokens trained, background text the rest."
+        )
+    removed = (corpus.get("validation") or {}).get("removed_copies")
+    if removed is not None:
+        n = removed["exact_text"] + removed["near"]
+        notes += (
+            f" {n} validation candidate{'' if n == 1 else 's'} with a twin elsewhere in the background "
+            f"({removed['exact_text']} with the same normalized text, {removed['near']} held at least half by "
+            "another document) were left out of validation and of the stream, so no validation row has a trained "
+            "copy."
+        )
+    return notes
 
 
 def draw_validation(
