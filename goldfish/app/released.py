@@ -94,9 +94,25 @@ class CheckpointComparison(Comparison):
     def prepare_documents(self) -> None:
         """The documents as a compare run selects them, tokenized with --tokenizer or the first checkpoint's."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.prepared = prepare_data(self.spec.data, next(iter(self.checkpoints.values())), log=self.log)
+        first = next(iter(self.checkpoints.values()))
+        self.prepared = prepare_data(self.spec.data, first, log=self.log, train_within=recorded_bound(first, self.spec))
         if self.spec.data.has_repeats(self.prepared.split):
             self.repeats = self.spec.data.times_seen(self.prepared.split)
+
+
+def recorded_bound(source: str, spec: CompareSpec) -> int | None:
+    """The selection bound of a checkpoint folder's run whose own tokenizer it carries (the run record's
+    `documents.train_within`, data.select_fitting_tokenizer), when that run drew from the same --data in the same
+    order and no --tokenizer replaces its own: the same documents are then selected again. None otherwise."""
+    record = Path(source) / RUN_FILE
+    if not record.is_file() or spec.data.tokenizer is not None:
+        return None
+    saved = json.loads(record.read_text(encoding="utf-8"))
+    same = {k: (saved.get("data") or {}).get(k) for k in ("source", "seed")} == {
+        "source": spec.data.source,
+        "seed": spec.data.seed,
+    }
+    return (saved.get("documents") or {}).get("train_within") if same else None
 
 
 def recorded_mask(source: str) -> MaskSpec | None:
