@@ -30,6 +30,7 @@ def bucket_results(
     *,
     prefix_rows: Sequence[Mapping[str, Any]] = (),
     membership_rows: Sequence[Mapping[str, Any]] = (),
+    beam_rows: Sequence[Mapping[str, Any]] = (),
     n_resamples: int,
 ) -> dict[str, Any]:
     """The per-bucket entry of one model.
@@ -38,8 +39,10 @@ def bucket_results(
         `repeats` and form bucket 0). repeats: {training target id: copies trained on}.
     prefix_rows: rows of the fixed-prefix sweep (each with `prefix_len`), training and held-out targets.
     membership_rows: eval.membership rows with `member` set (held-out targets are the non-members).
+    beam_rows: beam-search extraction rows (eval.adaptive.beam_extract, --beams), training and held-out targets.
     Returns {"extraction": [...], "prefix_length": {P: [...]}, "membership": [...], "recall_at_incorrect": {...},
-    "pythia": {...} or None, "split": {...}}.
+    "pythia": {...} or None, "split": {...}}, and "beam": [...] (as "extraction", for the beam's output) with
+    beam rows.
     """
     tagged = tag_rows(extraction_rows, "repeats", repeats, default=0)
     result: dict[str, Any] = {
@@ -51,6 +54,9 @@ def bucket_results(
         rows = tag_rows([r for r in prefix_rows if int(r["prefix_len"]) == prefix_len], "repeats", repeats, default=0)
         by_prefix[str(prefix_len)] = bucket_extraction(rows, "repeats", n_resamples=n_resamples)
     result["prefix_length"] = by_prefix
+    if beam_rows:
+        beams = tag_rows(beam_rows, "repeats", repeats, default=0)
+        result["beam"] = bucket_extraction(beams, "repeats", n_resamples=n_resamples)
     members = [r for r in membership_rows if r.get("member")]
     nonmembers = [r for r in membership_rows if r.get("member") is False]
     result["membership"] = (

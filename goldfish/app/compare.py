@@ -441,6 +441,7 @@ class Comparison:
                 self.spec.extraction,
                 prefix_rows=result.rows("prefix_length"),
                 membership_rows=membership_rows,
+                beam_rows=result.rows("beam"),
                 n_resamples=self.spec.extraction.bootstrap,
             )
             # the repeats breakdown (breakdown_repeats.png) gets the buckets' intervals

@@ -59,6 +59,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
             lr=3e-3,
             masks=["hashed:4:4", "random:4"],
             matched_controls=True,
+            beams=2,
         ),
         "--out",
         str(out),
@@ -84,6 +85,9 @@ def test_matched_rows_name_each_control(run: Path) -> None:
     assert rows[4, "exposure-matched"]["exact_match_k"] == standard_table[3]["exact_match_k"]
     assert rows[4, "compute-matched"]["steps"] == math.ceil(STEPS * 4 / 3)
     assert "## Matched controls" in (run / "report.md").read_text()
+    # --beams: the beam's output per bucket beside greedy's, for every model
+    for label, result in summary["buckets"].items():
+        assert [(e["repeats"], e["n"]) for e in result["beam"]] == [(0, 3), (3, 3), (4, 3)], label
 
 
 @pytest.mark.slow  # one tiny study with its controls: about 15 s
