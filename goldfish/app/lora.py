@@ -13,6 +13,8 @@ LoraSpec and the checks of the settings import without it.
 from __future__ import annotations
 
 import copy
+import importlib.util
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # torch loads where a model is wrapped: the settings and their checks stay torch-free
     from torch import nn
 
+PEFT_REQUIREMENT = "peft>=0.21"  # the `lora` extra's pin in pyproject.toml (tests/e2e/test_newcomer_frictions.py)
 ALL_LINEAR = "all-linear"  # peft's name for every Linear layer of the model except the output head
 ADAPTER_DIR = "adapter"  # subfolder of a checkpoint holding the peft adapter (adapter_config.json + weights)
 
@@ -91,6 +94,26 @@ def check_targets(model: nn.Module, spec: LoraSpec) -> None:
         )
 
 
+def missing_peft() -> str:
+    """The one line that says peft is missing and how to install it from any folder (an editable install's
+    `-e ".[lora]"` works from the repository root only)."""
+    return (
+        f"--lora-rank needs the peft package, which is not installed. Fix: pip install '{PEFT_REQUIREMENT}' "
+        "(or leave --lora-rank out to train every weight)"
+    )
+
+
+def check_peft() -> None:
+    """Refuse a LoRA run (ValueError, one line) when peft is not installed: looked up without importing it, so the
+    check costs nothing and runs before any data or model is loaded."""
+    try:
+        found = importlib.util.find_spec("peft") is not None
+    except (ImportError, ValueError):  # a broken or half-imported peft
+        found = False
+    if not found:
+        raise ValueError(missing_peft())
+
+
 def check_grid(sizes: dict[str, int]) -> None:
     """LoRA runs on the data axis only; refuse tensor-parallel axes with the reason and the fix."""
     tensor = {axis: sizes.get(axis, 1) for axis in ("x", "y", "z") if sizes.get(axis, 1) > 1}
@@ -124,7 +147,7 @@ def apply_lora(model: nn.Module, spec: LoraSpec, *, seed: int = 0) -> nn.Module:
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError as error:
-        raise ImportError('LoRA needs peft: pip install -e ".[lora]"') from error
+        raise ImportError(missing_peft()) from error
     check_targets(model, spec)
     config = LoraConfig(
         r=spec.rank,
@@ -136,7 +159,10 @@ def apply_lora(model: nn.Module, spec: LoraSpec, *, seed: int = 0) -> nn.Module:
     )
     import torch
 
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        # peft asks the model for transformers' deprecated `is_gradient_checkpointing`: a FutureWarning about
+        # peft's code that the user cannot act on, held back here only
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated", category=FutureWarning)
         torch.manual_seed(seed)
         return get_peft_model(model, config)
 

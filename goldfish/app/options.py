@@ -542,7 +542,7 @@ INSTRUMENTS = OptionGroup(
 )
 
 LORA = OptionGroup(
-    'LoRA (train low-rank adapters through peft instead of every weight; pip install -e ".[lora]")',
+    "LoRA (train low-rank adapters through peft instead of every weight; pip install 'peft>=0.21')",
     (
         Option(
             "--lora-rank",

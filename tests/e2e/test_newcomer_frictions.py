@@ -5,10 +5,15 @@ and notices the user cannot act on are not printed."""
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 from pathlib import Path
 
+import pytest
 from tiny_runs import tiny_run
+
+from goldfish.app import lora
+from goldfish.app.cli import main
 
 ROOT = Path(__file__).parents[2]
 TINY = tiny_run()
@@ -67,3 +72,57 @@ def test_plan_commands_for_one_node_one_gpu_and_a_shape_without_weights(capsys) 
     lines, words = _planned(capsys, ["--model", "40B", "--gpus", "64", "--global-batch", "64"])
     assert _train_args(words).model == "$MODEL" and '--model "$MODEL"' in lines[-1]  # left for the shell
     assert "GPT-40B is a shape of the AxoNN paper without published weights: set MODEL" in lines[-3]
+
+
+# ----- notices the user cannot act on -----------------------------------------------------------------------------
+
+NOTICES = ("were not sharded", "FutureWarning", "DeprecationWarning", "Traceback")
+
+
+@pytest.mark.slow
+def test_single_process_eval_and_resume_of_an_hf_folder_print_no_third_party_notice(tmp_path, capfd) -> None:
+    """transformers' "layers were not sharded" notice came with every load of an HF folder in one process."""
+    base, tuned = tmp_path / "base", tmp_path / "tuned"
+    small = tiny_run(n_heldout=2, seq_len=32, vocab_size=300, batch_size=4)
+    assert main(["train", "--out", str(base), *small, "--epochs", "1"]) == 0
+    assert main(["train", "--out", str(tuned), *small, "--epochs", "1", "--model", str(base / "checkpoint")]) == 0
+    capfd.readouterr()
+    assert main(["train", "--resume", str(tuned / "checkpoint"), "--no-progress", "--threads", "1"]) == 0
+    out, err = capfd.readouterr()
+    assert "at step 1 of 1" in out and not [n for n in NOTICES if n in out + err], err
+    evaluated = ["--out", str(tmp_path / "eval"), "--part", "train", "--suffix-len", "8", "--no-progress"]
+    assert main(["eval", "--model", str(tuned / "checkpoint"), *evaluated, "--threads", "1"]) == 0
+    out, err = capfd.readouterr()
+    assert not [n for n in NOTICES if n in out + err], err
+
+
+def test_lora_holds_back_peft_s_future_warning_only_where_it_wraps_the_model() -> None:
+    pytest.importorskip("peft", reason="needs peft: pip install 'peft>=0.21'")
+    import warnings
+
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from goldfish.app.lora import LoraSpec, apply_lora
+
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=32,
+    )
+    model = AutoModelForCausalLM.from_config(config)
+    filters = list(warnings.filters)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        apply_lora(model, LoraSpec(rank=2), seed=0)
+        assert not [w for w in caught if issubclass(w.category, FutureWarning)], [str(w.message) for w in caught]
+        warnings.warn("a FutureWarning of anyone else", FutureWarning)  # still shown: the filter is not global
+    assert [str(w.message) for w in caught] == ["a FutureWarning of anyone else"]
+    assert warnings.filters == filters
+
+
+def test_the_install_line_pins_what_the_lora_extra_pins() -> None:
+    pins = re.search(r"^lora = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
+    assert pins is not None and pins.group(1) == f'"{lora.PEFT_REQUIREMENT}"'
