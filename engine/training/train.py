@@ -391,6 +391,7 @@ def train(
     validation: Sequence[dict[str, torch.Tensor]] | None = None,
     validation_loss_fn: LossFn | None = None,
     on_validation: Callable[[nn.Module, int, float], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> TrainResult:
     """Train `model` in place for config.epochs over `examples`.
 
@@ -413,6 +414,9 @@ def train(
     on_validation: called on every rank as on_validation(model, step, val_loss) after each validation (model in
         eval mode, no gradients; training mode is restored after), e.g. to keep the weights of a step whose
         validation loss a later comparison needs.
+    stop: asked on every rank after each optimizer step (but the last); when it returns True on any rank, every rank
+        writes a checkpoint of the steps done (when out_dir is given and this step wrote none) and raises
+        TrainingStopped: e.g. a Ctrl-C handler's flag, so that an interrupted run keeps its finished steps.
 
     examples may be any sequence (rows built when indexed: only this rank's rows of each step are read). When it
     has state_dict() / load_state_dict(state) (a resumable data source), its state is saved in every checkpoint
@@ -468,6 +472,19 @@ def train(
     if config.compile:
         compiled.enter_context(compiled_decoder_layers(model))
     eager = eager_stance if config.compile else nullcontext
+
+    def checkpoint(done: int) -> None:
+        """Write out_dir/checkpoint of the first `done` steps (in the background with async_save)."""
+        extra_state = _trainer_state(scheduler, done, config, examples)
+        model_files = lambda m, folder: save_model(m, folder, done)  # noqa: E731
+        if saver is not None:
+            saver.save(out_path / "checkpoint", model, optimizer, extra_state=extra_state, save_model=model_files)
+        else:
+            distributed = grid if _is_distributed(grid) else None
+            save_checkpoint(
+                out_path / "checkpoint", model, optimizer, distributed, extra_state=extra_state, save_model=model_files
+            )
+
     try:
         for step in range(start_step, total_steps):
             epoch, index_in_epoch = divmod(step, per_epoch)
@@ -531,28 +548,23 @@ def train(
             bar.set_postfix(loss=f"{record['loss']:.4f}")
             bar.update(1)
 
-            if out_path is not None and _saves_now(done, total_steps, config):
-                extra_state = _trainer_state(scheduler, done, config, examples)
-                model_files = lambda m, folder: save_model(m, folder, done)  # noqa: E731 - called before `done` changes
-                if saver is not None:
-                    saver.save(
-                        out_path / "checkpoint", model, optimizer, extra_state=extra_state, save_model=model_files
-                    )
-                else:
-                    distributed = grid if _is_distributed(grid) else None
-                    save_checkpoint(
-                        out_path / "checkpoint",
-                        model,
-                        optimizer,
-                        distributed,
-                        extra_state=extra_state,
-                        save_model=model_files,
-                    )
+            saved = out_path is not None and _saves_now(done, total_steps, config)
+            if saved:
+                checkpoint(done)
             if on_epoch_end is not None and done % per_epoch == 0:
                 model.eval()
                 with torch.no_grad(), eager():
                     on_epoch_end(model, done // per_epoch, done)
                 model.train()
+            if done < total_steps and _stop_requested(stop, grid):
+                if out_path is not None and not saved:
+                    if pipe is not None:
+                        pipe.share_weights()  # the checkpoint reads the whole model
+                    checkpoint(done)
+                if saver is not None:
+                    saver.close()  # published before the run says where it is
+                    saver = None
+                raise TrainingStopped(done, total_steps, None if out_path is None else out_path / "checkpoint")
         if saver is not None:
             saver.close()  # the last checkpoint is written and published before the run returns
             saver = None
@@ -628,6 +640,29 @@ def _keep_held_state(optimizer: torch.optim.Optimizer, pipe: Pipeline) -> None:
     held = {id(p) for p in pipe.parameters()}
     for param in [p for p in optimizer.state if id(p) not in held]:
         del optimizer.state[param]
+
+
+class TrainingStopped(KeyboardInterrupt):
+    """The run stopped because `train(stop=...)` asked it to: every rank stopped after the same optimizer step,
+    `step` of `total_steps`, whose checkpoint is `checkpoint` (None when the run keeps none: no out_dir). A
+    KeyboardInterrupt, so that code which cleans up after an interrupt does so, and no `except Exception` takes it
+    for a failure."""
+
+    def __init__(self, step: int, total_steps: int, checkpoint: Path | None) -> None:
+        super().__init__(f"stopped after step {step} of {total_steps}")
+        self.step, self.total_steps, self.checkpoint = step, total_steps, checkpoint
+
+
+def _stop_requested(stop: Callable[[], bool] | None, grid: Grid | None) -> bool:
+    """Whether any rank's `stop()` asks the run to stop now: one flag maximised over the world (a control message),
+    so that every rank stops after the same step and writes its share of the same checkpoint."""
+    if stop is None:
+        return False
+    flag = bool(stop())
+    if not _is_distributed(grid):
+        return flag
+    wanted = torch.tensor([1 if flag else 0], dtype=torch.int32, device=grid.device)
+    return bool(comm.max_over_world(wanted).item())
 
 
 class NonFiniteLossError(ValueError):

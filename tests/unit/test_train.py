@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from engine.training.checkpoint import read_trainer_state
-from engine.training.train import StepLoss, TrainConfig, lr_factor, train
+from engine.training.train import StepLoss, TrainConfig, TrainingStopped, lr_factor, train
 
 
 def _model(seed: int = 0) -> LlamaForCausalLM:
@@ -106,6 +106,35 @@ def test_resume_continues_bit_exactly(tmp_path):
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5, 6]
     assert [m["loss"] for m in metrics] == losses
+
+
+def test_a_stop_request_checkpoints_the_step_done_and_the_resume_continues_bit_exactly(tmp_path):
+    """train(stop=...): asked after every step; a True writes the checkpoint of the steps done (no --save-every
+    needed) and raises TrainingStopped naming it, from which a resume continues as if never stopped."""
+    examples = _examples()
+    config = TrainConfig(epochs=3, batch_size=4, lr=5e-3, warmup_steps=2, schedule="cosine", progress=False)
+    losses = [h["loss"] for h in train(_model(), examples, _loss, config).history]
+    asked = []
+
+    def stop() -> bool:  # what a Ctrl-C during step 3 sets
+        asked.append(True)
+        return len(asked) >= 3
+
+    run = tmp_path / "run"
+    with pytest.raises(TrainingStopped) as stopped:
+        train(_model(), examples, _loss, config, out_dir=run, save_model=_save, stop=stop)
+    assert (stopped.value.step, stopped.value.total_steps, stopped.value.checkpoint) == (3, 6, run / "checkpoint")
+    assert isinstance(stopped.value, KeyboardInterrupt)  # cleanup written for Ctrl-C runs for it too
+    assert read_trainer_state(run / "checkpoint")["step"] == 3
+    model = _model(seed=123)
+    from goldfish.app.experiment import load_model_weights
+
+    load_model_weights(model, run / "checkpoint")
+    resumed = train(model, examples, _loss, config, out_dir=run, resume_from=run / "checkpoint", save_model=_save)
+    assert [h["loss"] for h in resumed.history] == losses[3:]
+    # asked after every step but the last: a request during the last step lets the run finish as it would
+    finished = train(_model(), examples, _loss, config, stop=lambda: False)
+    assert len(finished.history) == 6
 
 
 def test_resume_refuses_changed_settings(tmp_path):
