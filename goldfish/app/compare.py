@@ -125,7 +125,8 @@ class Comparison:
         )
         self.runs = [ModelRun(mask, kind) for kind in kinds for mask in masks]
         self.matched_mask = matched.matched_mask(masks) if spec.matched_controls else None
-        self.snapshots: matched.Snapshots | None = None  # the standard model's weights at its validation steps
+        # the standard and matched goldfish models' weights at their validation steps, by label
+        self.snapshots: dict[str, matched.Snapshots] = {}
         self.loss_matched: dict[str, Any] = {}
         if self.matched_mask is not None and grid is not None:
             raise ValueError("--matched-controls runs in one process: leave out --nproc/--grid")
@@ -237,8 +238,8 @@ class Comparison:
             model=spec.model, data=spec.data, mask=mask, train=train, init_seed=spec.init_seed, lora=run.lora
         )
         on_validation = None
-        if self.matched_mask is not None and mask.strategy is None and not run.lora.enabled:
-            self.snapshots = on_validation = self._snapshots(label)
+        if self.matched_mask is not None and mask in (MaskSpec(strategy=None), self.matched_mask) and run.steps is None:
+            self.snapshots[label] = on_validation = self._snapshots(label)
         model, _ = train_model(
             train_spec,
             self.out_dir / label,
@@ -273,7 +274,7 @@ class Comparison:
             self.log(one_line(label, self.results[label]))
 
     def _snapshots(self, label: str) -> matched.Snapshots:
-        """The standard model's on_validation hook: its weights at every validation step, as HF folders."""
+        """A model's on_validation hook: its weights at every validation step, as HF folders."""
         tokenizer, record = self.prepared.tokenizer, {"model": self.spec.model, "snapshot_of": label}
 
         def save(model: nn.Module, folder: Path) -> None:
@@ -282,26 +283,35 @@ class Comparison:
         return matched.Snapshots(self.out_dir / label / matched.SNAPSHOT_FOLDER, save)
 
     def evaluate_loss_matched(self) -> None:
-        """The loss-matched control: the standard model's weights at the first validation step whose loss is at most
-        the matched goldfish model's final one, evaluated like every model (goldfish.app.matched)."""
-        mask, snapshots = self.matched_mask, self.snapshots
-        target = self.validation.get(mask.label)
-        step = snapshots.first_at_most(target) if target is not None else None
-        self.loss_matched = {"target_loss": target, "step": step, "of_steps": self.spec.train.max_steps}
+        """The loss-matched control: of the standard and the matched goldfish model, the one with the lower final
+        validation loss, taken at its first validation step whose loss is at most the other's final one, and
+        evaluated like every model (goldfish.app.matched.loss_matched_choice)."""
+        standard = MaskSpec(strategy=None).label
+        choice = matched.loss_matched_choice(
+            {label: self.validation.get(label) for label in (standard, self.matched_mask.label)},
+            self.snapshots,
+            standard=standard,
+        )
+        self.loss_matched = choice | {"of_steps": self.spec.train.max_steps}
+        step, early = choice["step"], choice["model"]
         if step is not None:
+            snapshots = self.snapshots[early]
+            label = early + matched.LOSS_MATCHED_SUFFIX
             model = load_pretrained_model(snapshots.path(step))
-            self.evaluate(matched.LOSS_MATCHED, model, mask)
-            self.validation[matched.LOSS_MATCHED] = snapshots.losses[step]
-            self.validation_rows[matched.LOSS_MATCHED] = self.row_losses(model)
+            self.evaluate(label, model, self.matched_mask)
+            self.validation[label] = snapshots.losses[step]
+            self.validation_rows[label] = self.row_losses(model)
             train = background_train_config(self.spec.train)
             copies = trained_copies(self.prepared, None, {}, background=self.background)
             trained = copies.counts(len(self.background.rows), train, step)
             self.loss_matched |= {
+                "label": label,
                 "val_loss": snapshots.losses[step],
                 "mean_copies_trained": matched.mean_copies_by_bucket(self.repeats, trained),
             }
-            self.log(one_line(matched.LOSS_MATCHED, self.results[matched.LOSS_MATCHED]))
-        snapshots.keep_only(step)
+            self.log(one_line(label, self.results[label]))
+        for label, snapshots in self.snapshots.items():
+            snapshots.keep_only(step if label == early else None)
 
     def matched_section(self, validation: dict[str, dict[str, Any]]) -> dict[str, Any]:
         """summary.json's "matched_controls": the definitions, the loss- and compute-matched runs, and the table at
@@ -640,7 +650,25 @@ def combine_seed_runs(
         "buckets": {"assignment": "by --data-seed, the same under every seed", "n_per_bucket": _bucket_sizes(assigned)},
         "config": summaries[spec.seeds[0]]["config"] | {"seeds": list(spec.seeds)},
         "documents": summaries[spec.seeds[0]]["documents"],
+        "corpus_per_seed": _corpus_per_seed(summaries),
         "warnings": warnings + [f"seed {seed}: {w}" for seed in spec.seeds for w in summaries[seed]["warnings"]],
+    }
+
+
+def _corpus_per_seed(summaries: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """Per seed, what the combined report says beside its validation table: the targets' share of the tokens trained
+    and the validation candidates left out as twins of the background (None without --background)."""
+    if not all(summary.get("corpus") for summary in summaries.values()):
+        return None
+    return {
+        str(seed): {
+            "target_share": summary["corpus"]["target_share"],
+            "validation_removed_copies": {
+                kind: summary["corpus"]["validation"].get("removed_copies", {}).get(kind)
+                for kind in ("exact_text", "near")
+            },
+        }
+        for seed, summary in summaries.items()
     }
 
 

@@ -7,9 +7,11 @@ fewer tokens of each copy and ends at a higher validation loss. Three controls s
   has each kept token supervised B times under goldfish, and (k-1)/k of its tokens kept; the standard model at
   B * (k-1)/k copies trains as many supervised target tokens. Read from the buckets that run (a bucket list such as
   0,64,192,256 holds 192 = 256 * 3/4), nothing extra trains.
-* **loss-matched**: the standard model's weights at the first validation step whose validation loss is at most the
-  goldfish model's final one (the same utility, reached earlier; saved during the standard run by `Snapshots`),
-  measured like every model. It has trained fewer copies by then: the report gives the mean per bucket.
+* **loss-matched**: of the two models, the one with the lower final validation loss, at its first validation step
+  whose loss is at most the other's final one (the same utility: usually the standard model, earlier; where the
+  targets are a large share of training the goldfish model can end lower, and is then the one taken earlier). The
+  weights are saved at every validation step by `Snapshots` and measured like every model; the model has trained
+  fewer copies by then: the report gives the mean per bucket.
 * **compute-matched**: the goldfish model trained for ceil(steps * k / (k-1)) steps, so that it is supervised on as
   many tokens as the standard model; the same copies are inserted (spread over its longer stream) and all trained.
   Whether that reaches the standard model's final validation loss is reported beside it, not assumed.
@@ -29,7 +31,7 @@ from torch import nn
 from eval.metrics import EXACT_MATCH, ROUGE_L, interval_key
 from goldfish.app.config import MaskSpec
 
-LOSS_MATCHED = "standard-loss-matched"
+LOSS_MATCHED_SUFFIX = "-loss-matched"
 COMPUTE_MATCHED_SUFFIX = "-compute-matched"
 SNAPSHOT_FOLDER = "snapshots"  # under the standard model's folder; only the loss-matched step is kept
 
@@ -94,6 +96,19 @@ class Snapshots:
                 shutil.rmtree(self.path(other), ignore_errors=True)
 
 
+def loss_matched_choice(
+    final: Mapping[str, float | None], snapshots: Mapping[str, Snapshots], *, standard: str
+) -> dict[str, Any]:
+    """Which model and step the loss-matched control takes: {"model": the label whose final validation loss is the
+    lower (the standard model on a tie), "target_loss": the other's final loss, "step": that model's first validation
+    step at or below it (None: none, or a final loss is missing)}."""
+    (a, loss_a), (b, loss_b) = ((standard, final[standard]), *((k, v) for k, v in final.items() if k != standard))
+    if loss_a is None or loss_b is None:
+        return {"model": None, "target_loss": None, "step": None}
+    early, target = (a, loss_b) if loss_a <= loss_b else (b, loss_a)
+    return {"model": early, "target_loss": target, "step": snapshots[early].first_at_most(target)}
+
+
 def _bucket_entry(table: Sequence[Mapping[str, Any]], bucket: int) -> Mapping[str, Any] | None:
     return next((e for e in table if e.get("repeats") == bucket), None)
 
@@ -153,7 +168,14 @@ def matched_rows(
             add(bucket, "exposure-matched", standard, exposure[bucket])
         if loss_matched is not None:
             copies = (loss_matched.get("mean_copies_trained") or {}).get(str(bucket))
-            add(bucket, "loss-matched", LOSS_MATCHED, bucket, step=loss_matched["step"], mean_copies_trained=copies)
+            add(
+                bucket,
+                "loss-matched",
+                loss_matched["label"],
+                bucket,
+                step=loss_matched["step"],
+                mean_copies_trained=copies,
+            )
         if compute_matched is not None:
             add(bucket, "compute-matched", compute_matched["label"], bucket, steps=compute_matched["steps"])
     return rows
@@ -178,16 +200,20 @@ def render_matched(section: Mapping[str, Any]) -> list[str]:
     lines.append("")
     loss_matched = section.get("loss_matched")
     if loss_matched:
-        if loss_matched.get("step") is None:
+        early = loss_matched.get("model")
+        other = section["mask"] if early == "standard" else "the standard model"
+        if early is None:
+            lines.append("Loss-matched: a final validation loss is missing; no loss-matched row.")
+        elif loss_matched.get("step") is None:
             lines.append(
-                f"Loss-matched: the standard model's validation loss never reached {section['mask']}'s final "
-                f"{loss_matched['target_loss']:.3f} at a validation step; no loss-matched row."
+                f"Loss-matched: {early} ends lower, but no validation step of it reached {other}'s final "
+                f"{loss_matched['target_loss']:.3f}; no loss-matched row."
             )
         else:
             lines.append(
-                f"Loss-matched: the standard model at step {loss_matched['step']} of {loss_matched['of_steps']} "
-                f"(validation loss {loss_matched['val_loss']:.3f}, the first at most {section['mask']}'s final "
-                f"{loss_matched['target_loss']:.3f})."
+                f"Loss-matched: {early} ends with the lower validation loss; it is taken at step "
+                f"{loss_matched['step']} of {loss_matched['of_steps']} (validation loss "
+                f"{loss_matched['val_loss']:.3f}, the first at most {other}'s final {loss_matched['target_loss']:.3f})."
             )
     compute = section.get("compute_matched")
     if compute:

@@ -91,31 +91,59 @@ def test_matched_rows_name_each_control(run: Path) -> None:
 
 
 @pytest.mark.slow  # one tiny study with its controls: about 15 s
-def test_loss_matched_is_the_first_step_reaching_goldfish_loss(run: Path) -> None:
+def test_loss_matched_is_the_first_step_reaching_the_other_models_loss(run: Path) -> None:
     summary = json.loads((run / "summary.json").read_text())
     loss_matched = summary["matched_controls"]["loss_matched"]
-    goldfish_final = [
-        r["val_loss"] for r in _metrics(run / "goldfish-hashed-k4-h4" / "metrics.jsonl") if "val_loss" in r
-    ]
-    standard_curve = [
-        (r["step"], r["val_loss"]) for r in _metrics(run / "standard" / "metrics.jsonl") if "val_loss" in r
-    ]
-    assert loss_matched["target_loss"] == pytest.approx(goldfish_final[-1])
-    expected = next((step for step, loss in standard_curve if loss <= goldfish_final[-1]), None)
+    curves = {
+        label: [(r["step"], r["val_loss"]) for r in _metrics(run / label / "metrics.jsonl") if "val_loss" in r]
+        for label in ("standard", "goldfish-hashed-k4-h4")
+    }
+    finals = {label: curve[-1][1] for label, curve in curves.items()}
+    early = min(finals, key=lambda label: (finals[label], label != "standard"))
+    other = next(label for label in finals if label != early)
+    assert loss_matched["model"] == early
+    assert loss_matched["target_loss"] == pytest.approx(finals[other])
+    expected = next((step for step, loss in curves[early] if loss <= finals[other]), None)
     assert loss_matched["step"] == expected
+    for label in finals:  # only the chosen snapshot stays
+        kept = sorted(p.name for p in (run / label / matched.SNAPSHOT_FOLDER).iterdir())
+        assert kept == ([f"step-{expected}"] if label == early and expected is not None else []), label
     if expected is None:
-        pytest.skip("the standard model never reached goldfish's loss at a validation step in this tiny run")
-    # only the loss-matched snapshot stays, and its weights are the model at that step: the validation loss the
-    # comparison recomputes from the loaded folder equals the one the training loop logged then
-    snapshots = run / "standard" / matched.SNAPSHOT_FOLDER
-    assert sorted(p.name for p in snapshots.iterdir()) == [f"step-{expected}"]
-    logged = dict(standard_curve)[expected]
+        pytest.skip("no validation step of the lower model reached the other's final loss in this tiny run")
+    # the kept weights are the model at that step: the validation loss the comparison recomputes from the loaded
+    # folder equals the one the training loop logged then
+    logged = dict(curves[early])[expected]
     assert loss_matched["val_loss"] == pytest.approx(logged)
-    recomputed = summary["models"][matched.LOSS_MATCHED]["validation"]["loss"]
+    assert loss_matched["label"] == early + matched.LOSS_MATCHED_SUFFIX
+    recomputed = summary["models"][loss_matched["label"]]["validation"]["loss"]
     assert recomputed == pytest.approx(logged, rel=1e-6)
-    # fewer copies trained by then, never more than the bucket's
-    for bucket, mean in loss_matched["mean_copies_trained"].items():
+    for bucket, mean in loss_matched["mean_copies_trained"].items():  # fewer copies by then, never more
         assert 0 <= mean <= int(bucket)
+
+
+def test_loss_matched_choice_takes_the_lower_model_early() -> None:
+    class Curve:
+        def __init__(self, losses: dict[int, float]) -> None:
+            self.losses = losses
+
+        def first_at_most(self, loss: float) -> int | None:
+            return next((s for s in sorted(self.losses) if self.losses[s] <= loss), None)
+
+    standard = Curve({10: 6.0, 20: 5.5, 30: 5.0})
+    goldfish = Curve({10: 6.1, 20: 5.8, 30: 5.6})
+    snaps = {"standard": standard, "g": goldfish}
+    assert matched.loss_matched_choice({"standard": 5.0, "g": 5.6}, snaps, standard="standard") == {
+        "model": "standard",
+        "target_loss": 5.6,
+        "step": 20,
+    }
+    # goldfish ends lower (targets a large share of training): goldfish is taken at the standard model's final loss
+    assert matched.loss_matched_choice({"standard": 5.9, "g": 5.6}, snaps, standard="standard") == {
+        "model": "g",
+        "target_loss": 5.9,
+        "step": 20,
+    }
+    assert matched.loss_matched_choice({"standard": None, "g": 5.6}, snaps, standard="standard")["step"] is None
 
 
 @pytest.mark.slow  # one tiny study with its controls: about 15 s
