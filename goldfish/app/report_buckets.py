@@ -348,11 +348,31 @@ def render_seeds_markdown(summary: Mapping[str, Any], figures: Sequence[str]) ->
     if validation_rows:
         lines += ["Validation loss (held-out background):", ""]
         lines += _table(["model", "mean over seeds", "per seed", "difference to standard"], validation_rows)
+        lines += _corpus_note(summary.get("corpus_per_seed"))
     lines += _figure(BUCKETS_FILE, "extraction by repetitions, mean over seeds with intervals", figures)
     lines += _figure(
         K_SWEEP_FILE, "exact match at the top bucket and validation loss against k, mean over seeds", figures
     )
     return "\n".join(lines)
+
+
+def _corpus_note(per_seed: Mapping[str, Any] | None) -> list[str]:
+    """The sentence under the combined validation table: per seed, the targets' share of the tokens trained and the
+    validation candidates left out as twins of the background (data.background.validation_documents)."""
+    if not per_seed:
+        return []
+    shares = ", ".join(_pct(entry["target_share"]) for entry in per_seed.values())
+    removed = "; ".join(
+        f"{(entry['validation_removed_copies'] or {}).get('exact_text')} exact and "
+        f"{(entry['validation_removed_copies'] or {}).get('near')} near"
+        for entry in per_seed.values()
+    )
+    return [
+        "",
+        f"Target copies are {shares} of the tokens trained (per seed). Validation candidates with a twin elsewhere in "
+        f"the background, left out of validation and of the stream so that no validation row has a trained copy, "
+        f"per seed: {removed}.",
+    ]
 
 
 def seeds_k_sweep_series(summary: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -129,6 +129,12 @@ def test_protocol_is_recorded_and_reported(study: Path) -> None:
     report = (study / "seed-0" / "report.md").read_text()
     assert "## Per repetition bucket" in report and "Clopper-Pearson" in report
     assert "difference to standard" in report
+    # beside the validation table: the targets' share and the validation candidates left out as background twins
+    removed = corpus["validation"]["removed_copies"]
+    assert len(removed["documents"]) == removed["exact_text"] + removed["near"]
+    beside = report.split("## Validation (held-out background)")[1].split("|")[0]
+    assert f"Target copies are {100 * corpus['target_share']:.1f}% of the" in beside
+    assert f"({removed['exact_text']} with the same normalized text, {removed['near']} held at least" in beside
     for figure in ("buckets.png", "k_sweep.png", "breakdown_repeats.png"):
         assert (study / "seed-0" / figure).stat().st_size > 0
 
