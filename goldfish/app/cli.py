@@ -724,12 +724,13 @@ def _compare_spec(args: argparse.Namespace, shape: GridShape | None) -> CompareS
         lora=lora_of(args),
         with_full=args.with_full,
         seeds=tuple(args.seeds or ()),
+        tuning_seeds=tuple(args.tuning_seeds or ()),
+        matched_controls=args.matched_controls,
+        resume=args.resume,
     )
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-        tuning_seeds=tuple(args.tuning_seeds or ()),
-        matched_controls=args.matched_controls,
     from goldfish.app.runlock import holds_lock_here, out_lock
 
     runtime = runtime_of(args)  # a --preset is already applied, as defaults (`parse_command_line`)
@@ -751,7 +752,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     # after the checks of the grid and the documents
     check_extraction_window(spec.data, spec.extraction, spec.instruments.prefix_lengths)
     with out_lock(out, enabled=holds_lock_here()):  # one run per --out; the --nproc launcher holds it for workers
-        folder = _run_folder(out, overwrite=args.overwrite, resuming=False)
+        folder = _run_folder(out, overwrite=args.overwrite, resuming=args.resume)
         run = _resolved("compare", spec, runtime, out, folder)
         work = (lambda: _launch(run, runtime)) if runtime.nproc else (lambda: run_compare(run))
         return _cleared_on_settings_error(folder, work, enabled=holds_lock_here())
@@ -1038,15 +1039,15 @@ PRESET_DESCRIPTIONS: dict[str, str] = {
     "{masks} (the random mask: a baseline), {model} from scratch on the same stream, {max_steps} steps of batch "
     "{batch_size} x {seq_len} tokens, once per seed of {seeds} and combined; extraction at a fixed "
     "{prefix_len}/{suffix_len} split with intervals per bucket, validation loss beside it (docs/corpus.md)",
-    "paper": "the goldfish paper's setting, for a GPU cluster: {model} from scratch on the streamed {background} "
-    "background, {n_train} canaries of {data} inserted {buckets} each ({n_heldout} more held out), masks {masks}, "
-    "{max_steps} steps of batch {batch_size} x {seq_len} tokens, {precision} (docs/corpus.md)",
-}
     "corpus-mechanism": "the pre-registered mechanism study: {n_train}+{n_heldout} targets ({data}) in buckets of "
     "{buckets}, {extract_len}-token windows inserted into the {background} background; standard vs {masks} (hashed "
     "vs random: the same share of tokens dropped) with the exposure-, loss- and compute-matched controls, {max_steps} "
     "steps of batch {batch_size} x {seq_len} tokens, confirmatory seeds {seeds}; {prefix_len}/{suffix_len} split, "
     "{beams}-beam search (docs/corpus.md)",
+    "paper": "the goldfish paper's setting, for a GPU cluster: {model} from scratch on the streamed {background} "
+    "background, {n_train} canaries of {data} inserted {buckets} each ({n_heldout} more held out), masks {masks}, "
+    "{max_steps} steps of batch {batch_size} x {seq_len} tokens, {precision} (docs/corpus.md)",
+}
 
 
 def preset_description(name: str) -> str:
@@ -1112,16 +1113,19 @@ def _add_compare_parser(sub: Any) -> None:
         "combine them: per bucket the mean over seeds and targets with its interval",
     )
     comp.add_argument(
-        "--checkpoints",
-        default=None,
-        metavar="LABEL=MODEL,...|paper",
-    comp.add_argument(
         "--tuning-seeds",
         default=None,
         metavar="S,S,...",
         type=argument_type(lambda text: parse_int_list(text, "--tuning-seeds")),
         help="seeds that played a part in choosing the settings (exploratory): the combined report of --seeds "
         "names them and flags any it ran as not confirmatory (a preset sets its own)",
+    )
+    comp.add_argument(
+        "--resume",
+        action="store_true",
+        default=False,
+        help="continue a --seeds comparison in --out: the seeds whose folder holds a finished comparison of the same "
+        "settings are read back (their reports written again), the others run; then the combination is written",
     )
     comp.add_argument(
         "--matched-controls",
@@ -1132,6 +1136,10 @@ def _add_compare_parser(sub: Any) -> None:
         "(loss-matched) and goldfish trained k/(k-1) times the steps (compute-matched), for the first hashed or "
         "static mask (docs/corpus.md)",
     )
+    comp.add_argument(
+        "--checkpoints",
+        default=None,
+        metavar="LABEL=MODEL,...|paper",
         help="evaluate models trained elsewhere instead of training: LABEL=MODEL pairs (an HF folder or hub name; "
         "the label 'control' is also the reference model of the reference-ratio attack), or 'paper' for the goldfish "
         "paper's released checkpoints (standard, control, k = 3, 4, 8, 32, 128; hub); on the --data documents, "

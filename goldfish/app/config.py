@@ -400,6 +400,9 @@ class CompareSpec:
     tuning_seeds: tuple[int, ...] = ()
     # The loss-, exposure- and compute-matched controls of a background comparison (goldfish.app.matched).
     matched_controls: bool = False
+    # --resume of a --seeds run: seeds that finished are read back, not trained again (goldfish.app.finished_seeds).
+    # How the run proceeds, not what it measures: not part of the config a finished seed is checked against.
+    resume: bool = False
 
     def __post_init__(self) -> None:
         self.seeds = tuple(self.seeds)
@@ -408,6 +411,11 @@ class CompareSpec:
             raise ValueError(f"--seeds lists a seed twice: {','.join(map(str, self.seeds))}")
         if self.matched_controls:
             self._check_matched_controls()
+        if self.resume and not self.seeds:
+            raise ValueError(
+                "compare --resume continues a --seeds run (the seeds that finished are read back); give the run's "
+                "--seeds, or leave out --resume"
+            )
         if self.curve_every < 0:
             raise ValueError(f"curve_every must be >= 0 (0 = no curve), got {self.curve_every}")
         if self.with_full and not self.lora.enabled:
