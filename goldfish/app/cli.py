@@ -587,7 +587,9 @@ def _eval_documents(
         data_spec = spec.data  # tokenizer None: the model's own (prepare_data finds it, GGUF files included)
     if not spec.mask_from_record:
         mask = spec.mask
-    prepared = prepare_data(data_spec, spec.model, log=log)
+    # the bound the run's own tokenizer put on the split (data.select_fitting_tokenizer): the same documents again
+    within = record["documents"].get("train_within") if record is not None else None
+    prepared = prepare_data(data_spec, spec.model, log=log, train_within=within)
     if record is not None:
         _check_same_documents(record["documents"], prepared.split.manifest())
         if record.get("corpus"):  # a background run: the copies of each target it trained on, as recorded
