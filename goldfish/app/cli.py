@@ -117,10 +117,14 @@ def _check_documents(spec: DataSpec) -> None:
 
 def _check_on_grid(spec: TrainSpec | CompareSpec, shape: GridShape, resume: Path | None) -> None:
     """What every rank of a run would refuse in its settings against the grid, checked once before any starts: ZeRO
-    against the grid, a step's rows against the rows layout, LoRA on a data-parallel grid only, and the settings of
-    the run to resume (as the workers train: a background run reads its stream in order)."""
+    against the grid, a step's rows against the rows layout, LoRA on a data-parallel grid only (and peft installed),
+    and the settings of the run to resume (as the workers train: a background run reads its stream in order)."""
     from goldfish.app.model_config_check import check_config_file
 
+    if spec.lora.enabled:  # before the data and the model are loaded (a resumed LoRA run included)
+        from goldfish.app.lora import check_peft
+
+        check_peft()
     check_config_file(spec.model)  # a hostile config.json: one line here, not a traceback in every worker
     train = background_train_config(spec.train) if spec.data.background is not None else spec.train
     layout = train.layout(shape)  # ZeRO, rows layout and precision against the grid

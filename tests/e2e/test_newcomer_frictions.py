@@ -7,12 +7,13 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
 from tiny_runs import tiny_run
 
-from goldfish.app import lora
+from goldfish.app import experiment, lora
 from goldfish.app.cli import main
 
 ROOT = Path(__file__).parents[2]
@@ -23,6 +24,36 @@ def _one_line(capsys) -> str:
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "Traceback" not in err, err
     return err
+
+
+# ----- a missing extra --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def without_peft(monkeypatch):
+    """peft hidden as if it were not installed (`import peft` fails, find_spec finds nothing), and loading data
+    made to fail loudly: the refusal must come before any work."""
+    monkeypatch.setitem(sys.modules, "peft", None)
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the data were loaded before peft was checked")
+
+    monkeypatch.setattr(experiment, "prepare_data", no_work)
+
+
+@pytest.mark.parametrize("command", ["train", "compare"])
+def test_lora_without_peft_is_one_line_before_any_work_with_an_install_line_that_works_anywhere(
+    command, without_peft, tmp_path, capsys
+) -> None:
+    out = tmp_path / "run"
+    assert main([command, "--out", str(out), *TINY, "--lora-rank", "4"]) == 2
+    err = _one_line(capsys)
+    assert err == (
+        f"goldfish {command}: error: --lora-rank needs the peft package, which is not installed. Fix: pip install "
+        "'peft>=0.21' (or leave --lora-rank out to train every weight)"
+    )
+    assert '-e ".[lora]"' not in err  # works only from the repository root
+    assert not out.exists()
 
 
 # ----- goldfish plan's command ------------------------------------------------------------------------------------
