@@ -315,15 +315,34 @@ def cmd_train(args: argparse.Namespace) -> int:
     if runtime.nproc:
         _check_documents(spec.data)
     with out_lock(out, enabled=holds_lock_here()):  # one run per --out; the --nproc launcher holds it for workers
-        folder = _run_folder(out, overwrite=args.overwrite, resuming=resume is not None)
+        # an interrupted --overwrite run continues in its staging folder, which replaces --out once it has finished
+        staging = resume.resolve().parent if resume is not None and _overwrites(resume, out) else None
+        folder = staging or _run_folder(out, overwrite=args.overwrite, resuming=resume is not None)
         run = _resolved("train", spec, runtime, out, folder, resume=None if resume is None else str(resume))
         work = (lambda: _launch(run, runtime)) if runtime.nproc else (lambda: run_train(run))
-        return _cleared_on_settings_error(folder, work, enabled=resume is None and holds_lock_here())
+        try:
+            return _cleared_on_settings_error(folder, work, enabled=resume is None and holds_lock_here())
+        except KeyboardInterrupt:  # a second Ctrl-C, or one before training began: no traceback, what is kept
+            from goldfish.app.interrupt import INTERRUPTED_EXIT, interrupted_line
+
+            if os.environ.get("RANK", "0") == "0":
+                print(interrupted_line(folder, runtime, runtime.nproc), file=sys.stderr)
+            return INTERRUPTED_EXIT
+
+
+def _overwrites(resume: Path, out: Path) -> bool:
+    """Whether checkpoint `resume` is in the staging folder of an --overwrite run that replaces `out`."""
+    from goldfish.app.interrupt import overwritten_by
+
+    target = overwritten_by(resume)
+    return target is not None and target == out.resolve()
 
 
 def run_train(run: ResolvedRun) -> int:
     """Train the resolved run on this process's rank (one process, a torchrun rank or a --nproc worker)."""
+    from engine.training.train import TrainingStopped
     from goldfish.app.experiment import initial_model, prepare_data, start_grid
+    from goldfish.app.interrupt import INTERRUPTED_EXIT, interrupted_line
     from goldfish.app.training import train_model
 
     spec, runtime, out, folder = run.spec, run.runtime, Path(run.out), Path(run.folder)
@@ -345,14 +364,30 @@ def run_train(run: ResolvedRun) -> int:
             resume_from=None if run.resume is None else Path(run.resume),
             report_to=runtime.report_to,
             verify=runtime.verify,
+            stop_on_ctrl_c=True,
         )
-    except BaseException:
-        _discard(folder, out, grid)
+    except TrainingStopped:  # Ctrl-C: the checkpoint of the last step is written; an --overwrite run's staging kept
+        _close(grid)
+        if _reports_here(grid):  # a --nproc launcher prints it for its workers
+            print(interrupted_line(folder, runtime, None), file=sys.stderr)
+        return INTERRUPTED_EXIT
+    except BaseException as error:
+        if not (isinstance(error, KeyboardInterrupt) and (folder / "checkpoint").is_dir()):  # keep finished steps
+            _discard(folder, out, grid)
         raise
     _publish(folder, out, grid)
     _close(grid)
     log(f"wrote {out / 'checkpoint'} (HF checkpoint + tokenizer) and {out / 'metrics.jsonl'}")
     return 0
+
+
+def _reports_here(grid: Grid | None) -> bool:
+    """Whether this process prints the run's closing line: the main process, unless it is a worker of a --nproc
+    launcher (which prints once for all of them)."""
+    from engine.core.grid import is_main_process
+    from goldfish.app.launch import ERROR_DIR_VARIABLE
+
+    return is_main_process(grid) and ERROR_DIR_VARIABLE not in os.environ
 
 
 def _close(grid: Grid | None) -> None:
@@ -386,7 +421,9 @@ def _train_out(args: argparse.Namespace, resume: Path | None) -> Path:
         return Path(args.out)
     if resume is None:
         raise ValueError("--out is missing: give the run folder to write, e.g. --out runs/a")
-    return resume.resolve().parent
+    from goldfish.app.interrupt import overwritten_by
+
+    return overwritten_by(resume) or resume.resolve().parent  # an --overwrite run's staging: the folder it replaces
 
 
 def _process_shape(runtime: Runtime) -> GridShape | None:

@@ -32,13 +32,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from goldfish.app.interrupt import INTERRUPTED_EXIT, STOPPING, interrupted_line
 from goldfish.app.runfile import ResolvedRun, write_run
 
 ERROR_DIR_VARIABLE = "GOLDFISH_ERROR_DIR"
 LAUNCHER_VARIABLE = "GOLDFISH_LAUNCHER_PID"  # in a worker: the pid of the launcher it must not outlive
 SETTINGS_ERROR_EXIT = 2  # bad input (a ValueError): the launcher also exits with 2
 CRASH_EXIT = 1
-INTERRUPTED_EXIT = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 LOOPBACK = "127.0.0.1"
 MONITOR_SECONDS = 0.1  # how often the launcher looks at its workers
 STOP_GRACE_SECONDS = 10.0  # a stopped worker's time to exit after SIGTERM, before SIGKILL
@@ -120,8 +120,9 @@ def launch_local(run: ResolvedRun, nproc: int) -> int:
     `python -P -m goldfish.app.worker RUN_FILE` (goldfish.app.runfile; `worker_argv`), the file written here once.
 
     Returns 0 when every worker succeeded; otherwise prints `goldfish <command>: error: <the failing worker's
-    error>` once on stderr and returns 2 for a settings error, 1 for a crash; 130 after Ctrl-C (the workers
-    stopped)."""
+    error>` once on stderr and returns 2 for a settings error, 1 for a crash; 130 after Ctrl-C. Ctrl-C stops the
+    workers, but a train's workers it forwards to: they stop after the same step with its checkpoint, and the line
+    printed says how to resume (a second Ctrl-C stops them at once)."""
     command = run.command
     remove_orphaned_worker_folders()
     error_dir = Path(tempfile.mkdtemp(prefix=f"{WORKER_FOLDER_PREFIX}{os.getpid()}-"))
@@ -129,6 +130,7 @@ def launch_local(run: ResolvedRun, nproc: int) -> int:
     argv = worker_argv(run_file)
     print(f"launching {nproc} processes: {sys.executable} {' '.join(argv)}", file=sys.stderr)
     workers: list[subprocess.Popen] = []
+    forwarded = False  # a train's Ctrl-C, forwarded to its workers
     with _loopback_store() as port:
         shared = worker_environment(nproc, port, error_dir)
         try:
@@ -136,11 +138,25 @@ def launch_local(run: ResolvedRun, nproc: int) -> int:
                 environment = shared | {"RANK": str(rank), "LOCAL_RANK": str(rank), "ROLE_RANK": str(rank)}
                 # Own session, as torchrun does: Ctrl-C reaches the launcher alone, which stops the workers.
                 workers.append(subprocess.Popen([sys.executable, *argv], env=environment, start_new_session=True))
-            codes, stopped = _wait(workers)
+            try:
+                codes, stopped = _wait(workers)
+            except KeyboardInterrupt:
+                if command != "train" or not workers:
+                    raise
+                # train: every worker stops after the same step and writes its checkpoint (goldfish.app.interrupt)
+                print(STOPPING, file=sys.stderr, flush=True)
+                forwarded = True
+                for worker in workers:
+                    if worker.poll() is None:
+                        worker.send_signal(signal.SIGINT)
+                codes, stopped = _wait(workers, expected=(0, INTERRUPTED_EXIT))
         except KeyboardInterrupt:  # Ctrl-C reaches the launcher alone (the workers have their own sessions)
             _stop(workers)
             shutil.rmtree(error_dir, ignore_errors=True)
-            print(f"goldfish {command}: interrupted; the workers were stopped", file=sys.stderr)
+            if command == "train":
+                print(interrupted_line(Path(run.folder), run.runtime, nproc), file=sys.stderr)
+            else:
+                print(f"goldfish {command}: interrupted; the workers were stopped", file=sys.stderr)
             return INTERRUPTED_EXIT
         finally:
             _stop(workers)  # whatever ended the launcher's wait: no worker outlives it
@@ -148,6 +164,12 @@ def launch_local(run: ResolvedRun, nproc: int) -> int:
     if not failures:
         shutil.rmtree(error_dir, ignore_errors=True)
         return 0
+    # stopped by the Ctrl-C, with their checkpoint; or some ranks before training began, their peers then failing
+    # on the closed connection: the line says what the folder keeps either way
+    if forwarded and INTERRUPTED_EXIT in failures.values():
+        shutil.rmtree(error_dir, ignore_errors=True)
+        print(interrupted_line(Path(run.folder), run.runtime, nproc), file=sys.stderr)
+        return INTERRUPTED_EXIT
     message, code = _failure_report(failures, stopped, error_dir)
     print(f"goldfish {command}: error: {message}", file=sys.stderr)
     return code
@@ -175,16 +197,17 @@ def remove_orphaned_worker_folders(root: Path | None = None) -> list[Path]:
     return removed
 
 
-def _wait(workers: Sequence[subprocess.Popen]) -> tuple[dict[int, int], set[int]]:
-    """Wait until every worker succeeded or one failed; then stop the others. Returns ({rank: exit code}, the ranks
-    this stopped)."""
+def _wait(workers: Sequence[subprocess.Popen], expected: tuple[int, ...] = (0,)) -> tuple[dict[int, int], set[int]]:
+    """Wait until every worker ended with an `expected` exit code or one failed; then stop the others. Returns
+    ({rank: exit code}, the ranks this stopped). Ctrl-C'd train workers end with 130 once all have written their
+    checkpoint: `expected` (0, 130) lets the last of them finish instead of stopping them."""
     while True:
         codes = {rank: worker.poll() for rank, worker in enumerate(workers)}
-        if any(code not in (None, 0) for code in codes.values()):
+        if any(code is not None and code not in expected for code in codes.values()):
             stopped = {rank for rank, code in codes.items() if code is None}
             _stop(workers)
             return {rank: worker.returncode for rank, worker in enumerate(workers)}, stopped
-        if all(code == 0 for code in codes.values()):
+        if all(code is not None for code in codes.values()):
             return codes, set()  # type: ignore[return-value]
         time.sleep(MONITOR_SECONDS)
 

@@ -12,6 +12,7 @@ Each part is chosen once from the run's settings:
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -54,6 +55,7 @@ from goldfish.app.experiment import (
     trained_copies,
     validation_loss_fn,
 )
+from goldfish.app.interrupt import ctrl_c_stops
 from goldfish.app.tracking import tracker
 
 RUN_RECORD = "run.json"
@@ -74,11 +76,14 @@ def train_model(
     report_to: str = "none",
     verify: bool = True,
     on_validation: Callable[[nn.Module, int, float], None] | None = None,
+    stop_on_ctrl_c: bool = False,
 ) -> tuple[nn.Module, Prepared]:
     """Train one model: OUT/checkpoint (HF checkpoint, tokenizer, trainer state), OUT/run.json, OUT/metrics.jsonl.
     Returns the trained model (LoRA's merged one) and the documents; `background`/`background_corpus` reuse a
     stream or corpus the caller built; on_epoch_end(model, epoch, step) runs after each epoch on every rank;
-    on_validation(model, step, val_loss) after each validation of a background run (engine.training.train)."""
+    on_validation(model, step, val_loss) after each validation of a background run (engine.training.train).
+    stop_on_ctrl_c: a Ctrl-C while it trains stops it after the step in progress, with that step's checkpoint
+    (engine.training.train.TrainingStopped; goldfish.app.interrupt)."""
     prepared = prepared or prepare_data(spec.data, spec.model, log=log)
     model = build_model(spec, prepared, grid, model, resume_from, verify=verify, log=log)
     rows = training_rows(spec, prepared, grid, log, background=background, corpus=background_corpus)
@@ -87,10 +92,13 @@ def train_model(
     record = rows.add_to_record(run_record(spec, prepared), spec.data.seq_len)
     model = place_on_grid(model, grid, record, verify=verify, log=log)
     if resume_from is not None:  # refused before run.json is rewritten (the engine checks it again on resume)
-        engine_train.check_resume(resume_from, rows.train_config)
+        step = engine_train.check_resume(resume_from, rows.train_config)
+        total = engine_train.total_steps_of(len(rows.examples), rows.train_config)
+        log(f"resuming {resume_from} at step {step} of {total}")
     write_plan(out_dir, record, grid)
-    with tracker(report_to, out_dir if is_main_process(grid) else None) as on_log:
-        fit(model, rows, spec, prepared, record, out_dir, grid, resume_from, on_epoch_end, on_log, on_validation)
+    stops = ctrl_c_stops(announce=is_main_process(grid)) if stop_on_ctrl_c else nullcontext(None)
+    with tracker(report_to, out_dir if is_main_process(grid) else None) as on_log, stops as stop:
+        fit(model, rows, spec, prepared, record, out_dir, grid, resume_from, on_epoch_end, on_log, on_validation, stop)
     return (lora.merged_model(model).eval() if spec.lora.enabled else model), prepared
 
 
@@ -106,9 +114,10 @@ def fit(
     on_epoch_end: Callable[[nn.Module, int, int], None] | None,
     on_log: Callable[..., None] | None,
     on_validation: Callable[[nn.Module, int, float], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> None:
     """engine.training.train on the run's rows: the goldfish loss of spec's mask, checkpoints by CheckpointWriter,
-    the held-out validation rows of a background run."""
+    the held-out validation rows of a background run; `stop`: asked after each step (engine.training.train)."""
     engine_train.train(
         model,
         rows.examples,
@@ -123,6 +132,7 @@ def fit(
         validation_loss_fn=validation_loss_fn(prepared),
         on_log=on_log,
         on_validation=on_validation,
+        stop=stop,
     )
 
 

@@ -28,6 +28,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         work = {"train": cli.run_train, "compare": cli.run_compare, "eval": cli.run_eval}[run.command]
         with cli.progress_bars(run.runtime.progress):
             return work(run)
+    except KeyboardInterrupt:  # the launcher's forwarded Ctrl-C before training began: it says what was kept
+        from goldfish.app.interrupt import INTERRUPTED_EXIT
+
+        return INTERRUPTED_EXIT
     except (ValueError, FileNotFoundError) as error:
         if not report_worker_error(error, settings_error=True):
             print(f"goldfish worker: error: {error}", file=sys.stderr)

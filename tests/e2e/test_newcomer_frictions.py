@@ -5,9 +5,14 @@ and notices the user cannot act on are not printed."""
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import re
 import shlex
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -103,6 +108,101 @@ def test_plan_commands_for_one_node_one_gpu_and_a_shape_without_weights(capsys) 
     lines, words = _planned(capsys, ["--model", "40B", "--gpus", "64", "--global-batch", "64"])
     assert _train_args(words).model == "$MODEL" and '--model "$MODEL"' in lines[-1]  # left for the shell
     assert "GPT-40B is a shape of the AxoNN paper without published weights: set MODEL" in lines[-3]
+
+
+# ----- Ctrl-C during goldfish train -------------------------------------------------------------------------------
+
+SHORT = tiny_run(n_heldout=0, seq_len=32, vocab_size=300, epochs=100)  # 200 steps of a few ms
+
+
+def _start_train(out: Path, *extra: str) -> subprocess.Popen:
+    """`goldfish train` in a process of its own, as a terminal starts it: Ctrl-C (SIGINT) with its ordinary meaning
+    whatever started the tests (a pytest in the background of a non-interactive shell ignores it)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "goldfish", "train", "--out", str(out), *SHORT, *extra],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
+def _ctrl_c_after(run: subprocess.Popen, metrics: Path, steps: int = 3) -> tuple[int, list[str]]:
+    """Send SIGINT once `steps` steps are logged; (exit status, stderr lines)."""
+    deadline = time.monotonic() + 300
+    while not metrics.exists() or metrics.read_text().count("\n") < steps:
+        if run.poll() is not None:
+            pytest.fail(f"the run ended before it was interrupted: {run.stderr.read()[-3000:]}")
+        if time.monotonic() > deadline:
+            os.killpg(run.pid, signal.SIGKILL)
+            pytest.fail("no steps in 300 s")
+        time.sleep(0.02)
+    os.kill(run.pid, signal.SIGINT)
+    _, err = run.communicate(timeout=300)
+    return run.returncode, err.strip().splitlines()
+
+
+def _resume_words(line: str, checkpoint: Path) -> list[str]:
+    """The command the interrupted run's last line gives, checked to be exactly that line's end."""
+    prefix = "goldfish train: interrupted after step "
+    assert line.startswith(prefix) and f"(its checkpoint: {checkpoint}). Continue with: goldfish train " in line
+    return shlex.split(line.split("Continue with: ", 1)[1])
+
+
+def _steps(metrics: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+
+
+def test_ctrl_c_keeps_the_last_step_and_says_the_resume_command_that_works(tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    code, err = _ctrl_c_after(_start_train(out), out / "metrics.jsonl")
+    assert code == 130, err
+    assert "Traceback" not in "\n".join(err) and "KeyboardInterrupt" not in "\n".join(err), err
+    assert err[-2].startswith("stopping after the step in progress"), err  # said at once
+    words = _resume_words(err[-1], out / "checkpoint")
+    step = json.loads((out / "checkpoint" / "goldfish_run.json").read_text())["step"]
+    assert 3 <= step < 200 and err[-1].startswith(f"goldfish train: interrupted after step {step} ")
+    assert _steps(out / "metrics.jsonl") == list(range(1, step + 1))  # the checkpoint holds every logged step
+    assert not (out / ".goldfish.lock").exists()
+    # the printed command, as printed (run here in-process: the same parser and code as the installed command)
+    assert words[:4] == ["goldfish", "train", "--resume", str(out / "checkpoint")]
+    assert main(words[1:]) == 0
+    printed = capsys.readouterr().out
+    assert f"resuming {out / 'checkpoint'} at step {step} of 200" in printed
+    assert _steps(out / "metrics.jsonl") == list(range(1, 201))
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_an_overwrite_run_keeps_the_old_run_and_resumes_into_its_place(tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    assert main(["train", "--out", str(out), *tiny_run(n_heldout=0, seq_len=32, vocab_size=300, epochs=1)]) == 0
+    old = (out / "run.json").read_text()
+    staging = tmp_path / ".run.overwrite-staging"
+    code, err = _ctrl_c_after(_start_train(out, "--overwrite"), staging / "metrics.jsonl")
+    assert code == 130 and (out / "run.json").read_text() == old, err  # the old run stays until the new one ends
+    words = _resume_words(err[-1], staging / "checkpoint")
+    assert main(words[1:]) == 0
+    assert not staging.exists() and _steps(out / "metrics.jsonl") == list(range(1, 201))
+    assert json.loads((out / "checkpoint" / "goldfish_run.json").read_text())["step"] == 200
+
+
+def test_a_second_ctrl_c_stops_at_once() -> None:
+    from goldfish.app.interrupt import ctrl_c_stops
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    try:
+        with ctrl_c_stops(announce=False) as stop:
+            assert not stop()
+            os.kill(os.getpid(), signal.SIGINT)
+            assert stop()  # the first asks the loop to stop after its step
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1)  # the handler runs here
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 # ----- notices the user cannot act on -----------------------------------------------------------------------------

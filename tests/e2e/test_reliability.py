@@ -132,13 +132,19 @@ def test_a_launcher_whose_process_group_is_killed_takes_its_workers(tmp_path):
 
 
 @pytest.mark.skipif(not LINUX, reason="reads /proc")
-def test_ctrl_c_on_the_launcher_stops_its_workers_with_one_line(tmp_path):
-    launcher = _start_long_run(tmp_path / "run")
+def test_ctrl_c_on_the_launcher_stops_its_workers_after_a_step_they_checkpoint_with_one_line(tmp_path):
+    out = tmp_path / "run"
+    launcher = _start_long_run(out)
     workers = _children(launcher.pid)
     os.kill(launcher.pid, signal.SIGINT)  # what Ctrl-C sends to the terminal's foreground job
     assert launcher.wait(timeout=60) == 130
     err = launcher.stderr.read().decode().strip().splitlines()
-    assert err[-1] == "goldfish train: interrupted; the workers were stopped", err[-3:]
+    step = json.loads((out / "checkpoint" / "goldfish_run.json").read_text())["step"]  # forwarded: all stopped there
+    checkpoint = out / "checkpoint"
+    assert err[-1] == (
+        f"goldfish train: interrupted after step {step} (its checkpoint: {checkpoint}). Continue with: goldfish "
+        f"train --resume {checkpoint} --threads 1 --no-progress --nproc 2"
+    ), err[-3:]
     assert "Traceback" not in "\n".join(err)
     _assert_workers_die(workers, seconds=1.0)  # reaped by the launcher before it exited
 
