@@ -9,15 +9,24 @@ Two entry points:
 Left padding with explicit position ids makes every padded row see exactly the positions an unpadded run sees, so
 the ids equal batch-size-1 decoding and HF ``generate(do_sample=False)``, up to float rounding on a near-tie (each
 path records its smallest top-1 vs top-2 logit margin).
+
+Plain Hugging Face models get a KV cache allocated once per batch (`_PreallocatedLayer`) and, on CPUs where torch's
+GEMM is slow (`ONEDNN_LINEARS`), their large float32 matmuls run on oneDNN (`onednn_linears`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import platform
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from transformers import PreTrainedModel, StaticCache
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
 
 from engine.models.adapter import cache_keyword, returned_cache
 from engine.models.layout import parallel_grid
@@ -25,11 +34,93 @@ from eval.batching import decode_longest_first, evaluating, left_pad, model_devi
 
 # Tokens (rows x columns) per forward while a prompt goes through the KV cache. Feeding it in column chunks bounds
 # a forward's activations and logits whatever the batch and the document length (the (B, W, V) logits of a whole
-# batch of 2048-token documents over a 50k vocabulary would be 13 GB at 32 rows). On CPU it is also faster: the
-# tensors of a chunk are reused by the allocator instead of being mapped afresh for every op. Measured with the
-# model of bench/extraction.py at one thread: a 206-token prompt costs 24-26 ms per row in chunks of 4096 tokens
-# at 32 and 64 rows, against 27 and 36 ms in one forward.
-PREFILL_TOKENS = 4096
+# batch of 2048-token documents over a 50k vocabulary would be 13 GB at 32 rows). On CPU it is also faster: a chunk's
+# activations stay in cache and the allocator reuses its tensors instead of mapping fresh memory for every op.
+# Measured with the model of bench/extraction.py at one thread, two batches of 32 prompts of 206 tokens and 50 new
+# tokens (CPU seconds, medians of 7): greedy_decode 1.69 at 2048 against 1.89 at 4096, forced_greedy 2.14 against
+# 2.45; prompts of 78-206 tokens 1.64 and 2.22 either way.
+PREFILL_TOKENS = 2048
+
+
+def _cpu_vendor() -> str:
+    """The x86 vendor string of this machine's CPU ("AuthenticAMD", "GenuineIntel"), or "" where unknown."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("vendor_id"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return next((v for v in ("AuthenticAMD", "GenuineIntel") if v in platform.processor()), "")
+
+
+def _onednn_beats_torch_gemm() -> bool:
+    """Whether torch's float32 CPU GEMM is MKL on an AMD CPU, where oneDNN's is about twice as fast.
+
+    MKL picks its AVX2 code on non-Intel CPUs while oneDNN dispatches on the instruction set: on the AMD EPYC
+    (AVX-512) of bench/extraction.py, one thread, 2.0-2.2x at 32 rows (the decoding steps) and 2.3x at 6,592 rows
+    (the prompt pass) for 256 x 1024 weights, 1.3x even at one row for 2048 x 5632. Intel CPUs keep MKL, which
+    torch.compile's own CPU weight packing chooses for float32 there.
+    """
+    return (
+        torch.backends.mkl.is_available()
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        and _cpu_vendor() == "AuthenticAMD"
+    )
+
+
+# Whether `onednn_linears` sends large float32 linear layers to oneDNN (decided once per process; tests and
+# bench/extraction.py set it to compare both paths).
+ONEDNN_LINEARS = _onednn_beats_torch_gemm()
+# Multiply-adds (rows x in x out) from which a linear layer goes to oneDNN: below it oneDNN's fixed cost loses to MKL
+# (256 x 256 weights: 0.98x at 8 rows, 1.29x at 16; a single row of a 256 x 1024 weight 0.69x).
+ONEDNN_MIN_MACS = 1 << 20
+
+
+def _onednn_fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether x @ weight.T + bias may run on oneDNN: plain float32 CPU tensors without autograd, x with at least two
+    dims, weight (out, in), bias (out,) or None, and at least ONEDNN_MIN_MACS multiply-adds."""
+    tensors = (x, weight) if bias is None else (x, weight, bias)
+    if any(
+        type(t) not in (torch.Tensor, torch.nn.Parameter) or t.device.type != "cpu" or t.dtype != torch.float32
+        for t in tensors
+    ):
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return False
+    if x.dim() < 2 or weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
+        return False
+    if bias is not None and bias.shape != weight.shape[:1]:
+        return False
+    return x.numel() * weight.shape[0] >= ONEDNN_MIN_MACS
+
+
+class _OneDNNLinears(TorchFunctionMode):
+    """Runs ``F.linear`` (nn.Linear: Llama and most families) and ``torch.addmm(bias, x, weight)`` (GPT-2's Conv1D,
+    weight (in, out)) on oneDNN where `_onednn_fits`; every other call, and those that do not fit, run unchanged.
+    The same products summed in another order: logits move by float32 rounding (~1e-5 relative)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is F.linear and len(args) >= 2 and set(kwargs) <= {"bias"}:
+            x, weight = args[0], args[1]
+            bias = args[2] if len(args) > 2 else kwargs.get("bias")
+        elif func is torch.addmm and len(args) == 3 and not kwargs and args[0].dim() == 1:
+            bias, x, weight = args[0], args[1], args[2].t()
+        else:
+            return func(*args, **kwargs)
+        if not _onednn_fits(x, weight, bias):
+            return func(*args, **kwargs)
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def onednn_linears(model: torch.nn.Module, device: torch.device) -> contextlib.AbstractContextManager:
+    """Inside it, `model`'s large float32 linear layers run on oneDNN when ONEDNN_LINEARS is set, `device` is the
+    CPU and the model is a plain Hugging Face model (`preallocated_cache_fits`); a no-op context otherwise. Nothing
+    of the model changes: torch's function calls are rerouted while the context is open."""
+    if ONEDNN_LINEARS and device.type == "cpu" and preallocated_cache_fits(model):
+        return _OneDNNLinears()
+    return contextlib.nullcontext()
 
 
 @dataclass(frozen=True)
@@ -54,21 +145,56 @@ class GreedyPath:
     reference_logprob_mean: float | None = None
 
 
-def static_cache_fits(model: torch.nn.Module) -> bool:
-    """Whether greedy decoding may give `model` a preallocated (static) KV cache: a plain Hugging Face model. A model
-    whose decoder the engine parallelized (its layers hold a slice of the heads, as its recorded layout says) or a
-    wrapper around one keeps the dynamic cache it creates itself."""
-    if not isinstance(model, PreTrainedModel) or not getattr(model, "_supports_static_cache", True):
-        return False
-    return parallel_grid(model) is None
+def preallocated_cache_fits(model: torch.nn.Module) -> bool:
+    """Whether greedy decoding may give `model` a KV cache allocated once and run its matmuls on oneDNN: a plain
+    Hugging Face model. A model whose decoder the engine parallelized (its layers hold a slice of the heads, as its
+    recorded layout says) or a wrapper around one keeps the dynamic cache it creates itself, and torch's GEMM."""
+    return isinstance(model, PreTrainedModel) and parallel_grid(model) is None
 
 
-def _new_cache(model: torch.nn.Module, n_columns: int) -> StaticCache | None:
-    """A static KV cache of `n_columns` for a plain HF model, allocated once: a dynamic cache concatenates every
-    layer's keys and values at every step (copying the whole cache, B x heads x L x head_dim per layer and step).
-    Masked cache slots get zero attention weight, so the ids equal the dynamic cache's. None for other models (they
-    create their own cache)."""
-    return StaticCache(config=model.config, max_cache_len=n_columns) if static_cache_fits(model) else None
+class _PreallocatedLayer(DynamicLayer):
+    """A dynamic cache layer whose keys and values are views of buffers allocated once for `capacity` columns.
+
+    HF's DynamicLayer concatenates at every step (copying the layer's whole cache), and its StaticLayer attends over
+    all of its columns, filled or not: a one-token step reads the whole KV cache from memory, so the unfilled columns
+    cost as much as the filled ones. Here a step writes its column in place and attends over the filled columns only.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device, self.dtype = key_states.device, key_states.dtype
+        self._key_buffer = key_states.new_empty((*key_states.shape[:-2], self.capacity, key_states.shape[-1]))
+        self._value_buffer = value_states.new_empty((*value_states.shape[:-2], self.capacity, value_states.shape[-1]))
+        self.keys, self.values = self._key_buffer[..., :0, :], self._value_buffer[..., :0, :]
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start = self.keys.shape[-2]
+        end = start + key_states.shape[-2]
+        if end > self.capacity:
+            raise RuntimeError(f"KV cache layer of {self.capacity} columns cannot take {end}")
+        self._key_buffer[..., start:end, :] = key_states
+        self._value_buffer[..., start:end, :] = value_states
+        self.keys, self.values = self._key_buffer[..., :end, :], self._value_buffer[..., :end, :]
+        return self.keys, self.values
+
+
+def _new_cache(model: torch.nn.Module, n_columns: int) -> DynamicCache | None:
+    """A KV cache of `n_columns` for a plain HF model, its full-attention layers allocated once (`_PreallocatedLayer`;
+    sliding-window and other layers stay as transformers builds them). None for other models, which create their
+    own cache."""
+    if not preallocated_cache_fits(model):
+        return None
+    cache = DynamicCache(config=model.config)
+    cache.layers = [_PreallocatedLayer(n_columns) if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
 
 
 def _top2_margins(logits: torch.Tensor) -> torch.Tensor:
@@ -110,7 +236,7 @@ def _prefill(
     input_ids: torch.Tensor,
     mask: torch.Tensor,
     position_ids: torch.Tensor,
-    cache: StaticCache | None,
+    cache: DynamicCache | None,
     on_logits: Callable[[int, torch.Tensor], None],
     *,
     all_logits: bool,
@@ -133,10 +259,8 @@ def _prefill(
             **{keyword: cache},
             use_cache=True,
             **({} if all_logits else {"logits_to_keep": 1}),
-            **({"cache_position": torch.arange(start, end, device=input_ids.device)} if cache is not None else {}),
         )
-        if not isinstance(cache, StaticCache):
-            cache = returned_cache(out)
+        cache = returned_cache(out)
         on_logits(start, out.logits)
     return cache
 
@@ -165,7 +289,6 @@ def _decode(
     first = int(known_through.min()) + 1
     if first >= n_steps:
         return
-    static = isinstance(cache, StaticCache)
     keyword = cache_keyword(model)
     full_mask = torch.cat([mask, mask.new_ones((n_rows, n_steps - first))], dim=1)  # built once, sliced per step
     for k, step in enumerate(range(first, n_steps)):
@@ -177,10 +300,8 @@ def _decode(
             **{keyword: cache},
             use_cache=True,
             logits_to_keep=1,
-            **({"cache_position": torch.tensor([column], device=generated.device)} if static else {}),
         )
-        if not static:
-            cache = returned_cache(out)
+        cache = returned_cache(out)
         logits = out.logits[:, -1, :]  # (B, V)
         fresh = known_through < step  # rows whose id at this step is not known yet
         generated[:, step] = torch.where(fresh, logits.argmax(dim=-1), generated[:, step])
@@ -233,7 +354,7 @@ def greedy_paths(
             raise ValueError(f"prefix {i} is empty; greedy decoding needs at least one prompt token")
     device = torch.device(device) if device is not None else model_device(model)
 
-    with evaluating(model):
+    with evaluating(model), onednn_linears(model, device):
         return decode_longest_first(
             prefixes, batch_size, lambda rows: _greedy_batch(model, rows, max_new_tokens, pad_token_id, device)
         )
@@ -295,6 +416,19 @@ def forced_greedy(
     whole documents instead, so that decoding attends over prefix + suffix + S columns, not the whole documents.
     Runs on the model as it is (call inside `evaluating`).
     """
+    with onednn_linears(model, device):
+        return _forced_greedy(model, docs, prefix_lens, suffix_len, pad_token_id, device)
+
+
+def _forced_greedy(
+    model: torch.nn.Module,
+    docs: list[list[int]],
+    prefix_lens: list[int],
+    suffix_len: int,
+    pad_token_id: int,
+    device: torch.device,
+) -> tuple[list[GreedyPath], list[torch.Tensor]]:
+    """`forced_greedy`'s work, inside its `onednn_linears` context."""
     s = suffix_len
     lp = max(prefix_lens)  # every prefix ends at column lp - 1
     windows = [d[: p + s] for d, p in zip(docs, prefix_lens)]

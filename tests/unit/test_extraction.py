@@ -1,12 +1,23 @@
 """Batched greedy decoding against batch-size-1 decoding and HF generate; extract() end to end."""
 
+import contextlib
 import json
 from dataclasses import dataclass
 
 import pytest
 import torch
-from transformers import GenerationConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+import torch.nn.functional as F
+from transformers import (
+    GenerationConfig,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
+import eval.decoding
 from eval.decoding import greedy_decode, greedy_paths
 from eval.extraction import ExtractionConfig, extract, write_extraction
 from eval.intervals import mean_interval
@@ -50,6 +61,26 @@ def tiny_gpt2() -> GPT2LMHeadModel:
     return GPT2LMHeadModel(cfg).eval()
 
 
+def tiny_qwen2_hybrid() -> Qwen2ForCausalLM:
+    """One full-attention layer and one sliding-window layer (window 6, shorter than most prompts): transformers
+    builds a sliding-window cache layer for the second, which decoding keeps as it is."""
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=INIT,
+        use_sliding_window=True,
+        sliding_window=6,
+        layer_types=["full_attention", "sliding_attention"],
+    )
+    return Qwen2ForCausalLM(cfg).eval()
+
+
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
     """Tiny models run fastest on one thread, and two OpenMP threads spinning on a busy 2-core machine
@@ -77,9 +108,33 @@ def hf_generate(model, prefix: list[int], n: int) -> list[int]:
     return out[0, len(prefix) :].tolist()
 
 
-@pytest.mark.parametrize("make_model", [tiny_llama, tiny_gpt2], ids=["llama", "gpt2"])
-def test_batched_equals_single_equals_hf_generate(make_model):
+def onednn_calls(monkeypatch, onednn: bool) -> list[bool]:
+    """Set eval.decoding.ONEDNN_LINEARS to `onednn`, send every linear layer to oneDNN when on (the tiny models'
+    matmuls are below ONEDNN_MIN_MACS), and return a list that collects each `_onednn_fits` answer."""
+    if onednn and not torch.backends.mkldnn.is_available():
+        pytest.skip("torch is built without oneDNN")
+    monkeypatch.setattr(eval.decoding, "ONEDNN_LINEARS", onednn)
+    monkeypatch.setattr(eval.decoding, "ONEDNN_MIN_MACS", 0)
+    answers: list[bool] = []
+    fits = eval.decoding._onednn_fits
+
+    def spy(*args):
+        answers.append(fits(*args))
+        return answers[-1]
+
+    monkeypatch.setattr(eval.decoding, "_onednn_fits", spy)
+    return answers
+
+
+@pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "torch-gemm"])
+@pytest.mark.parametrize(
+    "make_model", [tiny_llama, tiny_gpt2, tiny_qwen2_hybrid], ids=["llama", "gpt2", "qwen2-sliding-window"]
+)
+def test_batched_equals_single_equals_hf_generate(make_model, onednn, monkeypatch):
+    """On oneDNN (nn.Linear through F.linear; GPT-2's Conv1D through torch.addmm) and on torch's GEMM, with the
+    preallocated cache layers and a sliding-window layer kept as transformers builds it."""
     model = make_model()
+    onednn_answers = onednn_calls(monkeypatch, onednn)
     lengths = [5, 17, 1, 30, 12, 3, 17]
     prefixes = [random_ids(n, seed) for seed, n in enumerate(lengths)]
     n_new = 24
@@ -94,6 +149,72 @@ def test_batched_equals_single_equals_hf_generate(make_model):
     # Guard against a degenerate model that would make the comparison vacuous.
     assert len({t for ids in reference for t in ids}) > 30
     assert len({tuple(ids) for ids in reference}) == len(set(map(tuple, prefixes)))
+    # Every linear layer went to oneDNN when on (HF generate runs outside its context), none when off.
+    assert onednn_answers and all(onednn_answers) if onednn else not onednn_answers
+
+
+def test_onednn_linears_equal_torch_and_leave_what_does_not_fit(monkeypatch):
+    """F.linear and GPT-2's torch.addmm(bias, x, weight (in, out)) on oneDNN equal torch's up to float32 rounding;
+    calls that do not fit (float64, a 1-D input, a 2-D addmm input, autograd, fewer multiply-adds than
+    ONEDNN_MIN_MACS) and every other function run unchanged, bit for bit."""
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("torch is built without oneDNN")
+    monkeypatch.setattr(eval.decoding, "ONEDNN_LINEARS", True)
+    monkeypatch.setattr(eval.decoding, "ONEDNN_MIN_MACS", 5 * 64 * 96)  # the addmm's count below: it just fits
+    gen = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(shape, generator=gen) for shape in ((3, 5, 64), (96, 64), (96,)))
+    llama = tiny_llama()
+    fits: list[bool] = []
+    with monkeypatch.context() as patch:
+        original = eval.decoding._onednn_fits
+        patch.setattr(eval.decoding, "_onednn_fits", lambda *a: fits.append(original(*a)) or fits[-1])
+        with torch.no_grad(), eval.decoding.onednn_linears(llama, torch.device("cpu")):
+            linear, addmm = F.linear(x, w, b), torch.addmm(b, x[0], w.t())
+            plain = torch.matmul(x, w.t())
+            small = F.linear(x[0, :4], w)  # 4 x 64 x 96 multiply-adds: below ONEDNN_MIN_MACS
+    assert fits == [True, True, False]
+    assert linear == pytest.approx(F.linear(x, w, b), abs=1e-4) and addmm == pytest.approx(
+        torch.addmm(b, x[0], w.t()), abs=1e-4
+    )
+    assert torch.equal(plain, torch.matmul(x, w.t())) and torch.equal(small, F.linear(x[0, :4], w))
+
+    monkeypatch.setattr(eval.decoding, "ONEDNN_MIN_MACS", 0)
+    wg = w.clone().requires_grad_()
+    with eval.decoding.onednn_linears(llama, torch.device("cpu")):
+        unfit = [
+            F.linear(x.double(), w.double()),
+            F.linear(x[0, 0], w),
+            torch.addmm(b.expand(5, 96), x[0], w.t()),
+            F.linear(x, wg),
+        ]
+    assert torch.equal(unfit[0], F.linear(x.double(), w.double())) and torch.equal(unfit[1], F.linear(x[0, 0], w))
+    assert torch.equal(unfit[2], torch.addmm(b.expand(5, 96), x[0], w.t()))
+    assert unfit[3].requires_grad and torch.equal(unfit[3], F.linear(x, wg))
+    # Off where it does not apply: another device's model, a wrapper (the engine's parallel models), the setting off.
+    assert isinstance(eval.decoding.onednn_linears(llama, torch.device("meta")), contextlib.nullcontext)
+    assert isinstance(eval.decoding.onednn_linears(CountingWrapper(llama), torch.device("cpu")), contextlib.nullcontext)
+    monkeypatch.setattr(eval.decoding, "ONEDNN_LINEARS", False)
+    assert isinstance(eval.decoding.onednn_linears(llama, torch.device("cpu")), contextlib.nullcontext)
+
+
+def test_preallocated_cache_writes_in_place_and_attends_over_the_filled_columns(llama):
+    """A plain HF model's cache layers are views of buffers allocated once: each update writes its columns in place
+    and returns the filled columns only; a sliding-window layer and a wrapped model's cache are transformers' own."""
+    cache = eval.decoding._new_cache(llama, 6)
+    assert [type(layer) for layer in cache.layers] == [eval.decoding._PreallocatedLayer] * 2
+    layer = cache.layers[0]
+    k1, v1, k2, v2 = (torch.randn(2, 3, n, 4) for n in (4, 4, 2, 2))
+    keys, values = layer.update(k1, v1)
+    assert torch.equal(keys, k1) and torch.equal(values, v1) and layer.get_seq_length() == 4
+    buffer = keys.data_ptr()
+    keys, values = layer.update(k2, v2)
+    assert torch.equal(keys, torch.cat([k1, k2], dim=2)) and torch.equal(values, torch.cat([v1, v2], dim=2))
+    assert keys.data_ptr() == buffer and layer.get_seq_length() == 6 and layer.get_mask_sizes(1) == (7, 0)
+    with pytest.raises(RuntimeError, match="6 columns cannot take 7"):
+        layer.update(k2[:, :, :1], v2[:, :, :1])
+    hybrid = eval.decoding._new_cache(tiny_qwen2_hybrid(), 6)
+    assert [type(layer).__name__ for layer in hybrid.layers] == ["_PreallocatedLayer", "DynamicSlidingWindowLayer"]
+    assert eval.decoding._new_cache(CountingWrapper(llama), 6) is None
 
 
 def test_near_tie_record_matches_a_teacher_forced_pass(llama):
@@ -234,7 +355,8 @@ def test_extract_both_protocols(llama, prefix_len, tmp_path):
 
 class CountingWrapper(torch.nn.Module):
     """A model behind a plain wrapper, as eval/ sees a ParallelEvalModel: not a PreTrainedModel, so extraction
-    leaves the KV cache to the model (HF's dynamic cache) instead of giving it a static one. Counts forward calls."""
+    leaves the KV cache to the model (HF's dynamic cache) instead of giving it a preallocated one. Counts forward
+    calls."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
@@ -254,7 +376,7 @@ class CountingWrapper(torch.nn.Module):
         return self.model(**kwargs)
 
 
-@pytest.mark.parametrize("cache", ["static", "dynamic"])
+@pytest.mark.parametrize("cache", ["preallocated", "dynamic"])
 @pytest.mark.parametrize("prefix_len", [None, 9], ids=["goldfish-split", "pythia-split"])
 def test_extract_shares_one_pass_and_decodes_only_after_the_first_mismatch(llama, prefix_len, cache):
     """extract() reads the greedy path off its teacher-forced pass while the path follows the true suffix and
@@ -262,9 +384,9 @@ def test_extract_shares_one_pass_and_decodes_only_after_the_first_mismatch(llama
     for k of the S suffix tokens and then leave it (k = 0 .. S, mixed within batches, prefixes of different
     lengths, Pythia tails of different lengths): every row's ids must equal greedy decoding from its prefix
     at batch 1 (equal to HF generate: test_batched_equals_single_equals_hf_generate), its near-tie record the
-    decoding's, on HF's static and dynamic cache alike."""
+    decoding's, on the preallocated cache and HF's dynamic one alike."""
     s = 10
-    model = llama if cache == "static" else CountingWrapper(llama)
+    model = llama if cache == "preallocated" else CountingWrapper(llama)
     follow = [0, 3, s, 7, 1, s, 9, s - 1]  # greedy tokens each document's suffix keeps before it leaves the path
     docs, prefixes = [], []
     for i, k in enumerate(follow):
@@ -302,7 +424,7 @@ def test_extract_shares_one_pass_and_decodes_only_after_the_first_mismatch(llama
         assert model.calls == passes + (s - 8)
 
 
-@pytest.mark.parametrize("cache", ["static", "dynamic"])
+@pytest.mark.parametrize("cache", ["preallocated", "dynamic"])
 @pytest.mark.parametrize("prefix_len", [None, 9], ids=["goldfish-split", "pythia-split"])
 def test_extraction_log_probabilities_equal_a_direct_teacher_forced_pass(llama, prefix_len, cache):
     """generated_logprob_mean and suffix_logprob_mean, read off the extraction's own passes (forced logits up to the
@@ -310,7 +432,7 @@ def test_extraction_log_probabilities_equal_a_direct_teacher_forced_pass(llama, 
     suffix ids in a separate right-padded forward over prefix + continuation (eval.logprobs.token_log_probs), for
     documents that follow the greedy path for k = 0 .. S tokens, batched with others of different lengths."""
     s = 8
-    model = llama if cache == "static" else CountingWrapper(llama)
+    model = llama if cache == "preallocated" else CountingWrapper(llama)
     follow = [0, 3, s, 5, 1, s - 1]
     docs, prefixes, suffixes = [], [], []
     for i, k in enumerate(follow):
