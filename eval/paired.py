@@ -18,6 +18,9 @@ pair, is the independent unit (the cluster). Everything here resamples or permut
   evaluating every target the pooled rate is the mean of those rates), and conservative exact bounds that, unlike
   any bootstrap, are not zero-wide when nothing (or everything) was extracted.
 
+Targets enter every bootstrap in the order of their ids, so an interval is a function of the per-target rows
+(goldfish.app.targets writes them), not of the order they were evaluated in, and anyone can draw it again from them.
+
 Fisher's exact test and Clopper-Pearson intervals over target-seed pairs treat the pairs as independent; they are
 not used here (eval.buckets keeps them for one model's counts under one seed, where the targets are independent).
 """
@@ -31,10 +34,10 @@ import numpy as np
 from scipy.stats import binom
 
 from eval.intervals import DEFAULT_CONFIDENCE, binomial_interval, mean_interval
-from eval.metrics import EXACT_MATCH, ROUGE_L
+from eval.metrics import EXACT_MATCH, INTERVAL_METRICS, ROUGE_L
 
-# Per-target measures whose paired difference gets an interval (exact match as 0/1).
-PAIRED_METRICS = (EXACT_MATCH, ROUGE_L)
+# Per-target measures whose paired difference gets an interval (exact match as 0/1): the headline pair.
+PAIRED_METRICS = INTERVAL_METRICS
 # What each key of a `paired_buckets` entry means (summary.json carries it beside the entries).
 PAIRED_KEYS = {
     "n_targets": "targets of the bucket both models were scored on (under every seed)",
@@ -51,8 +54,8 @@ PAIRED_KEYS = {
     "difference averaged over seeds",
     f"{ROUGE_L}_difference": "model minus reference: the mean over targets of each target's RougeL difference "
     "averaged over seeds",
-    "_ci": "95% percentile bootstrap interval over targets (the same targets drawn for both models, a target's "
-    "seeds together; 1 seed: the paired bootstrap over targets)",
+    "<metric>_difference_ci": "95% percentile bootstrap interval over targets (the same targets drawn for both "
+    "models, a target's seeds together; 1 seed: the paired bootstrap over targets)",
 }
 CLUSTERED_KEYS = {
     "k": "extracted target-seed pairs",
@@ -185,7 +188,8 @@ def clustered_extraction(
     n_seeds = len(rows_by_seed)
     table = []
     for bucket in _buckets(bucket_of):
-        counts = [sum(bool(r[EXACT_MATCH]) for r in rows[t].values()) for t, b in bucket_of.items() if b == bucket]
+        targets = sorted(t for t, b in bucket_of.items() if b == bucket)  # id order: the bootstrap's input order
+        counts = [sum(bool(r[EXACT_MATCH]) for r in rows[t].values()) for t in targets]
         n_targets = len(counts)
         every, some = sum(c == n_seeds for c in counts), sum(c > 0 for c in counts)
         table.append(
@@ -230,7 +234,7 @@ def paired_buckets(
     seeds = sorted(reference_by_seed)
     table = []
     for bucket in _buckets(ref_bucket):
-        targets = [t for t, b in ref_bucket.items() if b == bucket]
+        targets = sorted(t for t, b in ref_bucket.items() if b == bucket)  # id order: the bootstrap's input order
         pairs = [(bool(reference[t][s][EXACT_MATCH]), bool(model[t][s][EXACT_MATCH])) for t in targets for s in seeds]
         reference_only = sum(a and not b for a, b in pairs)
         model_only = sum(b and not a for a, b in pairs)

@@ -4,8 +4,9 @@ both sources of variation.
 A target's result under seed s is one row (its id, its bucket, a metric). The seeds change the initialisation, the
 order and the insertion positions, not which targets sit in which bucket, so the rows of one target under all seeds
 are averaged first (a target extracted under 2 of 3 seeds counts 2/3), and the interval is the percentile bootstrap
-over targets of those per-target means: the targets are the sample, each target's seed average carries the seed
-variation into it.
+over targets of those per-target means: the targets are the sample (the clusters of their seeds), each target's
+seed average carries the seed variation into it. Targets enter the bootstrap in id order (as in eval.paired), so the
+interval follows from the per-target rows alone.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def combine_seeds(
             )
     table = []
     for bucket in sorted(set(placement.values())):
-        targets = [t for t, b in placement.items() if b == bucket]
+        targets = sorted(t for t, b in placement.items() if b == bucket)  # id order: the bootstrap's input order
         entry: dict[str, Any] = {key: bucket, "n_targets": len(targets), "n_seeds": len(seeds)}
         for metric in metrics:
             per_target = [sum(v) / len(v) for t in targets if (v := values.get(t, {}).get(metric))]

@@ -15,7 +15,9 @@ from eval.breakdown import tag_rows
 from eval.buckets import bucket_extraction, bucket_membership, compare_buckets
 from eval.extraction import ExtractionConfig
 from eval.field_scores import recall_at_incorrect
+from eval.intervals import DEFAULT_RESAMPLES
 from eval.metrics import EXACT_MATCH, GENERATED_LOGPROB_MEAN, MATCH_FRACTION
+from eval.paired import PAIRED_KEYS, clustered_extraction, paired_buckets
 
 # lm-extraction-benchmark reports recall at 100 incorrect guesses; the smaller budgets show the high-precision end.
 RECALL_BUDGETS = (1, 10, 100)
@@ -99,15 +101,85 @@ def _pythia(tagged: Sequence[Mapping[str, Any]], extraction: ExtractionConfig) -
 
 
 def bucket_tests(
-    rows_by_model: Mapping[str, Sequence[Mapping[str, Any]]], repeats: Mapping[str, int], reference: str
+    rows_by_model: Mapping[str, Sequence[Mapping[str, Any]]],
+    repeats: Mapping[str, int],
+    reference: str,
+    *,
+    n_resamples: int = DEFAULT_RESAMPLES,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Per bucket, the two-sided Fisher exact test of every model's exact-match count against `reference`'s
-    (e.g. goldfish against standard)."""
+    """Per bucket, every model against `reference` (e.g. goldfish against standard) on the same targets: the paired
+    statistics of eval.paired.paired_buckets (exact McNemar p, the paired differences in exact match and RougeL with
+    their bootstrap intervals over targets) and, in the same entry, eval.buckets.compare_buckets' counts and Fisher
+    exact p (which treats the two counts as independent samples: kept for reference, the paired test is McNemar's)."""
     if reference not in rows_by_model:
         return {}
     base = tag_rows(rows_by_model[reference], "repeats", repeats, default=0)
-    return {
-        label: compare_buckets(base, tag_rows(rows, "repeats", repeats, default=0), "repeats")
-        for label, rows in rows_by_model.items()
-        if label != reference
+    tests = {}
+    for label, rows in rows_by_model.items():
+        if label == reference:
+            continue
+        tagged = tag_rows(rows, "repeats", repeats, default=0)
+        # pairs: the targets both models were scored on (every model of a comparison scores the same ones)
+        common = {str(r["id"]) for r in base} & {str(r["id"]) for r in tagged}
+        pairs = [[r for r in side if str(r["id"]) in common] for side in (base, tagged)]
+        paired = {
+            e["repeats"]: e for e in paired_buckets({0: pairs[0]}, {0: pairs[1]}, "repeats", n_resamples=n_resamples)
+        }
+        tests[label] = [e | paired.get(e["repeats"], {}) for e in compare_buckets(base, tagged, "repeats")]
+    return tests
+
+
+def seed_bucket_statistics(
+    rows_by_model: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]],
+    bucket_of: Mapping[str, int],
+    reference: str,
+    *,
+    n_resamples: int,
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[dict[str, Any]]]]:
+    """Several seeds repeating the same targets, grouped by each target's assigned bucket (`bucket_of`): per model
+    its exact match pooled over seeds with the targets as clusters (eval.paired.clustered_extraction), and per model
+    but `reference` the clustered paired statistics against it (eval.paired.paired_buckets: the sign-flip test over
+    targets, the paired differences with their bootstrap intervals over targets).
+
+    rows_by_model: {label: {seed: extraction rows of the targets}}. Returns ({label: pooled table}, {label: tests})."""
+    tagged = {
+        label: {seed: tag_rows(rows, "repeats", bucket_of) for seed, rows in by_seed.items()}
+        for label, by_seed in rows_by_model.items()
     }
+    pooled = {
+        label: clustered_extraction(by_seed, "repeats", n_resamples=n_resamples) for label, by_seed in tagged.items()
+    }
+    tests = {}
+    if reference in tagged:
+        for label, by_seed in tagged.items():
+            if label != reference:
+                tests[label] = paired_buckets(tagged[reference], by_seed, "repeats", n_resamples=n_resamples)
+    return pooled, tests
+
+
+# What the keys of a bucket test entry mean, under one seed: the paired statistics and the unpaired Fisher test.
+ONE_SEED_TEST_KEYS = dict(PAIRED_KEYS) | {
+    "fisher_p": "two-sided Fisher exact test of the two exact-match counts, which treats them as independent samples "
+    "(they are not: the same targets); kept for reference, the paired test is mcnemar_p",
+    "a_*, b_*": "the reference's (a) and the model's (b) targets, count extracted and rate",
+}
+
+
+def bucket_tests_section(
+    rows_by_model: Mapping[str, Sequence[Mapping[str, Any]]],
+    repeats: Mapping[str, int],
+    reference: str,
+    *,
+    n_resamples: int,
+) -> dict[str, Any]:
+    """summary.json's "bucket_tests" of one seed: {"reference", "what": {key: meaning}, "models": bucket_tests}."""
+    return {
+        "reference": reference,
+        "what": ONE_SEED_TEST_KEYS,
+        "models": bucket_tests(rows_by_model, repeats, reference, n_resamples=n_resamples),
+    }
+
+
+def seed_tests_section(tests: Mapping[str, list[dict[str, Any]]], reference: str) -> dict[str, Any]:
+    """The combined summary's "bucket_tests" (seed_bucket_statistics' tests): {"reference", "what", "models"}."""
+    return {"reference": reference, "what": PAIRED_KEYS, "models": dict(tests)}
