@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import shutil
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -30,11 +31,12 @@ from engine.training.train import METRICS_FILE, evaluate_loss
 from eval import parallel as parallel_eval
 from eval.breakdown import group_means, tag_rows
 from eval.files import CURVE_FILE
-from eval.intervals import binomial_interval, mean_interval
+from eval.intervals import mean_interval
 from eval.metrics import EXACT_MATCH, INTERVAL_METRICS, LONGEST_CORRECT_PREFIX, MATCH_FRACTION, ROUGE_L, interval_key
-from eval.seeds import combine_seeds
+from eval.paired import CLUSTERED_KEYS
+from eval.seeds import combine_seeds, seed_mean_interval
 from goldfish.app import lora, matched
-from goldfish.app.buckets import bucket_results, bucket_tests
+from goldfish.app.buckets import bucket_results, bucket_tests_section, seed_bucket_statistics, seed_tests_section
 from goldfish.app.config import CompareSpec, MaskSpec, TrainSpec
 from goldfish.app.experiment import (
     REPEAT_METRICS,
@@ -50,8 +52,10 @@ from goldfish.app.experiment import (
     trained_copies,
     validation_loss_fn,
 )
+from goldfish.app.finished_seeds import finished_summary, read_finished_seed
 from goldfish.app.pretrained import load_pretrained_model
 from goldfish.app.results import PARTS, ModelResult
+from goldfish.app.targets import TARGETS_FILE, comparison_target_rows, seeds_target_rows, write_target_rows
 from goldfish.app.training import train_model
 from goldfish.masks import IGNORE_INDEX
 
@@ -465,7 +469,6 @@ class Comparison:
     # ----- outputs -------------------------------------------------------------------------------------------------
 
     def summary(self) -> dict[str, Any]:
-        spec = self.spec
         models = {label: result.headline() for label, result in self.models.items()}
         for label, entry in self.validation_summary().items():
             models[label]["validation"] = entry
@@ -481,31 +484,16 @@ class Comparison:
         if self.buckets:
             standard = MaskSpec(strategy=None).label
             extra["buckets"] = self.buckets
-            extra["bucket_tests"] = {
-                "reference": standard,
-                "test": "two-sided Fisher exact test of exact-match counts per bucket",
-                "models": bucket_tests(self.target_rows, self.repeats, standard),
-            }
+            extra["bucket_tests"] = bucket_tests_section(
+                self.target_rows, self.repeats, standard, n_resamples=self.spec.extraction.bootstrap
+            )
         return extra | {
             "models": models,
             "details": self.results,
             "membership": self.membership,
             "curves": self.curves,
             "breakdowns": self.breakdowns,
-            "config": {
-                "model": spec.model,
-                "data": asdict(spec.data),
-                "masks": [asdict(m) | {"label": m.label} for m in dict.fromkeys(r.mask for r in self.runs)],
-                "runs": [
-                    {"label": r.label, "mask": r.mask.label, "lora": asdict(r.lora) if r.lora.enabled else None}
-                    for r in self.runs
-                ],
-                "train": asdict(spec.train),
-                "extraction": asdict(spec.extraction),
-                "init_seed": spec.init_seed,
-                "instruments": asdict(spec.instruments),
-                "curve_every": spec.curve_every,
-            },
+            "config": self.config_record(),
             "documents": self.prepared.split.manifest(),
             "repeats": self.repeats,
             "control": "the initial weights every model started from, never trained on the documents",
@@ -514,10 +502,30 @@ class Comparison:
             "grid": grid_sizes(self.grid) if self.grid is not None else None,
         }
 
+    def config_record(self) -> dict[str, Any]:
+        """summary.json's "config": every setting that shapes the comparison (what --resume of a --seeds run checks
+        a finished seed against)."""
+        spec = self.spec
+        return {
+            "model": spec.model,
+            "data": asdict(spec.data),
+            "masks": [asdict(m) | {"label": m.label} for m in dict.fromkeys(r.mask for r in self.runs)],
+            "runs": [
+                {"label": r.label, "mask": r.mask.label, "lora": asdict(r.lora) if r.lora.enabled else None}
+                for r in self.runs
+            ],
+            "train": asdict(spec.train),
+            "extraction": asdict(spec.extraction),
+            "init_seed": spec.init_seed,
+            "instruments": asdict(spec.instruments),
+            "curve_every": spec.curve_every,
+        }
+
     def write(self, summary: dict[str, Any]) -> None:
         from goldfish.app.report import write_compare_report  # matplotlib: only when a report is written
 
         write_compare_report(summary, self.out_dir)
+        write_target_rows(self.out_dir / TARGETS_FILE, comparison_target_rows(self))
         self.log(format_table(summary))
         self.log(
             f"wrote {self.out_dir / 'summary.json'}, {self.out_dir / 'report.md'} and plots in "
@@ -550,42 +558,65 @@ def compare(
     log: Callable[..., None] = print,
     report_to: str = "none",
     verify: bool = True,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Train a standard model and one goldfish model per mask from the same initial weights on the same documents,
     evaluate each and an untrained control on training and held-out documents, write summary.json and report.md.
-    With spec.seeds, once per seed (OUT/seed-S) and then combined (`compare_seeds`). Returns the summary (an empty
-    dict on ranks other than 0)."""
+    With spec.seeds, once per seed (OUT/seed-S) and then combined (`compare_seeds`; `resume` reads back the seeds
+    that finished, goldfish.app.finished_seeds). Returns the summary (an empty dict on ranks other than 0)."""
     options = dict(grid=grid, device=device, log=log, report_to=report_to, verify=verify)
     if spec.seeds:
-        return compare_seeds(spec, Path(out_dir), **options)
+        return compare_seeds(spec, Path(out_dir), resume=resume or spec.resume, **options)
     return Comparison(spec, out_dir, **options).run()
 
 
 SEED_METRICS = (*INTERVAL_METRICS, MATCH_FRACTION)
 
 
-def compare_seeds(spec: CompareSpec, out_dir: Path, **options: Any) -> dict[str, Any]:
+def compare_seeds(spec: CompareSpec, out_dir: Path, *, resume: bool = False, **options: Any) -> dict[str, Any]:
     """One comparison per seed of spec.seeds (the model's init seed and the data order / insertion seed both set to
     it; the targets and their buckets are the data seed's, the same for every seed) in OUT/seed-S, then
     OUT/summary.json and OUT/report.md combining them: per model and bucket the mean over seeds and targets with
-    its interval (eval.seeds.combine_seeds), each seed's value, and the validation loss per seed."""
-    from goldfish.app.report_buckets import write_seeds_report  # matplotlib: only when a report is written
+    its interval (eval.seeds.combine_seeds), each seed's value, and the validation loss per seed. With `resume`, a
+    seed whose folder holds a finished comparison of the same settings is read back (its report written again from
+    its rows), and any other seed folder is cleared and run."""
+    from goldfish.app.report import write_compare_report  # matplotlib: only when a report is written
+    from goldfish.app.report_buckets import write_seeds_report
 
     started = time.perf_counter()
     log = options.get("log", print)
     comparisons: dict[int, Comparison] = {}
     summaries: dict[int, dict[str, Any]] = {}
+    main = is_main_process(options.get("grid"))
     for seed in spec.seeds:
-        seeded = replace(spec, seeds=(), init_seed=seed, train=replace(spec.train, seed=seed))
-        if is_main_process(options.get("grid")):
+        seeded = replace(spec, seeds=(), resume=False, init_seed=seed, train=replace(spec.train, seed=seed))
+        folder = out_dir / f"seed-{seed}"
+        comparison = Comparison(seeded, folder, **options)
+        done = finished_summary(folder, comparison.config_record()) if resume else None
+        if done is not None:
+            log(f"seed {seed} ({len(comparisons) + 1} of {len(spec.seeds)}): finished in OUT/seed-{seed}, read back")
+            comparison.prepare()  # the documents and the stream (exposures, insertion steps): nothing trains
+            comparisons[seed] = comparison
+            summaries[seed] = read_finished_seed(comparison, done)
+            if main:
+                write_compare_report(summaries[seed], folder)
+                write_target_rows(folder / TARGETS_FILE, comparison_target_rows(comparison))
+            continue
+        if resume and main and folder.exists():  # unfinished, or of other settings: run it again from scratch
+            shutil.rmtree(folder)
+        if resume and options.get("grid") is not None:
+            comm.barrier(options["grid"].group(*AXES))
+        if main:
             log(f"seed {seed} ({len(comparisons) + 1} of {len(spec.seeds)}): OUT/seed-{seed}")
-        comparisons[seed] = Comparison(seeded, out_dir / f"seed-{seed}", **options)
-        summaries[seed] = comparisons[seed].run()
+        comparisons[seed] = comparison
+        summaries[seed] = comparison.run()
     if not is_main_process(options.get("grid")):
         return {}
     summary = combine_seed_runs(spec, comparisons, summaries)
     summary["timings_s"] = {"total": time.perf_counter() - started}
     write_seeds_report(summary, out_dir)
+    # every seed's per-target rows in one file (each seed folder's own, as that seed's run wrote it)
+    write_target_rows(out_dir / TARGETS_FILE, seeds_target_rows(out_dir, spec.seeds))
     log(f"wrote {out_dir / 'summary.json'} and {out_dir / 'report.md'} (seeds {','.join(map(str, spec.seeds))})")
     return summary
 
@@ -606,6 +637,15 @@ def combine_seed_runs(
             if off:
                 warnings.append(f"seed {seed}: {len(off)} targets trained on other counts than their bucket's")
     labels = list(first.target_rows) or list(summaries[spec.seeds[0]]["models"])
+    standard = MaskSpec(strategy=None).label
+    with_rows = [label for label in labels if all(label in c.target_rows for c in comparisons.values())]
+    pooled_tables, tests = seed_bucket_statistics(
+        {label: {seed: c.target_rows[label] for seed, c in comparisons.items()} for label in with_rows},
+        assigned,
+        standard,
+        n_resamples=spec.extraction.bootstrap,
+    )
+    pooled = {label: {e["repeats"]: e for e in table} for label, table in pooled_tables.items()}
     combined: dict[str, Any] = {}
     for label in labels:
         entry: dict[str, Any] = {}
@@ -615,18 +655,21 @@ def combine_seed_runs(
                 SEED_METRICS,
                 n_resamples=spec.extraction.bootstrap,
             )
-            for bucket in entry["buckets"]:  # every target under every seed as one trial: k of n with its interval
-                k = round(sum(bucket[f"{EXACT_MATCH}_per_seed"]) * bucket["n_targets"])
-                n = bucket["n_targets"] * bucket["n_seeds"]
-                bucket[f"{EXACT_MATCH}_pooled"] = {"k": k, "n": n, "ci": binomial_interval(k, n)}
+            for bucket in entry["buckets"]:  # every target-seed pair counted, the targets as clusters
+                bucket[f"{EXACT_MATCH}_pooled"] = pooled[label][bucket["repeats"]]
         validation = [summaries[seed]["models"][label].get("validation") for seed in spec.seeds]
         if all(v is not None for v in validation):
             losses = [v["loss"] for v in validation]
-            entry["validation"] = {"loss": sum(losses) / len(losses), "per_seed": losses}
+            entry["validation"] = {
+                "loss": sum(losses) / len(losses),
+                "loss_ci": seed_mean_interval(losses),
+                "per_seed": losses,
+            }
             differences = [v.get("difference_to_standard") for v in validation]
             if all(d is not None for d in differences):
                 entry["validation"] |= {
                     "difference_to_standard": sum(differences) / len(differences),
+                    "difference_ci": seed_mean_interval(differences),
                     "difference_per_seed": differences,
                     "relative_difference_per_seed": [v["relative_difference"] for v in validation],
                 }
@@ -646,7 +689,10 @@ def combine_seed_runs(
         "combined": combined,
         "per_seed": {str(seed): summaries[seed]["models"] for seed in spec.seeds},
         "combination": "per bucket: each target's mean over seeds, then the mean over targets with the 95% percentile "
-        "bootstrap interval over targets (eval.seeds.combine_seeds)",
+        "bootstrap interval over targets (eval.seeds.combine_seeds: the targets are the clusters, a target's seeds "
+        "drawn together); validation loss: the mean over seeds with its 95% t interval over seeds",
+        "pooled_what": CLUSTERED_KEYS,
+        "bucket_tests": seed_tests_section(tests, standard),
         "buckets": {"assignment": "by --data-seed, the same under every seed", "n_per_bucket": _bucket_sizes(assigned)},
         "config": summaries[spec.seeds[0]]["config"] | {"seeds": list(spec.seeds)},
         "documents": summaries[spec.seeds[0]]["documents"],
