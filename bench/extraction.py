@@ -10,7 +10,9 @@ The contenders:
     baseline, the one a user with a batch of documents would write;
   * the same followed by one teacher-forced forward over the whole documents: what extraction with its
     teacher-forced metrics costs with HF (``extract()`` reads both off one shared pass);
-  * ``greedy_decode`` at batch size 1 and at ``--batch-size``;
+  * ``greedy_decode`` at batch size 1 and at ``--batch-size``, and at ``--batch-size`` on torch's own GEMM (MKL on
+    x86): where `eval.decoding.ONEDNN_LINEARS` sends the large matmuls to oneDNN (AMD CPUs), the share of the speed-up
+    that is the GEMM library rather than the decoder;
   * the prompt pass alone (``greedy_decode`` of one token: the prefixes through the model, which every contender
     makes and batching makes no cheaper), so HF time / prompt-pass time bounds what batching the steps can reach;
   * ``extract()`` at ``--batch-size`` (greedy ids + teacher-forced accuracies + ROUGE, from one shared forced pass)
@@ -18,8 +20,12 @@ The contenders:
     followed by the model's own greedy continuation, which it reproduces (the forced pass already holds the ids:
     nothing is left to decode; what a memorized target costs).
 It prints documents per second, the speed-ups over HF batched and HF batch 1, and checks that every contender's ids
-are identical (exit status 1 if not). Threads: torch's default (all cores), as a user runs it; ``--threads 1``
-shows one core.
+are identical (exit status 1 if not); last, greedy_decode's speed-up over HF ``generate`` batched at the same batch
+size on equal and on unequal prefix lengths. ``--rounds`` repeats the race (each round every batch through every
+contender); the figures are each contender's median round, in wall-clock seconds, and also in CPU seconds (the
+process's, all its threads: with ``--threads 1`` steadier than wall time on a machine other work shares). The JSON
+names the CPU, the GEMM the decoder used and the load average before and after. Threads: torch's default (all
+cores), as a user runs it; ``--threads 1`` shows one core.
 
     python bench/extraction.py                      # defaults: hidden 256, 4 layers, vocab 2048, 64 x 256
     python bench/extraction.py --threads 1 --prefixes unequal
@@ -30,13 +36,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
+import statistics
 import sys
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import common
 import torch
 from transformers import GenerationConfig
 
+import eval.decoding
 from eval.decoding import greedy_decode
 from eval.extraction import ExtractionConfig, extract
 from eval.metrics import EXACT_MATCH
@@ -77,7 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         threads=0,
     )
     p.add_argument("--seed", type=int, default=0)
-    common.add_options(p, json=None)
+    common.add_options(p, rounds=3, json=None)
     args = common.parse(p, argv)
     if args.doc_len <= args.suffix_len:
         p.error(f"--doc-len ({args.doc_len}) must exceed --suffix-len ({args.suffix_len}) to leave a prefix")
@@ -108,28 +119,62 @@ def main(argv: list[str] | None = None) -> int:
     )
     config = ExtractionConfig(suffix_len=args.suffix_len, batch_size=args.batch_size, bootstrap=0)
     cases = ("equal", "unequal") if args.prefixes == "both" else (args.prefixes,)
-    figures: dict = {"device": args.device, "threads": torch.get_num_threads(), "model": model_figures(args, model)}
+    figures: dict = {
+        "device": args.device,
+        "threads": torch.get_num_threads(),
+        "machine": machine(),
+        "onednn_linears": eval.decoding.ONEDNN_LINEARS and args.device == "cpu",
+        "rounds": args.rounds,
+        "model": model_figures(args, model),
+        "load_average_1min_at_start": os.getloadavg()[0],
+    }
     print_header(args, figures)
     for case in cases:
         docs = documents(args, unequal=case == "unequal")
-        seconds, ids, rows = race(model, docs, config, args)
-        figures[case] = summarize(args, docs, seconds, ids, rows)
+        seconds, cpu_seconds, rounds, rows = race(model, docs, config, args)
+        figures[case] = summarize(args, docs, seconds, cpu_seconds, rounds, rows)
         print_figures(args, case, figures[case], seconds)
     figures["identical_ids"] = all(figures[case]["identical_ids"] for case in cases)
     figures["load_average_1min_at_end"] = os.getloadavg()[0]
-    print(f"load average (1 min) at the end: {figures['load_average_1min_at_end']:.2f} on {os.cpu_count()} CPUs")
+    print(
+        f"load average (1 min): {figures['load_average_1min_at_start']:.2f} at the start, "
+        f"{figures['load_average_1min_at_end']:.2f} at the end, on {os.cpu_count()} CPUs"
+    )
+    for case in cases:
+        f = figures[case]
+        print(
+            f"greedy_decode vs HF generate batched, both at batch {args.batch_size}, {case} prefix lengths: "
+            f"{f['speedup_batched_vs_hf_batched']:.2f}x wall ({f['speedup_batched_vs_hf_batched_cpu_time']:.2f}x CPU "
+            f"time); on torch's GEMM {f['speedup_batched_torch_gemm_vs_hf_batched']:.2f}x; identical ids: "
+            f"{f['identical_ids']}"
+        )
     if args.json:
         common.write_result(args.json, figures, argv)
     return 0 if figures["identical_ids"] else 1
 
 
+def machine() -> dict:
+    """The CPU's name (/proc/cpuinfo's model name where there is one), its logical CPUs and the platform."""
+    name = platform.processor()
+    try:
+        name = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": name, "cpus": os.cpu_count(), "platform": platform.platform()}
+
+
 def race(
     model: torch.nn.Module, docs: list[Doc], config: ExtractionConfig, args: argparse.Namespace
-) -> tuple[dict[str, float], dict[str, list[list[int]]], dict[str, list[dict]]]:
-    """Decode `args.suffix_len` tokens after each document's prefix with every contender, batch by batch.
+) -> tuple[dict[str, float], dict[str, float], list[dict[str, list[list[int]]]], dict[str, list[dict]]]:
+    """Decode `args.suffix_len` tokens after each document's prefix with every contender, batch by batch, in
+    `args.rounds` rounds.
 
-    Returns each contender's total seconds, its generated ids (none for the prompt pass) and, for the two extract()
-    contenders, their rows."""
+    Returns each contender's median round in wall-clock and in CPU seconds, each round's generated ids (none for
+    the prompt pass) and, for the two extract() contenders, their rows (of the last round)."""
     n_new = args.suffix_len
     gc = GenerationConfig(do_sample=False, max_new_tokens=n_new, eos_token_id=None, pad_token_id=0)
 
@@ -167,10 +212,14 @@ def race(
             model(input_ids=ids, attention_mask=mask.to(args.device)).logits.argmax(dim=-1)
         return out
 
-    def decoder(batch_size: int, n_tokens: int):
+    def decoder(batch_size: int, n_tokens: int, onednn: bool = eval.decoding.ONEDNN_LINEARS):
         def run(chunk: list[Doc]) -> list[list[int]]:
             prefixes = [config.split(d.token_ids)[0] for d in chunk]
-            return greedy_decode(model, prefixes, n_tokens, pad_token_id=0, batch_size=batch_size)
+            setting, eval.decoding.ONEDNN_LINEARS = eval.decoding.ONEDNN_LINEARS, onednn
+            try:
+                return greedy_decode(model, prefixes, n_tokens, pad_token_id=0, batch_size=batch_size)
+            finally:
+                eval.decoding.ONEDNN_LINEARS = setting
 
         return run
 
@@ -196,6 +245,7 @@ def race(
         "hf_batched_forced": hf_batched_forced,
         "single": decoder(1, n_new),
         "batched": decoder(args.batch_size, n_new),
+        "batched_torch_gemm": decoder(args.batch_size, n_new, onednn=False),
         "prompt": decoder(args.batch_size, 1),
         "extract": extractor("extract"),
         "extract_reproduced": extractor("extract_reproduced"),
@@ -207,16 +257,28 @@ def race(
     for kept in rows.values():
         kept.clear()
 
-    ids: dict[str, list[list[int]]] = {name: [] for name in contenders}
-    seconds = dict.fromkeys(contenders, 0.0)
-    for start in range(0, len(docs), args.batch_size):
-        chunk = docs[start : start + args.batch_size]
-        for name, run in contenders.items():
-            out, t = common.timed(lambda: run(chunk), args.device)
-            ids[name] += out
-            seconds[name] += t
-    del ids["prompt"]  # one token each: not a contender for identical ids
-    return seconds, ids, rows
+    wall: dict[str, list[float]] = {name: [] for name in contenders}
+    cpu: dict[str, list[float]] = {name: [] for name in contenders}
+    rounds: list[dict[str, list[list[int]]]] = []
+    for _ in range(args.rounds):
+        for kept in rows.values():  # the last round's rows are returned
+            kept.clear()
+        ids: dict[str, list[list[int]]] = {name: [] for name in contenders}
+        for name in contenders:
+            wall[name].append(0.0)
+            cpu[name].append(0.0)
+        for start in range(0, len(docs), args.batch_size):
+            chunk = docs[start : start + args.batch_size]
+            for name, run in contenders.items():
+                cpu_start = time.process_time()
+                out, t = common.timed(lambda: run(chunk), args.device)
+                cpu[name][-1] += time.process_time() - cpu_start
+                wall[name][-1] += t
+                ids[name] += out
+        del ids["prompt"]  # one token each: not a contender for identical ids
+        rounds.append(ids)
+    median = {name: statistics.median(times) for name, times in wall.items()}
+    return median, {name: statistics.median(times) for name, times in cpu.items()}, rounds, rows
 
 
 def model_figures(args: argparse.Namespace, model: torch.nn.Module) -> dict:
@@ -233,12 +295,15 @@ def summarize(
     args: argparse.Namespace,
     docs: list[Doc],
     seconds: dict[str, float],
-    ids: dict[str, list[list[int]]],
+    cpu_seconds: dict[str, float],
+    rounds: list[dict[str, list[list[int]]]],
     rows: dict[str, list[dict]],
 ) -> dict:
-    """The figures of one set of documents, written to --json."""
+    """The figures of one set of documents, written to --json. Ids: every round's must equal the first round's HF
+    batch 1; rows_differing_from_hf_bs1 counts the most rows any round had differing."""
     n = len(docs)
     prefix_lens = [len(d.token_ids) - args.suffix_len for d in docs]
+    ids = rounds[0]
     reference = ids["hf"]
     return {
         "n_docs": n,
@@ -250,9 +315,12 @@ def summarize(
         "hf_generate_batched_docs_per_s": n / seconds["hf_batched"],
         "greedy_decode_bs1_docs_per_s": n / seconds["single"],
         "greedy_decode_batched_docs_per_s": n / seconds["batched"],
+        "greedy_decode_batched_torch_gemm_docs_per_s": n / seconds["batched_torch_gemm"],
         "extract_batched_docs_per_s": n / seconds["extract"],
         "extract_reproduced_batched_docs_per_s": n / seconds["extract_reproduced"],
         "speedup_batched_vs_hf_batched": seconds["hf_batched"] / seconds["batched"],
+        "speedup_batched_vs_hf_batched_cpu_time": cpu_seconds["hf_batched"] / cpu_seconds["batched"],
+        "speedup_batched_torch_gemm_vs_hf_batched": seconds["hf_batched"] / seconds["batched_torch_gemm"],
         "speedup_extract_vs_hf_batched": seconds["hf_batched"] / seconds["extract"],
         "hf_generate_batched_and_forced_pass_docs_per_s": n / seconds["hf_batched_forced"],
         "speedup_extract_vs_hf_batched_and_forced_pass": seconds["hf_batched_forced"] / seconds["extract"],
@@ -263,21 +331,26 @@ def summarize(
         "speedup_bound_hf_bs1_vs_prompt_pass": seconds["hf"] / seconds["prompt"],
         "speedup_bound_hf_batched_vs_prompt_pass": seconds["hf_batched"] / seconds["prompt"],
         # Every contender's ids equal HF's; the reproduced documents' suffixes ARE those ids.
-        "identical_ids": all(got == reference for got in ids.values()),
+        "identical_ids": all(got == reference for r in rounds for got in r.values()),
         "rows_differing_from_hf_bs1": {
-            name: sum(a != b for a, b in zip(got, reference)) for name, got in ids.items() if name != "hf"
+            name: max(sum(a != b for a, b in zip(r[name], reference)) for r in rounds) for name in ids if name != "hf"
         },
         "distinct_generated_ids": len({t for row in ids["batched"] for t in row}),
         "exact_match_vs_random_suffix": sum(r[EXACT_MATCH] for r in rows["extract"]) / max(1, n),
         "exact_match_reproduced": sum(r[EXACT_MATCH] for r in rows["extract_reproduced"]) / max(1, n),
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
     }
 
 
 def print_header(args: argparse.Namespace, figures: dict) -> None:
     print(
         f"model: Llama hidden {args.hidden}, {args.layers} layers, vocab {args.vocab} "
-        f"({figures['model']['params'] / 1e6:.1f} M params), {args.device}, {figures['threads']} threads"
+        f"({figures['model']['params'] / 1e6:.1f} M params), {args.device}, {figures['threads']} threads, "
+        f"{args.rounds} round(s), medians"
     )
+    gemm = "oneDNN" if figures["onednn_linears"] else "torch's own"
+    print(f"CPU: {figures['machine']['cpu']}; greedy_decode's and extract()'s large matmuls on {gemm} GEMM")
 
 
 def print_figures(args: argparse.Namespace, case: str, figures: dict, seconds: dict[str, float]) -> None:
@@ -292,6 +365,7 @@ def print_figures(args: argparse.Namespace, case: str, figures: dict, seconds: d
         ("hf_batched_forced", f"HF generate + forced, b. {b}", "+ one teacher-forced pass: extraction's metrics"),
         ("single", "greedy_decode, batch 1", ""),
         ("batched", f"greedy_decode, batch {b}", ""),
+        ("batched_torch_gemm", "greedy_decode, torch GEMM", f"batch {b} on torch's own GEMM (MKL on x86)"),
         (
             "prompt",
             f"prompt pass alone, batch {b}",

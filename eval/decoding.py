@@ -114,13 +114,24 @@ class _OneDNNLinears(TorchFunctionMode):
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
-def onednn_linears(model: torch.nn.Module, device: torch.device) -> contextlib.AbstractContextManager:
-    """Inside it, `model`'s large float32 linear layers run on oneDNN when ONEDNN_LINEARS is set, `device` is the
-    CPU and the model is a plain Hugging Face model (`preallocated_cache_fits`); a no-op context otherwise. Nothing
-    of the model changes: torch's function calls are rerouted while the context is open."""
-    if ONEDNN_LINEARS and device.type == "cpu" and preallocated_cache_fits(model):
-        return _OneDNNLinears()
-    return contextlib.nullcontext()
+def onednn_linears(model: torch.nn.Module, device: torch.device) -> Callable[[int], contextlib.AbstractContextManager]:
+    """A function of a forward's tokens (rows x columns) giving the context to run that forward of `model` in.
+
+    `_OneDNNLinears` (the large float32 linear layers on oneDNN) when ONEDNN_LINEARS is set, `device` is the CPU,
+    the model is a plain Hugging Face model (`preallocated_cache_fits`) and its largest weight times the tokens
+    reaches ONEDNN_MIN_MACS; a no-op context otherwise. Nothing of the model changes: torch's function calls are
+    rerouted while the context is open. The routing costs every torch call a Python hop (a fifth of a batch-1
+    decoding step of bench/extraction.py's model), hence not entered where no layer could fit.
+    """
+    if not (ONEDNN_LINEARS and device.type == "cpu" and preallocated_cache_fits(model)):
+        return lambda n_tokens: contextlib.nullcontext()
+    largest = max((p.numel() for p in model.parameters() if p.dim() == 2), default=0)  # a weight's in x out
+
+    def context(n_tokens: int) -> contextlib.AbstractContextManager:
+        fits = largest > 0 and n_tokens * largest >= ONEDNN_MIN_MACS
+        return _OneDNNLinears() if fits else contextlib.nullcontext()
+
+    return context
 
 
 @dataclass(frozen=True)
@@ -250,16 +261,18 @@ def _prefill(
     n_rows, width = input_ids.shape
     columns = max(1, PREFILL_TOKENS // n_rows)
     keyword = cache_keyword(model)
+    linears = onednn_linears(model, input_ids.device)
     for start in range(0, width, columns):
         end = min(start + columns, width)
-        out = model(
-            input_ids=input_ids[:, start:end],
-            attention_mask=mask[:, :end],
-            position_ids=position_ids[:, start:end],
-            **{keyword: cache},
-            use_cache=True,
-            **({} if all_logits else {"logits_to_keep": 1}),
-        )
+        with linears(n_rows * (end - start)):
+            out = model(
+                input_ids=input_ids[:, start:end],
+                attention_mask=mask[:, :end],
+                position_ids=position_ids[:, start:end],
+                **{keyword: cache},
+                use_cache=True,
+                **({} if all_logits else {"logits_to_keep": 1}),
+            )
         cache = returned_cache(out)
         on_logits(start, out.logits)
     return cache
@@ -290,17 +303,19 @@ def _decode(
     if first >= n_steps:
         return
     keyword = cache_keyword(model)
+    linears = onednn_linears(model, generated.device)(n_rows)  # entered afresh for every step
     full_mask = torch.cat([mask, mask.new_ones((n_rows, n_steps - first))], dim=1)  # built once, sliced per step
     for k, step in enumerate(range(first, n_steps)):
         column = width + k
-        out = model(
-            input_ids=generated[:, step - 1 : step],
-            attention_mask=full_mask[:, : column + 1],
-            position_ids=first_position + step - 1,
-            **{keyword: cache},
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        with linears:
+            out = model(
+                input_ids=generated[:, step - 1 : step],
+                attention_mask=full_mask[:, : column + 1],
+                position_ids=first_position + step - 1,
+                **{keyword: cache},
+                use_cache=True,
+                logits_to_keep=1,
+            )
         cache = returned_cache(out)
         logits = out.logits[:, -1, :]  # (B, V)
         fresh = known_through < step  # rows whose id at this step is not known yet
@@ -354,7 +369,7 @@ def greedy_paths(
             raise ValueError(f"prefix {i} is empty; greedy decoding needs at least one prompt token")
     device = torch.device(device) if device is not None else model_device(model)
 
-    with evaluating(model), onednn_linears(model, device):
+    with evaluating(model):
         return decode_longest_first(
             prefixes, batch_size, lambda rows: _greedy_batch(model, rows, max_new_tokens, pad_token_id, device)
         )
@@ -416,19 +431,6 @@ def forced_greedy(
     whole documents instead, so that decoding attends over prefix + suffix + S columns, not the whole documents.
     Runs on the model as it is (call inside `evaluating`).
     """
-    with onednn_linears(model, device):
-        return _forced_greedy(model, docs, prefix_lens, suffix_len, pad_token_id, device)
-
-
-def _forced_greedy(
-    model: torch.nn.Module,
-    docs: list[list[int]],
-    prefix_lens: list[int],
-    suffix_len: int,
-    pad_token_id: int,
-    device: torch.device,
-) -> tuple[list[GreedyPath], list[torch.Tensor]]:
-    """`forced_greedy`'s work, inside its `onednn_linears` context."""
     s = suffix_len
     lp = max(prefix_lens)  # every prefix ends at column lp - 1
     windows = [d[: p + s] for d, p in zip(docs, prefix_lens)]

@@ -156,31 +156,29 @@ def test_batched_equals_single_equals_hf_generate(make_model, onednn, monkeypatc
 def test_onednn_linears_equal_torch_and_leave_what_does_not_fit(monkeypatch):
     """F.linear and GPT-2's torch.addmm(bias, x, weight (in, out)) on oneDNN equal torch's up to float32 rounding;
     calls that do not fit (float64, a 1-D input, a 2-D addmm input, autograd, fewer multiply-adds than
-    ONEDNN_MIN_MACS) and every other function run unchanged, bit for bit."""
+    ONEDNN_MIN_MACS) and every other function run unchanged, bit for bit. The routing is entered only for a forward
+    of enough tokens, on a plain HF model on the CPU, with ONEDNN_LINEARS set."""
     if not torch.backends.mkldnn.is_available():
         pytest.skip("torch is built without oneDNN")
-    monkeypatch.setattr(eval.decoding, "ONEDNN_LINEARS", True)
     monkeypatch.setattr(eval.decoding, "ONEDNN_MIN_MACS", 5 * 64 * 96)  # the addmm's count below: it just fits
     gen = torch.Generator().manual_seed(0)
     x, w, b = (torch.randn(shape, generator=gen) for shape in ((3, 5, 64), (96, 64), (96,)))
-    llama = tiny_llama()
     fits: list[bool] = []
     with monkeypatch.context() as patch:
         original = eval.decoding._onednn_fits
         patch.setattr(eval.decoding, "_onednn_fits", lambda *a: fits.append(original(*a)) or fits[-1])
-        with torch.no_grad(), eval.decoding.onednn_linears(llama, torch.device("cpu")):
+        with torch.no_grad(), eval.decoding._OneDNNLinears():
             linear, addmm = F.linear(x, w, b), torch.addmm(b, x[0], w.t())
             plain = torch.matmul(x, w.t())
             small = F.linear(x[0, :4], w)  # 4 x 64 x 96 multiply-adds: below ONEDNN_MIN_MACS
     assert fits == [True, True, False]
-    assert linear == pytest.approx(F.linear(x, w, b), abs=1e-4) and addmm == pytest.approx(
-        torch.addmm(b, x[0], w.t()), abs=1e-4
-    )
+    assert linear == pytest.approx(F.linear(x, w, b), abs=1e-4)
+    assert addmm == pytest.approx(torch.addmm(b, x[0], w.t()), abs=1e-4)
     assert torch.equal(plain, torch.matmul(x, w.t())) and torch.equal(small, F.linear(x[0, :4], w))
 
     monkeypatch.setattr(eval.decoding, "ONEDNN_MIN_MACS", 0)
     wg = w.clone().requires_grad_()
-    with eval.decoding.onednn_linears(llama, torch.device("cpu")):
+    with eval.decoding._OneDNNLinears():
         unfit = [
             F.linear(x.double(), w.double()),
             F.linear(x[0, 0], w),
@@ -190,11 +188,18 @@ def test_onednn_linears_equal_torch_and_leave_what_does_not_fit(monkeypatch):
     assert torch.equal(unfit[0], F.linear(x.double(), w.double())) and torch.equal(unfit[1], F.linear(x[0, 0], w))
     assert torch.equal(unfit[2], torch.addmm(b.expand(5, 96), x[0], w.t()))
     assert unfit[3].requires_grad and torch.equal(unfit[3], F.linear(x, wg))
-    # Off where it does not apply: another device's model, a wrapper (the engine's parallel models), the setting off.
-    assert isinstance(eval.decoding.onednn_linears(llama, torch.device("meta")), contextlib.nullcontext)
-    assert isinstance(eval.decoding.onednn_linears(CountingWrapper(llama), torch.device("cpu")), contextlib.nullcontext)
+
+    # The tiny Llama's largest weight is its 256 x 64 embedding: two tokens reach 30,720 multiply-adds, one does not.
+    monkeypatch.setattr(eval.decoding, "ONEDNN_MIN_MACS", 30_720)
+    monkeypatch.setattr(eval.decoding, "ONEDNN_LINEARS", True)
+    llama, cpu = tiny_llama(), torch.device("cpu")
+    assert isinstance(eval.decoding.onednn_linears(llama, cpu)(2), eval.decoding._OneDNNLinears)
+    assert isinstance(eval.decoding.onednn_linears(llama, cpu)(1), contextlib.nullcontext)
+    # Off where it does not apply: another device, a wrapper (the engine's parallel models), the setting off.
+    assert isinstance(eval.decoding.onednn_linears(llama, torch.device("meta"))(100), contextlib.nullcontext)
+    assert isinstance(eval.decoding.onednn_linears(CountingWrapper(llama), cpu)(100), contextlib.nullcontext)
     monkeypatch.setattr(eval.decoding, "ONEDNN_LINEARS", False)
-    assert isinstance(eval.decoding.onednn_linears(llama, torch.device("cpu")), contextlib.nullcontext)
+    assert isinstance(eval.decoding.onednn_linears(llama, cpu)(100), contextlib.nullcontext)
 
 
 def test_preallocated_cache_writes_in_place_and_attends_over_the_filled_columns(llama):
@@ -564,15 +569,20 @@ def test_bench_script_runs_and_agrees(tmp_path, monkeypatch):
         "1",
         "--vocab",
         "128",
+        "--rounds",
+        "2",
         "--json",
         str(out),
     ]
     assert bench["main"](argv) == 0
     figures = json.loads(out.read_text())
-    assert figures["identical_ids"] is True
+    assert figures["identical_ids"] is True and figures["rounds"] == 2
+    assert figures["onednn_linears"] == eval.decoding.ONEDNN_LINEARS and figures["machine"]["cpus"] > 0
     for case in ("equal", "unequal"):  # HF generate batched, left-padded where the prefixes differ
         assert figures[case]["n_docs"] == 3 and figures[case]["identical_ids"] is True
         assert figures[case]["speedup_batched_vs_hf_batched"] > 0 and figures[case]["prompt_pass_docs_per_s"] > 0
+        assert figures[case]["speedup_batched_torch_gemm_vs_hf_batched"] > 0
+        assert figures[case]["seconds"].keys() == figures[case]["cpu_seconds"].keys() >= {"hf_batched", "batched"}
     assert figures["unequal"]["prefix_len_min"] < figures["unequal"]["prefix_len_max"]
 
 
