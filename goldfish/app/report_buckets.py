@@ -19,6 +19,7 @@ from eval.metrics import EXACT_MATCH, ROUGE_L, SUFFIX_LOGPROB_MEAN, interval_key
 from goldfish.app.report_format import figure_link as _figure
 from goldfish.app.report_format import fmt as _fmt
 from goldfish.app.report_format import fmt_ci as _fmt_ci
+from goldfish.app.report_format import fmt_interval as _fmt_interval
 from goldfish.app.report_format import md_table as _table
 from goldfish.app.report_format import new_figure, palette
 from goldfish.app.report_format import save_figure as _save_figure
@@ -67,14 +68,17 @@ def study_section(summary: Mapping[str, Any], figures: Sequence[str]) -> list[st
             "copies arrive back to back."
         )
     lines += [
-        "Exact match: count/targets = rate [95% Clopper-Pearson interval]; RougeL, suffix log-likelihood: mean "
-        "[95% bootstrap interval over targets]; p: two-sided Fisher exact test of the exact-match counts against "
-        "the standard model's.",
+        "Exact match: count/targets = rate [95% Clopper-Pearson interval; the targets are independent within one "
+        "model]; RougeL, suffix log-likelihood: mean [95% bootstrap interval over targets].",
+        "Against the standard model every model is scored on the same targets, so the comparison is paired: "
+        "discordant targets (extracted by one model only), the two-sided exact McNemar test on them, and the "
+        "differences (this model minus standard) with a 95% percentile bootstrap over targets that draws the same "
+        "targets for both models. Fisher's exact p treats the two counts as independent samples, which they are not; "
+        "it is shown for reference only.",
         "",
     ]
     tests = ((summary.get("bucket_tests") or {}).get("models")) or {}
     for label, result in buckets.items():
-        p_values = {str(t["repeats"]): t.get("fisher_p") for t in tests.get(label, [])}
         membership = {str(m["repeats"]): m for m in result.get("membership") or []}
         rows = []
         for entry in result["extraction"]:
@@ -84,7 +88,6 @@ def study_section(summary: Mapping[str, Any], figures: Sequence[str]) -> list[st
                 [
                     key,
                     _exact(entry),
-                    _p(p_values.get(key)) if label in tests else "",
                     _fmt_ci(entry.get(ROUGE_L), entry.get(interval_key(ROUGE_L))),
                     _fmt_ci(entry.get(SUFFIX_LOGPROB_MEAN), entry.get(interval_key(SUFFIX_LOGPROB_MEAN))),
                     _fmt_ci(attack.get("auc"), attack.get("auc_ci")) if attack else "",
@@ -96,7 +99,6 @@ def study_section(summary: Mapping[str, Any], figures: Sequence[str]) -> list[st
             [
                 "copies",
                 "exact match",
-                "p vs standard",
                 "RougeL",
                 "suffix log-likelihood / token",
                 "loss-attack AUC vs bucket 0",
@@ -104,11 +106,49 @@ def study_section(summary: Mapping[str, Any], figures: Sequence[str]) -> list[st
             ],
             rows,
         )
+        lines += _paired_table(tests.get(label), paired="exact McNemar p", seeds=False)
         lines += _field_scores(result)
         lines += _prefix_table(result)
     lines += _figure(BUCKETS_FILE, "extraction by repetitions with intervals", figures)
     lines += _figure(K_SWEEP_FILE, "extraction and validation loss against k", figures)
     return lines
+
+
+def _difference(entry: Mapping[str, Any], metric: str) -> str:
+    value = entry.get(f"{metric}_difference")
+    return "n/a" if value is None else _fmt_ci(value, entry.get(interval_key(f"{metric}_difference")))
+
+
+def _paired_table(tests: Sequence[Mapping[str, Any]] | None, *, paired: str, seeds: bool) -> list[str]:
+    """A model against the standard model bucket by bucket (eval.paired.paired_buckets entries, with Fisher's p under
+    one seed): the extracted counts, the discordant ones, the paired test and the paired differences."""
+    if not tests:
+        return []
+    rows = []
+    for t in tests:
+        n = t["n_targets"] * t["n_seeds"]
+        row = [
+            str(t["repeats"]),
+            f"{t['reference_k']}/{n} vs {t['model_k']}/{n}",
+            f"{t['reference_only']} / {t['model_only']}",
+            _p(t["sign_flip_p"] if seeds else t["mcnemar_p"]),
+            _difference(t, EXACT_MATCH),
+            _difference(t, ROUGE_L),
+        ]
+        rows.append(row if seeds else [*row, _p(t.get("fisher_p"))])
+    unit = "target-seed pairs" if seeds else "targets"
+    interval = "cluster bootstrap over targets" if seeds else "paired bootstrap over targets"
+    header = [
+        "copies",
+        f"extracted: standard vs this ({unit})",
+        "discordant: standard only / this only",
+        paired,
+        f"exact-match difference [{interval}]",
+        f"RougeL difference [{interval}]",
+    ]
+    return ["Against standard, paired over the same targets:", ""] + _table(
+        header if seeds else [*header, "Fisher p (unpaired, reference only)"], rows
+    )
 
 
 def _field_scores(result: Mapping[str, Any]) -> list[str]:
@@ -155,93 +195,184 @@ def _prefix_table(result: Mapping[str, Any]) -> list[str]:
 # ---------------------------------------------------------------------------------------------------------- figures
 
 
+def _exact_intervals(entry: Mapping[str, Any]) -> tuple[list[float] | None, list[float] | None]:
+    """(inner, outer) exact-match interval of a bucket entry: one seed, the Clopper-Pearson interval and no outer
+    one; several seeds, the cluster bootstrap over targets and the conservative exact bounds (eval.paired), which are
+    not zero-wide when no target (or every one) was extracted."""
+    pooled = entry.get(f"{EXACT_MATCH}_pooled")
+    if pooled:
+        return pooled.get("cluster_ci"), pooled.get("exact_bounds")
+    return entry.get(interval_key(EXACT_MATCH)), None
+
+
+def _error(values: Sequence[float], intervals: Sequence[Sequence[float] | None]) -> list[list[float]]:
+    """matplotlib's yerr (distances below and above) of values and their [low, high] intervals (0 where none)."""
+    return [
+        [v - c[0] if c else 0.0 for v, c in zip(values, intervals)],
+        [c[1] - v if c else 0.0 for v, c in zip(values, intervals)],
+    ]
+
+
+MARKERS = "osD^vP*Xh<>"
+
+
 def draw_buckets(tables: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, title: str = "") -> None:
-    """Exact match and RougeL against the copies trained on (categorical axis, 0 = held out), one line per model,
-    the intervals as bands."""
+    """Exact match and RougeL against the copies trained on (categorical axis, 0 = held out): one marker per model,
+    shifted sideways so that no model hides another, with its interval as an error bar. Exact match: the
+    Clopper-Pearson interval (one seed), or the cluster bootstrap over targets (thick) inside the conservative exact
+    bounds (thin) with several seeds; RougeL: the bootstrap interval over targets."""
     colors = palette(list(tables))
-    figure, axes = new_figure(1, 2, figsize=(11, 4))
+    figure, axes = new_figure(1, 2, figsize=(12, 4.5))
+    width = 0.7  # of the unit between two buckets, shared by the models' markers
+    step = width / max(len(tables), 1)
     for axis, metric, name in ((axes[0], EXACT_MATCH, "exact match"), (axes[1], ROUGE_L, "RougeL")):
-        for label, table in tables.items():
-            x = list(range(len(table)))
+        for i, (label, table) in enumerate(tables.items()):
+            x = [j - width / 2 + step * (i + 0.5) for j in range(len(table))]
             y = [math.nan if e.get(metric) is None else e[metric] for e in table]
-            axis.plot(x, y, marker="o", color=colors[label], label=label)
-            ci = [e.get(interval_key(metric)) for e in table]
-            if all(c for c in ci):
-                axis.fill_between(x, [c[0] for c in ci], [c[1] for c in ci], color=colors[label], alpha=0.15)
+            style = dict(color=colors[label], marker=MARKERS[i % len(MARKERS)], markersize=5, linestyle="none")
+            if metric == EXACT_MATCH:
+                inner, outer = zip(*(_exact_intervals(e) for e in table)) if table else ((), ())
+                if any(outer):
+                    axis.errorbar(x, y, yerr=_error(y, outer), color=colors[label], linestyle="none", elinewidth=0.8)
+                axis.errorbar(x, y, yerr=_error(y, inner), elinewidth=2.2, capsize=2, label=label, **style)
+            else:
+                ci = [e.get(interval_key(metric)) for e in table]
+                axis.errorbar(x, y, yerr=_error(y, ci), elinewidth=1.5, capsize=2, label=label, **style)
+            axis.plot(x, y, color=colors[label], alpha=0.35, linewidth=0.8)  # guides the eye along one model
         first = next(iter(tables.values()))
         axis.set_xticks(range(len(first)), [str(e["repeats"]) for e in first])
+        for j in range(len(first) - 1):
+            axis.axvline(j + 0.5, color="0.85", linewidth=0.8)
         axis.set_xlabel("copies trained on (0 = held out)")
         axis.set_ylabel(name)
         axis.set_ylim(-0.03, 1.03)
-        axis.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+        axis.grid(alpha=0.3, axis="y")
+    several = any(_exact_intervals(e)[1] for table in tables.values() for e in table)
+    axes[0].set_title(
+        "95%: cluster bootstrap over targets (thick), exact bounds (thin)" if several else "95% Clopper-Pearson",
+        fontsize=9,
+    )
+    axes[1].set_title("95% bootstrap over targets", fontsize=9)
+    axes[0].legend(fontsize=7)
     if title:
         figure.suptitle(title)
     _save_figure(figure, path)
 
 
-def k_sweep_series(summary: Mapping[str, Any]) -> dict[str, Any] | None:
-    """For masks of one strategy and hash width at two or more k: per k the top bucket's exact match (and its
-    interval) and the validation loss; the standard model's as the reference. None when there is no sweep."""
-    masks = [m for m in (summary.get("config") or {}).get("masks") or [] if m.get("strategy") == "hashed"]
-    by_h: dict[int, list[Mapping[str, Any]]] = {}
+def _sweep_masks(masks: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> dict[str, list[Mapping[str, Any]]]:
+    """The goldfish masks that ran, grouped into one series per strategy and hash width (every k of each), sorted
+    by k."""
+    series: dict[str, list[Mapping[str, Any]]] = {}
     for mask in masks:
-        by_h.setdefault(mask["h"], []).append(mask)
-    sweep = max(by_h.values(), key=len, default=[])
-    if len({m["k"] for m in sweep}) < 2 or not summary.get("buckets"):
-        return None
-    buckets = summary["buckets"]
-    top = max(e["repeats"] for e in next(iter(buckets.values()))["extraction"])
+        if mask.get("strategy") is None or mask["label"] not in labels:
+            continue
+        name = mask["strategy"] + (f" h={mask['h']}" if mask["strategy"] == "hashed" else "")
+        series.setdefault(name, []).append(mask)
+    return {name: sorted(ms, key=lambda m: m["k"]) for name, ms in series.items()}
 
-    def point(label: str) -> dict[str, Any]:
-        entry = next(e for e in buckets[label]["extraction"] if e["repeats"] == top)
-        validation = summary["models"][label].get("validation") or {}
-        return {
-            EXACT_MATCH: entry[EXACT_MATCH],
-            interval_key(EXACT_MATCH): entry.get(interval_key(EXACT_MATCH)),
-            ROUGE_L: entry.get(ROUGE_L),
-            "val_loss": validation.get("loss"),
-            "val_loss_ci": validation.get("loss_ci"),
-        }
 
-    sweep = sorted((m for m in sweep if m["label"] in buckets), key=lambda m: m["k"])
+def _sweep_point(entry: Mapping[str, Any], validation: Mapping[str, Any]) -> dict[str, Any]:
+    inner, outer = _exact_intervals(entry)
     return {
-        "top_bucket": top,
-        "k": [m["k"] for m in sweep],
-        "points": [point(m["label"]) for m in sweep],
-        "standard": point("standard") if "standard" in buckets else None,
+        EXACT_MATCH: entry[EXACT_MATCH],
+        "inner": inner,
+        "outer": outer,
+        "val_loss": validation.get("loss"),
+        "val_loss_ci": validation.get("loss_ci"),
     }
 
 
+def _sweep(
+    masks: Sequence[Mapping[str, Any]],
+    tables: Mapping[str, Sequence[Mapping[str, Any]]],
+    validation: Mapping[str, Mapping[str, Any]],
+) -> dict[str, Any] | None:
+    """Per series of masks (strategy and hash width), per k: the top bucket's exact match with its intervals and the
+    validation loss with its; the standard model's as the reference. None without two k of one strategy."""
+    series = _sweep_masks(masks, list(tables))
+    if not any(len({m["k"] for m in ms}) >= 2 for ms in series.values()):
+        return None
+    top = max(e["repeats"] for e in next(iter(tables.values())))
+
+    def point(label: str) -> dict[str, Any]:
+        entry = next(e for e in tables[label] if e["repeats"] == top)
+        return _sweep_point(entry, validation.get(label) or {})
+
+    return {
+        "top_bucket": top,
+        "series": {
+            name: {"k": [m["k"] for m in ms], "points": [point(m["label"]) for m in ms]} for name, ms in series.items()
+        },
+        "standard": point("standard") if "standard" in tables else None,
+    }
+
+
+def k_sweep_series(summary: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The k sweep of one comparison: every goldfish mask that ran, one series per strategy (and hash width), per k
+    the top bucket's exact match (Clopper-Pearson interval) and the validation loss (bootstrap interval over
+    validation rows); the standard model's as the reference. None without two k of one strategy."""
+    buckets = summary.get("buckets") or {}
+    if not buckets:
+        return None
+    tables = {label: result["extraction"] for label, result in buckets.items()}
+    validation = {label: m.get("validation") or {} for label, m in (summary.get("models") or {}).items()}
+    return _sweep((summary.get("config") or {}).get("masks") or [], tables, validation)
+
+
 def draw_k_sweep(series: Mapping[str, Any], path: Path) -> None:
+    """Exact match at the top bucket and the validation loss against k, one marker series per mask strategy (every k
+    that ran, shifted a little sideways so that two strategies at one k do not hide each other), the standard model
+    as a dashed line with its interval as a band (the exact bounds a lighter band with several seeds)."""
     figure, (left, right) = new_figure(1, 2, figsize=(11, 4))
-    k, points, standard = series["k"], series["points"], series["standard"]
-    em = [p[EXACT_MATCH] for p in points]
-    low = [p[EXACT_MATCH] - p[interval_key(EXACT_MATCH)][0] if p[interval_key(EXACT_MATCH)] else 0 for p in points]
-    high = [p[interval_key(EXACT_MATCH)][1] - p[EXACT_MATCH] if p[interval_key(EXACT_MATCH)] else 0 for p in points]
-    left.errorbar(k, em, yerr=[low, high], marker="o", capsize=3, label="goldfish (hashed)")
+    standard = series["standard"]
+    n_series = len(series["series"])
+    every_k = sorted({k for one in series["series"].values() for k in one["k"]})
+    for i, (name, one) in enumerate(series["series"].items()):
+        shift = 2 ** (0.08 * (i - (n_series - 1) / 2))  # a constant step on the log axis
+        k, points = [value * shift for value in one["k"]], one["points"]
+        color, marker = f"C{i % 10}", MARKERS[i % len(MARKERS)]
+        em = [p[EXACT_MATCH] for p in points]
+        if any(p["outer"] for p in points):
+            left.errorbar(k, em, yerr=_error(em, [p["outer"] for p in points]), color=color, linestyle="none")
+        left.errorbar(
+            k,
+            em,
+            yerr=_error(em, [p["inner"] for p in points]),
+            marker=marker,
+            capsize=3,
+            elinewidth=2,
+            color=color,
+            label=f"goldfish ({name})",
+        )
+        losses = [math.nan if p["val_loss"] is None else p["val_loss"] for p in points]
+        right.errorbar(
+            k,
+            losses,
+            yerr=_error(losses, [p["val_loss_ci"] for p in points]),
+            marker=marker,
+            capsize=3,
+            color=color,
+            label=f"goldfish ({name})",
+        )
     if standard:
         left.axhline(standard[EXACT_MATCH], color="black", linestyle="--", label="standard")
-    left.set_xscale("log", base=2)
-    left.set_xlabel("k (one token in k dropped)")
+        for band, alpha in ((standard["outer"], 0.05), (standard["inner"], 0.1)):
+            if band:
+                left.axhspan(*band, color="black", alpha=alpha)
+        if standard["val_loss"] is not None:
+            right.axhline(standard["val_loss"], color="black", linestyle="--", label="standard")
+            if standard["val_loss_ci"]:
+                right.axhspan(*standard["val_loss_ci"], color="black", alpha=0.08)
     left.set_ylabel(f"exact match at {series['top_bucket']} copies")
     left.set_ylim(-0.03, 1.03)
-    left.legend(fontsize=8)
-    losses = [p["val_loss"] for p in points]
-    if all(v is not None for v in losses):
-        err = [
-            [p["val_loss"] - p["val_loss_ci"][0] for p in points] if all(p["val_loss_ci"] for p in points) else None,
-            [p["val_loss_ci"][1] - p["val_loss"] for p in points] if all(p["val_loss_ci"] for p in points) else None,
-        ]
-        right.errorbar(k, losses, yerr=None if err[0] is None else err, marker="o", capsize=3, label="goldfish")
-        if standard and standard["val_loss"] is not None:
-            right.axhline(standard["val_loss"], color="black", linestyle="--", label="standard")
-        right.set_xscale("log", base=2)
-        right.set_xlabel("k")
-        right.set_ylabel("validation loss")
-        right.legend(fontsize=8)
+    right.set_ylabel("validation loss (95% interval)")
     for axis in (left, right):
+        axis.set_xscale("log", base=2)
+        axis.set_xticks(every_k, [str(k) for k in every_k])
+        axis.minorticks_off()
+        axis.set_xlabel("k (one token in k dropped)")
         axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
     _save_figure(figure, path)
 
 
@@ -263,10 +394,9 @@ def study_figures(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
 
 
 def _pooled(pooled: Mapping[str, Any]) -> str:
-    """ "24/64 [0.258, 0.505]": the count over every target and seed with its Clopper-Pearson interval (the trials
-    counted as independent: a target's seeds are not, so read it beside the bootstrap interval)."""
-    ci = pooled.get("ci")
-    return f"{pooled['k']}/{pooled['n']}" + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "")
+    """ "24/64 = 0.375 [0.266, 0.484]": the target-seed pairs extracted, the pooled rate and its cluster bootstrap
+    interval over targets (eval.paired.clustered_extraction)."""
+    return f"{pooled['k']}/{pooled['n']} = {_fmt_ci(pooled['rate'], pooled.get('cluster_ci'))}"
 
 
 def _seed_roles(summary: Mapping[str, Any]) -> list[str]:
@@ -294,9 +424,14 @@ def render_seeds_markdown(summary: Mapping[str, Any], figures: Sequence[str]) ->
         f"({', '.join(f'`{f}/report.md`' for f in summary['folders'].values())}).",
         f"Targets per bucket: {', '.join(f'{b}: {n}' for b, n in summary['buckets']['n_per_bucket'].items())} "
         f"({summary['buckets']['assignment']}).",
-        f"Combination: {summary['combination']}. The pooled column counts every target under every seed as one "
-        "trial, with its exact (Clopper-Pearson) interval: it is not zero-wide where nothing was extracted, as a "
-        "bootstrap of zeros is.",
+        f"Combination: {summary['combination']}. The seeds repeat the same targets, so the target is the unit: "
+        "exact match counts every target-seed pair (k/n = pooled rate) with the 95% bootstrap over targets (a "
+        "target's seeds drawn together; zero-wide where every target has the same rate, e.g. none extracted) and "
+        "conservative exact bounds (Clopper-Pearson over targets: the lower bound of those extracted under every "
+        "seed, the upper bound of those extracted under some seed). Against the standard model the test is the "
+        "exact sign-flip permutation test over targets of each target's exact-match difference summed over seeds "
+        "(the exact McNemar test with one seed), and the differences (this model minus standard) have the 95% "
+        "bootstrap over targets, the same targets drawn for both models.",
         *_seed_roles(summary),
         "",
         *(f"**Warning:** {w}." for w in summary.get("warnings") or []),
@@ -309,8 +444,8 @@ def render_seeds_markdown(summary: Mapping[str, Any], figures: Sequence[str]) ->
             [
                 str(e["repeats"]),
                 str(e["n_targets"]),
-                _fmt_ci(e[EXACT_MATCH], e.get(interval_key(EXACT_MATCH))),
                 _pooled(e[f"{EXACT_MATCH}_pooled"]),
+                _fmt_interval(e[f"{EXACT_MATCH}_pooled"].get("exact_bounds")),
                 ", ".join(_fmt(v) for v in e[f"{EXACT_MATCH}_per_seed"]),
                 _fmt_ci(e[ROUGE_L], e.get(interval_key(ROUGE_L))),
                 ", ".join(_fmt(v) for v in e[f"{ROUGE_L}_per_seed"]),
@@ -322,13 +457,16 @@ def render_seeds_markdown(summary: Mapping[str, Any], figures: Sequence[str]) ->
             [
                 "copies",
                 "targets",
-                "exact match (mean over seeds)",
-                "every target and seed pooled",
+                "exact match, pooled [cluster bootstrap]",
+                "exact bounds",
                 "per seed",
                 "RougeL",
                 "per seed",
             ],
             rows,
+        )
+        lines += _paired_table(
+            ((summary.get("bucket_tests") or {}).get("models") or {}).get(label), paired="sign-flip p", seeds=True
         )
     validation_rows = []
     for label, entry in summary["combined"].items():
@@ -336,17 +474,22 @@ def render_seeds_markdown(summary: Mapping[str, Any], figures: Sequence[str]) ->
         if v:
             difference = ""
             if "difference_per_seed" in v:
+                ci = v.get("difference_ci")
                 difference = (
-                    f"{v['difference_to_standard']:+.4f} (per seed "
+                    f"{v['difference_to_standard']:+.4f}"
+                    + (f" [{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else "")
+                    + " (per seed "
                     + ", ".join(
                         f"{d:+.4f} = {100 * r:+.2f}%"
                         for d, r in zip(v["difference_per_seed"], v["relative_difference_per_seed"])
                     )
                     + ")"
                 )
-            validation_rows.append([label, _fmt(v["loss"]), ", ".join(_fmt(x) for x in v["per_seed"]), difference])
+            validation_rows.append(
+                [label, _fmt_ci(v["loss"], v.get("loss_ci")), ", ".join(_fmt(x) for x in v["per_seed"]), difference]
+            )
     if validation_rows:
-        lines += ["Validation loss (held-out background):", ""]
+        lines += ["Validation loss (held-out background; intervals: 95% t interval over seeds):", ""]
         lines += _table(["model", "mean over seeds", "per seed", "difference to standard"], validation_rows)
         lines += _corpus_note(summary.get("corpus_per_seed"))
     lines += _figure(BUCKETS_FILE, "extraction by repetitions, mean over seeds with intervals", figures)
@@ -376,34 +519,14 @@ def _corpus_note(per_seed: Mapping[str, Any] | None) -> list[str]:
 
 
 def seeds_k_sweep_series(summary: Mapping[str, Any]) -> dict[str, Any] | None:
-    """k_sweep_series of a several-seed summary: the top bucket's exact match (mean over seeds, its interval) and the
-    validation loss (mean over seeds) per k."""
+    """k_sweep_series of a several-seed summary: per k the top bucket's pooled exact match (cluster bootstrap and
+    exact bounds) and the validation loss (mean over seeds, its t interval over seeds)."""
     combined = {label: e for label, e in summary["combined"].items() if e.get("buckets")}
-    masks = [m for m in summary["config"].get("masks") or [] if m.get("strategy") == "hashed"]
-    by_h: dict[int, list[Mapping[str, Any]]] = {}
-    for mask in masks:
-        by_h.setdefault(mask["h"], []).append(mask)
-    sweep = sorted((m for m in max(by_h.values(), key=len, default=[]) if m["label"] in combined), key=lambda m: m["k"])
-    if len({m["k"] for m in sweep}) < 2:
+    if not combined:
         return None
-    top = max(e["repeats"] for e in next(iter(combined.values()))["buckets"])
-
-    def point(label: str) -> dict[str, Any]:
-        entry = next(e for e in combined[label]["buckets"] if e["repeats"] == top)
-        validation = combined[label].get("validation") or {}
-        return {
-            EXACT_MATCH: entry[EXACT_MATCH],
-            interval_key(EXACT_MATCH): entry.get(interval_key(EXACT_MATCH)),
-            "val_loss": validation.get("loss"),
-            "val_loss_ci": None,
-        }
-
-    return {
-        "top_bucket": top,
-        "k": [m["k"] for m in sweep],
-        "points": [point(m["label"]) for m in sweep],
-        "standard": point("standard") if "standard" in combined else None,
-    }
+    tables = {label: e["buckets"] for label, e in combined.items()}
+    validation = {label: e.get("validation") or {} for label, e in combined.items()}
+    return _sweep(summary["config"].get("masks") or [], tables, validation)
 
 
 def write_seeds_report(summary: Mapping[str, Any], out_dir: Path) -> list[str]:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from statistics_recompute import check_one_seed
 from tiny_runs import tiny_run
 
 from goldfish.app.cli import build_parser, main
@@ -274,6 +275,11 @@ def test_compare_quick_standard_memorizes_more_than_goldfish(tmp_path):
     last = [r["exact_match"] for r in curve_rows if r["epoch"] == 50]
     assert sum(last) / len(last) == summary["curves"]["standard"][-1]["exact_match"]
     assert "`curve.jsonl`" in (out / "report.md").read_text()
+    # the per-target rows (targets.jsonl) give the paired statistics against standard that summary.json reports, by
+    # scipy and statsmodels: standard extracts what goldfish does not, so McNemar and the differences are not trivial
+    assert check_one_seed(out) == 2 * 3  # the control and goldfish against standard, buckets 0, 1 and 2
+    goldfish_tests = summary["bucket_tests"]["models"]["goldfish-hashed-k4-h13"]
+    assert sum(t["reference_only"] for t in goldfish_tests) > 0
 
 
 def test_parallel_train_consolidates_into_a_checkpoint_that_eval_reads(tmp_path):
