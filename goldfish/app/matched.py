@@ -28,6 +28,7 @@ from typing import Any
 
 from torch import nn
 
+from eval.buckets import EXACT_MATCH_K
 from eval.metrics import EXACT_MATCH, ROUGE_L, interval_key
 from goldfish.app.config import MaskSpec
 
@@ -118,7 +119,7 @@ def _measures(entry: Mapping[str, Any] | None) -> dict[str, Any]:
         return {}
     return {
         "n": entry["n"],
-        "exact_match_k": entry[f"{EXACT_MATCH}_k"],
+        EXACT_MATCH_K: entry[EXACT_MATCH_K],
         EXACT_MATCH: entry[EXACT_MATCH],
         interval_key(EXACT_MATCH): entry.get(interval_key(EXACT_MATCH)),
         ROUGE_L: entry.get(ROUGE_L),
@@ -236,7 +237,7 @@ def render_matched(section: Mapping[str, Any]) -> list[str]:
         rouge = "" if row.get(ROUGE_L) is None else f"{row[ROUGE_L]:.2f}{_ci(row.get(interval_key(ROUGE_L)))}"
         lines.append(
             f"| {row['bucket']} | {row['control']} | {row['model']} | {copies} | "
-            f"{row['exact_match_k']}/{row['n']}{_ci(row.get(interval_key(EXACT_MATCH)))} | {rouge} | {loss} |"
+            f"{row[EXACT_MATCH_K]}/{row['n']}{_ci(row.get(interval_key(EXACT_MATCH)))} | {rouge} | {loss} |"
         )
     lines.append("")
     return lines

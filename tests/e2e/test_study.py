@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
+from statistics_recompute import check_one_seed, check_seeds, read_rows
 from tiny_runs import tiny_run
 
 from goldfish.app.cli import main
@@ -150,14 +151,53 @@ def test_seeds_are_combined(study: Path) -> None:
     ]
     for entry in standard["buckets"]:
         assert len(entry["exact_match_per_seed"]) == 2
-        assert entry["exact_match_pooled"]["n"] == 6 and entry["exact_match_pooled"]["ci"][1] > 0
+        # pooled over target-seed pairs with the targets as clusters; the exact bounds are never zero-wide
+        assert entry["exact_match_pooled"]["n"] == 6 and entry["exact_match_pooled"]["exact_bounds"][1] > 0
         # the combined mean is the mean of the per-seed means (every seed has the same targets per bucket)
         assert entry["rouge_l"] == pytest.approx(sum(entry["rouge_l_per_seed"]) / 2)
     assert len(standard["validation"]["per_seed"]) == 2
     assert len(summary["combined"]["goldfish-hashed-k4-h4"]["validation"]["difference_per_seed"]) == 2
     report = (study / "report.md").read_text()
     assert "over seeds" in report and "seed-0/report.md" in report
+    per_seed = summary["corpus_per_seed"]
+    assert list(per_seed) == ["0", "1"] and all(0 < e["target_share"] < 1 for e in per_seed.values())
+    assert "Validation candidates with a twin elsewhere in the background" in report.split("Validation loss")[1]
     assert (study / "buckets.png").stat().st_size > 0 and (study / "k_sweep.png").stat().st_size > 0
+
+
+def test_per_target_rows_give_the_reported_statistics(study: Path) -> None:
+    """Every seed's targets.jsonl and the combined one: one row per target and model (and seed), from which scipy and
+    statsmodels give the paired tests, intervals and clustered statistics summary.json reports (issue 42)."""
+    combined = read_rows(study / "targets.jsonl")
+    per_seed = [read_rows(study / f"seed-{seed}" / "targets.jsonl") for seed in (0, 1)]
+    assert combined == per_seed[0] + per_seed[1] and len(combined) == 2 * 5 * 9  # seeds x models x targets
+    assert check_one_seed(study / "seed-0") == check_one_seed(study / "seed-1") == 4 * 3  # models x buckets
+    assert check_seeds(study) == 5 * 3 + 4 * 3  # pooled (every model) and tests (against standard), per bucket
+    assert "exact McNemar p" in (study / "seed-0" / "report.md").read_text()
+    report = (study / "report.md").read_text()
+    assert "sign-flip p" in report and "cluster bootstrap" in report and "Clopper-Pearson over targets" in report
+
+
+def test_last_insertion_step_follows_the_stream_offsets(study: Path) -> None:
+    """A target's last insertion step is the step that reads its last trained copy: rows of seq_len tokens read in
+    stream order, batch_size rows a step, so a copy starting at stream token o is read at step o // seq_len //
+    batch_size + 1 (counted from 1), or the next when it runs over the step's last row."""
+    for seed in (0, 1):
+        summary = json.loads((study / f"seed-{seed}" / "summary.json").read_text())
+        seq_len, batch = summary["config"]["data"]["seq_len"], summary["config"]["train"]["batch_size"]
+        corpus = summary["corpus"]
+        assert summary["config"]["train"]["max_steps"] * batch <= corpus["n_rows"]  # within the first epoch
+        rows = {r["id"]: r for r in read_rows(study / f"seed-{seed}" / "targets.jsonl") if r["model"] == "standard"}
+        for target in corpus["targets"]:
+            row = rows[target["id"]]
+            assert (row["bucket"], row["copies"], row["seed"]) == (target["inserted"], target["trained"], seed)
+            if target["trained"]:
+                start = target["stream_offsets"][target["trained"] - 1] // seq_len // batch + 1
+                assert row["last_insertion_step"] in (start, start + 1)
+            else:
+                assert row["last_insertion_step"] is None
+        held = [r for r in rows.values() if r["bucket"] == 0]
+        assert len(held) == 3 and all(r["copies"] == 0 and r["last_insertion_step"] is None for r in held)
 
 
 def test_a_tuning_seed_is_flagged_as_exploratory(study: Path) -> None:
