@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     figures: dict = {
         "device": args.device,
         "threads": torch.get_num_threads(),
-        "machine": machine(),
+        "machine": machine(args.device),
         "onednn_linears": eval.decoding.ONEDNN_LINEARS and args.device == "cpu",
         "rounds": args.rounds,
         "model": model_figures(args, model),
@@ -153,8 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if figures["identical_ids"] else 1
 
 
-def machine() -> dict:
-    """The CPU's name (/proc/cpuinfo's model name where there is one), its logical CPUs and the platform."""
+def machine(device: str) -> dict:
+    """The CPU's name (/proc/cpuinfo's model name where there is one), its logical CPUs, the platform and, on a CUDA
+    `device`, the GPU's name."""
     name = platform.processor()
     try:
         name = next(
@@ -164,7 +165,10 @@ def machine() -> dict:
         )
     except (OSError, StopIteration):
         pass
-    return {"cpu": name, "cpus": os.cpu_count(), "platform": platform.platform()}
+    found = {"cpu": name, "cpus": os.cpu_count(), "platform": platform.platform()}
+    if torch.device(device).type == "cuda":
+        found["gpu"] = torch.cuda.get_device_name(device)
+    return found
 
 
 def race(
