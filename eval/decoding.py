@@ -58,8 +58,9 @@ def _onednn_beats_torch_gemm() -> bool:
 
     MKL picks its AVX2 code on non-Intel CPUs while oneDNN dispatches on the instruction set: on the AMD EPYC
     (AVX-512) of bench/extraction.py, one thread, 2.0-2.2x at 32 rows (the decoding steps) and 2.3x at 6,592 rows
-    (the prompt pass) for 256 x 1024 weights, 1.3x even at one row for 2048 x 5632. Intel CPUs keep MKL, which
-    torch.compile's own CPU weight packing chooses for float32 there.
+    (the prompt pass) for 256 x 1024 weights, 1.3x even at one row for 2048 x 5632. Intel CPUs keep MKL: on the
+    Intel Xeon of the H200 machine oneDNN was 0.42-1.15x MKL for the same shapes
+    (bench/results/extraction_intel_xeon_1thread.txt).
     """
     return (
         torch.backends.mkl.is_available()
