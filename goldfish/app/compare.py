@@ -636,7 +636,17 @@ def combine_seed_runs(
             off = [i for i, n in comparison.repeats.items() if n != assigned[i]]
             if off:
                 warnings.append(f"seed {seed}: {len(off)} targets trained on other counts than their bucket's")
-    labels = list(first.target_rows) or list(summaries[spec.seeds[0]]["models"])
+    # models every seed trained (the loss-matched control is the standard or the goldfish model, whichever ended lower,
+    # so its label can differ between seeds: it is reported per seed, not combined)
+    in_every = [
+        label for label in summaries[spec.seeds[0]]["models"] if all(label in s["models"] for s in summaries.values())
+    ]
+    per_seed_only = sorted({label for s in summaries.values() for label in s["models"]} - set(in_every))
+    if per_seed_only:
+        warnings.append(
+            f"{', '.join(per_seed_only)} ran under some seeds only: reported per seed (their folders), not combined"
+        )
+    labels = [label for label in (list(first.target_rows) or in_every) if label in in_every]
     standard = MaskSpec(strategy=None).label
     with_rows = [label for label in labels if all(label in c.target_rows for c in comparisons.values())]
     pooled_tables, tests = seed_bucket_statistics(
@@ -682,6 +692,11 @@ def combine_seed_runs(
         )
     return {
         "seeds": list(spec.seeds),
+        "matched_controls_per_seed": {
+            str(seed): summaries[seed]["matched_controls"]
+            for seed in spec.seeds
+            if "matched_controls" in summaries[seed]
+        },
         "tuning_seeds": list(spec.tuning_seeds),
         "exploratory_seeds_run": exploratory,
         "confirmatory_seeds_run": [seed for seed in spec.seeds if seed not in spec.tuning_seeds],

@@ -241,3 +241,35 @@ def render_matched(section: Mapping[str, Any]) -> list[str]:
         )
     lines.append("")
     return lines
+
+
+def render_matched_seeds(per_seed: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The combined --seeds report's lines on the matched controls: per seed, which model the loss-matched control
+    took and at which step, whether the compute-matched run reached the standard model's validation loss, and the
+    exact match of every control at the top buckets (each seed's own report has the whole table)."""
+    if not per_seed:
+        return []
+    lines = [
+        "## Matched controls, seed by seed",
+        "",
+        "The loss-matched control is whichever model ended with the lower validation loss, so it can be another "
+        "model under each seed; each seed's report has the whole table with intervals.",
+        "",
+        "| seed | loss-matched: model at step | compute-matched: validation loss (standard's) | exact match at the top "
+        "buckets |",
+        "|---|---|---|---|",
+    ]
+    for seed, section in per_seed.items():
+        loss = section.get("loss_matched") or {}
+        taken = "none" if loss.get("step") is None else f"{loss.get('model')} at {loss['step']} of {loss['of_steps']}"
+        compute = section.get("compute_matched") or {}
+        val = compute.get("val_loss")
+        reached = "" if val is None else f"{val:.3f} ({compute.get('standard_val_loss', float('nan')):.3f})"
+        counts = "; ".join(
+            f"{row['control']} @{row['copies']}: {row[EXACT_MATCH_K]}/{row['n']}"
+            for row in section.get("rows", [])
+            if row["bucket"] == max(r["bucket"] for r in section["rows"])
+        )
+        lines.append(f"| {seed} | {taken} | {reached} | {counts} |")
+    lines.append("")
+    return lines

@@ -16,6 +16,7 @@ from typing import Any
 from data.atomic import json_safe, write_text_atomic
 from eval.buckets import EXACT_MATCH_K
 from eval.metrics import EXACT_MATCH, ROUGE_L, SUFFIX_LOGPROB_MEAN, interval_key
+from goldfish.app.matched import render_matched_seeds
 from goldfish.app.report_format import figure_link as _figure
 from goldfish.app.report_format import fmt as _fmt
 from goldfish.app.report_format import fmt_ci as _fmt_ci
@@ -492,6 +493,7 @@ def render_seeds_markdown(summary: Mapping[str, Any], figures: Sequence[str]) ->
         lines += ["Validation loss (held-out background; intervals: 95% t interval over seeds):", ""]
         lines += _table(["model", "mean over seeds", "per seed", "difference to standard"], validation_rows)
         lines += _corpus_note(summary.get("corpus_per_seed"))
+    lines += render_matched_seeds(summary.get("matched_controls_per_seed") or {})
     lines += _figure(BUCKETS_FILE, "extraction by repetitions, mean over seeds with intervals", figures)
     lines += _figure(
         K_SWEEP_FILE, "exact match at the top bucket and validation loss against k, mean over seeds", figures
