@@ -385,7 +385,7 @@ def _reports_here(grid: Grid | None) -> bool:
     """Whether this process prints the run's closing line: the main process, unless it is a worker of a --nproc
     launcher (which prints once for all of them)."""
     from engine.core.grid import is_main_process
-    from goldfish.app.launch import ERROR_DIR_VARIABLE
+    from goldfish.app.runfile import ERROR_DIR_VARIABLE
 
     return is_main_process(grid) and ERROR_DIR_VARIABLE not in os.environ
 

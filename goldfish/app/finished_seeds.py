@@ -14,16 +14,23 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from data.atomic import json_safe
 from eval.files import MEMBERSHIP_FILE, ROW_FILES
 from goldfish.app.buckets import bucket_results, bucket_tests_section
-from goldfish.app.config import MaskSpec
+from goldfish.app.config import CompareSpec, MaskSpec
 from goldfish.app.results import PARTS
 
-if TYPE_CHECKING:  # compare imports this module
-    from goldfish.app.compare import Comparison
+
+class SeedComparison(Protocol):
+    """What a finished seed's reading needs of goldfish.app.compare.Comparison (prepared: its stream built)."""
+
+    out_dir: Path
+    spec: CompareSpec
+    repeats: dict[str, int] | None
+    target_rows: dict[str, list[dict[str, Any]]]
+
 
 SUMMARY_FILE = "summary.json"
 
@@ -51,7 +58,7 @@ def _rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
-def read_finished_seed(comparison: Comparison, summary: dict[str, Any]) -> dict[str, Any]:
+def read_finished_seed(comparison: SeedComparison, summary: dict[str, Any]) -> dict[str, Any]:
     """Fill a prepared comparison of a finished seed from its folder: every model's target rows from its row files,
     and, with repetition buckets, the per-bucket tables and the tests against the standard model computed again
     from them (the summary is updated and returned)."""

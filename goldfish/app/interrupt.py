@@ -57,7 +57,7 @@ def ctrl_c_stops(announce: bool) -> Iterator[Callable[[], bool]]:
         yield request
         return
 
-    from goldfish.app.launch import ERROR_DIR_VARIABLE
+    from goldfish.app.runfile import ERROR_DIR_VARIABLE
 
     announce = announce and ERROR_DIR_VARIABLE not in os.environ  # a --nproc launcher says it for its workers
 

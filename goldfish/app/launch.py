@@ -33,9 +33,8 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from goldfish.app.interrupt import INTERRUPTED_EXIT, STOPPING, interrupted_line
-from goldfish.app.runfile import ResolvedRun, write_run
+from goldfish.app.runfile import ERROR_DIR_VARIABLE, ResolvedRun, write_run
 
-ERROR_DIR_VARIABLE = "GOLDFISH_ERROR_DIR"
 LAUNCHER_VARIABLE = "GOLDFISH_LAUNCHER_PID"  # in a worker: the pid of the launcher it must not outlive
 SETTINGS_ERROR_EXIT = 2  # bad input (a ValueError): the launcher also exits with 2
 CRASH_EXIT = 1

@@ -19,6 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# Set in every worker a --nproc launcher starts: the folder its workers report their errors into (goldfish.app.launch);
+# a process that has it is a worker, and its launcher speaks for it.
+ERROR_DIR_VARIABLE = "GOLDFISH_ERROR_DIR"
+
 RUN_FILE_VERSION = 1
 
 

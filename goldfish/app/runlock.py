@@ -26,7 +26,7 @@ _TAKE_TRIES = 100  # a releasing run unlinks the file between our open and our f
 def holds_lock_here() -> bool:
     """Whether this process is the one to hold the --out lock: not a worker of an `--nproc` launcher (the launcher
     holds it), and rank 0 under a plain torchrun (one holder for all ranks)."""
-    from goldfish.app.launch import ERROR_DIR_VARIABLE  # set for the workers launch_local starts
+    from goldfish.app.runfile import ERROR_DIR_VARIABLE  # set for the workers launch_local starts
 
     return ERROR_DIR_VARIABLE not in os.environ and os.environ.get("RANK", "0") == "0"
 

@@ -15,18 +15,27 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 import engine.training.train as engine_train
 from data.atomic import write_jsonl_atomic
+from data.background import Background
 from eval.metrics import EXACT_MATCH, MATCH_FRACTION, ROUGE_L, SUFFIX_LOGPROB_MEAN
-from goldfish.app.config import background_train_config
-from goldfish.app.experiment import TrainedCopies, trained_copies
+from goldfish.app.config import CompareSpec, background_train_config
+from goldfish.app.experiment import Prepared, TrainedCopies, trained_copies
 
-if TYPE_CHECKING:  # compare imports this module
-    from goldfish.app.compare import Comparison
+
+class BucketComparison(Protocol):
+    """What the per-target rows read of a finished goldfish.app.compare.Comparison."""
+
+    spec: CompareSpec
+    prepared: Prepared
+    background: Background | None
+    repeats: dict[str, int] | None
+    target_rows: dict[str, list[dict[str, Any]]]
+
 
 TARGETS_FILE = "targets.jsonl"
 # The per-target measures a row carries for its model.
@@ -91,7 +100,7 @@ def target_rows(
     return out
 
 
-def comparison_target_rows(comparison: Comparison) -> list[dict[str, Any]]:
+def comparison_target_rows(comparison: BucketComparison) -> list[dict[str, Any]]:
     """The per-target rows of a finished comparison with buckets (rank 0; [] without buckets). Buckets are the data
     seed's assignment; the last insertion step is read from the background stream's rows (None without one)."""
     if not comparison.target_rows or comparison.repeats is None:
