@@ -138,10 +138,10 @@ def matched_rows(
     compute_matched: Mapping[str, Any] | None,
 ) -> list[dict[str, Any]]:
     """The matched-controls table: per top bucket B, one row per model: goldfish (mask) at B, the standard model at
-    B, the standard model at B * (k-1)/k copies (exposure-matched, when that bucket ran), the loss-matched standard
-    model and the compute-matched goldfish model at B; each with exact match (k of n, its exact interval), RougeL
-    (bootstrap interval) and the model's final validation loss. buckets: label -> bucket_results; validation: label ->
-    the compare summary's validation entry."""
+    B, the standard model at B * (k-1)/k copies (exposure-matched, when that bucket ran), the loss-matched model
+    (standard or goldfish, whichever ended lower) and the compute-matched goldfish model at B; each with exact match
+    (k of n, its exact interval), RougeL (bootstrap interval) and the model's final validation loss. buckets: label
+    -> bucket_results; validation: label -> the compare summary's validation entry."""
     goldfish = mask.label
     all_buckets = sorted(
         {e["repeats"] for entry in buckets.values() for e in entry["extraction"] if isinstance(e["repeats"], int)}
