@@ -12,6 +12,7 @@ its share of the batch (a quarter or more).
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 import torch
@@ -38,9 +39,12 @@ def _metrics(folder) -> torch.Tensor:
 
 
 def _background(path) -> str:
-    """A small background corpus (jsonl) the targets are inserted into, with held-out rows for val_loss."""
+    """A small background corpus (jsonl) the targets are inserted into, with held-out rows for val_loss. Each
+    document is its own random draw of words: shifted copies of one cycle would all be near twins of each other, and
+    validation leaves out every document with a twin in the background."""
     words = "the a of to and in is it that was for on are with as his they be at one have this from".split()
-    lines = [json.dumps({"text": " ".join(words[(i * 7 + j * 3) % len(words)] for j in range(120))}) for i in range(60)]
+    draws = [random.Random(i) for i in range(60)]
+    lines = [json.dumps({"text": " ".join(rng.choice(words) for _ in range(120))}) for rng in draws]
     path.write_text("\n".join(lines) + "\n")
     return str(path)
 

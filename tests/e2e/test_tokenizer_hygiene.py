@@ -108,6 +108,7 @@ def test_compare_tokenizer_never_sees_a_heldout_document(tmp_path: Path, trainer
     ]
 
 
+@pytest.mark.slow  # a background study, about 15 s; tests/unit/test_tokenizer_fit.py checks the rule itself
 def test_compare_with_background_tokenizer_never_sees_a_heldout_target_or_its_copy(
     tmp_path: Path, trainer_texts, capsys
 ) -> None:
