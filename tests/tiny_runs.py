@@ -4,6 +4,24 @@ a test names only what it varies instead of pasting the whole argument list."""
 
 from __future__ import annotations
 
+import json
+import random
+from pathlib import Path
+
+BACKGROUND_WORDS = (
+    "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
+)
+
+
+def random_words_background(path: Path, seed: int = 0) -> Path:
+    """A background corpus for --background (jsonl): 200 documents of 20-299 words drawn from BACKGROUND_WORDS."""
+    rng = random.Random(seed)
+    with path.open("w") as handle:
+        for _ in range(200):
+            words = " ".join(rng.choice(BACKGROUND_WORDS) for _ in range(rng.randrange(20, 300)))
+            handle.write(json.dumps({"text": words}) + "\n")
+    return path
+
 
 def tiny_run(
     *,

@@ -7,63 +7,47 @@ from __future__ import annotations
 
 import json
 import math
-import random
 from pathlib import Path
 
 import pytest
-from tiny_runs import tiny_run
+from tiny_runs import random_words_background, tiny_run
 
 from goldfish.app import matched
 from goldfish.app.cli import main
 from goldfish.app.config import MaskSpec
 
-WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
 STEPS = 24
 
 
-def _background_file(path: Path) -> Path:
-    rng = random.Random(0)
-    with path.open("w") as handle:
-        for _ in range(200):
-            handle.write(
-                json.dumps({"text": " ".join(rng.choice(WORDS) for _ in range(rng.randrange(20, 300)))}) + "\n"
-            )
-    return path
+def _study(folder: Path, out: Path, **options: object) -> list[str]:
+    """The tiny background study with its matched controls: buckets 0, 3 and 4 (3 = 4 * 3/4, exposure-matched)."""
+    settings: dict[str, object] = dict(
+        n_train=6,
+        n_heldout=3,
+        seq_len=64,
+        batch_size=4,
+        vocab_size=400,
+        data="default-paragraphs",
+        background=random_words_background(folder / "bg.jsonl"),
+        repeats="0,3,4",
+        min_doc_tokens=40,
+        max_doc_tokens=300,
+        extract_len=64,
+        insert_window=True,
+        prefix_len=16,
+        suffix_len=16,
+        eval_every=3,
+        val_tokens=512,
+        matched_controls=True,
+    )
+    return ["compare", *tiny_run(**(settings | options)), "--out", str(out)]
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("matched")
     out = folder / "out"
-    argv = [
-        "compare",
-        *tiny_run(
-            n_train=6,
-            n_heldout=3,
-            seq_len=64,
-            batch_size=4,
-            vocab_size=400,
-            data="default-paragraphs",
-            background=_background_file(folder / "bg.jsonl"),
-            repeats="0,3,4",
-            min_doc_tokens=40,
-            max_doc_tokens=300,
-            extract_len=64,
-            insert_window=True,
-            prefix_len=16,
-            suffix_len=16,
-            max_steps=STEPS,
-            eval_every=3,
-            val_tokens=512,
-            bootstrap=50,
-            lr=3e-3,
-            masks=["hashed:4:4", "random:4"],
-            matched_controls=True,
-            beams=2,
-        ),
-        "--out",
-        str(out),
-    ]
+    argv = _study(folder, out, max_steps=STEPS, bootstrap=50, lr=3e-3, masks=["hashed:4:4", "random:4"], beams=2)
     assert main(argv) == 0
     return out
 
@@ -178,34 +162,7 @@ def test_seeds_with_controls_combine(tmp_path: Path) -> None:
     (never a KeyError: the shipped study's seeds took the standard model under some seeds and goldfish under others),
     and combines every model all seeds trained."""
     out = tmp_path / "out"
-    argv = [
-        "compare",
-        *tiny_run(
-            n_train=6,
-            n_heldout=3,
-            seq_len=64,
-            batch_size=4,
-            vocab_size=400,
-            data="default-paragraphs",
-            background=_background_file(tmp_path / "bg.jsonl"),
-            repeats="0,3,4",
-            min_doc_tokens=40,
-            max_doc_tokens=300,
-            extract_len=64,
-            insert_window=True,
-            prefix_len=16,
-            suffix_len=16,
-            max_steps=12,
-            eval_every=3,
-            val_tokens=512,
-            bootstrap=20,
-            masks=["hashed:4:4"],
-            matched_controls=True,
-            seeds="0,1",
-        ),
-        "--out",
-        str(out),
-    ]
+    argv = _study(tmp_path, out, max_steps=12, bootstrap=20, masks=["hashed:4:4"], seeds="0,1")
     assert main(argv) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["matched_controls_per_seed"]) == {"0", "1"}

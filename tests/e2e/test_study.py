@@ -4,26 +4,13 @@ seeds on a tiny model; the per-bucket tables, the tests between models, minimal 
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
 from statistics_recompute import check_one_seed, check_seeds, read_rows
-from tiny_runs import tiny_run
+from tiny_runs import random_words_background, tiny_run
 
 from goldfish.app.cli import main
-
-WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
-
-
-def _background_file(path: Path) -> Path:
-    rng = random.Random(0)
-    with path.open("w") as handle:
-        for _ in range(200):
-            handle.write(
-                json.dumps({"text": " ".join(rng.choice(WORDS) for _ in range(rng.randrange(20, 300)))}) + "\n"
-            )
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +26,7 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
             batch_size=4,
             vocab_size=400,
             data="default-paragraphs",
-            background=_background_file(folder / "bg.jsonl"),
+            background=random_words_background(folder / "bg.jsonl"),
             repeats="0,1,4",
             min_doc_tokens=40,
             max_doc_tokens=300,
