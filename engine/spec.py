@@ -10,12 +10,13 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 AXES: tuple[str, ...] = ("x", "y", "z", "data")  # a pipeline stage's axes, in rank order, fastest first
 PIPE = "pipe"  # the pipeline axis: slowest of all, so each stage's data x X x Y x Z ranks are consecutive
 GRID_AXES: tuple[str, ...] = (*AXES, PIPE)  # every axis, in rank order
-ROWS_LAYOUTS = ("own", "shared")  # every rank reads its own rows / every rank of an x*y group reads the same rows
+RowsLayout = Literal["own", "shared"]  # every rank reads its own rows / every rank of an x*y group reads the same rows
+ROWS_LAYOUTS: tuple[RowsLayout, ...] = ("own", "shared")
 STAGES = (0, 1, 2, 3)  # ZeRO stages
 BUCKET_ELEMENTS = 1 << 24  # gradients are reduced in buckets this large (engine.core.comm), as the cost model counts
 
@@ -403,7 +404,7 @@ _GRADIENT_AXES: dict[str, dict[str | None, tuple[str, ...]]] = {
 }
 
 
-def check_rows_layout(rows: str) -> str:
+def check_rows_layout(rows: str) -> RowsLayout:
     """Return `rows` if it is a rows layout ("own" or "shared"), else raise ValueError naming the choices."""
     if rows not in ROWS_LAYOUTS:
         raise ValueError(f"rows layout must be one of {ROWS_LAYOUTS}, got {rows!r}")
@@ -468,7 +469,7 @@ class ParallelLayout:
     """
 
     shape: GridShape = GridShape()
-    rows: str = OWN
+    rows: RowsLayout = OWN
     vocab_parallel: bool | None = None
     zero: ZeroConfig = ZeroConfig()
     precision: str = TRAIN_PRECISION

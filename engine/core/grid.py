@@ -20,15 +20,13 @@ import itertools
 import math
 import os
 import socket
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Iterator
 
 import torch
 import torch.distributed as dist
 
-from engine.spec import AXES, GRID_AXES, OWN, GridError, GridShape, _check_axis, check_rows_layout  # noqa: F401 - re-exported: engine.core.grid names them
+from engine.spec import AXES, GRID_AXES, GridError, GridShape, _check_axis  # noqa: F401 - re-exported: engine.core.grid names them
 
 # The axis combinations a grid builds process groups for. Single axes serve the parallel Linear;
 # ("x", "y") gathers a decoder layer's rows; ("x", "y", "z") is the tensor-parallel group (full
@@ -95,6 +93,9 @@ class AxisGroup:
 class Grid:
     """This rank's view of a data x X x Y x Z grid: shape, coordinates, device and process groups.
 
+    A grid holds process groups only, no layout: which rows a model's ranks read and how its parameters are cut are
+    the model's ParallelPlan (engine.models.layout), shared by every model built on the grid.
+
     Build one with `engine.init`. Use `grid.group("x")`, `grid.group("x", "y")`, ... to get the groups
     of the combinations in GROUP_AXES. `close()` destroys the groups this grid created.
     """
@@ -120,7 +121,6 @@ class Grid:
         self._groups: dict[tuple[str, ...], AxisGroup] = {}
         self._data_groups: dict[tuple, tuple[AxisGroup, ...]] = {}  # data_levels and data_node, by sizes
         self._mesh = None  # device_mesh(), built on first use
-        self.rows = OWN  # the rows layout models on this grid run in (rows_layout)
         self._background: dist.ProcessGroup | None = None  # background_group(), built on first use
         # Combinations that differ only by axes of size 1 have the same members: build each group once.
         handles: dict[tuple[str, ...], tuple[list[int], dist.ProcessGroup | None]] = {}
@@ -248,17 +248,6 @@ class Grid:
             self._background = dist.new_group(backend="gloo")
             self._created.append(self._background)
         return self._background
-
-    @contextmanager
-    def rows_layout(self, layout: str) -> Iterator[None]:
-        """Run the models on this grid in the rows `layout` ("own" or "shared", engine/models/parallelize.py) inside
-        the block, then restore the one before. Every rank must use the same layout. Raises ValueError for an unknown
-        layout."""
-        before, self.rows = self.rows, check_rows_layout(layout)
-        try:
-            yield
-        finally:
-            self.rows = before
 
     def device_mesh(self):  # -> torch.distributed.device_mesh.DeviceMesh
         """A DeviceMesh over this grid's axes of size > 1 (dims named after them, in the order of AXES; "data" alone

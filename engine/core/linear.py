@@ -46,16 +46,9 @@ from engine.core.functional import (
 )
 from engine.core.grid import Grid
 from engine.core.placement import is_placed, local_shard, write_counts
-from engine.spec import ROWS_LAYOUTS, row_gather_axes  # noqa: F401 (ROWS_LAYOUTS: re-exported)
+from engine.spec import OWN, RowsLayout, row_gather_axes
 
 MODES = ("default", "normal", "transposed")
-
-
-def current_rows_layout(module: nn.Module) -> str:
-    """The rows layout (engine/models/parallelize.py: "own" rows per rank, or rows "shared" by every rank of an x*y
-    group) that `module`, a ParallelLinear or vocabulary-parallel module, runs in: its grid's (Grid.rows_layout)."""
-    grid = getattr(module, "grid", None)
-    return grid.rows if isinstance(grid, Grid) else "own"
 
 
 class ShardingError(ValueError):
@@ -158,6 +151,9 @@ class ParallelLinear(nn.Linear):
         # How the serial model stores this layer's weight: "linear" (out, in) or "conv1d" (in, out, GPT-2);
         # full_state_dict and load_full_state_dict use it to speak the serial model's layout.
         self.serial_layout = "linear"
+        # The rows layout the forward runs in ("own" rows per rank, or rows "shared" by every rank of an x*y group):
+        # a mode of the module like `training`, set by engine.models.parallelize.rows_layout from the model's plan.
+        self.rows_layout: RowsLayout = OWN
         self._check_divisible(mode)
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(self._shard_shape(mode), **factory))
@@ -376,7 +372,7 @@ class ParallelLinear(nn.Linear):
             return self._core(split_to_group(x, grid.group("x"), -1), "normal")
         if self.mode == "transposed":
             return gather_from_group(self._core(x, "transposed"), grid.group("x"), -1)
-        if not row_gather_axes(current_rows_layout(self)):  # the rows of the x*y group already, on every rank of it
+        if not row_gather_axes(self.rows_layout):  # the rows of the x*y group already, on every rank of it
             return gather_from_group(self._core(split_to_group(x, grid.group("x"), -1), "normal"), grid.group("y"), -1)
         # default: gather the rows of the x*y group, run the normal layout, hand back own rows, all features
         unbatched = x.dim() == 1

@@ -47,9 +47,9 @@ from engine.core.functional import (
     split_to_group,
 )
 from engine.core.grid import AxisGroup, Grid
-from engine.core.linear import ShardingError, current_rows_layout
+from engine.core.linear import ShardingError
 from engine.core.placement import local_shard
-from engine.spec import row_replica_axes, vocab_row_axes
+from engine.spec import OWN, RowsLayout, row_replica_axes, vocab_row_axes
 
 IGNORE_INDEX = -100  # torch's cross-entropy convention: targets equal to it give no loss
 DEFAULT_CHUNK_TOKENS = 1024
@@ -215,6 +215,7 @@ class _VocabShard:
             )
         self.grid, self.full_vocab = grid, full_vocab
         self.vocab_start = group.rank * (full_vocab // group.size)
+        self.rows_layout: RowsLayout = OWN  # a mode like ParallelLinear.rows_layout, set by parallelize.rows_layout
 
     @property
     def group(self) -> AxisGroup:
@@ -223,12 +224,12 @@ class _VocabShard:
     @property
     def row_group(self) -> AxisGroup:
         """The ranks of `group` that hold different rows: all of them, or z only in the "shared" rows layout."""
-        return self.grid.group(*vocab_row_axes(current_rows_layout(self)))
+        return self.grid.group(*vocab_row_axes(self.rows_layout))
 
     @property
     def replica_group(self) -> AxisGroup | None:
         """The ranks of `group` that hold this rank's rows too: x*y in the "shared" rows layout, else None."""
-        axes = row_replica_axes(current_rows_layout(self))
+        axes = row_replica_axes(self.rows_layout)
         return self.grid.group(*axes) if axes else None
 
     def shard_rows(self, full: torch.Tensor) -> torch.Tensor:

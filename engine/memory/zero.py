@@ -69,7 +69,7 @@ from engine.core.grid import AxisGroup, Grid
 from engine.core.linear import ParallelLinear
 from engine.core.placement import PlacedAdamW, has_placed, is_placed, parent_step, placed_like
 from engine.core.vocab_parallel import own_class
-from engine.models.layout import LAYOUT_ATTR, ModelLayout, layout_of, unplace_parameters
+from engine.models.layout import PLAN_ATTR, ParallelPlan, plan_of, unplace_parameters
 from engine.models.parallelize import decoder_stacks
 from engine.spec import STAGES, ZeroConfig, ZeroError, data_ranks_per_node  # noqa: F401 - re-exported
 
@@ -82,7 +82,7 @@ def chunk_rows(rows: int, parts: int, index: int) -> tuple[int, int]:
 
 
 class ZeroState:
-    """What shard_data_axis records in a model's layout (ModelLayout.zero): the config, the data group and, for
+    """What shard_data_axis records in a model's layout (ParallelPlan.zero): the config, the data group and, for
     stage 1, the parameters whose gradients and updates it partitions."""
 
     def __init__(self, grid: Grid, config: ZeroConfig, mesh: Any) -> None:
@@ -235,15 +235,15 @@ class ZeroAdamW(torch.optim.AdamW):
 
 def zero_state(model: nn.Module) -> ZeroState | None:
     """The ZeroState shard_data_axis recorded in `model`'s layout, or None (stage 0 or never sharded)."""
-    layout = model.__dict__.get(LAYOUT_ATTR)
-    return layout.zero if isinstance(layout, ModelLayout) else None
+    layout = model.__dict__.get(PLAN_ATTR)
+    return layout.zero if isinstance(layout, ParallelPlan) else None
 
 
 def _record(model: nn.Module, grid: Grid, state: ZeroState) -> None:
     """Keep the ZeroState in the model's layout (engine/models/layout.py), the one record of what each rank holds."""
     # the model's own record, the records of parallelized models inside it (a wrapper), or what its modules declare
-    layout = layout_of(model, grid).unbound()
-    model.__dict__[LAYOUT_ATTR] = replace(layout, zero=state)
+    layout = plan_of(model, grid).unbound()
+    model.__dict__[PLAN_ATTR] = replace(layout, zero=state)
 
 
 def make_adamw(model: nn.Module, groups: list[dict[str, Any]], **kwargs: Any) -> torch.optim.AdamW:

@@ -48,7 +48,7 @@ from engine.core.grid import Grid
 from engine.core.linear import ParallelLinear, ShardingError
 from engine.core.placement import write_counts
 from engine.models.adapter import Initialise, find_planned, transformers_init
-from engine.models.layout import layout_of
+from engine.models.layout import plan_of
 from engine.models.parallelize import parallelize
 
 
@@ -201,7 +201,7 @@ def _initialise_layer(
     _check_written(serial, {}, where)
     full = serial.state_dict()
     with torch.no_grad():  # this rank's part of every tensor, as the layer's layout cuts it
-        for p in layout_of(layer, grid).params.values():
+        for p in plan_of(layer, grid).params.values():
             value = full[p.key].t() if p.serial_transposed else full[p.key]
             p.local.copy_(p.take_local(value) if p.split else value)
     for name, buffer in serial.named_buffers():  # non-persistent buffers are not in the state dict

@@ -1,7 +1,7 @@
-"""The declared layout of a parallelized model: how each state-dict tensor is cut over the grid.
+"""The plan of a parallelized model: its rows layout, ZeRO's state, and how each state-dict tensor is cut over the grid.
 
-`engine.parallelize` writes one ModelLayout for the model it shards; gradient sync, clipping, the full state dict,
-loading and checkpoints read it instead of looking at the modules. For every state-dict tensor it says:
+`engine.parallelize` writes one frozen ParallelPlan for the model it shards; gradient sync, clipping, the full state
+dict, loading, ZeRO and checkpoints read it instead of the grid or the modules. For every state-dict tensor it says:
 
     full_shape        the serial tensor, in the engine's natural layout: (out, in) for every linear (GPT-2's Conv1D
                       stores the transpose: serial_transposed), output features in their natural order
@@ -30,7 +30,7 @@ from engine.core.linear import ParallelLinear, ShardingError
 from engine.core.placement import is_placed
 from engine.core.vocab_parallel import is_vocab_parallel
 from engine.models.adapter import find_planned
-from engine.spec import AXES, gradient_axes
+from engine.spec import AXES, OWN, GridShape, RowsLayout, check_rows_layout, gradient_axes
 
 LINEAR_SPLITS = {
     "normal": (("y", 0), ("z", 0), ("x", 1)),
@@ -38,7 +38,10 @@ LINEAR_SPLITS = {
     "transposed": (("x", 0), ("z", 0), ("y", 1)),
 }
 VOCAB_SPLIT = (("z", 0), ("y", 0), ("x", 0))  # group rank of x*y*z = x + X (y + Y z): z outermost
-LAYOUT_ATTR = "parallel_layout"  # the one attribute parallelize sets, on the model it was given
+PLAN_ATTR = "parallel_plan"  # the one attribute parallelize sets, on the model it was given
+# The attribute of a module whose forward reads the rows layout (ParallelLinear, a vocabulary-parallel table, a planned
+# base model's row hooks): a mode like `training`, set from the plan by engine.models.parallelize.rows_layout.
+ROWS_MODE = "rows_layout"
 
 
 @dataclass(frozen=True)
@@ -175,17 +178,37 @@ class ParamLayout:
 
 
 @dataclass(frozen=True)
-class ModelLayout:
-    """Every state-dict tensor's layout (by its first key, in state-dict order), and the base models whose decoder
-    layers parallelize planned (by their module path), for one rank of `grid`."""
+class ParallelPlan:
+    """One parallelized model on one rank of `grid`, built once by parallelize and read by every reader (gradient sync,
+    clipping, full state dicts, loading, ZeRO, checkpoints, the training loop) instead of the grid or the modules.
+
+    params: every state-dict tensor's placement (by its first key, in state-dict order: ParamLayout); stacks: the base
+    models whose decoder layers parallelize planned (module paths); regions: module path -> region, as parallelize
+    recorded them; rows: the rows layout the model runs in ("own" or "shared", engine/models/parallelize.py), which
+    fixes the axes every gradient is summed over; zero: engine.memory.zero.ZeroState once shard_data_axis partitioned
+    the data axis (its config: stage, levels, quantization). Frozen: rows_layout and shard_data_axis record a new plan.
+    """
 
     grid: Grid
     params: dict[str, ParamLayout]
     stacks: tuple[str, ...] = ()
-    regions: Mapping[str, str] = field(default_factory=dict)  # module path -> region, as parallelize recorded them
-    zero: object = None  # engine.memory.zero.ZeroState once shard_data_axis partitioned the data axis
+    regions: Mapping[str, str] = field(default_factory=dict)
+    rows: RowsLayout = OWN
+    zero: object = None
 
-    def bind(self, model: nn.Module) -> "ModelLayout":
+    def __post_init__(self) -> None:
+        check_rows_layout(self.rows)
+
+    @property
+    def shape(self) -> GridShape:
+        """The grid's axis sizes."""
+        return self.grid.shape
+
+    def gradient_axes(self, p: ParamLayout) -> tuple[str, ...]:
+        """The axes the gradient of tensor `p` is summed over in this plan's rows layout."""
+        return p.gradient_axes(self.rows)
+
+    def bind(self, model: nn.Module) -> "ParallelPlan":
         """The same layout with each entry's `tensor` and `aliases` read from `model`'s current state dict (ZeRO
         replaces parameters by DTensors after parallelize). Raises ValueError when the model's tensors no longer are
         the ones laid out (one added, reshaped, tied or untied after parallelize): every reader would skip or cut it."""
@@ -210,7 +233,7 @@ class ModelLayout:
         }
         return replace(self, params=params)
 
-    def unbound(self) -> "ModelLayout":
+    def unbound(self) -> "ParallelPlan":
         """The layout without tensors, as stored on the model (ZeRO replaces the parameters later; holding the old
         ones would keep them alive)."""
         params = {key: replace(p, tensor=None, aliases=(), placed=False) for key, p in self.params.items()}
@@ -225,8 +248,12 @@ def _misshapen(p: ParamLayout, tensor: torch.Tensor) -> bool:
 
 
 def describe(
-    model: nn.Module, grid: Grid, regions: Mapping[str, str] | None = None, stacks: tuple[str, ...] = ()
-) -> ModelLayout:
+    model: nn.Module,
+    grid: Grid,
+    regions: Mapping[str, str] | None = None,
+    stacks: tuple[str, ...] = (),
+    rows: RowsLayout = OWN,
+) -> ParallelPlan:
     """The layout of `model` on `grid`, read from the parallel modules' own declarations (ParallelLinear's mode and
     output order, a vocabulary-parallel module's table) and `regions` (module path -> region of the parameters below
     it, the longest path winning), as parallelize records them."""
@@ -265,10 +292,10 @@ def describe(
             params[key] = ParamLayout(full_shape=shape, split=VOCAB_SPLIT, region="tensor", **common)
         else:
             params[key] = ParamLayout(full_shape=tuple(tensor.shape), region=_region(key, regions), **common)
-    return ModelLayout(grid, params, tuple(stacks), regions).bind(model)
+    return ParallelPlan(grid, params, tuple(stacks), regions, rows).bind(model)
 
 
-def place_parameters(model: nn.Module, layout: "ModelLayout") -> None:
+def place_parameters(model: nn.Module, layout: "ParallelPlan") -> None:
     """Make every split tensor whose layout DTensor placements express (ParamLayout.placements: a ParallelLinear's
     weight and bias, a vocabulary table split over one tensor axis) a DTensor on Grid.device_mesh() over the same
     local tensor (no copy, same requires_grad, ties kept). The modules compute on its local shard; torch's DTensor API
@@ -330,16 +357,16 @@ def _region(key: str, regions: Mapping[str, str]) -> str | None:
     return region
 
 
-def layout_of(model: nn.Module, grid: Grid | None = None) -> ModelLayout:
-    """The layout parallelize recorded for `model` (or for the models inside it, when `model` wraps them), bound to its
-    current tensors; for a model parallelize never saw (built from ParallelLinears by hand, or plain), the layout its
-    parallel modules declare on `grid`."""
-    declared = model.__dict__.get(LAYOUT_ATTR)
-    if isinstance(declared, ModelLayout):
+def plan_of(model: nn.Module, grid: Grid | None = None) -> ParallelPlan:
+    """The plan parallelize recorded for `model` (or for the models inside it, when `model` wraps them), bound to its
+    current tensors; for a model parallelize never saw (built from ParallelLinears by hand, or plain), the plan its
+    parallel modules declare on `grid`, in the rows layout they run in."""
+    declared = model.__dict__.get(PLAN_ATTR)
+    if isinstance(declared, ParallelPlan):
         if grid is not None and declared.grid is not grid:
             raise ValueError("the model was parallelized on another grid than the one given")
         return declared.bind(model)
-    inner = declared_layouts(model)
+    inner = declared_plans(model)
     grid = grid if grid is not None or not inner else inner[0][1].grid
     if grid is None:
         raise ValueError("this model was not parallelized: pass the grid its parallel modules were built on")
@@ -354,7 +381,13 @@ def layout_of(model: nn.Module, grid: Grid | None = None) -> ModelLayout:
         join = lambda part: ".".join(p for p in (path, part) if p)  # noqa: E731
         regions.update({join(part): region for part, region in layout.regions.items()})
         stacks += [join(part) for part in layout.stacks]
-    return describe(model, grid, regions, tuple(stacks))
+    rows = inner[0][1].rows if inner else running_rows(model)
+    return describe(model, grid, regions, tuple(stacks), rows)
+
+
+def running_rows(model: nn.Module) -> RowsLayout:
+    """The rows layout the parallel modules of `model` run in (their `rows_layout` mode; "own" for a plain model)."""
+    return next((m.__dict__[ROWS_MODE] for m in model.modules() if ROWS_MODE in m.__dict__), OWN)
 
 
 def _has_sharded_stack(model: nn.Module) -> bool:
@@ -362,20 +395,20 @@ def _has_sharded_stack(model: nn.Module) -> bool:
     return any(isinstance(m, ParallelLinear) for _, stack, _ in find_planned(model) for m in stack.modules())
 
 
-def declared_layouts(model: nn.Module) -> list[tuple[str, ModelLayout]]:
+def declared_plans(model: nn.Module) -> list[tuple[str, ParallelPlan]]:
     """Every layout parallelize recorded on `model` or a module inside it (a wrapper around a parallelized model),
     with that module's path."""
     return [
-        (path, module.__dict__[LAYOUT_ATTR])
+        (path, module.__dict__[PLAN_ATTR])
         for path, module in model.named_modules()
-        if isinstance(module.__dict__.get(LAYOUT_ATTR), ModelLayout)
+        if isinstance(module.__dict__.get(PLAN_ATTR), ParallelPlan)
     ]
 
 
 def planned_stacks(model: nn.Module) -> list[tuple[str, nn.Module, Grid]]:
     """(path, module, grid) of every base model whose decoder layers parallelize planned inside `model`."""
     found: dict[int, tuple[str, nn.Module, Grid]] = {}
-    for path, layout in declared_layouts(model):
+    for path, layout in declared_plans(model):
         holder = model.get_submodule(path)
         for stack_path in layout.stacks:
             stack = holder.get_submodule(stack_path)

@@ -33,6 +33,7 @@ import functools
 import inspect
 import types
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, Iterator
 
 import torch
@@ -58,15 +59,15 @@ from engine.models.adapter import (
     rms_norm_eps,
 )
 from engine.models.layout import (
-    LAYOUT_ATTR,
-    declared_layouts,
+    PLAN_ATTR,
+    ROWS_MODE,
+    declared_plans,
     describe,
-    layout_of,
-    parallel_grid,
     place_parameters,
+    plan_of,
     planned_stacks,
 )
-from engine.spec import check_rows_layout, row_gather_axes
+from engine.spec import OWN, RowsLayout, check_rows_layout, row_gather_axes
 
 # What parallelize records, by module path, of the rows a module's parameters see (the layout's regions, read by
 # engine.training.state.sync_gradients): "layer" = the rows of its x*y group, replicated over x and y; "heads" = the
@@ -75,17 +76,33 @@ Regions = dict[str, str]
 
 
 @contextmanager
-def rows_layout(model: nn.Module, layout: str) -> Iterator[None]:
+def rows_layout(model: nn.Module, layout: RowsLayout) -> Iterator[None]:
     """Run a parallelized `model` in the rows `layout` ("own" or "shared", see the module doc) inside the block,
     then restore the layout it had. Every rank must use the same layout. Nothing else changes (parameters, state
-    dicts, checkpoints). Raises ValueError for an unknown layout."""
+    dicts, checkpoints). Raises ValueError for an unknown layout.
+
+    The model's plan (and that of each parallelized model inside it) is recorded again with `layout`, and the modules
+    whose forward reads it (ParallelLinear, the vocabulary-parallel tables, the row hooks of planned base models) run
+    in it, as a mode like `training`; the grid, which other models share, holds no layout."""
     check_rows_layout(layout)
-    grid = parallel_grid(model) or next((m.grid for m in model.modules() if isinstance(m, ParallelLinear)), None)
-    if grid is None:  # a plain model: one layout is all it has
+    plans = [(module, module.__dict__[PLAN_ATTR]) for _, module in _plan_holders(model)]
+    modes = [(module, module.__dict__[ROWS_MODE]) for module in model.modules() if ROWS_MODE in module.__dict__]
+    try:
+        for module, plan in plans:
+            module.__dict__[PLAN_ATTR] = replace(plan, rows=layout)
+        for module, _ in modes:
+            module.__dict__[ROWS_MODE] = layout
         yield
-        return
-    with grid.rows_layout(layout):
-        yield
+    finally:
+        for module, plan in plans:
+            module.__dict__[PLAN_ATTR] = plan
+        for module, mode in modes:
+            module.__dict__[ROWS_MODE] = mode
+
+
+def _plan_holders(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(path, module) of `model` and every module inside it on which parallelize recorded a plan."""
+    return [(path, module) for path, module in model.named_modules() if PLAN_ATTR in module.__dict__]
 
 
 # ----- decoder layers, through the model's plan (engine/models/adapter.py) --------------------------------------
@@ -446,7 +463,7 @@ def _install_stack_hooks(stack: nn.Module, grid: Grid) -> None:
     signature = inspect.signature(stack.forward)
 
     def enter(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-        if not row_gather_axes(grid.rows):
+        if not row_gather_axes(module.rows_layout):
             return None  # the inputs already hold the group's rows, the same on every rank of x*y
         bound = signature.bind(*args, **kwargs)
         arguments = bound.arguments
@@ -481,7 +498,7 @@ def _install_stack_hooks(stack: nn.Module, grid: Grid) -> None:
         return (), {**arguments, **extra}
 
     def leave(module: nn.Module, args: tuple, output: Any) -> Any:
-        if not row_gather_axes(grid.rows):
+        if not row_gather_axes(module.rows_layout):
             return None
         n_rows = _gathered_rows(output, group)
         if isinstance(output, torch.Tensor):
@@ -493,6 +510,7 @@ def _install_stack_hooks(stack: nn.Module, grid: Grid) -> None:
                 output[key] = _own_rows(output[key], n_rows, group)
         return output
 
+    stack.rows_layout = OWN  # the hooks' mode (rows_layout sets it with the parallel modules')
     stack.register_forward_pre_hook(enter, with_kwargs=True)
     stack.register_forward_hook(leave)
 
@@ -601,15 +619,15 @@ def parallelize(model: nn.Module, grid: Grid, *, overlap: bool = True, vocab_par
     # the one record of what every rank holds (engine/models/layout.py), read by gradient sync, checkpoints and loading
     layout = describe(model, grid, regions, tuple(dict.fromkeys(stacks_done)))
     place_parameters(model, layout)
-    model.__dict__[LAYOUT_ATTR] = layout.unbound()
+    model.__dict__[PLAN_ATTR] = layout.unbound()
     return model
 
 
 def _recorded(model: nn.Module) -> tuple[Regions, list[str]]:
     """The regions and planned stacks (by path in `model`) of every layout already recorded inside `model` (a model
     parallelized before, e.g. by auto_parallelize, or a wrapper around a parallelized model)."""
-    declared = declared_layouts(model)
+    declared = declared_plans(model)
     if not declared:
         return {}, []
-    layout = layout_of(model)
+    layout = plan_of(model)
     return dict(layout.regions), list(layout.stacks)

@@ -65,7 +65,7 @@ from engine.core import comm
 from engine.core.grid import GRID_AXES, Grid
 from engine.core.placement import local_shard
 from engine.memory.zero import is_dtensor, model_class_name, optimizer_value
-from engine.models.layout import ParamLayout, layout_of
+from engine.models.layout import ParamLayout, plan_of
 from engine.training.state_files import StateFileError, load_state, save_state, state_files
 
 FORMAT = "goldfish-engine-checkpoint"
@@ -214,7 +214,7 @@ def _tensors(model: nn.Module, grid: Grid | None) -> dict[str, tuple[ParamLayout
     """Every distinct state-dict tensor by its first key: its layout on `grid` (None without one), the tensor and its
     other (tied) keys."""
     if grid is not None:
-        return {key: (p, p.local, list(p.aliases)) for key, p in layout_of(model, grid).params.items()}
+        return {key: (p, p.local, list(p.aliases)) for key, p in plan_of(model, grid).params.items()}
     first: dict[int, str] = {}
     out: dict[str, tuple[ParamLayout | None, torch.Tensor, list[str]]] = {}
     for key, tensor in model.state_dict(keep_vars=True).items():
@@ -962,7 +962,7 @@ def load_serial_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimiz
     The optimizer must be built over the parallelized model's parameters in the serial model's order
     (engine.training.train.make_optimizer does so: parallelize keeps the parameter order). No communication.
     """
-    layouts = layout_of(model).params
+    layouts = plan_of(model).params
     names = _param_names(model)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if len(state.get("param_groups", [])) != len(optimizer.param_groups):

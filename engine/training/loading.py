@@ -25,7 +25,7 @@ from torch import nn
 
 from engine.core.grid import Grid
 from engine.core.linear import ShardingError
-from engine.models.layout import layout_of
+from engine.models.layout import plan_of
 from engine.training.checkpoint import serial_chunks, serial_shape
 from engine.training.verify import parallelize
 
@@ -164,7 +164,7 @@ def load_sharded(
     missing = []
     with ExitStack() as stack:
         handles: dict[Path, Any] = {}
-        for key, p in layout_of(model).params.items():
+        for key, p in plan_of(model).params.items():
             found = next((k for k in [key, *p.aliases] if k in names), None)  # tied: either name
             if found is None:
                 missing.append(key)

@@ -47,7 +47,7 @@ from engine.core.placement import local_shard
 from engine.core.vocab_parallel import head_token_losses
 from engine.memory.zero import local
 from engine.models.adapter import causal_mask, find_planned
-from engine.models.layout import parallel_grid
+from engine.models.layout import parallel_grid, running_rows
 from engine.spec import PIPE_SCHEDULES, PipeConfig, row_gather_axes
 
 # name -> (torch schedule, takes several stages per rank)
@@ -115,7 +115,7 @@ class StageModule(nn.Module):
 
     def _row_group(self) -> AxisGroup | None:
         """The x*y group whose rows the decoder layers run on together, when its ranks read different rows."""
-        if self.grid is None or not row_gather_axes(self.grid.rows) or self.grid.size("x", "y") == 1:
+        if self.grid is None or not row_gather_axes(running_rows(self.layers)) or self.grid.size("x", "y") == 1:
             return None
         return self.grid.group("x", "y")
 

@@ -38,14 +38,14 @@ from engine.core.grid import Grid
 from engine.core.linear import ShardingError
 from engine.core.placement import local_shard, placed_like
 from engine.memory.zero import full, is_dtensor, like, local, zero_state
-from engine.models.layout import ParamLayout, layout_of
+from engine.models.layout import ParamLayout, plan_of
 from engine.spec import AXES
 
 
 def _reduction_axes(model: nn.Module, grid: Grid) -> list[tuple[torch.Tensor, tuple[str, ...]]]:
     """Each distinct parameter of `model` with the grid axes its gradient must be summed over (from its layout)."""
-    rows = grid.rows
-    return [(p.tensor, p.gradient_axes(rows)) for p in layout_of(model, grid).params.values()]
+    plan = plan_of(model, grid)
+    return [(p.tensor, plan.gradient_axes(p)) for p in plan.params.values()]
 
 
 @torch.no_grad()
@@ -110,7 +110,7 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, grid: Grid, norm_type: fl
     device = local(params[0].grad).device if params else grid.device
     # squares of: replicated, tensor-sharded, and the same two for gradients chunked over data
     squares = torch.zeros(4, dtype=torch.float64, device=device)
-    for p in layout_of(model, grid).params.values():
+    for p in plan_of(model, grid).params.values():
         param = p.tensor
         if param.grad is None or not p.counted_in_norm():
             continue
@@ -152,7 +152,7 @@ def full_state_dict(model: nn.Module, grid: Grid, rank0_only: bool = False) -> d
     """
     keep = not rank0_only or grid.rank == 0
     state: dict[str, torch.Tensor] = {}
-    for p in layout_of(model, grid).params.values():
+    for p in plan_of(model, grid).params.values():
         value = _gather_full(p, p.local, grid)
         if p.serial_transposed:
             value = value.t().contiguous()
@@ -168,7 +168,7 @@ def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor], grid:
     model: each rank copies its shards out of the full tensors (and its data-axis chunks, for a model
     partitioned with ZeRO stage 2 or 3). Keys must match exactly (strict). No communication."""
     local_state = dict(state)
-    for p in layout_of(model, grid).params.values():
+    for p in plan_of(model, grid).params.values():
         for key in (p.key, *p.aliases):
             if key not in state:
                 continue  # strict loading reports it

@@ -27,7 +27,7 @@ from engine.core.linear import ParallelLinear, ShardingError
 from engine.core.placement import is_placed, local_shard
 from engine.core.vocab_parallel import is_vocab_parallel
 from engine.models.auto import auto_parallelize
-from engine.models.layout import layout_of
+from engine.models.layout import plan_of
 from engine.models.parallelize import parallelize
 from engine.training.state import clip_grad_norm_, full_state_dict, load_full_state_dict, sync_gradients
 
@@ -189,7 +189,7 @@ def check_grid(
             torch.testing.assert_close(grads[name], grad, **tol, msg=lambda m, n=name: f"grad {n}: {m}")
         # parallelize placed every projection whose split DTensor expresses: torch's own gather of its gradient is the
         # serial gradient (a collective over the grid's mesh, in the same parameter order on every rank)
-        layouts = layout_of(model, grid).params
+        layouts = plan_of(model, grid).params
         placed = [(name, p) for name, p in model.named_parameters() if is_placed(p)]
         assert placed or grid.size("x", "y", "z") == 1, "no parameter is a DTensor on a tensor-parallel grid"
         for name, param in placed:

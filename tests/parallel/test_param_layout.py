@@ -15,7 +15,7 @@ import torch
 from distributed import run_distributed
 
 from engine.core.grid import init
-from engine.models.layout import layout_of
+from engine.models.layout import plan_of
 from engine.models.miniature import miniature_config
 from engine.models.parallelize import parallelize
 
@@ -40,7 +40,7 @@ def _check(model_type: str, sizes: dict[str, int]) -> dict:
     reference = {k: v.detach().clone() for k, v in serial.state_dict().items()}
     grid = init(**sizes)
     model = parallelize(copy.deepcopy(serial), grid)
-    layout = layout_of(model, grid)
+    layout = plan_of(model, grid)
     mesh = grid.device_mesh()
     covered, expressed, placed = {}, 0, 0
     for p in layout.params.values():
@@ -166,7 +166,7 @@ def _zero_on_a_wrapper(_: int) -> str | None:
     grid = init(data=2, x=2)
     wrapper = _Wrapper(parallelize(_serial("llama"), grid))
     shard_data_axis(wrapper, grid, ZeroConfig(stage=2))
-    return layout_of(wrapper, grid).params["inner.model.layers.0.input_layernorm.weight"].region
+    return plan_of(wrapper, grid).params["inner.model.layers.0.input_layernorm.weight"].region
 
 
 def test_zero_on_a_wrapper_keeps_the_inner_models_regions() -> None:
