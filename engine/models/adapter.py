@@ -1,4 +1,4 @@
-"""Everything the engine knows of transformers models, in one place: engine/ and eval/ ask this module.
+"""What the engine knows of transformers models in general (each family's own knowledge: engine/models/families/).
 
 Which Linears of a transformer's decoder layers the engine shards (read from the model's own plan), how fused
 projections order their features, the attributes holding head counts, the KV-cache keywords, the base model's inputs,
@@ -20,9 +20,11 @@ The engine keeps the pair sharded and handles those modules instead (engine.para
 statistics over y, and fused projections are regrouped so that each y rank holds whole heads ([q_i | k_i | v_i])
 or matching gate and up halves ([gate_i | up_i]).
 
-GPT-2 declares no plan; the engine keeps a small explicit one for it (EXPLICIT_PLANS). A base model without a
-tensor-parallel plan whose pipeline plan names its ModuleList of layers still has known decoder layers (used by
-ZeRO and activation checkpointing), with nothing to shard.
+What the engine knows of a family beyond its declared plan (an explicit plan where it declares none, as for GPT-2;
+the order of its fused projections; its pipeline stages; a config it refuses) sits in the family's adapter,
+engine/models/families/<model_type>.py (engine/models/family.py). A base model without a tensor-parallel plan whose
+pipeline plan names its ModuleList of layers still has known decoder layers (used by ZeRO and activation
+checkpointing), with nothing to shard.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ import torch
 from torch import nn
 
 from engine.core.linear import ShardingError
+from engine.models.families import known_families
+from engine.models.family import FamilyAdapter, FusedOrder, family_adapter
+
+# The family adapters a look-up searches: a tuple passed by the caller, or None for the engine's known families.
+Families = tuple[FamilyAdapter, ...] | None
 
 # transformers' style names -> the ParallelLinear mode the engine uses for them
 STYLE_MODES = {
@@ -47,45 +54,18 @@ STYLE_MODES = {
 # projections (per-head q/k norms) are handled by engine.parallelize, which refuses those it cannot handle.
 IGNORED_STYLES = ("embedding_colwise", "embedding_rowwise", "replicated_with_grad_allreduce")
 
-# Families that declare no tensor-parallel plan, by config.model_type (same pattern syntax as transformers').
-EXPLICIT_PLANS: dict[str, dict[str, str]] = {
-    "gpt2": {
-        "h.*.attn.c_attn": "colwise",
-        "h.*.attn.c_proj": "rowwise",
-        "h.*.mlp.c_fc": "colwise",
-        "h.*.mlp.c_proj": "rowwise",
-    },
-}
-
-# How a fused projection's output features are grouped, by family (config.model_type) and attribute name: "blocks" =
-# [q | k | v] (GPT-2 c_attn, Phi-3 qkv_proj), "per_head" = [q_h k_h v_h] for each head in turn (GPT-NeoX: already
-# whole heads per slice), "halves" = [gate | up] (Phi-3 and GLM gate_up_proj). Each entry was read off the family's
-# modeling code and is confirmed by the family check in tests/parallel/test_every_family.py; the same attribute name
-# means another order in other families (CodeGen's qkv_proj interleaves groups of [q | v | k]), so a fused projection
-# of a family not listed here is refused (engine.parallelize), never guessed from its name. Shapes are checked against
-# the config before sharding.
-FUSED_LAYOUTS: dict[tuple[str, str], str] = {
-    ("gpt2", "c_attn"): "blocks",
-    ("phi3", "qkv_proj"): "blocks",
-    ("phi4_multimodal", "qkv_proj"): "blocks",
-    ("gpt_neox", "query_key_value"): "per_head",
-    ("phi3", "gate_up_proj"): "halves",
-    ("phi4_multimodal", "gate_up_proj"): "halves",
-    ("glm", "gate_up_proj"): "halves",
-    ("glm4", "gate_up_proj"): "halves",
-}
-# Attribute names that mean a fused projection in some family: outside FUSED_LAYOUTS they are refused.
+# Attribute names that mean a fused projection in some family: outside its adapter's `fused` they are refused.
 FUSED_NAMES = ("c_attn", "qkv", "query_key_value", "gate_up", "wqkv", "w1w3", "qkv_proj", "in_proj")
 
 
 @dataclass(frozen=True)
 class Projection:
     """One sharded Linear of a decoder layer: its dotted `path` inside the layer, the ParallelLinear `mode` and, for a
-    fused projection, how its output features are grouped (see FUSED_LAYOUTS)."""
+    fused projection, how its output features are grouped (its family adapter's `fused`)."""
 
     path: str
     mode: str
-    fused: str | None = None
+    fused: FusedOrder | None = None
 
 
 @dataclass(frozen=True)
@@ -94,7 +74,8 @@ class ModelPlan:
 
     `layers`: the attribute holding its ModuleList of decoder layers; `projections`: the Linears to shard, in the
     order a layer's forward calls them; `unsupported`: (pattern, style) entries of the declared plan the engine cannot
-    map (e.g. mixture-of-experts), refused on grids with tensor parallelism; `declared`: the plan came from the config.
+    map (e.g. mixture-of-experts), refused on grids with tensor parallelism; `declared`: the plan came from the config;
+    `adapter`: the family's adapter (engine/models/families/), None for a family known by its declared plan alone.
     """
 
     family: str
@@ -102,6 +83,7 @@ class ModelPlan:
     projections: tuple[Projection, ...]
     unsupported: tuple[tuple[str, str], ...] = ()
     declared: bool = True
+    adapter: FamilyAdapter | None = None
 
 
 def is_base_model(module: nn.Module) -> bool:
@@ -109,21 +91,32 @@ def is_base_model(module: nn.Module) -> bool:
     return hasattr(module, "config") and getattr(module, "base_model", None) is module
 
 
-def declared_tp_plan(config: Any) -> dict[str, str]:
-    """The model's declared tensor-parallel plan (pattern -> style), or the engine's explicit one; {} if none."""
+def declared_tp_plan(config: Any, families: Families = None) -> dict[str, str]:
+    """The model's declared tensor-parallel plan (pattern -> style), or its family adapter's; {} if none. `families`:
+    the adapters to look the family up in (None: engine.models.families.known_families())."""
     plan = getattr(config, "base_model_tp_plan", None) or {}
-    return dict(plan) if plan else dict(EXPLICIT_PLANS.get(getattr(config, "model_type", ""), {}))
+    if plan:
+        return dict(plan)
+    adapter = family_adapter(getattr(config, "model_type", ""), _families(families))
+    return dict(adapter.tp_plan) if adapter is not None else {}
 
 
-def model_plan(base: nn.Module) -> ModelPlan | None:
-    """The plan of base model `base`, or None when it has no known ModuleList of decoder layers."""
+def _families(families: Families) -> tuple[FamilyAdapter, ...]:
+    return known_families() if families is None else families
+
+
+def model_plan(base: nn.Module, families: Families = None) -> ModelPlan | None:
+    """The plan of base model `base`, or None when it has no known ModuleList of decoder layers. `families`: the
+    adapters to look its family up in (None: engine.models.families.known_families())."""
     config = base.config
     family = getattr(config, "model_type", type(base).__name__)
+    adapter = family_adapter(family, _families(families))
+    fused = adapter.fused if adapter is not None else {}
     declared = getattr(config, "base_model_tp_plan", None)
     layer_lists: list[str] = []
     projections: list[Projection] = []
     unsupported: list[tuple[str, str]] = []
-    for pattern, style in declared_tp_plan(config).items():
+    for pattern, style in declared_tp_plan(config, families).items():
         parts = pattern.split(".")
         if style in IGNORED_STYLES:
             continue
@@ -133,24 +126,27 @@ def model_plan(base: nn.Module) -> ModelPlan | None:
         if parts[0] not in layer_lists:
             layer_lists.append(parts[0])
         path = ".".join(parts[2:])
-        projections.append(Projection(path, STYLE_MODES[style], FUSED_LAYOUTS.get((family, parts[-1]))))
+        projections.append(Projection(path, STYLE_MODES[style], fused.get(parts[-1])))
     if not layer_lists:  # no tensor-parallel plan: the pipeline plan may still name the layers
         for name in getattr(config, "base_model_pp_plan", None) or {}:
             if isinstance(getattr(base, name, None), nn.ModuleList):
                 layer_lists.append(name)
     if len(layer_lists) != 1 or not isinstance(getattr(base, layer_lists[0], None), nn.ModuleList):
         return None
-    return ModelPlan(family, layer_lists[0], tuple(projections), tuple(unsupported), declared=bool(declared))
+    return ModelPlan(
+        family, layer_lists[0], tuple(projections), tuple(unsupported), declared=bool(declared), adapter=adapter
+    )
 
 
-def find_planned(model: nn.Module) -> list[tuple[str, nn.Module, ModelPlan]]:
+def find_planned(model: nn.Module, families: Families = None) -> list[tuple[str, nn.Module, ModelPlan]]:
     """(name, base model, plan) for every base model inside `model` with known decoder layers (outermost first;
-    a base model nested in another one's layers is not searched)."""
+    a base model nested in another one's layers is not searched). `families`: as for model_plan."""
     found: list[tuple[str, nn.Module, ModelPlan]] = []
+    families = _families(families)
 
     def visit(module: nn.Module, name: str) -> None:
         if is_base_model(module):
-            plan = model_plan(module)
+            plan = model_plan(module, families)
             if plan is not None:
                 found.append((name, module, plan))
                 return
@@ -312,7 +308,6 @@ def check_stack_supported(plan: ModelPlan, config: Any, tensor_parallel: bool) -
             f"{plan.family}: the model declares no tensor-parallel plan the engine can use; use a "
             "grid without x, y and z (data parallelism, optionally with ZeRO)"
         )
-    if tensor_parallel and plan.family == "gpt2" and getattr(config, "add_cross_attention", False):
-        raise ShardingError(
-            "GPT-2 with cross-attention: the engine's GPT-2 plan does not cover it; use a grid without x, y and z"
-        )
+    refusal = plan.adapter.refusal(config) if plan.adapter is not None else None
+    if tensor_parallel and refusal:
+        raise ShardingError(f"{refusal}; use a grid without x, y and z")

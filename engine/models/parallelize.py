@@ -58,6 +58,7 @@ from engine.models.adapter import (
     localize_heads,
     rms_norm_eps,
 )
+from engine.models.family import FamilyAdapter
 from engine.models.layout import (
     PLAN_ATTR,
     ROWS_MODE,
@@ -173,7 +174,7 @@ def _grouped_order(sizes: list[int], n_y: int, name: str) -> torch.Tensor | None
 
 
 def _fused_order(module: nn.Module, fused: str, config: Any, n_y: int, name: str) -> torch.Tensor | None:
-    """The out_order of a fused projection (layouts in engine.models.adapter.FUSED_LAYOUTS), its shape checked."""
+    """The out_order of a fused projection (its family adapter's `fused`), its shape checked."""
     out = _out_features(module)
     heads, kv_heads, head_dim = head_counts(config)
     if fused == "blocks":
@@ -295,7 +296,7 @@ def _check_heads(name: str, heads: int, kind: str, grid: Grid) -> None:
 
 def refuse_unconfirmed_fusion(module: nn.Module, attr: str, family: str, config: Any, name: str) -> None:
     """Raise ShardingError when a column-split projection looks fused ([q | k | v] or [gate | up] in one Linear, by
-    its name or its width) but its family's feature order is not confirmed in engine.models.adapter.FUSED_LAYOUTS:
+    its name or its width) but its family's feature order is not confirmed in its adapter (engine/models/families/):
     splitting it by contiguous slices would hand each y rank a mix of q, k and v features."""
     out = _out_features(module)
     heads, kv_heads, head_dim = head_counts(config)
@@ -568,23 +569,31 @@ def _plan_stack(
         _install_stack_hooks(stack, grid)
 
 
-def parallelize(model: nn.Module, grid: Grid, *, overlap: bool = True, vocab_parallel: bool | None = None) -> nn.Module:
+def parallelize(
+    model: nn.Module,
+    grid: Grid,
+    *,
+    overlap: bool = True,
+    vocab_parallel: bool | None = None,
+    families: tuple[FamilyAdapter, ...] | None = None,
+) -> nn.Module:
     """Shard `model` in place for `grid` and return it; the weights are kept exactly.
 
     Every transformers base model inside `model` (LlamaModel, GPTNeoXModel, GPT2Model, ...) is sharded through its
-    plan (engine/models/adapter.py: the tensor-parallel plan its config declares, or the engine's explicit one for
-    GPT-2): the projections named there become chained ParallelLinears (attention heads and MLP split over y), the
-    base model runs on the rows of the x*y group (see the module doc); lm_head stays unsharded and sees each rank's
-    own rows, as do the input embeddings. Works on a model on the meta device too (engine.auto_parallelize).
-    `vocab_parallel` splits the input embeddings and lm_head by vocabulary rows over x*y*z
+    plan (engine/models/adapter.py: the tensor-parallel plan its config declares, or its family adapter's, e.g.
+    engine/models/families/gpt2.py): the projections named there become chained ParallelLinears (attention heads and
+    MLP split over y), the base model runs on the rows of the x*y group (see the module doc); lm_head stays unsharded
+    and sees each rank's own rows, as do the input embeddings. Works on a model on the meta device too
+    (engine.auto_parallelize). `vocab_parallel` splits the input embeddings and lm_head by vocabulary rows over x*y*z
     (engine/core/vocab_parallel.py); None (default) does so whenever the grid has tensor parallelism and the split is
     exact (vocabulary divisible by x*y*z, plain nn.Embedding and bias-free lm_head), True insists (ShardingError
     with the reason otherwise), False keeps them whole on every rank. Raises ShardingError for dimensions that do
     not divide, for modules or plan entries the engine cannot shard (e.g. mixture-of-experts layers), and for a
-    model without a plan when the grid has tensor-parallel axes.
+    model without a plan when the grid has tensor-parallel axes. `families`: the family adapters to look the model's
+    family up in (engine/models/family.py; None: engine.models.families.known_families()), e.g. with one more.
     """
     tensor_parallel = grid.size("x", "y", "z") > 1
-    found = find_planned(model)
+    found = find_planned(model, families)
     regions, stacks_done = _recorded(model)
     planned = {id(stack): stack_grid for _, stack, stack_grid in planned_stacks(model)}
     for stack_name, stack, plan in found:

@@ -79,8 +79,8 @@ from engine.spec import (
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 PHASES = ("forward", "backward", "sync", "clip", "optimizer")
 SYNC_BUCKET_ELEMENTS = BUCKET_ELEMENTS  # gradients are all-reduced in buckets this large (engine.core.comm)
-# The families whose stage set-up engine/training/pipeline.py confirms (its RECIPES): named shapes of others refuse
-# pipelining; shapes read from a config carry the engine's own refusal (goldfish.app.planning).
+# The families whose stage set-up engine/training/pipeline.py confirms (adapters with stages, engine/models/families/):
+# named shapes of others refuse pipelining; shapes read from a config carry the engine's own refusal.
 PIPELINE_FAMILIES = ("llama", "qwen2", "gpt2")
 
 
@@ -356,7 +356,7 @@ class TransformerShape:
     norm_bias the GPT layout of the AxoNN and GPT-NeoX sizes): projections q (hidden -> heads*head_dim), k and v
     (hidden -> kv_heads*head_dim), o (heads*head_dim -> hidden), gate and up (hidden -> intermediate), down
     (intermediate -> hidden); norms before attention and MLP (and per-head q/k norms when `qk_norm`), a final
-    norm, embeddings and lm_head. With it (goldfish.app.planning reads it from a transformers model and the plan
+    norm, embeddings and lm_head. With it (engine.models.shape reads it from a transformers model and the plan
     engine.parallelize shards it by), the parameters of one decoder layer and those before and after the layers,
     in module order; the fields then carry the sizes the FLOP and activation estimates use. `fused_blocks`: the
     feature blocks of each fused projection, which y must divide; `refusals`: (axes, reason) of grids the engine

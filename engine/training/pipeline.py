@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Callable
 
 import torch
 from torch import nn
@@ -48,6 +48,7 @@ from engine.core.vocab_parallel import head_token_losses
 from engine.memory.zero import local
 from engine.models.adapter import causal_mask, find_planned
 from engine.models.layout import parallel_grid, running_rows
+from engine.models.stages import check_model, stage_recipe
 from engine.spec import PIPE_SCHEDULES, PipeConfig, row_gather_axes
 
 # name -> (torch schedule, takes several stages per rank)
@@ -59,26 +60,6 @@ SCHEDULES = {
         ("interleaved-1f1b", ScheduleInterleaved1F1B),
         ("zero-bubble", ScheduleInterleavedZeroBubble),
     )
-}
-
-
-@dataclass(frozen=True)
-class _Recipe:
-    """Where a family keeps the pieces around its layers (attribute names on the base model) and how positions enter:
-    a learned `table` added to the embeddings on the first stage, or a `rotary` module read by every layer."""
-
-    embed: str
-    norm: str
-    table: str | None = None
-    dropout: str | None = None
-    rotary: str | None = None
-
-
-# config.model_type -> recipe; each read off the family's modeling code and confirmed by tests/parallel/test_pipeline.py
-RECIPES = {
-    "llama": _Recipe(embed="embed_tokens", norm="norm", rotary="rotary_emb"),
-    "qwen2": _Recipe(embed="embed_tokens", norm="norm", rotary="rotary_emb"),
-    "gpt2": _Recipe(embed="wte", norm="ln_f", table="wpe", dropout="drop"),
 }
 
 
@@ -98,7 +79,7 @@ class StageModule(nn.Module):
     def __init__(self, model: nn.Module, index: int, start: int, stop: int, last: bool) -> None:
         super().__init__()
         _, base, plan = find_planned(model)[0]
-        recipe = RECIPES[plan.family]
+        recipe = stage_recipe(plan.family)
         self.index, self.start, self.stop, self.config = index, start, stop, base.config
         self.layers = nn.ModuleList(getattr(base, plan.layers)[start:stop])
         self.embed = getattr(base, recipe.embed) if index == 0 else None
@@ -146,52 +127,6 @@ class StageModule(nn.Module):
         if self.targets is None:
             return self.lm_head(h)  # (B, T, V)
         return head_token_losses(self.lm_head, h, self.targets)  # (B, T)
-
-
-def check_config(config: Any, n_stages: int, splits: Sequence[int] = ()) -> None:
-    """ValueError (one line) for a transformers config whose model a pipeline of `n_stages` stages cut at `splits`
-    (the first layer of stages 1..S-1; empty: balanced) cannot run: a family whose stages are not confirmed,
-    sliding-window or cross-attention layers, input embeddings tied to lm_head, more stages than decoder layers, or
-    splits outside them. Needs only the config: launchers call it before any process starts."""
-    family = getattr(config, "model_type", type(config).__name__)
-    if family not in RECIPES:
-        raise ValueError(f"{family}: the pipeline's stage set-up is confirmed for {', '.join(RECIPES)} only")
-    if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
-        raise ValueError(f"{family} with sliding-window layers: not confirmed for pipelines; use full attention")
-    if getattr(config, "add_cross_attention", False):
-        raise ValueError(f"{family} with cross-attention: not confirmed for the pipeline")
-    if getattr(config, "tie_word_embeddings", False):
-        raise ValueError(
-            f"{family} ties its input embeddings to lm_head, which sit on the first and the last stage: a pipeline "
-            "needs a model with tie_word_embeddings false (untie them in its config and weights)"
-        )
-    n_layers = config.num_hidden_layers
-    if n_stages > n_layers:
-        raise ValueError(
-            f"{n_stages} pipeline stages for {n_layers} decoder layers: choose at most {n_layers} stages (pipe x "
-            "--pipe-virtual)"
-        )
-    bounds = [0, *splits, n_layers]
-    if splits and (len(splits) != n_stages - 1 or any(a >= b for a, b in zip(bounds, bounds[1:]))):
-        raise ValueError(
-            f"--pipe-split {','.join(map(str, splits))}: give {n_stages - 1} increasing decoder-layer indices in "
-            f"1..{n_layers - 1}"
-        )
-
-
-def check_model(model: nn.Module) -> int:
-    """The number of decoder layers of a causal LM whose pipeline set-up is confirmed; ValueError otherwise."""
-    found = find_planned(model)
-    if len(found) != 1:
-        raise ValueError(f"{type(model).__name__}: the pipeline needs one base model with known decoder layers")
-    _, base, plan = found[0]
-    check_config(base.config, 1)
-    head = model.get_output_embeddings()
-    if not isinstance(head, nn.Linear):
-        raise ValueError(f"{type(model).__name__}: the pipeline needs an lm_head Linear behind the base model")
-    if head.weight is getattr(base, RECIPES[plan.family].embed).weight:
-        raise ValueError("input embeddings tied to lm_head sit on different stages; untie them (tie_word_embeddings)")
-    return len(getattr(base, plan.layers))
 
 
 def balanced_splits(costs: list[int], n_stages: int) -> list[int]:

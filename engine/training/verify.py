@@ -26,6 +26,7 @@ from torch import nn
 from engine.core import comm
 from engine.core.grid import Grid
 from engine.core.linear import ShardingError
+from engine.models.adapter import Families
 from engine.models.miniature import miniature_config, parameter_count
 from engine.models.parallelize import parallelize as _shard
 from engine.spec import AXES, GRID_AXES
@@ -99,7 +100,9 @@ def _build_miniature(hf_model: nn.Module, shards: int, device: torch.device, dty
     return mini.train()
 
 
-def _run_serial(hf_model: nn.Module, grid: Grid, family: str, overlap: bool, vocab_parallel: bool | None) -> tuple:
+def _run_serial(
+    hf_model: nn.Module, grid: Grid, family: str, overlap: bool, vocab_parallel: bool | None, families: Families
+) -> tuple:
     """The miniature (serial, and a copy sharded on `grid`), the batch, the serial summed loss and gradients, and the
     tolerance of the dtype it ran in. A refusal of the static plan (ShardingError) comes first, exactly as the real
     model would get it; float32 is tried when the family's kernels do not run in float64 (grouped expert matmuls)."""
@@ -111,7 +114,7 @@ def _run_serial(hf_model: nn.Module, grid: Grid, family: str, overlap: bool, voc
             errors.append(f"{type(error).__name__}: {error}")
             continue
         # A ShardingError here is the static plan's refusal, the line the real model would get.
-        sharded = _shard(copy.deepcopy(serial), grid, overlap=overlap, vocab_parallel=vocab_parallel)
+        sharded = _shard(copy.deepcopy(serial), grid, overlap=overlap, vocab_parallel=vocab_parallel, families=families)
         vocab = serial.get_input_embeddings().weight.shape[0]
         ids, mask = _batch(vocab, grid.size(*AXES) * ROWS_PER_RANK)  # every pipeline stage checks on its own
         ids, mask = ids.to(grid.device), mask.to(grid.device)
@@ -150,9 +153,15 @@ def _differences(ours: dict[str, torch.Tensor], reference: dict[str, torch.Tenso
 
 
 def verify_sharding(
-    model: nn.Module, grid: Grid, *, overlap: bool = True, vocab_parallel: bool | None = None
+    model: nn.Module,
+    grid: Grid,
+    *,
+    overlap: bool = True,
+    vocab_parallel: bool | None = None,
+    families: Families = None,
 ) -> Verification | None:
-    """Shard a miniature of `model`'s class on `grid` as parallelize would and compare it with the serial miniature.
+    """Shard a miniature of `model`'s class on `grid` as parallelize would (with the family adapters `families`, None:
+    the known ones) and compare it with the serial miniature.
 
     Collective: every rank of the grid must call it. Returns None when there is nothing to verify (no tensor
     parallelism, nothing sharded); raises ShardingError naming the family and the first differences when the sharded
@@ -165,7 +174,7 @@ def verify_sharding(
         return None  # not a transformers model: parallelize plans none of it, and refuses on a tensor-parallel grid
     family = getattr(hf_model.config, "model_type", type(hf_model).__name__)
     start = time.perf_counter()
-    built = _run_serial(hf_model, grid, family, overlap, vocab_parallel)
+    built = _run_serial(hf_model, grid, family, overlap, vocab_parallel, families)
     serial, sharded, ids, mask, reference_loss, reference, tolerance = built
     parameters = parameter_count(serial)
     del serial
@@ -214,12 +223,14 @@ def parallelize(
     vocab_parallel: bool | None = None,
     verify: bool = False,
     report: Any = None,
+    families: Families = None,
 ) -> nn.Module:
     """engine.parallelize: shard `model` in place for `grid` (engine.models.parallelize.parallelize), after verifying
     the sharding of its class on a miniature when `verify` (verify_sharding; collective). `report`, if given, is
-    called with the Verification (e.g. to print its cost). Raises ShardingError as both do."""
+    called with the Verification (e.g. to print its cost). `families`: the family adapters (engine/models/family.py)
+    to look the model's family up in, None for the known ones. Raises ShardingError as both do."""
     if verify:
-        result = verify_sharding(model, grid, overlap=overlap, vocab_parallel=vocab_parallel)
+        result = verify_sharding(model, grid, overlap=overlap, vocab_parallel=vocab_parallel, families=families)
         if result is not None and report is not None:
             report(result)
-    return _shard(model, grid, overlap=overlap, vocab_parallel=vocab_parallel)
+    return _shard(model, grid, overlap=overlap, vocab_parallel=vocab_parallel, families=families)

@@ -142,11 +142,11 @@ def _check_on_grid(spec: TrainSpec | CompareSpec, shape: GridShape, resume: Path
 
 
 def _check_pipeline(spec: TrainSpec | CompareSpec, train: Any, shape: GridShape) -> None:
-    """The settings a pipelined run refuses (engine/training/pipeline.py), before any worker starts: micro-batch
-    counts the schedule or the batch cannot take, zero bubble with ZeRO 3 or activation checkpointing, and, for a
-    model whose config is here, what its stages cannot run."""
+    """The settings a pipelined run refuses (engine.spec, engine/models/stages.py), before any worker starts:
+    micro-batch counts the schedule or the batch cannot take, zero bubble with ZeRO 3 or activation checkpointing,
+    and, for a model whose config is here, what its stages cannot run."""
     train.check_pipeline(shape)
-    from engine.training.pipeline import check_config
+    from engine.models.stages import check_config
     from goldfish.app.models import local_config
 
     # only the family, the layers and the tying are read: a vocabulary holding the architectures' default special

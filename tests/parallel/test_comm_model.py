@@ -9,7 +9,7 @@ on and off, input with and without gradient), a normal->transposed chain, and a 
 or bf16 autocast, overlap and weight prefetch on or off), with its embeddings and lm_head whole (the
 loss from model(...).logits) or split by vocabulary over x*y*z (engine.parallelize's default, with the
 training loss of `goldfish train`, causal_lm_token_losses). GPT-NeoX, Phi-3, OLMo2 and GPT-2 are planned from the
-shape goldfish.app.planning reads off each model (its declared plan), on x=y=z=2 and on data=2 grids under ZeRO.
+shape engine.models.shape reads off each model (its declared plan), on x=y=z=2 and on data=2 grids under ZeRO.
 """
 
 from __future__ import annotations
@@ -281,7 +281,7 @@ def test_llama_bytes_equal_prediction_in_the_shared_rows_layout(vocab_split: boo
     assert run_distributed(4, _llama_worker, shapes, False, vocab_split, "shared") == [len(shapes)] * 4
 
 
-# ----- every family through the plan the engine shards by (goldfish.app.planning reads it) ---------------------------
+# ----- every family through the plan the engine shards by (engine.models.shape reads it) ---------------------------
 
 # GPT-NeoX (per-head fused qkv, biases, LayerNorms with bias, a non-gated MLP), Phi-3 (fused [q|k|v] and [gate|up]),
 # OLMo2 (q_norm/k_norm over the whole projection width: their statistics all-reduced over y) and GPT-2 (Conv1D layers
@@ -307,14 +307,14 @@ def _family_worker(world: int, families: tuple[str, ...] = FAMILIES, cases: int 
     from engine.core.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses
     from engine.memory.activation import checkpoint_decoder_layers
     from engine.memory.zero import held_bytes, make_adamw, shard_data_axis
+    from engine.models.shape import model_planner_shape
     from engine.planner.cost_model import zero_held_bytes
     from engine.spec import ZeroConfig
-    from goldfish.app.planning import shape_from_model
 
     checked = 0
     for family in families:
         serial = tiny_gpt2(vocab=VOCAB) if family == "gpt2" else tiny_family(family, vocab=VOCAB, seed=0)
-        model_shape = shape_from_model(serial)
+        model_shape = model_planner_shape(serial)
         for dims, stage, vocab_split, recompute, masked in FAMILY_CASES[world][:cases]:
             grid = init(data=dims[0], x=dims[1], y=dims[2], z=dims[3])
             shape, zero = GridShape(*dims), ZeroConfig(stage=stage) if stage else None
@@ -393,7 +393,7 @@ def _family_worker(world: int, families: tuple[str, ...] = FAMILIES, cases: int 
 
 @pytest.mark.parametrize("world", [8, 4])
 def test_family_bytes_equal_prediction_from_the_plan(world: int) -> None:
-    """GPT-NeoX, Phi-3, OLMo2 and GPT-2, planned from the shape goldfish.app.planning reads off the model (the
+    """GPT-NeoX, Phi-3, OLMo2 and GPT-2, planned from the shape engine.models.shape reads off the model (the
     projections of its tensor-parallel plan, fused or not, the norms beside them, the y-split RMSNorms): the bytes
     counted equal the prediction on a grid with x, y and z > 1 (world 8: vocabulary split with activation
     checkpointing, and whole with an attention mask) and on data=2 grids under ZeRO 1, 2 and 3 (world 4)."""

@@ -9,7 +9,8 @@ from tiny_models import tiny_family
 
 from engine.core.grid import init
 from engine.core.linear import ShardingError
-from engine.models import adapter
+from engine.models.families import known_families
+from engine.models.family import FamilyAdapter
 from engine.models.miniature import MINI_HEAD_DIM, miniature_config
 from engine.training.verify import Verification, parallelize, verify_sharding
 
@@ -33,12 +34,9 @@ def _verify_worker() -> list[str]:
             parallelize(tiny_codegen(), grid, verify=True)  # the static rule refuses before anything runs
         seen.append("codegen refused by the plan")
         # The rule the engine had before: CodeGen's qkv_proj taken as [q | k | v]. The miniature must catch it.
-        adapter.FUSED_LAYOUTS[("codegen", "qkv_proj")] = "blocks"
-        try:
-            with pytest.raises(ShardingError, match="^codegen: the engine cannot shard .* differs from one process"):
-                verify_sharding(tiny_codegen(), grid)
-        finally:
-            del adapter.FUSED_LAYOUTS[("codegen", "qkv_proj")]
+        wrong = FamilyAdapter(model_type="codegen", fused={"qkv_proj": "blocks"})
+        with pytest.raises(ShardingError, match="^codegen: the engine cannot shard .* differs from one process"):
+            verify_sharding(tiny_codegen(), grid, families=(*known_families(), wrong))
         seen.append("wrong order caught")
     finally:
         grid.close()

@@ -1,4 +1,4 @@
-"""`goldfish plan` for every family the engine shards: the shape goldfish.app.planning reads off a transformers model
+"""`goldfish plan` for every family the engine shards: the shape engine.models.shape reads off a transformers model
 (from the plan engine.parallelize shards it by) against the model itself and the named shapes, and the command on a
 folder or config.json of a tiny GPT-NeoX, Phi-3 or OLMo2. The bytes it predicts for those families are checked
 against the engine's counters in tests/parallel/test_comm_model.py."""
@@ -10,6 +10,7 @@ import json
 import pytest
 from tiny_models import PLANNED_FAMILIES, tiny_family
 
+from engine.models.shape import model_planner_shape, planner_shape
 from engine.planner.cost_model import (
     NAMED_SHAPES,
     StepSettings,
@@ -23,7 +24,6 @@ from engine.planner.cost_model import (
 )
 from engine.spec import GridShape, ZeroConfig
 from goldfish.app.plan import main
-from goldfish.app.planning import shape_from_config, shape_from_model
 
 VOCAB = 128
 
@@ -32,10 +32,10 @@ VOCAB = 128
 def test_the_read_shape_holds_the_parameters_of_the_model(family: str) -> None:
     """Every parameter once, in the layout the engine gives it; built on the meta device from the config, the same."""
     model = tiny_family(family, vocab=VOCAB)
-    shape = shape_from_model(model)
+    shape = model_planner_shape(model)
     assert shape.n_params == sum(p.numel() for p in model.parameters())
     assert shape.layers == 2 and shape.vocab == VOCAB and shape.hidden == 32
-    assert shape_from_config(model.config) == shape
+    assert planner_shape(model.config) == shape
     # the loss goldfish train runs: from the logits where the model changes them after its head (or the head has a
     # bias), else the chunked loss
     assert shape.logits_loss == (family in ("gemma2", "cohere", "cohere_qk_norm", "granite", "phi"))
@@ -44,7 +44,7 @@ def test_the_read_shape_holds_the_parameters_of_the_model(family: str) -> None:
 def test_a_llama_config_reads_as_the_llama_layout_of_the_fields() -> None:
     """The read layout and TransformerShape's own Llama layout give the same parameters, bytes and memory."""
     model = tiny_family("llama", vocab=VOCAB)
-    read, fields = shape_from_model(model), TransformerShape.from_hf_config(model.config)
+    read, fields = model_planner_shape(model), TransformerShape.from_hf_config(model.config)
     zero = ZeroConfig(stage=1)
     for grid in ordered_grids(8):
         assert local_params(read, grid) == local_params(fields, grid)
@@ -64,7 +64,7 @@ def test_gpt_neox_20b_read_from_its_config_against_the_named_shape() -> None:
     query_key_value, one projection where the named GPT layout has three, moves fewer activation bytes over x and y."""
     from transformers import GPTNeoXConfig
 
-    read, named = shape_from_config(GPTNeoXConfig()), NAMED_SHAPES["NEOX-20B"]
+    read, named = planner_shape(GPTNeoXConfig()), NAMED_SHAPES["NEOX-20B"]
     assert read.n_params == named.n_params == 20_554_567_680
     zero, step = ZeroConfig(stage=3), StepSettings(rows_per_rank=1, seq=2048)
     assert bytes_by_group(llama_step_collectives(read, GridShape(data=48, z=8), step, zero=zero)) == (
@@ -83,10 +83,10 @@ def test_grids_the_engine_refuses_are_refused_with_its_reason() -> None:
 
     from engine.models.miniature import miniature_config
 
-    olmo2 = shape_from_model(tiny_family("olmo2", vocab=VOCAB))  # 4 heads, 2 key/value heads
+    olmo2 = model_planner_shape(tiny_family("olmo2", vocab=VOCAB))  # 4 heads, 2 key/value heads
     assert "key/value heads not divisible by y=4" in grid_fits_shape(olmo2, GridShape(y=4))
     assert grid_fits_shape(olmo2, GridShape(x=2, y=2, z=2)) is None
-    codegen = shape_from_config(miniature_config(CONFIG_MAPPING["codegen"](), shards=2))
+    codegen = planner_shape(miniature_config(CONFIG_MAPPING["codegen"](), shards=2))
     assert "looks like a fused projection" in grid_fits_shape(codegen, GridShape(y=2))
     assert grid_fits_shape(codegen, GridShape(x=2, z=2)) is None
 

@@ -4,7 +4,7 @@ of Llama 3 405B's published run (TP8 x PP16 x DP128 on 16,384 H100, "The Llama 3
 
 References: bytes, bubbles and in-flight counts computed by hand below; the engine's own cut of the layers
 (engine.training.pipeline.balanced_splits), its schedule checks (engine.spec.PipeConfig) and its family check
-(engine.training.pipeline.check_model).
+(engine.models.stages.check_model).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import pytest
 from plan_refusals import assert_plan_refuses
 from tiny_models import tiny_family
 
+from engine.models.shape import model_planner_shape
 from engine.planner.cost_model import (
     NAMED_SHAPES,
     PIPELINE_FAMILIES,
@@ -44,7 +45,6 @@ from engine.planner.plan import (
 from engine.planner.profiles import PROFILES
 from engine.spec import ROWS_LAYOUTS, STAGES, GridShape, PipeConfig
 from goldfish.app.plan import main as plan_main
-from goldfish.app.planning import shape_from_model
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = TransformerShape(hidden=256, layers=8, heads=4, kv_heads=4, intermediate=512, vocab=1024, name="small")
@@ -111,9 +111,10 @@ def test_micro_batches_in_flight_equal_torchs_action_order() -> None:
 
 
 def test_the_cut_is_the_engines() -> None:
-    from engine.training.pipeline import RECIPES, balanced_splits
+    from engine.models.stages import pipeline_families
+    from engine.training.pipeline import balanced_splits
 
-    assert set(PIPELINE_FAMILIES) == set(RECIPES)
+    assert set(PIPELINE_FAMILIES) == set(pipeline_families())
     for layers in (2, 7, 8, 80, 126):
         for stages in (1, 2, 3, 16, layers):
             if stages <= layers:
@@ -187,8 +188,8 @@ def test_refusals() -> None:
     neox = PlanRequest(shape=NAMED_SHAPES["NEOX-20B"], gpus=8, global_batch=8, seq=2048, profile=PROFILES["frontier"])
     assert neox.pipes == [1] and "confirmed for llama, qwen2, gpt2 only" in plan_grid(neox, GridShape(pipe=2)).reason
     # a config read from transformers carries the engine's own check
-    assert shape_from_model(tiny_family("llama", vocab=128)).pipeline_refusal == ""
-    assert "confirmed for" in shape_from_model(tiny_family("gpt_neox", vocab=128)).pipeline_refusal
+    assert model_planner_shape(tiny_family("llama", vocab=128)).pipeline_refusal == ""
+    assert "confirmed for" in model_planner_shape(tiny_family("gpt_neox", vocab=128)).pipeline_refusal
 
 
 def test_plans_rank_5d_grids() -> None:

@@ -1,0 +1,8 @@
+"""GLM-4 (transformers' Glm4Model): gate_up_proj fused as [gate | up], confirmed by
+tests/parallel/test_every_family.py."""
+
+from __future__ import annotations
+
+from engine.models.family import FamilyAdapter
+
+ADAPTER = FamilyAdapter(model_type="glm4", fused={"gate_up_proj": "halves"})
