@@ -457,11 +457,13 @@ def parse_grid_sizes(text: str) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class ParallelLayout:
-    """One parallel run, validated once: the grid shape, the rows layout, the vocabulary split, ZeRO and precision.
+    """The settings of one parallel run, validated once: the grid shape, the rows layout, the vocabulary split, ZeRO
+    and precision, before any process group or model exists (launchers, TrainConfig.layout, the planner).
 
-    Every axis table of the engine is derived here (rows split, rows shared, gradient sums, vocabulary rows), so
-    the trainer, the gradient sync, the loss, the cost model and the planner ask one object instead of comparing
-    strings. Plain Python: the planner builds it without torch.
+    Every axis table of the engine is derived here (rows split, rows shared, gradient sums, vocabulary rows), so the
+    trainer, the cost model and the planner ask one object instead of comparing strings. Plain Python: the planner
+    builds it without torch. A parallelized model's own record is its ParallelPlan (engine.models.layout), whose rows
+    layout the gradient sync reads.
 
     shape: sizes of data, x, y, z. rows: "own" (every rank its own rows of a step) or "shared" (every rank of an x*y
     group the group's rows). vocab_parallel: embeddings and lm_head split by vocabulary rows over x*y*z (None: when
