@@ -12,7 +12,7 @@ from typing import Callable
 
 from engine.training.train import TrainConfig
 from goldfish.app import options as opt
-from goldfish.app.cli import data_of, mask_of
+from goldfish.app.commands.option_values import data_of, mask_of
 from goldfish.app.config import DataSpec, MaskSpec, TrainSpec
 from goldfish.app.experiment import Prepared, prepare_data
 

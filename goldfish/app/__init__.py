@@ -1,6 +1,7 @@
 """The goldfish application: the `goldfish` command and the runs behind it.
 
-    cli.py         `goldfish train | eval | compare | plan | mask`: one small function per subcommand
+    cli.py         `goldfish train | eval | compare | plan | mask | audit`: parses the command line and dispatches
+    commands/      one module per command (train, eval, compare, mask), each owning its options, settings and run
     options.py     every flag of the shared option groups, declared once (flag -> dataclass field)
     config.py      the dataclasses those flags fill, with the one set of defaults; compare presets
     experiment.py  data preparation, training and evaluation runs
@@ -14,7 +15,8 @@
 It is the only layer that imports every package (data, the goldfish library, engine, eval, matplotlib). The
 library users import, `import goldfish` (masks, loss, collator), needs torch alone and never loads this package.
 
-The front door is light: entry.py, cli.py's parser, options.py, config.py and argparsing.py import no torch, so every
-`--help` and every settings error answers at once; the modules that compute (experiment, compare, models, the
-engine, eval) load inside the command, once its settings have passed (tests/e2e/test_front_door.py keeps it so).
+The front door is light: entry.py, cli.py's parser (with the commands' option declarations), options.py, config.py and
+argparsing.py import no torch, so every `--help` and every settings error answers at once; the modules that compute
+(experiment, compare, models, the engine, eval) load inside the command, once its settings have passed
+(tests/e2e/test_front_door.py keeps it so).
 """

@@ -13,9 +13,9 @@ from typing import Any, Mapping, Sequence
 
 from eval.files import MEMBERSHIP_FILE
 
-# Everything `goldfish eval` writes into its --out (goldfish.app.cli.cmd_eval, goldfish.app.report.eval_figures):
-# what --overwrite clears, so that no file of an earlier eval (e.g. train/beam.jsonl of a run with --beams) is left
-# beside the new results.
+# Everything `goldfish eval` writes into its --out (goldfish.app.commands.eval.cmd_eval,
+# goldfish.app.report.eval_figures): what --overwrite clears, so that no file of an earlier eval (e.g. train/beam.jsonl
+# of a run with --beams) is left beside the new results.
 EVAL_OUTPUTS = (
     "train",
     "heldout",

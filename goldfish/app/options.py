@@ -19,7 +19,7 @@ Torch-free, like goldfish.app.config: a parser built from these groups answers -
 before torch is imported (only --device asks torch whether a device exists, and not for cpu).
 
 Options that belong to one subcommand only (--out, --resume, --masks, --preset, --part, ...) are declared with
-that subcommand in goldfish.app.cli.
+that subcommand in its module of goldfish.app.commands.
 """
 
 from __future__ import annotations

@@ -20,13 +20,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(paths) != 1:
         print("usage: python -m goldfish.app.worker RUN_FILE (started by goldfish ... --nproc N)", file=sys.stderr)
         return SETTINGS_ERROR_EXIT
-    from goldfish.app import cli
+    from goldfish.app.commands.compare import run_compare
+    from goldfish.app.commands.eval import run_eval
+    from goldfish.app.commands.processes import progress_bars
+    from goldfish.app.commands.train import run_train
     from goldfish.app.runfile import read_run
 
     try:
         run = read_run(Path(paths[0]))
-        work = {"train": cli.run_train, "compare": cli.run_compare, "eval": cli.run_eval}[run.command]
-        with cli.progress_bars(run.runtime.progress):
+        work = {"train": run_train, "compare": run_compare, "eval": run_eval}[run.command]
+        with progress_bars(run.runtime.progress):
             return work(run)
     except KeyboardInterrupt:  # the launcher's forwarded Ctrl-C before training began: it says what was kept
         from goldfish.app.interrupt import INTERRUPTED_EXIT

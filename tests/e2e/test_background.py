@@ -201,7 +201,8 @@ def test_resume_mid_epoch_equals_uninterrupted_run(setup, tmp_path: Path) -> Non
 
 
 def test_corpus_preset_resolves_to_a_background_run() -> None:
-    from goldfish.app.cli import data_of, parse_command_line, train_config_of
+    from goldfish.app.cli import parse_command_line
+    from goldfish.app.commands.option_values import data_of, train_config_of
     from goldfish.app.config import CompareSpec
 
     args = parse_command_line(["compare", "--preset", "corpus", "--max-steps", "50"])

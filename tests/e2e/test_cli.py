@@ -46,10 +46,12 @@ def _help_of(argv: list[str], capsys) -> str:
 def test_preset_help_says_what_each_preset_sets(capsys):
     """Every preset has a description whose numbers come from COMPARE_PRESETS (the corpus preset's help once said
     1/4/16/64 copies while the preset inserted 1/32/128/512), and compare --help prints it."""
-    from goldfish.app.cli import PRESET_DESCRIPTIONS, preset_description
+    from goldfish.app.commands.compare import PRESET_DESCRIPTIONS, preset_description
     from goldfish.app.config import COMPARE_PRESETS
 
-    assert set(COMPARE_PRESETS) <= set(PRESET_DESCRIPTIONS), "write a description of the new preset in cli.py"
+    assert set(COMPARE_PRESETS) <= set(PRESET_DESCRIPTIONS), (
+        "describe the new preset in commands/compare.py"
+    )
     text = _help_of(["compare"], capsys)
     for name, values in COMPARE_PRESETS.items():
         description = preset_description(name)
@@ -74,13 +76,14 @@ def test_model_help_says_what_smollm2_is(command, capsys):
 
 
 def test_preset_sets_only_what_the_user_left_at_default():
-    from goldfish.app.cli import _compare_spec, parse_command_line
+    from goldfish.app.cli import parse_command_line
+    from goldfish.app.commands.compare import compare_spec
 
     args = parse_command_line(["compare", "--preset", "smollm2", "--epochs", "3", "--lr=1e-3", "--batch-size", "2"])
     assert args.model == "smollm2-135m" and args.masks == ["hashed:3:13", "hashed:4:13"]
     assert args.n_train == 8 and args.schedule == "constant"
     assert args.epochs == 3 and args.lr == 1e-3 and args.batch_size == 2  # typed by the user: kept
-    spec = _compare_spec(args, None)  # the configuration compare would run, resolved without training
+    spec = compare_spec(args, None)  # the configuration compare would run, resolved without training
     assert (spec.train.epochs, spec.train.lr, spec.train.batch_size, spec.data.n_train) == (3, 1e-3, 2, 8)
     # a typed value equal to the parser's default still wins over the preset (smollm2 sets lr 3e-4, warmup 0)
     default_warmup = build_parser().parse_args(["compare"]).warmup_steps

@@ -15,7 +15,8 @@ import torch
 
 import data
 from goldfish.app import paper
-from goldfish.app.cli import _compare_spec, main, parse_command_line
+from goldfish.app.cli import main, parse_command_line
+from goldfish.app.commands.compare import compare_spec
 from goldfish.app.models import TINY_MODELS, build_tiny_model
 from goldfish.app.released import parse_checkpoints
 
@@ -23,7 +24,7 @@ WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu x
 
 
 def test_paper_preset_is_the_papers_setting() -> None:
-    spec = _compare_spec(parse_command_line(["compare", "--preset", "paper"]), None)
+    spec = compare_spec(parse_command_line(["compare", "--preset", "paper"]), None)
     assert spec.model == "tinyllama-1.1b" and spec.data.tokenizer == paper.TOKENIZER
     assert [(m.strategy, m.k, m.h) for m in spec.masks] == [("hashed", k, 13) for k in (3, 4, 8, 32, 128)]
     assert (spec.data.source, spec.data.n_train, spec.data.repeats) == (paper.CANARIES, 2000, (50,))

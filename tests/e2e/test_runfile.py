@@ -13,7 +13,12 @@ from pathlib import Path
 import pytest
 from tiny_runs import tiny_run
 
-from goldfish.app.cli import _compare_spec, _eval_spec, _resolved, _train_spec, parse_command_line, runtime_of
+from goldfish.app.cli import parse_command_line
+from goldfish.app.commands.compare import compare_spec
+from goldfish.app.commands.eval import eval_spec
+from goldfish.app.commands.option_values import runtime_of
+from goldfish.app.commands.processes import resolved_run
+from goldfish.app.commands.train import train_spec
 from goldfish.app.runfile import from_plain, read_run, to_plain, write_run
 
 
@@ -30,14 +35,14 @@ def test_every_command_round_trips_through_the_file(tmp_path: Path) -> None:
     compare = _args("compare", "--out", "o", "--masks", "hashed:4:13", "static:3", "--seeds", "0,1", "--beams", "2")
     evaluate = _args("eval", "--model", "runs/a/checkpoint", "--out", "e", "--strategy", "static", "--k", "3")
     specs = {
-        "train": _train_spec(train, GridShape(data=4)),
-        "compare": _compare_spec(compare, None),
-        "eval": _eval_spec(evaluate),
+        "train": train_spec(train, GridShape(data=4)),
+        "compare": compare_spec(compare, None),
+        "eval": eval_spec(evaluate),
     }
     assert specs["train"].train.zero_inner_levels == (2,) and specs["train"].train.zero_node_size == 4
     for command, spec in specs.items():
         runtime = runtime_of(train if command == "train" else compare if command == "compare" else evaluate)
-        run = _resolved(command, spec, runtime, Path("out"), Path(".out.staging"), options={"clear": False})
+        run = resolved_run(command, spec, runtime, Path("out"), Path(".out.staging"), options={"clear": False})
         path = write_run(run, tmp_path / f"{command}.json")
         json.loads(path.read_text())  # plain JSON
         back = read_run(path)
@@ -61,7 +66,7 @@ def test_a_preset_is_a_default_the_typed_value_overrides() -> None:
     """`goldfish compare --preset smollm2 --epochs 3` trains 3 epochs (the preset's other values stay)."""
     from goldfish.app.config import COMPARE_PRESETS
 
-    spec = _compare_spec(_args("compare", "--preset", "smollm2", "--epochs", "3", "--out", "o"), None)
+    spec = compare_spec(_args("compare", "--preset", "smollm2", "--epochs", "3", "--out", "o"), None)
     assert spec.train.epochs == 3
     assert spec.model == COMPARE_PRESETS["smollm2"]["model"]
     assert spec.train.lr == COMPARE_PRESETS["smollm2"]["lr"]
@@ -82,12 +87,12 @@ def test_a_model_brings_the_defaults_that_fit_it() -> None:
     """--model smollm2-135m trains with the smollm2 preset's settings unless typed; a preset wins over them."""
     from goldfish.app.config import COMPARE_PRESETS
 
-    fitted = _train_spec(_args("train", "--model", "smollm2-135m", "--out", "o"), None).train
+    fitted = train_spec(_args("train", "--model", "smollm2-135m", "--out", "o"), None).train
     assert (fitted.epochs, fitted.lr) == (COMPARE_PRESETS["smollm2"]["epochs"], COMPARE_PRESETS["smollm2"]["lr"])
-    assert _train_spec(_args("train", "--model", "smollm2-135m", "--epochs", "3", "--out", "o"), None).train.epochs == 3
-    quick = _compare_spec(_args("compare", "--preset", "quick", "--model", "smollm2-135m", "--out", "o"), None)
+    assert train_spec(_args("train", "--model", "smollm2-135m", "--epochs", "3", "--out", "o"), None).train.epochs == 3
+    quick = compare_spec(_args("compare", "--preset", "quick", "--model", "smollm2-135m", "--out", "o"), None)
     assert quick.train.epochs == COMPARE_PRESETS["quick"]["epochs"]
-    assert _train_spec(_args("train", "--out", "o"), None).train.epochs == 20  # the tiny model's own default
+    assert train_spec(_args("train", "--out", "o"), None).train.epochs == 20  # the tiny model's own default
 
 
 def test_run_records_count_the_tokens_trained(tmp_path: Path) -> None:

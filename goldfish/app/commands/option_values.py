@@ -1,0 +1,63 @@
+"""The parsed option groups read back as the dataclasses they fill (goldfish.app.options: flag -> field)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, replace
+from typing import TYPE_CHECKING, Any
+
+from goldfish.app import options as opt
+from goldfish.app.config import (
+    DataSpec,
+    Instruments,
+    MaskSpec,
+    Runtime,
+    hierarchy_fields,
+    mask_spec,
+)
+from goldfish.app.lora import LoraSpec
+
+if TYPE_CHECKING:  # the commands import torch, the engine and eval only when they run
+    from engine.core.grid import GridShape
+
+
+def runtime_of(args: argparse.Namespace) -> Runtime:
+    return Runtime(**opt.RUNTIME.values(args))
+
+
+def data_of(args: argparse.Namespace, base: DataSpec | None = None) -> DataSpec:
+    return replace(base or DataSpec(), **opt.DATA.values(args))
+
+
+def mask_of(args: argparse.Namespace) -> MaskSpec:
+    return mask_spec(**opt.MASK.values(args))
+
+
+def train_config_of(args: argparse.Namespace, base: Any, shape: GridShape | None) -> Any:
+    """The training options as a validated TrainConfig; `shape`: the grid's sizes (None: one process)."""
+    values = opt.TRAINING.values(args)
+    values["max_grad_norm"] = values["max_grad_norm"] or None  # 0 disables clipping
+    values["zero_node_size"], values["zero_inner_levels"] = hierarchy_fields(
+        values["zero_node_size"], base.zero_inner_levels, shape
+    )
+    return replace(base, **values, progress=runtime_of(args).progress)
+
+
+def lora_of(args: argparse.Namespace) -> LoraSpec:
+    """The --lora-* options (checked against ZeRO by the spec, against the grid by check_on_grid)."""
+    return LoraSpec(**opt.LORA.values(args))
+
+
+def extraction_of(args: argparse.Namespace) -> Any:
+    from eval.config import ExtractionConfig
+
+    return ExtractionConfig(**opt.EXTRACTION.values(args))
+
+
+def instruments_of(args: argparse.Namespace) -> Instruments:
+    return Instruments(**opt.INSTRUMENTS.values(args))
+
+
+def mask_defaults(spec: MaskSpec) -> dict[str, Any]:
+    """A MaskSpec as option defaults: the standard loss (strategy None) is spelled "standard" on the command line."""
+    return asdict(spec) | {"strategy": spec.strategy or "standard"}
