@@ -3,7 +3,8 @@
     cli.py         `goldfish train | eval | compare | plan | mask | audit`: parses the command line and dispatches
     commands/      one module per command (train, eval, compare, mask), each owning its options, settings and run
     options.py     every flag of the shared option groups, declared once (flag -> dataclass field)
-    config.py      the dataclasses those flags fill, with the one set of defaults; compare presets
+    config.py      the dataclasses those flags fill, with the one set of defaults
+    presets.py     the presets of compare and plan, and the training defaults that fit a model
     experiment.py  data preparation, training and evaluation runs
     compare.py     `goldfish compare` as a `Comparison` whose steps read top to bottom
     models.py      tiny model presets; loading a model sharded for parallel evaluation

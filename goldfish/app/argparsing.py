@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 import difflib
 import re
-from typing import Any, Callable, NoReturn
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, NoReturn, Sequence
 
 _EXPECTED = {"int": "an integer", "float": "a number"}
 _INVALID_VALUE = re.compile(r"invalid (?P<type>\S+) value: (?P<value>.*)$")
@@ -41,6 +42,50 @@ class OneLineParser(argparse.ArgumentParser):
         if close and close[0] == option:  # an option of another subcommand: naming it again would not help
             return ""
         return f"; did you mean {close[0]}?" if close else ""
+
+
+@dataclass(frozen=True)
+class Unset:
+    """An option's default while the command line is parsed (`mark_defaults`): argparse leaves it in place of every
+    option not typed, so the one parse tells which options were typed. `value` is the option's own default, which
+    --help shows (`%(default)s` prints str(Unset)) and `resolve_defaults` falls back to."""
+
+    value: Any
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+def mark_defaults(parser: argparse.ArgumentParser) -> None:
+    """Wrap the default of every option of `parser` (not of its subcommands) in `Unset`."""
+    for action in parser._actions:
+        if action.dest != argparse.SUPPRESS and action.default is not argparse.SUPPRESS:
+            action.default = Unset(action.default)
+
+
+def resolve_defaults(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, layers: Sequence[Mapping[str, Any]]
+) -> tuple[argparse.Namespace, frozenset[str]]:
+    """(args with every option the user did not type filled in, the dests typed). An option not typed takes its value
+    from the last of `layers` that sets it (e.g. model defaults, then a preset), else its own default; a string from
+    a layer or a default is parsed by the option's type, as if typed (argparse does so with string defaults). `args`
+    is left as parsed: the result is a new namespace."""
+    actions = {action.dest: action for action in parser._actions}
+    typed = frozenset(dest for dest, value in vars(args).items() if dest in actions and not isinstance(value, Unset))
+    layered: dict[str, Any] = {}
+    for layer in layers:
+        layered.update(layer)
+    values = dict(vars(args))
+    for dest in set(values) | set(layered):
+        if dest in typed:
+            continue
+        value = values.get(dest)
+        value = layered.get(dest, value.value if isinstance(value, Unset) else value)
+        action = actions.get(dest)
+        if isinstance(value, str) and action is not None and action.type is not None:
+            value = action.type(value)
+        values[dest] = value
+    return argparse.Namespace(**values), typed
 
 
 def _subcommand_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:

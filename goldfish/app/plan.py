@@ -28,11 +28,10 @@ from engine.planner.plan import (
 from engine.planner.profiles import PROFILES, load_profile
 from engine.spec import DEFAULT_QUANT_BLOCK, PLAN_PRECISION, QUANT_BITS, STAGES, parse_quantize
 from goldfish.app import paper
-from goldfish.app.argparsing import OneLineParser, argument_type
+from goldfish.app.argparsing import OneLineParser, Unset, argument_type, mark_defaults, resolve_defaults
 from goldfish.app.planning import resolve_shape
+from goldfish.app.presets import PLAN_PRESETS
 
-# Presets of `goldfish plan`: the model, cluster and step of a documented run, as option values (by dest names).
-PLAN_PRESETS: dict[str, dict[str, Any]] = {"paper": paper.PLAN_PRESET}
 DEFAULT_PROFILE = "perlmutter"
 # The published models of the named sizes (engine.planner.cost_model.NAMED_SHAPES), as `goldfish train --model`
 # takes them; the AxoNN paper's GPT sizes are shapes without published weights.
@@ -214,12 +213,12 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_plan_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
-    """The parsed options with `--preset NAME` applied as the parser's defaults (parsed again, so every option typed
-    wins over the preset), as `goldfish compare --preset` does."""
-    args = parser.parse_args(argv)
-    if args.preset is not None:
-        parser.set_defaults(**PLAN_PRESETS[args.preset])
-        args = parser.parse_args(argv)
+    """The options parsed once, every option not typed taking `--preset NAME`'s value (goldfish.app.presets), else its
+    default: what the user typed wins over the preset, as with `goldfish compare --preset`."""
+    mark_defaults(parser)
+    parsed = parser.parse_args(argv)
+    preset = parsed.preset.value if isinstance(parsed.preset, Unset) else parsed.preset
+    args, _ = resolve_defaults(parser, parsed, [PLAN_PRESETS[preset].settings if preset else {}])
     return args
 
 

@@ -15,7 +15,7 @@ import argparse
 import json
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from engine.training.train import TrainConfig
 from goldfish.app import options as opt
@@ -88,15 +88,6 @@ def recorded_spec(record: dict[str, Any]) -> TrainSpec:
     )
 
 
-def typed_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
-    """The dests of the options typed in `argv` (the subcommand's arguments): `argv` parsed again into a namespace
-    that holds a marker for every dest, which argparse replaces only for the options it reads."""
-    marker = object()
-    namespace = argparse.Namespace(**{a.dest: marker for a in parser._actions if a.dest != argparse.SUPPRESS})
-    parser.parse_args(list(argv), namespace)
-    return {dest for dest, value in vars(namespace).items() if value is not marker}
-
-
 def _as_option(group: str, field: str, value: Any) -> Any:
     """A spec field's value as its option holds it after parsing."""
     if group == "mask" and field == "strategy":
@@ -106,19 +97,20 @@ def _as_option(group: str, field: str, value: Any) -> Any:
     return value
 
 
-def fill_from_record(args: argparse.Namespace, saved: TrainSpec, typed: set[str]) -> None:
-    """Set every option of the model, data, mask, training and LoRA groups the user did not type to the value the
-    checkpoint's run used."""
+def with_recorded_options(args: argparse.Namespace, saved: TrainSpec) -> argparse.Namespace:
+    """`args` (a new namespace) with every option of the model, data, mask, training and LoRA groups the user did not
+    type (`args.typed`) set to the value the checkpoint's run used."""
     parts = {"model": {"model": saved.model, "init_seed": saved.init_seed}} | {
         name: asdict(getattr(saved, name)) for name in ("data", "mask", "train", "lora")
     }
-    for name, group in _GROUPS:
-        for option in group.options:
-            if option.dest in typed or not hasattr(args, option.dest) or option.field not in parts[name]:
-                continue
-            if name == "train" and option.field in NOT_INHERITED_TRAINING:
-                continue
-            setattr(args, option.dest, _as_option(name, option.field, parts[name][option.field]))
+    recorded = {
+        option.dest: _as_option(name, option.field, parts[name][option.field])
+        for name, group in _GROUPS
+        for option in group.options
+        if option.field in parts[name] and not (name == "train" and option.field in NOT_INHERITED_TRAINING)
+    }
+    untyped = {dest: value for dest, value in recorded.items() if dest not in args.typed and hasattr(args, dest)}
+    return argparse.Namespace(**(vars(args) | untyped))
 
 
 def _flag(group: str, field: str) -> str:

@@ -31,9 +31,13 @@ def test_console_entry_point_runs():
 
 
 def test_every_compare_preset_parses():
-    parser = build_parser()
-    args = parser.parse_args(["compare", "--quick"])
-    assert args.quick and args.masks == ["hashed:4:13"]
+    from goldfish.app.cli import parse_command_line
+    from goldfish.app.presets import COMPARE_PRESETS
+
+    args = parse_command_line(["compare", "--quick"])
+    assert args.quick and args.masks == ["hashed:4:13"] and args.n_train == COMPARE_PRESETS["quick"].settings["n_train"]
+    for name in COMPARE_PRESETS:
+        assert parse_command_line(["compare", "--preset", name]).preset == name
 
 
 def _help_of(argv: list[str], capsys) -> str:
@@ -47,13 +51,12 @@ def test_preset_help_says_what_each_preset_sets(capsys):
     """Every preset has a description whose numbers come from COMPARE_PRESETS (the corpus preset's help once said
     1/4/16/64 copies while the preset inserted 1/32/128/512), and compare --help prints it."""
     from goldfish.app.commands.compare import PRESET_DESCRIPTIONS, preset_description
-    from goldfish.app.config import COMPARE_PRESETS
+    from goldfish.app.presets import COMPARE_PRESETS
 
-    assert set(COMPARE_PRESETS) <= set(PRESET_DESCRIPTIONS), (
-        "describe the new preset in commands/compare.py"
-    )
+    assert set(COMPARE_PRESETS) <= set(PRESET_DESCRIPTIONS), "describe the new preset in commands/compare.py"
     text = _help_of(["compare"], capsys)
-    for name, values in COMPARE_PRESETS.items():
+    for name, preset in COMPARE_PRESETS.items():
+        values = preset.settings
         description = preset_description(name)
         assert not description.startswith("sets "), f"{name}: its description names a value the preset lacks"
         assert f"{name}: {description}" in text
@@ -86,7 +89,7 @@ def test_preset_sets_only_what_the_user_left_at_default():
     spec = compare_spec(args, None)  # the configuration compare would run, resolved without training
     assert (spec.train.epochs, spec.train.lr, spec.train.batch_size, spec.data.n_train) == (3, 1e-3, 2, 8)
     # a typed value equal to the parser's default still wins over the preset (smollm2 sets lr 3e-4, warmup 0)
-    default_warmup = build_parser().parse_args(["compare"]).warmup_steps
+    default_warmup = parse_command_line(["compare"]).warmup_steps
     args = parse_command_line(["compare", "--preset", "smollm2", f"--warmup-steps={default_warmup}"])
     assert args.warmup_steps == default_warmup != 0 and args.lr == 3e-4
     assert parse_command_line(["compare", "--quick", "--epochs", "7"]).epochs == 7

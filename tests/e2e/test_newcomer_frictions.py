@@ -75,11 +75,11 @@ def _planned(capsys, argv: list[str]) -> tuple[list[str], list[str]]:
 
 def _train_args(words: list[str]) -> argparse.Namespace:
     """The words after `-m goldfish` (or `goldfish`), parsed by goldfish's own parser as `goldfish train`."""
-    from goldfish.app.cli import build_parser
+    from goldfish.app.cli import parse_command_line
 
     start = words.index("goldfish") + 1
     assert words[start] == "train", words
-    return build_parser().parse_args(words[start:])
+    return parse_command_line(words[start:])
 
 
 def test_plan_ends_with_a_torchrun_command_that_parses_and_names_the_machine_it_assumed(capsys) -> None:

@@ -19,8 +19,7 @@ from safetensors.torch import load_file
 from tiny_runs import tiny_run
 
 from engine.training.train import METRICS_FILE, TrainConfig, _open_metrics
-from goldfish.app import cli
-from goldfish.app.cli import main
+from goldfish.app.cli import main, parse_command_line
 from goldfish.app.commands.train import train_spec
 from goldfish.app.config import DataSpec, MaskSpec, TrainSpec
 from goldfish.app.experiment import RUN_FILE, initial_model, prepare_data
@@ -60,7 +59,7 @@ def _error(capsys) -> str:
 
 def _cli_spec(argv: list[str]) -> TrainSpec:
     """The TrainSpec `goldfish train ARGV` runs."""
-    args = cli.build_parser().parse_args(["train", *argv])
+    args = parse_command_line(["train", *argv])
     return train_spec(args, None)
 
 

@@ -29,9 +29,10 @@ def _args(*argv: str):
 def test_every_command_round_trips_through_the_file(tmp_path: Path) -> None:
     from engine.core.grid import GridShape
 
-    train = _args("train", "--out", "o", "--grid", "data=4", "--nproc", "4", "--zero", "3")
-    train_args = [*train.argv, "--zero-hierarchy", "2,4", "--zero-quantize", "gradients", "--lora-rank", "0"]
-    train = _args(*train_args)
+    train = _args(
+        *("train", "--out", "o", "--grid", "data=4", "--nproc", "4", "--zero", "3"),
+        *("--zero-hierarchy", "2,4", "--zero-quantize", "gradients", "--lora-rank", "0"),
+    )
     compare = _args("compare", "--out", "o", "--masks", "hashed:4:13", "static:3", "--seeds", "0,1", "--beams", "2")
     evaluate = _args("eval", "--model", "runs/a/checkpoint", "--out", "e", "--strategy", "static", "--k", "3")
     specs = {
@@ -64,12 +65,12 @@ def test_a_file_of_another_version_or_with_unknown_fields_is_refused(tmp_path: P
 
 def test_a_preset_is_a_default_the_typed_value_overrides() -> None:
     """`goldfish compare --preset smollm2 --epochs 3` trains 3 epochs (the preset's other values stay)."""
-    from goldfish.app.config import COMPARE_PRESETS
+    from goldfish.app.presets import COMPARE_PRESETS
 
     spec = compare_spec(_args("compare", "--preset", "smollm2", "--epochs", "3", "--out", "o"), None)
     assert spec.train.epochs == 3
-    assert spec.model == COMPARE_PRESETS["smollm2"]["model"]
-    assert spec.train.lr == COMPARE_PRESETS["smollm2"]["lr"]
+    assert spec.model == COMPARE_PRESETS["smollm2"].settings["model"]
+    assert spec.train.lr == COMPARE_PRESETS["smollm2"].settings["lr"]
 
 
 def test_the_worker_takes_only_a_run_file(tmp_path: Path, capsys) -> None:
@@ -85,13 +86,16 @@ def test_the_worker_takes_only_a_run_file(tmp_path: Path, capsys) -> None:
 
 def test_a_model_brings_the_defaults_that_fit_it() -> None:
     """--model smollm2-135m trains with the smollm2 preset's settings unless typed; a preset wins over them."""
-    from goldfish.app.config import COMPARE_PRESETS
+    from goldfish.app.presets import COMPARE_PRESETS
 
     fitted = train_spec(_args("train", "--model", "smollm2-135m", "--out", "o"), None).train
-    assert (fitted.epochs, fitted.lr) == (COMPARE_PRESETS["smollm2"]["epochs"], COMPARE_PRESETS["smollm2"]["lr"])
+    assert (fitted.epochs, fitted.lr) == (
+        COMPARE_PRESETS["smollm2"].settings["epochs"],
+        COMPARE_PRESETS["smollm2"].settings["lr"],
+    )
     assert train_spec(_args("train", "--model", "smollm2-135m", "--epochs", "3", "--out", "o"), None).train.epochs == 3
     quick = compare_spec(_args("compare", "--preset", "quick", "--model", "smollm2-135m", "--out", "o"), None)
-    assert quick.train.epochs == COMPARE_PRESETS["quick"]["epochs"]
+    assert quick.train.epochs == COMPARE_PRESETS["quick"].settings["epochs"]
     assert train_spec(_args("train", "--out", "o"), None).train.epochs == 20  # the tiny model's own default
 
 

@@ -231,7 +231,7 @@ def test_every_documented_goldfish_command_parses() -> None:
 def test_cli_page_lists_every_compare_preset_as_the_help_describes_it() -> None:
     """docs/cli.md lists each preset with the description `compare --help` prints (numbers from COMPARE_PRESETS)."""
     from goldfish.app.commands.compare import preset_description
-    from goldfish.app.config import COMPARE_PRESETS
+    from goldfish.app.presets import COMPARE_PRESETS
 
     text = " ".join((ROOT / "docs" / "cli.md").read_text(encoding="utf-8").split())
     stale = [

@@ -29,13 +29,13 @@ from goldfish.app.commands.processes import (
 )
 from goldfish.app.commands.run_folder import cleared_on_settings_error, discard, publish, run_folder
 from goldfish.app.config import (
-    COMPARE_PRESETS,
     CompareSpec,
     Runtime,
     check_extraction_window,
     parse_int_list,
     parse_mask,
 )
+from goldfish.app.presets import COMPARE_PRESETS
 from goldfish.app.runfile import ResolvedRun
 
 if TYPE_CHECKING:  # the commands import torch, the engine and eval only when they run
@@ -67,7 +67,7 @@ def compare_spec(args: argparse.Namespace, shape: GridShape | None) -> CompareSp
 def cmd_compare(args: argparse.Namespace) -> int:
     from goldfish.app.runlock import holds_lock_here, out_lock
 
-    runtime = runtime_of(args)  # a --preset is already applied, as defaults (`parse_command_line`)
+    runtime = runtime_of(args)  # a --preset is already applied (`parse_command_line`)
     shape = launch_shape(runtime) if runtime.nproc else process_shape(runtime)
     if shape is not None and shape.pipe > 1:
         raise ValueError(
@@ -195,7 +195,8 @@ def preset_description(name: str) -> str:
     """The one-line description of a compare preset, its numbers read from COMPARE_PRESETS[name]. A preset without a
     description in PRESET_DESCRIPTIONS, or whose description names a value the preset lost, is described by the
     options it sets ("sets --n-train 8, ..."), so --help never breaks; tests/e2e/test_cli.py fails on either."""
-    settings = ", ".join(f"--{dest.replace('_', '-')} {value}" for dest, value in COMPARE_PRESETS[name].items())
+    preset = COMPARE_PRESETS[name].settings
+    settings = ", ".join(f"--{dest.replace('_', '-')} {value}" for dest, value in preset.items())
     if name not in PRESET_DESCRIPTIONS:
         return f"sets {settings}"
     defaults = CompareSpec()
@@ -203,7 +204,7 @@ def preset_description(name: str) -> str:
         "model": defaults.model,
         "masks": [f"{m.strategy}:{m.k}:{m.h}" for m in defaults.masks],
         "repeats": defaults.data.repeats,
-    } | dict(COMPARE_PRESETS[name])
+    } | dict(preset)
     repeats = tuple(values["repeats"])
     copies = ",".join(str(r) for r in repeats) + (" copies" if repeats != (1,) else " copy")
     values["buckets"] = copies + (" (0: held out, never inserted)" if 0 in repeats else "")

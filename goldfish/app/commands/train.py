@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from goldfish.app import options as opt
-from goldfish.app.argparsing import OneLineParser
 from goldfish.app.commands.option_values import (
     data_of,
     lora_of,
@@ -79,7 +78,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     # run on, the spec, ZeRO and rows against it, and the run to resume.
     shape = launch_shape(runtime) if runtime.nproc else process_shape(runtime)
     if resume is not None:
-        _continue_with_checkpoint_settings(args, resume, shape)
+        args = _with_checkpoint_settings(args, resume, shape)
     out = _train_out(args, resume)
     spec = train_spec(args, shape)
     check_on_grid(spec, shape or one_process(), resume)
@@ -152,21 +151,15 @@ def run_train(run: ResolvedRun) -> int:
     return 0
 
 
-def _continue_with_checkpoint_settings(args: argparse.Namespace, resume: Path, shape: GridShape | None) -> None:
-    """--resume: take every option not typed from the checkpoint's run record, and refuse (one line naming every
-    difference) a typed option that changes a setting shaping the experiment (goldfish.app.resume)."""
+def _with_checkpoint_settings(args: argparse.Namespace, resume: Path, shape: GridShape | None) -> argparse.Namespace:
+    """--resume: `args` with every option not typed taken from the checkpoint's run record, refusing (one line naming
+    every difference) a typed option that changes a setting shaping the experiment (goldfish.app.resume)."""
     from goldfish.app import resume as resuming
 
     saved = resuming.recorded_spec(resuming.read_run_record(resume))
-    resuming.fill_from_record(args, saved, resuming.typed_options(_train_parser(), args.argv[1:]))
+    args = resuming.with_recorded_options(args, saved)
     resuming.check_unchanged(resume, saved, train_spec(args, shape))
-
-
-def _train_parser() -> argparse.ArgumentParser:
-    """The parser of `goldfish train` alone."""
-    sub = OneLineParser(prog="goldfish").add_subparsers(dest="command", required=True)
-    add_train_parser(sub)
-    return sub.choices["train"]
+    return args
 
 
 def _train_out(args: argparse.Namespace, resume: Path | None) -> Path:
