@@ -1,27 +1,31 @@
 """`goldfish train --resume DIR`: continue a run with its checkpoint's own settings, and refuse any change that
 shapes the experiment.
 
-The checkpoint's run record (goldfish_run.json) holds the whole TrainSpec. A resume takes every option the user did
-not type from it; an option typed with another value is a change. Changes that shape the experiment (the model,
-the documents, the mask, the optimisation, LoRA: `shaping_differences`) are refused, all named in one line, before
-anything is written. Settings of how the run is computed or kept may change (RESUMABLE_TRAINING: checkpoints,
-validation interval, ZeRO, activation checkpointing, rows layout; and every runtime option: device, threads,
-progress, grid, nproc, report-to).
+The checkpoint's run record (goldfish_run.json) holds the whole TrainSpec. A resume is that spec with the options
+the user typed put in with dataclasses.replace (`resumed_spec`); an option typed with another value is a change.
+Changes that shape the experiment (the model, the documents, the mask, the optimisation, LoRA:
+`shaping_differences`) are refused, all named in one line, before anything is written. Settings of how the run is
+computed or kept may change (RESUMABLE_TRAINING: checkpoints, validation interval, ZeRO, activation checkpointing,
+rows layout; and every runtime option: device, threads, progress, grid, nproc, report-to).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.training.train import TrainConfig
 from goldfish.app import options as opt
-from goldfish.app.config import DataSpec, MaskSpec, TrainSpec
+from goldfish.app.commands.option_values import runtime_of, training_fields
+from goldfish.app.config import DataSpec, MaskSpec, TrainSpec, mask_spec
 from goldfish.app.experiment import RUN_FILE, background_train_config
 from goldfish.app.lora import LoraSpec
+
+if TYPE_CHECKING:
+    from engine.spec import GridShape
 
 # TrainConfig fields that change how a run is computed or kept, not what it computes: a resume may change them.
 RESUMABLE_TRAINING = frozenset(
@@ -88,29 +92,25 @@ def recorded_spec(record: dict[str, Any]) -> TrainSpec:
     )
 
 
-def _as_option(group: str, field: str, value: Any) -> Any:
-    """A spec field's value as its option holds it after parsing."""
-    if group == "mask" and field == "strategy":
-        return value or "standard"
-    if group == "train" and field == "max_grad_norm":
-        return value or 0.0  # None (no clipping) is typed as 0
-    return value
+def resumed_spec(saved: TrainSpec, args: argparse.Namespace, shape: GridShape | None) -> TrainSpec:
+    """The checkpoint's spec `saved` with the options the user typed (`args.typed`) in place, by dataclasses.replace:
+    every setting not typed is the checkpoint's own, except how this launch runs (progress, from --no-progress) and
+    writes (NOT_INHERITED_TRAINING: this command line's value). Checked by `check_unchanged`, not here."""
 
+    def typed(group: opt.OptionGroup) -> dict[str, Any]:
+        return {o.field: getattr(args, o.dest) for o in group.options if o.dest in args.typed}
 
-def with_recorded_options(args: argparse.Namespace, saved: TrainSpec) -> argparse.Namespace:
-    """`args` (a new namespace) with every option of the model, data, mask, training and LoRA groups the user did not
-    type (`args.typed`) set to the value the checkpoint's run used."""
-    parts = {"model": {"model": saved.model, "init_seed": saved.init_seed}} | {
-        name: asdict(getattr(saved, name)) for name in ("data", "mask", "train", "lora")
-    }
-    recorded = {
-        option.dest: _as_option(name, option.field, parts[name][option.field])
-        for name, group in _GROUPS
-        for option in group.options
-        if option.field in parts[name] and not (name == "train" and option.field in NOT_INHERITED_TRAINING)
-    }
-    untyped = {dest: value for dest, value in recorded.items() if dest not in args.typed and hasattr(args, dest)}
-    return argparse.Namespace(**(vars(args) | untyped))
+    mask = asdict(saved.mask) | {"strategy": saved.mask.strategy or "standard"}  # as mask_spec takes it
+    own = {name: getattr(args, name) for name in NOT_INHERITED_TRAINING}
+    train = training_fields(typed(opt.TRAINING), saved.train, shape) | own
+    return replace(
+        saved,
+        **typed(opt.MODEL),
+        data=replace(saved.data, **typed(opt.DATA)),
+        mask=mask_spec(**(mask | typed(opt.MASK))),
+        train=replace(saved.train, **train, progress=runtime_of(args).progress),
+        lora=replace(saved.lora, **typed(opt.LORA)),
+    )
 
 
 def _flag(group: str, field: str) -> str:

@@ -18,7 +18,7 @@ from goldfish.app.commands.train import train_spec
 from goldfish.app.config import RUN_FILE
 from goldfish.app.plan import add_plan_arguments, parse_plan_args
 from goldfish.app.presets import COMPARE_PRESETS, PLAN_PRESETS
-from goldfish.app.resume import recorded_spec, with_recorded_options
+from goldfish.app.resume import recorded_spec, resumed_spec
 from goldfish.app.runfile import read_run, write_run
 
 
@@ -94,10 +94,12 @@ def test_a_resume_parses_once_and_refuses_a_change(tmp_path: Path, parses: list[
 
 def test_a_resume_takes_every_untyped_setting_from_the_checkpoint(tmp_path: Path) -> None:
     saved = train_spec(parse_command_line(["train", "--lr", "0.002", "--k", "5", "--out", "o"]), None)
-    args = parse_command_line(["train", "--resume", "x", "--save-every", "7"])
-    resumed = train_spec(with_recorded_options(args, saved), None)
-    assert resumed == replace(saved, train=replace(saved.train, save_every=7))
+    args = parse_command_line(["train", "--resume", "x", "--save-every", "7", "--no-progress"])
+    resumed = resumed_spec(saved, args, None)
+    assert resumed == replace(saved, train=replace(saved.train, save_every=7, progress=False))
     assert args.lr != 0.002  # the parsed command line is left as it was
+    changed = resumed_spec(saved, parse_command_line(["train", "--resume", "x", "--strategy", "static"]), None)
+    assert (changed.mask.strategy, changed.mask.k) == ("static", 5)  # the checkpoint's k, the typed strategy
 
 
 @pytest.mark.parametrize("name", sorted(COMPARE_PRESETS))

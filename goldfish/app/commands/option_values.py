@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import asdict, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from goldfish.app import options as opt
 from goldfish.app.config import (
@@ -35,12 +35,21 @@ def mask_of(args: argparse.Namespace) -> MaskSpec:
 
 def train_config_of(args: argparse.Namespace, base: Any, shape: GridShape | None) -> Any:
     """The training options as a validated TrainConfig; `shape`: the grid's sizes (None: one process)."""
-    values = opt.TRAINING.values(args)
-    values["max_grad_norm"] = values["max_grad_norm"] or None  # 0 disables clipping
-    values["zero_node_size"], values["zero_inner_levels"] = hierarchy_fields(
-        values["zero_node_size"], base.zero_inner_levels, shape
-    )
+    values = training_fields(opt.TRAINING.values(args), base, shape)
     return replace(base, **values, progress=runtime_of(args).progress)
+
+
+def training_fields(values: Mapping[str, Any], base: Any, shape: GridShape | None) -> dict[str, Any]:
+    """TRAINING option values (some or all) as the TrainConfig fields they set: --max-grad-norm 0 is None (no
+    clipping); --zero-hierarchy sets the node size and the inner levels (an untyped int node size keeps `base`'s)."""
+    fields = dict(values)
+    if "max_grad_norm" in fields:
+        fields["max_grad_norm"] = fields["max_grad_norm"] or None  # 0 disables clipping
+    if "zero_node_size" in fields:
+        fields["zero_node_size"], fields["zero_inner_levels"] = hierarchy_fields(
+            fields["zero_node_size"], base.zero_inner_levels, shape
+        )
+    return fields
 
 
 def lora_of(args: argparse.Namespace) -> LoraSpec:

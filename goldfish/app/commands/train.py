@@ -77,10 +77,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     # Every setting is validated before anything is written to --out: the grid the workers or this process will
     # run on, the spec, ZeRO and rows against it, and the run to resume.
     shape = launch_shape(runtime) if runtime.nproc else process_shape(runtime)
-    if resume is not None:
-        args = _with_checkpoint_settings(args, resume, shape)
+    resumed = _resumed_spec(args, resume, shape) if resume is not None else None
     out = _train_out(args, resume)
-    spec = train_spec(args, shape)
+    spec = resumed or train_spec(args, shape)
     check_on_grid(spec, shape or one_process(), resume)
     if runtime.nproc:
         check_documents(spec.data)
@@ -151,15 +150,15 @@ def run_train(run: ResolvedRun) -> int:
     return 0
 
 
-def _with_checkpoint_settings(args: argparse.Namespace, resume: Path, shape: GridShape | None) -> argparse.Namespace:
-    """--resume: `args` with every option not typed taken from the checkpoint's run record, refusing (one line naming
+def _resumed_spec(args: argparse.Namespace, resume: Path, shape: GridShape | None) -> TrainSpec:
+    """--resume: the checkpoint's settings (its run record) with the options typed in place, refusing (one line naming
     every difference) a typed option that changes a setting shaping the experiment (goldfish.app.resume)."""
     from goldfish.app import resume as resuming
 
     saved = resuming.recorded_spec(resuming.read_run_record(resume))
-    args = resuming.with_recorded_options(args, saved)
-    resuming.check_unchanged(resume, saved, train_spec(args, shape))
-    return args
+    spec = resuming.resumed_spec(saved, args, shape)
+    resuming.check_unchanged(resume, saved, spec)
+    return spec
 
 
 def _train_out(args: argparse.Namespace, resume: Path | None) -> Path:
