@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Literal, Sequence
 
 import data
 import data.dedup
@@ -471,6 +471,11 @@ class EvalSpec:
     def __post_init__(self) -> None:
         if self.part not in EVAL_PARTS:
             raise ValueError(f"--part must be one of {', '.join(EVAL_PARTS)}, got {self.part!r}")
+
+
+# The commands whose settings a resolved run file carries to --nproc workers (goldfish.app.runfile), and their specs.
+Command = Literal["train", "compare", "eval"]
+RunSpec = TrainSpec | CompareSpec | EvalSpec
 
 
 @dataclass(frozen=True)

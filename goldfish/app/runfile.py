@@ -17,7 +17,10 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # goldfish.app.config imports the settings of the lower floors; a worker reads them when it runs
+    from goldfish.app.config import Command, RunSpec, Runtime
 
 # Set in every worker a --nproc launcher starts: the folder its workers report their errors into (goldfish.app.launch);
 # a process that has it is a worker, and its launcher speaks for it.
@@ -67,7 +70,7 @@ def from_plain(kind: Any, value: Any) -> Any:
     return value
 
 
-@dataclass
+@dataclass(frozen=True)
 class ResolvedRun:
     """Everything a worker of `goldfish <command> --nproc N` needs, resolved by the launcher.
 
@@ -76,16 +79,16 @@ class ResolvedRun:
     out: the run folder the user named; folder: where the run writes (out, or the staging folder of --overwrite).
     resume: the checkpoint a train run continues (None: a new run)."""
 
-    command: str
-    spec: Any
-    runtime: Any
+    command: Command
+    spec: RunSpec
+    runtime: Runtime
     out: str
     folder: str
     resume: str | None = None
     options: dict[str, Any] = field(default_factory=dict)  # command-specific resolved values (e.g. eval's part)
 
 
-def spec_type(command: str) -> type:
+def spec_type(command: str) -> type[RunSpec]:
     """The settings dataclass of a command's spec."""
     from goldfish.app.config import CompareSpec, EvalSpec, TrainSpec
 
