@@ -225,6 +225,12 @@ def _tensors(model: nn.Module, grid: Grid | None) -> dict[str, tuple[ParamLayout
     return out
 
 
+def _model_entries(tensors: dict[str, tuple[ParamLayout | None, torch.Tensor, list[str]]]) -> dict[str, _Chunks]:
+    """The DCP entries ("model/<key>") of the tensors this rank holds: all of them, but on a pipe grid the other
+    stages' parameters, which sit on the meta device (engine/training/pipeline.py)."""
+    return {f"model/{key}": _entry(p, tensor) for key, (p, tensor, _) in tensors.items() if not tensor.is_meta}
+
+
 def _described(tensors: dict[str, tuple[ParamLayout | None, torch.Tensor, list[str]]]) -> dict[str, dict]:
     """What the manifest records of each tensor: its serial full shape, dtype and tied keys."""
     return {
@@ -436,7 +442,7 @@ def _prepare(
         if save_model is not None:
             save_model(model, staging)
         tensors = _tensors(model, grid)
-        entries = {f"model/{key}": _entry(p, tensor) for key, (p, tensor, _) in tensors.items()}
+        entries = _model_entries(tensors)  # a pipeline's rank: its own stages' tensors (their owners write them)
         layouts = {key: p for key, (p, _, _) in tensors.items()}
         optim, kinds, groups, values = _optimizer_entries(optimizer, model, layouts) if optimizer else ({}, {}, [], {})
         if held_elsewhere is not None:
@@ -891,7 +897,7 @@ def load_checkpoint(
     _check_compatible(manifest["tensors"], _described(tensors), directory)
     same_grid = grid is not None and asdict(grid.shape) == manifest["grid"]
     record = _read_state(directory / _rank_state(grid.rank if same_grid else 0))
-    entries = {f"model/{key}": _entry(p, tensor) for key, (p, tensor, _) in tensors.items()}
+    entries = _model_entries(tensors)  # a pipeline's rank reads its own stages' tensors only
     if optimizer is None:
         _load_entries(directory, entries, grid)
         return record["extra_state"]
@@ -936,7 +942,8 @@ def _empty_optimizer_state(
         groups.append({**{k: v for k, v in saved_group.items() if k != "params"}, "params": []})
         for param in group["params"]:
             name = names[id(param)]
-            for key, kind in kinds.get(name, {}).items():
+            held = not param.is_meta  # another pipeline stage's parameter: its ranks load its state
+            for key, kind in kinds.get(name, {}).items() if held else ():
                 fqn = f"optim/{name}/{key}"
                 if kind == "value":
                     value = record["optimizer_values"][name][key]

@@ -17,8 +17,17 @@ base model's rotary module. Hence the inputs are full-length sequences without p
 Confirmed families (stages composed on one process give the model's logits bit for bit, and loss, gradients and SGD
 weights equal one process's at world 2 and 4, tests/parallel/test_pipeline.py): Llama, Qwen2 (full attention) and
 GPT-2. Any other family, Qwen2 with sliding-window layers, GPT-2 with cross-attention, and input embeddings tied to
-lm_head across stages are refused with one line. Each rank builds the whole model and its stages hold references to
-its own modules: drop the model and the rest is freed.
+lm_head across stages are refused with one line (torch's pipelining has no tie across stages either).
+
+Each rank holds only its own stages' parameters. Every rank builds the whole model (its weights are then exactly
+those of the serial initialization or checkpoint: transformers draws a model's weights from one random stream in
+module order, which a stage built alone would not reproduce), and the Pipeline moves the other stages' parameters to
+the meta device (same objects, shapes and dtypes, no storage) before ZeRO partitions anything. So the whole model's
+parameters exist only while the model is built; from the first step on a rank holds its stages' share (about 1/P of
+the decoder layers, plus the embeddings on the first stage and the final norm and lm_head on the last). Whatever
+reads the whole model reads it through the owners: engine.full_state_dict and checkpoints (each rank writes its own
+stages' tensors), `token_losses` (an evaluation, one pass through the stages' ranks), and `whole_model()` for code
+that must run the whole model on every rank.
 
 Gradients: the losses are summed (scale_grads=False), so after a step every stage parameter holds the gradient of
 the SUM of the micro-batch losses, the engine's convention (engine/training/state.py).
@@ -27,10 +36,12 @@ the SUM of the micro-batch losses, the engine's convention (engine/training/stat
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import (
     PipelineStage,
@@ -269,17 +280,19 @@ class Pipeline:
         check_schedule(schedule, group.size, virtual, microbatches)
         n_stages = group.size * virtual
         self.group, self.microbatches, self.stats = group, microbatches, PipelineStats()
+        self.device = device = next(p.device for p in model.parameters() if not p.is_meta)
         if stages is not None:
             if len(stages) != n_stages:
                 raise ValueError(f"{len(stages)} stage modules given for {n_stages} stages")
             self.all_stages = stages
         else:
             self.all_stages = split_model(model, n_stages, splits)  # every rank knows every stage's parameters
+            for stage in self.all_stages:
+                if stage.index % group.size != group.rank:
+                    _to_device(stage, "meta")  # another rank's stage: before ZeRO partitions (and allocates) it
             if prepare is not None:
                 prepare(self.all_stages)
         self.stages = [self.all_stages[s] for s in range(group.rank, n_stages, group.size)]  # stage s on rank s % P
-        device = next(model.parameters()).device
-        self.device = device
         self._torch_stages = [
             _MeasuredStage(m, m.index, n_stages, device, stats=self.stats, group=group) for m in self.stages
         ]
@@ -370,32 +383,91 @@ class Pipeline:
     def token_losses(
         self, ids: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Per-token losses (B, T) float32 of `targets` for ids (B, T), every stage run in this process one after the
-        other (no messages between stages; collectives inside a stage, e.g. ZeRO's gathers, run as in training): an
-        evaluation of the whole model on every rank, whose other stages must be current (share_weights)."""
-        h, last = ids, self.all_stages[-1]
+        """Per-token losses (B, T) float32 of `targets` for ids (B, T) (both on every rank of the group), in one pass
+        through the stages: each runs on its own rank, in order, and hands its hidden states to the next stage's rank;
+        the last stage's losses are then broadcast over the pipeline group. An evaluation (no schedule, no
+        micro-batches): call it on every rank of the group, under torch.no_grad()."""
+        n_ranks, rank, hidden = self.group.size, self.group.rank, ids
         for stage in self.all_stages:
-            stage.positions, stage.targets = positions, (targets if stage is last else None)
+            owner = stage.index % n_ranks
+            if stage.index > 0:
+                hidden = _hand_over(hidden, self.group, (stage.index - 1) % n_ranks, owner, self.device)
+            if owner != rank:
+                continue
+            last = stage is self.all_stages[-1]
+            stage.positions, stage.targets = positions, (targets if last else None)
             try:
-                h = stage(h)
+                hidden = stage(hidden)
             finally:
                 stage.targets = stage.positions = None
-        return h
+        last_rank = (len(self.all_stages) - 1) % n_ranks
+        losses = hidden if rank == last_rank else torch.empty(targets.shape, dtype=torch.float32, device=self.device)
+        return comm.broadcast_(losses.float().contiguous(), self.group, last_rank)
 
-    @torch.no_grad()
-    def share_weights(self) -> None:
-        """Make every rank's whole model current: each stage's rank broadcasts its stage's tensors over the pipeline
-        group (one flat message per stage). The other ranks' copies of a stage are not trained, so call this before
-        anything reads the whole model (a checkpoint, an evaluation, the end of training)."""
-        if self.group.group is None:
-            return
-        for stage in self.all_stages:
-            owner = stage.index % self.group.size  # its rank in the pipeline group
-            tensors = [local(p.data) for p in stage.parameters()]  # under ZeRO: this data rank's chunks
-            if not tensors:
-                continue
-            # on the compute device: ZeRO's optimizer offload keeps the chunks in host memory, NCCL sends from GPUs
-            flat = comm.broadcast_(torch.cat([t.reshape(-1).to(self.device) for t in tensors]), self.group, owner)
-            if owner != self.group.rank:
-                for tensor, piece in zip(tensors, flat.split([t.numel() for t in tensors])):
-                    tensor.copy_(piece.view_as(tensor))
+    @contextmanager
+    def whole_model(self) -> Iterator[None]:
+        """Inside: every rank's model holds the whole model's current weights (each stage's rank broadcasts its
+        stage's tensors over the pipeline group, one flat message per stage, into storage allocated for it); after:
+        the other stages' parameters are on the meta device again. For code that runs the whole model on every rank
+        (e.g. an epoch-end generation); the full state dict and checkpoints need none of it."""
+        others = [stage for stage in self.all_stages if stage.index % self.group.size != self.group.rank]
+        for stage in others:
+            _to_device(stage, self.device)
+        try:
+            with torch.no_grad():
+                for stage in self.all_stages:
+                    _broadcast_stage(stage, self.group, stage.index % self.group.size, self.device)
+            yield
+        finally:
+            for stage in others:
+                _to_device(stage, "meta")
+
+
+def _to_device(stage: StageModule, device: torch.device | str) -> None:
+    """Give `stage`'s parameters uninitialized storage on `device` ("meta": none), keeping the parameter objects (the
+    optimizer's) and their placements; ZeRO's FSDP modules re-register their shards (torch's to_empty). Buffers stay
+    as they are: the rotary tables are shared by every stage."""
+    buffers = [(module, name, buffer) for module in stage.modules() for name, buffer in module._buffers.items()]
+    stage.to_empty(device=device)
+    for module, name, buffer in buffers:
+        module._buffers[name] = buffer
+
+
+def _broadcast_stage(stage: StageModule, group: AxisGroup, owner: int, device: torch.device) -> None:
+    """Overwrite `stage`'s tensors on every rank of `group` with those of its rank `owner` (under ZeRO: this data
+    rank's chunks, alike on every stage's ranks)."""
+    tensors = [local(p.data) for p in stage.parameters()]
+    if not tensors or group.group is None:
+        return
+    # on the compute device: ZeRO's optimizer offload keeps the chunks in host memory, NCCL sends from GPUs
+    flat = comm.broadcast_(torch.cat([t.reshape(-1).to(device) for t in tensors]), group, owner)
+    if owner != group.rank:
+        for tensor, piece in zip(tensors, flat.split([t.numel() for t in tensors])):
+            tensor.copy_(piece.view_as(tensor))
+
+
+HIDDEN_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)  # what a stage hands on, by code
+HEADER = 8  # int64s announcing a handed-over tensor: its dtype's code, then its dims padded with -1
+
+
+def _hand_over(
+    hidden: torch.Tensor, group: AxisGroup, sender: int, receiver: int, device: torch.device
+) -> torch.Tensor:
+    """`hidden` of group rank `sender` (a stage's output, up to 7 dims) on group rank `receiver`: a header
+    (dtype code, dims) then the tensor, point to point. Other ranks get back what they gave."""
+    rank = group.rank
+    if rank == sender:
+        dims = [*hidden.shape, *[-1] * (HEADER - 1 - hidden.dim())]
+        header = torch.tensor([HIDDEN_DTYPES.index(hidden.dtype), *dims], dtype=torch.int64, device=device)
+        dist.send(header, group=group.group, group_dst=receiver)
+        dist.send(hidden.contiguous(), group=group.group, group_dst=receiver)
+        group.counter.add("pipe", hidden.numel() * hidden.element_size())
+        return hidden
+    if rank != receiver:
+        return hidden
+    header = torch.empty(HEADER, dtype=torch.int64, device=device)
+    dist.recv(header, group=group.group, group_src=sender)
+    code, *dims = header.tolist()
+    received = torch.empty([n for n in dims if n >= 0], dtype=HIDDEN_DTYPES[code], device=device)
+    dist.recv(received, group=group.group, group_src=sender)
+    return received

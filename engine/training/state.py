@@ -147,19 +147,37 @@ def full_state_dict(model: nn.Module, grid: Grid, rank0_only: bool = False) -> d
     """The serial model's state dict: same keys, full tensors, serial layouts (e.g. GPT-2 Conv1D (in, out)).
 
     Collective over each tensor-parallel group (and, for a model partitioned with ZeRO stage 2 or 3, over each
-    data group): every rank must call it. With `rank0_only`, rank 0 gets the dict and the others an empty one
+    data group; on a pipe grid, over the pipeline group, each stage's tensors coming from its own ranks): every rank
+    must call it. With `rank0_only`, rank 0 gets the dict and the others an empty one
     (they keep at most one gathered tensor at a time).
     """
     keep = not rank0_only or grid.rank == 0
     state: dict[str, torch.Tensor] = {}
-    for p in plan_of(model, grid).params.values():
-        value = _gather_full(p, p.local, grid)
+    params = list(plan_of(model, grid).params.values())
+    holders = _pipe_holders(params, grid)
+    for p, holder in zip(params, holders):
+        value = _gather_full(p, p.local, grid) if holder in (None, grid.group("pipe").rank) else None
+        if holder is not None:  # held by one pipeline stage's ranks: theirs, to every rank of the pipeline group
+            if value is None:
+                value = torch.empty(p.full_shape, dtype=p.tensor.dtype, device=grid.device)
+            value = comm.broadcast_(value.to(grid.device).contiguous(), grid.group("pipe"), holder)
         if p.serial_transposed:
             value = value.t().contiguous()
         if keep:
             for key in (p.key, *p.aliases):
                 state[key] = value
     return {key: state[key] for key in model.state_dict(keep_vars=True)} if keep else {}
+
+
+def _pipe_holders(params: list[ParamLayout], grid: Grid) -> list[int | None]:
+    """Per tensor, the pipe coordinate of the ranks holding it when only one pipeline stage's ranks do (the others'
+    copies are on the meta device, engine/training/pipeline.py), else None (every rank holds its own part).
+    Collective over the pipe group when the grid has one."""
+    if grid.size("pipe") == 1:
+        return [None] * len(params)
+    held = torch.tensor([[not p.tensor.is_meta for p in params]], dtype=torch.int32, device=grid.device)
+    by_rank = comm.all_gather(held, grid.group("pipe"), 0).bool().cpu()  # (P, tensors)
+    return [None if bool(column.all()) else int(column.int().argmax()) for column in by_rank.t()]
 
 
 @torch.no_grad()

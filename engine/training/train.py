@@ -398,7 +398,9 @@ def train(
     examples: one dict of equal-length 1-D tensors per sequence (e.g. input_ids, targets, masks). The loss function
         receives them stacked to (B, ...) plus "example_index" (B,) and "step" (0-d, the 0-based optimizer step).
     out_dir: where checkpoints (out_dir/checkpoint) and metrics (out_dir/metrics.jsonl) go; None keeps nothing.
-    grid: an engine Grid for parallel runs (every rank calls train with the same arguments), or None.
+    grid: an engine Grid for parallel runs (every rank calls train with the same arguments), or None. With a pipe
+        axis each rank keeps only its pipeline stages' parameters (the others on the meta device, during the run and
+        after it: read the trained weights with engine.full_state_dict or from the checkpoint).
     resume_from: a checkpoint folder written by an earlier run with the same examples and config.
     save_model: save_model(model, folder, step) writes the model (and anything else the caller wants in a
         checkpoint, e.g. what the first `step` optimizer steps trained: rows_consumed) into a folder; required when
@@ -444,10 +446,8 @@ def train(
         raise ValueError("train(out_dir=...) needs save_model to write the model into checkpoints")
 
     start_step = 0
-    if resume_from is not None:
+    if resume_from is not None:  # a pipeline's rank loads its own stages' weights and optimizer state only
         start_step = _resume(Path(resume_from), model, optimizer, scheduler, config, total_steps, grid, examples)
-        if pipe is not None:
-            _keep_held_state(optimizer, pipe)
 
     metrics_file = None
     if out_path is not None and is_main:
@@ -472,6 +472,7 @@ def train(
     if config.compile:
         compiled.enter_context(compiled_decoder_layers(model))
     eager = eager_stance if config.compile else nullcontext
+    whole = pipe.whole_model if pipe is not None else nullcontext  # for the hooks that run the whole model
 
     def checkpoint(done: int) -> None:
         """Write out_dir/checkpoint of the first `done` steps (in the background with async_save)."""
@@ -521,20 +522,13 @@ def train(
                 record["activation_device_bytes"] = offload.stats.device_peak_bytes
             done = step + 1
             evaluate_now = done == total_steps or (config.eval_every and done % config.eval_every == 0)
-            if pipe is not None and (
-                (validation is not None and evaluate_now)
-                or (on_epoch_end is not None and done % per_epoch == 0)
-                or (out_path is not None and _saves_now(done, total_steps, config))
-                or done == total_steps
-            ):
-                pipe.share_weights()  # what follows (and the caller, after the last step) reads the whole model
             if validation is not None and evaluate_now:
                 chosen = validation_loss_fn or loss_fn
                 with eager():
                     record["val_loss"] = evaluate_loss(model, validation, chosen, config, grid, step=done)
                 if on_validation is not None:
                     model.eval()
-                    with torch.no_grad(), eager():
+                    with torch.no_grad(), eager(), whole():
                         on_validation(model, done, record["val_loss"])
                     model.train()
                 if _is_distributed(grid):
@@ -553,13 +547,11 @@ def train(
                 checkpoint(done)
             if on_epoch_end is not None and done % per_epoch == 0:
                 model.eval()
-                with torch.no_grad(), eager():
+                with torch.no_grad(), eager(), whole():
                     on_epoch_end(model, done // per_epoch, done)
                 model.train()
             if done < total_steps and _stop_requested(stop, grid):
                 if out_path is not None and not saved:
-                    if pipe is not None:
-                        pipe.share_weights()  # the checkpoint reads the whole model
                     checkpoint(done)
                 if saver is not None:
                     saver.close()  # published before the run says where it is
@@ -622,8 +614,8 @@ def _pipelines(
 
 
 def _through_stages(pipe: Pipeline, loss_fn: LossFn) -> LossFn:
-    """`loss_fn` (a TokenLossFn) computed by running the pipeline's stages one after the other on every rank: an
-    evaluation of a pipelined model, whose stage modules (FSDP roots under ZeRO) hold what model.forward would not."""
+    """`loss_fn` (a TokenLossFn) computed in one pass through the pipeline's stages, each on its own rank
+    (Pipeline.token_losses): an evaluation of a pipelined model, whose ranks hold their own stages only."""
     if not isinstance(loss_fn, TokenLossFn):
         raise ValueError("evaluating a pipelined model needs a TokenLossFn (per-token losses on the last stage)")
 
@@ -632,14 +624,6 @@ def _through_stages(pipe: Pipeline, loss_fn: LossFn) -> LossFn:
         return loss_fn.reduce(token_ce, batch)
 
     return run
-
-
-def _keep_held_state(optimizer: torch.optim.Optimizer, pipe: Pipeline) -> None:
-    """Drop the optimizer state a resume loaded for parameters of other ranks' stages: this rank never updates them,
-    so its copy would go stale and could be the one a later checkpoint writes."""
-    held = {id(p) for p in pipe.parameters()}
-    for param in [p for p in optimizer.state if id(p) not in held]:
-        del optimizer.state[param]
 
 
 class TrainingStopped(KeyboardInterrupt):
@@ -728,7 +712,7 @@ def evaluate_loss(
     """The mean token loss of `examples` under loss_fn (loss sum over token count), without gradients, in eval mode
     (training mode is restored after). Rows are read config.batch_size at a time and split over the ranks as
     training rows are (config.rows), so every rank calls this with the same arguments; a batch must split evenly."""
-    device = next(model.parameters()).device
+    device = next(p.device for p in model.parameters() if not p.is_meta)  # a pipeline's rank: its own stages'
     was_training = model.training
     model.eval()
     autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16")

@@ -12,6 +12,7 @@ Each part is chosen once from the run's settings:
 
 from __future__ import annotations
 
+import copy
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -348,10 +349,23 @@ class CheckpointWriter:
         rows, tokenizer = self.rows, self.prepared.tokenizer
         at_step = checkpoint_record(self.record, rows.copies, len(rows.examples), rows.train_config, step)
         at_step["tokens_trained"] = rows.tokens_read(step, self.spec.data.seq_len)  # by this checkpoint's step
-        if self.spec.lora.enabled:  # data-parallel at most: every rank holds the whole model
+        if self.spec.lora.enabled:  # data and pipe axes only: a rank holds whole tensors (its stages' on a pipe grid)
+            if self.grid is not None and self.grid.shape.pipe > 1:
+                model = _gathered_on_rank0(model, self.grid)  # rank 0 holds its own stages' weights only
             if is_main_process(self.grid):
                 lora.save_lora(model, folder, lambda plain, into: save_hf_model(plain, tokenizer, at_step, into))
         elif self.grid is not None:
             save_parallel_hf_model(model, self.grid, tokenizer, at_step, folder)
         else:
             save_hf_model(model, tokenizer, at_step, folder)
+
+
+def _gathered_on_rank0(model: nn.Module, grid: Grid) -> nn.Module | None:
+    """On rank 0, a copy of `model` holding the whole model's weights, each pipeline stage's from its own ranks
+    (engine.full_state_dict); None on the other ranks. Collective."""
+    state = engine.full_state_dict(model, grid, rank0_only=True)
+    if grid.rank != 0:
+        return None
+    whole = copy.deepcopy(model)  # the other stages' parameters are on the meta device: no storage copied
+    whole.load_state_dict(state, assign=True)
+    return whole

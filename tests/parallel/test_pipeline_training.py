@@ -177,6 +177,73 @@ def test_shorter_last_steps_and_validation_under_zero() -> None:
     )
 
 
+def _held_bytes(net: torch.nn.Module) -> int:
+    """The bytes of the parameters a rank holds (those not on the meta device)."""
+    return sum(p.numel() * p.element_size() for p in net.parameters() if not p.is_meta)
+
+
+def held_worker(sizes: dict[str, int] | None) -> dict:
+    """Two SGD steps (one epoch) whose epoch-end hook computes the whole model's logits on every rank; the parameter
+    bytes this rank holds after parallelizing, after the first step (train asks `stop` then), inside the hook, and
+    after the run; the weights on rank 0."""
+    grid = init(**sizes) if sizes else None
+    net = engine.parallelize(model(), grid) if grid else model()
+    built = _held_bytes(net)
+    seen: dict = {}
+
+    def on_epoch_end(whole: torch.nn.Module, epoch: int, step: int) -> None:
+        ids = torch.stack([row["input_ids"] for row in examples()[:4]])
+        seen.update(logits=whole(ids).logits.tolist(), held=_held_bytes(whole))
+
+    def stop() -> bool:
+        seen["stepping"] = _held_bytes(net)
+        return False
+
+    train(net, examples(), LOSS, config(epochs=1), grid=grid, on_epoch_end=on_epoch_end, stop=stop)
+    state = engine.full_state_dict(net, grid, rank0_only=True) if grid else net.state_dict()
+    weights = {k: v.tolist() for k, v in state.items()} if grid is None or grid.rank == 0 else None
+    return {
+        "built": built,
+        "stepping": seen["stepping"],
+        "in_hook": seen["held"],
+        "trained": _held_bytes(net),
+        "logits": seen["logits"],
+        "weights": weights,
+    }
+
+
+def test_each_pipeline_rank_holds_only_its_own_stages() -> None:
+    """At pipe=2 each rank holds exactly its stage's parameters while it trains and after (the other stage's on the
+    meta device), measured: the split's bytes per rank (engine.training.pipeline.split_model of the serial model,
+    derived here), about half of the model's each, summing to the model's. An epoch-end hook still sees the whole
+    model on every rank (Pipeline.whole_model): its logits and the gathered weights equal one process's.
+
+    Tolerance: float64, as TOLERANCE (the module docstring)."""
+    from engine.training.pipeline import split_model
+
+    stages = split_model(model(), 2)
+    expected = [sum(p.numel() * p.element_size() for p in stage.parameters()) for stage in stages]
+    total = sum(p.numel() * p.element_size() for p in model().parameters())
+    assert sum(expected) == total and all(0.4 < share / total < 0.6 for share in expected)  # embeddings vs head
+    serial_run = held_worker(None)
+    results = run_distributed(2, held_worker, {"pipe": 2})
+    for rank, got in enumerate(results):
+        assert got["built"] == total  # every rank builds the whole model: the serial initialization
+        assert got["stepping"] == got["trained"] == expected[rank], (rank, got, expected)
+        assert got["in_hook"] == total
+        torch.testing.assert_close(
+            torch.tensor(got["logits"], dtype=torch.float64),
+            torch.tensor(serial_run["logits"], dtype=torch.float64),
+            **TOLERANCE,
+        )
+    for key, value in serial_run["weights"].items():
+        torch.testing.assert_close(
+            torch.tensor(results[0]["weights"][key], dtype=torch.float64),
+            torch.tensor(value, dtype=torch.float64),
+            **TOLERANCE,
+        )
+
+
 class Killed(RuntimeError):
     """The stand-in for a kill in the middle of an epoch (raised on every rank alike: no rank is left waiting)."""
 
@@ -225,6 +292,25 @@ def resume_run(
     return {k: v.tolist() for k, v in state.items()} if grid is None or grid.rank == 0 else None
 
 
+def assert_written_by_owners(checkpoint: Path) -> None:
+    """Every tensor of a pipe=2 checkpoint (weights and AdamW moments) sits in a file that its stage's rank wrote
+    (DCP names a rank's files __<rank>_<n>.distcp): each rank saves its own stages' tensors only."""
+    import torch.distributed.checkpoint as dcp
+
+    from engine.training.pipeline import split_model
+
+    owner = {name: index for index, stage in enumerate(split_model(model(), 2)) for name in stage.names.values()}
+    metadata = dcp.FileSystemReader(str(checkpoint / "engine_shards")).read_metadata()
+    writers: dict[str, set[int]] = {}
+    for index, info in metadata.storage_data.items():
+        kind, _, rest = index.fqn.partition("/")
+        name = rest if kind == "model" else rest.rpartition("/")[0]  # optim/<parameter>/<state key>
+        writers.setdefault(name, set()).add(int(info.relative_path.split("_")[2]))
+    assert set(owner) <= set(writers)
+    for name, ranks in writers.items():
+        assert ranks == {owner[name]}, (name, ranks)
+
+
 def test_a_killed_pipelined_run_resumes_exactly_at_any_grid() -> None:
     """A pipe=2 run killed in the middle of its first epoch resumes at pipe=2, at x=2 and at one process as the
     uninterrupted run continues: AdamW's moments live on the stage that owns each parameter, and must all come back
@@ -240,6 +326,7 @@ def test_a_killed_pipelined_run_resumes_exactly_at_any_grid() -> None:
             run_distributed(2, resume_run, {"pipe": 2}, f"{tmp}/{name}", True, False)
         for name in ("e", "f"):
             run_distributed(4, resume_run, {"pipe": 2, "data": 2}, f"{tmp}/{name}", True, False, 1)
+        assert_written_by_owners(Path(tmp) / "b" / "checkpoint")
         resumed = {
             "pipe=2": (run_distributed(2, resume_run, {"pipe": 2}, f"{tmp}/b", False, True)[0], TOLERANCE),
             "x=2": (run_distributed(2, resume_run, {"x": 2}, f"{tmp}/c", False, True)[0], TENSOR_PARALLEL_TOLERANCE),
