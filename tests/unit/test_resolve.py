@@ -139,3 +139,13 @@ def test_a_typed_value_equal_to_the_default_still_wins_over_the_preset() -> None
     assert COMPARE_PRESETS["smollm2"].settings["lr"] != default
     assert parse_command_line(["compare", "--preset", "smollm2", "--lr", str(default)]).lr == default
     assert parse_command_line(["compare", "--preset", "smollm2"]).typed == frozenset({"preset"})
+
+
+@pytest.mark.parametrize("command", ["train", "eval", "compare", "mask", "plan"])
+def test_help_shows_the_defaults_not_their_markers(command: str, capsys) -> None:
+    with pytest.raises(SystemExit):
+        parse_command_line([command, "--help"])
+    text = capsys.readouterr().out
+    assert "Unset" not in text and "(default:" in text
+    if command == "compare":
+        assert "(default: runs/compare)" in text and "(default: ['hashed:4:13'])" in " ".join(text.split())
