@@ -28,13 +28,7 @@ from goldfish.app.commands.processes import (
     set_threads,
 )
 from goldfish.app.commands.run_folder import cleared_on_settings_error, discard, publish, run_folder
-from goldfish.app.config import (
-    CompareSpec,
-    Runtime,
-    check_extraction_window,
-    parse_int_list,
-    parse_mask,
-)
+from goldfish.app.config import CompareSpec, Runtime, check_extraction_window, parse_int_list, parse_mask
 from goldfish.app.presets import COMPARE_PRESETS
 from goldfish.app.runfile import ResolvedRun
 

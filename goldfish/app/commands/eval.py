@@ -10,29 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from goldfish.app import options as opt
-from goldfish.app.commands.option_values import (
-    data_of,
-    extraction_of,
-    instruments_of,
-    mask_of,
-    runtime_of,
-)
+from goldfish.app.commands.option_values import data_of, extraction_of, instruments_of, mask_of, runtime_of
 from goldfish.app.commands.preflight import check_documents
-from goldfish.app.commands.processes import (
-    launch,
-    launch_shape,
-    logger,
-    process_shape,
-    resolved_run,
-    set_threads,
-)
-from goldfish.app.config import (
-    DataSpec,
-    EvalSpec,
-    Instruments,
-    MaskSpec,
-    Runtime,
-)
+from goldfish.app.commands.processes import launch, launch_shape, logger, process_shape, resolved_run, set_threads
+from goldfish.app.config import DataSpec, EvalSpec, Instruments, MaskSpec, Runtime
 from goldfish.app.runfile import ResolvedRun
 
 if TYPE_CHECKING:  # the commands import torch, the engine and eval only when they run

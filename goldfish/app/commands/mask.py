@@ -8,14 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from goldfish.app import options as opt
-from goldfish.app.commands.option_values import (
-    mask_defaults,
-    mask_of,
-)
-from goldfish.app.config import (
-    DataSpec,
-    MaskSpec,
-)
+from goldfish.app.commands.option_values import mask_defaults, mask_of
+from goldfish.app.config import DataSpec, MaskSpec
 from goldfish.strategies import STRATEGIES
 
 if TYPE_CHECKING:  # the commands import torch, the engine and eval only when they run

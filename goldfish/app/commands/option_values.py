@@ -7,14 +7,7 @@ from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any, Mapping
 
 from goldfish.app import options as opt
-from goldfish.app.config import (
-    DataSpec,
-    Instruments,
-    MaskSpec,
-    Runtime,
-    hierarchy_fields,
-    mask_spec,
-)
+from goldfish.app.config import DataSpec, Instruments, MaskSpec, Runtime, hierarchy_fields, mask_spec
 from goldfish.app.lora import LoraSpec
 
 if TYPE_CHECKING:  # the commands import torch, the engine and eval only when they run

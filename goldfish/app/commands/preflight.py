@@ -5,12 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from goldfish.app.config import (
-    CompareSpec,
-    DataSpec,
-    TrainSpec,
-    background_train_config,
-)
+from goldfish.app.config import CompareSpec, DataSpec, TrainSpec, background_train_config
 
 if TYPE_CHECKING:  # the commands import torch, the engine and eval only when they run
     from engine.core.grid import GridShape

@@ -8,10 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from goldfish.app.config import (
-    Runtime,
-    parse_grid,
-)
+from goldfish.app.config import Runtime, parse_grid
 from goldfish.app.runfile import ResolvedRun
 
 if TYPE_CHECKING:  # the commands import torch, the engine and eval only when they run

@@ -9,14 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from goldfish.app import options as opt
-from goldfish.app.commands.option_values import (
-    data_of,
-    lora_of,
-    mask_defaults,
-    mask_of,
-    runtime_of,
-    train_config_of,
-)
+from goldfish.app.commands.option_values import data_of, lora_of, mask_defaults, mask_of, runtime_of, train_config_of
 from goldfish.app.commands.preflight import check_documents, check_on_grid
 from goldfish.app.commands.processes import (
     close_grid,
@@ -30,10 +23,7 @@ from goldfish.app.commands.processes import (
     set_threads,
 )
 from goldfish.app.commands.run_folder import cleared_on_settings_error, discard, publish, run_folder
-from goldfish.app.config import (
-    Runtime,
-    TrainSpec,
-)
+from goldfish.app.config import Runtime, TrainSpec
 from goldfish.app.runfile import ResolvedRun
 
 if TYPE_CHECKING:  # the commands import torch, the engine and eval only when they run
