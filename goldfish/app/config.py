@@ -448,7 +448,8 @@ def background_train_config(train: TrainConfig) -> TrainConfig:
 
 
 RUN_FILE = "goldfish_run.json"  # the run record a goldfish train checkpoint folder keeps beside its weights
-EVAL_PARTS = ("train", "heldout", "both")
+EvalPart = Literal["train", "heldout", "both"]  # which documents goldfish eval measures (both: membership too)
+EVAL_PARTS: tuple[EvalPart, ...] = ("train", "heldout", "both")
 
 
 @dataclass(frozen=True)
@@ -464,7 +465,7 @@ class EvalSpec:
     mask_from_record: bool = True
     init_seed: int = 0
     reference: str = "auto"
-    part: str = "both"
+    part: EvalPart = "both"
     extraction: ExtractionConfig = field(default_factory=ExtractionConfig)
     instruments: Instruments = field(default_factory=Instruments)
 

@@ -13,7 +13,7 @@ from goldfish.app import options as opt
 from goldfish.app.commands.option_values import data_of, extraction_of, instruments_of, mask_of, runtime_of
 from goldfish.app.commands.preflight import check_documents
 from goldfish.app.commands.processes import launch, launch_shape, logger, process_shape, resolved_run, set_threads
-from goldfish.app.config import DataSpec, EvalSpec, Instruments, MaskSpec, Runtime
+from goldfish.app.config import EVAL_PARTS, DataSpec, EvalSpec, Instruments, MaskSpec, Runtime
 from goldfish.app.runfile import ResolvedRun
 
 if TYPE_CHECKING:  # the commands import torch, the engine and eval only when they run
@@ -319,7 +319,7 @@ def add_eval_parser(sub: Any) -> None:
     )
     evaluate.add_argument(
         "--part",
-        choices=["train", "heldout", "both"],
+        choices=EVAL_PARTS,
         default="both",
         help="which documents to evaluate (default: %(default)s)",
     )
