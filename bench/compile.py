@@ -6,7 +6,7 @@ Usage:
     python bench/compile.py --out bench/results/compile_cpu.json
 
 Both contenders run the step `goldfish train` runs: engine.training.train (grid 1) with the goldfish loss
-(goldfish.app.experiment.make_step_loss: hashed mask, k=4, h=13, the chunked per-token loss from the hidden states),
+(goldfish.app.training_rows.make_step_loss: hashed mask, k=4, h=13, the chunked per-token loss from the hidden states),
 AdamW, clipping; one with TrainConfig(compile=True). They alternate for --rounds rounds of --steps steps each (a
 train() call per round and contender, continuing the same model), so drift of a shared machine hits both; a step's
 time is the training loop's own (metrics' tokens_per_s, turned back into seconds). The first compiled round's first
@@ -30,7 +30,7 @@ import torch
 
 from engine.training.train import TrainConfig, train
 from goldfish.app.config import MaskSpec
-from goldfish.app.experiment import make_step_loss
+from goldfish.app.training_rows import make_step_loss
 from goldfish.masks import drop_mask
 
 SIZES = {

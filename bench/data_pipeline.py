@@ -99,8 +99,8 @@ def measure(corpus: Path, workers: int, tokenizer, steps: int | None) -> dict:
     from engine.training import train as engine_train
     from goldfish.app.config import DataSpec, MaskSpec
     from goldfish.app.data_settings import background_spec, row_mask
-    from goldfish.app.experiment import make_step_loss
     from goldfish.app.models import build_tiny_model
+    from goldfish.app.training_rows import make_step_loss
 
     with tempfile.TemporaryDirectory() as cache:
         started = time.perf_counter()

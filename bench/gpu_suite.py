@@ -54,7 +54,7 @@ from mfu import peak_tflops
 from engine.planner.cost_model import TransformerShape, model_flops_per_token
 from engine.training.train import TrainConfig, train
 from goldfish.app.config import MaskSpec
-from goldfish.app.experiment import make_step_loss
+from goldfish.app.training_rows import make_step_loss
 from goldfish.masks import IGNORE_INDEX, drop_mask
 from goldfish.strategies import STRATEGIES, default_k_h
 

@@ -37,8 +37,10 @@ from eval.decoding import greedy_decode
 from eval.extraction import ExtractionConfig
 from eval.metrics import EXACT_MATCH, MATCH_FRACTION, ROUGE_L, TF_DROPPED_ACCURACY, TF_KEPT_ACCURACY
 from goldfish.app.config import MaskSpec, parse_mask
-from goldfish.app.experiment import Prepared, evaluate_model, make_examples, make_step_loss
+from goldfish.app.evaluation import evaluate_model
+from goldfish.app.prepare import Prepared
 from goldfish.app.pretrained import SMOLLM2_135M, load_pretrained
+from goldfish.app.training_rows import make_examples, make_step_loss
 
 EXTRACTION = ExtractionConfig(suffix_len=50, batch_size=8)
 

@@ -38,7 +38,8 @@ from engine.core import comm
 from engine.core.grid import AXES
 from goldfish import goldfish_loss
 from goldfish.app.config import parse_grid
-from goldfish.app.experiment import chat_row_of, initial_model, make_examples, save_parallel_hf_model
+from goldfish.app.model_files import initial_model, save_parallel_hf_model
+from goldfish.app.training_rows import chat_row_of, make_examples
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -14,7 +14,7 @@ from engine.training.train import TrainConfig
 from goldfish.app import options as opt
 from goldfish.app.commands.option_values import data_of, mask_of
 from goldfish.app.config import DataSpec, MaskSpec, TrainSpec
-from goldfish.app.experiment import Prepared, prepare_data
+from goldfish.app.prepare import Prepared, prepare_data
 
 TRAINING_FIELDS = ("epochs", "batch_size", "grad_accum", "lr", "max_grad_norm", "seed", "optimizer")
 # --data (texts or conversations, docs/chat.md) and the selection

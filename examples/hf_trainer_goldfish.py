@@ -31,7 +31,7 @@ from transformers import Trainer, TrainingArguments
 
 import engine.training.train as engine_train
 from goldfish import GoldfishCollator, causal_targets, goldfish_loss
-from goldfish.app.experiment import initial_model
+from goldfish.app.model_files import initial_model
 from goldfish.masks import IGNORE_INDEX
 
 

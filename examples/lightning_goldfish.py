@@ -28,7 +28,8 @@ import engine.training.train as engine_train
 from engine.integrations.lightning import EngineStrategy, consolidate_checkpoint
 from goldfish import goldfish_loss
 from goldfish.app.config import parse_grid
-from goldfish.app.experiment import chat_row_of, initial_model, make_examples
+from goldfish.app.model_files import initial_model
+from goldfish.app.training_rows import chat_row_of, make_examples
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -32,7 +32,8 @@ from engine.integrations.lightning_trainer import EngineTrainerStrategy
 from engine.training.checkpoint import consolidate_checkpoint
 from goldfish import goldfish_loss
 from goldfish.app.config import parse_grid
-from goldfish.app.experiment import chat_row_of, initial_model, make_examples
+from goldfish.app.model_files import initial_model
+from goldfish.app.training_rows import chat_row_of, make_examples
 
 
 class GoldfishStepSampler(torch.utils.data.Sampler):

@@ -1,9 +1,9 @@
 """goldfish: fine-tune causal LMs with the goldfish loss and measure memorization by extraction.
 
 The mask and loss API lives here (torch only); the CLI (`goldfish train | eval | compare | plan | mask`) in
-goldfish.app and the experiment wiring in goldfish.app.experiment. The names load on first use (PEP 562), so the
-command's torch-free paths (`--help`, settings errors, `goldfish plan`) import this package without torch; the
-strategy names they offer come from goldfish.strategies.
+goldfish.app and the run wiring in goldfish.app.prepare, goldfish.app.training and goldfish.app.evaluation. The
+names load on first use (PEP 562), so the command's torch-free paths (`--help`, settings errors, `goldfish plan`)
+import this package without torch; the strategy names they offer come from goldfish.strategies.
 """
 
 from __future__ import annotations

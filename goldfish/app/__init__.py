@@ -5,7 +5,12 @@
     options.py     every flag of the shared option groups, declared once (flag -> dataclass field)
     config.py      the dataclasses those flags fill, with the one set of defaults
     presets.py     the presets of compare and plan, and the training defaults that fit a model
-    experiment.py  data preparation, training and evaluation runs
+    prepare.py     data preparation: documents, the tokenizer, the training and held-out selection
+    training_rows.py  masked training examples and the goldfish step loss the engine calls
+    training.py    one training run as a short sequence of parts; records.py its run and checkpoint records
+    model_files.py starting weights and HF checkpoint folders; run_grid.py the engine grid of a run
+    background_run.py  the background stream of a --background run
+    evaluation.py  extraction, the instruments and membership inference on a model
     compare.py     `goldfish compare` as a `Comparison` whose steps read top to bottom
     models.py      tiny model presets; loading a model sharded for parallel evaluation
     pretrained.py  HF / GGUF loading (SmolLM2-135M ships offline)
@@ -18,6 +23,6 @@ library users import, `import goldfish` (masks, loss, collator), needs torch alo
 
 The front door is light: entry.py, cli.py's parser (with the commands' option declarations), options.py, config.py and
 argparsing.py import no torch, so every `--help` and every settings error answers at once; the modules that compute
-(experiment, compare, models, the engine, eval) load inside the command, once its settings have passed
-(tests/e2e/test_front_door.py keeps it so).
+(prepare, training, evaluation, compare, models, the engine, eval) load inside the command, once its settings have
+passed (tests/e2e/test_front_door.py keeps it so).
 """

@@ -307,7 +307,7 @@ def run_audit(
     """Load the model, audit both sets, write the outputs; returns the summary."""
     from data.atomic import write_json_atomic, write_jsonl_atomic
     from eval.audit import audit_documents, audit_summary, score_windows
-    from goldfish.app.experiment import pad_token_id
+    from goldfish.app.prepare import pad_token_id
 
     started = time.perf_counter()
     model = _load_model(args.model, tokenizer).to(runtime.torch_device()).eval()

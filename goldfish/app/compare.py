@@ -36,27 +36,20 @@ from eval.metrics import EXACT_MATCH, INTERVAL_METRICS, LONGEST_CORRECT_PREFIX, 
 from eval.paired import CLUSTERED_KEYS
 from eval.seeds import combine_seeds, seed_mean_interval
 from goldfish.app import lora, matched
+from goldfish.app.background_run import prepare_background
 from goldfish.app.buckets import bucket_results, bucket_tests_section, seed_bucket_statistics, seed_tests_section
-from goldfish.app.config import CompareSpec, MaskSpec, TrainSpec
-from goldfish.app.experiment import (
-    REPEAT_METRICS,
-    Prepared,
-    background_train_config,
-    evaluate_parts,
-    grid_sizes,
-    initial_model,
-    pad_token_id,
-    prepare_background,
-    prepare_data,
-    save_hf_model,
-    trained_copies,
-    validation_loss_fn,
-)
+from goldfish.app.config import CompareSpec, MaskSpec, TrainSpec, background_train_config
+from goldfish.app.evaluation import REPEAT_METRICS, evaluate_parts
 from goldfish.app.finished_seeds import finished_summary, read_finished_seed
+from goldfish.app.model_files import initial_model, save_hf_model
+from goldfish.app.prepare import Prepared, pad_token_id, prepare_data
 from goldfish.app.pretrained import load_pretrained_model
+from goldfish.app.records import trained_copies
 from goldfish.app.results import PARTS, ModelResult
+from goldfish.app.run_grid import grid_sizes
 from goldfish.app.targets import TARGETS_FILE, comparison_target_rows, seeds_target_rows, write_target_rows
 from goldfish.app.training import train_model
+from goldfish.app.training_rows import validation_loss_fn
 from goldfish.masks import IGNORE_INDEX
 
 # Per-document fields kept for every point of the exact-match-vs-epochs curve (OUT/<label>/curve.jsonl).
@@ -418,7 +411,7 @@ class Comparison:
 
     def evaluate(self, label: str, model: nn.Module, mask: MaskSpec | None) -> dict[str, list[dict[str, Any]]]:
         """Every instrument on the training and held-out documents, then membership inference (rank 0 only;
-        goldfish.app.experiment.evaluate_parts); returns the extraction rows of each part."""
+        goldfish.app.evaluation.evaluate_parts); returns the extraction rows of each part."""
         t0 = time.perf_counter()
         # The untrained control is the reference model of the reference-ratio attack (not of itself).
         reference = None if label == CONTROL else self.initial

@@ -356,7 +356,7 @@ def check_mask_window(mask: MaskSpec, data: DataSpec) -> None:
     """Refuse a hashed mask that can never drop a target (ValueError): rows of --seq-len tokens hold seq_len - 1
     targets, and a hashed mask decides only where h targets end, so h >= seq_len drops nothing while the run is
     labelled goldfish. (Whole documents (--pack) are masked over the document, which may be longer: the run checks
-    the mask it built, goldfish.app.experiment.check_mask_drops.)"""
+    the mask it built, goldfish.app.training_rows.check_mask_drops.)"""
     if mask.strategy is not None and mask.strategy in WINDOW_STRATEGIES and not data.pack and mask.h >= data.seq_len:
         raise ValueError(
             f"--h {mask.h} with --seq-len {data.seq_len}: the hashed mask decides only where {mask.h} targets end, "

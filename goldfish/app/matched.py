@@ -68,7 +68,7 @@ class Snapshots:
     """engine.training.train's on_validation hook for the standard model: its weights at every validation step,
     written as HF folders `folder/step-S` (written to a .partial folder, then renamed: never half-written).
 
-    save(model, directory) writes a model folder (goldfish.app.experiment.save_hf_model with the run's tokenizer)."""
+    save(model, directory) writes a model folder (goldfish.app.model_files.save_hf_model with the run's tokenizer)."""
 
     folder: Path
     save: Any  # Callable[[nn.Module, Path], None]

@@ -20,8 +20,9 @@ from typing import Any, Callable
 
 from goldfish.app import paper
 from goldfish.app.compare import CONTROL, Comparison, one_line
-from goldfish.app.config import CompareSpec, MaskSpec
-from goldfish.app.experiment import RUN_FILE, check_vocabulary, prepare_data
+from goldfish.app.config import RUN_FILE, CompareSpec, MaskSpec
+from goldfish.app.model_files import check_vocabulary
+from goldfish.app.prepare import prepare_data
 from goldfish.app.pretrained import load_pretrained_model
 
 PAPER = "paper"  # --checkpoints paper: the released checkpoints of goldfish.app.paper.RELEASED

@@ -6,7 +6,7 @@ parts and its membership inference. Each serializes with `to_json` to the dict t
 (the same keys and values), so readers of earlier files keep working.
 
 Names are defined once: the metrics in eval.metrics (METRICS, HEADLINE_METRICS, INTERVAL_METRICS), the per-document
-files in eval.files. The evaluation that fills these objects is goldfish.app.experiment.evaluate_parts.
+files in eval.files. The evaluation that fills these objects is goldfish.app.evaluation.evaluate_parts.
 """
 
 from __future__ import annotations

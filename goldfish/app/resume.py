@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any
 from engine.training.train import TrainConfig
 from goldfish.app import options as opt
 from goldfish.app.commands.option_values import runtime_of, training_fields
-from goldfish.app.config import DataSpec, MaskSpec, TrainSpec, mask_spec
-from goldfish.app.experiment import RUN_FILE, background_train_config
+from goldfish.app.config import RUN_FILE, DataSpec, MaskSpec, TrainSpec, background_train_config, mask_spec
 from goldfish.app.lora import LoraSpec
 
 if TYPE_CHECKING:

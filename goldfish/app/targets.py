@@ -24,7 +24,8 @@ from data.atomic import write_jsonl_atomic
 from data.background import Background
 from eval.metrics import EXACT_MATCH, MATCH_FRACTION, ROUGE_L, SUFFIX_LOGPROB_MEAN
 from goldfish.app.config import CompareSpec, background_train_config
-from goldfish.app.experiment import Prepared, TrainedCopies, trained_copies
+from goldfish.app.prepare import Prepared
+from goldfish.app.records import TrainedCopies, trained_copies
 
 
 class BucketComparison(Protocol):

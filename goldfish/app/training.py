@@ -30,34 +30,29 @@ from engine.core.grid import Grid, is_main_process
 from engine.core.vocab_parallel import is_vocab_parallel
 from engine.training.loading import can_load_sharded, load_sharded
 from goldfish.app import lora
-from goldfish.app.config import TrainSpec
+from goldfish.app.background_run import prepare_background
+from goldfish.app.config import TrainSpec, background_train_config
 from goldfish.app.data_settings import row_mask
-from goldfish.app.experiment import (
-    Prepared,
-    TrainedCopies,
-    _target_drops,
-    _verification_logger,
-    background_train_config,
-    chat_row_of,
-    check_mask_drops,
+from goldfish.app.interrupt import ctrl_c_stops
+from goldfish.app.model_files import (
     check_vocabulary,
-    checkpoint_record,
-    grid_sizes,
     initial_model,
     load_model_weights,
-    make_examples,
-    make_step_loss,
-    pad_token_id,
-    prepare_background,
-    prepare_data,
-    run_record,
     save_hf_model,
     save_parallel_hf_model,
-    trained_copies,
+)
+from goldfish.app.prepare import Prepared, pad_token_id, prepare_data
+from goldfish.app.records import TrainedCopies, checkpoint_record, run_record, trained_copies
+from goldfish.app.run_grid import grid_sizes
+from goldfish.app.tracking import tracker
+from goldfish.app.training_rows import (
+    chat_row_of,
+    check_mask_drops,
+    make_examples,
+    make_step_loss,
+    target_drops,
     validation_loss_fn,
 )
-from goldfish.app.interrupt import ctrl_c_stops
-from goldfish.app.tracking import tracker
 
 RUN_RECORD = "run.json"
 
@@ -297,7 +292,7 @@ def _background_rows(spec: TrainSpec, prepared: Prepared, background: Background
     )
     line += "".join(f"\nwarning: {warning}" for warning in background.record["warnings"])
     copies = trained_copies(prepared, examples, repeats, background=background)
-    n_dropped = _target_drops(spec.mask, prepared)
+    n_dropped = target_drops(spec.mask, prepared)
     ids = {str(d.id) for d in prepared.split.training_documents}
     target_copies = {k: v for k, v in background.exposures.items() if k in ids}
     return TrainingRows(examples, train_config, copies, n_dropped, line, validation, background, target_copies)
@@ -369,3 +364,15 @@ def _gathered_on_rank0(model: nn.Module, grid: Grid) -> nn.Module | None:
     whole = copy.deepcopy(model)  # the other stages' parameters are on the meta device: no storage copied
     whole.load_state_dict(state, assign=True)
     return whole
+
+
+def _verification_logger(log: Callable[[str], None]) -> Callable[[Any], None]:
+    """A report callback for engine.parallelize(verify=True): one line with what the check ran and cost."""
+
+    def report(result: Any) -> None:
+        log(
+            f"sharding of {result.family} verified against one process on a miniature ({result.parameters / 1e6:.2f}M "
+            f"parameters, 2 layers) in {result.seconds:.1f} s"
+        )
+
+    return report

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from tiny_runs import tiny_run
 
-from goldfish.app import experiment, lora
+from goldfish.app import lora, prepare
 from goldfish.app.cli import main
 
 ROOT = Path(__file__).parents[2]
@@ -43,7 +43,7 @@ def without_peft(monkeypatch):
     def no_work(*args, **kwargs):
         raise AssertionError("the data were loaded before peft was checked")
 
-    monkeypatch.setattr(experiment, "prepare_data", no_work)
+    monkeypatch.setattr(prepare, "prepare_data", no_work)
 
 
 @pytest.mark.parametrize("command", ["train", "compare"])

@@ -700,13 +700,13 @@ def test_a_settings_error_the_workers_find_leaves_the_folder_empty_for_the_corre
 def test_a_settings_error_after_the_checks_removes_what_the_new_run_wrote(tmp_path, monkeypatch, capsys):
     """One process: a ValueError the run raises after writing run.json (stood in by the data step) leaves nothing
     behind; the refusal of a non-empty folder names --resume only when there is a checkpoint to resume."""
-    import goldfish.app.experiment as experiment
+    import goldfish.app.prepare as prepare
 
     def refuse(*args, **kwargs):
         raise ValueError("a setting the run found late")
 
     out = tmp_path / "run"
-    monkeypatch.setattr(experiment, "prepare_data", refuse)
+    monkeypatch.setattr(prepare, "prepare_data", refuse)
     assert main(["train", "--out", str(out), *TINY, "--epochs", "1"]) == 2
     assert "a setting the run found late" in _one_line(capsys)
     assert not out.exists()

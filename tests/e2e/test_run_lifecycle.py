@@ -21,9 +21,10 @@ from tiny_runs import tiny_run
 from engine.training.train import METRICS_FILE, TrainConfig, _open_metrics
 from goldfish.app.cli import main, parse_command_line
 from goldfish.app.commands.train import train_spec
-from goldfish.app.config import DataSpec, MaskSpec, TrainSpec
-from goldfish.app.experiment import RUN_FILE, initial_model, prepare_data
+from goldfish.app.config import RUN_FILE, DataSpec, MaskSpec, TrainSpec
 from goldfish.app.launch import ERROR_DIR_VARIABLE
+from goldfish.app.model_files import initial_model
+from goldfish.app.prepare import prepare_data
 from goldfish.app.runlock import holds_lock_here, out_lock
 from goldfish.app.training import train_model
 
@@ -135,8 +136,9 @@ def test_background_checkpoint_and_its_eval_use_the_copies_trained_by_its_step(t
 
     from data.background import build_background
     from data.corpus import tokenize_corpus
+    from goldfish.app.config import background_train_config
     from goldfish.app.data_settings import background_spec, row_mask
-    from goldfish.app.experiment import background_train_config, pad_token_id
+    from goldfish.app.prepare import pad_token_id
 
     rng = random.Random(0)
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho".split()

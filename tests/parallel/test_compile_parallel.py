@@ -22,7 +22,7 @@ from engine.models.parallelize import parallelize
 from engine.training.state import full_state_dict
 from engine.training.train import TrainConfig, train
 from goldfish.app.config import MaskSpec
-from goldfish.app.experiment import make_step_loss
+from goldfish.app.training_rows import make_step_loss
 from goldfish.masks import drop_mask
 
 VOCAB, HIDDEN, LAYERS, SEQ, ROWS = 96, 32, 2, 16, 8

@@ -21,7 +21,7 @@ from data.chat import (
     reply_units,
 )
 from goldfish.app.config import MaskSpec
-from goldfish.app.experiment import ChatRow, make_examples, reply_targets
+from goldfish.app.training_rows import ChatRow, make_examples, reply_targets
 from goldfish.masks import IGNORE_INDEX, causal_targets, drop_mask
 
 CONVERSATIONS = [

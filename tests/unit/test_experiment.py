@@ -6,7 +6,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from data import TokenizedDocument
 from goldfish.app.config import MaskSpec, parse_mask
-from goldfish.app.experiment import make_examples, make_step_loss
+from goldfish.app.training_rows import make_examples, make_step_loss
 from goldfish.masks import causal_targets, drop_mask
 
 

@@ -66,7 +66,7 @@ def test_goldfish_plan_alone_parses_once(parses: list[str]) -> None:
 
 
 def _checkpoint(folder: Path, spec: object) -> Path:
-    """A checkpoint folder holding only the run record goldfish train writes (goldfish.app.experiment.run_record)."""
+    """A checkpoint folder holding only the run record goldfish train writes (goldfish.app.records.run_record)."""
     folder.mkdir(parents=True)
     record = {
         "model": spec.model,

@@ -1,5 +1,5 @@
 """What a run's first steps read (engine.training.train.rows_consumed) and the copies a checkpoint has trained
-(goldfish.app.experiment.TrainedCopies.counts) equal a replay of the training loop's own step_rows, step by step, and
+(goldfish.app.records.TrainedCopies.counts) equal a replay of the training loop's own step_rows, step by step, and
 cost no more for a million epochs than for one."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 from engine.training import train as engine_train
 from engine.training.config import TrainConfig
-from goldfish.app.experiment import TrainedCopies
+from goldfish.app.records import TrainedCopies
 
 
 def _replayed(n_examples: int, config: TrainConfig, steps: int) -> Counter:

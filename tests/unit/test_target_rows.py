@@ -8,7 +8,7 @@ import torch
 
 import engine.training.train as engine_train
 from engine.training.config import TrainConfig
-from goldfish.app.experiment import TrainedCopies
+from goldfish.app.records import TrainedCopies
 from goldfish.app.targets import last_insertion_steps, target_rows
 
 

@@ -96,7 +96,7 @@ def test_resume_continues_bit_exactly(tmp_path):
     assert read_trainer_state(run / "checkpoint")["step"] == 2
 
     model = _model(seed=123)  # different init: every weight must come from the checkpoint
-    from goldfish.app.experiment import load_model_weights
+    from goldfish.app.model_files import load_model_weights
 
     load_model_weights(model, run / "checkpoint")
     resumed = train(model, examples, _loss, config, out_dir=run, resume_from=run / "checkpoint", save_model=_save)
@@ -127,7 +127,7 @@ def test_a_stop_request_checkpoints_the_step_done_and_the_resume_continues_bit_e
     assert isinstance(stopped.value, KeyboardInterrupt)  # cleanup written for Ctrl-C runs for it too
     assert read_trainer_state(run / "checkpoint")["step"] == 3
     model = _model(seed=123)
-    from goldfish.app.experiment import load_model_weights
+    from goldfish.app.model_files import load_model_weights
 
     load_model_weights(model, run / "checkpoint")
     resumed = train(model, examples, _loss, config, out_dir=run, resume_from=run / "checkpoint", save_model=_save)

@@ -89,7 +89,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def run_compare(run: ResolvedRun) -> int:
     """Run the resolved comparison on this process's rank (one process, a torchrun rank or a --nproc worker)."""
     from goldfish.app.compare import compare
-    from goldfish.app.experiment import start_grid
+    from goldfish.app.run_grid import start_grid
 
     runtime, out, folder = run.runtime, Path(run.out), Path(run.folder)
     set_threads(runtime)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # the commands import torch, the engine and eval only when th
     from torch import nn
 
     from engine.core.grid import Grid
-    from goldfish.app.experiment import Prepared
+    from goldfish.app.prepare import Prepared
 
 
 def eval_spec(args: argparse.Namespace) -> EvalSpec:
@@ -98,7 +98,8 @@ def run_eval(run: ResolvedRun) -> int:
     """Evaluate the resolved run's model on this process's rank (one process, a torchrun rank or a --nproc worker)."""
     from eval.metrics import EXACT_MATCH, ROUGE_L
     from goldfish.app.checks import check_extraction_fits, clear_eval_outputs
-    from goldfish.app.experiment import evaluate_parts, grid_sizes, start_grid
+    from goldfish.app.evaluation import evaluate_parts
+    from goldfish.app.run_grid import grid_sizes, start_grid
 
     spec, runtime, out = run.spec, run.runtime, Path(run.out)
     record = _run_record(spec)
@@ -195,7 +196,7 @@ def _eval_documents(
 ) -> tuple[Prepared, MaskSpec | None, dict[str, int] | None]:
     """(prepared documents, the mask for kept/dropped accuracy, repeats by id) of `goldfish eval`: the run's own
     documents and mask when the model has a run record, else those of the data options."""
-    from goldfish.app.experiment import prepare_data
+    from goldfish.app.prepare import prepare_data
 
     mask, repeats = None, None
     if record is not None:
@@ -226,7 +227,7 @@ def _eval_model(
 ) -> nn.Module:
     """The model to evaluate: on one device, or sharded on the grid (documents are then split over its data axis)."""
     from eval.parallel import parallelize_for_eval
-    from goldfish.app.experiment import initial_model
+    from goldfish.app.model_files import initial_model
     from goldfish.app.models import is_tiny_model, load_parallel_model
 
     tiny = is_tiny_model(spec.model)
@@ -253,7 +254,7 @@ def _reference_model(
 ) -> nn.Module | None:
     """The reference model of the reference-ratio membership attack: 'none', 'auto' (the initial weights of the run
     that trained the model, when its run record says what they were), or a model name/folder."""
-    from goldfish.app.experiment import initial_model
+    from goldfish.app.model_files import initial_model
 
     if choice == "none":
         return None

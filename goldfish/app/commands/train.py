@@ -100,8 +100,10 @@ def _overwrites(resume: Path, out: Path) -> bool:
 def run_train(run: ResolvedRun) -> int:
     """Train the resolved run on this process's rank (one process, a torchrun rank or a --nproc worker)."""
     from engine.training.train import TrainingStopped
-    from goldfish.app.experiment import initial_model, prepare_data, start_grid
     from goldfish.app.interrupt import INTERRUPTED_EXIT, interrupted_line
+    from goldfish.app.model_files import initial_model
+    from goldfish.app.prepare import prepare_data
+    from goldfish.app.run_grid import start_grid
     from goldfish.app.training import train_model
 
     spec, runtime, out, folder = run.spec, run.runtime, Path(run.out), Path(run.folder)
