@@ -51,11 +51,12 @@ import common
 import torch
 from mfu import peak_tflops
 
+from conventions import IGNORE_INDEX
 from engine.planner.cost_model import TransformerShape, model_flops_per_token
 from engine.training.train import TrainConfig, train
 from goldfish.app.config import MaskSpec
 from goldfish.app.training_rows import make_step_loss
-from goldfish.masks import IGNORE_INDEX, drop_mask
+from goldfish.masks import drop_mask
 from goldfish.strategies import STRATEGIES, default_k_h
 
 MASK = MaskSpec(strategy="hashed", k=4, h=13)

@@ -43,9 +43,10 @@ import torch.multiprocessing as mp
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import engine
+from conventions import IGNORE_INDEX
 from engine.core.grid import GridShape
 from engine.core.placement import local_shard
-from engine.core.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses, is_vocab_parallel
+from engine.core.vocab_parallel import causal_lm_token_losses, is_vocab_parallel
 from engine.memory.activation import checkpoint_decoder_layers
 from engine.memory.zero import ZeroConfig, held_bytes, make_adamw, shard_data_axis
 from engine.planner.cost_model import (

@@ -40,8 +40,9 @@ import torch
 import torch.multiprocessing as mp
 
 import engine
+from conventions import IGNORE_INDEX
 from engine.core.placement import PlacedAdamW
-from engine.core.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses
+from engine.core.vocab_parallel import causal_lm_token_losses
 from engine.memory.activation import checkpoint_decoder_layers
 from engine.memory.offload import ActivationOffload, SavedActivations
 from engine.memory.zero import ZeroConfig, is_dtensor, local, make_adamw, shard_data_axis

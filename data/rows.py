@@ -26,9 +26,8 @@ from typing import Any
 
 import torch
 
+from conventions import IGNORE_INDEX
 from data.packing import PackedLayout, Segment
-
-IGNORE_INDEX = -100  # torch's cross-entropy convention: a target equal to it gives no loss (goldfish.masks' too)
 
 
 def _no_lookback(start: int) -> int:

@@ -40,6 +40,7 @@ import torch
 from scipy.stats import binomtest
 from tqdm.auto import tqdm
 
+from conventions import IGNORE_INDEX
 from eval.batching import decode_longest_first, evaluating, model_device
 from eval.config import ExtractionConfig
 from eval.decoding import forced_greedy
@@ -54,7 +55,7 @@ from eval.intervals import (
 )
 from eval.logprobs import iter_next_token_logits
 from eval.membership import attack_metrics, membership_scores
-from eval.metrics import EXACT_MATCH, IGNORE_INDEX, interval_key
+from eval.metrics import EXACT_MATCH, interval_key
 
 # The audit's own scores (higher = member) and the loss-based attacks reported beside them.
 GAP_SCORES = {"mask_gap": "gap", "mask_loss_gap": "loss_gap"}

@@ -19,8 +19,8 @@ from typing import Mapping, Sequence
 import torch
 from rouge_score import rouge_scorer
 
+from conventions import IGNORE_INDEX
 from goldfish.loss import check_token_shapes
-from goldfish.masks import IGNORE_INDEX
 
 # The metric keys: the field names of per-document rows and of summaries. Spelled here only; every other module
 # reads them by these names (tests/unit/test_results.py checks).

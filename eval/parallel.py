@@ -46,10 +46,11 @@ from torch import nn
 from transformers import DynamicCache
 
 import engine
+from conventions import IGNORE_INDEX
 from engine.core import comm
 from engine.core.grid import AxisGroup, Grid, is_main_process
 from engine.core.sharding import TENSOR_AXES, run_sharded
-from engine.core.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses
+from engine.core.vocab_parallel import causal_lm_token_losses
 from engine.memory.zero import zero_state
 from engine.models.adapter import CACHE_KEYWORDS, cache_keyword
 from engine.models.layout import parallel_grid

@@ -30,9 +30,9 @@ from goldfish_train_options import add_goldfish_train_options, documents_and_mas
 from transformers import Trainer, TrainingArguments
 
 import engine.training.train as engine_train
+from conventions import IGNORE_INDEX
 from goldfish import GoldfishCollator, causal_targets, goldfish_loss
 from goldfish.app.model_files import initial_model
-from goldfish.masks import IGNORE_INDEX
 
 
 class GoldfishTrainer(Trainer):

@@ -26,7 +26,7 @@ from lightning.fabric import Fabric
 
 import engine.training.train as engine_train
 from engine.integrations.lightning import EngineStrategy, consolidate_checkpoint
-from goldfish import goldfish_loss
+from goldfish import IGNORE_INDEX, goldfish_loss
 from goldfish.app.config import parse_grid
 from goldfish.app.model_files import initial_model
 from goldfish.app.training_rows import chat_row_of, make_examples
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
             for micro in micro_batches
         ]
         # The step's mean is over every kept target of every process: count them first (no gradient involved).
-        counts = torch.tensor([float((~b["dropped"] & (b["targets"] != -100)).sum()) for b in batches]).sum()
+        counts = torch.tensor([float((~b["dropped"] & (b["targets"] != IGNORE_INDEX)).sum()) for b in batches]).sum()
         n_kept = float(fabric.all_reduce(counts, reduce_op="sum"))
         sums = torch.zeros(5, dtype=torch.float64)
         for i, batch in enumerate(batches):

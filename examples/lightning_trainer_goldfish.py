@@ -30,7 +30,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 import engine.training.train as engine_train
 from engine.integrations.lightning_trainer import EngineTrainerStrategy
 from engine.training.checkpoint import consolidate_checkpoint
-from goldfish import goldfish_loss
+from goldfish import IGNORE_INDEX, goldfish_loss
 from goldfish.app.config import parse_grid
 from goldfish.app.model_files import initial_model
 from goldfish.app.training_rows import chat_row_of, make_examples
@@ -72,7 +72,10 @@ class StepDataset(torch.utils.data.Dataset):
         rows, step_rows = item
         batch = {key: torch.stack([self.examples[i][key] for i in rows]) for key in self.examples[0]}
         batch["step_kept"] = torch.tensor(
-            sum(int((~self.examples[i]["dropped"] & (self.examples[i]["targets"] != -100)).sum()) for i in step_rows)
+            sum(
+                int((~self.examples[i]["dropped"] & (self.examples[i]["targets"] != IGNORE_INDEX)).sum())
+                for i in step_rows
+            )
         )
         return batch
 

@@ -16,7 +16,7 @@ _PUBLIC = {
     "GoldfishLoss": "goldfish.loss",
     "goldfish_loss": "goldfish.loss",
     "goldfish_loss_from_token_losses": "goldfish.loss",
-    "IGNORE_INDEX": "goldfish.masks",
+    "IGNORE_INDEX": "conventions",
     "STRATEGIES": "goldfish.masks",
     "causal_targets": "goldfish.masks",
     "drop_mask": "goldfish.masks",

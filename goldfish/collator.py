@@ -7,9 +7,11 @@ from typing import Any
 
 import torch
 
-from goldfish.masks import IGNORE_INDEX, drop_mask
+from conventions import IGNORE_INDEX
 
 # Per-token masks of the loss region under the names TRL's SFT tokenization gives them (1 = in the loss): the
+from goldfish.masks import drop_mask
+
 # assistant's tokens of a conversation, the completion of a prompt-completion pair.
 _REGION_KEYS = ("assistant_masks", "completion_mask")
 _KNOWN_KEYS = {"input_ids", "attention_mask", "labels", *_REGION_KEYS}

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from goldfish.masks import IGNORE_INDEX
+from conventions import IGNORE_INDEX
 
 
 @dataclass

@@ -42,9 +42,8 @@ from collections.abc import Iterable
 
 import torch
 
+from conventions import IGNORE_INDEX
 from goldfish.strategies import STRATEGIES  # defined torch-free for the command line; re-exported here
-
-IGNORE_INDEX = -100
 
 # --- hashed: constants of the order-sensitive window hash -------------------------------------------
 # Everything lives in [0, 2**31) and every product is of two values below 2**31, so intermediates stay

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conventions import IGNORE_INDEX
 from engine.core import comm
 from engine.core.functional import (
     copy_to_group,
@@ -51,7 +52,6 @@ from engine.core.linear import ShardingError
 from engine.core.placement import local_shard
 from engine.spec import OWN, RowsLayout, row_replica_axes, vocab_row_axes
 
-IGNORE_INDEX = -100  # torch's cross-entropy convention: targets equal to it give no loss
 DEFAULT_CHUNK_TOKENS = 1024
 VOCAB_AXES = ("x", "y", "z")
 

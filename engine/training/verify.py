@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conventions import IGNORE_INDEX
 from engine.core import comm
 from engine.core.grid import Grid
 from engine.core.linear import ShardingError
@@ -73,7 +74,7 @@ def _batch(vocab: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _summed_loss(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     logits = model(input_ids=ids, attention_mask=mask).logits
-    targets = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+    targets = ids[:, 1:].masked_fill(mask[:, 1:] == 0, IGNORE_INDEX)
     return F.cross_entropy(
         logits[:, :-1].reshape(-1, logits.shape[-1]).double(), targets.reshape(-1).to(logits.device), reduction="sum"
     )

@@ -325,7 +325,7 @@ def run_audit(
         not the first h - 1 (they have no full window and are kept by every mask of that width)."""
         import torch
 
-        from goldfish.masks import IGNORE_INDEX
+        from conventions import IGNORE_INDEX
 
         out = (targets != IGNORE_INDEX) & ~torch.isin(targets, torch.tensor(special, dtype=targets.dtype))
         if _uses_window(mask):

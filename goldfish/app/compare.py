@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from torch import nn
 
+from conventions import IGNORE_INDEX
 from data.atomic import write_jsonl_atomic
 from engine.core import comm
 from engine.core.grid import AXES, Grid, is_main_process
@@ -50,7 +51,6 @@ from goldfish.app.run_grid import grid_sizes
 from goldfish.app.targets import TARGETS_FILE, comparison_target_rows, seeds_target_rows, write_target_rows
 from goldfish.app.training import train_model
 from goldfish.app.training_rows import validation_loss_fn
-from goldfish.masks import IGNORE_INDEX
 
 # Per-document fields kept for every point of the exact-match-vs-epochs curve (OUT/<label>/curve.jsonl).
 CURVE_ROW_KEYS = ("id", *INTERVAL_METRICS, LONGEST_CORRECT_PREFIX)

@@ -22,6 +22,7 @@ from torch import nn
 
 import engine
 import engine.training.train as engine_train
+from conventions import IGNORE_INDEX
 from data.atomic import write_json_atomic
 from data.background import Background
 from data.corpus import TokenizedCorpus
@@ -234,7 +235,7 @@ def _repeated(spec: TrainSpec, prepared: Prepared, repeats: dict[str, int]) -> s
 def _counted(spec: TrainSpec, examples: list[dict[str, Any]], what: str, *, packed: bool) -> tuple[int, str]:
     """(dropped targets, the summary line) of rows built ahead of training; `packed` rows say their target count."""
     n_dropped = sum(int(e["dropped"].sum()) for e in examples)
-    n_targets = sum(int((e["targets"] != -100).sum()) for e in examples)
+    n_targets = sum(int((e["targets"] != IGNORE_INDEX).sum()) for e in examples)
     if packed:
         what += f", whole documents packed ({n_targets} targets per epoch)"
     line = (

@@ -11,13 +11,14 @@ import torch
 
 import data
 import engine.training.train as engine_train
+from conventions import IGNORE_INDEX
 from data.chat import assistant_flags
 from data.rows import piece_ids
 from goldfish.app.config import DataSpec, MaskSpec
 from goldfish.app.data_settings import row_mask
 from goldfish.app.prepare import Prepared, pad_token_id
 from goldfish.loss import goldfish_loss_from_token_losses
-from goldfish.masks import IGNORE_INDEX, causal_targets, drop_mask
+from goldfish.masks import causal_targets, drop_mask
 
 
 def make_examples(

@@ -12,6 +12,7 @@ import torch
 from tiny_runs import tiny_run
 
 import data
+from conventions import IGNORE_INDEX
 from data.background import build_background
 from data.corpus import tokenize_corpus
 from engine.training import train as engine_train
@@ -20,7 +21,6 @@ from goldfish.app.data_settings import background_spec, row_mask
 from goldfish.app.models import build_tiny_model
 from goldfish.app.prepare import Prepared
 from goldfish.app.training_rows import make_step_loss, validation_loss_fn
-from goldfish.masks import IGNORE_INDEX
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
 

@@ -71,6 +71,7 @@ def test_floors_import_only_downwards() -> None:
         "data": ("goldfish", "engine", "eval"),
         "eval": ("goldfish.app",),
         "goldfish": ("engine", "eval", "data", "goldfish.app"),  # the library modules at goldfish/ (not app/)
+        "conventions": ("goldfish", "engine", "eval", "data"),  # beneath every floor: constants only
     }
     offenders = []
     for package, banned in forbidden.items():

@@ -19,10 +19,11 @@ import torch
 
 pytest.importorskip("trl", reason="needs the trl extra: pip install -e '.[trl]'")
 
+from conventions import IGNORE_INDEX  # noqa: E402
 from data.chat import TINY_CHAT_TEMPLATE, Message, assistant_flags, render_conversation  # noqa: E402
 from data.chat_corpus import conversation_records  # noqa: E402
 from data.documents import default_paragraphs  # noqa: E402
-from goldfish.masks import IGNORE_INDEX, drop_mask  # noqa: E402
+from goldfish.masks import drop_mask  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -163,7 +163,8 @@ def _llama_worker(
     same rows (engine.models.parallelize.rows_layout) and the prediction is the shared layout's."""
     from transformers import LlamaForCausalLM
 
-    from engine.core.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses
+    from conventions import IGNORE_INDEX
+    from engine.core.vocab_parallel import causal_lm_token_losses
     from engine.memory.activation import checkpoint_decoder_layers
 
     config = tiny_llama_config()
@@ -304,7 +305,8 @@ def _family_worker(world: int, families: tuple[str, ...] = FAMILIES, cases: int 
     and the parameters (and, under ZeRO, the bytes) each rank holds equal the memory model's."""
     from tiny_models import tiny_family, tiny_gpt2
 
-    from engine.core.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses
+    from conventions import IGNORE_INDEX
+    from engine.core.vocab_parallel import causal_lm_token_losses
     from engine.memory.activation import checkpoint_decoder_layers
     from engine.memory.zero import held_bytes, make_adamw, shard_data_axis
     from engine.models.shape import model_planner_shape

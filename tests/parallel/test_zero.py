@@ -469,7 +469,8 @@ def _bytes_worker(cases: list[tuple[tuple[int, int, int, int], dict]]) -> int:
     from test_comm_model import tiny_llama_config
     from transformers import LlamaForCausalLM
 
-    from engine.core.vocab_parallel import IGNORE_INDEX, causal_lm_token_losses
+    from conventions import IGNORE_INDEX
+    from engine.core.vocab_parallel import causal_lm_token_losses
     from engine.memory.zero import held_bytes, make_adamw
     from engine.planner.cost_model import (
         PHASES,

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import data
+from conventions import IGNORE_INDEX
 from data.chat import (
     TINY_CHAT_TEMPLATE,
     TINY_CHAT_TEMPLATE_MARKED,
@@ -22,7 +23,7 @@ from data.chat import (
 )
 from goldfish.app.config import MaskSpec
 from goldfish.app.training_rows import ChatRow, make_examples, reply_targets
-from goldfish.masks import IGNORE_INDEX, causal_targets, drop_mask
+from goldfish.masks import causal_targets, drop_mask
 
 CONVERSATIONS = [
     [

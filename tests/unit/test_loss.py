@@ -12,9 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conventions import IGNORE_INDEX
 from goldfish.collator import GoldfishCollator
 from goldfish.loss import GoldfishLoss, goldfish_loss
-from goldfish.masks import IGNORE_INDEX, STRATEGIES, causal_targets, drop_mask
+from goldfish.masks import STRATEGIES, causal_targets, drop_mask
 
 B, T, V = 3, 17, 11
 

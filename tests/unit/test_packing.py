@@ -9,16 +9,16 @@ import pytest
 import torch
 from tiny_runs import tiny_run
 
+from conventions import IGNORE_INDEX
 from data.documents import Document
 from data.packing import BackgroundPieces, InsertionSchedule, PackedLayout
-from data.rows import IGNORE_INDEX as ROWS_IGNORE_INDEX
 from data.rows import NO_MASK, PackedRows, pack_documents, piece_ids
 from data.selection import assign_buckets, select_documents
 from engine.core.vocab_parallel import causal_lm_token_losses
 from goldfish.app.config import DataSpec, MaskSpec
 from goldfish.app.data_settings import row_mask
 from goldfish.app.models import build_tiny_model
-from goldfish.masks import IGNORE_INDEX, causal_targets, drop_mask
+from goldfish.masks import causal_targets, drop_mask
 
 EOS, PAD, BOS = 1, 2, 0
 SPECIAL = [BOS, EOS, PAD]
@@ -115,11 +115,6 @@ def test_segment_mask_equals_whole_document_mask() -> None:
         assert whole.tolist() == alone.tolist()
         for start, end in ((0, 5), (3, 40), (12, 13), (13, 200), (150, 200)):
             assert mask.dropped(piece, start, end).tolist() == whole[start:end].tolist()
-
-
-def test_rows_ignore_the_targets_the_loss_ignores() -> None:
-    """data/ spells torch's ignore index itself (it imports nothing of goldfish): the loss must skip the same value."""
-    assert ROWS_IGNORE_INDEX == IGNORE_INDEX
 
 
 def test_pack_documents_repeats_documents_at_different_offsets() -> None:
