@@ -15,9 +15,10 @@ import argparse
 import json
 from dataclasses import asdict, fields, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from engine.training.train import TrainConfig
+from engine.training.config import TrainConfig
 from goldfish.app import options as opt
 from goldfish.app.commands.option_values import runtime_of, training_fields
 from goldfish.app.config import RUN_FILE, DataSpec, MaskSpec, TrainSpec, background_train_config, mask_spec
@@ -80,15 +81,29 @@ def read_run_record(checkpoint: Path) -> dict[str, Any]:
 
 def recorded_spec(record: dict[str, Any]) -> TrainSpec:
     """The TrainSpec a run record describes (its "train" is the config the run trained with)."""
-    mask = {key: value for key, value in record["mask"].items() if key != "label"}
     return TrainSpec(
         model=record["model"],
         init_seed=record["init_seed"],
-        data=DataSpec(**record["data"]),
-        mask=MaskSpec(**mask),
+        data=recorded_data(record),
+        mask=recorded_mask(record),
         train=TrainConfig(**record["train"]),
         lora=LoraSpec(**record["lora"]) if record.get("lora") else LoraSpec(),
     )
+
+
+# What a record written before a data setting existed selected its documents with (`goldfish eval` and
+# `goldfish train --resume` read such a record alike): deduplication came later, and such a run had none.
+EARLIER_DATA = MappingProxyType({"dedup": "off"})
+
+
+def recorded_data(record: dict[str, Any]) -> DataSpec:
+    """The DataSpec a run record describes, a record of an earlier version included (EARLIER_DATA)."""
+    return DataSpec(**(EARLIER_DATA | record["data"]))
+
+
+def recorded_mask(record: dict[str, Any]) -> MaskSpec:
+    """The MaskSpec a run record describes (its "label" is derived, not a field)."""
+    return MaskSpec(**{key: value for key, value in record["mask"].items() if key != "label"})
 
 
 def resumed_spec(saved: TrainSpec, args: argparse.Namespace, shape: GridShape | None) -> TrainSpec:

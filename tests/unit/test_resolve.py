@@ -149,3 +149,19 @@ def test_help_shows_the_defaults_not_their_markers(command: str, capsys) -> None
     assert "Unset" not in text and "(default:" in text
     if command == "compare":
         assert "(default: runs/compare)" in text and "(default: ['hashed:4:13'])" in " ".join(text.split())
+
+
+def test_a_run_record_of_an_earlier_version_loads_as_it_ran(tmp_path: Path) -> None:
+    """A record written before deduplication existed (no "dedup") selected its documents without it: --resume and
+    eval read it so (resume.recorded_data), not with today's default."""
+    from goldfish.app.config import DataSpec
+    from goldfish.app.resume import read_run_record, recorded_data
+
+    spec = train_spec(parse_command_line(["train", "--out", "o"]), None)
+    checkpoint = _checkpoint(tmp_path / "checkpoint", spec)
+    record = json.loads((checkpoint / RUN_FILE).read_text())
+    del record["data"]["dedup"], record["lora"]
+    (checkpoint / RUN_FILE).write_text(json.dumps(record))
+    assert DataSpec().dedup != "off"
+    assert recorded_spec(read_run_record(checkpoint)) == replace(spec, data=replace(spec.data, dedup="off"))
+    assert recorded_data(record).dedup == "off"

@@ -197,15 +197,15 @@ def _eval_documents(
     """(prepared documents, the mask for kept/dropped accuracy, repeats by id) of `goldfish eval`: the run's own
     documents and mask when the model has a run record, else those of the data options."""
     from goldfish.app.prepare import prepare_data
+    from goldfish.app.resume import recorded_data, recorded_mask
 
     mask, repeats = None, None
     if record is not None:
-        # A record written before deduplication existed has no "dedup": its documents were selected without it.
-        saved = {"dedup": "off"} | record["data"]
-        # the checkpoint's tokenizer carries the run's chat template (saved with it)
-        data_spec = replace(DataSpec(**saved), tokenizer=str(spec.model), chat_template=None)
-        saved_mask = {k: v for k, v in record["mask"].items() if k != "label"}
-        mask = MaskSpec(**saved_mask) if saved_mask.get("strategy") else None
+        # as `train --resume` reads it (a record of an earlier version too); the checkpoint's tokenizer carries the
+        # run's chat template (saved with it)
+        data_spec = replace(recorded_data(record), tokenizer=str(spec.model), chat_template=None)
+        recorded = recorded_mask(record)
+        mask = recorded if recorded.strategy else None
     else:
         data_spec = spec.data  # tokenizer None: the model's own (prepare_data finds it, GGUF files included)
     if not spec.mask_from_record:
