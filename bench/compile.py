@@ -28,6 +28,7 @@ from typing import Any
 import common
 import torch
 
+from data.batch import Row
 from engine.training.train import TrainConfig, train
 from goldfish.app.config import MaskSpec
 from goldfish.app.training_rows import make_step_loss
@@ -41,7 +42,7 @@ SIZES = {
 MASK = MaskSpec(strategy="hashed", k=4, h=13)
 
 
-def examples_of(vocab: int, seq: int, n: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+def examples_of(vocab: int, seq: int, n: int, seed: int = 0) -> list[Row]:
     """`n` random rows of `seq` tokens in the form goldfish train's rows take: input_ids, targets (next ids, -100
     last) and the hashed goldfish mask over the targets (each (seq,))."""
     generator = torch.Generator().manual_seed(seed)
@@ -49,16 +50,14 @@ def examples_of(vocab: int, seq: int, n: int, seed: int = 0) -> list[dict[str, t
     for _ in range(n):
         ids = torch.randint(0, vocab, (seq,), generator=generator)
         targets = torch.cat([ids[1:], torch.tensor([-100])])
-        rows.append({"input_ids": ids, "targets": targets, "dropped": drop_mask(targets[None], "hashed", 4, 13)[0]})
+        rows.append(Row(input_ids=ids, targets=targets, dropped=drop_mask(targets[None], "hashed", 4, 13)[0]))
     return rows
 
 
-def run_round(
-    model: torch.nn.Module, rows: list[dict[str, torch.Tensor]], config: TrainConfig
-) -> tuple[list[float], float]:
+def run_round(model: torch.nn.Module, rows: list[Row], config: TrainConfig) -> tuple[list[float], float]:
     """config.max_steps training steps of `model` through the engine's loop; (seconds of each step, first loss)."""
     history = train(model, rows, make_step_loss(MASK, []), config).history
-    tokens = config.batch_size * rows[0]["input_ids"].numel()
+    tokens = config.batch_size * rows[0].input_ids.numel()
     return [tokens / record["tokens_per_s"] for record in history], history[0]["loss"]
 
 

@@ -52,6 +52,7 @@ import torch
 from mfu import peak_tflops
 
 from conventions import IGNORE_INDEX
+from data.batch import Row
 from engine.planner.cost_model import TransformerShape, model_flops_per_token
 from engine.training.train import TrainConfig, train
 from goldfish.app.config import MaskSpec
@@ -301,7 +302,7 @@ def profile_steps(config: dict[str, Any], size: Size, device: torch.device) -> d
     for _ in range(size.batch):
         ids = torch.randint(0, hf_config.vocab_size, (size.seq,), generator=generator)
         targets = torch.cat([ids[1:], torch.tensor([IGNORE_INDEX])])
-        rows.append({"input_ids": ids, "targets": targets, "dropped": drop_mask(targets, "hashed", MASK.k, MASK.h)})
+        rows.append(Row(input_ids=ids, targets=targets, dropped=drop_mask(targets, "hashed", MASK.k, MASK.h)))
     loss = make_step_loss(MASK, [])
     # the loss head computes the per-token losses (engine.core.vocab_parallel: the lm_head product and cross-entropy
     # chunk by chunk); a profiler range around its forward marks them (its backward is the _ChunkedVocabCE node)

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-import torch
 
+from data.batch import Row
 from data.corpus import TokenizedCorpus, load_raw_corpus, open_stream, stream_corpus, text_key, tokenize_corpus
 from data.dedup import CONTAINMENT_SAMPLE, CONTAINMENT_THRESHOLD, SHINGLE_WORDS, sampled_shingles
 from data.errors import DataError
@@ -155,7 +155,7 @@ def background_sample(spec: BackgroundSpec, max_chars: int = 2_000_000) -> list[
     return texts
 
 
-class _Rows(Sequence[dict[str, torch.Tensor]]):
+class _Rows(Sequence[Row]):
     """The first `n` rows of packed rows."""
 
     def __init__(self, rows: PackedRows, n: int) -> None:
@@ -164,7 +164,7 @@ class _Rows(Sequence[dict[str, torch.Tensor]]):
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:  # type: ignore[override]
+    def __getitem__(self, index: int) -> Row:  # type: ignore[override]
         if not 0 <= index < self.n:
             raise IndexError(index)
         return self.rows[index]

@@ -1,6 +1,6 @@
 """Packed training rows: whole documents laid end to end, with a loss mask computed per document.
 
-A row is a dict of (T,) tensors, what engine.training.train stacks into a batch:
+A row is a data.batch.Row of (T,) tensors, stacked into a data.batch.Batch for the loss:
 
     input_ids      token ids, the pad id after the stream's last token
     targets        the next token of the same document; IGNORE_INDEX at a document's last token (its EOS: nothing
@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from conventions import IGNORE_INDEX
+from data.batch import Row
 from data.packing import PackedLayout, Segment
 
 
@@ -74,7 +75,7 @@ def piece_targets(piece: Sequence[int], start: int, end: int) -> list[int]:
     return targets + [IGNORE_INDEX] if end == len(piece) else targets
 
 
-class PackedRows(Sequence[dict[str, torch.Tensor]]):
+class PackedRows(Sequence[Row]):
     """The rows of a packed stream, built when asked for (engine.training.train reads only this rank's rows of each
     step).
 
@@ -98,7 +99,7 @@ class PackedRows(Sequence[dict[str, torch.Tensor]]):
     def __len__(self) -> int:
         return self.n_rows
 
-    def __getitem__(self, row: int) -> dict[str, torch.Tensor]:  # type: ignore[override]
+    def __getitem__(self, row: int) -> Row:  # type: ignore[override]
         if isinstance(row, slice):
             raise TypeError("PackedRows takes one row index at a time")
         if row < 0:
@@ -107,7 +108,7 @@ class PackedRows(Sequence[dict[str, torch.Tensor]]):
             raise IndexError(f"row {row} out of range: there are {len(self)} rows")
         return self.build(self.layout.segments(row) if row < self.layout.n_rows else [])
 
-    def build(self, segments: Sequence[Segment]) -> dict[str, torch.Tensor]:
+    def build(self, segments: Sequence[Segment]) -> Row:
         """One row from its segments."""
         length = self.layout.seq_len
         input_ids = torch.full((length,), self.pad_id, dtype=torch.long)
@@ -124,7 +125,7 @@ class PackedRows(Sequence[dict[str, torch.Tensor]]):
             dropped[span] = self.mask.dropped(ids, segment.start, segment.end)
             used = span.stop
         position_ids[used:] = torch.arange(length - used)  # padding: a sequence of its own, never a target
-        return {"input_ids": input_ids, "targets": targets, "position_ids": position_ids, "dropped": dropped}
+        return Row(input_ids=input_ids, targets=targets, dropped=dropped, position_ids=position_ids)
 
 
 def stream_order(copies: Sequence[int], seed: int) -> list[int]:

@@ -34,6 +34,7 @@ from goldfish_train_options import (  # examples/goldfish_train_options.py
 
 import engine
 import engine.training.train as engine_train
+from data.batch import Batch
 from engine.core import comm
 from engine.core.grid import AXES
 from goldfish import goldfish_loss
@@ -98,10 +99,8 @@ def main(argv: list[str] | None = None) -> None:
         rows = rows[grid.rank * share : (grid.rank + 1) * share]  # this process's own sequences
         sums = torch.zeros(6, dtype=torch.float64)  # kept CE, kept n, all CE, all n, dropped CE, dropped n
         for micro in torch.tensor_split(rows, config.grad_accum):
-            batch = {
-                key: torch.stack([examples[i][key] for i in micro.tolist()]).to(grid.device) for key in examples[0]
-            }
-            result = goldfish_loss(model(input_ids=batch["input_ids"]).logits, batch["targets"], batch["dropped"])
+            batch = Batch.stack(examples, micro, step, grid.device)
+            result = goldfish_loss(model(input_ids=batch.input_ids).logits, batch.targets, batch.dropped)
             result.loss_sum.backward()  # summed here, divided by the step's kept-target count below
             sums += torch.tensor(
                 [

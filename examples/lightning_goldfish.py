@@ -95,7 +95,10 @@ def main(argv: list[str] | None = None) -> None:
         rows = rows[rank * share : (rank + 1) * share]  # this process's own sequences of the step
         micro_batches = torch.tensor_split(rows, config.grad_accum)
         batches = [
-            {key: torch.stack([examples[i][key] for i in micro.tolist()]) for key in examples[0]}
+            {
+                key: torch.stack([getattr(examples[i], key) for i in micro.tolist()])
+                for key in ("input_ids", "targets", "dropped")
+            }
             for micro in micro_batches
         ]
         # The step's mean is over every kept target of every process: count them first (no gradient involved).

@@ -28,6 +28,7 @@ from goldfish_train_options import (  # examples/goldfish_train_options.py
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 import engine.training.train as engine_train
+from data.batch import Row
 from engine.integrations.lightning_trainer import EngineTrainerStrategy
 from engine.training.checkpoint import consolidate_checkpoint
 from goldfish import IGNORE_INDEX, goldfish_loss
@@ -62,7 +63,7 @@ class GoldfishStepSampler(torch.utils.data.Sampler):
 class StepDataset(torch.utils.data.Dataset):
     """Micro-batches of goldfish examples (input_ids, targets, dropped), with the kept-target count of their step."""
 
-    def __init__(self, examples: list[dict[str, torch.Tensor]]) -> None:
+    def __init__(self, examples: list[Row]) -> None:
         self.examples = examples
 
     def __len__(self) -> int:
@@ -70,12 +71,12 @@ class StepDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, item: tuple[list[int], list[int]]) -> dict[str, torch.Tensor]:
         rows, step_rows = item
-        batch = {key: torch.stack([self.examples[i][key] for i in rows]) for key in self.examples[0]}
+        batch = {
+            key: torch.stack([getattr(self.examples[i], key) for i in rows])
+            for key in ("input_ids", "targets", "dropped")
+        }
         batch["step_kept"] = torch.tensor(
-            sum(
-                int((~self.examples[i]["dropped"] & (self.examples[i]["targets"] != IGNORE_INDEX)).sum())
-                for i in step_rows
-            )
+            sum(int((~self.examples[i].dropped & (self.examples[i].targets != IGNORE_INDEX)).sum()) for i in step_rows)
         )
         return batch
 

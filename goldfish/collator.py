@@ -8,10 +8,9 @@ from typing import Any
 import torch
 
 from conventions import IGNORE_INDEX
-
-# Per-token masks of the loss region under the names TRL's SFT tokenization gives them (1 = in the loss): the
 from goldfish.masks import drop_mask
 
+# Per-token masks of the loss region under the names TRL's SFT tokenization gives them (1 = in the loss): the
 # assistant's tokens of a conversation, the completion of a prompt-completion pair.
 _REGION_KEYS = ("assistant_masks", "completion_mask")
 _KNOWN_KEYS = {"input_ids", "attention_mask", "labels", *_REGION_KEYS}
@@ -66,6 +65,9 @@ class GoldfishCollator:
 
         Returns (B, T) long tensors ``input_ids``, ``attention_mask``, ``labels`` with T the longest length.
         Without "labels", labels are the input ids (padding -100).
+
+        A dict, not goldfish's own batch type (data.batch.Batch): HF's ``Trainer`` and TRL feed the collator's
+        output to ``model(**batch)``, so the keys are an external contract kept as they name them.
         """
         if len(features) == 0:
             raise ValueError("GoldfishCollator got an empty batch; pass at least one feature")

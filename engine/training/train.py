@@ -40,6 +40,7 @@ from engine.spec import (
     ParallelLayout,
     row_split_axes,
 )
+from engine.training.batch import Collate, TrainingBatch, stack_rows
 from engine.training.checkpoint import (
     AsyncSaver,
     CheckpointError,
@@ -70,7 +71,7 @@ class StepLoss:
     extras: dict[str, tuple[float, int]] = field(default_factory=dict)
 
 
-LossFn = Callable[[nn.Module, dict[str, torch.Tensor]], StepLoss]
+LossFn = Callable[[nn.Module, Any], StepLoss]  # (model, the micro-batch its rows were stacked into)
 
 
 @dataclass(frozen=True)
@@ -80,15 +81,15 @@ class TokenLossFn:
 
     targets(batch) -> (B, T) int64 next-token targets (IGNORE_INDEX where none).
     reduce(token_losses (B, T) float32, batch) -> StepLoss of those rows; `batch` holds the same rows.
+    collate: how the rows are stacked into the batch the two read (engine.training.batch; mapping rows by default).
     """
 
-    targets: Callable[[dict[str, torch.Tensor]], torch.Tensor]
-    reduce: Callable[[torch.Tensor, dict[str, torch.Tensor]], StepLoss]
+    targets: Callable[[Any], torch.Tensor]
+    reduce: Callable[[torch.Tensor, Any], StepLoss]
+    collate: Collate = stack_rows
 
-    def __call__(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> StepLoss:
-        token_ce = causal_lm_token_losses(
-            model, batch["input_ids"], self.targets(batch), position_ids=batch.get("position_ids")
-        )
+    def __call__(self, model: nn.Module, batch: TrainingBatch) -> StepLoss:
+        token_ce = causal_lm_token_losses(model, batch.input_ids, self.targets(batch), position_ids=batch.position_ids)
         return self.reduce(token_ce, batch)
 
 
@@ -224,15 +225,12 @@ def _rank_rows(rows: torch.Tensor, grid: Grid | None, layout: str = "own") -> to
 
 
 def _stack(
-    examples: Sequence[dict[str, torch.Tensor]], indices: torch.Tensor, step: int, device: torch.device
-) -> dict[str, torch.Tensor]:
-    """One micro-batch: the examples' tensors stacked to (B, ...), plus "example_index" (B,) and "step" (0-d), so a
-    loss function can draw per-step randomness that a resumed run reproduces."""
-    keys = examples[0].keys()
-    batch = {key: torch.stack([examples[i][key] for i in indices.tolist()]).to(device) for key in keys}
-    batch["example_index"] = indices.clone()
-    batch["step"] = torch.tensor(step)
-    return batch
+    examples: Sequence[Any], indices: torch.Tensor, step: int, device: torch.device, loss_fn: LossFn
+) -> TrainingBatch:
+    """One micro-batch of the rows at `indices`, read in optimizer step `step`: stacked by the loss's collate (a
+    TokenLossFn's, also through a pipeline's stages), else as mapping rows (engine.training.batch.stack_rows)."""
+    collate = loss_fn.collate if isinstance(loss_fn, (TokenLossFn, _ThroughStages)) else stack_rows
+    return collate(examples, indices, step, device)
 
 
 def _all_reduce_sums(values: torch.Tensor, grid: Grid | None, layout: str = "own") -> torch.Tensor:
@@ -295,7 +293,7 @@ def _step_rows(
 
 def _forward_backward(
     model: nn.Module,
-    examples: Sequence[dict[str, torch.Tensor]],
+    examples: Sequence[Any],
     rows: torch.Tensor,
     step: int,
     loss_fn: LossFn,
@@ -311,8 +309,8 @@ def _forward_backward(
     totals = None
     n_input_tokens = 0
     for micro_rows in torch.tensor_split(rows, min(config.grad_accum, len(rows))):
-        batch = _stack(examples, micro_rows, step, device)
-        n_input_tokens += batch["input_ids"].numel() if "input_ids" in batch else 0
+        batch = _stack(examples, micro_rows, step, device, loss_fn)
+        n_input_tokens += batch.input_ids.numel() if batch.input_ids is not None else 0
         with offload:
             with autocast:
                 out = loss_fn(model, batch)
@@ -332,15 +330,9 @@ def _sums_of(out: StepLoss, extra_names: list[str]) -> list[float]:
     ]
 
 
-def _rows_of_batch(batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The sub-batch of `rows` (indices into dim 0) of a stacked batch; 0-d entries (the step) are kept."""
-    n = len(batch["example_index"])
-    return {k: v[rows.to(v.device)] if v.dim() and v.shape[0] == n else v for k, v in batch.items()}
-
-
 def _pipeline_forward_backward(
     pipes: dict[int, Pipeline],
-    examples: Sequence[dict[str, torch.Tensor]],
+    examples: Sequence[Any],
     rows: torch.Tensor,
     step: int,
     loss_fn: TokenLossFn,
@@ -355,17 +347,17 @@ def _pipeline_forward_backward(
     records: list[StepLoss] = []
     n_input_tokens = 0
     for micro_rows in torch.tensor_split(rows, min(config.grad_accum, len(rows))):
-        batch = _stack(examples, micro_rows, step, device)
-        n_input_tokens += batch["input_ids"].numel()
+        batch = _stack(examples, micro_rows, step, device, loss_fn)
+        n_input_tokens += batch.input_ids.numel()
         pipe = pipes[len(micro_rows)]
 
-        def reduce(token_losses: torch.Tensor, chunk: torch.Tensor, batch: dict = batch) -> torch.Tensor:
-            out = loss_fn.reduce(token_losses, _rows_of_batch(batch, chunk))
+        def reduce(token_losses: torch.Tensor, chunk: torch.Tensor, batch: TrainingBatch = batch) -> torch.Tensor:
+            out = loss_fn.reduce(token_losses, batch.select(chunk))
             records.append(out)
             return out.loss_sum.float()
 
         with offload, autocast:
-            pipe.step_token_losses(batch["input_ids"], loss_fn.targets(batch), reduce, batch.get("position_ids"))
+            pipe.step_token_losses(batch.input_ids, loss_fn.targets(batch), reduce, batch.position_ids)
     pipe = next(iter(pipes.values()))
     last = pipe.group.size - 1  # the last stage's rank in the pipeline group
     summary = None
@@ -378,7 +370,7 @@ def _pipeline_forward_backward(
 
 def train(
     model: nn.Module,
-    examples: Sequence[dict[str, torch.Tensor]],
+    examples: Sequence[Any],
     loss_fn: LossFn,
     config: TrainConfig,
     *,
@@ -388,15 +380,17 @@ def train(
     save_model: Callable[[nn.Module, Path, int], None] | None = None,
     on_log: Callable[[dict[str, Any]], None] | None = None,
     on_epoch_end: Callable[[nn.Module, int, int], None] | None = None,
-    validation: Sequence[dict[str, torch.Tensor]] | None = None,
+    validation: Sequence[Any] | None = None,
     validation_loss_fn: LossFn | None = None,
     on_validation: Callable[[nn.Module, int, float], None] | None = None,
     stop: Callable[[], bool] | None = None,
 ) -> TrainResult:
     """Train `model` in place for config.epochs over `examples`.
 
-    examples: one dict of equal-length 1-D tensors per sequence (e.g. input_ids, targets, masks). The loss function
-        receives them stacked to (B, ...) plus "example_index" (B,) and "step" (0-d, the 0-based optimizer step).
+    examples: one row per sequence, stacked into each micro-batch by the loss's collate (a TokenLossFn's; e.g.
+        data.batch.Row rows into a data.batch.Batch), or mappings of equal-length 1-D tensors (input_ids, targets,
+        ...) that the loss function receives stacked to (B, ...) plus "example_index" (B,) and "step" (0-d, the
+        0-based optimizer step): engine.training.batch.
     out_dir: where checkpoints (out_dir/checkpoint) and metrics (out_dir/metrics.jsonl) go; None keeps nothing.
     grid: an engine Grid for parallel runs (every rank calls train with the same arguments), or None. With a pipe
         axis each rank keeps only its pipeline stages' parameters (the others on the meta device, during the run and
@@ -613,17 +607,28 @@ def _pipelines(
     return pipes
 
 
-def _through_stages(pipe: Pipeline, loss_fn: LossFn) -> LossFn:
+@dataclass(frozen=True)
+class _ThroughStages:
+    """A TokenLossFn computed in one pass through a pipeline's stages (a LossFn; its rows stacked by its collate)."""
+
+    pipe: Pipeline
+    loss_fn: TokenLossFn
+
+    @property
+    def collate(self) -> Collate:
+        return self.loss_fn.collate
+
+    def __call__(self, model: nn.Module, batch: TrainingBatch) -> StepLoss:
+        token_ce = self.pipe.token_losses(batch.input_ids, self.loss_fn.targets(batch), batch.position_ids)
+        return self.loss_fn.reduce(token_ce, batch)
+
+
+def _through_stages(pipe: Pipeline, loss_fn: LossFn) -> _ThroughStages:
     """`loss_fn` (a TokenLossFn) computed in one pass through the pipeline's stages, each on its own rank
     (Pipeline.token_losses): an evaluation of a pipelined model, whose ranks hold their own stages only."""
     if not isinstance(loss_fn, TokenLossFn):
         raise ValueError("evaluating a pipelined model needs a TokenLossFn (per-token losses on the last stage)")
-
-    def run(model: nn.Module, batch: dict[str, torch.Tensor]) -> StepLoss:
-        token_ce = pipe.token_losses(batch["input_ids"], loss_fn.targets(batch), batch.get("position_ids"))
-        return loss_fn.reduce(token_ce, batch)
-
-    return run
+    return _ThroughStages(pipe, loss_fn)
 
 
 class TrainingStopped(KeyboardInterrupt):
@@ -702,7 +707,7 @@ def _open_metrics(path: Path, start_step: int):
 
 def evaluate_loss(
     model: nn.Module,
-    examples: Sequence[dict[str, torch.Tensor]],
+    examples: Sequence[Any],
     loss_fn: LossFn,
     config: TrainConfig,
     grid: Grid | None = None,
@@ -721,7 +726,7 @@ def evaluate_loss(
         with torch.no_grad(), rows_layout(model, config.rows):
             for first in range(0, len(examples), config.batch_size):
                 rows = _rank_rows(torch.arange(first, min(first + config.batch_size, len(examples))), grid, config.rows)
-                batch = _stack(examples, rows, step, device)
+                batch = _stack(examples, rows, step, device, loss_fn)
                 with autocast:
                     out = loss_fn(model, batch)
                 totals += torch.tensor([float(out.loss_sum.float()), float(out.n_tokens)], dtype=torch.float64)

@@ -212,7 +212,7 @@ class Comparison:
         self.control_rows = rows["train"]
         if self.background is not None and self.background.validation is not None:
             self.validation_rows[CONTROL] = self.row_losses(self.initial)
-            weights = [int((row["targets"] != IGNORE_INDEX).sum()) for row in self.background.validation]
+            weights = [int((row.targets != IGNORE_INDEX).sum()) for row in self.background.validation]
             losses = self.validation_rows[CONTROL]
             self.validation[CONTROL] = sum(w * x for w, x in zip(weights, losses)) / sum(weights)
         already = self.models[CONTROL].parts["train"].metrics[EXACT_MATCH] or 0.0

@@ -25,6 +25,7 @@ import engine.training.train as engine_train
 from conventions import IGNORE_INDEX
 from data.atomic import write_json_atomic
 from data.background import Background
+from data.batch import Row
 from data.corpus import TokenizedCorpus
 from data.rows import pack_documents
 from engine.core.grid import Grid, is_main_process
@@ -181,12 +182,12 @@ class TrainingRows:
     hold (for checkpoints' exposure records), the dropped-target count checked against the mask, and the summary
     line the run prints."""
 
-    examples: Sequence[dict[str, Any]]
+    examples: Sequence[Row]  # the run's rows (data.batch.Row): examples, packed rows or a background stream
     train_config: Any
     copies: TrainedCopies
     n_dropped: int
     summary: str
-    validation: Any = None
+    validation: Sequence[Row] | None = None
     background: Background | None = None
     target_copies: dict[str, int] = field(default_factory=dict)  # background: copies of each training document
 
@@ -232,10 +233,10 @@ def _repeated(spec: TrainSpec, prepared: Prepared, repeats: dict[str, int]) -> s
     return f" ({len(prepared.split.train)} documents repeated {counts} times per epoch)"
 
 
-def _counted(spec: TrainSpec, examples: list[dict[str, Any]], what: str, *, packed: bool) -> tuple[int, str]:
+def _counted(spec: TrainSpec, examples: Sequence[Row], what: str, *, packed: bool) -> tuple[int, str]:
     """(dropped targets, the summary line) of rows built ahead of training; `packed` rows say their target count."""
-    n_dropped = sum(int(e["dropped"].sum()) for e in examples)
-    n_targets = sum(int((e["targets"] != IGNORE_INDEX).sum()) for e in examples)
+    n_dropped = sum(int(e.dropped.sum()) for e in examples)
+    n_targets = sum(int((e.targets != IGNORE_INDEX).sum()) for e in examples)
     if packed:
         what += f", whole documents packed ({n_targets} targets per epoch)"
     line = (

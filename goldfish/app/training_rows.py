@@ -12,6 +12,7 @@ import torch
 import data
 import engine.training.train as engine_train
 from conventions import IGNORE_INDEX
+from data.batch import Batch, Row
 from data.chat import assistant_flags
 from data.rows import piece_ids
 from goldfish.app.config import DataSpec, MaskSpec
@@ -27,11 +28,11 @@ def make_examples(
     special_token_ids: Sequence[int],
     repeats: dict[str, int] | None = None,
     chat_row: ChatRow | None = None,
-) -> list[dict[str, torch.Tensor]]:
-    """Training examples: input ids, next-token targets and the goldfish drop mask, all (T,); one per document, or
-    `repeats[id]` copies of it. A conversation's row has targets on its replies only (conversation_row), padded to
-    `chat_row`'s length when given. Hashed and static masks are functions of the tokens, so every copy drops the same
-    positions (the point of the hashed mask).
+) -> list[Row]:
+    """Training rows (data.batch.Row): input ids, next-token targets and the goldfish drop mask, all (T,); one per
+    document, or `repeats[id]` copies of it. A conversation's row has targets on its replies only (conversation_row),
+    padded to `chat_row`'s length when given. Hashed and static masks are functions of the tokens, so every copy
+    drops the same positions (the point of the hashed mask).
 
     For the `random` strategy the stored mask is only the first epoch's draw (for counting); the loss redraws it
     every step and for every copy, since a per-occurrence Bernoulli mask must differ each time a sequence is seen.
@@ -52,7 +53,7 @@ def make_examples(
                 else _random_draw(mask, targets, special_token_ids, step=0, example_index=index)
             )
             if trained is None:
-                examples.append({"input_ids": input_ids, "targets": targets[0], "dropped": dropped[0]})
+                examples.append(Row(input_ids=input_ids, targets=targets[0], dropped=dropped[0]))
             else:
                 examples.append(conversation_row(input_ids, targets[0], dropped[0], trained[0], chat_row))
     return examples
@@ -75,7 +76,7 @@ def reply_targets(document: data.TokenizedDocument) -> torch.Tensor:
 
 def conversation_row(
     input_ids: torch.Tensor, targets: torch.Tensor, dropped: torch.Tensor, trained: torch.Tensor, row: ChatRow | None
-) -> dict[str, torch.Tensor]:
+) -> Row:
     """One conversation's training row, (T,) each: the loss on the replies only (other targets IGNORE_INDEX), the
     goldfish mask as drawn over the whole conversation's true targets (its hash reads the prompt too) kept on the
     replies only, right-padded to `row.length` (padding attends only to earlier tokens in a causal model, and the
@@ -83,13 +84,13 @@ def conversation_row(
     targets = torch.where(trained, targets, torch.full_like(targets, IGNORE_INDEX))
     dropped = dropped & trained
     if row is None or row.length == len(input_ids):
-        return {"input_ids": input_ids, "targets": targets, "dropped": dropped}
+        return Row(input_ids=input_ids, targets=targets, dropped=dropped)
     extra = row.length - len(input_ids)
-    return {
-        "input_ids": torch.nn.functional.pad(input_ids, (0, extra), value=row.pad_id),
-        "targets": torch.nn.functional.pad(targets, (0, extra), value=IGNORE_INDEX),
-        "dropped": torch.nn.functional.pad(dropped, (0, extra), value=False),
-    }
+    return Row(
+        input_ids=torch.nn.functional.pad(input_ids, (0, extra), value=row.pad_id),
+        targets=torch.nn.functional.pad(targets, (0, extra), value=IGNORE_INDEX),
+        dropped=torch.nn.functional.pad(dropped, (0, extra), value=False),
+    )
 
 
 @dataclass(frozen=True)
@@ -114,27 +115,27 @@ def make_step_loss(mask: MaskSpec, special_token_ids: Sequence[int]) -> engine_t
     A TokenLossFn: the mask is drawn from the batch's own ids on whichever rank computes the loss (a pipeline's last
     stage included), so the dropped positions equal one process's."""
 
-    def dropped_of(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def dropped_of(batch: Batch) -> torch.Tensor:
         if mask.strategy != "random":
-            return batch["dropped"]
-        step = int(batch["step"])
+            return batch.dropped
+        step = batch.step
         return torch.cat(
             [
                 _random_draw(
                     mask,
-                    batch["targets"][row : row + 1].cpu(),
+                    batch.targets[row : row + 1].cpu(),
                     special_token_ids,
                     step=step,
                     example_index=int(index),
                 )
-                for row, index in enumerate(batch["example_index"])
+                for row, index in enumerate(batch.example_index)
             ]
-        ).to(batch["dropped"].device)
+        ).to(batch.dropped.device)
 
-    def reduce(token_ce: torch.Tensor, batch: dict[str, torch.Tensor]) -> engine_train.StepLoss:
+    def reduce(token_ce: torch.Tensor, batch: Batch) -> engine_train.StepLoss:
         # token_ce: per-token losses (B, T) float32 from the hidden states; full-vocabulary logits are never built
         # (vocabulary-parallel over the tensor-parallel ranks when the lm_head is split)
-        result = goldfish_loss_from_token_losses(token_ce, batch["targets"], dropped_of(batch))
+        result = goldfish_loss_from_token_losses(token_ce, batch.targets, dropped_of(batch))
         extras = {
             "all_loss": (float(result.all_loss) * result.n_all, result.n_all),
             "dropped_loss": (
@@ -144,7 +145,7 @@ def make_step_loss(mask: MaskSpec, special_token_ids: Sequence[int]) -> engine_t
         }
         return engine_train.StepLoss(loss_sum=result.loss_sum, n_tokens=result.n_kept, extras=extras)
 
-    return engine_train.TokenLossFn(targets=lambda batch: batch["targets"], reduce=reduce)
+    return engine_train.TokenLossFn(targets=lambda batch: batch.targets, reduce=reduce, collate=Batch.stack)
 
 
 def validation_loss_fn(prepared: Prepared) -> engine_train.LossFn:

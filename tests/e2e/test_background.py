@@ -90,7 +90,7 @@ def test_targets_inserted_as_scheduled_and_heldout_never(setup) -> None:
     assert record["most_copies_in_a_row"] == 1  # 42 copies spread over about a thousand gaps
     # every copy of every target lies in the stream where the record says, and nothing of a held-out target does
     pieces = {str(d.id): d.full_ids + [tokenizer.eos_token_id] for d in split.train}
-    stream = [int(t) for r in background.rows for t, p in zip(r["input_ids"], r["position_ids"])]
+    stream = [int(t) for r in background.rows for t, p in zip(r.input_ids, r.position_ids)]
     stream = stream[: background.rows.layout.n_tokens]
     for target in record["targets"]:
         piece = pieces[target["id"]]
@@ -124,8 +124,8 @@ def test_validation_rows_are_held_out_background(setup) -> None:
     background, train = _background(setup)
     assert len(background.validation) % train.batch_size == 0 and len(background.validation) >= train.batch_size
     row = background.validation[0]
-    assert not row["dropped"].any()  # validation is the standard loss over every target
-    assert (row["targets"] != IGNORE_INDEX).any()
+    assert not row.dropped.any()  # validation is the standard loss over every target
+    assert (row.targets != IGNORE_INDEX).any()
 
 
 def test_resume_mid_epoch_equals_uninterrupted_run(setup, tmp_path: Path) -> None:
@@ -357,7 +357,7 @@ packed, _ = pack_documents(split.train, [1, 3], 32, mask, eos_id=tokenizer.eos_t
 rows = [*stream.rows, *stream.validation, *packed]
 print(json.dumps({
     "rows": len(rows),
-    "dropped": int(sum(int(row["dropped"].sum()) for row in rows)),
+    "dropped": int(sum(int(row.dropped.sum()) for row in rows)),
     "exposures": stream.exposures,
     "loaded": sorted({name.split(".")[0] for name in sys.modules} & {"goldfish", "engine", "eval"}),
 }))

@@ -17,6 +17,7 @@ import torch
 from distributed import run_distributed
 from tiny_models import tiny_llama
 
+from data.batch import Row
 from engine.core.grid import init
 from engine.models.parallelize import parallelize
 from engine.training.state import full_state_dict
@@ -41,14 +42,14 @@ def _model() -> torch.nn.Module:
     return tiny_llama(vocab=VOCAB, hidden=HIDDEN, heads=4, kv_heads=2, positions=SEQ, dtype=torch.float32)
 
 
-def _examples() -> list[dict[str, torch.Tensor]]:
+def _examples() -> list[Row]:
     generator = torch.Generator().manual_seed(1)
     out = []
     for _ in range(2 * ROWS):
         ids = torch.randint(0, VOCAB, (SEQ,), generator=generator)
         targets = torch.cat([ids[1:], torch.tensor([-100])])
         dropped = drop_mask(targets[None], MASK.strategy, MASK.k, MASK.h)[0]
-        out.append({"input_ids": ids, "targets": targets, "dropped": dropped})
+        out.append(Row(input_ids=ids, targets=targets, dropped=dropped))
     return out
 
 

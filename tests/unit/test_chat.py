@@ -140,17 +140,17 @@ def test_training_rows_put_the_loss_on_replies_only(tokenizer, strategy: str) ->
     special = sorted(tokenizer.all_special_ids)
     examples = make_examples(split.train, mask, special, chat_row=ChatRow(128, tokenizer.pad_token_id))
     for doc, example in zip(split.train, examples):
-        assert example["input_ids"].shape == (128,)
-        scored = example["targets"] != IGNORE_INDEX
+        assert example.input_ids.shape == (128,)
+        scored = example.targets != IGNORE_INDEX
         assert int(scored.sum()) == sum(end - start for start, end in doc.replies)
         positions = [j - 1 for start, end in doc.replies for j in range(start, end)]  # j - 1 predicts token j
         assert scored.nonzero().flatten().tolist() == positions
-        assert torch.equal(example["targets"][positions], torch.tensor(doc.token_ids)[[p + 1 for p in positions]])
+        assert torch.equal(example.targets[positions], torch.tensor(doc.token_ids)[[p + 1 for p in positions]])
         full = causal_targets(torch.tensor([doc.token_ids]))
         expected = drop_mask(full, strategy, 3, 4, special_token_ids=special)[0] & reply_targets(doc)[0]
-        assert torch.equal(example["dropped"][: len(doc.token_ids)], expected)
-        assert not example["dropped"][len(doc.token_ids) :].any() and example["dropped"].any()
-        assert (example["input_ids"][len(doc.token_ids) :] == tokenizer.pad_token_id).all()
+        assert torch.equal(example.dropped[: len(doc.token_ids)], expected)
+        assert not example.dropped[len(doc.token_ids) :].any() and example.dropped.any()
+        assert (example.input_ids[len(doc.token_ids) :] == tokenizer.pad_token_id).all()
 
 
 def test_reply_units_prompt_with_the_conversation_so_far(tokenizer) -> None:

@@ -5,6 +5,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from data import TokenizedDocument
+from data.batch import Batch
 from goldfish.app.config import MaskSpec, parse_mask
 from goldfish.app.training_rows import make_examples, make_step_loss
 from goldfish.masks import causal_targets, drop_mask
@@ -42,10 +43,10 @@ def test_examples_carry_the_drop_mask_of_their_targets():
     examples = make_examples(docs, MaskSpec("hashed", 4, 13), special_token_ids=[0, 1, 2])
     for doc, example in zip(docs, examples):
         targets = causal_targets(torch.tensor([doc.token_ids]))[0]
-        assert torch.equal(example["targets"], targets)
-        assert torch.equal(example["dropped"], drop_mask(targets, "hashed", 4, 13, special_token_ids=[0, 1, 2]))
+        assert torch.equal(example.targets, targets)
+        assert torch.equal(example.dropped, drop_mask(targets, "hashed", 4, 13, special_token_ids=[0, 1, 2]))
     standard = make_examples(docs, MaskSpec(None), special_token_ids=[])
-    assert not any(e["dropped"].any() for e in standard)
+    assert not any(e.dropped.any() for e in standard)
 
 
 def test_random_mask_is_redrawn_every_step_and_reproducible():
@@ -65,11 +66,9 @@ def test_random_mask_is_redrawn_every_step_and_reproducible():
     mask = MaskSpec("random", 4)
     examples = make_examples(docs, mask, special_token_ids=[])
     loss_fn = make_step_loss(mask, special_token_ids=[])
-    batch = {key: torch.stack([e[key] for e in examples]) for key in examples[0]}
-    batch["example_index"] = torch.tensor([0, 1])
 
     def kept_count(step):
-        batch["step"] = torch.tensor(step)
+        batch = Batch.stack(examples, torch.tensor([0, 1]), step, torch.device("cpu"))
         return loss_fn(model, batch).n_tokens
 
     counts = [kept_count(step) for step in range(4)]
@@ -90,11 +89,11 @@ def test_repeats_copy_documents_round_robin_with_identical_hashed_masks():
     assert len(examples) == 1 + 3 + 1 + 3 + 1
     copies = examples[1:4]  # the three copies of d1
     for copy in copies:
-        assert torch.equal(copy["input_ids"], torch.tensor(docs[1].token_ids))
-        assert torch.equal(copy["dropped"], copies[0]["dropped"])  # hashed: same tokens, same drops
+        assert torch.equal(copy.input_ids, torch.tensor(docs[1].token_ids))
+        assert torch.equal(copy.dropped, copies[0].dropped)  # hashed: same tokens, same drops
     # The random strategy draws a separate mask for every copy (what makes it fail on repeated text).
     random_examples = make_examples(docs, MaskSpec("random", 2), special_token_ids=[0], repeats=repeats)
-    assert not torch.equal(random_examples[1]["dropped"], random_examples[2]["dropped"])
+    assert not torch.equal(random_examples[1].dropped, random_examples[2].dropped)
 
 
 @pytest.mark.parametrize("bad", ["0", "1,x", "", "2,-1"])

@@ -54,12 +54,12 @@ def test_layout_places_every_token_once() -> None:
 def test_rows_train_every_target_once() -> None:
     pieces = _pieces([30, 7, 64, 2, 19])
     rows = _rows(pieces, 16, MaskSpec(None))
-    got = [int(t) for r in rows for t in r["targets"] if t != IGNORE_INDEX]
+    got = [int(t) for r in rows for t in r.targets if t != IGNORE_INDEX]
     want = [t for p in pieces for t in p[1:]]  # every token but a document's first is a target, its EOS included
     assert got == want
     for row in rows:  # a document's last token (EOS) predicts nothing of the next document
-        eos_positions = (row["input_ids"] == EOS).nonzero().flatten()
-        assert all(int(row["targets"][j]) == IGNORE_INDEX for j in eos_positions)
+        eos_positions = (row.input_ids == EOS).nonzero().flatten()
+        assert all(int(row.targets[j]) == IGNORE_INDEX for j in eos_positions)
 
 
 @pytest.mark.parametrize("name", ["micro-llama", "tiny-gpt2"])
@@ -71,7 +71,7 @@ def test_packed_rows_equal_each_document_alone(name: str) -> None:
     ).eval()
     pieces = _pieces([11, 5, 23, 9, 40, 3])
     rows = _rows(pieces, 32, MaskSpec(None))
-    batch = {key: torch.stack([r[key] for r in rows]) for key in ("input_ids", "targets", "position_ids")}
+    batch = {key: torch.stack([getattr(r, key) for r in rows]) for key in ("input_ids", "targets", "position_ids")}
     with torch.no_grad():
         packed = causal_lm_token_losses(model, batch["input_ids"], batch["targets"], position_ids=batch["position_ids"])
         for row in range(len(rows)):
@@ -102,7 +102,7 @@ def test_document_drops_the_same_targets_wherever_it_lands(strategy: str) -> Non
             built = rows[row]
             for segment in rows.layout.segments(row):
                 if segment.piece == index:
-                    got.extend(built["dropped"][segment.at : segment.at + segment.end - segment.start].tolist())
+                    got.extend(built.dropped[segment.at : segment.at + segment.end - segment.start].tolist())
         assert got == alone.tolist(), before
 
 
