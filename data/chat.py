@@ -21,11 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal, get_args
 
 from data.errors import DataError
 
-ROLES = ("system", "user", "assistant", "tool")
+Role = Literal["system", "user", "assistant", "tool"]  # a turn's speaker, as chat templates name it
+ROLES: tuple[Role, ...] = get_args(Role)
 
 # The chat template of the tiny models' trained BPE tokenizers (they have none of their own): each message as a role
 # header line and its content, BOS first, the tokenizer's EOS closing each assistant reply.
@@ -56,7 +57,7 @@ TINY_CHAT_TEMPLATE_MARKED = (
 class Message:
     """One turn of a conversation: role in ROLES, content the text."""
 
-    role: str
+    role: Role
     content: str
 
 

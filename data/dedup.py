@@ -41,12 +41,14 @@ import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from data.errors import DataError
 
-DEDUP_MODES = ("off", "exact", "near")
-DUPLICATE_POLICIES = ("drop", "repeat")
+DedupMode = Literal["off", "exact", "near"]  # --dedup: no deduplication, exact text only, or near-duplicates too
+DuplicatePolicy = Literal["drop", "repeat"]  # --duplicates: a training duplicate dropped, or kept as a counted repeat
+DEDUP_MODES: tuple[DedupMode, ...] = get_args(DedupMode)
+DUPLICATE_POLICIES: tuple[DuplicatePolicy, ...] = get_args(DuplicatePolicy)
 DEFAULT_THRESHOLD = 0.8  # Jaccard of word 5-gram shingles (Lee et al. 2022)
 SHINGLE_WORDS = 5
 AUDIT_NGRAM = 8
@@ -71,9 +73,9 @@ class DedupConfig:
         counted repeats (a study of duplication). Copies of a held-out document are always dropped.
     """
 
-    mode: str = "near"
+    mode: DedupMode = "near"
     threshold: float = DEFAULT_THRESHOLD
-    duplicates: str = "drop"
+    duplicates: DuplicatePolicy = "drop"
 
     def __post_init__(self) -> None:
         if self.mode not in DEDUP_MODES:

@@ -9,6 +9,7 @@ import torch
 
 from conventions import IGNORE_INDEX
 from goldfish.masks import drop_mask
+from goldfish.strategies import Strategy
 
 # Per-token masks of the loss region under the names TRL's SFT tokenization gives them (1 = in the loss): the
 # assistant's tokens of a conversation, the completion of a prompt-completion pair.
@@ -41,7 +42,7 @@ class GoldfishCollator:
     def __init__(
         self,
         pad_token_id: int,
-        strategy: str | None,
+        strategy: Strategy | None,
         k: int = 4,
         h: int = 13,
         *,

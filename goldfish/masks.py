@@ -43,7 +43,7 @@ from collections.abc import Iterable
 import torch
 
 from conventions import IGNORE_INDEX
-from goldfish.strategies import STRATEGIES  # defined torch-free for the command line; re-exported here
+from goldfish.strategies import STRATEGIES, Strategy  # defined torch-free for the command line; re-exported here
 
 # --- hashed: constants of the order-sensitive window hash -------------------------------------------
 # Everything lives in [0, 2**31) and every product is of two values below 2**31, so intermediates stay
@@ -70,7 +70,7 @@ _COEFFICIENT_HIGH = 1 << 62
 
 def drop_mask(
     targets: torch.Tensor,
-    strategy: str,
+    strategy: Strategy,
     k: int,
     h: int = 13,
     *,
@@ -125,7 +125,7 @@ def drop_mask(
     return dropped.reshape(targets.shape)
 
 
-def _validate(targets: torch.Tensor, strategy: str, k: int, h: int) -> None:
+def _validate(targets: torch.Tensor, strategy: Strategy, k: int, h: int) -> None:
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown goldfish strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     if isinstance(k, bool) or not isinstance(k, int) or k < 2:

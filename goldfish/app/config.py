@@ -27,12 +27,13 @@ from typing import TYPE_CHECKING, Literal, Sequence
 
 import data
 import data.dedup
+from data.dedup import DedupMode, DuplicatePolicy
 from engine.spec import GridShape, data_ranks_per_node, parse_grid_sizes
 from engine.training.config import TrainConfig
 from eval.config import ExtractionConfig, SamplingConfig
 from goldfish.app.lora import LoraSpec
 from goldfish.app.lora import check_zero as check_lora_zero
-from goldfish.strategies import STRATEGIES, WINDOW_STRATEGIES, default_k_h
+from goldfish.strategies import STRATEGIES, WINDOW_STRATEGIES, Strategy, default_k_h
 
 if TYPE_CHECKING:
     import torch
@@ -62,9 +63,9 @@ class DataSpec:
     # Duplicates before the split (data.dedup): "off", "exact" (same text / same token window) or "near" (those and
     # near-duplicate windows, data.dedup.is_near_duplicate at dedup_threshold); extra copies of a training document
     # are dropped or kept as counted repeats ("repeat"). Copies never straddle the train / held-out split.
-    dedup: str = "near"
+    dedup: DedupMode = "near"
     dedup_threshold: float = data.dedup.DEFAULT_THRESHOLD
-    duplicates: str = "drop"
+    duplicates: DuplicatePolicy = "drop"
     # Whole documents (data.rows): every token of every training document is trained, documents packed
     # into rows of seq_len tokens; documents need min_doc_tokens tokens, extraction reads their first extract_len
     # (at most seq_len, the context the model is trained on).
@@ -206,7 +207,7 @@ class MaskSpec:
     megatron-2026, 4 and 13 for the others), resolved when the spec is built, so a built MaskSpec holds integers.
     """
 
-    strategy: str | None = "hashed"
+    strategy: Strategy | None = "hashed"  # None: the standard loss
     k: int | None = None
     h: int | None = None
     seed: int = 0

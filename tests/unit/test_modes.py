@@ -1,0 +1,30 @@
+"""Modes are Literal types defined once (issue 45): the mask strategies, the dedup modes and duplicate policies, and
+the chat roles each have one alias whose values are the command line's choices and which the settings fields carry."""
+
+from __future__ import annotations
+
+import typing
+
+from data.chat import ROLES, Message, Role
+from data.dedup import DEDUP_MODES, DUPLICATE_POLICIES, DedupConfig, DedupMode, DuplicatePolicy
+from goldfish.app.config import DataSpec, MaskSpec
+from goldfish.collator import GoldfishCollator
+from goldfish.masks import drop_mask
+from goldfish.strategies import STRATEGIES, WINDOW_STRATEGIES, Strategy
+
+
+def test_the_choices_are_the_literal_values() -> None:
+    assert STRATEGIES == typing.get_args(Strategy) and set(WINDOW_STRATEGIES) <= set(STRATEGIES)
+    assert DEDUP_MODES == typing.get_args(DedupMode) == ("off", "exact", "near")
+    assert DUPLICATE_POLICIES == typing.get_args(DuplicatePolicy) == ("drop", "repeat")
+    assert ROLES == typing.get_args(Role)
+
+
+def test_settings_and_library_fields_carry_the_aliases() -> None:
+    hints = typing.get_type_hints
+    assert hints(MaskSpec)["strategy"] == Strategy | None
+    assert hints(DataSpec)["dedup"] == DedupMode and hints(DataSpec)["duplicates"] == DuplicatePolicy
+    assert hints(DedupConfig)["mode"] == DedupMode and hints(DedupConfig)["duplicates"] == DuplicatePolicy
+    assert hints(Message)["role"] == Role
+    assert hints(drop_mask)["strategy"] == Strategy
+    assert hints(GoldfishCollator.__init__)["strategy"] == Strategy | None
