@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, fields, is_dataclass
-from typing import Any, Callable, Collection
+from typing import Any, Callable, Collection, get_args
 
 from data.dedup import DEDUP_MODES, DUPLICATE_POLICIES
-from engine.spec import PIPE_SCHEDULES, PRECISIONS, parse_quantize
+from engine.spec import PIPE_SCHEDULES, PRECISIONS, RowsLayout, parse_quantize
 from goldfish.app.argparsing import argument_type, parse_device, positive_int
 from goldfish.app.config import parse_finite_float, parse_int_list, parse_node_size, parse_repeats
 from goldfish.app.lora import parse_targets
@@ -435,7 +435,7 @@ TRAINING = OptionGroup(
             "rows layout on a tensor-parallel grid: own (every rank reads its own rows, so the batch "
             "must be a multiple of the world size) or shared (every rank of an x*y group reads the same rows, as in "
             "AxoNN: the batch need only be a multiple of data*z); same losses and gradients",
-            choices=("own", "shared"),
+            choices=get_args(RowsLayout),
         ),
     ),
 )
