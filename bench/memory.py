@@ -3,6 +3,7 @@
     python bench/memory.py --world 4 --json bench/results/memory_world4.json
     python bench/memory.py --table options --json bench/results/memory_options_world4.json
     python bench/memory.py --table zeropp --world 4 8 --steps 5 --json bench/results/zeropp_world4_8.json
+    python bench/memory.py --table pipe --json bench/results/memory_pipe2.json
 
 For each ordered grid of the world size and each ZeRO stage the grid allows (stages 1-3 need data >= 2; at
 data >= 4 also stage 3 with a hierarchy of node size 2, and stage 2 and 3 with optimizer offload), every rank
@@ -13,6 +14,12 @@ largest rank) beside engine.planner.cost_model.zero_held_bytes (must be equal), 
 largest sender beside engine.planner.cost_model.llama_step_collectives (must be equal), and the median step time on
 gloo (CPU processes sharing the machine's cores: it shows what each stage adds, not GPU speed). The step is
 `goldfish train`'s: engine.core.vocab_parallel.causal_lm_token_losses (the chunked loss), summed.
+
+`--table pipe` (world 2): goldfish's tiny-llama (vocabulary 2,048, float32) trained 2 SGD steps by
+engine.training.train at pipe=2; per rank the bytes of the parameters it holds (those not on the meta device) when
+built, after the first step and after the run, beside its stage's count from the split
+(engine.training.pipeline.split_model, which must be equal) and the whole model's; and the logged losses beside one
+process's.
 
 `--table options` (world 4, no ZeRO): a Llama with a 32,000-token vocabulary (untied embeddings and lm_head: 2 x 8.2M
 of its 9.8M parameters) on the grids x=2,y=2 / data=2,x=2 / z=4, each with the vocabulary split (embeddings and
@@ -331,6 +338,103 @@ def run_options(json_path: str | None) -> None:
         print(f"wrote {written}")
 
 
+# ----- --table pipe: the parameter bytes each pipeline rank holds (its own stages) ------------------------------
+
+PIPE_VOCAB, PIPE_SEQ, PIPE_ROWS, PIPE_STEPS = 2048, 64, 8, 2  # goldfish's tiny-llama at a 2,048-token vocabulary
+
+
+def _pipe_model() -> torch.nn.Module:
+    """goldfish's tiny-llama (goldfish.app.models), drawn from seed 0 in float32."""
+    from goldfish.app.models import TINY_MODELS
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(TINY_MODELS["tiny-llama"].make_config(PIPE_VOCAB, PIPE_SEQ))
+
+
+def _pipe_train(model: torch.nn.Module, grid, stop=None) -> list[float]:
+    """PIPE_STEPS SGD steps of PIPE_ROWS random rows through engine.training.train; the logged losses."""
+    from engine.training.train import StepLoss, TokenLossFn, TrainConfig, train
+
+    ids = torch.randint(0, PIPE_VOCAB, (PIPE_ROWS, PIPE_SEQ), generator=torch.Generator().manual_seed(1))
+    rows = [{"input_ids": row, "targets": _targets(row[None])[0]} for row in ids]
+
+    def reduce(losses: torch.Tensor, batch: dict) -> StepLoss:
+        kept = batch["targets"] != IGNORE_INDEX
+        return StepLoss(loss_sum=losses[kept].sum(), n_tokens=int(kept.sum()))
+
+    config = TrainConfig(batch_size=PIPE_ROWS, epochs=PIPE_STEPS, optimizer="sgd", lr=0.1, progress=False)
+    result = train(
+        model, rows, TokenLossFn(targets=lambda b: b["targets"], reduce=reduce), config, grid=grid, stop=stop
+    )
+    return [record["loss"] for record in result.history]
+
+
+def _held_params(model: torch.nn.Module) -> int:
+    """The bytes of the parameters this rank holds (a pipeline's other stages sit on the meta device)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if not p.is_meta)
+
+
+def _pipe_worker(rank: int, world: int, port: int, queue) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank)
+    )
+    grid = engine.init(pipe=world)
+    model = engine.parallelize(_pipe_model(), grid)
+    built, stepping = _held_params(model), []
+    losses = _pipe_train(model, grid, stop=lambda: stepping.append(_held_params(model)) or False)
+    queue.put(
+        {"rank": rank, "built": built, "after_step_1": stepping[0], "after_run": _held_params(model), "losses": losses}
+    )
+    grid.close()
+
+
+def run_pipe(json_path: str | None, world: int = 2) -> None:
+    """--table pipe: each rank's parameter bytes at pipe=`world` beside the split's count and the whole model's."""
+    from engine.training.pipeline import split_model
+
+    whole = _pipe_model()
+    total = _held_params(whole)
+    expected = [_held_params(stage) for stage in split_model(whole, world)]
+    serial = _pipe_train(_pipe_model(), None)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    procs = [context.Process(target=_pipe_worker, args=(r, world, port, queue)) for r in range(world)]
+    for proc in procs:
+        proc.start()
+    ranks = sorted((queue.get(timeout=600) for _ in procs), key=lambda row: row["rank"])
+    for proc in procs:
+        proc.join()
+    print(
+        f"tiny-llama, vocabulary {PIPE_VOCAB}, float32: {total} parameter bytes; pipe={world}, {PIPE_STEPS} SGD steps"
+    )
+    print("| pipe rank | built | after step 1 | after the run | the split's stage | share of the model |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for row in ranks:
+        share = row["after_run"] / total
+        print(
+            f"| {row['rank']} | {row['built']} | {row['after_step_1']} | {row['after_run']} | "
+            f"{expected[row['rank']]} | {share:.1%} |"
+        )
+    print(f"losses: pipe={world} {ranks[0]['losses']}, one process {serial}")
+    if json_path:
+        result = {
+            "model": "tiny-llama",
+            "vocab": PIPE_VOCAB,
+            "seq": PIPE_SEQ,
+            "rows": PIPE_ROWS,
+            "pipe": world,
+            "model_bytes": total,
+            "split_bytes": expected,
+            "ranks": ranks,
+            "one_process_losses": serial,
+        }
+        print(f"wrote {common.write_result(json_path, result)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world", type=int, nargs="+", default=[4])
@@ -338,16 +442,20 @@ def main() -> None:
     parser.add_argument("--json", default=None, metavar="PATH", help="also write every row as JSON")
     parser.add_argument(
         "--table",
-        choices=("zero", "zeropp", "options"),
+        choices=("zero", "zeropp", "options", "pipe"),
         default="zero",
         help="zero: held and sent bytes per grid and ZeRO stage; zeropp: bytes per level and the loss with ZeRO++'s "
         "quantized collectives and hierarchies on data=world; options: embeddings/lm_head bytes "
         "and activations with and without the vocabulary split and activation checkpointing "
-        "(world 4; --world and --steps do not apply) (default: %(default)s)",
+        "(world 4; --world and --steps do not apply); pipe: the parameter bytes of each rank of pipe=2 on "
+        "tiny-llama (--world and --steps do not apply) (default: %(default)s)",
     )
     args = parser.parse_args()
     if args.table == "options":
         run_options(args.json)
+        return
+    if args.table == "pipe":
+        run_pipe(args.json)
         return
     shape = TransformerShape.from_hf_config(_config())
     rows_out = []
