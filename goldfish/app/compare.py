@@ -49,6 +49,7 @@ from goldfish.app.records import trained_copies
 from goldfish.app.results import PARTS, ModelResult
 from goldfish.app.run_grid import grid_sizes
 from goldfish.app.targets import TARGETS_FILE, comparison_target_rows, seeds_target_rows, write_target_rows
+from goldfish.app.tracking import ReportTo
 from goldfish.app.training import train_model
 from goldfish.app.training_rows import validation_loss_fn
 
@@ -103,7 +104,7 @@ class Comparison:
         grid: Grid | None = None,
         device: str | None = None,
         log: Callable[..., None] = print,
-        report_to: str = "none",
+        report_to: ReportTo = "none",
         verify: bool = True,
     ) -> None:
         self.spec, self.out_dir, self.grid, self.device = spec, Path(out_dir), grid, device
@@ -549,7 +550,7 @@ def compare(
     grid: Grid | None = None,
     device: str | None = None,
     log: Callable[..., None] = print,
-    report_to: str = "none",
+    report_to: ReportTo = "none",
     verify: bool = True,
     resume: bool = False,
 ) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from engine.training.config import TrainConfig
 from eval.config import ExtractionConfig, SamplingConfig
 from goldfish.app.lora import LoraSpec
 from goldfish.app.lora import check_zero as check_lora_zero
+from goldfish.app.tracking import ReportTo
 from goldfish.strategies import STRATEGIES, WINDOW_STRATEGIES, Strategy, default_k_h
 
 if TYPE_CHECKING:
@@ -490,7 +491,7 @@ class Runtime:
     progress: bool = True
     grid: str | None = None  # under torchrun: AXIS=SIZE pairs, e.g. data=2,x=2
     nproc: int | None = None  # launch this many local processes with torchrun
-    report_to: str = "none"  # "tensorboard": the training scalars as event files too (goldfish.app.tracking)
+    report_to: ReportTo = "none"  # "tensorboard": the training scalars as event files too (goldfish.app.tracking)
     verify: bool = True  # on a tensor-parallel grid, check the sharding on a miniature first (engine.training.verify)
 
     def __post_init__(self) -> None:

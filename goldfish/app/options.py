@@ -34,6 +34,7 @@ from goldfish.app.argparsing import argument_type, parse_device, positive_int
 from goldfish.app.config import parse_finite_float, parse_int_list, parse_node_size, parse_repeats
 from goldfish.app.lora import parse_targets
 from goldfish.app.option_bounds import COUNT_MOST, at_most
+from goldfish.app.tracking import REPORT_TO
 from goldfish.strategies import DEFAULT_H, DEFAULT_K, STRATEGIES, STRATEGY_DEFAULTS
 
 # What `--model smollm2-135m` loads (goldfish.app.pretrained): not the original bfloat16 weights but the Instruct
@@ -536,7 +537,7 @@ RUNTIME = OptionGroup(
             "report_to",
             "also write the training scalars of metrics.jsonl for a tracker: tensorboard "
             '(OUT/<run>/tensorboard; pip install -e ".[tensorboard]")',
-            choices=("none", "tensorboard"),
+            choices=REPORT_TO,
         ),
         Option(
             "--nproc",

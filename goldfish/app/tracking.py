@@ -9,9 +9,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
-REPORT_TO = ("none", "tensorboard")
+ReportTo = Literal["none", "tensorboard"]  # --report-to: no tracker, or TensorBoard event files
+REPORT_TO: tuple[ReportTo, ...] = get_args(ReportTo)
 
 
 def check_report_to(kind: str) -> None:
@@ -38,7 +39,7 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def tracker(kind: str, out_dir: Path | None) -> Iterator[Callable[[dict[str, Any]], None] | None]:
+def tracker(kind: ReportTo, out_dir: Path | None) -> Iterator[Callable[[dict[str, Any]], None] | None]:
     """An on_log callback for engine.training.train (main process) writing each record's scalars, or None for "none"."""
     if kind == "none" or out_dir is None:
         yield None

@@ -46,7 +46,7 @@ from goldfish.app.model_files import (
 from goldfish.app.prepare import Prepared, pad_token_id, prepare_data
 from goldfish.app.records import TrainedCopies, checkpoint_record, run_record, trained_copies
 from goldfish.app.run_grid import grid_sizes
-from goldfish.app.tracking import tracker
+from goldfish.app.tracking import ReportTo, tracker
 from goldfish.app.training_rows import (
     chat_row_of,
     check_mask_drops,
@@ -71,7 +71,7 @@ def train_model(
     on_epoch_end: Callable[[nn.Module, int, int], None] | None = None,
     background: Background | None = None,
     background_corpus: TokenizedCorpus | None = None,
-    report_to: str = "none",
+    report_to: ReportTo = "none",
     verify: bool = True,
     on_validation: Callable[[nn.Module, int, float], None] | None = None,
     stop_on_ctrl_c: bool = False,

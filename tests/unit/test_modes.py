@@ -28,3 +28,11 @@ def test_settings_and_library_fields_carry_the_aliases() -> None:
     assert hints(Message)["role"] == Role
     assert hints(drop_mask)["strategy"] == Strategy
     assert hints(GoldfishCollator.__init__)["strategy"] == Strategy | None
+
+
+def test_report_to_is_one_literal() -> None:
+    from goldfish.app.config import Runtime
+    from goldfish.app.tracking import REPORT_TO, ReportTo
+
+    assert REPORT_TO == typing.get_args(ReportTo) == ("none", "tensorboard")
+    assert typing.get_type_hints(Runtime)["report_to"] == ReportTo
