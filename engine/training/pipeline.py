@@ -411,8 +411,9 @@ class Pipeline:
         the other stages' parameters are on the meta device again. For code that runs the whole model on every rank
         (e.g. an epoch-end generation); the full state dict and checkpoints need none of it."""
         others = [stage for stage in self.all_stages if stage.index % self.group.size != self.group.rank]
+        held_on = next(p.device for p in self.parameters())  # where this rank keeps its stages (host: ZeRO offload)
         for stage in others:
-            _to_device(stage, self.device)
+            _to_device(stage, held_on)
         try:
             with torch.no_grad():
                 for stage in self.all_stages:
