@@ -224,6 +224,21 @@ def broadcast_(t: torch.Tensor, group: AxisGroup, src_group_rank: int) -> torch.
     return t
 
 
+def send(t: torch.Tensor, group: AxisGroup, dst_group_rank: int, *, counted: bool = True) -> None:
+    """Send `t` point to point to the group's rank `dst_group_rank`, counted as its bytes once on the sender unless
+    `counted` is False (a few bytes of control, e.g. a shape announced before the tensor, kept out of the traffic log
+    that is compared with the planner's prediction)."""
+    if counted:
+        group.counter.add(group.name, _nbytes(t))
+    dist.send(t.contiguous(), group=group.group, group_dst=dst_group_rank)
+
+
+def recv(t: torch.Tensor, group: AxisGroup, src_group_rank: int) -> torch.Tensor:
+    """Overwrite `t` in place with the tensor the group's rank `src_group_rank` sends (same shape and dtype)."""
+    dist.recv(t, group=group.group, group_src=src_group_rank)
+    return t
+
+
 def gather_objects(obj: object, group: AxisGroup, dst_group_rank: int = 0) -> list[object] | None:
     """Every rank's picklable `obj`, in group-rank order, on the group's rank `dst_group_rank` (None elsewhere)."""
     if group.size == 1:

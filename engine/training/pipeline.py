@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import (
     PipelineStage,
@@ -460,15 +459,14 @@ def _hand_over(
     if rank == sender:
         dims = [*hidden.shape, *[-1] * (HEADER - 1 - hidden.dim())]
         header = torch.tensor([HIDDEN_DTYPES.index(hidden.dtype), *dims], dtype=torch.int64, device=device)
-        dist.send(header, group=group.group, group_dst=receiver)
-        dist.send(hidden.contiguous(), group=group.group, group_dst=receiver)
-        group.counter.add("pipe", hidden.numel() * hidden.element_size())
+        comm.send(header, group, receiver, counted=False)
+        comm.send(hidden, group, receiver)
         return hidden
     if rank != receiver:
         return hidden
     header = torch.empty(HEADER, dtype=torch.int64, device=device)
-    dist.recv(header, group=group.group, group_src=sender)
+    comm.recv(header, group, sender)
     code, *dims = header.tolist()
     received = torch.empty([n for n in dims if n >= 0], dtype=HIDDEN_DTYPES[code], device=device)
-    dist.recv(received, group=group.group, group_src=sender)
+    comm.recv(received, group, sender)
     return received
