@@ -27,7 +27,7 @@ def stage_recipe(family: str) -> StageRecipe:
     return adapter.stages
 
 
-def check_config(config: Any, n_stages: int, splits: Sequence[int] = ()) -> None:
+def check_pipeline_config(config: Any, n_stages: int, splits: Sequence[int] = ()) -> None:
     """ValueError (one line) for a transformers config whose model a pipeline of `n_stages` stages cut at `splits`
     (the first layer of stages 1..S-1; empty: balanced) cannot run: a family whose stages are not confirmed,
     sliding-window or cross-attention layers, input embeddings tied to lm_head, more stages than decoder layers, or
@@ -63,7 +63,7 @@ def check_model(model: nn.Module) -> int:
     if len(found) != 1:
         raise ValueError(f"{type(model).__name__}: the pipeline needs one base model with known decoder layers")
     _, base, plan = found[0]
-    check_config(base.config, 1)
+    check_pipeline_config(base.config, 1)
     head = model.get_output_embeddings()
     if not isinstance(head, nn.Linear):
         raise ValueError(f"{type(model).__name__}: the pipeline needs an lm_head Linear behind the base model")

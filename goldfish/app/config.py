@@ -28,8 +28,7 @@ from typing import TYPE_CHECKING, Literal, Sequence
 import data
 import data.dedup
 from data.dedup import DedupMode, DuplicatePolicy
-from engine.spec import GridShape, data_ranks_per_node, parse_grid_sizes
-from engine.training.config import TrainConfig
+from engine import GridShape, TrainConfig, data_ranks_per_node, parse_grid_sizes
 from eval.config import ExtractionConfig, SamplingConfig
 from goldfish.app.lora import LoraSpec
 from goldfish.app.lora import check_zero as check_lora_zero

@@ -29,7 +29,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Callable, Collection, get_args
 
 from data.dedup import DEDUP_MODES, DUPLICATE_POLICIES
-from engine.spec import PIPE_SCHEDULES, PRECISIONS, RowsLayout, parse_quantize
+from engine import PIPE_SCHEDULES, PRECISIONS, RowsLayout, parse_quantize
 from goldfish.app.argparsing import argument_type, parse_device, positive_int
 from goldfish.app.config import parse_finite_float, parse_int_list, parse_node_size, parse_repeats
 from goldfish.app.lora import parse_targets

@@ -11,22 +11,28 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from engine.planner.cost_model import NAMED_SHAPES, TransformerShape
-from engine.planner.plan import (
+from engine import (
     CHECKPOINTING,
     DEFAULT_PIPE_SCHEDULES,
+    DEFAULT_QUANT_BLOCK,
     HIERARCHIES,
+    NAMED_SHAPES,
     PIPE_SCHEDULES,
+    PLAN_PRECISION,
     PRECISIONS,
+    PROFILES,
+    QUANT_BITS,
+    STAGES,
     GridPlan,
     PlanRequest,
+    TransformerShape,
     format_table,
     launch_nodes,
+    load_profile,
+    parse_quantize,
     rank_grids,
     train_command,
 )
-from engine.planner.profiles import PROFILES, load_profile
-from engine.spec import DEFAULT_QUANT_BLOCK, PLAN_PRECISION, QUANT_BITS, STAGES, parse_quantize
 from goldfish.app import paper
 from goldfish.app.argparsing import OneLineParser, Unset, argument_type, mark_defaults, resolve_defaults
 from goldfish.app.planning import resolve_shape
@@ -333,7 +339,7 @@ def fastest_command(args: argparse.Namespace, request: PlanRequest, plans: list[
 def run_plan(args: argparse.Namespace) -> int:
     """`goldfish plan`: print the ranked grids (and write JSON), or with --measure profile this cluster."""
     if args.measure is not None:
-        from engine.planner.measure import measure_profile
+        from engine import measure_profile
 
         base = load_profile(args.profile or DEFAULT_PROFILE)
         profile = measure_profile(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import engine
-from engine.planner.cost_model import NAMED_SHAPES, TransformerShape
+from engine import NAMED_SHAPES, TransformerShape
 
 
 def resolve_shape(model: str) -> TransformerShape:

@@ -18,14 +18,14 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from engine.training.config import TrainConfig
+from engine import TrainConfig
 from goldfish.app import options as opt
 from goldfish.app.commands.option_values import runtime_of, training_fields
 from goldfish.app.config import RUN_FILE, DataSpec, MaskSpec, TrainSpec, background_train_config, mask_spec
 from goldfish.app.lora import LoraSpec
 
 if TYPE_CHECKING:
-    from engine.spec import GridShape
+    from engine import GridShape
 
 # TrainConfig fields that change how a run is computed or kept, not what it computes: a resume may change them.
 RESUMABLE_TRAINING = frozenset(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 import engine
-from engine.core.grid import AXES, Grid
+from engine import AXES, Grid
 from goldfish.app.config import parse_grid
 
 

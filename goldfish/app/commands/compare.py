@@ -33,7 +33,7 @@ from goldfish.app.presets import COMPARE_PRESETS
 from goldfish.app.runfile import ResolvedRun
 
 if TYPE_CHECKING:  # the commands import torch, the engine and eval only when they run
-    from engine.core.grid import GridShape
+    from engine import GridShape
 
 
 def compare_spec(args: argparse.Namespace, shape: GridShape | None) -> CompareSpec:
@@ -94,7 +94,7 @@ def run_compare(run: ResolvedRun) -> int:
     runtime, out, folder = run.runtime, Path(run.out), Path(run.folder)
     set_threads(runtime)
     grid = start_grid(runtime.grid)
-    from engine.core.grid import is_main_process
+    from engine import is_main_process
 
     main_process = is_main_process(grid)
     try:

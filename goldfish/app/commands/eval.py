@@ -19,7 +19,7 @@ from goldfish.app.runfile import ResolvedRun
 if TYPE_CHECKING:  # the commands import torch, the engine and eval only when they run
     from torch import nn
 
-    from engine.core.grid import Grid
+    from engine import Grid
     from goldfish.app.prepare import Prepared
 
 

@@ -11,7 +11,7 @@ from goldfish.app.config import DataSpec, Instruments, MaskSpec, Runtime, hierar
 from goldfish.app.lora import LoraSpec
 
 if TYPE_CHECKING:  # the commands import torch, the engine and eval only when they run
-    from engine.core.grid import GridShape
+    from engine import GridShape
 
 
 def runtime_of(args: argparse.Namespace) -> Runtime:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from goldfish.app.config import CompareSpec, DataSpec, TrainSpec, background_train_config
 
 if TYPE_CHECKING:  # the commands import torch, the engine and eval only when they run
-    from engine.core.grid import GridShape
+    from engine import GridShape
 
 
 def check_documents(spec: DataSpec) -> None:
@@ -44,7 +44,7 @@ def check_on_grid(spec: TrainSpec | CompareSpec, shape: GridShape, resume: Path 
 
         check_grid({"x": shape.x, "y": shape.y, "z": shape.z})
     if resume is not None:
-        from engine.training.train import check_resume
+        from engine import check_resume
 
         check_resume(resume, train)
 
@@ -54,11 +54,11 @@ def _check_pipeline(spec: TrainSpec | CompareSpec, train: Any, shape: GridShape)
     micro-batch counts the schedule or the batch cannot take, zero bubble with ZeRO 3 or activation checkpointing,
     and, for a model whose config is here, what its stages cannot run."""
     train.check_pipeline(shape)
-    from engine.models.stages import check_config
+    from engine import check_pipeline_config
     from goldfish.app.models import local_config
 
     # only the family, the layers and the tying are read: a vocabulary holding the architectures' default special
     # ids (GPT-2's 50256) keeps the config from warning about them
     config = local_config(spec.model, vocab_size=1 << 16, max_positions=spec.data.seq_len or 2)
     if config is not None:  # a hub model's config is checked by the workers, which may download it
-        check_config(config, shape.pipe * train.pipe_virtual, train.pipe_split)
+        check_pipeline_config(config, shape.pipe * train.pipe_virtual, train.pipe_split)

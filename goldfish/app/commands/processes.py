@@ -12,12 +12,12 @@ from goldfish.app.config import Runtime, parse_grid
 from goldfish.app.runfile import ResolvedRun
 
 if TYPE_CHECKING:  # the commands import torch, the engine and eval only when they run
-    from engine.core.grid import Grid, GridShape
+    from engine import Grid, GridShape
 
 
 def launch_shape(runtime: Runtime) -> GridShape:
     """The grid that `--nproc N` workers will build (--grid, or data=N), checked against N before they start."""
-    from engine.spec import GridShape
+    from engine import GridShape
 
     shape = GridShape(**parse_grid(runtime.grid)) if runtime.grid is not None else GridShape(data=runtime.nproc)
     if shape.world_size != runtime.nproc:
@@ -30,7 +30,7 @@ def launch_shape(runtime: Runtime) -> GridShape:
 
 def process_shape(runtime: Runtime) -> GridShape | None:
     """The grid this process will join (--grid, or data=WORLD_SIZE under torchrun), None for a single process."""
-    from engine.spec import GridShape
+    from engine import GridShape
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if runtime.grid is None and world == 1:
@@ -39,7 +39,7 @@ def process_shape(runtime: Runtime) -> GridShape | None:
 
 
 def one_process() -> GridShape:
-    from engine.spec import GridShape
+    from engine import GridShape
 
     return GridShape()
 
@@ -65,7 +65,7 @@ def resolved_run(command: str, spec: Any, runtime: Runtime, out: Path, folder: P
 
 
 def logger(grid: Grid | None) -> Callable[..., None]:
-    from engine.core.grid import is_main_process
+    from engine import is_main_process
 
     return print if is_main_process(grid) else (lambda *a, **k: None)
 
@@ -73,7 +73,7 @@ def logger(grid: Grid | None) -> Callable[..., None]:
 def reports_here(grid: Grid | None) -> bool:
     """Whether this process prints the run's closing line: the main process, unless it is a worker of a --nproc
     launcher (which prints once for all of them)."""
-    from engine.core.grid import is_main_process
+    from engine import is_main_process
     from goldfish.app.runfile import ERROR_DIR_VARIABLE
 
     return is_main_process(grid) and ERROR_DIR_VARIABLE not in os.environ

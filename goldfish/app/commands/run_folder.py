@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:  # the commands import torch, the engine and eval only when they run
-    from engine.core.grid import Grid
+    from engine import Grid
 
 
 def run_folder(out: Path, *, overwrite: bool, resuming: bool) -> Path:
@@ -86,7 +86,7 @@ def cleared_on_settings_error(folder: Path, work: Callable[[], int], *, enabled:
 def publish(folder: Path, out: Path, grid: Grid | None) -> None:
     """Swap a finished --overwrite staging folder in as `out` (main process only; the old run is removed last)."""
     from data.atomic import replace_directory
-    from engine.core.grid import is_main_process
+    from engine import is_main_process
 
     if folder != out and is_main_process(grid):
         replace_directory(folder, out)
@@ -94,7 +94,7 @@ def publish(folder: Path, out: Path, grid: Grid | None) -> None:
 
 def discard(folder: Path, out: Path, grid: Grid | None) -> None:
     """After a failed --overwrite run: remove its staging folder, leaving the old run as it was."""
-    from engine.core.grid import is_main_process
+    from engine import is_main_process
 
     if folder != out and is_main_process(grid):
         shutil.rmtree(folder, ignore_errors=True)

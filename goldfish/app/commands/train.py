@@ -27,7 +27,7 @@ from goldfish.app.config import Runtime, TrainSpec
 from goldfish.app.runfile import ResolvedRun
 
 if TYPE_CHECKING:  # the commands import torch, the engine and eval only when they run
-    from engine.core.grid import GridShape
+    from engine import GridShape
 
 
 def _check_resume(resume: str | None) -> Path | None:
@@ -99,7 +99,7 @@ def _overwrites(resume: Path, out: Path) -> bool:
 
 def run_train(run: ResolvedRun) -> int:
     """Train the resolved run on this process's rank (one process, a torchrun rank or a --nproc worker)."""
-    from engine.training.train import TrainingStopped
+    from engine import TrainingStopped
     from goldfish.app.interrupt import INTERRUPTED_EXIT, interrupted_line
     from goldfish.app.model_files import initial_model
     from goldfish.app.prepare import prepare_data
