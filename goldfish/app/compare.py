@@ -33,12 +33,13 @@ from eval import parallel as parallel_eval
 from eval.breakdown import group_means, tag_rows
 from eval.files import CURVE_FILE
 from eval.intervals import mean_interval
-from eval.metrics import EXACT_MATCH, INTERVAL_METRICS, LONGEST_CORRECT_PREFIX, MATCH_FRACTION, ROUGE_L, interval_key
+from eval.metrics import EXACT_MATCH, INTERVAL_METRICS, LONGEST_CORRECT_PREFIX, MATCH_FRACTION, interval_key
 from eval.paired import CLUSTERED_KEYS
 from eval.seeds import combine_seeds, seed_mean_interval
 from goldfish.app import lora, matched
 from goldfish.app.background_run import prepare_background
 from goldfish.app.buckets import bucket_results, bucket_tests_section, seed_bucket_statistics, seed_tests_section
+from goldfish.app.compare_table import format_table, one_line
 from goldfish.app.config import CompareSpec, MaskSpec, TrainSpec, background_train_config
 from goldfish.app.evaluation import REPEAT_METRICS, evaluate_parts
 from goldfish.app.finished_seeds import finished_summary, read_finished_seed
@@ -732,28 +733,3 @@ def _bucket_sizes(assigned: dict[str, int]) -> dict[str, int]:
     for bucket in sorted(assigned.values()):
         sizes[str(bucket)] = sizes.get(str(bucket), 0) + 1
     return sizes
-
-
-def one_line(label: str, parts: dict[str, Any]) -> str:
-    train, held = parts["train"], parts["heldout"]
-    return (
-        f"{label}: train exact match {train[EXACT_MATCH]:.3f} RougeL {train[ROUGE_L]:.3f} | "
-        f"held-out exact match {held[EXACT_MATCH]:.3f} RougeL {held[ROUGE_L]:.3f}"
-    )
-
-
-def format_table(summary: dict[str, Any]) -> str:
-    """A plain-text table of the headline metrics per model."""
-    header = (
-        f"{'model':<34} {'train EM':>9} {'train RougeL':>13} {'held-out EM':>12} {'held-out RougeL':>16} "
-        f"{'held-out loss':>14}"
-    )
-    lines = [header, "-" * len(header)]
-    for label, parts in summary["models"].items():
-        train, held = parts["train"], parts["heldout"]
-        loss = (parts.get("heldout_loss") or {}).get("loss")
-        lines.append(
-            f"{label:<34} {train[EXACT_MATCH]:>9.3f} {train[ROUGE_L]:>13.3f} "
-            f"{held[EXACT_MATCH]:>12.3f} {held[ROUGE_L]:>16.3f} {'n/a' if loss is None else f'{loss:.3f}':>14}"
-        )
-    return "\n".join(lines)

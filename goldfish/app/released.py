@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from goldfish.app import paper
-from goldfish.app.compare import CONTROL, Comparison, one_line
+from goldfish.app.compare import CONTROL, Comparison
+from goldfish.app.compare_table import one_line
 from goldfish.app.config import RUN_FILE, CompareSpec, MaskSpec
 from goldfish.app.model_files import check_vocabulary
 from goldfish.app.prepare import prepare_data
