@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from data.background import Background, build_background, load_background, stream_budget
 from data.corpus import TokenizedCorpus
-from engine.core import comm
-from engine.core.grid import GRID_AXES, Grid, is_main_process
+from engine import GRID_AXES, Grid, barrier, is_main_process
 from goldfish.app.config import TrainSpec, background_train_config
 from goldfish.app.data_settings import background_spec, row_mask
 from goldfish.app.prepare import Prepared, pad_token_id
@@ -27,7 +26,7 @@ def prepare_background(
             background_spec(spec.data), prepared.tokenizer, token_budget=budget, progress=spec.train.progress, log=log
         )
     if grid is not None:
-        comm.barrier(grid.group(*GRID_AXES))  # every rank, every pipeline stage: rank 0 writes the cache first
+        barrier(grid.group(*GRID_AXES))  # every rank, every pipeline stage: rank 0 writes the cache first
     if corpus is None:
         corpus = load_background(
             background_spec(spec.data), prepared.tokenizer, token_budget=budget, progress=False, log=lambda *a: None

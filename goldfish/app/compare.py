@@ -26,9 +26,7 @@ from torch import nn
 
 from conventions import IGNORE_INDEX
 from data.atomic import write_jsonl_atomic
-from engine.core import comm
-from engine.core.grid import AXES, Grid, is_main_process
-from engine.training.train import METRICS_FILE, evaluate_loss
+from engine import AXES, METRICS_FILE, Grid, barrier, evaluate_loss, is_main_process
 from eval import parallel as parallel_eval
 from eval.breakdown import group_means, tag_rows
 from eval.files import CURVE_FILE
@@ -263,7 +261,7 @@ class Comparison:
             # Evaluate what was saved: the consolidated HF checkpoint, as any user of the result would load it.
             if self.main:
                 self.evaluate(label, load_pretrained_model(self.out_dir / label / "checkpoint"), eval_mask)
-            comm.barrier(self.grid.group(*AXES))
+            barrier(self.grid.group(*AXES))
         else:
             self.evaluate(label, model, eval_mask)  # with LoRA: the merged model
         if self.background is not None and self.background.validation is not None and self.main:
@@ -600,7 +598,7 @@ def compare_seeds(spec: CompareSpec, out_dir: Path, *, resume: bool = False, **o
         if resume and main and folder.exists():  # unfinished, or of other settings: run it again from scratch
             shutil.rmtree(folder)
         if resume and options.get("grid") is not None:
-            comm.barrier(options["grid"].group(*AXES))
+            barrier(options["grid"].group(*AXES))
         if main:
             log(f"seed {seed} ({len(comparisons) + 1} of {len(spec.seeds)}): OUT/seed-{seed}")
         comparisons[seed] = comparison

@@ -13,7 +13,7 @@ from torch import nn
 import data
 from data.atomic import write_jsonl_atomic
 from data.chat import reply_units
-from engine.core.grid import Grid, is_main_process
+from engine import Grid, is_main_process
 from eval import parallel as parallel_eval
 from eval.breakdown import group_means, tag_rows
 from eval.divergence import divergence_row, divergence_summary, suffix_dropped_flags

@@ -11,7 +11,7 @@ from torch import nn
 
 import engine
 from data.atomic import write_json_atomic
-from engine.core.grid import Grid
+from engine import Grid
 from goldfish.app.config import RUN_FILE
 from goldfish.app.models import build_tiny_model, is_tiny_model
 from goldfish.app.prepare import Prepared

@@ -11,9 +11,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, LlamaConfig, PretrainedConfig, PreTrainedModel
 
-from engine.core import comm
-from engine.core.grid import GRID_AXES, Grid
-from engine.core.sharding import ShardedRunError
+from engine import GRID_AXES, Grid, ShardedRunError, broadcast_object
 from eval.parallel import parallelize_for_eval
 from goldfish.app import paper
 from goldfish.app.pretrained import DEFAULT_MODEL_CACHE, load_pretrained, load_pretrained_model, resolve_gguf
@@ -174,7 +172,7 @@ def _rank0_first(grid: Grid | None, load: Callable[[], nn.Module]) -> nn.Module:
             model = load()
         except Exception as error:  # noqa: BLE001 - sent to every rank below, then raised
             failure = f"{type(error).__name__}: {error}"
-    failure = comm.broadcast_object(failure, grid.group(*GRID_AXES), grid.device)  # every rank, every stage
+    failure = broadcast_object(failure, grid.group(*GRID_AXES), grid.device)  # every rank, every stage
     if failure is not None:
         raise ShardedRunError(f"loading the model failed on rank 0: {failure}")
     return model if model is not None else load()

@@ -279,7 +279,7 @@ def check_weights_readable(folder: str | Path) -> None:
     (read weights-only and memory-mapped: the tensors' bytes are not read)."""
     import torch
 
-    from engine.training.checkpoint import check_model_folder
+    from engine import check_model_folder
 
     check_model_folder(folder, fix="copy the folder again from where it came from, or re-create it")
     for path in sorted(Path(folder).glob("pytorch_model*.bin")):
@@ -299,7 +299,7 @@ def load_pretrained_model(name_or_path: str | Path, *, dtype: torch.dtype | None
     folder runs."""
     from transformers import AutoModelForCausalLM
 
-    from engine.training.checkpoint import check_model_folder
+    from engine import check_model_folder
     from goldfish.app.model_config_check import check_config_file
 
     dtype = _float32_unless(dtype)

@@ -9,8 +9,8 @@ from typing import Any, Sequence
 
 import torch
 
-import engine.training.train as engine_train
 from data.background import Background
+from engine import TrainConfig, rows_consumed
 from goldfish.app.config import TrainSpec
 from goldfish.app.prepare import Prepared
 
@@ -44,11 +44,11 @@ class TrainedCopies:
     last: torch.Tensor  # (C,) int64
     ids: tuple[str, ...]  # every training document, copies trained or not
 
-    def counts(self, n_rows: int, config: engine_train.TrainConfig, steps: int) -> dict[str, int]:
+    def counts(self, n_rows: int, config: TrainConfig, steps: int) -> dict[str, int]:
         """{training document id: copies trained by the first `steps` optimizer steps}, counted from the rows those
         steps read (engine.training.train.rows_consumed, the rows the training loop reads)."""
         counts = dict.fromkeys(self.ids, 0)
-        consumed = engine_train.rows_consumed(n_rows, config, steps)
+        consumed = rows_consumed(n_rows, config, steps)
         read = torch.zeros(n_rows + 1, dtype=torch.long)
         read[consumed.partial + 1] = 1
         read = read.cumsum(0)  # read[r]: rows below r read in the begun epoch
@@ -89,7 +89,7 @@ def trained_copies(
 
 
 def checkpoint_record(
-    record: dict[str, Any], copies: TrainedCopies, n_rows: int, train: engine_train.TrainConfig, step: int
+    record: dict[str, Any], copies: TrainedCopies, n_rows: int, train: TrainConfig, step: int
 ) -> dict[str, Any]:
     """The run record of the checkpoint written after `step` optimizer steps: the run's record plus its step and
     the copies of each training document trained so far ("exposures"; a background run's "repeats" and per-target

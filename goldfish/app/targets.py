@@ -19,9 +19,9 @@ from typing import Any, Protocol
 
 import torch
 
-import engine.training.train as engine_train
 from data.atomic import write_jsonl_atomic
 from data.background import Background
+from engine import TrainConfig, epoch_order, steps_per_epoch, total_steps_of
 from eval.metrics import EXACT_MATCH, MATCH_FRACTION, ROUGE_L, SUFFIX_LOGPROB_MEAN
 from goldfish.app.config import CompareSpec, background_train_config
 from goldfish.app.prepare import Prepared
@@ -43,7 +43,7 @@ TARGETS_FILE = "targets.jsonl"
 TARGET_METRICS = (EXACT_MATCH, ROUGE_L, MATCH_FRACTION, SUFFIX_LOGPROB_MEAN)
 
 
-def last_insertion_steps(copies: TrainedCopies, n_rows: int, train: engine_train.TrainConfig) -> dict[str, int | None]:
+def last_insertion_steps(copies: TrainedCopies, n_rows: int, train: TrainConfig) -> dict[str, int | None]:
     """{training document id: the optimizer step, counted from 1, after which its last trained copy is complete;
     None when no copy of it is trained}.
 
@@ -52,14 +52,14 @@ def last_insertion_steps(copies: TrainedCopies, n_rows: int, train: engine_train
     gradient accumulation and the data axis split a step's rows, they do not change which rows it reads. A copy in
     rows first..last is complete at the step reading the last of them to be read. Only the last begun epoch and the
     one before (read whole) can hold a document's last copy."""
-    total = engine_train.total_steps_of(n_rows, train)
-    per_epoch = engine_train.steps_per_epoch(n_rows, train.batch_size)
+    total = total_steps_of(n_rows, train)
+    per_epoch = steps_per_epoch(n_rows, train.batch_size)
     last: dict[str, int | None] = dict.fromkeys(copies.ids, None)
     if total == 0 or n_rows == 0:
         return last
     final = (total - 1) // per_epoch
     for epoch in sorted({final, max(final - 1, 0)}):
-        order = engine_train.epoch_order(n_rows, train.seed, epoch, train.shuffle)  # (R,) rows in reading order
+        order = epoch_order(n_rows, train.seed, epoch, train.shuffle)  # (R,) rows in reading order
         position = torch.empty(n_rows, dtype=torch.long)
         position[order] = torch.arange(n_rows)
         step_of_row = epoch * per_epoch + position // train.batch_size  # (R,) the 0-based step reading each row

@@ -21,16 +21,13 @@ from typing import Any, Callable, Sequence
 from torch import nn
 
 import engine
-import engine.training.train as engine_train
 from conventions import IGNORE_INDEX
 from data.atomic import write_json_atomic
 from data.background import Background
 from data.batch import Row
 from data.corpus import TokenizedCorpus
 from data.rows import pack_documents
-from engine.core.grid import Grid, is_main_process
-from engine.core.vocab_parallel import is_vocab_parallel
-from engine.training.loading import can_load_sharded, load_sharded
+from engine import Grid, can_load_sharded, is_main_process, is_vocab_parallel, load_sharded
 from goldfish.app import lora
 from goldfish.app.background_run import prepare_background
 from goldfish.app.config import TrainSpec, background_train_config
@@ -90,8 +87,8 @@ def train_model(
     record = rows.add_to_record(run_record(spec, prepared), spec.data.seq_len)
     model = place_on_grid(model, grid, record, verify=verify, log=log)
     if resume_from is not None:  # refused before run.json is rewritten (the engine checks it again on resume)
-        step = engine_train.check_resume(resume_from, rows.train_config)
-        total = engine_train.total_steps_of(len(rows.examples), rows.train_config)
+        step = engine.check_resume(resume_from, rows.train_config)
+        total = engine.total_steps_of(len(rows.examples), rows.train_config)
         log(f"resuming {resume_from} at step {step} of {total}")
     write_plan(out_dir, record, grid)
     stops = ctrl_c_stops(announce=is_main_process(grid)) if stop_on_ctrl_c else nullcontext(None)
@@ -116,7 +113,7 @@ def fit(
 ) -> None:
     """engine.training.train on the run's rows: the goldfish loss of spec's mask, checkpoints by CheckpointWriter,
     the held-out validation rows of a background run; `stop`: asked after each step (engine.training.train)."""
-    engine_train.train(
+    engine.train(
         model,
         rows.examples,
         make_step_loss(spec.mask, prepared.special_token_ids),
@@ -193,14 +190,14 @@ class TrainingRows:
 
     def tokens_read(self, steps: int, seq_len: int) -> int:
         """Tokens of the rows the first `steps` optimizer steps read (every row is `seq_len` tokens)."""
-        read = engine_train.rows_consumed(len(self.examples), self.train_config, steps)
+        read = engine.rows_consumed(len(self.examples), self.train_config, steps)
         return seq_len * read.n_rows(len(self.examples))
 
     def add_to_record(self, record: dict[str, Any], seq_len: int) -> dict[str, Any]:
         """The run record with the tokens the whole run trains on, and what a background run adds: its own
         TrainConfig, the corpus record and the copies of each target it trains on."""
         record["tokens_trained"] = self.tokens_read(
-            engine_train.total_steps_of(len(self.examples), self.train_config), seq_len
+            engine.total_steps_of(len(self.examples), self.train_config), seq_len
         )
         if self.background is not None:
             record["train"] = asdict(self.train_config)
@@ -283,7 +280,7 @@ def _background_rows(spec: TrainSpec, prepared: Prepared, background: Background
     repeats = spec.data.example_repeats(prepared.split)
     train_config = background_train_config(spec.train)
     examples, validation = background.rows, background.validation
-    steps = engine_train.total_steps_of(len(examples), train_config)
+    steps = engine.total_steps_of(len(examples), train_config)
     trained = sorted(set(background.exposures[str(d.id)] for d in prepared.split.train))
     line = (
         f"train {spec.mask.label}: {len(examples)} rows of {spec.data.seq_len} tokens in the stream, {steps} steps; "

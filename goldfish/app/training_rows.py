@@ -10,11 +10,11 @@ from typing import Sequence
 import torch
 
 import data
-import engine.training.train as engine_train
 from conventions import IGNORE_INDEX
 from data.batch import Batch, Row
 from data.chat import assistant_flags
 from data.rows import piece_ids
+from engine import LossFn, StepLoss, TokenLossFn
 from goldfish.app.config import DataSpec, MaskSpec
 from goldfish.app.data_settings import row_mask
 from goldfish.app.prepare import Prepared, pad_token_id
@@ -110,7 +110,7 @@ def _random_draw(
     return drop_mask(targets, "random", mask.k, mask.h, special_token_ids=special_token_ids, seed=seed)
 
 
-def make_step_loss(mask: MaskSpec, special_token_ids: Sequence[int]) -> engine_train.TokenLossFn:
+def make_step_loss(mask: MaskSpec, special_token_ids: Sequence[int]) -> TokenLossFn:
     """The engine's loss hook: goldfish loss on kept targets, plus all-token and dropped-token losses for logging.
     A TokenLossFn: the mask is drawn from the batch's own ids on whichever rank computes the loss (a pipeline's last
     stage included), so the dropped positions equal one process's."""
@@ -132,7 +132,7 @@ def make_step_loss(mask: MaskSpec, special_token_ids: Sequence[int]) -> engine_t
             ]
         ).to(batch.dropped.device)
 
-    def reduce(token_ce: torch.Tensor, batch: Batch) -> engine_train.StepLoss:
+    def reduce(token_ce: torch.Tensor, batch: Batch) -> StepLoss:
         # token_ce: per-token losses (B, T) float32 from the hidden states; full-vocabulary logits are never built
         # (vocabulary-parallel over the tensor-parallel ranks when the lm_head is split)
         result = goldfish_loss_from_token_losses(token_ce, batch.targets, dropped_of(batch))
@@ -143,12 +143,12 @@ def make_step_loss(mask: MaskSpec, special_token_ids: Sequence[int]) -> engine_t
                 result.n_dropped,
             ),
         }
-        return engine_train.StepLoss(loss_sum=result.loss_sum, n_tokens=result.n_kept, extras=extras)
+        return StepLoss(loss_sum=result.loss_sum, n_tokens=result.n_kept, extras=extras)
 
-    return engine_train.TokenLossFn(targets=lambda batch: batch.targets, reduce=reduce, collate=Batch.stack)
+    return TokenLossFn(targets=lambda batch: batch.targets, reduce=reduce, collate=Batch.stack)
 
 
-def validation_loss_fn(prepared: Prepared) -> engine_train.LossFn:
+def validation_loss_fn(prepared: Prepared) -> LossFn:
     """The validation loss: the standard next-token loss over every target (no goldfish mask), for every model."""
     return make_step_loss(MaskSpec(strategy=None), prepared.special_token_ids)
 
