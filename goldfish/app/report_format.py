@@ -75,3 +75,15 @@ def figure_link(name: str, alt: str, figures: Sequence[str]) -> list[str]:
 def palette(labels: Sequence[str]) -> dict[str, str]:
     """One matplotlib colour per label, in label order, so a model keeps its colour in every plot."""
     return {label: f"C{i % 10}" for i, label in enumerate(labels)}
+
+
+def fmt_count(value: Any) -> str:
+    """A number of samples: whole below a million, scientific above (they reach 1e48 for unmemorized text)."""
+    if value is None:
+        return "n/a"
+    value = float(value)  # also reads the strings "inf" and "nan" of strict-JSON files
+    if math.isnan(value):
+        return "n/a"
+    if math.isinf(value):
+        return "inf"
+    return f"{value:,.0f}" if value < 1e6 else f"{value:.2e}"

@@ -12,6 +12,12 @@ import pytest
 
 from data.atomic import json_safe
 from goldfish.app.report import (
+    render_eval_markdown,
+    render_markdown,
+    write_compare_report,
+    write_eval_report,
+)
+from goldfish.app.report_figures import (
     _bucket_tick_labels,
     bar_series,
     breakdown_series,
@@ -19,12 +25,8 @@ from goldfish.app.report import (
     divergence_series,
     draw_bars,
     draw_breakdown,
-    render_eval_markdown,
-    render_markdown,
     roc_series,
     rouge_hist_series,
-    write_compare_report,
-    write_eval_report,
 )
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
