@@ -28,25 +28,24 @@ from conventions import IGNORE_INDEX
 from data.atomic import write_jsonl_atomic
 from engine import AXES, METRICS_FILE, Grid, barrier, evaluate_loss, is_main_process
 from eval import parallel as parallel_eval
-from eval.breakdown import group_means, tag_rows
+from eval.breakdown import group_means
 from eval.files import CURVE_FILE
-from eval.intervals import mean_interval
-from eval.metrics import EXACT_MATCH, INTERVAL_METRICS, LONGEST_CORRECT_PREFIX, MATCH_FRACTION, interval_key
-from eval.paired import CLUSTERED_KEYS
-from eval.seeds import combine_seeds, seed_mean_interval
+from eval.metrics import EXACT_MATCH, INTERVAL_METRICS, LONGEST_CORRECT_PREFIX, interval_key
 from goldfish.app import lora, matched
 from goldfish.app.background_run import prepare_background
-from goldfish.app.buckets import bucket_results, bucket_tests_section, seed_bucket_statistics, seed_tests_section
+from goldfish.app.buckets import bucket_results, bucket_tests_section
 from goldfish.app.compare_table import format_table, one_line
 from goldfish.app.config import CompareSpec, MaskSpec, TrainSpec, background_train_config
 from goldfish.app.evaluation import REPEAT_METRICS, evaluate_parts
 from goldfish.app.finished_seeds import finished_summary, read_finished_seed
 from goldfish.app.model_files import initial_model, save_hf_model
+from goldfish.app.paired_losses import paired_losses
 from goldfish.app.prepare import Prepared, pad_token_id, prepare_data
 from goldfish.app.pretrained import load_pretrained_model
 from goldfish.app.records import trained_copies
 from goldfish.app.results import PARTS, ModelResult
 from goldfish.app.run_grid import grid_sizes
+from goldfish.app.seed_combination import combine_seed_runs
 from goldfish.app.targets import TARGETS_FILE, comparison_target_rows, seeds_target_rows, write_target_rows
 from goldfish.app.tracking import ReportTo
 from goldfish.app.training import train_model
@@ -526,22 +525,6 @@ class Comparison:
         )
 
 
-def paired_losses(losses: list[float], standard: list[float] | None, label: str, n_resamples: int) -> dict[str, Any]:
-    """The interval of a model's per-unit losses (rows or documents), and, beside the standard model's losses on the
-    same units in the same order (not for the standard model itself), the mean paired difference with its interval
-    and its size relative to the standard model's mean loss. Intervals: bootstrap, None for n_resamples 0."""
-    entry: dict[str, Any] = {"loss_ci": mean_interval(losses, n_resamples=n_resamples) if n_resamples else None}
-    if standard is not None and label != MaskSpec(strategy=None).label:
-        differences = [a - b for a, b in zip(losses, standard)]
-        difference = sum(differences) / len(differences)
-        entry |= {
-            "difference_to_standard": difference,
-            "difference_ci": mean_interval(differences, n_resamples=n_resamples) if n_resamples else None,
-            "relative_difference": difference / (sum(standard) / len(standard)),
-        }
-    return entry
-
-
 def compare(
     spec: CompareSpec,
     out_dir: Path,
@@ -561,9 +544,6 @@ def compare(
     if spec.seeds:
         return compare_seeds(spec, Path(out_dir), resume=resume or spec.resume, **options)
     return Comparison(spec, out_dir, **options).run()
-
-
-SEED_METRICS = (*INTERVAL_METRICS, MATCH_FRACTION)
 
 
 def compare_seeds(spec: CompareSpec, out_dir: Path, *, resume: bool = False, **options: Any) -> dict[str, Any]:
@@ -612,122 +592,3 @@ def compare_seeds(spec: CompareSpec, out_dir: Path, *, resume: bool = False, **o
     write_target_rows(out_dir / TARGETS_FILE, seeds_target_rows(out_dir, spec.seeds))
     log(f"wrote {out_dir / 'summary.json'} and {out_dir / 'report.md'} (seeds {','.join(map(str, spec.seeds))})")
     return summary
-
-
-def combine_seed_runs(
-    spec: CompareSpec, comparisons: dict[int, Comparison], summaries: dict[int, dict[str, Any]]
-) -> dict[str, Any]:
-    """The combined summary of several seeds' comparisons (see `compare_seeds`)."""
-    first = comparisons[spec.seeds[0]]
-    split = first.prepared.split
-    # Targets are grouped by the bucket they were assigned to; a seed whose run trained a copy fewer (e.g. cut by
-    # --max-steps) is reported, not silently regrouped.
-    assigned = spec.data.repeats_by_id(split.train) | {str(d.id): 0 for d in split.heldout}
-    warnings = []
-    for seed, comparison in comparisons.items():
-        if comparison.repeats is not None:
-            off = [i for i, n in comparison.repeats.items() if n != assigned[i]]
-            if off:
-                warnings.append(f"seed {seed}: {len(off)} targets trained on other counts than their bucket's")
-    # models every seed trained (the loss-matched control is the standard or the goldfish model, whichever ended lower,
-    # so its label can differ between seeds: it is reported per seed, not combined)
-    in_every = [
-        label for label in summaries[spec.seeds[0]]["models"] if all(label in s["models"] for s in summaries.values())
-    ]
-    per_seed_only = sorted({label for s in summaries.values() for label in s["models"]} - set(in_every))
-    if per_seed_only:
-        warnings.append(
-            f"{', '.join(per_seed_only)} ran under some seeds only: reported per seed (their folders), not combined"
-        )
-    labels = [label for label in (list(first.target_rows) or in_every) if label in in_every]
-    standard = MaskSpec(strategy=None).label
-    with_rows = [label for label in labels if all(label in c.target_rows for c in comparisons.values())]
-    pooled_tables, tests = seed_bucket_statistics(
-        {label: {seed: c.target_rows[label] for seed, c in comparisons.items()} for label in with_rows},
-        assigned,
-        standard,
-        n_resamples=spec.extraction.bootstrap,
-    )
-    pooled = {label: {e["repeats"]: e for e in table} for label, table in pooled_tables.items()}
-    combined: dict[str, Any] = {}
-    for label in labels:
-        entry: dict[str, Any] = {}
-        if all(label in c.target_rows for c in comparisons.values()):
-            entry["buckets"] = combine_seeds(
-                {seed: tag_rows(c.target_rows[label], "repeats", assigned) for seed, c in comparisons.items()},
-                SEED_METRICS,
-                n_resamples=spec.extraction.bootstrap,
-            )
-            for bucket in entry["buckets"]:  # every target-seed pair counted, the targets as clusters
-                bucket[f"{EXACT_MATCH}_pooled"] = pooled[label][bucket["repeats"]]
-        validation = [summaries[seed]["models"][label].get("validation") for seed in spec.seeds]
-        if all(v is not None for v in validation):
-            losses = [v["loss"] for v in validation]
-            entry["validation"] = {
-                "loss": sum(losses) / len(losses),
-                "loss_ci": seed_mean_interval(losses),
-                "per_seed": losses,
-            }
-            differences = [v.get("difference_to_standard") for v in validation]
-            if all(d is not None for d in differences):
-                entry["validation"] |= {
-                    "difference_to_standard": sum(differences) / len(differences),
-                    "difference_ci": seed_mean_interval(differences),
-                    "difference_per_seed": differences,
-                    "relative_difference_per_seed": [v["relative_difference"] for v in validation],
-                }
-        combined[label] = entry
-    exploratory = [seed for seed in spec.seeds if seed in spec.tuning_seeds]
-    if exploratory:
-        warnings.append(
-            f"seed(s) {','.join(map(str, exploratory))} were used to choose these settings (--tuning-seeds): "
-            "exploratory, not confirmatory evidence; confirm with seeds that played no part in tuning"
-        )
-    return {
-        "seeds": list(spec.seeds),
-        "matched_controls_per_seed": {
-            str(seed): summaries[seed]["matched_controls"]
-            for seed in spec.seeds
-            if "matched_controls" in summaries[seed]
-        },
-        "tuning_seeds": list(spec.tuning_seeds),
-        "exploratory_seeds_run": exploratory,
-        "confirmatory_seeds_run": [seed for seed in spec.seeds if seed not in spec.tuning_seeds],
-        "folders": {str(seed): f"seed-{seed}" for seed in spec.seeds},
-        "combined": combined,
-        "per_seed": {str(seed): summaries[seed]["models"] for seed in spec.seeds},
-        "combination": "per bucket: each target's mean over seeds, then the mean over targets with the 95% percentile "
-        "bootstrap interval over targets (eval.seeds.combine_seeds: the targets are the clusters, a target's seeds "
-        "drawn together); validation loss: the mean over seeds with its 95% t interval over seeds",
-        "pooled_what": CLUSTERED_KEYS,
-        "bucket_tests": seed_tests_section(tests, standard),
-        "buckets": {"assignment": "by --data-seed, the same under every seed", "n_per_bucket": _bucket_sizes(assigned)},
-        "config": summaries[spec.seeds[0]]["config"] | {"seeds": list(spec.seeds)},
-        "documents": summaries[spec.seeds[0]]["documents"],
-        "corpus_per_seed": _corpus_per_seed(summaries),
-        "warnings": warnings + [f"seed {seed}: {w}" for seed in spec.seeds for w in summaries[seed]["warnings"]],
-    }
-
-
-def _corpus_per_seed(summaries: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
-    """Per seed, what the combined report says beside its validation table: the targets' share of the tokens trained
-    and the validation candidates left out as twins of the background (None without --background)."""
-    if not all(summary.get("corpus") for summary in summaries.values()):
-        return None
-    return {
-        str(seed): {
-            "target_share": summary["corpus"]["target_share"],
-            "validation_removed_copies": {
-                kind: summary["corpus"]["validation"].get("removed_copies", {}).get(kind)
-                for kind in ("exact_text", "near")
-            },
-        }
-        for seed, summary in summaries.items()
-    }
-
-
-def _bucket_sizes(assigned: dict[str, int]) -> dict[str, int]:
-    sizes: dict[str, int] = {}
-    for bucket in sorted(assigned.values()):
-        sizes[str(bucket)] = sizes.get(str(bucket), 0) + 1
-    return sizes
