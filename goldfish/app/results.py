@@ -16,6 +16,11 @@ from typing import Any, Mapping
 
 from eval.metrics import HEADLINE_METRICS, INTERVAL_METRICS, INTERVAL_SUFFIX, METRICS, interval_key
 
+# What a JSON file holds: the values of summary.json's entries and of the per-document rows (JSON-lines files).
+JsonValue = str | int | float | bool | None | list["JsonValue"] | dict[str, "JsonValue"]
+Row = dict[str, JsonValue]  # one document's row of an instrument (eval.files.ROW_FILES), or one breakdown group
+Interval = list[float] | None  # a 95% interval [low, high]; None: not computed (no resamples)
+
 PARTS = ("train", "heldout")  # the evaluated parts of a model: its training (members) and held-out documents
 # The keys of a part's entry under "models" in compare's summary.json: the document count and the headline metrics,
 # each interval right after its metric.
@@ -37,11 +42,11 @@ class PartResult:
 
     n_docs: int | None  # None only in summaries written without it
     metrics: dict[str, float | None]  # every eval.metrics.METRICS name present -> mean over documents
-    intervals: dict[str, Any]  # INTERVAL_METRICS name -> 95% bootstrap interval [low, high] (None: not computed)
-    instruments: dict[str, dict[str, Any]]  # INSTRUMENTS name -> that instrument's summary, for those that ran
-    breakdowns: dict[str, list[dict[str, Any]]]  # "repeats" / "prefix_length" -> group means
-    details: dict[str, Any]  # the rest: skipped documents, extraction config, ROUGE settings, near tie, timings
-    rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
+    intervals: dict[str, Interval]  # INTERVAL_METRICS name -> 95% bootstrap interval [low, high] (None: not computed)
+    instruments: dict[str, dict[str, JsonValue]]  # INSTRUMENTS name -> that instrument's summary, for those that ran
+    breakdowns: dict[str, list[Row]]  # "repeats" / "prefix_length" -> group means
+    details: dict[str, JsonValue]  # the rest: skipped documents, extraction config, ROUGE settings, near tie, timings
+    rows: dict[str, list[Row]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_summary(
@@ -94,8 +99,8 @@ class ModelResult:
     documents and it ran, membership inference (its summary; its per-document rows beside, never serialized)."""
 
     parts: dict[str, PartResult]
-    membership: dict[str, Any] | None = None
-    membership_rows: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    membership: dict[str, JsonValue] | None = None
+    membership_rows: list[Row] = field(default_factory=list, repr=False)
 
     def parts_json(self) -> dict[str, dict[str, Any]]:
         """{part: part summary}: a model's entry under "details" in compare's summary.json."""

@@ -4,7 +4,9 @@ metrics and per-document files are each defined in one module."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
+import typing
 from collections import defaultdict
 from pathlib import Path
 
@@ -149,3 +151,48 @@ def test_every_metric_key_is_spelled_in_one_module() -> None:
     # the exempted lazy exports are functions of eval.metrics
     exported = [name for name in eval_package.__all__ if name in METRICS]
     assert exported and all(callable(getattr(metrics, name)) for name in exported)
+
+
+# The result types the reports are rendered from; each is walked with every dataclass its fields name.
+RESULT_TYPES = (PartResult, ModelResult)
+
+
+def _any_fields(cls: type, seen: set[type] | None = None) -> list[str]:
+    """The fields of a dataclass, and of every dataclass its fields' types name (in unions, lists, dicts, ...), whose
+    type is or contains Any: "Class.field" for each."""
+    seen = set() if seen is None else seen
+    if cls in seen:
+        return []
+    seen.add(cls)
+    found = []
+    for name, hint in typing.get_type_hints(cls).items():
+        stack = [hint]
+        while stack:
+            part = stack.pop()
+            if part is typing.Any:
+                found.append(f"{cls.__name__}.{name}")
+            elif dataclasses.is_dataclass(part) and isinstance(part, type):
+                found += _any_fields(part, seen)
+            else:  # a JsonValue's self-reference stays a ForwardRef: nothing more to walk there
+                stack.extend(typing.get_args(part))
+    return found
+
+
+def test_result_types_hold_no_any() -> None:
+    assert [cls for cls in RESULT_TYPES if dataclasses.is_dataclass(cls)] == list(RESULT_TYPES)
+    assert [field for cls in RESULT_TYPES for field in _any_fields(cls)] == []
+
+
+@dataclasses.dataclass
+class _Inner:
+    values: dict[str, list[typing.Any] | None]
+
+
+@dataclasses.dataclass
+class _Outer:
+    inner: list[_Inner] | None
+    fine: dict[str, int]
+
+
+def test_the_walk_finds_any_inside_nested_dataclasses_and_containers() -> None:
+    assert _any_fields(_Outer) == ["_Inner.values"]
