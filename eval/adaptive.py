@@ -39,6 +39,7 @@ from eval.config import SamplingConfig  # noqa: F401 - re-exported: defined torc
 from eval.extraction import ExtractionConfig, split_documents
 from eval.logprobs import iter_next_token_logits
 from eval.metrics import (
+    ANY_EXACT,
     EXACT_MATCH,
     LONGEST_CORRECT_PREFIX,
     MATCH_FRACTION,
@@ -356,7 +357,7 @@ def sampling_extract(
             "n_prefix_tokens": len(prefix),
             "n_samples": len(samples),
             "n_exact": n_exact,
-            "any_exact": n_exact > 0,
+            ANY_EXACT: n_exact > 0,
             "best_match_fraction": max(fractions),
             "best_longest_correct_prefix": max(longest_correct_prefix(s, suffix) for s in samples),
             "mean_match_fraction": sum(fractions) / len(fractions),
@@ -379,7 +380,7 @@ def summarize_sampling(
         "sampling": asdict(sampling),
         "config": asdict(config),
     }
-    for name in ("any_exact", "best_match_fraction", "best_longest_correct_prefix", "mean_match_fraction"):
+    for name in (ANY_EXACT, "best_match_fraction", "best_longest_correct_prefix", "mean_match_fraction"):
         summary[name] = mean_of_present([float(r[name]) for r in rows])
     summary["sample_exact_rate"] = sum(r["n_exact"] for r in rows) / sum(r["n_samples"] for r in rows) if rows else None
     return summary

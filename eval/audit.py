@@ -55,7 +55,7 @@ from eval.intervals import (
 )
 from eval.logprobs import iter_next_token_logits
 from eval.membership import attack_metrics, membership_scores
-from eval.metrics import EXACT_MATCH, interval_key
+from eval.metrics import EXACT_MATCH, TPR_AT_FPR_CI, interval_key
 
 # The audit's own scores (higher = member) and the loss-based attacks reported beside them.
 GAP_SCORES = {"mask_gap": "gap", "mask_loss_gap": "loss_gap"}
@@ -419,7 +419,7 @@ def membership_by_gap(
         if not members or not nonmembers:
             continue
         metrics = attack_metrics(members, nonmembers, (TARGET_FPR,), n_resamples=n_resamples)
-        metrics["tpr_at_fpr_ci"] = {
+        metrics[TPR_AT_FPR_CI] = {
             f"{TARGET_FPR:g}": (
                 tpr_at_fpr_interval(members, nonmembers, TARGET_FPR, n_resamples) if n_resamples else None
             )

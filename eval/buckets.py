@@ -26,7 +26,17 @@ from eval.intervals import (
     tpr_at_fpr_interval,
 )
 from eval.membership import ATTACKS
-from eval.metrics import EXACT_MATCH, MATCH_FRACTION, ROUGE_L, SUFFIX_LOGPROB_MEAN, interval_key
+from eval.metrics import (
+    AUC,
+    AUC_CI,
+    EXACT_MATCH,
+    MATCH_FRACTION,
+    ROUGE_L,
+    SUFFIX_LOGPROB_MEAN,
+    TPR_AT_FPR,
+    TPR_AT_FPR_CI,
+    interval_key,
+)
 from eval.roc import tpr_at_fpr_of_scores
 
 # Per-document extraction measures whose bucket mean gets a bootstrap interval (when the rows carry them).
@@ -146,10 +156,10 @@ def bucket_membership(
             if not m or not n:
                 continue
             results[attack] = {
-                "auc": float(pairwise_auc(m, n)),
-                "auc_ci": auc_interval(m, n, n_resamples=n_resamples, confidence=confidence) if n_resamples else None,
-                "tpr_at_fpr": tpr_at_fpr_of_scores(m, n, target_fpr),
-                "tpr_at_fpr_ci": (
+                AUC: float(pairwise_auc(m, n)),
+                AUC_CI: auc_interval(m, n, n_resamples=n_resamples, confidence=confidence) if n_resamples else None,
+                TPR_AT_FPR: tpr_at_fpr_of_scores(m, n, target_fpr),
+                TPR_AT_FPR_CI: (
                     tpr_at_fpr_interval(m, n, target_fpr, n_resamples, confidence) if n_resamples else None
                 ),
                 "n_members": len(m),

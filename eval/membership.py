@@ -62,6 +62,7 @@ from sklearn.metrics import roc_auc_score, roc_curve
 from eval.batching import evaluating, model_device
 from eval.intervals import BOOTSTRAP_SEED, DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, auc_interval
 from eval.logprobs import next_token_stats, token_log_probs
+from eval.metrics import AUC, AUC_CI, TPR_AT_FPR
 from eval.roc import tpr_at_fpr
 
 ATTACKS = ("loss", "zlib", "min_k", "reference", "min_k_pp", "grad_norm", "recall", "dc_pdd")
@@ -390,9 +391,9 @@ def attack_metrics(
     # drop_intermediate=False keeps every threshold, so the interpolation sees the exact curve.
     fpr, tpr, _ = roc_curve(labels, scores, drop_intermediate=False)
     return {
-        "auc": float(roc_auc_score(labels, scores)),
-        "auc_ci": (auc_interval(member_scores, nonmember_scores, n_resamples=n_resamples) if n_resamples else None),
-        "tpr_at_fpr": {f"{t:g}": tpr_at_fpr(fpr, tpr, t) for t in target_fprs},
+        AUC: float(roc_auc_score(labels, scores)),
+        AUC_CI: (auc_interval(member_scores, nonmember_scores, n_resamples=n_resamples) if n_resamples else None),
+        TPR_AT_FPR: {f"{t:g}": tpr_at_fpr(fpr, tpr, t) for t in target_fprs},
         "roc": {"fpr": fpr.tolist(), "tpr": tpr.tolist()},
         "n_members": len(member_scores),
         "n_nonmembers": len(nonmember_scores),

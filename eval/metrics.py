@@ -38,6 +38,13 @@ TF_DROPPED_ACCURACY = "tf_dropped_accuracy"
 SUFFIX_TF_ACCURACY = "suffix_tf_accuracy"
 GENERATED_LOGPROB_MEAN = "generated_logprob_mean"
 SUFFIX_LOGPROB_MEAN = "suffix_logprob_mean"
+# Keys of the instruments' summaries, read by the reports: a membership attack's (eval.membership.attack_metrics,
+# eval.buckets, eval.audit) and sampling extraction's (eval.adaptive).
+AUC = "auc"
+AUC_CI = "auc_ci"
+TPR_AT_FPR = "tpr_at_fpr"
+TPR_AT_FPR_CI = "tpr_at_fpr_ci"
+ANY_EXACT = "any_exact"
 
 
 @dataclass(frozen=True)

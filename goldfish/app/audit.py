@@ -378,21 +378,21 @@ def run_audit(
 
 
 def _headline(summary: Mapping[str, Any]) -> str:
+    from eval.metrics import AUC, AUC_CI
     from goldfish.app.report_format import fmt, fmt_ci
 
     parts = []
     for side in ("members", "nonmembers"):
         group = summary.get(side)
         if group:
-            gap = group["gap"]
             parts.append(
                 f"{side}: kept {fmt(group['kept_accuracy']['mean'])} / dropped {fmt(group['dropped_accuracy']['mean'])}"
-                f", gap {fmt_ci(gap['mean'], gap['ci'])}"
+                f", gap {fmt_ci(group['gap']['mean'], group['gap']['ci'])}"
             )
     membership = summary.get("membership")
     if membership and "mask_gap" in membership["attacks"]:
         attack = membership["attacks"]["mask_gap"]
-        parts.append(f"gap as membership score: AUC {fmt_ci(attack['auc'], attack['auc_ci'])}")
+        parts.append(f"gap as membership score: AUC {fmt_ci(attack[AUC], attack[AUC_CI])}")
     return "audit " + "; ".join(parts)
 
 
@@ -419,7 +419,7 @@ def draw_gap_histogram(summary: Mapping[str, Any], path: Path) -> list[str]:
 
 def render_report(summary: Mapping[str, Any], figures: Sequence[str] = ()) -> str:
     """report.md of an audit, from its summary."""
-    from eval.metrics import EXACT_MATCH, interval_key
+    from eval.metrics import AUC, AUC_CI, EXACT_MATCH, TPR_AT_FPR, TPR_AT_FPR_CI, interval_key
     from goldfish.app.report_format import fmt, fmt_ci, md_table
 
     mask = summary["mask"]
@@ -519,8 +519,8 @@ def render_report(summary: Mapping[str, Any], figures: Sequence[str] = ()) -> st
         rows = [
             [
                 name,
-                fmt_ci(attack["auc"], attack["auc_ci"]),
-                fmt_ci(attack["tpr_at_fpr"]["0.01"], attack["tpr_at_fpr_ci"]["0.01"]),
+                fmt_ci(attack[AUC], attack[AUC_CI]),
+                fmt_ci(attack[TPR_AT_FPR]["0.01"], attack[TPR_AT_FPR_CI]["0.01"]),
                 f"{attack['n_members']} / {attack['n_nonmembers']}",
             ]
             for name, attack in membership["attacks"].items()

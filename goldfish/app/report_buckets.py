@@ -15,7 +15,7 @@ from typing import Any
 
 from data.atomic import json_safe, write_text_atomic
 from eval.buckets import EXACT_MATCH_K
-from eval.metrics import EXACT_MATCH, ROUGE_L, SUFFIX_LOGPROB_MEAN, interval_key
+from eval.metrics import AUC, AUC_CI, EXACT_MATCH, ROUGE_L, SUFFIX_LOGPROB_MEAN, TPR_AT_FPR, TPR_AT_FPR_CI, interval_key
 from goldfish.app.matched import render_matched_seeds
 from goldfish.app.report_format import figure_link as _figure
 from goldfish.app.report_format import fmt as _fmt
@@ -91,8 +91,8 @@ def study_section(summary: Mapping[str, Any], figures: Sequence[str]) -> list[st
                     _exact(entry),
                     _fmt_ci(entry.get(ROUGE_L), entry.get(interval_key(ROUGE_L))),
                     _fmt_ci(entry.get(SUFFIX_LOGPROB_MEAN), entry.get(interval_key(SUFFIX_LOGPROB_MEAN))),
-                    _fmt_ci(attack.get("auc"), attack.get("auc_ci")) if attack else "",
-                    _fmt_ci(attack.get("tpr_at_fpr"), attack.get("tpr_at_fpr_ci")) if attack else "",
+                    _fmt_ci(attack.get(AUC), attack.get(AUC_CI)) if attack else "",
+                    _fmt_ci(attack.get(TPR_AT_FPR), attack.get(TPR_AT_FPR_CI)) if attack else "",
                 ]
             )
         lines += [f"**{label}**", ""]

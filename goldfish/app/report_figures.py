@@ -13,6 +13,8 @@ from matplotlib.ticker import MaxNLocator
 from eval.intervals import binomial_interval
 from eval.membership import ATTACKS
 from eval.metrics import (
+    AUC,
+    AUC_CI,
     EXACT_MATCH,
     INTERVAL_METRICS,
     ROUGE_L,
@@ -91,7 +93,7 @@ def roc_series(membership: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[st
                 series[attack][label] = {
                     "fpr": list(metrics["roc"]["fpr"]),
                     "tpr": list(metrics["roc"]["tpr"]),
-                    "auc": metrics.get("auc"),
+                    AUC: metrics.get(AUC),
                 }
     return series
 
@@ -149,7 +151,7 @@ def auc_series(membership: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[st
     attacks = attack_order({a for result in membership.values() for a in result.get("attacks", {})})
     return {
         attack: {
-            label: {"auc": result["attacks"][attack]["auc"], "ci": result["attacks"][attack].get("auc_ci")}
+            label: {AUC: result["attacks"][attack][AUC], "ci": result["attacks"][attack].get(AUC_CI)}
             for label, result in membership.items()
             if attack in result.get("attacks", {})
         }
@@ -342,7 +344,7 @@ def draw_roc(
         for label, curve in series[attack].items():
             color, dash = styles[label]
             axis.plot(
-                curve["fpr"], curve["tpr"], color=color, linestyle=dash, label=f"{label} (AUC {_fmt(curve['auc'])})"
+                curve["fpr"], curve["tpr"], color=color, linestyle=dash, label=f"{label} (AUC {_fmt(curve[AUC])})"
             )
         axis.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1)
         axis.set_xlim(-0.02, 1.02)
@@ -376,11 +378,11 @@ def draw_auc(
             point = series[attack].get(label)
             if point is None:
                 continue
-            ci = point.get("ci") or [point["auc"], point["auc"]]
+            ci = point.get("ci") or [point[AUC], point[AUC]]
             xs.append(j + offset)
-            values.append(point["auc"])
-            below.append(max(point["auc"] - ci[0], 0.0))
-            above.append(max(ci[1] - point["auc"], 0.0))
+            values.append(point[AUC])
+            below.append(max(point[AUC] - ci[0], 0.0))
+            above.append(max(ci[1] - point[AUC], 0.0))
         axis.bar(xs, values, width, yerr=[below, above], capsize=3, label=label, color=colors[label])
     axis.axhline(0.5, color="grey", linestyle=":", linewidth=1)
     axis.set_xticks(range(len(attacks)), attacks, rotation=20, ha="right", fontsize=8)

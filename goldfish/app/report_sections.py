@@ -9,11 +9,15 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from eval.files import CURVE_FILE, MEMBERSHIP_FILE, ROW_FILES
 from eval.metrics import (
+    ANY_EXACT,
+    AUC,
+    AUC_CI,
     EXACT_MATCH,
     METRICS,
     ROUGE_L,
     TF_DROPPED_ACCURACY,
     TF_KEPT_ACCURACY,
+    TPR_AT_FPR,
     interval_key,
 )
 from goldfish.app.report_figures import (
@@ -201,7 +205,7 @@ def adaptive_section(key_header: list[str], entries: Sequence[Entry]) -> list[st
         if sampling is not None:
             settings = sampling.get("sampling", {})
             any_exact = (
-                f"{_fmt(sampling.get('any_exact'))} ({settings.get('n_samples', 'n/a')} samples, "
+                f"{_fmt(sampling.get(ANY_EXACT))} ({settings.get('n_samples', 'n/a')} samples, "
                 f"T={settings.get('temperature', 'n/a')}, top-p={settings.get('top_p', 'n/a')})"
             )
             rate, best = _fmt(sampling.get("sample_exact_rate")), _fmt(sampling.get("best_match_fraction"))
@@ -263,7 +267,7 @@ def membership_section(key_header: list[str], entries: Sequence[Entry], figures:
         return []
     attacks = attack_order({a for _, result in present for a in result["attacks"]})
     fprs = sorted(
-        {k for _, r in present for m in r["attacks"].values() for k in m.get("tpr_at_fpr", {})}, key=float, reverse=True
+        {k for _, r in present for m in r["attacks"].values() for k in m.get(TPR_AT_FPR, {})}, key=float, reverse=True
     )
     rows, resolutions = [], set()
     for keys, result in present:
@@ -274,8 +278,8 @@ def membership_section(key_header: list[str], entries: Sequence[Entry], figures:
             resolutions.add(metrics.get("fpr_resolution"))
             rows.append(
                 keys
-                + [attack, _fmt_ci(metrics.get("auc"), metrics.get("auc_ci"))]
-                + [_fmt(metrics.get("tpr_at_fpr", {}).get(f)) for f in fprs]
+                + [attack, _fmt_ci(metrics.get(AUC), metrics.get(AUC_CI))]
+                + [_fmt(metrics.get(TPR_AT_FPR, {}).get(f)) for f in fprs]
                 + [f"{metrics.get('n_members', 'n/a')}/{metrics.get('n_nonmembers', 'n/a')}"]
             )
     resolution = ", ".join(_fmt(r) for r in sorted(r for r in resolutions if r is not None)) or "n/a"

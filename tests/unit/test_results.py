@@ -153,6 +153,28 @@ def test_every_metric_key_is_spelled_in_one_module() -> None:
     assert exported and all(callable(getattr(metrics, name)) for name in exported)
 
 
+def test_instrument_summary_keys_are_spelled_in_one_module() -> None:
+    """The keys of a membership attack's summary and of sampling extraction's (AUC, TPR_AT_FPR, ANY_EXACT, ...) are
+    spelled in eval/metrics.py only: the instruments that write them and the reports that read them use its names.
+    (bench/ scripts keep keys of their own outputs.)"""
+    import eval.metrics as metrics
+
+    keys = {metrics.AUC, metrics.AUC_CI, metrics.TPR_AT_FPR, metrics.TPR_AT_FPR_CI, metrics.ANY_EXACT}
+    spelled = []
+    for module in _modules():
+        where = str(module.relative_to(ROOT))
+        if where.startswith("bench/"):
+            continue
+        tree = ast.parse(module.read_text(encoding="utf-8"))
+        skip = _docstrings(tree)
+        spelled += [
+            f"{where}:{node.lineno}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and node.value in keys and id(node) not in skip
+        ]
+    assert sorted(place.split(":")[0] for place in spelled) == ["eval/metrics.py"] * len(keys)
+
+
 # The result types the reports are rendered from; each is walked with every dataclass its fields name.
 RESULT_TYPES = (PartResult, ModelResult)
 

@@ -96,7 +96,7 @@ def _eval_holding_out(args: argparse.Namespace, out: Path) -> int:
 
 def run_eval(run: ResolvedRun) -> int:
     """Evaluate the resolved run's model on this process's rank (one process, a torchrun rank or a --nproc worker)."""
-    from eval.metrics import EXACT_MATCH, ROUGE_L
+    from eval.metrics import AUC, EXACT_MATCH, ROUGE_L
     from goldfish.app.checks import check_extraction_fits, clear_eval_outputs
     from goldfish.app.evaluation import evaluate_parts
     from goldfish.app.run_grid import grid_sizes, start_grid
@@ -147,7 +147,7 @@ def run_eval(run: ResolvedRun) -> int:
     if scored is not None and scored.membership is not None:
         log(
             "membership inference AUC: "
-            + ", ".join(f"{name} {m['auc']:.3f}" for name, m in scored.membership["attacks"].items())
+            + ", ".join(f"{name} {m[AUC]:.3f}" for name, m in scored.membership["attacks"].items())
         )
     elif not (spec.part == "both" and parts["train"] and parts["heldout"]):
         log(
