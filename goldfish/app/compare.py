@@ -34,6 +34,7 @@ from eval.metrics import EXACT_MATCH, INTERVAL_METRICS, LONGEST_CORRECT_PREFIX, 
 from goldfish.app import lora, matched
 from goldfish.app.background_run import prepare_background
 from goldfish.app.buckets import bucket_results, bucket_tests_section
+from goldfish.app.compare_result import CompareResult
 from goldfish.app.compare_table import format_table, one_line
 from goldfish.app.config import CompareSpec, MaskSpec, TrainSpec, background_train_config
 from goldfish.app.evaluation import REPEAT_METRICS, evaluate_parts
@@ -164,7 +165,8 @@ class Comparison:
         """label -> membership inference summary, for the models it ran on."""
         return {label: r.membership for label, r in self.models.items() if r.membership is not None}
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> CompareResult | None:
+        """Train and evaluate every model, write the outputs; the result (None on ranks other than 0)."""
         self.prepare()
         if self.main:
             self.evaluate_control()
@@ -173,10 +175,10 @@ class Comparison:
         if self.matched_mask is not None:
             self.evaluate_loss_matched()
         if not self.main:
-            return {}
-        summary = self.summary()
-        self.write(summary)
-        return summary
+            return None
+        result = self.summary()
+        self.write(result)
+        return result
 
     # ----- steps ---------------------------------------------------------------------------------------------------
 
@@ -460,39 +462,37 @@ class Comparison:
 
     # ----- outputs -------------------------------------------------------------------------------------------------
 
-    def summary(self) -> dict[str, Any]:
-        models = {label: result.headline() for label, result in self.models.items()}
+    def summary(self) -> CompareResult:
+        """The comparison's result, as summary.json holds it (CompareResult.to_json)."""
+        models: dict[str, dict[str, Any]] = {label: result.headline() for label, result in self.models.items()}
         for label, entry in self.validation_summary().items():
             models[label]["validation"] = entry
         for label, entry in self.heldout_loss_summary().items():
             models[label]["heldout_loss"] = entry
-        extra: dict[str, Any] = {}
+        result = CompareResult(
+            models=dict(self.models),
+            headlines=models,
+            curves=self.curves,
+            breakdowns=self.breakdowns,
+            config=self.config_record(),
+            documents=self.prepared.split.manifest(),
+            repeats=self.repeats,
+            warnings=self.warnings,
+            timings_s=self.timings | {"total": time.perf_counter() - self.started},
+            grid=grid_sizes(self.grid) if self.grid is not None else None,
+        )
         if self.background is not None:
-            extra = {"validation_curves": self.validation_curves, "corpus": self.background.record}
+            result.validation_curves = self.validation_curves
+            result.corpus = self.background.record
         if self.matched_mask is not None:
-            extra["matched_controls"] = self.matched_section(
-                {label: m.get("validation") or {} for label, m in models.items()}
-            )
+            result.matched_controls = self.matched_section({label: result.validation(label) for label in models})
         if self.buckets:
             standard = MaskSpec(strategy=None).label
-            extra["buckets"] = self.buckets
-            extra["bucket_tests"] = bucket_tests_section(
+            result.buckets = self.buckets
+            result.bucket_tests = bucket_tests_section(
                 self.target_rows, self.repeats, standard, n_resamples=self.spec.extraction.bootstrap
             )
-        return extra | {
-            "models": models,
-            "details": self.results,
-            "membership": self.membership,
-            "curves": self.curves,
-            "breakdowns": self.breakdowns,
-            "config": self.config_record(),
-            "documents": self.prepared.split.manifest(),
-            "repeats": self.repeats,
-            "control": "the initial weights every model started from, never trained on the documents",
-            "warnings": self.warnings,
-            "timings_s": self.timings | {"total": time.perf_counter() - self.started},
-            "grid": grid_sizes(self.grid) if self.grid is not None else None,
-        }
+        return result
 
     def config_record(self) -> dict[str, Any]:
         """summary.json's "config": every setting that shapes the comparison (what --resume of a --seeds run checks
@@ -513,12 +513,12 @@ class Comparison:
             "curve_every": spec.curve_every,
         }
 
-    def write(self, summary: dict[str, Any]) -> None:
+    def write(self, result: CompareResult) -> None:
         from goldfish.app.report import write_compare_report  # matplotlib: only when a report is written
 
-        write_compare_report(summary, self.out_dir)
+        write_compare_report(result, self.out_dir)
         write_target_rows(self.out_dir / TARGETS_FILE, comparison_target_rows(self))
-        self.log(format_table(summary))
+        self.log(format_table(result))
         self.log(
             f"wrote {self.out_dir / 'summary.json'}, {self.out_dir / 'report.md'} and plots in "
             f"{time.perf_counter() - self.started:.0f} s"
@@ -535,11 +535,12 @@ def compare(
     report_to: ReportTo = "none",
     verify: bool = True,
     resume: bool = False,
-) -> dict[str, Any]:
+) -> CompareResult | dict[str, Any] | None:
     """Train a standard model and one goldfish model per mask from the same initial weights on the same documents,
     evaluate each and an untrained control on training and held-out documents, write summary.json and report.md.
     With spec.seeds, once per seed (OUT/seed-S) and then combined (`compare_seeds`; `resume` reads back the seeds
-    that finished, goldfish.app.finished_seeds). Returns the summary (an empty dict on ranks other than 0)."""
+    that finished, goldfish.app.finished_seeds). Returns the result (with spec.seeds the combined summary; None or an
+    empty dict on ranks other than 0)."""
     options = dict(grid=grid, device=device, log=log, report_to=report_to, verify=verify)
     if spec.seeds:
         return compare_seeds(spec, Path(out_dir), resume=resume or spec.resume, **options)
@@ -559,7 +560,7 @@ def compare_seeds(spec: CompareSpec, out_dir: Path, *, resume: bool = False, **o
     started = time.perf_counter()
     log = options.get("log", print)
     comparisons: dict[int, Comparison] = {}
-    summaries: dict[int, dict[str, Any]] = {}
+    summaries: dict[int, CompareResult] = {}
     main = is_main_process(options.get("grid"))
     for seed in spec.seeds:
         seeded = replace(spec, seeds=(), resume=False, init_seed=seed, train=replace(spec.train, seed=seed))
@@ -582,7 +583,9 @@ def compare_seeds(spec: CompareSpec, out_dir: Path, *, resume: bool = False, **o
         if main:
             log(f"seed {seed} ({len(comparisons) + 1} of {len(spec.seeds)}): OUT/seed-{seed}")
         comparisons[seed] = comparison
-        summaries[seed] = comparison.run()
+        ran = comparison.run()
+        if ran is not None:
+            summaries[seed] = ran
     if not is_main_process(options.get("grid")):
         return {}
     summary = combine_seed_runs(spec, comparisons, summaries)

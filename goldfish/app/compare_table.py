@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from eval.metrics import EXACT_MATCH, ROUGE_L, TF_DROPPED_ACCURACY, TF_KEPT_ACCURACY
+from goldfish.app.compare_result import CompareResult
 
 # (header, width) per column of the printed table; the headers are the README table's, in its order.
 TABLE_COLUMNS: tuple[tuple[str, int], ...] = (
@@ -38,8 +39,8 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
-def format_table(summary: Mapping[str, Any]) -> str:
-    """A plain-text table of the headline metrics per model (summary["models"]: label -> part -> metrics), with the
+def format_table(result: CompareResult) -> str:
+    """A plain-text table of the headline metrics per model (result.headlines: label -> part -> metrics), with the
     README's columns; a value a summary lacks (an older one, or no held-out loss) prints as n/a."""
     widths = [width for _, width in TABLE_COLUMNS]
 
@@ -49,7 +50,7 @@ def format_table(summary: Mapping[str, Any]) -> str:
 
     header = row([name for name, _ in TABLE_COLUMNS])
     lines = [header, "-" * len(header)]
-    for label, parts in summary["models"].items():
+    for label, parts in result.headlines.items():
         train, held = parts["train"], parts["heldout"]
         loss = (parts.get("heldout_loss") or {}).get("loss")
         kept_dropped = f"{_fmt(train.get(TF_KEPT_ACCURACY))} / {_fmt(train.get(TF_DROPPED_ACCURACY))}"

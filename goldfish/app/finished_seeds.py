@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from data.atomic import json_safe
 from eval.files import MEMBERSHIP_FILE, ROW_FILES
 from goldfish.app.buckets import bucket_results, bucket_tests_section
+from goldfish.app.compare_result import CompareResult
 from goldfish.app.config import CompareSpec, MaskSpec
 from goldfish.app.results import PARTS
 
@@ -40,8 +41,8 @@ def _as_json(value: Any) -> Any:
     return json.loads(json.dumps(json_safe(value), default=str))
 
 
-def finished_summary(folder: Path, config: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The seed folder's summary when it holds a finished comparison with exactly `config`; None otherwise."""
+def finished_summary(folder: Path, config: Mapping[str, Any]) -> CompareResult | None:
+    """The seed folder's result when it holds a finished comparison with exactly `config`; None otherwise."""
     path = Path(folder) / SUMMARY_FILE
     if not path.is_file():
         return None
@@ -51,25 +52,25 @@ def finished_summary(folder: Path, config: Mapping[str, Any]) -> dict[str, Any] 
         return None
     if not isinstance(summary, dict) or summary.get("config") != _as_json(config):
         return None
-    return summary
+    return CompareResult.from_json(summary)
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
-def read_finished_seed(comparison: SeedComparison, summary: dict[str, Any]) -> dict[str, Any]:
+def read_finished_seed(comparison: SeedComparison, result: CompareResult) -> CompareResult:
     """Fill a prepared comparison of a finished seed from its folder: every model's target rows from its row files,
     and, with repetition buckets, the per-bucket tables and the tests against the standard model computed again
-    from them (the summary is updated and returned)."""
+    from them (the result is updated and returned)."""
     folder, spec = comparison.out_dir, comparison.spec
-    repeats = summary.get("repeats")
+    repeats = result.repeats
     if repeats is not None and repeats != comparison.repeats:
         raise ValueError(
             f"{folder}: the copies its targets trained differ from what this run's stream gives; run the seed again "
             "(rerun without --resume and with --overwrite)"
         )
-    for label in summary["models"]:
+    for label in result.headlines:
         evaluation = folder / label / "eval"
         rows = [row for part in PARTS for row in _rows(evaluation / part / ROW_FILES["extraction"])]
         if not rows:
@@ -80,7 +81,8 @@ def read_finished_seed(comparison: SeedComparison, summary: dict[str, Any]) -> d
         if repeats is None:  # a comparison keeps its targets' rows only with buckets, as a fresh one does
             continue
         comparison.target_rows[label] = rows
-        summary.setdefault("buckets", {})[label] = bucket_results(
+        result.buckets = result.buckets or {}
+        result.buckets[label] = bucket_results(
             rows,
             repeats,
             spec.extraction,
@@ -91,10 +93,10 @@ def read_finished_seed(comparison: SeedComparison, summary: dict[str, Any]) -> d
         )
     if repeats is not None:
         standard = MaskSpec(strategy=None).label
-        summary["bucket_tests"] = bucket_tests_section(
+        result.bucket_tests = bucket_tests_section(
             comparison.target_rows, repeats, standard, n_resamples=spec.extraction.bootstrap
         )
-    return summary
+    return result
 
 
 def _part_rows(evaluation: Path, instrument: str) -> list[dict[str, Any]]:

@@ -15,11 +15,13 @@ times: --repeats 50), the held-out ones documents they never saw.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from goldfish.app import paper
 from goldfish.app.compare import CONTROL, Comparison
+from goldfish.app.compare_result import CompareResult
 from goldfish.app.compare_table import one_line
 from goldfish.app.config import RUN_FILE, CompareSpec, MaskSpec
 from goldfish.app.model_files import check_vocabulary
@@ -65,7 +67,7 @@ class CheckpointComparison(Comparison):
         self.checkpoints = dict(sorted(checkpoints.items(), key=lambda item: item[0] != CONTROL))
         self.runs = []  # nothing is trained
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> CompareResult:  # type: ignore[override]
         self.prepare_documents()
         for label, source in self.checkpoints.items():
             model = load_pretrained_model(source)
@@ -79,10 +81,10 @@ class CheckpointComparison(Comparison):
             "nothing was trained by this run: its models are the checkpoints named above, and the training line "
             "gives this run's settings, not those the checkpoints were trained with"
         )
-        summary = self.summary() | {"checkpoints": self.checkpoints, "control": self.control_note()}
-        summary["config"]["model"] = ", ".join(f"{label}={source}" for label, source in self.checkpoints.items())
-        self.write(summary)
-        return summary
+        result = replace(self.summary(), checkpoints=dict(self.checkpoints), control=self.control_note())
+        result.config["model"] = ", ".join(f"{label}={source}" for label, source in self.checkpoints.items())
+        self.write(result)
+        return result
 
     def control_note(self) -> str:
         """What the control is in this run (the report's "Control:" line)."""
@@ -132,8 +134,8 @@ def recorded_mask(source: str) -> MaskSpec | None:
 
 def evaluate_checkpoints(
     spec: CompareSpec, checkpoints: dict[str, str], out_dir: Path, *, device: str | None = None
-) -> dict[str, Any]:
-    """Evaluate `checkpoints` ({label: model}) on `spec`'s documents with compare's instruments; returns the summary
+) -> CompareResult:
+    """Evaluate `checkpoints` ({label: model}) on `spec`'s documents with compare's instruments; returns the result
     written to `out_dir`."""
     if not checkpoints:
         raise ValueError("--checkpoints names no model. Fix: give LABEL=MODEL pairs, or 'paper'")

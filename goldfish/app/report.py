@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 
 from data.atomic import json_safe, write_text_atomic
 from eval.files import CURVE_FILE, EXTRACTION_FILE, MEMBERSHIP_FILE
+from goldfish.app.compare_result import CompareResult
 from goldfish.app.matched import render_matched
 from goldfish.app.report_buckets import study_figures, study_section
 from goldfish.app.report_figures import (
@@ -60,12 +61,6 @@ from goldfish.app.report_sections import (
 from goldfish.app.results import PARTS, PartResult
 
 
-def _details(summary: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """Per model and part the full summary: details when present, else the headline numbers."""
-    details = summary.get("details") or {}
-    return {label: details.get(label) or parts for label, parts in summary["models"].items()}
-
-
 def _part_files(s: PartResult) -> list[str]:
     """Names of the per-document files behind one part (extraction.jsonl always, the rest when they ran)."""
     names = [name for key, name, _ in PART_FILES if key is None or key in s.instruments]
@@ -74,53 +69,46 @@ def _part_files(s: PartResult) -> list[str]:
     return names
 
 
-def _compare_entries(summary: Mapping[str, Any]) -> list[Entry]:
+def _compare_entries(result: CompareResult) -> list[Entry]:
     return [
-        ([label, part], PartResult.from_summary(s))
-        for label, parts in _details(summary).items()
-        for part, s in parts.items()
-        if part in PARTS
+        ([label, part], s) for label, model in result.models.items() for part, s in model.parts.items() if part in PARTS
     ]
 
 
-def compare_per_document_files(summary: Mapping[str, Any]) -> list[str]:
-    """Paths (relative to OUT) of the per-document JSON-lines files a compare summary says were written."""
+def compare_per_document_files(result: CompareResult) -> list[str]:
+    """Paths (relative to OUT) of the per-document JSON-lines files a compare result says were written."""
     files = []
-    for label, parts in _details(summary).items():
-        for part, s in parts.items():
+    for label, model in result.models.items():
+        for part, s in model.parts.items():
             if part in PARTS:
-                files += [f"{label}/eval/{part}/{name}" for name in _part_files(PartResult.from_summary(s))]
-        if label in (summary.get("membership") or {}):
+                files += [f"{label}/eval/{part}/{name}" for name in _part_files(s)]
+        if model.membership is not None:
             files.append(f"{label}/eval/{MEMBERSHIP_FILE}")
-        if label in (summary.get("curves") or {}):
+        if label in result.curves:
             files.append(f"{label}/{CURVE_FILE}")
     return files
 
 
-def compare_figures(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
-    """Draw every plot the compare summary has data for into out_dir; returns the names of the PNGs written."""
+def compare_figures(result: CompareResult, out_dir: Path) -> list[str]:
+    """Draw every plot the compare result has data for into out_dir; returns the names of the PNGs written."""
     written = []
-    labels = list(summary["models"])
+    labels = list(result.headlines)
     colors = palette(labels)
-    draw_bars(labels, bar_series(summary["models"]), out_dir / "compare.png", bar_errors(summary["models"]))
+    draw_bars(labels, bar_series(result.headlines), out_dir / "compare.png", bar_errors(result.headlines))
     written.append("compare.png")
     hist = rouge_hist_series({label: out_dir / label / "eval" / "train" / EXTRACTION_FILE for label in labels})
     if hist:
         draw_rouge_histograms(hist, out_dir / "rouge_hist.png", "Memorization of training documents", colors)
         written.append("rouge_hist.png")
-    if summary.get("curves"):
-        draw_curves(curve_series(summary["curves"]), out_dir / "em_vs_epochs.png", colors)
+    if result.curves:
+        draw_curves(curve_series(result.curves), out_dir / "em_vs_epochs.png", colors)
         written.append("em_vs_epochs.png")
-    trained = {
-        label: PartResult.from_summary(parts["train"])
-        for label, parts in _details(summary).items()
-        if parts.get("train")
-    }
+    trained = {label: model.parts["train"] for label, model in result.models.items() if "train" in model.parts}
     divergences = {
         label: part.instruments["divergence"] for label, part in trained.items() if part.instruments.get("divergence")
     }
     if divergences:
-        suffix_len = ((summary.get("config") or {}).get("extraction") or {}).get("suffix_len")
+        suffix_len = (result.config.get("extraction") or {}).get("suffix_len")  # type: ignore[union-attr]
         draw_divergence(
             divergence_series(divergences, suffix_len),
             out_dir / "divergence.png",
@@ -128,13 +116,13 @@ def compare_figures(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
             colors,
         )
         written.append("divergence.png")
-    if summary.get("validation_curves"):
-        control = ((summary["models"].get("control") or {}).get("validation") or {}).get("loss")
-        draw_validation(summary["validation_curves"], out_dir / "val_loss.png", colors, control)
+    if result.validation_curves:
+        control = result.validation("control").get("loss") if "control" in result.headlines else None
+        draw_validation(result.validation_curves, out_dir / "val_loss.png", colors, control)
         written.append("val_loss.png")
-    written += _membership_figures(summary.get("membership") or {}, out_dir, True, colors)
-    written += _breakdown_figures(summary.get("breakdowns") or {}, out_dir, colors)
-    written += study_figures(summary, out_dir)
+    written += _membership_figures(result.membership, out_dir, True, colors)
+    written += _breakdown_figures(result.breakdowns, out_dir, colors)
+    written += study_figures(result, out_dir)
     return written
 
 
@@ -169,7 +157,7 @@ def _breakdown_figures(
 
 
 def render_markdown(
-    summary: Mapping[str, Any], figures: Sequence[str] | None = None, files: Sequence[str] | None = None
+    result: CompareResult, figures: Sequence[str] | None = None, files: Sequence[str] | None = None
 ) -> str:
     """report.md of `goldfish compare`. figures: names of the PNGs written (None: every plot the summary has data
     for); files: per-document files to list (None: those the summary says were written)."""
@@ -185,17 +173,17 @@ def render_markdown(
             *(v[3] for v in BREAKDOWNS.values()),
         ]
     if files is None:
-        files = compare_per_document_files(summary)
-    config = summary["config"]
+        files = compare_per_document_files(result)
+    config: Any = result.config
     data = config["data"]
     train = config["train"]
     extraction = config["extraction"]
-    docs = summary.get("documents") or {}
-    entries = _compare_entries(summary)
+    docs: Any = result.documents
+    entries = _compare_entries(result)
     key_header = ["model", "part"]
-    membership_entries = [([label], result) for label, result in (summary.get("membership") or {}).items()]
-    breakdowns = summary.get("breakdowns") or {}
-    timings = summary.get("timings_s") or {}
+    membership_entries = [([label], m) for label, m in result.membership.items()]
+    breakdowns = result.breakdowns
+    timings = result.timings_s
     lines = [
         "# goldfish compare",
         "",
@@ -203,7 +191,7 @@ def render_markdown(
         f"training and {data['n_heldout']} held-out "
         + (
             f"conversations of at most {data['seq_len']} tokens, loss on the assistant's replies only"
-            if conversations(summary)
+            if conversations(result)
             else f"documents of {data['seq_len']} tokens"
         )
         + f" (selection seed {data['seed']}).",
@@ -211,24 +199,24 @@ def render_markdown(
         f"schedule, {train['precision']}.",
         f"Extraction: greedy, suffix {extraction['suffix_len']} tokens, prefix "
         f"{extraction['prefix_len'] or 'all tokens before the suffix'}.",
-        f"Control: {summary.get('control', 'n/a')}.",
+        f"Control: {result.control}.",
         "",
-        *(f"**Warning:** {warning}." for warning in summary.get("warnings") or []),
-        *([""] if summary.get("warnings") else []),
+        *(f"**Warning:** {warning}." for warning in result.warnings),
+        *([""] if result.warnings else []),
         *headline_section(
             key_header,
             [
-                ([label, part], PartResult.from_summary(s))
-                for label, parts in summary["models"].items()
+                ([label, part], PartResult.from_summary(s))  # the headline numbers only, as summary.json's "models"
+                for label, parts in result.headlines.items()
                 for part, s in parts.items()
                 if part in PARTS
             ],
         ),
         *replies_section(key_header, entries),
-        *heldout_loss_section(summary),
-        *validation_section(summary, figures),
-        *study_section(summary, figures),
-        *(render_matched(summary["matched_controls"]) if summary.get("matched_controls") else []),
+        *heldout_loss_section(result),
+        *validation_section(result, figures),
+        *study_section(result, figures),
+        *(render_matched(result.matched_controls) if result.matched_controls else []),
         "TF acc: teacher-forced next-token accuracy; kept/dropped split by the model's own goldfish mask (standard "
         "and control models: by the first goldfish mask); suffix TF acc: the share of the true suffix's tokens the "
         "model ranks first.",
@@ -238,14 +226,11 @@ def render_markdown(
         "",
         *documents_section(docs),
         *rouge_notes(
-            PartResult.from_summary(s)
-            for parts in (summary.get("details") or {}).values()
-            for s in parts.values()
-            if isinstance(s, Mapping)
+            s for model in (result.models.values() if "details" in result.keys else []) for s in model.parts.values()
         ),
         *_figure("compare.png", "exact match and RougeL", figures),
         *_figure("rouge_hist.png", "RougeL histograms", figures),
-        *curves_section(summary.get("curves") or {}, figures),
+        *curves_section(result.curves, figures),
         *divergence_section(key_header, entries, figures, "standard/control: the first goldfish mask"),
         *adaptive_section(key_header, entries),
         *probabilistic_section(key_header, entries),
@@ -258,12 +243,13 @@ def render_markdown(
     return "\n".join(lines)
 
 
-def write_compare_report(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
-    """Write OUT/summary.json, OUT/report.md and every PNG the summary has data for; returns the PNG names."""
+def write_compare_report(result: CompareResult, out_dir: Path) -> list[str]:
+    """Write OUT/summary.json, OUT/report.md and every PNG the result has data for; returns the PNG names."""
     out_dir = Path(out_dir)
-    figures = compare_figures(summary, out_dir)
-    files = [f for f in compare_per_document_files(summary) if (out_dir / f).exists()]
-    write_text_atomic(out_dir / "report.md", render_markdown(summary, figures, files))
+    figures = compare_figures(result, out_dir)
+    files = [f for f in compare_per_document_files(result) if (out_dir / f).exists()]
+    write_text_atomic(out_dir / "report.md", render_markdown(result, figures, files))
+    summary = result.to_json()
     # Strict JSON: infinities (samples needed for a suffix sampling never emits) become "inf" (data.atomic.json_safe).
     write_text_atomic(out_dir / "summary.json", json.dumps(json_safe(summary), indent=2, default=str, allow_nan=False))
     return figures

@@ -16,6 +16,7 @@ from typing import Any
 from data.atomic import json_safe, write_text_atomic
 from eval.buckets import EXACT_MATCH_K
 from eval.metrics import AUC, AUC_CI, EXACT_MATCH, ROUGE_L, SUFFIX_LOGPROB_MEAN, TPR_AT_FPR, TPR_AT_FPR_CI, interval_key
+from goldfish.app.compare_result import CompareResult
 from goldfish.app.matched import render_matched_seeds
 from goldfish.app.report_format import figure_link as _figure
 from goldfish.app.report_format import fmt as _fmt
@@ -45,13 +46,13 @@ def _exact(entry: Mapping[str, Any]) -> str:
     return f"{entry[EXACT_MATCH_K]}/{entry['n']} = {rate}"
 
 
-def study_section(summary: Mapping[str, Any], figures: Sequence[str]) -> list[str]:
+def study_section(compared: CompareResult, figures: Sequence[str]) -> list[str]:
     """The protocol (targets' share, spread, split) and the per-bucket tables of one comparison."""
-    buckets = summary.get("buckets") or {}
+    buckets: Any = compared.buckets or {}
     if not buckets:
         return []
     lines = ["## Per repetition bucket", ""]
-    corpus = summary.get("corpus") or {}
+    corpus: Any = compared.corpus or {}
     first = next(iter(buckets.values()))
     split = first.get("split") or {}
     prefix = split.get("prefix_len")
@@ -78,7 +79,7 @@ def study_section(summary: Mapping[str, Any], figures: Sequence[str]) -> list[st
         "it is shown for reference only.",
         "",
     ]
-    tests = ((summary.get("bucket_tests") or {}).get("models")) or {}
+    tests = ((compared.bucket_tests or {}).get("models")) or {}
     for label, result in buckets.items():
         membership = {str(m["repeats"]): m for m in result.get("membership") or []}
         rows = []
@@ -308,16 +309,16 @@ def _sweep(
     }
 
 
-def k_sweep_series(summary: Mapping[str, Any]) -> dict[str, Any] | None:
+def k_sweep_series(compared: CompareResult) -> dict[str, Any] | None:
     """The k sweep of one comparison: every goldfish mask that ran, one series per strategy (and hash width), per k
     the top bucket's exact match (Clopper-Pearson interval) and the validation loss (bootstrap interval over
     validation rows); the standard model's as the reference. None without two k of one strategy."""
-    buckets = summary.get("buckets") or {}
+    buckets: Any = compared.buckets or {}
     if not buckets:
         return None
     tables = {label: result["extraction"] for label, result in buckets.items()}
-    validation = {label: m.get("validation") or {} for label, m in (summary.get("models") or {}).items()}
-    return _sweep((summary.get("config") or {}).get("masks") or [], tables, validation)
+    validation = {label: compared.validation(label) for label in compared.headlines}
+    return _sweep(compared.config.get("masks") or [], tables, validation)  # type: ignore[arg-type]
 
 
 def draw_k_sweep(series: Mapping[str, Any], path: Path) -> None:
@@ -377,14 +378,14 @@ def draw_k_sweep(series: Mapping[str, Any], path: Path) -> None:
     _save_figure(figure, path)
 
 
-def study_figures(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
+def study_figures(compared: CompareResult, out_dir: Path) -> list[str]:
     """The bucket plot and the k sweep of one comparison, when it has them."""
     written = []
-    buckets = summary.get("buckets") or {}
+    buckets: Any = compared.buckets or {}
     if buckets:
         draw_buckets({label: result["extraction"] for label, result in buckets.items()}, out_dir / BUCKETS_FILE)
         written.append(BUCKETS_FILE)
-    series = k_sweep_series(summary)
+    series = k_sweep_series(compared)
     if series is not None:
         draw_k_sweep(series, out_dir / K_SWEEP_FILE)
         written.append(K_SWEEP_FILE)

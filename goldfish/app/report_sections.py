@@ -20,6 +20,7 @@ from eval.metrics import (
     TPR_AT_FPR,
     interval_key,
 )
+from goldfish.app.compare_result import CompareResult
 from goldfish.app.report_figures import (
     BREAKDOWNS,
     as_float,
@@ -104,12 +105,10 @@ def replies_section(key_header: list[str], entries: Sequence[Entry]) -> list[str
     ]
 
 
-def conversations(summary: Mapping[str, Any]) -> bool:
-    """Whether a compare summary's documents are conversations (their parts were extracted reply by reply)."""
-    return any(
-        isinstance(part, Mapping) and "replies" in part
-        for parts in (summary.get("details") or {}).values()
-        for part in parts.values()
+def conversations(result: CompareResult) -> bool:
+    """Whether a compare result's documents are conversations (their parts were extracted reply by reply)."""
+    return "details" in result.keys and any(
+        "replies" in part.details for model in result.models.values() for part in model.parts.values()
     )
 
 
@@ -468,10 +467,10 @@ def _difference_cell(entry: Mapping[str, Any]) -> str:
     )
 
 
-def heldout_loss_section(summary: Mapping[str, Any]) -> list[str]:
+def heldout_loss_section(result: CompareResult) -> list[str]:
     """The cost side of every comparison: each model's loss on the held-out documents, never trained on."""
     rows = []
-    for label, parts in summary["models"].items():
+    for label, parts in result.headlines.items():
         v = parts.get("heldout_loss")
         if not v:
             continue
@@ -490,17 +489,17 @@ def heldout_loss_section(summary: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def validation_section(summary: Mapping[str, Any], figures: Sequence[str]) -> list[str]:
+def validation_section(result: CompareResult, figures: Sequence[str]) -> list[str]:
     """Validation loss on the held-out background (--background runs): utility beside memorization."""
     rows = []
-    for label, parts in summary["models"].items():
+    for label, parts in result.headlines.items():
         if "validation" not in parts:
             continue
         v = parts["validation"]
         rows.append([label, _fmt_ci(v["loss"], v.get("loss_ci")), _fmt(v["perplexity"]), _difference_cell(v)])
     if not rows:
         return []
-    corpus = summary.get("corpus") or {}
+    corpus: Any = result.corpus or {}
     validation = corpus.get("validation") or {}
     lines = [
         "## Validation (held-out background)",

@@ -11,6 +11,7 @@ from eval.metrics import EXACT_MATCH, INTERVAL_METRICS, MATCH_FRACTION
 from eval.paired import CLUSTERED_KEYS
 from eval.seeds import combine_seeds, seed_mean_interval
 from goldfish.app.buckets import seed_bucket_statistics, seed_tests_section
+from goldfish.app.compare_result import CompareResult
 from goldfish.app.config import CompareSpec, MaskSpec
 from goldfish.app.targets import BucketComparison
 
@@ -18,7 +19,7 @@ SEED_METRICS = (*INTERVAL_METRICS, MATCH_FRACTION)
 
 
 def combine_seed_runs(
-    spec: CompareSpec, comparisons: Mapping[int, BucketComparison], summaries: dict[int, dict[str, Any]]
+    spec: CompareSpec, comparisons: Mapping[int, BucketComparison], summaries: dict[int, CompareResult]
 ) -> dict[str, Any]:
     """The combined summary of several seeds' comparisons (see `compare_seeds`)."""
     first = comparisons[spec.seeds[0]]
@@ -35,9 +36,9 @@ def combine_seed_runs(
     # models every seed trained (the loss-matched control is the standard or the goldfish model, whichever ended lower,
     # so its label can differ between seeds: it is reported per seed, not combined)
     in_every = [
-        label for label in summaries[spec.seeds[0]]["models"] if all(label in s["models"] for s in summaries.values())
+        label for label in summaries[spec.seeds[0]].headlines if all(label in s.headlines for s in summaries.values())
     ]
-    per_seed_only = sorted({label for s in summaries.values() for label in s["models"]} - set(in_every))
+    per_seed_only = sorted({label for s in summaries.values() for label in s.headlines} - set(in_every))
     if per_seed_only:
         warnings.append(
             f"{', '.join(per_seed_only)} ran under some seeds only: reported per seed (their folders), not combined"
@@ -63,7 +64,7 @@ def combine_seed_runs(
             )
             for bucket in entry["buckets"]:  # every target-seed pair counted, the targets as clusters
                 bucket[f"{EXACT_MATCH}_pooled"] = pooled[label][bucket["repeats"]]
-        validation = [summaries[seed]["models"][label].get("validation") for seed in spec.seeds]
+        validation = [summaries[seed].headlines[label].get("validation") for seed in spec.seeds]
         if all(v is not None for v in validation):
             losses = [v["loss"] for v in validation]
             entry["validation"] = {
@@ -89,39 +90,39 @@ def combine_seed_runs(
     return {
         "seeds": list(spec.seeds),
         "matched_controls_per_seed": {
-            str(seed): summaries[seed]["matched_controls"]
+            str(seed): summaries[seed].matched_controls
             for seed in spec.seeds
-            if "matched_controls" in summaries[seed]
+            if summaries[seed].matched_controls is not None
         },
         "tuning_seeds": list(spec.tuning_seeds),
         "exploratory_seeds_run": exploratory,
         "confirmatory_seeds_run": [seed for seed in spec.seeds if seed not in spec.tuning_seeds],
         "folders": {str(seed): f"seed-{seed}" for seed in spec.seeds},
         "combined": combined,
-        "per_seed": {str(seed): summaries[seed]["models"] for seed in spec.seeds},
+        "per_seed": {str(seed): summaries[seed].headlines for seed in spec.seeds},
         "combination": "per bucket: each target's mean over seeds, then the mean over targets with the 95% percentile "
         "bootstrap interval over targets (eval.seeds.combine_seeds: the targets are the clusters, a target's seeds "
         "drawn together); validation loss: the mean over seeds with its 95% t interval over seeds",
         "pooled_what": CLUSTERED_KEYS,
         "bucket_tests": seed_tests_section(tests, standard),
         "buckets": {"assignment": "by --data-seed, the same under every seed", "n_per_bucket": _bucket_sizes(assigned)},
-        "config": summaries[spec.seeds[0]]["config"] | {"seeds": list(spec.seeds)},
-        "documents": summaries[spec.seeds[0]]["documents"],
+        "config": summaries[spec.seeds[0]].config | {"seeds": list(spec.seeds)},
+        "documents": summaries[spec.seeds[0]].documents,
         "corpus_per_seed": _corpus_per_seed(summaries),
-        "warnings": warnings + [f"seed {seed}: {w}" for seed in spec.seeds for w in summaries[seed]["warnings"]],
+        "warnings": warnings + [f"seed {seed}: {w}" for seed in spec.seeds for w in summaries[seed].warnings],
     }
 
 
-def _corpus_per_seed(summaries: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+def _corpus_per_seed(summaries: dict[int, CompareResult]) -> dict[str, Any] | None:
     """Per seed, what the combined report says beside its validation table: the targets' share of the tokens trained
     and the validation candidates left out as twins of the background (None without --background)."""
-    if not all(summary.get("corpus") for summary in summaries.values()):
+    if not all(summary.corpus for summary in summaries.values()):
         return None
     return {
         str(seed): {
-            "target_share": summary["corpus"]["target_share"],
+            "target_share": summary.corpus["target_share"],  # type: ignore[index]
             "validation_removed_copies": {
-                kind: summary["corpus"]["validation"].get("removed_copies", {}).get(kind)
+                kind: summary.corpus["validation"].get("removed_copies", {}).get(kind)  # type: ignore[index, union-attr]
                 for kind in ("exact_text", "near")
             },
         }

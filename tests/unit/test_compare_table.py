@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from eval.metrics import EXACT_MATCH, ROUGE_L
+from goldfish.app.compare_result import CompareResult
 from goldfish.app.compare_table import format_table
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,13 +28,13 @@ def _readme_table() -> list[list[str]]:
 
 
 def test_the_printed_header_is_the_readmes() -> None:
-    printed = format_table(json.loads(SHIPPED.read_text())).splitlines()[0]
+    printed = format_table(CompareResult.from_json(json.loads(SHIPPED.read_text()))).splitlines()[0]
     assert re.split(r" {2,}", printed.strip()) == _readme_table()[0]
 
 
 def test_the_printed_kept_and_dropped_accuracy_are_the_readmes() -> None:
     """The README's rows are the shipped compare_quickstart_masks run; its TF accuracy column is the printed one."""
-    printed = format_table(json.loads(SHIPPED.read_text())).splitlines()[2:]
+    printed = format_table(CompareResult.from_json(json.loads(SHIPPED.read_text()))).splitlines()[2:]
     column = _readme_table()[0].index("TF accuracy kept / dropped")
     readme = [row[column] for row in _readme_table()[1:]]
     assert [re.split(r" {2,}", line.strip())[column] for line in printed] == readme
@@ -41,5 +42,7 @@ def test_the_printed_kept_and_dropped_accuracy_are_the_readmes() -> None:
 
 def test_a_summary_without_teacher_forced_accuracy_prints_n_a() -> None:
     part = {EXACT_MATCH: 1.0, ROUGE_L: 0.5}
-    row = format_table({"models": {"standard": {"train": part, "heldout": part}}}).splitlines()[2]
+    row = format_table(CompareResult(models={}, headlines={"standard": {"train": part, "heldout": part}})).splitlines()[
+        2
+    ]
     assert re.split(r" {2,}", row) == ["standard", "1.000", "0.500", "1.000", "0.500", "n/a / n/a", "n/a"]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from data.atomic import json_safe
+from goldfish.app.compare_result import CompareResult
 from goldfish.app.report import (
     render_eval_markdown,
     render_markdown,
@@ -216,7 +217,7 @@ def test_compare_markdown_puts_each_number_in_its_row():
     summary = _full_summary()
     summary["membership"]["standard"]["attacks"]["recall"]["auc_ci"] = [0.7, 1.0]
     summary["models"]["standard"]["train"]["exact_match_ci"] = [0.5, 1.0]
-    md = render_markdown(summary)
+    md = render_markdown(CompareResult.from_json(summary))
     assert "| standard | train | 8 | 0.750 [0.500, 1.000] |" in md  # the headline table's exact match interval
 
     adaptive = _table_rows(md, "## Adaptive extraction")
@@ -283,8 +284,8 @@ def test_markdown_is_the_same_after_a_strict_json_round_trip():
     summary["details"]["goldfish-k4"]["train"]["probabilistic"]["mean_log10_q"] = math.nan
     stored = json.loads(json.dumps(json_safe(summary), allow_nan=False))
     assert stored["details"]["standard"]["train"]["probabilistic"]["median_samples_needed"]["0.99"] == "inf"
-    md = render_markdown(stored)
-    assert md == render_markdown(summary)
+    md = render_markdown(CompareResult.from_json(stored))
+    assert md == render_markdown(CompareResult.from_json(summary))
     assert _row(_table_rows(md, "## Probabilistic extraction"), "goldfish-k4", "train")["mean log10 q"] == "n/a"
     assert _row(_table_rows(md, "## Probabilistic extraction"), "control", "train")["samples for p=0.5"] == "inf"
 
@@ -296,7 +297,7 @@ def test_write_compare_report_writes_every_plot_and_lists_only_existing_files(tm
     _write_rows(tmp_path, "standard/eval/train/beam.jsonl", [{"id": "a"}])
     _write_rows(tmp_path, "standard/eval/membership.jsonl", [{"id": "a"}])
 
-    figures = write_compare_report(summary, tmp_path)
+    figures = write_compare_report(CompareResult.from_json(summary), tmp_path)
 
     expected = {
         "compare.png",
@@ -328,7 +329,7 @@ def test_write_compare_report_writes_every_plot_and_lists_only_existing_files(tm
 
 def test_old_summary_without_optional_sections_still_renders(tmp_path):
     summary = _old_summary()
-    md = render_markdown(summary)
+    md = render_markdown(CompareResult.from_json(summary))
     for heading in (
         "## Extraction over training",
         "## Divergence",
@@ -343,11 +344,11 @@ def test_old_summary_without_optional_sections_still_renders(tmp_path):
     assert "Warning" not in md
     summary["warnings"] = ["the untrained control already extracts 0.250 of the training documents"]
     assert "**Warning:** the untrained control already extracts 0.250 of the training documents." in render_markdown(
-        summary
+        CompareResult.from_json(summary)
     )
     del summary["warnings"]
 
-    figures = write_compare_report(summary, tmp_path)  # no extraction.jsonl: no histogram
+    figures = write_compare_report(CompareResult.from_json(summary), tmp_path)  # no extraction.jsonl: no histogram
     assert figures == ["compare.png"]
     _assert_png(tmp_path / "compare.png")
     written = (tmp_path / "report.md").read_text()
@@ -356,7 +357,7 @@ def test_old_summary_without_optional_sections_still_renders(tmp_path):
     # Older still: headline numbers only, no details, an empty membership.
     del summary["details"]
     summary["membership"] = {}
-    assert "## Membership inference" not in render_markdown(summary)
+    assert "## Membership inference" not in render_markdown(CompareResult.from_json(summary))
 
 
 # ----------------------------------------------------------------------------------------------------------- series
@@ -420,7 +421,9 @@ def _png_size(path: Path) -> tuple[int, int]:
 
 
 def test_plots_of_every_attack_fit_a_normal_width(tmp_path):
-    write_compare_report(_full_summary(), tmp_path)  # 8 attacks: one row of 8 ROC panels was 3,696 px wide
+    write_compare_report(
+        CompareResult.from_json(_full_summary()), tmp_path
+    )  # 8 attacks: one row of 8 ROC panels was 3,696 px wide
     for name in ("roc.png", "auc.png", "compare.png", "divergence.png", "breakdown_repeats.png"):
         width, height = _png_size(tmp_path / name)
         assert width <= 1600, f"{name} is {width} px wide"
@@ -581,7 +584,7 @@ def test_compare_report_lists_removed_duplicates_and_flags_non_latin_rouge():
     )
     label = next(iter(summary["details"]))
     summary["details"][label]["heldout"]["rouge"] = {"default_tokenizer_discards_most": {"n_docs": 1, "ids": ["he"]}}
-    text = render_markdown(summary)
+    text = render_markdown(CompareResult.from_json(summary))
     assert "## Duplicates" in text and "Deduplication `near`" in text and "near-duplicates at threshold 0.8" in text
     assert "exact text (lower-cased, punctuation removed)" in text  # the run record's normalization
     assert "| else | if | exact-text | 1.000 | train | dropped |" in text

@@ -10,8 +10,11 @@ import typing
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 from eval.files import CURVE_FILE, MEMBERSHIP_FILE, ROW_FILES
 from eval.metrics import HEADLINE_METRICS, INTERVAL_METRICS, METRICS
+from goldfish.app.compare_result import CompareResult
 from goldfish.app.results import HEADLINE_KEYS, ModelResult, PartResult
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,6 +39,23 @@ def test_part_results_serialize_to_todays_part_summaries_in_their_order() -> Non
                 headline = summary["models"][label][part]
                 assert {k: typed.headline()[k] for k in headline} == headline
                 assert list(headline) == [k for k in HEADLINE_KEYS if k in headline]
+
+
+def test_compare_results_read_back_write_every_shipped_summary_byte_for_byte() -> None:
+    shipped = sorted((ROOT / "bench" / "results").rglob("summary.json"))
+    compared = [path for path in shipped if "per_seed" not in json.loads(path.read_text())]  # not --seeds combinations
+    assert len(compared) >= 10
+    for path in compared:
+        text = json.dumps(json.loads(path.read_text()), indent=2)
+        typed = CompareResult.from_json(json.loads(path.read_text()))
+        assert json.dumps(typed.to_json(), indent=2) == text, path
+    older = json.loads(QUICKSTART.read_text())
+    del older["warnings"], older["details"]  # an older file: written back without them, parts from the headlines
+    typed = CompareResult.from_json(older)
+    assert typed.to_json() == older and typed.parts("standard")["train"].metrics["exact_match"] is not None
+    combined = json.loads((ROOT / "bench" / "results" / "compare_corpus" / "summary.json").read_text())
+    with pytest.raises(ValueError, match="not a compare summary"):
+        CompareResult.from_json(combined)
 
 
 def test_model_result_is_the_eval_summary_shape() -> None:
@@ -176,7 +196,7 @@ def test_instrument_summary_keys_are_spelled_in_one_module() -> None:
 
 
 # The result types the reports are rendered from; each is walked with every dataclass its fields name.
-RESULT_TYPES = (PartResult, ModelResult)
+RESULT_TYPES = (PartResult, ModelResult, CompareResult)
 
 
 def _any_fields(cls: type, seen: set[type] | None = None) -> list[str]:
