@@ -14,9 +14,9 @@ from typing import Sequence
 DEFAULT_RESAMPLES = 1000  # bootstrap resamples of an interval (eval.intervals)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ExtractionConfig:
-    """How each document is split into a prompt and a suffix to reproduce.
+    """How each document is split into a prompt and a suffix to reproduce (frozen: vary it with dataclasses.replace).
 
     suffix_len: S, the number of tokens generated and compared with the true suffix.
     prefix_len: None -> prefix = everything before the last S tokens (goldfish protocol; needs > S tokens);

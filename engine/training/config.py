@@ -21,9 +21,10 @@ from engine.spec import (
 OPTIMIZERS = ("adamw", "sgd")
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
-    """Optimisation settings. `batch_size` counts sequences per optimizer step over all ranks."""
+    """Optimisation settings. `batch_size` counts sequences per optimizer step over all ranks. Frozen: a changed
+    setting is a new config (dataclasses.replace), so a resolved run's settings stay what was resolved."""
 
     epochs: int = 1
     batch_size: int = 8
@@ -94,8 +95,9 @@ class TrainConfig:
         check_rows_layout(self.rows)
         if self.max_grad_norm is not None and not (self.max_grad_norm > 0 and math.isfinite(self.max_grad_norm)):
             raise ValueError(f"max_grad_norm must be a finite number > 0 or None, got {self.max_grad_norm}")
-        self.zero_inner_levels = tuple(self.zero_inner_levels)  # a run record stores a JSON list
-        self.pipe_split = tuple(self.pipe_split)
+        # a run record stores JSON lists; frozen: set while it is built
+        object.__setattr__(self, "zero_inner_levels", tuple(self.zero_inner_levels))
+        object.__setattr__(self, "pipe_split", tuple(self.pipe_split))
         self.zero_config  # validates the ZeRO fields
         self.pipe_config  # validates the pipeline fields
 
