@@ -32,7 +32,7 @@ import torch
 
 import engine
 from engine.core.placement import PlacedAdamW
-from engine.planner.cost_model import TransformerShape, model_flops_per_token
+from engine.planner.cost_model import model_flops_per_token
 
 SIZES = {
     "tiny": dict(
@@ -114,7 +114,7 @@ def main() -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
     plain = common.build_llama(**size, seq=seq, attn_implementation="sdpa").to(device=device, dtype=dtype)
-    shape = TransformerShape.from_hf_config(plain.config, name=f"Llama {args.size}")
+    shape = engine.planner_shape(plain.config, name=f"Llama {args.size}")
     grid = engine.init(backend="nccl" if device.type == "cuda" else "gloo")
     ids = torch.randint(0, plain.config.vocab_size, (batch, seq), device=device)
     steps = {

@@ -33,7 +33,7 @@ from scipy.stats import kendalltau, rankdata, spearmanr
 
 import engine
 from engine.core.placement import PlacedAdamW
-from engine.planner.cost_model import TransformerShape, ordered_grids
+from engine.planner.cost_model import ordered_grids
 from engine.planner.measure import measure_profile
 from engine.planner.plan import PlanRequest, step_prediction
 from engine.planner.profiles import PROFILES, MachineProfile
@@ -63,7 +63,7 @@ def main() -> int:
         for s in shapes:
             measured_times[s] += time_grid(serial, s, args)[2:]
     if rank == 0:
-        model_shape = TransformerShape.from_hf_config(serial.config)
+        model_shape = engine.planner_shape(serial.config)
         request = PlanRequest(
             shape=model_shape,
             gpus=world,

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from typing import Iterable
 
 from engine.spec import (
     AXES,
@@ -459,33 +459,6 @@ class TransformerShape:
     def n_params(self) -> int:
         """Total parameters."""
         return self.layers * (self.layer_linear_params + self.layer_norm_params) + self.vocab_params + self.root_params
-
-    @classmethod
-    def from_hf_config(cls, config: Any, name: str = "") -> "TransformerShape":
-        """From a transformers config of model_type llama, mistral, qwen2 or qwen3."""
-        kind = getattr(config, "model_type", None)
-        if kind not in ("llama", "mistral", "qwen2", "qwen3"):
-            raise ValueError(
-                f"the cost model knows Llama-family configs (llama, mistral, qwen2, qwen3), got model_type {kind!r}"
-            )
-        heads = config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        attention_bias = bool(getattr(config, "attention_bias", False))  # Qwen2: biases on q, k and v only
-        return cls(
-            hidden=config.hidden_size,
-            layers=config.num_hidden_layers,
-            heads=heads,
-            kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-            intermediate=config.intermediate_size,
-            vocab=config.vocab_size,
-            head_dim=head_dim,
-            qkv_bias=kind == "qwen2" or attention_bias,
-            o_bias=kind != "qwen2" and attention_bias,
-            mlp_bias=bool(getattr(config, "mlp_bias", False)),
-            qk_norm=kind == "qwen3",
-            tie_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-            name=name or kind,
-        )
 
 
 # Named sizes (shapes from the models' published config.json files on the Hugging Face hub).

@@ -26,10 +26,10 @@ from engine.core.grid import GridShape, init
 from engine.core.linear import ParallelLinear
 from engine.core.placement import local_shard
 from engine.models.parallelize import parallelize, rows_layout
+from engine.models.shape import planner_shape
 from engine.planner.cost_model import (
     PHASES,
     StepSettings,
-    TransformerShape,
     bytes_by_group,
     chained_linear_collectives,
     clip_collectives,
@@ -168,7 +168,7 @@ def _llama_worker(
     from engine.memory.activation import checkpoint_decoder_layers
 
     config = tiny_llama_config()
-    model_shape = TransformerShape.from_hf_config(config)
+    model_shape = planner_shape(config)
     torch.manual_seed(0)
     serial = LlamaForCausalLM(config)
     checked = 0
@@ -254,7 +254,7 @@ def test_linear_bytes_equal_prediction_on_every_grid(world: int) -> None:
 @pytest.mark.parametrize("world", [4, 8])
 def test_llama_bytes_equal_prediction_on_every_grid(world: int) -> None:
     shapes = _grid_tuples(world)
-    model_shape = TransformerShape.from_hf_config(tiny_llama_config())
+    model_shape = planner_shape(tiny_llama_config())
     assert all(grid_fits_shape(model_shape, GridShape(*s)) is None for s in shapes)
     every_case = world == 4
     expected = len(shapes) * (len(LLAMA_CASES) if every_case else 1)

@@ -34,6 +34,7 @@ from engine.memory.zero import (
     zero_state,
 )
 from engine.models.parallelize import parallelize
+from engine.models.shape import planner_shape
 from engine.planner.cost_model import ordered_grids
 from engine.training.state import clip_grad_norm_, full_state_dict, sync_gradients
 from engine.training.train import StepLoss, TrainConfig, train
@@ -475,14 +476,13 @@ def _bytes_worker(cases: list[tuple[tuple[int, int, int, int], dict]]) -> int:
     from engine.planner.cost_model import (
         PHASES,
         StepSettings,
-        TransformerShape,
         bytes_by_group,
         llama_step_collectives,
         zero_held_bytes,
     )
 
     config = tiny_llama_config()
-    model_shape = TransformerShape.from_hf_config(config)
+    model_shape = planner_shape(config)
     torch.manual_seed(0)
     serial = LlamaForCausalLM(config)
     for index, (dims, zero_args) in enumerate(cases):

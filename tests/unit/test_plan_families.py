@@ -44,7 +44,21 @@ def test_the_read_shape_holds_the_parameters_of_the_model(family: str) -> None:
 def test_a_llama_config_reads_as_the_llama_layout_of_the_fields() -> None:
     """The read layout and TransformerShape's own Llama layout give the same parameters, bytes and memory."""
     model = tiny_family("llama", vocab=VOCAB)
-    read, fields = model_planner_shape(model), TransformerShape.from_hf_config(model.config)
+    config = model.config
+    fields = TransformerShape(  # the cost model's own Llama layout, from the config's numbers
+        hidden=config.hidden_size,
+        layers=config.num_hidden_layers,
+        heads=config.num_attention_heads,
+        kv_heads=config.num_key_value_heads,
+        intermediate=config.intermediate_size,
+        vocab=config.vocab_size,
+        head_dim=config.head_dim,
+        tie_embeddings=config.tie_word_embeddings,
+        qkv_bias=config.attention_bias,
+        o_bias=config.attention_bias,
+        mlp_bias=config.mlp_bias,
+    )
+    read = model_planner_shape(model)
     zero = ZeroConfig(stage=1)
     for grid in ordered_grids(8):
         assert local_params(read, grid) == local_params(fields, grid)
