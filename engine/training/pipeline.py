@@ -288,7 +288,7 @@ class Pipeline:
             self.all_stages = split_model(model, n_stages, splits)  # every rank knows every stage's parameters
             for stage in self.all_stages:
                 if stage.index % group.size != group.rank:
-                    _to_device(stage, "meta")  # another rank's stage: before ZeRO partitions (and allocates) it
+                    stage_to_device(stage, "meta")  # another rank's stage: before ZeRO partitions (and allocates) it
             if prepare is not None:
                 prepare(self.all_stages)
         self.stages = [self.all_stages[s] for s in range(group.rank, n_stages, group.size)]  # stage s on rank s % P
@@ -390,7 +390,7 @@ class Pipeline:
         for stage in self.all_stages:
             owner = stage.index % n_ranks
             if stage.index > 0:
-                hidden = _hand_over(hidden, self.group, (stage.index - 1) % n_ranks, owner, self.device)
+                hidden = hand_over(hidden, self.group, (stage.index - 1) % n_ranks, owner, self.device)
             if owner != rank:
                 continue
             last = stage is self.all_stages[-1]
@@ -412,7 +412,7 @@ class Pipeline:
         others = [stage for stage in self.all_stages if stage.index % self.group.size != self.group.rank]
         held_on = next(p.device for p in self.parameters())  # where this rank keeps its stages (host: ZeRO offload)
         for stage in others:
-            _to_device(stage, held_on)
+            stage_to_device(stage, held_on)
         try:
             with torch.no_grad():
                 for stage in self.all_stages:
@@ -420,10 +420,10 @@ class Pipeline:
             yield
         finally:
             for stage in others:
-                _to_device(stage, "meta")
+                stage_to_device(stage, "meta")
 
 
-def _to_device(stage: StageModule, device: torch.device | str) -> None:
+def stage_to_device(stage: StageModule, device: torch.device | str) -> None:
     """Give `stage`'s parameters uninitialized storage on `device` ("meta": none), keeping the parameter objects (the
     optimizer's) and their placements; ZeRO's FSDP modules re-register their shards (torch's to_empty). Buffers stay
     as they are: the rotary tables are shared by every stage."""
@@ -450,9 +450,7 @@ HIDDEN_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)  #
 HEADER = 8  # int64s announcing a handed-over tensor: its dtype's code, then its dims padded with -1
 
 
-def _hand_over(
-    hidden: torch.Tensor, group: AxisGroup, sender: int, receiver: int, device: torch.device
-) -> torch.Tensor:
+def hand_over(hidden: torch.Tensor, group: AxisGroup, sender: int, receiver: int, device: torch.device) -> torch.Tensor:
     """`hidden` of group rank `sender` (a stage's output, up to 7 dims) on group rank `receiver`: a header
     (dtype code, dims) then the tensor, point to point. Other ranks get back what they gave."""
     rank = group.rank

@@ -1,0 +1,223 @@
+"""Evaluation through pipeline stages: a transformers causal LM cut into P stages over a pipe group, called as the
+serial model is, with a KV cache kept per stage.
+
+    model = PipelineEvalModel(model, grid.group("pipe"))   # on every rank of the group, the same model
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+    out.logits                                             # (B, T, V) on every rank; out.cache: this rank's layers
+
+Every rank of the group passes the same inputs. One forward is ONE pass through the stages: stage s runs on rank s
+and hands its hidden states (B, T, H) to rank s + 1 (`hand_over`); the last stage's logits are broadcast over the
+group. Each rank holds and runs only its own stage (the others' parameters are on the meta device, as in training,
+engine/training/pipeline.py), so a rank's KV cache fills only its own layers: transformers' caches are indexed by the
+decoder layers' layer_idx, which the layers keep in the stage. Greedy decoding runs in lockstep: each decoding step
+is one forward on every rank.
+
+Each stage sets up what the serial base model's forward sets up, from the same inputs: positions (those given, or
+0..T-1 after the tokens its cache has seen), the attention mask (transformers' create_causal_mask with the padding
+mask and the cache, sized against the stage's first layer, whose cache holds what layer 0's holds serially) and the
+rotary cos/sin. The operations are those of the serial forward on the same shapes, so on one device the logits are
+the serial model's bit for bit (tests/parallel/test_pipeline_eval.py).
+
+HF ``generate`` (beam search, sampling) is refused: it decides on one rank's logits what every rank must do next,
+and its caches are built for the whole model.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from engine.core import comm
+from engine.core.grid import AxisGroup
+from engine.models.adapter import CACHE_KEYWORDS
+from engine.models.layout import parallel_grid
+from engine.training.pipeline import HEADER, HIDDEN_DTYPES, StageModule, hand_over, split_model, stage_to_device
+
+# what the decoder layers of the installed transformers take their KV cache by, newest first
+LAYER_CACHE_KEYWORDS = ("cache", "past_key_values", "layer_past")
+
+GENERATE_REFUSAL = (
+    "HF generate (beam search, sampling) does not run on pipeline stages: evaluate with greedy decoding and "
+    "teacher-forced instruments, or run beam search and sampling on a grid without pipe"
+)
+
+
+class PipelineEvalModel(nn.Module):
+    """`model` cut into `group.size` stages, stage s held and run by group rank s, called like the serial causal LM.
+
+    forward(input_ids (B, T), attention_mask (B, T_past + T) or None, position_ids (B, T) or None, cache or
+    past_key_values, use_cache, logits_to_keep) with the same values on every rank of the group returns a
+    CausalLMOutputWithPast whose logits (B, T', V) are the whole model's on every rank and whose cache holds this
+    rank's layers only (pass it back on this rank). splits: the first layer index of stages 1..P-1 (None: balanced
+    by parameter count; every cut gives the same logits). Inference only (no gradients cross the stages).
+    """
+
+    def __init__(self, model: nn.Module, group: AxisGroup, splits: list[int] | None = None) -> None:
+        super().__init__()
+        if group.size < 2:
+            raise ValueError("a pipeline evaluation needs a group of at least 2 ranks")
+        grid = parallel_grid(model)
+        if grid is not None and grid.size("x", "y", "z") > 1:
+            raise ValueError(
+                "evaluation through pipeline stages runs on grids of pipe and data only: drop x, y and z, or the "
+                "pipe axis"
+            )
+        self.group = group
+        self.device = next(p.device for p in model.parameters() if not p.is_meta)
+        self._config = model.config
+        self._generation_config = getattr(model, "generation_config", None)
+        stages = split_model(model, group.size, splits)
+        for stage in stages:
+            if stage.index != group.rank:
+                stage_to_device(stage, "meta")  # another rank's stage: its weights are freed here
+        self._all = tuple(stages)  # every stage's module (shapes and names), not registered: others' are meta
+        self.stage = stages[group.rank]  # this rank's, registered: its parameters are the module's
+        self._layer_cache = _layer_cache_keyword(self.stage.layers[0])
+        self.train(model.training)
+
+    @property
+    def config(self) -> Any:
+        return self._config
+
+    @property
+    def generation_config(self) -> Any:
+        return self._generation_config
+
+    @property
+    def all_stages(self) -> tuple[StageModule, ...]:
+        """Every stage's module in order (another rank's on the meta device)."""
+        return self._all
+
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: Any = None,
+        past_key_values: Any = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs: Any,
+    ) -> CausalLMOutputWithPast:
+        """The serial model's forward, stage by stage over the group's ranks (see the class doc)."""
+        if kwargs:
+            raise ValueError(f"a pipeline evaluation takes ids, masks, positions and a cache; not {sorted(kwargs)}")
+        cache = cache if cache is not None else past_key_values
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        first = self.stage.start  # the cache layer that has seen what layer 0 has seen serially
+        if position_ids is None:  # as the base model: 0..T-1 after the tokens the cache holds
+            past = cache.get_seq_length(first) if cache is not None else 0
+            position_ids = (torch.arange(input_ids.shape[1], device=input_ids.device) + past).unsqueeze(0)
+        rank, hidden = self.group.rank, input_ids
+        for stage in self._all:
+            if stage.index > 0:
+                hidden = hand_over(hidden, self.group, stage.index - 1, stage.index, self.device)
+            if stage.index == rank:
+                hidden = self._run_stage(hidden, attention_mask, position_ids, cache, bool(use_cache), logits_to_keep)
+        last = len(self._all) - 1
+        logits = _broadcast(hidden if rank == last else None, self.group, last, self.device)
+        return CausalLMOutputWithPast(logits=logits, **{_output_cache_field(): cache if use_cache else None})
+
+    def _run_stage(
+        self,
+        x: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        positions: torch.Tensor,
+        cache: Any,
+        use_cache: bool,
+        logits_to_keep: int | torch.Tensor,
+    ) -> torch.Tensor:
+        """This rank's stage, as the serial base model runs those layers: ids (B, T) on the first stage, hidden states
+        (B, T, H) on the others; returns hidden states, or the logits (B, T', V) on the last stage."""
+        stage = self.stage
+        h = x
+        if stage.embed is not None:
+            h = stage.embed(x)  # (B, T, H)
+            if stage.table is not None:
+                h = h + stage.table(positions)
+            if stage.dropout is not None:
+                h = stage.dropout(h)
+        mask = _stage_mask(self.config, h, attention_mask, positions, cache, stage.start)
+        extra = {"position_embeddings": stage.rotary(h, position_ids=positions)} if stage.rotary is not None else {}
+        for layer in stage.layers:
+            h = layer(
+                h,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=use_cache,
+                **{self._layer_cache: cache},
+                **extra,
+            )
+        if stage.lm_head is None:
+            return h
+        h = stage.norm(h)
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        return stage.lm_head(h[:, keep, :])  # as the serial head: only the positions asked for
+
+    def generate(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        raise ValueError(GENERATE_REFUSAL)
+
+
+def _stage_mask(
+    config: Any,
+    hidden: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    positions: torch.Tensor,
+    cache: Any,
+    layer: int,
+) -> Any:
+    """The attention mask the base model builds for `hidden` (B, T, H) at `positions` with the padding mask and the
+    cache, sized against cache layer `layer` (transformers' create_causal_mask)."""
+    from transformers.masking_utils import create_causal_mask
+
+    parameters = inspect.signature(create_causal_mask).parameters
+    if "layer_idx" not in parameters:
+        raise ValueError(
+            "evaluation through pipeline stages needs a transformers whose create_causal_mask takes layer_idx "
+            "(5.x): upgrade transformers"
+        )
+    keyword = next(k for k in CACHE_KEYWORDS if k in parameters)
+    return create_causal_mask(
+        config=config,
+        inputs_embeds=hidden,
+        attention_mask=attention_mask,
+        position_ids=positions,
+        layer_idx=layer,
+        **{keyword: cache},
+    )
+
+
+def _layer_cache_keyword(layer: nn.Module) -> str:
+    """The keyword a decoder layer takes the KV cache by."""
+    parameters = inspect.signature(layer.forward).parameters
+    return next((k for k in LAYER_CACHE_KEYWORDS if k in parameters), LAYER_CACHE_KEYWORDS[0])
+
+
+def _output_cache_field() -> str:
+    """The name of CausalLMOutputWithPast's cache field in the installed transformers."""
+    fields = CausalLMOutputWithPast.__dataclass_fields__
+    return next(k for k in CACHE_KEYWORDS if k in fields)
+
+
+def _broadcast(tensor: torch.Tensor | None, group: AxisGroup, owner: int, device: torch.device) -> torch.Tensor:
+    """Group rank `owner`'s `tensor` (up to 7 dims) on every rank of the group: a header (dtype code, dims), then the
+    tensor. The other ranks pass None."""
+    if group.rank == owner:
+        dims = [*tensor.shape, *[-1] * (HEADER - 1 - tensor.dim())]
+        header = torch.tensor([HIDDEN_DTYPES.index(tensor.dtype), *dims], dtype=torch.int64, device=device)
+    else:
+        header = torch.empty(HEADER, dtype=torch.int64, device=device)
+    code, *dims = comm.broadcast_(header, group, owner).tolist()
+    if group.rank != owner:
+        tensor = torch.empty([n for n in dims if n >= 0], dtype=HIDDEN_DTYPES[code], device=device)
+    return comm.broadcast_(tensor.contiguous(), group, owner)
+
+
+__all__ = ["GENERATE_REFUSAL", "PipelineEvalModel"]

@@ -1,0 +1,101 @@
+"""Evaluation through pipeline stages (engine/training/pipeline_eval.py) against the serial model, on gloo at pipe=2.
+
+Each rank builds the same float32 model (Llama, and GPT-2 with its lm_head untied), keeps only its own stage and
+runs eval/'s unchanged functions on it: a teacher-forced pass over left-padded rows (padding mask and explicit
+positions), a right-padded pass without positions (eval.logprobs' call), greedy decoding with a KV cache per stage
+(eval.decoding.greedy_paths) and extraction's shared pass (forced_greedy). Every rank gets the serial model's logits
+and ids.
+
+Tolerance: none for the ids and the logits. Each stage runs the serial forward's operations on the same shapes, in
+the same order, on one CPU: the numbers are the same floats. The serial reference decodes with the plain model's
+own set-up (eval.decoding's preallocated cache) but without oneDNN linears (ONEDNN_LINEARS off in these processes:
+oneDNN sums the same products in another order, a float32 rounding difference, which a pipelined model never takes).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from distributed import run_distributed
+from tiny_models import tiny_gpt2, tiny_llama
+
+VOCAB, PAD = 48, 0
+
+
+def llama() -> torch.nn.Module:
+    return tiny_llama(vocab=VOCAB, hidden=32, heads=4, kv_heads=2, layers=4, positions=64)
+
+
+def gpt2() -> torch.nn.Module:
+    model = tiny_gpt2(vocab=VOCAB, hidden=32, layers=4, positions=64)
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())  # untied: see pipeline.py
+    model.config.tie_word_embeddings = False
+    return model
+
+
+MODELS = {"llama": llama, "gpt2": gpt2}
+
+
+def rows() -> list[list[int]]:
+    """Prompts of different lengths, so that left padding pads some rows."""
+    generator = torch.Generator().manual_seed(5)
+    return [torch.randint(1, VOCAB, (n,), generator=generator).tolist() for n in (12, 7, 12, 3, 9)]
+
+
+def measure(model: torch.nn.Module) -> dict:
+    """What the tests compare, from `model` as eval/ calls it (the serial model or the pipelined one)."""
+    import eval.decoding as decoding
+    from eval.batching import left_pad, pad_batch
+
+    decoding.ONEDNN_LINEARS = False  # see the module docstring
+    prompts = rows()
+    with torch.no_grad():
+        ids, mask, positions = left_pad(prompts, PAD, torch.device("cpu"))
+        left = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+        ids, mask = pad_batch(prompts, PAD, side="right")
+        right = model(input_ids=ids, attention_mask=mask).logits
+    paths = decoding.greedy_paths(model, prompts, 6, pad_token_id=PAD, batch_size=3)
+    docs = [p + q for p, q in zip(prompts, reversed(prompts))]
+    forced, predicted = decoding.forced_greedy(
+        model, docs, [len(p) for p in prompts], 3, pad_token_id=PAD, device=torch.device("cpu")
+    )
+    return {
+        "left": left.numpy().copy(),  # numpy: tensors would travel as shared memory
+        "right": right.numpy().copy(),
+        "greedy": [(p.ids, p.min_margin, p.logprob_mean) for p in paths],
+        "forced": [(p.ids, p.min_margin, p.logprob_mean, p.reference_logprob_mean) for p in forced],
+        "predicted": [p.tolist() for p in predicted],
+    }
+
+
+def _worker(name: str) -> dict:
+    from engine.core.grid import init
+    from engine.training.pipeline_eval import GENERATE_REFUSAL, PipelineEvalModel
+
+    grid = init(pipe=2)
+    model = MODELS[name]()
+    total = sum(p.numel() for p in model.parameters())
+    runner = PipelineEvalModel(model, grid.group("pipe"))
+    held = sum(p.numel() for p in runner.parameters())
+    stage = sum(p.numel() for p in runner.all_stages[grid.rank].parameters())
+    with pytest.raises(ValueError) as refused:
+        runner.generate(input_ids=torch.zeros(1, 2, dtype=torch.long))
+    assert str(refused.value) == GENERATE_REFUSAL
+    result = measure(runner)
+    grid.close()
+    return {**result, "held": held, "stage": stage, "total": total}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_a_pipelined_model_evaluates_as_the_serial_model(name: str) -> None:
+    """Every rank of pipe=2 gets the serial model's logits, greedy ids, margins and log-probabilities, while holding
+    only its own stage's parameters (about half of the model's)."""
+    expected = measure(MODELS[name]())
+    results = run_distributed(2, _worker, name)
+    assert sum(got["held"] for got in results) == results[0]["total"]
+    for rank, got in enumerate(results):
+        assert got["held"] == got["stage"] and 0.3 < got["held"] / got["total"] < 0.7, (rank, got["held"])
+        for key in ("left", "right"):
+            assert (got[key] == expected[key]).all(), (rank, key, abs(got[key] - expected[key]).max())
+        for key in ("greedy", "forced", "predicted"):
+            assert got[key] == expected[key], (rank, key)
