@@ -1,10 +1,12 @@
 """Vocabulary-parallel embeddings, lm_head and a chunked cross-entropy that never builds full-vocabulary logits.
 
 Layout. The vocabulary rows of the input embedding and of the lm_head (both (V, H)) are split evenly over the
-tensor-parallel group T = x*y*z (P ranks): the rank at position b of T (b = x + X*y + X*Y*z, the group order of
-engine.core.grid) holds rows [b V/P, (b+1) V/P). Shards are replicated over `data`. A tied lm_head shares the
-embedding's shard. Every rank of T feeds its own rows (same shapes on every rank of T, as in training and in
-engine.core.sharding's evaluation blocks):
+tensor-parallel group T = x*y*z (P ranks): the rank at (x, y, z) holds block b = x*Y*Z + y*Z + z, rows
+[b V/P, (b+1) V/P) (`vocab_block`: mesh order, x outermost, so that the table is a DTensor with Shard(0) on each split
+dim of Grid.device_mesh(); T's own group order, x + X*y + X*Y*z, differs when two or more of x, y, z exceed 1, and
+gathers of the slices over T put them in block order with `to_block_order`). Shards are replicated over `data`. A
+tied lm_head shares the embedding's shard. Every rank of T feeds its own rows (same shapes on every rank of T, as in
+training and in engine.core.sharding's evaluation blocks):
 
     embedding      token ids of T's rows are gathered (integers, no autograd); each rank looks up the ids of its
                    vocabulary slice (zeros elsewhere) and the partial embeddings are reduce-scattered back to the
@@ -53,7 +55,38 @@ from engine.core.placement import local_shard
 from engine.spec import OWN, RowsLayout, row_replica_axes, vocab_row_axes
 
 DEFAULT_CHUNK_TOKENS = 1024
-VOCAB_AXES = ("x", "y", "z")
+VOCAB_AXES = ("x", "y", "z")  # the split of the vocabulary, outermost first (the order of Grid.device_mesh's dims)
+
+
+def vocab_block(coords: dict[str, int], grid: Grid) -> int:
+    """The block of the vocabulary the rank at `coords` holds: its (x, y, z) read in mesh order, x outermost
+    (x*Y*Z + y*Z + z), which is where a DTensor with Shard(0) on Grid.device_mesh()'s x, y and z dims puts it."""
+    block = 0
+    for axis in VOCAB_AXES:
+        block = block * grid.size(axis) + coords[axis]
+    return block
+
+
+def block_order(grid: Grid) -> torch.Tensor | None:
+    """(P,) the positions in the x*y*z group (its rank order, x fastest) of the ranks holding vocabulary blocks 0..P-1,
+    or None when the two orders agree (at most one of x, y, z exceeds 1)."""
+    group = grid.group(*VOCAB_AXES)
+    blocks = [vocab_block(grid.shape.coords(rank), grid) for rank in group.ranks]
+    if blocks == sorted(blocks):
+        return None
+    return torch.tensor(sorted(range(len(blocks)), key=blocks.__getitem__))
+
+
+def to_block_order(gathered: torch.Tensor, grid: Grid, dim: int) -> torch.Tensor:
+    """`gathered` (the P vocabulary slices of the x*y*z group concatenated along `dim` in group rank order, as an
+    all-gather over the group gives them) with its slices in vocabulary order (differentiable; itself when the orders
+    agree)."""
+    order = block_order(grid)
+    if order is None:
+        return gathered
+    dim = dim % gathered.dim()
+    slices = gathered.unflatten(dim, (len(order), -1))
+    return slices.index_select(dim, order.to(gathered.device)).flatten(dim, dim + 1)
 
 
 # ----- the loss -------------------------------------------------------------------------------------------------
@@ -214,7 +247,7 @@ class _VocabShard:
                 "replicated (vocab_parallel=False) or choose x*y*z dividing it"
             )
         self.grid, self.full_vocab = grid, full_vocab
-        self.vocab_start = group.rank * (full_vocab // group.size)
+        self.vocab_start = vocab_block(grid.coords, grid) * (full_vocab // group.size)
         self.rows_layout: RowsLayout = OWN  # a mode like ParallelLinear.rows_layout, set by parallelize.rows_layout
 
     @property
@@ -239,7 +272,7 @@ class _VocabShard:
 
     def gather_rows(self, shard: torch.Tensor) -> torch.Tensor:
         """The full (V, ...) tensor from every rank's shard-shaped `shard` (collective over x*y*z)."""
-        return comm.all_gather(local_shard(shard).detach().contiguous(), self.group, 0)
+        return to_block_order(comm.all_gather(local_shard(shard).detach().contiguous(), self.group, 0), self.grid, 0)
 
     def full_weight(self) -> torch.Tensor:
         return self.gather_rows(self.weight)
@@ -316,7 +349,8 @@ class VocabParallelLMHead(nn.Linear, _VocabShard):
             hidden = copy_to_group(hidden, replicas)
         all_rows = gather_sharded(hidden, rows, 0)
         local_logits = F.linear(all_rows, local_shard(self.weight))
-        return split_to_group(gather_from_group(local_logits, group, -1), rows, 0)
+        logits = to_block_order(gather_from_group(local_logits, group, -1), self.grid, -1)
+        return split_to_group(logits, rows, 0)
 
     def extra_repr(self) -> str:
         shard = tuple(local_shard(self.weight).shape)

@@ -7,7 +7,7 @@ dict, loading, ZeRO and checkpoints read it instead of the grid or the modules. 
                       stores the transpose: serial_transposed), output features in their natural order
     split             how the full tensor is cut: (axis, dim) pairs, outermost first. A "normal" ParallelLinear weight
                       is (("y", 0), ("z", 0), ("x", 1)): rows split over y, each y block's rows over z, columns over x;
-                      a vocabulary-parallel table (("z", 0), ("y", 0), ("x", 0)), the order of the x*y*z group's ranks
+                      a vocabulary-parallel table (("x", 0), ("y", 0), ("z", 0)), rows in mesh order (x outermost)
     order             a fused projection stores its rows regrouped per y rank ([q_i | k_i | v_i]): stored row i is
                       natural row order[i]; None = natural order
     region            what the gradient of an unsplit tensor covers ("layer", "heads", "rows", "tensor", or None: this
@@ -37,7 +37,7 @@ LINEAR_SPLITS = {
     "default": (("y", 0), ("z", 0), ("x", 1)),
     "transposed": (("x", 0), ("z", 0), ("y", 1)),
 }
-VOCAB_SPLIT = (("z", 0), ("y", 0), ("x", 0))  # group rank of x*y*z = x + X (y + Y z): z outermost
+VOCAB_SPLIT = (("x", 0), ("y", 0), ("z", 0))  # engine.core.vocab_parallel.vocab_block: mesh order, x outermost
 PLAN_ATTR = "parallel_plan"  # the one attribute parallelize sets, on the model it was given
 # The attribute of a module whose forward reads the rows layout (ParallelLinear, a vocabulary-parallel table, a planned
 # base model's row hooks): a mode like `training`, set from the plan by engine.models.parallelize.rows_layout.
@@ -151,7 +151,8 @@ class ParamLayout:
     def placements(self, mesh_axes: tuple[str, ...]) -> tuple | None:
         """DTensor placements of this rank's local tensor on a DeviceMesh whose dims are `mesh_axes` (Grid.device_mesh),
         or None when DTensor cannot express the layout: rows regrouped (a fused projection), or one dim split over
-        several axes in another order than the mesh's (a vocabulary-parallel table: z outermost)."""
+        several axes in another order than the mesh's (no table parallelize builds: a vocabulary-parallel table's rows
+        are in mesh order, engine.core.vocab_parallel.vocab_block)."""
         from torch.distributed.tensor import Replicate, Shard
 
         if self.order is not None:
@@ -297,7 +298,7 @@ def describe(
 
 def place_parameters(model: nn.Module, layout: "ParallelPlan") -> None:
     """Make every split tensor whose layout DTensor placements express (ParamLayout.placements: a ParallelLinear's
-    weight and bias, a vocabulary table split over one tensor axis) a DTensor on Grid.device_mesh() over the same
+    weight and bias, a vocabulary-parallel table) a DTensor on Grid.device_mesh() over the same
     local tensor (no copy, same requires_grad, ties kept). The modules compute on its local shard; torch's DTensor API
     (full_tensor, redistribute) sees the split."""
     if layout.grid.size("x", "y", "z") == 1:

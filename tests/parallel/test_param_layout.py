@@ -3,7 +3,8 @@
 For every state-dict tensor of a parallelized model, each rank's pieces must cut exactly its local tensor out of the
 serial model's tensor, the ranks' pieces together must cover the full tensor, and where DTensor can express the
 layout, a DTensor on Grid.device_mesh() built from the local tensor must gather to the serial tensor. Fused projections
-(GPT-2's c_attn, Phi-3's qkv_proj and gate_up_proj) and vocabulary-parallel tables are covered on grids with y = 2.
+(GPT-2's c_attn, Phi-3's qkv_proj and gate_up_proj) and vocabulary-parallel tables are covered on grids with y = 2;
+vocabulary tables split over two axes (x*y, y*z) are placed DTensors.
 """
 
 from __future__ import annotations
@@ -80,12 +81,14 @@ def _check(model_type: str, sizes: dict[str, int]) -> dict:
         gathered[key] = bool((total > 0).all())
     fused = sum(1 for p in layout.params.values() if p.order is not None)
     vocab = sum(1 for p in layout.params.values() if p.region == "tensor")
+    vocab_placed = sum(1 for p in layout.params.values() if p.region == "tensor" and p.placed)
     return {
         "covered": gathered,
         "expressed": expressed,
         "placed": placed,
         "fused": fused,
         "vocab": vocab,
+        "vocab_placed": vocab_placed,
         "n": len(layout.params),
     }
 
@@ -103,6 +106,8 @@ def test_pieces_cut_the_serial_tensors(model_type: str) -> None:
             assert results[0]["fused"] > 0, f"{model_type} on {sizes}: expected regrouped fused projections"
         if sizes.get("data", 1) == 1 and model_type != "gpt2":  # GPT-2's 50257 rows do not split in 4
             assert results[0]["vocab"] > 0, f"{model_type} on {sizes}: expected vocabulary-parallel tables"
+            # rows in mesh order (x outermost): a DTensor with Shard(0) on every split axis, even over two of them
+            assert results[0]["vocab_placed"] == results[0]["vocab"], f"{model_type} on {sizes}: a table is not placed"
 
 
 def _inner_model(_: int) -> str:
