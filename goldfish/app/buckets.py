@@ -18,6 +18,7 @@ from eval.field_scores import recall_at_incorrect
 from eval.intervals import DEFAULT_RESAMPLES
 from eval.metrics import EXACT_MATCH, GENERATED_LOGPROB_MEAN, MATCH_FRACTION
 from eval.paired import PAIRED_KEYS, clustered_extraction, paired_buckets
+from goldfish.app.bucket_tests import BucketTestsSection
 
 # lm-extraction-benchmark reports recall at 100 incorrect guesses; the smaller budgets show the high-precision end.
 RECALL_BUDGETS = (1, 10, 100)
@@ -171,15 +172,16 @@ def bucket_tests_section(
     reference: str,
     *,
     n_resamples: int,
-) -> dict[str, Any]:
-    """summary.json's "bucket_tests" of one seed: {"reference", "what": {key: meaning}, "models": bucket_tests}."""
-    return {
-        "reference": reference,
-        "what": ONE_SEED_TEST_KEYS,
-        "models": bucket_tests(rows_by_model, repeats, reference, n_resamples=n_resamples),
-    }
+) -> BucketTestsSection:
+    """summary.json's "bucket_tests" of one seed: the reference, what each key means and `bucket_tests`."""
+    return seed_tests_section(
+        bucket_tests(rows_by_model, repeats, reference, n_resamples=n_resamples), reference, what=ONE_SEED_TEST_KEYS
+    )
 
 
-def seed_tests_section(tests: Mapping[str, list[dict[str, Any]]], reference: str) -> dict[str, Any]:
-    """The combined summary's "bucket_tests" (seed_bucket_statistics' tests): {"reference", "what", "models"}."""
-    return {"reference": reference, "what": PAIRED_KEYS, "models": dict(tests)}
+def seed_tests_section(
+    tests: Mapping[str, list[dict[str, Any]]], reference: str, what: Mapping[str, str] = PAIRED_KEYS
+) -> BucketTestsSection:
+    """The "bucket_tests" of tests against `reference` (bucket_tests, or seed_bucket_statistics' tests of the
+    combined summary): {"reference", "what", "models"}, typed."""
+    return BucketTestsSection.from_json({"reference": reference, "what": dict(what), "models": dict(tests)})

@@ -47,6 +47,7 @@ from goldfish.app.records import trained_copies
 from goldfish.app.results import PARTS, ModelResult
 from goldfish.app.run_grid import grid_sizes
 from goldfish.app.seed_combination import combine_seed_runs
+from goldfish.app.seeds_result import SeedsResult
 from goldfish.app.targets import TARGETS_FILE, comparison_target_rows, seeds_target_rows, write_target_rows
 from goldfish.app.tracking import ReportTo
 from goldfish.app.training import train_model
@@ -535,19 +536,19 @@ def compare(
     report_to: ReportTo = "none",
     verify: bool = True,
     resume: bool = False,
-) -> CompareResult | dict[str, Any] | None:
+) -> CompareResult | SeedsResult | None:
     """Train a standard model and one goldfish model per mask from the same initial weights on the same documents,
     evaluate each and an untrained control on training and held-out documents, write summary.json and report.md.
     With spec.seeds, once per seed (OUT/seed-S) and then combined (`compare_seeds`; `resume` reads back the seeds
-    that finished, goldfish.app.finished_seeds). Returns the result (with spec.seeds the combined summary; None or an
-    empty dict on ranks other than 0)."""
+    that finished, goldfish.app.finished_seeds). Returns the result (with spec.seeds the SeedsResult combining them;
+    None on ranks other than 0)."""
     options = dict(grid=grid, device=device, log=log, report_to=report_to, verify=verify)
     if spec.seeds:
         return compare_seeds(spec, Path(out_dir), resume=resume or spec.resume, **options)
     return Comparison(spec, out_dir, **options).run()
 
 
-def compare_seeds(spec: CompareSpec, out_dir: Path, *, resume: bool = False, **options: Any) -> dict[str, Any]:
+def compare_seeds(spec: CompareSpec, out_dir: Path, *, resume: bool = False, **options: Any) -> SeedsResult | None:
     """One comparison per seed of spec.seeds (the model's init seed and the data order / insertion seed both set to
     it; the targets and their buckets are the data seed's, the same for every seed) in OUT/seed-S, then
     OUT/summary.json and OUT/report.md combining them: per model and bucket the mean over seeds and targets with
@@ -555,7 +556,7 @@ def compare_seeds(spec: CompareSpec, out_dir: Path, *, resume: bool = False, **o
     seed whose folder holds a finished comparison of the same settings is read back (its report written again from
     its rows), and any other seed folder is cleared and run."""
     from goldfish.app.report import write_compare_report  # matplotlib: only when a report is written
-    from goldfish.app.report_buckets import write_seeds_report
+    from goldfish.app.report_seeds import write_seeds_report
 
     started = time.perf_counter()
     log = options.get("log", print)
@@ -587,11 +588,12 @@ def compare_seeds(spec: CompareSpec, out_dir: Path, *, resume: bool = False, **o
         if ran is not None:
             summaries[seed] = ran
     if not is_main_process(options.get("grid")):
-        return {}
-    summary = combine_seed_runs(spec, comparisons, summaries)
-    summary["timings_s"] = {"total": time.perf_counter() - started}
-    write_seeds_report(summary, out_dir)
+        return None
+    result = replace(
+        combine_seed_runs(spec, comparisons, summaries), timings_s={"total": time.perf_counter() - started}
+    )
+    write_seeds_report(result, out_dir)
     # every seed's per-target rows in one file (each seed folder's own, as that seed's run wrote it)
     write_target_rows(out_dir / TARGETS_FILE, seeds_target_rows(out_dir, spec.seeds))
     log(f"wrote {out_dir / 'summary.json'} and {out_dir / 'report.md'} (seeds {','.join(map(str, spec.seeds))})")
-    return summary
+    return result

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from goldfish.app.bucket_tests import BucketTestsSection
 from goldfish.app.results import PARTS, JsonValue, ModelResult, PartResult, Row
 
 # summary.json's top-level keys in the order compare writes them.
@@ -69,7 +70,7 @@ class CompareResult:
     corpus: dict[str, JsonValue] | None = None  # the background corpus' record
     matched_controls: dict[str, JsonValue] | None = None  # loss- and compute-matched controls and their table
     buckets: dict[str, dict[str, JsonValue]] | None = None  # label -> per-bucket results
-    bucket_tests: dict[str, JsonValue] | None = None  # the paired tests between buckets and models
+    bucket_tests: BucketTestsSection | None = None  # every model against the standard model, bucket by bucket
     checkpoints: dict[str, str] | None = None  # label -> the released checkpoint evaluated (goldfish.app.released)
     keys: tuple[str, ...] = SUMMARY_KEYS  # the always-written keys summary.json has (an older file lacks some)
 
@@ -94,7 +95,7 @@ class CompareResult:
             "corpus": self.corpus,
             "matched_controls": self.matched_controls,
             "buckets": self.buckets,
-            "bucket_tests": self.bucket_tests,
+            "bucket_tests": None if self.bucket_tests is None else self.bucket_tests.to_json(),
             "models": self.headlines,
             "details": {label: m.parts_json() for label, m in self.models.items()},
             "membership": self.membership,
@@ -126,6 +127,7 @@ class CompareResult:
         headlines = dict(summary["models"])  # type: ignore[arg-type]
         details = summary.get("details") or {}
         membership = summary.get("membership") or {}
+        tests = summary.get("bucket_tests")
         models = {
             label: ModelResult(
                 parts={
@@ -152,7 +154,7 @@ class CompareResult:
             corpus=summary.get("corpus"),
             matched_controls=summary.get("matched_controls"),
             buckets=summary.get("buckets"),
-            bucket_tests=summary.get("bucket_tests"),
+            bucket_tests=None if tests is None else BucketTestsSection.from_json(tests),  # type: ignore[arg-type]
             checkpoints=summary.get("checkpoints"),
             keys=tuple(key for key in SUMMARY_KEYS if key in summary),
         )

@@ -1,30 +1,30 @@
 """report.md sections and plots of a repetition-bucket study: per bucket every measure with its interval, the tests
-between models, the k sweep, and the combination of several seeds (`goldfish compare --seeds`).
+between models and the k sweep.
 
-Rendered from summary.json's `buckets`, `bucket_tests`, `corpus` and `models[*]["validation"]` (one seed), or from
-the combined summary of `goldfish.app.compare.compare_seeds`.
+Rendered from a CompareResult's `buckets`, `bucket_tests`, `corpus` and validation losses (one seed); the plots and
+the paired table are shared with the combination of several seeds (goldfish.app.report_seeds).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from data.atomic import json_safe, write_text_atomic
 from eval.buckets import EXACT_MATCH_K
 from eval.metrics import AUC, AUC_CI, EXACT_MATCH, ROUGE_L, SUFFIX_LOGPROB_MEAN, TPR_AT_FPR, TPR_AT_FPR_CI, interval_key
+from goldfish.app.bucket_tests import BucketTest
 from goldfish.app.compare_result import CompareResult
-from goldfish.app.matched import render_matched_seeds
 from goldfish.app.report_format import figure_link as _figure
 from goldfish.app.report_format import fmt as _fmt
 from goldfish.app.report_format import fmt_ci as _fmt_ci
-from goldfish.app.report_format import fmt_interval as _fmt_interval
 from goldfish.app.report_format import md_table as _table
 from goldfish.app.report_format import new_figure, palette
 from goldfish.app.report_format import save_figure as _save_figure
+from goldfish.app.results import Interval
+from goldfish.app.seeds_result import SeedBucket
 
 K_SWEEP_FILE = "k_sweep.png"
 BUCKETS_FILE = "buckets.png"
@@ -79,7 +79,7 @@ def study_section(compared: CompareResult, figures: Sequence[str]) -> list[str]:
         "it is shown for reference only.",
         "",
     ]
-    tests = ((compared.bucket_tests or {}).get("models")) or {}
+    tests = compared.bucket_tests.models if compared.bucket_tests is not None else {}
     for label, result in buckets.items():
         membership = {str(m["repeats"]): m for m in result.get("membership") or []}
         rows = []
@@ -108,7 +108,7 @@ def study_section(compared: CompareResult, figures: Sequence[str]) -> list[str]:
             ],
             rows,
         )
-        lines += _paired_table(tests.get(label), paired="exact McNemar p", seeds=False)
+        lines += paired_table(tests.get(label), paired="exact McNemar p", seeds=False)
         lines += _field_scores(result)
         lines += _prefix_table(result)
     lines += _figure(BUCKETS_FILE, "extraction by repetitions with intervals", figures)
@@ -116,28 +116,32 @@ def study_section(compared: CompareResult, figures: Sequence[str]) -> list[str]:
     return lines
 
 
-def _difference(entry: Mapping[str, Any], metric: str) -> str:
-    value = entry.get(f"{metric}_difference")
-    return "n/a" if value is None else _fmt_ci(value, entry.get(interval_key(f"{metric}_difference")))
+def _difference(test: BucketTest, metric: str) -> str:
+    value = test.differences.get(metric)
+    return "n/a" if value is None else _fmt_ci(value, test.difference_intervals.get(metric))
 
 
-def _paired_table(tests: Sequence[Mapping[str, Any]] | None, *, paired: str, seeds: bool) -> list[str]:
+def paired_table(tests: Sequence[BucketTest] | None, *, paired: str, seeds: bool) -> list[str]:
     """A model against the standard model bucket by bucket (eval.paired.paired_buckets entries, with Fisher's p under
-    one seed): the extracted counts, the discordant ones, the paired test and the paired differences."""
+    one seed): the extracted counts, the discordant ones, the paired test and the paired differences. A summary
+    written before the paired tests has Fisher's test of the two counts only: that table, and the sentence saying
+    so."""
     if not tests:
         return []
+    if not all(t.paired for t in tests):
+        return _unpaired_table(tests)
     rows = []
     for t in tests:
-        n = t["n_targets"] * t["n_seeds"]
+        n = t.n_targets * t.n_seeds  # type: ignore[operator]
         row = [
-            str(t["repeats"]),
-            f"{t['reference_k']}/{n} vs {t['model_k']}/{n}",
-            f"{t['reference_only']} / {t['model_only']}",
-            _p(t["sign_flip_p"] if seeds else t["mcnemar_p"]),
+            str(t.repeats),
+            f"{t.reference_k}/{n} vs {t.model_k}/{n}",
+            f"{t.reference_only} / {t.model_only}",
+            _p(t.sign_flip_p if seeds else t.mcnemar_p),
             _difference(t, EXACT_MATCH),
             _difference(t, ROUGE_L),
         ]
-        rows.append(row if seeds else [*row, _p(t.get("fisher_p"))])
+        rows.append(row if seeds else [*row, _p(t.unpaired.fisher_p if t.unpaired is not None else None)])
     unit = "target-seed pairs" if seeds else "targets"
     interval = "cluster bootstrap over targets" if seeds else "paired bootstrap over targets"
     header = [
@@ -151,6 +155,24 @@ def _paired_table(tests: Sequence[Mapping[str, Any]] | None, *, paired: str, see
     return ["Against standard, paired over the same targets:", ""] + _table(
         header if seeds else [*header, "Fisher p (unpaired, reference only)"], rows
     )
+
+
+def _unpaired_table(tests: Sequence[BucketTest]) -> list[str]:
+    """The tests of a summary written before the paired ones: each model's extracted counts against the standard
+    model's and Fisher's exact p, which treats the two counts as independent samples."""
+    rows = [
+        [
+            str(t.repeats),
+            f"{t.unpaired.a_k}/{t.unpaired.a_n} vs {t.unpaired.b_k}/{t.unpaired.b_n}" if t.unpaired else "n/a",
+            _p(t.unpaired.fisher_p if t.unpaired else None),
+        ]
+        for t in tests
+    ]
+    return [
+        "Against standard: this summary was written before the paired tests (McNemar, the paired differences); it "
+        "has Fisher's exact test of the two counts only, which treats them as independent samples:",
+        "",
+    ] + _table(["copies", "extracted: standard vs this (targets)", "Fisher p (unpaired)"], rows)
 
 
 def _field_scores(result: Mapping[str, Any]) -> list[str]:
@@ -197,14 +219,44 @@ def _prefix_table(result: Mapping[str, Any]) -> list[str]:
 # ---------------------------------------------------------------------------------------------------------- figures
 
 
-def _exact_intervals(entry: Mapping[str, Any]) -> tuple[list[float] | None, list[float] | None]:
-    """(inner, outer) exact-match interval of a bucket entry: one seed, the Clopper-Pearson interval and no outer
-    one; several seeds, the cluster bootstrap over targets and the conservative exact bounds (eval.paired), which are
-    not zero-wide when no target (or every one) was extracted."""
-    pooled = entry.get(f"{EXACT_MATCH}_pooled")
-    if pooled:
-        return pooled.get("cluster_ci"), pooled.get("exact_bounds")
-    return entry.get(interval_key(EXACT_MATCH)), None
+@dataclass(frozen=True)
+class BucketPoint:
+    """One model at one bucket as the plots draw it: exact match with its inner and outer interval (one seed: the
+    Clopper-Pearson interval and no outer one; several seeds: the cluster bootstrap over targets and the
+    conservative exact bounds, eval.paired, which are not zero-wide when no target, or every one, was extracted) and
+    RougeL with its bootstrap interval over targets."""
+
+    repeats: int
+    exact_match: float | None
+    inner: Interval
+    outer: Interval
+    rouge_l: float | None
+    rouge_l_ci: Interval
+
+    @classmethod
+    def of_bucket(cls, entry: Mapping[str, Any]) -> BucketPoint:
+        """A point of one comparison's bucket entry (summary.json's buckets[label]["extraction"])."""
+        return cls(
+            entry["repeats"],
+            entry.get(EXACT_MATCH),
+            entry.get(interval_key(EXACT_MATCH)),
+            None,
+            entry.get(ROUGE_L),
+            entry.get(interval_key(ROUGE_L)),
+        )
+
+    @classmethod
+    def of_seeds(cls, bucket: SeedBucket) -> BucketPoint:
+        """A point of a bucket combined over seeds."""
+        pooled = bucket.pooled
+        return cls(
+            bucket.repeats,
+            bucket.means.get(EXACT_MATCH),
+            pooled.cluster_ci if pooled is not None else bucket.intervals.get(EXACT_MATCH),
+            pooled.exact_bounds if pooled is not None else None,
+            bucket.means.get(ROUGE_L),
+            bucket.intervals.get(ROUGE_L),
+        )
 
 
 def _error(values: Sequence[float], intervals: Sequence[Sequence[float] | None]) -> list[list[float]]:
@@ -218,7 +270,7 @@ def _error(values: Sequence[float], intervals: Sequence[Sequence[float] | None])
 MARKERS = "osD^vP*Xh<>"
 
 
-def draw_buckets(tables: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, title: str = "") -> None:
+def draw_buckets(tables: Mapping[str, Sequence[BucketPoint]], path: Path, title: str = "") -> None:
     """Exact match and RougeL against the copies trained on (categorical axis, 0 = held out): one marker per model,
     shifted sideways so that no model hides another, with its interval as an error bar. Exact match: the
     Clopper-Pearson interval (one seed), or the cluster bootstrap over targets (thick) inside the conservative exact
@@ -230,26 +282,27 @@ def draw_buckets(tables: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, 
     for axis, metric, name in ((axes[0], EXACT_MATCH, "exact match"), (axes[1], ROUGE_L, "RougeL")):
         for i, (label, table) in enumerate(tables.items()):
             x = [j - width / 2 + step * (i + 0.5) for j in range(len(table))]
-            y = [math.nan if e.get(metric) is None else e[metric] for e in table]
+            values = [e.exact_match if metric == EXACT_MATCH else e.rouge_l for e in table]
+            y = [math.nan if v is None else v for v in values]
             style = dict(color=colors[label], marker=MARKERS[i % len(MARKERS)], markersize=5, linestyle="none")
             if metric == EXACT_MATCH:
-                inner, outer = zip(*(_exact_intervals(e) for e in table)) if table else ((), ())
+                inner, outer = [e.inner for e in table], [e.outer for e in table]
                 if any(outer):
                     axis.errorbar(x, y, yerr=_error(y, outer), color=colors[label], linestyle="none", elinewidth=0.8)
                 axis.errorbar(x, y, yerr=_error(y, inner), elinewidth=2.2, capsize=2, label=label, **style)
             else:
-                ci = [e.get(interval_key(metric)) for e in table]
+                ci = [e.rouge_l_ci for e in table]
                 axis.errorbar(x, y, yerr=_error(y, ci), elinewidth=1.5, capsize=2, label=label, **style)
             axis.plot(x, y, color=colors[label], alpha=0.35, linewidth=0.8)  # guides the eye along one model
         first = next(iter(tables.values()))
-        axis.set_xticks(range(len(first)), [str(e["repeats"]) for e in first])
+        axis.set_xticks(range(len(first)), [str(e.repeats) for e in first])
         for j in range(len(first) - 1):
             axis.axvline(j + 0.5, color="0.85", linewidth=0.8)
         axis.set_xlabel("copies trained on (0 = held out)")
         axis.set_ylabel(name)
         axis.set_ylim(-0.03, 1.03)
         axis.grid(alpha=0.3, axis="y")
-    several = any(_exact_intervals(e)[1] for table in tables.values() for e in table)
+    several = any(e.outer for table in tables.values() for e in table)
     axes[0].set_title(
         "95%: cluster bootstrap over targets (thick), exact bounds (thin)" if several else "95% Clopper-Pearson",
         fontsize=9,
@@ -273,32 +326,32 @@ def _sweep_masks(masks: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> d
     return {name: sorted(ms, key=lambda m: m["k"]) for name, ms in series.items()}
 
 
-def _sweep_point(entry: Mapping[str, Any], validation: Mapping[str, Any]) -> dict[str, Any]:
-    inner, outer = _exact_intervals(entry)
+def _sweep_point(point: BucketPoint, validation: tuple[float | None, Interval]) -> dict[str, Any]:
     return {
-        EXACT_MATCH: entry[EXACT_MATCH],
-        "inner": inner,
-        "outer": outer,
-        "val_loss": validation.get("loss"),
-        "val_loss_ci": validation.get("loss_ci"),
+        EXACT_MATCH: point.exact_match,
+        "inner": point.inner,
+        "outer": point.outer,
+        "val_loss": validation[0],
+        "val_loss_ci": validation[1],
     }
 
 
-def _sweep(
+def sweep_series(
     masks: Sequence[Mapping[str, Any]],
-    tables: Mapping[str, Sequence[Mapping[str, Any]]],
-    validation: Mapping[str, Mapping[str, Any]],
+    tables: Mapping[str, Sequence[BucketPoint]],
+    validation: Mapping[str, tuple[float | None, Interval]],
 ) -> dict[str, Any] | None:
     """Per series of masks (strategy and hash width), per k: the top bucket's exact match with its intervals and the
-    validation loss with its; the standard model's as the reference. None without two k of one strategy."""
+    validation loss with its (validation: label -> (loss, interval)); the standard model's as the reference. None
+    without two k of one strategy."""
     series = _sweep_masks(masks, list(tables))
     if not any(len({m["k"] for m in ms}) >= 2 for ms in series.values()):
         return None
-    top = max(e["repeats"] for e in next(iter(tables.values())))
+    top = max(e.repeats for e in next(iter(tables.values())))
 
     def point(label: str) -> dict[str, Any]:
-        entry = next(e for e in tables[label] if e["repeats"] == top)
-        return _sweep_point(entry, validation.get(label) or {})
+        entry = next(e for e in tables[label] if e.repeats == top)
+        return _sweep_point(entry, validation.get(label) or (None, None))
 
     return {
         "top_bucket": top,
@@ -316,9 +369,12 @@ def k_sweep_series(compared: CompareResult) -> dict[str, Any] | None:
     buckets: Any = compared.buckets or {}
     if not buckets:
         return None
-    tables = {label: result["extraction"] for label, result in buckets.items()}
-    validation = {label: compared.validation(label) for label in compared.headlines}
-    return _sweep(compared.config.get("masks") or [], tables, validation)  # type: ignore[arg-type]
+    tables = {label: [BucketPoint.of_bucket(e) for e in result["extraction"]] for label, result in buckets.items()}
+    validation = {
+        label: (compared.validation(label).get("loss"), compared.validation(label).get("loss_ci"))
+        for label in compared.headlines
+    }
+    return sweep_series(compared.config.get("masks") or [], tables, validation)  # type: ignore[arg-type]
 
 
 def draw_k_sweep(series: Mapping[str, Any], path: Path) -> None:
@@ -383,167 +439,13 @@ def study_figures(compared: CompareResult, out_dir: Path) -> list[str]:
     written = []
     buckets: Any = compared.buckets or {}
     if buckets:
-        draw_buckets({label: result["extraction"] for label, result in buckets.items()}, out_dir / BUCKETS_FILE)
+        draw_buckets(
+            {label: [BucketPoint.of_bucket(e) for e in result["extraction"]] for label, result in buckets.items()},
+            out_dir / BUCKETS_FILE,
+        )
         written.append(BUCKETS_FILE)
     series = k_sweep_series(compared)
     if series is not None:
         draw_k_sweep(series, out_dir / K_SWEEP_FILE)
         written.append(K_SWEEP_FILE)
     return written
-
-
-# ------------------------------------------------------------------------------------------------------------ seeds
-
-
-def _pooled(pooled: Mapping[str, Any]) -> str:
-    """ "24/64 = 0.375 [0.266, 0.484]": the target-seed pairs extracted, the pooled rate and its cluster bootstrap
-    interval over targets (eval.paired.clustered_extraction)."""
-    return f"{pooled['k']}/{pooled['n']} = {_fmt_ci(pooled['rate'], pooled.get('cluster_ci'))}"
-
-
-def _seed_roles(summary: Mapping[str, Any]) -> list[str]:
-    """Which seeds are confirmatory and which were used to choose the settings (--tuning-seeds), when any were named."""
-    tuning = summary.get("tuning_seeds") or []
-    if not tuning:
-        return []
-    confirmatory = summary.get("confirmatory_seeds_run") or []
-    exploratory = summary.get("exploratory_seeds_run") or []
-    return [
-        f"Confirmatory seeds (played no part in choosing the settings): {', '.join(map(str, confirmatory)) or 'none'}; "
-        f"seeds used in tuning: {', '.join(map(str, tuning))}"
-        + (f", of which this run includes {', '.join(map(str, exploratory))}." if exploratory else " (none ran here).")
-    ]
-
-
-def render_seeds_markdown(summary: Mapping[str, Any], figures: Sequence[str]) -> str:
-    seeds = summary["seeds"]
-    config = summary["config"]
-    lines = [
-        "# goldfish compare over seeds",
-        "",
-        f"Model `{config['model']}`, seeds {', '.join(map(str, seeds))} (each: the model's initialisation, the data "
-        "order and the insertion positions); every seed's own report is in its folder "
-        f"({', '.join(f'`{f}/report.md`' for f in summary['folders'].values())}).",
-        f"Targets per bucket: {', '.join(f'{b}: {n}' for b, n in summary['buckets']['n_per_bucket'].items())} "
-        f"({summary['buckets']['assignment']}).",
-        f"Combination: {summary['combination']}. The seeds repeat the same targets, so the target is the unit: "
-        "exact match counts every target-seed pair (k/n = pooled rate) with the 95% bootstrap over targets (a "
-        "target's seeds drawn together; zero-wide where every target has the same rate, e.g. none extracted) and "
-        "conservative exact bounds (Clopper-Pearson over targets: the lower bound of those extracted under every "
-        "seed, the upper bound of those extracted under some seed). Against the standard model the test is the "
-        "exact sign-flip permutation test over targets of each target's exact-match difference summed over seeds "
-        "(the exact McNemar test with one seed), and the differences (this model minus standard) have the 95% "
-        "bootstrap over targets, the same targets drawn for both models.",
-        *_seed_roles(summary),
-        "",
-        *(f"**Warning:** {w}." for w in summary.get("warnings") or []),
-    ]
-    for label, entry in summary["combined"].items():
-        table = entry.get("buckets")
-        if not table:
-            continue
-        rows = [
-            [
-                str(e["repeats"]),
-                str(e["n_targets"]),
-                _pooled(e[f"{EXACT_MATCH}_pooled"]),
-                _fmt_interval(e[f"{EXACT_MATCH}_pooled"].get("exact_bounds")),
-                ", ".join(_fmt(v) for v in e[f"{EXACT_MATCH}_per_seed"]),
-                _fmt_ci(e[ROUGE_L], e.get(interval_key(ROUGE_L))),
-                ", ".join(_fmt(v) for v in e[f"{ROUGE_L}_per_seed"]),
-            ]
-            for e in table
-        ]
-        lines += [f"**{label}**", ""]
-        lines += _table(
-            [
-                "copies",
-                "targets",
-                "exact match, pooled [cluster bootstrap]",
-                "exact bounds",
-                "per seed",
-                "RougeL",
-                "per seed",
-            ],
-            rows,
-        )
-        lines += _paired_table(
-            ((summary.get("bucket_tests") or {}).get("models") or {}).get(label), paired="sign-flip p", seeds=True
-        )
-    validation_rows = []
-    for label, entry in summary["combined"].items():
-        v = entry.get("validation")
-        if v:
-            difference = ""
-            if "difference_per_seed" in v:
-                ci = v.get("difference_ci")
-                difference = (
-                    f"{v['difference_to_standard']:+.4f}"
-                    + (f" [{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else "")
-                    + " (per seed "
-                    + ", ".join(
-                        f"{d:+.4f} = {100 * r:+.2f}%"
-                        for d, r in zip(v["difference_per_seed"], v["relative_difference_per_seed"])
-                    )
-                    + ")"
-                )
-            validation_rows.append(
-                [label, _fmt_ci(v["loss"], v.get("loss_ci")), ", ".join(_fmt(x) for x in v["per_seed"]), difference]
-            )
-    if validation_rows:
-        lines += ["Validation loss (held-out background; intervals: 95% t interval over seeds):", ""]
-        lines += _table(["model", "mean over seeds", "per seed", "difference to standard"], validation_rows)
-        lines += _corpus_note(summary.get("corpus_per_seed"))
-    lines += render_matched_seeds(summary.get("matched_controls_per_seed") or {})
-    lines += _figure(BUCKETS_FILE, "extraction by repetitions, mean over seeds with intervals", figures)
-    lines += _figure(
-        K_SWEEP_FILE, "exact match at the top bucket and validation loss against k, mean over seeds", figures
-    )
-    return "\n".join(lines)
-
-
-def _corpus_note(per_seed: Mapping[str, Any] | None) -> list[str]:
-    """The sentence under the combined validation table: per seed, the targets' share of the tokens trained and the
-    validation candidates left out as twins of the background (data.background.validation_documents)."""
-    if not per_seed:
-        return []
-    shares = ", ".join(_pct(entry["target_share"]) for entry in per_seed.values())
-    removed = "; ".join(
-        f"{(entry['validation_removed_copies'] or {}).get('exact_text')} exact and "
-        f"{(entry['validation_removed_copies'] or {}).get('near')} near"
-        for entry in per_seed.values()
-    )
-    return [
-        "",
-        f"Target copies are {shares} of the tokens trained (per seed). Validation candidates with a twin elsewhere in "
-        f"the background, left out of validation and of the stream so that no validation row has a trained copy, "
-        f"per seed: {removed}.",
-    ]
-
-
-def seeds_k_sweep_series(summary: Mapping[str, Any]) -> dict[str, Any] | None:
-    """k_sweep_series of a several-seed summary: per k the top bucket's pooled exact match (cluster bootstrap and
-    exact bounds) and the validation loss (mean over seeds, its t interval over seeds)."""
-    combined = {label: e for label, e in summary["combined"].items() if e.get("buckets")}
-    if not combined:
-        return None
-    tables = {label: e["buckets"] for label, e in combined.items()}
-    validation = {label: e.get("validation") or {} for label, e in combined.items()}
-    return _sweep(summary["config"].get("masks") or [], tables, validation)
-
-
-def write_seeds_report(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
-    """OUT/summary.json, OUT/report.md, OUT/buckets.png and OUT/k_sweep.png of a several-seed comparison; returns
-    the PNG names."""
-    figures = []
-    tables = {label: e["buckets"] for label, e in summary["combined"].items() if e.get("buckets")}
-    if tables:
-        draw_buckets(tables, out_dir / BUCKETS_FILE, title=f"seeds {', '.join(map(str, summary['seeds']))}")
-        figures.append(BUCKETS_FILE)
-    series = seeds_k_sweep_series(summary)
-    if series is not None:
-        draw_k_sweep(series, out_dir / K_SWEEP_FILE)
-        figures.append(K_SWEEP_FILE)
-    write_text_atomic(out_dir / "report.md", render_seeds_markdown(summary, figures))
-    write_text_atomic(out_dir / "summary.json", json.dumps(json_safe(summary), indent=2, default=str, allow_nan=False))
-    return figures

@@ -21,6 +21,15 @@ JsonValue = str | int | float | bool | None | list["JsonValue"] | dict[str, "Jso
 Row = dict[str, JsonValue]  # one document's row of an instrument (eval.files.ROW_FILES), or one breakdown group
 Interval = list[float] | None  # a 95% interval [low, high]; None: not computed (no resamples)
 
+
+def ordered_json(values: Mapping[str, JsonValue], keys: tuple[str, ...] | None) -> dict[str, JsonValue]:
+    """A result's JSON object: `values` (every key it can hold, in the order written today) in the order of `keys`,
+    the keys a file read back had (None: every value, as written today). A key the file lacked stays out."""
+    if keys is None:
+        return dict(values)
+    return {key: values[key] for key in keys if key in values}
+
+
 PARTS = ("train", "heldout")  # the evaluated parts of a model: its training (members) and held-out documents
 # The keys of a part's entry under "models" in compare's summary.json: the document count and the headline metrics,
 # each interval right after its metric.

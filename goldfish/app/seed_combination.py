@@ -13,6 +13,7 @@ from eval.seeds import combine_seeds, seed_mean_interval
 from goldfish.app.buckets import seed_bucket_statistics, seed_tests_section
 from goldfish.app.compare_result import CompareResult
 from goldfish.app.config import CompareSpec, MaskSpec
+from goldfish.app.seeds_result import COMBINATION, BucketAssignment, CombinedModel, SeedCorpus, SeedsResult
 from goldfish.app.targets import BucketComparison
 
 SEED_METRICS = (*INTERVAL_METRICS, MATCH_FRACTION)
@@ -20,8 +21,8 @@ SEED_METRICS = (*INTERVAL_METRICS, MATCH_FRACTION)
 
 def combine_seed_runs(
     spec: CompareSpec, comparisons: Mapping[int, BucketComparison], summaries: dict[int, CompareResult]
-) -> dict[str, Any]:
-    """The combined summary of several seeds' comparisons (see `compare_seeds`)."""
+) -> SeedsResult:
+    """The combination of several seeds' comparisons (see `compare_seeds`); its timings_s is left empty."""
     first = comparisons[spec.seeds[0]]
     split = first.prepared.split
     # Targets are grouped by the bucket they were assigned to; a seed whose run trained a copy fewer (e.g. cut by
@@ -53,7 +54,7 @@ def combine_seed_runs(
         n_resamples=spec.extraction.bootstrap,
     )
     pooled = {label: {e["repeats"]: e for e in table} for label, table in pooled_tables.items()}
-    combined: dict[str, Any] = {}
+    combined: dict[str, CombinedModel] = {}
     for label in labels:
         entry: dict[str, Any] = {}
         if all(label in c.target_rows for c in comparisons.values()):
@@ -80,52 +81,50 @@ def combine_seed_runs(
                     "difference_per_seed": differences,
                     "relative_difference_per_seed": [v["relative_difference"] for v in validation],
                 }
-        combined[label] = entry
+        combined[label] = CombinedModel.from_json(entry)
     exploratory = [seed for seed in spec.seeds if seed in spec.tuning_seeds]
     if exploratory:
         warnings.append(
             f"seed(s) {','.join(map(str, exploratory))} were used to choose these settings (--tuning-seeds): "
             "exploratory, not confirmatory evidence; confirm with seeds that played no part in tuning"
         )
-    return {
-        "seeds": list(spec.seeds),
-        "matched_controls_per_seed": {
-            str(seed): summaries[seed].matched_controls
+    return SeedsResult(
+        seeds=list(spec.seeds),
+        matched_controls_per_seed={
+            str(seed): summaries[seed].matched_controls  # type: ignore[misc]
             for seed in spec.seeds
             if summaries[seed].matched_controls is not None
         },
-        "tuning_seeds": list(spec.tuning_seeds),
-        "exploratory_seeds_run": exploratory,
-        "confirmatory_seeds_run": [seed for seed in spec.seeds if seed not in spec.tuning_seeds],
-        "folders": {str(seed): f"seed-{seed}" for seed in spec.seeds},
-        "combined": combined,
-        "per_seed": {str(seed): summaries[seed].headlines for seed in spec.seeds},
-        "combination": "per bucket: each target's mean over seeds, then the mean over targets with the 95% percentile "
-        "bootstrap interval over targets (eval.seeds.combine_seeds: the targets are the clusters, a target's seeds "
-        "drawn together); validation loss: the mean over seeds with its 95% t interval over seeds",
-        "pooled_what": CLUSTERED_KEYS,
-        "bucket_tests": seed_tests_section(tests, standard),
-        "buckets": {"assignment": "by --data-seed, the same under every seed", "n_per_bucket": _bucket_sizes(assigned)},
-        "config": summaries[spec.seeds[0]].config | {"seeds": list(spec.seeds)},
-        "documents": summaries[spec.seeds[0]].documents,
-        "corpus_per_seed": _corpus_per_seed(summaries),
-        "warnings": warnings + [f"seed {seed}: {w}" for seed in spec.seeds for w in summaries[seed].warnings],
-    }
+        tuning_seeds=list(spec.tuning_seeds),
+        exploratory_seeds_run=exploratory,
+        confirmatory_seeds_run=[seed for seed in spec.seeds if seed not in spec.tuning_seeds],
+        folders={str(seed): f"seed-{seed}" for seed in spec.seeds},
+        combined=combined,
+        per_seed={str(seed): summaries[seed].headlines for seed in spec.seeds},
+        combination=COMBINATION,
+        pooled_what=CLUSTERED_KEYS,
+        bucket_tests=seed_tests_section(tests, standard),
+        buckets=BucketAssignment("by --data-seed, the same under every seed", _bucket_sizes(assigned)),
+        config=summaries[spec.seeds[0]].config | {"seeds": list(spec.seeds)},
+        documents=summaries[spec.seeds[0]].documents,
+        corpus_per_seed=_corpus_per_seed(summaries),
+        warnings=warnings + [f"seed {seed}: {w}" for seed in spec.seeds for w in summaries[seed].warnings],
+    )
 
 
-def _corpus_per_seed(summaries: dict[int, CompareResult]) -> dict[str, Any] | None:
+def _corpus_per_seed(summaries: dict[int, CompareResult]) -> dict[str, SeedCorpus] | None:
     """Per seed, what the combined report says beside its validation table: the targets' share of the tokens trained
     and the validation candidates left out as twins of the background (None without --background)."""
     if not all(summary.corpus for summary in summaries.values()):
         return None
     return {
-        str(seed): {
-            "target_share": summary.corpus["target_share"],  # type: ignore[index]
-            "validation_removed_copies": {
+        str(seed): SeedCorpus(
+            target_share=summary.corpus["target_share"],  # type: ignore[index, arg-type]
+            validation_removed_copies={
                 kind: summary.corpus["validation"].get("removed_copies", {}).get(kind)  # type: ignore[index, union-attr]
                 for kind in ("exact_text", "near")
             },
-        }
+        )
         for seed, summary in summaries.items()
     }
 

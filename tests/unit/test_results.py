@@ -16,6 +16,7 @@ from eval.files import CURVE_FILE, MEMBERSHIP_FILE, ROW_FILES
 from eval.metrics import HEADLINE_METRICS, INTERVAL_METRICS, METRICS
 from goldfish.app.compare_result import CompareResult
 from goldfish.app.results import HEADLINE_KEYS, ModelResult, PartResult
+from goldfish.app.seeds_result import SeedsResult
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE_FOLDERS = ("goldfish", "eval", "data", "engine", "bench")
@@ -196,7 +197,7 @@ def test_instrument_summary_keys_are_spelled_in_one_module() -> None:
 
 
 # The result types the reports are rendered from; each is walked with every dataclass its fields name.
-RESULT_TYPES = (PartResult, ModelResult, CompareResult)
+RESULT_TYPES = (PartResult, ModelResult, CompareResult, SeedsResult)
 
 
 def _any_fields(cls: type, seen: set[type] | None = None) -> list[str]:
