@@ -2,7 +2,8 @@
 express the split (engine/models/layout.py, place_parameters), and how the engine reads them.
 
 A placed parameter is an nn.Parameter holding a DTensor on Grid.device_mesh() whose local tensor is this rank's shard:
-torch's DTensor API sees the split (`p.full_tensor()` is the serial tensor, `p.grad` a DTensor of the same placements),
+torch's DTensor API sees the split (`p.full_tensor()` is the serial tensor, `p.grad` a DTensor of the same placements;
+for a fused projection both in its stored row order, which the plan's ParamLayout.order maps to the natural one),
 while the engine's kernels and collectives work on `local_shard(p)`. ZeRO's DTensors (sharded over a data mesh only)
 are not placed parameters.
 """

@@ -9,7 +9,7 @@ dict, loading, ZeRO and checkpoints read it instead of the grid or the modules. 
                       is (("y", 0), ("z", 0), ("x", 1)): rows split over y, each y block's rows over z, columns over x;
                       a vocabulary-parallel table (("x", 0), ("y", 0), ("z", 0)), rows in mesh order (x outermost)
     order             a fused projection stores its rows regrouped per y rank ([q_i | k_i | v_i]): stored row i is
-                      natural row order[i]; None = natural order
+                      natural row order[i]; None = natural order. Its placed DTensor is of the stored tensor
     region            what the gradient of an unsplit tensor covers ("layer", "heads", "rows", "tensor", or None: this
                       rank's own rows), which fixes the axes sync_gradients sums it over (engine.spec.gradient_axes)
 
@@ -150,13 +150,16 @@ class ParamLayout:
 
     def placements(self, mesh_axes: tuple[str, ...]) -> tuple | None:
         """DTensor placements of this rank's local tensor on a DeviceMesh whose dims are `mesh_axes` (Grid.device_mesh),
-        or None when DTensor cannot express the layout: rows regrouped (a fused projection), or one dim split over
-        several axes in another order than the mesh's (no table parallelize builds: a vocabulary-parallel table's rows
-        are in mesh order, engine.core.vocab_parallel.vocab_block)."""
+        or None when DTensor cannot express the layout: one dim split over several axes in another order than the
+        mesh's (no tensor parallelize builds: a vocabulary-parallel table's rows are in mesh order,
+        engine.core.vocab_parallel.vocab_block).
+
+        The placements cut the STORED full tensor: for a fused projection (`order` set) that is the rows regrouped per
+        y rank, so the DTensor's global tensor (`full_tensor()`, `redistribute` to Replicate) is the stored order,
+        not the natural weight. Readers that need the natural tensor (full state dicts, HF export, loading,
+        checkpoints) go through this layout (`pieces`, `assemble`, `take_local`), never through `full_tensor()`."""
         from torch.distributed.tensor import Replicate, Shard
 
-        if self.order is not None:
-            return None
         for dim in {d for _, d in self.split}:
             nesting = [axis for axis, d in self.split if d == dim and self.sizes[axis] > 1]
             if nesting != [axis for axis in mesh_axes if axis in nesting]:
@@ -297,10 +300,10 @@ def describe(
 
 
 def place_parameters(model: nn.Module, layout: "ParallelPlan") -> None:
-    """Make every split tensor whose layout DTensor placements express (ParamLayout.placements: a ParallelLinear's
-    weight and bias, a vocabulary-parallel table) a DTensor on Grid.device_mesh() over the same
-    local tensor (no copy, same requires_grad, ties kept). The modules compute on its local shard; torch's DTensor API
-    (full_tensor, redistribute) sees the split."""
+    """Make every split tensor (ParamLayout.placements: a ParallelLinear's weight and bias, fused ones included, and a
+    vocabulary-parallel table) a DTensor on Grid.device_mesh() over the same local tensor (no copy, same
+    requires_grad, ties kept). The modules compute on its local shard; torch's DTensor API (full_tensor,
+    redistribute) sees the split, of a fused projection's stored (regrouped) rows."""
     if layout.grid.size("x", "y", "z") == 1:
         return
     from torch.distributed.tensor import DTensor

@@ -187,13 +187,16 @@ def check_grid(
         grads = full_grads(model, grid)
         for name, grad in ref["grads"].items():
             torch.testing.assert_close(grads[name], grad, **tol, msg=lambda m, n=name: f"grad {n}: {m}")
-        # parallelize placed every projection whose split DTensor expresses: torch's own gather of its gradient is the
-        # serial gradient (a collective over the grid's mesh, in the same parameter order on every rank)
+        # parallelize placed every split tensor: torch's own gather of its gradient is the serial gradient (a
+        # collective over the grid's mesh, in the same parameter order on every rank), a fused projection's in its
+        # stored row order (the layout's `order` maps it back)
         layouts = plan_of(model, grid).params
         placed = [(name, p) for name, p in model.named_parameters() if is_placed(p)]
         assert placed or grid.size("x", "y", "z") == 1, "no parameter is a DTensor on a tensor-parallel grid"
         for name, param in placed:
-            whole = param.grad.full_tensor()
+            whole, order = param.grad.full_tensor(), layouts[name].order
+            if order is not None:
+                whole = torch.empty_like(whole).index_copy_(0, torch.tensor(order), whole)
             torch.testing.assert_close(
                 whole.t() if layouts[name].serial_transposed else whole, ref["grads"][name], **tol, msg=name
             )

@@ -3,8 +3,9 @@
 For every state-dict tensor of a parallelized model, each rank's pieces must cut exactly its local tensor out of the
 serial model's tensor, the ranks' pieces together must cover the full tensor, and where DTensor can express the
 layout, a DTensor on Grid.device_mesh() built from the local tensor must gather to the serial tensor. Fused projections
-(GPT-2's c_attn, Phi-3's qkv_proj and gate_up_proj) and vocabulary-parallel tables are covered on grids with y = 2;
-vocabulary tables split over two axes (x*y, y*z) are placed DTensors.
+(GPT-2's c_attn, Phi-3's qkv_proj and gate_up_proj) and vocabulary-parallel tables are covered on grids with y = 2:
+every split tensor is a placed DTensor, a fused one of its stored (regrouped) rows, a vocabulary table split over two
+axes (x*y, y*z) with Shard(0) on both.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def _check(model_type: str, sizes: dict[str, int]) -> dict:
     model = parallelize(copy.deepcopy(serial), grid)
     layout = plan_of(model, grid)
     mesh = grid.device_mesh()
-    covered, expressed, placed = {}, 0, 0
+    covered, expressed, placed, fused_placed = {}, 0, 0, 0
     for p in layout.params.values():
         full = reference[p.key].t() if p.serial_transposed else reference[p.key]
         assert tuple(full.shape) == p.full_shape, p.key
@@ -63,16 +64,19 @@ def _check(model_type: str, sizes: dict[str, int]) -> dict:
                 reference[alias], reference[p.key]
             )
         placements = p.placements(mesh.mesh_dim_names)
+        # a DTensor's global tensor is the STORED one: a fused projection's rows regrouped per y rank
+        stored = full if p.order is None else full.index_select(0, torch.tensor(p.order))
         if placements is not None:
             expressed += 1
             whole = DTensor.from_local(local, mesh, placements, run_check=False)
-            assert torch.equal(whole.full_tensor(), full), f"{p.key}: its DTensor does not gather to the serial tensor"
-        # parallelize placed the projections DTensor expresses: the parameter itself gathers to the serial tensor
+            assert torch.equal(whole.full_tensor(), stored), f"{p.key}: its DTensor gathers to another tensor"
+        # parallelize placed every split tensor: the parameter itself gathers to the stored tensor
         assert p.placed == (placements is not None and bool(p.split_axes)), p.key
         if p.placed:
             placed += 1
+            fused_placed += p.order is not None
             assert p.tensor.placements == placements, p.key
-            assert torch.equal(p.tensor.full_tensor(), full), f"{p.key}: the placed parameter gathers to another tensor"
+            assert torch.equal(p.tensor.full_tensor(), stored), f"{p.key}: the parameter gathers to another"
     # every element of every tensor is held by some rank
     gathered = {}
     for key, mask in covered.items():
@@ -87,6 +91,7 @@ def _check(model_type: str, sizes: dict[str, int]) -> dict:
         "expressed": expressed,
         "placed": placed,
         "fused": fused,
+        "fused_placed": fused_placed,
         "vocab": vocab,
         "vocab_placed": vocab_placed,
         "n": len(layout.params),
@@ -104,6 +109,7 @@ def test_pieces_cut_the_serial_tensors(model_type: str) -> None:
             assert result["placed"] > 0, f"{model_type} on {sizes}: no parameter is a DTensor"
         if sizes.get("y", 1) > 1 and model_type in ("gpt2", "phi3"):
             assert results[0]["fused"] > 0, f"{model_type} on {sizes}: expected regrouped fused projections"
+            assert results[0]["fused_placed"] == results[0]["fused"], f"{model_type} on {sizes}: a fused one is plain"
         if sizes.get("data", 1) == 1 and model_type != "gpt2":  # GPT-2's 50257 rows do not split in 4
             assert results[0]["vocab"] > 0, f"{model_type} on {sizes}: expected vocabulary-parallel tables"
             # rows in mesh order (x outermost): a DTensor with Shard(0) on every split axis, even over two of them
