@@ -30,6 +30,12 @@ Which decoding works how (x*y is the size of the group that shares a decoder's r
         hands ``generate`` a `GroupBeamCache` that reorders those rows with every rank's beam indices. Generation
         must have a fixed length (``eos_token_id=[]``, as eval/ always asks): ranks that stopped at different steps
         would leave each other waiting.
+On a grid with a pipe axis (pipe x data; x, y and z are refused), `parallelize_for_eval` cuts the model into one
+stage per pipe rank once (engine.training.pipeline_eval.PipelineEvalModel): each rank keeps its own stage, every
+forward is one pass through the stages' ranks with a KV cache per stage, and every rank of the pipeline gets the
+logits. Greedy decoding, teacher-forced passes and log-probabilities run on it as on the serial model; beam search
+and sampling (HF ``generate``) are not available there; the gradient-norm attack runs its backward through the
+stages (`PipelineEvalModel.gradient_norm`).
 Results equal one process's up to the order of floating-point sums (tensor parallelism adds partial products in
 another order): generated ids agree unless two logits are within rounding of each other.
 """
@@ -55,6 +61,7 @@ from engine.memory.zero import zero_state
 from engine.models.adapter import CACHE_KEYWORDS, cache_keyword
 from engine.models.layout import parallel_grid
 from engine.models.parallelize import rows_layout
+from engine.training.pipeline_eval import PipelineEvalModel
 from eval.adaptive import (
     DEFAULT_BUDGETS,
     DEFAULT_CONFIDENCES,
@@ -81,6 +88,9 @@ from eval.membership import (
 log = logging.getLogger(__name__)
 
 ROW_AXES = ("x", "y")  # the axes over which a parallelized decoder gathers its rows (engine/models/parallelize.py)
+PIPE_GRID_REFUSAL = (
+    "evaluation on a pipe grid runs on pipe and data axes only: drop x, y and z, or evaluate on a grid without pipe"
+)
 
 
 # ----- the model as eval/ sees it ---------------------------------------------------------------------------------
@@ -203,8 +213,9 @@ class ParallelEvalModel(nn.Module):
 
 def eval_model(model: nn.Module, grid: Grid | None) -> nn.Module:
     """The model to hand to eval/'s functions on this rank: `model` itself for one process, a data-parallel-only
-    grid or a plain (replicated) model; a `ParallelEvalModel` for a model parallelized with tensor-parallel axes."""
-    if grid is None or grid.size(*TENSOR_AXES) == 1 or isinstance(model, ParallelEvalModel):
+    grid, a plain (replicated) model or a model already cut into pipeline stages (`parallelize_for_eval`); a
+    `ParallelEvalModel` for a model parallelized with tensor-parallel axes."""
+    if grid is None or grid.size(*TENSOR_AXES) == 1 or isinstance(model, (ParallelEvalModel, PipelineEvalModel)):
         return model
     planned = _parallel_grid(model)
     if planned is None:
@@ -213,9 +224,15 @@ def eval_model(model: nn.Module, grid: Grid | None) -> nn.Module:
 
 
 def parallelize_for_eval(model: nn.Module, grid: Grid | None) -> nn.Module:
-    """`model` on the grid's device, sharded by engine.parallelize (no-op for grid None), in eval mode."""
+    """`model` on the grid's device, sharded by engine.parallelize (no-op for grid None), in eval mode. On a grid
+    with a pipe axis: cut into one stage per pipe rank (`PipelineEvalModel`), only this rank's stage moved to the
+    device (the others' parameters freed); ValueError (one line) when the grid has x, y or z as well."""
     if grid is None:
         return model.eval()
+    if grid.size("pipe") > 1:
+        if grid.size(*TENSOR_AXES) > 1:
+            raise ValueError(PIPE_GRID_REFUSAL)
+        return PipelineEvalModel(model, grid.group("pipe")).to(grid.device).eval()
     model = engine.parallelize(model.to(grid.device), grid)
     return model.eval()
 
@@ -556,6 +573,8 @@ def _membership_rows(
     norm_of = None
     if isinstance(runner, ParallelEvalModel):
         norm_of = lambda _runner, ids: tensor_parallel_gradient_norm(model, grid, ids)  # noqa: E731
+    elif isinstance(runner, PipelineEvalModel):  # forward and backward through the stages
+        norm_of = lambda _runner, ids: runner.gradient_norm(ids)  # noqa: E731
 
     def work(block: list[tuple[Any, bool | None]]) -> list[dict[str, Any]]:
         scored = membership_rows(
@@ -586,6 +605,7 @@ __all__ = [
     "beam_parallel",
     "eval_model",
     "grad_norm_available",
+    "PIPE_GRID_REFUSAL",
     "tensor_parallel_gradient_norm",
     "evaluate_parallel",
     "membership_parallel",

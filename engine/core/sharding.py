@@ -1,9 +1,9 @@
 """Work split over the data axis of a grid, with the results gathered back in order (e.g. sharded evaluation).
 
-Every rank of a tensor-parallel group (the x*y*z ranks that share a data index) gets the same contiguous block, so
-a parallel model's collectives pair up; the blocks of the data indices are balanced and in order, and the rows of
-every block come back to rank 0 in that order. An error on one rank is raised on every rank. Knows nothing of what
-the work is.
+Every rank of a tensor-parallel group (the x*y*z ranks that share a data index), and every stage's rank of a
+pipeline, gets the same contiguous block, so a parallel model's collectives pair up; the blocks of the data indices
+are balanced and in order, and the rows of every block come back to rank 0 in that order. An error on one rank is
+raised on every rank. Knows nothing of what the work is.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import traceback
 from typing import Any, Callable, Sequence
 
 from engine.core import comm
-from engine.core.grid import AXES, Grid
+from engine.core.grid import GRID_AXES, Grid
 
 TENSOR_AXES = ("x", "y", "z")  # the axes whose ranks share one data shard and run the same forward passes
+SHARING_AXES = (*TENSOR_AXES, "pipe")  # every axis whose ranks share one data shard (a pipeline's stages too)
 
 
 class ShardedRunError(RuntimeError):
@@ -44,17 +45,17 @@ def shard(items: Sequence[Any], grid: Grid | None) -> list[Any]:
 
 
 def _is_group_leader(grid: Grid) -> bool:
-    return all(grid.coord(axis) == 0 for axis in TENSOR_AXES)
+    return all(grid.coord(axis) == 0 for axis in SHARING_AXES)
 
 
 def gather_rows(rows: Sequence[Any], grid: Grid | None) -> list[Any] | None:
     """Every data block's rows on rank 0, concatenated in data-index order (= document order for blocks made by
-    `shard`); None on the other ranks. Only the first rank of each tensor-parallel group contributes (its peers
-    hold the same rows). Rows must be picklable. A collective over the whole world: every rank must call it."""
+    `shard`); None on the other ranks. Only the first rank of each tensor-parallel group and pipeline contributes
+    (its peers hold the same rows). Rows must be picklable. A collective over the whole world: every rank calls it."""
     if grid is None or grid.is_trivial:
         return list(rows)
     mine = (grid.coord("data"), list(rows)) if _is_group_leader(grid) else None
-    received = comm.gather_objects(mine, grid.group(*AXES))
+    received = comm.gather_objects(mine, grid.group(*GRID_AXES))
     if received is None:
         return None
     blocks = sorted(item for item in received if item is not None)
@@ -85,7 +86,7 @@ def run_sharded(
         rows = list(fn(block))
     except Exception as error:  # noqa: BLE001 - reported to every rank below, then raised
         failure = f"{type(error).__name__}: {error}\n{traceback.format_exc()}"
-    failures = comm.all_gather_objects(failure, grid.group(*AXES))
+    failures = comm.all_gather_objects(failure, grid.group(*GRID_AXES))
     failed = {rank: message for rank, message in enumerate(failures) if message is not None}
     if failed:
         first = min(failed)

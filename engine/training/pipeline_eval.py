@@ -18,14 +18,16 @@ mask and the cache, sized against the stage's first layer, whose cache holds wha
 rotary cos/sin. The operations are those of the serial forward on the same shapes, so on one device the logits are
 the serial model's bit for bit (tests/parallel/test_pipeline_eval.py).
 
-HF ``generate`` (beam search, sampling) is refused: it decides on one rank's logits what every rank must do next,
-and its caches are built for the whole model.
+`gradient_norm` is the membership attack's gradient norm (eval.membership.gradient_norm) with its backward through
+the stages. HF ``generate`` (beam search, sampling) is refused: it decides on one rank's logits what every rank must
+do next, and its caches are built for the whole model.
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import Any
+import math
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -68,7 +70,6 @@ class PipelineEvalModel(nn.Module):
                 "pipe axis"
             )
         self.group = group
-        self.device = next(p.device for p in model.parameters() if not p.is_meta)
         self._config = model.config
         self._generation_config = getattr(model, "generation_config", None)
         stages = split_model(model, group.size, splits)
@@ -87,6 +88,11 @@ class PipelineEvalModel(nn.Module):
     @property
     def generation_config(self) -> Any:
         return self._generation_config
+
+    @property
+    def device(self) -> torch.device:
+        """Where this rank's stage is (`.to(device)` moves it: the other stages are on the meta device)."""
+        return next(self.stage.parameters()).device
 
     @property
     def all_stages(self) -> tuple[StageModule, ...]:
@@ -163,6 +169,49 @@ class PipelineEvalModel(nn.Module):
 
     def generate(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         raise ValueError(GENERATE_REFUSAL)
+
+    def gradient_norm(self, token_ids: Sequence[int]) -> float:
+        """||grad_theta L||_2 of the mean next-token cross-entropy L of one sequence over every floating-point
+        parameter of the whole model, as eval.membership.gradient_norm computes it on the serial model: a forward
+        through the stages, then the backward through them in reverse (each stage's rank hands the gradient of its
+        input hidden states to the previous stage's rank). Every rank of the group passes the same ids and gets the
+        norm; the squares of each parameter's gradient are summed in the model's parameter order. The requires_grad
+        flags are restored and no .grad field is written (torch.autograd.grad)."""
+        ids = torch.tensor([[int(t) for t in token_ids]], device=self.device)  # (1, T)
+        positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
+        params = [p for p in self.stage.parameters() if p.is_floating_point()]
+        flags, training = [p.requires_grad for p in params], self.training
+        rank, last = self.group.rank, len(self._all) - 1
+        self.eval()  # no dropout, as the serial computation
+        try:
+            for p in params:
+                p.requires_grad_(True)
+            with torch.enable_grad():
+                hidden, inputs, output = ids, None, None
+                for stage in self._all:  # forward: each stage's output handed on, detached
+                    if stage.index > 0:
+                        hidden = hand_over(hidden.detach(), self.group, stage.index - 1, stage.index, self.device)
+                    if stage.index == rank:
+                        inputs = hidden.requires_grad_(True) if rank > 0 else hidden
+                        output = hidden = self._run_stage(inputs, None, positions, None, False, 0)
+                wrt = [inputs, *params] if rank > 0 else params
+                if rank == last:
+                    loss = torch.nn.functional.cross_entropy(output[0, :-1].float(), ids[0, 1:])
+                    grads = torch.autograd.grad(loss, wrt, allow_unused=True)
+                upstream = None
+                for stage in reversed(self._all[1:]):  # backward: the gradient of stage s's input to rank s - 1
+                    if stage.index == rank:
+                        upstream = grads[0]
+                    upstream = hand_over(upstream, self.group, stage.index, stage.index - 1, self.device)
+                    if stage.index - 1 == rank:
+                        grads = torch.autograd.grad(output, wrt, grad_outputs=upstream, allow_unused=True)
+        finally:
+            self.train(training)
+            for p, flag in zip(params, flags):
+                p.requires_grad_(flag)
+        own = grads[1:] if rank > 0 else grads
+        squares = [float(g.double().pow(2).sum()) for g in own if g is not None]  # in this stage's parameter order
+        return math.sqrt(sum(x for part in comm.all_gather_objects(squares, self.group) for x in part))
 
 
 def _stage_mask(

@@ -18,35 +18,25 @@ from goldfish.app.commands.eval import add_eval_parser
 from goldfish.app.commands.mask import add_mask_parser
 from goldfish.app.commands.processes import progress_bars
 from goldfish.app.commands.train import add_train_parser
-from goldfish.app.presets import COMPARE_PRESETS, PLAN_PRESETS, model_defaults
+from goldfish.app.presets import PLAN_PRESETS
 
 
 def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
-    """The command line, parsed once. Every option the user did not type then takes the value of the command's preset
-    (`compare --preset NAME` or --quick, `plan --preset NAME`; goldfish.app.presets), else the training default that
-    fits the model (presets.model_defaults; train and compare), else the command's own default: what the user typed
-    always wins. ``args.typed`` holds the dests typed (`train --resume` fills the others from the checkpoint)."""
+    """The command line, parsed once. ``args.typed`` holds the dests the user typed; every other option holds its
+    own default, except that `plan --preset NAME` fills the plan options not typed (goldfish.app.presets). The typed
+    options then go over the layers of a spec, once, in the command's module: over the compare preset (--preset or
+    --quick) and the model's training defaults (`commands.compare.compare_spec`, `commands.train.train_spec`), or over
+    a checkpoint's settings (`train --resume`, goldfish.app.resume): what the user typed always wins."""
     parsed = build_parser().parse_args(list(argv))
-    args, typed = resolve_defaults(parsed.parser, parsed, _default_layers(parsed))
+    args, typed = resolve_defaults(parsed.parser, parsed, _plan_preset(parsed))
     return argparse.Namespace(**vars(args), typed=typed)
 
 
-def _default_layers(parsed: argparse.Namespace) -> list[Mapping[str, Any]]:
-    """What the options not typed take, lowest first: the model's training defaults, then the preset's settings."""
-
-    def given(dest: str) -> Any:  # as typed, else the option's own default
-        value = getattr(parsed, dest, None)
-        return value.value if isinstance(value, Unset) else value
-
-    preset: Mapping[str, Any] = {}
-    if parsed.command == "compare" and (given("quick") or given("preset")):
-        preset = COMPARE_PRESETS["quick" if given("quick") else given("preset")].settings
-    if parsed.command == "plan" and given("preset"):
-        preset = PLAN_PRESETS[given("preset")].settings
-    if parsed.command not in ("train", "compare"):
-        return [preset]
-    model = given("model") if not isinstance(parsed.model, Unset) else preset.get("model", given("model"))
-    return [model_defaults(model), preset]
+def _plan_preset(parsed: argparse.Namespace) -> list[Mapping[str, Any]]:
+    """The plan options `goldfish plan --preset NAME` sets (none for another command, or without --preset)."""
+    preset = getattr(parsed, "preset", None) if parsed.command == "plan" else None
+    name = preset.value if isinstance(preset, Unset) else preset
+    return [PLAN_PRESETS[name]().options()] if name else []
 
 
 def build_parser() -> argparse.ArgumentParser:

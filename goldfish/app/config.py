@@ -378,8 +378,10 @@ def check_streaming_bound(data: DataSpec, train: TrainConfig) -> None:
 @dataclass(frozen=True)
 class CompareSpec:
     """A standard-vs-goldfish comparison. curve_every: measure greedy extraction of the training documents every N
-    epochs during training (0 = off; the last epoch is always measured when on). lora: train every model with LoRA
-    adapters (rank 0: every weight); with_full: with LoRA, also train each model with every weight (full vs LoRA)."""
+    epochs during training (0 = off; the last epoch is always measured when on; None only while the command line is
+    resolved: no layer chose it, and it becomes epochs/10, goldfish.app.commands.compare.compare_spec). lora: train
+    every model with LoRA adapters (rank 0: every weight); with_full: with LoRA, also train each model with every
+    weight (full vs LoRA)."""
 
     model: str = "tiny-llama"
     data: DataSpec = field(default_factory=DataSpec)
@@ -391,7 +393,7 @@ class CompareSpec:
     extraction: ExtractionConfig = field(default_factory=ExtractionConfig)
     init_seed: int = 0
     instruments: Instruments = field(default_factory=Instruments)
-    curve_every: int = 0
+    curve_every: int | None = 0
     lora: LoraSpec = field(default_factory=LoraSpec)
     with_full: bool = False
     # Several seeds: every model trained once per seed (init_seed and train.seed both set to it), results combined.
@@ -416,7 +418,7 @@ class CompareSpec:
                 "compare --resume continues a --seeds run (the seeds that finished are read back); give the run's "
                 "--seeds, or leave out --resume"
             )
-        if self.curve_every < 0:
+        if self.curve_every is not None and self.curve_every < 0:
             raise ValueError(f"curve_every must be >= 0 (0 = no curve), got {self.curve_every}")
         if self.with_full and not self.lora.enabled:
             raise ValueError("--with-full compares full fine-tuning with LoRA: give --lora-rank too")

@@ -1,10 +1,9 @@
 """The goldfish paper's main setting (Hans et al. 2024, "Be like a Goldfish, Don't Memorize!"), written out once.
 
     TINYLLAMA          the TinyLlama-1.1B architecture the paper trains from scratch (sizes of its published config)
-    COMPARE_PRESET     `goldfish compare --preset paper`: that model, a streamed RedPajama-family background, 2,000
-                       Wikipedia canaries inserted 50 times each, k in {3, 4, 8, 32, 128} at hash width 13, the
-                       paper's batch, sequence length and learning-rate schedule
-    PLAN_PRESET        `goldfish plan --preset paper`: the same model and step on the cluster the paper ran on
+    MODEL ... MASKS    the model, tokenizer, canaries, background, step and masks of that setting, which the presets
+                       `goldfish compare --preset paper` and `goldfish plan --preset paper` put together
+                       (goldfish.app.presets.paper_setting and paper_plan)
     RELEASED           the checkpoints the authors published on the Hugging Face hub, by compare label
     check_hub          fail at once, in one line, when the hub the preset needs cannot be reached
 
@@ -45,41 +44,7 @@ TOKENS = 20_000_000_000
 STEPS = -(-TOKENS // (BATCH * SEQ_LEN))  # 9,537
 MASKS = [f"hashed:{k}:13" for k in (3, 4, 8, 32, 128)]
 
-COMPARE_PRESET: dict[str, Any] = dict(
-    model=MODEL,
-    tokenizer=TOKENIZER,
-    data=CANARIES,
-    n_train=2000,
-    n_heldout=200,  # ours: the paper holds none out; these are the never-inserted canaries (needs a pool of 2,200)
-    background=BACKGROUND,
-    background_streaming=True,
-    pack=True,
-    seq_len=SEQ_LEN,
-    extract_len=SEQ_LEN,
-    min_doc_tokens=64,
-    max_doc_tokens=0,
-    repeats=(50,),
-    masks=MASKS,
-    epochs=1,
-    max_steps=STEPS,
-    batch_size=BATCH,
-    lr=4e-4,
-    warmup_steps=1000,
-    schedule="cosine",  # to 10% of the peak (4e-5), TrainConfig.min_lr_ratio's default
-    weight_decay=0.1,
-    max_grad_norm=1.0,
-    precision="bf16",
-    suffix_len=50,  # the paper's extraction: the last 50 tokens of each canary's first 2,048
-    eval_batch_size=16,
-    eval_every=2000,
-    val_tokens=4 * 2**20,  # ours: 2,048 rows of held-out background
-    curve_every=0,
-)
-
-# The paper's runs: 16 Frontier nodes (128 MI250X GCDs), one model per job (launch script of the reference code).
-PLAN_PRESET: dict[str, Any] = dict(
-    model=MODEL, gpus=128, profile="frontier", seq_len=SEQ_LEN, global_batch=BATCH, precision="bf16"
-)
+# The paper's runs: 16 Frontier nodes (128 MI250X GCDs), one model per job (goldfish.app.presets.paper_plan).
 PLAN_STEPS = STEPS
 PLAN_MODELS = 1 + len(MASKS)  # compare trains the standard model and one per mask (its control is not trained)
 

@@ -36,7 +36,7 @@ from engine import (
 from goldfish.app import paper
 from goldfish.app.argparsing import OneLineParser, Unset, argument_type, mark_defaults, resolve_defaults
 from goldfish.app.planning import resolve_shape
-from goldfish.app.presets import PLAN_PRESETS
+from goldfish.app.presets import PLAN_PRESETS, paper_plan
 
 DEFAULT_PROFILE = "perlmutter"
 # The published models of the named sizes (engine.planner.cost_model.NAMED_SHAPES), as `goldfish train --model`
@@ -59,7 +59,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         choices=sorted(PLAN_PRESETS),
         default=None,
         help="the model, cluster and step of a documented run; options given explicitly override it. paper: the "
-        f"goldfish paper's TinyLlama-1.1B on {paper.PLAN_PRESET['gpus']} GPUs of {paper.PLAN_PRESET['profile']} "
+        f"goldfish paper's TinyLlama-1.1B on {paper_plan().gpus} GPUs of {paper_plan().profile} "
         f"({paper.BATCH} x {paper.SEQ_LEN} tokens per step), with the time of its {paper.PLAN_STEPS:,} steps "
         "(docs/corpus.md)",
     )
@@ -224,7 +224,7 @@ def parse_plan_args(parser: argparse.ArgumentParser, argv: list[str]) -> argpars
     mark_defaults(parser)
     parsed = parser.parse_args(argv)
     preset = parsed.preset.value if isinstance(parsed.preset, Unset) else parsed.preset
-    args, _ = resolve_defaults(parser, parsed, [PLAN_PRESETS[preset].settings if preset else {}])
+    args, _ = resolve_defaults(parser, parsed, [PLAN_PRESETS[preset]().options() if preset else {}])
     return args
 
 

@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 from data.atomic import json_safe, write_text_atomic
 from eval.files import CURVE_FILE, EXTRACTION_FILE, MEMBERSHIP_FILE
 from goldfish.app.compare_result import CompareResult
+from goldfish.app.eval_result import EvalResult
 from goldfish.app.matched import render_matched
 from goldfish.app.report_buckets import study_figures, study_section
 from goldfish.app.report_figures import (
@@ -255,21 +256,6 @@ def write_compare_report(result: CompareResult, out_dir: Path) -> list[str]:
     return figures
 
 
-def _eval_parts(summary: Mapping[str, Any]) -> dict[str, PartResult]:
-    """The parts of an eval summary: every value that is an extraction summary (has n_docs), typed."""
-    parts = {
-        k: PartResult.from_summary(v)
-        for k, v in summary.items()
-        if k != "membership" and isinstance(v, Mapping) and "n_docs" in v
-    }
-    if not parts:
-        raise ValueError(
-            "the eval summary has no part summary (a dict with n_docs, e.g. under 'train'); pass the "
-            "summary that `goldfish eval` builds: {part: extraction summary, 'membership': ...}"
-        )
-    return parts
-
-
 def _eval_breakdowns(parts: Mapping[str, PartResult]) -> dict[str, dict[str, Any]]:
     """{kind: {part: rows}} from each part's breakdowns {kind: rows}."""
     breakdowns: dict[str, dict[str, Any]] = {}
@@ -279,17 +265,17 @@ def _eval_breakdowns(parts: Mapping[str, PartResult]) -> dict[str, dict[str, Any
     return breakdowns
 
 
-def eval_per_document_files(summary: Mapping[str, Any]) -> list[str]:
-    """Paths (relative to OUT) of the per-document JSON-lines files an eval summary says were written."""
-    files = [f"{part}/{name}" for part, s in _eval_parts(summary).items() for name in _part_files(s)]
-    if summary.get("membership"):
+def eval_per_document_files(result: EvalResult) -> list[str]:
+    """Paths (relative to OUT) of the per-document JSON-lines files an eval result says were written."""
+    files = [f"{part}/{name}" for part, s in result.parts.items() for name in _part_files(s)]
+    if result.membership:
         files.append(MEMBERSHIP_FILE)
     return files
 
 
-def eval_figures(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
-    """Draw every plot the eval summary has data for into out_dir; returns the names of the PNGs written."""
-    parts = _eval_parts(summary)
+def eval_figures(result: EvalResult, out_dir: Path) -> list[str]:
+    """Draw every plot the eval result has data for into out_dir; returns the names of the PNGs written."""
+    parts = result.parts
     written = []
     hist = rouge_hist_series({part: out_dir / part / EXTRACTION_FILE for part in parts})
     if hist:
@@ -308,18 +294,18 @@ def eval_figures(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
     models = {"model": {part: s.headline() for part, s in parts.items()}}
     draw_bars(["model"], bar_series(models), out_dir / "headline.png", bar_errors(models))
     written.append("headline.png")
-    if summary.get("membership"):
-        written += _membership_figures({"model": summary["membership"]}, out_dir, False)
+    if result.membership:
+        written += _membership_figures({"model": result.membership}, out_dir, False)
     written += _breakdown_figures(_eval_breakdowns(parts), out_dir)
     return written
 
 
 def render_eval_markdown(
-    summary: Mapping[str, Any], figures: Sequence[str] | None = None, files: Sequence[str] | None = None
+    result: EvalResult, figures: Sequence[str] | None = None, files: Sequence[str] | None = None
 ) -> str:
-    """report.md of `goldfish eval`: summary = {part: extraction summary (+ optional "divergence", "probabilistic",
-    "beam", "sampling", "breakdowns"), "membership": one model's membership result (optional)}."""
-    parts = _eval_parts(summary)
+    """report.md of `goldfish eval`. figures: names of the PNGs written (None: every plot the result has data for);
+    files: per-document files to list (None: those the result says were written)."""
+    parts = result.parts
     if figures is None:
         figures = [
             "headline.png",
@@ -330,7 +316,7 @@ def render_eval_markdown(
             *(v[3] for v in BREAKDOWNS.values()),
         ]
     if files is None:
-        files = eval_per_document_files(summary)
+        files = eval_per_document_files(result)
     entries = [([part], s) for part, s in parts.items()]
     config = next((s.details["config"] for s in parts.values() if s.details.get("config")), None)
     lines = [
@@ -358,18 +344,18 @@ def render_eval_markdown(
         *probabilistic_section(["part"], entries),
         *breakdown_sections(["part"], _eval_breakdowns(parts), figures),
         *rouge_notes(parts.values()),
-        *documents_section(summary.get("documents") or {}),
+        *documents_section(result.documents or {}),
     ]
-    if summary.get("membership"):
-        lines += membership_section([], [([], summary["membership"])], figures)
+    if result.membership:
+        lines += membership_section([], [([], result.membership)], figures)
     lines += files_section(files)
     return "\n".join(lines)
 
 
-def write_eval_report(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
-    """Write OUT/report.md and every PNG the eval summary has data for; returns the PNG names."""
+def write_eval_report(result: EvalResult, out_dir: Path) -> list[str]:
+    """Write OUT/report.md and every PNG the eval result has data for; returns the PNG names."""
     out_dir = Path(out_dir)
-    figures = eval_figures(summary, out_dir)
-    files = [f for f in eval_per_document_files(summary) if (out_dir / f).exists()]
-    write_text_atomic(out_dir / "report.md", render_eval_markdown(summary, figures, files))
+    figures = eval_figures(result, out_dir)
+    files = [f for f in eval_per_document_files(result) if (out_dir / f).exists()]
+    write_text_atomic(out_dir / "report.md", render_eval_markdown(result, figures, files))
     return figures

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine import TrainConfig
 from goldfish.app import options as opt
-from goldfish.app.commands.option_values import runtime_of, training_fields
+from goldfish.app.commands.option_values import runtime_of, training_fields, typed_fields
 from goldfish.app.config import RUN_FILE, DataSpec, MaskSpec, TrainSpec, background_train_config, mask_spec
 from goldfish.app.lora import LoraSpec
 
@@ -112,7 +112,7 @@ def resumed_spec(saved: TrainSpec, args: argparse.Namespace, shape: GridShape | 
     writes (NOT_INHERITED_TRAINING: this command line's value). Checked by `check_unchanged`, not here."""
 
     def typed(group: opt.OptionGroup) -> dict[str, Any]:
-        return {o.field: getattr(args, o.dest) for o in group.options if o.dest in args.typed}
+        return typed_fields(args, group)
 
     mask = asdict(saved.mask) | {"strategy": saved.mask.strategy or "standard"}  # as mask_spec takes it
     own = {name: getattr(args, name) for name in NOT_INHERITED_TRAINING}

@@ -203,16 +203,15 @@ def test_resume_mid_epoch_equals_uninterrupted_run(setup, tmp_path: Path) -> Non
 
 def test_corpus_preset_resolves_to_a_background_run() -> None:
     from goldfish.app.cli import parse_command_line
-    from goldfish.app.commands.option_values import data_of, train_config_of
-    from goldfish.app.config import CompareSpec
+    from goldfish.app.commands.compare import compare_spec
 
-    args = parse_command_line(["compare", "--preset", "corpus", "--max-steps", "50"])
-    spec = data_of(args)
+    compare = compare_spec(parse_command_line(["compare", "--preset", "corpus", "--max-steps", "50"]), None)
+    spec = compare.data
     assert spec.background == "python-docstrings" and spec.pack and spec.insert_window
     assert spec.source == "default-paragraphs" and spec.repeats == (0, 1, 4, 16, 64)
-    assert spec.extraction_window == 64 and (args.prefix_len, args.suffix_len) == (32, 32)
-    assert tuple(args.seeds) == (0, 1)
-    train = train_config_of(args, CompareSpec().train, None)
+    assert spec.extraction_window == 64 and (compare.extraction.prefix_len, compare.extraction.suffix_len) == (32, 32)
+    assert compare.seeds == (0, 1)
+    train = compare.train
     assert train.max_steps == 50 and train.epochs == 1  # an explicit option beats the preset
 
 

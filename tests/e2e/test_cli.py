@@ -32,10 +32,12 @@ def test_console_entry_point_runs():
 
 def test_every_compare_preset_parses():
     from goldfish.app.cli import parse_command_line
-    from goldfish.app.presets import COMPARE_PRESETS
+    from goldfish.app.commands.compare import compare_spec
+    from goldfish.app.presets import COMPARE_PRESETS, preset_spec
 
     args = parse_command_line(["compare", "--quick"])
-    assert args.quick and args.masks == ["hashed:4:13"] and args.n_train == COMPARE_PRESETS["quick"].settings["n_train"]
+    spec = compare_spec(args, None)
+    assert args.quick and args.masks == ["hashed:4:13"] and spec.data.n_train == preset_spec("quick").data.n_train
     for name in COMPARE_PRESETS:
         assert parse_command_line(["compare", "--preset", name]).preset == name
 
@@ -48,24 +50,24 @@ def _help_of(argv: list[str], capsys) -> str:
 
 
 def test_preset_help_says_what_each_preset_sets(capsys):
-    """Every preset has a description whose numbers come from COMPARE_PRESETS (the corpus preset's help once said
+    """Every preset has a description whose numbers come from the spec it makes (the corpus preset's help once said
     1/4/16/64 copies while the preset inserted 1/32/128/512), and compare --help prints it."""
-    from goldfish.app.commands.compare import PRESET_DESCRIPTIONS, preset_description
-    from goldfish.app.presets import COMPARE_PRESETS
+    from goldfish.app.commands.compare import PRESET_DESCRIPTIONS, option_values, preset_description, preset_options
+    from goldfish.app.presets import COMPARE_PRESETS, preset_spec
 
     assert set(COMPARE_PRESETS) <= set(PRESET_DESCRIPTIONS), "describe the new preset in commands/compare.py"
     text = _help_of(["compare"], capsys)
-    for name, preset in COMPARE_PRESETS.items():
-        values = preset.settings
+    for name in COMPARE_PRESETS:
+        sets, values = preset_options(name), option_values(preset_spec(name))
         description = preset_description(name)
         assert not description.startswith("sets "), f"{name}: its description names a value the preset lacks"
         assert f"{name}: {description}" in text
         # the run's size: documents, their length, its length in steps (or epochs where steps are not capped)
-        keys = [k for k in ("n_train", "n_heldout", "seq_len", "max_steps", "lora_rank", "beams") if k in values]
-        keys += [] if "max_steps" in values else ["epochs"]
+        keys = [k for k in ("n_train", "n_heldout", "seq_len", "max_steps", "lora_rank", "beams") if k in sets]
+        keys += [] if "max_steps" in sets else ["epochs"]
         for key in keys:
             assert str(values[key]) in description, f"{name}: {key} = {values[key]} not in {description!r}"
-        if "repeats" in values:
+        if "repeats" in sets:
             assert ",".join(str(r) for r in values["repeats"]) + " cop" in description
         for mask in values.get("masks", []):
             assert mask in description
@@ -83,16 +85,18 @@ def test_preset_sets_only_what_the_user_left_at_default():
     from goldfish.app.commands.compare import compare_spec
 
     args = parse_command_line(["compare", "--preset", "smollm2", "--epochs", "3", "--lr=1e-3", "--batch-size", "2"])
-    assert args.model == "smollm2-135m" and args.masks == ["hashed:3:13", "hashed:4:13"]
-    assert args.n_train == 8 and args.schedule == "constant"
     assert args.epochs == 3 and args.lr == 1e-3 and args.batch_size == 2  # typed by the user: kept
     spec = compare_spec(args, None)  # the configuration compare would run, resolved without training
-    assert (spec.train.epochs, spec.train.lr, spec.train.batch_size, spec.data.n_train) == (3, 1e-3, 2, 8)
+    assert spec.model == "smollm2-135m" and [(m.k, m.h) for m in spec.masks] == [(3, 13), (4, 13)]
+    assert spec.data.n_train == 8 and spec.train.schedule == "constant"  # the preset's
+    assert (spec.train.epochs, spec.train.lr, spec.train.batch_size) == (3, 1e-3, 2)
     # a typed value equal to the parser's default still wins over the preset (smollm2 sets lr 3e-4, warmup 0)
     default_warmup = parse_command_line(["compare"]).warmup_steps
-    args = parse_command_line(["compare", "--preset", "smollm2", f"--warmup-steps={default_warmup}"])
-    assert args.warmup_steps == default_warmup != 0 and args.lr == 3e-4
-    assert parse_command_line(["compare", "--quick", "--epochs", "7"]).epochs == 7
+    spec = compare_spec(
+        parse_command_line(["compare", "--preset", "smollm2", f"--warmup-steps={default_warmup}"]), None
+    )
+    assert spec.train.warmup_steps == default_warmup != 0 and spec.train.lr == 3e-4
+    assert compare_spec(parse_command_line(["compare", "--quick", "--epochs", "7"]), None).train.epochs == 7
 
 
 @pytest.mark.parametrize(

@@ -69,9 +69,10 @@ def test_settings_error_is_one_line_without_torch(argv: list[str], names: str, t
 
 
 def test_model_defaults_are_the_fine_tuning_settings_of_its_preset() -> None:
-    from goldfish.app.presets import COMPARE_PRESETS, MODEL_DEFAULT_OPTIONS, model_defaults
+    from engine import TrainConfig
+    from goldfish.app.presets import model_defaults, preset_spec
 
-    smollm2 = COMPARE_PRESETS["smollm2"].settings
-    assert model_defaults(smollm2["model"]) == {name: smollm2[name] for name in MODEL_DEFAULT_OPTIONS}
-    assert model_defaults("smollm2-135m")["lr"] < 1e-3  # fine-tuning, not the tiny models' learning rate
-    assert model_defaults("tiny-llama") == {} and model_defaults(None) == {}
+    smollm2 = preset_spec("smollm2")
+    assert model_defaults(smollm2.model)(TrainConfig()) == smollm2.train  # the five fine-tuning settings
+    assert model_defaults("smollm2-135m")(TrainConfig()).lr < 1e-3  # fine-tuning, not the tiny models' rate
+    assert model_defaults("tiny-llama")(TrainConfig()) == TrainConfig() == model_defaults(None)(TrainConfig())

@@ -112,13 +112,66 @@ def test_settings_a_pipeline_cannot_run_fail_in_the_launcher(command, settings, 
     assert not (tmp_path / "run").exists()
 
 
-def test_eval_refuses_a_pipe_axis(tmp_path, capsys) -> None:
-    assert (
-        main(["eval", "--model", str(tmp_path), "--out", str(tmp_path / "eval"), "--nproc", "2", "--grid", "pipe=2"])
-        == 2
-    )
+@pytest.mark.parametrize(
+    "settings, expected",
+    [
+        (["--grid", "pipe=2,x=2", "--nproc", "4"], "evaluation on a pipe grid runs on pipe and data axes only"),
+        (["--grid", "pipe=2", "--nproc", "2", "--beams", "2"], "--beams run HF generate, which does not run on"),
+        (["--grid", "pipe=2", "--nproc", "2", "--model", "tiny-gpt2"], "needs a model with tie_word_embeddings"),
+    ],
+)
+def test_what_eval_cannot_run_on_a_pipe_grid_is_one_line(settings, expected, tmp_path, capsys) -> None:
+    argv = ["eval", "--model", "micro-llama", "--out", str(tmp_path / "eval"), *settings]
+    assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert "goldfish eval runs on a grid without a pipe axis" in err and err.count("\n") == 0, err
+    assert err.count("\n") == 0 and "launching" not in err, err
+    assert err.startswith("goldfish eval: error: ") and expected in err, err
+    assert not (tmp_path / "eval").exists()
+
+
+def _flat(value, key=""):
+    """(dotted key, leaf) pairs of a JSON value."""
+    if isinstance(value, dict):
+        return [pair for k, v in value.items() for pair in _flat(v, f"{key}.{k}")]
+    if isinstance(value, list):
+        return [pair for i, v in enumerate(value) for pair in _flat(v, f"{key}[{i}]")]
+    return [(key, value)]
+
+
+def _run_dependent(key: str) -> bool:
+    """Whether a summary key holds what differs between two runs of one evaluation: seconds, and the grid."""
+    return key.startswith(".grid.") or ".timings_s." in key
+
+
+@pytest.mark.slow
+def test_eval_on_a_pipe_grid_equals_one_process(tmp_path) -> None:
+    """`goldfish eval --grid pipe=2` (each rank holding one stage) writes one process's summary and per-document rows
+    for a trained checkpoint: the same generated ids, accuracies, log-probabilities and membership scores, equal
+    floats (the stages run one process's operations on the same shapes), except the gradient norms, within 1e-6
+    relative (tests/parallel/test_pipeline_eval.py says why)."""
+    run = tmp_path / "run"
+    assert main(["train", "--out", str(run), *tiny_run(n_train=4, n_heldout=2, seq_len=32, epochs=3)]) == 0
+    options = ["--model", str(run / "checkpoint"), "--suffix-len", "8", "--prefix-lengths", "8,16"]
+    assert main(["eval", "--out", str(tmp_path / "serial"), *options]) == 0
+    assert main(["eval", "--out", str(tmp_path / "pipe"), "--nproc", "2", "--grid", "pipe=2", *options]) == 0
+    files = sorted(p.relative_to(tmp_path / "serial") for p in (tmp_path / "serial").rglob("*.json*"))
+    assert files == sorted(p.relative_to(tmp_path / "pipe") for p in (tmp_path / "pipe").rglob("*.json*"))
+    compared = 0
+    for name in files:
+        texts = [(tmp_path / folder / name).read_text() for folder in ("serial", "pipe")]
+        if name.suffix == ".json":
+            values = [dict(_flat(json.loads(text))) for text in texts]
+        else:
+            values = [dict(_flat([json.loads(line) for line in text.splitlines()])) for text in texts]
+        serial, pipe = ({k: v for k, v in got.items() if not _run_dependent(k)} for got in values)
+        assert pipe.keys() == serial.keys(), name
+        for key, value in serial.items():
+            if "grad_norm" in key and isinstance(value, float):
+                assert pipe[key] == pytest.approx(value, rel=1e-6, abs=0), (name, key)
+            else:
+                assert pipe[key] == value, (name, key)
+            compared += 1
+    assert compared > 200 and json.loads((tmp_path / "pipe" / "summary.json").read_text())["grid"]["pipe"] == 2
 
 
 @pytest.mark.parametrize("grid", ["data=2", "pipe=2"])

@@ -65,12 +65,12 @@ def test_a_file_of_another_version_or_with_unknown_fields_is_refused(tmp_path: P
 
 def test_a_preset_is_a_default_the_typed_value_overrides() -> None:
     """`goldfish compare --preset smollm2 --epochs 3` trains 3 epochs (the preset's other values stay)."""
-    from goldfish.app.presets import COMPARE_PRESETS
+    from goldfish.app.presets import preset_spec
 
     spec = compare_spec(_args("compare", "--preset", "smollm2", "--epochs", "3", "--out", "o"), None)
     assert spec.train.epochs == 3
-    assert spec.model == COMPARE_PRESETS["smollm2"].settings["model"]
-    assert spec.train.lr == COMPARE_PRESETS["smollm2"].settings["lr"]
+    assert spec.model == preset_spec("smollm2").model
+    assert spec.train.lr == preset_spec("smollm2").train.lr
 
 
 def test_the_worker_takes_only_a_run_file(tmp_path: Path, capsys) -> None:
@@ -86,16 +86,13 @@ def test_the_worker_takes_only_a_run_file(tmp_path: Path, capsys) -> None:
 
 def test_a_model_brings_the_defaults_that_fit_it() -> None:
     """--model smollm2-135m trains with the smollm2 preset's settings unless typed; a preset wins over them."""
-    from goldfish.app.presets import COMPARE_PRESETS
+    from goldfish.app.presets import preset_spec
 
     fitted = train_spec(_args("train", "--model", "smollm2-135m", "--out", "o"), None).train
-    assert (fitted.epochs, fitted.lr) == (
-        COMPARE_PRESETS["smollm2"].settings["epochs"],
-        COMPARE_PRESETS["smollm2"].settings["lr"],
-    )
+    assert (fitted.epochs, fitted.lr) == (preset_spec("smollm2").train.epochs, preset_spec("smollm2").train.lr)
     assert train_spec(_args("train", "--model", "smollm2-135m", "--epochs", "3", "--out", "o"), None).train.epochs == 3
     quick = compare_spec(_args("compare", "--preset", "quick", "--model", "smollm2-135m", "--out", "o"), None)
-    assert quick.train.epochs == COMPARE_PRESETS["quick"].settings["epochs"]
+    assert quick.train.epochs == preset_spec("quick").train.epochs
     assert train_spec(_args("train", "--out", "o"), None).train.epochs == 20  # the tiny model's own default
 
 

@@ -3,16 +3,20 @@
 Each rank builds the same float32 model (Llama, and GPT-2 with its lm_head untied), keeps only its own stage and
 runs eval/'s unchanged functions on it: a teacher-forced pass over left-padded rows (padding mask and explicit
 positions), a right-padded pass without positions (eval.logprobs' call), greedy decoding with a KV cache per stage
-(eval.decoding.greedy_paths) and extraction's shared pass (forced_greedy). Every rank gets the serial model's logits
-and ids.
+(eval.decoding.greedy_paths), extraction's shared pass (forced_greedy), and the gradient-norm attack's backward
+through the stages (eval.membership.gradient_norm on the serial model). Every rank gets the serial model's logits,
+ids and norms.
 
-Tolerance: none for the ids and the logits. Each stage runs the serial forward's operations on the same shapes, in
-the same order, on one CPU: the numbers are the same floats. The serial reference decodes with the plain model's
-own set-up (eval.decoding's preallocated cache) but without oneDNN linears (ONEDNN_LINEARS off in these processes:
-oneDNN sums the same products in another order, a float32 rounding difference, which a pipelined model never takes).
+Tolerance: none for the ids and the logits (GRAD_NORM_RTOL for the gradient norms). Each stage runs the serial
+forward's operations on the same shapes, in the same order, on one CPU: the numbers are the same floats. The serial
+reference decodes with the plain model's own set-up (eval.decoding's preallocated cache) but without oneDNN linears
+(ONEDNN_LINEARS off in these processes: oneDNN sums the same products in another order, a float32 rounding
+difference, which a pipelined model never takes).
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import pytest
 import torch
@@ -20,6 +24,11 @@ from distributed import run_distributed
 from tiny_models import tiny_gpt2, tiny_llama
 
 VOCAB, PAD = 48, 0
+# The gradient norm: the backward crosses the stage boundary as a gradient handed over whole, where the serial
+# backward may add the boundary activation's two uses (residual and the next layer) in another order: one float32
+# rounding (6e-8 relative) per element of that gradient, carried into the earlier stage's gradients. 1e-6 relative
+# on the norm covers it (1 ulp of float64 observed) and still fails on a missing stage (half the squares).
+GRAD_NORM_RTOL = 1e-6
 
 
 def llama() -> torch.nn.Module:
@@ -42,8 +51,9 @@ def rows() -> list[list[int]]:
     return [torch.randint(1, VOCAB, (n,), generator=generator).tolist() for n in (12, 7, 12, 3, 9)]
 
 
-def measure(model: torch.nn.Module) -> dict:
-    """What the tests compare, from `model` as eval/ calls it (the serial model or the pipelined one)."""
+def measure(model: torch.nn.Module, gradient_norm: Callable[[list[int]], float]) -> dict:
+    """What the tests compare, from `model` as eval/ calls it (the serial model or the pipelined one), and the
+    gradient-norm attack's norm of each prompt."""
     import eval.decoding as decoding
     from eval.batching import left_pad, pad_batch
 
@@ -65,6 +75,7 @@ def measure(model: torch.nn.Module) -> dict:
         "greedy": [(p.ids, p.min_margin, p.logprob_mean) for p in paths],
         "forced": [(p.ids, p.min_margin, p.logprob_mean, p.reference_logprob_mean) for p in forced],
         "predicted": [p.tolist() for p in predicted],
+        "grad_norm": [gradient_norm(p) for p in prompts],
     }
 
 
@@ -81,16 +92,19 @@ def _worker(name: str) -> dict:
     with pytest.raises(ValueError) as refused:
         runner.generate(input_ids=torch.zeros(1, 2, dtype=torch.long))
     assert str(refused.value) == GENERATE_REFUSAL
-    result = measure(runner)
+    result = measure(runner, runner.gradient_norm)
     grid.close()
     return {**result, "held": held, "stage": stage, "total": total}
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_a_pipelined_model_evaluates_as_the_serial_model(name: str) -> None:
-    """Every rank of pipe=2 gets the serial model's logits, greedy ids, margins and log-probabilities, while holding
-    only its own stage's parameters (about half of the model's)."""
-    expected = measure(MODELS[name]())
+    """Every rank of pipe=2 gets the serial model's logits, greedy ids, margins, log-probabilities and gradient
+    norms, while holding only its own stage's parameters (about half of the model's)."""
+    from eval.membership import gradient_norm
+
+    serial = MODELS[name]()
+    expected = measure(serial, lambda ids: gradient_norm(serial, ids))
     results = run_distributed(2, _worker, name)
     assert sum(got["held"] for got in results) == results[0]["total"]
     for rank, got in enumerate(results):
@@ -99,3 +113,4 @@ def test_a_pipelined_model_evaluates_as_the_serial_model(name: str) -> None:
             assert (got[key] == expected[key]).all(), (rank, key, abs(got[key] - expected[key]).max())
         for key in ("greedy", "forced", "predicted"):
             assert got[key] == expected[key], (rank, key)
+        assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=GRAD_NORM_RTOL, abs=0), rank

@@ -12,6 +12,7 @@ import pytest
 
 from data.atomic import json_safe
 from goldfish.app.compare_result import CompareResult
+from goldfish.app.eval_result import EvalResult
 from goldfish.app.report import (
     render_eval_markdown,
     render_markdown,
@@ -499,7 +500,7 @@ def _eval_summary() -> dict:
 
 def test_eval_markdown_and_files(tmp_path):
     summary = _eval_summary()
-    md = render_eval_markdown(summary)
+    md = render_eval_markdown(EvalResult.from_json(summary))
     assert md.startswith("# goldfish eval") and "Documents: train 8, heldout 8." in md
     assert _row(_table_rows(md, "## Adaptive extraction"), "train")["beam EM"] == "0.625 (width 30)"
     assert _row(_table_rows(md, "## Probabilistic extraction"), "train")["extracted, n=10"] == "0.123"
@@ -513,7 +514,7 @@ def test_eval_markdown_and_files(tmp_path):
     _write_rows(tmp_path, "train/prefix_length.jsonl", [{"id": "a", "prefix_len": 16}])
     _write_rows(tmp_path, "membership.jsonl", [{"id": "a"}])
     summary["train"]["divergence"] = _full_summary()["details"]["goldfish-k4"]["train"]["divergence"]
-    figures = write_eval_report(summary, tmp_path)
+    figures = write_eval_report(EvalResult.from_json(summary), tmp_path)
     assert set(figures) == {
         "headline.png",
         "rouge_hist.png",
@@ -536,13 +537,13 @@ def test_eval_markdown_and_files(tmp_path):
 
 def test_eval_report_of_a_bare_summary_and_bad_input(tmp_path):
     bare = {"train": {"n_docs": 3, "exact_match": 1.0, "rouge_l": 1.0}}
-    md = render_eval_markdown(bare)
+    md = render_eval_markdown(EvalResult.from_json(bare))
     assert _row(_table_rows(md, "# goldfish eval"), "train")["exact match"] == "1.000"
     assert _row(_table_rows(md, "# goldfish eval"), "train")["TF acc kept"] == "n/a"
     # no extraction.jsonl on disk: only the headline bars, drawn from the summary
-    assert write_eval_report(bare, tmp_path) == ["headline.png"]
+    assert write_eval_report(EvalResult.from_json(bare), tmp_path) == ["headline.png"]
     with pytest.raises(ValueError, match="no part summary"):
-        render_eval_markdown({"membership": {}})
+        EvalResult.from_json({"membership": {}})
 
 
 def test_compare_report_lists_removed_duplicates_and_flags_non_latin_rouge():

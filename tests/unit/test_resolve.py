@@ -15,9 +15,9 @@ from goldfish.app.commands.compare import compare_spec
 from goldfish.app.commands.option_values import runtime_of
 from goldfish.app.commands.processes import resolved_run
 from goldfish.app.commands.train import train_spec
-from goldfish.app.config import RUN_FILE
+from goldfish.app.config import RUN_FILE, CompareSpec
 from goldfish.app.plan import add_plan_arguments, parse_plan_args
-from goldfish.app.presets import COMPARE_PRESETS, PLAN_PRESETS
+from goldfish.app.presets import COMPARE_PRESETS, PLAN_PRESETS, preset_spec
 from goldfish.app.resume import recorded_spec, resumed_spec
 from goldfish.app.runfile import read_run, write_run
 
@@ -62,7 +62,7 @@ def test_goldfish_plan_alone_parses_once(parses: list[str]) -> None:
     args = parse_plan_args(parser, ["--preset", "paper", "--gpus", "64"])
     assert parses == ["goldfish plan"]
     assert args.gpus == 64  # typed: wins over the preset
-    assert args.profile == PLAN_PRESETS["paper"].settings["profile"]
+    assert args.profile == PLAN_PRESETS["paper"]().profile
 
 
 def _checkpoint(folder: Path, spec: object) -> Path:
@@ -106,10 +106,10 @@ def test_a_resume_takes_every_untyped_setting_from_the_checkpoint(tmp_path: Path
 def test_every_compare_preset_resolves_and_its_resolved_run_round_trips(name: str, tmp_path: Path) -> None:
     args = parse_command_line(["compare", "--preset", name])
     spec = compare_spec(args, None)
-    for dest, value in COMPARE_PRESETS[name].settings.items():  # the preset's settings reached the options
-        if isinstance(value, str):  # parsed by its option, as if typed
-            value = getattr(parse_command_line(["compare", f"--{dest.replace('_', '-')}", value]), dest)
-        assert getattr(args, dest) == value, dest
+    preset = COMPARE_PRESETS[name](replace(CompareSpec(), curve_every=None))
+    assert replace(spec, curve_every=None, train=replace(spec.train, progress=True)) == replace(
+        preset, curve_every=None
+    )  # the preset's spec, over the defaults of its model (a spec's own defaults where it names none)
     run = resolved_run("compare", spec, runtime_of(args), tmp_path / "out", tmp_path / "out")
     assert read_run(write_run(run, tmp_path / "run.json")) == run
 
@@ -117,8 +117,18 @@ def test_every_compare_preset_resolves_and_its_resolved_run_round_trips(name: st
 @pytest.mark.parametrize("name", sorted(PLAN_PRESETS))
 def test_every_plan_preset_resolves(name: str) -> None:
     args = parse_command_line(["plan", "--preset", name])
-    for dest, value in PLAN_PRESETS[name].settings.items():
+    for dest, value in PLAN_PRESETS[name]().options().items():
         assert getattr(args, dest) == value, dest
+
+
+def test_a_preset_is_a_typed_function_of_a_spec() -> None:
+    """Each compare preset is a function CompareSpec -> CompareSpec: it sets its settings on whatever spec it is given
+    (here one with another model's training defaults) and leaves the rest of it as it was."""
+    base = replace(CompareSpec(), init_seed=7, train=replace(CompareSpec().train, weight_decay=0.05))
+    for name, preset in COMPARE_PRESETS.items():
+        spec = preset(base)
+        assert isinstance(spec, CompareSpec) and spec.init_seed == 7, name
+        assert spec.train.weight_decay == (0.1 if name == "paper" else 0.05), name
 
 
 @pytest.mark.parametrize(
@@ -136,8 +146,9 @@ def test_a_train_spec_round_trips_through_its_run_file_and_its_run_record(argv: 
 
 def test_a_typed_value_equal_to_the_default_still_wins_over_the_preset() -> None:
     default = parse_command_line(["compare"]).lr
-    assert COMPARE_PRESETS["smollm2"].settings["lr"] != default
-    assert parse_command_line(["compare", "--preset", "smollm2", "--lr", str(default)]).lr == default
+    assert preset_spec("smollm2").train.lr != default
+    typed = parse_command_line(["compare", "--preset", "smollm2", "--lr", str(default)])
+    assert compare_spec(typed, None).train.lr == default
     assert parse_command_line(["compare", "--preset", "smollm2"]).typed == frozenset({"preset"})
 
 

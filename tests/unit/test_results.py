@@ -15,6 +15,7 @@ import pytest
 from eval.files import CURVE_FILE, MEMBERSHIP_FILE, ROW_FILES
 from eval.metrics import HEADLINE_METRICS, INTERVAL_METRICS, METRICS
 from goldfish.app.compare_result import CompareResult
+from goldfish.app.eval_result import EvalResult
 from goldfish.app.results import HEADLINE_KEYS, ModelResult, PartResult
 from goldfish.app.seeds_result import SeedsResult
 
@@ -70,6 +71,23 @@ def test_model_result_is_the_eval_summary_shape() -> None:
         assert {k: typed.headline()[part][k] for k in today} == today
     assert typed.rows("extraction") == []  # rows live in memory only
     assert ModelResult({"train": typed.parts["train"]}).to_json() == {"train": parts["train"]}
+
+
+def test_eval_result_writes_the_eval_summary_in_its_order() -> None:
+    shipped = json.loads(QUICKSTART.read_text())
+    summary = shipped["details"]["standard"] | {
+        "membership": shipped["membership"]["standard"],
+        "documents": shipped["documents"],
+        "checkpoint": {"step": 12, "exposures": {"a": 3}},
+        "grid": {"data": 2, "x": 1},
+    }
+    typed = EvalResult.from_json(summary)
+    assert list(typed.parts) == ["train", "heldout"] and typed.membership == summary["membership"]
+    assert json.dumps(typed.to_json(), indent=2) == json.dumps(summary, indent=2)
+    bare = {"heldout": shipped["details"]["standard"]["heldout"]}  # --part heldout, no record: no checkpoint
+    assert json.dumps(EvalResult.from_json(bare).to_json()) == json.dumps(bare)
+    built = EvalResult(typed.model, documents=summary["documents"], grid={"data": 2, "x": 1})
+    assert list(built.to_json()) == ["train", "heldout", "membership", "documents", "grid"]
 
 
 def test_headline_keys_come_from_the_metric_registry() -> None:
@@ -197,7 +215,7 @@ def test_instrument_summary_keys_are_spelled_in_one_module() -> None:
 
 
 # The result types the reports are rendered from; each is walked with every dataclass its fields name.
-RESULT_TYPES = (PartResult, ModelResult, CompareResult, SeedsResult)
+RESULT_TYPES = (PartResult, ModelResult, CompareResult, SeedsResult, EvalResult)
 
 
 def _any_fields(cls: type, seen: set[type] | None = None) -> list[str]:

@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from goldfish.app import options as opt
 from goldfish.app.argparsing import argument_type
-from goldfish.app.commands.option_values import (
-    data_of,
-    extraction_of,
-    instruments_of,
-    lora_of,
-    runtime_of,
-    train_config_of,
-)
+from goldfish.app.commands.option_values import runtime_of, training_fields, typed_fields
 from goldfish.app.commands.preflight import check_documents, check_on_grid
 from goldfish.app.commands.processes import (
     close_grid,
@@ -28,33 +22,57 @@ from goldfish.app.commands.processes import (
     set_threads,
 )
 from goldfish.app.commands.run_folder import cleared_on_settings_error, discard, publish, run_folder
-from goldfish.app.config import CompareSpec, Runtime, check_extraction_window, parse_int_list, parse_mask
-from goldfish.app.presets import COMPARE_PRESETS
+from goldfish.app.config import CompareSpec, MaskSpec, Runtime, check_extraction_window, parse_int_list, parse_mask
+from goldfish.app.presets import COMPARE_PRESETS, ComparePreset, model_defaults, preset_spec
 from goldfish.app.runfile import ResolvedRun
+from goldfish.strategies import WINDOW_STRATEGIES
 
 if TYPE_CHECKING:  # the commands import torch, the engine and eval only when they run
     from engine import GridShape
 
 
+def chosen_preset(args: argparse.Namespace) -> ComparePreset | None:
+    """The preset of the command line: --preset NAME, or --quick (the quick preset); None without either."""
+    if args.quick:
+        return COMPARE_PRESETS["quick"]
+    return COMPARE_PRESETS[args.preset] if args.preset is not None else None
+
+
 def compare_spec(args: argparse.Namespace, shape: GridShape | None) -> CompareSpec:
-    model_options = opt.MODEL.values(args)
-    train = train_config_of(args, CompareSpec().train, shape)
-    curve_every = args.curve_every if args.curve_every is not None else max(1, train.epochs // 10)
-    return CompareSpec(
-        model=model_options["model"],
-        init_seed=model_options["init_seed"],
-        data=data_of(args),
-        masks=[parse_mask(m) for m in args.masks],
-        train=train,
-        extraction=extraction_of(args),
-        instruments=instruments_of(args),
-        curve_every=curve_every,
-        lora=lora_of(args),
-        with_full=args.with_full,
-        seeds=tuple(args.seeds or ()),
-        tuning_seeds=tuple(args.tuning_seeds or ()),
-        matched_controls=args.matched_controls,
-        resume=args.resume,
+    """The comparison the command line asks for, resolved in layers, each over the one before: the command's defaults
+    (CompareSpec's), the training defaults of the model (typed, else the preset's; presets.model_defaults), the
+    preset, and the options the user typed. --curve-every that no layer sets is a tenth of the epochs (at least 1).
+    `shape`: the grid's sizes (None: one process), for --zero-hierarchy node."""
+    preset = chosen_preset(args) or (lambda spec: spec)
+    base = replace(CompareSpec(), curve_every=None)
+    model = args.model if "model" in args.typed else preset(base).model
+    spec = _typed_over(preset(replace(base, train=model_defaults(model)(base.train))), args, shape)
+    if spec.curve_every is None:
+        spec = replace(spec, curve_every=max(1, spec.train.epochs // 10))
+    return spec
+
+
+def _typed_over(spec: CompareSpec, args: argparse.Namespace, shape: GridShape | None) -> CompareSpec:
+    """`spec` with the options the user typed put in (`args.typed`); progress is always --no-progress's."""
+    own = {
+        "masks": [parse_mask(m) for m in args.masks],
+        "curve_every": args.curve_every,
+        "with_full": args.with_full,
+        "seeds": tuple(args.seeds or ()),
+        "tuning_seeds": tuple(args.tuning_seeds or ()),
+        "matched_controls": args.matched_controls,
+        "resume": args.resume,
+    }
+    train = training_fields(typed_fields(args, opt.TRAINING), spec.train, shape)
+    return replace(
+        spec,
+        **typed_fields(args, opt.MODEL),
+        **{name: value for name, value in own.items() if name in args.typed},
+        data=replace(spec.data, **typed_fields(args, opt.DATA)),
+        train=replace(spec.train, **train, progress=runtime_of(args).progress),
+        extraction=replace(spec.extraction, **typed_fields(args, opt.EXTRACTION)),
+        instruments=replace(spec.instruments, **typed_fields(args, opt.INSTRUMENTS)),
+        lora=replace(spec.lora, **typed_fields(args, opt.LORA)),
     )
 
 
@@ -156,9 +174,9 @@ def cmd_compare_checkpoints(args: argparse.Namespace) -> int:
     return 0
 
 
-# What each compare preset runs, in words, with its numbers filled in from COMPARE_PRESETS (the preset's values, and
-# CompareSpec's defaults for what it leaves unset), so --help and docs/cli.md (checked by tests/unit/test_docs.py)
-# cannot drift from what a preset really sets. Fields: the option dest names; buckets = the repeats as "1,4,16 copies".
+# What each compare preset runs, in words, with its numbers filled in from the spec the preset makes of CompareSpec's
+# defaults (`option_values`), so --help and docs/cli.md (checked by tests/unit/test_docs.py) cannot drift from what a
+# preset really sets. Fields: the option dest names; buckets = the repeats as "1,4,16 copies".
 PRESET_DESCRIPTIONS: dict[str, str] = {
     "quick": "{model} from scratch, {n_train}+{n_heldout} documents of {seq_len} tokens, {epochs} epochs, mask "
     "{masks} (under a minute; same as --quick)",
@@ -185,20 +203,44 @@ PRESET_DESCRIPTIONS: dict[str, str] = {
 }
 
 
+def mask_text(mask: MaskSpec) -> str:
+    """A mask as --masks takes it: STRATEGY:K:H, STRATEGY:K where the strategy reads no window, or standard."""
+    if mask.strategy is None:
+        return "standard"
+    return f"{mask.strategy}:{mask.k}" + (f":{mask.h}" if mask.strategy in WINDOW_STRATEGIES else "")
+
+
+def option_values(spec: CompareSpec) -> dict[str, Any]:
+    """The values of compare's options that make `spec`, by option dest (--masks as it writes them): how --help and
+    the docs name a preset's settings."""
+    values: dict[str, Any] = {"model": spec.model, "init_seed": spec.init_seed}
+    for group, settings in (
+        (opt.DATA, spec.data),
+        (opt.TRAINING, spec.train),
+        (opt.EXTRACTION, spec.extraction),
+        (opt.INSTRUMENTS, spec.instruments),
+        (opt.LORA, spec.lora),
+    ):
+        values |= {option.dest: getattr(settings, option.field) for option in group.options}
+    own = ("curve_every", "with_full", "seeds", "tuning_seeds", "matched_controls")
+    return values | {name: getattr(spec, name) for name in own} | {"masks": [mask_text(m) for m in spec.masks]}
+
+
+def preset_options(name: str) -> dict[str, Any]:
+    """The options compare preset `name` sets to other values than the command's defaults, by dest."""
+    defaults, preset = option_values(CompareSpec()), option_values(preset_spec(name))
+    return {dest: value for dest, value in preset.items() if value != defaults[dest]}
+
+
 def preset_description(name: str) -> str:
-    """The one-line description of a compare preset, its numbers read from COMPARE_PRESETS[name]. A preset without a
-    description in PRESET_DESCRIPTIONS, or whose description names a value the preset lost, is described by the
-    options it sets ("sets --n-train 8, ..."), so --help never breaks; tests/e2e/test_cli.py fails on either."""
-    preset = COMPARE_PRESETS[name].settings
-    settings = ", ".join(f"--{dest.replace('_', '-')} {value}" for dest, value in preset.items())
+    """The one-line description of a compare preset, its numbers read from the spec it makes (`option_values`). A
+    preset without a description in PRESET_DESCRIPTIONS, or whose description names a value the spec lacks, is
+    described by the options it sets ("sets --n-train 8, ..."), so --help never breaks; tests/e2e/test_cli.py fails
+    on either."""
+    settings = ", ".join(f"--{dest.replace('_', '-')} {value}" for dest, value in preset_options(name).items())
     if name not in PRESET_DESCRIPTIONS:
         return f"sets {settings}"
-    defaults = CompareSpec()
-    values: dict[str, Any] = {
-        "model": defaults.model,
-        "masks": [f"{m.strategy}:{m.k}:{m.h}" for m in defaults.masks],
-        "repeats": defaults.data.repeats,
-    } | dict(preset)
+    values = option_values(preset_spec(name))
     repeats = tuple(values["repeats"])
     copies = ",".join(str(r) for r in repeats) + (" copies" if repeats != (1,) else " copy")
     values["buckets"] = copies + (" (0: held out, never inserted)" if 0 in repeats else "")

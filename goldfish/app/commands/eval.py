@@ -19,7 +19,7 @@ from goldfish.app.runfile import ResolvedRun
 if TYPE_CHECKING:  # the commands import torch, the engine and eval only when they run
     from torch import nn
 
-    from engine import Grid
+    from engine import Grid, GridShape
     from goldfish.app.prepare import Prepared
 
 
@@ -67,10 +67,7 @@ def _eval_holding_out(args: argparse.Namespace, out: Path) -> int:
     clears = args.overwrite and os.environ.get("RANK", "0") == "0"
     shape = launch_shape(runtime) if runtime.nproc else process_shape(runtime)
     if shape is not None and shape.pipe > 1:
-        raise ValueError(
-            "goldfish eval runs on a grid without a pipe axis: evaluate a pipeline-trained run's checkpoint (an "
-            "ordinary HF folder) on one process or a grid of data, x, y and z"
-        )
+        _check_pipe_grid(args, shape)
     from goldfish.app.model_config_check import check_config_file
     from goldfish.app.pretrained import recover_folder
 
@@ -92,6 +89,28 @@ def _eval_holding_out(args: argparse.Namespace, out: Path) -> int:
             clear_eval_outputs(out)
         return launch(resolved_run("eval", spec, runtime, out, out), runtime)
     return run_eval(resolved_run("eval", spec, runtime, out, out, options={"clear": clears}))
+
+
+def _check_pipe_grid(args: argparse.Namespace, shape: GridShape) -> None:
+    """Refuse (one line, before any work) what evaluation through pipeline stages cannot run: x, y or z beside pipe,
+    beam search or sampling (HF generate), and, for a model whose config is here, a model its stages cannot cut."""
+    from eval.parallel import PIPE_GRID_REFUSAL
+
+    if shape.size("x", "y", "z") > 1:
+        raise ValueError(PIPE_GRID_REFUSAL)
+    instruments = instruments_of(args)
+    generating = [flag for flag, n in (("--beams", instruments.beams), ("--samples", instruments.samples)) if n]
+    if generating:
+        raise ValueError(
+            f"{' and '.join(generating)} run HF generate, which does not run on pipeline stages: evaluate them on a "
+            "grid without pipe (e.g. --grid data=N), or drop them"
+        )
+    from engine import check_pipeline_config
+    from goldfish.app.models import local_config
+
+    config = local_config(str(args.model), vocab_size=1 << 16, max_positions=2)  # family, layers and tying only
+    if config is not None:
+        check_pipeline_config(config, shape.pipe)
 
 
 def run_eval(run: ResolvedRun) -> int:
@@ -355,9 +374,9 @@ def add_eval_parser(sub: Any) -> None:
         Runtime(),
         skip={"report_to"},
         help_for={
-            "grid": "under torchrun: the grid as AXIS=SIZE pairs, e.g. data=2 or data=2,x=2 (no pipe: evaluate a "
-            "pipelined run's checkpoint); documents are sharded over data, the model over x, y, z (default under "
-            "torchrun: data=WORLD_SIZE)"
+            "grid": "under torchrun: the grid as AXIS=SIZE pairs, e.g. data=2, data=2,x=2 or pipe=2 (pipe with data "
+            "only, greedy and teacher-forced instruments); documents are sharded over data, the model over x, y, z or "
+            "cut into pipe stages (default under torchrun: data=WORLD_SIZE)"
         },
     )
     evaluate.set_defaults(func=cmd_eval)

@@ -14,6 +14,12 @@ if TYPE_CHECKING:  # the commands import torch, the engine and eval only when th
     from engine import GridShape
 
 
+def typed_fields(args: argparse.Namespace, group: opt.OptionGroup) -> dict[str, Any]:
+    """{field: value} of the options of `group` the user typed (`args.typed`, goldfish.app.cli.parse_command_line):
+    what goes over a preset, a model's defaults or a checkpoint's settings."""
+    return {o.field: getattr(args, o.dest) for o in group.options if o.dest in args.typed}
+
+
 def runtime_of(args: argparse.Namespace) -> Runtime:
     return Runtime(**opt.RUNTIME.values(args))
 
@@ -27,8 +33,9 @@ def mask_of(args: argparse.Namespace) -> MaskSpec:
 
 
 def train_config_of(args: argparse.Namespace, base: Any, shape: GridShape | None) -> Any:
-    """The training options as a validated TrainConfig; `shape`: the grid's sizes (None: one process)."""
-    values = training_fields(opt.TRAINING.values(args), base, shape)
+    """The training options typed (`args.typed`) over `base` (the command's TrainConfig, with the model's defaults),
+    as a validated TrainConfig; progress is --no-progress's. `shape`: the grid's sizes (None: one process)."""
+    values = training_fields(typed_fields(args, opt.TRAINING), base, shape)
     return replace(base, **values, progress=runtime_of(args).progress)
 
 

@@ -24,6 +24,7 @@ from goldfish.app.commands.processes import (
 )
 from goldfish.app.commands.run_folder import cleared_on_settings_error, discard, publish, run_folder
 from goldfish.app.config import Runtime, TrainSpec
+from goldfish.app.presets import model_defaults
 from goldfish.app.runfile import ResolvedRun
 
 if TYPE_CHECKING:  # the commands import torch, the engine and eval only when they run
@@ -48,13 +49,15 @@ def _check_resume(resume: str | None) -> Path | None:
 
 
 def train_spec(args: argparse.Namespace, shape: GridShape | None) -> TrainSpec:
+    """A new run's settings: the options typed, over the training defaults of the model (presets.model_defaults),
+    over the command's defaults (TrainSpec's). `shape`: the grid's sizes (None: one process)."""
     model_options = opt.MODEL.values(args)
     return TrainSpec(
         model=model_options["model"],
         init_seed=model_options["init_seed"],
         data=data_of(args),
         mask=mask_of(args),
-        train=train_config_of(args, TrainSpec().train, shape),
+        train=train_config_of(args, model_defaults(model_options["model"])(TrainSpec().train), shape),
         lora=lora_of(args),
     )
 
