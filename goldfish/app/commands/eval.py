@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # the commands import torch, the engine and eval only when th
     from torch import nn
 
     from engine import Grid, GridShape
+    from goldfish.app.eval_result import EvalResult
     from goldfish.app.prepare import Prepared
 
 
@@ -117,7 +118,9 @@ def run_eval(run: ResolvedRun) -> int:
     """Evaluate the resolved run's model on this process's rank (one process, a torchrun rank or a --nproc worker)."""
     from eval.metrics import AUC, EXACT_MATCH, ROUGE_L
     from goldfish.app.checks import check_extraction_fits, clear_eval_outputs
+    from goldfish.app.eval_result import EvalResult
     from goldfish.app.evaluation import evaluate_parts
+    from goldfish.app.results import ModelResult
     from goldfish.app.run_grid import grid_sizes, start_grid
 
     spec, runtime, out = run.spec, run.runtime, Path(run.out)
@@ -155,7 +158,6 @@ def run_eval(run: ResolvedRun) -> int:
         reference=reference if spec.part == "both" else None,
         grid=grid,
     )
-    results: dict[str, Any] = {} if scored is None else scored.to_json()
     for part, summary in (scored.parts if scored is not None else {}).items():
         means = (
             f", exact match {summary.metrics[EXACT_MATCH]:.3f}, RougeL {summary.metrics[ROUGE_L]:.3f}"
@@ -173,16 +175,21 @@ def run_eval(run: ResolvedRun) -> int:
             "membership inference skipped: it needs training (members) and held-out (non-member) documents; use "
             "--part both with --n-train and --n-heldout > 0"
         )
-    results["documents"] = prepared.split.manifest()  # what was selected and what deduplication removed
-    if record is not None and "step" in record:  # what the checkpoint had trained when it was written
-        results["checkpoint"] = {"step": record["step"], "exposures": record["exposures"]}
+    result = EvalResult(
+        model=scored if scored is not None else ModelResult({}),  # None: a rank other than 0, which writes nothing
+        documents=prepared.split.manifest(),  # what was selected and what deduplication removed
+        # what the checkpoint had trained when it was written
+        checkpoint={"step": record["step"], "exposures": record["exposures"]}
+        if record is not None and "step" in record
+        else None,
+        grid=grid_sizes(grid) if grid is not None else None,
+    )
     if grid is not None:
-        results["grid"] = grid_sizes(grid)
         main = grid.rank == 0
         grid.close(destroy_world=True)
         if not main:
             return 0
-    _write_eval_outputs(results, out)
+    _write_eval_outputs(result, out)
     return 0
 
 
@@ -259,12 +266,12 @@ def _eval_model(
     return load_parallel_model(spec.model, grid)
 
 
-def _write_eval_outputs(results: dict[str, Any], out: Path) -> None:
+def _write_eval_outputs(result: EvalResult, out: Path) -> None:
     from data.atomic import write_json_atomic
     from goldfish.app.report import write_eval_report
 
-    write_json_atomic(out / "summary.json", results)
-    write_eval_report(results, out)
+    write_json_atomic(out / "summary.json", result.to_json())
+    write_eval_report(result, out)
     print(f"wrote {out}/report.md, {out}/summary.json and per-document rows in {out}/<part>/*.jsonl")
 
 
