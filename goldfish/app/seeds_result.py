@@ -307,8 +307,3 @@ class SeedsResult:
             timings_s=dict(s.get("timings_s") or {}),
             keys=tuple(s),
         )
-
-    @property
-    def older(self) -> bool:
-        """Whether the summary predates the pooled cluster statistics and the paired tests over seeds."""
-        return self.bucket_tests is None
