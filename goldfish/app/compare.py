@@ -589,9 +589,8 @@ def compare_seeds(spec: CompareSpec, out_dir: Path, *, resume: bool = False, **o
             summaries[seed] = ran
     if not is_main_process(options.get("grid")):
         return None
-    result = replace(
-        combine_seed_runs(spec, comparisons, summaries), timings_s={"total": time.perf_counter() - started}
-    )
+    timings = {"total": time.perf_counter() - started}
+    result = replace(combine_seed_runs(spec, comparisons, summaries), timings_s=timings)
     write_seeds_report(result, out_dir)
     # every seed's per-target rows in one file (each seed folder's own, as that seed's run wrote it)
     write_target_rows(out_dir / TARGETS_FILE, seeds_target_rows(out_dir, spec.seeds))

@@ -23,6 +23,26 @@ from goldfish.app.bucket_tests import BucketTestsSection
 from goldfish.app.compare_result import Headline
 from goldfish.app.results import Interval, JsonValue, ordered_json
 
+# The combined summary.json's keys in the order seed_combination writes them.
+SEEDS_KEYS: tuple[str, ...] = (
+    "seeds",
+    "matched_controls_per_seed",
+    "tuning_seeds",
+    "exploratory_seeds_run",
+    "confirmatory_seeds_run",
+    "folders",
+    "combined",
+    "per_seed",
+    "combination",
+    "pooled_what",
+    "bucket_tests",
+    "buckets",
+    "config",
+    "documents",
+    "corpus_per_seed",
+    "warnings",
+    "timings_s",
+)
 PER_SEED = "_per_seed"  # "<metric>_per_seed": the bucket's mean under each seed, in seed order
 POOLED = f"{EXACT_MATCH}_pooled"
 
@@ -284,6 +304,9 @@ class SeedsResult:
         """The typed form of a --seeds summary.json, of any age. ValueError: not one (e.g. one seed's summary)."""
         if "seeds" not in summary or "combined" not in summary:
             raise ValueError("not a --seeds summary: it has no 'seeds' and 'combined' (one comparison's summary?)")
+        unknown = set(summary) - set(SEEDS_KEYS)
+        if unknown:
+            raise ValueError(f"not a --seeds summary: unknown keys {sorted(unknown)}")
         s: dict = dict(summary)  # JSON values under the keys seed_combination gives them
         corpus = s.get("corpus_per_seed")
         tests = s.get("bucket_tests")

@@ -11,7 +11,7 @@ import pytest
 
 from goldfish.app.bucket_tests import BucketTest
 from goldfish.app.compare_result import CompareResult
-from goldfish.app.seeds_result import PooledExtraction, SeedsResult
+from goldfish.app.seeds_result import SEEDS_KEYS, PooledExtraction, SeedsResult
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 TODAY = RESULTS / "compare_corpus_mechanism" / "summary.json"  # written by today's combination
@@ -22,7 +22,7 @@ def test_a_result_built_without_keys_writes_todays_keys_in_order() -> None:
     summary = json.loads(TODAY.read_text())
     typed = SeedsResult.from_json(summary)
     built = dataclasses.replace(typed, keys=None)  # as seed_combination builds it: every key
-    assert list(built.to_json()) == list(summary)
+    assert list(built.to_json()) == list(summary) == list(SEEDS_KEYS)
     assert built.to_json() == summary
     bucket = typed.combined["standard"].buckets[-1]  # type: ignore[index]
     assert bucket.pooled is not None and bucket.pooled.rate == bucket.pooled.k / bucket.pooled.n
@@ -61,3 +61,5 @@ def test_each_reader_refuses_the_other_kind() -> None:
         SeedsResult.from_json(json.loads((RESULTS / "compare_corpus" / "seed-0" / "summary.json").read_text()))
     with pytest.raises(ValueError, match="not a compare summary"):
         CompareResult.from_json(json.loads(OLDER.read_text()))
+    with pytest.raises(ValueError, match="unknown keys"):
+        SeedsResult.from_json(json.loads(OLDER.read_text()) | {"models": {}})
