@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import asdict, fields, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -55,6 +56,24 @@ NOT_INHERITED_TRAINING = frozenset({"async_save"})
 RESUMABLE_DATA = frozenset({"tokenize_workers", "cache_dir"})
 
 _GROUPS = (("model", opt.MODEL), ("data", opt.DATA), ("mask", opt.MASK), ("train", opt.TRAINING), ("lora", opt.LORA))
+
+
+def resume_folder(resume: str | None) -> Path | None:
+    """The --resume folder (None without --resume), refused in one line when it does not exist, before anything else
+    runs; a checkpoint that a run killed while replacing it had set aside is put back first."""
+    if resume is None:
+        return None
+    from data.atomic import recover_directory
+
+    path = Path(resume)
+    if recover_directory(path):  # a run killed while it replaced its checkpoint: the previous one is complete
+        print(f"recovered {path} from the complete previous checkpoint a killed run had set aside", file=sys.stderr)
+    if not path.is_dir():
+        raise ValueError(
+            f"--resume {resume}: no such folder. Fix: give the checkpoint/ folder of an interrupted run "
+            "(e.g. --resume runs/a/checkpoint), or leave --resume out to start a new run"
+        )
+    return path
 
 
 def read_run_record(checkpoint: Path) -> dict[str, Any]:

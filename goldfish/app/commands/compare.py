@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,20 +10,19 @@ from typing import TYPE_CHECKING, Any
 from goldfish.app import options as opt
 from goldfish.app.argparsing import argument_type
 from goldfish.app.commands.option_values import runtime_of, training_fields, typed_fields
-from goldfish.app.commands.preflight import check_documents, check_on_grid
 from goldfish.app.commands.processes import (
     close_grid,
     launch,
     launch_shape,
-    one_process,
     process_shape,
     resolved_run,
     set_threads,
 )
 from goldfish.app.commands.run_folder import cleared_on_settings_error, discard, publish, run_folder
-from goldfish.app.config import CompareSpec, MaskSpec, Runtime, check_extraction_window, parse_int_list, parse_mask
+from goldfish.app.config import CompareSpec, MaskSpec, Runtime, parse_int_list, parse_mask
 from goldfish.app.presets import COMPARE_PRESETS, ComparePreset, model_defaults, preset_spec
 from goldfish.app.runfile import ResolvedRun
+from goldfish.app.validation import validate_compare, validate_compare_checkpoints
 from goldfish.strategies import WINDOW_STRATEGIES
 
 if TYPE_CHECKING:  # the commands import torch, the engine and eval only when they run
@@ -79,24 +77,13 @@ def _typed_over(spec: CompareSpec, args: argparse.Namespace, shape: GridShape | 
 def cmd_compare(args: argparse.Namespace) -> int:
     from goldfish.app.runlock import holds_lock_here, out_lock
 
-    runtime = runtime_of(args)  # a --preset is already applied (`parse_command_line`)
+    runtime = runtime_of(args)
     shape = launch_shape(runtime) if runtime.nproc else process_shape(runtime)
-    if shape is not None and shape.pipe > 1:
-        raise ValueError(
-            "goldfish compare with a pipe axis is not built yet: train each model with goldfish train --grid "
-            "pipe=P,..., then compare their checkpoints (goldfish compare --checkpoints) on a grid without pipe"
-        )
     if args.checkpoints is not None:  # nothing to train: evaluate checkpoints trained elsewhere
         return cmd_compare_checkpoints(args)
     out = Path(args.out)
-    spec = compare_spec(args, shape)  # every setting validated before anything is written to --out
-    if args.preset == "paper":
-        _check_hub(spec, {})
-    check_on_grid(spec, shape or one_process(), None)
-    if runtime.nproc:
-        check_documents(spec.data)
-    # after the checks of the grid and the documents
-    check_extraction_window(spec.data, spec.extraction, spec.instruments.prefix_lengths)
+    spec = compare_spec(args, shape)
+    validate_compare(spec, runtime, shape, args.preset)  # every check, before anything is written to --out
     with out_lock(out, enabled=holds_lock_here()):  # one run per --out; the --nproc launcher holds it for workers
         folder = run_folder(out, overwrite=args.overwrite, resuming=args.resume)
         run = resolved_run("compare", spec, runtime, out, folder)
@@ -127,26 +114,6 @@ def run_compare(run: ResolvedRun) -> int:
     return 0
 
 
-def _check_hub(spec: CompareSpec, checkpoints: dict[str, str]) -> None:
-    """Refuse in one line, before anything is written, a run whose hub sources (documents, background, tokenizer,
-    model or checkpoints that are not local) cannot be reached (goldfish.app.paper.check_hub)."""
-    import data
-    from data.corpus import PYTHON_DOCSTRINGS, PYTHON_STDLIB
-    from goldfish.app.models import is_tiny_model
-    from goldfish.app.paper import check_hub
-    from goldfish.app.pretrained import resolve_gguf
-
-    def remote(name: str | None) -> bool:
-        return bool(name) and name not in (PYTHON_STDLIB, PYTHON_DOCSTRINGS) and not data.is_local_source(name)
-
-    models = list(checkpoints.values()) or [spec.model]
-    models = [m for m in models if not is_tiny_model(m) and resolve_gguf(m) is None]
-    sources = [spec.data.source, spec.data.tokenizer, *models]
-    if not checkpoints:
-        sources.append(spec.data.background)  # evaluating checkpoints reads no background
-    check_hub(list(dict.fromkeys(name for name in sources if remote(name))))
-
-
 def cmd_compare_checkpoints(args: argparse.Namespace) -> int:
     """`goldfish compare --checkpoints ...`: evaluate models trained elsewhere (goldfish.app.released) on the --data
     documents, into --out as a compare run writes it (summary.json, report.md, per-model eval folders)."""
@@ -154,14 +121,9 @@ def cmd_compare_checkpoints(args: argparse.Namespace) -> int:
     from goldfish.app.runlock import out_lock
 
     runtime = runtime_of(args)
-    if runtime.nproc or runtime.grid or int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ValueError(
-            "--checkpoints evaluates in one process (one device): leave out --nproc and --grid, and run it without "
-            "torchrun"
-        )
     checkpoints = parse_checkpoints(args.checkpoints)
     spec = compare_spec(args, None)
-    _check_hub(spec, checkpoints)
+    validate_compare_checkpoints(spec, runtime, checkpoints)
     out = Path(args.out)
     with out_lock(out):
         folder = run_folder(out, overwrite=args.overwrite, resuming=False)

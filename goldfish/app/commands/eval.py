@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -11,15 +10,15 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from goldfish.app import options as opt
 from goldfish.app.commands.option_values import data_of, extraction_of, instruments_of, mask_of, runtime_of
-from goldfish.app.commands.preflight import check_documents
 from goldfish.app.commands.processes import launch, launch_shape, logger, process_shape, resolved_run, set_threads
 from goldfish.app.config import EVAL_PARTS, DataSpec, EvalSpec, Instruments, MaskSpec, Runtime
 from goldfish.app.runfile import ResolvedRun
+from goldfish.app.validation import eval_run_record, validate_eval
 
 if TYPE_CHECKING:  # the commands import torch, the engine and eval only when they run
     from torch import nn
 
-    from engine import Grid, GridShape
+    from engine import Grid
     from goldfish.app.eval_result import EvalResult
     from goldfish.app.prepare import Prepared
 
@@ -48,70 +47,33 @@ def eval_spec(args: argparse.Namespace) -> EvalSpec:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from goldfish.app.checks import check_eval_out
+    from goldfish.app.pretrained import recover_folder
     from goldfish.app.runlock import holds_lock_here, out_lock
 
     out = Path(args.out)
-    check_eval_out(out, overwrite=args.overwrite)
+    runtime = runtime_of(args)
+    shape = launch_shape(runtime) if runtime.nproc else process_shape(runtime)
+    spec = eval_spec(args)
+    for folder in (spec.model, spec.reference):  # a checkpoint a killed save set aside is complete: put it back
+        recover_folder(folder)
+    validate_eval(spec, runtime, shape, out, overwrite=args.overwrite)  # every check, before any work
     # One writer per --out, as for train and compare: two evals into one folder would mix two models' files, and
     # --overwrite must not clear a folder a running train or eval holds. The --nproc launcher holds it for workers.
     with out_lock(out, enabled=holds_lock_here()):
-        return _eval_holding_out(args, out)
+        return _eval_holding_out(spec, runtime, out, overwrite=args.overwrite)
 
 
-def _eval_holding_out(args: argparse.Namespace, out: Path) -> int:
+def _eval_holding_out(spec: EvalSpec, runtime: Runtime, out: Path, *, overwrite: bool) -> int:
     from goldfish.app.checks import clear_eval_outputs
 
-    runtime = runtime_of(args)
     # One process clears an earlier eval's files (--overwrite), once every check has passed: the --nproc launcher,
     # rank 0 under torchrun, or the only process.
-    clears = args.overwrite and os.environ.get("RANK", "0") == "0"
-    shape = launch_shape(runtime) if runtime.nproc else process_shape(runtime)
-    if shape is not None and shape.pipe > 1:
-        _check_pipe_grid(args, shape)
-    from goldfish.app.model_config_check import check_config_file
-    from goldfish.app.pretrained import recover_folder
-
-    for folder in (args.model, args.reference):  # a checkpoint a killed save set aside is complete: put it back
-        recover_folder(folder)
-        if folder is not None:
-            check_config_file(folder)
-    if Path(args.model).is_dir():  # weights loading would refuse: one line before the run starts (and its threads)
-        from goldfish.app.pretrained import check_weights_readable
-
-        check_weights_readable(args.model)
-    spec = eval_spec(args)
-    _run_record(spec)  # a model without a run record needs --data: said before anything starts
-    _check_reference(spec.reference)  # it is loaded after the whole extraction: check it before any
+    clears = overwrite and os.environ.get("RANK", "0") == "0"
     if runtime.nproc:
-        if spec.data is not None:
-            check_documents(spec.data)
         if clears:
             clear_eval_outputs(out)
         return launch(resolved_run("eval", spec, runtime, out, out), runtime)
     return run_eval(resolved_run("eval", spec, runtime, out, out, options={"clear": clears}))
-
-
-def _check_pipe_grid(args: argparse.Namespace, shape: GridShape) -> None:
-    """Refuse (one line, before any work) what evaluation through pipeline stages cannot run: x, y or z beside pipe,
-    beam search or sampling (HF generate), and, for a model whose config is here, a model its stages cannot cut."""
-    from eval.parallel import PIPE_GRID_REFUSAL
-
-    if shape.size("x", "y", "z") > 1:
-        raise ValueError(PIPE_GRID_REFUSAL)
-    instruments = instruments_of(args)
-    generating = [flag for flag, n in (("--beams", instruments.beams), ("--samples", instruments.samples)) if n]
-    if generating:
-        raise ValueError(
-            f"{' and '.join(generating)} run HF generate, which does not run on pipeline stages: evaluate them on a "
-            "grid without pipe (e.g. --grid data=N), or drop them"
-        )
-    from engine import check_pipeline_config
-    from goldfish.app.models import local_config
-
-    config = local_config(str(args.model), vocab_size=1 << 16, max_positions=2)  # family, layers and tying only
-    if config is not None:
-        check_pipeline_config(config, shape.pipe)
 
 
 def run_eval(run: ResolvedRun) -> int:
@@ -124,7 +86,7 @@ def run_eval(run: ResolvedRun) -> int:
     from goldfish.app.run_grid import grid_sizes, start_grid
 
     spec, runtime, out = run.spec, run.runtime, Path(run.out)
-    record = _run_record(spec)
+    record = eval_run_record(spec)
     grid = start_grid(runtime.grid)
     log = logger(grid)
     prepared, mask, repeats = _eval_documents(spec, record, log)
@@ -191,30 +153,6 @@ def run_eval(run: ResolvedRun) -> int:
             return 0
     _write_eval_outputs(result, out)
     return 0
-
-
-def _run_record(spec: EvalSpec) -> dict[str, Any] | None:
-    """The run record of a checkpoint written by goldfish train (None when --data chooses the documents)."""
-    from goldfish.app.config import RUN_FILE
-
-    record_path = Path(spec.model) / RUN_FILE
-    if spec.data is not None:
-        return None
-    if not record_path.exists():
-        raise ValueError(
-            f"{spec.model} has no {RUN_FILE} (it was not written by goldfish train): give --data and the "
-            "selection options to say which documents to evaluate"
-        )
-    try:
-        record = json.loads(record_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(
-            f"{record_path} is not a run record (not UTF-8 JSON: {error}); restore the file from the run, or give "
-            "--data and the selection options to say which documents to evaluate"
-        ) from None
-    if not isinstance(record, dict):
-        raise ValueError(f"{record_path} is not a run record (a JSON {type(record).__name__}, not an object)")
-    return record
 
 
 def _eval_documents(
@@ -289,38 +227,6 @@ def _reference_model(
             return None
         return initial_model(record["model"], prepared, record.get("init_seed", init_seed))
     return initial_model(choice, prepared, init_seed)
-
-
-def _check_reference(choice: str) -> None:
-    """Refuse (one line) an --eval --reference that names no model: a tiny model, a .gguf file or alias, or an HF
-    folder or name whose config loads."""
-    from goldfish.app.models import is_tiny_model
-    from goldfish.app.pretrained import resolve_gguf
-
-    if choice in ("auto", "none") or is_tiny_model(choice):
-        return
-    gguf = resolve_gguf(choice)
-    if gguf is not None:
-        if not gguf.is_file():
-            raise ValueError(f"--reference {choice}: no such file. Fix: give an existing .gguf file, auto or none")
-        return
-    from transformers import AutoConfig
-
-    try:
-        AutoConfig.from_pretrained(choice, trust_remote_code=False)
-    except (OSError, ValueError) as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ValueError(
-            f"--reference {choice}: not a model folder or name ({reason}). Fix: give a model folder or HF name, "
-            "auto (the initial weights of the run that trained --model) or none"
-        ) from None
-    if Path(choice).is_dir():  # weights it would refuse after the whole extraction: refused before it
-        from goldfish.app.pretrained import check_weights_readable
-
-        try:
-            check_weights_readable(choice)
-        except ValueError as error:
-            raise ValueError(f"--reference {choice}: {error}") from None
 
 
 def _check_same_documents(saved: dict[str, Any], current: dict[str, Any]) -> None:

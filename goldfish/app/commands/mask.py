@@ -10,23 +10,26 @@ from typing import TYPE_CHECKING, Any
 from goldfish.app import options as opt
 from goldfish.app.commands.option_values import mask_defaults, mask_of
 from goldfish.app.config import DataSpec, MaskSpec
-from goldfish.strategies import STRATEGIES
+from goldfish.app.validation import validate_mask
 
 if TYPE_CHECKING:  # the commands import torch, the engine and eval only when they run
     pass
 
 
 def cmd_mask(args: argparse.Namespace) -> int:
+    mask = mask_of(args)
+    validate_mask({"--text": args.text, "--file": args.file, "--conversation": args.conversation}, mask)
+    return run_mask(args, mask)
+
+
+def run_mask(args: argparse.Namespace, mask: MaskSpec) -> int:
+    """Print the text (or conversation) of `args` with the tokens `mask` drops marked, and how many it drops. Its
+    checks need the tokenizer or the text (goldfish.app.validation names them)."""
     import torch
 
     import data
     from goldfish.masks import causal_targets, drop_mask, format_masked_text
 
-    if sum(x is not None for x in (args.text, args.file, args.conversation)) != 1:
-        raise ValueError("give exactly one of --text, --file or --conversation")
-    mask = mask_of(args)
-    if mask.strategy is None:
-        raise ValueError("goldfish mask shows a goldfish mask: choose --strategy " + "|".join(STRATEGIES))
     conversation = _mask_conversation(args) if args.conversation is not None else None
     if args.tokenizer:
         tokenizer = data.load_tokenizer(args.tokenizer)

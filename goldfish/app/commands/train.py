@@ -10,13 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 from goldfish.app import options as opt
 from goldfish.app.commands.option_values import data_of, lora_of, mask_defaults, mask_of, runtime_of, train_config_of
-from goldfish.app.commands.preflight import check_documents, check_on_grid
 from goldfish.app.commands.processes import (
     close_grid,
     launch,
     launch_shape,
     logger,
-    one_process,
     process_shape,
     reports_here,
     resolved_run,
@@ -25,27 +23,12 @@ from goldfish.app.commands.processes import (
 from goldfish.app.commands.run_folder import cleared_on_settings_error, discard, publish, run_folder
 from goldfish.app.config import Runtime, TrainSpec
 from goldfish.app.presets import model_defaults
+from goldfish.app.resume import read_run_record, recorded_spec, resume_folder, resumed_spec
 from goldfish.app.runfile import ResolvedRun
+from goldfish.app.validation import validate_train
 
 if TYPE_CHECKING:  # the commands import torch, the engine and eval only when they run
     from engine import GridShape
-
-
-def _check_resume(resume: str | None) -> Path | None:
-    """The --resume folder, refused with a one-line error when it does not exist (before anything else runs)."""
-    if resume is None:
-        return None
-    from data.atomic import recover_directory
-
-    path = Path(resume)
-    if recover_directory(path):  # a run killed while it replaced its checkpoint: the previous one is complete
-        print(f"recovered {path} from the complete previous checkpoint a killed run had set aside", file=sys.stderr)
-    if not path.is_dir():
-        raise ValueError(
-            f"--resume {resume}: no such folder. Fix: give the checkpoint/ folder of an interrupted run "
-            "(e.g. --resume runs/a/checkpoint), or leave --resume out to start a new run"
-        )
-    return path
 
 
 def train_spec(args: argparse.Namespace, shape: GridShape | None) -> TrainSpec:
@@ -66,16 +49,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     from goldfish.app.runlock import holds_lock_here, out_lock
 
     runtime = runtime_of(args)
-    resume = _check_resume(args.resume)
-    # Every setting is validated before anything is written to --out: the grid the workers or this process will
-    # run on, the spec, ZeRO and rows against it, and the run to resume.
+    resume = resume_folder(args.resume)
+    # Resolved, then validated in one pass before anything is written to --out: the grid the workers or this process
+    # will run on, the spec (a resume's: the checkpoint's settings with the typed options), the run to resume.
     shape = launch_shape(runtime) if runtime.nproc else process_shape(runtime)
-    resumed = _resumed_spec(args, resume, shape) if resume is not None else None
+    saved = _saved_spec(resume)
     out = _train_out(args, resume)
-    spec = resumed or train_spec(args, shape)
-    check_on_grid(spec, shape or one_process(), resume)
-    if runtime.nproc:
-        check_documents(spec.data)
+    spec = resumed_spec(saved, args, shape) if saved is not None else train_spec(args, shape)
+    validate_train(spec, runtime, shape, resume, saved)
     with out_lock(out, enabled=holds_lock_here()):  # one run per --out; the --nproc launcher holds it for workers
         # an interrupted --overwrite run continues in its staging folder, which replaces --out once it has finished
         staging = resume.resolve().parent if resume is not None and _overwrites(resume, out) else None
@@ -145,15 +126,9 @@ def run_train(run: ResolvedRun) -> int:
     return 0
 
 
-def _resumed_spec(args: argparse.Namespace, resume: Path, shape: GridShape | None) -> TrainSpec:
-    """--resume: the checkpoint's settings (its run record) with the options typed in place, refusing (one line naming
-    every difference) a typed option that changes a setting shaping the experiment (goldfish.app.resume)."""
-    from goldfish.app import resume as resuming
-
-    saved = resuming.recorded_spec(resuming.read_run_record(resume))
-    spec = resuming.resumed_spec(saved, args, shape)
-    resuming.check_unchanged(resume, saved, spec)
-    return spec
+def _saved_spec(resume: Path | None) -> TrainSpec | None:
+    """--resume: the checkpoint's settings (its run record; goldfish.app.resume), which the typed options go over."""
+    return None if resume is None else recorded_spec(read_run_record(resume))
 
 
 def _train_out(args: argparse.Namespace, resume: Path | None) -> Path:
