@@ -1,6 +1,9 @@
 """Checks a command makes before its work starts, so that bad input is one line (exit 2) instead of a traceback after
 minutes of work or after partial output: the output folder can be written, `goldfish eval --out` holds no other
 files (or, with --overwrite, is cleared of an earlier eval's), the extraction protocol fits the documents.
+
+goldfish.app.validation runs them in each command's one validation pass; `check_extraction_fits` needs the loaded
+documents and runs in goldfish eval's run, once they are.
 """
 
 from __future__ import annotations

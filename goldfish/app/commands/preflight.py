@@ -1,4 +1,5 @@
-"""What every rank of a train or compare run would refuse, checked once by the launcher before any worker starts."""
+"""What every rank of a train or compare run would refuse, checked once by the launcher before any worker starts
+(in the command's validation pass, goldfish.app.validation)."""
 
 from __future__ import annotations
 
