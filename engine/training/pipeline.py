@@ -429,7 +429,14 @@ def stage_to_device(stage: StageModule, device: torch.device | str) -> None:
     optimizer's) and their placements; ZeRO's FSDP modules re-register their shards (torch's to_empty). Buffers stay
     as they are: the rotary tables are shared by every stage."""
     buffers = [(module, name, buffer) for module in stage.modules() for name, buffer in module._buffers.items()]
-    stage.to_empty(device=device)
+    # Between the meta device and another, torch's module conversion makes new Parameter objects unless it swaps
+    # the tensors into the old ones: the optimizer (built from the whole model) would then hold stale ones.
+    swapping = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        stage.to_empty(device=device)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(swapping)
     for module, name, buffer in buffers:
         module._buffers[name] = buffer
 

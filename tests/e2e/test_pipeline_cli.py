@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -82,7 +83,6 @@ def test_a_two_stage_pipeline_trains_as_one_process(tmp_path) -> None:
         ("train", ["--grid", "pipe=2", "--microbatches", "3"], "do not split into --microbatches 3"),
         ("train", ["--grid", "pipe=2", "--pipe-schedule", "1f1b", "--microbatches", "1"], "as many micro-batches"),
         ("train", ["--grid", "pipe=2", "--pipe-virtual", "2"], "1f1b runs one stage per rank, not 2"),
-        ("compare", ["--grid", "pipe=2"], "goldfish compare with a pipe axis is not built yet"),
         (
             "train",
             ["--grid", "pipe=2", "--pipe-schedule", "interleaved-1f1b", "--pipe-virtual", "2"],
@@ -138,9 +138,43 @@ def _flat(value, key=""):
     return [(key, value)]
 
 
+def _assert_same_outputs(expected: Path, got: Path, *, rel: float, grad_norm_rel: float) -> int:
+    """Every JSON and JSON-lines file under `expected` exists under `got` with the same keys and values: floats within
+    `rel` relative (gradient norms within `grad_norm_rel`), every other value equal. Left out: seconds, the grid,
+    the run records and the training logs (their grid, bytes and speeds; test_a_two_stage_pipeline_trains_as_one_process
+    compares the losses) and the checkpoints' files (a grid's holds its DCP record). Returns the values compared."""
+
+    def results(folder: Path) -> list[Path]:
+        paths = (p.relative_to(folder) for p in folder.rglob("*.json*"))
+        return sorted(p for p in paths if "checkpoint" not in p.parts and p.name not in RUN_DEPENDENT_FILES)
+
+    files = results(expected)
+    assert files == results(got)
+    compared = 0
+    for name in files:
+        texts = [(folder / name).read_text() for folder in (expected, got)]
+        if name.suffix == ".json":
+            values = [dict(_flat(json.loads(text))) for text in texts]
+        else:
+            values = [dict(_flat([json.loads(line) for line in text.splitlines()])) for text in texts]
+        want, have = ({k: v for k, v in found.items() if not _run_dependent(k)} for found in values)
+        assert have.keys() == want.keys(), name
+        for key, value in want.items():
+            tolerance = grad_norm_rel if "grad_norm" in key else rel
+            if isinstance(value, float) and tolerance:
+                assert have[key] == pytest.approx(value, rel=tolerance, abs=0), (name, key)
+            else:
+                assert have[key] == value, (name, key)
+            compared += 1
+    return compared
+
+
+RUN_DEPENDENT_FILES = ("metrics.jsonl", "run.json")
+
+
 def _run_dependent(key: str) -> bool:
     """Whether a summary key holds what differs between two runs of one evaluation: seconds, and the grid."""
-    return key.startswith(".grid.") or ".timings_s." in key
+    return key == ".grid" or key.startswith(".grid.") or ".timings_s." in key
 
 
 @pytest.mark.slow
@@ -154,23 +188,7 @@ def test_eval_on_a_pipe_grid_equals_one_process(tmp_path) -> None:
     options = ["--model", str(run / "checkpoint"), "--suffix-len", "8", "--prefix-lengths", "8,16"]
     assert main(["eval", "--out", str(tmp_path / "serial"), *options]) == 0
     assert main(["eval", "--out", str(tmp_path / "pipe"), "--nproc", "2", "--grid", "pipe=2", *options]) == 0
-    files = sorted(p.relative_to(tmp_path / "serial") for p in (tmp_path / "serial").rglob("*.json*"))
-    assert files == sorted(p.relative_to(tmp_path / "pipe") for p in (tmp_path / "pipe").rglob("*.json*"))
-    compared = 0
-    for name in files:
-        texts = [(tmp_path / folder / name).read_text() for folder in ("serial", "pipe")]
-        if name.suffix == ".json":
-            values = [dict(_flat(json.loads(text))) for text in texts]
-        else:
-            values = [dict(_flat([json.loads(line) for line in text.splitlines()])) for text in texts]
-        serial, pipe = ({k: v for k, v in got.items() if not _run_dependent(k)} for got in values)
-        assert pipe.keys() == serial.keys(), name
-        for key, value in serial.items():
-            if "grad_norm" in key and isinstance(value, float):
-                assert pipe[key] == pytest.approx(value, rel=1e-6, abs=0), (name, key)
-            else:
-                assert pipe[key] == value, (name, key)
-            compared += 1
+    compared = _assert_same_outputs(tmp_path / "serial", tmp_path / "pipe", rel=0.0, grad_norm_rel=1e-6)
     assert compared > 200 and json.loads((tmp_path / "pipe" / "summary.json").read_text())["grid"]["pipe"] == 2
 
 
@@ -188,3 +206,18 @@ def test_lora_on_a_data_or_pipe_grid_trains_as_one_process(grid, tmp_path) -> No
     assert got.keys() == expected.keys()
     for key, value in expected.items():
         torch.testing.assert_close(got[key], value, **WEIGHTS, msg=lambda m: f"{key}: {m}")
+
+
+@pytest.mark.slow
+def test_compare_on_a_pipe_grid_equals_one_process(tmp_path) -> None:
+    """`goldfish compare --grid pipe=2`: both models trained through two stages, their curves measured by the
+    epoch-end hook (inside Pipeline.whole_model, while checkpoints are written) and their checkpoints evaluated,
+    give one process's summary and rows: ids, counts and exact matches equal, every float within 1e-4 relative (the
+    tolerance of the trained weights above: the stages sum a gradient's rows in another order, and log-probabilities,
+    margins and losses follow the weights)."""
+    run = [*RUN, "--max-steps", "4", "--curve-every", "1", "--suffix-len", "8"]
+    assert main(["compare", "--out", str(tmp_path / "serial"), *run]) == 0
+    assert main(["compare", "--out", str(tmp_path / "pipe"), "--nproc", "2", "--grid", "pipe=2", *run]) == 0
+    compared = _assert_same_outputs(tmp_path / "serial", tmp_path / "pipe", rel=1e-4, grad_norm_rel=1e-4)
+    summary = json.loads((tmp_path / "pipe" / "summary.json").read_text())
+    assert compared > 1000 and summary["grid"]["pipe"] == 2 and len(summary["curves"]["standard"]) > 2

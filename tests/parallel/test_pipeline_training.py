@@ -244,6 +244,31 @@ def test_each_pipeline_rank_holds_only_its_own_stages() -> None:
         )
 
 
+def hooked_worker(folder: str) -> bool:
+    """Two epochs at pipe=2 with a checkpoint after every step and an epoch-end hook (which runs inside
+    Pipeline.whole_model): whether every parameter object of the model is the one it had before training."""
+    grid = init(pipe=2)
+    net = engine.parallelize(model(), grid)
+    before = [id(p) for p in net.parameters()]
+    train(
+        net,
+        examples(),
+        LOSS,
+        config(epochs=2, save_every=1),
+        grid=grid,
+        out_dir=folder,
+        on_epoch_end=lambda whole, epoch, step: None,
+        save_model=lambda *args: None,
+    )
+    return [id(p) for p in net.parameters()] == before
+
+
+def test_parameter_objects_survive_the_stage_moves(tmp_path) -> None:
+    """Moving the other stages to the meta device and back (Pipeline.whole_model for an epoch-end hook) keeps the
+    model's parameter objects, which the optimizer holds: checkpoints written after the hook find every one of them."""
+    assert run_distributed(2, hooked_worker, str(tmp_path)) == [True, True]
+
+
 class Killed(RuntimeError):
     """The stand-in for a kill in the middle of an epoch (raised on every rank alike: no rank is left waiting)."""
 
