@@ -148,11 +148,12 @@ class ParamLayout:
             out[piece.local] = full[tuple(slice(o, o + s) for o, s in zip(piece.offsets, piece.sizes))]
         return out
 
-    def placements(self, mesh_axes: tuple[str, ...]) -> tuple | None:
-        """DTensor placements of this rank's local tensor on a DeviceMesh whose dims are `mesh_axes` (Grid.device_mesh),
-        or None when DTensor cannot express the layout: one dim split over several axes in another order than the
-        mesh's (no tensor parallelize builds: a vocabulary-parallel table's rows are in mesh order,
-        engine.core.vocab_parallel.vocab_block).
+    def placements(self, mesh_axes: tuple[str, ...]) -> tuple:
+        """DTensor placements of this rank's local tensor on a DeviceMesh whose dims are `mesh_axes` (Grid.device_mesh):
+        Shard(dim) on each axis the tensor is split over, Replicate on the others. Every split parallelize builds
+        nests its axes in mesh order (LINEAR_SPLITS, VOCAB_SPLIT: a vocabulary table's rows in
+        engine.core.vocab_parallel.vocab_block order), which is what DTensor's Shard means; raises ValueError for a
+        split that does not.
 
         The placements cut the STORED full tensor: for a fused projection (`order` set) that is the rows regrouped per
         y rank, so the DTensor's global tensor (`full_tensor()`, `redistribute` to Replicate) is the stored order,
@@ -163,7 +164,10 @@ class ParamLayout:
         for dim in {d for _, d in self.split}:
             nesting = [axis for axis, d in self.split if d == dim and self.sizes[axis] > 1]
             if nesting != [axis for axis in mesh_axes if axis in nesting]:
-                return None
+                raise ValueError(
+                    f"{self.key}: dim {dim} is split over {nesting}, outermost first, not in the mesh's order "
+                    f"{mesh_axes}; DTensor's Shard nests mesh dims in mesh order"
+                )
         split = {axis: dim for axis, dim in self.split if self.sizes[axis] > 1}
         return tuple(Shard(split[axis]) if axis in split else Replicate() for axis in mesh_axes)
 
@@ -300,8 +304,8 @@ def describe(
 
 
 def place_parameters(model: nn.Module, layout: "ParallelPlan") -> None:
-    """Make every split tensor (ParamLayout.placements: a ParallelLinear's weight and bias, fused ones included, and a
-    vocabulary-parallel table) a DTensor on Grid.device_mesh() over the same local tensor (no copy, same
+    """Make every split parameter (a ParallelLinear's weight and bias, fused ones included, and a vocabulary-parallel
+    table) a DTensor with its ParamLayout.placements on Grid.device_mesh() over the same local tensor (no copy, same
     requires_grad, ties kept). The modules compute on its local shard; torch's DTensor API (full_tensor,
     redistribute) sees the split, of a fused projection's stored (regrouped) rows."""
     if layout.grid.size("x", "y", "z") == 1:
@@ -312,11 +316,10 @@ def place_parameters(model: nn.Module, layout: "ParallelPlan") -> None:
     held = model.state_dict(keep_vars=True)
     swaps: dict[int, nn.Parameter] = {}
     for key, p in layout.params.items():
-        placements = p.placements(names) if p.split_axes else None
         tensor = held.get(key)
-        if placements is None or not isinstance(tensor, nn.Parameter) or is_placed(tensor):
+        if not p.split_axes or not isinstance(tensor, nn.Parameter) or is_placed(tensor):
             continue
-        local = DTensor.from_local(tensor.detach(), layout.grid.device_mesh(), placements, run_check=False)
+        local = DTensor.from_local(tensor.detach(), layout.grid.device_mesh(), p.placements(names), run_check=False)
         swaps[id(tensor)] = nn.Parameter(local, requires_grad=tensor.requires_grad)
         swaps[id(tensor)].__dict__.update(tensor.__dict__)  # flags such as transformers' _is_hf_initialized
     _swap_parameters(model, swaps)
