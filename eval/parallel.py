@@ -33,9 +33,9 @@ Which decoding works how (x*y is the size of the group that shares a decoder's r
 On a grid with a pipe axis (pipe x data; x, y and z are refused), `parallelize_for_eval` cuts the model into one
 stage per pipe rank once (engine.training.pipeline_eval.PipelineEvalModel): each rank keeps its own stage, every
 forward is one pass through the stages' ranks with a KV cache per stage, and every rank of the pipeline gets the
-logits. Greedy decoding, teacher-forced passes and log-probabilities run on it as on the serial model; beam search
-and sampling (HF ``generate``) are not available there; the gradient-norm attack runs its backward through the
-stages (`PipelineEvalModel.gradient_norm`).
+logits. Greedy decoding, teacher-forced passes, log-probabilities, beam search and sampling (the model's own HF
+``generate``, each forward through the stages) run on it as on the serial model; the gradient-norm attack runs its
+backward through the stages (`PipelineEvalModel.gradient_norm`).
 Results equal one process's up to the order of floating-point sums (tensor parallelism adds partial products in
 another order): generated ids agree unless two logits are within rounding of each other.
 """

@@ -19,8 +19,9 @@ rotary cos/sin. The operations are those of the serial forward on the same shape
 the serial model's bit for bit (tests/parallel/test_pipeline_eval.py).
 
 `gradient_norm` is the membership attack's gradient norm (eval.membership.gradient_norm) with its backward through
-the stages. HF ``generate`` (beam search, sampling) is refused: it decides on one rank's logits what every rank must
-do next, and its caches are built for the whole model.
+the stages. `generate` is the model's own HF generate (beam search, sampling) with each forward run through the
+stages: every rank gets the same logits, so with the same seed every rank chooses the same tokens (and stops at the
+same step), and beam search reorders each rank's cache, which holds its own layers.
 """
 
 from __future__ import annotations
@@ -40,13 +41,11 @@ from engine.models.adapter import CACHE_KEYWORDS
 from engine.models.layout import parallel_grid
 from engine.training.pipeline import HEADER, HIDDEN_DTYPES, StageModule, hand_over, split_model, stage_to_device
 
+# forward keywords HF generate passes that change nothing here (the output is always a ModelOutput; positions come
+# from position_ids or the cache)
+PASSED_OVER = ("return_dict", "cache_position")
 # what the decoder layers of the installed transformers take their KV cache by, newest first
 LAYER_CACHE_KEYWORDS = ("cache", "past_key_values", "layer_past")
-
-GENERATE_REFUSAL = (
-    "HF generate (beam search, sampling) does not run on pipeline stages: evaluate with greedy decoding and "
-    "teacher-forced instruments, or run beam search and sampling on a grid without pipe"
-)
 
 
 class PipelineEvalModel(nn.Module):
@@ -78,6 +77,7 @@ class PipelineEvalModel(nn.Module):
                 stage_to_device(stage, "meta")  # another rank's stage: its weights are freed here
         self._all = tuple(stages)  # every stage's module (shapes and names), not registered: others' are meta
         self.stage = stages[group.rank]  # this rank's, registered: its parameters are the module's
+        object.__setattr__(self, "_whole", model)  # for HF generate; not a submodule (its other stages are meta)
         self._layer_cache = _layer_cache_keyword(self.stage.layers[0])
         self.train(model.training)
 
@@ -112,8 +112,9 @@ class PipelineEvalModel(nn.Module):
         **kwargs: Any,
     ) -> CausalLMOutputWithPast:
         """The serial model's forward, stage by stage over the group's ranks (see the class doc)."""
-        if kwargs:
-            raise ValueError(f"a pipeline evaluation takes ids, masks, positions and a cache; not {sorted(kwargs)}")
+        asked = sorted(k for k, v in kwargs.items() if k not in PASSED_OVER and v not in (None, False))
+        if asked:
+            raise ValueError(f"a pipeline evaluation takes ids, masks, positions and a cache; not {asked}")
         cache = cache if cache is not None else past_key_values
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
@@ -168,7 +169,14 @@ class PipelineEvalModel(nn.Module):
         return stage.lm_head(h[:, keep, :])  # as the serial head: only the positions asked for
 
     def generate(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        raise ValueError(GENERATE_REFUSAL)
+        """The model's own HF generate, each of its forwards run through the stages (this module's forward). Every
+        rank of the group calls it with the same inputs and seeds, and gets the same ids."""
+        whole = self._whole
+        whole.forward = self.forward  # an instance attribute: nn.Module's call finds it before the class's forward
+        try:
+            return whole.generate(*args, **kwargs)
+        finally:
+            del whole.forward
 
     def gradient_norm(self, token_ids: Sequence[int]) -> float:
         """||grad_theta L||_2 of the mean next-token cross-entropy L of one sequence over every floating-point
@@ -269,4 +277,4 @@ def _broadcast(tensor: torch.Tensor | None, group: AxisGroup, owner: int, device
     return comm.broadcast_(tensor.contiguous(), group, owner)
 
 
-__all__ = ["GENERATE_REFUSAL", "PipelineEvalModel"]
+__all__ = ["PipelineEvalModel"]

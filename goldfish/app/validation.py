@@ -6,8 +6,9 @@
     validate_compare               goldfish compare: the hub reachable for the paper preset; the settings against the
                                    grid; the local documents (--nproc); the extraction protocol fits them
     validate_compare_checkpoints   compare --checkpoints: one process, the hub reachable
-    validate_eval                  goldfish eval: --out free to write; a pipe grid's limits; the model's and reference's
-                                   config files and weights; a run record or --data; the local documents (--nproc)
+    validate_eval                  goldfish eval: --out free to write and to lock; a pipe grid's limits; the model's
+                                   and the reference's config files and weights; a run record or --data; the local
+                                   documents (--nproc)
     validate_mask                  goldfish mask: one text to mask, and a goldfish mask to show
 
 Each is called once, by its command (goldfish.app.commands.<command>.cmd_*), after the command line is resolved
@@ -39,6 +40,7 @@ from goldfish.app.commands.preflight import check_documents, check_on_grid
 from goldfish.app.commands.processes import one_process
 from goldfish.app.config import RUN_FILE, CompareSpec, EvalSpec, MaskSpec, Runtime, TrainSpec, check_extraction_window
 from goldfish.app.resume import check_unchanged
+from goldfish.app.runlock import check_out_free
 from goldfish.strategies import STRATEGIES
 
 if TYPE_CHECKING:  # the checks import torch, the engine and transformers only where they need them
@@ -80,13 +82,17 @@ def validate_compare_checkpoints(spec: CompareSpec, runtime: Runtime, checkpoint
     check_hub_sources(spec, checkpoints)
 
 
-def validate_eval(spec: EvalSpec, runtime: Runtime, shape: GridShape | None, out: Path, *, overwrite: bool) -> None:
-    """Every check of a `goldfish eval` run before any work: --out free to write (empty unless --overwrite), what a
-    pipe grid cannot evaluate, the config files of the model and the reference, the model's weights readable, a run
+def validate_eval(
+    spec: EvalSpec, runtime: Runtime, shape: GridShape | None, out: Path, *, overwrite: bool, locks: bool
+) -> None:
+    """Every check of a `goldfish eval` run before any work: --out free to write (empty unless --overwrite) and, when
+    this process is the one to lock it (`locks`), held by no other run; what a pipe grid cannot evaluate, the config files of the model and the reference, the model's weights readable, a run
     record or --data to choose the documents, a reference that names a model, the local documents (--nproc)."""
     from goldfish.app.model_config_check import check_config_file
 
     check_eval_out(out, overwrite=overwrite)
+    if locks:
+        check_out_free(out)
     if shape is not None and shape.pipe > 1:
         check_pipe_grid(spec, shape)
     for folder in (spec.model, spec.reference):
@@ -112,18 +118,11 @@ def validate_mask(inputs: Mapping[str, str | None], mask: MaskSpec) -> None:
 
 def check_pipe_grid(spec: EvalSpec, shape: GridShape) -> None:
     """Refuse (one line, before any work) what evaluation through pipeline stages cannot run: x, y or z beside pipe,
-    beam search or sampling (HF generate), and, for a model whose config is here, a model its stages cannot cut."""
+    and, for a model whose config is here, a model its stages cannot cut."""
     from eval.parallel import PIPE_GRID_REFUSAL
 
     if shape.size("x", "y", "z") > 1:
         raise ValueError(PIPE_GRID_REFUSAL)
-    instruments = spec.instruments
-    generating = [flag for flag, n in (("--beams", instruments.beams), ("--samples", instruments.samples)) if n]
-    if generating:
-        raise ValueError(
-            f"{' and '.join(generating)} run HF generate, which does not run on pipeline stages: evaluate them on a "
-            "grid without pipe (e.g. --grid data=N), or drop them"
-        )
     from engine import check_pipeline_config
     from goldfish.app.models import local_config
 

@@ -116,7 +116,6 @@ def test_settings_a_pipeline_cannot_run_fail_in_the_launcher(command, settings, 
     "settings, expected",
     [
         (["--grid", "pipe=2,x=2", "--nproc", "4"], "evaluation on a pipe grid runs on pipe and data axes only"),
-        (["--grid", "pipe=2", "--nproc", "2", "--beams", "2"], "--beams run HF generate, which does not run on"),
         (["--grid", "pipe=2", "--nproc", "2", "--model", "tiny-gpt2"], "needs a model with tie_word_embeddings"),
     ],
 )
@@ -180,12 +179,14 @@ def _run_dependent(key: str) -> bool:
 @pytest.mark.slow
 def test_eval_on_a_pipe_grid_equals_one_process(tmp_path) -> None:
     """`goldfish eval --grid pipe=2` (each rank holding one stage) writes one process's summary and per-document rows
-    for a trained checkpoint: the same generated ids, accuracies, log-probabilities and membership scores, equal
+    for a trained checkpoint: the same generated ids (greedy, beams, samples), accuracies, log-probabilities and
+    membership scores, equal
     floats (the stages run one process's operations on the same shapes), except the gradient norms, within 1e-6
     relative (tests/parallel/test_pipeline_eval.py says why)."""
     run = tmp_path / "run"
     assert main(["train", "--out", str(run), *tiny_run(n_train=4, n_heldout=2, seq_len=32, epochs=3)]) == 0
     options = ["--model", str(run / "checkpoint"), "--suffix-len", "8", "--prefix-lengths", "8,16"]
+    options += ["--beams", "2", "--samples", "2"]
     assert main(["eval", "--out", str(tmp_path / "serial"), *options]) == 0
     assert main(["eval", "--out", str(tmp_path / "pipe"), "--nproc", "2", "--grid", "pipe=2", *options]) == 0
     compared = _assert_same_outputs(tmp_path / "serial", tmp_path / "pipe", rel=0.0, grad_norm_rel=1e-6)

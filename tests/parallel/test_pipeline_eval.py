@@ -3,9 +3,9 @@
 Each rank builds the same float32 model (Llama, and GPT-2 with its lm_head untied), keeps only its own stage and
 runs eval/'s unchanged functions on it: a teacher-forced pass over left-padded rows (padding mask and explicit
 positions), a right-padded pass without positions (eval.logprobs' call), greedy decoding with a KV cache per stage
-(eval.decoding.greedy_paths), extraction's shared pass (forced_greedy), and the gradient-norm attack's backward
-through the stages (eval.membership.gradient_norm on the serial model). Every rank gets the serial model's logits,
-ids and norms.
+(eval.decoding.greedy_paths), extraction's shared pass (forced_greedy), beam search and seeded sampling (HF
+generate, eval.adaptive), and the gradient-norm attack's backward through the stages (eval.membership.gradient_norm
+on the serial model). Every rank gets the serial model's logits, ids, beams, samples and norms.
 
 Tolerance: none for the ids and the logits (GRAD_NORM_RTOL for the gradient norms). Each stage runs the serial
 forward's operations on the same shapes, in the same order, on one CPU: the numbers are the same floats. The serial
@@ -55,6 +55,7 @@ def measure(model: torch.nn.Module, gradient_norm: Callable[[list[int]], float])
     """What the tests compare, from `model` as eval/ calls it (the serial model or the pipelined one), and the
     gradient-norm attack's norm of each prompt."""
     import eval.decoding as decoding
+    from eval.adaptive import SamplingConfig, beam_search_decode, sample_decode
     from eval.batching import left_pad, pad_batch
 
     decoding.ONEDNN_LINEARS = False  # see the module docstring
@@ -65,6 +66,9 @@ def measure(model: torch.nn.Module, gradient_norm: Callable[[list[int]], float])
         ids, mask = pad_batch(prompts, PAD, side="right")
         right = model(input_ids=ids, attention_mask=mask).logits
     paths = decoding.greedy_paths(model, prompts, 6, pad_token_id=PAD, batch_size=3)
+    beams = beam_search_decode(model, prompts, 5, num_beams=3, pad_token_id=PAD, batch_size=3)
+    sampling = SamplingConfig(temperature=1.0, top_p=0.9, n_samples=3, seed=7)
+    samples = [sample_decode(model, prompt, 5, sampling, pad_token_id=PAD) for prompt in prompts[:2]]
     docs = [p + q for p, q in zip(prompts, reversed(prompts))]
     forced, predicted = decoding.forced_greedy(
         model, docs, [len(p) for p in prompts], 3, pad_token_id=PAD, device=torch.device("cpu")
@@ -75,13 +79,15 @@ def measure(model: torch.nn.Module, gradient_norm: Callable[[list[int]], float])
         "greedy": [(p.ids, p.min_margin, p.logprob_mean) for p in paths],
         "forced": [(p.ids, p.min_margin, p.logprob_mean, p.reference_logprob_mean) for p in forced],
         "predicted": [p.tolist() for p in predicted],
+        "beams": beams,
+        "samples": samples,
         "grad_norm": [gradient_norm(p) for p in prompts],
     }
 
 
 def _worker(name: str) -> dict:
     from engine.core.grid import init
-    from engine.training.pipeline_eval import GENERATE_REFUSAL, PipelineEvalModel
+    from engine.training.pipeline_eval import PipelineEvalModel
 
     grid = init(pipe=2)
     model = MODELS[name]()
@@ -89,9 +95,6 @@ def _worker(name: str) -> dict:
     runner = PipelineEvalModel(model, grid.group("pipe"))
     held = sum(p.numel() for p in runner.parameters())
     stage = sum(p.numel() for p in runner.all_stages[grid.rank].parameters())
-    with pytest.raises(ValueError) as refused:
-        runner.generate(input_ids=torch.zeros(1, 2, dtype=torch.long))
-    assert str(refused.value) == GENERATE_REFUSAL
     result = measure(runner, runner.gradient_norm)
     grid.close()
     return {**result, "held": held, "stage": stage, "total": total}
@@ -99,8 +102,8 @@ def _worker(name: str) -> dict:
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_a_pipelined_model_evaluates_as_the_serial_model(name: str) -> None:
-    """Every rank of pipe=2 gets the serial model's logits, greedy ids, margins, log-probabilities and gradient
-    norms, while holding only its own stage's parameters (about half of the model's)."""
+    """Every rank of pipe=2 gets the serial model's logits, greedy ids, margins, log-probabilities, beams, samples
+    and gradient norms, while holding only its own stage's parameters (about half of the model's)."""
     from eval.membership import gradient_norm
 
     serial = MODELS[name]()
@@ -111,6 +114,6 @@ def test_a_pipelined_model_evaluates_as_the_serial_model(name: str) -> None:
         assert got["held"] == got["stage"] and 0.3 < got["held"] / got["total"] < 0.7, (rank, got["held"])
         for key in ("left", "right"):
             assert (got[key] == expected[key]).all(), (rank, key, abs(got[key] - expected[key]).max())
-        for key in ("greedy", "forced", "predicted"):
+        for key in ("greedy", "forced", "predicted", "beams", "samples"):
             assert got[key] == expected[key], (rank, key)
         assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=GRAD_NORM_RTOL, abs=0), rank

@@ -180,9 +180,8 @@ def test_compare_checkpoints_refuses_before_any_work(tmp_path: Path, monkeypatch
         (["--model", "{tmp}", "--out", "{out}"], "has no goldfish_run.json"),  # a run record, or --data
         (["--model", "tiny-llama", "--data", "default", "--reference", "{tmp}/no.gguf", "--out", "{out}"], "no.gguf"),
         (  # what a pipe grid cannot evaluate
-            ["--model", "tiny-llama", "--data", "default", "--nproc", "2", "--grid", "pipe=2", "--beams", "4"]
-            + ["--out", "{out}"],
-            "--beams",
+            ["--model", "tiny-llama", "--data", "default", "--nproc", "4", "--grid", "pipe=2,x=2"] + ["--out", "{out}"],
+            "pipe and data axes only",
         ),
     ],
 )

@@ -288,8 +288,8 @@ def add_eval_parser(sub: Any) -> None:
         skip={"report_to"},
         help_for={
             "grid": "under torchrun: the grid as AXIS=SIZE pairs, e.g. data=2, data=2,x=2 or pipe=2 (pipe with data "
-            "only, greedy and teacher-forced instruments); documents are sharded over data, the model over x, y, z or "
-            "cut into pipe stages (default under torchrun: data=WORLD_SIZE)"
+            "only); documents are sharded over data, the model over x, y, z or cut into pipe stages (default under "
+            "torchrun: data=WORLD_SIZE)"
         },
     )
     evaluate.set_defaults(func=cmd_eval)
