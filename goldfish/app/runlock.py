@@ -47,11 +47,7 @@ def out_lock(out: Path, enabled: bool = True) -> Iterator[None]:
         out.mkdir(parents=True, exist_ok=True)
         handle = _take(out / LOCK_FILE)
     except BlockingIOError:
-        raise ValueError(
-            f"--out {out} is in use by another goldfish run (it holds {out / LOCK_FILE}); two runs would "
-            "interleave metrics.jsonl and overwrite each other's checkpoint. Fix: wait for that run to end "
-            "or stop it, or choose another --out"
-        ) from None
+        raise _in_use(out) from None
     except OSError as error:
         raise ValueError(
             f"--out {out}: cannot write there ({error.strerror}). Fix: choose a folder you can write to"
@@ -62,6 +58,31 @@ def out_lock(out: Path, enabled: bool = True) -> Iterator[None]:
         _release(handle, out / LOCK_FILE)
         if created and out.is_dir() and {p.name for p in out.iterdir()} <= {LOCK_FILE}:
             shutil.rmtree(out, ignore_errors=True)
+
+
+def check_out_free(out: Path) -> None:
+    """Refuse (ValueError, one line) a run folder whose lock another run holds, without taking it or writing
+    anything: a command's validation asks before any work, then `out_lock` takes the lock for the work (and still
+    refuses a run that took it in between)."""
+    path = out / LOCK_FILE
+    try:
+        handle = path.open("r")  # read only: a folder that is free stays as it was
+    except OSError:
+        return  # no lock file (or none readable): nothing holds it, or out_lock says why it cannot take it
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released as the file is closed
+    except BlockingIOError:
+        raise _in_use(out) from None
+    finally:
+        handle.close()
+
+
+def _in_use(out: Path) -> ValueError:
+    return ValueError(
+        f"--out {out} is in use by another goldfish run (it holds {out / LOCK_FILE}); two runs would "
+        "interleave metrics.jsonl and overwrite each other's checkpoint. Fix: wait for that run to end "
+        "or stop it, or choose another --out"
+    )
 
 
 def _same_file(handle: IO[str], path: Path) -> bool:

@@ -86,8 +86,9 @@ def validate_eval(
     spec: EvalSpec, runtime: Runtime, shape: GridShape | None, out: Path, *, overwrite: bool, locks: bool
 ) -> None:
     """Every check of a `goldfish eval` run before any work: --out free to write (empty unless --overwrite) and, when
-    this process is the one to lock it (`locks`), held by no other run; what a pipe grid cannot evaluate, the config files of the model and the reference, the model's weights readable, a run
-    record or --data to choose the documents, a reference that names a model, the local documents (--nproc)."""
+    this process is the one to lock it (`locks`), held by no other run; what a pipe grid cannot evaluate; the config
+    files of the model and the reference, the model's weights readable; a run record or --data to choose the
+    documents; a reference that names a model; the local documents (--nproc)."""
     from goldfish.app.model_config_check import check_config_file
 
     check_eval_out(out, overwrite=overwrite)

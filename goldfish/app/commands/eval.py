@@ -56,7 +56,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     spec = eval_spec(args)
     for folder in (spec.model, spec.reference):  # a checkpoint a killed save set aside is complete: put it back
         recover_folder(folder)
-    validate_eval(spec, runtime, shape, out, overwrite=args.overwrite)  # every check, before any work
+    validate_eval(spec, runtime, shape, out, overwrite=args.overwrite, locks=holds_lock_here())  # before any work
     # One writer per --out, as for train and compare: two evals into one folder would mix two models' files, and
     # --overwrite must not clear a folder a running train or eval holds. The --nproc launcher holds it for workers.
     with out_lock(out, enabled=holds_lock_here()):
