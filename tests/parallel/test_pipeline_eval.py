@@ -117,3 +117,67 @@ def test_a_pipelined_model_evaluates_as_the_serial_model(name: str) -> None:
         for key in ("greedy", "forced", "predicted", "beams", "samples"):
             assert got[key] == expected[key], (rank, key)
         assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=GRAD_NORM_RTOL, abs=0), rank
+
+
+class _ReadLog:
+    """A safetensors file as safe_open gives it, logging the names of the tensors read from it."""
+
+    def __init__(self, weights, read: list[str]) -> None:
+        self.weights, self.read = weights, read
+
+    def keys(self):
+        return self.weights.keys()
+
+    def get_tensor(self, name: str) -> torch.Tensor:
+        self.read.append(name)
+        return self.weights.get_tensor(name)
+
+
+def _loading_worker(folder: str) -> dict:
+    import contextlib
+    from unittest import mock
+
+    import goldfish.app.models as models
+    from engine.core.grid import init
+
+    grid = init(pipe=2)
+    read: list[str] = []
+    opened = models.safe_open
+
+    @contextlib.contextmanager
+    def logged(*args, **kwargs):
+        with opened(*args, **kwargs) as weights:
+            yield _ReadLog(weights, read)
+
+    with mock.patch.object(models, "safe_open", logged):
+        runner = models.load_parallel_model(folder, grid)
+    ids, mask, positions = _left_padded()
+    with torch.no_grad():
+        logits = runner(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+    stage = sorted(runner.stage.names.values())
+    grid.close()
+    return {"read": read, "stage": stage, "logits": logits.numpy().copy(), "training": runner.training}
+
+
+def _left_padded() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from eval.batching import left_pad
+
+    return left_pad(rows(), PAD, torch.device("cpu"))
+
+
+def test_each_stage_reads_only_its_own_tensors_from_a_checkpoint(tmp_path) -> None:
+    """goldfish.app.models.load_parallel_model on pipe=2 from a saved folder: each rank reads exactly its own
+    stage's tensors from the safetensors file (each once), the stages together read the whole model, and the
+    logits equal those of the model load_pretrained_model loads (bit for bit, as above)."""
+    from goldfish.app.pretrained import load_pretrained_model
+
+    llama().save_pretrained(tmp_path)
+    serial = load_pretrained_model(tmp_path)
+    ids, mask, positions = _left_padded()
+    with torch.no_grad():
+        expected = serial(input_ids=ids, attention_mask=mask, position_ids=positions).logits.numpy()
+    results = run_distributed(2, _loading_worker, str(tmp_path))
+    assert sorted(name for got in results for name in got["read"]) == sorted(dict(serial.named_parameters()))
+    for rank, got in enumerate(results):
+        assert sorted(got["read"]) == got["stage"], rank
+        assert (got["logits"] == expected).all() and not got["training"], rank
