@@ -2,8 +2,9 @@
 trained on (bucket 0: the held-out targets of the same pool), each with its interval, and the field's named scores.
 
 eval.buckets computes the tables from per-document rows; this module picks the rows of one evaluated model (greedy
-extraction of train and held-out targets, the fixed-prefix sweep, membership scores) and assembles them into the
-`buckets` entry of summary.json, which report.md and the plots render.
+extraction of train and held-out targets, the fixed-prefix sweep, membership scores) and assembles them into its
+typed entry of summary.json's `buckets` (goldfish.app.bucket_section.ModelBuckets), which report.md and the plots
+render.
 """
 
 from __future__ import annotations
@@ -16,9 +17,19 @@ from eval.buckets import bucket_extraction, bucket_membership, compare_buckets
 from eval.extraction import ExtractionConfig
 from eval.field_scores import recall_at_incorrect
 from eval.intervals import DEFAULT_RESAMPLES
-from eval.metrics import EXACT_MATCH, GENERATED_LOGPROB_MEAN, MATCH_FRACTION
+from eval.metrics import EXACT_MATCH, GENERATED_LOGPROB_MEAN, MATCH_FRACTION, interval_key
 from eval.paired import PAIRED_KEYS, clustered_extraction, paired_buckets
+from goldfish.app.bucket_section import (
+    BucketMembership,
+    BucketSplit,
+    BucketStats,
+    FieldRecall,
+    ModelBuckets,
+    PythiaBucket,
+    PythiaScores,
+)
 from goldfish.app.bucket_tests import BucketTestsSection
+from goldfish.app.results import Row
 
 # lm-extraction-benchmark reports recall at 100 incorrect guesses; the smaller budgets show the high-precision end.
 RECALL_BUDGETS = (1, 10, 100)
@@ -35,42 +46,51 @@ def bucket_results(
     membership_rows: Sequence[Mapping[str, Any]] = (),
     beam_rows: Sequence[Mapping[str, Any]] = (),
     n_resamples: int,
-) -> dict[str, Any]:
-    """The per-bucket entry of one model.
+) -> ModelBuckets:
+    """The per-bucket results of one model (summary.json's buckets[label]).
 
     extraction_rows: greedy extraction rows of the training and held-out targets (held-out ids are absent from
         `repeats` and form bucket 0). repeats: {training target id: copies trained on}.
     prefix_rows: rows of the fixed-prefix sweep (each with `prefix_len`), training and held-out targets.
     membership_rows: eval.membership rows with `member` set (held-out targets are the non-members).
     beam_rows: beam-search extraction rows (eval.adaptive.beam_extract, --beams), training and held-out targets.
-    Returns {"extraction": [...], "prefix_length": {P: [...]}, "membership": [...], "recall_at_incorrect": {...},
-    "pythia": {...} or None, "split": {...}}, and "beam": [...] (as "extraction", for the beam's output) with
-    beam rows.
     """
     tagged = tag_rows(extraction_rows, "repeats", repeats, default=0)
-    result: dict[str, Any] = {
-        "split": {"prefix_len": extraction.prefix_len, "suffix_len": extraction.suffix_len},
-        "extraction": bucket_extraction(tagged, "repeats", n_resamples=n_resamples),
-    }
-    by_prefix: dict[str, Any] = {}
+    by_prefix: dict[str, list[BucketStats]] = {}
     for prefix_len in sorted({int(r["prefix_len"]) for r in prefix_rows}):
         rows = tag_rows([r for r in prefix_rows if int(r["prefix_len"]) == prefix_len], "repeats", repeats, default=0)
-        by_prefix[str(prefix_len)] = bucket_extraction(rows, "repeats", n_resamples=n_resamples)
-    result["prefix_length"] = by_prefix
-    if beam_rows:
-        beams = tag_rows(beam_rows, "repeats", repeats, default=0)
-        result["beam"] = bucket_extraction(beams, "repeats", n_resamples=n_resamples)
+        by_prefix[str(prefix_len)] = _table(rows, n_resamples)
     members = [r for r in membership_rows if r.get("member")]
     nonmembers = [r for r in membership_rows if r.get("member") is False]
-    result["membership"] = (
+    membership = (
         bucket_membership(members, nonmembers, dict(repeats), n_resamples=n_resamples) if members and nonmembers else []
     )
-    result["recall_at_incorrect"] = _recall(tagged)
-    result["pythia"] = _pythia(tagged, extraction)
-    return result
+    return ModelBuckets(
+        split=BucketSplit(extraction.prefix_len, extraction.suffix_len),
+        extraction=_table(tagged, n_resamples),
+        prefix_length=by_prefix,
+        beam=_table(tag_rows(beam_rows, "repeats", repeats, default=0), n_resamples) if beam_rows else None,
+        membership=[BucketMembership.from_json(entry) for entry in membership],
+        recall_at_incorrect=_recall(tagged),
+        pythia=_pythia(tagged, extraction),
+    )
 
 
-def _recall(tagged: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def _table(tagged: Sequence[Mapping[str, Any]], n_resamples: int) -> list[BucketStats]:
+    """eval.buckets.bucket_extraction's table of rows tagged with their bucket, typed."""
+    return [BucketStats.from_json(e) for e in bucket_extraction(tagged, "repeats", n_resamples=n_resamples)]
+
+
+def with_bucket_intervals(groups: Sequence[Row], buckets: ModelBuckets, metrics: Sequence[str]) -> None:
+    """Give the groups of a model's repeats breakdown (eval.breakdown.group_means rows by "repeats") the intervals of
+    its bucket table, for `metrics` (None where the bucket or the interval is missing): breakdown_repeats.png draws
+    them. The groups are updated in place."""
+    for group in groups:
+        stats = buckets.bucket(group["repeats"])  # type: ignore[arg-type]
+        group |= {interval_key(m): None if stats is None else stats.interval(m) for m in metrics}
+
+
+def _recall(tagged: Sequence[Mapping[str, Any]]) -> dict[str, FieldRecall]:
     """lm-extraction-benchmark's recall of the trained targets (one greedy guess each, ranked by the model's mean
     log-probability of its own guess) at each budget of incorrect guesses."""
     trained = [r for r in tagged if r["repeats"] and r.get(GENERATED_LOGPROB_MEAN) is not None]
@@ -78,10 +98,10 @@ def _recall(tagged: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         return {}
     confidences = [float(r[GENERATED_LOGPROB_MEAN]) for r in trained]
     correct = [bool(r[EXACT_MATCH]) for r in trained]
-    return {str(n): recall_at_incorrect(confidences, correct, n) for n in RECALL_BUDGETS}
+    return {str(n): FieldRecall.from_json(recall_at_incorrect(confidences, correct, n)) for n in RECALL_BUDGETS}
 
 
-def _pythia(tagged: Sequence[Mapping[str, Any]], extraction: ExtractionConfig) -> dict[str, Any] | None:
+def _pythia(tagged: Sequence[Mapping[str, Any]], extraction: ExtractionConfig) -> PythiaScores | None:
     """Pythia's 32/32 memorization score per bucket (the mean share of the 32 suffix tokens greedy decoding gets
     right, and the share of targets with all 32), when extraction used the 32/32 split; None otherwise."""
     if (extraction.prefix_len, extraction.suffix_len) != PYTHIA_SPLIT:
@@ -91,14 +111,14 @@ def _pythia(tagged: Sequence[Mapping[str, Any]], extraction: ExtractionConfig) -
         rows = [r for r in tagged if int(r["repeats"]) == bucket]
         scores = [float(r[MATCH_FRACTION]) for r in rows]
         table.append(
-            {
-                "repeats": bucket,
-                "n": len(rows),
-                "score": sum(scores) / len(scores),
-                "memorized": sum(1 for s in scores if s == 1.0) / len(scores),
-            }
+            PythiaBucket(
+                repeats=bucket,
+                n=len(rows),
+                score=sum(scores) / len(scores),
+                memorized=sum(1 for s in scores if s == 1.0) / len(scores),
+            )
         )
-    return {"split": "32/32", "table": table}
+    return PythiaScores(split="32/32", table=table)
 
 
 def bucket_tests(

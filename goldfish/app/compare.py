@@ -30,15 +30,17 @@ from engine import AXES, METRICS_FILE, Grid, barrier, evaluate_loss, is_main_pro
 from eval import parallel as parallel_eval
 from eval.breakdown import group_means
 from eval.files import CURVE_FILE
-from eval.metrics import EXACT_MATCH, INTERVAL_METRICS, LONGEST_CORRECT_PREFIX, interval_key
+from eval.metrics import EXACT_MATCH, INTERVAL_METRICS, LONGEST_CORRECT_PREFIX
 from goldfish.app import lora, matched
 from goldfish.app.background_run import prepare_background
-from goldfish.app.buckets import bucket_results, bucket_tests_section
+from goldfish.app.bucket_section import ModelBuckets
+from goldfish.app.buckets import bucket_results, bucket_tests_section, with_bucket_intervals
 from goldfish.app.compare_result import CompareResult
 from goldfish.app.compare_table import format_table, one_line
 from goldfish.app.config import CompareSpec, MaskSpec, TrainSpec, background_train_config
 from goldfish.app.evaluation import REPEAT_METRICS, evaluate_parts
 from goldfish.app.finished_seeds import finished_summary, read_finished_seed
+from goldfish.app.matched_section import LossMatched
 from goldfish.app.model_files import initial_model, save_hf_model
 from goldfish.app.paired_losses import paired_losses
 from goldfish.app.prepare import Prepared, pad_token_id, prepare_data
@@ -125,7 +127,7 @@ class Comparison:
         self.matched_mask = matched.matched_mask(masks) if spec.matched_controls else None
         # the standard and matched goldfish models' weights at their validation steps, by label
         self.snapshots: dict[str, matched.Snapshots] = {}
-        self.loss_matched: dict[str, Any] = {}
+        self.loss_matched: LossMatched | None = None  # evaluate_loss_matched's choice
         if self.matched_mask is not None and grid is not None:
             raise ValueError("--matched-controls runs in one process: leave out --nproc/--grid")
         if self.matched_mask is not None:
@@ -144,7 +146,7 @@ class Comparison:
         self.breakdowns: dict[str, dict[str, Any]] = {}
         # With repetition buckets: label -> the per-bucket tables (goldfish.app.buckets), and the extraction rows of
         # every target behind them (for the tests between models).
-        self.buckets: dict[str, dict[str, Any]] = {}
+        self.buckets: dict[str, ModelBuckets] = {}
         self.target_rows: dict[str, list[dict[str, Any]]] = {}
         self.timings: dict[str, float] = {}
         self.warnings: list[str] = []
@@ -286,13 +288,13 @@ class Comparison:
         validation loss, taken at its first validation step whose loss is at most the other's final one, and
         evaluated like every model (goldfish.app.matched.loss_matched_choice)."""
         standard = MaskSpec(strategy=None).label
-        choice = matched.loss_matched_choice(
+        self.loss_matched = matched.loss_matched_choice(
             {label: self.validation.get(label) for label in (standard, self.matched_mask.label)},
             self.snapshots,
             standard=standard,
+            of_steps=self.spec.train.max_steps,
         )
-        self.loss_matched = choice | {"of_steps": self.spec.train.max_steps}
-        step, early = choice["step"], choice["model"]
+        step, early = self.loss_matched.step, self.loss_matched.model
         if step is not None:
             snapshots = self.snapshots[early]
             label = early + matched.LOSS_MATCHED_SUFFIX
@@ -303,47 +305,13 @@ class Comparison:
             train = background_train_config(self.spec.train)
             copies = trained_copies(self.prepared, None, {}, background=self.background)
             trained = copies.counts(len(self.background.rows), train, step)
-            self.loss_matched |= {
-                "label": label,
-                "val_loss": snapshots.losses[step],
-                "mean_copies_trained": matched.mean_copies_by_bucket(self.repeats, trained),
-            }
+            mean_copies = matched.mean_copies_by_bucket(self.repeats, trained)
+            self.loss_matched = replace(
+                self.loss_matched, label=label, val_loss=snapshots.losses[step], mean_copies_trained=mean_copies
+            )
             self.log(one_line(label, self.results[label]))
         for label, snapshots in self.snapshots.items():
             snapshots.keep_only(step if label == early else None)
-
-    def matched_section(self, validation: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        """summary.json's "matched_controls": the definitions, the loss- and compute-matched runs, and the table at
-        the top two buckets (goldfish.app.matched.matched_rows)."""
-        mask = self.matched_mask
-        standard = MaskSpec(strategy=None).label
-        compute_run = next(r for r in self.runs if r.steps is not None)
-        standard_loss = self.validation.get(standard)
-        compute_loss = self.validation.get(compute_run.label)
-        compute = {
-            "label": compute_run.label,
-            "steps": compute_run.steps,
-            "of_steps": self.spec.train.max_steps,
-            "val_loss": compute_loss,
-            "standard_val_loss": standard_loss,
-            "reached": None if compute_loss is None or standard_loss is None else compute_loss <= standard_loss,
-        }
-        buckets = sorted(b for b in set(self.repeats.values()) if b > 0)
-        return {
-            "mask": mask.label,
-            "definition": matched.__doc__.split("\n\n", 1)[1].strip(),
-            "loss_matched": self.loss_matched,
-            "compute_matched": compute,
-            "rows": matched.matched_rows(
-                self.buckets,
-                validation,
-                mask=mask,
-                standard=standard,
-                top_buckets=buckets[-2:],
-                loss_matched=self.loss_matched if self.loss_matched.get("step") is not None else None,
-                compute_matched=compute,
-            ),
-        }
 
     def read_validation(self, label: str) -> None:
         """The validation losses the training loop logged (val_loss in OUT/<label>/metrics.jsonl)."""
@@ -453,11 +421,7 @@ class Comparison:
                 beam_rows=result.rows("beam"),
                 n_resamples=self.spec.extraction.bootstrap,
             )
-            # the repeats breakdown (breakdown_repeats.png) gets the buckets' intervals
-            intervals = {e["repeats"]: e for e in self.buckets[label]["extraction"]}
-            for entry in self.breakdowns["repeats"][label]:
-                bucket = intervals.get(entry["repeats"], {})
-                entry |= {interval_key(m): bucket.get(interval_key(m)) for m in REPEAT_METRICS}
+            with_bucket_intervals(self.breakdowns["repeats"][label], self.buckets[label], REPEAT_METRICS)
         self.timings[f"eval {label}"] = time.perf_counter() - t0
         return rows
 
@@ -486,7 +450,16 @@ class Comparison:
             result.validation_curves = self.validation_curves
             result.corpus = self.background.record
         if self.matched_mask is not None:
-            result.matched_controls = self.matched_section({label: result.validation(label) for label in models})
+            result.matched_controls = matched.matched_controls(
+                self.buckets,
+                self.validation,
+                self.repeats,
+                mask=self.matched_mask,
+                standard=MaskSpec(strategy=None).label,
+                loss_matched=self.loss_matched,
+                compute_matched=next((r.label, r.steps) for r in self.runs if r.steps is not None),
+                of_steps=self.spec.train.max_steps,
+            )
         if self.buckets:
             standard = MaskSpec(strategy=None).label
             result.buckets = self.buckets

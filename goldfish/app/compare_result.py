@@ -4,8 +4,9 @@ are rendered from.
 `CompareResult` holds per model its `ModelResult` (the parts' full evaluation and membership inference: summary.json's
 "details" and "membership") beside the sections summary.json has always held: the headline numbers per model and
 part with the validation and held-out losses ("models"), the extraction curves, the breakdowns, the per-bucket
-results and their tests, the validation curves, the background corpus, the matched controls, the settings, the
-documents, warnings and timings. Sections whose contents are free-form JSON keep JsonValue leaves.
+results (goldfish.app.bucket_section) and their tests (goldfish.app.bucket_tests), the validation curves, the
+background corpus, the matched controls (goldfish.app.matched_section), the settings, the documents, warnings and
+timings. Sections whose contents are free-form JSON keep JsonValue leaves.
 
 `to_json` gives the summary dict exactly as written before this type existed (the same keys, order and values);
 `from_json` reads a summary.json back, of any age: `keys` records which top-level keys a file had, so an older file
@@ -17,7 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from goldfish.app.bucket_section import ModelBuckets
 from goldfish.app.bucket_tests import BucketTestsSection
+from goldfish.app.matched_section import MatchedControls
 from goldfish.app.results import PARTS, JsonValue, ModelResult, PartResult, Row
 
 # summary.json's top-level keys in the order compare writes them.
@@ -68,8 +71,8 @@ class CompareResult:
     grid: dict[str, JsonValue] | None = None  # the parallel grid's sizes, when one ran
     validation_curves: dict[str, list[Row]] | None = None  # label -> [{"step", "loss"}] (a background corpus)
     corpus: dict[str, JsonValue] | None = None  # the background corpus' record
-    matched_controls: dict[str, JsonValue] | None = None  # loss- and compute-matched controls and their table
-    buckets: dict[str, dict[str, JsonValue]] | None = None  # label -> per-bucket results
+    matched_controls: MatchedControls | None = None  # loss- and compute-matched controls and their table
+    buckets: dict[str, ModelBuckets] | None = None  # label -> its per-bucket results
     bucket_tests: BucketTestsSection | None = None  # every model against the standard model, bucket by bucket
     checkpoints: dict[str, str] | None = None  # label -> the released checkpoint evaluated (goldfish.app.released)
     keys: tuple[str, ...] = SUMMARY_KEYS  # the always-written keys summary.json has (an older file lacks some)
@@ -93,8 +96,8 @@ class CompareResult:
         values: dict[str, JsonValue] = {
             "validation_curves": self.validation_curves,
             "corpus": self.corpus,
-            "matched_controls": self.matched_controls,
-            "buckets": self.buckets,
+            "matched_controls": None if self.matched_controls is None else self.matched_controls.to_json(),
+            "buckets": None if self.buckets is None else {label: b.to_json() for label, b in self.buckets.items()},
             "bucket_tests": None if self.bucket_tests is None else self.bucket_tests.to_json(),
             "models": self.headlines,
             "details": {label: m.parts_json() for label, m in self.models.items()},
@@ -127,7 +130,7 @@ class CompareResult:
         headlines = dict(summary["models"])  # type: ignore[arg-type]
         details = summary.get("details") or {}
         membership = summary.get("membership") or {}
-        tests = summary.get("bucket_tests")
+        tests, buckets, matched = summary.get("bucket_tests"), summary.get("buckets"), summary.get("matched_controls")
         models = {
             label: ModelResult(
                 parts={
@@ -152,8 +155,8 @@ class CompareResult:
             grid=summary.get("grid"),
             validation_curves=summary.get("validation_curves"),
             corpus=summary.get("corpus"),
-            matched_controls=summary.get("matched_controls"),
-            buckets=summary.get("buckets"),
+            matched_controls=None if matched is None else MatchedControls.from_json(matched),  # type: ignore[arg-type]
+            buckets=None if buckets is None else {label: ModelBuckets.from_json(b) for label, b in buckets.items()},  # type: ignore[union-attr]
             bucket_tests=None if tests is None else BucketTestsSection.from_json(tests),  # type: ignore[arg-type]
             checkpoints=summary.get("checkpoints"),
             keys=tuple(key for key in SUMMARY_KEYS if key in summary),

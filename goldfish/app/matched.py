@@ -28,9 +28,9 @@ from typing import Any
 
 from torch import nn
 
-from eval.buckets import EXACT_MATCH_K
-from eval.metrics import EXACT_MATCH, ROUGE_L, interval_key
+from goldfish.app.bucket_section import ModelBuckets
 from goldfish.app.config import MaskSpec
+from goldfish.app.matched_section import ComputeMatched, Control, LossMatched, MatchedControls, MatchedRow
 
 LOSS_MATCHED_SUFFIX = "-loss-matched"
 COMPUTE_MATCHED_SUFFIX = "-compute-matched"
@@ -98,88 +98,96 @@ class Snapshots:
 
 
 def loss_matched_choice(
-    final: Mapping[str, float | None], snapshots: Mapping[str, Snapshots], *, standard: str
-) -> dict[str, Any]:
-    """Which model and step the loss-matched control takes: {"model": the label whose final validation loss is the
-    lower (the standard model on a tie), "target_loss": the other's final loss, "step": that model's first validation
-    step at or below it (None: none, or a final loss is missing)}."""
+    final: Mapping[str, float | None], snapshots: Mapping[str, Snapshots], *, standard: str, of_steps: int
+) -> LossMatched:
+    """Which model and step the loss-matched control takes: the model whose final validation loss is the lower (the
+    standard model on a tie), the other's final loss as the target, and that model's first validation step at or
+    below it (None: none, or a final loss is missing), of the run's `of_steps`."""
     (a, loss_a), (b, loss_b) = ((standard, final[standard]), *((k, v) for k, v in final.items() if k != standard))
     if loss_a is None or loss_b is None:
-        return {"model": None, "target_loss": None, "step": None}
+        return LossMatched(model=None, target_loss=None, step=None, of_steps=of_steps)
     early, target = (a, loss_b) if loss_a <= loss_b else (b, loss_a)
-    return {"model": early, "target_loss": target, "step": snapshots[early].first_at_most(target)}
-
-
-def _bucket_entry(table: Sequence[Mapping[str, Any]], bucket: int) -> Mapping[str, Any] | None:
-    return next((e for e in table if e.get("repeats") == bucket), None)
-
-
-def _measures(entry: Mapping[str, Any] | None) -> dict[str, Any]:
-    if entry is None:
-        return {}
-    return {
-        "n": entry["n"],
-        EXACT_MATCH_K: entry[EXACT_MATCH_K],
-        EXACT_MATCH: entry[EXACT_MATCH],
-        interval_key(EXACT_MATCH): entry.get(interval_key(EXACT_MATCH)),
-        ROUGE_L: entry.get(ROUGE_L),
-        interval_key(ROUGE_L): entry.get(interval_key(ROUGE_L)),
-    }
+    return LossMatched(model=early, target_loss=target, step=snapshots[early].first_at_most(target), of_steps=of_steps)
 
 
 def matched_rows(
-    buckets: Mapping[str, Mapping[str, Any]],
-    validation: Mapping[str, Mapping[str, Any]],
+    buckets: Mapping[str, ModelBuckets],
+    val_losses: Mapping[str, float | None],
     *,
     mask: MaskSpec,
     standard: str,
     top_buckets: Sequence[int],
-    loss_matched: Mapping[str, Any] | None,
-    compute_matched: Mapping[str, Any] | None,
-) -> list[dict[str, Any]]:
+    loss_matched: LossMatched | None,
+    compute_matched: ComputeMatched | None,
+) -> list[MatchedRow]:
     """The matched-controls table: per top bucket B, one row per model: goldfish (mask) at B, the standard model at
     B, the standard model at B * (k-1)/k copies (exposure-matched, when that bucket ran), the loss-matched model
     (standard or goldfish, whichever ended lower) and the compute-matched goldfish model at B; each with exact match
     (k of n, its exact interval), RougeL (bootstrap interval) and the model's final validation loss. buckets: label
-    -> bucket_results; validation: label -> the compare summary's validation entry."""
+    -> bucket_results; val_losses: label -> final validation loss."""
     goldfish = mask.label
-    all_buckets = sorted(
-        {e["repeats"] for entry in buckets.values() for e in entry["extraction"] if isinstance(e["repeats"], int)}
-    )
+    all_buckets = sorted({e.repeats for entry in buckets.values() for e in entry.extraction})
     exposure = dict(exposure_pairs(all_buckets, int(mask.k or 0))) if mask.k else {}
     rows = []
 
-    def add(bucket: int, control: str, label: str, at: int, **extra: Any) -> None:
-        if label not in buckets:
-            return
-        entry = _bucket_entry(buckets[label]["extraction"], at)
-        if entry is None:
-            return
-        loss = (validation.get(label) or {}).get("loss")
-        rows.append(
-            {"bucket": bucket, "control": control, "model": label, "copies": at, "val_loss": loss}
-            | _measures(entry)
-            | extra
-        )
+    def add(bucket: int, control: Control, label: str, at: int, **extra: Any) -> None:
+        stats = buckets[label].bucket(at) if label in buckets else None
+        if stats is not None:
+            rows.append(MatchedRow.of_bucket(bucket, control, label, stats, val_losses.get(label), **extra))
 
     for bucket in top_buckets:
         add(bucket, "goldfish", goldfish, bucket)
         add(bucket, "standard", standard, bucket)
         if bucket in exposure:
             add(bucket, "exposure-matched", standard, exposure[bucket])
-        if loss_matched is not None:
-            copies = (loss_matched.get("mean_copies_trained") or {}).get(str(bucket))
-            add(
-                bucket,
-                "loss-matched",
-                loss_matched["label"],
-                bucket,
-                step=loss_matched["step"],
-                mean_copies_trained=copies,
-            )
+        if loss_matched is not None and loss_matched.label is not None:
+            copies = (loss_matched.mean_copies_trained or {}).get(str(bucket))
+            add(bucket, "loss-matched", loss_matched.label, bucket, step=loss_matched.step, mean_copies_trained=copies)
         if compute_matched is not None:
-            add(bucket, "compute-matched", compute_matched["label"], bucket, steps=compute_matched["steps"])
+            add(bucket, "compute-matched", compute_matched.label, bucket, steps=compute_matched.steps)
     return rows
+
+
+def matched_controls(
+    buckets: Mapping[str, ModelBuckets],
+    val_losses: Mapping[str, float | None],
+    repeats: Mapping[str, int],
+    *,
+    mask: MaskSpec,
+    standard: str,
+    loss_matched: LossMatched,
+    compute_matched: tuple[str, int],
+    of_steps: int,
+) -> MatchedControls:
+    """summary.json's "matched_controls": the definitions (this module's docstring), the loss- and compute-matched
+    runs, and the table at the top two buckets (matched_rows). val_losses: label -> final validation loss;
+    repeats: target id -> its bucket; compute_matched: the compute-matched run's label and steps, of `of_steps`."""
+    label, steps = compute_matched
+    standard_loss, compute_loss = val_losses.get(standard), val_losses.get(label)
+    compute = ComputeMatched(
+        label=label,
+        steps=steps,
+        of_steps=of_steps,
+        val_loss=compute_loss,
+        standard_val_loss=standard_loss,
+        reached=None if compute_loss is None or standard_loss is None else compute_loss <= standard_loss,
+    )
+    top = sorted(b for b in set(repeats.values()) if b > 0)[-2:]
+    return MatchedControls(
+        mask=mask.label,
+        definition=__doc__.split("\n\n", 1)[1].strip(),
+        loss_matched=loss_matched,
+        compute_matched=compute,
+        rows=matched_rows(
+            buckets,
+            val_losses,
+            mask=mask,
+            standard=standard,
+            top_buckets=top,
+            loss_matched=loss_matched if loss_matched.step is not None else None,
+            compute_matched=compute,
+        ),
+    )
 
 
 def mean_copies_by_bucket(assigned: Mapping[str, int], trained: Mapping[str, int]) -> dict[str, float]:
@@ -194,56 +202,56 @@ def _ci(interval: Sequence[float] | None) -> str:
     return "" if not interval else f" [{interval[0]:.2f}, {interval[1]:.2f}]"
 
 
-def render_matched(section: Mapping[str, Any]) -> list[str]:
+def _loss(value: float | None) -> str:
+    return f"{math.nan if value is None else value:.3f}"
+
+
+def render_matched(section: MatchedControls) -> list[str]:
     """report.md lines of the summary's "matched_controls" section."""
-    lines = ["## Matched controls", ""]
-    lines.append(section["definition"])
-    lines.append("")
-    loss_matched = section.get("loss_matched")
-    if loss_matched:
-        early = loss_matched.get("model")
-        other = section["mask"] if early == "standard" else "the standard model"
-        if early is None:
-            lines.append("Loss-matched: a final validation loss is missing; no loss-matched row.")
-        elif loss_matched.get("step") is None:
-            lines.append(
-                f"Loss-matched: {early} ends lower, but no validation step of it reached {other}'s final "
-                f"{loss_matched['target_loss']:.3f}; no loss-matched row."
-            )
-        else:
-            lines.append(
-                f"Loss-matched: {early} ends with the lower validation loss; it is taken at step "
-                f"{loss_matched['step']} of {loss_matched['of_steps']} (validation loss "
-                f"{loss_matched['val_loss']:.3f}, the first at most {other}'s final {loss_matched['target_loss']:.3f})."
-            )
-    compute = section.get("compute_matched")
-    if compute:
-        reached = "reaches" if compute.get("reached") else "does not reach"
+    lines = ["## Matched controls", "", section.definition, ""]
+    loss_matched = section.loss_matched
+    early = loss_matched.model
+    other = section.mask if early == "standard" else "the standard model"
+    if early is None:
+        lines.append("Loss-matched: a final validation loss is missing; no loss-matched row.")
+    elif loss_matched.step is None:
         lines.append(
-            f"Compute-matched: {section['mask']} trained {compute['steps']} steps instead of {compute['of_steps']}; "
-            f"its final validation loss {compute.get('val_loss', float('nan')):.3f} {reached} the standard model's "
-            f"{compute.get('standard_val_loss', float('nan')):.3f}."
+            f"Loss-matched: {early} ends lower, but no validation step of it reached {other}'s final "
+            f"{_loss(loss_matched.target_loss)}; no loss-matched row."
         )
+    else:
+        lines.append(
+            f"Loss-matched: {early} ends with the lower validation loss; it is taken at step "
+            f"{loss_matched.step} of {loss_matched.of_steps} (validation loss "
+            f"{_loss(loss_matched.val_loss)}, the first at most {other}'s final {_loss(loss_matched.target_loss)})."
+        )
+    compute = section.compute_matched
+    reached = "reaches" if compute.reached else "does not reach"
+    lines.append(
+        f"Compute-matched: {section.mask} trained {compute.steps} steps instead of {compute.of_steps}; "
+        f"its final validation loss {_loss(compute.val_loss)} {reached} the standard model's "
+        f"{_loss(compute.standard_val_loss)}."
+    )
     lines += [
         "",
         "| bucket | control | model | copies | exact match | RougeL | validation loss |",
         "|---|---|---|---|---|---|---|",
     ]
-    for row in section["rows"]:
-        copies = str(row["copies"])
-        if row.get("mean_copies_trained") is not None:
-            copies += f" (trained by then: {row['mean_copies_trained']:.1f})"
-        loss = "" if row.get("val_loss") is None else f"{row['val_loss']:.3f}"
-        rouge = "" if row.get(ROUGE_L) is None else f"{row[ROUGE_L]:.2f}{_ci(row.get(interval_key(ROUGE_L)))}"
+    for row in section.rows:
+        copies = str(row.copies)
+        if row.mean_copies_trained is not None:
+            copies += f" (trained by then: {row.mean_copies_trained:.1f})"
+        loss = "" if row.val_loss is None else f"{row.val_loss:.3f}"
+        rouge = "" if row.rouge is None else f"{row.rouge:.2f}{_ci(row.rouge_ci)}"
         lines.append(
-            f"| {row['bucket']} | {row['control']} | {row['model']} | {copies} | "
-            f"{row[EXACT_MATCH_K]}/{row['n']}{_ci(row.get(interval_key(EXACT_MATCH)))} | {rouge} | {loss} |"
+            f"| {row.bucket} | {row.control} | {row.model} | {copies} | "
+            f"{row.k}/{row.n}{_ci(row.rate_ci)} | {rouge} | {loss} |"
         )
     lines.append("")
     return lines
 
 
-def render_matched_seeds(per_seed: Mapping[str, Mapping[str, Any]]) -> list[str]:
+def render_matched_seeds(per_seed: Mapping[str, MatchedControls]) -> list[str]:
     """The combined --seeds report's lines on the matched controls: per seed, which model the loss-matched control
     took and at which step, whether the compute-matched run reached the standard model's validation loss, and the
     exact match of every control at the top buckets (each seed's own report has the whole table)."""
@@ -260,16 +268,12 @@ def render_matched_seeds(per_seed: Mapping[str, Mapping[str, Any]]) -> list[str]
         "|---|---|---|---|",
     ]
     for seed, section in per_seed.items():
-        loss = section.get("loss_matched") or {}
-        taken = "none" if loss.get("step") is None else f"{loss.get('model')} at {loss['step']} of {loss['of_steps']}"
-        compute = section.get("compute_matched") or {}
-        val = compute.get("val_loss")
-        reached = "" if val is None else f"{val:.3f} ({compute.get('standard_val_loss', float('nan')):.3f})"
-        counts = "; ".join(
-            f"{row['control']} @{row['copies']}: {row[EXACT_MATCH_K]}/{row['n']}"
-            for row in section.get("rows", [])
-            if row["bucket"] == max(r["bucket"] for r in section["rows"])
-        )
+        loss = section.loss_matched
+        taken = "none" if loss.step is None else f"{loss.model} at {loss.step} of {loss.of_steps}"
+        compute = section.compute_matched
+        reached = "" if compute.val_loss is None else f"{compute.val_loss:.3f} ({_loss(compute.standard_val_loss)})"
+        top = max((row.bucket for row in section.rows), default=None)
+        counts = "; ".join(f"{row.control} @{row.copies}: {row.k}/{row.n}" for row in section.rows if row.bucket == top)
         lines.append(f"| {seed} | {taken} | {reached} | {counts} |")
     lines.append("")
     return lines

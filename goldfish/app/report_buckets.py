@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eval.buckets import EXACT_MATCH_K
-from eval.metrics import AUC, AUC_CI, EXACT_MATCH, ROUGE_L, SUFFIX_LOGPROB_MEAN, TPR_AT_FPR, TPR_AT_FPR_CI, interval_key
+from eval.metrics import EXACT_MATCH, ROUGE_L, SUFFIX_LOGPROB_MEAN
+from goldfish.app.bucket_section import BucketStats, ModelBuckets
 from goldfish.app.bucket_tests import BucketTest
 from goldfish.app.compare_result import CompareResult
 from goldfish.app.report_format import figure_link as _figure
@@ -40,25 +40,28 @@ def _p(value: Any) -> str:
     return f"{value:.2g}" if value >= 0.001 else f"{value:.1e}"
 
 
-def _exact(entry: Mapping[str, Any]) -> str:
+def _exact(entry: BucketStats) -> str:
     """ "3/32 = 0.094 [0.020, 0.250]": the count, the rate and its Clopper-Pearson interval."""
-    rate = _fmt_ci(entry[EXACT_MATCH], entry.get(interval_key(EXACT_MATCH)))
-    return f"{entry[EXACT_MATCH_K]}/{entry['n']} = {rate}"
+    return f"{entry.k}/{entry.n} = {_fmt_ci(entry.rate, entry.rate_ci)}"
+
+
+def _mean(entry: BucketStats, metric: str) -> str:
+    """A measure's mean over the bucket's targets with its bootstrap interval."""
+    return _fmt_ci(entry.means.get(metric), entry.intervals.get(metric))
 
 
 def study_section(compared: CompareResult, figures: Sequence[str]) -> list[str]:
     """The protocol (targets' share, spread, split) and the per-bucket tables of one comparison."""
-    buckets: Any = compared.buckets or {}
+    buckets = compared.buckets or {}
     if not buckets:
         return []
     lines = ["## Per repetition bucket", ""]
     corpus: Any = compared.corpus or {}
-    first = next(iter(buckets.values()))
-    split = first.get("split") or {}
-    prefix = split.get("prefix_len")
+    split = next(iter(buckets.values())).split
+    prefix = split.prefix_len
     lines.append(
         f"Targets are split into a prefix of {prefix if prefix else 'all but the suffix'} tokens and a suffix of "
-        f"{split.get('suffix_len')} tokens, the same for every bucket. Bucket 0: held-out targets of the same pool, "
+        f"{split.suffix_len} tokens, the same for every bucket. Bucket 0: held-out targets of the same pool, "
         "never trained on (the non-members of the membership attacks)."
     )
     if corpus:
@@ -81,19 +84,19 @@ def study_section(compared: CompareResult, figures: Sequence[str]) -> list[str]:
     ]
     tests = compared.bucket_tests.models if compared.bucket_tests is not None else {}
     for label, result in buckets.items():
-        membership = {str(m["repeats"]): m for m in result.get("membership") or []}
+        membership = {m.repeats: m for m in result.membership}
         rows = []
-        for entry in result["extraction"]:
-            key = str(entry["repeats"])
-            attack = ((membership.get(key) or {}).get("attacks") or {}).get("loss") or {}
+        for entry in result.extraction:
+            bucket = membership.get(entry.repeats)
+            attack = bucket.attacks.get("loss") if bucket is not None else None
             rows.append(
                 [
-                    key,
+                    str(entry.repeats),
                     _exact(entry),
-                    _fmt_ci(entry.get(ROUGE_L), entry.get(interval_key(ROUGE_L))),
-                    _fmt_ci(entry.get(SUFFIX_LOGPROB_MEAN), entry.get(interval_key(SUFFIX_LOGPROB_MEAN))),
-                    _fmt_ci(attack.get(AUC), attack.get(AUC_CI)) if attack else "",
-                    _fmt_ci(attack.get(TPR_AT_FPR), attack.get(TPR_AT_FPR_CI)) if attack else "",
+                    _mean(entry, ROUGE_L),
+                    _mean(entry, SUFFIX_LOGPROB_MEAN),
+                    _fmt_ci(attack.auc, attack.auc_ci) if attack else "",
+                    _fmt_ci(attack.tpr_at_fpr, attack.tpr_at_fpr_ci) if attack else "",
                 ]
             )
         lines += [f"**{label}**", ""]
@@ -175,40 +178,40 @@ def _unpaired_table(tests: Sequence[BucketTest]) -> list[str]:
     ] + _table(["copies", "extracted: standard vs this (targets)", "Fisher p (unpaired)"], rows)
 
 
-def _field_scores(result: Mapping[str, Any]) -> list[str]:
+def _field_scores(result: ModelBuckets) -> list[str]:
     lines = []
-    recall = result.get("recall_at_incorrect") or {}
+    recall = result.recall_at_incorrect
     if recall:
-        split = result.get("split") or {}
+        split = result.split
         lines.append(
             "lm-extraction-benchmark recall of the trained targets (one greedy guess each, ranked by the model's mean "
-            f"log-probability of its guess; here at {split.get('prefix_len')}/{split.get('suffix_len')} tokens, the "
+            f"log-probability of its guess; here at {split.prefix_len}/{split.suffix_len} tokens, the "
             "benchmark's own split is 50/50): "
-            + ", ".join(f"at {n} incorrect {_fmt(r['recall'])}" for n, r in recall.items())
+            + ", ".join(f"at {n} incorrect {_fmt(r.recall)}" for n, r in recall.items())
             + "."
         )
-    pythia = result.get("pythia")
+    pythia = result.pythia
     if pythia:
         lines.append(
             "Pythia 32/32 memorization score (mean share of the 32 suffix tokens greedy decoding reproduces; share "
             "of targets with all 32) by copies: "
-            + "; ".join(f"{t['repeats']}: {_fmt(t['score'])} ({_fmt(t['memorized'])})" for t in pythia["table"])
+            + "; ".join(f"{t.repeats}: {_fmt(t.score)} ({_fmt(t.memorized)})" for t in pythia.table)
             + "."
         )
     return lines + [""] if lines else []
 
 
-def _prefix_table(result: Mapping[str, Any]) -> list[str]:
-    by_prefix = result.get("prefix_length") or {}
+def _prefix_table(result: ModelBuckets) -> list[str]:
+    by_prefix = result.prefix_length
     if not by_prefix:
         return []
     prefixes = sorted(by_prefix, key=int)
-    buckets = sorted({e["repeats"] for table in by_prefix.values() for e in table})
+    buckets = sorted({e.repeats for table in by_prefix.values() for e in table})
     rows = []
     for bucket in buckets:
         cells = []
         for prefix in prefixes:
-            entry = next((e for e in by_prefix[prefix] if e["repeats"] == bucket), None)
+            entry = next((e for e in by_prefix[prefix] if e.repeats == bucket), None)
             cells.append(_exact(entry) if entry else "n/a")
         rows.append([str(bucket), *cells])
     return ["Exact match by prefix length (the suffix right after the first P tokens):", ""] + _table(
@@ -234,15 +237,10 @@ class BucketPoint:
     rouge_l_ci: Interval
 
     @classmethod
-    def of_bucket(cls, entry: Mapping[str, Any]) -> BucketPoint:
-        """A point of one comparison's bucket entry (summary.json's buckets[label]["extraction"])."""
+    def of_bucket(cls, entry: BucketStats) -> BucketPoint:
+        """A point of one comparison's bucket entry (an entry of ModelBuckets.extraction)."""
         return cls(
-            entry["repeats"],
-            entry.get(EXACT_MATCH),
-            entry.get(interval_key(EXACT_MATCH)),
-            None,
-            entry.get(ROUGE_L),
-            entry.get(interval_key(ROUGE_L)),
+            entry.repeats, entry.rate, entry.rate_ci, None, entry.means.get(ROUGE_L), entry.intervals.get(ROUGE_L)
         )
 
     @classmethod
@@ -366,10 +364,10 @@ def k_sweep_series(compared: CompareResult) -> dict[str, Any] | None:
     """The k sweep of one comparison: every goldfish mask that ran, one series per strategy (and hash width), per k
     the top bucket's exact match (Clopper-Pearson interval) and the validation loss (bootstrap interval over
     validation rows); the standard model's as the reference. None without two k of one strategy."""
-    buckets: Any = compared.buckets or {}
+    buckets = compared.buckets or {}
     if not buckets:
         return None
-    tables = {label: [BucketPoint.of_bucket(e) for e in result["extraction"]] for label, result in buckets.items()}
+    tables = {label: [BucketPoint.of_bucket(e) for e in result.extraction] for label, result in buckets.items()}
     validation = {
         label: (compared.validation(label).get("loss"), compared.validation(label).get("loss_ci"))
         for label in compared.headlines
@@ -437,10 +435,10 @@ def draw_k_sweep(series: Mapping[str, Any], path: Path) -> None:
 def study_figures(compared: CompareResult, out_dir: Path) -> list[str]:
     """The bucket plot and the k sweep of one comparison, when it has them."""
     written = []
-    buckets: Any = compared.buckets or {}
+    buckets = compared.buckets or {}
     if buckets:
         draw_buckets(
-            {label: [BucketPoint.of_bucket(e) for e in result["extraction"]] for label, result in buckets.items()},
+            {label: [BucketPoint.of_bucket(e) for e in result.extraction] for label, result in buckets.items()},
             out_dir / BUCKETS_FILE,
         )
         written.append(BUCKETS_FILE)

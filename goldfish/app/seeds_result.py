@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from eval.metrics import EXACT_MATCH, interval_key
 from goldfish.app.bucket_tests import BucketTestsSection
 from goldfish.app.compare_result import Headline
+from goldfish.app.matched_section import MatchedControls
 from goldfish.app.results import Interval, JsonValue, ordered_json
 
 # The combined summary.json's keys in the order seed_combination writes them.
@@ -263,7 +264,7 @@ class SeedsResult:
     config: dict[str, JsonValue]  # the first seed's settings with "seeds"
     documents: dict[str, JsonValue]  # the split's manifest
     combination: str = COMBINATION  # how the seeds were combined, in words
-    matched_controls_per_seed: dict[str, dict[str, JsonValue]] = field(default_factory=dict)
+    matched_controls_per_seed: dict[str, MatchedControls] = field(default_factory=dict)
     tuning_seeds: list[int] = field(default_factory=list)  # --tuning-seeds: seeds used to choose the settings
     exploratory_seeds_run: list[int] = field(default_factory=list)  # seeds of this run among the tuning seeds
     confirmatory_seeds_run: list[int] = field(default_factory=list)  # the others
@@ -278,7 +279,7 @@ class SeedsResult:
         """The summary as summary.json holds it: the same keys in the same order and the same values."""
         values: dict[str, JsonValue] = {
             "seeds": self.seeds,  # type: ignore[dict-item]
-            "matched_controls_per_seed": self.matched_controls_per_seed,  # type: ignore[dict-item]
+            "matched_controls_per_seed": {seed: m.to_json() for seed, m in self.matched_controls_per_seed.items()},
             "tuning_seeds": self.tuning_seeds,  # type: ignore[dict-item]
             "exploratory_seeds_run": self.exploratory_seeds_run,  # type: ignore[dict-item]
             "confirmatory_seeds_run": self.confirmatory_seeds_run,  # type: ignore[dict-item]
@@ -319,7 +320,9 @@ class SeedsResult:
             config=dict(s["config"]),
             documents=dict(s["documents"]),
             combination=s["combination"],
-            matched_controls_per_seed=dict(s.get("matched_controls_per_seed") or {}),
+            matched_controls_per_seed={
+                seed: MatchedControls.from_json(m) for seed, m in (s.get("matched_controls_per_seed") or {}).items()
+            },
             tuning_seeds=list(s.get("tuning_seeds") or []),
             exploratory_seeds_run=list(s.get("exploratory_seeds_run") or []),
             confirmatory_seeds_run=list(s.get("confirmatory_seeds_run") or []),

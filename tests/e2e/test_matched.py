@@ -5,6 +5,7 @@ one), and the compute-matched goldfish model trains k/(k-1) times the steps on e
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -15,6 +16,7 @@ from tiny_runs import random_words_background, tiny_run
 from goldfish.app import matched
 from goldfish.app.cli import main
 from goldfish.app.config import MaskSpec
+from goldfish.app.matched_section import LossMatched
 
 STEPS = 24
 
@@ -116,18 +118,17 @@ def test_loss_matched_choice_takes_the_lower_model_early() -> None:
     standard = Curve({10: 6.0, 20: 5.5, 30: 5.0})
     goldfish = Curve({10: 6.1, 20: 5.8, 30: 5.6})
     snaps = {"standard": standard, "g": goldfish}
-    assert matched.loss_matched_choice({"standard": 5.0, "g": 5.6}, snaps, standard="standard") == {
-        "model": "standard",
-        "target_loss": 5.6,
-        "step": 20,
-    }
+    choose = functools.partial(matched.loss_matched_choice, standard="standard", of_steps=30)
+    assert choose({"standard": 5.0, "g": 5.6}, snaps) == LossMatched("standard", 5.6, 20, 30)
     # goldfish ends lower (targets a large share of training): goldfish is taken at the standard model's final loss
-    assert matched.loss_matched_choice({"standard": 5.9, "g": 5.6}, snaps, standard="standard") == {
-        "model": "g",
-        "target_loss": 5.9,
-        "step": 20,
+    assert choose({"standard": 5.9, "g": 5.6}, snaps) == LossMatched("g", 5.9, 20, 30)
+    missing = choose({"standard": None, "g": 5.6}, snaps)
+    assert missing.step is None and missing.to_json() == {
+        "model": None,
+        "target_loss": None,
+        "step": None,
+        "of_steps": 30,
     }
-    assert matched.loss_matched_choice({"standard": None, "g": 5.6}, snaps, standard="standard")["step"] is None
 
 
 @pytest.mark.slow  # one tiny study with its controls: about 15 s
