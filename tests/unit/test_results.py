@@ -14,8 +14,10 @@ import pytest
 
 from eval.files import CURVE_FILE, MEMBERSHIP_FILE, ROW_FILES
 from eval.metrics import HEADLINE_METRICS, INTERVAL_METRICS, METRICS
+from goldfish.app.bucket_section import BucketMembership, BucketStats, ModelBuckets
 from goldfish.app.compare_result import CompareResult
 from goldfish.app.eval_result import EvalResult
+from goldfish.app.matched_section import LossMatched, MatchedControls, MatchedRow
 from goldfish.app.results import HEADLINE_KEYS, ModelResult, PartResult
 from goldfish.app.seeds_result import SeedsResult
 
@@ -215,7 +217,19 @@ def test_instrument_summary_keys_are_spelled_in_one_module() -> None:
 
 
 # The result types the reports are rendered from; each is walked with every dataclass its fields name.
-RESULT_TYPES = (PartResult, ModelResult, CompareResult, SeedsResult, EvalResult)
+RESULT_TYPES = (
+    PartResult,
+    ModelResult,
+    CompareResult,
+    SeedsResult,
+    EvalResult,
+    ModelBuckets,
+    BucketStats,
+    BucketMembership,
+    MatchedControls,
+    MatchedRow,
+    LossMatched,
+)
 
 
 def _any_fields(cls: type, seen: set[type] | None = None) -> list[str]:
@@ -242,6 +256,10 @@ def _any_fields(cls: type, seen: set[type] | None = None) -> list[str]:
 def test_result_types_hold_no_any() -> None:
     assert [cls for cls in RESULT_TYPES if dataclasses.is_dataclass(cls)] == list(RESULT_TYPES)
     assert [field for cls in RESULT_TYPES for field in _any_fields(cls)] == []
+    # compare's sections are typed down to their leaves: no free-form JSON left in the buckets and matched controls
+    hints = typing.get_type_hints(CompareResult)
+    assert hints["buckets"] == dict[str, ModelBuckets] | None
+    assert hints["matched_controls"] == MatchedControls | None
 
 
 @dataclasses.dataclass
