@@ -16,6 +16,9 @@ into its spec and before anything is written, loaded or launched: a bad setting 
 (goldfish.app.cli.main). A setting's own value is checked when its spec is built (the dataclasses' __post_init__ in
 goldfish.app.config, engine.training.config and eval.config): building the spec is resolving it.
 
+Under the --out lock, as the work starts: train and compare refuse a non-empty --out without --overwrite as they
+make their run folder (goldfish.app.commands.run_folder), where no other run can fill it in between.
+
 After loading: the checks that need the documents, the tokenizer or the model stay where those are loaded:
     - the documents are long enough for the extraction protocol (goldfish.app.checks.check_extraction_fits, in
       goldfish eval's run) and eval re-selects the documents its run record lists (commands.eval, same documents)
