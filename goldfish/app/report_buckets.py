@@ -324,21 +324,33 @@ def _sweep_masks(masks: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> d
     return {name: sorted(ms, key=lambda m: m["k"]) for name, ms in series.items()}
 
 
-def _sweep_point(point: BucketPoint, validation: tuple[float | None, Interval]) -> dict[str, Any]:
-    return {
-        EXACT_MATCH: point.exact_match,
-        "inner": point.inner,
-        "outer": point.outer,
-        "val_loss": validation[0],
-        "val_loss_ci": validation[1],
-    }
+@dataclass(frozen=True)
+class SweepPoint:
+    """One model in the k sweep: exact match at the top bucket with its inner and outer interval (BucketPoint) and
+    its validation loss with its interval (None: not measured)."""
+
+    exact_match: float | None
+    inner: Interval
+    outer: Interval
+    val_loss: float | None
+    val_loss_ci: Interval
+
+
+@dataclass(frozen=True)
+class KSweep:
+    """The k sweep's plot data: per series of masks (strategy and hash width) its k and one point per k, and the
+    standard model's point as the reference (None: no standard model), at the top bucket."""
+
+    top_bucket: int
+    series: dict[str, tuple[list[int], list[SweepPoint]]]  # name -> (k of each mask, sorted; its points)
+    standard: SweepPoint | None
 
 
 def sweep_series(
     masks: Sequence[Mapping[str, Any]],
     tables: Mapping[str, Sequence[BucketPoint]],
     validation: Mapping[str, tuple[float | None, Interval]],
-) -> dict[str, Any] | None:
+) -> KSweep | None:
     """Per series of masks (strategy and hash width), per k: the top bucket's exact match with its intervals and the
     validation loss with its (validation: label -> (loss, interval)); the standard model's as the reference. None
     without two k of one strategy."""
@@ -347,20 +359,19 @@ def sweep_series(
         return None
     top = max(e.repeats for e in next(iter(tables.values())))
 
-    def point(label: str) -> dict[str, Any]:
+    def point(label: str) -> SweepPoint:
         entry = next(e for e in tables[label] if e.repeats == top)
-        return _sweep_point(entry, validation.get(label) or (None, None))
+        loss, loss_ci = validation.get(label) or (None, None)
+        return SweepPoint(entry.exact_match, entry.inner, entry.outer, loss, loss_ci)
 
-    return {
-        "top_bucket": top,
-        "series": {
-            name: {"k": [m["k"] for m in ms], "points": [point(m["label"]) for m in ms]} for name, ms in series.items()
-        },
-        "standard": point("standard") if "standard" in tables else None,
-    }
+    return KSweep(
+        top_bucket=top,
+        series={name: ([m["k"] for m in ms], [point(m["label"]) for m in ms]) for name, ms in series.items()},
+        standard=point("standard") if "standard" in tables else None,
+    )
 
 
-def k_sweep_series(compared: CompareResult) -> dict[str, Any] | None:
+def k_sweep_series(compared: CompareResult) -> KSweep | None:
     """The k sweep of one comparison: every goldfish mask that ran, one series per strategy (and hash width), per k
     the top bucket's exact match (Clopper-Pearson interval) and the validation loss (bootstrap interval over
     validation rows); the standard model's as the reference. None without two k of one strategy."""
@@ -375,51 +386,51 @@ def k_sweep_series(compared: CompareResult) -> dict[str, Any] | None:
     return sweep_series(compared.config.get("masks") or [], tables, validation)  # type: ignore[arg-type]
 
 
-def draw_k_sweep(series: Mapping[str, Any], path: Path) -> None:
+def draw_k_sweep(sweep: KSweep, path: Path) -> None:
     """Exact match at the top bucket and the validation loss against k, one marker series per mask strategy (every k
     that ran, shifted a little sideways so that two strategies at one k do not hide each other), the standard model
     as a dashed line with its interval as a band (the exact bounds a lighter band with several seeds)."""
     figure, (left, right) = new_figure(1, 2, figsize=(11, 4))
-    standard = series["standard"]
-    n_series = len(series["series"])
-    every_k = sorted({k for one in series["series"].values() for k in one["k"]})
-    for i, (name, one) in enumerate(series["series"].items()):
+    standard = sweep.standard
+    n_series = len(sweep.series)
+    every_k = sorted({k for ks, _ in sweep.series.values() for k in ks})
+    for i, (name, (ks, points)) in enumerate(sweep.series.items()):
         shift = 2 ** (0.08 * (i - (n_series - 1) / 2))  # a constant step on the log axis
-        k, points = [value * shift for value in one["k"]], one["points"]
+        k = [value * shift for value in ks]
         color, marker = f"C{i % 10}", MARKERS[i % len(MARKERS)]
-        em = [p[EXACT_MATCH] for p in points]
-        if any(p["outer"] for p in points):
-            left.errorbar(k, em, yerr=_error(em, [p["outer"] for p in points]), color=color, linestyle="none")
+        em = [p.exact_match for p in points]
+        if any(p.outer for p in points):
+            left.errorbar(k, em, yerr=_error(em, [p.outer for p in points]), color=color, linestyle="none")
         left.errorbar(
             k,
             em,
-            yerr=_error(em, [p["inner"] for p in points]),
+            yerr=_error(em, [p.inner for p in points]),
             marker=marker,
             capsize=3,
             elinewidth=2,
             color=color,
             label=f"goldfish ({name})",
         )
-        losses = [math.nan if p["val_loss"] is None else p["val_loss"] for p in points]
+        losses = [math.nan if p.val_loss is None else p.val_loss for p in points]
         right.errorbar(
             k,
             losses,
-            yerr=_error(losses, [p["val_loss_ci"] for p in points]),
+            yerr=_error(losses, [p.val_loss_ci for p in points]),
             marker=marker,
             capsize=3,
             color=color,
             label=f"goldfish ({name})",
         )
     if standard:
-        left.axhline(standard[EXACT_MATCH], color="black", linestyle="--", label="standard")
-        for band, alpha in ((standard["outer"], 0.05), (standard["inner"], 0.1)):
+        left.axhline(standard.exact_match, color="black", linestyle="--", label="standard")
+        for band, alpha in ((standard.outer, 0.05), (standard.inner, 0.1)):
             if band:
                 left.axhspan(*band, color="black", alpha=alpha)
-        if standard["val_loss"] is not None:
-            right.axhline(standard["val_loss"], color="black", linestyle="--", label="standard")
-            if standard["val_loss_ci"]:
-                right.axhspan(*standard["val_loss_ci"], color="black", alpha=0.08)
-    left.set_ylabel(f"exact match at {series['top_bucket']} copies")
+        if standard.val_loss is not None:
+            right.axhline(standard.val_loss, color="black", linestyle="--", label="standard")
+            if standard.val_loss_ci:
+                right.axhspan(*standard.val_loss_ci, color="black", alpha=0.08)
+    left.set_ylabel(f"exact match at {sweep.top_bucket} copies")
     left.set_ylim(-0.03, 1.03)
     right.set_ylabel("validation loss (95% interval)")
     for axis in (left, right):

@@ -18,6 +18,7 @@ from goldfish.app.report_buckets import (
     BUCKETS_FILE,
     K_SWEEP_FILE,
     BucketPoint,
+    KSweep,
     draw_buckets,
     draw_k_sweep,
     paired_table,
@@ -187,7 +188,7 @@ def _bucket_points(result: SeedsResult) -> dict[str, list[BucketPoint]]:
     }
 
 
-def seeds_k_sweep_series(result: SeedsResult) -> dict[str, Any] | None:
+def seeds_k_sweep_series(result: SeedsResult) -> KSweep | None:
     """The k sweep of a several-seed result: per k the top bucket's pooled exact match (cluster bootstrap and exact
     bounds) and the validation loss (mean over seeds, its t interval over seeds)."""
     tables = _bucket_points(result)

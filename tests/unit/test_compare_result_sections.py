@@ -18,6 +18,7 @@ from goldfish.app.buckets import bucket_results, with_bucket_intervals
 from goldfish.app.compare_result import CompareResult
 from goldfish.app.config import MaskSpec
 from goldfish.app.matched_section import LossMatched, MatchedControls, MatchedRow
+from goldfish.app.report_buckets import k_sweep_series
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 MECHANISM = RESULTS / "compare_corpus_mechanism" / "seed-11" / "summary.json"  # buckets, beams, matched controls
@@ -166,3 +167,14 @@ def test_the_repeats_breakdown_gets_the_bucket_intervals() -> None:
         "rouge_l_ci": top.intervals["rouge_l"],
     }
     assert groups[1] == {"repeats": 3, "exact_match_ci": None, "rouge_l_ci": None}
+
+
+def test_the_k_sweep_reads_the_top_bucket_of_each_mask() -> None:
+    typed = CompareResult.from_json(json.loads(CORPUS.read_text()))
+    sweep = k_sweep_series(typed)
+    assert sweep is not None and sweep.top_bucket == 64 and sweep.standard is not None
+    ks, points = sweep.series["hashed h=13"]
+    assert ks == [4, 32] and sweep.series["random"][0] == [4]  # a series per strategy, one k of random masks
+    top = typed.buckets["goldfish-hashed-k32-h13"].bucket(64)  # type: ignore[index]
+    assert top is not None and (points[1].exact_match, points[1].inner) == (top.rate, top.rate_ci)
+    assert points[1].val_loss == typed.validation("goldfish-hashed-k32-h13")["loss"]
