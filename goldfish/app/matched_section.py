@@ -92,8 +92,11 @@ def _with_interval(metric: str) -> tuple[str, str]:
 
 
 # A row's keys: the control, the model read and its measures (exact match's count, rate and interval, RougeL's).
-_ROW_KEYS = ("bucket", "control", "model", "copies", "val_loss", "n", EXACT_MATCH_K)
-_ROW_KEYS += _with_interval(EXACT_MATCH) + _with_interval(ROUGE_L)
+_ROW_KEYS = (
+    ("bucket", "control", "model", "copies", "val_loss", "n", EXACT_MATCH_K)
+    + _with_interval(EXACT_MATCH)
+    + _with_interval(ROUGE_L)
+)
 _LOSS_MATCHED_EXTRA = ("step", "mean_copies_trained")  # the loss-matched rows' own keys
 _COMPUTE_MATCHED_EXTRA = ("steps",)  # the compute-matched rows'
 
