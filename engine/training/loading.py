@@ -10,6 +10,10 @@ lm_head its vocabulary rows, everything else (norms, position embeddings) whole.
 shards plus one replicated tensor. Stored names are renamed as transformers renames them for the model (GPT-NeoX's
 `embed_out` is its `lm_head`). Non-persistent buffers (rotary frequencies, Gemma's embedding scale) are computed
 again by HF's own initialisation. No communication.
+
+On a pipe grid, `load_sharded(folder, grid, pipe=config.pipe_config)` gives storage to, and reads, only this rank's
+stages of the cut the Pipeline will take (engine.training.pipeline.own_stages); the other stages stay on the meta
+device, so no rank ever holds (or reads) another stage's tensors.
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ from torch import nn
 from engine.core.grid import Grid
 from engine.core.linear import ShardingError
 from engine.models.layout import plan_of
+from engine.spec import PipeConfig
 from engine.training.checkpoint import serial_chunks, serial_shape
+from engine.training.pipeline import StageModule, own_stages, stage_to_device
 from engine.training.verify import parallelize
 
 
@@ -96,6 +102,32 @@ def _restore_buffers(model: nn.Module) -> None:
                 )
 
 
+def _to_device(model: nn.Module, device: torch.device) -> None:
+    """Give every parameter and buffer of a model on the meta device new (uninitialized) storage on `device`."""
+    # to_empty gives each parameter new storage (its shard's size) and would untie shared ones: tie them again
+    names_by_param: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names_by_param.setdefault(id(param), []).append(name)
+    model.to_empty(device=device)
+    for names in names_by_param.values():
+        first = model.get_parameter(names[0])
+        for other in names[1:]:
+            owner, _, attr = other.rpartition(".")
+            setattr(model.get_submodule(owner), attr, first)
+
+
+def _stages_to_device(model: nn.Module, stages: list[StageModule], device: torch.device) -> None:
+    """Give the parameters of `stages` (this pipe rank's) and every buffer of `model` new (uninitialized) storage on
+    `device`; the other stages' parameters stay on the meta device. No parameter is shared between two stages
+    (split_model refuses tied embeddings), so there is nothing to tie again."""
+    for stage in stages:
+        stage_to_device(stage, device)  # keeps the parameter objects, as the Pipeline's own moves do
+    for module in model.modules():
+        for name, buffer in module._buffers.items():
+            if buffer is not None and buffer.is_meta:
+                module._buffers[name] = torch.empty_like(buffer, device=device)
+
+
 def stored_names(model: nn.Module, files: dict[str, Path]) -> dict[str, tuple[str, Path]]:
     """{model key: (stored key, file)}: the names the files use, renamed as transformers renames them when it loads
     this model (e.g. GPT-NeoX's head, saved as embed_out.weight, is the model's lm_head.weight). Raises LoadingError
@@ -134,11 +166,18 @@ def load_sharded(
     vocab_parallel: bool | None = None,
     verify: bool = False,
     report: Any = None,
+    pipe: PipeConfig | None = None,
 ) -> nn.Module:
     """An HF causal LM from `folder` (config.json + safetensors), parallelized for `grid`, reading only this rank's
     slices. Equal to `parallelize(AutoModelForCausalLM.from_pretrained(folder, dtype=dtype), grid, ...)`; returned in
     eval mode. Raises LoadingError for missing files or tensors and ShardingError for a model the grid cannot split.
     `verify` and `report`: as engine.parallelize (engine.training.verify), before any tensor is read.
+
+    `pipe`, on a grid whose pipe axis is > 1: the settings of the Pipeline that will train the model (TrainConfig's
+    pipe_config). Only this rank's stages of that Pipeline's cut (engine.training.pipeline.own_stages) get storage
+    and are read; the other stages' parameters stay on the meta device, as the Pipeline keeps them. Buffers (the
+    rotary tables every stage uses) get storage on every rank. ValueError (one line) for a model the Pipeline
+    refuses (tied embeddings across stages, a family it does not know).
     """
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
@@ -148,16 +187,13 @@ def load_sharded(
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     parallelize(model, grid, overlap=overlap, vocab_parallel=vocab_parallel, verify=verify, report=report)
-    # to_empty gives each parameter new storage (its shard's size) and would untie shared ones: tie them again
-    names_by_param: dict[int, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        names_by_param.setdefault(id(param), []).append(name)
-    model.to_empty(device=grid.device)
-    for names in names_by_param.values():
-        first = model.get_parameter(names[0])
-        for other in names[1:]:
-            owner, _, attr = other.rpartition(".")
-            setattr(model.get_submodule(owner), attr, first)
+    if pipe is not None and grid.shape.pipe > 1:
+        stages = own_stages(model, grid.group("pipe"), pipe)
+        wanted: set[str] | None = {name for stage in stages for name in stage.names.values()}
+        _stages_to_device(model, stages, grid.device)
+    else:
+        wanted = None
+        _to_device(model, grid.device)
     _restore_buffers(model)
     names = stored_names(model, files)
 
@@ -165,6 +201,8 @@ def load_sharded(
     with ExitStack() as stack:
         handles: dict[Path, Any] = {}
         for key, p in plan_of(model).params.items():
+            if wanted is not None and not wanted & {key, *p.aliases}:
+                continue  # another pipe rank's stage: stays on the meta device, never read here
             found = next((k for k in [key, *p.aliases] if k in names), None)  # tied: either name
             if found is None:
                 missing.append(key)

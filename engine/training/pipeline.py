@@ -180,6 +180,16 @@ def split_model(model: nn.Module, n_stages: int, splits: list[int] | None = None
     return stages
 
 
+def own_stages(model: nn.Module, group: AxisGroup, pipe: PipeConfig) -> list[StageModule]:
+    """The stages of `model` that rank `group.rank` runs in the cut a Pipeline over `group` with the settings `pipe`
+    takes (split_model of S = P * pipe.virtual stages at pipe.splits, stage s on rank s % P), e.g. to give only their
+    parameters storage before the Pipeline is built (engine.training.loading.load_sharded(pipe=...)). Works on a
+    model on the meta device; ValueError (one line) for a model the Pipeline refuses (tied embeddings, a family it
+    does not know, more stages than layers)."""
+    stages = split_model(model, group.size * pipe.virtual, list(pipe.splits) or None)
+    return [stage for stage in stages if stage.index % group.size == group.rank]
+
+
 def check_schedule(schedule: str, n_ranks: int, virtual: int, microbatches: int) -> None:
     """ValueError (one line) for settings the schedule cannot run on `n_ranks` ranks: unknown name, V > 1 on a
     one-stage-per-rank schedule, or fewer micro-batches than it needs (or a count its rounds do not divide)."""
@@ -290,6 +300,11 @@ class Pipeline:
             for stage in self.all_stages:
                 if stage.index % group.size != group.rank:
                     stage_to_device(stage, "meta")  # another rank's stage: before ZeRO partitions (and allocates) it
+                elif any(p.is_meta for p in stage.parameters()):  # a model built for another cut or rank
+                    raise ValueError(
+                        f"stage {stage.index} of this rank holds parameters on the meta device: the model was loaded "
+                        "for another cut (give load_sharded the pipeline's own settings) or not loaded"
+                    )
             if prepare is not None:
                 prepare(self.all_stages)
         self.stages = [self.all_stages[s] for s in range(group.rank, n_stages, group.size)]  # stage s on rank s % P

@@ -421,7 +421,7 @@ def train(
     if not examples:
         raise ValueError("no training examples: give at least one document")
     config.check_async_save(grid.shape.world_size if _is_distributed(grid) else 1)
-    device = next(model.parameters()).device
+    device = next(p.device for p in model.parameters() if not p.is_meta)  # a pipe rank loaded with its stages only
     if config.activation_checkpointing:  # before ZeRO (fully_shard), the order composable checkpoint needs
         checkpoint_decoder_layers(model)
     per_epoch = steps_per_epoch(len(examples), config.batch_size)

@@ -368,3 +368,75 @@ def test_a_killed_pipelined_run_resumes_exactly_at_any_grid() -> None:
             got_weight = torch.tensor(got[key], dtype=torch.float64)
             want = torch.tensor(uninterrupted[key], dtype=torch.float64)
             torch.testing.assert_close(got_weight, want, **tolerance, msg=lambda m: f"resumed at {where}, {key}: {m}")
+
+
+class _SliceLog:
+    """A safetensors file as safe_open gives it, logging the names of the tensors sliced from it."""
+
+    def __init__(self, weights, read: list[str]) -> None:
+        self.weights, self.read = weights, read
+
+    def keys(self):
+        return self.weights.keys()
+
+    def get_slice(self, name: str):
+        self.read.append(name)
+        return self.weights.get_slice(name)
+
+
+def staged_worker(folder: str) -> dict:
+    """Two interleaved-1F1B steps (V=2: two stages per rank) at pipe=2 of the model saved in `folder`, loaded twice:
+    with load_sharded(pipe=...) (this rank's stages only) and whole (today's build for a folder); which tensors the
+    staged load read and which parameters had storage before training, both runs' step records, and the consolidated
+    weights on rank 0."""
+    import contextlib
+    from unittest import mock
+
+    import engine.training.loading as loading
+
+    grid = init(pipe=2)
+    settings = config(max_steps=2, pipe_schedule="interleaved-1f1b", pipe_virtual=2, microbatches=4)
+    read: list[str] = []
+    opened = loading.safe_open
+
+    @contextlib.contextmanager
+    def logged(*args, **kwargs):
+        with opened(*args, **kwargs) as weights:
+            yield _SliceLog(weights, read)
+
+    out: dict = {}
+    for kind, pipe in (("staged", settings.pipe_config), ("whole", None)):
+        with mock.patch.object(loading, "safe_open", logged):
+            net = engine.load_sharded(folder, grid, dtype=torch.float64, pipe=pipe)
+        held = sorted(name for name, p in net.named_parameters() if not p.is_meta)
+        buffers = {name: b.tolist() for name, b in net.named_buffers()}
+        result = train(net, examples(), LOSS, settings, grid=grid)
+        state = engine.full_state_dict(net, grid, rank0_only=True)
+        weights = {k: v.tolist() for k, v in state.items()} if grid.rank == 0 else None
+        out[kind] = {"read": sorted(read), "held": held, "buffers": buffers, "history": _history(result)}
+        out[kind]["weights"] = weights
+        read.clear()
+    return out
+
+
+def test_a_pipe_rank_loads_only_its_own_stages_and_trains_as_the_whole_model(tmp_path) -> None:
+    """engine.load_sharded(folder, grid, pipe=...) at pipe=2 with two stages per rank: each rank reads exactly its
+    own stages' tensors (each once; the ranks together the whole model) and holds nothing else before the Pipeline is
+    built, its rotary tables equal the serial model's, and two steps give the losses, gradient norms and weights of
+    the whole-model load bit for bit (the same operations on the same values)."""
+    from engine.training.pipeline import split_model
+
+    serial = model()
+    serial.save_pretrained(tmp_path, safe_serialization=True)
+    stages = split_model(model(), 4)
+    owned = [sorted(name for stage in stages[rank::2] for name in stage.names.values()) for rank in range(2)]
+    results = run_distributed(2, staged_worker, str(tmp_path))
+    assert sorted(owned[0] + owned[1]) == sorted(dict(serial.named_parameters()))
+    expected_buffers = {name: b.tolist() for name, b in serial.named_buffers()}
+    for rank, got in enumerate(results):
+        staged, whole = got["staged"], got["whole"]
+        assert staged["read"] == staged["held"] == owned[rank], rank
+        assert whole["read"] == whole["held"] == sorted(dict(serial.named_parameters())), rank
+        assert staged["buffers"] == whole["buffers"] == expected_buffers, rank
+        assert staged["history"] == whole["history"], rank
+    assert results[0]["staged"]["weights"] == results[0]["whole"]["weights"]
