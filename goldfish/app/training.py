@@ -40,6 +40,7 @@ from goldfish.app.model_files import (
     save_hf_model,
     save_parallel_hf_model,
 )
+from goldfish.app.models import is_tiny_model
 from goldfish.app.prepare import Prepared, pad_token_id, prepare_data
 from goldfish.app.records import TrainedCopies, checkpoint_record, run_record, trained_copies
 from goldfish.app.run_grid import grid_sizes
@@ -152,11 +153,18 @@ def build_model(
     log: Callable[..., None],
 ) -> nn.Module:
     """The model to train: `model` if given; an HF folder under a grid loaded sharded (built on the meta device,
-    each rank reads only its own slices); else the model's initial weights. Then LoRA's adapters (a resumed LoRA run
-    starts from the base weights and reloads its adapter) or a resumed run's full weights (valid at any grid)."""
-    if model is None and grid is not None and resume_from is None and can_load_sharded(spec.model):
-        model = load_sharded(spec.model, grid, verify=verify, report=_verification_logger(log))
+    each rank reads only its own slices; on a pipe grid only its own pipeline stages, the others left on the meta
+    device); else the model's initial weights. Then LoRA's adapters (a resumed LoRA run starts from the base weights
+    and reloads its adapter) or a resumed run's full weights (valid at any grid)."""
+    given = model is not None
+    sharded = not given and grid is not None and resume_from is None and can_load_sharded(spec.model)
+    staged = sharded and grid.shape.pipe > 1 and not spec.lora.enabled
+    if sharded:
+        pipe = spec.train.pipe_config if staged else None  # the cut engine.train's Pipeline takes
+        model = load_sharded(spec.model, grid, verify=verify, report=_verification_logger(log), pipe=pipe)
         check_vocabulary(model, prepared, spec.model)
+    if not given and grid is not None and grid.shape.pipe > 1:
+        log(_pipe_weights_line(spec, resume_from, staged))
     model = model if model is not None else initial_model(spec.model, prepared, spec.init_seed)
     if spec.lora.enabled:
         if grid is not None:
@@ -167,6 +175,22 @@ def build_model(
     elif resume_from is not None:
         load_model_weights(model, resume_from)
     return model
+
+
+def _pipe_weights_line(spec: TrainSpec, resume_from: Path | None, staged: bool) -> str:
+    """The progress line of a pipe grid's model: each rank built and read only its own stages, or why every rank
+    built the whole model (its other stages then go to the meta device when engine.train's Pipeline is built)."""
+    if staged:
+        return f"model: each pipe rank built and read only its own stages' weights from {spec.model}"
+    if resume_from is not None:
+        reason = "a resumed run reads its checkpoint into the whole model"
+    elif spec.lora.enabled and can_load_sharded(spec.model):
+        reason = "LoRA draws its adapters over the whole model"
+    elif is_tiny_model(spec.model):
+        reason = "a model at random init draws every layer from one random stream"
+    else:
+        reason = "a hub name, a GGUF file or pickled weights: not a local folder of safetensors weights"
+    return f"model: built whole on every pipe rank ({reason}), then each keeps only its own stages"
 
 
 # ----- where the rows come from ----------------------------------------------------------------------------------
@@ -324,7 +348,9 @@ def place_on_grid(
     if grid is None:
         return model
     record["grid"] = grid_sizes(grid)
-    model = engine.parallelize(model.to(grid.device), grid, verify=verify, report=_verification_logger(log))
+    if not any(p.is_meta for p in model.parameters()):  # a pipe rank's own stages are loaded on its device already
+        model = model.to(grid.device)
+    model = engine.parallelize(model, grid, verify=verify, report=_verification_logger(log))
     record["vocab_parallel"] = is_vocab_parallel(model.get_input_embeddings())
     return model
 

@@ -222,3 +222,27 @@ def test_compare_on_a_pipe_grid_equals_one_process(tmp_path) -> None:
     compared = _assert_same_outputs(tmp_path / "serial", tmp_path / "pipe", rel=1e-4, grad_norm_rel=1e-4)
     summary = json.loads((tmp_path / "pipe" / "summary.json").read_text())
     assert compared > 1000 and summary["grid"]["pipe"] == 2 and len(summary["curves"]["standard"]) > 2
+
+
+@pytest.mark.slow
+def test_a_pipe_run_from_a_folder_builds_only_its_stages(tmp_path, capfd) -> None:
+    """`goldfish train --grid pipe=2 --model FOLDER` (fine-tuning a saved model): each rank builds and reads only its
+    own stages (engine.load_sharded(pipe=...), tests/parallel/test_pipeline_training.py counts the tensors read) and
+    says so, and the run trains as one process from the same folder (float32: the tolerances above)."""
+    base = tmp_path / "base"
+    assert main(["train", "--out", str(base), *tiny_run(n_train=4, n_heldout=2, seq_len=32, epochs=1)]) == 0
+    run = tiny_run(model=str(base / "checkpoint"), n_train=8, n_heldout=2, seq_len=32, batch_size=4, max_steps=2)
+    run += ["--optimizer", "sgd", "--lr", "0.5"]
+    assert main(["train", "--out", str(tmp_path / "serial"), *run]) == 0
+    capfd.readouterr()
+    assert main(["train", "--out", str(tmp_path / "pipe"), "--nproc", "2", "--grid", "pipe=2", *run]) == 0
+    out = capfd.readouterr().out
+    assert out.count("model: each pipe rank built and read only its own stages' weights from ") == 1, out
+    serial, pipe = _metrics(tmp_path / "serial"), _metrics(tmp_path / "pipe")
+    assert len(serial) == 2
+    torch.testing.assert_close(pipe, serial, **LOGGED)
+    expected = load_file(tmp_path / "serial" / "checkpoint" / "model.safetensors")
+    got = load_file(tmp_path / "pipe" / "checkpoint" / "model.safetensors")
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        torch.testing.assert_close(got[key], value, **WEIGHTS, msg=lambda m: f"{key}: {m}")

@@ -96,7 +96,9 @@ def run_train(run: ResolvedRun) -> int:
     log = logger(grid)
     try:
         prepared = prepare_data(spec.data, spec.model, log=log)
-        model = initial_model(spec.model, prepared, spec.init_seed)
+        # on a pipe grid train_model builds it (from a folder of safetensors weights, each rank only its own stages)
+        pipelined = grid is not None and grid.shape.pipe > 1
+        model = None if pipelined else initial_model(spec.model, prepared, spec.init_seed)
         if grid is None:
             model = model.to(runtime.torch_device())
         train_model(
