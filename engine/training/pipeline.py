@@ -21,10 +21,12 @@ lm_head across stages are refused with one line (torch's pipelining has no tie a
 
 Each rank holds only its own stages' parameters. Every rank builds the whole model (its weights are then exactly
 those of the serial initialization or checkpoint: transformers draws a model's weights from one random stream in
-module order, which a stage built alone would not reproduce), and the Pipeline moves the other stages' parameters to
-the meta device (same objects, shapes and dtypes, no storage) before ZeRO partitions anything. So the whole model's
-parameters exist only while the model is built; from the first step on a rank holds its stages' share (about 1/P of
-the decoder layers, plus the embeddings on the first stage and the final norm and lm_head on the last). Whatever
+module order, which a stage built alone would not reproduce), or, from a folder of safetensors weights, only its own
+stages of this cut (`own_stages`; engine.training.loading.load_sharded(pipe=...)), and the Pipeline moves the other
+stages' parameters to the meta device (same objects, shapes and dtypes, no storage) before ZeRO partitions anything.
+So the whole model's parameters exist only while the model is built, if at all; from the first step on a rank holds
+its stages' share (about 1/P of the decoder layers, plus the embeddings on the first stage and the final norm and
+lm_head on the last). Whatever
 reads the whole model reads it through the owners: engine.full_state_dict and checkpoints (each rank writes its own
 stages' tensors), `token_losses` (an evaluation, one pass through the stages' ranks), `whole_model()` for code
 that must run the whole model on every rank, and engine/training/pipeline_eval.py for eval/'s decoding (one pass
