@@ -153,18 +153,21 @@ def build_model(
     log: Callable[..., None],
 ) -> nn.Module:
     """The model to train: `model` if given; an HF folder under a grid loaded sharded (built on the meta device,
-    each rank reads only its own slices; on a pipe grid only its own pipeline stages, the others left on the meta
-    device); else the model's initial weights. Then LoRA's adapters (a resumed LoRA run starts from the base weights
-    and reloads its adapter) or a resumed run's full weights (valid at any grid)."""
+    each rank reads only its own slices); on a pipe grid (without LoRA) a resumed run's checkpoint folder too, and
+    each rank builds and reads only its own pipeline stages, the others left on the meta device; else the model's
+    initial weights. Then LoRA's adapters (a resumed LoRA run starts from the base weights and reloads its adapter)
+    or a resumed run's full weights (valid at any grid)."""
     given = model is not None
-    sharded = not given and grid is not None and resume_from is None and can_load_sharded(spec.model)
-    staged = sharded and grid.shape.pipe > 1 and not spec.lora.enabled
+    source = spec.model if resume_from is None else str(resume_from)  # where the weights come from
+    pipelined = grid is not None and grid.shape.pipe > 1 and not spec.lora.enabled
+    sharded = not given and grid is not None and (resume_from is None or pipelined) and can_load_sharded(source)
+    staged = sharded and pipelined
     if sharded:
         pipe = spec.train.pipe_config if staged else None  # the cut engine.train's Pipeline takes
-        model = load_sharded(spec.model, grid, verify=verify, report=_verification_logger(log), pipe=pipe)
+        model = load_sharded(source, grid, verify=verify, report=_verification_logger(log), pipe=pipe)
         check_vocabulary(model, prepared, spec.model)
     if not given and grid is not None and grid.shape.pipe > 1:
-        log(_pipe_weights_line(spec, resume_from, staged))
+        log(_pipe_weights_line(spec, source, staged))
     model = model if model is not None else initial_model(spec.model, prepared, spec.init_seed)
     if spec.lora.enabled:
         if grid is not None:
@@ -172,20 +175,21 @@ def build_model(
         model = lora.apply_lora(model, spec.lora, seed=spec.init_seed)
         if resume_from is not None:
             lora.load_adapter_weights(model, resume_from)
-    elif resume_from is not None:
+    elif resume_from is not None and not staged:  # staged: read from the checkpoint already
         load_model_weights(model, resume_from)
     return model
 
 
-def _pipe_weights_line(spec: TrainSpec, resume_from: Path | None, staged: bool) -> str:
-    """The progress line of a pipe grid's model: each rank built and read only its own stages, or why every rank
-    built the whole model (its other stages then go to the meta device when engine.train's Pipeline is built)."""
+def _pipe_weights_line(spec: TrainSpec, source: str, staged: bool) -> str:
+    """The progress line of a pipe grid's model: each rank built and read only its own stages (from `source`, the
+    model's folder or a resumed run's checkpoint), or why every rank built the whole model (its other stages then go
+    to the meta device when engine.train's Pipeline is built)."""
     if staged:
-        return f"model: each pipe rank built and read only its own stages' weights from {spec.model}"
-    if resume_from is not None:
-        reason = "a resumed run reads its checkpoint into the whole model"
-    elif spec.lora.enabled and can_load_sharded(spec.model):
+        return f"model: each pipe rank built and read only its own stages' weights from {source}"
+    if spec.lora.enabled:
         reason = "LoRA draws its adapters over the whole model"
+    elif source != spec.model:
+        reason = f"{source} holds no safetensors weights"
     elif is_tiny_model(spec.model):
         reason = "a model at random init draws every layer from one random stream"
     else:

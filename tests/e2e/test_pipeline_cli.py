@@ -246,3 +246,44 @@ def test_a_pipe_run_from_a_folder_builds_only_its_stages(tmp_path, capfd) -> Non
     assert got.keys() == expected.keys()
     for key, value in expected.items():
         torch.testing.assert_close(got[key], value, **WEIGHTS, msg=lambda m: f"{key}: {m}")
+
+
+@pytest.mark.slow
+def test_a_pipe_resume_reads_only_its_stages_from_the_checkpoint(tmp_path, capfd) -> None:
+    """`goldfish train --resume CHECKPOINT --grid pipe=2` of a run stopped after its first epoch: each rank builds and
+    reads only its own stages from the checkpoint's folder (and says so), and the resumed run ends with the losses
+    and weights of the same checkpoint resumed on one process (float32: the tolerances above)."""
+    import shutil
+
+    from goldfish.app.cli import parse_command_line
+    from goldfish.app.commands.train import train_spec
+    from goldfish.app.training import train_model
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_first_epoch(model, epoch, step) -> None:
+        if epoch == 1:
+            raise Stop
+
+    argv = [*tiny_run(n_train=8, n_heldout=2, seq_len=32, batch_size=4, epochs=2), "--save-every", "1"]
+    spec = train_spec(parse_command_line(["train", *argv, "--optimizer", "sgd", "--lr", "0.5"]), None)
+    with pytest.raises(Stop):
+        train_model(spec, tmp_path / "serial", on_epoch_end=stop_after_first_epoch, log=lambda *a: None)
+    shutil.copytree(tmp_path / "serial", tmp_path / "pipe")
+    quiet = ["--no-progress", "--threads", "1"]
+    assert main(["train", "--resume", str(tmp_path / "serial" / "checkpoint"), *quiet]) == 0
+    capfd.readouterr()
+    resumed = ["train", "--resume", str(tmp_path / "pipe" / "checkpoint"), "--nproc", "2", "--grid", "pipe=2"]
+    assert main([*resumed, *quiet]) == 0
+    out = capfd.readouterr().out
+    line = f"model: each pipe rank built and read only its own stages' weights from {tmp_path / 'pipe' / 'checkpoint'}"
+    assert out.count(line) == 1, out
+    serial, pipe = _metrics(tmp_path / "serial"), _metrics(tmp_path / "pipe")
+    assert len(serial) == 4
+    torch.testing.assert_close(pipe, serial, **LOGGED)
+    expected = load_file(tmp_path / "serial" / "checkpoint" / "model.safetensors")
+    got = load_file(tmp_path / "pipe" / "checkpoint" / "model.safetensors")
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        torch.testing.assert_close(got[key], value, **WEIGHTS, msg=lambda m: f"{key}: {m}")
