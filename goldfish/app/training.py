@@ -164,7 +164,7 @@ def build_model(
     staged = sharded and pipelined
     if sharded:
         pipe = spec.train.pipe_config if staged else None  # the cut engine.train's Pipeline takes
-        model = load_sharded(source, grid, verify=verify, report=_verification_logger(log), pipe=pipe)
+        model = load_sharded(source, grid, pipe=pipe)  # place_on_grid verifies the sharding (verify)
         check_vocabulary(model, prepared, spec.model)
     if not given and grid is not None and grid.shape.pipe > 1:
         log(_pipe_weights_line(spec, source, staged))

@@ -225,17 +225,19 @@ def test_compare_on_a_pipe_grid_equals_one_process(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_a_pipe_run_from_a_folder_builds_only_its_stages(tmp_path, capfd) -> None:
-    """`goldfish train --grid pipe=2 --model FOLDER` (fine-tuning a saved model): each rank builds and reads only its
-    own stages (engine.load_sharded(pipe=...), tests/parallel/test_pipeline_training.py counts the tensors read) and
-    says so, and the run trains as one process from the same folder (float32: the tolerances above)."""
+@pytest.mark.parametrize("grid, nproc", [("pipe=2", "2"), ("pipe=2,x=2", "4")])
+def test_a_pipe_run_from_a_folder_builds_only_its_stages(grid, nproc, tmp_path, capfd) -> None:
+    """`goldfish train --grid pipe=2 --model FOLDER` (fine-tuning a saved model), and with x=2 inside each stage
+    (its sharding verified on a miniature): each rank builds and reads only its own stages (engine.load_sharded(pipe=
+    ...), tests/parallel/test_pipeline_training.py counts the tensors read) and says so, and the run trains as one
+    process from the same folder (float32: the tolerances above)."""
     base = tmp_path / "base"
     assert main(["train", "--out", str(base), *tiny_run(n_train=4, n_heldout=2, seq_len=32, epochs=1)]) == 0
     run = tiny_run(model=str(base / "checkpoint"), n_train=8, n_heldout=2, seq_len=32, batch_size=4, max_steps=2)
     run += ["--optimizer", "sgd", "--lr", "0.5"]
     assert main(["train", "--out", str(tmp_path / "serial"), *run]) == 0
     capfd.readouterr()
-    assert main(["train", "--out", str(tmp_path / "pipe"), "--nproc", "2", "--grid", "pipe=2", *run]) == 0
+    assert main(["train", "--out", str(tmp_path / "pipe"), "--nproc", nproc, "--grid", grid, *run]) == 0
     out = capfd.readouterr().out
     assert out.count("model: each pipe rank built and read only its own stages' weights from ") == 1, out
     serial, pipe = _metrics(tmp_path / "serial"), _metrics(tmp_path / "pipe")
