@@ -33,6 +33,7 @@ from goldfish.app.background_run import prepare_background
 from goldfish.app.config import TrainSpec, background_train_config
 from goldfish.app.data_settings import row_mask
 from goldfish.app.interrupt import ctrl_c_stops
+from goldfish.app.model_config_check import check_config_file
 from goldfish.app.model_files import (
     check_vocabulary,
     initial_model,
@@ -42,6 +43,7 @@ from goldfish.app.model_files import (
 )
 from goldfish.app.models import is_tiny_model
 from goldfish.app.prepare import Prepared, pad_token_id, prepare_data
+from goldfish.app.pretrained import check_weights_readable
 from goldfish.app.records import TrainedCopies, checkpoint_record, run_record, trained_copies
 from goldfish.app.run_grid import grid_sizes
 from goldfish.app.tracking import ReportTo, tracker
@@ -164,6 +166,8 @@ def build_model(
     staged = sharded and pipelined
     if sharded:
         pipe = spec.train.pipe_config if staged else None  # the cut engine.train's Pipeline takes
+        check_config_file(source)  # the one-line refusals load_pretrained_model gives a folder, before any read
+        check_weights_readable(source)
         model = load_sharded(source, grid, pipe=pipe)  # place_on_grid verifies the sharding (verify)
         check_vocabulary(model, prepared, spec.model)
     if not given and grid is not None and grid.shape.pipe > 1:
