@@ -388,11 +388,12 @@ def staged_worker(folder: str) -> dict:
     """Two interleaved-1F1B steps (V=2: two stages per rank) at pipe=2 of the model saved in `folder`, loaded twice:
     with load_sharded(pipe=...) (this rank's stages only) and whole (today's build for a folder); which tensors the
     staged load read and which parameters had storage before training, both runs' step records, and the consolidated
-    weights on rank 0."""
+    weights on rank 0; the refusal of a model loaded for another cut (one stage per rank)."""
     import contextlib
     from unittest import mock
 
     import engine.training.loading as loading
+    from engine.spec import PipeConfig
 
     grid = init(pipe=2)
     settings = config(max_steps=2, pipe_schedule="interleaved-1f1b", pipe_virtual=2, microbatches=4)
@@ -416,6 +417,10 @@ def staged_worker(folder: str) -> dict:
         out[kind] = {"read": sorted(read), "held": held, "buffers": buffers, "history": _history(result)}
         out[kind]["weights"] = weights
         read.clear()
+    other_cut = engine.load_sharded(folder, grid, dtype=torch.float64, pipe=PipeConfig())  # one stage per rank
+    with pytest.raises(ValueError, match="holds parameters on the meta device") as refused:
+        train(other_cut, examples(), LOSS, settings, grid=grid)
+    out["refused"] = str(refused.value)
     return out
 
 
@@ -423,7 +428,8 @@ def test_a_pipe_rank_loads_only_its_own_stages_and_trains_as_the_whole_model(tmp
     """engine.load_sharded(folder, grid, pipe=...) at pipe=2 with two stages per rank: each rank reads exactly its
     own stages' tensors (each once; the ranks together the whole model) and holds nothing else before the Pipeline is
     built, its rotary tables equal the serial model's, and two steps give the losses, gradient norms and weights of
-    the whole-model load bit for bit (the same operations on the same values)."""
+    the whole-model load bit for bit (the same operations on the same values). A model loaded for another cut is
+    refused by the Pipeline in one line."""
     from engine.training.pipeline import split_model
 
     serial = model()
@@ -439,4 +445,5 @@ def test_a_pipe_rank_loads_only_its_own_stages_and_trains_as_the_whole_model(tmp
         assert whole["read"] == whole["held"] == sorted(dict(serial.named_parameters())), rank
         assert staged["buffers"] == whole["buffers"] == expected_buffers, rank
         assert staged["history"] == whole["history"], rank
+        assert got["refused"].count("\n") == 0 and "loaded for another cut" in got["refused"], rank
     assert results[0]["staged"]["weights"] == results[0]["whole"]["weights"]
