@@ -186,7 +186,8 @@ def load_sharded(
     config = AutoConfig.from_pretrained(folder, trust_remote_code=False)  # a folder's own Python never runs
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    parallelize(model, grid, overlap=overlap, vocab_parallel=vocab_parallel, verify=verify, report=report)
+    with torch.enable_grad():  # the verification runs a miniature's backward (this function is under no_grad)
+        parallelize(model, grid, overlap=overlap, vocab_parallel=vocab_parallel, verify=verify, report=report)
     if pipe is not None and grid.shape.pipe > 1:
         stages = own_stages(model, grid.group("pipe"), pipe)
         wanted: set[str] | None = {name for stage in stages for name in stage.names.values()}

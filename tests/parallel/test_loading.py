@@ -123,3 +123,24 @@ def test_families_with_renamed_heads_and_computed_buffers_load_sharded(tmp_path)
         folders[family] = str(tmp_path / family)
         tiny_family(family, vocab=VOCAB, seed=3).save_pretrained(folders[family])
     assert run_distributed(2, _family_worker, folders, (1, 1, 2, 1)) == [list(LOADED_FAMILIES)] * 2
+
+
+def _verified_worker(folder: str) -> tuple[int, bool]:
+    """load_sharded with verify=True on x=2: how many verification reports, and whether its shards equal the load
+    without the check."""
+    grid = init(x=2)
+    try:
+        reports: list = []
+        checked = load_sharded(folder, grid, verify=True, report=reports.append)
+        plain = load_sharded(folder, grid)
+        same = all(torch.equal(a, b) for a, b in zip(checked.state_dict().values(), plain.state_dict().values()))
+        return len(reports), same
+    finally:
+        grid.close()
+
+
+def test_verified_sharded_loading_runs_the_check(tmp_path) -> None:
+    """verify=True runs the miniature's check (forward and backward: outside load_sharded's no_grad) and reports it
+    once per rank, on a tensor-parallel grid, and loads the same shards."""
+    tiny_llama(vocab=VOCAB).save_pretrained(tmp_path)
+    assert run_distributed(2, _verified_worker, str(tmp_path)) == [(1, True)] * 2
