@@ -26,11 +26,10 @@ stages of this cut (`own_stages`; engine.training.loading.load_sharded(pipe=...)
 stages' parameters to the meta device (same objects, shapes and dtypes, no storage) before ZeRO partitions anything.
 So the whole model's parameters exist only while the model is built, if at all; from the first step on a rank holds
 its stages' share (about 1/P of the decoder layers, plus the embeddings on the first stage and the final norm and
-lm_head on the last). Whatever
-reads the whole model reads it through the owners: engine.full_state_dict and checkpoints (each rank writes its own
-stages' tensors), `token_losses` (an evaluation, one pass through the stages' ranks), `whole_model()` for code
-that must run the whole model on every rank, and engine/training/pipeline_eval.py for eval/'s decoding (one pass
-through the stages per forward, a KV cache per stage).
+lm_head on the last). Whatever reads the whole model reads it through the owners: engine.full_state_dict and
+checkpoints (each rank writes its own stages' tensors), `token_losses` (an evaluation, one pass through the stages'
+ranks), `whole_model()` for code that must run the whole model on every rank, and engine/training/pipeline_eval.py
+for eval/'s decoding (one pass through the stages per forward, a KV cache per stage).
 
 Gradients: the losses are summed (scale_grads=False), so after a step every stage parameter holds the gradient of
 the SUM of the micro-batch losses, the engine's convention (engine/training/state.py).

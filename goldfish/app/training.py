@@ -83,7 +83,7 @@ def train_model(
     stop_on_ctrl_c: a Ctrl-C while it trains stops it after the step in progress, with that step's checkpoint
     (engine.training.train.TrainingStopped; goldfish.app.interrupt)."""
     prepared = prepared or prepare_data(spec.data, spec.model, log=log)
-    model = build_model(spec, prepared, grid, model, resume_from, verify=verify, log=log)
+    model = build_model(spec, prepared, grid, model, resume_from, log=log)
     rows = training_rows(spec, prepared, grid, log, background=background, corpus=background_corpus)
     log(rows.summary + _run_notes(spec, model, grid, rows))
     check_mask_drops(spec.mask, rows.n_dropped, spec.data)
@@ -151,7 +151,6 @@ def build_model(
     model: nn.Module | None,
     resume_from: Path | None,
     *,
-    verify: bool,
     log: Callable[..., None],
 ) -> nn.Module:
     """The model to train: `model` if given; an HF folder under a grid loaded sharded (built on the meta device,
@@ -168,7 +167,7 @@ def build_model(
         pipe = spec.train.pipe_config if staged else None  # the cut engine.train's Pipeline takes
         check_config_file(source)  # the one-line refusals load_pretrained_model gives a folder, before any read
         check_weights_readable(source)
-        model = load_sharded(source, grid, pipe=pipe)  # place_on_grid verifies the sharding (verify)
+        model = load_sharded(source, grid, pipe=pipe)  # place_on_grid verifies its sharding once (verify)
         check_vocabulary(model, prepared, spec.model)
     if not given and grid is not None and grid.shape.pipe > 1:
         log(_pipe_weights_line(spec, source, staged))
