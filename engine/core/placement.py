@@ -1,12 +1,11 @@
-"""Parameters placed as DTensors: what engine.parallelize makes of every tensor it splits where DTensor's placements
-express the split (engine/models/layout.py, place_parameters), and how the engine reads them.
+"""Parameters placed as DTensors: what engine.parallelize makes of every parameter on a grid with tensor axes (the
+split ones Shard, the unsplit ones Replicate; engine/models/layout.py, place_parameters), and how the engine reads them.
 
 A placed parameter is an nn.Parameter holding a DTensor on Grid.device_mesh() whose local tensor is this rank's shard:
 torch's DTensor API sees the split (`p.full_tensor()` is the serial tensor, `p.grad` a DTensor of the same placements;
 for a fused projection both in its stored row order, which the plan's ParamLayout.order maps to the natural one),
-while the engine's kernels and collectives work on `local_shard(p)`. ZeRO's DTensors (sharded over a data mesh only)
-are not placed parameters.
-"""
+while the engine's kernels and collectives work on `local_shard(p)`, and transformers' modules on the local tensors of
+the replicated ones (LocalDuringForward). ZeRO's DTensors (sharded over a data mesh only) are not placed parameters."""
 
 from __future__ import annotations
 
@@ -23,6 +22,50 @@ def is_placed(t: object) -> bool:
     from torch.distributed.tensor import DTensor
 
     return isinstance(t, DTensor) and any(a in (t.device_mesh.mesh_dim_names or ()) for a in TENSOR_AXES)
+
+
+class LocalDuringForward:
+    """A forward pre-hook / post-hook pair (one object) that lets the modules below a module compute on the local
+    tensors of their replicated parameters (Replicate DTensors: the unsplit norms, biases and position tables of
+    transformers' modules, which compute on them directly and would mix them with plain activations).
+
+    `held` lists (owner, name) of the parameters in the hooked module's subtree: for the duration of its forward each
+    one that is a Replicate DTensor is replaced in `owner._parameters` by `param.to_local()`, which is differentiable:
+    the gradient arrives on the parameter as a DTensor of its placements (as FSDP2 exposes its unsharded parameters).
+    Hooked on every module above such a parameter, so a module that reads a child's parameter itself (Gemma 3n's
+    AltUp) and a module called on its own (a decoder layer recomputed in backward, a pipeline stage's layers) both
+    see local tensors; the outermost call swaps, the inner ones find nothing placed. A parameter that is not
+    replicated on the grid's mesh (a shard, which its parallel module reads with `local_shard`; one ZeRO unplaced or
+    FSDP2 holds) is left alone. The post-hook runs even when the forward raises."""
+
+    def __init__(self, held: tuple[tuple[torch.nn.Module, str], ...]) -> None:
+        self.held = held
+
+    def expose(self, module: torch.nn.Module, args: Any) -> None:
+        swapped: list[tuple[torch.nn.Module, str, torch.nn.Parameter]] = []
+        for owner, name in self.held:
+            param = owner._parameters.get(name)
+            if is_replicated(param):
+                swapped.append((owner, name, param))
+                owner._parameters[name] = param.to_local()
+        module.__dict__.setdefault(_SWAPPED, []).append(swapped)
+
+    def restore(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        stack = module.__dict__.get(_SWAPPED)
+        for owner, name, param in stack.pop() if stack else ():
+            owner._parameters[name] = param
+
+    def register(self, module: torch.nn.Module) -> None:
+        module.register_forward_pre_hook(self.expose)
+        module.register_forward_hook(self.restore, always_call=True)
+
+
+_SWAPPED = "_replicated_swapped"  # a module's stack, one entry per running forward, of what its pre-hook swapped
+
+
+def is_replicated(t: object) -> bool:
+    """True for a placed DTensor replicated on every dim of its mesh (an unsplit parameter parallelize placed)."""
+    return is_placed(t) and all(p.is_replicate() for p in t.placements)
 
 
 def local_shard(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -50,11 +93,12 @@ def write_counts(tensor: torch.Tensor) -> tuple[int, int]:
 
 
 class ReplicatingStep:
-    """Mixin for a torch optimizer over placed and plain parameters together: torch's multi-tensor kernels (foreach,
-    fused: the default on GPUs) refuse lists that mix DTensors and plain tensors, so the update runs under torch's
-    implicit_replication, which takes the plain tensors as replicated on the DTensors' mesh: for an elementwise
-    optimizer (AdamW, SGD) each tensor gets the same in-place update it gets alone, with no communication. The
-    closure (forward and backward) runs before, outside that mode, where mixing stays an error."""
+    """Mixin for a torch optimizer over placed and plain parameters together (a plain one added beside a parallelized
+    model; parallelize itself leaves none): torch's multi-tensor kernels (foreach, fused: the default on GPUs) refuse
+    lists that mix DTensors and plain tensors, so the update runs under torch's implicit_replication, which takes the
+    plain tensors as replicated on the DTensors' mesh: for an elementwise optimizer (AdamW, SGD) each tensor gets the
+    same in-place update it gets alone, with no communication. The closure (forward and backward) runs before,
+    outside that mode, where mixing stays an error."""
 
     def step(self, closure: Any = None) -> Any:
         from torch.distributed.tensor.experimental import implicit_replication

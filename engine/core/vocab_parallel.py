@@ -300,7 +300,7 @@ class VocabParallelEmbedding(nn.Embedding, _VocabShard):
         module.padding_idx, module.max_norm, module.norm_type = embedding.padding_idx, None, embedding.norm_type
         module.scale_grad_by_freq, module.sparse = False, False
         module._init_shard(grid, embedding.num_embeddings)
-        module.weight = _new_weight(embedding.weight, module.shard_rows(embedding.weight))
+        module.weight = _new_weight(embedding.weight, module.shard_rows(local_shard(embedding.weight)))
         module.train(embedding.training)
         return module
 
@@ -338,7 +338,7 @@ class VocabParallelLMHead(nn.Linear, _VocabShard):
         nn.Module.__init__(module)
         module.in_features, module.out_features = linear.in_features, linear.out_features
         module._init_shard(grid, linear.out_features)
-        module.weight = _new_weight(linear.weight, module.shard_rows(linear.weight))
+        module.weight = _new_weight(linear.weight, module.shard_rows(local_shard(linear.weight)))
         module.register_parameter("bias", None)
         module.train(linear.training)
         return module

@@ -27,7 +27,7 @@ from torch import nn
 
 from engine.core.grid import Grid
 from engine.core.linear import ParallelLinear, ShardingError
-from engine.core.placement import is_placed
+from engine.core.placement import LocalDuringForward, is_placed
 from engine.core.vocab_parallel import is_vocab_parallel
 from engine.models.adapter import find_planned
 from engine.spec import AXES, OWN, GridShape, RowsLayout, check_rows_layout, gradient_axes
@@ -304,10 +304,13 @@ def describe(
 
 
 def place_parameters(model: nn.Module, layout: "ParallelPlan") -> None:
-    """Make every split parameter (a ParallelLinear's weight and bias, fused ones included, and a vocabulary-parallel
-    table) a DTensor with its ParamLayout.placements on Grid.device_mesh() over the same local tensor (no copy, same
-    requires_grad, ties kept). The modules compute on its local shard; torch's DTensor API (full_tensor,
-    redistribute) sees the split, of a fused projection's stored (regrouped) rows."""
+    """Make every parameter a DTensor on Grid.device_mesh() with its ParamLayout.placements over the same local
+    tensor (no copy, same requires_grad, ties kept): a split one (a ParallelLinear's weight and bias, fused ones
+    included, and a vocabulary-parallel table) Shard on its split axes, an unsplit one Replicate on every axis. The
+    parallel modules compute on their parameters' local shards themselves; every module above a replicated one
+    (transformers' norms, position tables) gets engine.core.placement.LocalDuringForward, so the modules compute on
+    its local tensor. torch's DTensor API (full_tensor, redistribute) sees the split, of a fused projection's
+    stored (regrouped) rows."""
     if layout.grid.size("x", "y", "z") == 1:
         return
     from torch.distributed.tensor import DTensor
@@ -315,14 +318,34 @@ def place_parameters(model: nn.Module, layout: "ParallelPlan") -> None:
     names = layout.grid.device_mesh().mesh_dim_names
     held = model.state_dict(keep_vars=True)
     swaps: dict[int, nn.Parameter] = {}
+    replicated: set[int] = set()
     for key, p in layout.params.items():
         tensor = held.get(key)
-        if not p.split_axes or not isinstance(tensor, nn.Parameter) or is_placed(tensor):
+        if not isinstance(tensor, nn.Parameter) or is_placed(tensor):
             continue
         local = DTensor.from_local(tensor.detach(), layout.grid.device_mesh(), p.placements(names), run_check=False)
         swaps[id(tensor)] = nn.Parameter(local, requires_grad=tensor.requires_grad)
         swaps[id(tensor)].__dict__.update(tensor.__dict__)  # flags such as transformers' _is_hf_initialized
+        if not p.split_axes:
+            replicated.add(id(tensor))
+    _expose_replicated_locally(model, replicated)
     _swap_parameters(model, swaps)
+
+
+def _expose_replicated_locally(model: nn.Module, replicated: set[int]) -> None:
+    """Hook engine.core.placement.LocalDuringForward on every module of `model` above a parameter whose id is in
+    `replicated` (a module holding several ties of it lists each name)."""
+    below: dict[int, list[tuple[nn.Module, str]]] = {}
+
+    def walk(module: nn.Module) -> list[tuple[nn.Module, str]]:
+        if id(module) not in below:
+            own = [(module, name) for name, p in module._parameters.items() if id(p) in replicated]
+            below[id(module)] = own + [entry for child in module.children() for entry in walk(child)]
+            if below[id(module)]:
+                LocalDuringForward(tuple(dict.fromkeys(below[id(module)]))).register(module)
+        return below[id(module)]
+
+    walk(model)
 
 
 def unplace_parameters(model: nn.Module) -> None:

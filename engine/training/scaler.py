@@ -1,12 +1,13 @@
 """fp16 loss scaling on an engine grid: torch.amp.GradScaler whose overflow check every rank of the grid agrees on.
 
 torch's GradScaler checks each rank's own gradients for inf/NaN and skips the optimizer step where it finds one. On a
-grid that is wrong twice over:
+grid that goes wrong:
 
 - a rank holds only its shards, so an overflow in one rank's shard makes that rank alone skip the step and lower its
   scale while the others step: the ranks' weights part silently;
-- its multi-tensor unscale kernel refuses a list that mixes placed parameters' DTensor gradients with plain ones
-  (norms, fused projections), so a model engine.parallelize placed fails at the first unscale.
+- on a model engine.parallelize placed (every gradient a DTensor) DTensor reduces the flag over the mesh dims the
+  FIRST gradient is sharded on and no others: right only when that gradient is split over every tensor axis (a
+  vocabulary-parallel embedding at x=2), wrong when it is replicated (tests/parallel/test_grad_scaler.py).
 
 GridGradScaler unscales every gradient's local shard and takes the maximum of the overflow flag over the whole grid
 (one all-reduce of one float per unscale), so every rank skips the same steps and keeps the same scale. bf16 needs no

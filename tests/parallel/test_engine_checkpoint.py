@@ -34,6 +34,7 @@ from tiny_models import tiny_gpt2, tiny_llama
 
 from engine.core.grid import init
 from engine.core.linear import ParallelLinear
+from engine.core.placement import local_shard
 from engine.core.vocab_parallel import is_vocab_parallel
 from engine.models.parallelize import parallelize
 from engine.training.checkpoint import (
@@ -256,6 +257,8 @@ def gathered(model, optimizer, grid) -> dict[str, torch.Tensor]:
                     value = value.t()
             elif is_vocab_parallel(module) and value.dim() > 0:  # embeddings / lm_head split by vocabulary
                 value = module.gather_rows(value)
+            else:  # an unsplit parameter's state: a Replicate DTensor (its step a plain tensor)
+                value = local_shard(value)
             out[f"optim/{name}/{key}"] = value.clone()
     return out if grid.rank == 0 else {}
 

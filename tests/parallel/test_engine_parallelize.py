@@ -102,6 +102,8 @@ def full_grads(model, grid) -> dict[str, torch.Tensor]:
                 grad = grad.t()
         elif is_vocab_parallel(module):  # embeddings / lm_head split by vocabulary rows (on by default)
             grad = module.gather_rows(grad)
+        else:  # an unsplit parameter: a Replicate DTensor, its gradient too
+            grad = local_shard(grad)
         out[name] = grad
     return out
 

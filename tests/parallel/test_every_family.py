@@ -28,6 +28,7 @@ from distributed import run_distributed
 from engine.core import comm
 from engine.core.grid import AXES, init
 from engine.core.linear import ParallelLinear, ShardingError
+from engine.core.placement import local_shard
 from engine.core.vocab_parallel import is_vocab_parallel
 from engine.models.miniature import miniature_config
 from engine.models.parallelize import parallelize
@@ -100,6 +101,8 @@ def full_grads(model: torch.nn.Module) -> dict[str, torch.Tensor | None]:
                 grad = grad.t()
         elif grad is not None and is_vocab_parallel(module):
             grad = module.gather_rows(grad)
+        else:  # an unsplit parameter: a Replicate DTensor, its gradient too
+            grad = local_shard(grad)
         out[name] = grad
     return out
 

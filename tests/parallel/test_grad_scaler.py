@@ -75,11 +75,16 @@ def _scaler_steps(_: int) -> dict[str, bool]:
     step(plain, torch.amp.GradScaler("cpu", init_scale=SCALE), overflow=True)
     changed = [not torch.equal(before[k], v) for k, v in full_state_dict(plain, grid).items()]
     out["torch's GradScaler: the ranks part (rank 0 steps, rank 1 skips)"] = any(changed) and not all(changed)
-    try:
-        step(parallelize(copy.deepcopy(serial), grid), torch.amp.GradScaler("cpu", init_scale=SCALE))
-        out["torch's GradScaler refuses placed and plain gradients together"] = False
-    except RuntimeError:
-        out["torch's GradScaler refuses placed and plain gradients together"] = True
+    # every gradient placed: torch's GradScaler runs, and DTensor reduces its overflow flag over the mesh dims the
+    # FIRST gradient is sharded on (the embedding's: over x when vocabulary-parallel, over nothing when replicated)
+    for vocab_parallel, what in ((True, "sharded: every rank skips"), (False, "replicated: the ranks part")):
+        placed = parallelize(copy.deepcopy(serial), grid, vocab_parallel=vocab_parallel)
+        before = full_state_dict(placed, grid)
+        step(placed, torch.amp.GradScaler("cpu", init_scale=SCALE), overflow=True)
+        changed = [not torch.equal(before[k], v) for k, v in full_state_dict(placed, grid).items()]
+        out[f"torch's GradScaler, first gradient {what}"] = (
+            not any(changed) if vocab_parallel else any(changed) and not all(changed)
+        )
 
     copied = pickle.loads(pickle.dumps(scaler))  # torch's scalers pickle (checkpoints, deep copies of plugins)
     out["pickled: the same state"] = copied.state_dict() == scaler.state_dict()
@@ -101,8 +106,8 @@ def _scaler_steps(_: int) -> dict[str, bool]:
 
 
 def test_grid_grad_scaler() -> None:
-    """Unscaling placed and plain gradients is exact, and an overflow in one rank's shard skips the step everywhere
-    (torch's GradScaler: the ranks part, or it refuses the mixed gradients)."""
+    """Unscaling placed gradients is exact, and an overflow in one rank's shard skips the step everywhere (torch's
+    GradScaler: the ranks part on plain shards, and on placed gradients unless the first is sharded on every axis)."""
     for out in run_distributed(2, _scaler_steps, 0):
         assert all(out.values()), out
 

@@ -25,6 +25,7 @@ from tiny_models import MOE_FAMILIES, PLANNED_FAMILIES, tiny_family
 from engine.core import comm
 from engine.core.grid import AXES, init
 from engine.core.linear import ParallelLinear, ShardingError
+from engine.core.placement import local_shard
 from engine.core.vocab_parallel import is_vocab_parallel
 from engine.models.adapter import check_supported, model_plan
 from engine.models.parallelize import parallelize
@@ -68,6 +69,8 @@ def full_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
                 grad = grad.t()
         elif is_vocab_parallel(module):
             grad = module.gather_rows(grad)
+        else:  # an unsplit parameter: a Replicate DTensor, its gradient too
+            grad = local_shard(grad)
         out[name] = grad
     return out
 

@@ -4,8 +4,8 @@ For every state-dict tensor of a parallelized model, each rank's pieces must cut
 serial model's tensor, the ranks' pieces together must cover the full tensor, and a DTensor on Grid.device_mesh()
 built from the local tensor with the layout's placements must gather to the serial tensor. Fused projections
 (GPT-2's c_attn, Phi-3's qkv_proj and gate_up_proj) and vocabulary-parallel tables are covered on grids with y = 2:
-every split tensor is a placed DTensor, a fused one of its stored (regrouped) rows, a vocabulary table split over two
-axes (x*y, y*z) with Shard(0) on both.
+every parameter is a placed DTensor (an unsplit one Replicate on every axis), a fused one of its stored (regrouped)
+rows, a vocabulary table split over two axes (x*y, y*z) with Shard(0) on both.
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ def _check(model_type: str, sizes: dict[str, int]) -> dict:
         stored = full if p.order is None else full.index_select(0, torch.tensor(p.order))
         whole = DTensor.from_local(local, mesh, placements, run_check=False)
         assert torch.equal(whole.full_tensor(), stored), f"{p.key}: its DTensor gathers to another tensor"
-        # parallelize placed every split tensor: the parameter itself gathers to the stored tensor
-        assert p.placed == bool(p.split_axes), p.key
+        # parallelize placed every parameter (an unsplit one Replicate): the parameter gathers to the stored tensor
+        assert p.placed == isinstance(p.tensor, torch.nn.Parameter), p.key
         if p.placed:
             placed += 1
             fused_placed += p.order is not None
@@ -201,7 +201,7 @@ def test_zero_on_a_wrapper_keeps_the_inner_models_regions() -> None:
 
 
 def _mixed_optimizer_steps(_: int) -> dict[str, bool]:
-    from engine.core.placement import PlacedAdamW, PlacedSGD, clip_values_, single_tensor_steps
+    from engine.core.placement import PlacedAdamW, PlacedSGD, clip_values_, is_placed, local_shard, single_tensor_steps
     from engine.models.layout import unplace_parameters
     from engine.training.state import full_state_dict
 
@@ -238,31 +238,31 @@ def _mixed_optimizer_steps(_: int) -> dict[str, bool]:
             lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=True),
             lambda ps: single_tensor_steps(torch.optim.AdamW(ps, lr=0.01, foreach=True)),
         ),
+        "torch's own": (  # every parameter placed: torch's foreach kernel takes them unchanged
+            lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=True),
+            lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=True),
+        ),
     }
     for name, (plain, placed) in cases.items():
         hooks.clear()
         a, b = trained(plain, False), trained(placed, True)
         out[f"{name}: same weights"] = all(torch.equal(a[key], b[key]) for key in a)
         out[f"{name}: each step hook once"] = len(hooks) == 4
-    try:
-        trained(lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=True), True)
-        out["torch refuses mixed lists"] = False
-    except RuntimeError:
-        out["torch refuses mixed lists"] = True
     model = parallelize(copy.deepcopy(serial), grid)
     model(input_ids=ids).logits.float().square().mean().backward()
-    try:
-        torch.nn.utils.clip_grad_value_(model.parameters(), 1e-3)
-        out["torch's clip_grad_value_ refuses them"] = False
-    except RuntimeError:
-        out["torch's clip_grad_value_ refuses them"] = True
+    out["every parameter placed"] = all(is_placed(p) for p in model.parameters())
+    clipped = [local_shard(p.grad).clamp(-1e-3, 1e-3) for p in model.parameters()]
+    torch.nn.utils.clip_grad_value_(model.parameters(), 1e-3)  # torch's own, over every placed gradient
+    out["torch's clip_grad_value_ clips"] = all(
+        torch.equal(local_shard(p.grad), c) for p, c in zip(model.parameters(), clipped)
+    )
     grid.close()
     return out
 
 
 def test_placed_optimizers_step_mixed_parameters() -> None:
-    """torch's multi-tensor kernels refuse lists mixing placed DTensors with plain tensors (norms, fused layers);
-    PlacedAdamW and PlacedSGD step them under implicit replication, single_tensor_steps one at a time: bit for bit as
-    the same optimizer on plain shards, with a closure, a scheduler and step hooks run once per step."""
+    """Every parameter placed: torch's multi-tensor kernels and clip_grad_value_ take them unchanged, and so do
+    PlacedAdamW and PlacedSGD (implicit replication) and single_tensor_steps: bit for bit as the same optimizer on
+    plain shards, with a closure, a scheduler and step hooks run once per step."""
     for out in run_distributed(2, _mixed_optimizer_steps, 0):
         assert all(out.values()), out

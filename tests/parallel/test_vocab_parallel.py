@@ -229,6 +229,8 @@ def full_grads(model) -> dict[str, torch.Tensor]:
                 grad = grad.t()
         elif is_vocab_parallel(module):
             grad = module.gather_rows(grad)
+        else:  # an unsplit parameter: a Replicate DTensor, its gradient too
+            grad = local_shard(grad)
         out[name] = grad
     return out
 
