@@ -106,6 +106,16 @@ class StageModule(nn.Module):
         full = {id(p): name for name, p in model.named_parameters()}
         self.names = {name: full[id(p)] for name, p in self.named_parameters()}
 
+    def embed_tokens(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The first stage's input: ids (B, T) embedded (B, T, H), plus the position table at `positions` (B, T) or
+        (1, T) where the family has one, through the embedding dropout where it has one, as the base model does."""
+        h = self.embed(ids)
+        if self.table is not None:
+            h = h + self.table(positions)
+        if self.dropout is not None:
+            h = self.dropout(h)
+        return h
+
     def _row_group(self) -> AxisGroup | None:
         """The x*y group whose rows the decoder layers run on together, when its ranks read different rows."""
         if self.grid is None or not row_gather_axes(running_rows(self.layers)) or self.grid.size("x", "y") == 1:
@@ -120,11 +130,7 @@ class StageModule(nn.Module):
             positions = self.positions if group is None else comm.all_gather(self.positions.contiguous(), group, 0)
         h = x
         if self.embed is not None:
-            h = self.embed(x)  # (B, T, H)
-            if self.table is not None:
-                h = h + self.table(positions)
-            if self.dropout is not None:
-                h = self.dropout(h)
+            h = self.embed_tokens(x, positions)
             if group is not None:
                 h = gather_from_group(h, group, 0)  # (B', T, H): the rows of the x*y group
         extra = {"position_embeddings": self.rotary(h, position_ids=positions)} if self.rotary is not None else {}

@@ -146,11 +146,7 @@ class PipelineEvalModel(nn.Module):
         stage = self.stage
         h = x
         if stage.embed is not None:
-            h = stage.embed(x)  # (B, T, H)
-            if stage.table is not None:
-                h = h + stage.table(positions)
-            if stage.dropout is not None:
-                h = stage.dropout(h)
+            h = stage.embed_tokens(x, positions)  # (B, T, H)
         mask = _stage_mask(self.config, h, attention_mask, positions, cache, stage.start)
         extra = {"position_embeddings": stage.rotary(h, position_ids=positions)} if stage.rotary is not None else {}
         for layer in stage.layers:
