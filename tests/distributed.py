@@ -14,6 +14,8 @@ import os
 import queue
 import tempfile
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Callable
 
 import torch
@@ -30,6 +32,21 @@ PRELOAD = (
 )
 
 
+WORKER_THREADS = 1  # torch threads per worker: one, so that ranks sharing 2 cores do not oversubscribe them
+
+
+@contextmanager
+def worker_threads() -> Iterator[None]:
+    """Inside: this process runs torch on the workers' thread count, so a serial reference computed here reduces
+    its sums in the workers' order (a bit-for-bit comparison needs it at any OMP_NUM_THREADS). Restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(WORKER_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 class RankFailure(AssertionError):
     """One or more ranks raised; the message holds every failing rank's traceback."""
 
@@ -37,7 +54,7 @@ class RankFailure(AssertionError):
 def _worker(
     rank: int, world_size: int, init_file: str, results: Any, fn: Callable[..., Any], args: tuple[Any, ...]
 ) -> None:
-    torch.set_num_threads(1)
+    torch.set_num_threads(WORKER_THREADS)
     try:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
         try:
