@@ -39,6 +39,15 @@ def _metrics(folder) -> torch.Tensor:
     )
 
 
+def _assert_same_weights(expected: Path, got: Path) -> None:
+    """The two runs' final checkpoints hold the same tensors under the same names (float32: WEIGHTS)."""
+    want = load_file(expected / "checkpoint" / "model.safetensors")
+    have = load_file(got / "checkpoint" / "model.safetensors")
+    assert have.keys() == want.keys()
+    for key, value in want.items():
+        torch.testing.assert_close(have[key], value, **WEIGHTS, msg=lambda m: f"{key}: {m}")
+
+
 def _background(path) -> str:
     """A small background corpus (jsonl) the targets are inserted into, with held-out rows for val_loss. Each
     document is its own random draw of words: shifted copies of one cycle would all be near twins of each other, and
@@ -202,11 +211,7 @@ def test_lora_on_a_data_or_pipe_grid_trains_as_one_process(grid, tmp_path) -> No
     assert main(["train", "--out", str(tmp_path / "serial"), *run]) == 0
     assert main(["train", "--out", str(tmp_path / "grid"), "--nproc", "2", "--grid", grid, *run]) == 0
     torch.testing.assert_close(_metrics(tmp_path / "grid"), _metrics(tmp_path / "serial"), **LOGGED)
-    expected = load_file(tmp_path / "serial" / "checkpoint" / "model.safetensors")
-    got = load_file(tmp_path / "grid" / "checkpoint" / "model.safetensors")
-    assert got.keys() == expected.keys()
-    for key, value in expected.items():
-        torch.testing.assert_close(got[key], value, **WEIGHTS, msg=lambda m: f"{key}: {m}")
+    _assert_same_weights(tmp_path / "serial", tmp_path / "grid")
 
 
 @pytest.mark.slow
@@ -243,11 +248,7 @@ def test_a_pipe_run_from_a_folder_builds_only_its_stages(grid, nproc, tmp_path, 
     serial, pipe = _metrics(tmp_path / "serial"), _metrics(tmp_path / "pipe")
     assert len(serial) == 2
     torch.testing.assert_close(pipe, serial, **LOGGED)
-    expected = load_file(tmp_path / "serial" / "checkpoint" / "model.safetensors")
-    got = load_file(tmp_path / "pipe" / "checkpoint" / "model.safetensors")
-    assert got.keys() == expected.keys()
-    for key, value in expected.items():
-        torch.testing.assert_close(got[key], value, **WEIGHTS, msg=lambda m: f"{key}: {m}")
+    _assert_same_weights(tmp_path / "serial", tmp_path / "pipe")
 
 
 @pytest.mark.slow
@@ -284,8 +285,4 @@ def test_a_pipe_resume_reads_only_its_stages_from_the_checkpoint(tmp_path, capfd
     serial, pipe = _metrics(tmp_path / "serial"), _metrics(tmp_path / "pipe")
     assert len(serial) == 4
     torch.testing.assert_close(pipe, serial, **LOGGED)
-    expected = load_file(tmp_path / "serial" / "checkpoint" / "model.safetensors")
-    got = load_file(tmp_path / "pipe" / "checkpoint" / "model.safetensors")
-    assert got.keys() == expected.keys()
-    for key, value in expected.items():
-        torch.testing.assert_close(got[key], value, **WEIGHTS, msg=lambda m: f"{key}: {m}")
+    _assert_same_weights(tmp_path / "serial", tmp_path / "pipe")

@@ -65,7 +65,7 @@ def test_goldfish_plan_alone_parses_once(parses: list[str]) -> None:
     assert args.profile == PLAN_PRESETS["paper"]().profile
 
 
-def _checkpoint(folder: Path, spec: object) -> Path:
+def checkpoint_with_record(folder: Path, spec: object) -> Path:
     """A checkpoint folder holding only the run record goldfish train writes (goldfish.app.records.run_record)."""
     folder.mkdir(parents=True)
     record = {
@@ -84,7 +84,7 @@ def test_a_resume_parses_once_and_refuses_a_change(tmp_path: Path, parses: list[
     """`train --resume` takes the untyped options from the checkpoint without parsing the command line again, and
     a typed option that changes the experiment is one line, exit 2, before any work."""
     saved = train_spec(parse_command_line(["train", "--lr", "0.001", "--out", "o"]), None)
-    checkpoint = _checkpoint(tmp_path / "run" / "checkpoint", saved)
+    checkpoint = checkpoint_with_record(tmp_path / "run" / "checkpoint", saved)
     parses.clear()
     assert main(["train", "--resume", str(checkpoint), "--epochs", "3"]) == 2
     assert parses == ["goldfish", "goldfish train"]
@@ -92,7 +92,7 @@ def test_a_resume_parses_once_and_refuses_a_change(tmp_path: Path, parses: list[
     assert len(err.splitlines()) == 1 and "--epochs 20 -> 3" in err and "--lr" not in err
 
 
-def test_a_resume_takes_every_untyped_setting_from_the_checkpoint(tmp_path: Path) -> None:
+def test_a_resume_takes_every_untyped_setting_from_thecheckpoint_with_record(tmp_path: Path) -> None:
     saved = train_spec(parse_command_line(["train", "--lr", "0.002", "--k", "5", "--out", "o"]), None)
     args = parse_command_line(["train", "--resume", "x", "--save-every", "7", "--no-progress"])
     resumed = resumed_spec(saved, args, None)
@@ -140,7 +140,7 @@ def test_a_train_spec_round_trips_through_its_run_file_and_its_run_record(argv: 
     spec = train_spec(args, None)
     run = resolved_run("train", spec, runtime_of(args), tmp_path / "out", tmp_path / "out")
     assert read_run(write_run(run, tmp_path / "run.json")) == run
-    record = json.loads((_checkpoint(tmp_path / "checkpoint", spec) / RUN_FILE).read_text())
+    record = json.loads((checkpoint_with_record(tmp_path / "checkpoint", spec) / RUN_FILE).read_text())
     assert recorded_spec(record) == spec
 
 
@@ -169,7 +169,7 @@ def test_a_run_record_of_an_earlier_version_loads_as_it_ran(tmp_path: Path) -> N
     from goldfish.app.resume import read_run_record, recorded_data
 
     spec = train_spec(parse_command_line(["train", "--out", "o"]), None)
-    checkpoint = _checkpoint(tmp_path / "checkpoint", spec)
+    checkpoint = checkpoint_with_record(tmp_path / "checkpoint", spec)
     record = json.loads((checkpoint / RUN_FILE).read_text())
     del record["data"]["dedup"], record["lora"]
     (checkpoint / RUN_FILE).write_text(json.dumps(record))

@@ -5,11 +5,11 @@ work started (the run folder, the workers, the run, the clearing of an earlier e
 from __future__ import annotations
 
 import ast
-import json
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from test_resolve import checkpoint_with_record
 
 import goldfish.app.commands.compare as compare_command
 import goldfish.app.commands.eval as eval_command
@@ -17,7 +17,6 @@ import goldfish.app.commands.mask as mask_command
 import goldfish.app.commands.train as train_command
 from goldfish.app.cli import main, parse_command_line
 from goldfish.app.commands.train import train_spec
-from goldfish.app.config import RUN_FILE
 
 COMMANDS = Path(__file__).resolve().parents[2] / "goldfish" / "app" / "commands"
 # Each command's entry functions and the one validation each calls.
@@ -111,20 +110,7 @@ def _refused_in_one_line(argv: list[str], capsys: pytest.CaptureFixture[str], na
 
 def _checkpoint(folder: Path) -> Path:
     """A checkpoint folder holding only a run record of a default train run."""
-    from dataclasses import asdict
-
-    spec = train_spec(parse_command_line(["train", "--out", "o"]), None)
-    folder.mkdir(parents=True)
-    record = {
-        "model": spec.model,
-        "init_seed": spec.init_seed,
-        "data": asdict(spec.data),
-        "mask": asdict(spec.mask) | {"label": spec.mask.label},
-        "train": asdict(spec.train),
-        "lora": None,
-    }
-    (folder / RUN_FILE).write_text(json.dumps(record))
-    return folder
+    return checkpoint_with_record(folder, train_spec(parse_command_line(["train", "--out", "o"]), None))
 
 
 @pytest.mark.parametrize(
