@@ -27,7 +27,7 @@ from torch import nn
 
 from engine.core.grid import Grid
 from engine.core.linear import ParallelLinear, ShardingError
-from engine.core.placement import LocalDuringForward, is_placed
+from engine.core.placement import LocalDuringForward, is_placed, local_shard
 from engine.core.vocab_parallel import is_vocab_parallel
 from engine.models.adapter import find_planned
 from engine.spec import AXES, OWN, GridShape, RowsLayout, check_rows_layout, gradient_axes
@@ -66,18 +66,16 @@ class ParamLayout:
     serial_transposed: bool = False
     region: str | None = None
     is_linear: bool = False  # a ParallelLinear shard: its gradient already covers the rows of its x*y*z group
-    placed: bool = False  # the bound tensor is a DTensor on Grid.device_mesh() (place_parameters), not a plain tensor
     aliases: tuple[str, ...] = ()
     tensor: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     @property
     def local(self) -> torch.Tensor | None:
         """The tensor this rank holds of the bound `tensor`: a placed DTensor's local shard (a view outside autograd,
-        sharing its storage), else `tensor` itself (a ZeRO DTensor included: its data-axis chunk is ZeRO's)."""
-        if not self.placed or self.tensor is None:
-            return self.tensor
+        sharing its storage: writes land in the parameter), else `tensor` itself (a ZeRO DTensor included: its
+        data-axis chunk is ZeRO's)."""
         with torch.no_grad():
-            return self.tensor.to_local()  # a view of the shard: writes land in the parameter, versions count
+            return local_shard(self.tensor)
 
     @property
     def split_axes(self) -> tuple[str, ...]:
@@ -229,30 +227,27 @@ class ParallelPlan:
                 aliases.setdefault(owner, []).append(key)
         owners = set(first.values())
         changed = [key for key in self.params if key not in owners] + [key for key in owners if key not in self.params]
-        changed += [key for key, p in self.params.items() if key not in changed and _misshapen(p, tensors[key])]
+        # a placed DTensor by its local shard, a DTensor of ZeRO by its global shape: what this rank holds of `p`
+        changed += [
+            key
+            for key, p in self.params.items()
+            if key not in changed and tuple(local_shard(tensors[key]).shape) != p.local_shape()
+        ]
         if changed:
             raise ValueError(
                 f"{changed[0]!r} is not as parallelize laid it out (the model was changed after parallelize: a tensor "
                 "added, removed, reshaped or tied); change the model before parallelizing it"
             )
         params = {
-            key: replace(p, tensor=tensors[key], aliases=tuple(aliases.get(key, ())), placed=is_placed(tensors[key]))
-            for key, p in self.params.items()
+            key: replace(p, tensor=tensors[key], aliases=tuple(aliases.get(key, ()))) for key, p in self.params.items()
         }
         return replace(self, params=params)
 
     def unbound(self) -> "ParallelPlan":
         """The layout without tensors, as stored on the model (ZeRO replaces the parameters later; holding the old
         ones would keep them alive)."""
-        params = {key: replace(p, tensor=None, aliases=(), placed=False) for key, p in self.params.items()}
+        params = {key: replace(p, tensor=None, aliases=()) for key, p in self.params.items()}
         return replace(self, params=params)
-
-
-def _misshapen(p: ParamLayout, tensor: torch.Tensor) -> bool:
-    """True when `tensor` (a DTensor of ZeRO: its global shape) is not shaped as `p` says this rank holds it."""
-    if is_placed(tensor):
-        tensor = tensor.to_local()
-    return tuple(tensor.shape) != p.local_shape()
 
 
 def describe(

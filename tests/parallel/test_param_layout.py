@@ -17,6 +17,7 @@ import torch
 from distributed import run_distributed
 
 from engine.core.grid import init
+from engine.core.placement import is_placed
 from engine.models.layout import plan_of
 from engine.models.miniature import miniature_config
 from engine.models.parallelize import parallelize
@@ -49,7 +50,7 @@ def _check(model_type: str, sizes: dict[str, int]) -> dict:
         full = reference[p.key].t() if p.serial_transposed else reference[p.key]
         assert tuple(full.shape) == p.full_shape, p.key
         local = p.local.detach()
-        assert isinstance(p.tensor, DTensor) == (p.placed and "zero" not in sizes), p.key
+        assert isinstance(p.tensor, DTensor) == (is_placed(p.tensor) and "zero" not in sizes), p.key
         assert tuple(local.shape) == p.local_shape(), p.key
         assert torch.equal(p.take_local(full), local), f"{p.key}: take_local differs from the rank's tensor"
         mask = torch.zeros(p.full_shape, dtype=torch.int32)
@@ -69,8 +70,8 @@ def _check(model_type: str, sizes: dict[str, int]) -> dict:
         whole = DTensor.from_local(local, mesh, placements, run_check=False)
         assert torch.equal(whole.full_tensor(), stored), f"{p.key}: its DTensor gathers to another tensor"
         # parallelize placed every parameter (an unsplit one Replicate): the parameter gathers to the stored tensor
-        assert p.placed == isinstance(p.tensor, torch.nn.Parameter), p.key
-        if p.placed:
+        assert is_placed(p.tensor) == isinstance(p.tensor, torch.nn.Parameter), p.key
+        if is_placed(p.tensor):
             placed += 1
             fused_placed += p.order is not None
             assert p.tensor.placements == placements, p.key
@@ -83,7 +84,7 @@ def _check(model_type: str, sizes: dict[str, int]) -> dict:
         gathered[key] = bool((total > 0).all())
     fused = sum(1 for p in layout.params.values() if p.order is not None)
     vocab = sum(1 for p in layout.params.values() if p.region == "tensor")
-    vocab_placed = sum(1 for p in layout.params.values() if p.region == "tensor" and p.placed)
+    vocab_placed = sum(1 for p in layout.params.values() if p.region == "tensor" and is_placed(p.tensor))
     return {
         "covered": gathered,
         "placed": placed,
