@@ -42,12 +42,6 @@ from engine.models.layout import ParamLayout, plan_of
 from engine.spec import AXES
 
 
-def _reduction_axes(model: nn.Module, grid: Grid) -> list[tuple[torch.Tensor, tuple[str, ...]]]:
-    """Each distinct parameter of `model` with the grid axes its gradient must be summed over (from its layout)."""
-    plan = plan_of(model, grid)
-    return [(p.tensor, plan.gradient_axes(p)) for p in plan.params.values()]
-
-
 @torch.no_grad()
 def sync_gradients(model: nn.Module, grid: Grid, *, over: Sequence[str] = AXES) -> None:
     """After backward: make every gradient the gradient of the sum of all ranks' local losses (in place).
@@ -65,7 +59,9 @@ def sync_gradients(model: nn.Module, grid: Grid, *, over: Sequence[str] = AXES) 
     if zero is not None and zero.config.stage == 1:
         zero.reduce_scatter_gradients()  # the data axis: each rank keeps its summed chunk
     buckets: dict[tuple[str, ...], list[torch.Tensor]] = {}
-    for param, axes in _reduction_axes(model, grid):
+    plan = plan_of(model, grid)
+    for p in plan.params.values():
+        param, axes = p.tensor, plan.gradient_axes(p)  # the axes the plan says its gradient is summed over
         if param.grad is None:
             continue
         grad = local_shard(param.grad)  # a placed parameter's gradient is placed as it is
@@ -132,9 +128,9 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, grid: Grid, norm_type: fl
     return norm
 
 
-def _gather_full(p: ParamLayout, tensor: torch.Tensor, grid: Grid) -> torch.Tensor:
+def _gather_full(p: ParamLayout, grid: Grid) -> torch.Tensor:
     """The natural full tensor from every rank's local one (collective over the axes `p` is split over)."""
-    value = full(tensor).detach()
+    value = full(p.local).detach()
     if not p.split_axes:
         return value
     group = grid.group("x", "y", "z")  # the groups the grid builds: ranks that repeat a block write the same values
@@ -156,7 +152,7 @@ def full_state_dict(model: nn.Module, grid: Grid, rank0_only: bool = False) -> d
     params = list(plan_of(model, grid).params.values())
     holders = _pipe_holders(params, grid)
     for p, holder in zip(params, holders):
-        value = _gather_full(p, p.local, grid) if holder in (None, grid.group("pipe").rank) else None
+        value = _gather_full(p, grid) if holder in (None, grid.group("pipe").rank) else None
         if holder is not None:  # held by one pipeline stage's ranks: theirs, to every rank of the pipeline group
             if value is None:
                 value = torch.empty(p.full_shape, dtype=p.tensor.dtype, device=grid.device)
