@@ -32,7 +32,6 @@ import torch.multiprocessing as mp
 
 import engine
 from engine.core.grid import GridShape
-from engine.core.placement import PlacedAdamW
 from engine.spec import parse_grid_sizes as parse_grid
 from engine.training.checkpoint import AsyncSaver, save_checkpoint
 
@@ -80,7 +79,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, queue) -
         trained = {}
         for mode in MODES:  # the same weights and rows for both modes
             model = engine.parallelize(common.build_llama(**common.model_shape(args), heads=args.hidden // 64), grid)
-            optimizer = PlacedAdamW(model.parameters(), lr=1e-4)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
             for _ in range(max(args.warmup, 1)):  # the first builds AdamW's state: every save holds it
                 common.train_step(model, optimizer, ids, grid)
             trained[mode] = (model, optimizer)

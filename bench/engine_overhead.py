@@ -28,7 +28,6 @@ import common
 import torch
 
 import engine
-from engine.core.placement import PlacedAdamW
 
 LABELS = {"plain": "plain PyTorch", "engine": "engine 1x1x1x1", "control": "plain copy (A/A)"}
 
@@ -79,7 +78,7 @@ def interleaved_steps(
 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Train every model `warmup + steps` steps with AdamW, the order of the models rotating every step; return
     the seconds of the `steps` timed steps and the losses of all steps, by model name."""
-    optimizers = {name: PlacedAdamW(model.parameters(), lr=1e-4) for name, model in models.items()}
+    optimizers = {name: torch.optim.AdamW(model.parameters(), lr=1e-4) for name, model in models.items()}
     names = list(models)
     losses: dict[str, list[float]] = {name: [] for name in names}
     times: dict[str, list[float]] = {name: [] for name in names}

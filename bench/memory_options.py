@@ -41,7 +41,6 @@ import torch.multiprocessing as mp
 
 import engine
 from conventions import IGNORE_INDEX
-from engine.core.placement import PlacedAdamW
 from engine.core.vocab_parallel import causal_lm_token_losses
 from engine.memory.activation import checkpoint_decoder_layers
 from engine.memory.offload import ActivationOffload, SavedActivations
@@ -118,7 +117,7 @@ def _run_case(case: Case, args: argparse.Namespace, rank: int, device: torch.dev
     if case.pipe > 1:
         pipe = Pipeline(model, grid.group("pipe"), schedule=case.schedule, microbatches=args.microbatches)
         params = pipe.parameters()
-        optimizer: torch.optim.Optimizer = PlacedAdamW(params, lr=1e-4)
+        optimizer: torch.optim.Optimizer = torch.optim.AdamW(params, lr=1e-4)
     elif case.zero:
         zero = ZeroConfig(case.zero, offload=case.offload_optimizer)
         model = shard_data_axis(engine.parallelize(model, grid), grid, zero)
@@ -127,7 +126,7 @@ def _run_case(case: Case, args: argparse.Namespace, rank: int, device: torch.dev
         ids = ids[grid.coord("data") :: case.data]  # this data rank's rows of the global batch
     else:
         params = list(model.parameters())
-        optimizer = PlacedAdamW(params, lr=1e-4)
+        optimizer = torch.optim.AdamW(params, lr=1e-4)
     if case.offload_activations:
         block: ActivationOffload | SavedActivations = ActivationOffload(True, device, host_copy=case.host_copy)
     else:
@@ -183,7 +182,7 @@ def _time_offload(args: argparse.Namespace, device: torch.device) -> dict[str, d
     fastest and the median of `args.rounds` rounds, the modes interleaved (machine drift hits all alike), after one
     untimed round. On a shared machine the fastest is the least disturbed."""
     model = common.build_llama(**common.model_shape(args)).to(device)
-    optimizer = PlacedAdamW(model.parameters(), lr=1e-4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=torch.Generator().manual_seed(1)).to(device)
     targets = _targets(ids)
     blocks = {

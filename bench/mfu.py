@@ -31,7 +31,6 @@ import common
 import torch
 
 import engine
-from engine.core.placement import PlacedAdamW
 from engine.planner.cost_model import model_flops_per_token
 
 SIZES = {
@@ -163,7 +162,7 @@ def make_step(
 ) -> Callable[[], float]:
     """One AdamW training step of `model` on `ids` per call, returning the loss (autocast precision: bf16
     matmuls over fp32 weights)."""
-    optimizer = PlacedAdamW(model.parameters(), lr=1e-4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     return lambda: common.train_step(model, optimizer, ids, grid, autocast=precision == "autocast").item()
 
 

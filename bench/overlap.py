@@ -25,7 +25,6 @@ import torch
 import torch.distributed as dist
 
 import engine
-from engine.core.placement import PlacedAdamW
 
 
 def parse_grid(text: str) -> tuple[int, int, int, int]:
@@ -88,7 +87,7 @@ def compare_overlap(serial: torch.nn.Module, shape: tuple[int, int, int, int], a
     ids = torch.randint(0, args.vocab, (args.rows, args.seq), generator=torch.Generator().manual_seed(grid.rank))
     ids = ids.to(device)
     models = {flag: engine.parallelize(copy.deepcopy(serial).to(device), grid, overlap=flag) for flag in (True, False)}
-    optimizers = {flag: PlacedAdamW(m.parameters(), lr=1e-4) for flag, m in models.items()}
+    optimizers = {flag: torch.optim.AdamW(m.parameters(), lr=1e-4) for flag, m in models.items()}
 
     def step(flag: bool) -> tuple[torch.Tensor, float]:
         return common.slowest_rank_seconds(lambda: common.train_step(models[flag], optimizers[flag], ids, grid), device)

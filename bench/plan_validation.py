@@ -32,7 +32,6 @@ import torch.distributed as dist
 from scipy.stats import kendalltau, rankdata, spearmanr
 
 import engine
-from engine.core.placement import PlacedAdamW
 from engine.planner.cost_model import ordered_grids
 from engine.planner.measure import measure_profile
 from engine.planner.plan import PlanRequest, step_prediction
@@ -111,7 +110,7 @@ def time_grid(serial, shape: tuple[int, int, int, int], args: argparse.Namespace
     grid = engine.init(data=data, x=x, y=y, z=z)
     try:
         model = engine.parallelize(copy.deepcopy(serial), grid)
-        optimizer = PlacedAdamW(model.parameters(), lr=1e-4)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         gen = torch.Generator().manual_seed(grid.rank)
         ids = torch.randint(0, args.vocab, (args.rows, args.seq), generator=gen)
         return [

@@ -117,7 +117,6 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, results: 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         import engine
-        from engine.core.placement import PlacedAdamW
 
         grids = {f"ours y={world}": engine.init(y=world), f"ours x={world}": engine.init(x=world)}
         if world == 4:
@@ -127,7 +126,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, results: 
         }
         for name, grid in grids.items():
             copies[name] = (engine.parallelize(build_model(args), grid), grid)
-        optimizers = {name: PlacedAdamW(model.parameters(), lr=1e-4) for name, (model, _) in copies.items()}
+        optimizers = {name: torch.optim.AdamW(model.parameters(), lr=1e-4) for name, (model, _) in copies.items()}
         generator = torch.Generator().manual_seed(0)
         batches = [torch.randint(0, args.vocab, (args.batch, args.seq), generator=generator) for _ in range(3)]
         n_tokens = args.batch * (args.seq - 1)

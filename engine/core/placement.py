@@ -92,79 +92,21 @@ def write_counts(tensor: torch.Tensor) -> tuple[int, int]:
         return tensor._version, local_shard(tensor)._version  # the shard: a view, sharing the shard's counter
 
 
-class ReplicatingStep:
-    """Mixin for a torch optimizer over placed and plain parameters together (a plain one added beside a parallelized
-    model; parallelize itself leaves none): torch's multi-tensor kernels (foreach, fused: the default on GPUs) refuse
-    lists that mix DTensors and plain tensors, so the update runs under torch's implicit_replication, which takes the
-    plain tensors as replicated on the DTensors' mesh: for an elementwise optimizer (AdamW, SGD) each tensor gets the
-    same in-place update it gets alone, with no communication. The closure (forward and backward) runs before,
-    outside that mode, where mixing stays an error."""
-
-    def step(self, closure: Any = None) -> Any:
-        from torch.distributed.tensor.experimental import implicit_replication
-
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        with implicit_replication():
-            parent_step(type(self), ReplicatingStep)(self)
-        return loss
-
-
-def parent_step(cls: type, owner: type) -> Any:
-    """The step function that `owner`'s step extends in `cls`'s method order, without torch's hook wrapper: torch wraps
-    each optimizer class's step once to run the step hooks, so a subclass calling super().step() would run them twice
-    (the wrapper of its own class already ran them)."""
-    mro = cls.__mro__
-    parent = next(c for c in mro[mro.index(owner) + 1 :] if "step" in c.__dict__)
-    step = parent.__dict__["step"]
-    return step.__wrapped__ if getattr(step, "hooked", False) else step
-
-
-class PlacedAdamW(ReplicatingStep, torch.optim.AdamW):
-    """torch.optim.AdamW for a model with placed parameters (see ReplicatingStep); its checkpoints are AdamW's."""
-
-    checkpoint_class = "AdamW"
-
-
-class PlacedSGD(ReplicatingStep, torch.optim.SGD):
-    """torch.optim.SGD for a model with placed parameters (see ReplicatingStep); its checkpoints are SGD's."""
-
-    checkpoint_class = "SGD"
-
-
-def has_placed(params: Any) -> bool:
-    """True when any of `params` (parameters, or optimizer parameter groups) is a placed DTensor."""
+def refuse_mixed(params: Any, who: str) -> None:
+    """Raise ValueError when `params` (parameters, or optimizer parameter groups) mix placed DTensors with plain
+    tensors. engine.parallelize places every parameter of the model it is given, so a mix means a parameter was added
+    (or an optimizer built from parameters) outside it; torch's multi-tensor kernels (foreach, fused: the default on
+    GPUs) refuse such a list at the first step, on some devices only, so it is refused here, on every device, first."""
+    placed = plain = 0
     for item in params:
-        group = item["params"] if isinstance(item, dict) else [item]
-        if any(is_placed(p) for p in group):
-            return True
-    return False
-
-
-def single_tensor_steps(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """`optimizer` itself, set to update one tensor at a time (foreach=False in every group) when its parameters
-    mix placed and plain tensors, which torch's multi-tensor kernels refuse; for optimizers the user builds (Lightning's
-    configure_optimizers, Fabric's setup_optimizers). The same update, slower on GPUs than PlacedAdamW or PlacedSGD,
-    which keep those kernels. Raises ValueError for fused=True, which has no per-tensor path."""
-    if not has_placed(optimizer.param_groups):
-        return optimizer
-    for group in optimizer.param_groups:
-        if group.get("fused"):
-            raise ValueError(
-                f"{type(optimizer).__name__}(fused=True) cannot update DTensor and plain parameters together; build "
-                "it without fused, or use engine.PlacedAdamW / engine.PlacedSGD"
-            )
-        if "foreach" in group:
-            group["foreach"] = False
-    return optimizer
-
-
-def clip_values_(parameters: Any, clip_value: float) -> None:
-    """torch.nn.utils.clip_grad_value_ over placed and plain parameters together (elementwise, under
-    implicit_replication, as ReplicatingStep)."""
-    from torch.distributed.tensor.experimental import implicit_replication
-
-    with implicit_replication():
-        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+        for p in item["params"] if isinstance(item, dict) else [item]:
+            if is_placed(p):
+                placed += 1
+            else:
+                plain += 1
+    if placed and plain:
+        raise ValueError(
+            f"{who} holds {plain} plain tensors beside {placed} DTensor parameters of a parallelized model; add every "
+            "parameter to the model before engine.parallelize (which places them all), then build the optimizer "
+            "from model.parameters()"
+        )

@@ -52,7 +52,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 
 from engine.core import comm
 from engine.core.grid import AXES, Grid, GridError, GridShape, init
-from engine.core.placement import clip_values_, single_tensor_steps
+from engine.core.placement import refuse_mixed
 from engine.models.parallelize import parallelize
 from engine.training import checkpoint as engine_checkpoint
 from engine.training.scaler import GridGradScaler
@@ -260,11 +260,8 @@ class EngineStrategy(ParallelStrategy):
         return module, optimizers, scheduler
 
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
-        return single_tensor_steps(super().setup_optimizer(optimizer))  # placed and plain parameters together
-
-    def clip_gradients_value(self, module: nn.Module, optimizer: Optimizer, clip_val: float | int) -> None:
-        self.precision.unscale_gradients(optimizer)
-        clip_values_(self.precision.main_params(optimizer), float(clip_val))
+        refuse_mixed(optimizer.param_groups, f"the {type(optimizer).__name__}")
+        return super().setup_optimizer(optimizer)
 
     def module_to_device(self, module: nn.Module) -> None:
         module.to(self.root_device)

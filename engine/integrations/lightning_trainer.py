@@ -43,7 +43,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 
 from engine.core import comm
 from engine.core.grid import AXES, Grid
-from engine.core.placement import clip_values_, single_tensor_steps
+from engine.core.placement import refuse_mixed
 from engine.integrations.lightning import StrategySettings, scale_over_grid, set_world_ranks
 from engine.models.parallelize import parallelize
 from engine.training import checkpoint as engine_checkpoint
@@ -129,7 +129,8 @@ class EngineTrainerStrategy(ParallelStrategy):
         _clip_with_engine(self)
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
-            self.optimizers = [single_tensor_steps(optimizer) for optimizer in self.optimizers]  # placed + plain
+            for optimizer in self.optimizers:
+                refuse_mixed(optimizer.param_groups, f"configure_optimizers' {type(optimizer).__name__}")
             if len(self.optimizers) > 1:
                 raise ValueError(
                     "EngineTrainerStrategy trains with one optimizer; configure_optimizers returned "
@@ -237,11 +238,8 @@ def _clip_with_engine(strategy: EngineTrainerStrategy) -> None:
     def clip_grad_by_norm(self: Any, optimizer: Optimizer, clip_val: float) -> None:
         strategy.last_grad_norm = clip_grad_norm_(strategy.model, float(clip_val), strategy.grid)
 
-    def clip_grad_by_value(self: Any, optimizer: Optimizer, clip_val: float) -> None:
-        clip_values_(self.main_params(optimizer), float(clip_val))  # placed and plain gradients together
-
     plugin.__class__ = type(
         f"Engine{base.__name__}",
         (base,),
-        {"clip_grad_by_norm": clip_grad_by_norm, "clip_grad_by_value": clip_grad_by_value, "_engine_clipping": True},
+        {"clip_grad_by_norm": clip_grad_by_norm, "_engine_clipping": True},
     )

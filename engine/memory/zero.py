@@ -67,7 +67,7 @@ from torch import nn
 from engine.core import comm
 from engine.core.grid import AxisGroup, Grid
 from engine.core.linear import ParallelLinear
-from engine.core.placement import PlacedAdamW, has_placed, is_placed, parent_step, placed_like
+from engine.core.placement import is_placed, placed_like, refuse_mixed
 from engine.core.vocab_parallel import own_class
 from engine.models.layout import PLAN_ATTR, ParallelPlan, plan_of, unplace_parameters
 from engine.models.parallelize import decoder_stacks
@@ -178,6 +178,16 @@ def _padded_chunk(p: torch.Tensor, parts: int) -> int:
     return -(-rows // parts) * (p.numel() // rows if rows else 0)
 
 
+def _parent_step(cls: type, owner: type) -> Any:
+    """The step function that `owner`'s step extends in `cls`'s method order, without torch's hook wrapper: torch wraps
+    each optimizer class's step once to run the step hooks, so a subclass calling super().step() would run them twice
+    (the wrapper of its own class already ran them)."""
+    mro = cls.__mro__
+    parent = next(c for c in mro[mro.index(owner) + 1 :] if "step" in c.__dict__)
+    step = parent.__dict__["step"]
+    return step.__wrapped__ if getattr(step, "hooked", False) else step
+
+
 class ZeroAdamW(torch.optim.AdamW):
     """torch.optim.AdamW for ZeRO stage 1: each rank updates only its dim-0 chunk of every parameter and keeps
     only that chunk's moments (as DTensors sharded over the data axis, like FSDP's, so checkpoints treat every
@@ -228,7 +238,7 @@ class ZeroAdamW(torch.optim.AdamW):
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
-        loss = parent_step(type(self), ZeroAdamW)(self, closure)  # AdamW's, its step hooks run once (by this class)
+        loss = _parent_step(type(self), ZeroAdamW)(self, closure)  # AdamW's, its step hooks run once (by this class)
         self._zero.gather_parameters()
         return loss
 
@@ -248,12 +258,14 @@ def _record(model: nn.Module, grid: Grid, state: ZeroState) -> None:
 
 def make_adamw(model: nn.Module, groups: list[dict[str, Any]], **kwargs: Any) -> torch.optim.AdamW:
     """AdamW over `groups` of `model`'s parameters: ZeroAdamW for a stage-1 model, else torch's AdamW (stages
-    2 and 3 partition through FSDP's DTensor parameters, so plain AdamW keeps chunk-sized moments; PlacedAdamW when
-    some parameters are placed DTensors and others plain, see engine.core.placement)."""
+    2 and 3 partition through FSDP's DTensor parameters, so plain AdamW keeps chunk-sized moments; on a parallelized
+    model without ZeRO every parameter is a DTensor, which torch's AdamW takes as it is). Raises ValueError for groups
+    that mix DTensor parameters with plain ones (engine.core.placement.refuse_mixed)."""
     state = zero_state(model)
     if state is not None and state.config.stage == 1:
         return ZeroAdamW(groups, zero=state, **kwargs)
-    return (PlacedAdamW if has_placed(groups) else torch.optim.AdamW)(groups, **kwargs)
+    refuse_mixed(groups, "the optimizer")
+    return torch.optim.AdamW(groups, **kwargs)
 
 
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:

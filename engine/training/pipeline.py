@@ -2,7 +2,7 @@
 
     pipe = Pipeline(model, grid.group("pipe"), loss_fn=loss_sum, schedule="1f1b", microbatches=8)
     loss = pipe.step(ids, labels)          # (B, T) each, on every rank; the sum of the M micro-batch losses
-    PlacedSGD(pipe.parameters(), lr=0.1).step()  # engine.core.placement: DTensor and plain parameters
+    torch.optim.SGD(pipe.parameters(), lr=0.1).step()  # this rank's stages (DTensors on a tensor grid)
 
 The decoder layers are cut into S = P * V contiguous stages (P ranks of the group, V stages per rank for the
 interleaved schedules, stage s on rank s % P as torch places them): the input embeddings (and GPT-2's position table)

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from data.atomic import write_text_atomic
 from engine.core import comm
 from engine.core.grid import Grid, GridShape, is_main_process
-from engine.core.placement import PlacedSGD, has_placed
+from engine.core.placement import refuse_mixed
 from engine.core.vocab_parallel import causal_lm_token_losses
 from engine.memory.activation import checkpoint_decoder_layers
 from engine.memory.offload import ActivationOffload
@@ -172,7 +172,8 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimiz
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if config.optimizer == "sgd":
-        return (PlacedSGD if has_placed(groups) else torch.optim.SGD)(groups, lr=config.lr)
+        refuse_mixed(groups, "the optimizer")
+        return torch.optim.SGD(groups, lr=config.lr)
     return make_adamw(model, groups, lr=config.lr, betas=(config.beta1, config.beta2))
 
 

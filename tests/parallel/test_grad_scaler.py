@@ -15,7 +15,7 @@ import torch
 from distributed import run_distributed
 
 from engine.core.grid import init
-from engine.core.placement import PlacedSGD, local_shard
+from engine.core.placement import local_shard
 from engine.memory.zero import shard_data_axis
 from engine.models.layout import unplace_parameters
 from engine.models.miniature import miniature_config
@@ -41,7 +41,7 @@ def _scaler_steps(_: int) -> dict[str, bool]:
     ids = torch.randint(0, serial.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(1))
 
     def step(model: torch.nn.Module, scaler: torch.amp.GradScaler | None, overflow: bool = False) -> None:
-        optimizer = PlacedSGD(model.parameters(), lr=0.1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         loss = model(input_ids=ids).logits.float().square().mean()
         (scaler.scale(loss) if scaler is not None else loss).backward()
         sync_gradients(model, grid)

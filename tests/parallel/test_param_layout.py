@@ -201,8 +201,8 @@ def test_zero_on_a_wrapper_keeps_the_inner_models_regions() -> None:
     assert run_distributed(4, _zero_on_a_wrapper, 0) == ["layer"] * 4
 
 
-def _mixed_optimizer_steps(_: int) -> dict[str, bool]:
-    from engine.core.placement import PlacedAdamW, PlacedSGD, clip_values_, is_placed, local_shard, single_tensor_steps
+def _torch_optimizer_steps(_: int) -> dict[str, bool]:
+    from engine.core.placement import is_placed, local_shard, refuse_mixed
     from engine.models.layout import unplace_parameters
     from engine.training.state import full_state_dict
 
@@ -223,7 +223,7 @@ def _mixed_optimizer_steps(_: int) -> dict[str, bool]:
             optimizer.zero_grad()
             loss = model(input_ids=ids).logits.float().square().mean()
             loss.backward()
-            clip_values_(model.parameters(), 1e-3)  # Lightning's clip-by-value, over placed and plain gradients
+            torch.nn.utils.clip_grad_value_(model.parameters(), 1e-3)  # Lightning's clip-by-value
             return loss
 
         for _ in range(2):
@@ -232,21 +232,14 @@ def _mixed_optimizer_steps(_: int) -> dict[str, bool]:
         return full_state_dict(model, grid)
 
     out = {}
-    cases = {  # foreach=True: what torch picks on a GPU; each plain optimizer is built before its placed twin
-        "AdamW": (lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=True), lambda ps: PlacedAdamW(ps, lr=0.01)),
-        "SGD": (lambda ps: torch.optim.SGD(ps, lr=0.01, foreach=True), lambda ps: PlacedSGD(ps, lr=0.01, foreach=True)),
-        "single tensor": (
-            lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=True),
-            lambda ps: single_tensor_steps(torch.optim.AdamW(ps, lr=0.01, foreach=True)),
-        ),
-        "torch's own": (  # every parameter placed: torch's foreach kernel takes them unchanged
-            lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=True),
-            lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=True),
-        ),
+    cases = {  # foreach=True: what torch picks on a GPU; the same optimizer on plain shards, then on DTensors
+        "AdamW foreach": lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=True),
+        "SGD foreach": lambda ps: torch.optim.SGD(ps, lr=0.01, foreach=True),
+        "AdamW one tensor at a time": lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=False),
     }
-    for name, (plain, placed) in cases.items():
+    for name, build in cases.items():
         hooks.clear()
-        a, b = trained(plain, False), trained(placed, True)
+        a, b = trained(build, False), trained(build, True)
         out[f"{name}: same weights"] = all(torch.equal(a[key], b[key]) for key in a)
         out[f"{name}: each step hook once"] = len(hooks) == 4
     model = parallelize(copy.deepcopy(serial), grid)
@@ -257,13 +250,20 @@ def _mixed_optimizer_steps(_: int) -> dict[str, bool]:
     out["torch's clip_grad_value_ clips"] = all(
         torch.equal(local_shard(p.grad), c) for p, c in zip(model.parameters(), clipped)
     )
+    extra = torch.nn.Parameter(torch.zeros(3))  # added beside the parallelized model, never placed
+    try:
+        refuse_mixed([{"params": list(model.parameters())}, {"params": [extra]}], "the optimizer")
+        out["a plain parameter beside placed ones is refused"] = False
+    except ValueError as error:
+        out["a plain parameter beside placed ones is refused"] = "before engine.parallelize" in str(error)
+    refuse_mixed(list(model.parameters()), "the optimizer")  # every parameter placed: accepted
     grid.close()
     return out
 
 
-def test_placed_optimizers_step_mixed_parameters() -> None:
-    """Every parameter placed: torch's multi-tensor kernels and clip_grad_value_ take them unchanged, and so do
-    PlacedAdamW and PlacedSGD (implicit replication) and single_tensor_steps: bit for bit as the same optimizer on
-    plain shards, with a closure, a scheduler and step hooks run once per step."""
-    for out in run_distributed(2, _mixed_optimizer_steps, 0):
+def test_torch_optimizers_step_placed_parameters() -> None:
+    """Every parameter placed: torch's optimizers (foreach and one tensor at a time) and clip_grad_value_ take them
+    unchanged, bit for bit as the same optimizer on plain shards, with a closure, a scheduler and step hooks run once
+    per step; an optimizer over placed and plain parameters together is refused in one line."""
+    for out in run_distributed(2, _torch_optimizer_steps, 0):
         assert all(out.values()), out

@@ -31,7 +31,7 @@ from distributed import run_distributed
 from tiny_models import tiny_llama
 
 from engine.core.grid import init
-from engine.core.placement import PlacedAdamW, is_placed
+from engine.core.placement import is_placed
 from engine.models.parallelize import parallelize
 from engine.training.state import clip_grad_norm_, full_state_dict, sync_gradients
 
@@ -43,7 +43,6 @@ OPTIMIZERS = {
     "AdamW": lambda params: torch.optim.AdamW(params, lr=LR, foreach=False),
     "AdamW foreach": lambda params: torch.optim.AdamW(params, lr=LR, foreach=True),
     "AdamW fused": lambda params: torch.optim.AdamW(params, lr=LR, fused=True),
-    "PlacedAdamW foreach": lambda params: PlacedAdamW(params, lr=LR, foreach=True),
 }
 SERIAL = {name: "SGD" if "SGD" in name else "AdamW" for name in OPTIMIZERS}
 WEIGHT_TOL = {"SGD": 1e-8, "AdamW": STEPS * LR * 1e-3}
@@ -161,7 +160,7 @@ def _copies(params: list[torch.nn.Parameter]) -> list[torch.nn.Parameter]:
 
 def test_torch_tools_on_placed_tensors(tmp_path: Path) -> None:
     """Every parameter is placed; torch's optimizers (one tensor at a time, foreach and fused) with its
-    clip_grad_norm_ equal one process, and so do the engine's PlacedAdamW and clip_grad_norm_; GradScaler's unscale_
+    clip_grad_norm_ equal one process, and so does the engine's clip_grad_norm_; GradScaler's unscale_
     and parameters_to_vector run; DCP saves and loads the model's own state dict."""
     results = run_distributed(4, _worker, str(tmp_path / "dcp"), _serial(4))
     for result in results:
