@@ -77,11 +77,10 @@ def block_order(grid: Grid) -> torch.Tensor | None:
     return torch.tensor(sorted(range(len(blocks)), key=blocks.__getitem__))
 
 
-def to_block_order(gathered: torch.Tensor, grid: Grid, dim: int) -> torch.Tensor:
+def to_block_order(gathered: torch.Tensor, order: torch.Tensor | None, dim: int) -> torch.Tensor:
     """`gathered` (the P vocabulary slices of the x*y*z group concatenated along `dim` in group rank order, as an
     all-gather over the group gives them) with its slices in vocabulary order (differentiable; itself when the orders
-    agree)."""
-    order = block_order(grid)
+    agree). order: the group's `block_order(grid)`, on any device."""
     if order is None:
         return gathered
     dim = dim % gathered.dim()
@@ -238,6 +237,7 @@ class _VocabShard:
     grid: Grid
     full_vocab: int
     vocab_start: int
+    _block_order: torch.Tensor | None  # block_order(grid), computed once; moved to the gathers' device on first use
 
     def _init_shard(self, grid: Grid, full_vocab: int) -> None:
         group = grid.group(*VOCAB_AXES)
@@ -248,6 +248,7 @@ class _VocabShard:
             )
         self.grid, self.full_vocab = grid, full_vocab
         self.vocab_start = vocab_block(grid.coords, grid) * (full_vocab // group.size)
+        self._block_order = block_order(grid)  # once: the module's grid and so the order never change
         self.rows_layout: RowsLayout = OWN  # a mode like ParallelLinear.rows_layout, set by parallelize.rows_layout
 
     @property
@@ -270,9 +271,16 @@ class _VocabShard:
         rows = self.full_vocab // self.group.size
         return full[self.vocab_start : self.vocab_start + rows]
 
+    def in_block_order(self, gathered: torch.Tensor, dim: int) -> torch.Tensor:
+        """`to_block_order` of `gathered` (an all-gather over `group` along `dim`) with the module's order."""
+        order = self._block_order
+        if order is not None and order.device != gathered.device:
+            order = self._block_order = order.to(gathered.device)  # one copy, not one per call
+        return to_block_order(gathered, order, dim)
+
     def gather_rows(self, shard: torch.Tensor) -> torch.Tensor:
         """The full (V, ...) tensor from every rank's shard-shaped `shard` (collective over x*y*z)."""
-        return to_block_order(comm.all_gather(local_shard(shard).detach().contiguous(), self.group, 0), self.grid, 0)
+        return self.in_block_order(comm.all_gather(local_shard(shard).detach().contiguous(), self.group, 0), 0)
 
     def full_weight(self) -> torch.Tensor:
         return self.gather_rows(self.weight)
@@ -349,7 +357,7 @@ class VocabParallelLMHead(nn.Linear, _VocabShard):
             hidden = copy_to_group(hidden, replicas)
         all_rows = gather_sharded(hidden, rows, 0)
         local_logits = F.linear(all_rows, local_shard(self.weight))
-        logits = to_block_order(gather_from_group(local_logits, group, -1), self.grid, -1)
+        logits = self.in_block_order(gather_from_group(local_logits, group, -1), -1)
         return split_to_group(logits, rows, 0)
 
     def extra_repr(self) -> str:
