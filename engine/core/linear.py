@@ -164,11 +164,8 @@ class ParallelLinear(nn.Linear):
 
     # ----- layout -----------------------------------------------------------------------------------
 
-    def _axes(self, mode: str) -> tuple[str, str]:
-        return mode_axes(mode)
-
     def _check_divisible(self, mode: str) -> None:
-        in_axis, out_axis = self._axes(mode)
+        in_axis, out_axis = mode_axes(mode)
         n_in, n_out, n_z = self.grid.size(in_axis), self.grid.size(out_axis), self.grid.size("z")
         if self.in_features % n_in:
             raise ShardingError(
@@ -183,7 +180,7 @@ class ParallelLinear(nn.Linear):
             )
 
     def _shard_shape(self, mode: str) -> tuple[int, int]:
-        in_axis, out_axis = self._axes(mode)
+        in_axis, out_axis = mode_axes(mode)
         return (
             self.out_features // (self.grid.size(out_axis) * self.grid.size("z")),
             self.in_features // self.grid.size(in_axis),
@@ -191,7 +188,7 @@ class ParallelLinear(nn.Linear):
 
     def _shard_slices(self, mode: str) -> tuple[slice, slice]:
         """(rows, columns) of the full weight (in stored output order) that this rank holds."""
-        in_axis, out_axis = self._axes(mode)
+        in_axis, out_axis = mode_axes(mode)
         rows, cols = self._shard_shape(mode)
         row_block = self.grid.coord(out_axis) * self.grid.size("z") + self.grid.coord("z")
         col_block = self.grid.coord(in_axis)
@@ -296,7 +293,7 @@ class ParallelLinear(nn.Linear):
         """Switch to another mode in place, moving the weights to its layout (collective when it changes)."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if self._axes(mode) != self._axes(self.mode):
+        if mode_axes(mode) != mode_axes(self.mode):
             if is_placed(self.weight):
                 raise ShardingError(f"{self.name}: placed by engine.parallelize already; reshard before it")
             self._check_divisible(mode)
@@ -316,30 +313,49 @@ class ParallelLinear(nn.Linear):
         cls, linear: nn.Linear, grid: Grid, *, mode: str = "default", overlap: bool = True, name: str = ""
     ) -> "ParallelLinear":
         """A ParallelLinear holding this rank's shards of `linear`'s weights exactly (no random init)."""
+        return cls.from_weights(linear.weight, linear.bias, grid, mode=mode, overlap=overlap, name=name).train(
+            linear.training
+        )
+
+    @classmethod
+    def from_weights(
+        cls,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        grid: Grid,
+        *,
+        mode: str = "default",
+        overlap: bool = True,
+        name: str = "",
+        out_order: torch.Tensor | None = None,
+    ) -> "ParallelLinear":
+        """A ParallelLinear holding this rank's shards of the full (out, in) `weight` and (out,) `bias` exactly, with
+        their requires_grad; `out_order` regroups a fused projection's output features (see `out_order`)."""
         layer = cls.__new__(cls)
         layer._setup(
-            linear.in_features,
-            linear.out_features,
-            linear.bias is not None,
+            weight.shape[1],
+            weight.shape[0],
+            bias is not None,
             grid=grid,
             mode=mode,
             overlap=overlap,
             name=name,
-            device=linear.weight.device,
-            dtype=linear.weight.dtype,
+            device=weight.device,
+            dtype=weight.dtype,
         )
-        layer.weight.requires_grad_(linear.weight.requires_grad)
-        if layer.bias is not None:
-            layer.bias.requires_grad_(linear.bias.requires_grad)
-        layer.train(linear.training)
-        return layer.load_full_(linear.weight.detach(), None if linear.bias is None else linear.bias.detach())
+        layer.out_order = out_order
+        layer.load_full_(weight.detach(), None if bias is None else bias.detach())
+        layer.weight.requires_grad_(weight.requires_grad)
+        if bias is not None:
+            layer.bias.requires_grad_(bias.requires_grad)
+        return layer
 
     # ----- forward ----------------------------------------------------------------------------------
 
     def _core(self, x: torch.Tensor, mode: str) -> torch.Tensor:
         """normal: (U, .., in/X) -> (U, .., out/Y); transposed: (U, .., in/Y) -> (U, .., out/X), both
         replicated over the input-splitting axis' partner as described in the module doc."""
-        in_axis, out_axis = self._axes(mode)
+        in_axis, out_axis = mode_axes(mode)
         grid = self.grid
         z = grid.group("z")
         gathered = None

@@ -125,25 +125,11 @@ def _to_parallel(
         weight, layout = module.weight.t(), "conv1d"
     else:
         raise ShardingError(f"{name}: cannot shard a {type(module).__name__}; expected nn.Linear or Conv1D")
-    bias = module.bias
-    layer = ParallelLinear.__new__(ParallelLinear)
-    layer._setup(
-        weight.shape[1],
-        weight.shape[0],
-        bias is not None,
-        grid=grid,
-        mode=mode,
-        overlap=overlap,
-        name=name,
-        device=weight.device,
-        dtype=weight.dtype,
-    )
-    layer.serial_layout, layer.out_order = layout, out_order
-    layer.load_full_(weight.detach(), None if bias is None else bias.detach())
-    layer.weight.requires_grad_(module.weight.requires_grad)
-    if bias is not None:
-        layer.bias.requires_grad_(bias.requires_grad)
-    layer.train(module.training)
+    layer = ParallelLinear.from_weights(
+        weight, module.bias, grid, mode=mode, overlap=overlap, name=name, out_order=out_order
+    ).train(module.training)
+    layer.serial_layout = layout
+    layer.weight.requires_grad_(module.weight.requires_grad)  # a Conv1D's transposed view has none under no_grad
     setattr(parent, attr, layer)
     return layer
 
