@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from engine.spec import (
     DEFAULT_QUANT_BLOCK,
@@ -12,13 +13,21 @@ from engine.spec import (
     GridShape,
     ParallelLayout,
     PipeConfig,
+    RowsLayout,
     ZeroConfig,
     check_precision,
     check_rows_layout,
     parse_quantize,
 )
 
-OPTIMIZERS = ("adamw", "sgd")
+# The values of TrainConfig's string settings. Precision and PipeSchedule are the keys of engine.spec.PRECISIONS and
+# engine.spec.PIPE_SCHEDULES, which validate them (tests/unit/test_modes.py checks that they agree).
+Optimizer = Literal["adamw", "sgd"]
+OPTIMIZERS: tuple[Optimizer, ...] = get_args(Optimizer)
+LrSchedule = Literal["constant", "cosine"]  # the learning rate after the linear warm-up
+LR_SCHEDULES: tuple[LrSchedule, ...] = get_args(LrSchedule)
+Precision = Literal["fp32", "bf16"]
+PipeSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"]
 
 
 @dataclass(frozen=True)
@@ -33,11 +42,11 @@ class TrainConfig:
     weight_decay: float = 0.0
     beta1: float = 0.9
     beta2: float = 0.95
-    schedule: str = "constant"  # "constant" or "cosine", both after a linear warm-up
+    schedule: LrSchedule = "constant"  # "constant" or "cosine", both after a linear warm-up
     warmup_steps: int = 0
     min_lr_ratio: float = 0.1  # cosine floor, as a fraction of lr
     max_grad_norm: float | None = 1.0  # None disables clipping
-    precision: str = TRAIN_PRECISION  # a key of engine.spec.PRECISIONS: "fp32", or "bf16" (autocast, fp32 weights)
+    precision: Precision = TRAIN_PRECISION  # "fp32", or "bf16" (autocast, fp32 weights)
     seed: int = 0
     save_every: int = 0  # optimizer steps between checkpoints; 0 = only at the end
     async_save: bool = False  # a checkpoint's DCP write runs in the background (runs on a grid of 2 or more ranks)
@@ -54,14 +63,14 @@ class TrainConfig:
     activation_checkpointing: bool = False  # recompute decoder layers in backward (engine/memory/activation.py)
     offload_activations: bool = False  # activations saved for backward kept in host memory (engine/memory/offload.py)
     compile: bool = False  # decoder layers' forward through torch.compile in training steps (engine/models/compile.py)
-    rows: str = "own"  # rows layout: "own" rows per rank (batch % world), or "shared" per x*y group (batch % data*z)
-    optimizer: str = "adamw"  # "adamw", or "sgd" (plain SGD without momentum: updates proportional to the gradient)
+    rows: RowsLayout = "own"  # "own" rows per rank (batch % world), or "shared" per x*y group (batch % data*z)
+    optimizer: Optimizer = "adamw"  # or "sgd" (plain SGD without momentum: updates proportional to the gradient)
     max_steps: int = 0  # stop after this many optimizer steps (0: run every epoch to the end)
     shuffle: bool = True  # a seeded new order of the examples each epoch; False: the examples' own order
     eval_every: int = 0  # optimizer steps between validation losses (0: only at the end, when validation is given)
     # the pipeline axis (grid pipe > 1; engine/training/pipeline.py): schedule, micro-batches per pass (0: chosen),
     # stages per rank, first decoder layer of stages 1..S-1 (empty: balanced)
-    pipe_schedule: str = "1f1b"
+    pipe_schedule: PipeSchedule = "1f1b"
     microbatches: int = 0
     pipe_virtual: int = 1
     pipe_split: tuple[int, ...] = ()
@@ -80,7 +89,7 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a finite number, got {getattr(self, name)!r}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
-        if self.schedule not in ("constant", "cosine"):
+        if self.schedule not in LR_SCHEDULES:
             raise ValueError(f"schedule must be 'constant' or 'cosine', got {self.schedule!r}")
         check_precision(self.precision)
         if self.warmup_steps < 0 or self.save_every < 0 or self.max_steps < 0 or self.eval_every < 0:

@@ -36,3 +36,34 @@ def test_report_to_is_one_literal() -> None:
 
     assert REPORT_TO == typing.get_args(ReportTo) == ("none", "tensorboard")
     assert typing.get_type_hints(Runtime)["report_to"] == ReportTo
+
+
+def test_train_config_settings_are_literals_of_their_choices() -> None:
+    from engine.spec import PIPE_SCHEDULES, PRECISIONS, RowsLayout
+    from engine.training.config import (
+        LR_SCHEDULES,
+        OPTIMIZERS,
+        LrSchedule,
+        Optimizer,
+        PipeSchedule,
+        Precision,
+        TrainConfig,
+    )
+    from goldfish.app.options import TRAINING
+
+    assert OPTIMIZERS == typing.get_args(Optimizer) == ("adamw", "sgd")
+    assert LR_SCHEDULES == typing.get_args(LrSchedule) == ("constant", "cosine")
+    assert set(typing.get_args(Precision)) == set(PRECISIONS)  # what check_precision validates
+    assert set(typing.get_args(PipeSchedule)) == set(PIPE_SCHEDULES)  # what PipeConfig validates
+    aliases = {
+        "optimizer": Optimizer,
+        "schedule": LrSchedule,
+        "precision": Precision,
+        "rows": RowsLayout,
+        "pipe_schedule": PipeSchedule,
+    }
+    hints = typing.get_type_hints(TrainConfig)
+    choices = {option.field: option.choices for option in TRAINING.options if option.choices}
+    for field, alias in aliases.items():
+        assert hints[field] == alias, field
+        assert set(choices[field]) == set(typing.get_args(alias)), field  # the command line offers the same values
