@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,14 @@ def goldfish_train_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("goldfish_train") / "run"
     assert main(["train", "--out", str(out), "--no-progress", "--threads", "1", *SETTINGS]) == 0
     return out
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """The module's tests run torch on one thread (tests/distributed.worker_threads; restored afterwards): tiny models
+    run fastest on one, and two OpenMP threads spinning on a busy 2-core machine (tests of other modules in parallel)
+    slow them down by 10x or more. Use it with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    from distributed import worker_threads  # here, not at the top: a session of torch-free tests never imports torch
+
+    with worker_threads():
+        yield

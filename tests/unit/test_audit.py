@@ -25,6 +25,8 @@ from eval.config import ExtractionConfig
 from eval.logprobs import token_log_probs
 from goldfish.masks import drop_mask
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 VOCAB = 97
 CONTEXT = 32
 
@@ -33,14 +35,6 @@ CONTEXT = 32
 class Doc:
     id: str
     token_ids: list[int]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,8 @@ from eval.extraction import ExtractionConfig, extract, write_extraction
 from eval.intervals import mean_interval
 from eval.logprobs import token_log_probs
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 VOCAB = 256
 # initializer_range 0.2 (not HF's default 0.02): the default init gives near-flat logits, so greedy output
 # degenerates into repeating one token and a wrong position/padding treatment can go unnoticed.
@@ -79,16 +81,6 @@ def tiny_qwen2_hybrid() -> Qwen2ForCausalLM:
         layer_types=["full_attention", "sliding_attention"],
     )
     return Qwen2ForCausalLM(cfg).eval()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and two OpenMP threads spinning on a busy 2-core machine
-    (tests of other modules in parallel) slow them down by 10x or more. Restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -57,15 +57,6 @@ def _tiny_llama() -> LlamaForCausalLM:
     return LlamaForCausalLM(config).eval()
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny models run fastest on one thread; the setting is restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_extraction_rows_carry_it_from_the_teacher_forced_pass(one_thread: None) -> None:
     model = _tiny_llama()
     generator = torch.Generator().manual_seed(1)
