@@ -254,14 +254,11 @@ def _optimizer_class(optimizer: torch.optim.Optimizer) -> str:
 
 def _optimizer_entries(
     optimizer: torch.optim.Optimizer, model: nn.Module, layouts: dict[str, ParamLayout | None]
-) -> tuple[dict[str, _Chunks], dict[str, dict[str, str]], list[dict[str, Any]], dict[str, dict[str, Any]]]:
-    """The optimizer's DCP entries ("optim/<name>/<key>"); per parameter how each state value is kept ("like_param":
-    laid out as its parameter; "scalar": one copy, e.g. AdamW's step; "value": a non-tensor, in the rank's record);
-    the groups with parameter names instead of indices; the non-tensor values."""
+) -> tuple[dict[str, _Chunks], list[dict[str, Any]]]:
+    """The optimizer's DCP entries ("optim/<name>/<key>": its tensor states, as _state_kinds classifies them) and
+    the groups with parameter names instead of indices."""
     names = _param_names(model)
     entries: dict[str, _Chunks] = {}
-    kinds: dict[str, dict[str, str]] = {}
-    values: dict[str, dict[str, Any]] = {}
     groups = []
     for group in optimizer.param_groups:
         if any(id(param) not in names or names[id(param)] not in layouts for param in group["params"]):
@@ -275,29 +272,27 @@ def _optimizer_entries(
             groups[-1]["params"].append(name)
             for key, value in optimizer.state.get(param, {}).items():
                 if not isinstance(value, torch.Tensor):
-                    kinds.setdefault(name, {})[key] = "value"
-                    values.setdefault(name, {})[key] = value
-                    continue
+                    continue  # a "value", kept in the rank's record
                 if value.dim() and value.shape != param.shape:
                     raise CheckpointError(
                         f"optimizer state {key!r} of {name} has shape {list(value.shape)}, neither the parameter's "
                         f"{list(param.shape)} nor a scalar: the engine cannot shard it (optimizers with per-element "
                         "state such as AdamW or SGD are supported)"
                     )
-                kinds.setdefault(name, {})[key] = "like_param" if value.dim() else "scalar"
                 entries[f"optim/{name}/{key}"] = _entry(layouts[name] if value.dim() else None, value)
-    return entries, kinds, groups, values
+    return entries, groups
 
 
 def _state_kinds(optimizer: torch.optim.Optimizer, model: nn.Module) -> tuple[dict, dict]:
-    """How this rank's optimizer keeps each state value, by parameter name (as _optimizer_entries records it), and
-    its non-tensor values."""
+    """How this rank's optimizer keeps each state value, by parameter name ("like_param": laid out as its
+    parameter; "scalar": one copy, e.g. AdamW's step; "value": a non-tensor, in the rank's record), and its
+    non-tensor values, in the order of the optimizer's groups."""
     names = _param_names(model)
     kinds: dict[str, dict[str, str]] = {}
     values: dict[str, dict[str, Any]] = {}
-    for param, state in optimizer.state.items():
+    for param in (param for group in optimizer.param_groups for param in group["params"]):
         name = names.get(id(param))
-        for key, value in state.items() if name is not None else ():
+        for key, value in optimizer.state.get(param, {}).items() if name is not None else ():
             if isinstance(value, torch.Tensor):
                 kinds.setdefault(name, {})[key] = "like_param" if value.dim() else "scalar"
             else:
@@ -307,7 +302,7 @@ def _state_kinds(optimizer: torch.optim.Optimizer, model: nn.Module) -> tuple[di
 
 
 def _merged(per_rank: list[tuple[dict, dict]]) -> tuple[dict, dict]:
-    """Every rank's (kinds, values) of _optimizer_entries, merged by parameter name."""
+    """Every rank's (kinds, values) of _state_kinds, merged by parameter name."""
     kinds: dict[str, dict[str, str]] = {}
     values: dict[str, dict[str, Any]] = {}
     for rank_kinds, rank_values in per_rank:
@@ -432,11 +427,11 @@ def _prepare(
         reason = str(staging_name).removeprefix("error: ")
         raise CheckpointError(f"rank 0 could not create a staging folder next to {directory}: {reason}")
     staging = Path(staging_name)
-    held_elsewhere = None
+    kinds, values = _state_kinds(optimizer, model) if optimizer is not None else ({}, {})
     if optimizer is not None and grid.shape.pipe > 1:
         # a stage's ranks hold the optimizer state of its parameters only; gathered before anything below can fail
         # on one rank alone (every rank reaches this collective)
-        held_elsewhere = _merged(comm.all_gather_objects(_state_kinds(optimizer, model), world))
+        kinds, values = _merged(comm.all_gather_objects((kinds, values), world))
     failure: BaseException | None = None
     try:
         if save_model is not None:
@@ -444,9 +439,7 @@ def _prepare(
         tensors = _tensors(model, grid)
         entries = _model_entries(tensors)  # a pipeline's rank: its own stages' tensors (their owners write them)
         layouts = {key: p for key, (p, _, _) in tensors.items()}
-        optim, kinds, groups, values = _optimizer_entries(optimizer, model, layouts) if optimizer else ({}, {}, [], {})
-        if held_elsewhere is not None:
-            kinds, values = held_elsewhere
+        optim, groups = _optimizer_entries(optimizer, model, layouts) if optimizer else ({}, [])
         record = {"extra_state": extra_state, "optimizer_groups": groups, "optimizer_values": values}
         _save_state(staging / _rank_state(grid.rank), record)
         manifest = None
