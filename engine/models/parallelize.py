@@ -86,7 +86,7 @@ def rows_layout(model: nn.Module, layout: RowsLayout) -> Iterator[None]:
     whose forward reads it (ParallelLinear, the vocabulary-parallel tables, the row hooks of planned base models) run
     in it, as a mode like `training`; the grid, which other models share, holds no layout."""
     check_rows_layout(layout)
-    plans = [(module, module.__dict__[PLAN_ATTR]) for _, module in _plan_holders(model)]
+    plans = [(module, module.__dict__[PLAN_ATTR]) for module in model.modules() if PLAN_ATTR in module.__dict__]
     modes = [(module, module.__dict__[ROWS_MODE]) for module in model.modules() if ROWS_MODE in module.__dict__]
     try:
         for module, plan in plans:
@@ -99,11 +99,6 @@ def rows_layout(model: nn.Module, layout: RowsLayout) -> Iterator[None]:
             module.__dict__[PLAN_ATTR] = plan
         for module, mode in modes:
             module.__dict__[ROWS_MODE] = mode
-
-
-def _plan_holders(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """(path, module) of `model` and every module inside it on which parallelize recorded a plan."""
-    return [(path, module) for path, module in model.named_modules() if PLAN_ATTR in module.__dict__]
 
 
 # ----- decoder layers, through the model's plan (engine/models/adapter.py) --------------------------------------
