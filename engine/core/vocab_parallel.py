@@ -237,7 +237,8 @@ class _VocabShard:
     grid: Grid
     full_vocab: int
     vocab_start: int
-    _block_order: torch.Tensor | None  # block_order(grid), computed once; moved to the gathers' device on first use
+    _block_order: torch.Tensor | None  # block_order(grid) on the CPU, computed once
+    _block_order_on: dict[torch.device, torch.Tensor]  # its copy on each device gathers ran on, made once
 
     def _init_shard(self, grid: Grid, full_vocab: int) -> None:
         group = grid.group(*VOCAB_AXES)
@@ -249,6 +250,7 @@ class _VocabShard:
         self.grid, self.full_vocab = grid, full_vocab
         self.vocab_start = vocab_block(grid.coords, grid) * (full_vocab // group.size)
         self._block_order = block_order(grid)  # once: the module's grid and so the order never change
+        self._block_order_on = {}
         self.rows_layout: RowsLayout = OWN  # a mode like ParallelLinear.rows_layout, set by parallelize.rows_layout
 
     @property
@@ -274,8 +276,10 @@ class _VocabShard:
     def in_block_order(self, gathered: torch.Tensor, dim: int) -> torch.Tensor:
         """`to_block_order` of `gathered` (an all-gather over `group` along `dim`) with the module's order."""
         order = self._block_order
-        if order is not None and order.device != gathered.device:
-            order = self._block_order = order.to(gathered.device)  # one copy, not one per call
+        if order is not None and order.device != gathered.device:  # one host-to-device copy, not one per call
+            if gathered.device not in self._block_order_on:
+                self._block_order_on[gathered.device] = order.to(gathered.device)
+            order = self._block_order_on[gathered.device]
         return to_block_order(gathered, order, dim)
 
     def gather_rows(self, shard: torch.Tensor) -> torch.Tensor:
