@@ -154,21 +154,28 @@ def _grouped_order(sizes: list[int], n_y: int, name: str) -> torch.Tensor | None
     )
 
 
-def _fused_order(module: nn.Module, fused: str, config: Any, n_y: int, name: str) -> torch.Tensor | None:
-    """The out_order of a fused projection (its family adapter's `fused`), its shape checked."""
-    out = _out_features(module)
+def fused_sizes(fused: str, out: int, config: Any, name: str) -> list[int]:
+    """The feature blocks of a fused projection of `out` output features (its family adapter's `fused`: "blocks"
+    [q | k | v], "halves" [gate | up], "per_head" [q_h k_h v_h] head after head, whose contiguous slices are whole
+    heads); ShardingError when `out` does not match the config's heads."""
     heads, kv_heads, head_dim = head_counts(config)
     if fused == "blocks":
         sizes = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
     elif fused == "halves":
         sizes = [out // 2, out // 2]
-    else:  # per_head: [q_h k_h v_h] head after head, contiguous slices are whole heads
+    else:
         sizes = [3 * heads * head_dim]
     if sum(sizes) != out or (fused == "per_head" and kv_heads != heads):
         raise ShardingError(
             f"{name}: {out} output features do not match a fused {fused} projection of {heads} "
             f"heads, {kv_heads} key/value heads of {head_dim}"
         )
+    return sizes
+
+
+def _fused_order(module: nn.Module, fused: str, config: Any, n_y: int, name: str) -> torch.Tensor | None:
+    """The out_order of a fused projection (its family adapter's `fused`), its shape checked."""
+    sizes = fused_sizes(fused, _out_features(module), config, name)
     return None if fused == "per_head" else _grouped_order(sizes, n_y, name)
 
 

@@ -22,7 +22,7 @@ from engine.core.linear import ShardingError
 from engine.core.vocab_parallel import can_shard_vocab, causal_lm_token_losses
 from engine.models.adapter import find_planned, head_counts
 from engine.models.miniature import miniature_config
-from engine.models.parallelize import beside_kind, refuse_other_lookups, refuse_unconfirmed_fusion
+from engine.models.parallelize import beside_kind, fused_sizes, refuse_other_lookups, refuse_unconfirmed_fusion
 from engine.models.stages import check_model
 from engine.planner.cost_model import LayerParam, TransformerShape
 from engine.spec import GridShape
@@ -117,16 +117,10 @@ def model_planner_shape(model: nn.Module, name: str = "") -> TransformerShape:
         out = module.weight.shape[0] if type(module).__name__ != "Conv1D" else module.weight.shape[1]
         if projection.mode == "normal":
             widths.setdefault(parent_path, set()).add(out)
-        q, kv = heads * head_dim, kv_heads * head_dim
-        blocks = {"blocks": (q, kv, kv), "halves": (out // 2, out // 2), "per_head": (3 * q,)}.get(projection.fused)
-        if blocks is not None:  # the engine's shape check of a fused projection (engine.parallelize._fused_order)
-            if sum(blocks) != out or (projection.fused == "per_head" and kv != q):
-                raise ValueError(
-                    f"{family}: {where}.{path} has {out} output features, not a fused {projection.fused} projection "
-                    f"of {heads} heads and {kv_heads} key/value heads of {head_dim}; the engine cannot shard it"
-                )
+        if projection.fused is not None:  # the engine's shape check (a ShardingError is a ValueError)
+            blocks = fused_sizes(projection.fused, out, config, f"{family}: {where}.{path}")
             if projection.fused != "per_head":  # per-head slices are whole heads: the head count check covers them
-                fused_blocks.append(blocks)
+                fused_blocks.append(tuple(blocks))
         if projection.mode == "normal" and projection.fused is None:
             try:  # the engine's own test of a projection that looks fused without a confirmed layout
                 refuse_unconfirmed_fusion(module, attr, family, config, f"{where}.{path}")
