@@ -14,10 +14,11 @@ from safetensors import safe_open
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, LlamaConfig, PretrainedConfig, PreTrainedModel
 
-from engine import GRID_AXES, Grid, ShardedRunError, broadcast_object
+from engine import Grid
 from eval.parallel import parallelize_for_eval
 from goldfish.app import paper
 from goldfish.app.pretrained import DEFAULT_MODEL_CACHE, load_pretrained, load_pretrained_model, resolve_gguf
+from goldfish.app.weights_folder import local_weights_folder, rank0_first
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,9 @@ def load_parallel_model(
     ``smollm2-135m``, or an already built model (e.g. a named tiny model from goldfish.app.models.build_tiny_model).
     A GGUF model is converted once to an HF folder under `cache_dir` (default ~/.cache/goldfish/models) by rank 0
     while the other ranks wait, then loaded from there by them. Every rank holds the full weights for a moment
-    before sharding, except on a pipe grid with a folder of safetensors weights (`load_pipeline_stage`).
+    before sharding, except on a pipe grid, where each rank reads only its own stage (`load_pipeline_stage`) from the
+    model's local folder of safetensors weights: the folder itself, a GGUF file's export, a hub model's snapshot
+    (goldfish.app.weights_folder.local_weights_folder).
     """
     if not isinstance(source, nn.Module):
         name = str(source)
@@ -157,11 +160,13 @@ def load_parallel_model(
                 f"{name!r} is a tiny model built at random init, not a checkpoint: build it with "
                 "goldfish.app.models.build_tiny_model (it needs the tokenizer's sizes) and pass the model"
             )
+        cache = Path(cache_dir) if cache_dir is not None else DEFAULT_MODEL_CACHE
+        if grid is not None and grid.size("pipe") > 1:
+            folder = local_weights_folder(name, grid, cache_dir=cache)
+            if folder is not None:
+                return load_pipeline_stage(folder, grid, dtype=dtype)
         if resolve_gguf(name) is not None:
-            cache = Path(cache_dir) if cache_dir is not None else DEFAULT_MODEL_CACHE
-            source = _rank0_first(grid, lambda: load_pretrained(name, dtype=dtype, cache_dir=cache)[0])
-        elif grid is not None and grid.size("pipe") > 1 and _weight_files(Path(name)):
-            return load_pipeline_stage(Path(name), grid, dtype=dtype)
+            source = rank0_first(grid, lambda: load_pretrained(name, dtype=dtype, cache_dir=cache)[0])
         else:
             source = load_pretrained_model(name, dtype=dtype)
     return parallelize_for_eval(source, grid)
@@ -221,19 +226,3 @@ def _weight_files(folder: Path) -> dict[str, str]:
         return {}
     with safe_open(single, framework="pt", device="cpu") as weights:
         return {name: single.name for name in weights.keys()}
-
-
-def _rank0_first(grid: Grid | None, load: Callable[[], nn.Module]) -> nn.Module:
-    """`load()` on rank 0, then on the other ranks (which find what rank 0 cached); rank 0's error on every rank."""
-    if grid is None or grid.is_trivial:
-        return load()
-    model, failure = None, None
-    if grid.rank == 0:
-        try:
-            model = load()
-        except Exception as error:  # noqa: BLE001 - sent to every rank below, then raised
-            failure = f"{type(error).__name__}: {error}"
-    failure = broadcast_object(failure, grid.group(*GRID_AXES), grid.device)  # every rank, every stage
-    if failure is not None:
-        raise ShardedRunError(f"loading the model failed on rank 0: {failure}")
-    return model if model is not None else load()

@@ -171,8 +171,10 @@ def load_gguf_model(
 
 
 def _export_key(gguf_path: Path) -> str:
-    # A folder name that changes when the GGUF file does (name and size), so a stale export is never reused.
-    return f"{gguf_path.stem}-{gguf_path.stat().st_size}"
+    # A folder name that changes when the GGUF file does (name and size), so a stale export is never reused; "f32":
+    # exports are float32 (the dtype a run asks for is applied when the folder is read), never an older export that
+    # may hold the dtype of the run that wrote it.
+    return f"{gguf_path.stem}-{gguf_path.stat().st_size}-f32"
 
 
 def export_hf_folder(model: PreTrainedModel, tokenizer: Any, out_dir: str | os.PathLike) -> Path:
@@ -194,6 +196,19 @@ def export_hf_folder(model: PreTrainedModel, tokenizer: Any, out_dir: str | os.P
     return out
 
 
+def export_gguf_once(name_or_path: str | os.PathLike, cache_dir: str | os.PathLike) -> Path:
+    """The HF folder that GGUF model `name_or_path` (a .gguf file or an alias) is exported to under `cache_dir`,
+    written now (the whole model converted in this process) unless an earlier run wrote it."""
+    gguf = resolve_gguf(name_or_path)
+    if gguf is None:
+        raise PretrainedModelError(f"{str(name_or_path)!r} is not a GGUF file or alias")
+    _check_gguf_file(gguf)
+    folder = Path(cache_dir) / _export_key(gguf)
+    if not (folder / "config.json").is_file():
+        export_hf_folder(load_gguf_model(gguf, plain=True), load_gguf_tokenizer(gguf), folder)
+    return folder
+
+
 def resolve_gguf(name_or_path: str | os.PathLike) -> Path | None:
     """The GGUF file behind an alias or a .gguf path; None for anything else (an HF name or folder)."""
     if is_alias(name_or_path):
@@ -209,29 +224,21 @@ def load_pretrained(
     """(model, tokenizer) for an alias (``smollm2-135m``), a ``.gguf`` file, or an HF name or folder.
 
     GGUF models come back as plain models (``to_plain_model``). With ``cache_dir``, a GGUF model is exported once
-    to ``cache_dir/<file stem>-<file size>`` as an ordinary HF folder and loaded from there afterwards (about a
-    second instead of a minute). HF names and folders load as usual (offline: a folder).
+    to ``cache_dir/<file stem>-<file size>-f32`` as an ordinary float32 HF folder and loaded from there in ``dtype``
+    (about a second instead of a minute). HF names and folders load as usual (offline: a folder).
     """
     gguf = resolve_gguf(name_or_path)
     if gguf is None:
         from data import load_tokenizer
 
         return load_pretrained_model(name_or_path, dtype=dtype), load_tokenizer(name_or_path)
-    _check_gguf_file(gguf)
     if cache_dir is not None:
-        folder = Path(cache_dir) / _export_key(gguf)
-        if (folder / "config.json").is_file():
-            from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-            model = AutoModelForCausalLM.from_pretrained(
-                str(folder), dtype=_float32_unless(dtype), trust_remote_code=False
-            )
-            return model, AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
-    tokenizer = load_gguf_tokenizer(gguf)
-    model = load_gguf_model(gguf, dtype=dtype, plain=True)
-    if cache_dir is not None:
-        export_hf_folder(model, tokenizer, Path(cache_dir) / _export_key(gguf))
-    return model, tokenizer
+        folder = export_gguf_once(gguf, cache_dir)
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=_float32_unless(dtype), trust_remote_code=False)
+        return model, AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+    return load_gguf_model(gguf, dtype=dtype, plain=True), load_gguf_tokenizer(gguf)
 
 
 def recover_folder(name_or_path: str | os.PathLike) -> bool:

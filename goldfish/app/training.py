@@ -55,6 +55,7 @@ from goldfish.app.training_rows import (
     target_drops,
     validation_loss_fn,
 )
+from goldfish.app.weights_folder import local_weights_folder
 
 RUN_RECORD = "run.json"
 
@@ -153,13 +154,17 @@ def build_model(
     *,
     log: Callable[..., None],
 ) -> nn.Module:
-    """The model to train: `model` if given; an HF folder under a grid loaded sharded (built on the meta device,
-    each rank reads only its own slices); on a pipe grid (without LoRA) a resumed run's checkpoint folder too, and
-    each rank builds and reads only its own pipeline stages, the others left on the meta device; else the model's
-    initial weights. Then LoRA's adapters (a resumed LoRA run starts from the base weights and reloads its adapter)
-    or a resumed run's full weights (valid at any grid)."""
+    """The model to train: `model` if given; under a grid, a model with a local folder of safetensors weights (the
+    folder, a GGUF file's export, a hub model's snapshot: goldfish.app.weights_folder) loaded sharded (built on the
+    meta device, each rank reads only its own slices); on a pipe grid (without LoRA) a resumed run's checkpoint folder
+    too, and each rank builds and reads only its own pipeline stages, the others left on the meta device; else the
+    model's initial weights. Then LoRA's adapters (a resumed LoRA run starts from the base weights and reloads its
+    adapter) or a resumed run's full weights (valid at any grid)."""
     given = model is not None
     source = spec.model if resume_from is None else str(resume_from)  # where the weights come from
+    if not given and grid is not None and resume_from is None and not is_tiny_model(spec.model):
+        folder = local_weights_folder(spec.model, grid)  # a hub name's snapshot, a GGUF file's export, the folder
+        source = str(folder) if folder is not None else source
     pipelined = grid is not None and grid.shape.pipe > 1 and not spec.lora.enabled
     sharded = not given and grid is not None and (resume_from is None or pipelined) and can_load_sharded(source)
     staged = sharded and pipelined
@@ -191,12 +196,10 @@ def _pipe_weights_line(spec: TrainSpec, source: str, staged: bool) -> str:
         return f"model: each pipe rank built and read only its own stages' weights from {source}"
     if spec.lora.enabled:
         reason = "LoRA draws its adapters over the whole model"
-    elif source != spec.model:
-        reason = f"{source} holds no safetensors weights"
     elif is_tiny_model(spec.model):
         reason = "a model at random init draws every layer from one random stream"
     else:
-        reason = "a hub name, a GGUF file or pickled weights: not a local folder of safetensors weights"
+        reason = f"{source} has no safetensors weights (pickled ones only) or could not be fetched as a folder"
     return f"model: built whole on every pipe rank ({reason}), then each keeps only its own stages"
 
 

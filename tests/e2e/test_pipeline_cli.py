@@ -286,3 +286,42 @@ def test_a_pipe_resume_reads_only_its_stages_from_the_checkpoint(tmp_path, capfd
     assert len(serial) == 4
     torch.testing.assert_close(pipe, serial, **LOGGED)
     _assert_same_weights(tmp_path / "serial", tmp_path / "pipe")
+
+
+def _hub_cache_holding(folder: Path, repo: str, cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An HF hub cache under `cache` whose snapshot of `repo` is a copy of `folder`, read offline by this process and
+    the workers it starts (environment, and huggingface_hub's constants, which it read at import); the snapshot."""
+    import shutil
+
+    import huggingface_hub.constants as hub
+
+    revision = "0" * 40
+    entry = cache / f"models--{repo.replace('/', '--')}"
+    shutil.copytree(folder, entry / "snapshots" / revision)
+    (entry / "refs").mkdir()
+    (entry / "refs" / "main").write_text(revision)
+    for name, value in {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
+    return entry / "snapshots" / revision
+
+
+@pytest.mark.slow
+def test_a_pipe_run_from_a_hub_name_reads_only_its_stages_from_the_snapshot(tmp_path, capfd, monkeypatch) -> None:
+    """`goldfish train --grid pipe=2 --model ORG/NAME`: the hub model's snapshot in the HF cache (a cache written here,
+    read offline) is the folder each rank reads only its own stages from (and says so), and the run trains as one
+    process from that folder does (float32: the tolerances above)."""
+    base = tmp_path / "base"
+    assert main(["train", "--out", str(base), *tiny_run(n_train=4, n_heldout=2, seq_len=32, epochs=1)]) == 0
+    snapshot = _hub_cache_holding(base / "checkpoint", "acme/tiny-goldfish", tmp_path / "hub", monkeypatch)
+    settings = {"n_train": 8, "n_heldout": 2, "seq_len": 32, "batch_size": 4, "max_steps": 2, "lr": "0.5"}
+    serial = tiny_run(model=str(snapshot), optimizer="sgd", **settings)
+    assert main(["train", "--out", str(tmp_path / "serial"), *serial]) == 0
+    capfd.readouterr()
+    hub = tiny_run(model="acme/tiny-goldfish", optimizer="sgd", **settings)
+    assert main(["train", "--out", str(tmp_path / "pipe"), "--nproc", "2", "--grid", "pipe=2", *hub]) == 0
+    out = capfd.readouterr().out
+    assert out.count(f"model: each pipe rank built and read only its own stages' weights from {snapshot}") == 1, out
+    torch.testing.assert_close(_metrics(tmp_path / "pipe"), _metrics(tmp_path / "serial"), **LOGGED)
+    _assert_same_weights(tmp_path / "serial", tmp_path / "pipe")

@@ -100,9 +100,9 @@ def test_smollm2_is_a_real_pretrained_model(smollm2, tmp_path):
 def test_cache_dir_reuses_the_export(smollm2, tmp_path):
     path, tokenizer, _, plain = smollm2
     # An export under the cache key is what load_pretrained(cache_dir=...) reads instead of the GGUF file.
-    export_hf_folder(plain, tokenizer, tmp_path / f"{path.stem}-{path.stat().st_size}")
+    export_hf_folder(plain, tokenizer, tmp_path / f"{path.stem}-{path.stat().st_size}-f32")
     model, cached_tokenizer = load_pretrained(SMOLLM2_135M, cache_dir=tmp_path)
-    assert model.config.name_or_path == str(tmp_path / f"{path.stem}-{path.stat().st_size}")
+    assert model.config.name_or_path == str(tmp_path / f"{path.stem}-{path.stat().st_size}-f32")
     ids = torch.tensor([tokenizer(ENGLISH).input_ids])
     with torch.no_grad():
         assert torch.equal(model.eval()(input_ids=ids).logits, plain(input_ids=ids).logits)
