@@ -284,7 +284,13 @@ def data_ranks_per_node(gpus_per_node: int, shape: GridShape) -> int:
 # ----- the pipeline axis ----------------------------------------------------------------------------------------------
 # Schedules of torch.distributed.pipelining the engine runs (engine/training/pipeline.py), and whether each runs
 # several stages per rank (V > 1).
-PIPE_SCHEDULES: dict[str, bool] = {"gpipe": False, "1f1b": False, "interleaved-1f1b": True, "zero-bubble": True}
+PipeSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"]
+PIPE_SCHEDULES: dict[PipeSchedule, bool] = {
+    "gpipe": False,
+    "1f1b": False,
+    "interleaved-1f1b": True,
+    "zero-bubble": True,
+}
 
 
 @dataclass(frozen=True)
@@ -295,7 +301,7 @@ class PipeConfig:
     rank (0: resolve_microbatches picks). virtual: stages per rank (interleaved schedules). splits: the first decoder
     layer of stages 1..S-1 (empty: balanced by parameter count)."""
 
-    schedule: str = "1f1b"
+    schedule: PipeSchedule = "1f1b"
     microbatches: int = 0
     virtual: int = 1
     splits: tuple[int, ...] = ()
@@ -371,11 +377,12 @@ class PipeConfig:
 # Element bytes (weights and gradients, matmul products, residual stream) of each `goldfish train --precision`:
 # bf16 is torch.autocast(bf16) over fp32 weights (matrix products in bf16; weights, gradients, residual stream and
 # AdamW state in fp32); fp32 is fp32 throughout. Either way a parameter costs 16 bytes (weight, gradient, two moments).
-PRECISIONS: dict[str, tuple[int, int, int]] = {"bf16": (4, 2, 4), "fp32": (4, 4, 4)}
+Precision = Literal["fp32", "bf16"]
+PRECISIONS: dict[Precision, tuple[int, int, int]] = {"bf16": (4, 2, 4), "fp32": (4, 4, 4)}
 # The trainer's default is exact float32 (what every parallel-equals-serial test compares, and what a CPU runs
 # fast); the planner plans GPU clusters, where runs use bf16 autocast, and prints --precision in its commands.
-TRAIN_PRECISION = "fp32"
-PLAN_PRECISION = "bf16"
+TRAIN_PRECISION: Precision = "fp32"
+PLAN_PRECISION: Precision = "bf16"
 
 
 def check_precision(precision: str) -> str:
@@ -474,7 +481,7 @@ class ParallelLayout:
     rows: RowsLayout = OWN
     vocab_parallel: bool | None = None
     zero: ZeroConfig = ZeroConfig()
-    precision: str = TRAIN_PRECISION
+    precision: Precision = TRAIN_PRECISION
 
     def __post_init__(self) -> None:
         if not isinstance(self.shape, GridShape):

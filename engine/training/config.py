@@ -13,6 +13,8 @@ from engine.spec import (
     GridShape,
     ParallelLayout,
     PipeConfig,
+    PipeSchedule,
+    Precision,
     RowsLayout,
     ZeroConfig,
     check_precision,
@@ -20,14 +22,12 @@ from engine.spec import (
     parse_quantize,
 )
 
-# The values of TrainConfig's string settings. Precision and PipeSchedule are the keys of engine.spec.PRECISIONS and
-# engine.spec.PIPE_SCHEDULES, which validate them (tests/unit/test_modes.py checks that they agree).
+# The values of TrainConfig's string settings (Precision and PipeSchedule: engine.spec's, beside the tables that
+# validate them; tests/unit/test_modes.py checks that they agree).
 Optimizer = Literal["adamw", "sgd"]
 OPTIMIZERS: tuple[Optimizer, ...] = get_args(Optimizer)
 LrSchedule = Literal["constant", "cosine"]  # the learning rate after the linear warm-up
 LR_SCHEDULES: tuple[LrSchedule, ...] = get_args(LrSchedule)
-Precision = Literal["fp32", "bf16"]
-PipeSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"]
 
 
 @dataclass(frozen=True)

@@ -39,16 +39,8 @@ def test_report_to_is_one_literal() -> None:
 
 
 def test_train_config_settings_are_literals_of_their_choices() -> None:
-    from engine.spec import PIPE_SCHEDULES, PRECISIONS, RowsLayout
-    from engine.training.config import (
-        LR_SCHEDULES,
-        OPTIMIZERS,
-        LrSchedule,
-        Optimizer,
-        PipeSchedule,
-        Precision,
-        TrainConfig,
-    )
+    from engine.spec import PIPE_SCHEDULES, PRECISIONS, PipeSchedule, Precision, RowsLayout
+    from engine.training.config import LR_SCHEDULES, OPTIMIZERS, LrSchedule, Optimizer, TrainConfig
     from goldfish.app.options import TRAINING
 
     assert OPTIMIZERS == typing.get_args(Optimizer) == ("adamw", "sgd")
