@@ -284,14 +284,38 @@ def cache_keyword(model: nn.Module) -> str:
     return next((k for k in CACHE_KEYWORDS if k in parameters), CACHE_KEYWORDS[-1])
 
 
-def causal_mask(config: Any, hidden: torch.Tensor, positions: torch.Tensor) -> Any:
-    """The causal attention mask a base model builds for `hidden` (B, T, H) at `positions` (1, T) without padding
-    mask or cache (transformers' create_causal_mask, whose cache keyword follows the installed release)."""
+def causal_mask(
+    config: Any,
+    hidden: torch.Tensor,
+    positions: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    cache: Any = None,
+    layer: int | None = None,
+) -> Any:
+    """The causal attention mask a base model builds for `hidden` (B, T, H) at `positions` (B or 1, T), with the
+    padding `attention_mask` and the KV `cache` when given, sized against the cache's layer `layer` (a pipeline
+    stage's first layer, whose cache holds what layer 0's holds serially): transformers' create_causal_mask, whose
+    cache keyword follows the installed release. ValueError for a cache and `layer` on a transformers without
+    layer_idx."""
     from transformers.masking_utils import create_causal_mask
 
-    keyword = next(k for k in CACHE_KEYWORDS if k in inspect.signature(create_causal_mask).parameters)
+    parameters = inspect.signature(create_causal_mask).parameters
+    sized = {}
+    if layer is not None and cache is not None:  # transformers reads layer_idx only with a cache
+        if "layer_idx" not in parameters:
+            raise ValueError(
+                "evaluation through pipeline stages needs a transformers whose create_causal_mask takes layer_idx "
+                "(5.x): upgrade transformers"
+            )
+        sized = {"layer_idx": layer}
+    keyword = next(k for k in CACHE_KEYWORDS if k in parameters)
     return create_causal_mask(
-        config=config, inputs_embeds=hidden, attention_mask=None, position_ids=positions, **{keyword: None}
+        config=config,
+        inputs_embeds=hidden,
+        attention_mask=attention_mask,
+        position_ids=positions,
+        **sized,
+        **{keyword: cache},
     )
 
 

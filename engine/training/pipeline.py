@@ -37,10 +37,11 @@ the SUM of the micro-batch losses, the engine's convention (engine/training/stat
 
 from __future__ import annotations
 
+import inspect
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -63,6 +64,7 @@ from engine.models.layout import parallel_grid, running_rows
 from engine.models.stages import check_model, stage_recipe
 from engine.spec import PIPE_SCHEDULES, PipeConfig, row_gather_axes
 
+LAYER_CACHE_KEYWORDS = ("cache", "past_key_values", "layer_past")
 # name -> (torch schedule, takes several stages per rank)
 SCHEDULES = {
     name: (torch_class, PIPE_SCHEDULES[name])
@@ -105,6 +107,9 @@ class StageModule(nn.Module):
         self.positions: torch.Tensor | None = None  # (B, T) its position ids, when rows have their own (packed rows)
         full = {id(p): name for name, p in model.named_parameters()}
         self.names = {name: full[id(p)] for name, p in self.named_parameters()}
+        # the keyword the decoder layers take their KV cache by, in the installed transformers (newest first)
+        parameters = inspect.signature(self.layers[0].forward).parameters
+        self.cache_keyword = next((k for k in LAYER_CACHE_KEYWORDS if k in parameters), LAYER_CACHE_KEYWORDS[0])
 
     def embed_tokens(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The first stage's input: ids (B, T) embedded (B, T, H), plus the position table at `positions` (B, T) or
@@ -122,7 +127,18 @@ class StageModule(nn.Module):
             return None
         return self.grid.group("x", "y")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        cache: Any = None,
+        use_cache: bool = False,
+        logits_to_keep: int | torch.Tensor = 0,
+    ) -> torch.Tensor:
+        """The keywords are the serial causal LM's, for an evaluation through the stages
+        (engine/training/pipeline_eval.py): the padding mask (B, T_past + T), the KV cache (this stage's layers fill
+        theirs), and the positions whose logits the last stage returns; training passes none of them."""
         group = self._row_group()
         if self.positions is None:
             positions = torch.arange(x.shape[1], device=x.device).unsqueeze(0)  # (1, T), as the base model builds them
@@ -134,7 +150,9 @@ class StageModule(nn.Module):
             if group is not None:
                 h = gather_from_group(h, group, 0)  # (B', T, H): the rows of the x*y group
         extra = {"position_embeddings": self.rotary(h, position_ids=positions)} if self.rotary is not None else {}
-        mask = causal_mask(self.config, h, positions)
+        mask = causal_mask(self.config, h, positions, attention_mask, cache, self.start)  # cache layer: the first's
+        if cache is not None or use_cache:  # an evaluation's KV cache (training keeps the layers' defaults)
+            extra.update({"use_cache": use_cache, self.cache_keyword: cache})
         for layer in self.layers:
             h = layer(h, attention_mask=mask, position_ids=positions, **extra)
         if self.lm_head is None:
@@ -143,7 +161,9 @@ class StageModule(nn.Module):
         if group is not None:
             h = split_to_group(h, group, 0)  # this rank's own rows (B, T, H)
         if self.targets is None:
-            return self.lm_head(h)  # (B, T, V)
+            if not isinstance(logits_to_keep, int) or logits_to_keep:  # only the positions an evaluation asks for
+                h = h[:, slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep, :]
+            return self.lm_head(h)  # (B, T', V)
         return head_token_losses(self.lm_head, h, self.targets)  # (B, T)
 
 

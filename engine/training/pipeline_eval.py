@@ -26,7 +26,6 @@ same step), and beam search reorders each rank's cache, which holds its own laye
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import Any, Sequence
 
@@ -44,8 +43,6 @@ from engine.training.pipeline import HEADER, HIDDEN_DTYPES, StageModule, hand_ov
 # forward keywords HF generate passes that change nothing here (the output is always a ModelOutput; positions come
 # from position_ids or the cache)
 PASSED_OVER = ("return_dict", "cache_position")
-# what the decoder layers of the installed transformers take their KV cache by, newest first
-LAYER_CACHE_KEYWORDS = ("cache", "past_key_values", "layer_past")
 
 
 class PipelineEvalModel(nn.Module):
@@ -78,7 +75,6 @@ class PipelineEvalModel(nn.Module):
         self._all = tuple(stages)  # every stage's module (shapes and names), not registered: others' are meta
         self.stage = stages[group.rank]  # this rank's, registered: its parameters are the module's
         object.__setattr__(self, "_whole", model)  # for HF generate; not a submodule (its other stages are meta)
-        self._layer_cache = _layer_cache_keyword(self.stage.layers[0])
         self.train(model.training)
 
     @property
@@ -143,26 +139,13 @@ class PipelineEvalModel(nn.Module):
     ) -> torch.Tensor:
         """This rank's stage, as the serial base model runs those layers: ids (B, T) on the first stage, hidden states
         (B, T, H) on the others; returns hidden states, or the logits (B, T', V) on the last stage."""
-        stage = self.stage
-        h = x
-        if stage.embed is not None:
-            h = stage.embed_tokens(x, positions)  # (B, T, H)
-        mask = _stage_mask(self.config, h, attention_mask, positions, cache, stage.start)
-        extra = {"position_embeddings": stage.rotary(h, position_ids=positions)} if stage.rotary is not None else {}
-        for layer in stage.layers:
-            h = layer(
-                h,
-                attention_mask=mask,
-                position_ids=positions,
-                use_cache=use_cache,
-                **{self._layer_cache: cache},
-                **extra,
+        self.stage.positions = positions
+        try:
+            return self.stage(
+                x, attention_mask=attention_mask, cache=cache, use_cache=use_cache, logits_to_keep=logits_to_keep
             )
-        if stage.lm_head is None:
-            return h
-        h = stage.norm(h)
-        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        return stage.lm_head(h[:, keep, :])  # as the serial head: only the positions asked for
+        finally:
+            self.stage.positions = None
 
     def generate(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         """The model's own HF generate, each of its forwards run through the stages (this module's forward). Every
@@ -216,41 +199,6 @@ class PipelineEvalModel(nn.Module):
         own = grads[1:] if rank > 0 else grads
         squares = [float(g.double().pow(2).sum()) for g in own if g is not None]  # in this stage's parameter order
         return math.sqrt(sum(x for part in comm.all_gather_objects(squares, self.group) for x in part))
-
-
-def _stage_mask(
-    config: Any,
-    hidden: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    positions: torch.Tensor,
-    cache: Any,
-    layer: int,
-) -> Any:
-    """The attention mask the base model builds for `hidden` (B, T, H) at `positions` with the padding mask and the
-    cache, sized against cache layer `layer` (transformers' create_causal_mask)."""
-    from transformers.masking_utils import create_causal_mask
-
-    parameters = inspect.signature(create_causal_mask).parameters
-    if "layer_idx" not in parameters:
-        raise ValueError(
-            "evaluation through pipeline stages needs a transformers whose create_causal_mask takes layer_idx "
-            "(5.x): upgrade transformers"
-        )
-    keyword = next(k for k in CACHE_KEYWORDS if k in parameters)
-    return create_causal_mask(
-        config=config,
-        inputs_embeds=hidden,
-        attention_mask=attention_mask,
-        position_ids=positions,
-        layer_idx=layer,
-        **{keyword: cache},
-    )
-
-
-def _layer_cache_keyword(layer: nn.Module) -> str:
-    """The keyword a decoder layer takes the KV cache by."""
-    parameters = inspect.signature(layer.forward).parameters
-    return next((k for k in LAYER_CACHE_KEYWORDS if k in parameters), LAYER_CACHE_KEYWORDS[0])
 
 
 def _output_cache_field() -> str:
