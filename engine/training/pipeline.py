@@ -500,21 +500,30 @@ HIDDEN_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)  #
 HEADER = 8  # int64s announcing a handed-over tensor: its dtype's code, then its dims padded with -1
 
 
+def header_of(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """The (HEADER,) int64 header announcing `tensor` (up to 7 dims); None: an empty one to receive into."""
+    if tensor is None:
+        return torch.empty(HEADER, dtype=torch.int64, device=device)
+    dims = [*tensor.shape, *[-1] * (HEADER - 1 - tensor.dim())]
+    return torch.tensor([HIDDEN_DTYPES.index(tensor.dtype), *dims], dtype=torch.int64, device=device)
+
+
+def announced(header: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """An uninitialized tensor of the dtype and shape `header` (header_of) announces, to receive into."""
+    code, *dims = header.tolist()
+    return torch.empty([n for n in dims if n >= 0], dtype=HIDDEN_DTYPES[code], device=device)
+
+
 def hand_over(hidden: torch.Tensor, group: AxisGroup, sender: int, receiver: int, device: torch.device) -> torch.Tensor:
     """`hidden` of group rank `sender` (a stage's output, up to 7 dims) on group rank `receiver`: a header
-    (dtype code, dims) then the tensor, point to point. Other ranks get back what they gave."""
+    (header_of) then the tensor, point to point. Other ranks get back what they gave."""
     rank = group.rank
     if rank == sender:
-        dims = [*hidden.shape, *[-1] * (HEADER - 1 - hidden.dim())]
-        header = torch.tensor([HIDDEN_DTYPES.index(hidden.dtype), *dims], dtype=torch.int64, device=device)
-        comm.send(header, group, receiver, counted=False)
+        comm.send(header_of(hidden, device), group, receiver, counted=False)
         comm.send(hidden, group, receiver)
         return hidden
     if rank != receiver:
         return hidden
-    header = torch.empty(HEADER, dtype=torch.int64, device=device)
-    comm.recv(header, group, sender)
-    code, *dims = header.tolist()
-    received = torch.empty([n for n in dims if n >= 0], dtype=HIDDEN_DTYPES[code], device=device)
+    received = announced(comm.recv(header_of(None, device), group, sender), device)
     comm.recv(received, group, sender)
     return received

@@ -38,7 +38,7 @@ from engine.core import comm
 from engine.core.grid import AxisGroup
 from engine.models.adapter import CACHE_KEYWORDS
 from engine.models.layout import parallel_grid
-from engine.training.pipeline import HEADER, HIDDEN_DTYPES, StageModule, hand_over, split_model, stage_to_device
+from engine.training.pipeline import StageModule, announced, hand_over, header_of, split_model, stage_to_device
 
 # forward keywords HF generate passes that change nothing here (the output is always a ModelOutput; positions come
 # from position_ids or the cache)
@@ -210,14 +210,9 @@ def _output_cache_field() -> str:
 def _broadcast(tensor: torch.Tensor | None, group: AxisGroup, owner: int, device: torch.device) -> torch.Tensor:
     """Group rank `owner`'s `tensor` (up to 7 dims) on every rank of the group: a header (dtype code, dims), then the
     tensor. The other ranks pass None."""
-    if group.rank == owner:
-        dims = [*tensor.shape, *[-1] * (HEADER - 1 - tensor.dim())]
-        header = torch.tensor([HIDDEN_DTYPES.index(tensor.dtype), *dims], dtype=torch.int64, device=device)
-    else:
-        header = torch.empty(HEADER, dtype=torch.int64, device=device)
-    code, *dims = comm.broadcast_(header, group, owner).tolist()
+    header = comm.broadcast_(header_of(tensor if group.rank == owner else None, device), group, owner)
     if group.rank != owner:
-        tensor = torch.empty([n for n in dims if n >= 0], dtype=HIDDEN_DTYPES[code], device=device)
+        tensor = announced(header, device)
     return comm.broadcast_(tensor.contiguous(), group, owner)
 
 
