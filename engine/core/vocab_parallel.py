@@ -292,7 +292,7 @@ class _VocabShard:
 
 def _new_weight(old: nn.Parameter, data: torch.Tensor) -> nn.Parameter:
     new = nn.Parameter(data.detach().clone(), requires_grad=old.requires_grad)
-    new.__dict__.update({k: v for k, v in old.__dict__.items() if not k.startswith("_engine")})
+    new.__dict__.update(old.__dict__)  # flags such as transformers' _is_hf_initialized
     return new
 
 
