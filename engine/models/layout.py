@@ -395,7 +395,7 @@ def plan_of(model: nn.Module, grid: Grid | None = None) -> ParallelPlan:
     grid = grid if grid is not None or not inner else inner[0][1].grid
     if grid is None:
         raise ValueError("this model was not parallelized: pass the grid its parallel modules were built on")
-    if not inner and _has_sharded_stack(model):  # its regions are in the record of the model that holds it
+    if not inner and _sharded_layers_grid(model) is not None:  # its regions are in the record of the model holding it
         raise ValueError(
             f"this {type(model).__name__} is part of a model parallelize was given (its decoder layers are sharded, "
             "but it holds no layout): pass the model that parallelize returned"
@@ -415,9 +415,11 @@ def running_rows(model: nn.Module) -> RowsLayout:
     return next((m.__dict__[ROWS_MODE] for m in model.modules() if ROWS_MODE in m.__dict__), OWN)
 
 
-def _has_sharded_stack(model: nn.Module) -> bool:
-    """True when a transformers base model inside `model` has ParallelLinear decoder layers (parallelize planned it)."""
-    return any(isinstance(m, ParallelLinear) for _, stack, _ in find_planned(model) for m in stack.modules())
+def _sharded_layers_grid(model: nn.Module) -> Grid | None:
+    """The grid of the ParallelLinear decoder layers of a transformers base model inside `model` (parallelize planned
+    it), or None when it has none."""
+    sharded = (m for _, stack, _ in find_planned(model) for m in stack.modules() if isinstance(m, ParallelLinear))
+    return next((m.grid for m in sharded), None)
 
 
 def declared_plans(model: nn.Module) -> list[tuple[str, ParallelPlan]]:
@@ -446,7 +448,4 @@ def parallel_grid(model: nn.Module) -> Grid | None:
     """The grid `model`'s decoder layers were parallelized on, or None for a model parallelize never planned. A part
     of a parallelized model (its record sits on the model holding it) answers with its sharded layers' grid."""
     stacks = planned_stacks(model)
-    if stacks:
-        return stacks[0][2]
-    sharded = (m for _, stack, _ in find_planned(model) for m in stack.modules() if isinstance(m, ParallelLinear))
-    return next((m.grid for m in sharded), None)
+    return stacks[0][2] if stacks else _sharded_layers_grid(model)
