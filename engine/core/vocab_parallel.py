@@ -286,9 +286,6 @@ class _VocabShard:
         """The full (V, ...) tensor from every rank's shard-shaped `shard` (collective over x*y*z)."""
         return self.in_block_order(comm.all_gather(local_shard(shard).detach().contiguous(), self.group, 0), 0)
 
-    def full_weight(self) -> torch.Tensor:
-        return self.gather_rows(self.weight)
-
 
 def _new_weight(old: nn.Parameter, data: torch.Tensor) -> nn.Parameter:
     new = nn.Parameter(data.detach().clone(), requires_grad=old.requires_grad)
