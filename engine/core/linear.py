@@ -252,28 +252,6 @@ class ParallelLinear(nn.Linear):
         return None if self.bias is None else self.gather_bias(self.bias)
 
     @torch.no_grad()
-    def load_full_(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "ParallelLinear":
-        """Copy this rank's shards out of the full (out, in) weight and (out,) bias (no communication)."""
-        if tuple(weight.shape) != (self.out_features, self.in_features):
-            raise ShardingError(
-                f"{self.name}: full weight must have shape {(self.out_features, self.in_features)}, "
-                f"got {tuple(weight.shape)}"
-            )
-        local_shard(self.weight).copy_(self.shard_weight(weight))
-        if (bias is None) != (self.bias is None):
-            raise ShardingError(
-                f"{self.name}: bias {'missing' if bias is None else 'given'} but the layer "
-                f"{'has' if self.bias is not None else 'has no'} bias"
-            )
-        if bias is not None:
-            if tuple(bias.shape) != (self.out_features,):
-                raise ShardingError(
-                    f"{self.name}: full bias must have shape {(self.out_features,)}, got {tuple(bias.shape)}"
-                )
-            local_shard(self.bias).copy_(self.shard_bias(bias))
-        return self
-
-    @torch.no_grad()
     def reset_parameters(self) -> None:
         """nn.Linear's initialisation drawn for the FULL weight, then sliced: identical values to a serial
         layer built from the same random state, and the same random numbers consumed."""
@@ -344,7 +322,10 @@ class ParallelLinear(nn.Linear):
             dtype=weight.dtype,
         )
         layer.out_order = out_order
-        layer.load_full_(weight.detach(), None if bias is None else bias.detach())
+        with torch.no_grad():  # this rank's shards, no communication
+            layer.weight.copy_(layer.shard_weight(weight))
+            if bias is not None:
+                layer.bias.copy_(layer.shard_bias(bias))
         layer.weight.requires_grad_(weight.requires_grad)
         if bias is not None:
             layer.bias.requires_grad_(bias.requires_grad)
