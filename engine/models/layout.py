@@ -81,11 +81,6 @@ class ParamLayout:
     def split_axes(self) -> tuple[str, ...]:
         return tuple(axis for axis, _ in self.split if self.sizes[axis] > 1)
 
-    @property
-    def replicated_axes(self) -> tuple[str, ...]:
-        """The tensor-parallel axes over which every rank holds the same local tensor."""
-        return tuple(a for a in ("x", "y", "z") if a not in self.split_axes)
-
     def gradient_axes(self, rows: str = "own") -> tuple[str, ...]:
         """The axes sync_gradients sums this tensor's gradient over in the rows layout `rows`."""
         return ("data",) if self.is_linear else gradient_axes(rows, self.region)
@@ -94,7 +89,8 @@ class ParamLayout:
         """True on the one rank of each set of replicas that counts this shard in the gradient norm (a shard that is
         split over some axes and replicated over others, e.g. a bias); tensors split over nothing are counted by
         every rank without a sum over x*y*z."""
-        return not self.split_axes or all(self.coords[a] == 0 for a in self.replicated_axes)
+        replicated = (a for a in ("x", "y", "z") if a not in self.split_axes)  # every rank holds the same there
+        return not self.split_axes or all(self.coords[a] == 0 for a in replicated)
 
     def local_block(self) -> tuple[tuple[int, int], ...]:
         """(start, length) per dim of this rank's block in the stored (regrouped) full tensor."""
