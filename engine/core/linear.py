@@ -221,27 +221,18 @@ class ParallelLinear(nn.Linear):
 
         Collective over the x*y*z group: all its ranks must call it.
         """
-        group = self.grid.group("x", "y", "z")
-        shard = local_shard(shard)
-        pieces = comm.all_gather(shard.detach().contiguous().unsqueeze(0), group, 0)  # (X Y Z, rows, cols)
-        X, Y, Z = self.grid.size("x"), self.grid.size("y"), self.grid.size("z")
-        rows, cols = shard.shape
-        grid5 = pieces.reshape(Z, Y, X, rows, cols)
+        shard = local_shard(shard).detach()
+        pieces = comm.all_gather(shard.contiguous().unsqueeze(0), self.grid.group("x", "y", "z"), 0)  # (XYZ, r, c)
+        grid5 = pieces.reshape(self.grid.size("z"), self.grid.size("y"), self.grid.size("x"), *shard.shape)
         # normal: rows ordered (y, z), columns by x; transposed: rows (x, z), columns by y
         order = (1, 0, 3, 2, 4) if self.mode != "transposed" else (2, 0, 3, 1, 4)
-        full = grid5.permute(*order).reshape(self.out_features, self.in_features)
-        return self._natural(full)
+        return self._natural(grid5.permute(*order).reshape(self.out_features, -1))
 
     def gather_bias(self, shard: torch.Tensor) -> torch.Tensor:
-        """Full (out,) tensor, natural order, from every rank's bias-shaped `shard` (collective over x*y*z)."""
-        group = self.grid.group("x", "y", "z")
-        shard = local_shard(shard)
-        pieces = comm.all_gather(shard.detach().contiguous().unsqueeze(0), group, 0)
-        X, Y, Z = self.grid.size("x"), self.grid.size("y"), self.grid.size("z")
-        grid4 = pieces.reshape(Z, Y, X, -1)
-        # the bias is replicated over the axis that splits the input: take its index 0
-        full = grid4[:, :, 0].permute(1, 0, 2) if self.mode != "transposed" else grid4[:, 0].permute(1, 0, 2)
-        return self._natural(full.reshape(self.out_features))
+        """Full (out,) tensor, natural order, from every rank's bias-shaped `shard` (collective over x*y*z): gathered
+        as a weight of one column per rank, whose copies over the axis that splits the input are equal (the first
+        is taken)."""
+        return self.gather_weight(local_shard(shard).unsqueeze(-1))[:, 0].contiguous()
 
     def full_weight(self) -> torch.Tensor:
         """The full (out, in) weight, equal to the serial layer's (collective over x*y*z)."""
