@@ -36,7 +36,8 @@ from eval.adaptive import (
 )
 from eval.extraction import ExtractionConfig, extract, summarize_extraction
 from eval.membership import membership_rows, membership_summary, recall_prefix, token_frequencies
-from goldfish.app.models import _rank0_first, load_parallel_model
+from goldfish.app.models import load_parallel_model
+from goldfish.app.weights_folder import rank0_first
 
 VOCAB = 256
 PAD = 1  # not 0: transformers 5.x beam search reads pad_token_id=0 as "no pad id" and fails without an EOS id
@@ -288,9 +289,10 @@ def _world_2(expected: dict[str, Any], docs: list[Doc], folder: str) -> dict[str
     if grid.rank == 0:
         notes["chunked prefill"] = chunked
     marker = Path(folder) / "rank0.txt"
-    notes["rank 0 first"] = _rank0_first(grid, lambda: marker.write_text("0") if grid.rank == 0 else marker.read_text())
+    notes["rank 0 first"] = rank0_first(grid, lambda: marker.write_text("0") if grid.rank == 0 else marker.read_text())
+    notes["rank 0 found none"] = rank0_first(grid, lambda: None if grid.rank == 0 else "loaded")  # the ranks agree
     try:
-        _rank0_first(grid, lambda: [][grid.rank])  # fails on rank 0: every rank raises, rank 1 does not load
+        rank0_first(grid, lambda: [][grid.rank])  # fails on rank 0: every rank raises, rank 1 does not load
     except ParallelEvalError as error:
         notes["rank 0 failed"] = str(error)
     seen: list[int] = []
@@ -339,6 +341,7 @@ def test_world_2_grids_equal_one_process(tmp_path: Path) -> None:
     assert rank0["plain model used as is"]
     assert all(notes[r]["loaded in eval mode"] and notes[r]["rank 0 first"] for r in (0, 1))
     assert notes[1]["rank 0 first"] == "0"  # rank 1 read what rank 0 wrote before it
+    assert notes[0]["rank 0 found none"] is None and notes[1]["rank 0 found none"] is None  # rank 1 never loaded
     for rank in (0, 1):
         assert "loading the model failed on rank 0: IndexError" in notes[rank]["rank 0 failed"]
     assert "needs a model parallelized on this grid" in rank0["plain model wrapped"]
