@@ -59,12 +59,11 @@ from engine.core.grid import AxisGroup
 from engine.core.placement import local_shard
 from engine.core.vocab_parallel import head_token_losses
 from engine.memory.zero import local
-from engine.models.adapter import causal_mask, find_planned
+from engine.models.adapter import CACHE_KEYWORDS, causal_mask, find_planned
 from engine.models.layout import parallel_grid, running_rows
 from engine.models.stages import check_model, stage_recipe
 from engine.spec import PIPE_SCHEDULES, PipeConfig, row_gather_axes
 
-LAYER_CACHE_KEYWORDS = ("cache", "past_key_values", "layer_past")
 # name -> (torch schedule, takes several stages per rank)
 SCHEDULES = {
     name: (torch_class, PIPE_SCHEDULES[name])
@@ -107,9 +106,9 @@ class StageModule(nn.Module):
         self.positions: torch.Tensor | None = None  # (B, T) its position ids, when rows have their own (packed rows)
         full = {id(p): name for name, p in model.named_parameters()}
         self.names = {name: full[id(p)] for name, p in self.named_parameters()}
-        # the keyword the decoder layers take their KV cache by, in the installed transformers (newest first)
+        # the keyword the decoder layers take their KV cache by in the installed transformers (GPT-2's: layer_past)
         parameters = inspect.signature(self.layers[0].forward).parameters
-        self.cache_keyword = next((k for k in LAYER_CACHE_KEYWORDS if k in parameters), LAYER_CACHE_KEYWORDS[0])
+        self.cache_keyword = next((k for k in (*CACHE_KEYWORDS, "layer_past") if k in parameters), CACHE_KEYWORDS[0])
 
     def embed_tokens(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The first stage's input: ids (B, T) embedded (B, T, H), plus the position table at `positions` (B, T) or
