@@ -396,14 +396,21 @@ def plan_of(model: nn.Module, grid: Grid | None = None) -> ParallelPlan:
             f"this {type(model).__name__} is part of a model parallelize was given (its decoder layers are sharded, "
             "but it holds no layout): pass the model that parallelize returned"
         )
+    regions, stacks = recorded(model)  # a wrapper around parallelized models: their records, under their paths
+    rows = inner[0][1].rows if inner else running_rows(model)
+    return describe(model, grid, regions, tuple(stacks), rows)
+
+
+def recorded(model: nn.Module) -> tuple[dict[str, str], list[str]]:
+    """The regions and planned stacks of every plan parallelize recorded on `model` or a module inside it (a model
+    parallelized before, e.g. by auto_parallelize, or a wrapper around parallelized models), by path in `model`."""
     regions: dict[str, str] = {}
     stacks: list[str] = []
-    for path, layout in inner:  # a wrapper around parallelized models: their records, under their paths
+    for path, layout in declared_plans(model):
         join = lambda part: ".".join(p for p in (path, part) if p)  # noqa: E731
         regions.update({join(part): region for part, region in layout.regions.items()})
         stacks += [join(part) for part in layout.stacks]
-    rows = inner[0][1].rows if inner else running_rows(model)
-    return describe(model, grid, regions, tuple(stacks), rows)
+    return regions, stacks
 
 
 def running_rows(model: nn.Module) -> RowsLayout:

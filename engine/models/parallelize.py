@@ -62,11 +62,10 @@ from engine.models.family import FamilyAdapter
 from engine.models.layout import (
     PLAN_ATTR,
     ROWS_MODE,
-    declared_plans,
     describe,
     place_parameters,
-    plan_of,
     planned_stacks,
+    recorded,
 )
 from engine.spec import OWN, RowsLayout, check_rows_layout, row_gather_axes
 
@@ -582,7 +581,7 @@ def parallelize(
     """
     tensor_parallel = grid.size("x", "y", "z") > 1
     found = find_planned(model, families)
-    regions, stacks_done = _recorded(model)
+    regions, stacks_done = recorded(model)  # of a model parallelized before, or a wrapper around one
     planned = {id(stack): stack_grid for _, stack, stack_grid in planned_stacks(model)}
     for stack_name, stack, plan in found:
         if planned.get(id(stack)) is grid:
@@ -618,13 +617,3 @@ def parallelize(
     place_parameters(model, layout)
     model.__dict__[PLAN_ATTR] = layout.unbound()
     return model
-
-
-def _recorded(model: nn.Module) -> tuple[Regions, list[str]]:
-    """The regions and planned stacks (by path in `model`) of every layout already recorded inside `model` (a model
-    parallelized before, e.g. by auto_parallelize, or a wrapper around a parallelized model)."""
-    declared = declared_plans(model)
-    if not declared:
-        return {}, []
-    layout = plan_of(model)
-    return dict(layout.regions), list(layout.stacks)
