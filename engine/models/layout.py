@@ -165,16 +165,12 @@ class ParamLayout:
         split = {axis: dim for axis, dim in self.split if self.sizes[axis] > 1}
         return tuple(Shard(split[axis]) if axis in split else Replicate() for axis in mesh_axes)
 
-    def at(self, coords: Mapping[str, int]) -> "ParamLayout":
-        """The same tensor's layout as another rank (at `coords`) holds it."""
-        return replace(self, coords=dict(coords), tensor=None)
-
     def assemble(self, locals_by_coords: list[tuple[Mapping[str, int], torch.Tensor]]) -> torch.Tensor:
         """The natural full tensor from the local tensors of ranks (coords, local) covering every split axis."""
         first = locals_by_coords[0][1]
         full = torch.empty(self.full_shape, dtype=first.dtype, device=first.device)
         for coords, local in locals_by_coords:
-            for piece in self.at(coords).pieces():
+            for piece in replace(self, coords=dict(coords), tensor=None).pieces():  # as the rank at `coords` holds it
                 full[tuple(slice(o, o + n) for o, n in zip(piece.offsets, piece.sizes))] = local[piece.local]
         return full
 
