@@ -211,14 +211,8 @@ class ParallelPlan:
         replaces parameters by DTensors after parallelize). Raises ValueError when the model's tensors no longer are
         the ones laid out (one added, reshaped, tied or untied after parallelize): every reader would skip or cut it."""
         tensors = model.state_dict(keep_vars=True)
-        first: dict[int, str] = {}
-        aliases: dict[str, list[str]] = {}
-        for key, tensor in tensors.items():
-            owner = first.setdefault(id(tensor), key)
-            if owner != key:
-                aliases.setdefault(owner, []).append(key)
-        owners = set(first.values())
-        changed = [key for key in self.params if key not in owners] + [key for key in owners if key not in self.params]
+        ties = tied_keys(tensors)
+        changed = [key for key in self.params if key not in ties] + [key for key in ties if key not in self.params]
         # a placed DTensor by its local shard, a DTensor of ZeRO by its global shape: what this rank holds of `p`
         changed += [
             key
@@ -230,9 +224,7 @@ class ParallelPlan:
                 f"{changed[0]!r} is not as parallelize laid it out (the model was changed after parallelize: a tensor "
                 "added, removed, reshaped or tied); change the model before parallelizing it"
             )
-        params = {
-            key: replace(p, tensor=tensors[key], aliases=tuple(aliases.get(key, ()))) for key, p in self.params.items()
-        }
+        params = {key: replace(p, tensor=tensors[key], aliases=tuple(ties[key])) for key, p in self.params.items()}
         return replace(self, params=params)
 
     def unbound(self) -> "ParallelPlan":
@@ -263,13 +255,9 @@ def describe(
         for name, _ in module.named_buffers(recurse=False, remove_duplicate=False):
             owners.setdefault(f"{prefix}{name}", (module, name))
     params: dict[str, ParamLayout] = {}
-    first: dict[int, str] = {}
-    for key, tensor in model.state_dict(keep_vars=True).items():
-        if id(tensor) in first:
-            if not params[first[id(tensor)]].split:  # a split tensor's meaning comes from its (shared) module
-                _check_same_gradient(params[first[id(tensor)]], key, regions)
-            continue
-        first[id(tensor)] = key
+    tensors = model.state_dict(keep_vars=True)
+    for key, ties in tied_keys(tensors).items():
+        tensor = tensors[key]
         module, name = owners.get(key, (None, key))
         common = {"key": key, "coords": coords, "sizes": sizes}
         if isinstance(module, ParallelLinear) and name in ("weight", "bias"):
@@ -287,7 +275,19 @@ def describe(
             params[key] = ParamLayout(full_shape=shape, split=VOCAB_SPLIT, region="tensor", **common)
         else:
             params[key] = ParamLayout(full_shape=tuple(tensor.shape), region=_region(key, regions), **common)
+        for alias in ties if not params[key].split else ():  # a split tensor's meaning comes from its module
+            _check_same_gradient(params[key], alias, regions)
     return ParallelPlan(grid, params, tuple(stacks), regions, rows).bind(model)
+
+
+def tied_keys(tensors: Mapping[str, torch.Tensor]) -> dict[str, list[str]]:
+    """Each distinct tensor of a state dict by its first key, with its other (tied) keys, in state-dict order."""
+    first: dict[int, str] = {}
+    ties: dict[str, list[str]] = {}
+    for key, tensor in tensors.items():
+        owner = first.setdefault(id(tensor), key)
+        ties.setdefault(owner, []).extend([key] if owner != key else [])
+    return ties
 
 
 def place_parameters(model: nn.Module, layout: "ParallelPlan") -> None:

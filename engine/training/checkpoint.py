@@ -65,7 +65,7 @@ from engine.core import comm
 from engine.core.grid import GRID_AXES, Grid
 from engine.core.placement import local_shard
 from engine.memory.zero import is_dtensor, model_class_name, optimizer_value
-from engine.models.layout import ParamLayout, plan_of
+from engine.models.layout import ParamLayout, plan_of, tied_keys
 from engine.training.state_files import StateFileError, load_state, save_state, state_files
 
 FORMAT = "goldfish-engine-checkpoint"
@@ -215,14 +215,8 @@ def _tensors(model: nn.Module, grid: Grid | None) -> dict[str, tuple[ParamLayout
     other (tied) keys."""
     if grid is not None:
         return {key: (p, p.local, list(p.aliases)) for key, p in plan_of(model, grid).params.items()}
-    first: dict[int, str] = {}
-    out: dict[str, tuple[ParamLayout | None, torch.Tensor, list[str]]] = {}
-    for key, tensor in model.state_dict(keep_vars=True).items():
-        if id(tensor) in first:
-            out[first[id(tensor)]][2].append(key)
-        else:
-            first[id(tensor)], out[key] = key, (None, tensor, [])
-    return out
+    tensors = model.state_dict(keep_vars=True)
+    return {key: (None, tensors[key], ties) for key, ties in tied_keys(tensors).items()}
 
 
 def _model_entries(tensors: dict[str, tuple[ParamLayout | None, torch.Tensor, list[str]]]) -> dict[str, _Chunks]:
