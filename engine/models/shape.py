@@ -52,16 +52,6 @@ def planner_shape(config: Any, name: str = "") -> TransformerShape:
         ) from error
 
 
-def _beside_kind(child: Any, widths: set[int], head_dim: int, n_y: int, where: str) -> str:
-    """How parallelize runs a module with parameters beside the sharded projections of an attention or MLP (its own
-    test, beside_kind): "replicated" for norms per head, "y_norm" for an RMSNorm over a whole projection; ValueError
-    (the engine refuses the model) for anything else."""
-    kind = beside_kind(child, widths, head_dim, n_y)
-    if kind is None:
-        raise ValueError(f"{where} ({type(child).__name__}) has parameters the engine cannot shard by heads")
-    return "y_norm" if kind == "y_norm" else "replicated"
-
-
 def _takes_logits(config: Any) -> bool:
     """Whether the engine's training loss takes model(...).logits for this family instead of the chunked loss: its own
     test (causal_lm_token_losses turns the lm_head into a loss head, and marks it when the model changes the logits
@@ -136,11 +126,14 @@ def model_planner_shape(model: nn.Module, name: str = "") -> TransformerShape:
             raise ValueError(f"{where}.{parent_path}: {type(parent).__name__} holds parameters the engine cannot shard")
         prefix = f"{parent_path}." if parent_path else ""
         for child_name, child in parent.named_children():
-            if f"{prefix}{child_name}" in planned:
+            if f"{prefix}{child_name}" in planned or not list(child.parameters()):
                 continue
-            for param_name, _ in child.named_parameters():
-                kind = _beside_kind(child, widths.get(parent_path, set()), head_dim, 1, f"{where}.{prefix}{child_name}")
-                beside[f"{prefix}{child_name}.{param_name}"] = kind
+            kind = beside_kind(child, widths.get(parent_path, set()), head_dim, 1)  # parallelize's own test
+            if kind is None:
+                where_child = f"{where}.{prefix}{child_name} ({type(child).__name__})"
+                raise ValueError(f"{where_child} has parameters the engine cannot shard by heads")
+            for param_name, _ in child.named_parameters():  # per-head norms and head rows: replicated
+                beside[f"{prefix}{child_name}.{param_name}"] = "y_norm" if kind == "y_norm" else "replicated"
     layout = []
     for param_name, param in layer.named_parameters():
         module_path, _, attr = param_name.rpartition(".")
