@@ -46,11 +46,19 @@ ROWS_MODE = "rows_layout"
 
 @dataclass(frozen=True)
 class Piece:
-    """A rectangular part of a rank's local tensor and where it sits in the full (natural order) tensor."""
+    """A rectangular part of a rank's local tensor (`local`: slices into it) and where it sits in the full (natural
+    order) tensor; `transposed`: offsets and sizes are in the serial model's layout, which stores the transpose
+    (engine.training.checkpoint.serial_chunks)."""
 
     local: tuple[slice, ...]
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
+    transposed: bool = False
+
+    def of(self, held: torch.Tensor) -> torch.Tensor:
+        """This piece of `held` (the local tensor), shaped as it sits in the full tensor (a view)."""
+        part = held[self.local]
+        return part.t() if self.transposed else part
 
 
 @dataclass(frozen=True)

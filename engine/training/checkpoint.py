@@ -65,7 +65,7 @@ from engine.core import comm
 from engine.core.grid import GRID_AXES, Grid
 from engine.core.placement import local_shard
 from engine.memory.zero import is_dtensor, model_class_name, optimizer_value
-from engine.models.layout import ParamLayout, plan_of, tied_keys
+from engine.models.layout import ParamLayout, Piece, plan_of, tied_keys
 from engine.training.state_files import StateFileError, load_state, save_state, state_files
 
 FORMAT = "goldfish-engine-checkpoint"
@@ -92,30 +92,14 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
 # ----- a rank's chunks of the full tensors, as DCP asks for them --------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Chunk:
-    """A rectangular part of the tensor a rank holds (`local`: slices into it; a DTensor: into its local chunk) and
-    where it sits in the full tensor of the SERIAL model; `transposed`: the serial model stores the transpose."""
-
-    local: tuple[slice, ...]
-    offsets: tuple[int, ...]
-    sizes: tuple[int, ...]
-    transposed: bool = False
-
-    def of(self, held: torch.Tensor) -> torch.Tensor:
-        """This chunk of `held`, shaped as it sits in the serial full tensor (a view)."""
-        part = held[self.local]
-        return part.t() if self.transposed else part
-
-
 def serial_shape(p: ParamLayout) -> tuple[int, ...]:
     """The full shape of `p` in the serial model (GPT-2 Conv1D weights are (in, out))."""
     return tuple(reversed(p.full_shape)) if p.serial_transposed else tuple(p.full_shape)
 
 
-def serial_chunks(p: ParamLayout, rows: range | None = None) -> list[Chunk]:
-    """This rank's pieces of `p` as chunks of the serial full tensor; `rows`: the local rows held (a ZeRO chunk,
-    whose row 0 is local row rows.start)."""
+def serial_chunks(p: ParamLayout, rows: range | None = None) -> list[Piece]:
+    """This rank's pieces of `p` in the serial full tensor (its offsets and sizes transposed where the serial model
+    stores the transpose); `rows`: the local rows held (a ZeRO chunk, whose row 0 is local row rows.start)."""
     start = 0 if rows is None else rows.start
     out = []
     for piece in p.pieces(rows):
@@ -125,7 +109,7 @@ def serial_chunks(p: ParamLayout, rows: range | None = None) -> list[Chunk]:
         offsets, sizes = tuple(piece.offsets), tuple(piece.sizes)
         if p.serial_transposed:
             offsets, sizes = offsets[::-1], sizes[::-1]
-        out.append(Chunk(local, offsets, sizes, p.serial_transposed))
+        out.append(Piece(local, offsets, sizes, p.serial_transposed))
     return out
 
 
@@ -133,7 +117,7 @@ class _Chunks:
     """One DCP state-dict entry: the chunks of a full tensor this rank holds. It speaks the protocol DCP's planners
     ask of a DTensor (__create_write_items__, __create_chunk_list__, __get_tensor_shard__)."""
 
-    def __init__(self, held: torch.Tensor, full_shape: tuple[int, ...], chunks: list[Chunk]) -> None:
+    def __init__(self, held: torch.Tensor, full_shape: tuple[int, ...], chunks: list[Piece]) -> None:
         self.held, self.full_shape, self.chunks = held, torch.Size(full_shape), chunks
 
     def size(self) -> torch.Size:
@@ -174,7 +158,7 @@ def _entry(p: ParamLayout | None, tensor: torch.Tensor) -> _Chunks:
         rows = range(start, start + held.shape[0]) if held.dim() else None
     if p is None:
         shape = tuple(held.shape)
-        return _Chunks(held, shape, [Chunk(tuple(slice(0, n) for n in shape), (0,) * len(shape), shape)])
+        return _Chunks(held, shape, [Piece(tuple(slice(0, n) for n in shape), (0,) * len(shape), shape)])
     return _Chunks(held, serial_shape(p), serial_chunks(p, rows))
 
 
