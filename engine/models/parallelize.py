@@ -377,12 +377,6 @@ def _own_rows(value: Any, n_rows: int, group) -> Any:
     return value
 
 
-def _gathered_rows(output: Any, group) -> int:
-    """The rows each rank of `group` fed the stack, read off its gathered hidden states (dim 0 = rows * group.size)."""
-    hidden = output if isinstance(output, torch.Tensor) else output[0]
-    return hidden.shape[0] // group.size
-
-
 def _agree_on_row_inputs(arguments: dict, n_rows: int, seq_len: int, group, device: torch.device) -> None:
     """Make the attention mask and position ids distributable alike on every rank of the x*y group.
 
@@ -488,7 +482,8 @@ def _install_stack_hooks(stack: nn.Module, grid: Grid) -> None:
     def leave(module: nn.Module, args: tuple, output: Any) -> Any:
         if not row_gather_axes(module.rows_layout):
             return None
-        n_rows = _gathered_rows(output, group)
+        hidden = output if isinstance(output, torch.Tensor) else output[0]
+        n_rows = hidden.shape[0] // group.size  # the rows each rank fed the stack (dim 0: rows * group.size)
         if isinstance(output, torch.Tensor):
             return _own_rows(output, n_rows, group)
         if isinstance(output, tuple):  # return_dict=False
