@@ -70,7 +70,7 @@ from engine.core.linear import ParallelLinear
 from engine.core.placement import is_placed, placed_like, refuse_mixed
 from engine.core.vocab_parallel import own_class
 from engine.models.layout import PLAN_ATTR, ParallelPlan, plan_of, unplace_parameters
-from engine.models.parallelize import decoder_stacks
+from engine.models.parallelize import decoder_layers
 from engine.spec import STAGES, ZeroConfig, ZeroError, data_ranks_per_node  # noqa: F401 - re-exported
 
 
@@ -268,10 +268,6 @@ def make_adamw(model: nn.Module, groups: list[dict[str, Any]], **kwargs: Any) ->
     return torch.optim.AdamW(groups, **kwargs)
 
 
-def _decoder_layers(model: nn.Module) -> list[nn.Module]:
-    return [layer for *_, layers in decoder_stacks(model) for layer in layers]
-
-
 def _keep_prefetch_inside(layers: list[nn.Module]) -> None:
     """A ParallelLinear prefetches the z-gather of the layers that run after it; across decoder layers the next
     layer's weight is still FSDP's data-sharded DTensor at that moment, so keep prefetching inside a layer."""
@@ -376,7 +372,7 @@ def shard_data_axis(
 
     from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
 
-    layers = _decoder_layers(model)
+    layers = decoder_layers(model)
     _keep_prefetch_inside(layers)
     policy = CPUOffloadPolicy(pin_memory=False) if config.offload else OffloadPolicy()
     if config.stage == 3:

@@ -36,14 +36,9 @@ import torch
 from torch import nn
 
 from engine.core.linear import ShardingError
-from engine.models.parallelize import decoder_stacks
+from engine.models.parallelize import decoder_layers
 
 DEFAULT_BACKEND = "inductor"
-
-
-def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The decoder layers of `model` in order, as its plan names them (engine/models/adapter.py); [] if none."""
-    return [layer for *_, layers in decoder_stacks(model) for layer in layers]
 
 
 @contextmanager

@@ -352,6 +352,11 @@ def decoder_stacks(model: nn.Module) -> list[tuple[str, nn.Module, str, nn.Modul
     return [(name, base, plan.layers, getattr(base, plan.layers)) for name, base, plan in find_planned(model)]
 
 
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The decoder layers of `model` in order, as its plan names them (engine/models/adapter.py); [] if none."""
+    return [layer for *_, layers in decoder_stacks(model) for layer in layers]
+
+
 def _rows_of(value: Any, n_rows: int, name: str, group) -> Any:
     """Gather `value` over the x*y group when its batch dim holds this rank's rows (dim 0 of size 1 with
     more rows is a broadcast and stays)."""
