@@ -399,6 +399,7 @@ def test_parallel_compare_measures_the_curve_with_the_parallel_model(tmp_path):
         assert curve[-1]["rouge_l"] == pytest.approx(final["rouge_l"], abs=1e-6)
 
 
+@pytest.mark.slow  # 20 s; every ZeRO stage equals one process in tests/parallel/test_zero.py
 def test_zero3_train_equals_one_process_and_is_recorded(tmp_path):
     """`goldfish train --nproc 2 --grid data=2 --zero 3 --offload-optimizer` trains like one process (FSDP2 over data,
     AdamW state on the host) and the run record says which partitioning ran."""
@@ -449,9 +450,10 @@ def test_zero_without_a_data_axis_is_a_one_line_error(tmp_path, capsys):
     assert code == 2 and "data" in err and "--zero" in err and "Traceback" not in err
 
 
-def test_zero_quantize_runs_recorded_and_bad_settings_are_one_line(tmp_path, capsys):
+@pytest.mark.slow  # 20 s; quantized ZeRO's numbers and bytes are tested in tests/parallel/test_zero_quantized.py
+def test_zero_quantize_runs_are_recorded(tmp_path):
     """`goldfish train --nproc 2 --grid data=2 --zero 3 --zero-quantize weights,gradients` trains, records the setting
-    and sends under 0.3x the data-axis bytes of the same run unquantized; bad ZeRO++ settings are one line, exit 2."""
+    and sends under 0.3x the data-axis bytes of the same run unquantized."""
     common = tiny_run(n_heldout=0, vocab_size=400, epochs=2, nproc=2, grid="data=2", zero=3)
     sent = {}
     for name, extra in (("exact", []), ("quantized", ["--zero-quantize", "weights,gradients"])):
@@ -469,6 +471,10 @@ def test_zero_quantize_runs_recorded_and_bad_settings_are_one_line(tmp_path, cap
         record = json.loads((out / "checkpoint" / "goldfish_run.json").read_text())
         assert record["train"]["zero_quantize"] == ("weights,gradients" if extra else "")
     assert sent["quantized"] <= 0.3 * sent["exact"], sent
+
+
+def test_bad_zero_quantize_settings_are_one_line(tmp_path, capsys):
+    """Bad ZeRO++ settings are one line, exit 2, before any worker starts."""
     bad = {
         ("--zero", "1", "--zero-quantize", "weights"): "stage 2 or 3",
         ("--zero", "3", "--zero-quantize", "weight"): "weights, gradients or weights,gradients",
@@ -486,6 +492,7 @@ def test_zero_quantize_runs_recorded_and_bad_settings_are_one_line(tmp_path, cap
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.slow  # 20 s; the shared layout equals one process in tests/parallel/test_shared_rows.py
 def test_parallel_train_with_shared_rows_takes_a_batch_the_own_layout_refuses(tmp_path):
     """`goldfish train --nproc 4 --grid x=2,y=2 --rows shared --batch-size 2`: 2 rows cannot be split over 4 ranks
     (the own layout refuses with a one-line error naming --rows shared), but both x*y ranks can read the same 2 rows
