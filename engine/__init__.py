@@ -36,6 +36,7 @@ _PUBLIC = {
     "GRID_AXES": "engine.spec",
     "GridError": "engine.spec",
     "GridShape": "engine.spec",
+    "PipeConfig": "engine.spec",
     "ZeroConfig": "engine.spec",
     "ZeroError": "engine.spec",
     "DEFAULT_QUANT_BLOCK": "engine.spec",

@@ -4,13 +4,11 @@ each rank reading only its own stage's tensors from a folder of safetensors)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
-from safetensors import safe_open
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, LlamaConfig, PretrainedConfig, PreTrainedModel
 
@@ -174,55 +172,18 @@ def load_parallel_model(
 
 def load_pipeline_stage(folder: Path, grid: Grid, *, dtype: torch.dtype = torch.float32) -> nn.Module:
     """The model of an HF folder of safetensors weights (e.g. a goldfish checkpoint) cut into one stage per pipe rank
-    (eval.parallel.parallelize_for_eval), this rank reading only its own stage's tensors: the model is built without
-    initializing its weights (their memory is never written), the other stages' parameters go to the meta device,
-    then this rank's are filled from the files, by name. ValueError (one line) when the files lack one of them or
-    hold it in another shape. The stages' logits equal those of the model load_pretrained_model loads."""
-    from transformers import GenerationConfig
-    from transformers.initialization import no_init_weights
-
-    from engine import check_model_folder
+    (eval.parallel.parallelize_for_eval), this rank reading only its own stage's tensors: engine.load_sharded builds
+    the model on the meta device and gives storage to, and reads, only the stage this rank holds in a one-stage-per-
+    rank cut (PipeConfig's default, the cut PipelineEvalModel takes). ValueError (one line) when the files lack one
+    of its tensors or hold it in another shape. The stages' logits equal those of the model load_pretrained_model
+    loads."""
+    from engine import PipeConfig, check_model_folder, load_sharded
     from goldfish.app.model_config_check import check_config_file
 
     check_config_file(folder)
     check_model_folder(folder, fix="copy the folder again from where it came from, or re-create it")
-    config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
-    with no_init_weights():
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    if (folder / "generation_config.json").is_file():  # as from_pretrained reads it
-        model.generation_config = GenerationConfig.from_pretrained(folder)
-    runner = parallelize_for_eval(model, grid)  # the other stages' parameters on the meta device from here
-    files = _weight_files(folder)
-    wanted = {runner.stage.names[local]: p for local, p in runner.stage.named_parameters()}
-    missing = sorted(set(wanted) - set(files))
-    if missing:
-        raise ValueError(
-            f"cannot load model {str(folder)!r}: its weights lack {len(missing)} tensor(s) of this pipeline stage "
-            f"(e.g. {missing[0]}), which would be random. Fix: use the config.json saved with these weights"
-        )
-    with torch.no_grad():
-        for file in sorted({files[name] for name in wanted}):
-            with safe_open(folder / file, framework="pt", device="cpu") as weights:
-                for name in sorted(n for n in wanted if files[n] == file):
-                    tensor = weights.get_tensor(name)
-                    if tensor.shape != wanted[name].shape:
-                        raise ValueError(
-                            f"cannot load model {str(folder)!r}: its config.json does not match its weights ({name}: "
-                            f"{tuple(tensor.shape)} in the files, {tuple(wanted[name].shape)} by the config). Fix: "
-                            "use the config.json saved with these weights"
-                        )
-                    wanted[name].copy_(tensor)  # into this rank's stage, on its device, in the model's dtype
-    return runner
-
-
-def _weight_files(folder: Path) -> dict[str, str]:
-    """Tensor name -> the safetensors file in `folder` holding it (save_pretrained's index, or the one file); {} when
-    the folder holds no safetensors weights (then the whole model is loaded as transformers does)."""
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        return dict(json.loads(index.read_text(encoding="utf-8"))["weight_map"])
-    single = folder / "model.safetensors"
-    if not single.is_file():
-        return {}
-    with safe_open(single, framework="pt", device="cpu") as weights:
-        return {name: single.name for name in weights.keys()}
+    try:
+        model = load_sharded(folder, grid, dtype=dtype, pipe=PipeConfig())
+    except ValueError as error:
+        raise ValueError(f"cannot load model {str(folder)!r}: {error}") from None
+    return parallelize_for_eval(model, grid)

@@ -133,24 +133,29 @@ class _ReadLog:
         self.read.append(name)
         return self.weights.get_tensor(name)
 
+    def get_slice(self, name: str):
+        self.read.append(name)
+        return self.weights.get_slice(name)
+
 
 def _loading_worker(folder: str) -> dict:
     import contextlib
     from unittest import mock
 
+    import engine.training.loading as loading
     import goldfish.app.models as models
     from engine.core.grid import init
 
     grid = init(pipe=2)
     read: list[str] = []
-    opened = models.safe_open
+    opened = loading.safe_open
 
     @contextlib.contextmanager
     def logged(*args, **kwargs):
         with opened(*args, **kwargs) as weights:
             yield _ReadLog(weights, read)
 
-    with mock.patch.object(models, "safe_open", logged):
+    with mock.patch.object(loading, "safe_open", logged):
         runner = models.load_parallel_model(folder, grid)
     ids, mask, positions = _left_padded()
     with torch.no_grad():
