@@ -75,6 +75,8 @@ _PUBLIC = {
     "check_pipeline_config": "engine.models.stages",
     # the training loop
     "TrainConfig": "engine.training.config",
+    "OPTIMIZERS": "engine.training.config",
+    "LR_SCHEDULES": "engine.training.config",
     "train": "engine.training.train",
     "LossFn": "engine.training.train",
     "TokenLossFn": "engine.training.train",

@@ -29,7 +29,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Callable, Collection, get_args
 
 from data.dedup import DEDUP_MODES, DUPLICATE_POLICIES
-from engine import PIPE_SCHEDULES, PRECISIONS, RowsLayout, parse_quantize
+from engine import LR_SCHEDULES, OPTIMIZERS, PIPE_SCHEDULES, PRECISIONS, RowsLayout, parse_quantize
 from goldfish.app.argparsing import argument_type, parse_device, positive_int
 from goldfish.app.config import parse_finite_float, parse_int_list, parse_node_size, parse_repeats
 from goldfish.app.lora import parse_targets
@@ -321,14 +321,14 @@ TRAINING = OptionGroup(
             "optimizer",
             "adamw, or sgd (no momentum: the update is lr x gradient, the optimizer to "
             "compare a parallel or resumed run with a reference exactly)",
-            choices=("adamw", "sgd"),
+            choices=OPTIMIZERS,
         ),
         Option(
             "--weight-decay",
             "weight_decay",
             "decoupled weight decay of 2-D weights (AdamW; SGD adds it to the gradient)",
         ),
-        Option("--schedule", "schedule", "learning-rate schedule after warm-up", choices=("constant", "cosine")),
+        Option("--schedule", "schedule", "learning-rate schedule after warm-up", choices=LR_SCHEDULES),
         Option("--warmup-steps", "warmup_steps", "linear warm-up steps"),
         Option("--max-grad-norm", "max_grad_norm", "gradient clipping; 0 disables", parse=parse_finite_float),
         Option(
