@@ -418,28 +418,28 @@ def check_rows_layout(rows: str) -> RowsLayout:
     return rows
 
 
-def row_split_axes(rows: str) -> tuple[str, ...]:
+def row_split_axes(rows: RowsLayout) -> tuple[str, ...]:
     """The axes a step's rows are split over: every axis ("own"), or data and z ("shared": x*y groups share rows)."""
     return AXES if check_rows_layout(rows) == OWN else ("z", "data")
 
 
-def row_replica_axes(rows: str) -> tuple[str, ...]:
+def row_replica_axes(rows: RowsLayout) -> tuple[str, ...]:
     """The axes whose ranks hold this rank's rows too: none ("own"), or x and y ("shared")."""
     return () if check_rows_layout(rows) == OWN else ("x", "y")
 
 
-def row_gather_axes(rows: str) -> tuple[str, ...]:
+def row_gather_axes(rows: RowsLayout) -> tuple[str, ...]:
     """The axes a decoder layer (and a default-mode ParallelLinear) gathers rows over before its tensor-parallel
     work: x and y ("own"), or none ("shared": the inputs already hold the x*y group's rows)."""
     return ("x", "y") if check_rows_layout(rows) == OWN else ()
 
 
-def vocab_row_axes(rows: str) -> tuple[str, ...]:
+def vocab_row_axes(rows: RowsLayout) -> tuple[str, ...]:
     """The axes of the vocabulary split (x, y, z) whose ranks hold different rows: all three ("own"), or z only."""
     return tuple(a for a in ("x", "y", "z") if a not in row_replica_axes(rows))
 
 
-def gradient_axes(rows: str, region: str | None) -> tuple[str, ...]:
+def gradient_axes(rows: RowsLayout, region: str | None) -> tuple[str, ...]:
     """The axes the gradient of a (non-ParallelLinear) parameter in `region` is summed over so that it becomes the
     gradient of the sum of every rank's loss. ParallelLinear shards always sum over data alone."""
     if region not in REGIONS:

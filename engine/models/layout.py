@@ -89,7 +89,7 @@ class ParamLayout:
     def split_axes(self) -> tuple[str, ...]:
         return tuple(axis for axis, _ in self.split if self.sizes[axis] > 1)
 
-    def gradient_axes(self, rows: str = "own") -> tuple[str, ...]:
+    def gradient_axes(self, rows: RowsLayout = "own") -> tuple[str, ...]:
         """The axes sync_gradients sums this tensor's gradient over in the rows layout `rows`."""
         return ("data",) if self.is_linear else gradient_axes(rows, self.region)
 

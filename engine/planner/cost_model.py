@@ -68,6 +68,7 @@ from engine.spec import (
     ROWS_LAYOUTS,  # (the planner's readers also take the layouts from here)
     GridShape,
     PipeConfig,
+    RowsLayout,
     ZeroConfig,
     gradient_axes,
     row_gather_axes,
@@ -170,7 +171,7 @@ class _Builder:
             self.items.append(Collective(name, kind, ranks, int(n_bytes), phase, what, count))
 
 
-def group_rows(grid: GridShape, rows_per_rank: int, rows: str = "own") -> int:
+def group_rows(grid: GridShape, rows_per_rank: int, rows: RowsLayout = "own") -> int:
     """Rows an x*y group's decoder runs on per micro-batch when each rank reads `rows_per_rank`: X*Y times them in
     the own layout, the same rows in the shared one."""
     return rows_per_rank * grid.size(*row_gather_axes(rows))
@@ -626,7 +627,7 @@ class StepSettings:
     recompute: bool = False
     position_ids: bool = False
     vocab_parallel: bool | None = None
-    rows: str = "own"
+    rows: RowsLayout = "own"
     bytes_per_param: float = 16.0
 
     def __post_init__(self) -> None:
@@ -676,7 +677,7 @@ class LocalParam:
 
 
 def local_params(
-    shape: TransformerShape, grid: GridShape, vocab_parallel: bool | None = None, rows: str = "own"
+    shape: TransformerShape, grid: GridShape, vocab_parallel: bool | None = None, rows: RowsLayout = "own"
 ) -> list[LocalParam]:
     """Every distinct parameter of a parallelized model, in module order. The embeddings and lm_head are whole and
     summed over every axis (over z and data in the shared rows layout), or (vocab_parts > 1) V/P rows each whose

@@ -76,6 +76,7 @@ from engine.spec import (
     QUANTIZE_PARTS,
     STAGES,
     GridShape,
+    RowsLayout,
     ZeroConfig,
     check_precision,
     data_ranks_per_node,
@@ -281,7 +282,7 @@ class PlanRequest:
         """(weights and gradients, matmul products, residual stream) bytes per element."""
         return PRECISIONS[self.precision]
 
-    def step_settings(self, grid: GridShape, rows_layout: str, grad_accum: int, recompute: bool) -> StepSettings:
+    def step_settings(self, grid: GridShape, rows_layout: RowsLayout, grad_accum: int, recompute: bool) -> StepSettings:
         """The StepSettings of one prediction on `grid` (for a pipelined plan, a stage's grid) in rows layout
         `rows_layout` with `grad_accum` micro-batches (a pipeline's M) and activation checkpointing `recompute`: the
         global batch split over the GPUs that read different rows (readers) and over the micro-batches, the request's
@@ -360,7 +361,7 @@ class GridPlan:
     memory: MemoryEstimate | None = None
     mfu: float = 0.0
     zero: ZeroConfig | None = None
-    rows: str = "own"  # the rows layout (goldfish train --rows): "own" per GPU or "shared" per x*y group
+    rows: RowsLayout = "own"  # the rows layout (goldfish train --rows): "own" per GPU or "shared" per x*y group
     # a pipelined plan (grid.pipe > 1): its schedule, stages per rank, micro-batches per step and data rank (then
     # also grad_accum), the bubble's share of the step and its seconds, the point-to-point seconds between stages
     # (inside comm_s), and the memory of each pipe rank (bytes; `memory` is the largest)
@@ -410,7 +411,7 @@ class GridPlan:
         return out
 
 
-def readers(grid: GridShape, rows: str) -> int:
+def readers(grid: GridShape, rows: RowsLayout) -> int:
     """How many GPUs read different rows of a step in rows layout `rows`: all of them, or data*z when shared."""
     return grid.size(*row_split_axes(rows))
 
@@ -442,7 +443,7 @@ def step_prediction(
     grad_accum: int,
     recompute: bool = False,
     zero: ZeroConfig | None = None,
-    rows_layout: str = "own",
+    rows_layout: RowsLayout = "own",
 ) -> GridPlan:
     """Predicted time and traffic of one step on `grid` with `grad_accum` micro-batches, optional activation
     checkpointing, ZeRO setting and rows layout (no feasibility checks: see plan_grid)."""
@@ -562,7 +563,7 @@ def pipeline_step_prediction(
     virtual: int = 1,
     recompute: bool = False,
     zero: ZeroConfig | None = None,
-    rows_layout: str = "own",
+    rows_layout: RowsLayout = "own",
     cache: PipeCache | None = None,
     parts: list[TransformerShape] | None = None,
 ) -> GridPlan:
@@ -639,7 +640,7 @@ def pipeline_memory(
     virtual: int = 1,
     recompute: bool = False,
     zero: ZeroConfig | None = None,
-    rows_layout: str = "own",
+    rows_layout: RowsLayout = "own",
     ranks: list[int] | None = None,
     parts: list[TransformerShape] | None = None,
 ) -> list[MemoryEstimate]:

@@ -38,6 +38,7 @@ from engine.models.compile import compiled_decoder_layers, eager_stance
 from engine.models.parallelize import rows_layout
 from engine.spec import (
     ParallelLayout,
+    RowsLayout,
     row_split_axes,
 )
 from engine.training.batch import Collate, TrainingBatch, stack_rows
@@ -202,18 +203,18 @@ def _is_distributed(grid: Grid | None) -> bool:
     return grid is not None and grid.world_size > 1
 
 
-def _row_group(grid: Grid, layout: str):
+def _row_group(grid: Grid, layout: RowsLayout):
     """The ranks that read different rows in `layout` (all of them, or data x z when x*y groups share rows)."""
     return grid.group(*row_split_axes(layout))
 
 
-def check_step_rows(n_rows: int, shape: GridShape, layout: str = "own") -> None:
+def check_step_rows(n_rows: int, shape: GridShape, layout: RowsLayout = "own") -> None:
     """Refuse (ValueError, naming the other layout when it would split them) a step of `n_rows` sequences that the
     grid `shape` cannot split evenly in rows layout `layout`. Needs no process group: launchers call it too."""
     ParallelLayout(shape=shape, rows=layout).check_step_rows(n_rows)
 
 
-def _rank_rows(rows: torch.Tensor, grid: Grid | None, layout: str = "own") -> torch.Tensor:
+def _rank_rows(rows: torch.Tensor, grid: Grid | None, layout: RowsLayout = "own") -> torch.Tensor:
     """This rank's share of one optimizer step's rows: an equal contiguous slice per rank ("own" layout), or per
     x*y group ("shared" layout: every rank of the group gets the same slice). Raises ValueError, naming the other
     layout when it would split them, for rows that do not split evenly."""
@@ -234,7 +235,7 @@ def _stack(
     return collate(examples, indices, step, device)
 
 
-def _all_reduce_sums(values: torch.Tensor, grid: Grid | None, layout: str = "own") -> torch.Tensor:
+def _all_reduce_sums(values: torch.Tensor, grid: Grid | None, layout: RowsLayout = "own") -> torch.Tensor:
     """The step's loss sums and token counts summed over the ranks that read different rows (every rank, or data x z
     when x*y groups share rows: each row counted once; bookkeeping, not counted as traffic)."""
     return comm.sum_control(values, _row_group(grid, layout)) if _is_distributed(grid) else values
