@@ -120,42 +120,14 @@ def test_a_pipelined_model_evaluates_as_the_serial_model(name: str) -> None:
         assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=GRAD_NORM_RTOL, abs=0), rank
 
 
-class _ReadLog:
-    """A safetensors file as safe_open gives it, logging the names of the tensors read from it."""
-
-    def __init__(self, weights, read: list[str]) -> None:
-        self.weights, self.read = weights, read
-
-    def keys(self):
-        return self.weights.keys()
-
-    def get_tensor(self, name: str) -> torch.Tensor:
-        self.read.append(name)
-        return self.weights.get_tensor(name)
-
-    def get_slice(self, name: str):
-        self.read.append(name)
-        return self.weights.get_slice(name)
-
-
 def _loading_worker(folder: str) -> dict:
-    import contextlib
-    from unittest import mock
+    from weight_reads import logged_weight_reads
 
-    import engine.training.loading as loading
     import goldfish.app.models as models
     from engine.core.grid import init
 
     grid = init(pipe=2)
-    read: list[str] = []
-    opened = loading.safe_open
-
-    @contextlib.contextmanager
-    def logged(*args, **kwargs):
-        with opened(*args, **kwargs) as weights:
-            yield _ReadLog(weights, read)
-
-    with mock.patch.object(loading, "safe_open", logged):
+    with logged_weight_reads() as read:
         runner = models.load_parallel_model(folder, grid)
     ids, mask, positions = _left_padded()
     with torch.no_grad():

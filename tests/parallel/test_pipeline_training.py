@@ -370,44 +370,20 @@ def test_a_killed_pipelined_run_resumes_exactly_at_any_grid() -> None:
             torch.testing.assert_close(got_weight, want, **tolerance, msg=lambda m: f"resumed at {where}, {key}: {m}")
 
 
-class _SliceLog:
-    """A safetensors file as safe_open gives it, logging the names of the tensors sliced from it."""
-
-    def __init__(self, weights, read: list[str]) -> None:
-        self.weights, self.read = weights, read
-
-    def keys(self):
-        return self.weights.keys()
-
-    def get_slice(self, name: str):
-        self.read.append(name)
-        return self.weights.get_slice(name)
-
-
 def staged_worker(folder: str) -> dict:
     """Two interleaved-1F1B steps (V=2: two stages per rank) at pipe=2 of the model saved in `folder`, loaded twice:
     with load_sharded(pipe=...) (this rank's stages only) and whole (today's build for a folder); which tensors the
     staged load read and which parameters had storage before training, both runs' step records, and the consolidated
     weights on rank 0; the refusal of a model loaded for another cut (one stage per rank)."""
-    import contextlib
-    from unittest import mock
+    from weight_reads import logged_weight_reads
 
-    import engine.training.loading as loading
     from engine.spec import PipeConfig
 
     grid = init(pipe=2)
     settings = config(max_steps=2, pipe_schedule="interleaved-1f1b", pipe_virtual=2, microbatches=4)
-    read: list[str] = []
-    opened = loading.safe_open
-
-    @contextlib.contextmanager
-    def logged(*args, **kwargs):
-        with opened(*args, **kwargs) as weights:
-            yield _SliceLog(weights, read)
-
     out: dict = {}
     for kind, pipe in (("staged", settings.pipe_config), ("whole", None)):
-        with mock.patch.object(loading, "safe_open", logged):
+        with logged_weight_reads() as read:
             net = engine.load_sharded(folder, grid, dtype=torch.float64, pipe=pipe)
         held = sorted(name for name, p in net.named_parameters() if not p.is_meta)
         buffers = {name: b.tolist() for name, b in net.named_buffers()}
@@ -416,7 +392,6 @@ def staged_worker(folder: str) -> dict:
         weights = {k: v.tolist() for k, v in state.items()} if grid.rank == 0 else None
         out[kind] = {"read": sorted(read), "held": held, "buffers": buffers, "history": _history(result)}
         out[kind]["weights"] = weights
-        read.clear()
     other_cut = engine.load_sharded(folder, grid, dtype=torch.float64, pipe=PipeConfig())  # one stage per rank
     with pytest.raises(ValueError, match="holds parameters on the meta device") as refused:
         train(other_cut, examples(), LOSS, settings, grid=grid)
